@@ -1,0 +1,136 @@
+// File access: the pread-backed File, the in-memory source for tests and fuzzers, and small-file
+// reads. Invariants: a read either fills all `n` bytes or fails; a range past the end fails before
+// any byte is read; every error names the file.
+#include "lib/format/file.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+
+namespace strata::format {
+namespace {
+
+std::string ErrnoText(int err) { return std::strerror(err); }
+
+int64_t MtimeNs(const struct stat &st) {
+  return static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+}
+
+// The common range check of every Source: `offset + n` must not wrap and must stay inside `size`.
+absl::Status CheckRange(const std::string &name, uint64_t size, uint64_t offset, uint64_t n) {
+  uint64_t end = 0;
+  if (__builtin_add_overflow(offset, n, &end) || end > size) {
+    return Errorf(MOE_ERR_FORMAT_TRUNCATED,
+                  "%s: reading %u bytes at offset %u goes past the end of the file (%u bytes)", name,
+                  n, offset, size);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<File>> File::Open(const std::string &path) {
+  int fd;
+  do {
+    fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  } while (fd < 0 && errno == EINTR);
+  if (fd < 0) {
+    return Errorf(MOE_ERR_IO_OPEN, "cannot open '%s': %s", path, ErrnoText(errno));
+  }
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    int err = errno;
+    ::close(fd);
+    return Errorf(MOE_ERR_IO_OPEN, "cannot stat '%s': %s", path, ErrnoText(err));
+  }
+  // A directory opens fine with O_RDONLY but every read fails with EISDIR; say so up front.
+  if (!S_ISREG(st.st_mode) && !S_ISBLK(st.st_mode)) {
+    ::close(fd);
+    return Errorf(MOE_ERR_IO_OPEN, "cannot open '%s': not a regular file", path);
+  }
+  uint64_t size = static_cast<uint64_t>(st.st_size);
+  if (S_ISBLK(st.st_mode)) {
+    off_t end = ::lseek(fd, 0, SEEK_END);
+    if (end < 0) {
+      int err = errno;
+      ::close(fd);
+      return Errorf(MOE_ERR_IO_OPEN, "cannot size block device '%s': %s", path, ErrnoText(err));
+    }
+    size = static_cast<uint64_t>(end);
+  }
+  return std::unique_ptr<File>(new File(path, fd, size, static_cast<uint64_t>(st.st_dev),
+                                        static_cast<uint64_t>(st.st_ino), MtimeNs(st)));
+}
+
+File::~File() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+absl::Status File::ReadAt(uint64_t offset, void *dst, uint64_t n) const {
+  STRATA_RETURN_IF_ERROR(CheckRange(path_, size_, offset, n));
+  auto *out = static_cast<uint8_t *>(dst);
+  uint64_t done = 0;
+  while (done < n) {
+    // pread's count is capped so the ssize_t result cannot overflow; Linux moves at most ~2 GiB
+    // per call anyway.
+    size_t want = static_cast<size_t>(std::min<uint64_t>(n - done, 1u << 30));
+    ssize_t got = ::pread(fd_, out + done, want, static_cast<off_t>(offset + done));
+    if (got < 0) {
+      if (errno == EINTR) continue;
+      return Errorf(MOE_ERR_IO_READ, "reading %u bytes at offset %u of '%s': %s", want,
+                    offset + done, path_, ErrnoText(errno));
+    }
+    if (got == 0) {
+      // The size was checked at open, so an early EOF means the file shrank underneath us.
+      return Errorf(MOE_ERR_IO_CHANGED,
+                    "'%s' ended at offset %u, before the %u bytes it had when opened", path_,
+                    offset + done, size_);
+    }
+    done += static_cast<uint64_t>(got);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status File::CheckUnchanged() const {
+  struct stat st;
+  if (::stat(path_.c_str(), &st) != 0) {
+    return Errorf(MOE_ERR_IO_CHANGED, "'%s' is gone since it was opened: %s", path_,
+                  ErrnoText(errno));
+  }
+  if (static_cast<uint64_t>(st.st_dev) != dev_ || static_cast<uint64_t>(st.st_ino) != ino_) {
+    return Errorf(MOE_ERR_IO_CHANGED, "'%s' was replaced by another file since it was opened",
+                  path_);
+  }
+  if (S_ISREG(st.st_mode) && static_cast<uint64_t>(st.st_size) != size_) {
+    return Errorf(MOE_ERR_IO_CHANGED, "'%s' changed size since it was opened (%u -> %d bytes)",
+                  path_, size_, static_cast<int64_t>(st.st_size));
+  }
+  if (MtimeNs(st) != mtime_ns_) {
+    return Errorf(MOE_ERR_IO_CHANGED, "'%s' was modified since it was opened", path_);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status MemorySource::ReadAt(uint64_t offset, void *dst, uint64_t n) const {
+  STRATA_RETURN_IF_ERROR(CheckRange(name_, size_, offset, n));
+  if (n > 0) std::memcpy(dst, data_ + offset, static_cast<size_t>(n));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> ReadSmallFile(const std::string &path, uint64_t max_bytes) {
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<File> file, File::Open(path));
+  if (file->size() > max_bytes) {
+    return Errorf(MOE_ERR_LIMIT, "'%s' is %u bytes, over the %u-byte limit for this kind of file",
+                  path, file->size(), max_bytes);
+  }
+  std::string out(static_cast<size_t>(file->size()), '\0');
+  STRATA_RETURN_IF_ERROR(file->ReadAt(0, out.data(), out.size()));
+  return out;
+}
+
+}  // namespace strata::format
