@@ -1,0 +1,869 @@
+#!/usr/bin/env python3
+"""Generate Strata's golden test fixtures (tiny random MoE models) from HF transformers.
+
+Cases (one folder each under --out, default tests/golden/):
+  qwen3moe_f32   Qwen3MoeForCausalLM, float32, untied, norm_topk_prob=True, 3 layers
+  qwen3moe_bf16  Qwen3MoeForCausalLM, bf16 weights on disk, tied embeddings, norm_topk_prob=False
+  mixtral_f32    MixtralForCausalLM, float32, untied, HF folder sharded into 2 safetensors + index
+
+Every case folder holds hf/ (config.json + hub-named safetensors), tokens.bin, logits.bin,
+model-<variant>.gguf, logits-<variant>.bin (for quantized variants) and meta.json.
+See tests/golden/README.md for the formats.
+
+Requirements: torch, transformers 5.17..5.24, safetensors, numpy, gguf (>=0.10). Runs offline,
+on CPU, float32, single-threaded, fully seeded. Nothing is downloaded.
+
+Usage: python scripts/golden/make_goldens.py --out tests/golden [--cases qwen3moe_f32,...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import numpy as np
+import torch
+import safetensors
+import safetensors.torch
+import transformers
+from transformers import AutoModelForCausalLM
+
+import gguf
+from gguf import GGMLQuantizationType as QT
+
+# ----------------------------------------------------------------------------------------------
+# Global settings: CPU, float32, deterministic
+# ----------------------------------------------------------------------------------------------
+torch.backends.cuda.matmul.allow_tf32 = False
+torch.backends.cudnn.allow_tf32 = False
+torch.set_num_threads(1)
+DEVICE = torch.device("cpu")
+
+N_PROMPT = 12
+N_GEN = 8
+# Decisiveness thresholds: the (seeded) case is re-drawn with seed+1, +2, ... until every
+# router top-k boundary and every greedy argmax has at least this margin (in logit units),
+# so that small numeric differences in an engine cannot flip expert choice / greedy token.
+MIN_ROUTER_GAP = 0.05
+MIN_GREEDY_GAP = 0.05
+MAX_ATTEMPTS = 200
+
+# llama.cpp LlamaFileType values for general.file_type
+FILE_TYPE = {"f32": 0, "f16": 1, "q8_0": 7, "bf16": 32}
+VARIANT_QT = {"f32": QT.F32, "f16": QT.F16, "q8_0": QT.Q8_0, "bf16": QT.BF16}
+
+COMMON = dict(
+    hidden_size=64,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    vocab_size=256,
+    max_position_embeddings=512,
+    rms_norm_eps=1e-6,
+    hidden_act="silu",
+    attention_dropout=0.0,
+    use_cache=True,
+    bos_token_id=None,
+    eos_token_id=None,
+    pad_token_id=None,
+)
+
+CASES = {
+    "qwen3moe_f32": dict(
+        arch="qwen3moe", model_type="qwen3_moe", cls="Qwen3MoeForCausalLM", seed=1001,
+        store_dtype="float32", tied=False, variants=["f32", "f16", "q8_0"], shards=1,
+        cfg=dict(num_hidden_layers=3, intermediate_size=64, moe_intermediate_size=32,
+                 num_experts=8, num_experts_per_tok=2, norm_topk_prob=True,
+                 decoder_sparse_step=1, mlp_only_layers=[], attention_bias=False,
+                 rope_theta=1e6, router_aux_loss_coef=0.0, output_router_logits=False,
+                 use_sliding_window=False, sliding_window=None),
+    ),
+    "qwen3moe_bf16": dict(
+        arch="qwen3moe", model_type="qwen3_moe", cls="Qwen3MoeForCausalLM", seed=2002,
+        store_dtype="bfloat16", tied=True, variants=["bf16"], shards=1,
+        # write the expert count the way real Qwen3-MoE hub configs do ("num_experts");
+        # qwen3moe_f32 keeps transformers' own spelling ("num_local_experts", via attribute_map)
+        expert_count_key="num_experts",
+        cfg=dict(num_hidden_layers=3, intermediate_size=64, moe_intermediate_size=32,
+                 num_experts=8, num_experts_per_tok=2, norm_topk_prob=False,
+                 decoder_sparse_step=1, mlp_only_layers=[], attention_bias=False,
+                 rope_theta=1e6, router_aux_loss_coef=0.0, output_router_logits=False,
+                 use_sliding_window=False, sliding_window=None),
+    ),
+    "mixtral_f32": dict(
+        arch="llama", model_type="mixtral", cls="MixtralForCausalLM", seed=3003,
+        store_dtype="float32", tied=False, variants=["f32", "f16", "q8_0"], shards=2,
+        cfg=dict(num_hidden_layers=2, intermediate_size=32, num_local_experts=8,
+                 num_experts_per_tok=2, rope_theta=1e4, router_aux_loss_coef=0.0,
+                 output_router_logits=False, router_jitter_noise=0.0, sliding_window=None),
+    ),
+}
+
+
+# ----------------------------------------------------------------------------------------------
+# Model construction
+# ----------------------------------------------------------------------------------------------
+def make_config(case: dict):
+    c = dict(COMMON)
+    c.update(case["cfg"])
+    theta = c.pop("rope_theta")
+    # transformers >= 5 spells RoPE as rope_parameters (legacy top-level rope_theta still accepted)
+    c["rope_parameters"] = {"rope_type": "default", "rope_theta": theta}
+    c["tie_word_embeddings"] = case["tied"]
+    config = transformers.AutoConfig.for_model(case["model_type"], **c)
+    config.architectures = [case["cls"]]
+    return config, theta
+
+
+def impl_kwargs():
+    # eager attention + eager (per-expert loop) MoE: the most literal reference implementation
+    return dict(attn_implementation="eager", experts_implementation="eager")
+
+
+def build_model(case: dict, seed: int):
+    config, _ = make_config(case)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, **impl_kwargs())
+    model.eval()
+    # Overwrite EVERY parameter from our own generator in sorted-name order, so the weights do
+    # not depend on transformers' init order (differs across versions).
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        params = dict(model.named_parameters())  # tied params appear once
+        for name in sorted(params):
+            p = params[name]
+            if name.endswith("norm.weight"):  # input/post_attention/final norms + q_norm/k_norm
+                val = 1.0 + 0.2 * torch.randn(p.shape, generator=g)
+            elif name.endswith("mlp.gate.weight"):  # router: large so top-k is decisive
+                val = 0.5 * torch.randn(p.shape, generator=g)
+            elif name.endswith("embed_tokens.weight"):  # (doubles as lm_head when tied)
+                val = (0.3 if case["tied"] else 0.5) * torch.randn(p.shape, generator=g)
+            elif name.startswith("lm_head"):
+                val = 0.3 * torch.randn(p.shape, generator=g)
+            else:  # attention projections, expert / dense MLP matrices
+                val = 0.1 * torch.randn(p.shape, generator=g)
+            p.copy_(val.to(p.dtype))
+        if case["store_dtype"] == "bfloat16":
+            for p in model.parameters():
+                p.copy_(p.to(torch.bfloat16).to(torch.float32))
+    if case["tied"]:
+        assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+    return model
+
+
+# ----------------------------------------------------------------------------------------------
+# transformers (fused experts) <-> hub naming (per-expert)
+# transformers 5.x stores experts fused:
+#   mlp.experts.gate_up_proj [E, 2*I, H]: rows [0:I] = gate_proj (w1), rows [I:2I] = up_proj (w3)
+#   mlp.experts.down_proj    [E, H, I]   = down_proj (w2)
+# Mixtral additionally renames block_sparse_moe -> mlp on load.
+# ----------------------------------------------------------------------------------------------
+def model_sd_to_hub(sd: dict, case: dict) -> dict:
+    mixtral = case["model_type"] == "mixtral"
+    out = {}
+    for k, v in sd.items():
+        v = v.detach().to(torch.float32).contiguous()
+        if k.endswith("mlp.experts.gate_up_proj"):
+            pre = k[: -len("mlp.experts.gate_up_proj")]
+            E, two_i, _ = v.shape
+            I = two_i // 2
+            for e in range(E):
+                gate, up = v[e, :I], v[e, I:]
+                if mixtral:
+                    out[f"{pre}block_sparse_moe.experts.{e}.w1.weight"] = gate.clone()
+                    out[f"{pre}block_sparse_moe.experts.{e}.w3.weight"] = up.clone()
+                else:
+                    out[f"{pre}mlp.experts.{e}.gate_proj.weight"] = gate.clone()
+                    out[f"{pre}mlp.experts.{e}.up_proj.weight"] = up.clone()
+        elif k.endswith("mlp.experts.down_proj"):
+            pre = k[: -len("mlp.experts.down_proj")]
+            for e in range(v.shape[0]):
+                if mixtral:
+                    out[f"{pre}block_sparse_moe.experts.{e}.w2.weight"] = v[e].clone()
+                else:
+                    out[f"{pre}mlp.experts.{e}.down_proj.weight"] = v[e].clone()
+        elif mixtral and ".mlp.gate." in k:
+            out[k.replace(".mlp.gate.", ".block_sparse_moe.gate.")] = v.clone()
+        else:
+            out[k] = v.clone()
+    if case["tied"]:
+        out.pop("lm_head.weight", None)  # real tied checkpoints omit it
+    return out
+
+
+def hub_to_model_sd(hub: dict, case: dict, n_layers: int, n_exp: int) -> dict:
+    mixtral = case["model_type"] == "mixtral"
+    hub = dict(hub)
+    out = {}
+    for i in range(n_layers):
+        p = f"model.layers.{i}."
+        if mixtral:
+            names = [f"{p}block_sparse_moe.experts.{{e}}.{w}.weight" for w in ("w1", "w3", "w2")]
+        else:
+            names = [f"{p}mlp.experts.{{e}}.{w}.weight" for w in ("gate_proj", "up_proj", "down_proj")]
+        gate = torch.stack([hub.pop(names[0].format(e=e)) for e in range(n_exp)])
+        up = torch.stack([hub.pop(names[1].format(e=e)) for e in range(n_exp)])
+        down = torch.stack([hub.pop(names[2].format(e=e)) for e in range(n_exp)])
+        out[f"{p}mlp.experts.gate_up_proj"] = torch.cat([gate, up], dim=1)
+        out[f"{p}mlp.experts.down_proj"] = down
+    for k, v in hub.items():
+        out[k.replace(".block_sparse_moe.gate.", ".mlp.gate.")] = v
+    return out
+
+
+def load_model_sd(model, sd: dict, tied: bool):
+    with torch.no_grad():
+        params = dict(model.named_parameters())
+        expected = set(params)
+        got = set(sd) | ({"lm_head.weight"} & expected if tied else set())
+        assert expected == got, sorted(expected ^ got)
+        for k, p in params.items():
+            if k in sd:
+                assert tuple(p.shape) == tuple(sd[k].shape), (k, p.shape, sd[k].shape)
+                p.copy_(sd[k].to(torch.float32))
+    if tied:
+        assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+
+
+# ----------------------------------------------------------------------------------------------
+# HF folder writing
+# ----------------------------------------------------------------------------------------------
+def write_hf(hf_dir: str, model, case: dict, theta: float):
+    os.makedirs(hf_dir, exist_ok=True)
+    hub = model_sd_to_hub(model.state_dict(), case)
+    st_dtype = torch.bfloat16 if case["store_dtype"] == "bfloat16" else torch.float32
+    hub = {k: v.to(st_dtype).contiguous() for k, v in sorted(hub.items())}
+
+    # config.json: exactly what transformers writes, then (mixtral) rewrite to legacy hub spellings
+    with tempfile.TemporaryDirectory() as td:
+        model.config.save_pretrained(td)
+        with open(os.path.join(td, "config.json")) as f:
+            cfg = json.load(f)
+    for k in ("_experts_implementation", "_attn_implementation", "experts_implementation",
+              "attn_implementation"):
+        cfg.pop(k, None)
+    cfg["architectures"] = [case["cls"]]
+    if case["model_type"] == "mixtral":
+        rp = cfg.pop("rope_parameters", None)
+        assert rp is None or rp.get("rope_type", "default") == "default"
+        cfg["rope_theta"] = float(theta)
+        cfg.pop("num_experts", None)
+        cfg["num_local_experts"] = int(case["cfg"]["num_local_experts"])
+        if "dtype" in cfg:
+            cfg["torch_dtype"] = cfg.pop("dtype")
+        rope_spelling = "rope_theta"
+        cfg["torch_dtype"] = case["store_dtype"]
+    else:
+        assert "rope_parameters" in cfg, "expected transformers to write rope_parameters"
+        cfg.pop("rope_theta", None)
+        rope_spelling = "rope_parameters"
+        cfg["dtype"] = case["store_dtype"]
+        key = case.get("expert_count_key")
+        if key is not None:
+            n = cfg.pop("num_local_experts", None)
+            n = cfg.pop("num_experts", n)
+            cfg[key] = int(n)
+    cfg = dict(sorted(cfg.items()))
+    with open(os.path.join(hf_dir, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=2)
+        f.write("\n")
+
+    meta = {"format": "pt"}
+    if case["shards"] == 1:
+        safetensors.torch.save_file(hub, os.path.join(hf_dir, "model.safetensors"), metadata=meta)
+        files = ["model.safetensors"]
+    else:
+        n = case["shards"]
+        names = list(hub)  # sorted
+        sizes = [hub[k].numel() * hub[k].element_size() for k in names]
+        total = sum(sizes)
+        shards, cur, acc = [[] for _ in range(n)], 0, 0
+        for k, s in zip(names, sizes):
+            if cur < n - 1 and acc >= total * (cur + 1) / n:
+                cur += 1
+            shards[cur].append(k)
+            acc += s
+        weight_map = {}
+        files = []
+        for si, keys in enumerate(shards):
+            fn = f"model-{si + 1:05d}-of-{n:05d}.safetensors"
+            safetensors.torch.save_file({k: hub[k] for k in keys}, os.path.join(hf_dir, fn), metadata=meta)
+            files.append(fn)
+            for k in keys:
+                weight_map[k] = fn
+        index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+        with open(os.path.join(hf_dir, "model.safetensors.index.json"), "w") as f:
+            json.dump(index, f, indent=2)
+            f.write("\n")
+        files.append("model.safetensors.index.json")
+    return hub, rope_spelling, files
+
+
+# ----------------------------------------------------------------------------------------------
+# Forward helpers
+# ----------------------------------------------------------------------------------------------
+class RouterProbe:
+    """Records router logits of every MoE layer via forward hooks on mlp.gate."""
+
+    def __init__(self, model):
+        self.logits = []
+        self.handles = []
+        for layer in model.model.layers:
+            gate = getattr(layer.mlp, "gate", None)
+            if gate is not None:
+                self.handles.append(gate.register_forward_hook(self._hook))
+
+    def _hook(self, mod, inp, out):
+        t = out[0] if isinstance(out, (tuple, list)) else out
+        self.logits.append(t.detach().reshape(-1, t.shape[-1]).float().clone())
+
+    def close(self):
+        for h in self.handles:
+            h.remove()
+
+
+@torch.no_grad()
+def forward_logits(model, ids: list[int]) -> torch.Tensor:
+    x = torch.tensor([ids], dtype=torch.long, device=DEVICE)
+    out = model(input_ids=x, use_cache=False)
+    return out.logits[0].float()
+
+
+@torch.no_grad()
+def router_stats(model, ids: list[int], top_k: int) -> tuple[float, list]:
+    """(min over layers/tokens of logit gap between k-th and (k+1)-th expert, chosen expert sets)"""
+    probe = RouterProbe(model)
+    try:
+        forward_logits(model, ids)
+    finally:
+        probe.close()
+    gaps, sel = [], []
+    for rl in probe.logits:
+        s, idx = torch.sort(rl, dim=-1, descending=True)
+        gaps.append((s[:, top_k - 1] - s[:, top_k]).min().item())
+        sel.append(torch.sort(idx[:, :top_k], dim=-1).values)
+    return float(min(gaps)), sel
+
+
+def router_gap(model, ids: list[int], top_k: int) -> float:
+    return router_stats(model, ids, top_k)[0]
+
+
+def same_selection(a: list, b: list) -> bool:
+    return len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+def top_gap(logits: torch.Tensor) -> float:
+    s = torch.sort(logits, dim=-1, descending=True).values
+    return float((s[..., 0] - s[..., 1]).min().item())
+
+
+@torch.no_grad()
+def greedy(model, prompt: list[int], n: int) -> tuple[list[int], float]:
+    ids = list(prompt)
+    gaps = []
+    for _ in range(n):
+        lg = forward_logits(model, ids)[-1]
+        gaps.append(top_gap(lg))
+        ids.append(int(torch.argmax(lg).item()))
+    return ids, float(min(gaps))
+
+
+# ----------------------------------------------------------------------------------------------
+# GGUF
+# ----------------------------------------------------------------------------------------------
+def permute_rope(w: np.ndarray, n_head: int) -> np.ndarray:
+    """HF rotate-half row order -> llama.cpp adjacent-pair row order (as convert_hf_to_gguf.py).
+
+    Per head of d rows, HF rotates pairs (j, j + d/2); GGML's normal RoPE rotates (2j, 2j+1)
+    with the same frequency theta^(-2j/d). New row 2j = old row j, new row 2j+1 = old row j+d/2.
+    """
+    rows, cols = w.shape
+    return w.reshape(n_head, 2, rows // n_head // 2, cols).swapaxes(1, 2).reshape(rows, cols)
+
+
+def unpermute_rope(w: np.ndarray, n_head: int) -> np.ndarray:
+    rows, cols = w.shape
+    return w.reshape(n_head, rows // n_head // 2, 2, cols).swapaxes(1, 2).reshape(rows, cols)
+
+
+def check_rope_permutation(head_dim: int, n_head: int, theta: float) -> None:
+    """Numerically prove: adjacent-pair RoPE on permuted rows == permuted (rotate-half RoPE)."""
+    g = torch.Generator().manual_seed(0)
+    H = 8
+    w = torch.randn(n_head * head_dim, H, generator=g, dtype=torch.float64)
+    x = torch.randn(5, H, generator=g, dtype=torch.float64)
+    pos = torch.arange(5, dtype=torch.float64)
+    inv = theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)  # [d/2]
+    ang = pos[:, None] * inv[None, :]
+    cos, sin = torch.cos(ang), torch.sin(ang)
+    # HF rotate-half
+    q = (x @ w.T).reshape(5, n_head, head_dim)
+    q1, q2 = q[..., : head_dim // 2], q[..., head_dim // 2:]
+    c, s = cos[:, None, :], sin[:, None, :]
+    hf = torch.cat([q1 * c - q2 * s, q2 * c + q1 * s], dim=-1)
+    # GGML normal (adjacent pairs) on permuted weights
+    wp = torch.from_numpy(permute_rope(w.numpy(), n_head))
+    qp = (x @ wp.T).reshape(5, n_head, head_dim // 2, 2)
+    a, b = qp[..., 0], qp[..., 1]
+    gg = torch.stack([a * c - b * s, a * s + b * c], dim=-1).reshape(5, n_head, head_dim)
+    # HF output in GGUF row order: new dim 2j = old j, new dim 2j+1 = old j + d/2
+    hf_perm = hf.reshape(5, n_head, 2, head_dim // 2).transpose(-1, -2).reshape(5, n_head, head_dim)
+    assert torch.allclose(gg, hf_perm, atol=1e-12), "RoPE permutation check failed"
+    assert np.array_equal(unpermute_rope(permute_rope(w.numpy(), n_head), n_head), w.numpy())
+
+
+def hub_to_gguf_tensors(hub: dict, case: dict, c: dict) -> dict:
+    """hub-named f32 numpy tensors -> GGUF-named f32 numpy arrays (numpy shape = reversed ne)."""
+    llama = case["arch"] == "llama"
+    L, E = c["n_layer"], c["n_expert"]
+    t = {k: v.to(torch.float32).numpy() for k, v in hub.items()}
+    out = {"token_embd.weight": t["model.embed_tokens.weight"]}
+    for i in range(L):
+        p, b = f"model.layers.{i}.", f"blk.{i}."
+        out[b + "attn_norm.weight"] = t[p + "input_layernorm.weight"]
+        q, k = t[p + "self_attn.q_proj.weight"], t[p + "self_attn.k_proj.weight"]
+        if llama:
+            q, k = permute_rope(q, c["n_head"]), permute_rope(k, c["n_head_kv"])
+        out[b + "attn_q.weight"] = q
+        out[b + "attn_k.weight"] = k
+        out[b + "attn_v.weight"] = t[p + "self_attn.v_proj.weight"]
+        out[b + "attn_output.weight"] = t[p + "self_attn.o_proj.weight"]
+        if not llama:
+            out[b + "attn_q_norm.weight"] = t[p + "self_attn.q_norm.weight"]
+            out[b + "attn_k_norm.weight"] = t[p + "self_attn.k_norm.weight"]
+        out[b + "ffn_norm.weight"] = t[p + "post_attention_layernorm.weight"]
+        if llama:
+            m = p + "block_sparse_moe."
+            out[b + "ffn_gate_inp.weight"] = t[m + "gate.weight"]
+            ex = [m + f"experts.{{e}}.{w}.weight" for w in ("w1", "w3", "w2")]
+        else:
+            m = p + "mlp."
+            out[b + "ffn_gate_inp.weight"] = t[m + "gate.weight"]
+            ex = [m + f"experts.{{e}}.{w}.weight" for w in ("gate_proj", "up_proj", "down_proj")]
+        for name, pat in zip(("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"), ex):
+            out[b + name + ".weight"] = np.stack([t[pat.format(e=e)] for e in range(E)])
+    out["output_norm.weight"] = t["model.norm.weight"]
+    if not case["tied"]:
+        out["output.weight"] = t["lm_head.weight"]
+    return out
+
+
+def gguf_to_hub(gt: dict, case: dict, c: dict) -> dict:
+    llama = case["arch"] == "llama"
+    L, E = c["n_layer"], c["n_expert"]
+    h = {"model.embed_tokens.weight": gt["token_embd.weight"], "model.norm.weight": gt["output_norm.weight"]}
+    if not case["tied"]:
+        h["lm_head.weight"] = gt["output.weight"]
+    for i in range(L):
+        p, b = f"model.layers.{i}.", f"blk.{i}."
+        h[p + "input_layernorm.weight"] = gt[b + "attn_norm.weight"]
+        q, k = gt[b + "attn_q.weight"], gt[b + "attn_k.weight"]
+        if llama:
+            q, k = unpermute_rope(q, c["n_head"]), unpermute_rope(k, c["n_head_kv"])
+        h[p + "self_attn.q_proj.weight"] = q
+        h[p + "self_attn.k_proj.weight"] = k
+        h[p + "self_attn.v_proj.weight"] = gt[b + "attn_v.weight"]
+        h[p + "self_attn.o_proj.weight"] = gt[b + "attn_output.weight"]
+        if not llama:
+            h[p + "self_attn.q_norm.weight"] = gt[b + "attn_q_norm.weight"]
+            h[p + "self_attn.k_norm.weight"] = gt[b + "attn_k_norm.weight"]
+        h[p + "post_attention_layernorm.weight"] = gt[b + "ffn_norm.weight"]
+        if llama:
+            m = p + "block_sparse_moe."
+            ex = [m + f"experts.{{e}}.{w}.weight" for w in ("w1", "w3", "w2")]
+        else:
+            m = p + "mlp."
+            ex = [m + f"experts.{{e}}.{w}.weight" for w in ("gate_proj", "up_proj", "down_proj")]
+        h[m + "gate.weight"] = gt[b + "ffn_gate_inp.weight"]
+        for name, pat in zip(("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"), ex):
+            arr = gt[b + name + ".weight"]
+            for e in range(E):
+                h[pat.format(e=e)] = arr[e]
+    return {k: torch.from_numpy(np.array(v, dtype=np.float32, copy=True)) for k, v in h.items()}
+
+
+def tensor_qtype(name: str, variant: str) -> QT:
+    # norms (1-D) and the router (ffn_gate_inp) always stay F32, as llama.cpp's converter does
+    if variant == "f32" or name.endswith("norm.weight") or "ffn_gate_inp" in name:
+        return QT.F32
+    return VARIANT_QT[variant]
+
+
+def write_gguf(path: str, gt: dict, case: dict, c: dict, variant: str, name: str) -> dict:
+    arch = case["arch"]
+    w = gguf.GGUFWriter(path, arch)  # writes general.architecture; data alignment = default 32
+    w.add_string("general.name", name)
+    w.add_uint32("general.file_type", FILE_TYPE[variant])
+    A = arch
+    w.add_uint32(f"{A}.block_count", c["n_layer"])
+    w.add_uint32(f"{A}.context_length", c["n_ctx"])
+    w.add_uint32(f"{A}.embedding_length", c["n_embd"])
+    w.add_uint32(f"{A}.feed_forward_length", c["n_ff"])
+    w.add_uint32(f"{A}.attention.head_count", c["n_head"])
+    w.add_uint32(f"{A}.attention.head_count_kv", c["n_head_kv"])
+    w.add_float32(f"{A}.rope.freq_base", float(c["rope_theta"]))
+    w.add_float32(f"{A}.attention.layer_norm_rms_epsilon", float(c["rms_eps"]))
+    w.add_uint32(f"{A}.expert_count", c["n_expert"])
+    w.add_uint32(f"{A}.expert_used_count", c["n_expert_used"])
+    if arch == "qwen3moe":
+        w.add_uint32(f"{A}.expert_feed_forward_length", c["n_ff_exp"])
+        w.add_uint32(f"{A}.attention.key_length", c["head_dim"])
+        w.add_uint32(f"{A}.attention.value_length", c["head_dim"])
+        w.add_bool(f"{A}.expert_weights_norm", bool(c["norm_topk_prob"]))
+    else:
+        w.add_uint32(f"{A}.rope.dimension_count", c["head_dim"])
+        w.add_uint32(f"{A}.vocab_size", c["n_vocab"])
+    types = {}
+    for tname, arr in gt.items():
+        qt = tensor_qtype(tname, variant)
+        arr = np.ascontiguousarray(arr, dtype=np.float32)
+        if qt == QT.F32:
+            w.add_tensor(tname, arr)
+        elif qt == QT.F16:
+            w.add_tensor(tname, arr.astype(np.float16))
+        else:
+            w.add_tensor(tname, gguf.quants.quantize(arr, qt), raw_dtype=qt)
+        types[tname] = qt.name
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return types
+
+
+def quant_roundtrip(gt: dict, variant: str) -> dict:
+    out = {}
+    for tn, arr in gt.items():
+        qt = tensor_qtype(tn, variant)
+        arr = np.ascontiguousarray(arr, dtype=np.float32)
+        if qt == QT.F32:
+            out[tn] = arr.copy()
+        elif qt == QT.F16:
+            out[tn] = arr.astype(np.float16).astype(np.float32)
+        else:
+            out[tn] = np.asarray(gguf.quants.dequantize(gguf.quants.quantize(arr, qt), qt),
+                                 dtype=np.float32).reshape(arr.shape)
+    return out
+
+
+def model_from_gguf_tensors(gt: dict, config, case: dict, c: dict):
+    vm = AutoModelForCausalLM.from_config(config, dtype=torch.float32, **impl_kwargs())
+    vm.eval()
+    load_model_sd(vm, hub_to_model_sd(gguf_to_hub(gt, case, c), case, c["n_layer"], c["n_expert"]),
+                  case["tied"])
+    return vm
+
+
+def read_gguf_dequant(path: str) -> tuple[dict, dict]:
+    r = gguf.GGUFReader(path)
+    out, types = {}, {}
+    for t in r.tensors:
+        shape = tuple(int(x) for x in reversed(list(t.shape)))  # numpy order
+        arr = gguf.quants.dequantize(np.asarray(t.data), t.tensor_type)
+        out[t.name] = np.asarray(arr, dtype=np.float32).reshape(shape)
+        types[t.name] = t.tensor_type.name
+    return out, types
+
+
+def ggml_reference_forward(path: str, tokens: list[int]) -> np.ndarray:
+    """Independent float64 numpy forward that reads ONLY the GGUF file (metadata + dequantized
+    tensors) and applies llama.cpp semantics: adjacent-pair RoPE for arch "llama", NEOX
+    (rotate-half) RoPE for "qwen3moe", softmax -> top-k -> (optional) renormalise routing."""
+    r = gguf.GGUFReader(path)
+
+    def kv(key):
+        f = r.fields[key]
+        return f.contents() if hasattr(f, "contents") else f.parts[f.data[0]][0]
+
+    A = str(kv("general.architecture"))
+    L, nh, nkv = int(kv(f"{A}.block_count")), int(kv(f"{A}.attention.head_count")), int(kv(f"{A}.attention.head_count_kv"))
+    theta, eps = float(kv(f"{A}.rope.freq_base")), float(kv(f"{A}.attention.layer_norm_rms_epsilon"))
+    k_used = int(kv(f"{A}.expert_used_count"))
+    norm_w = bool(kv(f"{A}.expert_weights_norm")) if f"{A}.expert_weights_norm" in r.fields else True
+    W = {}
+    for t in r.tensors:
+        shape = tuple(int(x) for x in reversed(list(t.shape)))
+        W[t.name] = np.asarray(gguf.quants.dequantize(np.asarray(t.data), t.tensor_type), np.float64).reshape(shape)
+    T = len(tokens)
+    hd = W["blk.0.attn_q.weight"].shape[0] // nh
+
+    def rms(x, w):
+        return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * w
+
+    inv = theta ** (-np.arange(0, hd, 2, dtype=np.float64) / hd)
+    ang = np.arange(T, dtype=np.float64)[:, None] * inv[None, :]  # [T, hd/2]
+    cos, sin = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+
+    def rope(x):  # x [T, H, hd]
+        if A == "llama":  # GGML_ROPE_TYPE_NORM: pairs (2j, 2j+1)
+            a, b = x[..., 0::2], x[..., 1::2]
+            return np.stack([a * cos - b * sin, a * sin + b * cos], -1).reshape(x.shape)
+        a, b = x[..., : hd // 2], x[..., hd // 2:]  # NEOX: pairs (j, j + hd/2)
+        return np.concatenate([a * cos - b * sin, a * sin + b * cos], -1)
+
+    x = W["token_embd.weight"][tokens]
+    mask = np.triu(np.full((T, T), -np.inf), 1)
+    for i in range(L):
+        b = f"blk.{i}."
+        h = rms(x, W[b + "attn_norm.weight"])
+        q = (h @ W[b + "attn_q.weight"].T).reshape(T, nh, hd)
+        k = (h @ W[b + "attn_k.weight"].T).reshape(T, nkv, hd)
+        v = (h @ W[b + "attn_v.weight"].T).reshape(T, nkv, hd)
+        if b + "attn_q_norm.weight" in W:
+            q, k = rms(q, W[b + "attn_q_norm.weight"]), rms(k, W[b + "attn_k_norm.weight"])
+        q, k = rope(q), rope(k)
+        o = np.empty((T, nh, hd))
+        for hh in range(nh):
+            kh = hh // (nh // nkv)
+            s = q[:, hh] @ k[:, kh].T / np.sqrt(hd) + mask
+            s = np.exp(s - s.max(-1, keepdims=True))
+            o[:, hh] = (s / s.sum(-1, keepdims=True)) @ v[:, kh]
+        x = x + o.reshape(T, nh * hd) @ W[b + "attn_output.weight"].T
+        h = rms(x, W[b + "ffn_norm.weight"])
+        lg = h @ W[b + "ffn_gate_inp.weight"].T
+        p = np.exp(lg - lg.max(-1, keepdims=True))
+        p /= p.sum(-1, keepdims=True)
+        y = np.zeros_like(x)
+        for t in range(T):
+            top = np.argsort(-p[t], kind="stable")[:k_used]
+            wts = p[t, top] / (p[t, top].sum() if norm_w else 1.0)
+            for e, wt in zip(top, wts):
+                g = W[b + "ffn_gate_exps.weight"][e] @ h[t]
+                u = W[b + "ffn_up_exps.weight"][e] @ h[t]
+                y[t] += wt * (W[b + "ffn_down_exps.weight"][e] @ (g / (1 + np.exp(-g)) * u))
+        x = x + y
+    x = rms(x, W["output_norm.weight"])
+    return x @ W.get("output.weight", W["token_embd.weight"]).T
+
+
+# ----------------------------------------------------------------------------------------------
+# Per-case driver
+# ----------------------------------------------------------------------------------------------
+def hparams(model, case, theta) -> dict:
+    cfg = model.config
+    return dict(
+        n_layer=cfg.num_hidden_layers, n_ctx=cfg.max_position_embeddings, n_embd=cfg.hidden_size,
+        n_ff=cfg.intermediate_size,
+        n_ff_exp=getattr(cfg, "moe_intermediate_size", cfg.intermediate_size),
+        n_head=cfg.num_attention_heads, n_head_kv=cfg.num_key_value_heads,
+        head_dim=cfg.head_dim, n_vocab=cfg.vocab_size, rope_theta=theta, rms_eps=cfg.rms_norm_eps,
+        n_expert=case["cfg"].get("num_experts", case["cfg"].get("num_local_experts")),
+        n_expert_used=cfg.num_experts_per_tok,
+        norm_topk_prob=bool(getattr(cfg, "norm_topk_prob", True)),
+    )
+
+
+def write_f32_bin(path: str, t: torch.Tensor):
+    np.ascontiguousarray(t.detach().cpu().numpy().astype("<f4")).tofile(path)
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).abs().max().item() / max(b.abs().max().item(), 1e-30))
+
+
+def run_case(name: str, case: dict, out_root: str) -> dict:
+    case_dir = os.path.join(out_root, name)
+    if os.path.isdir(case_dir):
+        shutil.rmtree(case_dir)
+    os.makedirs(case_dir)
+    hf_dir = os.path.join(case_dir, "hf")
+    top_k = case["cfg"]["num_experts_per_tok"]
+
+    # ---- 1. draw a decisive model + prompt (deterministic seed search) ----------------------
+    for attempt in range(MAX_ATTEMPTS):
+        seed = case["seed"] + attempt
+        model = build_model(case, seed)
+        rng = np.random.default_rng(seed)
+        prompt = [int(x) for x in rng.integers(0, COMMON["vocab_size"], size=N_PROMPT)]
+        tokens, ggap = greedy(model, prompt, N_GEN)
+        rgap, sel = router_stats(model, tokens, top_k)
+        tf_gap = top_gap(forward_logits(model, tokens))
+        if rgap < MIN_ROUTER_GAP or ggap < MIN_GREEDY_GAP:
+            continue
+        # the quantized variants (in-memory quantize->dequantize, same bytes as written below)
+        # must route every token to the same experts, with the same decisiveness margin
+        _, theta = make_config(case)
+        c = hparams(model, case, theta)
+        hub0 = model_sd_to_hub(model.state_dict(), case)
+        ok = True
+        for variant in case["variants"]:
+            if variant == "f32":
+                continue
+            vm = model_from_gguf_tensors(quant_roundtrip(hub_to_gguf_tensors(hub0, case, c), variant),
+                                         model.config, case, c)
+            vgap, vsel = router_stats(vm, tokens, top_k)
+            if vgap < MIN_ROUTER_GAP or not same_selection(sel, vsel):
+                ok = False
+                break
+        if ok:
+            break
+    else:
+        raise RuntimeError(f"{name}: no decisive seed found")
+
+    # ---- 2. write HF folder, reload, assert exact equality ----------------------------------
+    hub, rope_spelling, hf_files = write_hf(hf_dir, model, case, theta)
+    ref = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32, **impl_kwargs())
+    ref.eval()
+    rcfg = ref.config
+    assert type(ref).__name__ == case["cls"], type(ref).__name__
+    assert rcfg.tie_word_embeddings == case["tied"]
+    if case["tied"]:
+        assert ref.lm_head.weight.data_ptr() == ref.model.embed_tokens.weight.data_ptr()
+    rp = getattr(rcfg, "rope_parameters", None) or {}
+    assert float(rp.get("rope_theta", getattr(rcfg, "rope_theta", -1))) == float(theta), rp
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, ref.state_dict()[k]), f"reloaded weight differs: {k}"
+    tokens_ref, _ = greedy(ref, prompt, N_GEN)
+    assert tokens_ref == tokens, "greedy continuation differs after reload"
+    logits_mem = forward_logits(model, tokens)
+    logits = forward_logits(ref, tokens)
+    assert torch.equal(logits_mem, logits), "reloaded model logits != in-memory logits"
+    # teacher-forced argmax == greedy continuation
+    assert [int(x) for x in logits[N_PROMPT - 1:-1].argmax(-1)] == tokens[N_PROMPT:]
+
+    _, ref_sel = router_stats(ref, tokens, top_k)
+    assert same_selection(ref_sel, sel)
+    np.asarray(tokens, dtype="<i4").tofile(os.path.join(case_dir, "tokens.bin"))
+    write_f32_bin(os.path.join(case_dir, "logits.bin"), logits)
+
+    # ---- 3. GGUF variants -------------------------------------------------------------------
+    hub_f32 = {k: v.to(torch.float32) for k, v in hub.items()}
+    gt = hub_to_gguf_tensors(hub_f32, case, c)
+    variants = {}
+    for variant in case["variants"]:
+        fn = f"model-{variant}.gguf"
+        path = os.path.join(case_dir, fn)
+        types = write_gguf(path, gt, case, c, variant, f"strata-golden-{name}")
+        deq, rtypes = read_gguf_dequant(path)
+        assert rtypes == types and set(deq) == set(gt)
+        for tn in gt:
+            assert deq[tn].shape == gt[tn].shape, (tn, deq[tn].shape, gt[tn].shape)
+        mem = quant_roundtrip(gt, variant)
+        for tn in gt:
+            assert np.array_equal(deq[tn], mem[tn]), f"file dequant != in-memory dequant: {tn}"
+        vm = model_from_gguf_tensors(deq, ref.config, case, c)
+        vlog = forward_logits(vm, tokens)
+        err = rel_err(vlog, logits)
+        vgap, vsel = router_stats(vm, tokens, top_k)
+        assert same_selection(vsel, ref_sel), f"{name}/{fn}: expert selection differs from f32"
+        exact_weights = variant == "f32" or case["store_dtype"] == "bfloat16"
+        info = dict(file=fn, logits_file="logits.bin", rel_err_vs_logits_bin=err,
+                    router_min_gap=vgap, same_expert_selection_as_reference=True,
+                    argmax_agree_with_logits_bin=float(
+                        (vlog.argmax(-1) == logits.argmax(-1)).float().mean().item()),
+                    tensor_types=sorted(set(types.values())),
+                    size_bytes=os.path.getsize(path))
+        # independent GGML-semantics forward straight from the GGUF file
+        ggml = torch.from_numpy(ggml_reference_forward(path, tokens)).float()
+        info["ggml_numpy_ref_rel_err"] = rel_err(ggml, vlog)
+        assert info["ggml_numpy_ref_rel_err"] <= 1e-4, (name, fn, info["ggml_numpy_ref_rel_err"])
+        if exact_weights:
+            # f32 GGUF (or bf16 GGUF of bf16 weights) must reproduce logits.bin
+            assert err <= 1e-6, f"{name}/{fn}: GGUF round-trip rel err {err}"
+        if variant != "f32":
+            lf = f"logits-{variant}.bin"
+            write_f32_bin(os.path.join(case_dir, lf), vlog)
+            info["logits_file"] = lf
+        variants[variant] = info
+
+    # ---- 4. meta.json -----------------------------------------------------------------------
+    cfgj = json.load(open(os.path.join(hf_dir, "config.json")))
+    meta = dict(
+        case=name,
+        arch=case["arch"], hf_model_type=case["model_type"], hf_class=case["cls"],
+        dtype=case["store_dtype"], compute_dtype="float32",
+        n_prompt=N_PROMPT, n_gen=N_GEN, n_tokens=len(tokens), n_vocab=c["n_vocab"],
+        tokens=tokens,
+        seed=seed, seed_attempts=attempt + 1,
+        rope_spelling=rope_spelling,
+        expert_count_spelling=("num_experts" if "num_experts" in cfgj else "num_local_experts"),
+        hf_files=hf_files, hf_sharded=case["shards"] > 1,
+        tied_word_embeddings=case["tied"],
+        config=dict(
+            hidden_size=c["n_embd"], num_hidden_layers=c["n_layer"],
+            num_attention_heads=c["n_head"], num_key_value_heads=c["n_head_kv"],
+            head_dim=c["head_dim"], intermediate_size=c["n_ff"],
+            moe_intermediate_size=c["n_ff_exp"], num_experts=c["n_expert"],
+            num_experts_per_tok=c["n_expert_used"], norm_topk_prob=c["norm_topk_prob"],
+            vocab_size=c["n_vocab"], max_position_embeddings=c["n_ctx"],
+            rope_theta=theta, rms_norm_eps=c["rms_eps"], attention_bias=False,
+            hidden_act="silu",
+        ),
+        checks=dict(
+            reload_logits_equal=True, reload_weights_equal=True,
+            greedy_min_top1_gap=ggap, teacher_forced_min_top1_gap=tf_gap,
+            router_min_topk_gap=rgap,
+            logits_absmax=float(logits.abs().max().item()), logits_std=float(logits.std().item()),
+        ),
+        gguf_variants=variants,
+        gguf_notes=("general.alignment not written (default 32); no tokenizer metadata; "
+                    "norms and ffn_gate_inp always F32; "
+                    + ("attn_q/attn_k rows permuted for adjacent-pair RoPE (llama convention)"
+                       if case["arch"] == "llama" else "no q/k permutation (NEOX RoPE)")),
+        versions=dict(transformers=transformers.__version__, torch=torch.__version__,
+                      numpy=np.__version__, gguf=getattr(gguf, "__version__", None) or _gguf_version(),
+                      safetensors=safetensors.__version__, python=sys.version.split()[0]),
+        hf_config_keys_of_note={k: cfgj.get(k) for k in (
+            "rope_theta", "rope_parameters", "num_local_experts", "num_experts",
+            "tie_word_embeddings", "norm_topk_prob", "torch_dtype", "dtype") if k in cfgj},
+    )
+    with open(os.path.join(case_dir, "meta.json"), "w") as f:
+        json.dump(meta, f, indent=2)
+        f.write("\n")
+
+    size = sum(os.path.getsize(os.path.join(dp, fn)) for dp, _, fns in os.walk(case_dir) for fn in fns)
+    return dict(name=name, seed=seed, attempts=attempt + 1, size=size, ggap=ggap, rgap=rgap,
+                absmax=meta["checks"]["logits_absmax"], variants=variants, rope=rope_spelling)
+
+
+def _gguf_version():
+    try:
+        from importlib.metadata import version
+        return version("gguf")
+    except Exception:
+        return None
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="tests/golden")
+    ap.add_argument("--cases", default=",".join(CASES))
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+
+    check_rope_permutation(16, 4, 1e4)
+    check_rope_permutation(16, 2, 1e4)
+
+    rows = []
+    for name in args.cases.split(","):
+        print(f"[golden] {name} ...", flush=True)
+        rows.append(run_case(name, CASES[name], args.out))
+
+    print()
+    print(f"transformers {transformers.__version__}  torch {torch.__version__}  numpy {np.__version__}"
+          f"  gguf {_gguf_version()}")
+    print("GGUF: every variant also re-computed by an independent float64 numpy forward "
+          "(llama.cpp semantics) from the .gguf alone; max rel err vs HF: "
+          + ", ".join(f"{r['name']}/{v}={i['ggml_numpy_ref_rel_err']:.1e}"
+                      for r in rows for v, i in r["variants"].items()))
+    print(f"{'case':<15} {'seed':>5} {'try':>3} {'size':>9} {'|logit|max':>10} {'greedy_gap':>10} "
+          f"{'router_gap':>10} {'rope':<16} variant: rel_err vs logits.bin / argmax agree")
+    for r in rows:
+        vs = "  ".join(f"{v}:{i['rel_err_vs_logits_bin']:.2e}/{i['argmax_agree_with_logits_bin']:.2f}"
+                       for v, i in r["variants"].items())
+        print(f"{r['name']:<15} {r['seed']:>5} {r['attempts']:>3} {r['size']:>9} {r['absmax']:>10.3f} "
+              f"{r['ggap']:>10.4f} {r['rgap']:>10.4f} {r['rope']:<16} {vs}")
+    total = sum(r["size"] for r in rows)
+    print(f"total {total} bytes")
+
+
+if __name__ == "__main__":
+    main()
