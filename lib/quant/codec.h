@@ -1,0 +1,89 @@
+// The codec registry: one entry per GGUF tensor type (ids are GGUF's ggml_type values, fixed by the
+// file format). A codec knows its block layout and turns blocks into floats; quantizers and dot
+// products are optional. Row sizes are always a whole number of blocks.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string_view>
+
+#include "lib/util/status.h"
+
+namespace strata::quant {
+
+enum class TypeId : uint32_t {
+  kF32 = 0,
+  kF16 = 1,
+  kQ4_0 = 2,
+  kQ4_1 = 3,
+  kQ5_0 = 6,
+  kQ5_1 = 7,
+  kQ8_0 = 8,
+  kQ8_1 = 9,
+  kQ2_K = 10,
+  kQ3_K = 11,
+  kQ4_K = 12,
+  kQ5_K = 13,
+  kQ6_K = 14,
+  kQ8_K = 15,
+  kIQ2_XXS = 16,
+  kIQ2_XS = 17,
+  kIQ3_XXS = 18,
+  kIQ1_S = 19,
+  kIQ4_NL = 20,
+  kIQ3_S = 21,
+  kIQ2_S = 22,
+  kIQ4_XS = 23,
+  kI8 = 24,
+  kI16 = 25,
+  kI32 = 26,
+  kI64 = 27,
+  kF64 = 28,
+  kIQ1_M = 29,
+  kBF16 = 30,
+  kTQ1_0 = 34,
+  kTQ2_0 = 35,
+  kMXFP4 = 39,
+};
+
+struct Codec {
+  TypeId id;
+  std::string_view name;   // GGUF's name: "F32", "Q8_0", "Q4_K", ...
+  int64_t block_elems;     // elements per block (1 for F32/F16/BF16)
+  int64_t block_bytes;     // bytes per block
+  // Dequantizes n elements (a multiple of block_elems) from src to dst. Never null for a
+  // registered codec that can run.
+  void (*dequantize)(const void *src, float *dst, int64_t n);
+  // Quantizes n elements (multiple of block_elems); null when Strata has no quantizer for it.
+  void (*quantize)(const float *src, void *dst, int64_t n);
+  // Reference dot product of one quantized row (n elements) with float activations x.
+  float (*dot)(const void *row, const float *x, int64_t n);
+};
+
+// The codec for a GGUF type id, or nullptr when the id is unknown or Strata cannot decode it.
+const Codec *FindCodec(uint32_t type_id);
+inline const Codec *FindCodec(TypeId id) { return FindCodec(static_cast<uint32_t>(id)); }
+
+// Block geometry of a type id Strata knows by layout even if it cannot decode it (so a parser can
+// validate sizes of every GGUF type). nullopt for an unknown id.
+struct BlockGeometry {
+  int64_t block_elems;
+  int64_t block_bytes;
+};
+std::optional<BlockGeometry> GeometryOf(uint32_t type_id);
+
+// The GGUF name of a type id ("Q4_K"), or "type<id>". The view is static, except "type<id>" for ids
+// >= 256, which lives in a per-thread buffer until the next such call on the same thread.
+std::string_view TypeName(uint32_t type_id);
+
+// Bytes of a row of n elements: MOE_ERR_FORMAT_TENSOR if n is not a multiple of the block size,
+// MOE_ERR_UNSUPPORTED_TYPE for an unknown id.
+absl::StatusOr<uint64_t> RowBytes(uint32_t type_id, int64_t n);
+
+// IEEE half and bfloat16 conversions shared by codecs and formats.
+float HalfToFloat(uint16_t h);
+uint16_t FloatToHalf(float f);  // round to nearest even, as numpy's float16 cast
+float Bf16ToFloat(uint16_t b);
+uint16_t FloatToBf16(float f);  // round to nearest even
+
+}  // namespace strata::quant
