@@ -55,6 +55,7 @@ N_GEN = 8
 MIN_ROUTER_GAP = 0.05
 MIN_GREEDY_GAP = 0.05
 MAX_ATTEMPTS = 200
+MIN_DISTINCT_GEN = 4  # distinct ids required among the N_GEN greedy tokens
 
 # llama.cpp LlamaFileType values for general.file_type
 FILE_TYPE = {"f32": 0, "f16": 1, "q8_0": 7, "bf16": 32}
@@ -92,6 +93,9 @@ CASES = {
         # write the expert count the way real Qwen3-MoE hub configs do ("num_experts");
         # qwen3moe_f32 keeps transformers' own spelling ("num_local_experts", via attribute_map)
         expert_count_key="num_experts",
+        # tied: lm_head == embeddings, so smaller embeddings / larger block matrices keep the
+        # residual stream from simply predicting the current token again (x x x x ...)
+        embd_std=0.3, mat_std=0.2,
         cfg=dict(num_hidden_layers=3, intermediate_size=64, moe_intermediate_size=32,
                  num_experts=8, num_experts_per_tok=2, norm_topk_prob=False,
                  decoder_sparse_step=1, mlp_only_layers=[], attention_bias=False,
@@ -144,11 +148,11 @@ def build_model(case: dict, seed: int):
             elif name.endswith("mlp.gate.weight"):  # router: large so top-k is decisive
                 val = 0.5 * torch.randn(p.shape, generator=g)
             elif name.endswith("embed_tokens.weight"):  # (doubles as lm_head when tied)
-                val = (0.3 if case["tied"] else 0.5) * torch.randn(p.shape, generator=g)
+                val = case.get("embd_std", 0.5) * torch.randn(p.shape, generator=g)
             elif name.startswith("lm_head"):
                 val = 0.3 * torch.randn(p.shape, generator=g)
             else:  # attention projections, expert / dense MLP matrices
-                val = 0.1 * torch.randn(p.shape, generator=g)
+                val = case.get("mat_std", 0.1) * torch.randn(p.shape, generator=g)
             p.copy_(val.to(p.dtype))
         if case["store_dtype"] == "bfloat16":
             for p in model.parameters():
@@ -687,6 +691,8 @@ def run_case(name: str, case: dict, out_root: str) -> dict:
         rgap, sel = router_stats(model, tokens, top_k)
         tf_gap = top_gap(forward_logits(model, tokens))
         if rgap < MIN_ROUTER_GAP or ggap < MIN_GREEDY_GAP:
+            continue
+        if len(set(tokens[N_PROMPT:])) < MIN_DISTINCT_GEN:  # avoid a degenerate "x x x x" run
             continue
         # the quantized variants (in-memory quantize->dequantize, same bytes as written below)
         # must route every token to the same experts, with the same decisiveness margin
