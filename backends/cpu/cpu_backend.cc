@@ -1,0 +1,138 @@
+// CPU backend kernels. Weight rows are dequantized once per call into a per-thread buffer and
+// dotted with every token's activations; reductions run in a fixed order (8 lanes, then a fixed
+// tree), independent of batch size and threads.
+#include "backends/cpu/cpu_backend.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+namespace strata::cpu {
+namespace {
+
+float Dot(const float *a, const float *b, int64_t n) {
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (int j = 0; j < 8; ++j) acc[j] += a[i + j] * b[i + j];
+  }
+  for (; i < n; ++i) acc[i & 7] += a[i] * b[i];
+  return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+}
+
+}  // namespace
+
+CpuBackend::CpuBackend(int n_threads) : pool_(n_threads) {}
+
+void CpuBackend::MatMul(const model::Matrix &w, const float *x, int64_t n_tok, float *y) {
+  const int64_t rows = w.rows, cols = w.cols;
+  // Enough rows per chunk that waking threads pays off.
+  const int64_t min_chunk = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, cols * n_tok));
+  pool_.ParallelFor(rows, min_chunk, [&](int64_t r0, int64_t r1, int) {
+    std::vector<float> row(cols);
+    for (int64_t r = r0; r < r1; ++r) {
+      w.codec->dequantize(w.row(r), row.data(), cols);
+      for (int64_t t = 0; t < n_tok; ++t) y[t * rows + r] = Dot(row.data(), x + t * cols, cols);
+    }
+  });
+}
+
+void CpuBackend::GetRows(const model::Matrix &w, const int32_t *ids, int64_t n, float *out) {
+  for (int64_t i = 0; i < n; ++i) w.codec->dequantize(w.row(ids[i]), out + i * w.cols, w.cols);
+}
+
+void CpuBackend::RmsNorm(const float *x, const float *weight, int64_t n_rows, int64_t n, float eps,
+                         float *y) {
+  for (int64_t r = 0; r < n_rows; ++r) {
+    const float *xr = x + r * n;
+    float *yr = y + r * n;
+    float ss = Dot(xr, xr, n);
+    // As transformers does in float32: x * rsqrt(mean(x^2) + eps), then times the weight.
+    float inv = 1.0f / std::sqrt(ss / static_cast<float>(n) + eps);
+    for (int64_t i = 0; i < n; ++i) yr[i] = weight[i] * (xr[i] * inv);
+  }
+}
+
+void CpuBackend::Rope(float *x, int64_t n_tok, int n_heads, int head_dim, const int32_t *pos, float theta,
+                      model::RopeStyle style) {
+  const int half = head_dim / 2;
+  std::vector<float> inv_freq(half), c(half), s(half);
+  for (int i = 0; i < half; ++i) {
+    inv_freq[i] = 1.0f / std::pow(theta, static_cast<float>(2 * i) / static_cast<float>(head_dim));
+  }
+  for (int64_t t = 0; t < n_tok; ++t) {
+    for (int i = 0; i < half; ++i) {
+      float angle = static_cast<float>(pos[t]) * inv_freq[i];
+      c[i] = static_cast<float>(std::cos(static_cast<double>(angle)));
+      s[i] = static_cast<float>(std::sin(static_cast<double>(angle)));
+    }
+    for (int h = 0; h < n_heads; ++h) {
+      float *v = x + (t * n_heads + h) * head_dim;
+      if (style == model::RopeStyle::kNeox) {
+        for (int i = 0; i < half; ++i) {
+          float x0 = v[i], x1 = v[i + half];
+          v[i] = x0 * c[i] - x1 * s[i];
+          v[i + half] = x1 * c[i] + x0 * s[i];
+        }
+      } else {
+        for (int i = 0; i < half; ++i) {
+          float x0 = v[2 * i], x1 = v[2 * i + 1];
+          v[2 * i] = x0 * c[i] - x1 * s[i];
+          v[2 * i + 1] = x1 * c[i] + x0 * s[i];
+        }
+      }
+    }
+  }
+}
+
+void CpuBackend::Attention(const float *q, const model::KvView &kv, int64_t n_tok, int pos0, int n_head,
+                           int n_head_kv, int head_dim, int window, float *out) {
+  const int group = n_head / n_head_kv;
+  const int kv_dim = n_head_kv * head_dim;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+  pool_.ParallelFor(n_tok * n_head, 1, [&](int64_t i0, int64_t i1, int) {
+    std::vector<float> scores;
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t t = i / n_head;
+      const int h = static_cast<int>(i % n_head);
+      const int kvh = h / group;
+      const int pos = pos0 + static_cast<int>(t);
+      const int first = window > 0 ? std::max(0, pos - window + 1) : 0;
+      const float *qh = q + (t * n_head + h) * head_dim;
+      scores.resize(pos + 1 - first);
+      float mx = -INFINITY;
+      for (int j = first; j <= pos; ++j) {
+        float sc = Dot(qh, kv.k + static_cast<int64_t>(j) * kv_dim + kvh * head_dim, head_dim) * scale;
+        scores[j - first] = sc;
+        mx = std::max(mx, sc);
+      }
+      float sum = 0.f;
+      for (auto &sc : scores) {
+        sc = std::exp(sc - mx);
+        sum += sc;
+      }
+      const float inv = 1.0f / sum;
+      float *o = out + (t * n_head + h) * head_dim;
+      std::fill(o, o + head_dim, 0.f);
+      for (int j = first; j <= pos; ++j) {
+        const float p = scores[j - first] * inv;
+        const float *vj = kv.v + static_cast<int64_t>(j) * kv_dim + kvh * head_dim;
+        for (int d = 0; d < head_dim; ++d) o[d] += p * vj[d];
+      }
+    }
+  });
+}
+
+void CpuBackend::ExpertFfn(const model::ExpertWeights &e, const float *x, int64_t n_tok, float *y) {
+  const int64_t n_ff = e.gate.rows;
+  std::vector<float> g(n_tok * n_ff), u(n_tok * n_ff);
+  MatMul(e.gate, x, n_tok, g.data());
+  MatMul(e.up, x, n_tok, u.data());
+  for (int64_t i = 0; i < n_tok * n_ff; ++i) {
+    const float a = g[i];
+    g[i] = (a / (1.0f + std::exp(-a))) * u[i];
+  }
+  MatMul(e.down, g.data(), n_tok, y);
+}
+
+}  // namespace strata::cpu

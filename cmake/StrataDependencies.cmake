@@ -1,0 +1,15 @@
+# Dependency lookup. Everything comes from Debian 12 packages (cmake/install_deps.sh installs them).
+# Abseil and Eigen are private to the library: none of their types appear in public headers.
+find_package(Threads REQUIRED)
+find_package(absl REQUIRED)
+find_package(Eigen3 3.4 REQUIRED NO_MODULE)
+find_package(nlohmann_json 3.10 REQUIRED)
+find_package(PkgConfig REQUIRED)
+pkg_check_modules(URING IMPORTED_TARGET liburing)
+pkg_check_modules(NUMA IMPORTED_TARGET numa)
+if(STRATA_BUILD_TESTS)
+  find_package(Catch2 2.13 REQUIRED)
+endif()
+if(STRATA_BUILD_BENCH)
+  find_package(benchmark REQUIRED)
+endif()

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Installs what Strata needs to build and test on Debian 12, from Debian's packages.
+# Usage: cmake/install_deps.sh   (as root, or with sudo available)
+set -euo pipefail
+
+packages=(
+  build-essential cmake ninja-build pkg-config git
+  libabsl-dev libeigen3-dev nlohmann-json3-dev liburing-dev libnuma-dev
+  catch2 libbenchmark-dev
+  clang libclang-rt-dev   # libFuzzer targets replay their corpus in the tests
+  python3
+)
+
+sudo_cmd=()
+if [ "$(id -u)" -ne 0 ]; then sudo_cmd=(sudo); fi
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+  echo "strata: installing ${missing[*]}" >&2
+  "${sudo_cmd[@]}" apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi

@@ -1,0 +1,395 @@
+// The `strata` command line: run, logits, inspect, plan. Inference goes through the public C ABI,
+// as a host would drive it; inspect and plan also read internals (tensor table, ledger) that the ABI
+// does not expose. Every failure prints one line `strata: error: <what>` and exits with status 1;
+// output files are written to a temporary name and renamed, so nothing is left half-written.
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "examples/cli/cli_util.h"
+#include "include/strata/moe.h"
+#include "lib/quant/codec.h"
+#include "lib/runtime/context.h"
+
+namespace {
+
+using strata::cli::ParseInt;
+using strata::cli::ParseSize;
+using strata::cli::ParseTokenList;
+
+struct CliError {
+  std::string msg;
+};
+
+[[noreturn]] void Die(const std::string &msg) { throw CliError{msg}; }
+
+std::string ApiError(moe_status st) {
+  return std::string(moe_last_error()) + " (" + moe_status_string(st) + ")";
+}
+
+// Flags common to the commands; each command says which it accepts.
+struct Args {
+  std::string command;
+  std::string model;
+  std::string prompt;
+  std::string tokens;
+  std::string out;
+  std::vector<std::string> positional;
+  int64_t n_predict = 32;
+  int64_t prefill = -1;
+  int64_t n_threads = 0;
+  int64_t n_ctx = 0;
+  float temp = 0.8f;
+  int64_t top_k = 40;
+  float top_p = 0.95f;
+  uint64_t seed = 42;
+  int backend = MOE_BACKEND_AUTO;
+  uint64_t ram_budget = 0, vram_budget = 0;
+};
+
+const char kUsage[] =
+    "usage: strata <command> [options]\n"
+    "\n"
+    "commands:\n"
+    "  run      [--model PATH] [--tokens 1,2,3] [-n N] [--temp T] [--top-k K] [--top-p P] [--seed S]\n"
+    "           generate from a prompt (the bundled demo model when --model is not given)\n"
+    "  logits   --model PATH --tokens 1,2,3 [--prefill N] --out FILE\n"
+    "           teacher-forced logits of every position, float32 [n_tokens][n_vocab]; the first N\n"
+    "           tokens go in as one batch, the rest one at a time\n"
+    "  inspect  PATH         architecture, hyper-parameters, tensors, per-expert bytes by codec\n"
+    "  plan     --model PATH the cache plan ledger: what goes where, and why\n"
+    "\n"
+    "common options: --backend cpu|cuda|auto  --ram-budget SIZE  --vram-budget SIZE  --threads N\n"
+    "                --n-ctx N   (SIZE: 512M, 8G, or bytes)\n"
+    "PATH is a GGUF file or a Hugging Face checkpoint directory.\n";
+
+float ParseFloat(const std::string &flag, const std::string &v) {
+  char *end = nullptr;
+  float f = std::strtof(v.c_str(), &end);
+  if (v.empty() || end != v.c_str() + v.size() || !(f == f)) Die(flag + " needs a number, got '" + v + "'");
+  return f;
+}
+
+Args ParseArgs(int argc, char **argv) {
+  Args a;
+  if (argc < 2) Die("no command given (strata --help lists them)");
+  a.command = argv[1];
+  for (int i = 2; i < argc; ++i) {
+    std::string f = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) Die(f + " needs a value");
+      return argv[++i];
+    };
+    auto integer = [&](int64_t lo, int64_t hi) {
+      std::string v = value();
+      auto r = ParseInt(v, lo, hi);
+      if (!r) Die(f + " needs an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got '" + v + "'");
+      return *r;
+    };
+    auto size = [&]() {
+      std::string v = value();
+      auto r = ParseSize(v);
+      if (!r) Die(f + " needs a size like 512M, 8G or a byte count, got '" + v + "'");
+      return *r;
+    };
+    if (f == "--model" || f == "-m") a.model = value();
+    else if (f == "--prompt" || f == "-p") a.prompt = value();
+    else if (f == "--tokens") a.tokens = value();
+    else if (f == "--out" || f == "-o") a.out = value();
+    else if (f == "-n" || f == "--n-predict") a.n_predict = integer(0, 1 << 24);
+    else if (f == "--prefill") a.prefill = integer(0, 1 << 24);
+    else if (f == "--threads" || f == "-t") a.n_threads = integer(0, 4096);
+    else if (f == "--n-ctx") a.n_ctx = integer(0, 1 << 24);
+    else if (f == "--temp") a.temp = ParseFloat(f, value());
+    else if (f == "--top-k") a.top_k = integer(0, 1 << 24);
+    else if (f == "--top-p") a.top_p = ParseFloat(f, value());
+    else if (f == "--seed") a.seed = static_cast<uint64_t>(integer(0, INT64_MAX));
+    else if (f == "--ram-budget") a.ram_budget = size();
+    else if (f == "--vram-budget") a.vram_budget = size();
+    else if (f == "--backend") {
+      std::string v = value();
+      if (v == "cpu") a.backend = MOE_BACKEND_CPU;
+      else if (v == "cuda") a.backend = MOE_BACKEND_CUDA;
+      else if (v == "auto") a.backend = MOE_BACKEND_AUTO;
+      else Die("--backend must be cpu, cuda or auto, got '" + v + "'");
+    } else if (f == "-h" || f == "--help") {
+      std::fputs(kUsage, stdout);
+      std::exit(0);
+    } else if (!f.empty() && f[0] == '-') {
+      Die("unknown option '" + f + "'");
+    } else {
+      a.positional.push_back(f);
+    }
+  }
+  if (a.temp < 0) Die("--temp must be >= 0");
+  if (!(a.top_p > 0 && a.top_p <= 1)) Die("--top-p must be in (0, 1]");
+  return a;
+}
+
+std::string DemoModelPath() {
+  if (const char *env = std::getenv("STRATA_DEMO_MODEL"); env != nullptr && *env) return env;
+  if (access(STRATA_DEMO_MODEL_SOURCE, R_OK) == 0) return STRATA_DEMO_MODEL_SOURCE;
+  return STRATA_DEMO_MODEL_INSTALLED;
+}
+
+moe_params ContextParams(const Args &a, const std::string &model) {
+  moe_params p;
+  moe_params_init(&p);
+  p.model_path = model.c_str();
+  p.backend = a.backend;
+  p.ram_budget_bytes = a.ram_budget;
+  p.vram_budget_bytes = a.vram_budget;
+  p.n_threads = static_cast<int32_t>(a.n_threads);
+  p.n_ctx = static_cast<uint32_t>(a.n_ctx);
+  return p;
+}
+
+// RAII for the C handles.
+struct Ctx {
+  moe_ctx *c = nullptr;
+  ~Ctx() { moe_ctx_close(c); }
+};
+struct Sess {
+  moe_session *s = nullptr;
+  ~Sess() { moe_session_close(s); }
+};
+
+void WarnIfClamped(moe_ctx *ctx) {
+  moe_cache_plan plan;
+  moe_cache_plan_init(&plan);
+  if (moe_ctx_plan(ctx, &plan) == MOE_OK && plan.clamped) {
+    std::fprintf(stderr, "strata: warning: RAM budget raised to the minimum that can run, %llu bytes\n",
+                 static_cast<unsigned long long>(plan.ram_budget_bytes));
+  }
+}
+
+int CmdRun(const Args &a) {
+  const std::string model = a.model.empty() ? DemoModelPath() : a.model;
+  std::vector<int32_t> prompt;
+  if (!a.prompt.empty()) {
+    Die("this model has no tokenizer in Strata yet; give the prompt as token ids with --tokens 1,2,3");
+  }
+  if (!a.tokens.empty()) {
+    auto t = ParseTokenList(a.tokens);
+    if (!t) Die("--tokens needs comma-separated non-negative integers, got '" + a.tokens + "'");
+    prompt = *t;
+  } else {
+    prompt = {1, 2, 3, 4};
+  }
+  moe_params p = ContextParams(a, model);
+  Ctx ctx;
+  auto t_open = std::chrono::steady_clock::now();
+  if (moe_status st = moe_ctx_open(&p, &ctx.c); st != MOE_OK) Die("cannot open '" + model + "': " + ApiError(st));
+  WarnIfClamped(ctx.c);
+  moe_session_params sp;
+  moe_session_params_init(&sp);
+  sp.temperature = a.temp;
+  sp.top_k = static_cast<int32_t>(a.top_k);
+  sp.top_p = a.top_p;
+  sp.seed = a.seed;
+  Sess s;
+  if (moe_status st = moe_session_open(ctx.c, &sp, &s.s); st != MOE_OK) Die("cannot open a session: " + ApiError(st));
+  auto t_prefill = std::chrono::steady_clock::now();
+  if (moe_status st = moe_session_feed(s.s, prompt.data(), prompt.size()); st != MOE_OK) Die(ApiError(st));
+  if (moe_status st = moe_ctx_step(ctx.c, nullptr); st != MOE_OK) Die(ApiError(st));
+  auto t_decode = std::chrono::steady_clock::now();
+  std::printf("prompt:");
+  for (int32_t t : prompt) std::printf(" %d", t);
+  std::printf("\ngenerated:");
+  std::fflush(stdout);
+  int64_t n_gen = 0;
+  for (int64_t i = 0; i < a.n_predict; ++i) {
+    int32_t tok;
+    if (moe_status st = moe_session_sample(s.s, &tok); st != MOE_OK) Die(ApiError(st));
+    std::printf(" %d", tok);
+    std::fflush(stdout);
+    ++n_gen;
+    if (i + 1 == a.n_predict) break;
+    moe_status st = moe_session_feed(s.s, &tok, 1);
+    if (st == MOE_ERR_LIMIT_CONTEXT) break;
+    if (st != MOE_OK) Die(ApiError(st));
+    if ((st = moe_ctx_step(ctx.c, nullptr)) != MOE_OK) Die(ApiError(st));
+  }
+  auto t_end = std::chrono::steady_clock::now();
+  std::printf("\n");
+  auto secs = [](auto a, auto b) { return std::chrono::duration<double>(b - a).count(); };
+  std::fprintf(stderr, "strata: %s: load %.2f s, prefill %zu tokens %.1f tok/s, decode %lld tokens %.1f tok/s\n",
+               model.c_str(), secs(t_open, t_prefill), prompt.size(), prompt.size() / secs(t_prefill, t_decode),
+               static_cast<long long>(n_gen), n_gen > 1 ? (n_gen - 1) / secs(t_decode, t_end) : 0.0);
+  return 0;
+}
+
+void WriteFileAtomically(const std::string &path, const void *data, size_t n) {
+  const std::string tmp = path + ".tmp." + std::to_string(getpid());
+  FILE *f = std::fopen(tmp.c_str(), "wb");
+  if (f == nullptr) Die("cannot write '" + path + "': " + std::strerror(errno));
+  bool ok = std::fwrite(data, 1, n, f) == n;
+  ok = (std::fflush(f) == 0) && ok;
+  ok = (fsync(fileno(f)) == 0) && ok;
+  ok = (std::fclose(f) == 0) && ok;
+  if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::string err = std::strerror(errno);
+    std::remove(tmp.c_str());
+    Die("cannot write '" + path + "': " + err);
+  }
+}
+
+int CmdLogits(const Args &a) {
+  if (a.model.empty()) Die("logits needs --model PATH");
+  if (a.out.empty()) Die("logits needs --out FILE");
+  if (a.tokens.empty()) Die("logits needs --tokens 1,2,3");
+  auto toks = ParseTokenList(a.tokens);
+  if (!toks) Die("--tokens needs comma-separated non-negative integers, got '" + a.tokens + "'");
+  const int64_t n = static_cast<int64_t>(toks->size());
+  const int64_t prefill = a.prefill < 0 ? n : a.prefill;
+  if (prefill > n) Die("--prefill " + std::to_string(prefill) + " is more than the " + std::to_string(n) + " tokens");
+  moe_params p = ContextParams(a, a.model);
+  Ctx ctx;
+  if (moe_status st = moe_ctx_open(&p, &ctx.c); st != MOE_OK) Die("cannot open '" + a.model + "': " + ApiError(st));
+  WarnIfClamped(ctx.c);
+  moe_session_params sp;
+  moe_session_params_init(&sp);
+  sp.logits_all = 1;
+  Sess s;
+  if (moe_status st = moe_session_open(ctx.c, &sp, &s.s); st != MOE_OK) Die("cannot open a session: " + ApiError(st));
+  const int32_t n_vocab = moe_ctx_vocab_size(ctx.c);
+  std::vector<float> all;
+  all.reserve(static_cast<size_t>(n) * n_vocab);
+  auto run = [&](const int32_t *t, int64_t k) {
+    if (moe_status st = moe_session_feed(s.s, t, static_cast<size_t>(k)); st != MOE_OK) Die(ApiError(st));
+    if (moe_status st = moe_ctx_step(ctx.c, nullptr); st != MOE_OK) Die(ApiError(st));
+    const float *rows;
+    int32_t nt, nv;
+    if (moe_status st = moe_session_logits_all(s.s, &rows, &nt, &nv); st != MOE_OK) Die(ApiError(st));
+    all.insert(all.end(), rows, rows + static_cast<size_t>(nt) * nv);
+  };
+  if (prefill > 0) run(toks->data(), prefill);
+  for (int64_t i = prefill; i < n; ++i) run(toks->data() + i, 1);
+  WriteFileAtomically(a.out, all.data(), all.size() * sizeof(float));
+  return 0;
+}
+
+std::string HumanBytes(uint64_t b) {
+  char buf[64];
+  if (b >= (1ull << 30)) std::snprintf(buf, sizeof buf, "%.2f GiB", b / double(1ull << 30));
+  else if (b >= (1ull << 20)) std::snprintf(buf, sizeof buf, "%.2f MiB", b / double(1ull << 20));
+  else if (b >= (1ull << 10)) std::snprintf(buf, sizeof buf, "%.2f KiB", b / double(1ull << 10));
+  else std::snprintf(buf, sizeof buf, "%llu B", static_cast<unsigned long long>(b));
+  return buf;
+}
+
+strata::runtime::Context::Described DescribeOrDie(const std::string &path) {
+  auto d = strata::runtime::Context::Describe(path);
+  if (!d.ok()) {
+    moe_status st = strata::StatusToMoe(d.status());
+    Die("'" + path + "': " + std::string(d.status().message()) + " (" + moe_status_string(st) + ")");
+  }
+  return std::move(*d);
+}
+
+int CmdInspect(const Args &a) {
+  std::string path = a.model;
+  if (path.empty() && a.positional.size() == 1) path = a.positional[0];
+  if (path.empty() || a.positional.size() > 1) Die("inspect needs exactly one PATH");
+  auto d = DescribeOrDie(path);
+  const auto &hp = d.hp;
+  const auto &mf = *d.file;
+  std::printf("model:        %s (%s)\n", path.c_str(),
+              mf.kind() == strata::model::ModelFile::Kind::kGguf ? "GGUF" : "Hugging Face checkpoint");
+  if (mf.kind() == strata::model::ModelFile::Kind::kGguf) {
+    std::printf("gguf:         version %u, %zu metadata keys, %zu tensors, alignment %llu\n", mf.gguf().version,
+                mf.gguf().kv.size(), mf.gguf().tensors.size(),
+                static_cast<unsigned long long>(mf.gguf().alignment));
+  } else {
+    std::printf("checkpoint:   %d safetensors file(s), %zu tensors\n", mf.n_files(), mf.tensors().size());
+  }
+  std::printf("architecture: %s\n", hp.arch_name.c_str());
+  std::printf("layers %d, embedding %d, heads %d (kv %d, dim %d), vocab %d, context %d\n", hp.n_layer, hp.n_embd,
+              hp.n_head, hp.n_head_kv, hp.head_dim, hp.n_vocab, hp.n_ctx_train);
+  std::printf("experts %d (%d used per token), expert ffn %d, norm_topk_prob %s, qk_norm %s, tied %s\n", hp.n_expert,
+              hp.n_expert_used, hp.n_ff_expert, hp.norm_topk_prob ? "yes" : "no", hp.qk_norm ? "yes" : "no",
+              hp.tied_embeddings ? "yes" : "no");
+  std::printf("rope theta %g (%s), rms eps %g%s\n", hp.rope_theta,
+              hp.rope_style == strata::model::RopeStyle::kNeox ? "neox" : "normal", hp.rms_eps,
+              hp.sliding_window ? (", sliding window " + std::to_string(hp.sliding_window)).c_str() : "");
+  std::printf("\n%-48s %-6s %-24s %12s\n", "tensor", "type", "shape (innermost first)", "bytes");
+  for (const auto &t : mf.tensors()) {
+    std::string shape;
+    for (int i = 0; i < t.n_dims; ++i) shape += (i ? " x " : "") + std::to_string(t.ne[i]);
+    std::printf("%-48s %-6s %-24s %12llu\n", t.name.c_str(), std::string(strata::quant::TypeName(t.type)).c_str(),
+                shape.c_str(), static_cast<unsigned long long>(t.nbytes));
+  }
+  // Per-expert bytes by codec (gate|up|down of one routed expert).
+  std::map<std::string, std::pair<uint64_t, uint64_t>> by_codec;  // codec set -> (experts, bytes)
+  for (const auto &L : d.weights.layers) {
+    for (const auto &e : L.experts) {
+      std::string key = std::string(e.gate.codec->name) + "/" + std::string(e.up.codec->name) + "/" +
+                        std::string(e.down.codec->name);
+      by_codec[key].first += 1;
+      by_codec[key].second += e.nbytes();
+    }
+  }
+  std::printf("\nrouted experts (gate/up/down codecs): %d layers x %d experts\n", hp.n_layer, hp.n_expert);
+  for (const auto &[k, v] : by_codec) {
+    std::printf("  %-20s %6llu experts, %s each, %s total\n", k.c_str(), static_cast<unsigned long long>(v.first),
+                HumanBytes(v.second / v.first).c_str(), HumanBytes(v.second).c_str());
+  }
+  std::printf("non-routed weights: %s; routed experts: %s; files: %s\n",
+              HumanBytes(strata::model::NonRoutedBytes(d.weights)).c_str(),
+              HumanBytes(strata::model::RoutedExpertBytes(d.weights)).c_str(), HumanBytes(mf.total_file_bytes()).c_str());
+  return 0;
+}
+
+int CmdPlan(const Args &a) {
+  std::string path = a.model;
+  if (path.empty() && a.positional.size() == 1) path = a.positional[0];
+  if (path.empty()) Die("plan needs --model PATH");
+  auto d = DescribeOrDie(path);
+  strata::runtime::ContextOptions o;
+  o.model_path = path;
+  o.ram_budget_bytes = a.ram_budget;
+  o.vram_budget_bytes = a.vram_budget;
+  o.n_ctx = static_cast<int>(a.n_ctx);
+  auto plan = strata::store::MakePlan(d.hp, d.weights, strata::runtime::Context::PlanInputsFor(o, d.hp));
+  if (!plan.ok()) Die(std::string(plan.status().message()));
+  std::printf("cache plan for %s (%s, %d layers x %d experts)\n\n", path.c_str(), d.hp.arch_name.c_str(), d.hp.n_layer,
+              d.hp.n_expert);
+  std::fputs(strata::store::FormatLedger(*plan).c_str(), stdout);
+  if (plan->clamped) {
+    std::fprintf(stderr, "strata: warning: RAM budget raised to the minimum that can run, %llu bytes\n",
+                 static_cast<unsigned long long>(plan->ram_budget_bytes));
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+  try {
+    Args a = ParseArgs(argc, argv);
+    if (a.command == "run") return CmdRun(a);
+    if (a.command == "logits") return CmdLogits(a);
+    if (a.command == "inspect") return CmdInspect(a);
+    if (a.command == "plan") return CmdPlan(a);
+    if (a.command == "help" || a.command == "--help" || a.command == "-h") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    }
+    Die("unknown command '" + a.command + "' (try strata --help)");
+  } catch (const CliError &e) {
+    std::string m = e.msg;
+    // One line only: usage text goes after it.
+    auto nl = m.find('\n');
+    std::fprintf(stderr, "strata: error: %s\n", m.substr(0, nl).c_str());
+    if (nl != std::string::npos) std::fputs(m.substr(nl + 1).c_str(), stderr);
+    return 1;
+  } catch (const std::exception &e) {
+    std::fprintf(stderr, "strata: error: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,256 @@
+/*
+ * strata/moe.h — the stable C ABI of Strata, an engine for Mixture-of-Experts language models whose
+ * weights do not fit in GPU memory or RAM. This header is the specification: anything not declared
+ * here is not API. It is C99; C++ hosts may prefer <strata/moe.hpp> (RAII wrappers over this ABI).
+ *
+ * Conventions
+ *  - Handles are opaque. `*_close(NULL)` is a no-op.
+ *  - Every fallible call returns a moe_status (0 = MOE_OK). On failure, moe_last_error() returns a
+ *    thread-local message naming what went wrong; out-params are left untouched unless stated.
+ *  - Params structs start with `uint32_t struct_size`; initialise them with the static inline
+ *    `*_init()` functions below, which stamp sizeof and fill defaults. Fields are only appended: the
+ *    library reads just the fields the caller's struct_size covers, so old hosts keep working.
+ *  - No C++ exception, abort or exit ever crosses this ABI.
+ *  - Thread safety is stated per function. A context may be used from several threads; a session is
+ *    used by one thread at a time.
+ */
+#ifndef STRATA_MOE_H_
+#define STRATA_MOE_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(MOE_BUILDING_LIBRARY)
+#define MOE_API __attribute__((visibility("default")))
+#else
+#define MOE_API
+#endif
+
+/* ---------------------------------------------------------------------------------------------
+ * Version
+ * ------------------------------------------------------------------------------------------- */
+#define MOE_VERSION_MAJOR 0
+#define MOE_VERSION_MINOR 1
+#define MOE_VERSION_PATCH 0
+#define MOE_VERSION_NUMBER (MOE_VERSION_MAJOR * 10000 + MOE_VERSION_MINOR * 100 + MOE_VERSION_PATCH)
+
+/* The version of the library actually loaded (MOE_VERSION_NUMBER of its build). Since: 0.1. */
+MOE_API int32_t moe_version_number(void);
+/* "MAJOR.MINOR.PATCH" of the loaded library; static storage. Since: 0.1. */
+MOE_API const char *moe_version_string(void);
+
+/* ---------------------------------------------------------------------------------------------
+ * Status codes. The low byte is the category; extended codes add detail above it (SQLite style),
+ * so `MOE_STATUS_CATEGORY(st) == MOE_ERR_FORMAT` holds for every malformed-file code. Values are
+ * pinned forever and never reused.
+ * ------------------------------------------------------------------------------------------- */
+typedef int32_t moe_status;
+
+#define MOE_STATUS_CATEGORY(st) ((moe_status)((st)&0xff))
+
+#define MOE_OK 0
+#define MOE_ERR_INVALID_ARGUMENT 1 /* a NULL pointer, a size out of range, a bad flag */
+#define MOE_ERR_IO 2               /* the operating system failed a read, open or write */
+#define MOE_ERR_FORMAT 3           /* a model (or snapshot) file is malformed */
+#define MOE_ERR_UNSUPPORTED 4      /* well-formed, but not something this build can run */
+#define MOE_ERR_NO_MEMORY 5        /* an allocation failed or would exceed a budget */
+#define MOE_ERR_STATE 6            /* the call is not valid in the object's current state */
+#define MOE_ERR_BACKEND 7          /* a compute backend (e.g. CUDA) failed */
+#define MOE_ERR_INTERNAL 8         /* a bug in Strata; please report it */
+#define MOE_ERR_LIMIT 9            /* a fixed limit was reached (context length, sessions) */
+
+#define MOE_ERR_IO_READ (MOE_ERR_IO | (1 << 8))          /* read failed (EIO, ...) */
+#define MOE_ERR_IO_OPEN (MOE_ERR_IO | (2 << 8))          /* file or directory cannot be opened */
+#define MOE_ERR_IO_CHANGED (MOE_ERR_IO | (3 << 8))       /* the file was replaced or resized */
+#define MOE_ERR_IO_WRITE (MOE_ERR_IO | (4 << 8))         /* write, fsync or rename failed */
+#define MOE_ERR_FORMAT_TRUNCATED (MOE_ERR_FORMAT | (1 << 8)) /* data ends before it should */
+#define MOE_ERR_FORMAT_HEADER (MOE_ERR_FORMAT | (2 << 8))    /* bad magic, version or header size */
+#define MOE_ERR_FORMAT_METADATA (MOE_ERR_FORMAT | (3 << 8))  /* bad key/value: count, length, type, duplicate */
+#define MOE_ERR_FORMAT_TENSOR (MOE_ERR_FORMAT | (4 << 8))    /* bad tensor entry: dims, type, offset, extent, name */
+#define MOE_ERR_FORMAT_HPARAMS (MOE_ERR_FORMAT | (5 << 8))   /* hyper-parameters missing or disagreeing with shapes */
+#define MOE_ERR_FORMAT_CONFIG (MOE_ERR_FORMAT | (6 << 8))    /* HF config.json / index malformed */
+#define MOE_ERR_UNSUPPORTED_ARCH (MOE_ERR_UNSUPPORTED | (1 << 8)) /* architecture not implemented */
+#define MOE_ERR_UNSUPPORTED_TYPE (MOE_ERR_UNSUPPORTED | (2 << 8)) /* tensor type / codec not implemented */
+#define MOE_ERR_UNSUPPORTED_BACKEND (MOE_ERR_UNSUPPORTED | (3 << 8)) /* backend not built in or no device */
+#define MOE_ERR_LIMIT_CONTEXT (MOE_ERR_LIMIT | (1 << 8)) /* session context (n_ctx) is full */
+
+/* The name of a status ("MOE_ERR_FORMAT_TENSOR"), or "MOE_ERR_UNKNOWN"; static storage.
+ * Thread-safety: safe. Since: 0.1. */
+MOE_API const char *moe_status_string(moe_status st);
+
+/* The message of the last failing call on this thread ("" if none). Owned by the library, valid
+ * until the next failing call on the same thread. Thread-safety: thread-local. Since: 0.1. */
+MOE_API const char *moe_last_error(void);
+
+/* ---------------------------------------------------------------------------------------------
+ * Handles
+ * ------------------------------------------------------------------------------------------- */
+typedef struct moe_ctx moe_ctx;                   /* model + tiers + backends + sessions */
+typedef struct moe_session moe_session;           /* one conversation (e.g. one NPC) */
+typedef struct moe_expert_table moe_expert_table; /* read-only view of the routed experts */
+
+/* ---------------------------------------------------------------------------------------------
+ * Context parameters
+ * ------------------------------------------------------------------------------------------- */
+typedef enum moe_backend_kind {
+  MOE_BACKEND_AUTO = 0, /* CUDA when built in and a device is present, else CPU */
+  MOE_BACKEND_CPU = 1,
+  MOE_BACKEND_CUDA = 2
+} moe_backend_kind;
+
+typedef struct moe_params {
+  uint32_t struct_size;
+  const char *model_path;     /* GGUF file or Hugging Face checkpoint directory (required) */
+  int32_t backend;            /* moe_backend_kind; default MOE_BACKEND_AUTO */
+  uint64_t vram_budget_bytes; /* 0 = auto */
+  uint64_t ram_budget_bytes;  /* 0 = auto (80% of usable memory for the model) */
+  int32_t n_threads;          /* CPU threads for compute; 0 = one per core */
+  uint32_t n_ctx;             /* default context length per session; 0 = min(model's, 4096) */
+  uint32_t max_sessions;      /* sessions the cache plan reserves KV for; default 1 */
+} moe_params;
+
+/* Fills `p` (whose struct_size is already set) with defaults, for the fields that size covers.
+ * Call through moe_params_init. Since: 0.1. */
+MOE_API void moe_params_fill_defaults(moe_params *p);
+static inline void moe_params_init(moe_params *p) {
+  p->struct_size = (uint32_t)sizeof(moe_params);
+  moe_params_fill_defaults(p);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Cache plan: where the model's bytes go. A value the host can read and print as a ledger.
+ * ------------------------------------------------------------------------------------------- */
+typedef struct moe_cache_plan {
+  uint32_t struct_size;
+  uint64_t ram_budget_bytes;        /* the budget the plan was made for (after clamping) */
+  uint64_t vram_budget_bytes;
+  uint64_t non_routed_bytes;        /* embeddings, attention, norms, routers, shared experts, output */
+  uint64_t routed_expert_bytes;     /* all routed experts of the model */
+  uint64_t kv_bytes;                /* KV cache for max_sessions x n_ctx */
+  uint64_t workspace_bytes;         /* activations and scratch */
+  uint64_t expert_slot_bytes;       /* bytes of the largest routed expert (gate|up|down) */
+  uint32_t n_layers;
+  uint32_t n_routed_experts;        /* routed experts in the whole model (layers x experts) */
+  uint32_t ram_expert_slots;        /* routed experts that fit in the RAM tier */
+  uint32_t vram_expert_slots;       /* routed experts that fit in the VRAM tier */
+  uint32_t clamped;                 /* 1 if the requested budget was below the minimum and raised */
+  uint32_t n_ctx;
+  uint32_t max_sessions;
+} moe_cache_plan;
+
+static inline void moe_cache_plan_init(moe_cache_plan *p) {
+  unsigned char *b = (unsigned char *)p;
+  size_t i;
+  for (i = 0; i < sizeof(*p); ++i) b[i] = 0;
+  p->struct_size = (uint32_t)sizeof(moe_cache_plan);
+}
+
+/* Makes the cache plan for `p` without loading weights (reads the model's header only).
+ * `out` must be initialised with moe_cache_plan_init.
+ * @return MOE_OK; MOE_ERR_INVALID_ARGUMENT; MOE_ERR_IO_*; MOE_ERR_FORMAT_*; MOE_ERR_UNSUPPORTED_*.
+ * Thread-safety: safe. Since: 0.1. */
+MOE_API moe_status moe_plan(const moe_params *p, moe_cache_plan *out);
+
+/* ---------------------------------------------------------------------------------------------
+ * Context
+ * ------------------------------------------------------------------------------------------- */
+
+/* Opens the model at p->model_path, validates the whole file (header, tensor table, shapes
+ * against hyper-parameters, data extents) and makes the context ready to run.
+ * @return MOE_OK and *out set; on failure *out is untouched and nothing is leaked:
+ *   MOE_ERR_INVALID_ARGUMENT (NULL, bad struct_size, bad backend), MOE_ERR_IO_* (open/read),
+ *   MOE_ERR_FORMAT_* (malformed file), MOE_ERR_UNSUPPORTED_* (architecture, tensor type, backend),
+ *   MOE_ERR_NO_MEMORY.
+ * Thread-safety: safe (contexts are independent). Since: 0.1. */
+MOE_API moe_status moe_ctx_open(const moe_params *p, moe_ctx **out);
+
+/* Closes the context and every session still open on it. NULL is a no-op. The host must not use
+ * the context or its sessions concurrently with close. Since: 0.1. */
+MOE_API void moe_ctx_close(moe_ctx *ctx);
+
+/* Vocabulary size of the model (the length of a logits row); -1 if ctx is NULL.
+ * Thread-safety: safe. Since: 0.1. */
+MOE_API int32_t moe_ctx_vocab_size(const moe_ctx *ctx);
+
+/* The cache plan the context runs with. Thread-safety: safe. Since: 0.1. */
+MOE_API moe_status moe_ctx_plan(const moe_ctx *ctx, moe_cache_plan *out);
+
+/* The context's routed-expert table (valid until moe_ctx_close); NULL if ctx is NULL.
+ * Thread-safety: safe. Since: 0.1. */
+MOE_API const moe_expert_table *moe_ctx_experts(const moe_ctx *ctx);
+
+/* Layers with routed experts, and routed experts per layer, of the table; 0 for NULL. Since: 0.1. */
+MOE_API uint32_t moe_expert_table_n_layers(const moe_expert_table *t);
+MOE_API uint32_t moe_expert_table_n_experts(const moe_expert_table *t);
+
+/* ---------------------------------------------------------------------------------------------
+ * Sessions
+ * ------------------------------------------------------------------------------------------- */
+typedef struct moe_session_params {
+  uint32_t struct_size;
+  uint32_t n_ctx;       /* context length of this session; 0 = the context's default */
+  uint64_t seed;        /* sampling seed */
+  float temperature;    /* 0 = greedy */
+  int32_t top_k;        /* 0 = off */
+  float top_p;          /* 1 = off */
+  uint32_t logits_all;  /* 1: keep the logits of every token of the last step, not only the last */
+} moe_session_params;
+
+MOE_API void moe_session_params_fill_defaults(moe_session_params *p);
+static inline void moe_session_params_init(moe_session_params *p) {
+  p->struct_size = (uint32_t)sizeof(moe_session_params);
+  moe_session_params_fill_defaults(p);
+}
+
+/* Opens a session (one conversation with its own KV cache) on ctx; p may be NULL for defaults.
+ * @return MOE_OK; MOE_ERR_INVALID_ARGUMENT; MOE_ERR_NO_MEMORY; MOE_ERR_LIMIT.
+ * Thread-safety: safe against other session calls on the same context. Since: 0.1. */
+MOE_API moe_status moe_session_open(moe_ctx *ctx, const moe_session_params *p, moe_session **out);
+
+/* Closes a session; NULL is a no-op. Must not run concurrently with moe_ctx_step. Since: 0.1. */
+MOE_API void moe_session_close(moe_session *s);
+
+/* Queues n tokens as input of the session; they are processed by the next moe_ctx_step.
+ * @return MOE_OK; MOE_ERR_INVALID_ARGUMENT (NULL with n > 0, token id outside the vocabulary:
+ *   nothing is queued); MOE_ERR_LIMIT_CONTEXT (the tokens would not fit in n_ctx: nothing queued).
+ * Thread-safety: one thread per session; not concurrently with moe_ctx_step. Since: 0.1. */
+MOE_API moe_status moe_session_feed(moe_session *s, const int32_t *tokens, size_t n);
+
+/* Runs one batch over all sessions with pending input: each session's queued tokens go through
+ * the model (as one prefill batch per session), and its logits become available.
+ * n_pending (nullable) receives the number of sessions still with queued input afterwards.
+ * @return MOE_OK; MOE_ERR_IO_* or MOE_ERR_BACKEND if weights could not be read or computed; then
+ *   the sessions of the failed batch keep their queued input and their state before the step.
+ * Thread-safety: one step at a time per context (serialised internally). Since: 0.1. */
+MOE_API moe_status moe_ctx_step(moe_ctx *ctx, uint32_t *n_pending);
+
+/* The logits after the last processed token: *logits points to n_vocab floats owned by the session,
+ * valid until the next moe_ctx_step or moe_session_close.
+ * @return MOE_OK; MOE_ERR_INVALID_ARGUMENT; MOE_ERR_STATE if no token has been processed.
+ * Thread-safety: one thread per session. Since: 0.1. */
+MOE_API moe_status moe_session_logits(const moe_session *s, const float **logits, int32_t *n_vocab);
+
+/* With logits_all set: the logits of every token processed by the last step, row-major
+ * [*n_tokens][*n_vocab]; same lifetime as moe_session_logits.
+ * @return MOE_OK; MOE_ERR_INVALID_ARGUMENT; MOE_ERR_STATE (no step yet, or logits_all not set).
+ * Since: 0.1. */
+MOE_API moe_status moe_session_logits_all(const moe_session *s, const float **logits,
+                                          int32_t *n_tokens, int32_t *n_vocab);
+
+/* Samples the next token from the last logits with the session's sampler (greedy when temperature
+ * is 0; else temperature, top-k, top-p with the session's seeded generator). Does not feed it.
+ * @return MOE_OK; MOE_ERR_INVALID_ARGUMENT; MOE_ERR_STATE if no logits yet. Since: 0.1. */
+MOE_API moe_status moe_session_sample(moe_session *s, int32_t *token);
+
+/* Number of tokens in the session's KV cache (its position). -1 for NULL. Since: 0.1. */
+MOE_API int32_t moe_session_n_past(const moe_session *s);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* STRATA_MOE_H_ */

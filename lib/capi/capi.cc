@@ -1,0 +1,344 @@
+// The C ABI: the one place where internal absl::Status values become moe_status codes and
+// thread-local error messages, and where no C++ exception is allowed to pass.
+#include <algorithm>
+#include <cstddef>
+#include <cstring>
+#include <mutex>
+#include <new>
+#include <string>
+#include <vector>
+
+#include "include/strata/moe.h"
+#include "lib/runtime/context.h"
+#include "lib/util/status.h"
+
+struct moe_expert_table {
+  uint32_t n_layers = 0;
+  uint32_t n_experts = 0;
+};
+
+struct moe_session;
+
+struct moe_ctx {
+  std::unique_ptr<strata::runtime::Context> impl;
+  moe_expert_table experts;
+  std::vector<moe_session *> sessions;
+  std::mutex mu;
+};
+
+struct moe_session {
+  moe_ctx *ctx = nullptr;
+  strata::runtime::Session *impl = nullptr;
+};
+
+namespace {
+
+thread_local std::string g_last_error;
+
+moe_status Fail(moe_status st, std::string msg) {
+  g_last_error = std::move(msg);
+  return st;
+}
+
+moe_status FromStatus(const absl::Status &st) {
+  if (st.ok()) return MOE_OK;
+  return Fail(strata::StatusToMoe(st), std::string(st.message()));
+}
+
+// Runs fn, turning any escaping exception into a status: no exception crosses the ABI.
+template <typename F>
+moe_status Guard(F &&fn) {
+  try {
+    return fn();
+  } catch (const std::bad_alloc &) {
+    return Fail(MOE_ERR_NO_MEMORY, "out of memory");
+  } catch (const std::exception &e) {
+    return Fail(MOE_ERR_INTERNAL, std::string("internal error: ") + e.what());
+  } catch (...) {
+    return Fail(MOE_ERR_INTERNAL, "internal error: unknown exception");
+  }
+}
+
+// Copies the caller's params struct into a defaults-filled one, reading only what its size covers.
+template <typename T>
+moe_status ReadParams(const T *in, T *out, void (*fill)(T *), const char *what) {
+  std::memset(out, 0, sizeof *out);
+  out->struct_size = sizeof *out;
+  fill(out);
+  if (in == nullptr) return MOE_OK;
+  if (in->struct_size < sizeof(uint32_t) * 2) {
+    return Fail(MOE_ERR_INVALID_ARGUMENT, std::string(what) + ": struct_size " +
+                                              std::to_string(in->struct_size) + " is too small (use the *_init function)");
+  }
+  std::memcpy(reinterpret_cast<char *>(out) + sizeof(uint32_t), reinterpret_cast<const char *>(in) + sizeof(uint32_t),
+              std::min<size_t>(in->struct_size, sizeof *out) - sizeof(uint32_t));
+  out->struct_size = sizeof *out;
+  return MOE_OK;
+}
+
+strata::runtime::ContextOptions ToOptions(const moe_params &p) {
+  strata::runtime::ContextOptions o;
+  o.model_path = p.model_path ? p.model_path : "";
+  o.backend = p.backend;
+  o.vram_budget_bytes = p.vram_budget_bytes;
+  o.ram_budget_bytes = p.ram_budget_bytes;
+  o.n_threads = p.n_threads;
+  o.n_ctx = static_cast<int>(std::min<uint32_t>(p.n_ctx, INT32_MAX));
+  o.max_sessions = static_cast<int>(std::min<uint32_t>(p.max_sessions, 1u << 20));
+  return o;
+}
+
+void FillPlan(const strata::store::CachePlan &p, moe_cache_plan *out) {
+  moe_cache_plan full;
+  std::memset(&full, 0, sizeof full);
+  full.struct_size = out->struct_size;
+  full.ram_budget_bytes = p.ram_budget_bytes;
+  full.vram_budget_bytes = p.vram_budget_bytes;
+  full.non_routed_bytes = p.non_routed_bytes;
+  full.routed_expert_bytes = p.routed_expert_bytes;
+  full.kv_bytes = p.kv_bytes;
+  full.workspace_bytes = p.workspace_bytes;
+  full.expert_slot_bytes = p.expert_slot_bytes;
+  full.n_layers = p.n_layers;
+  full.n_routed_experts = p.n_routed_experts;
+  full.ram_expert_slots = p.ram_expert_slots;
+  full.vram_expert_slots = p.vram_expert_slots;
+  full.clamped = p.clamped ? 1 : 0;
+  full.n_ctx = static_cast<uint32_t>(p.n_ctx);
+  full.max_sessions = static_cast<uint32_t>(p.max_sessions);
+  std::memcpy(out, &full, std::min<size_t>(out->struct_size, sizeof full));
+}
+
+moe_status CheckPlanOut(moe_cache_plan *out) {
+  if (out == nullptr) return Fail(MOE_ERR_INVALID_ARGUMENT, "plan output is NULL");
+  if (out->struct_size < sizeof(uint32_t) + sizeof(uint64_t)) {
+    return Fail(MOE_ERR_INVALID_ARGUMENT, "moe_cache_plan.struct_size is too small (use moe_cache_plan_init)");
+  }
+  return MOE_OK;
+}
+
+}  // namespace
+
+extern "C" {
+
+int32_t moe_version_number(void) { return MOE_VERSION_NUMBER; }
+
+const char *moe_version_string(void) { return "0.1.0"; }
+
+const char *moe_status_string(moe_status st) {
+  switch (st) {
+#define MOE_NAME(x) \
+  case x: return #x;
+    MOE_NAME(MOE_OK)
+    MOE_NAME(MOE_ERR_INVALID_ARGUMENT)
+    MOE_NAME(MOE_ERR_IO)
+    MOE_NAME(MOE_ERR_FORMAT)
+    MOE_NAME(MOE_ERR_UNSUPPORTED)
+    MOE_NAME(MOE_ERR_NO_MEMORY)
+    MOE_NAME(MOE_ERR_STATE)
+    MOE_NAME(MOE_ERR_BACKEND)
+    MOE_NAME(MOE_ERR_INTERNAL)
+    MOE_NAME(MOE_ERR_LIMIT)
+    MOE_NAME(MOE_ERR_IO_READ)
+    MOE_NAME(MOE_ERR_IO_OPEN)
+    MOE_NAME(MOE_ERR_IO_CHANGED)
+    MOE_NAME(MOE_ERR_IO_WRITE)
+    MOE_NAME(MOE_ERR_FORMAT_TRUNCATED)
+    MOE_NAME(MOE_ERR_FORMAT_HEADER)
+    MOE_NAME(MOE_ERR_FORMAT_METADATA)
+    MOE_NAME(MOE_ERR_FORMAT_TENSOR)
+    MOE_NAME(MOE_ERR_FORMAT_HPARAMS)
+    MOE_NAME(MOE_ERR_FORMAT_CONFIG)
+    MOE_NAME(MOE_ERR_UNSUPPORTED_ARCH)
+    MOE_NAME(MOE_ERR_UNSUPPORTED_TYPE)
+    MOE_NAME(MOE_ERR_UNSUPPORTED_BACKEND)
+    MOE_NAME(MOE_ERR_LIMIT_CONTEXT)
+#undef MOE_NAME
+    default: return "MOE_ERR_UNKNOWN";
+  }
+}
+
+const char *moe_last_error(void) { return g_last_error.c_str(); }
+
+void moe_params_fill_defaults(moe_params *p) {
+  if (p == nullptr || p->struct_size < sizeof(uint32_t)) return;
+  moe_params d;
+  std::memset(&d, 0, sizeof d);
+  d.struct_size = p->struct_size;
+  d.model_path = nullptr;
+  d.backend = MOE_BACKEND_AUTO;
+  d.n_threads = 0;
+  d.n_ctx = 0;
+  d.max_sessions = 1;
+  std::memcpy(reinterpret_cast<char *>(p) + sizeof(uint32_t), reinterpret_cast<const char *>(&d) + sizeof(uint32_t),
+              std::min<size_t>(p->struct_size, sizeof d) - sizeof(uint32_t));
+}
+
+void moe_session_params_fill_defaults(moe_session_params *p) {
+  if (p == nullptr || p->struct_size < sizeof(uint32_t)) return;
+  moe_session_params d;
+  std::memset(&d, 0, sizeof d);
+  d.struct_size = p->struct_size;
+  d.n_ctx = 0;
+  d.seed = 0x5eed;
+  d.temperature = 0.f;
+  d.top_k = 0;
+  d.top_p = 1.f;
+  d.logits_all = 0;
+  std::memcpy(reinterpret_cast<char *>(p) + sizeof(uint32_t), reinterpret_cast<const char *>(&d) + sizeof(uint32_t),
+              std::min<size_t>(p->struct_size, sizeof d) - sizeof(uint32_t));
+}
+
+moe_status moe_plan(const moe_params *p, moe_cache_plan *out) {
+  return Guard([&]() -> moe_status {
+    if (p == nullptr) return Fail(MOE_ERR_INVALID_ARGUMENT, "params is NULL");
+    if (moe_status st = CheckPlanOut(out); st != MOE_OK) return st;
+    moe_params params;
+    if (moe_status st = ReadParams(p, &params, moe_params_fill_defaults, "moe_params"); st != MOE_OK) return st;
+    if (params.model_path == nullptr) return Fail(MOE_ERR_INVALID_ARGUMENT, "moe_params.model_path is NULL");
+    auto d = strata::runtime::Context::Describe(params.model_path);
+    if (!d.ok()) return FromStatus(d.status());
+    const auto opts = ToOptions(params);
+    auto plan = strata::store::MakePlan(d->hp, d->weights, strata::runtime::Context::PlanInputsFor(opts, d->hp));
+    if (!plan.ok()) return FromStatus(plan.status());
+    FillPlan(*plan, out);
+    return MOE_OK;
+  });
+}
+
+moe_status moe_ctx_open(const moe_params *p, moe_ctx **out) {
+  return Guard([&]() -> moe_status {
+    if (p == nullptr || out == nullptr) return Fail(MOE_ERR_INVALID_ARGUMENT, "params or out is NULL");
+    moe_params params;
+    if (moe_status st = ReadParams(p, &params, moe_params_fill_defaults, "moe_params"); st != MOE_OK) return st;
+    if (params.model_path == nullptr) return Fail(MOE_ERR_INVALID_ARGUMENT, "moe_params.model_path is NULL");
+    auto ctx = strata::runtime::Context::Open(ToOptions(params));
+    if (!ctx.ok()) return FromStatus(ctx.status());
+    auto *c = new moe_ctx();
+    c->impl = std::move(*ctx);
+    c->experts.n_layers = static_cast<uint32_t>(c->impl->hparams().n_layer);
+    c->experts.n_experts = static_cast<uint32_t>(c->impl->hparams().n_expert);
+    *out = c;
+    return MOE_OK;
+  });
+}
+
+void moe_ctx_close(moe_ctx *ctx) {
+  if (ctx == nullptr) return;
+  try {
+    for (moe_session *s : ctx->sessions) delete s;
+    delete ctx;
+  } catch (...) {
+  }
+}
+
+int32_t moe_ctx_vocab_size(const moe_ctx *ctx) { return ctx ? ctx->impl->hparams().n_vocab : -1; }
+
+moe_status moe_ctx_plan(const moe_ctx *ctx, moe_cache_plan *out) {
+  return Guard([&]() -> moe_status {
+    if (ctx == nullptr) return Fail(MOE_ERR_INVALID_ARGUMENT, "ctx is NULL");
+    if (moe_status st = CheckPlanOut(out); st != MOE_OK) return st;
+    FillPlan(ctx->impl->plan(), out);
+    return MOE_OK;
+  });
+}
+
+const moe_expert_table *moe_ctx_experts(const moe_ctx *ctx) { return ctx ? &ctx->experts : nullptr; }
+uint32_t moe_expert_table_n_layers(const moe_expert_table *t) { return t ? t->n_layers : 0; }
+uint32_t moe_expert_table_n_experts(const moe_expert_table *t) { return t ? t->n_experts : 0; }
+
+moe_status moe_session_open(moe_ctx *ctx, const moe_session_params *p, moe_session **out) {
+  return Guard([&]() -> moe_status {
+    if (ctx == nullptr || out == nullptr) return Fail(MOE_ERR_INVALID_ARGUMENT, "ctx or out is NULL");
+    moe_session_params sp;
+    if (moe_status st = ReadParams(p, &sp, moe_session_params_fill_defaults, "moe_session_params"); st != MOE_OK) {
+      return st;
+    }
+    strata::runtime::SessionOptions o;
+    o.n_ctx = static_cast<int>(std::min<uint32_t>(sp.n_ctx, INT32_MAX));
+    o.seed = sp.seed;
+    o.sampler.temperature = sp.temperature;
+    o.sampler.top_k = sp.top_k;
+    o.sampler.top_p = sp.top_p;
+    o.logits_all = sp.logits_all != 0;
+    auto s = ctx->impl->OpenSession(o);
+    if (!s.ok()) return FromStatus(s.status());
+    auto *h = new moe_session();
+    h->ctx = ctx;
+    h->impl = *s;
+    std::lock_guard<std::mutex> lk(ctx->mu);
+    ctx->sessions.push_back(h);
+    *out = h;
+    return MOE_OK;
+  });
+}
+
+void moe_session_close(moe_session *s) {
+  if (s == nullptr) return;
+  try {
+    moe_ctx *ctx = s->ctx;
+    ctx->impl->CloseSession(s->impl);
+    {
+      std::lock_guard<std::mutex> lk(ctx->mu);
+      auto &v = ctx->sessions;
+      v.erase(std::remove(v.begin(), v.end(), s), v.end());
+    }
+    delete s;
+  } catch (...) {
+  }
+}
+
+moe_status moe_session_feed(moe_session *s, const int32_t *tokens, size_t n) {
+  return Guard([&]() -> moe_status {
+    if (s == nullptr) return Fail(MOE_ERR_INVALID_ARGUMENT, "session is NULL");
+    return FromStatus(s->impl->Feed(tokens, n));
+  });
+}
+
+moe_status moe_ctx_step(moe_ctx *ctx, uint32_t *n_pending) {
+  return Guard([&]() -> moe_status {
+    if (ctx == nullptr) return Fail(MOE_ERR_INVALID_ARGUMENT, "ctx is NULL");
+    return FromStatus(ctx->impl->Step(n_pending));
+  });
+}
+
+moe_status moe_session_logits(const moe_session *s, const float **logits, int32_t *n_vocab) {
+  return Guard([&]() -> moe_status {
+    if (s == nullptr || logits == nullptr) return Fail(MOE_ERR_INVALID_ARGUMENT, "session or logits is NULL");
+    auto l = s->impl->Logits();
+    if (!l.ok()) return FromStatus(l.status());
+    *logits = *l;
+    if (n_vocab) *n_vocab = s->ctx->impl->hparams().n_vocab;
+    return MOE_OK;
+  });
+}
+
+moe_status moe_session_logits_all(const moe_session *s, const float **logits, int32_t *n_tokens,
+                                  int32_t *n_vocab) {
+  return Guard([&]() -> moe_status {
+    if (s == nullptr || logits == nullptr || n_tokens == nullptr) {
+      return Fail(MOE_ERR_INVALID_ARGUMENT, "session, logits or n_tokens is NULL");
+    }
+    const float *rows = nullptr;
+    int32_t n = 0;
+    if (moe_status st = FromStatus(s->impl->LogitsAll(&rows, &n)); st != MOE_OK) return st;
+    *logits = rows;
+    *n_tokens = n;
+    if (n_vocab) *n_vocab = s->ctx->impl->hparams().n_vocab;
+    return MOE_OK;
+  });
+}
+
+moe_status moe_session_sample(moe_session *s, int32_t *token) {
+  return Guard([&]() -> moe_status {
+    if (s == nullptr || token == nullptr) return Fail(MOE_ERR_INVALID_ARGUMENT, "session or token is NULL");
+    auto t = s->impl->SampleNext();
+    if (!t.ok()) return FromStatus(t.status());
+    *token = *t;
+    return MOE_OK;
+  });
+}
+
+int32_t moe_session_n_past(const moe_session *s) { return s ? s->impl->n_past() : -1; }
+
+}  // extern "C"

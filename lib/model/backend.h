@@ -1,0 +1,45 @@
+// The backend interface: the operations the forward pass needs, implemented once per device
+// (backends/cpu, backends/cuda). All tensors are float32 row-major with the shapes in comments;
+// weight matrices are codec-encoded Matrix views. Per-element results must not depend on how many
+// tokens are in a call, so a session's numbers are the same alone or batched.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+#include "lib/model/hparams.h"
+#include "lib/model/weights.h"
+
+namespace strata::model {
+
+// One layer's slice of a session's KV cache: (n_ctx, kv_dim) keys and values.
+struct KvView {
+  float *k = nullptr;
+  float *v = nullptr;
+  int n_ctx = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string_view name() const = 0;
+
+  // y (n_tok, w.rows) = x (n_tok, w.cols) · wᵀ
+  virtual void MatMul(const Matrix &w, const float *x, int64_t n_tok, float *y) = 0;
+  // out (n, w.cols) = rows ids[i] of w
+  virtual void GetRows(const Matrix &w, const int32_t *ids, int64_t n, float *out) = 0;
+  // y (n_rows, n) = x / rms(x) * weight, per row; y may alias x
+  virtual void RmsNorm(const float *x, const float *weight, int64_t n_rows, int64_t n, float eps,
+                       float *y) = 0;
+  // Rotates x (n_tok, n_heads, head_dim) in place; token t is at position pos[t].
+  virtual void Rope(float *x, int64_t n_tok, int n_heads, int head_dim, const int32_t *pos, float theta,
+                    RopeStyle style) = 0;
+  // Causal attention for n_tok new tokens at positions pos0..pos0+n_tok-1, whose K/V rows are already
+  // in kv. q (n_tok, n_head, head_dim) -> out (n_tok, n_head, head_dim). window 0 = unlimited.
+  virtual void Attention(const float *q, const KvView &kv, int64_t n_tok, int pos0, int n_head,
+                         int n_head_kv, int head_dim, int window, float *out) = 0;
+  // y (n_tok, n_embd) = down(silu(gate x) * up x) for one expert over a group of tokens.
+  virtual void ExpertFfn(const ExpertWeights &e, const float *x, int64_t n_tok, float *y) = 0;
+};
+
+}  // namespace strata::model

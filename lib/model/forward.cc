@@ -1,0 +1,147 @@
+// Forward pass. Shapes in comments are (rows, cols) of float32 row-major buffers; T = tokens in the
+// call. Expert outputs are kept per (token, slot) and summed in slot order, so a token's result does
+// not depend on which other tokens share the batch.
+#include "lib/model/forward.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+namespace strata::model {
+
+absl::Status KvCache::Init(const HParams &hp, int n_ctx) {
+  n_ctx_ = n_ctx;
+  kv_dim_ = hp.kv_dim();
+  const size_t n = static_cast<size_t>(hp.n_layer) * n_ctx * kv_dim_;
+  try {
+    k_.assign(n, 0.f);
+    v_.assign(n, 0.f);
+  } catch (const std::bad_alloc &) {
+    return Errorf(MOE_ERR_NO_MEMORY, "cannot allocate a KV cache of %u bytes", BytesFor(hp, n_ctx));
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+// Softmax over the router logits, then the k largest (ties to the lower index), optionally
+// renormalised to sum to one — as transformers' Qwen3-MoE and Mixtral blocks do, in float32.
+void Route(const float *logits, int n_expert, int k, bool renorm, int32_t *sel, float *wts) {
+  std::vector<float> p(logits, logits + n_expert);
+  float mx = *std::max_element(p.begin(), p.end());
+  float sum = 0.f;
+  for (auto &v : p) {
+    v = std::exp(v - mx);
+    sum += v;
+  }
+  for (auto &v : p) v /= sum;
+  std::vector<int32_t> idx(n_expert);
+  std::iota(idx.begin(), idx.end(), 0);
+  std::partial_sort(idx.begin(), idx.begin() + k, idx.end(),
+                    [&](int32_t a, int32_t b) { return p[a] > p[b] || (p[a] == p[b] && a < b); });
+  float s = 0.f;
+  for (int j = 0; j < k; ++j) {
+    sel[j] = idx[j];
+    wts[j] = p[idx[j]];
+    s += wts[j];
+  }
+  if (renorm) {
+    for (int j = 0; j < k; ++j) wts[j] /= s;
+  }
+}
+
+}  // namespace
+
+absl::Status Forward(const HParams &hp, const ModelWeights &w, Backend &be, KvCache &kv,
+                     const ForwardArgs &a, std::vector<float> *logits) {
+  const int64_t T = a.n_tok;
+  if (T <= 0) return Errorf(MOE_ERR_INVALID_ARGUMENT, "forward pass over %d tokens", T);
+  if (a.pos0 < 0 || a.pos0 + T > kv.n_ctx()) {
+    return Errorf(MOE_ERR_LIMIT_CONTEXT, "positions %d..%d do not fit the context of %d tokens", a.pos0,
+                  a.pos0 + T - 1, kv.n_ctx());
+  }
+  for (int64_t t = 0; t < T; ++t) {
+    if (a.tokens[t] < 0 || a.tokens[t] >= hp.n_vocab) {
+      return Errorf(MOE_ERR_INVALID_ARGUMENT, "token id %d is outside the vocabulary of %d", a.tokens[t],
+                    hp.n_vocab);
+    }
+  }
+  const int64_t D = hp.n_embd, QD = hp.q_dim(), KVD = hp.kv_dim(), K = hp.n_expert_used;
+  std::vector<float> x(T * D), h(T * D), q(T * QD), k(T * KVD), v(T * KVD), att(T * QD), o(T * D);
+  std::vector<float> router(T * hp.n_expert), slots(T * K * D), xg, yg;
+  std::vector<int32_t> sel(T * K), pos(T);
+  std::vector<float> wts(T * K);
+  for (int64_t t = 0; t < T; ++t) pos[t] = a.pos0 + static_cast<int32_t>(t);
+
+  be.GetRows(w.tok_embd, a.tokens, T, x.data());  // x (T, D)
+
+  for (int l = 0; l < hp.n_layer; ++l) {
+    const LayerWeights &L = w.layers[l];
+    // --- attention ---
+    be.RmsNorm(x.data(), L.attn_norm.values.data(), T, D, hp.rms_eps, h.data());
+    be.MatMul(L.wq, h.data(), T, q.data());  // q (T, n_head * head_dim)
+    be.MatMul(L.wk, h.data(), T, k.data());  // k (T, n_head_kv * head_dim)
+    be.MatMul(L.wv, h.data(), T, v.data());  // v (T, n_head_kv * head_dim)
+    if (hp.qk_norm) {
+      be.RmsNorm(q.data(), L.q_norm.values.data(), T * hp.n_head, hp.head_dim, hp.rms_eps, q.data());
+      be.RmsNorm(k.data(), L.k_norm.values.data(), T * hp.n_head_kv, hp.head_dim, hp.rms_eps, k.data());
+    }
+    be.Rope(q.data(), T, hp.n_head, hp.head_dim, pos.data(), hp.rope_theta, hp.rope_style);
+    be.Rope(k.data(), T, hp.n_head_kv, hp.head_dim, pos.data(), hp.rope_theta, hp.rope_style);
+    KvView cache = kv.layer(l);
+    std::copy(k.begin(), k.end(), cache.k + static_cast<int64_t>(a.pos0) * KVD);
+    std::copy(v.begin(), v.end(), cache.v + static_cast<int64_t>(a.pos0) * KVD);
+    be.Attention(q.data(), cache, T, a.pos0, hp.n_head, hp.n_head_kv, hp.head_dim, hp.sliding_window,
+                 att.data());
+    be.MatMul(L.wo, att.data(), T, o.data());  // o (T, D)
+    for (int64_t i = 0; i < T * D; ++i) x[i] += o[i];
+
+    // --- routed experts ---
+    be.RmsNorm(x.data(), L.ffn_norm.values.data(), T, D, hp.rms_eps, h.data());
+    be.MatMul(L.router, h.data(), T, router.data());  // router (T, n_expert)
+    for (int64_t t = 0; t < T; ++t) {
+      Route(router.data() + t * hp.n_expert, hp.n_expert, static_cast<int>(K), hp.norm_topk_prob,
+            sel.data() + t * K, wts.data() + t * K);
+    }
+    if (a.observer != nullptr) a.observer->OnRoute(l, sel.data(), T * K);
+    // Group tokens by expert so each expert's weights are used once per call.
+    for (int e = 0; e < hp.n_expert; ++e) {
+      std::vector<int64_t> members;  // indices into sel (t * K + slot)
+      for (int64_t i = 0; i < T * K; ++i) {
+        if (sel[i] == e) members.push_back(i);
+      }
+      if (members.empty()) continue;
+      const int64_t n = static_cast<int64_t>(members.size());
+      xg.resize(n * D);
+      yg.resize(n * D);
+      for (int64_t m = 0; m < n; ++m) {
+        const int64_t t = members[m] / K;
+        std::copy(h.begin() + t * D, h.begin() + (t + 1) * D, xg.begin() + m * D);
+      }
+      be.ExpertFfn(L.experts[e], xg.data(), n, yg.data());
+      for (int64_t m = 0; m < n; ++m) {
+        std::copy(yg.begin() + m * D, yg.begin() + (m + 1) * D, slots.begin() + members[m] * D);
+      }
+    }
+    // moe (T, D) = sum over slots of weight * expert output, then the residual add.
+    for (int64_t t = 0; t < T; ++t) {
+      std::fill(o.begin() + t * D, o.begin() + (t + 1) * D, 0.f);
+      for (int64_t j = 0; j < K; ++j) {
+        const float wt = wts[t * K + j];
+        const float *y = slots.data() + (t * K + j) * D;
+        for (int64_t d = 0; d < D; ++d) o[t * D + d] += wt * y[d];
+      }
+    }
+    for (int64_t i = 0; i < T * D; ++i) x[i] += o[i];
+  }
+
+  // --- output head ---
+  const int64_t first = a.all_logits ? 0 : T - 1;
+  const int64_t n_out = T - first;
+  be.RmsNorm(x.data() + first * D, w.output_norm.values.data(), n_out, D, hp.rms_eps, h.data());
+  logits->resize(n_out * hp.n_vocab);
+  be.MatMul(w.output, h.data(), n_out, logits->data());
+  return absl::OkStatus();
+}
+
+}  // namespace strata::model

@@ -1,0 +1,55 @@
+// The forward pass of the supported MoE decoder architectures, written once against the Backend
+// interface: embeddings, RMSNorm, GQA attention with RoPE (and Qwen3's QK-norm) over a session's KV
+// cache, router softmax -> top-k -> optional renormalisation, SwiGLU experts, output head.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "lib/model/backend.h"
+#include "lib/model/hparams.h"
+#include "lib/model/weights.h"
+#include "lib/util/status.h"
+
+namespace strata::model {
+
+// One session's KV cache: for each layer, n_ctx rows of kv_dim keys and values.
+class KvCache {
+ public:
+  absl::Status Init(const HParams &hp, int n_ctx);
+  KvView layer(int l) {
+    const size_t off = static_cast<size_t>(l) * n_ctx_ * kv_dim_;
+    return KvView{k_.data() + off, v_.data() + off, n_ctx_};
+  }
+  int n_ctx() const { return n_ctx_; }
+  static uint64_t BytesFor(const HParams &hp, int n_ctx) {
+    return 2ull * hp.n_layer * static_cast<uint64_t>(n_ctx) * hp.kv_dim() * sizeof(float);
+  }
+
+ private:
+  int n_ctx_ = 0;
+  int kv_dim_ = 0;
+  std::vector<float> k_, v_;
+};
+
+// Observes routing decisions (stats, hotness). Called once per (layer, token, selected expert).
+class RoutingObserver {
+ public:
+  virtual ~RoutingObserver() = default;
+  virtual void OnRoute(int layer, const int32_t *experts, int64_t n) = 0;
+};
+
+struct ForwardArgs {
+  const int32_t *tokens = nullptr;
+  int64_t n_tok = 0;
+  int pos0 = 0;                      // position of tokens[0]; the cache holds positions < pos0
+  bool all_logits = false;           // logits for every token, else only the last
+  RoutingObserver *observer = nullptr;
+};
+
+// Runs the tokens through the model, writing their K/V into `kv` and the logits into `logits`
+// ((all_logits ? n_tok : 1) x n_vocab). Requires pos0 + n_tok <= kv.n_ctx().
+absl::Status Forward(const HParams &hp, const ModelWeights &w, Backend &be, KvCache &kv,
+                     const ForwardArgs &args, std::vector<float> *logits);
+
+}  // namespace strata::model

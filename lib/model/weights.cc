@@ -1,0 +1,292 @@
+// Weight binding for GGUF (llama.cpp names, 3-D expert tensors) and HF checkpoints (per-expert
+// tensors, or fused 3-D gate_up/down tensors), and the loader of resident bytes.
+#include "lib/model/weights.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
+#include "absl/container/flat_hash_map.h"
+
+namespace strata::model {
+namespace {
+
+std::string Shape(const TensorRef &t) {
+  std::string s = "[";
+  for (int d = 0; d < t.n_dims; ++d) absl::StrAppend(&s, d ? ", " : "", t.ne[d]);
+  return s + "]";
+}
+
+absl::StatusOr<const TensorRef *> Require(const ModelFile &mf, const std::string &name) {
+  const TensorRef *t = mf.Find(name);
+  if (t == nullptr) return Errorf(MOE_ERR_FORMAT_TENSOR, "missing tensor '%s'", name);
+  return t;
+}
+
+absl::StatusOr<const quant::Codec *> CodecOf(const TensorRef &t) {
+  const quant::Codec *c = quant::FindCodec(t.type);
+  if (c == nullptr || c->dequantize == nullptr) {
+    return Errorf(MOE_ERR_UNSUPPORTED_TYPE, "tensor '%s' has type %s, which Strata cannot decode", t.name,
+                  std::string(quant::TypeName(t.type)));
+  }
+  return c;
+}
+
+// Checks that tensor t has exactly the dims `want` (GGUF order, innermost first).
+absl::Status CheckDims(const TensorRef &t, std::initializer_list<int64_t> want) {
+  bool ok = static_cast<int>(want.size()) == t.n_dims;
+  int d = 0;
+  for (int64_t w : want) {
+    if (!ok) break;
+    ok = t.ne[d++] == w;
+  }
+  if (!ok) {
+    std::string exp = "[";
+    d = 0;
+    for (int64_t w : want) absl::StrAppend(&exp, d++ ? ", " : "", w);
+    exp += "]";
+    return Errorf(MOE_ERR_FORMAT_HPARAMS,
+                  "tensor '%s' has shape %s but the hyper-parameters need %s (innermost first)", t.name,
+                  Shape(t), exp);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Matrix> BindMatrix(const ModelFile &mf, const std::string &name, int64_t rows, int64_t cols) {
+  STRATA_ASSIGN_OR_RETURN(const TensorRef *t, Require(mf, name));
+  STRATA_RETURN_IF_ERROR(CheckDims(*t, {cols, rows}));
+  Matrix m;
+  m.name = name;
+  m.tensor = t;
+  STRATA_ASSIGN_OR_RETURN(m.codec, CodecOf(*t));
+  m.cols = cols;
+  m.rows = rows;
+  STRATA_ASSIGN_OR_RETURN(m.row_bytes, quant::RowBytes(t->type, cols));
+  return m;
+}
+
+absl::StatusOr<Vec> BindVec(const ModelFile &mf, const std::string &name, int64_t n) {
+  STRATA_ASSIGN_OR_RETURN(const TensorRef *t, Require(mf, name));
+  STRATA_RETURN_IF_ERROR(CheckDims(*t, {n}));
+  Vec v;
+  v.name = name;
+  v.tensor = t;
+  STRATA_ASSIGN_OR_RETURN(v.codec, CodecOf(*t));
+  STRATA_RETURN_IF_ERROR(quant::RowBytes(t->type, n).status());
+  v.n = n;
+  return v;
+}
+
+// A view of rows [row0, row0 + rows) of slice e of a 3-D tensor (cols, total_rows, n_expert).
+absl::StatusOr<Matrix> SliceExpert(const TensorRef *t, int e, int64_t row0, int64_t rows) {
+  Matrix m;
+  m.tensor = t;
+  m.name = absl::StrFormat("%s[expert %d]", t->name, e);
+  STRATA_ASSIGN_OR_RETURN(m.codec, CodecOf(*t));
+  m.cols = t->ne[0];
+  m.rows = rows;
+  STRATA_ASSIGN_OR_RETURN(m.row_bytes, quant::RowBytes(t->type, m.cols));
+  m.sub_offset = m.row_bytes * static_cast<uint64_t>(t->ne[1]) * static_cast<uint64_t>(e) +
+                 m.row_bytes * static_cast<uint64_t>(row0);
+  return m;
+}
+
+absl::Status BindExperts3D(const ModelFile &mf, const HParams &hp, const std::string &gate,
+                           const std::string &up, const std::string &down, LayerWeights &L) {
+  STRATA_ASSIGN_OR_RETURN(const TensorRef *g, Require(mf, gate));
+  STRATA_ASSIGN_OR_RETURN(const TensorRef *u, Require(mf, up));
+  STRATA_ASSIGN_OR_RETURN(const TensorRef *d, Require(mf, down));
+  STRATA_RETURN_IF_ERROR(CheckDims(*g, {hp.n_embd, hp.n_ff_expert, hp.n_expert}));
+  STRATA_RETURN_IF_ERROR(CheckDims(*u, {hp.n_embd, hp.n_ff_expert, hp.n_expert}));
+  STRATA_RETURN_IF_ERROR(CheckDims(*d, {hp.n_ff_expert, hp.n_embd, hp.n_expert}));
+  L.experts.resize(hp.n_expert);
+  for (int e = 0; e < hp.n_expert; ++e) {
+    STRATA_ASSIGN_OR_RETURN(L.experts[e].gate, SliceExpert(g, e, 0, hp.n_ff_expert));
+    STRATA_ASSIGN_OR_RETURN(L.experts[e].up, SliceExpert(u, e, 0, hp.n_ff_expert));
+    STRATA_ASSIGN_OR_RETURN(L.experts[e].down, SliceExpert(d, e, 0, hp.n_embd));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ModelWeights> BindGguf(const ModelFile &mf, const HParams &hp) {
+  ModelWeights w;
+  STRATA_ASSIGN_OR_RETURN(w.tok_embd, BindMatrix(mf, "token_embd.weight", hp.n_vocab, hp.n_embd));
+  STRATA_ASSIGN_OR_RETURN(w.output_norm, BindVec(mf, "output_norm.weight", hp.n_embd));
+  if (hp.tied_embeddings) {
+    w.output = w.tok_embd;
+  } else {
+    STRATA_ASSIGN_OR_RETURN(w.output, BindMatrix(mf, "output.weight", hp.n_vocab, hp.n_embd));
+  }
+  w.layers.resize(hp.n_layer);
+  for (int i = 0; i < hp.n_layer; ++i) {
+    LayerWeights &L = w.layers[i];
+    auto n = [i](const char *s) { return absl::StrFormat("blk.%d.%s.weight", i, s); };
+    STRATA_ASSIGN_OR_RETURN(L.attn_norm, BindVec(mf, n("attn_norm"), hp.n_embd));
+    STRATA_ASSIGN_OR_RETURN(L.wq, BindMatrix(mf, n("attn_q"), hp.q_dim(), hp.n_embd));
+    STRATA_ASSIGN_OR_RETURN(L.wk, BindMatrix(mf, n("attn_k"), hp.kv_dim(), hp.n_embd));
+    STRATA_ASSIGN_OR_RETURN(L.wv, BindMatrix(mf, n("attn_v"), hp.kv_dim(), hp.n_embd));
+    STRATA_ASSIGN_OR_RETURN(L.wo, BindMatrix(mf, n("attn_output"), hp.n_embd, hp.q_dim()));
+    if (hp.qk_norm) {
+      STRATA_ASSIGN_OR_RETURN(L.q_norm, BindVec(mf, n("attn_q_norm"), hp.head_dim));
+      STRATA_ASSIGN_OR_RETURN(L.k_norm, BindVec(mf, n("attn_k_norm"), hp.head_dim));
+    }
+    STRATA_ASSIGN_OR_RETURN(L.ffn_norm, BindVec(mf, n("ffn_norm"), hp.n_embd));
+    STRATA_ASSIGN_OR_RETURN(L.router, BindMatrix(mf, n("ffn_gate_inp"), hp.n_expert, hp.n_embd));
+    STRATA_RETURN_IF_ERROR(
+        BindExperts3D(mf, hp, n("ffn_gate_exps"), n("ffn_up_exps"), n("ffn_down_exps"), L));
+  }
+  return w;
+}
+
+absl::StatusOr<ModelWeights> BindHf(const ModelFile &mf, const HParams &hp) {
+  ModelWeights w;
+  STRATA_ASSIGN_OR_RETURN(w.tok_embd, BindMatrix(mf, "model.embed_tokens.weight", hp.n_vocab, hp.n_embd));
+  STRATA_ASSIGN_OR_RETURN(w.output_norm, BindVec(mf, "model.norm.weight", hp.n_embd));
+  if (hp.tied_embeddings) {
+    w.output = w.tok_embd;
+  } else {
+    STRATA_ASSIGN_OR_RETURN(w.output, BindMatrix(mf, "lm_head.weight", hp.n_vocab, hp.n_embd));
+  }
+  w.layers.resize(hp.n_layer);
+  for (int i = 0; i < hp.n_layer; ++i) {
+    LayerWeights &L = w.layers[i];
+    const std::string p = absl::StrFormat("model.layers.%d.", i);
+    STRATA_ASSIGN_OR_RETURN(L.attn_norm, BindVec(mf, p + "input_layernorm.weight", hp.n_embd));
+    STRATA_ASSIGN_OR_RETURN(L.wq, BindMatrix(mf, p + "self_attn.q_proj.weight", hp.q_dim(), hp.n_embd));
+    STRATA_ASSIGN_OR_RETURN(L.wk, BindMatrix(mf, p + "self_attn.k_proj.weight", hp.kv_dim(), hp.n_embd));
+    STRATA_ASSIGN_OR_RETURN(L.wv, BindMatrix(mf, p + "self_attn.v_proj.weight", hp.kv_dim(), hp.n_embd));
+    STRATA_ASSIGN_OR_RETURN(L.wo, BindMatrix(mf, p + "self_attn.o_proj.weight", hp.n_embd, hp.q_dim()));
+    if (hp.qk_norm) {
+      STRATA_ASSIGN_OR_RETURN(L.q_norm, BindVec(mf, p + "self_attn.q_norm.weight", hp.head_dim));
+      STRATA_ASSIGN_OR_RETURN(L.k_norm, BindVec(mf, p + "self_attn.k_norm.weight", hp.head_dim));
+    }
+    STRATA_ASSIGN_OR_RETURN(L.ffn_norm, BindVec(mf, p + "post_attention_layernorm.weight", hp.n_embd));
+    // Mixtral checkpoints name the MoE block block_sparse_moe (w1 gate, w3 up, w2 down); Qwen3 and
+    // newer layouts name it mlp (gate_proj, up_proj, down_proj).
+    std::string moe = p + "mlp.";
+    const char *gn = "gate_proj", *un = "up_proj", *dn = "down_proj";
+    if (hp.arch == Arch::kMixtral && mf.Find(p + "block_sparse_moe.gate.weight") != nullptr) {
+      moe = p + "block_sparse_moe.";
+      gn = "w1", un = "w3", dn = "w2";
+    }
+    STRATA_ASSIGN_OR_RETURN(L.router, BindMatrix(mf, moe + "gate.weight", hp.n_expert, hp.n_embd));
+    if (const TensorRef *gu = mf.Find(moe + "experts.gate_up_proj"); gu != nullptr) {
+      // Fused layout: gate_up_proj (n_expert, 2*n_ff, n_embd) with gate rows first; down_proj
+      // (n_expert, n_embd, n_ff).
+      STRATA_RETURN_IF_ERROR(CheckDims(*gu, {hp.n_embd, 2 * int64_t{hp.n_ff_expert}, hp.n_expert}));
+      STRATA_ASSIGN_OR_RETURN(const TensorRef *dt, Require(mf, moe + "experts.down_proj"));
+      STRATA_RETURN_IF_ERROR(CheckDims(*dt, {hp.n_ff_expert, hp.n_embd, hp.n_expert}));
+      L.experts.resize(hp.n_expert);
+      for (int e = 0; e < hp.n_expert; ++e) {
+        STRATA_ASSIGN_OR_RETURN(L.experts[e].gate, SliceExpert(gu, e, 0, hp.n_ff_expert));
+        STRATA_ASSIGN_OR_RETURN(L.experts[e].up, SliceExpert(gu, e, hp.n_ff_expert, hp.n_ff_expert));
+        STRATA_ASSIGN_OR_RETURN(L.experts[e].down, SliceExpert(dt, e, 0, hp.n_embd));
+      }
+      continue;
+    }
+    L.experts.resize(hp.n_expert);
+    for (int e = 0; e < hp.n_expert; ++e) {
+      auto en = [&](const char *s) { return absl::StrFormat("%sexperts.%d.%s.weight", moe, e, s); };
+      STRATA_ASSIGN_OR_RETURN(L.experts[e].gate, BindMatrix(mf, en(gn), hp.n_ff_expert, hp.n_embd));
+      STRATA_ASSIGN_OR_RETURN(L.experts[e].up, BindMatrix(mf, en(un), hp.n_ff_expert, hp.n_embd));
+      STRATA_ASSIGN_OR_RETURN(L.experts[e].down, BindMatrix(mf, en(dn), hp.n_embd, hp.n_ff_expert));
+    }
+  }
+  return w;
+}
+
+template <typename F>
+void ForEachMatrix(ModelWeights &w, F &&f) {
+  f(w.tok_embd);
+  f(w.output);
+  for (auto &L : w.layers) {
+    for (Matrix *m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.router}) f(*m);
+    for (auto &e : L.experts) {
+      f(e.gate);
+      f(e.up);
+      f(e.down);
+    }
+  }
+}
+
+template <typename F>
+void ForEachVec(ModelWeights &w, F &&f) {
+  f(w.output_norm);
+  for (auto &L : w.layers) {
+    for (Vec *v : {&L.attn_norm, &L.q_norm, &L.k_norm, &L.ffn_norm}) {
+      if (v->tensor != nullptr) f(*v);
+    }
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<ModelWeights> BindWeights(const ModelFile &mf, const HParams &hp) {
+  return mf.kind() == ModelFile::Kind::kGguf ? BindGguf(mf, hp) : BindHf(mf, hp);
+}
+
+uint64_t RoutedExpertBytes(const ModelWeights &w) {
+  uint64_t s = 0;
+  for (const auto &L : w.layers)
+    for (const auto &e : L.experts) s += e.nbytes();
+  return s;
+}
+
+uint64_t NonRoutedBytes(const ModelWeights &w) {
+  uint64_t s = w.tok_embd.nbytes();
+  if (w.output.tensor != w.tok_embd.tensor) s += w.output.nbytes();
+  auto vec_bytes = [](const Vec &v) { return v.tensor ? v.tensor->nbytes : 0; };
+  s += vec_bytes(w.output_norm);
+  for (const auto &L : w.layers) {
+    s += L.wq.nbytes() + L.wk.nbytes() + L.wv.nbytes() + L.wo.nbytes() + L.router.nbytes();
+    s += vec_bytes(L.attn_norm) + vec_bytes(L.q_norm) + vec_bytes(L.k_norm) + vec_bytes(L.ffn_norm);
+  }
+  return s;
+}
+
+WeightStore::~WeightStore() { std::free(arena_); }
+
+absl::Status WeightStore::Load(const ModelFile &mf, ModelWeights &w) {
+  // Every tensor any view points into, read once.
+  absl::flat_hash_map<const TensorRef *, uint64_t> placement;
+  std::vector<const TensorRef *> order;
+  uint64_t total = 0;
+  auto place = [&](const TensorRef *t) {
+    if (t == nullptr || placement.contains(t)) return;
+    placement[t] = total;
+    order.push_back(t);
+    total += (t->nbytes + 63) & ~uint64_t{63};
+  };
+  ForEachMatrix(w, [&](Matrix &m) { place(m.tensor); });
+  std::free(arena_);
+  arena_ = nullptr;
+  size_ = 0;
+  if (total > 0) {
+    arena_ = static_cast<uint8_t *>(std::aligned_alloc(64, total));
+    if (arena_ == nullptr) {
+      return Errorf(MOE_ERR_NO_MEMORY, "cannot allocate %u bytes for the model weights", total);
+    }
+  }
+  size_ = total;
+  for (const TensorRef *t : order) {
+    absl::Status st = mf.file(t->file_index).ReadAt(t->offset, arena_ + placement[t], t->nbytes);
+    if (!st.ok()) return Annotate(st, absl::StrCat("reading tensor '", t->name, "'"));
+  }
+  ForEachMatrix(w, [&](Matrix &m) { m.data = arena_ + placement[m.tensor] + m.sub_offset; });
+  // Norm vectors are small: convert them to float once.
+  absl::Status status = absl::OkStatus();
+  ForEachVec(w, [&](Vec &v) {
+    if (!status.ok()) return;
+    std::vector<uint8_t> raw(v.tensor->nbytes);
+    absl::Status st = mf.file(v.tensor->file_index).ReadAt(v.tensor->offset, raw.data(), raw.size());
+    if (!st.ok()) {
+      status = Annotate(st, absl::StrCat("reading tensor '", v.name, "'"));
+      return;
+    }
+    v.values.resize(v.n);
+    v.codec->dequantize(raw.data(), v.values.data(), v.n);
+  });
+  return status;
+}
+
+}  // namespace strata::model

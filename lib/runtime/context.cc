@@ -1,0 +1,143 @@
+// Context: opening (describe -> plan -> load -> backend) and the step over sessions.
+#include "lib/runtime/context.h"
+
+#include <algorithm>
+
+#include "backends/cpu/cpu_backend.h"
+
+namespace strata::runtime {
+
+absl::StatusOr<Context::Described> Context::Describe(const std::string &path) {
+  Described d;
+  STRATA_ASSIGN_OR_RETURN(d.file, model::ModelFile::Open(path));
+  STRATA_ASSIGN_OR_RETURN(d.hp, model::ReadHParams(*d.file));
+  STRATA_ASSIGN_OR_RETURN(d.weights, model::BindWeights(*d.file, d.hp));
+  return d;
+}
+
+store::PlanInputs Context::PlanInputsFor(const ContextOptions &o, const model::HParams &hp) {
+  store::PlanInputs in;
+  in.ram_budget_bytes = o.ram_budget_bytes;
+  in.vram_budget_bytes = o.vram_budget_bytes;
+  in.n_ctx = o.n_ctx > 0 ? std::min(o.n_ctx, hp.n_ctx_train) : std::min(hp.n_ctx_train, 4096);
+  in.max_sessions = std::max(1, o.max_sessions);
+  return in;
+}
+
+absl::StatusOr<std::unique_ptr<Context>> Context::Open(const ContextOptions &o) {
+  if (o.model_path.empty()) return Errorf(MOE_ERR_INVALID_ARGUMENT, "no model path given");
+  if (o.backend == MOE_BACKEND_CUDA) {
+    return Errorf(MOE_ERR_UNSUPPORTED_BACKEND, "the CUDA backend is not available in this build");
+  }
+  if (o.backend != MOE_BACKEND_AUTO && o.backend != MOE_BACKEND_CPU) {
+    return Errorf(MOE_ERR_INVALID_ARGUMENT, "unknown backend %d", o.backend);
+  }
+  if (o.n_ctx < 0 || o.n_threads < 0 || o.max_sessions < 0) {
+    return Errorf(MOE_ERR_INVALID_ARGUMENT, "negative n_ctx, n_threads or max_sessions");
+  }
+  auto ctx = std::unique_ptr<Context>(new Context());
+  STRATA_ASSIGN_OR_RETURN(Described d, Describe(o.model_path));
+  ctx->file_ = std::move(d.file);
+  ctx->hp_ = d.hp;
+  ctx->weights_ = std::move(d.weights);
+  store::PlanInputs in = PlanInputsFor(o, ctx->hp_);
+  ctx->n_ctx_ = in.n_ctx;
+  STRATA_ASSIGN_OR_RETURN(ctx->plan_, store::MakePlan(ctx->hp_, ctx->weights_, in));
+  STRATA_RETURN_IF_ERROR(ctx->store_.Load(*ctx->file_, ctx->weights_));
+  ctx->backend_ = std::make_unique<cpu::CpuBackend>(o.n_threads);
+  return ctx;
+}
+
+Context::~Context() = default;
+
+absl::StatusOr<Session *> Context::OpenSession(const SessionOptions &o) {
+  if (o.n_ctx < 0) return Errorf(MOE_ERR_INVALID_ARGUMENT, "negative n_ctx %d", o.n_ctx);
+  if (o.n_ctx > hp_.n_ctx_train) {
+    return Errorf(MOE_ERR_INVALID_ARGUMENT, "session n_ctx %d exceeds the model's context length %d", o.n_ctx,
+                  hp_.n_ctx_train);
+  }
+  if (!(o.sampler.temperature >= 0.f) || !(o.sampler.top_p > 0.f)) {
+    return Errorf(MOE_ERR_INVALID_ARGUMENT, "temperature must be >= 0 and top_p > 0");
+  }
+  auto s = std::unique_ptr<Session>(new Session(this, o));
+  s->n_ctx_ = o.n_ctx > 0 ? o.n_ctx : n_ctx_;
+  STRATA_RETURN_IF_ERROR(s->kv_.Init(hp_, s->n_ctx_));
+  std::lock_guard<std::mutex> lk(mu_);
+  sessions_.push_back(std::move(s));
+  return sessions_.back().get();
+}
+
+void Context::CloseSession(Session *s) {
+  std::lock_guard<std::mutex> lk(mu_);
+  sessions_.erase(std::remove_if(sessions_.begin(), sessions_.end(),
+                                 [s](const std::unique_ptr<Session> &p) { return p.get() == s; }),
+                  sessions_.end());
+}
+
+absl::Status Context::Step(uint32_t *n_pending) {
+  std::lock_guard<std::mutex> lk(mu_);
+  absl::Status status = absl::OkStatus();
+  for (auto &sp : sessions_) {
+    Session &s = *sp;
+    if (s.pending_.empty()) continue;
+    model::ForwardArgs a;
+    a.tokens = s.pending_.data();
+    a.n_tok = static_cast<int64_t>(s.pending_.size());
+    a.pos0 = s.n_past_;
+    a.all_logits = s.opts_.logits_all;
+    std::vector<float> logits;
+    absl::Status st = model::Forward(hp_, weights_, *backend_, s.kv_, a, &logits);
+    if (!st.ok()) {
+      status = st;
+      break;
+    }
+    s.n_past_ += static_cast<int>(a.n_tok);
+    s.n_logit_rows_ = static_cast<int32_t>(logits.size() / hp_.n_vocab);
+    s.logits_ = std::move(logits);
+    s.pending_.clear();
+  }
+  if (n_pending != nullptr) {
+    uint32_t n = 0;
+    for (auto &sp : sessions_) n += sp->pending_.empty() ? 0 : 1;
+    *n_pending = n;
+  }
+  return status;
+}
+
+absl::Status Session::Feed(const int32_t *tokens, size_t n) {
+  if (n == 0) return absl::OkStatus();
+  if (tokens == nullptr) return Errorf(MOE_ERR_INVALID_ARGUMENT, "tokens is NULL with n = %u", n);
+  const int32_t n_vocab = ctx_->hparams().n_vocab;
+  for (size_t i = 0; i < n; ++i) {
+    if (tokens[i] < 0 || tokens[i] >= n_vocab) {
+      return Errorf(MOE_ERR_INVALID_ARGUMENT, "token %u has id %d, outside the vocabulary [0, %d)", i, tokens[i],
+                    n_vocab);
+    }
+  }
+  if (static_cast<uint64_t>(n_past_) + pending_.size() + n > static_cast<uint64_t>(n_ctx_)) {
+    return Errorf(MOE_ERR_LIMIT_CONTEXT, "%u more tokens do not fit: %d in the cache, %u queued, n_ctx %d", n,
+                  n_past_, pending_.size(), n_ctx_);
+  }
+  pending_.insert(pending_.end(), tokens, tokens + n);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<const float *> Session::Logits() const {
+  if (n_logit_rows_ == 0) return Errorf(MOE_ERR_STATE, "no token has been processed yet");
+  return logits_.data() + static_cast<size_t>(n_logit_rows_ - 1) * ctx_->hparams().n_vocab;
+}
+
+absl::Status Session::LogitsAll(const float **rows, int32_t *n_tokens) const {
+  if (!opts_.logits_all) return Errorf(MOE_ERR_STATE, "the session was opened without logits_all");
+  if (n_logit_rows_ == 0) return Errorf(MOE_ERR_STATE, "no token has been processed yet");
+  *rows = logits_.data();
+  *n_tokens = n_logit_rows_;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int32_t> Session::SampleNext() {
+  STRATA_ASSIGN_OR_RETURN(const float *l, Logits());
+  return Sample(l, ctx_->hparams().n_vocab, opts_.sampler, rng_);
+}
+
+}  // namespace strata::runtime

@@ -1,0 +1,105 @@
+// Context and sessions. A Context owns the opened model (file, hyper-parameters, bound and loaded
+// weights), the backend and the cache plan; Sessions hold a KV cache, queued input, logits and a
+// sampler each. Step runs every session with queued input; a failed step leaves each session as it
+// was before the step (input still queued, KV position unchanged).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "lib/model/backend.h"
+#include "lib/model/forward.h"
+#include "lib/model/hparams.h"
+#include "lib/model/model_file.h"
+#include "lib/model/weights.h"
+#include "lib/runtime/sampler.h"
+#include "lib/store/cache_plan.h"
+
+namespace strata::runtime {
+
+struct ContextOptions {
+  std::string model_path;
+  int backend = MOE_BACKEND_AUTO;
+  uint64_t vram_budget_bytes = 0;
+  uint64_t ram_budget_bytes = 0;
+  int n_threads = 0;
+  int n_ctx = 0;        // 0 = min(model's, 4096)
+  int max_sessions = 1;
+};
+
+struct SessionOptions {
+  int n_ctx = 0;        // 0 = the context's default
+  uint64_t seed = 0;
+  SamplerParams sampler;
+  bool logits_all = false;
+};
+
+class Context;
+
+class Session {
+ public:
+  absl::Status Feed(const int32_t *tokens, size_t n);
+  int n_past() const { return n_past_; }
+  size_t n_pending() const { return pending_.size(); }
+  // Logits after the last processed token; MOE_ERR_STATE before any.
+  absl::StatusOr<const float *> Logits() const;
+  // With logits_all: every row of the last step.
+  absl::Status LogitsAll(const float **rows, int32_t *n_tokens) const;
+  absl::StatusOr<int32_t> SampleNext();
+  Context &ctx() { return *ctx_; }
+
+ private:
+  friend class Context;
+  Session(Context *ctx, const SessionOptions &o) : ctx_(ctx), opts_(o), rng_(o.seed) {}
+  Context *ctx_;
+  SessionOptions opts_;
+  Rng rng_;
+  model::KvCache kv_;
+  int n_ctx_ = 0;
+  int n_past_ = 0;
+  std::vector<int32_t> pending_;
+  std::vector<float> logits_;   // (n_rows, n_vocab)
+  int32_t n_logit_rows_ = 0;
+};
+
+class Context {
+ public:
+  // Opens the model and makes the context ready. See moe_ctx_open for the errors.
+  static absl::StatusOr<std::unique_ptr<Context>> Open(const ContextOptions &o);
+  // Opens the model file and binds the weights without reading their data (inspect, plan).
+  struct Described {
+    std::unique_ptr<model::ModelFile> file;
+    model::HParams hp;
+    model::ModelWeights weights;
+  };
+  static absl::StatusOr<Described> Describe(const std::string &path);
+  static store::PlanInputs PlanInputsFor(const ContextOptions &o, const model::HParams &hp);
+
+  ~Context();
+  const model::HParams &hparams() const { return hp_; }
+  const model::ModelWeights &weights() const { return weights_; }
+  const store::CachePlan &plan() const { return plan_; }
+  const model::ModelFile &file() const { return *file_; }
+  int default_n_ctx() const { return n_ctx_; }
+
+  absl::StatusOr<Session *> OpenSession(const SessionOptions &o);
+  void CloseSession(Session *s);
+  absl::Status Step(uint32_t *n_pending);
+
+ private:
+  Context() = default;
+  std::unique_ptr<model::ModelFile> file_;
+  model::HParams hp_;
+  model::ModelWeights weights_;
+  model::WeightStore store_;
+  std::unique_ptr<model::Backend> backend_;
+  store::CachePlan plan_;
+  int n_ctx_ = 0;
+  std::mutex mu_;  // guards sessions_ and serialises Step
+  std::vector<std::unique_ptr<Session>> sessions_;
+};
+
+}  // namespace strata::runtime

@@ -1,0 +1,110 @@
+// Cache plan arithmetic and its ledger.
+#include "lib/store/cache_plan.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "lib/model/forward.h"
+
+namespace strata::store {
+
+uint64_t UsableRamBytes() {
+  std::ifstream f("/proc/meminfo");
+  std::string key;
+  uint64_t kb = 0;
+  std::string unit;
+  while (f >> key >> kb >> unit) {
+    if (key == "MemAvailable:") return kb * 1024;
+  }
+  return 0;
+}
+
+absl::StatusOr<CachePlan> MakePlan(const model::HParams &hp, const model::ModelWeights &w,
+                                   const PlanInputs &in) {
+  if (in.n_ctx <= 0 || in.max_sessions <= 0 || in.max_batch_tokens <= 0) {
+    return Errorf(MOE_ERR_INVALID_ARGUMENT, "plan needs positive n_ctx, sessions and batch (got %d, %d, %d)",
+                  in.n_ctx, in.max_sessions, in.max_batch_tokens);
+  }
+  CachePlan p;
+  p.n_ctx = in.n_ctx;
+  p.max_sessions = in.max_sessions;
+  p.max_batch_tokens = in.max_batch_tokens;
+  p.n_layers = static_cast<uint32_t>(hp.n_layer);
+  p.n_experts_per_layer = static_cast<uint32_t>(hp.n_expert);
+  p.n_routed_experts = static_cast<uint32_t>(hp.n_layer) * static_cast<uint32_t>(hp.n_expert);
+  p.non_routed_bytes = model::NonRoutedBytes(w);
+  p.routed_expert_bytes = model::RoutedExpertBytes(w);
+  for (const auto &L : w.layers)
+    for (const auto &e : L.experts) p.expert_slot_bytes = std::max(p.expert_slot_bytes, e.nbytes());
+  p.kv_bytes_per_token = model::KvCache::BytesFor(hp, 1);
+  p.kv_bytes = p.kv_bytes_per_token * static_cast<uint64_t>(in.n_ctx) * static_cast<uint64_t>(in.max_sessions);
+  // Workspace: float activations of one batch (residual, norm, q/k/v/attention, router, per-slot
+  // expert outputs, expert hidden) plus one logits row per token.
+  const uint64_t T = static_cast<uint64_t>(in.max_batch_tokens);
+  const uint64_t per_tok = 4ull * (4ull * hp.n_embd + 2ull * hp.q_dim() + 2ull * hp.kv_dim() + hp.n_expert +
+                                   (hp.n_expert_used + 2ull) * hp.n_embd + 2ull * hp.n_ff_expert +
+                                   static_cast<uint64_t>(hp.n_vocab));
+  p.workspace_bytes = T * per_tok;
+  // Running a batch can touch every expert of one layer at once.
+  p.min_expert_slots = std::min<uint32_t>(p.n_routed_experts, p.n_experts_per_layer);
+  const uint64_t fixed = p.non_routed_bytes + p.kv_bytes + p.workspace_bytes;
+  p.min_ram_bytes = fixed + p.expert_slot_bytes * p.min_expert_slots;
+  p.requested_ram_budget_bytes = in.ram_budget_bytes;
+  p.usable_ram_bytes = in.usable_ram_bytes ? in.usable_ram_bytes : UsableRamBytes();
+  uint64_t budget = in.ram_budget_bytes;
+  if (budget == 0) {
+    budget = p.usable_ram_bytes / 10 * 8;
+    if (budget == 0) budget = fixed + p.routed_expert_bytes;  // no meminfo: plan for everything
+  }
+  if (budget < p.min_ram_bytes) {
+    p.clamped = true;
+    p.warnings.push_back(absl::StrFormat(
+        "RAM budget %u bytes is below the minimum that can run (%u bytes); using the minimum", budget,
+        p.min_ram_bytes));
+    budget = p.min_ram_bytes;
+  }
+  p.ram_budget_bytes = budget;
+  const uint64_t slots = p.expert_slot_bytes ? (budget - fixed) / p.expert_slot_bytes : 0;
+  p.ram_expert_slots = static_cast<uint32_t>(std::min<uint64_t>(slots, p.n_routed_experts));
+  p.vram_budget_bytes = in.have_gpu ? in.vram_budget_bytes : 0;
+  p.vram_expert_slots = 0;  // the VRAM tier is planned by the CUDA backend
+  return p;
+}
+
+std::string FormatLedger(const CachePlan &p) {
+  auto mib = [](uint64_t b) { return absl::StrFormat("%10.1f MiB", static_cast<double>(b) / (1 << 20)); };
+  std::ostringstream o;
+  o << absl::StrFormat("%-28s %14s  %s\n", "item", "bytes", "formula");
+  o << absl::StrFormat("%-28s %14u  %s  %s\n", "non-routed weights", p.non_routed_bytes, mib(p.non_routed_bytes),
+                       "embeddings + attention + norms + routers + output");
+  o << absl::StrFormat("%-28s %14u  %s  %u B/token x %d ctx x %d sessions\n", "KV cache", p.kv_bytes,
+                       mib(p.kv_bytes), p.kv_bytes_per_token, p.n_ctx, p.max_sessions);
+  o << absl::StrFormat("%-28s %14u  %s  activations of a %d-token batch\n", "workspace", p.workspace_bytes,
+                       mib(p.workspace_bytes), p.max_batch_tokens);
+  const uint64_t fixed = p.non_routed_bytes + p.kv_bytes + p.workspace_bytes;
+  o << absl::StrFormat("%-28s %14u  %s  sum of the three lines above\n", "fixed", fixed, mib(fixed));
+  o << absl::StrFormat("%-28s %14u  %s  %u experts x %u B (largest expert: gate|up|down)\n",
+                       "routed experts (all)", p.routed_expert_bytes, mib(p.routed_expert_bytes),
+                       p.n_routed_experts, p.expert_slot_bytes);
+  o << absl::StrFormat("%-28s %14u  %s  fixed + %u slots (one layer's experts) x %u B\n", "minimum RAM",
+                       p.min_ram_bytes, mib(p.min_ram_bytes), p.min_expert_slots, p.expert_slot_bytes);
+  o << absl::StrFormat("%-28s %14u  %s  %s\n", "RAM budget", p.ram_budget_bytes, mib(p.ram_budget_bytes),
+                       p.requested_ram_budget_bytes == 0
+                           ? absl::StrFormat("auto: 80%% of %u usable bytes", p.usable_ram_bytes)
+                           : (p.clamped ? std::string("requested, raised to the minimum") : std::string("requested")));
+  const uint64_t ram_experts = static_cast<uint64_t>(p.ram_expert_slots) * p.expert_slot_bytes;
+  o << absl::StrFormat("%-28s %14u  %s  min(%u, floor((budget - fixed) / %u)) = %u slots\n", "RAM expert tier",
+                       ram_experts, mib(ram_experts), p.n_routed_experts, p.expert_slot_bytes, p.ram_expert_slots);
+  o << absl::StrFormat("%-28s %14u  %s  %u slots\n", "VRAM expert tier",
+                       static_cast<uint64_t>(p.vram_expert_slots) * p.expert_slot_bytes,
+                       mib(static_cast<uint64_t>(p.vram_expert_slots) * p.expert_slot_bytes), p.vram_expert_slots);
+  const uint64_t on_disk = p.routed_expert_bytes > ram_experts ? p.routed_expert_bytes - ram_experts : 0;
+  o << absl::StrFormat("%-28s %14u  %s  routed experts - RAM expert tier\n", "streamed from file", on_disk,
+                       mib(on_disk));
+  for (const auto &w : p.warnings) o << "warning: " << w << "\n";
+  return o.str();
+}
+
+}  // namespace strata::store

@@ -1,0 +1,61 @@
+// The cache plan: from memory budgets and the model, how many bytes go where. Non-routed weights,
+// KV for the configured sessions and context, and workspace come first; whole routed experts fill
+// what is left of each tier. Auto budgets take 80% of the usable memory for the model, leaving 20%
+// for KV and buffers; a budget below the minimum that can run is raised to it, with a warning.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "lib/model/hparams.h"
+#include "lib/model/weights.h"
+#include "lib/util/status.h"
+
+namespace strata::store {
+
+struct PlanInputs {
+  uint64_t ram_budget_bytes = 0;   // 0 = auto
+  uint64_t vram_budget_bytes = 0;  // 0 = auto (no GPU tier without a GPU)
+  int n_ctx = 4096;
+  int max_sessions = 1;
+  int max_batch_tokens = 512;
+  bool have_gpu = false;
+  uint64_t usable_ram_bytes = 0;   // 0 = read from /proc/meminfo
+};
+
+struct CachePlan {
+  uint64_t ram_budget_bytes = 0;
+  uint64_t vram_budget_bytes = 0;
+  uint64_t requested_ram_budget_bytes = 0;  // 0 = auto
+  uint64_t usable_ram_bytes = 0;
+  uint64_t non_routed_bytes = 0;
+  uint64_t routed_expert_bytes = 0;
+  uint64_t kv_bytes = 0;
+  uint64_t kv_bytes_per_token = 0;  // one session, all layers
+  uint64_t workspace_bytes = 0;
+  uint64_t expert_slot_bytes = 0;
+  uint64_t min_ram_bytes = 0;        // the least budget that can run
+  uint32_t n_layers = 0;
+  uint32_t n_experts_per_layer = 0;
+  uint32_t n_routed_experts = 0;
+  uint32_t min_expert_slots = 0;
+  uint32_t ram_expert_slots = 0;
+  uint32_t vram_expert_slots = 0;
+  bool clamped = false;
+  int n_ctx = 0;
+  int max_sessions = 0;
+  int max_batch_tokens = 0;
+  std::vector<std::string> warnings;
+};
+
+absl::StatusOr<CachePlan> MakePlan(const model::HParams &hp, const model::ModelWeights &w,
+                                   const PlanInputs &in);
+
+// MemAvailable from /proc/meminfo (bytes), or 0 when it cannot be read.
+uint64_t UsableRamBytes();
+
+// The plan as a ledger a person can check by hand: one line per item with the formula behind it.
+std::string FormatLedger(const CachePlan &p);
+
+}  // namespace strata::store
