@@ -68,6 +68,8 @@ const TypeInfo *FindType(uint32_t id) {
 constexpr const Codec *kCodecs[] = {
     &internal::kCodecF32,  &internal::kCodecF16,  &internal::kCodecBF16, &internal::kCodecQ4_0,
     &internal::kCodecQ4_1, &internal::kCodecQ5_0, &internal::kCodecQ5_1, &internal::kCodecQ8_0,
+    &internal::kCodecQ2_K, &internal::kCodecQ3_K, &internal::kCodecQ4_K, &internal::kCodecQ5_K,
+    &internal::kCodecQ6_K, &internal::kCodecIQ4_NL, &internal::kCodecIQ4_XS, &internal::kCodecMXFP4,
 };
 
 // "type<id>" for unknown ids must outlive the call: ids below 256 get permanent strings (built once,

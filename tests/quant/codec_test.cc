@@ -122,7 +122,9 @@ TEST_CASE("GeometryOf knows every GGUF type id, sized as ggml sizes them", "[qua
 
 TEST_CASE("FindCodec covers the formats Strata decodes", "[quant]") {
   for (TypeId id : {TypeId::kF32, TypeId::kF16, TypeId::kBF16, TypeId::kQ4_0, TypeId::kQ4_1,
-                    TypeId::kQ5_0, TypeId::kQ5_1, TypeId::kQ8_0}) {
+                    TypeId::kQ5_0, TypeId::kQ5_1, TypeId::kQ8_0, TypeId::kQ2_K, TypeId::kQ3_K,
+                    TypeId::kQ4_K, TypeId::kQ5_K, TypeId::kQ6_K, TypeId::kIQ4_NL, TypeId::kIQ4_XS,
+                    TypeId::kMXFP4}) {
     INFO(TypeName(static_cast<uint32_t>(id)));
     CHECK(FindCodec(id) != nullptr);
   }
