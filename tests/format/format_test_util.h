@@ -169,3 +169,51 @@ class GgufWriter {
 };
 
 }  // namespace strata::format::testing
+
+namespace strata::format::testing {
+
+// A safetensors file from a header text and a data section of `data_bytes` patterned bytes.
+inline std::string SafetensorsBytes(const std::string &header, uint64_t data_bytes) {
+  Bytes b;
+  b.U64(header.size()).Raw(header);
+  for (uint64_t i = 0; i < data_bytes; ++i) b.U8(static_cast<uint8_t>(i * 13 + 5));
+  return b.b;
+}
+
+struct StTensor {
+  std::string name;
+  std::string dtype;
+  std::vector<int64_t> shape;
+  uint64_t begin, end;
+};
+
+// A header with the given entries (in the given order) and an optional __metadata__ object.
+inline std::string SafetensorsHeader(const std::vector<StTensor> &tensors,
+                                     const std::string &metadata = "") {
+  std::string h = "{";
+  if (!metadata.empty()) h += "\"__metadata__\":" + metadata;
+  for (const StTensor &t : tensors) {
+    if (h.size() > 1) h += ",";
+    h += "\"" + t.name + "\":{\"dtype\":\"" + t.dtype + "\",\"shape\":[";
+    for (size_t i = 0; i < t.shape.size(); ++i) h += (i ? "," : "") + std::to_string(t.shape[i]);
+    h += "],\"data_offsets\":[" + std::to_string(t.begin) + "," + std::to_string(t.end) + "]}";
+  }
+  return h + "}";
+}
+
+// A valid file of the given tensors, packed in order: begin/end are computed from dtype sizes.
+inline std::string PackedSafetensors(std::vector<StTensor> tensors) {
+  uint64_t at = 0;
+  for (StTensor &t : tensors) {
+    uint64_t size = t.dtype == "F64" || t.dtype == "I64" ? 8
+                    : t.dtype == "F32" || t.dtype == "I32" ? 4
+                    : t.dtype == "F16" || t.dtype == "BF16" || t.dtype == "I16" ? 2 : 1;
+    for (int64_t d : t.shape) size *= static_cast<uint64_t>(d);
+    t.begin = at;
+    t.end = at + size;
+    at = t.end;
+  }
+  return SafetensorsBytes(SafetensorsHeader(tensors), at);
+}
+
+}  // namespace strata::format::testing
