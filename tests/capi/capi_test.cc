@@ -1,0 +1,227 @@
+// The C ABI's own promises: NULL-safe close, argument checks with statuses and thread-local
+// messages, params read only as far as struct_size covers, state errors, context limits, status
+// names, and sessions that keep their state after a failed call.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "include/strata/moe.h"
+
+namespace {
+
+const std::string kModel = std::string(STRATA_SOURCE_DIR) + "/tests/golden/qwen3moe_f32/model-q8_0.gguf";
+
+moe_ctx *OpenCtx(uint32_t n_ctx = 0) {
+  moe_params p;
+  moe_params_init(&p);
+  p.model_path = kModel.c_str();
+  p.n_ctx = n_ctx;
+  moe_ctx *ctx = nullptr;
+  REQUIRE(moe_ctx_open(&p, &ctx) == MOE_OK);
+  return ctx;
+}
+
+}  // namespace
+
+TEST_CASE("version and status names", "[capi]") {
+  CHECK(moe_version_number() == MOE_VERSION_NUMBER);
+  CHECK(std::string(moe_version_string()) == "0.1.0");
+  CHECK(std::string(moe_status_string(MOE_OK)) == "MOE_OK");
+  CHECK(std::string(moe_status_string(MOE_ERR_FORMAT_TENSOR)) == "MOE_ERR_FORMAT_TENSOR");
+  CHECK(std::string(moe_status_string(12345)) == "MOE_ERR_UNKNOWN");
+  CHECK(MOE_STATUS_CATEGORY(MOE_ERR_FORMAT_TRUNCATED) == MOE_ERR_FORMAT);
+  CHECK(MOE_STATUS_CATEGORY(MOE_ERR_IO_OPEN) == MOE_ERR_IO);
+}
+
+TEST_CASE("NULL handles and arguments are refused, not crashed on", "[capi]") {
+  moe_ctx_close(nullptr);
+  moe_session_close(nullptr);
+  CHECK(moe_ctx_vocab_size(nullptr) == -1);
+  CHECK(moe_session_n_past(nullptr) == -1);
+  CHECK(moe_ctx_experts(nullptr) == nullptr);
+  CHECK(moe_expert_table_n_layers(nullptr) == 0);
+  moe_ctx *ctx = reinterpret_cast<moe_ctx *>(0x1);
+  CHECK(moe_ctx_open(nullptr, &ctx) == MOE_ERR_INVALID_ARGUMENT);
+  CHECK(ctx == reinterpret_cast<moe_ctx *>(0x1));  // untouched on failure
+  CHECK(std::string(moe_last_error()).find("NULL") != std::string::npos);
+  moe_params p;
+  moe_params_init(&p);
+  CHECK(moe_ctx_open(&p, &ctx) == MOE_ERR_INVALID_ARGUMENT);  // no model path
+  CHECK(std::string(moe_last_error()).find("model_path") != std::string::npos);
+  CHECK(moe_ctx_step(nullptr, nullptr) == MOE_ERR_INVALID_ARGUMENT);
+  CHECK(moe_session_feed(nullptr, nullptr, 0) == MOE_ERR_INVALID_ARGUMENT);
+  int32_t tok;
+  CHECK(moe_session_sample(nullptr, &tok) == MOE_ERR_INVALID_ARGUMENT);
+  moe_cache_plan plan;
+  moe_cache_plan_init(&plan);
+  CHECK(moe_plan(nullptr, &plan) == MOE_ERR_INVALID_ARGUMENT);
+  CHECK(moe_ctx_plan(nullptr, &plan) == MOE_ERR_INVALID_ARGUMENT);
+}
+
+TEST_CASE("params: struct_size is honoured", "[capi]") {
+  moe_params p;
+  std::memset(&p, 0xAB, sizeof p);
+  p.struct_size = 0;
+  moe_params_fill_defaults(&p);  // size 0 covers nothing: nothing is written
+  CHECK(p.struct_size == 0);
+  moe_params_init(&p);
+  CHECK(p.struct_size == sizeof(moe_params));
+  CHECK(p.backend == MOE_BACKEND_AUTO);
+  CHECK(p.max_sessions == 1);
+  CHECK(p.model_path == nullptr);
+  p.model_path = kModel.c_str();
+  p.struct_size = 2;  // too small to hold a path
+  moe_ctx *ctx = nullptr;
+  CHECK(moe_ctx_open(&p, &ctx) == MOE_ERR_INVALID_ARGUMENT);
+  CHECK(std::string(moe_last_error()).find("struct_size") != std::string::npos);
+  // An older host whose struct ends after model_path still opens with defaults for the rest.
+  p.struct_size = offsetof(moe_params, model_path) + sizeof(p.model_path);
+  p.backend = 77;  // beyond the size: must be ignored
+  REQUIRE(moe_ctx_open(&p, &ctx) == MOE_OK);
+  moe_ctx_close(ctx);
+  moe_params_init(&p);
+  p.model_path = kModel.c_str();
+  p.backend = 77;
+  CHECK(moe_ctx_open(&p, &ctx) == MOE_ERR_INVALID_ARGUMENT);
+}
+
+TEST_CASE("sessions: state errors, vocabulary and context limits keep the session usable", "[capi]") {
+  moe_ctx *ctx = OpenCtx(16);
+  CHECK(moe_ctx_vocab_size(ctx) == 256);
+  const moe_expert_table *t = moe_ctx_experts(ctx);
+  CHECK(moe_expert_table_n_layers(t) == 3);
+  CHECK(moe_expert_table_n_experts(t) == 8);
+  moe_session *s = nullptr;
+  REQUIRE(moe_session_open(ctx, nullptr, &s) == MOE_OK);
+  const float *logits = nullptr;
+  int32_t nv = 0;
+  CHECK(moe_session_logits(s, &logits, &nv) == MOE_ERR_STATE);
+  int32_t tok;
+  CHECK(moe_session_sample(s, &tok) == MOE_ERR_STATE);
+  CHECK(moe_session_logits_all(s, &logits, &nv, nullptr) == MOE_ERR_STATE);  // logits_all not set
+  const int32_t bad[] = {1, 256};
+  CHECK(moe_session_feed(s, bad, 2) == MOE_ERR_INVALID_ARGUMENT);
+  CHECK(std::string(moe_last_error()).find("256") != std::string::npos);
+  CHECK(moe_session_feed(s, nullptr, 3) == MOE_ERR_INVALID_ARGUMENT);
+  std::vector<int32_t> many(17, 5);
+  CHECK(moe_session_feed(s, many.data(), many.size()) == MOE_ERR_LIMIT_CONTEXT);
+  // Nothing was queued by the failed calls.
+  uint32_t pending = 7;
+  REQUIRE(moe_ctx_step(ctx, &pending) == MOE_OK);
+  CHECK(pending == 0);
+  CHECK(moe_session_n_past(s) == 0);
+  REQUIRE(moe_session_feed(s, many.data(), 16) == MOE_OK);
+  REQUIRE(moe_ctx_step(ctx, &pending) == MOE_OK);
+  CHECK(moe_session_n_past(s) == 16);
+  REQUIRE(moe_session_logits(s, &logits, &nv) == MOE_OK);
+  CHECK(nv == 256);
+  for (int i = 0; i < nv; ++i) REQUIRE(std::isfinite(logits[i]));
+  CHECK(moe_session_feed(s, many.data(), 1) == MOE_ERR_LIMIT_CONTEXT);
+  REQUIRE(moe_session_sample(s, &tok) == MOE_OK);
+  CHECK(tok >= 0);
+  CHECK(tok < 256);
+  moe_session_close(s);
+  moe_ctx_close(ctx);
+}
+
+TEST_CASE("several sessions step together and match running alone", "[capi]") {
+  moe_ctx *ctx = OpenCtx();
+  const std::vector<std::vector<int32_t>> prompts = {{1, 2, 3}, {200, 100, 50, 25, 12}, {7}};
+  std::vector<std::vector<float>> alone;
+  for (const auto &pr : prompts) {
+    moe_session *s;
+    REQUIRE(moe_session_open(ctx, nullptr, &s) == MOE_OK);
+    REQUIRE(moe_session_feed(s, pr.data(), pr.size()) == MOE_OK);
+    REQUIRE(moe_ctx_step(ctx, nullptr) == MOE_OK);
+    const float *l;
+    int32_t nv;
+    REQUIRE(moe_session_logits(s, &l, &nv) == MOE_OK);
+    alone.emplace_back(l, l + nv);
+    moe_session_close(s);
+  }
+  std::vector<moe_session *> ss(prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    REQUIRE(moe_session_open(ctx, nullptr, &ss[i]) == MOE_OK);
+    REQUIRE(moe_session_feed(ss[i], prompts[i].data(), prompts[i].size()) == MOE_OK);
+  }
+  uint32_t pending = 9;
+  REQUIRE(moe_ctx_step(ctx, &pending) == MOE_OK);
+  CHECK(pending == 0);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const float *l;
+    int32_t nv;
+    REQUIRE(moe_session_logits(ss[i], &l, &nv) == MOE_OK);
+    CHECK(std::memcmp(l, alone[i].data(), nv * sizeof(float)) == 0);
+  }
+  moe_session_close(ss[1]);
+  moe_ctx_close(ctx);  // closes the other sessions too
+}
+
+TEST_CASE("sampling is deterministic per seed and differs across seeds", "[capi]") {
+  moe_ctx *ctx = OpenCtx();
+  auto generate = [&](uint64_t seed) {
+    moe_session_params sp;
+    moe_session_params_init(&sp);
+    sp.temperature = 1.5f;
+    sp.seed = seed;
+    moe_session *s;
+    REQUIRE(moe_session_open(ctx, &sp, &s) == MOE_OK);
+    std::vector<int32_t> out;
+    int32_t tok = 3;
+    for (int i = 0; i < 24; ++i) {
+      REQUIRE(moe_session_feed(s, &tok, 1) == MOE_OK);
+      REQUIRE(moe_ctx_step(ctx, nullptr) == MOE_OK);
+      REQUIRE(moe_session_sample(s, &tok) == MOE_OK);
+      out.push_back(tok);
+    }
+    moe_session_close(s);
+    return out;
+  };
+  CHECK(generate(1) == generate(1));
+  CHECK(generate(1) != generate(2));
+  moe_ctx_close(ctx);
+}
+
+TEST_CASE("moe_plan reads the header only and agrees with the opened context", "[capi]") {
+  moe_params p;
+  moe_params_init(&p);
+  p.model_path = kModel.c_str();
+  p.ram_budget_bytes = 1024;  // below the minimum: clamped
+  moe_cache_plan a, b;
+  moe_cache_plan_init(&a);
+  moe_cache_plan_init(&b);
+  REQUIRE(moe_plan(&p, &a) == MOE_OK);
+  CHECK(a.clamped == 1);
+  CHECK(a.n_routed_experts == 24);
+  CHECK(a.routed_expert_bytes == 24ull * a.expert_slot_bytes);
+  CHECK(a.ram_budget_bytes == a.non_routed_bytes + a.kv_bytes + a.workspace_bytes + 8ull * a.expert_slot_bytes);
+  CHECK(a.ram_expert_slots == 8);
+  moe_ctx *ctx = nullptr;
+  REQUIRE(moe_ctx_open(&p, &ctx) == MOE_OK);
+  REQUIRE(moe_ctx_plan(ctx, &b) == MOE_OK);
+  CHECK(std::memcmp(&a, &b, sizeof a) == 0);
+  moe_ctx_close(ctx);
+  p.model_path = "/nonexistent.gguf";
+  CHECK(moe_plan(&p, &a) == MOE_ERR_IO_OPEN);
+}
+
+TEST_CASE("last error is thread-local", "[capi]") {
+  moe_ctx *ctx = nullptr;
+  moe_params p;
+  moe_params_init(&p);
+  p.model_path = "/nonexistent-main-thread.gguf";
+  CHECK(moe_ctx_open(&p, &ctx) != MOE_OK);
+  std::thread([] {
+    moe_params q;
+    moe_params_init(&q);
+    q.model_path = "/nonexistent-other-thread.gguf";
+    moe_ctx *c = nullptr;
+    CHECK(moe_ctx_open(&q, &c) != MOE_OK);
+    CHECK(std::string(moe_last_error()).find("other-thread") != std::string::npos);
+  }).join();
+  CHECK(std::string(moe_last_error()).find("main-thread") != std::string::npos);
+}

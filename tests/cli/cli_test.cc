@@ -1,0 +1,216 @@
+// The `strata` CLI contract (DESIGN.md §3.2): logits file format, inspect accepting every valid
+// model and refusing malformed ones, plan ledgers, and errors as exit status 1 with exactly one
+// `strata: error:` line on stderr and no output file left behind.
+#include <catch2/catch.hpp>
+
+#include <sys/wait.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "tests/format/format_test_util.h"
+
+namespace {
+
+using strata::format::testing::TempDir;
+
+const std::string kGolden = std::string(STRATA_SOURCE_DIR) + "/tests/golden/";
+
+struct Result {
+  int exit_code = -1;
+  std::string out, err;
+};
+
+std::string Slurp(const std::string &path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+}
+
+Result Cli(const std::string &args) {
+  TempDir tmp;
+  const std::string cmd = std::string(STRATA_CLI_PATH) + " " + args + " >" + tmp.File("out") + " 2>" + tmp.File("err");
+  int rc = std::system(cmd.c_str());
+  Result r;
+  r.exit_code = WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+  r.out = Slurp(tmp.File("out"));
+  r.err = Slurp(tmp.File("err"));
+  return r;
+}
+
+size_t Lines(const std::string &s) { return static_cast<size_t>(std::count(s.begin(), s.end(), '\n')); }
+
+void ExpectError(const Result &r, const std::string &mention) {
+  INFO("stderr: " << r.err);
+  CHECK(r.exit_code == 1);
+  CHECK(r.err.rfind("strata: error: ", 0) == 0);
+  CHECK(Lines(r.err) == 1);
+  CHECK(r.err.find(mention) != std::string::npos);
+}
+
+std::string GoldenTokens(const std::string &c) {
+  std::string raw = Slurp(kGolden + c + "/tokens.bin");
+  std::vector<int32_t> t(raw.size() / 4);
+  std::memcpy(t.data(), raw.data(), raw.size());
+  std::string s;
+  for (size_t i = 0; i < t.size(); ++i) s += (i ? "," : "") + std::to_string(t[i]);
+  return s;
+}
+
+std::vector<float> Floats(const std::string &bytes) {
+  std::vector<float> v(bytes.size() / 4);
+  std::memcpy(v.data(), bytes.data(), v.size() * 4);
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("strata logits writes [n_tokens][n_vocab] float32 that match transformers", "[cli]") {
+  TempDir tmp;
+  const std::string out = tmp.File("logits.f32");
+  for (int prefill : {20, 12, 0}) {
+    std::filesystem::remove(out);
+    Result r = Cli("logits --model " + kGolden + "mixtral_f32/hf --tokens " + GoldenTokens("mixtral_f32") +
+                   " --prefill " + std::to_string(prefill) + " --out " + out);
+    INFO(r.err);
+    REQUIRE(r.exit_code == 0);
+    const std::string bytes = Slurp(out);
+    REQUIRE(bytes.size() == 20u * 256u * 4u);
+    auto got = Floats(bytes);
+    auto ref = Floats(Slurp(kGolden + "mixtral_f32/logits.bin"));
+    double num = 0, den = 0;
+    for (size_t i = 0; i < ref.size(); ++i) {
+      num = std::max(num, std::fabs(double(got[i]) - ref[i]));
+      den = std::max(den, std::fabs(double(ref[i])));
+    }
+    CHECK(num / den <= 1e-4);
+  }
+}
+
+TEST_CASE("strata logits errors leave nothing behind", "[cli]") {
+  TempDir tmp;
+  const std::string out = tmp.File("x.f32");
+  const std::string model = kGolden + "qwen3moe_f32/model-f32.gguf";
+  ExpectError(Cli("logits --model " + model + " --tokens 1,2,999 --out " + out), "999");
+  CHECK(!std::filesystem::exists(out));
+  ExpectError(Cli("logits --model " + model + " --tokens 1,,2 --out " + out), "--tokens");
+  ExpectError(Cli("logits --model " + model + " --tokens 1,2 --prefill 3 --out " + out), "--prefill");
+  ExpectError(Cli("logits --tokens 1,2 --out " + out), "--model");
+  ExpectError(Cli("logits --model " + model + " --tokens 1,2"), "--out");
+  ExpectError(Cli("logits --model " + model + " --tokens 1 --out /nonexistent-dir/x.f32"), "nonexistent-dir");
+  ExpectError(Cli("logits --model " + tmp.File("missing.gguf") + " --tokens 1 --out " + out), "missing.gguf");
+  CHECK(!std::filesystem::exists(out));
+  for (const auto &e : std::filesystem::directory_iterator(tmp.path())) FAIL("left behind: " << e.path());
+}
+
+TEST_CASE("strata argument errors", "[cli]") {
+  ExpectError(Cli(""), "no command");
+  ExpectError(Cli("frobnicate"), "frobnicate");
+  ExpectError(Cli("run --ram-budget 12X"), "--ram-budget");
+  ExpectError(Cli("run --vram-budget"), "--vram-budget");
+  ExpectError(Cli("run --backend tpu"), "tpu");
+  ExpectError(Cli("run --bogus"), "--bogus");
+  ExpectError(Cli("run -n -3"), "-n");
+  ExpectError(Cli("inspect"), "PATH");
+  ExpectError(Cli("run --model /nonexistent/model.gguf"), "/nonexistent/model.gguf");
+}
+
+TEST_CASE("strata inspect accepts every golden model and describes it", "[cli]") {
+  for (const char *m : {"qwen3moe_f32/hf", "qwen3moe_f32/model-f32.gguf", "qwen3moe_f32/model-f16.gguf",
+                        "qwen3moe_f32/model-q8_0.gguf", "qwen3moe_bf16/hf", "qwen3moe_bf16/model-bf16.gguf",
+                        "mixtral_f32/hf", "mixtral_f32/model-f32.gguf", "mixtral_f32/model-f16.gguf",
+                        "mixtral_f32/model-q8_0.gguf"}) {
+    Result r = Cli("inspect " + kGolden + m);
+    INFO(m << ": " << r.err);
+    CHECK(r.exit_code == 0);
+    CHECK(r.err.empty());
+    CHECK(r.out.find(std::string(m).find("mixtral") == 0 ? "architecture: mixtral" : "architecture: qwen3moe") !=
+          std::string::npos);
+    CHECK(r.out.find("routed experts") != std::string::npos);
+  }
+  Result r = Cli("inspect " + kGolden + "qwen3moe_f32/model-q8_0.gguf");
+  // 3 layers x 8 experts; gate/up/down Q8_0: (32x64 + 32x64 + 64x32) elements at 34 bytes per 32.
+  CHECK(r.out.find("Q8_0/Q8_0/Q8_0") != std::string::npos);
+  CHECK(r.out.find("24 experts, 6.38 KiB each") != std::string::npos);
+}
+
+TEST_CASE("strata inspect refuses malformed files with one error line", "[cli][bad-input]") {
+  TempDir tmp;
+  const std::string good = Slurp(kGolden + "qwen3moe_f32/model-q8_0.gguf");
+  auto write = [&](const std::string &name, const std::string &bytes) {
+    std::ofstream(tmp.File(name), std::ios::binary) << bytes;
+    return tmp.File(name);
+  };
+  ExpectError(Cli("inspect " + write("empty.gguf", "")), "empty.gguf");
+  ExpectError(Cli("inspect " + write("magic.gguf", "GGUX" + good.substr(4))), "magic");
+  ExpectError(Cli("inspect " + write("trunc_header.gguf", good.substr(0, 100))), "trunc_header.gguf");
+  ExpectError(Cli("inspect " + write("trunc_data.gguf", good.substr(0, good.size() - 1000))), "trunc_data.gguf");
+  std::string v9 = good;
+  v9[4] = 9;
+  ExpectError(Cli("inspect " + write("version.gguf", v9)), "version");
+  ExpectError(Cli("inspect " + tmp.File("absent.gguf")), "absent.gguf");
+  ExpectError(Cli("inspect " + tmp.path()), tmp.path());  // a directory without config.json
+  // Every parser corpus file that is malformed is refused through the CLI too, without crashing.
+  int refused = 0, seen = 0;
+  for (const char *sub : {"gguf", "safetensors"}) {
+    const std::string dir = std::string(STRATA_SOURCE_DIR) + "/tests/fuzz/corpus/" + sub;
+    if (!std::filesystem::exists(dir)) continue;
+    for (const auto &e : std::filesystem::directory_iterator(dir)) {
+      ++seen;
+      Result r = Cli("inspect " + e.path().string());
+      INFO(e.path() << ": " << r.err);
+      CHECK((r.exit_code == 0 || r.exit_code == 1));
+      if (r.exit_code == 1) {
+        CHECK(r.err.rfind("strata: error: ", 0) == 0);
+        CHECK(Lines(r.err) == 1);
+        ++refused;
+      }
+    }
+  }
+  if (seen > 0) CHECK(refused > 0);  // the corpus holds malformed seeds
+}
+
+TEST_CASE("strata plan prints a ledger and clamps a budget below the minimum", "[cli]") {
+  const std::string model = kGolden + "qwen3moe_f32/model-q8_0.gguf";
+  Result r = Cli("plan --model " + model + " --ram-budget 8G --n-ctx 512");
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.out.find("non-routed weights") != std::string::npos);
+  CHECK(r.out.find("RAM expert tier") != std::string::npos);
+  CHECK(r.out.find("min(24, floor((budget - fixed) / 6528)) = 24 slots") != std::string::npos);
+  Result small = Cli("plan --model " + model + " --ram-budget 1K");
+  REQUIRE(small.exit_code == 0);
+  CHECK(small.err.find("strata: warning: RAM budget raised to the minimum") != std::string::npos);
+  CHECK(small.out.find("= 8 slots") != std::string::npos);
+}
+
+TEST_CASE("strata run generates from the demo model and from a given model", "[cli]") {
+  Result r = Cli("run -n 5 --seed 7");
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.out.find("generated:") != std::string::npos);
+  CHECK(r.err.find("tok/s") != std::string::npos);
+  // Greedy from the golden prompt reproduces transformers' continuation.
+  const std::string toks = GoldenTokens("qwen3moe_f32");
+  std::string prompt = toks.substr(0, 0);
+  {
+    std::stringstream ss(toks);
+    std::string item;
+    for (int i = 0; i < 12 && std::getline(ss, item, ','); ++i) prompt += (i ? "," : "") + item;
+  }
+  Result g = Cli("run --model " + kGolden + "qwen3moe_f32/hf --tokens " + prompt + " -n 8 --temp 0");
+  REQUIRE(g.exit_code == 0);
+  std::string expect = "generated:";
+  {
+    std::stringstream ss(toks);
+    std::string item;
+    for (int i = 0; std::getline(ss, item, ','); ++i)
+      if (i >= 12) expect += " " + item;
+  }
+  CHECK(g.out.find(expect + "\n") != std::string::npos);
+}

@@ -1,0 +1,234 @@
+// Bad models: files that parse but whose hyper-parameters disagree with their tensors, name an
+// architecture Strata does not run, or lack tensors. Each is a real golden model with one thing
+// changed (GGUF metadata rewritten, a tensor dropped, config.json edited); opening it must fail with
+// the right moe_status and a message naming the problem, and never crash.
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "include/strata/moe.h"
+#include "lib/format/file.h"
+#include "lib/format/gguf.h"
+#include "nlohmann/json.hpp"
+#include "tests/format/format_test_util.h"
+
+namespace {
+
+using strata::format::GgufFile;
+using strata::format::GgufType;
+using strata::format::GgufValue;
+using strata::format::testing::TempDir;
+
+const std::string kGolden = std::string(STRATA_SOURCE_DIR) + "/tests/golden/";
+
+struct Edit {
+  std::map<std::string, GgufValue> set;   // keys to add or replace
+  std::vector<std::string> drop_keys;
+  std::vector<std::string> drop_tensors;
+};
+
+void Put(std::string &out, const void *p, size_t n) { out.append(static_cast<const char *>(p), n); }
+void PutU32(std::string &out, uint32_t v) { Put(out, &v, 4); }
+void PutU64(std::string &out, uint64_t v) { Put(out, &v, 8); }
+void PutStr(std::string &out, const std::string &s) {
+  PutU64(out, s.size());
+  out += s;
+}
+
+void PutValue(std::string &out, const GgufValue &v) {
+  switch (v.type) {
+    case GgufType::kUint32: { uint32_t x = static_cast<uint32_t>(v.u); Put(out, &x, 4); break; }
+    case GgufType::kInt32: { int32_t x = static_cast<int32_t>(v.i); Put(out, &x, 4); break; }
+    case GgufType::kUint64: PutU64(out, v.u); break;
+    case GgufType::kFloat32: { float x = static_cast<float>(v.f); Put(out, &x, 4); break; }
+    case GgufType::kBool: out.push_back(v.u ? 1 : 0); break;
+    case GgufType::kString: PutStr(out, v.s); break;
+    default: FAIL("golden GGUF has a value type this rewriter does not handle");
+  }
+}
+
+GgufValue U32(uint32_t x) { GgufValue v; v.type = GgufType::kUint32; v.u = x; return v; }
+GgufValue F32(float x) { GgufValue v; v.type = GgufType::kFloat32; v.f = x; return v; }
+GgufValue Str(const std::string &s) { GgufValue v; v.type = GgufType::kString; v.s = s; return v; }
+
+// Rewrites golden GGUF `src` with `e` applied, copying tensor data, into `dst`.
+void Rewrite(const std::string &src, const std::string &dst, const Edit &e) {
+  auto file = strata::format::File::Open(src);
+  REQUIRE(file.ok());
+  auto g = strata::format::ParseGguf(**file);
+  REQUIRE(g.ok());
+  std::vector<std::pair<std::string, GgufValue>> kv;
+  for (const auto &[k, v] : g->kv) {
+    if (std::find(e.drop_keys.begin(), e.drop_keys.end(), k) != e.drop_keys.end()) continue;
+    auto it = e.set.find(k);
+    kv.emplace_back(k, it != e.set.end() ? it->second : v);
+  }
+  for (const auto &[k, v] : e.set) {
+    if (g->Find(k) == nullptr) kv.emplace_back(k, v);
+  }
+  std::vector<const strata::format::GgufTensorInfo *> tensors;
+  for (const auto &t : g->tensors) {
+    if (std::find(e.drop_tensors.begin(), e.drop_tensors.end(), t.name) == e.drop_tensors.end()) {
+      tensors.push_back(&t);
+    }
+  }
+  std::string out = "GGUF";
+  PutU32(out, 3);
+  PutU64(out, tensors.size());
+  PutU64(out, kv.size());
+  for (const auto &[k, v] : kv) {
+    PutStr(out, k);
+    PutU32(out, static_cast<uint32_t>(v.type));
+    PutValue(out, v);
+  }
+  uint64_t off = 0;
+  for (const auto *t : tensors) {
+    PutStr(out, t->name);
+    PutU32(out, static_cast<uint32_t>(t->n_dims));
+    for (int d = 0; d < t->n_dims; ++d) PutU64(out, static_cast<uint64_t>(t->ne[d]));
+    PutU32(out, t->type);
+    PutU64(out, off);
+    off += (t->nbytes + 31) / 32 * 32;
+  }
+  out.resize((out.size() + 31) / 32 * 32, '\0');
+  for (const auto *t : tensors) {
+    std::string data(t->nbytes, '\0');
+    REQUIRE((*file)->ReadAt(t->offset, data.data(), t->nbytes).ok());
+    out += data;
+    out.resize((out.size() + 31) / 32 * 32, '\0');
+  }
+  std::ofstream(dst, std::ios::binary) << out;
+}
+
+// Opens `path` through the C ABI; returns the status and leaves the message in `msg`.
+moe_status OpenStatus(const std::string &path, std::string *msg) {
+  moe_params p;
+  moe_params_init(&p);
+  p.model_path = path.c_str();
+  moe_ctx *ctx = nullptr;
+  moe_status st = moe_ctx_open(&p, &ctx);
+  *msg = moe_last_error();
+  if (st == MOE_OK) moe_ctx_close(ctx);
+  else REQUIRE(ctx == nullptr);
+  return st;
+}
+
+struct GgufCase {
+  const char *name;
+  const char *golden;  // case dir
+  Edit edit;
+  moe_status want;
+  const char *mention;  // the message must contain this
+};
+
+}  // namespace
+
+TEST_CASE("GGUF models whose metadata disagrees with their tensors are refused", "[model][bad-input]") {
+  const std::vector<GgufCase> cases = {
+      {"one layer more than the file has", "qwen3moe_f32", {{{"qwen3moe.block_count", U32(4)}}, {}, {}},
+       MOE_ERR_FORMAT_TENSOR, "blk.3."},
+      {"embedding width disagrees", "qwen3moe_f32", {{{"qwen3moe.embedding_length", U32(32)}}, {}, {}},
+       MOE_ERR_FORMAT_HPARAMS, "token_embd.weight"},
+      {"expert count disagrees with the router", "qwen3moe_f32", {{{"qwen3moe.expert_count", U32(4)}}, {}, {}},
+       MOE_ERR_FORMAT_HPARAMS, "ffn_gate_inp"},
+      {"more experts used than exist", "qwen3moe_f32", {{{"qwen3moe.expert_used_count", U32(9)}}, {}, {}},
+       MOE_ERR_FORMAT_HPARAMS, "expert_used_count"},
+      {"heads not a multiple of kv heads", "qwen3moe_f32", {{{"qwen3moe.attention.head_count", U32(3)}}, {}, {}},
+       MOE_ERR_FORMAT_HPARAMS, "head_count"},
+      {"odd head dimension", "qwen3moe_f32",
+       {{{"qwen3moe.attention.key_length", U32(15)}, {"qwen3moe.attention.value_length", U32(15)}}, {}, {}},
+       MOE_ERR_FORMAT_HPARAMS, "odd"},
+      {"absurd layer count", "qwen3moe_f32", {{{"qwen3moe.block_count", U32(1u << 31)}}, {}, {}},
+       MOE_ERR_FORMAT_HPARAMS, "block_count"},
+      {"zero epsilon", "qwen3moe_f32", {{{"qwen3moe.attention.layer_norm_rms_epsilon", F32(0.f)}}, {}, {}},
+       MOE_ERR_FORMAT_HPARAMS, "epsilon"},
+      {"expert ffn width disagrees", "qwen3moe_f32",
+       {{{"qwen3moe.expert_feed_forward_length", U32(64)}}, {}, {}}, MOE_ERR_FORMAT_HPARAMS, "ffn_gate_exps"},
+      {"missing architecture", "qwen3moe_f32", {{}, {"general.architecture"}, {}}, MOE_ERR_FORMAT_HPARAMS,
+       "general.architecture"},
+      {"unknown architecture", "qwen3moe_f32", {{{"general.architecture", Str("gpt2")}}, {}, {}},
+       MOE_ERR_UNSUPPORTED_ARCH, "gpt2"},
+      {"dense llama", "mixtral_f32", {{}, {"llama.expert_count"}, {}}, MOE_ERR_UNSUPPORTED_ARCH, "dense"},
+      {"vocab_size disagrees with the embedding", "mixtral_f32", {{{"llama.vocab_size", U32(300)}}, {}, {}},
+       MOE_ERR_FORMAT_HPARAMS, "vocab_size"},
+      {"missing attention tensor", "mixtral_f32", {{}, {}, {"blk.1.attn_q.weight"}}, MOE_ERR_FORMAT_TENSOR,
+       "blk.1.attn_q.weight"},
+      {"missing expert tensor", "qwen3moe_f32", {{}, {}, {"blk.0.ffn_down_exps.weight"}}, MOE_ERR_FORMAT_TENSOR,
+       "blk.0.ffn_down_exps.weight"},
+      {"missing q norm", "qwen3moe_f32", {{}, {}, {"blk.2.attn_q_norm.weight"}}, MOE_ERR_FORMAT_TENSOR,
+       "attn_q_norm"},
+      {"missing required key", "mixtral_f32", {{}, {"llama.attention.layer_norm_rms_epsilon"}, {}},
+       MOE_ERR_FORMAT_HPARAMS, "layer_norm_rms_epsilon"},
+      {"scaled RoPE", "qwen3moe_f32", {{{"qwen3moe.rope.scaling.type", Str("yarn")}}, {}, {}},
+       MOE_ERR_UNSUPPORTED, "yarn"},
+  };
+  TempDir tmp;
+  for (const auto &c : cases) {
+    const std::string src = kGolden + c.golden + "/model-q8_0.gguf";
+    const std::string dst = tmp.File("bad.gguf");
+    Rewrite(src, dst, c.edit);
+    std::string msg;
+    moe_status st = OpenStatus(dst, &msg);
+    INFO(c.name << ": " << moe_status_string(st) << ": " << msg);
+    CHECK(st == c.want);
+    CHECK(msg.find(c.mention) != std::string::npos);
+  }
+  // The unedited rewrite opens: the cases above fail for their edit alone.
+  Rewrite(kGolden + "qwen3moe_f32/model-q8_0.gguf", tmp.File("ok.gguf"), {});
+  std::string msg;
+  CHECK(OpenStatus(tmp.File("ok.gguf"), &msg) == MOE_OK);
+}
+
+TEST_CASE("HF checkpoints with a bad config.json are refused", "[model][bad-input]") {
+  struct ConfigCase {
+    const char *name;
+    std::function<void(nlohmann::json &)> edit;
+    moe_status want;
+    const char *mention;
+  };
+  const std::vector<ConfigCase> cases = {
+      {"unknown model_type", [](auto &c) { c["model_type"] = "bert"; }, MOE_ERR_UNSUPPORTED_ARCH, "bert"},
+      {"no model_type", [](auto &c) { c.erase("model_type"); }, MOE_ERR_FORMAT_CONFIG, "model_type"},
+      {"no hidden_size", [](auto &c) { c.erase("hidden_size"); }, MOE_ERR_FORMAT_HPARAMS, "hidden_size"},
+      {"hidden_size a string", [](auto &c) { c["hidden_size"] = "64"; }, MOE_ERR_FORMAT_HPARAMS, "hidden_size"},
+      {"hidden size disagrees", [](auto &c) { c["hidden_size"] = 128; }, MOE_ERR_FORMAT_HPARAMS,
+       "model.embed_tokens.weight"},
+      {"more layers than tensors", [](auto &c) { c["num_hidden_layers"] = 5; }, MOE_ERR_FORMAT_TENSOR,
+       "model.layers.3."},
+      {"negative expert count", [](auto &c) { c["num_local_experts"] = -8; }, MOE_ERR_FORMAT_HPARAMS,
+       "num_local_experts"},
+      {"no rope theta", [](auto &c) { c.erase("rope_parameters"); c.erase("rope_theta"); }, MOE_ERR_FORMAT_HPARAMS,
+       "rope_theta"},
+      {"unsupported activation", [](auto &c) { c["hidden_act"] = "gelu"; }, MOE_ERR_UNSUPPORTED, "gelu"},
+      {"vocab disagrees", [](auto &c) { c["vocab_size"] = 1000; }, MOE_ERR_FORMAT_HPARAMS, "embed_tokens"},
+  };
+  TempDir tmp;
+  const std::string src = kGolden + "qwen3moe_f32/hf";
+  for (const auto &c : cases) {
+    const std::string dir = tmp.File(std::string("ck_") + std::to_string(&c - cases.data()));
+    std::filesystem::create_directories(dir);
+    std::filesystem::copy_file(src + "/model.safetensors", dir + "/model.safetensors");
+    std::ifstream in(src + "/config.json");
+    nlohmann::json cfg = nlohmann::json::parse(in);
+    c.edit(cfg);
+    std::ofstream(dir + "/config.json") << cfg.dump(2);
+    std::string msg;
+    moe_status st = OpenStatus(dir, &msg);
+    INFO(c.name << ": " << moe_status_string(st) << ": " << msg);
+    CHECK(st == c.want);
+    CHECK(msg.find(c.mention) != std::string::npos);
+  }
+  // Not JSON at all.
+  const std::string dir = tmp.File("notjson");
+  std::filesystem::create_directories(dir);
+  std::filesystem::copy_file(src + "/model.safetensors", dir + "/model.safetensors");
+  std::ofstream(dir + "/config.json") << "{\"model_type\": \"qwen3_moe\",";
+  std::string msg;
+  CHECK(MOE_STATUS_CATEGORY(OpenStatus(dir, &msg)) == MOE_ERR_FORMAT);
+  CHECK(msg.find("config.json") != std::string::npos);
+}

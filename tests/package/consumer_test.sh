@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# usage: consumer_test.sh BUILD_DIR CONSUMER_SRC MODEL CC
+set -euo pipefail
+build=$1 src=$2 model=$3 cc=$4
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+cmake --install "$build" --prefix "$tmp/prefix" >/dev/null
+# 1. CMake: find_package(strata) and strata::strata.
+cmake -S "$src" -B "$tmp/cmake-build" -DCMAKE_PREFIX_PATH="$tmp/prefix" -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build "$tmp/cmake-build" >/dev/null
+LD_LIBRARY_PATH="$tmp/prefix/lib" "$tmp/cmake-build/consumer" "$model" | grep -q "vocab 256"
+# 2. pkg-config, strict C99.
+export PKG_CONFIG_PATH="$tmp/prefix/lib/pkgconfig"
+pkg-config --exists strata
+pkg-config --modversion strata | grep -qx "0.1.0"
+"$cc" -std=c99 -pedantic -Wall -Werror -o "$tmp/pc-consumer" "$src/main.c" $(pkg-config --cflags --libs strata)
+LD_LIBRARY_PATH="$tmp/prefix/lib" "$tmp/pc-consumer" "$model" | grep -q "vocab 256"
+# 3. Only the C ABI is exported from the shared library.
+lib=$(ls "$tmp"/prefix/lib/libstrata.so.*.*.* | head -1)
+bad=$(nm -D --defined-only "$lib" | awk '{print $3}' | grep -v '^moe_' | grep -v '^STRATA_0$' || true)
+if [ -n "$bad" ]; then echo "non-moe_ symbols exported: $bad" >&2; exit 1; fi
+# 4. The installed CLI runs the installed demo model.
+"$tmp/prefix/bin/strata" run -n 2 >/dev/null 2>&1 || { echo "installed strata run failed" >&2; exit 1; }
+echo "package consumer: ok"
