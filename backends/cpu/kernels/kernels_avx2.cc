@@ -1,0 +1,670 @@
+// AVX2 + FMA + F16C row-dot kernels; the only file built with those flags, entered only after
+// BestIsa() said the machine has them. Each kernel decodes a weight block once into registers and
+// applies it to every token of the call with per-token accumulators, so a token's operations do
+// not depend on how many tokens share the call.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstring>
+#include <type_traits>
+
+#include "backends/cpu/kernels/kernels.h"
+#include "backends/cpu/kernels/kernels_internal.h"
+
+namespace strata::cpu::kernels::internal {
+namespace {
+
+using quant::Codec;
+using quant::TypeId;
+
+// Calls f(std::integral_constant<int, NT>) for NT = n_tok, so every kernel body is compiled once
+// per token count with its per-token loops fully unrolled.
+template <typename F>
+inline void ForTokens(int n_tok, F &&f) {
+  switch (n_tok) {
+    case 1: f(std::integral_constant<int, 1>{}); break;
+    case 2: f(std::integral_constant<int, 2>{}); break;
+    case 3: f(std::integral_constant<int, 3>{}); break;
+    default: f(std::integral_constant<int, 4>{}); break;
+  }
+}
+
+inline float Reduce8(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+// The 16-lane reduction of kernels_internal.h: lanes 0..7 in lo, 8..15 in hi.
+inline float Reduce16(__m256 lo, __m256 hi) { return Reduce8(_mm256_add_ps(lo, hi)); }
+
+inline float LoadHalf(const uint8_t *p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return _cvtsh_ss(h);
+}
+
+inline __m256 I8ToPs(__m128i v8) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v8)); }
+
+// Sum over each group of 4 bytes of u8 * s8 into 8 int32 lanes (pairs can not saturate here: every
+// caller keeps |u| * 127 * 2 below 32767).
+inline __m256i DotU8S8(__m256i u, __m256i s) {
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+}
+
+// Mask of the first r < 8 lanes, for row tails of the float formats.
+inline __m256i TailMask(int64_t r) {
+  alignas(32) static const int32_t kMask[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i *>(kMask + 8 - r));
+}
+
+// ============================ exact mode ============================
+// Shared loop of the float kernels: Decode(i, &lo, &hi) yields the weights of elements i..i+15
+// (bit-identical to the codec's dequantize); they are FMA'd into lane i % 16.
+
+template <int NT, typename Decode>
+inline void ExactLoop(const float *x, int64_t x_stride, int64_t n16, Decode &&decode, __m256 (*acc)[2]) {
+  for (int64_t i = 0; i < n16; i += 16) {
+    __m256 w0, w1;
+    decode(i, &w0, &w1);
+    for (int t = 0; t < NT; ++t) {
+      const float *xt = x + t * x_stride + i;
+      acc[t][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xt), acc[t][0]);
+      acc[t][1] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xt + 8), acc[t][1]);
+    }
+  }
+}
+
+template <int NT>
+inline void StoreExact(__m256 (*acc)[2], float *out) {
+  for (int t = 0; t < NT; ++t) out[t] = Reduce16(acc[t][0], acc[t][1]);
+}
+
+// Float formats: any n. Tail elements (n % 16) go through masked loads into their lanes.
+template <int NT, typename Load8>
+void ExactFloatFormat(const float *x, int64_t x_stride, int64_t n, Load8 &&load8, float *out) {
+  __m256 acc[NT][2];
+  for (int t = 0; t < NT; ++t) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
+  const int64_t n16 = n & ~int64_t{15};
+  ExactLoop<NT>(x, x_stride, n16, [&](int64_t i, __m256 *w0, __m256 *w1) {
+    *w0 = load8(i);
+    *w1 = load8(i + 8);
+  }, acc);
+  for (int64_t i = n16; i < n; i += 8) {
+    const int64_t r = std::min<int64_t>(8, n - i);
+    float wt[8] = {}, xtb[8];
+    for (int64_t j = 0; j < r; ++j) wt[j] = _mm256_cvtss_f32(load8(i + j));  // r < 8: no over-read
+    const __m256 w = _mm256_loadu_ps(wt);
+    const int half = static_cast<int>((i - n16) / 8);
+    for (int t = 0; t < NT; ++t) {
+      std::memset(xtb, 0, sizeof xtb);
+      std::memcpy(xtb, x + t * x_stride + i, static_cast<size_t>(r) * sizeof(float));
+      acc[t][half] = _mm256_fmadd_ps(w, _mm256_loadu_ps(xtb), acc[t][half]);
+    }
+  }
+  StoreExact<NT>(acc, out);
+}
+
+void DotF32(const Codec &, const void *row, const float *x, int64_t xs, int n_tok, int64_t n, float *out) {
+  const auto *w = static_cast<const uint8_t *>(row);
+  ForTokens(n_tok, [&](auto nt) {
+    ExactFloatFormat<decltype(nt)::value>(x, xs, n, [&](int64_t i) {
+      if (n - i >= 8) return _mm256_loadu_ps(reinterpret_cast<const float *>(w + 4 * i));
+      float v;
+      std::memcpy(&v, w + 4 * i, 4);
+      return _mm256_set1_ps(v);
+    }, out);
+  });
+}
+
+void DotF16(const Codec &, const void *row, const float *x, int64_t xs, int n_tok, int64_t n, float *out) {
+  const auto *w = static_cast<const uint8_t *>(row);
+  ForTokens(n_tok, [&](auto nt) {
+    ExactFloatFormat<decltype(nt)::value>(x, xs, n, [&](int64_t i) {
+      if (n - i >= 8) return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(w + 2 * i)));
+      return _mm256_set1_ps(LoadHalf(w + 2 * i));
+    }, out);
+  });
+}
+
+void DotBF16(const Codec &, const void *row, const float *x, int64_t xs, int n_tok, int64_t n, float *out) {
+  const auto *w = static_cast<const uint8_t *>(row);
+  ForTokens(n_tok, [&](auto nt) {
+    ExactFloatFormat<decltype(nt)::value>(x, xs, n, [&](int64_t i) {
+      if (n - i >= 8) {
+        const __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i *>(w + 2 * i)));
+        return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+      }
+      uint16_t b;
+      std::memcpy(&b, w + 2 * i, 2);
+      const uint32_t u = static_cast<uint32_t>(b) << 16;
+      float f;
+      std::memcpy(&f, &u, 4);
+      return _mm256_set1_ps(f);
+    }, out);
+  });
+}
+
+// Q8_0 (34 bytes / 32): w = float(q) * d.
+void DotQ8_0Float(const Codec &, const void *row, const float *x, int64_t xs, int n_tok, int64_t n, float *out) {
+  const auto *base = static_cast<const uint8_t *>(row);
+  ForTokens(n_tok, [&](auto nt) {
+    constexpr int NT = decltype(nt)::value;
+    __m256 acc[NT][2];
+    for (int t = 0; t < NT; ++t) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
+    ExactLoop<NT>(x, xs, n, [&](int64_t i, __m256 *w0, __m256 *w1) {
+      const uint8_t *b = base + (i / 32) * 34;
+      const __m256 d = _mm256_set1_ps(LoadHalf(b));
+      const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i *>(b + 2 + (i % 32)));
+      *w0 = _mm256_mul_ps(I8ToPs(q), d);
+      *w1 = _mm256_mul_ps(I8ToPs(_mm_srli_si128(q, 8)), d);
+    }, acc);
+    StoreExact<NT>(acc, out);
+  });
+}
+
+// Q4_0 (18 bytes / 32): w = d * float(q - 8); element j < 16 low nibble of qs[j], j + 16 high.
+void DotQ4_0Float(const Codec &, const void *row, const float *x, int64_t xs, int n_tok, int64_t n, float *out) {
+  const auto *base = static_cast<const uint8_t *>(row);
+  ForTokens(n_tok, [&](auto nt) {
+    constexpr int NT = decltype(nt)::value;
+    __m256 acc[NT][2];
+    for (int t = 0; t < NT; ++t) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
+    ExactLoop<NT>(x, xs, n, [&](int64_t i, __m256 *w0, __m256 *w1) {
+      const uint8_t *b = base + (i / 32) * 18;
+      const __m256 d = _mm256_set1_ps(LoadHalf(b));
+      __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i *>(b + 2));
+      if (i % 32) q = _mm_srli_epi16(q, 4);
+      q = _mm_sub_epi8(_mm_and_si128(q, _mm_set1_epi8(0x0f)), _mm_set1_epi8(8));
+      *w0 = _mm256_mul_ps(d, I8ToPs(q));
+      *w1 = _mm256_mul_ps(d, I8ToPs(_mm_srli_si128(q, 8)));
+    }, acc);
+    StoreExact<NT>(acc, out);
+  });
+}
+
+// Q4_K/Q5_K: the eight 6-bit scales (bytes 0..7) and mins (bytes 8..15) of a 12-byte field.
+inline void KScalesMins(const uint8_t *s, uint8_t out[16]) {
+  uint32_t u[4];
+  std::memcpy(u, s, 12);
+  constexpr uint32_t k1 = 0x3f3f3f3f, k2 = 0x0f0f0f0f, k3 = 0x03030303;
+  u[3] = ((u[2] >> 4) & k2) | (((u[1] >> 6) & k3) << 4);
+  const uint32_t m_lo = u[1] & k1;
+  u[1] = (u[2] & k2) | (((u[0] >> 6) & k3) << 4);
+  u[2] = m_lo;
+  u[0] &= k1;
+  std::memcpy(out, u, 16);
+}
+
+// Q4_K (144 bytes / 256): sub-block j of 32: w = (d * sc_j) * q - dmin * m_j.
+void DotQ4_KFloat(const Codec &, const void *row, const float *x, int64_t xs, int n_tok, int64_t n, float *out) {
+  const auto *base = static_cast<const uint8_t *>(row);
+  ForTokens(n_tok, [&](auto nt) {
+    constexpr int NT = decltype(nt)::value;
+    __m256 acc[NT][2];
+    for (int t = 0; t < NT; ++t) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
+    for (int64_t s = 0; s < n; s += 256) {
+      const uint8_t *b = base + (s / 256) * 144;
+      const float d = LoadHalf(b), dmin = LoadHalf(b + 2);
+      uint8_t sm[16];
+      KScalesMins(b + 4, sm);
+      for (int j = 0; j < 8; ++j) {
+        const __m256 dl = _mm256_set1_ps(d * static_cast<float>(sm[j]));
+        const __m256 ml = _mm256_set1_ps(dmin * static_cast<float>(sm[8 + j]));
+        const uint8_t *qs = b + 16 + 32 * (j / 2);
+        ExactLoop<NT>(x + s + 32 * j, xs, 32, [&](int64_t i, __m256 *w0, __m256 *w1) {
+          __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i *>(qs + i));
+          if (j % 2) v = _mm_srli_epi16(v, 4);
+          v = _mm_and_si128(v, _mm_set1_epi8(0x0f));
+          *w0 = _mm256_sub_ps(_mm256_mul_ps(dl, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v))), ml);
+          *w1 = _mm256_sub_ps(_mm256_mul_ps(dl, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(v, 8)))), ml);
+        }, acc);
+      }
+    }
+    StoreExact<NT>(acc, out);
+  });
+}
+
+// Q6_K: the 32 codes (0..63) of elements 128h + 32k .. + 31, k < 4.
+inline __m256i Q6Codes(const uint8_t *ql, const uint8_t *qh, int k) {
+  const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(ql + 32 * (k % 2)));
+  const __m256i hi = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(qh));
+  const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(0x03);
+  const __m256i l = _mm256_and_si256(k < 2 ? lo : _mm256_srli_epi16(lo, 4), m4);
+  const __m256i h = _mm256_and_si256(_mm256_srli_epi16(hi, 2 * k), m2);
+  return _mm256_or_si256(l, _mm256_slli_epi16(h, 4));
+}
+
+// Q6_K (210 bytes / 256): sub-block s of 16: w = (d * scale_s) * (q - 32).
+void DotQ6_KFloat(const Codec &, const void *row, const float *x, int64_t xs, int n_tok, int64_t n, float *out) {
+  const auto *base = static_cast<const uint8_t *>(row);
+  ForTokens(n_tok, [&](auto nt) {
+    constexpr int NT = decltype(nt)::value;
+    __m256 acc[NT][2];
+    for (int t = 0; t < NT; ++t) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
+    for (int64_t s = 0; s < n; s += 256) {
+      const uint8_t *b = base + (s / 256) * 210;
+      const auto *sc = reinterpret_cast<const int8_t *>(b + 192);
+      const float d = LoadHalf(b + 208);
+      for (int h = 0; h < 2; ++h) {
+        for (int k = 0; k < 4; ++k) {
+          alignas(32) int8_t q[32];
+          _mm256_store_si256(reinterpret_cast<__m256i *>(q),
+                             _mm256_sub_epi8(Q6Codes(b + 64 * h, b + 128 + 32 * h, k), _mm256_set1_epi8(32)));
+          const int sub = 8 * h + 2 * k;
+          const __m256 d0 = _mm256_set1_ps(d * static_cast<float>(sc[sub]));
+          const __m256 d1 = _mm256_set1_ps(d * static_cast<float>(sc[sub + 1]));
+          ExactLoop<NT>(x + s + 128 * h + 32 * k, xs, 32, [&](int64_t i, __m256 *w0, __m256 *w1) {
+            const __m256 dl = i == 0 ? d0 : d1;
+            const __m128i v = _mm_load_si128(reinterpret_cast<const __m128i *>(q + i));
+            *w0 = _mm256_mul_ps(dl, I8ToPs(v));
+            *w1 = _mm256_mul_ps(dl, I8ToPs(_mm_srli_si128(v, 8)));
+          }, acc);
+        }
+      }
+    }
+    StoreExact<NT>(acc, out);
+  });
+}
+
+// Any codec: dequantize 256 elements through the codec into L1, then the same FMA loop. For a
+// codec with a fused kernel this gives bit-identical results (the tests check it).
+void DotFloatViaCodec(const Codec &codec, const void *row, const float *x, int64_t xs, int n_tok, int64_t n,
+                      float *out) {
+  const auto *base = static_cast<const uint8_t *>(row);
+  ForTokens(n_tok, [&](auto nt) {
+    constexpr int NT = decltype(nt)::value;
+    __m256 acc[NT][2];
+    for (int t = 0; t < NT; ++t) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
+    alignas(32) float w[256 + 16];
+    for (int64_t s = 0; s < n; s += 256) {
+      const int64_t len = std::min<int64_t>(256, n - s);
+      codec.dequantize(base + (s / codec.block_elems) * codec.block_bytes, w, len);
+      const int64_t len16 = len & ~int64_t{15};
+      ExactLoop<NT>(x + s, xs, len16, [&](int64_t i, __m256 *w0, __m256 *w1) {
+        *w0 = _mm256_load_ps(w + i);
+        *w1 = _mm256_load_ps(w + i + 8);
+      }, acc);
+      for (int64_t i = len16; i < len; i += 8) {  // only float formats have len % 16 != 0
+        const int64_t r = std::min<int64_t>(8, len - i);
+        float wt[8] = {}, xtb[8];
+        std::memcpy(wt, w + i, static_cast<size_t>(r) * sizeof(float));
+        const int half = static_cast<int>((i - len16) / 8);
+        for (int t = 0; t < NT; ++t) {
+          std::memset(xtb, 0, sizeof xtb);
+          std::memcpy(xtb, x + t * xs + s + i, static_cast<size_t>(r) * sizeof(float));
+          acc[t][half] = _mm256_fmadd_ps(_mm256_loadu_ps(wt), _mm256_loadu_ps(xtb), acc[t][half]);
+        }
+      }
+    }
+    StoreExact<NT>(acc, out);
+  });
+}
+
+// ============================ q8 mode ============================
+
+template <int NT>
+inline const ActBlock32 *Act32(const void *xq, int64_t stride, int t) {
+  return reinterpret_cast<const ActBlock32 *>(static_cast<const uint8_t *>(xq) + t * stride);
+}
+template <int NT>
+inline const ActBlock256 *Act256(const void *xq, int64_t stride, int t) {
+  return reinterpret_cast<const ActBlock256 *>(static_cast<const uint8_t *>(xq) + t * stride);
+}
+
+// Signed 32-byte weight codes w against activation codes: sum over 4-byte groups of w * q.
+inline __m256i DotS8S8(__m256i w_abs, __m256i w, __m256i q) {
+  return DotU8S8(w_abs, _mm256_sign_epi8(q, w));
+}
+
+// 32-element-block codecs whose weights are d_w * c with signed codes c (|c| <= 128): Q8_0, Q4_0,
+// Q5_0, IQ4_NL, MXFP4. Codes(b, &c) decodes block b; Scale(b) is d_w. Per block and token:
+// acc += (d_w * d_x) * float(integer dot), 8 lanes, one FMA per block.
+template <int NT, typename Codes, typename Scale>
+void Q8Signed32(const void *xq, int64_t xqs, int64_t n, Codes &&codes, Scale &&scale, float *out) {
+  __m256 acc[NT];
+  const ActBlock32 *a[NT];
+  for (int t = 0; t < NT; ++t) {
+    acc[t] = _mm256_setzero_ps();
+    a[t] = Act32<NT>(xq, xqs, t);
+  }
+  const int64_t nb = n / 32;
+  for (int64_t b = 0; b < nb; ++b) {
+    const __m256i c = codes(b);
+    const __m256i c_abs = _mm256_sign_epi8(c, c);
+    const float dw = scale(b);
+    for (int t = 0; t < NT; ++t) {
+      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(a[t][b].q));
+      const __m256 p = _mm256_cvtepi32_ps(DotS8S8(c_abs, c, q));
+      acc[t] = _mm256_fmadd_ps(p, _mm256_set1_ps(dw * a[t][b].d), acc[t]);
+    }
+  }
+  for (int t = 0; t < NT; ++t) out[t] = Reduce8(acc[t]);
+}
+
+// 32 nibbles of 16 bytes: element j < 16 low nibble of p[j], j + 16 high nibble.
+inline __m256i Nibbles32(const uint8_t *p) {
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i *>(p));
+  const __m128i m = _mm_set1_epi8(0x0f);
+  return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m), _mm_and_si128(v, m));
+}
+
+void DotQ8_0Q8(const Codec &, const void *row, const void *xq, int64_t xqs, int n_tok, int64_t n, float *out) {
+  const auto *base = static_cast<const uint8_t *>(row);
+  ForTokens(n_tok, [&](auto nt) {
+    Q8Signed32<decltype(nt)::value>(xq, xqs, n,
+        [&](int64_t b) { return _mm256_loadu_si256(reinterpret_cast<const __m256i *>(base + 34 * b + 2)); },
+        [&](int64_t b) { return LoadHalf(base + 34 * b); }, out);
+  });
+}
+
+void DotQ4_0Q8(const Codec &, const void *row, const void *xq, int64_t xqs, int n_tok, int64_t n, float *out) {
+  const auto *base = static_cast<const uint8_t *>(row);
+  ForTokens(n_tok, [&](auto nt) {
+    Q8Signed32<decltype(nt)::value>(xq, xqs, n,
+        [&](int64_t b) { return _mm256_sub_epi8(Nibbles32(base + 18 * b + 2), _mm256_set1_epi8(8)); },
+        [&](int64_t b) { return LoadHalf(base + 18 * b); }, out);
+  });
+}
+
+// Q5_0 (22 bytes): code = nibble | bit j of qh << 4, minus 16.
+inline __m256i Q5HighBits(uint32_t qh) {
+  // Byte j of the result is 0x10 when bit j of qh is set.
+  const __m256i shuf = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
+  __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(qh)), shuf);
+  const __m256i bit = _mm256_set1_epi64x(0x8040201008040201);
+  v = _mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit);
+  return _mm256_and_si256(v, _mm256_set1_epi8(0x10));
+}
+
+void DotQ5_0Q8(const Codec &, const void *row, const void *xq, int64_t xqs, int n_tok, int64_t n, float *out) {
+  const auto *base = static_cast<const uint8_t *>(row);
+  ForTokens(n_tok, [&](auto nt) {
+    Q8Signed32<decltype(nt)::value>(xq, xqs, n,
+        [&](int64_t b) {
+          const uint8_t *p = base + 22 * b;
+          uint32_t qh;
+          std::memcpy(&qh, p + 2, 4);
+          return _mm256_sub_epi8(_mm256_or_si256(Nibbles32(p + 6), Q5HighBits(qh)), _mm256_set1_epi8(16));
+        },
+        [&](int64_t b) { return LoadHalf(base + 22 * b); }, out);
+  });
+}
+
+// The IQ4 levels (ggml's kvalues_iq4nl) and the doubled E2M1 levels of MXFP4.
+const int8_t kIq4Levels[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+const int8_t kMxfp4Levels[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+inline __m256i Lookup16(const int8_t *table, __m256i nibbles) {
+  const __m256i t = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i *>(table)));
+  return _mm256_shuffle_epi8(t, nibbles);
+}
+
+void DotIQ4_NLQ8(const Codec &, const void *row, const void *xq, int64_t xqs, int n_tok, int64_t n, float *out) {
+  const auto *base = static_cast<const uint8_t *>(row);
+  ForTokens(n_tok, [&](auto nt) {
+    Q8Signed32<decltype(nt)::value>(xq, xqs, n,
+        [&](int64_t b) { return Lookup16(kIq4Levels, Nibbles32(base + 18 * b + 2)); },
+        [&](int64_t b) { return LoadHalf(base + 18 * b); }, out);
+  });
+}
+
+inline float Mxfp4Scale(uint8_t e) {
+  const uint32_t bits = e < 2 ? (0x00200000u << e) : (static_cast<uint32_t>(e) - 1u) << 23;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+void DotMXFP4Q8(const Codec &, const void *row, const void *xq, int64_t xqs, int n_tok, int64_t n, float *out) {
+  const auto *base = static_cast<const uint8_t *>(row);
+  ForTokens(n_tok, [&](auto nt) {
+    Q8Signed32<decltype(nt)::value>(xq, xqs, n,
+        [&](int64_t b) { return Lookup16(kMxfp4Levels, Nibbles32(base + 17 * b + 1)); },
+        [&](int64_t b) { return Mxfp4Scale(base[17 * b]); }, out);
+  });
+}
+
+// Q4_1 / Q5_1: w = d * c + m with unsigned codes: acc += (d_w d_x) * dot(c, q) + (m d_x) * sum(q).
+template <int NT, typename Codes>
+void Q8Unsigned32(const uint8_t *base, int64_t block_bytes, const void *xq, int64_t xqs, int64_t n,
+                  Codes &&codes, float *out) {
+  __m256 acc[NT];
+  float accm[NT];
+  const ActBlock32 *a[NT];
+  for (int t = 0; t < NT; ++t) {
+    acc[t] = _mm256_setzero_ps();
+    accm[t] = 0.0f;
+    a[t] = Act32<NT>(xq, xqs, t);
+  }
+  const int64_t nb = n / 32;
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t *p = base + block_bytes * b;
+    const __m256i c = codes(p);
+    const float dw = LoadHalf(p), mw = LoadHalf(p + 2);
+    for (int t = 0; t < NT; ++t) {
+      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(a[t][b].q));
+      const __m256 s = _mm256_cvtepi32_ps(DotU8S8(c, q));
+      acc[t] = _mm256_fmadd_ps(s, _mm256_set1_ps(dw * a[t][b].d), acc[t]);
+      accm[t] += (mw * a[t][b].d) * static_cast<float>(a[t][b].sum);
+    }
+  }
+  for (int t = 0; t < NT; ++t) out[t] = Reduce8(acc[t]) + accm[t];
+}
+
+void DotQ4_1Q8(const Codec &, const void *row, const void *xq, int64_t xqs, int n_tok, int64_t n, float *out) {
+  const auto *base = static_cast<const uint8_t *>(row);
+  ForTokens(n_tok, [&](auto nt) {
+    Q8Unsigned32<decltype(nt)::value>(base, 20, xq, xqs, n, [](const uint8_t *p) { return Nibbles32(p + 4); },
+                                      out);
+  });
+}
+
+void DotQ5_1Q8(const Codec &, const void *row, const void *xq, int64_t xqs, int n_tok, int64_t n, float *out) {
+  const auto *base = static_cast<const uint8_t *>(row);
+  ForTokens(n_tok, [&](auto nt) {
+    Q8Unsigned32<decltype(nt)::value>(base, 24, xq, xqs, n, [](const uint8_t *p) {
+      uint32_t qh;
+      std::memcpy(&qh, p + 4, 4);
+      return _mm256_or_si256(Nibbles32(p + 8), Q5HighBits(qh));
+    }, out);
+  });
+}
+
+// Q4_K / Q5_K (256 elements, 8 sub-blocks of 32 with 6-bit scale sc_j and min m_j):
+// sum = d d_x * sum_j sc_j dot_j(c, q) - dmin d_x * sum_j m_j sum_j(q). Integer within a block.
+template <int NT, int kBytes, bool kFifthBit>
+void Q8K4(const uint8_t *base, const void *xq, int64_t xqs, int64_t n, float *out) {
+  __m256 acc[NT], accm[NT];
+  const ActBlock256 *a[NT];
+  for (int t = 0; t < NT; ++t) {
+    acc[t] = accm[t] = _mm256_setzero_ps();
+    a[t] = Act256<NT>(xq, xqs, t);
+  }
+  const __m256i m4 = _mm256_set1_epi8(0x0f);
+  const int64_t nb = n / 256;
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t *p = base + kBytes * b;
+    const float d = LoadHalf(p), dmin = LoadHalf(p + 2);
+    alignas(16) uint8_t sm[16];
+    KScalesMins(p + 4, sm);
+    const __m128i smv = _mm_load_si128(reinterpret_cast<const __m128i *>(sm));
+    // mins duplicated per 16-element half: (m0, m0, m1, m1, ...) as int16, against bsums.
+    const __m256i mins = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(smv, smv));
+    const __m256i scales = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(smv));
+    const uint8_t *qs = p + (kFifthBit ? 48 : 16);
+    __m256i qh = kFifthBit ? _mm256_loadu_si256(reinterpret_cast<const __m256i *>(p + 16)) : _mm256_setzero_si256();
+    __m256i sumi[NT];
+    for (int t = 0; t < NT; ++t) sumi[t] = _mm256_setzero_si256();
+    for (int c = 0; c < 4; ++c) {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(qs + 32 * c));
+      __m256i lo = _mm256_and_si256(v, m4);
+      __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+      if (kFifthBit) {
+        const __m256i one = _mm256_set1_epi8(1);
+        lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(qh, one), 4));
+        hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 1), one), 4));
+        qh = _mm256_srli_epi16(qh, 2);
+      }
+      const __m256i s_lo = _mm256_shuffle_epi8(scales, _mm256_set1_epi16(static_cast<int16_t>(0x0100 * (4 * c + 1) + 4 * c)));
+      const __m256i s_hi = _mm256_shuffle_epi8(scales, _mm256_set1_epi16(static_cast<int16_t>(0x0100 * (4 * c + 3) + 4 * c + 2)));
+      for (int t = 0; t < NT; ++t) {
+        const int8_t *q = a[t][b].q + 64 * c;
+        const __m256i p_lo = _mm256_maddubs_epi16(lo, _mm256_loadu_si256(reinterpret_cast<const __m256i *>(q)));
+        const __m256i p_hi = _mm256_maddubs_epi16(hi, _mm256_loadu_si256(reinterpret_cast<const __m256i *>(q + 32)));
+        sumi[t] = _mm256_add_epi32(sumi[t], _mm256_add_epi32(_mm256_madd_epi16(p_lo, s_lo), _mm256_madd_epi16(p_hi, s_hi)));
+      }
+    }
+    for (int t = 0; t < NT; ++t) {
+      const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(a[t][b].bsums));
+      const __m256i summ = _mm256_madd_epi16(bs, mins);
+      acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * a[t][b].d), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
+      accm[t] = _mm256_fmadd_ps(_mm256_set1_ps(dmin * a[t][b].d), _mm256_cvtepi32_ps(summ), accm[t]);
+    }
+  }
+  for (int t = 0; t < NT; ++t) out[t] = Reduce8(acc[t]) - Reduce8(accm[t]);
+}
+
+void DotQ4_KQ8(const Codec &, const void *row, const void *xq, int64_t xqs, int n_tok, int64_t n, float *out) {
+  ForTokens(n_tok, [&](auto nt) {
+    Q8K4<decltype(nt)::value, 144, false>(static_cast<const uint8_t *>(row), xq, xqs, n, out);
+  });
+}
+void DotQ5_KQ8(const Codec &, const void *row, const void *xq, int64_t xqs, int n_tok, int64_t n, float *out) {
+  ForTokens(n_tok, [&](auto nt) {
+    Q8K4<decltype(nt)::value, 176, true>(static_cast<const uint8_t *>(row), xq, xqs, n, out);
+  });
+}
+
+// pshufb control picking byte i for lanes 0..7 and byte i + 1 for lanes 8..15 (within 128 bits).
+inline __m128i PairShuffle(int i) {
+  return _mm_set_epi8(static_cast<char>(i + 1), static_cast<char>(i + 1), static_cast<char>(i + 1),
+                      static_cast<char>(i + 1), static_cast<char>(i + 1), static_cast<char>(i + 1),
+                      static_cast<char>(i + 1), static_cast<char>(i + 1), static_cast<char>(i),
+                      static_cast<char>(i), static_cast<char>(i), static_cast<char>(i),
+                      static_cast<char>(i), static_cast<char>(i), static_cast<char>(i),
+                      static_cast<char>(i));
+}
+
+// Q6_K: sum = d d_x * (sum_s scale_s dot_s(c, q) - 32 sum_s scale_s bsum_s), c in 0..63.
+template <int NT>
+void Q8K6(const uint8_t *base, const void *xq, int64_t xqs, int64_t n, float *out) {
+  __m256 acc[NT];
+  const ActBlock256 *a[NT];
+  for (int t = 0; t < NT; ++t) {
+    acc[t] = _mm256_setzero_ps();
+    a[t] = Act256<NT>(xq, xqs, t);
+  }
+  const int64_t nb = n / 256;
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t *p = base + 210 * b;
+    const __m128i sc8 = _mm_loadu_si128(reinterpret_cast<const __m128i *>(p + 192));
+    const float d = LoadHalf(p + 208);
+    __m256i sumi[NT];
+    for (int t = 0; t < NT; ++t) {
+      const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(a[t][b].bsums));
+      sumi[t] = _mm256_sub_epi32(_mm256_setzero_si256(),
+                                 _mm256_slli_epi32(_mm256_madd_epi16(bs, _mm256_cvtepi8_epi16(sc8)), 5));
+    }
+    for (int h = 0; h < 2; ++h) {
+      for (int k = 0; k < 4; ++k) {
+        const __m256i c = Q6Codes(p + 64 * h, p + 128 + 32 * h, k);
+        const __m256i s = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, PairShuffle(8 * h + 2 * k)));
+        for (int t = 0; t < NT; ++t) {
+          const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(a[t][b].q + 128 * h + 32 * k));
+          sumi[t] = _mm256_add_epi32(sumi[t], _mm256_madd_epi16(_mm256_maddubs_epi16(c, q), s));
+        }
+      }
+    }
+    for (int t = 0; t < NT; ++t) {
+      acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * a[t][b].d), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
+    }
+  }
+  for (int t = 0; t < NT; ++t) out[t] = Reduce8(acc[t]);
+}
+
+void DotQ6_KQ8(const Codec &, const void *row, const void *xq, int64_t xqs, int n_tok, int64_t n, float *out) {
+  ForTokens(n_tok, [&](auto nt) { Q8K6<decltype(nt)::value>(static_cast<const uint8_t *>(row), xq, xqs, n, out); });
+}
+
+// Any codec in q8 mode: weights through the codec, activations as d * q floats, FMA in 16 lanes.
+void DotQ8ViaCodec(const Codec &codec, const void *row, const void *xq, int64_t xqs, int n_tok, int64_t n,
+                   float *out) {
+  const auto *base = static_cast<const uint8_t *>(row);
+  const bool big = codec.block_elems == 256;
+  ForTokens(n_tok, [&](auto nt) {
+    constexpr int NT = decltype(nt)::value;
+    __m256 acc[NT][2];
+    for (int t = 0; t < NT; ++t) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
+    alignas(32) float w[256];
+    for (int64_t s = 0; s < n; s += 256) {
+      const int64_t len = std::min<int64_t>(256, n - s);
+      codec.dequantize(base + (s / codec.block_elems) * codec.block_bytes, w, len);
+      for (int64_t i = 0; i < len; i += 32) {
+        const int64_t e = s + i;
+        for (int t = 0; t < NT; ++t) {
+          const auto *xt = static_cast<const uint8_t *>(xq) + t * xqs;
+          float dx;
+          const int8_t *q;
+          if (big) {
+            const auto *blk = reinterpret_cast<const ActBlock256 *>(xt) + e / 256;
+            dx = blk->d;
+            q = blk->q + e % 256;
+          } else {
+            const auto *blk = reinterpret_cast<const ActBlock32 *>(xt) + e / 32;
+            dx = blk->d;
+            q = blk->q;
+          }
+          const __m256 dv = _mm256_set1_ps(dx);
+          for (int j = 0; j < 32; j += 16) {
+            const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i *>(q + j));
+            acc[t][0] = _mm256_fmadd_ps(_mm256_load_ps(w + i + j), _mm256_mul_ps(dv, I8ToPs(v)), acc[t][0]);
+            acc[t][1] = _mm256_fmadd_ps(_mm256_load_ps(w + i + j + 8),
+                                        _mm256_mul_ps(dv, I8ToPs(_mm_srli_si128(v, 8))), acc[t][1]);
+          }
+        }
+      }
+    }
+    StoreExact<NT>(acc, out);
+  });
+}
+
+}  // namespace
+
+bool FindAvx2RowKernels(const Codec &codec, RowKernels *k) {
+  k->dot_float = &DotFloatViaCodec;
+  k->fused_float = false;
+  if (k->act != ActFormat::kNone) {
+    k->dot_q8 = &DotQ8ViaCodec;
+    k->integer_q8 = false;
+  }
+  DotFloatFn f = nullptr;
+  DotQ8Fn q = nullptr;
+  switch (codec.id) {
+    case TypeId::kF32: f = &DotF32; break;
+    case TypeId::kF16: f = &DotF16; break;
+    case TypeId::kBF16: f = &DotBF16; break;
+    case TypeId::kQ8_0: f = &DotQ8_0Float; q = &DotQ8_0Q8; break;
+    case TypeId::kQ4_0: f = &DotQ4_0Float; q = &DotQ4_0Q8; break;
+    case TypeId::kQ4_1: q = &DotQ4_1Q8; break;
+    case TypeId::kQ5_0: q = &DotQ5_0Q8; break;
+    case TypeId::kQ5_1: q = &DotQ5_1Q8; break;
+    case TypeId::kQ4_K: f = &DotQ4_KFloat; q = &DotQ4_KQ8; break;
+    case TypeId::kQ5_K: q = &DotQ5_KQ8; break;
+    case TypeId::kQ6_K: f = &DotQ6_KFloat; q = &DotQ6_KQ8; break;
+    case TypeId::kIQ4_NL: q = &DotIQ4_NLQ8; break;
+    case TypeId::kMXFP4: q = &DotMXFP4Q8; break;
+    default: break;
+  }
+  if (f != nullptr) {
+    k->dot_float = f;
+    k->fused_float = true;
+  }
+  if (q != nullptr && k->act != ActFormat::kNone) {
+    k->dot_q8 = q;
+    k->integer_q8 = true;
+  }
+  return true;
+}
+
+}  // namespace strata::cpu::kernels::internal
