@@ -1,6 +1,6 @@
-// CPU backend kernels. Weight rows are dequantized once per call into a per-thread buffer and
-// dotted with every token's activations; reductions run in a fixed order (8 lanes, then a fixed
-// tree), independent of batch size and threads.
+// CPU backend kernels. MatMul hands each weight row to a row-dot kernel kMaxTokens tokens at a time
+// (the row is read from memory once per call); every (row, token) result comes from the same kernel
+// operations whatever the batch size or thread split. Other ops reduce in a fixed order (8 lanes).
 #include "backends/cpu/cpu_backend.h"
 
 #include <algorithm>
@@ -22,17 +22,42 @@ float Dot(const float *a, const float *b, int64_t n) {
 
 }  // namespace
 
-CpuBackend::CpuBackend(int n_threads) : pool_(n_threads) {}
+CpuBackend::CpuBackend(int n_threads, MatMulMode mode, kernels::Isa isa)
+    : pool_(n_threads), mode_(mode), isa_(isa == kernels::Isa::kAvx2 ? kernels::BestIsa() : isa) {}
 
 void CpuBackend::MatMul(const model::Matrix &w, const float *x, int64_t n_tok, float *y) {
   const int64_t rows = w.rows, cols = w.cols;
+  if (rows <= 0 || n_tok <= 0) return;
+  const quant::Codec &codec = *w.codec;
+  const kernels::RowKernels k = kernels::FindRowKernels(codec, isa_);
+  const bool q8 = mode_ == MatMulMode::kQ8Activations && k.dot_q8 != nullptr;
+  // q8 mode: each token's activations are quantized once here, by one scalar routine, so a token
+  // gets the same codes alone or in a batch.
+  std::vector<uint8_t> xq;
+  const int64_t xq_stride = q8 ? kernels::ActRowBytes(k.act, cols) : 0;
+  if (q8) {
+    xq.resize(static_cast<size_t>(xq_stride * n_tok));
+    pool_.ParallelFor(n_tok, 8, [&](int64_t t0, int64_t t1, int) {
+      for (int64_t t = t0; t < t1; ++t) {
+        kernels::QuantizeActivations(k.act, x + t * cols, cols, xq.data() + t * xq_stride);
+      }
+    });
+  }
   // Enough rows per chunk that waking threads pays off.
   const int64_t min_chunk = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, cols * n_tok));
   pool_.ParallelFor(rows, min_chunk, [&](int64_t r0, int64_t r1, int) {
-    std::vector<float> row(cols);
+    float out[kernels::kMaxTokens];
     for (int64_t r = r0; r < r1; ++r) {
-      w.codec->dequantize(w.row(r), row.data(), cols);
-      for (int64_t t = 0; t < n_tok; ++t) y[t * rows + r] = Dot(row.data(), x + t * cols, cols);
+      const uint8_t *row = w.row(r);
+      for (int64_t t0 = 0; t0 < n_tok; t0 += kernels::kMaxTokens) {
+        const int nt = static_cast<int>(std::min<int64_t>(kernels::kMaxTokens, n_tok - t0));
+        if (q8) {
+          k.dot_q8(codec, row, xq.data() + t0 * xq_stride, xq_stride, nt, cols, out);
+        } else {
+          k.dot_float(codec, row, x + t0 * cols, cols, nt, cols, out);
+        }
+        for (int t = 0; t < nt; ++t) y[(t0 + t) * rows + r] = out[t];
+      }
     }
   });
 }

@@ -1,18 +1,28 @@
-// The CPU backend: scalar reference kernels over the codec registry, multi-threaded over output rows.
-// Every dot product is computed by one code path in a fixed order, so results do not depend on the
-// number of tokens in a call or on the thread count.
+// The CPU backend: row-dot kernels (backends/cpu/kernels) over the codec registry, multi-threaded
+// over output rows. For a fixed MatMulMode and ISA every dot product is computed by one code path in
+// a fixed order, so results do not depend on the number of tokens in a call or on the thread count.
 #pragma once
 
 #include <memory>
 
+#include "backends/cpu/kernels/kernels.h"
 #include "lib/model/backend.h"
 #include "lib/util/thread_pool.h"
 
 namespace strata::cpu {
 
+// How MatMul treats activations. kExact: float activations against the codec's exact weights
+// (float accumulation; what the golden tests check). kQ8Activations: each token's activations are
+// quantized once per call to 8-bit blocks and dotted with integer SIMD; relative to kExact it adds an
+// error of at most about 2^-8 * sum_blocks amax|x| * sum|w| (tests/cpu/kernels_test.cc). Float
+// weight formats (F32/F16/BF16) always run exact.
+enum class MatMulMode { kExact, kQ8Activations };
+
 class CpuBackend final : public model::Backend {
  public:
-  explicit CpuBackend(int n_threads);
+  // isa: which kernels to run; defaults to the best this machine supports (tests force kScalar).
+  explicit CpuBackend(int n_threads, MatMulMode mode = MatMulMode::kExact,
+                      kernels::Isa isa = kernels::BestIsa());
   std::string_view name() const override { return "cpu"; }
 
   void MatMul(const model::Matrix &w, const float *x, int64_t n_tok, float *y) override;
@@ -25,9 +35,15 @@ class CpuBackend final : public model::Backend {
   void ExpertFfn(const model::ExpertWeights &e, const float *x, int64_t n_tok, float *y) override;
 
   ThreadPool &pool() { return pool_; }
+  MatMulMode matmul_mode() const { return mode_; }
+  // Not thread-safe against a concurrent MatMul.
+  void set_matmul_mode(MatMulMode mode) { mode_ = mode; }
+  kernels::Isa isa() const { return isa_; }
 
  private:
   ThreadPool pool_;
+  MatMulMode mode_;
+  kernels::Isa isa_;
 };
 
 }  // namespace strata::cpu
