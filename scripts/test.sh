@@ -6,3 +6,19 @@ cd "$(dirname "$0")/.."
 cmake/install_deps.sh
 scripts/build.sh
 ctest --test-dir build --output-on-failure --label-exclude gpu --parallel "$(nproc)" --timeout 900
+
+# libFuzzer: a second tree built with clang holds the parsers' fuzz targets (ASan + UBSan). Each
+# replays its seed corpus, then fuzzes briefly; new inputs go to a scratch directory, crash
+# reproducers to build-fuzz/artifacts/. A finding fails the script.
+CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DSTRATA_BUILD_FUZZ=ON -DSTRATA_BUILD_BENCH=OFF -DSTRATA_BUILD_EXAMPLES=OFF \
+  -DSTRATA_ENABLE_CUDA=OFF -DSTRATA_INSTALL=OFF >/dev/null
+cmake --build build-fuzz --parallel "$(nproc)" --target gguf_fuzz safetensors_fuzz
+mkdir -p build-fuzz/artifacts
+for target in gguf safetensors; do
+  build-fuzz/tests/fuzz/${target}_fuzz -runs=0 "tests/fuzz/corpus/${target}"
+  scratch="$(mktemp -d)"
+  build-fuzz/tests/fuzz/${target}_fuzz -max_total_time=15 -max_len=4096 -rss_limit_mb=2048 \
+    -artifact_prefix=build-fuzz/artifacts/ -print_final_stats=1 "$scratch" "tests/fuzz/corpus/${target}"
+  rm -rf "$scratch"
+done

@@ -1,0 +1,142 @@
+#!/usr/bin/env python3
+"""Writes the seed corpus of the format fuzz targets: small valid GGUF and safetensors files and a
+few malformed ones, each under 4 KiB, built here byte by byte (no third-party files).
+Usage: tests/fuzz/make_corpus.py   (rewrites tests/fuzz/corpus/{gguf,safetensors}/)"""
+import json
+import os
+import struct
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+# GGUF value types and ggml tensor types used below.
+U8, I8, U16, I16, U32, I32, F32, BOOL, STR, ARR, U64, I64, F64 = range(13)
+T_F32, T_F16, T_Q8_0, T_Q4_K, T_BF16 = 0, 1, 8, 12, 30
+BLOCK = {T_F32: (1, 4), T_F16: (1, 2), T_Q8_0: (32, 34), T_Q4_K: (256, 144), T_BF16: (1, 2)}
+
+
+def gstr(s):
+    b = s.encode()
+    return struct.pack("<Q", len(b)) + b
+
+
+def kv(key, vtype, payload):
+    return gstr(key) + struct.pack("<I", vtype) + payload
+
+
+def arr(etype, items, fmt=None):
+    out = struct.pack("<IQ", etype, len(items))
+    for x in items:
+        out += gstr(x) if etype == STR else struct.pack(fmt, x)
+    return out
+
+
+def gguf(kvs, tensors, version=3, alignment=32, magic=b"GGUF", n_kv=None, n_tensors=None,
+         cut=None):
+    """tensors: (name, dims, type[, offset]); offsets default to packed and aligned."""
+    h = magic + struct.pack("<IQQ", version, len(tensors) if n_tensors is None else n_tensors,
+                            len(kvs) if n_kv is None else n_kv)
+    h += b"".join(kvs)
+    nxt = 0
+    for t in tensors:
+        name, dims, ttype = t[:3]
+        off = t[3] if len(t) > 3 else nxt
+        be, bb = BLOCK.get(ttype, (1, 1))
+        nbytes = dims[0] // be * bb
+        for d in dims[1:]:
+            nbytes *= d
+        nxt = max(nxt, (off + nbytes + alignment - 1) // alignment * alignment)
+        h += gstr(name) + struct.pack("<I", len(dims)) + struct.pack("<%dQ" % len(dims), *dims)
+        h += struct.pack("<IQ", ttype, off)
+    h += b"\0" * (-len(h) % alignment)
+    data = bytes((i * 7 + 1) & 0xff for i in range(nxt))
+    out = h + data
+    return out if cut is None else out[:cut]
+
+
+def safetensors(entries, data_len, metadata=None, raw_header=None):
+    if raw_header is None:
+        hdr = {}
+        if metadata is not None:
+            hdr["__metadata__"] = metadata
+        for name, dtype, shape, begin, end in entries:
+            hdr[name] = {"dtype": dtype, "shape": shape, "data_offsets": [begin, end]}
+        raw_header = json.dumps(hdr, separators=(",", ":"))
+    hb = raw_header.encode()
+    return struct.pack("<Q", len(hb)) + hb + bytes((i * 13 + 5) & 0xff for i in range(data_len))
+
+
+def gguf_corpus():
+    base_kvs = [
+        kv("general.architecture", STR, gstr("qwen3moe")),
+        kv("qwen3moe.block_count", U32, struct.pack("<I", 2)),
+        kv("qwen3moe.rope.freq_base", F32, struct.pack("<f", 10000.0)),
+        kv("general.flag", BOOL, b"\x01"),
+        kv("test.i64", I64, struct.pack("<q", -3)),
+        kv("tokenizer.ggml.tokens", ARR, arr(STR, ["<s>", "a", "bc"])),
+        kv("tokenizer.ggml.scores", ARR, arr(F32, [0.0, -1.0, -2.5], "<f")),
+        kv("tokenizer.ggml.token_type", ARR, arr(I32, [3, 1, 1], "<i")),
+    ]
+    base_tensors = [("token_embd.weight", [32, 3], T_F32),
+                    ("blk.0.ffn_up_exps.weight", [64, 2, 4], T_Q8_0),
+                    ("output_norm.weight", [32], T_F16)]
+    valid = gguf(base_kvs, base_tensors)
+    yield "valid_v3", valid
+    yield "valid_v2_align64", gguf(
+        base_kvs[:3] + [kv("general.alignment", U32, struct.pack("<I", 64))],
+        [("a", [256, 1], T_Q4_K), ("b", [8], T_BF16)], version=2, alignment=64)
+    yield "empty_v3", gguf([], [])
+    yield "truncated_header", valid[:100]
+    yield "truncated_data", valid[:-40]
+    yield "bad_magic", gguf([], [], magic=b"GGML")
+    yield "version1", gguf([], [], version=1)
+    yield "huge_kv_count", gguf(base_kvs[:1], [], n_kv=1 << 40)
+    yield "nested_array", gguf([kv("x", ARR, struct.pack("<IQ", ARR, 1) + arr(U8, [1], "<B"))], [])
+    yield "bad_value_type", gguf([kv("x", 13, b"\0" * 8)], [])
+    yield "duplicate_key", gguf([base_kvs[0], base_kvs[0]], [])
+    yield "alignment_3", gguf([kv("general.alignment", U32, struct.pack("<I", 3))], [])
+    yield "q8_row_48", gguf([], [("w", [48], T_Q8_0, 0)])
+    yield "overlap", gguf([], [("a", [16], T_F32, 0), ("b", [16], T_F32, 32)])
+    yield "misaligned", gguf([], [("a", [4], T_F32, 0), ("b", [4], T_F32, 16)])
+    yield "dims_5", gguf([], [("a", [1, 1, 1, 1, 1], T_F32, 0)])
+
+
+def safetensors_corpus():
+    yield "valid", safetensors([("model.embed_tokens.weight", "F32", [2, 3], 0, 24),
+                                ("model.norm.weight", "BF16", [4], 24, 32),
+                                ("lm_head.weight", "F16", [2, 2], 32, 40)], 40, {"format": "pt"})
+    yield "valid_all_dtypes", safetensors([("a", "F64", [1], 0, 8), ("b", "I64", [1], 8, 16),
+                                           ("c", "I32", [1], 16, 20), ("d", "I16", [1], 20, 22),
+                                           ("e", "I8", [1], 22, 23), ("f", "U8", [1], 23, 24),
+                                           ("g", "BOOL", [1], 24, 25),
+                                           ("h", "F8_E4M3", [1], 25, 26),
+                                           ("i", "F8_E5M2", [1], 26, 27)], 27)
+    yield "empty", safetensors([], 0)
+    yield "scalar_and_zero", safetensors([("s", "F32", [], 0, 4), ("z", "F32", [0, 3], 4, 4)], 4)
+    yield "not_json", safetensors(None, 4, raw_header='{"w": nope}')
+    yield "array", safetensors(None, 0, raw_header="[1,2]")
+    yield "duplicate", safetensors(None, 8, raw_header=(
+        '{"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},'
+        '"w":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}}'))
+    yield "bad_dtype", safetensors([("w", "F17", [1], 0, 4)], 4)
+    yield "negative_shape", safetensors([("w", "F32", [-1], 0, 4)], 4)
+    yield "gap", safetensors([("a", "F32", [1], 0, 4), ("b", "F32", [1], 8, 12)], 12)
+    yield "overlap", safetensors([("a", "F32", [2], 0, 8), ("b", "F32", [2], 4, 12)], 12)
+    yield "past_end", safetensors([("a", "F32", [4], 0, 16)], 8)
+    yield "header_past_end", struct.pack("<Q", 1000) + b"{}"
+
+
+def main():
+    for kind, gen in (("gguf", gguf_corpus), ("safetensors", safetensors_corpus)):
+        d = os.path.join(HERE, "corpus", kind)
+        os.makedirs(d, exist_ok=True)
+        for f in os.listdir(d):
+            os.remove(os.path.join(d, f))
+        for name, data in gen():
+            assert len(data) < 4096, (name, len(data))
+            with open(os.path.join(d, name + ("." + kind if kind == "gguf" else ".safetensors")),
+                      "wb") as f:
+                f.write(data)
+
+
+if __name__ == "__main__":
+    main()
