@@ -1,4 +1,4 @@
-// The `strata` command line: run, logits, inspect, plan. Inference goes through the public C ABI,
+// The `strata` command line: run, logits, inspect, plan, pack. Inference goes through the public C ABI,
 // as a host would drive it; inspect and plan also read internals (tensor table, ledger) that the ABI
 // does not expose. Every failure prints one line `strata: error: <what>` and exits with status 1;
 // output files are written to a temporary name and renamed, so nothing is left half-written.
@@ -13,6 +13,7 @@
 
 #include "examples/cli/cli_util.h"
 #include "include/strata/moe.h"
+#include "lib/model/pack.h"
 #include "lib/quant/codec.h"
 #include "lib/runtime/context.h"
 
@@ -39,6 +40,8 @@ struct Args {
   std::string prompt;
   std::string tokens;
   std::string out;
+  std::string text;
+  bool special = false;
   std::vector<std::string> positional;
   int64_t n_predict = 32;
   int64_t prefill = -1;
@@ -50,19 +53,28 @@ struct Args {
   uint64_t seed = 42;
   int backend = MOE_BACKEND_AUTO;
   uint64_t ram_budget = 0, vram_budget = 0;
+  // pack
+  std::string experts_type = "q4_k", attention_type = "q8_0", boost_type = "q6_k";
+  std::string boost_layers, hotlist;
 };
 
 const char kUsage[] =
     "usage: strata <command> [options]\n"
     "\n"
     "commands:\n"
-    "  run      [--model PATH] [--tokens 1,2,3] [-n N] [--temp T] [--top-k K] [--top-p P] [--seed S]\n"
+    "  run      [--model PATH] [--prompt TEXT | --tokens 1,2,3] [-n N] [--temp T] [--top-k K] [--top-p P] [--seed S]\n"
     "           generate from a prompt (the bundled demo model when --model is not given)\n"
     "  logits   --model PATH --tokens 1,2,3 [--prefill N] --out FILE\n"
     "           teacher-forced logits of every position, float32 [n_tokens][n_vocab]; the first N\n"
     "           tokens go in as one batch, the rest one at a time\n"
+    "  tokenize --model PATH [--special] --text TEXT   the token ids of TEXT, separated by spaces\n"
     "  inspect  PATH         architecture, hyper-parameters, tensors, per-expert bytes by codec\n"
     "  plan     --model PATH the cache plan ledger: what goes where, and why\n"
+    "  pack     IN OUT [--experts q4_k] [--attention q8_0] [--boost-layers 0,1] [--boost q6_k]\n"
+    "           [--hotlist FILE]   rewrite IN as a mixed-precision GGUF: routed experts in --experts\n"
+    "           (--boost for the listed layers), attention/embeddings/output in --attention, norms and\n"
+    "           routers F32; each expert's gate|up|down contiguous and 4 KiB-aligned; with --hotlist\n"
+    "           (lines 'layer expert count', hottest first) the hottest experts come first\n"
     "\n"
     "common options: --backend cpu|cuda|auto  --ram-budget SIZE  --vram-budget SIZE  --threads N\n"
     "                --n-ctx N   (SIZE: 512M, 8G, or bytes)\n"
@@ -100,6 +112,8 @@ Args ParseArgs(int argc, char **argv) {
     if (f == "--model" || f == "-m") a.model = value();
     else if (f == "--prompt" || f == "-p") a.prompt = value();
     else if (f == "--tokens") a.tokens = value();
+    else if (f == "--text") a.text = value();
+    else if (f == "--special") a.special = true;
     else if (f == "--out" || f == "-o") a.out = value();
     else if (f == "-n" || f == "--n-predict") a.n_predict = integer(0, 1 << 24);
     else if (f == "--prefill") a.prefill = integer(0, 1 << 24);
@@ -109,6 +123,11 @@ Args ParseArgs(int argc, char **argv) {
     else if (f == "--top-k") a.top_k = integer(0, 1 << 24);
     else if (f == "--top-p") a.top_p = ParseFloat(f, value());
     else if (f == "--seed") a.seed = static_cast<uint64_t>(integer(0, INT64_MAX));
+    else if (f == "--experts") a.experts_type = value();
+    else if (f == "--attention") a.attention_type = value();
+    else if (f == "--boost") a.boost_type = value();
+    else if (f == "--boost-layers") a.boost_layers = value();
+    else if (f == "--hotlist") a.hotlist = value();
     else if (f == "--ram-budget") a.ram_budget = size();
     else if (f == "--vram-budget") a.vram_budget = size();
     else if (f == "--backend") {
@@ -168,24 +187,93 @@ void WarnIfClamped(moe_ctx *ctx) {
   }
 }
 
+bool HasTokenizer(moe_ctx *ctx) {
+  size_t n = 0;
+  return moe_tokenize(ctx, "", 0, 0, nullptr, 0, &n) == MOE_OK;
+}
+
+std::vector<int32_t> Tokenize(moe_ctx *ctx, const std::string &text, bool special, bool add_bos) {
+  const uint32_t flags = (special ? MOE_TOKENIZE_PARSE_SPECIAL : 0u) | (add_bos ? MOE_TOKENIZE_ADD_BOS : 0u);
+  size_t n = 0;
+  moe_status st = moe_tokenize(ctx, text.data(), text.size(), flags, nullptr, 0, &n);
+  if (st != MOE_OK && st != MOE_ERR_LIMIT) Die(ApiError(st));
+  std::vector<int32_t> ids(n);
+  if (n > 0 && (st = moe_tokenize(ctx, text.data(), text.size(), flags, ids.data(), n, &n)) != MOE_OK) {
+    Die(ApiError(st));
+  }
+  return ids;
+}
+
+std::string Piece(moe_ctx *ctx, int32_t tok) {
+  char buf[256];
+  size_t n = 0;
+  moe_status st = moe_token_to_piece(ctx, tok, buf, sizeof buf, &n);
+  if (st == MOE_ERR_LIMIT) {
+    std::string big(n, '\0');
+    st = moe_token_to_piece(ctx, tok, big.data(), big.size(), &n);
+    if (st != MOE_OK) Die(ApiError(st));
+    return big;
+  }
+  if (st != MOE_OK) Die(ApiError(st));
+  return std::string(buf, n);
+}
+
+// Holds back the bytes of a UTF-8 character split across tokens, so the terminal never sees half
+// of one; bytes that cannot start or continue a character pass through.
+class Utf8Stream {
+ public:
+  std::string Push(const std::string &bytes) {
+    pending_ += bytes;
+    size_t cut = pending_.size();
+    // Find the start of the last (possibly incomplete) character in the final 4 bytes.
+    for (size_t back = 1; back <= 4 && back <= pending_.size(); ++back) {
+      unsigned char c = static_cast<unsigned char>(pending_[pending_.size() - back]);
+      if ((c & 0xC0) == 0x80) continue;  // continuation byte
+      size_t need = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 1;
+      if (need > back) cut = pending_.size() - back;
+      break;
+    }
+    std::string out = pending_.substr(0, cut);
+    pending_.erase(0, cut);
+    return out;
+  }
+  std::string Finish() {
+    std::string out;
+    out.swap(pending_);
+    return out;
+  }
+
+ private:
+  std::string pending_;
+};
+
 int CmdRun(const Args &a) {
   const std::string model = a.model.empty() ? DemoModelPath() : a.model;
   std::vector<int32_t> prompt;
-  if (!a.prompt.empty()) {
-    Die("this model has no tokenizer in Strata yet; give the prompt as token ids with --tokens 1,2,3");
-  }
+  if (!a.prompt.empty() && !a.tokens.empty()) Die("give either --prompt or --tokens, not both");
   if (!a.tokens.empty()) {
     auto t = ParseTokenList(a.tokens);
     if (!t) Die("--tokens needs comma-separated non-negative integers, got '" + a.tokens + "'");
     prompt = *t;
-  } else {
-    prompt = {1, 2, 3, 4};
   }
   moe_params p = ContextParams(a, model);
   Ctx ctx;
   auto t_open = std::chrono::steady_clock::now();
   if (moe_status st = moe_ctx_open(&p, &ctx.c); st != MOE_OK) Die("cannot open '" + model + "': " + ApiError(st));
   WarnIfClamped(ctx.c);
+  // With a tokenizer the prompt is text and the output streams as text; without one, token ids.
+  const bool has_text = HasTokenizer(ctx.c);
+  if (prompt.empty()) {
+    if (!has_text && !a.prompt.empty()) {
+      Die("'" + model + "' carries no tokenizer; give the prompt as token ids with --tokens 1,2,3");
+    }
+    if (has_text) {
+      prompt = Tokenize(ctx.c, a.prompt.empty() ? std::string("The") : a.prompt, false, true);
+    } else {
+      prompt = {1, 2, 3, 4};
+    }
+    if (prompt.empty()) Die("the prompt has no tokens");
+  }
   moe_session_params sp;
   moe_session_params_init(&sp);
   sp.temperature = a.temp;
@@ -198,17 +286,28 @@ int CmdRun(const Args &a) {
   if (moe_status st = moe_session_feed(s.s, prompt.data(), prompt.size()); st != MOE_OK) Die(ApiError(st));
   if (moe_status st = moe_ctx_step(ctx.c, nullptr); st != MOE_OK) Die(ApiError(st));
   auto t_decode = std::chrono::steady_clock::now();
-  std::printf("prompt:");
-  for (int32_t t : prompt) std::printf(" %d", t);
-  std::printf("\ngenerated:");
+  Utf8Stream text_out;
+  if (has_text) {
+    std::fputs(a.prompt.empty() ? "The" : a.prompt.c_str(), stdout);
+  } else {
+    std::printf("prompt:");
+    for (int32_t t : prompt) std::printf(" %d", t);
+    std::printf("\ngenerated:");
+  }
   std::fflush(stdout);
   int64_t n_gen = 0;
+  const int32_t eos = moe_ctx_token_eos(ctx.c);
   for (int64_t i = 0; i < a.n_predict; ++i) {
     int32_t tok;
     if (moe_status st = moe_session_sample(s.s, &tok); st != MOE_OK) Die(ApiError(st));
-    std::printf(" %d", tok);
-    std::fflush(stdout);
     ++n_gen;
+    if (has_text) {
+      if (tok == eos) break;
+      std::fputs(text_out.Push(Piece(ctx.c, tok)).c_str(), stdout);
+    } else {
+      std::printf(" %d", tok);
+    }
+    std::fflush(stdout);
     if (i + 1 == a.n_predict) break;
     moe_status st = moe_session_feed(s.s, &tok, 1);
     if (st == MOE_ERR_LIMIT_CONTEXT) break;
@@ -216,7 +315,7 @@ int CmdRun(const Args &a) {
     if ((st = moe_ctx_step(ctx.c, nullptr)) != MOE_OK) Die(ApiError(st));
   }
   auto t_end = std::chrono::steady_clock::now();
-  std::printf("\n");
+  std::printf("%s\n", text_out.Finish().c_str());
   auto secs = [](auto a, auto b) { return std::chrono::duration<double>(b - a).count(); };
   std::fprintf(stderr, "strata: %s: load %.2f s, prefill %zu tokens %.1f tok/s, decode %lld tokens %.1f tok/s\n",
                model.c_str(), secs(t_open, t_prefill), prompt.size(), prompt.size() / secs(t_prefill, t_decode),
@@ -271,6 +370,19 @@ int CmdLogits(const Args &a) {
   if (prefill > 0) run(toks->data(), prefill);
   for (int64_t i = prefill; i < n; ++i) run(toks->data() + i, 1);
   WriteFileAtomically(a.out, all.data(), all.size() * sizeof(float));
+  return 0;
+}
+
+int CmdTokenize(const Args &a) {
+  if (a.model.empty()) Die("tokenize needs --model PATH");
+  moe_params p = ContextParams(a, a.model);
+  Ctx ctx;
+  if (moe_status st = moe_ctx_open(&p, &ctx.c); st != MOE_OK) Die("cannot open '" + a.model + "': " + ApiError(st));
+  if (!HasTokenizer(ctx.c)) Die("'" + a.model + "' carries no tokenizer");
+  std::vector<int32_t> ids = Tokenize(ctx.c, a.text, a.special, false);
+  std::string line;
+  for (size_t i = 0; i < ids.size(); ++i) line += (i ? " " : "") + std::to_string(ids[i]);
+  std::printf("%s\n", line.c_str());
   return 0;
 }
 
@@ -367,6 +479,43 @@ int CmdPlan(const Args &a) {
   return 0;
 }
 
+std::string StatusText(const absl::Status &st) {
+  return std::string(st.message()) + " (" + moe_status_string(strata::StatusToMoe(st)) + ")";
+}
+
+int CmdPack(const Args &a) {
+  if (a.positional.size() != 2) Die("pack needs IN and OUT (strata pack IN OUT [options])");
+  const std::string &in = a.positional[0], &out = a.positional[1];
+  strata::model::PackOptions o;
+  auto type = [](const char *flag, const std::string &v) {
+    auto t = strata::model::ParseTypeName(v);
+    if (!t.ok()) Die(std::string(flag) + ": " + std::string(t.status().message()));
+    return *t;
+  };
+  o.experts = type("--experts", a.experts_type);
+  o.attention = type("--attention", a.attention_type);
+  o.boost = type("--boost", a.boost_type);
+  if (!a.boost_layers.empty()) {
+    auto layers = ParseTokenList(a.boost_layers);
+    if (!layers) Die("--boost-layers needs comma-separated layer numbers, got '" + a.boost_layers + "'");
+    o.boost_layers.assign(layers->begin(), layers->end());
+  }
+  o.hotlist_path = a.hotlist;
+  o.progress = isatty(STDERR_FILENO) != 0;
+  auto report = strata::model::Pack(in, out, o);
+  if (!report.ok()) Die("pack '" + in + "': " + StatusText(report.status()));
+  for (const auto &f : report->fallbacks) {
+    std::fprintf(stderr, "strata: pack: fallback: %s: row length %lld is not a multiple of the %s block; stored as %s\n",
+                 f.tensor.c_str(), static_cast<long long>(f.row_length),
+                 std::string(strata::quant::TypeName(static_cast<uint32_t>(f.wanted))).c_str(),
+                 std::string(strata::quant::TypeName(static_cast<uint32_t>(f.used))).c_str());
+  }
+  std::fprintf(stderr, "strata: pack: wrote %s: %d tensors, %s (routed experts %s), %zu fallback(s)\n", out.c_str(),
+               report->n_tensors, HumanBytes(report->file_bytes).c_str(), HumanBytes(report->expert_bytes).c_str(),
+               report->fallbacks.size());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char **argv) {
@@ -375,7 +524,9 @@ int main(int argc, char **argv) {
     if (a.command == "run") return CmdRun(a);
     if (a.command == "logits") return CmdLogits(a);
     if (a.command == "inspect") return CmdInspect(a);
+    if (a.command == "tokenize") return CmdTokenize(a);
     if (a.command == "plan") return CmdPlan(a);
+    if (a.command == "pack") return CmdPack(a);
     if (a.command == "help" || a.command == "--help" || a.command == "-h") {
       std::fputs(kUsage, stdout);
       return 0;

@@ -1,4 +1,4 @@
-// Weight binding for GGUF (llama.cpp names, 3-D expert tensors) and HF checkpoints (per-expert
+// Weight binding for GGUF (llama.cpp names, 3-D or per-expert tensors) and HF checkpoints (per-expert
 // tensors, or fused 3-D gate_up/down tensors), and the loader of resident bytes.
 #include "lib/model/weights.h"
 
@@ -108,6 +108,19 @@ absl::Status BindExperts3D(const ModelFile &mf, const HParams &hp, const std::st
   return absl::OkStatus();
 }
 
+// Per-expert 2-D tensors `blk.L.ffn_{gate,up,down}.E.weight` (written by `strata pack`, and by old
+// llama.cpp Mixtral files); each expert may have its own type.
+absl::Status BindExpertsPerTensor(const ModelFile &mf, const HParams &hp, int layer, LayerWeights &L) {
+  L.experts.resize(hp.n_expert);
+  for (int e = 0; e < hp.n_expert; ++e) {
+    auto en = [&](const char *s) { return absl::StrFormat("blk.%d.%s.%d.weight", layer, s, e); };
+    STRATA_ASSIGN_OR_RETURN(L.experts[e].gate, BindMatrix(mf, en("ffn_gate"), hp.n_ff_expert, hp.n_embd));
+    STRATA_ASSIGN_OR_RETURN(L.experts[e].up, BindMatrix(mf, en("ffn_up"), hp.n_ff_expert, hp.n_embd));
+    STRATA_ASSIGN_OR_RETURN(L.experts[e].down, BindMatrix(mf, en("ffn_down"), hp.n_embd, hp.n_ff_expert));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<ModelWeights> BindGguf(const ModelFile &mf, const HParams &hp) {
   ModelWeights w;
   STRATA_ASSIGN_OR_RETURN(w.tok_embd, BindMatrix(mf, "token_embd.weight", hp.n_vocab, hp.n_embd));
@@ -132,6 +145,11 @@ absl::StatusOr<ModelWeights> BindGguf(const ModelFile &mf, const HParams &hp) {
     }
     STRATA_ASSIGN_OR_RETURN(L.ffn_norm, BindVec(mf, n("ffn_norm"), hp.n_embd));
     STRATA_ASSIGN_OR_RETURN(L.router, BindMatrix(mf, n("ffn_gate_inp"), hp.n_expert, hp.n_embd));
+    if (mf.Find(n("ffn_gate_exps")) == nullptr &&
+        mf.Find(absl::StrFormat("blk.%d.ffn_gate.0.weight", i)) != nullptr) {
+      STRATA_RETURN_IF_ERROR(BindExpertsPerTensor(mf, hp, i, L));
+      continue;
+    }
     STRATA_RETURN_IF_ERROR(
         BindExperts3D(mf, hp, n("ffn_gate_exps"), n("ffn_up_exps"), n("ffn_down_exps"), L));
   }

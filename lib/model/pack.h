@@ -1,0 +1,72 @@
+// `strata pack`: rewrites a GGUF file or HF checkpoint as a mixed-precision GGUF whose routed experts
+// are per-expert tensors `blk.L.ffn_{gate,up,down}.E.weight`, gate|up|down of one expert adjacent
+// (only the 32-byte tensor alignment between them) and each expert's start 4096-aligned in the file,
+// so a cache miss is one sequential read. Tensors are converted one at a time (no whole-model buffer).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "lib/model/hparams.h"
+#include "lib/quant/codec.h"
+#include "lib/util/status.h"
+
+namespace strata::model {
+
+constexpr uint32_t kPackVersion = 1;
+constexpr uint32_t kPackExpertAlignment = 4096;
+constexpr uint32_t kPackFileAlignment = 32;
+
+struct PackOptions {
+  quant::TypeId experts = quant::TypeId::kQ4_K;    // routed experts
+  quant::TypeId attention = quant::TypeId::kQ8_0;  // attention, embeddings, output (and shared experts)
+  quant::TypeId boost = quant::TypeId::kQ6_K;      // routed experts of the boost layers
+  std::vector<int> boost_layers;
+  // Hotlist file (format: see ReadHotlist); empty keeps the experts in (layer, expert) order.
+  std::string hotlist_path;
+  bool progress = false;  // draw a progress bar on stderr (the CLI sets it when stderr is a terminal)
+  bool verbose = true;    // print each fallback and a summary on stderr
+};
+
+// One hotlist entry: expert `expert` of layer `layer`, selected `count` times.
+struct HotExpert {
+  int layer = 0;
+  int expert = 0;
+  uint64_t count = 0;
+};
+
+// One tensor stored in another type than asked, because its rows are not whole blocks of it.
+struct PackFallback {
+  std::string tensor;
+  quant::TypeId wanted;
+  quant::TypeId used;
+  int64_t row_length = 0;
+};
+
+struct PackReport {
+  int n_tensors = 0;
+  uint64_t file_bytes = 0;
+  uint64_t expert_bytes = 0;      // gate|up|down of every routed expert, padding excluded
+  std::vector<PackFallback> fallbacks;
+};
+
+// "q4_k", "Q8_0", "f16", ... (case-insensitive GGUF type names). MOE_ERR_INVALID_ARGUMENT otherwise.
+absl::StatusOr<quant::TypeId> ParseTypeName(const std::string &name);
+
+// Reads a hotlist: a text file of lines `layer expert count` (decimal, separated by blanks), hottest
+// first; blank lines and text after '#' are ignored. Every (layer, expert) must be in range for `hp`
+// and appear at most once; counts are informational and, when not descending, the entries are
+// stably sorted by count so the hottest experts come first. Errors: MOE_ERR_IO_OPEN/READ, or
+// MOE_ERR_INVALID_ARGUMENT naming the file and line.
+absl::StatusOr<std::vector<HotExpert>> ReadHotlist(const std::string &path, const HParams &hp);
+
+// Packs `in` (GGUF file or HF checkpoint directory) into the GGUF file `out`. The output is written
+// as `out.tmp.<pid>`, fsynced and renamed; on any error neither `out` (if it did not exist) nor the
+// temporary file is left behind. Errors: the input's MOE_ERR_IO_*/FORMAT_*/UNSUPPORTED_* codes,
+// MOE_ERR_INVALID_ARGUMENT for bad options (boost layer out of range, bad hotlist),
+// MOE_ERR_UNSUPPORTED_TYPE when Strata has no quantizer for a requested type, MOE_ERR_IO_WRITE for
+// any write failure (ENOSPC, ...) naming `out`.
+absl::StatusOr<PackReport> Pack(const std::string &in, const std::string &out, const PackOptions &o);
+
+}  // namespace strata::model
