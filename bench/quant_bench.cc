@@ -1,0 +1,254 @@
+// CPU GEMV (batch 1) and GEMM (batch 8) through CpuBackend::MatMul for every codec and both matmul
+// modes, over weight matrices of >= 256 MiB (far beyond the LLC), against the memory read bandwidth
+// this same run measures first. "roofline" = weight bytes/s divided by that bandwidth.
+#include <benchmark/benchmark.h>
+#include <immintrin.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "backends/cpu/cpu_backend.h"
+#include "lib/quant/codec.h"
+
+namespace {
+
+using strata::cpu::CpuBackend;
+using strata::cpu::MatMulMode;
+using strata::quant::Codec;
+using strata::quant::TypeId;
+
+constexpr int64_t kBwBytes = int64_t{1} << 30;       // bandwidth probe buffer
+constexpr int64_t kMinWeightBytes = int64_t{256} << 20;
+constexpr int64_t kCols = 4096;
+constexpr int kMaxThreads = 2;
+
+struct AlignedFree {
+  void operator()(void *p) const { std::free(p); }
+};
+using Buffer = std::unique_ptr<uint8_t, AlignedFree>;
+
+Buffer Allocate(int64_t bytes) {
+  auto *p = static_cast<uint8_t *>(std::aligned_alloc(4096, static_cast<size_t>((bytes + 4095) / 4096 * 4096)));
+  return Buffer(p);
+}
+
+// ---- memory read bandwidth ----
+
+__attribute__((target("avx2"))) uint64_t SumAvx2(const uint8_t *p, int64_t bytes) {
+  __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
+  for (int64_t i = 0; i < bytes; i += 128) {
+    a0 = _mm256_add_epi64(a0, _mm256_load_si256(reinterpret_cast<const __m256i *>(p + i)));
+    a1 = _mm256_add_epi64(a1, _mm256_load_si256(reinterpret_cast<const __m256i *>(p + i + 32)));
+    a2 = _mm256_add_epi64(a2, _mm256_load_si256(reinterpret_cast<const __m256i *>(p + i + 64)));
+    a3 = _mm256_add_epi64(a3, _mm256_load_si256(reinterpret_cast<const __m256i *>(p + i + 96)));
+  }
+  alignas(32) uint64_t lanes[4];
+  _mm256_store_si256(reinterpret_cast<__m256i *>(lanes),
+                     _mm256_add_epi64(_mm256_add_epi64(a0, a1), _mm256_add_epi64(a2, a3)));
+  return lanes[0] + lanes[1] + lanes[2] + lanes[3];
+}
+
+uint64_t SumPortable(const uint8_t *p, int64_t bytes) {
+  uint64_t a[4] = {};
+  for (int64_t i = 0; i < bytes; i += 32) {
+    uint64_t v[4];
+    std::memcpy(v, p + i, 32);
+    for (int k = 0; k < 4; ++k) a[k] += v[k];
+  }
+  return a[0] + a[1] + a[2] + a[3];
+}
+
+uint64_t Sum(const uint8_t *p, int64_t bytes) {
+  static const bool avx2 = __builtin_cpu_supports("avx2");
+  return avx2 ? SumAvx2(p, bytes) : SumPortable(p, bytes);
+}
+
+uint8_t *BwBuffer() {
+  static Buffer buf = [] {
+    Buffer b = Allocate(kBwBytes);
+    std::memset(b.get(), 1, static_cast<size_t>(kBwBytes));  // fault every page in
+    return b;
+  }();
+  return buf.get();
+}
+
+// Reads the whole buffer with n threads, each its own contiguous share; returns bytes/s.
+double ReadOnce(int n_threads) {
+  const uint8_t *p = BwBuffer();
+  const int64_t share = kBwBytes / n_threads;
+  std::vector<uint64_t> sink(n_threads);
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<std::thread> th;
+  for (int i = 1; i < n_threads; ++i) th.emplace_back([&, i] { sink[i] = Sum(p + i * share, share); });
+  sink[0] = Sum(p, share);
+  for (auto &t : th) t.join();
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  benchmark::DoNotOptimize(sink.data());
+  return static_cast<double>(kBwBytes) / s;
+}
+
+// Best of several passes, measured once per thread count before the GEMV runs.
+double MeasuredBandwidth(int n_threads) {
+  static double bw[kMaxThreads + 1] = {};
+  if (bw[n_threads] == 0) {
+    for (int rep = 0; rep < 6; ++rep) bw[n_threads] = std::max(bw[n_threads], ReadOnce(n_threads));
+  }
+  return bw[n_threads];
+}
+
+// Reported alongside the GEMV rows; "best_GBps" is the figure the roofline counters divide by.
+void BM_MemRead(benchmark::State &state) {
+  const int n_threads = static_cast<int>(state.range(0));
+  BwBuffer();
+  for (auto _ : state) {
+    const double bw = ReadOnce(n_threads);
+    benchmark::DoNotOptimize(bw);
+  }
+  state.SetBytesProcessed(state.iterations() * kBwBytes);
+  state.counters["best_GBps"] = MeasuredBandwidth(n_threads) / 1e9;
+}
+
+// ---- weights ----
+
+void PutHalf(uint8_t *p, float f) {
+  const uint16_t h = strata::quant::FloatToHalf(f);
+  std::memcpy(p, &h, 2);
+}
+
+// One random row with sane scales (as tests/cpu/kernels_test.cc builds them).
+std::vector<uint8_t> RandomRow(const Codec &c, std::mt19937 &rng) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_real_distribution<float> scale(0.001f, 0.05f);
+  std::uniform_int_distribution<int> byte(0, 255);
+  const int64_t nb = kCols / c.block_elems;
+  std::vector<uint8_t> row(static_cast<size_t>(nb * c.block_bytes));
+  if (c.block_elems == 1) {
+    std::vector<float> f(kCols);
+    for (auto &v : f) v = normal(rng) * 0.02f;
+    c.quantize(f.data(), row.data(), kCols);
+    return row;
+  }
+  for (auto &b : row) b = static_cast<uint8_t>(byte(rng));
+  for (int64_t b = 0; b < nb; ++b) {
+    uint8_t *p = row.data() + b * c.block_bytes;
+    switch (c.id) {
+      case TypeId::kQ4_1:
+      case TypeId::kQ5_1: PutHalf(p, scale(rng)); PutHalf(p + 2, -scale(rng) * 8); break;
+      case TypeId::kQ2_K: PutHalf(p + 80, scale(rng)); PutHalf(p + 82, scale(rng)); break;
+      case TypeId::kQ3_K: PutHalf(p + 108, scale(rng)); break;
+      case TypeId::kQ4_K:
+      case TypeId::kQ5_K: PutHalf(p, scale(rng) * 0.1f); PutHalf(p + 2, scale(rng) * 0.1f); break;
+      case TypeId::kQ6_K: PutHalf(p + 208, scale(rng) * 0.1f); break;
+      case TypeId::kMXFP4: p[0] = static_cast<uint8_t>(118 + byte(rng) % 12); break;
+      default: PutHalf(p, scale(rng)); break;
+    }
+  }
+  return row;
+}
+
+// The weight matrix of one codec: kCols columns and enough rows for >= kMinWeightBytes. Only the
+// most recent codec's matrix is kept (benchmarks run grouped by codec), bounding memory.
+struct Weights {
+  TypeId id;
+  Buffer data;
+  strata::model::Matrix m;
+};
+
+const strata::model::Matrix &WeightsFor(TypeId id) {
+  static std::unique_ptr<Weights> cur;
+  if (cur && cur->id == id) return cur->m;
+  cur.reset();
+  const Codec &c = *strata::quant::FindCodec(id);
+  auto w = std::make_unique<Weights>();
+  w->id = id;
+  const int64_t row_bytes = kCols / c.block_elems * c.block_bytes;
+  const int64_t rows = (kMinWeightBytes + row_bytes - 1) / row_bytes / 64 * 64 + 64;
+  w->data = Allocate(rows * row_bytes);
+  std::mt19937 rng(static_cast<uint32_t>(id) + 1);
+  std::vector<std::vector<uint8_t>> distinct;
+  for (int i = 0; i < 64; ++i) distinct.push_back(RandomRow(c, rng));
+  for (int64_t r = 0; r < rows; ++r) std::memcpy(w->data.get() + r * row_bytes, distinct[r % 64].data(), row_bytes);
+  w->m.name = std::string(c.name);
+  w->m.codec = &c;
+  w->m.rows = rows;
+  w->m.cols = kCols;
+  w->m.row_bytes = static_cast<uint64_t>(row_bytes);
+  w->m.data = w->data.get();
+  cur = std::move(w);
+  return cur->m;
+}
+
+// args: type id, mode (0 exact, 1 q8), tokens, threads
+void BM_MatMul(benchmark::State &state) {
+  const auto id = static_cast<TypeId>(state.range(0));
+  const auto mode = state.range(1) ? MatMulMode::kQ8Activations : MatMulMode::kExact;
+  const int64_t n_tok = state.range(2);
+  const int n_threads = static_cast<int>(state.range(3));
+  const double bw = MeasuredBandwidth(n_threads);
+  const strata::model::Matrix &m = WeightsFor(id);
+  CpuBackend backend(n_threads, mode);
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> x(static_cast<size_t>(n_tok * kCols)), y(static_cast<size_t>(n_tok * m.rows));
+  for (auto &v : x) v = normal(rng);
+  backend.MatMul(m, x.data(), n_tok, y.data());  // warm the pool
+  for (auto _ : state) {
+    backend.MatMul(m, x.data(), n_tok, y.data());
+    benchmark::ClobberMemory();
+  }
+  const int64_t bytes = static_cast<int64_t>(m.nbytes());
+  state.SetBytesProcessed(state.iterations() * bytes);
+  // Weight bytes/s over the read bandwidth measured with the same number of threads (a rate
+  // counter, so Google Benchmark prints it with a "/s" suffix; it is a plain fraction).
+  state.counters["roofline"] =
+      benchmark::Counter(static_cast<double>(state.iterations()) * bytes / bw, benchmark::Counter::kIsRate);
+  state.counters["bw_GBps"] = bw / 1e9;
+  state.SetLabel(std::string(m.codec->name) + (mode == MatMulMode::kExact ? " exact" : " q8") +
+                 " b" + std::to_string(n_tok) + " t" + std::to_string(n_threads));
+}
+
+void RegisterAll() {
+  benchmark::RegisterBenchmark("MemRead", BM_MemRead)->Arg(1)->Arg(2)->UseRealTime()->Unit(benchmark::kMillisecond);
+  const TypeId kTypes[] = {TypeId::kQ8_0, TypeId::kQ4_K, TypeId::kQ6_K, TypeId::kQ4_0, TypeId::kF16,
+                           TypeId::kBF16, TypeId::kF32, TypeId::kQ5_K, TypeId::kQ2_K, TypeId::kQ3_K,
+                           TypeId::kQ5_0, TypeId::kQ5_1, TypeId::kQ4_1, TypeId::kIQ4_NL,
+                           TypeId::kIQ4_XS, TypeId::kMXFP4};
+  for (TypeId id : kTypes) {
+    const Codec &c = *strata::quant::FindCodec(id);
+    const bool float_weights = c.block_elems == 1;  // q8 mode runs the exact kernels for these
+    for (int mode = 0; mode < (float_weights ? 1 : 2); ++mode) {
+      for (int tok : {1, 8}) {
+        for (int th = 1; th <= kMaxThreads; ++th) {
+          const std::string name = std::string("MatMul/") + std::string(c.name) + (mode ? "/q8" : "/exact") +
+                                   "/b" + std::to_string(tok) + "/t" + std::to_string(th);
+          benchmark::RegisterBenchmark(name.c_str(), BM_MatMul)
+              ->Args({static_cast<int64_t>(id), mode, tok, th})
+              ->UseRealTime()
+              ->Unit(benchmark::kMillisecond)
+              ->MinTime(0.3);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  // The bandwidth every roofline counter divides by, measured before any GEMV touches memory.
+  for (int t = 1; t <= kMaxThreads; ++t) MeasuredBandwidth(t);
+  RegisterAll();
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
