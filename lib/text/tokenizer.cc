@@ -180,7 +180,12 @@ absl::Status Tokenizer::Finish(const char *where) {
 bool Tokenizer::PairRank(int32_t a, int32_t b, double *prio, int32_t *merged) const {
   if (merge_by_score_) {
     auto it = token_to_id_.find(tokens_[a] + tokens_[b]);
-    if (it == token_to_id_.end()) return false;  // any vocabulary entry, as llama.cpp merges
+    if (it == token_to_id_.end()) return false;
+    // SentencePiece never produces control, unknown or byte pieces from text.
+    TokenAttr t = attrs_[it->second];
+    if (t == TokenAttr::kControl || t == TokenAttr::kUnknown || t == TokenAttr::kByte ||
+        t == TokenAttr::kUnused)
+      return false;
     *prio = -static_cast<double>(scores_[it->second]);
     *merged = it->second;
     return true;
@@ -480,9 +485,13 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromGguf(const format::Ggu
 
   STRATA_RETURN_IF_ERROR(t->Finish("tokenizer.ggml.tokens"));
 
-  if (t->model_ == TokenizerModel::kByteLevelBpe) {
-    const format::GgufValue *merges = gguf.Find("tokenizer.ggml.merges");
-    if (merges == nullptr) return Meta("tokenizer.ggml.merges: missing (needed by the gpt2 model)");
+  // gpt2 needs merges; llama uses them when present (files converted from tokenizer.json), which
+  // reproduces Hugging Face's rank order exactly; without them it merges by score.
+  const format::GgufValue *merges = gguf.Find("tokenizer.ggml.merges");
+  if (merges == nullptr && t->model_ == TokenizerModel::kByteLevelBpe)
+    return Meta("tokenizer.ggml.merges: missing (needed by the gpt2 model)");
+  if (merges != nullptr) {
+    t->merge_by_score_ = false;
     if (merges->type != format::GgufType::kArray || merges->elem_type != format::GgufType::kString)
       return Meta("tokenizer.ggml.merges: not an array of strings");
     for (size_t r = 0; r < merges->arr_str.size(); ++r) {
