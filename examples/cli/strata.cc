@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <map>
@@ -483,6 +484,16 @@ std::string StatusText(const absl::Status &st) {
   return std::string(st.message()) + " (" + moe_status_string(strata::StatusToMoe(st)) + ")";
 }
 
+// The temporary file of a pack in progress, removed if the user interrupts it (unlink is
+// async-signal-safe); the output itself only appears by rename at the very end.
+char g_pack_temp[4096];
+
+void RemovePackTempAndDie(int sig) {
+  if (g_pack_temp[0] != '\0') unlink(g_pack_temp);
+  std::signal(sig, SIG_DFL);
+  std::raise(sig);
+}
+
 int CmdPack(const Args &a) {
   if (a.positional.size() != 2) Die("pack needs IN and OUT (strata pack IN OUT [options])");
   const std::string &in = a.positional[0], &out = a.positional[1];
@@ -502,6 +513,11 @@ int CmdPack(const Args &a) {
   }
   o.hotlist_path = a.hotlist;
   o.progress = isatty(STDERR_FILENO) != 0;
+  const std::string temp = out + ".tmp." + std::to_string(getpid());
+  if (temp.size() < sizeof g_pack_temp) {
+    std::memcpy(g_pack_temp, temp.c_str(), temp.size() + 1);
+    for (int sig : {SIGINT, SIGTERM, SIGHUP}) std::signal(sig, RemovePackTempAndDie);
+  }
   auto report = strata::model::Pack(in, out, o);
   if (!report.ok()) Die("pack '" + in + "': " + StatusText(report.status()));
   for (const auto &f : report->fallbacks) {

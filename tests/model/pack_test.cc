@@ -200,6 +200,21 @@ TEST_CASE("pack q8_0: goldens from HF and GGUF run within bounds, experts aligne
     CHECK(p.report.fallbacks.empty());
     CHECK(Entries(tmp.path()) == std::vector<std::string>{"packed.gguf"});
     const auto g = Parse(p.path);
+    // The metadata describes the same model: every key of the golden GGUF (written by llama.cpp's
+    // gguf package) is there with the same value, whether packed from it or from the HF checkpoint.
+    const auto golden = Parse(dir + "model-f32.gguf");
+    for (const auto &[key, value] : golden.kv) {
+      if (key == "general.name" || key == "general.file_type") continue;
+      INFO("key " << key);
+      const auto *v = g.Find(key);
+      REQUIRE(v != nullptr);
+      CHECK(v->type == value.type);
+      CHECK(v->u == value.u);
+      CHECK(v->i == value.i);
+      CHECK(v->f == value.f);
+      CHECK(v->s == value.s);
+    }
+    CHECK(g.GetUint("general.file_type").value() == 7);
     const auto order = CheckLayout(g, c.n_layer, 8);
     for (size_t i = 1; i < order.size(); ++i) CHECK(order[i - 1] < order[i]);  // layer, then expert id
     // Types: experts and attention Q8_0, norms and routers F32.
@@ -386,8 +401,7 @@ TEST_CASE("pack of bad input fails with exit 1 and leaves no output or temp file
 // be whole super-blocks. Packing re-quantizes already-quantized weights, so the oracle is the input's
 // own (logits-mixed.bin, transformers on its dequantized weights); measured: q4_k experts + q8_0
 // attention 7.4e-2, with layer 1 boosted to q6_k 8.0e-2 (routing flips dominate at this size; bound
-// 0.1 for both); vs the f32 logits.bin 0.243, the
-// same as the input file itself (0.2435), bound 0.3.
+// 0.1 for both); vs the f32 logits.bin 0.243, the same as the input file itself (0.2435), bound 0.3.
 TEST_CASE("pack q4_k experts of the mixed golden", "[pack]") {
   const std::string dir = kGolden + "qwen3moe_mixed/";
   if (!std::filesystem::exists(dir + "model-mixed.gguf") || !std::filesystem::exists(dir + "logits-mixed.bin")) {
