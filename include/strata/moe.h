@@ -249,6 +249,36 @@ MOE_API moe_status moe_session_sample(moe_session *s, int32_t *token);
 /* Number of tokens in the session's KV cache (its position). -1 for NULL. Since: 0.1. */
 MOE_API int32_t moe_session_n_past(const moe_session *s);
 
+/* ---------------------------------------------------------------------------------------------
+ * Text: the model's own tokenizer (GGUF tokenizer.ggml.* metadata, or tokenizer.json in a
+ * checkpoint directory). Models without one answer MOE_ERR_UNSUPPORTED.
+ * ------------------------------------------------------------------------------------------- */
+#define MOE_TOKENIZE_PARSE_SPECIAL 1u /* special tokens written in the text become those tokens */
+#define MOE_TOKENIZE_ADD_BOS 2u       /* prepend BOS when the model's metadata asks for it */
+
+/* Tokenizes text_len bytes of `text` (any bytes; need not be NUL-terminated) into at most
+ * `capacity` ids. *n_tokens receives the number of ids the text needs, also on MOE_ERR_LIMIT.
+ * @return MOE_OK; MOE_ERR_INVALID_ARGUMENT; MOE_ERR_UNSUPPORTED (no tokenizer); MOE_ERR_LIMIT
+ *   (capacity too small: nothing written). Thread-safety: safe. Since: 0.1. */
+MOE_API moe_status moe_tokenize(const moe_ctx *ctx, const char *text, size_t text_len, uint32_t flags,
+                                int32_t *tokens, size_t capacity, size_t *n_tokens);
+
+/* The raw bytes of one token (not NUL-terminated; may be part of a UTF-8 character). *n_bytes
+ * receives the length needed, also on MOE_ERR_LIMIT.
+ * @return MOE_OK; MOE_ERR_INVALID_ARGUMENT (bad id); MOE_ERR_UNSUPPORTED; MOE_ERR_LIMIT.
+ * Thread-safety: safe. Since: 0.1. */
+MOE_API moe_status moe_token_to_piece(const moe_ctx *ctx, int32_t token, char *buf, size_t capacity,
+                                      size_t *n_bytes);
+
+/* The text of n tokens (as the model's decoder renders it), like moe_token_to_piece for a sequence.
+ * Since: 0.1. */
+MOE_API moe_status moe_detokenize(const moe_ctx *ctx, const int32_t *tokens, size_t n, char *buf,
+                                  size_t capacity, size_t *n_bytes);
+
+/* Begin- and end-of-sequence token ids, or -1 when the model has none (or no tokenizer). Since: 0.1. */
+MOE_API int32_t moe_ctx_token_bos(const moe_ctx *ctx);
+MOE_API int32_t moe_ctx_token_eos(const moe_ctx *ctx);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

@@ -341,4 +341,85 @@ moe_status moe_session_sample(moe_session *s, int32_t *token) {
 
 int32_t moe_session_n_past(const moe_session *s) { return s ? s->impl->n_past() : -1; }
 
+static moe_status NeedTokenizer(const moe_ctx *ctx, const strata::text::Tokenizer **out) {
+  if (ctx == nullptr) return Fail(MOE_ERR_INVALID_ARGUMENT, "ctx is NULL");
+  *out = ctx->impl->tokenizer();
+  if (*out == nullptr) return Fail(MOE_ERR_UNSUPPORTED, "the model carries no tokenizer");
+  return MOE_OK;
+}
+
+// Copies `bytes` to buf when it fits; *n receives the size either way.
+static moe_status CopyOut(const std::string &bytes, char *buf, size_t capacity, size_t *n) {
+  if (n == nullptr) return Fail(MOE_ERR_INVALID_ARGUMENT, "length output is NULL");
+  *n = bytes.size();
+  if (bytes.size() > capacity) {
+    return Fail(MOE_ERR_LIMIT, "buffer of " + std::to_string(capacity) + " bytes is too small for " +
+                                   std::to_string(bytes.size()));
+  }
+  if (!bytes.empty()) {
+    if (buf == nullptr) return Fail(MOE_ERR_INVALID_ARGUMENT, "buffer is NULL");
+    std::memcpy(buf, bytes.data(), bytes.size());
+  }
+  return MOE_OK;
+}
+
+moe_status moe_tokenize(const moe_ctx *ctx, const char *text, size_t text_len, uint32_t flags, int32_t *tokens,
+                        size_t capacity, size_t *n_tokens) {
+  return Guard([&]() -> moe_status {
+    const strata::text::Tokenizer *tok;
+    if (moe_status st = NeedTokenizer(ctx, &tok); st != MOE_OK) return st;
+    if (n_tokens == nullptr || (text == nullptr && text_len > 0)) {
+      return Fail(MOE_ERR_INVALID_ARGUMENT, "text or n_tokens is NULL");
+    }
+    if (flags & ~(MOE_TOKENIZE_PARSE_SPECIAL | MOE_TOKENIZE_ADD_BOS)) {
+      return Fail(MOE_ERR_INVALID_ARGUMENT, "unknown tokenize flags " + std::to_string(flags));
+    }
+    std::vector<int32_t> ids;
+    if ((flags & MOE_TOKENIZE_ADD_BOS) && tok->add_bos() && tok->bos() >= 0) ids.push_back(tok->bos());
+    std::vector<int32_t> body =
+        tok->Encode(std::string_view(text ? text : "", text_len), (flags & MOE_TOKENIZE_PARSE_SPECIAL) != 0);
+    ids.insert(ids.end(), body.begin(), body.end());
+    *n_tokens = ids.size();
+    if (ids.size() > capacity) {
+      return Fail(MOE_ERR_LIMIT, "token buffer of " + std::to_string(capacity) + " is too small for " +
+                                     std::to_string(ids.size()));
+    }
+    if (!ids.empty()) {
+      if (tokens == nullptr) return Fail(MOE_ERR_INVALID_ARGUMENT, "tokens is NULL");
+      std::copy(ids.begin(), ids.end(), tokens);
+    }
+    return MOE_OK;
+  });
+}
+
+moe_status moe_token_to_piece(const moe_ctx *ctx, int32_t token, char *buf, size_t capacity, size_t *n_bytes) {
+  return Guard([&]() -> moe_status {
+    const strata::text::Tokenizer *tok;
+    if (moe_status st = NeedTokenizer(ctx, &tok); st != MOE_OK) return st;
+    if (token < 0 || token >= tok->vocab_size()) {
+      return Fail(MOE_ERR_INVALID_ARGUMENT, "token id " + std::to_string(token) + " is outside the vocabulary");
+    }
+    return CopyOut(tok->TokenToPiece(token), buf, capacity, n_bytes);
+  });
+}
+
+moe_status moe_detokenize(const moe_ctx *ctx, const int32_t *tokens, size_t n, char *buf, size_t capacity,
+                          size_t *n_bytes) {
+  return Guard([&]() -> moe_status {
+    const strata::text::Tokenizer *tok;
+    if (moe_status st = NeedTokenizer(ctx, &tok); st != MOE_OK) return st;
+    if (tokens == nullptr && n > 0) return Fail(MOE_ERR_INVALID_ARGUMENT, "tokens is NULL");
+    auto text = tok->Decode(absl::MakeConstSpan(tokens, n));
+    if (!text.ok()) return FromStatus(text.status());
+    return CopyOut(*text, buf, capacity, n_bytes);
+  });
+}
+
+int32_t moe_ctx_token_bos(const moe_ctx *ctx) {
+  return ctx && ctx->impl->tokenizer() ? ctx->impl->tokenizer()->bos() : -1;
+}
+int32_t moe_ctx_token_eos(const moe_ctx *ctx) {
+  return ctx && ctx->impl->tokenizer() ? ctx->impl->tokenizer()->eos() : -1;
+}
+
 }  // extern "C"

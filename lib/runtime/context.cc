@@ -2,6 +2,7 @@
 #include "lib/runtime/context.h"
 
 #include <algorithm>
+#include <unistd.h>
 
 #include "backends/cpu/cpu_backend.h"
 
@@ -24,6 +25,18 @@ store::PlanInputs Context::PlanInputsFor(const ContextOptions &o, const model::H
   return in;
 }
 
+// The tokenizer a model file carries (GGUF tokenizer.ggml.*, or tokenizer.json in a checkpoint
+// directory); nullptr when it has none. A tokenizer that is present but malformed fails the open.
+absl::StatusOr<std::unique_ptr<text::Tokenizer>> LoadTokenizer(const model::ModelFile &mf) {
+  if (mf.kind() == model::ModelFile::Kind::kGguf) {
+    if (mf.gguf().Find("tokenizer.ggml.model") == nullptr) return nullptr;
+    return text::Tokenizer::FromGguf(mf.gguf());
+  }
+  const std::string path = mf.path() + "/tokenizer.json";
+  if (access(path.c_str(), F_OK) != 0) return nullptr;
+  return text::Tokenizer::FromHfFile(path);
+}
+
 absl::StatusOr<std::unique_ptr<Context>> Context::Open(const ContextOptions &o) {
   if (o.model_path.empty()) return Errorf(MOE_ERR_INVALID_ARGUMENT, "no model path given");
   if (o.backend == MOE_BACKEND_CUDA) {
@@ -43,6 +56,11 @@ absl::StatusOr<std::unique_ptr<Context>> Context::Open(const ContextOptions &o) 
   store::PlanInputs in = PlanInputsFor(o, ctx->hp_);
   ctx->n_ctx_ = in.n_ctx;
   STRATA_ASSIGN_OR_RETURN(ctx->plan_, store::MakePlan(ctx->hp_, ctx->weights_, in));
+  STRATA_ASSIGN_OR_RETURN(ctx->tokenizer_, LoadTokenizer(*ctx->file_));
+  if (ctx->tokenizer_ != nullptr && ctx->tokenizer_->vocab_size() > ctx->hp_.n_vocab) {
+    return Errorf(MOE_ERR_FORMAT_HPARAMS, "the tokenizer has %d tokens but the model's vocabulary is %d",
+                  ctx->tokenizer_->vocab_size(), ctx->hp_.n_vocab);
+  }
   STRATA_RETURN_IF_ERROR(ctx->store_.Load(*ctx->file_, ctx->weights_));
   ctx->backend_ = std::make_unique<cpu::CpuBackend>(o.n_threads);
   return ctx;

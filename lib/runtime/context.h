@@ -17,6 +17,7 @@
 #include "lib/model/weights.h"
 #include "lib/runtime/sampler.h"
 #include "lib/store/cache_plan.h"
+#include "lib/text/tokenizer.h"
 
 namespace strata::runtime {
 
@@ -84,6 +85,8 @@ class Context {
   const store::CachePlan &plan() const { return plan_; }
   const model::ModelFile &file() const { return *file_; }
   int default_n_ctx() const { return n_ctx_; }
+  // The model's tokenizer, or nullptr when the file carries none.
+  const text::Tokenizer *tokenizer() const { return tokenizer_.get(); }
 
   absl::StatusOr<Session *> OpenSession(const SessionOptions &o);
   void CloseSession(Session *s);
@@ -97,6 +100,7 @@ class Context {
   model::WeightStore store_;
   std::unique_ptr<model::Backend> backend_;
   store::CachePlan plan_;
+  std::unique_ptr<text::Tokenizer> tokenizer_;
   int n_ctx_ = 0;
   std::mutex mu_;  // guards sessions_ and serialises Step
   std::vector<std::unique_ptr<Session>> sessions_;
