@@ -119,6 +119,10 @@ TEST_CASE("strata argument errors", "[cli]") {
   ExpectError(Cli("run -n -3"), "-n");
   ExpectError(Cli("inspect"), "PATH");
   ExpectError(Cli("run --model /nonexistent/model.gguf"), "/nonexistent/model.gguf");
+  const std::string no_tok = kGolden + "mixtral_f32/model-f32.gguf";
+  ExpectError(Cli("tokenize --model " + no_tok + " --text hello"), "no tokenizer");
+  ExpectError(Cli("run --model " + no_tok + " --prompt hello"), "--tokens");
+  ExpectError(Cli("run --model " + no_tok + " --prompt hello --tokens 1"), "not both");
 }
 
 TEST_CASE("strata inspect accepts every golden model and describes it", "[cli]") {

@@ -232,3 +232,36 @@ TEST_CASE("HF checkpoints with a bad config.json are refused", "[model][bad-inpu
   CHECK(MOE_STATUS_CATEGORY(OpenStatus(dir, &msg)) == MOE_ERR_FORMAT);
   CHECK(msg.find("config.json") != std::string::npos);
 }
+
+TEST_CASE("a tokenizer larger than the model's vocabulary is refused; no tokenizer is reported", "[model][bad-input]") {
+  TempDir tmp;
+  const std::string src = kGolden + "qwen3moe_f32/hf";
+  const std::string dir = tmp.File("ck");
+  std::filesystem::create_directories(dir);
+  for (const char *f : {"config.json", "model.safetensors"}) std::filesystem::copy_file(src + "/" + f, dir + "/" + f);
+  // A 1138-token tokenizer (tests/text fixtures) on a 256-token model.
+  std::filesystem::copy_file(std::string(STRATA_SOURCE_DIR) + "/tests/text/fixtures/gpt2/tokenizer.json",
+                             dir + "/tokenizer.json");
+  std::string msg;
+  CHECK(OpenStatus(dir, &msg) == MOE_ERR_FORMAT_HPARAMS);
+  CHECK(msg.find("tokenizer") != std::string::npos);
+  // A malformed tokenizer.json fails the open too, naming the problem.
+  std::ofstream(dir + "/tokenizer.json") << "{\"model\": 3}";
+  CHECK(MOE_STATUS_CATEGORY(OpenStatus(dir, &msg)) == MOE_ERR_FORMAT);
+  // Without one, text calls answer MOE_ERR_UNSUPPORTED and the model still runs on token ids.
+  std::filesystem::remove(dir + "/tokenizer.json");
+  moe_params p;
+  moe_params_init(&p);
+  p.model_path = dir.c_str();
+  moe_ctx *ctx = nullptr;
+  REQUIRE(moe_ctx_open(&p, &ctx) == MOE_OK);
+  size_t n = 99;
+  int32_t ids[4];
+  CHECK(moe_tokenize(ctx, "hi", 2, 0, ids, 4, &n) == MOE_ERR_UNSUPPORTED);
+  CHECK(std::string(moe_last_error()).find("tokenizer") != std::string::npos);
+  char buf[8];
+  CHECK(moe_token_to_piece(ctx, 1, buf, sizeof buf, &n) == MOE_ERR_UNSUPPORTED);
+  CHECK(moe_ctx_token_bos(ctx) == -1);
+  CHECK(moe_ctx_token_eos(ctx) == -1);
+  moe_ctx_close(ctx);
+}
