@@ -5,7 +5,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 cmake/install_deps.sh
 scripts/build.sh
-ctest --test-dir build --output-on-failure --label-exclude gpu --parallel "$(nproc)" --timeout 900
 
 # libFuzzer: a second tree built with clang holds the parsers' fuzz targets (ASan + UBSan). Each
 # replays its seed corpus, then fuzzes briefly; new inputs go to a scratch directory, crash
@@ -22,3 +21,6 @@ for target in gguf safetensors; do
     -artifact_prefix=build-fuzz/artifacts/ -print_final_stats=1 "$scratch" "tests/fuzz/corpus/${target}"
   rm -rf "$scratch"
 done
+
+# The unit, golden, CLI, package and corpus-replay tests; their summary is the last thing printed.
+ctest --test-dir build --output-on-failure --label-exclude gpu --parallel "$(nproc)" --timeout 900
