@@ -13,74 +13,14 @@
 #include <vector>
 
 #include "include/strata/moe.h"
+#include "tests/model/golden_util.h"
 
 namespace {
 
-const std::string kGolden = std::string(STRATA_SOURCE_DIR) + "/tests/golden/";
-
-template <typename T>
-std::vector<T> ReadBinary(const std::string &path) {
-  std::ifstream f(path, std::ios::binary);
-  REQUIRE(f.good());
-  std::vector<char> bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  REQUIRE(bytes.size() % sizeof(T) == 0);
-  std::vector<T> out(bytes.size() / sizeof(T));
-  std::memcpy(out.data(), bytes.data(), bytes.size());
-  return out;
-}
-
-// max |a - b| / max |b| over all elements.
-double NormalizedMaxError(const std::vector<float> &a, const std::vector<float> &b) {
-  REQUIRE(a.size() == b.size());
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    REQUIRE(std::isfinite(a[i]));
-    num = std::max(num, std::fabs(static_cast<double>(a[i]) - b[i]));
-    den = std::max(den, std::fabs(static_cast<double>(b[i])));
-  }
-  return num / den;
-}
-
-// Runs `tokens` through a fresh session: the first `prefill` as one batch, then one at a time.
-// Returns the logits of every position, (n_tokens, n_vocab).
-std::vector<float> TeacherForced(const std::string &model, const std::vector<int32_t> &tokens, size_t prefill) {
-  moe_params p;
-  moe_params_init(&p);
-  p.model_path = model.c_str();
-  p.backend = MOE_BACKEND_CPU;
-  p.n_threads = 2;
-  moe_ctx *ctx = nullptr;
-  INFO(model << ": " << moe_last_error());
-  REQUIRE(moe_ctx_open(&p, &ctx) == MOE_OK);
-  moe_session_params sp;
-  moe_session_params_init(&sp);
-  sp.logits_all = 1;
-  moe_session *s = nullptr;
-  REQUIRE(moe_session_open(ctx, &sp, &s) == MOE_OK);
-  const int32_t n_vocab = moe_ctx_vocab_size(ctx);
-  // Poison: every row must come from the engine.
-  std::vector<float> out(tokens.size() * n_vocab, std::nanf(""));
-  size_t done = 0;
-  auto run = [&](size_t n) {
-    REQUIRE(moe_session_feed(s, tokens.data() + done, n) == MOE_OK);
-    uint32_t pending = 99;
-    REQUIRE(moe_ctx_step(ctx, &pending) == MOE_OK);
-    REQUIRE(pending == 0);
-    const float *rows;
-    int32_t nt, nv;
-    REQUIRE(moe_session_logits_all(s, &rows, &nt, &nv) == MOE_OK);
-    REQUIRE(nt == static_cast<int32_t>(n));
-    REQUIRE(nv == n_vocab);
-    std::copy(rows, rows + n * n_vocab, out.begin() + done * n_vocab);
-    done += n;
-    REQUIRE(moe_session_n_past(s) == static_cast<int32_t>(done));
-  };
-  if (prefill > 0) run(prefill);
-  while (done < tokens.size()) run(1);
-  moe_session_close(s);
-  moe_ctx_close(ctx);
-  return out;
-}
+using strata::testing::kGolden;
+using strata::testing::NormalizedMaxError;
+using strata::testing::ReadBinary;
+using strata::testing::TeacherForced;
 
 struct Case {
   const char *dir;
