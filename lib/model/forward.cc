@@ -103,26 +103,36 @@ absl::Status Forward(const HParams &hp, const ModelWeights &w, Backend &be, KvCa
       Route(router.data() + t * hp.n_expert, hp.n_expert, static_cast<int>(K), hp.norm_topk_prob,
             sel.data() + t * K, wts.data() + t * K);
     }
-    if (a.observer != nullptr) a.observer->OnRoute(l, sel.data(), T * K);
-    // Group tokens by expert so each expert's weights are used once per call.
+    if (a.experts != nullptr) a.experts->OnRoute(l, h.data(), T, sel.data(), static_cast<int>(K));
+    // Group tokens by expert so each expert's weights are fetched and used once per batch.
+    std::vector<std::vector<int64_t>> members(hp.n_expert);  // indices into sel (t * K + slot)
+    for (int64_t i = 0; i < T * K; ++i) members[sel[i]].push_back(i);
+    std::vector<int32_t> used;
     for (int e = 0; e < hp.n_expert; ++e) {
-      std::vector<int64_t> members;  // indices into sel (t * K + slot)
-      for (int64_t i = 0; i < T * K; ++i) {
-        if (sel[i] == e) members.push_back(i);
-      }
-      if (members.empty()) continue;
-      const int64_t n = static_cast<int64_t>(members.size());
+      if (!members[e].empty()) used.push_back(e);
+    }
+    std::vector<const ExpertWeights *> ew(used.size());
+    if (a.experts != nullptr) {
+      absl::Status st = a.experts->Acquire(l, used, &ew);
+      if (!st.ok()) return Annotate(st, absl::StrFormat("layer %d experts", l));
+    } else {
+      for (size_t u = 0; u < used.size(); ++u) ew[u] = &L.experts[used[u]];
+    }
+    for (size_t u = 0; u < used.size(); ++u) {
+      const std::vector<int64_t> &mem = members[used[u]];
+      const int64_t n = static_cast<int64_t>(mem.size());
       xg.resize(n * D);
       yg.resize(n * D);
       for (int64_t m = 0; m < n; ++m) {
-        const int64_t t = members[m] / K;
+        const int64_t t = mem[m] / K;
         std::copy(h.begin() + t * D, h.begin() + (t + 1) * D, xg.begin() + m * D);
       }
-      be.ExpertFfn(L.experts[e], xg.data(), n, yg.data());
+      be.ExpertFfn(*ew[u], xg.data(), n, yg.data());
       for (int64_t m = 0; m < n; ++m) {
-        std::copy(yg.begin() + m * D, yg.begin() + (m + 1) * D, slots.begin() + members[m] * D);
+        std::copy(yg.begin() + m * D, yg.begin() + (m + 1) * D, slots.begin() + mem[m] * D);
       }
     }
+    if (a.experts != nullptr) a.experts->Release(l, used);
     // moe (T, D) = sum over slots of weight * expert output, then the residual add.
     for (int64_t t = 0; t < T; ++t) {
       std::fill(o.begin() + t * D, o.begin() + (t + 1) * D, 0.f);

@@ -32,11 +32,22 @@ class KvCache {
   std::vector<float> k_, v_;
 };
 
-// Observes routing decisions (stats, hotness). Called once per (layer, token, selected expert).
-class RoutingObserver {
+// Where the routed experts' bytes come from. For each layer the forward pass reports the routing
+// of the whole batch, then acquires the distinct selected experts (ascending ids, each once per
+// batch), computes with them, and releases them. An implementation may bring experts in from a slower
+// tier inside Acquire and must keep them in place until Release; it may use the routing and the
+// layer input to predict what later layers need. Without one, the resident weights are used.
+class ExpertSource {
  public:
-  virtual ~RoutingObserver() = default;
-  virtual void OnRoute(int layer, const int32_t *experts, int64_t n) = 0;
+  virtual ~ExpertSource() = default;
+  // `h` (n_tok, n_embd): the normalised input of layer l's experts; `selected` (n_tok * k) the
+  // expert ids chosen for each token.
+  virtual void OnRoute(int layer, const float *h, int64_t n_tok, const int32_t *selected, int k) {}
+  // out[i] receives the weights of experts[i], valid until Release(layer, experts). On failure
+  // nothing stays acquired and Release is not called.
+  virtual absl::Status Acquire(int layer, const std::vector<int32_t> &experts,
+                               std::vector<const ExpertWeights *> *out) = 0;
+  virtual void Release(int layer, const std::vector<int32_t> &experts) = 0;
 };
 
 struct ForwardArgs {
@@ -44,7 +55,7 @@ struct ForwardArgs {
   int64_t n_tok = 0;
   int pos0 = 0;                      // position of tokens[0]; the cache holds positions < pos0
   bool all_logits = false;           // logits for every token, else only the last
-  RoutingObserver *observer = nullptr;
+  ExpertSource *experts = nullptr;   // nullptr: the resident weights in `w`
 };
 
 // Runs the tokens through the model, writing their K/V into `kv` and the logits into `logits`
