@@ -111,7 +111,18 @@ typedef struct moe_params {
   int32_t n_threads;          /* CPU threads for compute; 0 = one per core */
   uint32_t n_ctx;             /* default context length per session; 0 = min(model's, 4096) */
   uint32_t max_sessions;      /* sessions the cache plan reserves KV for; default 1 */
+  /* Since 0.1: the expert cache (used when the RAM budget cannot hold every routed expert). */
+  int32_t cache_policy;       /* moe_cache_policy; default MOE_CACHE_HOTNESS */
+  int32_t prefetch_distance;  /* layers ahead whose experts are predicted and prefetched; default 1 */
+  int32_t n_io_threads;       /* threads reading experts from the model file; default 2 */
 } moe_params;
+
+typedef enum moe_cache_policy {
+  MOE_CACHE_LRU = 0,     /* evict the least recently used expert */
+  MOE_CACHE_LFU = 1,     /* evict the least frequently used expert */
+  MOE_CACHE_HOTNESS = 2  /* route hotness: selections counted, halved every 16 decode tokens,
+                            reset at a new prompt (the cache stays warm) */
+} moe_cache_policy;
 
 /* Fills `p` (whose struct_size is already set) with defaults, for the fields that size covers.
  * Call through moe_params_init. Since: 0.1. */
@@ -186,6 +197,66 @@ MOE_API const moe_expert_table *moe_ctx_experts(const moe_ctx *ctx);
 /* Layers with routed experts, and routed experts per layer, of the table; 0 for NULL. Since: 0.1. */
 MOE_API uint32_t moe_expert_table_n_layers(const moe_expert_table *t);
 MOE_API uint32_t moe_expert_table_n_experts(const moe_expert_table *t);
+
+/* One routed expert: where its three projections lie in the model files. */
+typedef struct moe_expert_info {
+  uint32_t struct_size;
+  uint32_t file_index[3];   /* gate, up, down: which model file (shard) */
+  uint64_t file_offset[3];  /* absolute byte offsets */
+  uint64_t bytes[3];
+  uint32_t codec[3];        /* GGUF tensor type ids */
+  uint32_t rows[3];         /* gate/up: n_ff, down: n_embd */
+  uint32_t cols[3];         /* gate/up: n_embd, down: n_ff */
+  uint64_t total_bytes;     /* gate + up + down */
+  uint64_t slot_bytes;      /* bytes of the cache slot it occupies (one contiguous read when packed) */
+  uint32_t single_read;     /* 1 when the three projections are read with one read */
+} moe_expert_info;
+
+static inline void moe_expert_info_init(moe_expert_info *p) {
+  unsigned char *b = (unsigned char *)p;
+  size_t i;
+  for (i = 0; i < sizeof(*p); ++i) b[i] = 0;
+  p->struct_size = (uint32_t)sizeof(moe_expert_info);
+}
+
+/* Fills `out` (initialised with moe_expert_info_init) for routed expert `expert` of `layer`.
+ * @return MOE_OK; MOE_ERR_INVALID_ARGUMENT (NULL, layer or expert out of range, bad struct_size).
+ * Thread-safety: safe. Since: 0.1. */
+MOE_API moe_status moe_expert_table_get(const moe_expert_table *t, uint32_t layer, uint32_t expert,
+                                        moe_expert_info *out);
+
+/* ---------------------------------------------------------------------------------------------
+ * Statistics of the expert tiers
+ * ------------------------------------------------------------------------------------------- */
+typedef struct moe_stats {
+  uint32_t struct_size;
+  uint32_t streaming;          /* 1 when routed experts stream from the file through the RAM cache */
+  uint64_t expert_hits;        /* expert uses served from RAM (resident, cached or already loading) */
+  uint64_t expert_misses;      /* expert uses that waited for a read from the model file */
+  uint64_t prefetch_issued;    /* predicted experts loaded ahead of use */
+  uint64_t prefetch_useful;    /* of those, used before being evicted */
+  uint64_t evictions;
+  uint64_t bytes_read;         /* expert bytes read from the model files */
+  double io_wait_s;            /* time compute waited for expert reads */
+  uint32_t cache_slots;        /* experts the RAM tier holds */
+  uint32_t memory_locked;      /* 1 when the cache slab is locked in RAM (mlock) */
+  uint64_t cache_slot_bytes;
+  uint64_t load_errors;
+} moe_stats;
+
+static inline void moe_stats_init(moe_stats *p) {
+  unsigned char *b = (unsigned char *)p;
+  size_t i;
+  for (i = 0; i < sizeof(*p); ++i) b[i] = 0;
+  p->struct_size = (uint32_t)sizeof(moe_stats);
+}
+
+/* The context's counters since open or the last moe_ctx_reset_stats. Thread-safety: safe. Since: 0.1. */
+MOE_API moe_status moe_ctx_stats(const moe_ctx *ctx, moe_stats *out);
+/* Hits and misses of one layer's experts. Since: 0.1. */
+MOE_API moe_status moe_ctx_layer_stats(const moe_ctx *ctx, uint32_t layer, uint64_t *hits, uint64_t *misses);
+/* Zeroes the counters (the cache keeps its contents). Since: 0.1. */
+MOE_API void moe_ctx_reset_stats(moe_ctx *ctx);
 
 /* ---------------------------------------------------------------------------------------------
  * Sessions

@@ -15,6 +15,7 @@
 struct moe_expert_table {
   uint32_t n_layers = 0;
   uint32_t n_experts = 0;
+  const strata::store::ExpertTable *table = nullptr;
 };
 
 struct moe_session;
@@ -85,6 +86,9 @@ strata::runtime::ContextOptions ToOptions(const moe_params &p) {
   o.n_threads = p.n_threads;
   o.n_ctx = static_cast<int>(std::min<uint32_t>(p.n_ctx, INT32_MAX));
   o.max_sessions = static_cast<int>(std::min<uint32_t>(p.max_sessions, 1u << 20));
+  o.cache_policy = p.cache_policy;
+  o.prefetch_distance = p.prefetch_distance;
+  o.n_io_threads = p.n_io_threads;
   return o;
 }
 
@@ -170,6 +174,9 @@ void moe_params_fill_defaults(moe_params *p) {
   d.n_threads = 0;
   d.n_ctx = 0;
   d.max_sessions = 1;
+  d.cache_policy = MOE_CACHE_HOTNESS;
+  d.prefetch_distance = 1;
+  d.n_io_threads = 2;
   std::memcpy(reinterpret_cast<char *>(p) + sizeof(uint32_t), reinterpret_cast<const char *>(&d) + sizeof(uint32_t),
               std::min<size_t>(p->struct_size, sizeof d) - sizeof(uint32_t));
 }
@@ -218,6 +225,7 @@ moe_status moe_ctx_open(const moe_params *p, moe_ctx **out) {
     c->impl = std::move(*ctx);
     c->experts.n_layers = static_cast<uint32_t>(c->impl->hparams().n_layer);
     c->experts.n_experts = static_cast<uint32_t>(c->impl->hparams().n_expert);
+    c->experts.table = &c->impl->expert_table();
     *out = c;
     return MOE_OK;
   });
@@ -246,6 +254,88 @@ moe_status moe_ctx_plan(const moe_ctx *ctx, moe_cache_plan *out) {
 const moe_expert_table *moe_ctx_experts(const moe_ctx *ctx) { return ctx ? &ctx->experts : nullptr; }
 uint32_t moe_expert_table_n_layers(const moe_expert_table *t) { return t ? t->n_layers : 0; }
 uint32_t moe_expert_table_n_experts(const moe_expert_table *t) { return t ? t->n_experts : 0; }
+
+moe_status moe_expert_table_get(const moe_expert_table *t, uint32_t layer, uint32_t expert, moe_expert_info *out) {
+  return Guard([&]() -> moe_status {
+    if (t == nullptr || out == nullptr) return Fail(MOE_ERR_INVALID_ARGUMENT, "table or out is NULL");
+    if (out->struct_size < sizeof(uint32_t) * 4) {
+      return Fail(MOE_ERR_INVALID_ARGUMENT, "moe_expert_info.struct_size is too small (use moe_expert_info_init)");
+    }
+    if (layer >= t->n_layers || expert >= t->n_experts) {
+      return Fail(MOE_ERR_INVALID_ARGUMENT, "expert " + std::to_string(expert) + " of layer " + std::to_string(layer) +
+                                                " is outside the table (" + std::to_string(t->n_layers) + " x " +
+                                                std::to_string(t->n_experts) + ")");
+    }
+    const strata::store::ExpertEntry &en = t->table->entry(static_cast<int>(layer), static_cast<int>(expert));
+    moe_expert_info info;
+    std::memset(&info, 0, sizeof info);
+    info.struct_size = out->struct_size;
+    const strata::model::Matrix *m[3] = {&en.weights->gate, &en.weights->up, &en.weights->down};
+    for (int p = 0; p < 3; ++p) {
+      info.file_index[p] = static_cast<uint32_t>(en.part[p].file_index);
+      info.file_offset[p] = en.part[p].file_offset;
+      info.bytes[p] = en.part[p].bytes;
+      info.codec[p] = static_cast<uint32_t>(m[p]->codec->id);
+      info.rows[p] = static_cast<uint32_t>(m[p]->rows);
+      info.cols[p] = static_cast<uint32_t>(m[p]->cols);
+    }
+    info.total_bytes = en.bytes;
+    info.slot_bytes = en.slot_bytes;
+    info.single_read = en.single_read ? 1 : 0;
+    std::memcpy(out, &info, std::min<size_t>(out->struct_size, sizeof info));
+    return MOE_OK;
+  });
+}
+
+moe_status moe_ctx_stats(const moe_ctx *ctx, moe_stats *out) {
+  return Guard([&]() -> moe_status {
+    if (ctx == nullptr || out == nullptr) return Fail(MOE_ERR_INVALID_ARGUMENT, "ctx or out is NULL");
+    if (out->struct_size < sizeof(uint32_t) * 2) {
+      return Fail(MOE_ERR_INVALID_ARGUMENT, "moe_stats.struct_size is too small (use moe_stats_init)");
+    }
+    const strata::runtime::ContextStats cs = ctx->impl->Stats();
+    moe_stats st;
+    std::memset(&st, 0, sizeof st);
+    st.struct_size = out->struct_size;
+    st.streaming = cs.streaming ? 1 : 0;
+    st.expert_hits = cs.cache.hits;
+    st.expert_misses = cs.cache.misses;
+    st.prefetch_issued = cs.cache.prefetch_issued;
+    st.prefetch_useful = cs.cache.prefetch_useful;
+    st.evictions = cs.cache.evictions;
+    st.bytes_read = cs.cache.bytes_read;
+    st.io_wait_s = cs.cache.io_wait_s;
+    st.cache_slots = cs.cache.n_slots;
+    st.memory_locked = cs.cache.memory_locked ? 1 : 0;
+    st.cache_slot_bytes = cs.cache.slot_bytes;
+    st.load_errors = cs.cache.load_errors;
+    std::memcpy(out, &st, std::min<size_t>(out->struct_size, sizeof st));
+    return MOE_OK;
+  });
+}
+
+moe_status moe_ctx_layer_stats(const moe_ctx *ctx, uint32_t layer, uint64_t *hits, uint64_t *misses) {
+  return Guard([&]() -> moe_status {
+    if (ctx == nullptr || hits == nullptr || misses == nullptr) {
+      return Fail(MOE_ERR_INVALID_ARGUMENT, "ctx, hits or misses is NULL");
+    }
+    const strata::runtime::ContextStats cs = ctx->impl->Stats();
+    if (layer >= cs.cache.layer_hits.size()) {
+      return Fail(MOE_ERR_INVALID_ARGUMENT, "layer " + std::to_string(layer) + " is out of range");
+    }
+    *hits = cs.cache.layer_hits[layer];
+    *misses = cs.cache.layer_misses[layer];
+    return MOE_OK;
+  });
+}
+
+void moe_ctx_reset_stats(moe_ctx *ctx) {
+  if (ctx == nullptr) return;
+  try {
+    ctx->impl->ResetStats();
+  } catch (...) {
+  }
+}
 
 moe_status moe_session_open(moe_ctx *ctx, const moe_session_params *p, moe_session **out) {
   return Guard([&]() -> moe_status {

@@ -3,6 +3,8 @@
 // any byte is read; every error names the file.
 #include "lib/format/file.h"
 
+#include <atomic>
+
 #include <errno.h>
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -71,6 +73,12 @@ File::~File() {
   if (fd_ >= 0) ::close(fd_);
 }
 
+namespace {
+std::atomic<PreadFn> g_pread{nullptr};
+}  // namespace
+
+PreadFn SetPreadForTesting(PreadFn fn) { return g_pread.exchange(fn); }
+
 absl::Status File::ReadAt(uint64_t offset, void *dst, uint64_t n) const {
   STRATA_RETURN_IF_ERROR(CheckRange(path_, size_, offset, n));
   auto *out = static_cast<uint8_t *>(dst);
@@ -79,7 +87,9 @@ absl::Status File::ReadAt(uint64_t offset, void *dst, uint64_t n) const {
     // pread's count is capped so the ssize_t result cannot overflow; Linux moves at most ~2 GiB
     // per call anyway.
     size_t want = static_cast<size_t>(std::min<uint64_t>(n - done, 1u << 30));
-    ssize_t got = ::pread(fd_, out + done, want, static_cast<off_t>(offset + done));
+    PreadFn hook = g_pread.load(std::memory_order_relaxed);
+    ssize_t got = hook ? hook(fd_, out + done, want, static_cast<off_t>(offset + done))
+                       : ::pread(fd_, out + done, want, static_cast<off_t>(offset + done));
     if (got < 0) {
       if (errno == EINTR) continue;
       return Errorf(MOE_ERR_IO_READ, "reading %u bytes at offset %u of '%s': %s", want,

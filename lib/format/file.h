@@ -62,6 +62,11 @@ class MemorySource final : public Source {
   std::string name_;
 };
 
+// Fault injection for tests: every File::ReadAt calls `fn` instead of pread(2) while it is set
+// (nullptr restores pread). Returns the previous function. Not for production use.
+using PreadFn = ssize_t (*)(int fd, void *buf, size_t count, off_t offset);
+PreadFn SetPreadForTesting(PreadFn fn);
+
 // Reads a whole (small) file into a string: config.json, index files. Refuses files over max_bytes.
 absl::StatusOr<std::string> ReadSmallFile(const std::string &path, uint64_t max_bytes);
 

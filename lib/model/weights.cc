@@ -214,11 +214,12 @@ absl::StatusOr<ModelWeights> BindHf(const ModelFile &mf, const HParams &hp) {
 }
 
 template <typename F>
-void ForEachMatrix(ModelWeights &w, F &&f) {
+void ForEachMatrix(ModelWeights &w, F &&f, bool routed_experts = true) {
   f(w.tok_embd);
   f(w.output);
   for (auto &L : w.layers) {
     for (Matrix *m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.router}) f(*m);
+    if (!routed_experts) continue;
     for (auto &e : L.experts) {
       f(e.gate);
       f(e.up);
@@ -264,7 +265,7 @@ uint64_t NonRoutedBytes(const ModelWeights &w) {
 
 WeightStore::~WeightStore() { std::free(arena_); }
 
-absl::Status WeightStore::Load(const ModelFile &mf, ModelWeights &w) {
+absl::Status WeightStore::Load(const ModelFile &mf, ModelWeights &w, bool routed_experts) {
   // Every tensor any view points into, read once.
   absl::flat_hash_map<const TensorRef *, uint64_t> placement;
   std::vector<const TensorRef *> order;
@@ -275,7 +276,7 @@ absl::Status WeightStore::Load(const ModelFile &mf, ModelWeights &w) {
     order.push_back(t);
     total += (t->nbytes + 63) & ~uint64_t{63};
   };
-  ForEachMatrix(w, [&](Matrix &m) { place(m.tensor); });
+  ForEachMatrix(w, [&](Matrix &m) { place(m.tensor); }, routed_experts);
   std::free(arena_);
   arena_ = nullptr;
   size_ = 0;
@@ -290,7 +291,7 @@ absl::Status WeightStore::Load(const ModelFile &mf, ModelWeights &w) {
     absl::Status st = mf.file(t->file_index).ReadAt(t->offset, arena_ + placement[t], t->nbytes);
     if (!st.ok()) return Annotate(st, absl::StrCat("reading tensor '", t->name, "'"));
   }
-  ForEachMatrix(w, [&](Matrix &m) { m.data = arena_ + placement[m.tensor] + m.sub_offset; });
+  ForEachMatrix(w, [&](Matrix &m) { m.data = arena_ + placement[m.tensor] + m.sub_offset; }, routed_experts);
   // Norm vectors are small: convert them to float once.
   absl::Status status = absl::OkStatus();
   ForEachVec(w, [&](Vec &v) {

@@ -81,7 +81,9 @@ class WeightStore {
   WeightStore(const WeightStore &) = delete;
   WeightStore &operator=(const WeightStore &) = delete;
 
-  absl::Status Load(const ModelFile &mf, ModelWeights &w);
+  // With routed_experts false, the routed experts stay in the file (their views keep data ==
+  // nullptr) for the expert cache to stream.
+  absl::Status Load(const ModelFile &mf, ModelWeights &w, bool routed_experts = true);
   uint64_t resident_bytes() const { return size_; }
 
  private:

@@ -61,8 +61,25 @@ absl::StatusOr<std::unique_ptr<Context>> Context::Open(const ContextOptions &o) 
     return Errorf(MOE_ERR_FORMAT_HPARAMS, "the tokenizer has %d tokens but the model's vocabulary is %d",
                   ctx->tokenizer_->vocab_size(), ctx->hp_.n_vocab);
   }
-  STRATA_RETURN_IF_ERROR(ctx->store_.Load(*ctx->file_, ctx->weights_));
+  if (o.cache_policy < 0 || o.cache_policy > 2 || o.prefetch_distance < 0 || o.n_io_threads < 1) {
+    return Errorf(MOE_ERR_INVALID_ARGUMENT, "bad cache options: policy %d, prefetch distance %d, %d I/O threads",
+                  o.cache_policy, o.prefetch_distance, o.n_io_threads);
+  }
+  // Experts stream when the plan's RAM tier cannot hold them all.
+  const bool streaming = ctx->plan_.ram_expert_slots < ctx->plan_.n_routed_experts;
+  STRATA_RETURN_IF_ERROR(ctx->store_.Load(*ctx->file_, ctx->weights_, /*routed_experts=*/!streaming));
   ctx->backend_ = std::make_unique<cpu::CpuBackend>(o.n_threads);
+  ctx->table_ = std::make_unique<store::ExpertTable>(ctx->weights_);
+  ctx->resident_layer_hits_.assign(ctx->hp_.n_layer, 0);
+  if (streaming) {
+    store::CacheOptions co;
+    co.n_slots = ctx->plan_.ram_expert_slots;
+    co.policy = static_cast<store::PolicyKind>(o.cache_policy);
+    co.prefetch_distance = o.prefetch_distance;
+    co.n_io_threads = o.n_io_threads;
+    STRATA_ASSIGN_OR_RETURN(ctx->cache_, store::ExpertCache::Create(*ctx->table_, *ctx->file_, ctx->weights_,
+                                                                    ctx->backend_.get(), co));
+  }
   return ctx;
 }
 
@@ -92,9 +109,35 @@ void Context::CloseSession(Session *s) {
                   sessions_.end());
 }
 
+// Counts expert uses when every expert is resident, so stats read the same either way.
+class ResidentExperts final : public model::ExpertSource {
+ public:
+  ResidentExperts(const model::ModelWeights &w, uint64_t *hits, std::vector<uint64_t> *layer_hits)
+      : w_(w), hits_(hits), layer_hits_(layer_hits) {}
+  absl::Status Acquire(int layer, const std::vector<int32_t> &experts,
+                       std::vector<const model::ExpertWeights *> *out) override {
+    out->resize(experts.size());
+    for (size_t i = 0; i < experts.size(); ++i) (*out)[i] = &w_.layers[layer].experts[experts[i]];
+    *hits_ += experts.size();
+    (*layer_hits_)[layer] += experts.size();
+    return absl::OkStatus();
+  }
+  void Release(int, const std::vector<int32_t> &) override {}
+
+ private:
+  const model::ModelWeights &w_;
+  uint64_t *hits_;
+  std::vector<uint64_t> *layer_hits_;
+};
+
 absl::Status Context::Step(uint32_t *n_pending) {
   std::lock_guard<std::mutex> lk(mu_);
   absl::Status status = absl::OkStatus();
+  if (cache_ != nullptr) {
+    // A model file replaced or resized under us must not feed stale or torn experts.
+    for (int i = 0; i < file_->n_files(); ++i) STRATA_RETURN_IF_ERROR(file_->file(i).CheckUnchanged());
+  }
+  ResidentExperts resident(weights_, &resident_hits_, &resident_layer_hits_);
   for (auto &sp : sessions_) {
     Session &s = *sp;
     if (s.pending_.empty()) continue;
@@ -103,12 +146,15 @@ absl::Status Context::Step(uint32_t *n_pending) {
     a.n_tok = static_cast<int64_t>(s.pending_.size());
     a.pos0 = s.n_past_;
     a.all_logits = s.opts_.logits_all;
+    a.experts = cache_ != nullptr ? static_cast<model::ExpertSource *>(cache_.get()) : &resident;
+    if (cache_ != nullptr && a.n_tok > 1) cache_->OnNewPrompt();
     std::vector<float> logits;
     absl::Status st = model::Forward(hp_, weights_, *backend_, s.kv_, a, &logits);
     if (!st.ok()) {
       status = st;
       break;
     }
+    if (cache_ != nullptr && a.n_tok == 1) cache_->OnDecodeToken();
     s.n_past_ += static_cast<int>(a.n_tok);
     s.n_logit_rows_ = static_cast<int32_t>(logits.size() / hp_.n_vocab);
     s.logits_ = std::move(logits);
@@ -120,6 +166,29 @@ absl::Status Context::Step(uint32_t *n_pending) {
     *n_pending = n;
   }
   return status;
+}
+
+ContextStats Context::Stats() const {
+  ContextStats st;
+  st.streaming = cache_ != nullptr;
+  if (cache_ != nullptr) {
+    st.cache = cache_->stats();
+  } else {
+    std::lock_guard<std::mutex> lk(const_cast<std::mutex &>(mu_));
+    st.cache.hits = resident_hits_;
+    st.cache.layer_hits = resident_layer_hits_;
+    st.cache.layer_misses.assign(resident_layer_hits_.size(), 0);
+    st.cache.n_slots = plan_.n_routed_experts;
+    st.cache.slot_bytes = table_->slot_bytes();
+  }
+  return st;
+}
+
+void Context::ResetStats() {
+  if (cache_ != nullptr) cache_->ResetStats();
+  std::lock_guard<std::mutex> lk(mu_);
+  resident_hits_ = 0;
+  std::fill(resident_layer_hits_.begin(), resident_layer_hits_.end(), 0);
 }
 
 absl::Status Session::Feed(const int32_t *tokens, size_t n) {

@@ -17,6 +17,8 @@
 #include "lib/model/weights.h"
 #include "lib/runtime/sampler.h"
 #include "lib/store/cache_plan.h"
+#include "lib/store/expert_cache.h"
+#include "lib/store/expert_table.h"
 #include "lib/text/tokenizer.h"
 
 namespace strata::runtime {
@@ -29,6 +31,15 @@ struct ContextOptions {
   int n_threads = 0;
   int n_ctx = 0;        // 0 = min(model's, 4096)
   int max_sessions = 1;
+  int cache_policy = 2;       // store::PolicyKind: 0 LRU, 1 LFU, 2 route hotness
+  int prefetch_distance = 1;  // layers ahead the expert cache predicts; 0 = none
+  int n_io_threads = 2;
+};
+
+// What the expert tiers did since open (or the last reset).
+struct ContextStats {
+  bool streaming = false;        // routed experts stream from the file through the RAM cache
+  store::CacheStats cache;       // hits are RAM-tier hits; misses were read from the file
 };
 
 struct SessionOptions {
@@ -91,6 +102,11 @@ class Context {
   absl::StatusOr<Session *> OpenSession(const SessionOptions &o);
   void CloseSession(Session *s);
   absl::Status Step(uint32_t *n_pending);
+  ContextStats Stats() const;
+  void ResetStats();
+  // The RAM expert cache when experts stream; nullptr when all are resident.
+  store::ExpertCache *expert_cache() { return cache_.get(); }
+  const store::ExpertTable &expert_table() const { return *table_; }
 
  private:
   Context() = default;
@@ -101,6 +117,10 @@ class Context {
   std::unique_ptr<model::Backend> backend_;
   store::CachePlan plan_;
   std::unique_ptr<text::Tokenizer> tokenizer_;
+  std::unique_ptr<store::ExpertTable> table_;
+  std::unique_ptr<store::ExpertCache> cache_;  // after backend_: destroyed first
+  uint64_t resident_hits_ = 0;                  // expert uses when nothing streams
+  std::vector<uint64_t> resident_layer_hits_;
   int n_ctx_ = 0;
   std::mutex mu_;  // guards sessions_ and serialises Step
   std::vector<std::unique_ptr<Session>> sessions_;

@@ -1,0 +1,349 @@
+// Expert cache: slot allocation, the I/O threads, prediction and statistics. One mutex guards the
+// residency map and slot states; file reads run outside it, into slots that are marked loading (so
+// nothing else touches them until they are ready or failed).
+#include "lib/store/expert_cache.h"
+
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+
+namespace strata::store {
+
+absl::StatusOr<std::unique_ptr<ExpertCache>> ExpertCache::Create(const ExpertTable &table,
+                                                                 const model::ModelFile &file,
+                                                                 const model::ModelWeights &weights,
+                                                                 model::Backend *backend,
+                                                                 const CacheOptions &options) {
+  const uint32_t n_keys = static_cast<uint32_t>(table.n_layers()) * static_cast<uint32_t>(table.n_experts());
+  if (options.n_slots < static_cast<uint32_t>(table.n_experts()) || n_keys == 0) {
+    return Errorf(MOE_ERR_INVALID_ARGUMENT, "an expert cache of %u slots cannot hold one layer's %d experts",
+                  options.n_slots, table.n_experts());
+  }
+  if (options.n_io_threads < 1 || options.n_io_threads > 64 || options.prefetch_distance < 0) {
+    return Errorf(MOE_ERR_INVALID_ARGUMENT, "bad cache options: %d I/O threads, prefetch distance %d",
+                  options.n_io_threads, options.prefetch_distance);
+  }
+  auto c = std::unique_ptr<ExpertCache>(new ExpertCache(table, file, weights, backend, options));
+  const uint32_t n_slots = std::min(options.n_slots, n_keys);
+  c->slab_bytes_ = static_cast<uint64_t>(n_slots) * table.slot_bytes();
+  c->slab_ = static_cast<uint8_t *>(std::aligned_alloc(4096, c->slab_bytes_));
+  if (c->slab_ == nullptr) {
+    return Errorf(MOE_ERR_NO_MEMORY, "cannot allocate an expert cache of %u slots x %u bytes", n_slots,
+                  table.slot_bytes());
+  }
+  if (options.lock_memory) c->stats_.memory_locked = mlock(c->slab_, c->slab_bytes_) == 0;
+  c->slots_.resize(n_slots);
+  for (uint32_t s = 0; s < n_slots; ++s) c->slots_[s].data = c->slab_ + static_cast<uint64_t>(s) * table.slot_bytes();
+  c->key_slot_.assign(n_keys, -1);
+  c->protected_.assign(n_keys, 0);
+  c->key_error_.assign(n_keys, absl::OkStatus());
+  c->policy_ = MakePolicy(options.policy, n_keys);
+  if (c->opts_.max_inflight_bytes == 0) c->opts_.max_inflight_bytes = 4 * table.slot_bytes();
+  c->stats_.layer_hits.assign(table.n_layers(), 0);
+  c->stats_.layer_misses.assign(table.n_layers(), 0);
+  c->stats_.n_slots = n_slots;
+  c->stats_.slot_bytes = table.slot_bytes();
+  for (int i = 0; i < options.n_io_threads; ++i) c->io_threads_.emplace_back([p = c.get()] { p->IoLoop(); });
+  return c;
+}
+
+ExpertCache::~ExpertCache() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stop_ = true;
+  }
+  cv_io_.notify_all();
+  for (auto &t : io_threads_) t.join();
+  if (stats_.memory_locked) munlock(slab_, slab_bytes_);
+  std::free(slab_);
+}
+
+int ExpertCache::StartLoadLocked(uint32_t key, int priority, bool prefetch) {
+  int victim = -1;
+  for (size_t s = 0; s < slots_.size(); ++s) {
+    if (slots_[s].state == SlotState::kEmpty && slots_[s].pins == 0) {
+      victim = static_cast<int>(s);
+      break;
+    }
+  }
+  if (victim < 0) {
+    std::vector<uint32_t> keys;
+    std::vector<int> idx;
+    for (size_t s = 0; s < slots_.size(); ++s) {
+      const Slot &sl = slots_[s];
+      if (sl.state == SlotState::kReady && sl.pins == 0 && !protected_[sl.key]) {
+        keys.push_back(sl.key);
+        idx.push_back(static_cast<int>(s));
+      }
+    }
+    if (keys.empty()) return -1;
+    victim = idx[policy_->Victim(keys)];
+    key_slot_[slots_[victim].key] = -1;
+    ++stats_.evictions;
+  }
+  Slot &sl = slots_[victim];
+  sl.state = SlotState::kLoading;
+  sl.key = key;
+  sl.prefetched = prefetch;
+  key_slot_[key] = victim;
+  key_error_[key] = absl::OkStatus();
+  inflight_bytes_ += table_.slot_bytes();
+  ++loading_;
+  queue_.push(Request{priority, seq_++, victim});
+  cv_io_.notify_one();
+  return victim;
+}
+
+absl::Status ExpertCache::ReadExpert(uint32_t key, uint8_t *dst) {
+  const ExpertEntry &en = table_.entry(table_.LayerOf(key), table_.ExpertOf(key));
+  if (en.single_read) {
+    absl::Status st = file_.file(en.part[0].file_index).ReadAt(en.read_offset, dst, en.slot_bytes);
+    if (!st.ok()) {
+      return Annotate(st, absl::StrCat("reading expert tensors '", en.weights->gate.name, "', '",
+                                       en.weights->up.name, "', '", en.weights->down.name, "'"));
+    }
+    return absl::OkStatus();
+  }
+  const model::Matrix *m[3] = {&en.weights->gate, &en.weights->up, &en.weights->down};
+  for (int p = 0; p < 3; ++p) {
+    const ExpertPart &part = en.part[p];
+    absl::Status st = file_.file(part.file_index).ReadAt(part.file_offset, dst + part.slot_offset, part.bytes);
+    if (!st.ok()) return Annotate(st, absl::StrCat("reading expert tensor '", m[p]->name, "'"));
+  }
+  return absl::OkStatus();
+}
+
+void ExpertCache::IoLoop() {
+  std::unique_lock<std::mutex> lk(mu_);
+  for (;;) {
+    cv_io_.wait(lk, [this] { return stop_ || !queue_.empty(); });
+    if (queue_.empty()) return;  // stopping with nothing left to do
+    const Request r = queue_.top();
+    queue_.pop();
+    Slot &sl = slots_[r.slot];
+    const uint32_t key = sl.key;
+    uint8_t *dst = sl.data;
+    lk.unlock();
+    absl::Status st = ReadExpert(key, dst);
+    lk.lock();
+    inflight_bytes_ -= table_.slot_bytes();
+    --loading_;
+    if (st.ok()) {
+      const ExpertEntry &en = table_.entry(table_.LayerOf(key), table_.ExpertOf(key));
+      sl.views = *en.weights;
+      sl.views.gate.data = dst + en.part[0].slot_offset;
+      sl.views.up.data = dst + en.part[1].slot_offset;
+      sl.views.down.data = dst + en.part[2].slot_offset;
+      sl.state = SlotState::kReady;
+      stats_.bytes_read += table_.entry(table_.LayerOf(key), table_.ExpertOf(key)).slot_bytes;
+    } else {
+      sl.state = SlotState::kEmpty;
+      sl.prefetched = false;
+      key_slot_[key] = -1;
+      key_error_[key] = st;
+      ++stats_.load_errors;
+    }
+    cv_done_.notify_all();
+  }
+}
+
+void ExpertCache::OnRoute(int layer, const float *h, int64_t n_tok, const int32_t *selected, int k) {
+  std::vector<int32_t> predicted;
+  const int n_exp = table_.n_experts();
+  const int n_layers = table_.n_layers();
+  std::vector<std::pair<int, std::vector<int32_t>>> ahead;
+  if (backend_ != nullptr && opts_.prefetch_distance > 0) {
+    // Apply the routers of the next layers to this layer's input: their top-k is the prediction.
+    for (int d = 1; d <= opts_.prefetch_distance && layer + d < n_layers; ++d) {
+      const model::Matrix &router = weights_.layers[layer + d].router;
+      predict_logits_.resize(static_cast<size_t>(n_tok) * n_exp);
+      backend_->MatMul(router, h, n_tok, predict_logits_.data());
+      std::vector<uint8_t> want(n_exp, 0);
+      std::vector<int32_t> order(n_exp);
+      for (int64_t t = 0; t < n_tok; ++t) {
+        const float *row = predict_logits_.data() + t * n_exp;
+        for (int e = 0; e < n_exp; ++e) order[e] = e;
+        std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                          [&](int32_t a, int32_t b) { return row[a] > row[b] || (row[a] == row[b] && a < b); });
+        for (int j = 0; j < k; ++j) want[order[j]] = 1;
+      }
+      std::vector<int32_t> list;
+      for (int e = 0; e < n_exp; ++e) {
+        if (want[e]) list.push_back(e);
+      }
+      ahead.emplace_back(d, std::move(list));
+    }
+  }
+  std::lock_guard<std::mutex> lk(mu_);
+  for (int64_t i = 0; i < n_tok * k; ++i) {
+    const uint32_t key = table_.Key(layer, selected[i]);
+    policy_->OnSelect(key);
+    protected_[key] = 1;
+  }
+  // Predicted loads start after this layer's own experts are claimed (in Acquire), so a
+  // prediction never takes a slot the current layer needs.
+  predicted_ = std::move(ahead);
+  predicted_layer_ = layer;
+}
+
+void ExpertCache::StartPredictedLocked() {
+  const auto ahead = std::move(predicted_);
+  predicted_.clear();
+  for (const auto &[d, list] : ahead) {
+    for (int32_t e : list) {
+      const uint32_t key = table_.Key(predicted_layer_ + d, e);
+      if (key_slot_[key] >= 0) continue;
+      if (inflight_bytes_ + table_.slot_bytes() > opts_.max_inflight_bytes) return;
+      if (StartLoadLocked(key, d, /*prefetch=*/true) < 0) return;
+      ++stats_.prefetch_issued;
+    }
+  }
+}
+
+absl::Status ExpertCache::Acquire(int layer, const std::vector<int32_t> &experts,
+                                  std::vector<const model::ExpertWeights *> *out) {
+  std::unique_lock<std::mutex> lk(mu_);
+  std::vector<int> pinned;
+  pinned.reserve(experts.size());
+  for (int32_t e : experts) protected_[table_.Key(layer, e)] = 1;
+  auto unpin_all = [&] {
+    for (int s : pinned) --slots_[s].pins;
+    for (int32_t e : experts) protected_[table_.Key(layer, e)] = 0;
+  };
+  for (int32_t e : experts) {
+    const uint32_t key = table_.Key(layer, e);
+    int s = key_slot_[key];
+    if (s >= 0) {
+      ++stats_.hits;
+      ++stats_.layer_hits[layer];
+      if (slots_[s].prefetched) {
+        ++stats_.prefetch_useful;
+        slots_[s].prefetched = false;
+      }
+    } else {
+      s = StartLoadLocked(key, 0, /*prefetch=*/false);
+      // Slots still loading become evictable once ready: wait for them rather than fail.
+      while (s < 0 && loading_ > 0) {
+        const auto t0 = std::chrono::steady_clock::now();
+        const int before = loading_;
+        cv_done_.wait(lk, [&] { return loading_ < before; });
+        stats_.io_wait_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        s = key_slot_[key] >= 0 ? -2 : StartLoadLocked(key, 0, /*prefetch=*/false);
+      }
+      if (s == -2) {  // a prediction brought it in while we waited
+        s = key_slot_[key];
+        ++stats_.hits;
+        ++stats_.layer_hits[layer];
+        ++slots_[s].pins;
+        pinned.push_back(s);
+        policy_->OnUse(key, ++tick_);
+        continue;
+      }
+      if (s < 0) {
+        unpin_all();
+        return Errorf(MOE_ERR_NO_MEMORY, "all %u expert cache slots are in use; layer %d needs %u experts",
+                      static_cast<uint32_t>(slots_.size()), layer, static_cast<uint32_t>(experts.size()));
+      }
+      ++stats_.misses;
+      ++stats_.layer_misses[layer];
+    }
+    ++slots_[s].pins;
+    pinned.push_back(s);
+    policy_->OnUse(key, ++tick_);
+  }
+  if (predicted_layer_ == layer) StartPredictedLocked();
+  // Wait for the loads still in flight (ours and predicted ones we now need).
+  auto all_done = [&] {
+    for (int s : pinned) {
+      if (slots_[s].state == SlotState::kLoading) return false;
+    }
+    return true;
+  };
+  if (!all_done()) {
+    const auto t0 = std::chrono::steady_clock::now();
+    cv_done_.wait(lk, all_done);
+    stats_.io_wait_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  out->resize(experts.size());
+  for (size_t i = 0; i < experts.size(); ++i) {
+    const uint32_t key = table_.Key(layer, experts[i]);
+    const Slot &sl = slots_[pinned[i]];
+    if (sl.state != SlotState::kReady || sl.key != key) {
+      absl::Status st = key_error_[key].ok() ? Errorf(MOE_ERR_INTERNAL, "expert %d of layer %d was not loaded",
+                                                       experts[i], layer)
+                                             : key_error_[key];
+      unpin_all();
+      return st;
+    }
+    (*out)[i] = &sl.views;
+  }
+  return absl::OkStatus();
+}
+
+void ExpertCache::Release(int layer, const std::vector<int32_t> &experts) {
+  std::lock_guard<std::mutex> lk(mu_);
+  for (int32_t e : experts) {
+    const uint32_t key = table_.Key(layer, e);
+    const int s = key_slot_[key];
+    if (s >= 0 && slots_[s].pins > 0) --slots_[s].pins;
+    protected_[key] = 0;
+  }
+}
+
+void ExpertCache::OnDecodeToken() {
+  std::lock_guard<std::mutex> lk(mu_);
+  policy_->OnDecodeToken();
+}
+
+void ExpertCache::OnNewPrompt() {
+  std::lock_guard<std::mutex> lk(mu_);
+  policy_->OnNewPrompt();
+}
+
+size_t ExpertCache::Preload(const std::vector<uint32_t> &keys, size_t max) {
+  std::lock_guard<std::mutex> lk(mu_);
+  size_t queued = 0;
+  for (uint32_t key : keys) {
+    if (queued >= max || queued >= slots_.size()) break;
+    if (key >= key_slot_.size() || key_slot_[key] >= 0) continue;
+    if (StartLoadLocked(key, 1000, /*prefetch=*/true) < 0) break;
+    ++queued;
+  }
+  return queued;
+}
+
+void ExpertCache::WaitIdle() {
+  std::unique_lock<std::mutex> lk(mu_);
+  cv_done_.wait(lk, [this] { return loading_ == 0; });
+}
+
+CacheStats ExpertCache::stats() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return stats_;
+}
+
+void ExpertCache::ResetStats() {
+  std::lock_guard<std::mutex> lk(mu_);
+  const CacheStats keep = stats_;
+  stats_ = CacheStats();
+  stats_.layer_hits.assign(keep.layer_hits.size(), 0);
+  stats_.layer_misses.assign(keep.layer_misses.size(), 0);
+  stats_.n_slots = keep.n_slots;
+  stats_.slot_bytes = keep.slot_bytes;
+  stats_.memory_locked = keep.memory_locked;
+}
+
+std::vector<uint32_t> ExpertCache::ResidentKeys() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  std::vector<uint32_t> keys;
+  for (const Slot &s : slots_) {
+    if (s.state == SlotState::kReady) keys.push_back(s.key);
+  }
+  std::sort(keys.begin(), keys.end());
+  return keys;
+}
+
+}  // namespace strata::store

@@ -1,0 +1,134 @@
+// The host-RAM expert cache: one slab of fixed-size slots (gate|up|down of one expert each), a
+// residency map with slot states (empty, loading, ready) and pin counts, an eviction policy, and
+// I/O threads that fill slots from the model files — needed-now loads first, then experts
+// predicted for the next layers by applying their routers to the current layer's input, within a
+// bound on bytes in flight. A pinned or loading slot is never evicted. It serves the forward pass
+// as its ExpertSource; bytes and so results are those of the file whatever the budget.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <queue>
+#include <thread>
+#include <vector>
+
+#include "lib/model/backend.h"
+#include "lib/model/forward.h"
+#include "lib/model/model_file.h"
+#include "lib/store/expert_table.h"
+#include "lib/store/policy.h"
+
+namespace strata::store {
+
+struct CacheOptions {
+  uint32_t n_slots = 0;              // at least one layer's experts
+  PolicyKind policy = PolicyKind::kHotness;
+  int prefetch_distance = 1;         // layers ahead to predict; 0 = no prediction
+  int n_io_threads = 2;
+  uint64_t max_inflight_bytes = 0;   // bound on predicted loads in flight; 0 = 4 slots
+  bool lock_memory = true;           // mlock the slab, best effort
+};
+
+struct CacheStats {
+  uint64_t hits = 0;                 // needed experts found in RAM (or already loading)
+  uint64_t misses = 0;               // needed experts read from the file on demand
+  uint64_t prefetch_issued = 0;      // predicted loads started
+  uint64_t prefetch_useful = 0;      // of those, used before eviction
+  uint64_t evictions = 0;
+  uint64_t bytes_read = 0;           // bytes read from model files into slots
+  uint64_t load_errors = 0;
+  double io_wait_s = 0;              // time the forward pass waited for expert loads
+  std::vector<uint64_t> layer_hits, layer_misses;
+  uint32_t n_slots = 0;
+  uint64_t slot_bytes = 0;
+  bool memory_locked = false;
+};
+
+class ExpertCache final : public model::ExpertSource {
+ public:
+  // `table`, `file`, `weights` and `backend` outlive the cache. The backend computes predictions.
+  static absl::StatusOr<std::unique_ptr<ExpertCache>> Create(const ExpertTable &table,
+                                                             const model::ModelFile &file,
+                                                             const model::ModelWeights &weights,
+                                                             model::Backend *backend,
+                                                             const CacheOptions &options);
+  ~ExpertCache() override;
+
+  void OnRoute(int layer, const float *h, int64_t n_tok, const int32_t *selected, int k) override;
+  absl::Status Acquire(int layer, const std::vector<int32_t> &experts,
+                       std::vector<const model::ExpertWeights *> *out) override;
+  void Release(int layer, const std::vector<int32_t> &experts) override;
+
+  void OnDecodeToken();
+  void OnNewPrompt();
+  // Starts background loads of `keys` (layer * n_experts + expert, hottest first) into free slots,
+  // at most `max` of them; returns how many were queued. Used to seed the cache from a hotlist.
+  size_t Preload(const std::vector<uint32_t> &keys, size_t max);
+  // Waits until no load is in flight (tests, benchmarks).
+  void WaitIdle();
+  CacheStats stats() const;
+  void ResetStats();
+  uint32_t n_slots() const { return static_cast<uint32_t>(slots_.size()); }
+  // Keys resident and ready now (tests).
+  std::vector<uint32_t> ResidentKeys() const;
+
+ private:
+  enum class SlotState { kEmpty, kLoading, kReady };
+  struct Slot {
+    SlotState state = SlotState::kEmpty;
+    uint32_t key = 0;
+    int pins = 0;
+    bool prefetched = false;  // loaded by prediction and not used yet
+    uint8_t *data = nullptr;
+    model::ExpertWeights views;
+  };
+  struct Request {
+    int priority;   // 0 = needed now; d = predicted d layers ahead
+    uint64_t seq;
+    int slot;
+    bool operator<(const Request &o) const {
+      return priority != o.priority ? priority > o.priority : seq > o.seq;
+    }
+  };
+
+  ExpertCache(const ExpertTable &table, const model::ModelFile &file, const model::ModelWeights &weights,
+              model::Backend *backend, const CacheOptions &options)
+      : table_(table), file_(file), weights_(weights), backend_(backend), opts_(options) {}
+  // Picks a slot for `key` (an empty one, else the policy's victim among unpinned ready slots that
+  // are not protected), marks it loading and queues it. -1 when every slot is in use. Locked.
+  int StartLoadLocked(uint32_t key, int priority, bool prefetch);
+  void StartPredictedLocked();
+  void IoLoop();
+  absl::Status ReadExpert(uint32_t key, uint8_t *dst);
+
+  const ExpertTable &table_;
+  const model::ModelFile &file_;
+  const model::ModelWeights &weights_;
+  model::Backend *backend_;
+  CacheOptions opts_;
+  std::unique_ptr<EvictionPolicy> policy_;
+
+  uint8_t *slab_ = nullptr;
+  uint64_t slab_bytes_ = 0;
+  std::vector<Slot> slots_;
+  std::vector<int32_t> key_slot_;        // key -> slot or -1
+  std::vector<uint8_t> protected_;       // keys the current layer needs: not evicted by prediction
+  std::vector<absl::Status> key_error_;  // last load failure per key, reported to the waiter
+  std::priority_queue<Request> queue_;
+  uint64_t seq_ = 0, tick_ = 0;
+  uint64_t inflight_bytes_ = 0;
+  int loading_ = 0;
+  bool stop_ = false;
+  CacheStats stats_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_io_, cv_done_;
+  std::vector<std::thread> io_threads_;
+  std::vector<float> predict_logits_;
+  std::vector<std::pair<int, std::vector<int32_t>>> predicted_;  // (distance, experts) from OnRoute
+  int predicted_layer_ = -1;
+};
+
+}  // namespace strata::store

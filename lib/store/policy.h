@@ -1,0 +1,35 @@
+// Eviction policies for the expert cache. A policy sees every routing selection and every slot
+// use, and picks a victim among the slots the cache offers (never a pinned or loading slot: the
+// cache filters those out first). LRU: least recently used; LFU: fewest uses since the key was
+// first seen; route hotness: selections counted per key, halved every 16 decode tokens, reset at a
+// new prompt (the cache itself stays warm).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string_view>
+#include <vector>
+
+namespace strata::store {
+
+enum class PolicyKind { kLru = 0, kLfu = 1, kHotness = 2 };
+
+class EvictionPolicy {
+ public:
+  virtual ~EvictionPolicy() = default;
+  virtual std::string_view name() const = 0;
+  // A token selected `key` (counted per selection, duplicates included).
+  virtual void OnSelect(uint32_t key) {}
+  // `key` was used from the cache (a hit or a completed load) at logical time `tick`.
+  virtual void OnUse(uint32_t key, uint64_t tick) = 0;
+  virtual void OnDecodeToken() {}
+  virtual void OnNewPrompt() {}
+  // The index into `keys` of the key to evict (`keys` is non-empty).
+  virtual size_t Victim(const std::vector<uint32_t> &keys) const = 0;
+};
+
+// n_keys: layers x experts.
+std::unique_ptr<EvictionPolicy> MakePolicy(PolicyKind kind, uint32_t n_keys);
+std::string_view PolicyName(PolicyKind kind);
+
+}  // namespace strata::store

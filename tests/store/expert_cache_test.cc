@@ -1,0 +1,297 @@
+// Streaming experts: budget invariance (logits at the minimum RAM budget bit-identical to an
+// all-resident run, for every golden and every policy and prefetch distance), under injected short
+// reads and EINTR, a failing read that fails the step with the tensor named and leaves the context
+// usable, eviction with pins, stats, and the expert table through the C ABI.
+#include <catch2/catch.hpp>
+
+#include <errno.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <filesystem>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "include/strata/moe.h"
+#include "lib/format/file.h"
+#include "lib/runtime/context.h"
+#include "tests/format/format_test_util.h"
+#include "tests/model/golden_util.h"
+
+namespace {
+
+using strata::testing::kGolden;
+using strata::testing::ReadBinary;
+
+struct RunResult {
+  std::vector<float> logits;  // every position
+  moe_stats stats;
+  moe_status status = MOE_OK;
+  std::string error;
+};
+
+moe_ctx *Open(const std::string &model, uint64_t ram_budget, int policy = MOE_CACHE_HOTNESS, int prefetch = 1,
+              int io_threads = 2) {
+  moe_params p;
+  moe_params_init(&p);
+  p.model_path = model.c_str();
+  p.ram_budget_bytes = ram_budget;
+  p.cache_policy = policy;
+  p.prefetch_distance = prefetch;
+  p.n_io_threads = io_threads;
+  p.n_threads = 2;
+  moe_ctx *ctx = nullptr;
+  INFO(model << ": " << moe_last_error());
+  REQUIRE(moe_ctx_open(&p, &ctx) == MOE_OK);
+  return ctx;
+}
+
+// Prefill `prefill` tokens, then one token per step; logits of every position.
+RunResult Run(moe_ctx *ctx, const std::vector<int32_t> &tokens, size_t prefill) {
+  RunResult r;
+  moe_session_params sp;
+  moe_session_params_init(&sp);
+  sp.logits_all = 1;
+  moe_session *s = nullptr;
+  REQUIRE(moe_session_open(ctx, &sp, &s) == MOE_OK);
+  const int32_t nv = moe_ctx_vocab_size(ctx);
+  r.logits.assign(tokens.size() * nv, std::nanf(""));
+  size_t done = 0;
+  while (done < tokens.size()) {
+    const size_t n = done == 0 ? prefill : 1;
+    REQUIRE(moe_session_feed(s, tokens.data() + done, n) == MOE_OK);
+    r.status = moe_ctx_step(ctx, nullptr);
+    if (r.status != MOE_OK) {
+      r.error = moe_last_error();
+      break;
+    }
+    const float *rows;
+    int32_t nt, v;
+    REQUIRE(moe_session_logits_all(s, &rows, &nt, &v) == MOE_OK);
+    std::copy(rows, rows + n * nv, r.logits.begin() + done * nv);
+    done += n;
+  }
+  moe_session_close(s);
+  moe_stats_init(&r.stats);
+  REQUIRE(moe_ctx_stats(ctx, &r.stats) == MOE_OK);
+  return r;
+}
+
+bool BitEqual(const std::vector<float> &a, const std::vector<float> &b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+const char *kModels[] = {"qwen3moe_f32/hf", "qwen3moe_f32/model-f32.gguf", "qwen3moe_f32/model-q8_0.gguf",
+                         "qwen3moe_bf16/hf", "qwen3moe_bf16/model-bf16.gguf", "mixtral_f32/hf",
+                         "mixtral_f32/model-f16.gguf", "mixtral_f32/model-q8_0.gguf",
+                         "qwen3moe_mixed/model-mixed.gguf"};
+
+std::vector<int32_t> Tokens(const std::string &model) {
+  return ReadBinary<int32_t>(kGolden + model.substr(0, model.find('/')) + "/tokens.bin");
+}
+
+// Fault injection through the file layer's pread hook.
+std::atomic<int> g_calls{0};
+std::atomic<int> g_fail_after{-1};  // fail every call from this one on (-1: never)
+std::atomic<bool> g_fail_once{false};
+
+ssize_t ShortAndInterrupted(int fd, void *buf, size_t n, off_t off) {
+  const int c = g_calls++;
+  if (c % 3 == 1) {
+    errno = EINTR;
+    return -1;
+  }
+  return ::pread(fd, buf, std::max<size_t>(1, std::min<size_t>(n, (c % 7) + 1 + n / 3)), off);
+}
+
+ssize_t FailingRead(int fd, void *buf, size_t n, off_t off) {
+  const int c = g_calls++;
+  if (g_fail_once.exchange(false) || (g_fail_after >= 0 && c >= g_fail_after)) {
+    errno = EIO;
+    return -1;
+  }
+  return ::pread(fd, buf, n, off);
+}
+
+struct HookGuard {
+  explicit HookGuard(strata::format::PreadFn fn) { strata::format::SetPreadForTesting(fn); }
+  ~HookGuard() { strata::format::SetPreadForTesting(nullptr); }
+};
+
+}  // namespace
+
+TEST_CASE("logits at the minimum RAM budget are bit-identical to an all-resident run", "[store][golden]") {
+  for (const char *m : kModels) {
+    const std::string model = kGolden + m;
+    const auto tokens = Tokens(m);
+    moe_ctx *full = Open(model, 0);
+    RunResult ref = Run(full, tokens, 12);
+    REQUIRE(ref.status == MOE_OK);
+    CHECK(ref.stats.streaming == 0);
+    CHECK(ref.stats.expert_misses == 0);
+    CHECK(ref.stats.expert_hits > 0);
+    moe_ctx_close(full);
+
+    moe_ctx *small = Open(model, 1);  // clamped to the minimum: one layer's experts
+    moe_cache_plan plan;
+    moe_cache_plan_init(&plan);
+    REQUIRE(moe_ctx_plan(small, &plan) == MOE_OK);
+    CHECK(plan.clamped == 1);
+    CHECK(plan.ram_expert_slots == moe_expert_table_n_experts(moe_ctx_experts(small)));
+    RunResult got = Run(small, tokens, 12);
+    INFO(m << ": " << got.error);
+    REQUIRE(got.status == MOE_OK);
+    CHECK(BitEqual(got.logits, ref.logits));
+    CHECK(got.stats.streaming == 1);
+    CHECK(got.stats.expert_misses > 0);
+    CHECK(got.stats.evictions > 0);
+    CHECK(got.stats.bytes_read >= got.stats.expert_misses * 1024);
+    CHECK(got.stats.expert_hits + got.stats.expert_misses == ref.stats.expert_hits);
+    moe_ctx_close(small);
+  }
+}
+
+TEST_CASE("every policy and prefetch distance gives the same numbers", "[store]") {
+  const std::string m = "qwen3moe_f32/model-q8_0.gguf";
+  const auto tokens = Tokens(m);
+  moe_ctx *full = Open(kGolden + m, 0);
+  const RunResult ref = Run(full, tokens, 12);
+  moe_ctx_close(full);
+  for (int policy : {MOE_CACHE_LRU, MOE_CACHE_LFU, MOE_CACHE_HOTNESS}) {
+    for (int prefetch : {0, 1, 2}) {
+      for (uint64_t budget : {uint64_t{1}, uint64_t{0}}) {
+        // Budget 0 here means "auto", which holds everything: use the minimum plus a few slots too.
+        moe_ctx *ctx = Open(kGolden + m, budget, policy, prefetch, 3);
+        RunResult r = Run(ctx, tokens, prefetch == 2 ? 1 : 12);
+        INFO("policy " << policy << " prefetch " << prefetch << ": " << r.error);
+        REQUIRE(r.status == MOE_OK);
+        CHECK(BitEqual(r.logits, ref.logits));
+        if (budget == 1 && prefetch == 0) CHECK(r.stats.prefetch_issued == 0);
+        if (budget == 1 && prefetch > 0) {
+          CHECK(r.stats.prefetch_issued > 0);
+          CHECK(r.stats.prefetch_useful <= r.stats.prefetch_issued);
+        }
+        moe_ctx_close(ctx);
+      }
+    }
+  }
+}
+
+TEST_CASE("short reads and EINTR do not change the numbers", "[store][faults]") {
+  const std::string m = "mixtral_f32/model-f32.gguf";
+  const auto tokens = Tokens(m);
+  moe_ctx *full = Open(kGolden + m, 0);
+  const RunResult ref = Run(full, tokens, 12);
+  moe_ctx_close(full);
+  moe_ctx *ctx = Open(kGolden + m, 1);
+  HookGuard hook(ShortAndInterrupted);
+  g_calls = 0;
+  RunResult r = Run(ctx, tokens, 12);
+  REQUIRE(r.status == MOE_OK);
+  CHECK(g_calls > 100);
+  CHECK(BitEqual(r.logits, ref.logits));
+  moe_ctx_close(ctx);
+}
+
+TEST_CASE("a failing read fails the step, names the tensor, and leaves the context usable", "[store][faults]") {
+  const std::string m = "qwen3moe_f32/model-f32.gguf";
+  const auto tokens = Tokens(m);
+  moe_ctx *full = Open(kGolden + m, 0);
+  const RunResult ref = Run(full, tokens, 12);
+  moe_ctx_close(full);
+
+  moe_ctx *ctx = Open(kGolden + m, 1, MOE_CACHE_LRU, 0, 1);
+  moe_session *s = nullptr;
+  REQUIRE(moe_session_open(ctx, nullptr, &s) == MOE_OK);
+  REQUIRE(moe_session_feed(s, tokens.data(), 12) == MOE_OK);
+  {
+    HookGuard hook(FailingRead);
+    g_calls = 0;
+    g_fail_after = 0;  // persistent EIO
+    CHECK(moe_ctx_step(ctx, nullptr) == MOE_ERR_IO_READ);
+    const std::string err = moe_last_error();
+    INFO(err);
+    CHECK(err.find("ffn_") != std::string::npos);
+    CHECK(err.find("model-f32.gguf") != std::string::npos);
+    CHECK(moe_session_n_past(s) == 0);  // nothing consumed
+    // Failing once: the step fails again, then succeeds once reads work.
+    g_fail_after = -1;
+    g_fail_once = true;
+    CHECK(moe_ctx_step(ctx, nullptr) == MOE_ERR_IO_READ);
+    CHECK(moe_session_n_past(s) == 0);
+  }
+  uint32_t pending = 9;
+  REQUIRE(moe_ctx_step(ctx, &pending) == MOE_OK);
+  CHECK(pending == 0);
+  CHECK(moe_session_n_past(s) == 12);
+  const float *l;
+  int32_t nv;
+  REQUIRE(moe_session_logits(s, &l, &nv) == MOE_OK);
+  CHECK(std::memcmp(l, ref.logits.data() + 11 * nv, nv * sizeof(float)) == 0);
+  moe_stats st;
+  moe_stats_init(&st);
+  REQUIRE(moe_ctx_stats(ctx, &st) == MOE_OK);
+  CHECK(st.load_errors >= 2);
+  moe_session_close(s);
+  moe_ctx_close(ctx);
+}
+
+TEST_CASE("a replaced model file is detected", "[store][faults]") {
+  strata::format::testing::TempDir tmp;
+  const std::string path = tmp.File("m.gguf");
+  std::filesystem::copy_file(kGolden + "qwen3moe_f32/model-q8_0.gguf", path);
+  moe_ctx *ctx = Open(path, 1);
+  moe_session *s = nullptr;
+  REQUIRE(moe_session_open(ctx, nullptr, &s) == MOE_OK);
+  const int32_t t[] = {1, 2, 3};
+  REQUIRE(moe_session_feed(s, t, 3) == MOE_OK);
+  REQUIRE(moe_ctx_step(ctx, nullptr) == MOE_OK);
+  // Replace the file by rename, as a download or a re-pack would.
+  std::filesystem::copy_file(kGolden + "qwen3moe_f32/model-q8_0.gguf", path + ".new");
+  std::filesystem::rename(path + ".new", path);
+  REQUIRE(moe_session_feed(s, t, 1) == MOE_OK);
+  CHECK(moe_ctx_step(ctx, nullptr) == MOE_ERR_IO_CHANGED);
+  CHECK(std::string(moe_last_error()).find("m.gguf") != std::string::npos);
+  moe_session_close(s);
+  moe_ctx_close(ctx);
+}
+
+TEST_CASE("expert table through the C ABI", "[store][capi]") {
+  moe_ctx *ctx = Open(kGolden + "qwen3moe_f32/model-q8_0.gguf", 0);
+  const moe_expert_table *t = moe_ctx_experts(ctx);
+  moe_expert_info info;
+  moe_expert_info_init(&info);
+  REQUIRE(moe_expert_table_get(t, 2, 7, &info) == MOE_OK);
+  // Q8_0 (8): gate/up 32 rows of 64, down 64 rows of 32; 34 bytes per 32 elements.
+  CHECK(info.codec[0] == 8);
+  CHECK(info.rows[0] == 32);
+  CHECK(info.cols[0] == 64);
+  CHECK(info.rows[2] == 64);
+  CHECK(info.cols[2] == 32);
+  CHECK(info.bytes[0] == 32 * 2 * 34);
+  CHECK(info.total_bytes == 3 * 32 * 2 * 34);
+  CHECK(info.single_read == 0);  // 3-D expert tensors: three reads
+  CHECK(info.file_offset[0] != info.file_offset[1]);
+  CHECK(moe_expert_table_get(t, 3, 0, &info) == MOE_ERR_INVALID_ARGUMENT);
+  CHECK(moe_expert_table_get(t, 0, 8, &info) == MOE_ERR_INVALID_ARGUMENT);
+  CHECK(moe_expert_table_get(nullptr, 0, 0, &info) == MOE_ERR_INVALID_ARGUMENT);
+  moe_ctx_close(ctx);
+}
+
+TEST_CASE("prefetch racing eviction at a tiny budget, many steps", "[store][stress]") {
+  const std::string m = "qwen3moe_mixed/model-mixed.gguf";
+  const auto tokens = Tokens(m);
+  moe_ctx *full = Open(kGolden + m, 0);
+  const RunResult ref = Run(full, tokens, 1);
+  moe_ctx_close(full);
+  moe_ctx *ctx = Open(kGolden + m, 1, MOE_CACHE_LRU, 1, 4);
+  for (int round = 0; round < 3; ++round) {
+    RunResult r = Run(ctx, tokens, 1);
+    REQUIRE(r.status == MOE_OK);
+    CHECK(BitEqual(r.logits, ref.logits));
+  }
+  moe_ctx_close(ctx);
+}
