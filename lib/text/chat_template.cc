@@ -1,0 +1,409 @@
+// Chat templates rendered in C++. Each Render* below follows its family's published Jinja source
+// line by line (kept in scripts/text/make_template_fixtures.py, which also records transformers'
+// output for the tests); Jinja's `trim` is Python's str.strip(), so it strips Unicode whitespace.
+#include "lib/text/chat_template.h"
+
+#include <array>
+
+#include <initializer_list>
+
+#include "lib/text/unicode.h"
+
+namespace strata::text {
+namespace {
+
+// String helpers over std::string_view (this absl's string_view is its own type).
+void Append(std::string *out, std::initializer_list<std::string_view> parts) {
+  for (auto p : parts) out->append(p.data(), p.size());
+}
+std::string Cat(std::initializer_list<std::string_view> parts) {
+  std::string out;
+  Append(&out, parts);
+  return out;
+}
+bool Has(std::string_view s, std::string_view marker) { return s.find(marker) != std::string_view::npos; }
+bool StartsWith(std::string_view s, std::string_view p) { return s.substr(0, p.size()) == p; }
+bool EndsWith(std::string_view s, std::string_view p) {
+  return s.size() >= p.size() && s.substr(s.size() - p.size()) == p;
+}
+template <typename C>
+std::string Join(const C &parts, std::string_view sep) {
+  std::string out;
+  for (auto p : parts) Append(&out, {out.empty() ? "" : sep, p});
+  return out;
+}
+
+struct FamilyName {
+  ChatFamily family;
+  const char *name;
+};
+constexpr std::array<FamilyName, 10> kFamilies = {{
+    {ChatFamily::kChatml, "chatml"},
+    {ChatFamily::kQwen2, "qwen2"},
+    {ChatFamily::kQwen25, "qwen2.5"},
+    {ChatFamily::kQwen3, "qwen3"},
+    {ChatFamily::kMistralV1, "mistral-v1"},
+    {ChatFamily::kMistralV3, "mistral-v3"},
+    {ChatFamily::kLlama3, "llama3"},
+    {ChatFamily::kDeepseekV2, "deepseek-v2"},
+    {ChatFamily::kDeepseekV3, "deepseek-v3"},
+    {ChatFamily::kGptOss, "gpt-oss"},
+}};
+
+absl::Status BadArg(std::string msg) { return MakeError(MOE_ERR_INVALID_ARGUMENT, std::move(msg)); }
+
+// Python's str.isspace(): Unicode White_Space plus the information separators U+001C..U+001F.
+bool PySpace(uint32_t cp) { return IsWhitespace(cp) || (cp >= 0x1c && cp <= 0x1f); }
+
+// Jinja's `trim` (Python str.strip() without arguments).
+std::string_view Trim(std::string_view s) {
+  size_t b = 0;
+  while (b < s.size()) {
+    size_t len;
+    if (!PySpace(DecodeUtf8(s, b, &len))) break;
+    b += len;
+  }
+  size_t e = s.size();
+  while (e > b) {
+    size_t start = e - 1;
+    while (start > b && (static_cast<unsigned char>(s[start]) & 0xC0) == 0x80 && e - start < 4) --start;
+    size_t len;
+    uint32_t cp = DecodeUtf8(s, start, &len);
+    if (start + len != e || !PySpace(cp)) break;  // an invalid tail byte is not whitespace
+    e = start;
+  }
+  return s.substr(b, e - b);
+}
+
+std::string_view LStripNl(std::string_view s) {
+  while (!s.empty() && s.front() == '\n') s.remove_prefix(1);
+  return s;
+}
+std::string_view RStripNl(std::string_view s) {
+  while (!s.empty() && s.back() == '\n') s.remove_suffix(1);
+  return s;
+}
+
+absl::Status OnlyRoles(absl::Span<const ChatMessage> msgs, std::initializer_list<std::string_view> roles,
+                       const char *tmpl) {
+  for (size_t i = 0; i < msgs.size(); ++i) {
+    bool ok = false;
+    for (auto r : roles) ok = ok || msgs[i].role == r;
+    if (!ok) {
+      return BadArg(Cat({"chat template ", tmpl, ": message ", std::to_string(i), " has role '", msgs[i].role,
+                                 "', which it does not render (roles: ", Join(roles, ", "), ")"}));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void ImTurn(std::string *out, std::string_view role, std::string_view content) {
+  Append(out, {"<|im_start|>", role, "\n", content, "<|im_end|>\n"});
+}
+
+// chatml, qwen2, qwen2.5 differ only in the default system message.
+std::string RenderChatml(absl::Span<const ChatMessage> m, bool gen, std::string_view default_system) {
+  std::string out;
+  if (!default_system.empty() && m[0].role != "system") ImTurn(&out, "system", default_system);
+  for (const auto &msg : m) ImTurn(&out, msg.role, msg.content);
+  if (gen) out += "<|im_start|>assistant\n";
+  return out;
+}
+
+std::string RenderQwen3(absl::Span<const ChatMessage> m, bool gen) {
+  std::string out;
+  if (m[0].role == "system") ImTurn(&out, "system", m[0].content);
+  // The last user turn that is not a wrapped tool response; assistant turns after it keep <think>.
+  size_t last_query = m.size() - 1;
+  for (size_t k = m.size(); k-- > 0;) {
+    const auto &c = m[k].content;
+    if (m[k].role == "user" &&
+        !(StartsWith(c, "<tool_response>") && EndsWith(c, "</tool_response>"))) {
+      last_query = k;
+      break;
+    }
+  }
+  for (size_t i = 0; i < m.size(); ++i) {
+    const ChatMessage &msg = m[i];
+    if (msg.role == "user" || (msg.role == "system" && i != 0)) {
+      ImTurn(&out, msg.role, msg.content);
+    } else if (msg.role == "assistant") {
+      std::string_view content = msg.content, reasoning;
+      const size_t first_close = content.find("</think>");
+      if (first_close != std::string_view::npos) {
+        std::string_view before = RStripNl(content.substr(0, first_close));
+        const size_t open = before.rfind("<think>");
+        reasoning = LStripNl(open == std::string_view::npos ? before : before.substr(open + 7));
+        content = LStripNl(content.substr(content.rfind("</think>") + 8));
+      }
+      out += "<|im_start|>assistant\n";
+      if (i > last_query && (i + 1 == m.size() || !reasoning.empty())) {
+        Append(&out, {"<think>\n", RStripNl(LStripNl(reasoning)), "\n</think>\n\n", LStripNl(content)});
+      } else {
+        out += content;
+      }
+      out += "<|im_end|>\n";
+    }
+  }
+  if (gen) out += "<|im_start|>assistant\n";
+  return out;
+}
+
+// Mistral: after an optional first system message, user and assistant alternate from user.
+absl::Status MistralAlternation(absl::Span<const ChatMessage> loop, const char *tmpl) {
+  for (size_t i = 0; i < loop.size(); ++i) {
+    if ((loop[i].role == "user") != (i % 2 == 0)) {
+      return BadArg(Cat({"chat template ", tmpl, ": after the optional system message, conversation roles "
+                                 "must alternate user/assistant/user/assistant/... (message ", std::to_string(i), " is '",
+                                 loop[i].role, "')"}));
+    }
+    if (loop[i].role != "user" && loop[i].role != "assistant") {
+      return BadArg(Cat({"chat template ", tmpl, ": only user and assistant roles are supported, "
+                                 "with the exception of an initial optional system message (got '", loop[i].role,
+                                 "')"}));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> RenderMistral(absl::Span<const ChatMessage> m, const ChatSpecialTokens &sp, bool v3) {
+  const bool has_system = m[0].role == "system";
+  absl::Span<const ChatMessage> loop = has_system ? m.subspan(1) : m;
+  STRATA_RETURN_IF_ERROR(MistralAlternation(loop, v3 ? "mistral-v3" : "mistral-v1"));
+  std::string out = sp.bos;
+  for (size_t i = 0; i < loop.size(); ++i) {
+    const ChatMessage &msg = loop[i];
+    if (v3) {
+      if (msg.role == "user") {
+        if (i + 1 == loop.size() && has_system) {
+          Append(&out, {"[INST] ", m[0].content, "\n\n", msg.content, "[/INST]"});
+        } else {
+          Append(&out, {"[INST] ", msg.content, "[/INST]"});
+        }
+      } else {
+        Append(&out, {" ", Trim(msg.content), sp.eos});
+      }
+    } else {
+      if (msg.role == "user") {
+        if (i == 0 && has_system) {
+          Append(&out, {" [INST] ", m[0].content, "\n\n", msg.content, " [/INST]"});
+        } else {
+          Append(&out, {" [INST] ", msg.content, " [/INST]"});
+        }
+      } else {
+        Append(&out, {" ", msg.content, sp.eos});
+      }
+    }
+  }
+  return out;
+}
+
+std::string RenderLlama3(absl::Span<const ChatMessage> m, bool gen, const ChatSpecialTokens &sp) {
+  std::string out = sp.bos;
+  for (const auto &msg : m) {
+    Append(&out, {"<|start_header_id|>", msg.role, "<|end_header_id|>\n\n", Trim(msg.content), "<|eot_id|>"});
+  }
+  if (gen) out += "<|start_header_id|>assistant<|end_header_id|>\n\n";
+  return out;
+}
+
+std::string RenderDeepseekV2(absl::Span<const ChatMessage> m, bool gen, const ChatSpecialTokens &sp) {
+  std::string out = sp.bos;
+  for (const auto &msg : m) {
+    if (msg.role == "user") Append(&out, {"User: ", msg.content, "\n\n"});
+    else if (msg.role == "assistant") Append(&out, {"Assistant: ", msg.content, sp.eos});
+    else Append(&out, {msg.content, "\n\n"});  // system
+  }
+  if (gen) out += "Assistant:";
+  return out;
+}
+
+std::string RenderDeepseekV3(absl::Span<const ChatMessage> m, bool gen, const ChatSpecialTokens &sp) {
+  std::string out = sp.bos;
+  bool first_system = true;
+  for (const auto &msg : m) {
+    if (msg.role != "system") continue;
+    Append(&out, {first_system ? "" : "\n\n", msg.content});
+    first_system = false;
+  }
+  for (const auto &msg : m) {
+    if (msg.role == "user") Append(&out, {"<｜User｜>", msg.content});
+    else if (msg.role == "assistant") Append(&out, {"<｜Assistant｜>", msg.content, "<｜end▁of▁sentence｜>"});
+  }
+  if (gen) out += "<｜Assistant｜>";
+  return out;
+}
+
+absl::StatusOr<std::string> RenderGptOss(absl::Span<const ChatMessage> m, bool gen) {
+  std::string out =
+      "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\n"
+      "Knowledge cutoff: 2024-06\n\nReasoning: medium\n\n"
+      "# Valid channels: analysis, commentary, final. Channel must be included for every message.<|end|>";
+  const bool has_dev = m[0].role == "developer" || m[0].role == "system";
+  absl::Span<const ChatMessage> loop = has_dev ? m.subspan(1) : m;
+  if (has_dev && !m[0].content.empty()) {
+    Append(&out, {"<|start|>developer<|message|># Instructions\n\n", m[0].content, "\n\n<|end|>"});
+  }
+  STRATA_RETURN_IF_ERROR(OnlyRoles(loop, {"user", "assistant"}, "gpt-oss (after the first system/developer message)"));
+  for (size_t i = 0; i < loop.size(); ++i) {
+    const ChatMessage &msg = loop[i];
+    if (msg.role == "user") {
+      Append(&out, {"<|start|>user<|message|>", msg.content, "<|end|>"});
+      continue;
+    }
+    if (Has(msg.content, "<|channel|>analysis<|message|>") ||
+        Has(msg.content, "<|channel|>final<|message|>")) {
+      return BadArg("chat template gpt-oss: an assistant message contains <|channel|> tags; pass only the final "
+                    "text as its content");
+    }
+    const bool final_turn = i + 1 == loop.size() && !gen;
+    Append(&out, {"<|start|>assistant<|channel|>final<|message|>", msg.content,
+                    final_turn ? "<|return|>" : "<|end|>"});
+  }
+  if (gen) out += "<|start|>assistant";
+  return out;
+}
+
+// The source with runs of whitespace removed and double quotes made single: equal for two
+// spellings of the same simple template.
+std::string Squash(std::string_view s) {
+  std::string out;
+  for (char c : s) {
+    if (c == ' ' || c == '\t' || c == '\n' || c == '\r') continue;
+    out += c == '"' ? '\'' : c;
+  }
+  return out;
+}
+
+bool HasEither(std::string_view s, std::string_view single_quoted) {
+  std::string dq(single_quoted);
+  for (char &c : dq) c = c == '\'' ? '"' : c;
+  return Has(s, single_quoted) || Has(s, dq);
+}
+
+constexpr char kChatmlSource[] =
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + "
+    "'<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+
+}  // namespace
+
+std::vector<std::string_view> ChatTemplate::Names() {
+  std::vector<std::string_view> v;
+  for (const auto &f : kFamilies) v.push_back(f.name);
+  return v;
+}
+
+const char *ChatTemplate::name() const {
+  for (const auto &f : kFamilies)
+    if (f.family == family_) return f.name;
+  return "?";
+}
+
+absl::StatusOr<ChatTemplate> ChatTemplate::ByName(std::string_view name) {
+  for (const auto &f : kFamilies)
+    if (name == f.name) return ChatTemplate(f.family);
+  return MakeError(MOE_ERR_UNSUPPORTED, Cat({"unknown chat template '", name,
+                                                     "' (known: ", Join(Names(), ", "), ")"}));
+}
+
+absl::StatusOr<ChatTemplate> ChatTemplate::FromJinja(std::string_view s) {
+  auto is = [](ChatFamily f) { return absl::StatusOr<ChatTemplate>(ChatTemplate(f)); };
+  // Markers of template versions whose output Strata does not reproduce: dated system blocks
+  // (Llama 3.1+), reasoning prompts (DeepSeek-R1), anything that reads the clock.
+  const bool dated = Has(s, "strftime_now") || Has(s, "Cutting Knowledge Date") || Has(s, "date_string");
+  if (!dated) {
+    if (Has(s, "<|start|>") && Has(s, "<|channel|>") && Has(s, "<|message|>") && Has(s, "Knowledge cutoff")) {
+      return is(ChatFamily::kGptOss);
+    }
+    if (Has(s, "<|start_header_id|>") && Has(s, "<|end_header_id|>") && Has(s, "<|eot_id|>") &&
+        !Has(s, "<|python_tag|>") && !Has(s, "ipython")) {
+      return is(ChatFamily::kLlama3);
+    }
+    if (Has(s, "<｜User｜>") && Has(s, "<｜Assistant｜>") && !Has(s, "think>")) return is(ChatFamily::kDeepseekV3);
+    if (HasEither(s, "'User: '") && HasEither(s, "'Assistant: '") && HasEither(s, "'Assistant:'")) {
+      return is(ChatFamily::kDeepseekV2);
+    }
+    if (HasEither(s, "' [INST] '") && HasEither(s, "' [/INST]'") && Has(s, "loop.first and system_message")) {
+      return is(ChatFamily::kMistralV1);
+    }
+    if (HasEither(s, "'[INST] '") && HasEither(s, "'[/INST]'") && Has(s, "loop.last and system_message")) {
+      return is(ChatFamily::kMistralV3);
+    }
+    if (Has(s, "<|im_start|>")) {
+      if (Has(s, "<think>") && Has(s, "reasoning_content") && Has(s, "last_query_index")) return is(ChatFamily::kQwen3);
+      if (Has(s, "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.")) return is(ChatFamily::kQwen25);
+      if (Squash(s) == Squash(
+              "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ "
+              "'<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}{% endif %}") +
+                               Squash(kChatmlSource).substr(Squash("{%formessageinmessages%}").size())) {
+        return is(ChatFamily::kQwen2);
+      }
+      if (Squash(s) == Squash(kChatmlSource)) return is(ChatFamily::kChatml);
+    }
+  }
+  std::string head(s.substr(0, 80));
+  for (char &c : head) c = (c == '\n' || c == '\r' || c == '\t') ? ' ' : c;
+  return MakeError(MOE_ERR_UNSUPPORTED,
+                   Cat({"the model's chat template is not one Strata renders (it begins \"", head,
+                                s.size() > 80 ? "..." : "", "\"); choose one by name: ",
+                                Join(Names(), ", ")}));
+}
+
+absl::StatusOr<ChatTemplate> ChatTemplate::ForArchitecture(std::string_view arch) {
+  struct ArchFamily {
+    const char *arch;
+    ChatFamily family;
+  };
+  // Only architectures whose instruct models all share one template.
+  static constexpr ArchFamily kArch[] = {
+      {"qwen3moe", ChatFamily::kQwen3}, {"qwen3_moe", ChatFamily::kQwen3}, {"qwen3", ChatFamily::kQwen3},
+      {"mixtral", ChatFamily::kMistralV1}, {"gpt-oss", ChatFamily::kGptOss}, {"gpt_oss", ChatFamily::kGptOss},
+      {"deepseek_v3", ChatFamily::kDeepseekV3},
+  };
+  for (const auto &a : kArch)
+    if (arch == a.arch) return ChatTemplate(a.family);
+  return MakeError(MOE_ERR_UNSUPPORTED,
+                   Cat({"the model carries no chat template and its architecture '", arch,
+                                "' does not settle one; choose one by name: ", Join(Names(), ", ")}));
+}
+
+absl::StatusOr<std::string> ChatTemplate::Render(absl::Span<const ChatMessage> m, bool gen,
+                                                 const ChatSpecialTokens &sp) const {
+  if (m.empty()) return BadArg(Cat({"chat template ", name(), ": the conversation has no messages"}));
+  switch (family_) {
+    case ChatFamily::kChatml:
+      return RenderChatml(m, gen, "");
+    case ChatFamily::kQwen2:
+      return RenderChatml(m, gen, "You are a helpful assistant.");
+    case ChatFamily::kQwen25:
+      STRATA_RETURN_IF_ERROR(OnlyRoles(m, {"system", "user", "assistant"}, name()));
+      return RenderChatml(m, gen, "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.");
+    case ChatFamily::kQwen3:
+      STRATA_RETURN_IF_ERROR(OnlyRoles(m, {"system", "user", "assistant"}, name()));
+      return RenderQwen3(m, gen);
+    case ChatFamily::kMistralV1:
+      return RenderMistral(m, sp, false);
+    case ChatFamily::kMistralV3:
+      return RenderMistral(m, sp, true);
+    case ChatFamily::kLlama3:
+      return RenderLlama3(m, gen, sp);
+    case ChatFamily::kDeepseekV2:
+      STRATA_RETURN_IF_ERROR(OnlyRoles(m, {"system", "user", "assistant"}, name()));
+      return RenderDeepseekV2(m, gen, sp);
+    case ChatFamily::kDeepseekV3:
+      STRATA_RETURN_IF_ERROR(OnlyRoles(m, {"system", "user", "assistant"}, name()));
+      return RenderDeepseekV3(m, gen, sp);
+    case ChatFamily::kGptOss:
+      return RenderGptOss(m, gen);
+  }
+  return MakeError(MOE_ERR_INTERNAL, "unknown chat family");
+}
+
+absl::StatusOr<ChatTemplate> ResolveChatTemplate(std::string_view override_name, std::string_view jinja,
+                                                 std::string_view arch) {
+  if (!override_name.empty()) return ChatTemplate::ByName(override_name);
+  if (!jinja.empty()) return ChatTemplate::FromJinja(jinja);
+  return ChatTemplate::ForArchitecture(arch);
+}
+
+}  // namespace strata::text

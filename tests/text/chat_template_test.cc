@@ -1,0 +1,141 @@
+// Chat template tests against transformers' apply_chat_template (fixtures from
+// scripts/text/make_template_fixtures.py): every family renders every committed conversation byte
+// for byte, with and without the generation prompt; each published Jinja source is recognised as
+// its family, and sources Strata does not reproduce are reported, not guessed.
+#include <catch2/catch.hpp>
+#include <fstream>
+#include <sstream>
+
+#include "lib/text/chat_template.h"
+#include "nlohmann/json.hpp"
+
+namespace strata::text {
+namespace {
+
+const nlohmann::json &Fixtures() {
+  static const nlohmann::json j = [] {
+    std::ifstream f(std::string(STRATA_SOURCE_DIR) + "/tests/text/fixtures/templates/expected.json",
+                    std::ios::binary);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    return nlohmann::json::parse(ss.str());
+  }();
+  return j;
+}
+
+ChatSpecialTokens Special(const std::string &name) {
+  const auto &t = Fixtures()["templates"][name];
+  return {t["bos_token"].get<std::string>(), t["eos_token"].get<std::string>()};
+}
+
+}  // namespace
+
+TEST_CASE("chat templates render byte-identical to transformers", "[text][chat]") {
+  const auto &cases = Fixtures()["cases"];
+  REQUIRE(cases.size() >= 100);
+  size_t n_checked = 0;
+  for (const auto &c : cases) {
+    const std::string name = c["template"];
+    const bool gen = c["add_generation_prompt"];
+    INFO(name << " / " << c["conversation"].get<std::string>() << " / add_generation_prompt=" << gen);
+    auto tmpl = ChatTemplate::ByName(name);
+    REQUIRE(tmpl.ok());
+    CHECK(std::string(tmpl->name()) == name);
+    std::vector<std::string> roles, contents;
+    for (const auto &m : c["messages"]) {
+      roles.push_back(m["role"]);
+      contents.push_back(m["content"]);
+    }
+    std::vector<ChatMessage> msgs;
+    for (size_t i = 0; i < roles.size(); ++i) msgs.push_back({roles[i], contents[i]});
+    auto text = tmpl->Render(msgs, gen, Special(name));
+    if (!c["error"].is_null()) {
+      CHECK(!text.ok());
+      continue;
+    }
+    INFO(text.status().ToString());
+    REQUIRE(text.ok());
+    CHECK(*text == c["expected"].get<std::string>());
+    ++n_checked;
+  }
+  CHECK(n_checked == cases.size());
+}
+
+TEST_CASE("chat templates are recognised from their Jinja source", "[text][chat]") {
+  for (const auto &[name, t] : Fixtures()["templates"].items()) {
+    INFO(name);
+    auto tmpl = ChatTemplate::FromJinja(t["jinja"].get<std::string>());
+    INFO(tmpl.status().ToString());
+    REQUIRE(tmpl.ok());
+    CHECK(std::string(tmpl->name()) == name);
+  }
+  for (const auto &[name, src] : Fixtures()["unrecognised"].items()) {
+    INFO(name);
+    auto tmpl = ChatTemplate::FromJinja(src.get<std::string>());
+    REQUIRE(!tmpl.ok());
+    CHECK(StatusToMoe(tmpl.status()) == MOE_ERR_UNSUPPORTED);
+    CHECK(std::string(tmpl.status().message()).find("not one Strata renders") != std::string::npos);
+  }
+  // Small edits of a known source are not claimed either.
+  std::string chatml = Fixtures()["templates"]["chatml"]["jinja"];
+  CHECK(ChatTemplate::FromJinja(chatml + "{{ eos_token }}").status().code() != absl::StatusCode::kOk);
+}
+
+TEST_CASE("chat template resolution: override, then Jinja source, then architecture", "[text][chat]") {
+  const std::string qwen3 = Fixtures()["templates"]["qwen3"]["jinja"];
+  CHECK(std::string(ResolveChatTemplate("llama3", qwen3, "mixtral")->name()) == "llama3");
+  CHECK(std::string(ResolveChatTemplate("", qwen3, "mixtral")->name()) == "qwen3");
+  CHECK(std::string(ResolveChatTemplate("", "", "mixtral")->name()) == "mistral-v1");
+  CHECK(std::string(ResolveChatTemplate("", "", "qwen3moe")->name()) == "qwen3");
+  auto unknown_arch = ResolveChatTemplate("", "", "llama");
+  CHECK(StatusToMoe(unknown_arch.status()) == MOE_ERR_UNSUPPORTED);
+  CHECK(std::string(unknown_arch.status().message()).find("'llama'") != std::string::npos);
+  auto unknown_name = ResolveChatTemplate("vicuna", "", "qwen3moe");
+  CHECK(StatusToMoe(unknown_name.status()) == MOE_ERR_UNSUPPORTED);
+  CHECK(std::string(unknown_name.status().message()).find("vicuna") != std::string::npos);
+  // An unrecognised source is reported even when the architecture has a usual template.
+  CHECK(!ResolveChatTemplate("", "{{ messages }}", "qwen3moe").ok());
+  CHECK(ChatTemplate::Names().size() == 10);
+}
+
+TEST_CASE("chat templates refuse conversations they cannot render", "[text][chat]") {
+  const ChatSpecialTokens sp{"<s>", "</s>"};
+  const std::vector<ChatMessage> empty;
+  for (auto name : ChatTemplate::Names()) {
+    INFO(name);
+    auto t = ChatTemplate::ByName(name);
+    REQUIRE(t.ok());
+    CHECK(StatusToMoe(t->Render(empty, true, sp).status()) == MOE_ERR_INVALID_ARGUMENT);
+  }
+  const std::vector<ChatMessage> two_users = {{"user", "a"}, {"user", "b"}};
+  for (const char *name : {"mistral-v1", "mistral-v3"}) {
+    auto r = ChatTemplate::ByName(name)->Render(two_users, true, sp);
+    CHECK(StatusToMoe(r.status()) == MOE_ERR_INVALID_ARGUMENT);
+    CHECK(std::string(r.status().message()).find("alternate") != std::string::npos);
+  }
+  const std::vector<ChatMessage> late_system = {{"user", "a"}, {"assistant", "b"}, {"system", "c"}};
+  CHECK(!ChatTemplate::ByName("mistral-v1")->Render(late_system, true, sp).ok());
+  const std::vector<ChatMessage> tool = {{"user", "a"}, {"tool", "b"}};
+  for (const char *name : {"qwen3", "qwen2.5", "deepseek-v3", "gpt-oss"}) {
+    auto r = ChatTemplate::ByName(name)->Render(tool, true, sp);
+    INFO(name);
+    CHECK(StatusToMoe(r.status()) == MOE_ERR_INVALID_ARGUMENT);
+    CHECK(std::string(r.status().message()).find("'tool'") != std::string::npos);
+  }
+  // ChatML and Llama-3 write any role, as their templates do.
+  CHECK(*ChatTemplate::ByName("chatml")->Render(tool, false, sp) ==
+        "<|im_start|>user\na<|im_end|>\n<|im_start|>tool\nb<|im_end|>\n");
+  const std::vector<ChatMessage> tagged = {{"user", "a"}, {"assistant", "x<|channel|>final<|message|>y"}};
+  CHECK(!ChatTemplate::ByName("gpt-oss")->Render(tagged, false, sp).ok());
+}
+
+TEST_CASE("Llama-3 trim strips Unicode whitespace as Python does", "[text][chat]") {
+  const std::vector<ChatMessage> m = {{"user", "\xE3\x80\x80\x1c hi\xC2\xA0\t\n"}};
+  CHECK(*ChatTemplate::ByName("llama3")->Render(m, false, {"<B>", ""}) ==
+        "<B><|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|>");
+  const std::vector<ChatMessage> only_space = {{"user", " \n "}};
+  CHECK(*ChatTemplate::ByName("llama3")->Render(only_space, false, {"", ""}) ==
+        "<|start_header_id|>user<|end_header_id|>\n\n<|eot_id|>");
+}
+
+}  // namespace strata::text
