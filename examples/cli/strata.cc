@@ -4,10 +4,12 @@
 // output files are written to a temporary name and renamed, so nothing is left half-written.
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <map>
 #include <string>
 #include <vector>
@@ -54,6 +56,11 @@ struct Args {
   uint64_t seed = 42;
   int backend = MOE_BACKEND_AUTO;
   uint64_t ram_budget = 0, vram_budget = 0;
+  // expert cache, stats, bench, profile
+  int policy = MOE_CACHE_HOTNESS;
+  int64_t prefetch = 1, io_threads = 2, n_prompt = 64, hotlist_max = 0;
+  bool stats = false, json = false;
+  std::string prompts;
   // pack
   std::string experts_type = "q4_k", attention_type = "q8_0", boost_type = "q6_k";
   std::string boost_layers, hotlist;
@@ -71,6 +78,10 @@ const char kUsage[] =
     "  tokenize --model PATH [--special] --text TEXT   the token ids of TEXT, separated by spaces\n"
     "  inspect  PATH         architecture, hyper-parameters, tensors, per-expert bytes by codec\n"
     "  plan     --model PATH the cache plan ledger: what goes where, and why\n"
+    "  bench    [--model PATH] [--prompt-tokens N] [-n N] [--json]   prefill and decode tokens/s, expert\n"
+    "           hits and misses, bytes read per token, time waiting on I/O\n"
+    "  profile  --model PATH --prompts FILE --out HOTLIST [-n N]   count (layer, expert) selections over\n"
+    "           a prompt set (one prompt a line: text, or token ids 1,2,3) into a hotlist\n"
     "  pack     IN OUT [--experts q4_k] [--attention q8_0] [--boost-layers 0,1] [--boost q6_k]\n"
     "           [--hotlist FILE]   rewrite IN as a mixed-precision GGUF: routed experts in --experts\n"
     "           (--boost for the listed layers), attention/embeddings/output in --attention, norms and\n"
@@ -79,6 +90,8 @@ const char kUsage[] =
     "\n"
     "common options: --backend cpu|cuda|auto  --ram-budget SIZE  --vram-budget SIZE  --threads N\n"
     "                --n-ctx N   (SIZE: 512M, 8G, or bytes)\n"
+    "expert cache:   --policy lru|lfu|hot  --prefetch N (layers ahead)  --io-threads N\n"
+    "                --hotlist FILE [--hotlist-max N] (preload)  --stats (JSON line on stderr)\n"
     "PATH is a GGUF file or a Hugging Face checkpoint directory.\n";
 
 float ParseFloat(const std::string &flag, const std::string &v) {
@@ -130,6 +143,20 @@ Args ParseArgs(int argc, char **argv) {
     else if (f == "--boost-layers") a.boost_layers = value();
     else if (f == "--hotlist") a.hotlist = value();
     else if (f == "--ram-budget") a.ram_budget = size();
+    else if (f == "--prefetch") a.prefetch = integer(0, 64);
+    else if (f == "--io-threads") a.io_threads = integer(1, 64);
+    else if (f == "--prompt-tokens") a.n_prompt = integer(1, 1 << 20);
+    else if (f == "--hotlist-max") a.hotlist_max = integer(0, 1 << 30);
+    else if (f == "--prompts") a.prompts = value();
+    else if (f == "--stats") a.stats = true;
+    else if (f == "--json") a.json = true;
+    else if (f == "--policy") {
+      std::string v = value();
+      if (v == "lru") a.policy = MOE_CACHE_LRU;
+      else if (v == "lfu") a.policy = MOE_CACHE_LFU;
+      else if (v == "hot") a.policy = MOE_CACHE_HOTNESS;
+      else Die("--policy must be lru, lfu or hot, got '" + v + "'");
+    }
     else if (f == "--vram-budget") a.vram_budget = size();
     else if (f == "--backend") {
       std::string v = value();
@@ -166,7 +193,35 @@ moe_params ContextParams(const Args &a, const std::string &model) {
   p.vram_budget_bytes = a.vram_budget;
   p.n_threads = static_cast<int32_t>(a.n_threads);
   p.n_ctx = static_cast<uint32_t>(a.n_ctx);
+  p.cache_policy = a.policy;
+  p.prefetch_distance = static_cast<int32_t>(a.prefetch);
+  p.n_io_threads = static_cast<int32_t>(a.io_threads);
+  p.hotlist_path = a.hotlist.empty() || a.command == "pack" ? nullptr : a.hotlist.c_str();
+  p.hotlist_max_experts = static_cast<uint32_t>(a.hotlist_max);
   return p;
+}
+
+// The context's expert-tier counters as one line of JSON (DESIGN.md §3.2, --stats).
+std::string StatsJson(moe_ctx *ctx) {
+  moe_stats st;
+  moe_stats_init(&st);
+  if (moe_ctx_stats(ctx, &st) != MOE_OK) return "{}";
+  char buf[1024];
+  std::snprintf(buf, sizeof buf,
+                "{\"streaming\":%u,\"expert_hits\":%llu,\"expert_misses\":%llu,\"bytes_read\":%llu,"
+                "\"io_wait_s\":%.6f,\"prefetch_issued\":%llu,\"prefetch_useful\":%llu,\"evictions\":%llu,"
+                "\"cache_slots\":%u,\"cache_slot_bytes\":%llu,\"memory_locked\":%u,\"load_errors\":%llu}",
+                st.streaming, static_cast<unsigned long long>(st.expert_hits),
+                static_cast<unsigned long long>(st.expert_misses), static_cast<unsigned long long>(st.bytes_read),
+                st.io_wait_s, static_cast<unsigned long long>(st.prefetch_issued),
+                static_cast<unsigned long long>(st.prefetch_useful), static_cast<unsigned long long>(st.evictions),
+                st.cache_slots, static_cast<unsigned long long>(st.cache_slot_bytes), st.memory_locked,
+                static_cast<unsigned long long>(st.load_errors));
+  return buf;
+}
+
+void PrintStatsIf(const Args &a, moe_ctx *ctx) {
+  if (a.stats) std::fprintf(stderr, "%s\n", StatsJson(ctx).c_str());
 }
 
 // RAII for the C handles.
@@ -321,6 +376,7 @@ int CmdRun(const Args &a) {
   std::fprintf(stderr, "strata: %s: load %.2f s, prefill %zu tokens %.1f tok/s, decode %lld tokens %.1f tok/s\n",
                model.c_str(), secs(t_open, t_prefill), prompt.size(), prompt.size() / secs(t_prefill, t_decode),
                static_cast<long long>(n_gen), n_gen > 1 ? (n_gen - 1) / secs(t_decode, t_end) : 0.0);
+  PrintStatsIf(a, ctx.c);
   return 0;
 }
 
@@ -371,6 +427,143 @@ int CmdLogits(const Args &a) {
   if (prefill > 0) run(toks->data(), prefill);
   for (int64_t i = prefill; i < n; ++i) run(toks->data() + i, 1);
   WriteFileAtomically(a.out, all.data(), all.size() * sizeof(float));
+  PrintStatsIf(a, ctx.c);
+  return 0;
+}
+
+// Decode throughput and expert-tier behaviour: a seeded random prompt of --prompt-tokens ids goes in
+// as one batch, then -n tokens are decoded greedily, one step each.
+int CmdBench(const Args &a) {
+  const std::string model = a.model.empty() ? DemoModelPath() : a.model;
+  moe_params p = ContextParams(a, model);
+  Ctx ctx;
+  auto t0 = std::chrono::steady_clock::now();
+  if (moe_status st = moe_ctx_open(&p, &ctx.c); st != MOE_OK) Die("cannot open '" + model + "': " + ApiError(st));
+  auto t1 = std::chrono::steady_clock::now();
+  WarnIfClamped(ctx.c);
+  const int32_t n_vocab = moe_ctx_vocab_size(ctx.c);
+  std::vector<int32_t> prompt(static_cast<size_t>(a.n_prompt));
+  uint64_t x = a.seed * 0x9e3779b97f4a7c15ull + 1;
+  for (auto &t : prompt) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    t = static_cast<int32_t>(x % static_cast<uint64_t>(n_vocab));
+  }
+  moe_session_params sp;
+  moe_session_params_init(&sp);
+  Sess s;
+  if (moe_status st = moe_session_open(ctx.c, &sp, &s.s); st != MOE_OK) Die(ApiError(st));
+  moe_ctx_reset_stats(ctx.c);
+  if (moe_status st = moe_session_feed(s.s, prompt.data(), prompt.size()); st != MOE_OK) Die(ApiError(st));
+  auto t2 = std::chrono::steady_clock::now();
+  if (moe_status st = moe_ctx_step(ctx.c, nullptr); st != MOE_OK) Die(ApiError(st));
+  auto t3 = std::chrono::steady_clock::now();
+  moe_stats prefill;
+  moe_stats_init(&prefill);
+  moe_ctx_stats(ctx.c, &prefill);
+  moe_ctx_reset_stats(ctx.c);
+  int64_t n = 0;
+  for (; n < a.n_predict; ++n) {
+    int32_t tok;
+    if (moe_status st = moe_session_sample(s.s, &tok); st != MOE_OK) Die(ApiError(st));
+    moe_status st = moe_session_feed(s.s, &tok, 1);
+    if (st == MOE_ERR_LIMIT_CONTEXT) break;
+    if (st != MOE_OK) Die(ApiError(st));
+    if ((st = moe_ctx_step(ctx.c, nullptr)) != MOE_OK) Die(ApiError(st));
+  }
+  auto t4 = std::chrono::steady_clock::now();
+  moe_stats dec;
+  moe_stats_init(&dec);
+  moe_ctx_stats(ctx.c, &dec);
+  moe_cache_plan plan;
+  moe_cache_plan_init(&plan);
+  moe_ctx_plan(ctx.c, &plan);
+  auto secs = [](auto u, auto v) { return std::chrono::duration<double>(v - u).count(); };
+  const double pre_s = secs(t2, t3), dec_s = secs(t3, t4);
+  const double uses = static_cast<double>(dec.expert_hits + dec.expert_misses);
+  const double hit_rate = uses > 0 ? dec.expert_hits / uses : 1.0;
+  const double bytes_per_tok = n > 0 ? static_cast<double>(dec.bytes_read) / n : 0.0;
+  if (a.json) {
+    std::printf("{\"model\":\"%s\",\"load_s\":%.3f,\"ram_budget_bytes\":%llu,\"ram_expert_slots\":%u,"
+                "\"routed_experts\":%u,\"prefill_tokens\":%zu,\"prefill_tok_s\":%.3f,\"decode_tokens\":%lld,"
+                "\"decode_tok_s\":%.3f,\"decode_hit_rate\":%.4f,\"decode_bytes_read_per_token\":%.0f,"
+                "\"decode_io_wait_s\":%.4f,\"prefill_bytes_read\":%llu,\"stats\":%s}\n",
+                model.c_str(), secs(t0, t1), static_cast<unsigned long long>(plan.ram_budget_bytes),
+                plan.ram_expert_slots, plan.n_routed_experts, prompt.size(), prompt.size() / pre_s,
+                static_cast<long long>(n), n / dec_s, hit_rate, bytes_per_tok, dec.io_wait_s,
+                static_cast<unsigned long long>(prefill.bytes_read), StatsJson(ctx.c).c_str());
+  } else {
+    std::printf("model            %s\n", model.c_str());
+    std::printf("load             %.2f s\n", secs(t0, t1));
+    std::printf("RAM expert tier  %u of %u experts (%s, %s)\n", plan.ram_expert_slots, plan.n_routed_experts,
+                dec.streaming ? "streaming" : "all resident", dec.memory_locked ? "locked" : "not locked");
+    std::printf("prefill          %zu tokens, %.1f tok/s, %.1f MiB read\n", prompt.size(), prompt.size() / pre_s,
+                prefill.bytes_read / 1048576.0);
+    std::printf("decode           %lld tokens, %.2f tok/s\n", static_cast<long long>(n), n / dec_s);
+    std::printf("expert hit rate  %.1f%% (%llu hits, %llu misses)\n", 100 * hit_rate,
+                static_cast<unsigned long long>(dec.expert_hits), static_cast<unsigned long long>(dec.expert_misses));
+    std::printf("read per token   %.2f MiB\n", bytes_per_tok / 1048576.0);
+    std::printf("I/O wait         %.3f s (%.0f%% of decode)\n", dec.io_wait_s, 100 * dec.io_wait_s / dec_s);
+    std::printf("prefetch         %llu issued, %llu useful\n", static_cast<unsigned long long>(dec.prefetch_issued),
+                static_cast<unsigned long long>(dec.prefetch_useful));
+  }
+  PrintStatsIf(a, ctx.c);
+  return 0;
+}
+
+// Records how often each (layer, expert) is selected over a prompt set, hottest first, in the
+// hotlist format `strata pack --hotlist` and `--hotlist` preloading read: `layer expert count`.
+int CmdProfile(const Args &a) {
+  if (a.model.empty()) Die("profile needs --model PATH");
+  if (a.prompts.empty()) Die("profile needs --prompts FILE");
+  if (a.out.empty()) Die("profile needs --out FILE");
+  std::ifstream in(a.prompts);
+  if (!in) Die("cannot read '" + a.prompts + "'");
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) {
+    if (!line.empty()) lines.push_back(line);
+  }
+  if (lines.empty()) Die("'" + a.prompts + "' holds no prompts");
+  moe_params p = ContextParams(a, a.model);
+  Ctx ctx;
+  if (moe_status st = moe_ctx_open(&p, &ctx.c); st != MOE_OK) Die("cannot open '" + a.model + "': " + ApiError(st));
+  const bool has_text = HasTokenizer(ctx.c);
+  for (const std::string &line : lines) {
+    std::vector<int32_t> toks;
+    if (auto ids = ParseTokenList(line); ids) {
+      toks = *ids;
+    } else if (has_text) {
+      toks = Tokenize(ctx.c, line, false, true);
+    } else {
+      Die("'" + a.model + "' carries no tokenizer; give prompts as token ids (1,2,3)");
+    }
+    if (toks.empty()) continue;
+    Sess s;
+    if (moe_status st = moe_session_open(ctx.c, nullptr, &s.s); st != MOE_OK) Die(ApiError(st));
+    if (moe_status st = moe_session_feed(s.s, toks.data(), toks.size()); st != MOE_OK) Die(ApiError(st));
+    if (moe_status st = moe_ctx_step(ctx.c, nullptr); st != MOE_OK) Die(ApiError(st));
+    for (int64_t i = 0; i < a.n_predict; ++i) {
+      int32_t tok;
+      if (moe_status st = moe_session_sample(s.s, &tok); st != MOE_OK) Die(ApiError(st));
+      if (moe_session_feed(s.s, &tok, 1) != MOE_OK) break;
+      if (moe_status st = moe_ctx_step(ctx.c, nullptr); st != MOE_OK) Die(ApiError(st));
+    }
+  }
+  size_t n = 0;
+  moe_ctx_expert_counts(ctx.c, nullptr, 0, &n);
+  std::vector<uint64_t> counts(n);
+  if (moe_status st = moe_ctx_expert_counts(ctx.c, counts.data(), n, &n); st != MOE_OK) Die(ApiError(st));
+  const uint32_t n_exp = moe_expert_table_n_experts(moe_ctx_experts(ctx.c));
+  std::vector<size_t> order(n);
+  for (size_t i = 0; i < n; ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t x, size_t y) { return counts[x] > counts[y]; });
+  std::string text = "# strata profile: layer expert count, hottest first\n";
+  for (size_t i : order) {
+    if (counts[i] == 0) break;
+    text += std::to_string(i / n_exp) + " " + std::to_string(i % n_exp) + " " + std::to_string(counts[i]) + "\n";
+  }
+  WriteFileAtomically(a.out, text.data(), text.size());
+  std::fprintf(stderr, "strata: profiled %zu prompts into '%s'\n", lines.size(), a.out.c_str());
+  PrintStatsIf(a, ctx.c);
   return 0;
 }
 
@@ -541,6 +734,8 @@ int main(int argc, char **argv) {
     if (a.command == "logits") return CmdLogits(a);
     if (a.command == "inspect") return CmdInspect(a);
     if (a.command == "tokenize") return CmdTokenize(a);
+    if (a.command == "bench") return CmdBench(a);
+    if (a.command == "profile") return CmdProfile(a);
     if (a.command == "plan") return CmdPlan(a);
     if (a.command == "pack") return CmdPack(a);
     if (a.command == "help" || a.command == "--help" || a.command == "-h") {

@@ -115,6 +115,9 @@ typedef struct moe_params {
   int32_t cache_policy;       /* moe_cache_policy; default MOE_CACHE_HOTNESS */
   int32_t prefetch_distance;  /* layers ahead whose experts are predicted and prefetched; default 1 */
   int32_t n_io_threads;       /* threads reading experts from the model file; default 2 */
+  const char *hotlist_path;   /* a hotlist (`strata profile`): its top experts are loaded into the
+                                 cache in the background at open; NULL = none */
+  uint32_t hotlist_max_experts; /* cap on those; 0 = as many as the cache holds */
 } moe_params;
 
 typedef enum moe_cache_policy {
@@ -255,6 +258,10 @@ static inline void moe_stats_init(moe_stats *p) {
 MOE_API moe_status moe_ctx_stats(const moe_ctx *ctx, moe_stats *out);
 /* Hits and misses of one layer's experts. Since: 0.1. */
 MOE_API moe_status moe_ctx_layer_stats(const moe_ctx *ctx, uint32_t layer, uint64_t *hits, uint64_t *misses);
+/* Routing selections per routed expert since open or the last reset: counts[layer * n_experts +
+ * expert]. *n receives layers x experts, also on MOE_ERR_LIMIT (capacity too small: nothing written).
+ * Thread-safety: safe. Since: 0.1. */
+MOE_API moe_status moe_ctx_expert_counts(const moe_ctx *ctx, uint64_t *counts, size_t capacity, size_t *n);
 /* Zeroes the counters (the cache keeps its contents). Since: 0.1. */
 MOE_API void moe_ctx_reset_stats(moe_ctx *ctx);
 

@@ -89,6 +89,8 @@ strata::runtime::ContextOptions ToOptions(const moe_params &p) {
   o.cache_policy = p.cache_policy;
   o.prefetch_distance = p.prefetch_distance;
   o.n_io_threads = p.n_io_threads;
+  o.hotlist_path = p.hotlist_path != nullptr ? p.hotlist_path : "";
+  o.hotlist_max = static_cast<int>(std::min<uint32_t>(p.hotlist_max_experts, INT32_MAX));
   return o;
 }
 
@@ -325,6 +327,21 @@ moe_status moe_ctx_layer_stats(const moe_ctx *ctx, uint32_t layer, uint64_t *hit
     }
     *hits = cs.cache.layer_hits[layer];
     *misses = cs.cache.layer_misses[layer];
+    return MOE_OK;
+  });
+}
+
+moe_status moe_ctx_expert_counts(const moe_ctx *ctx, uint64_t *counts, size_t capacity, size_t *n) {
+  return Guard([&]() -> moe_status {
+    if (ctx == nullptr || n == nullptr) return Fail(MOE_ERR_INVALID_ARGUMENT, "ctx or n is NULL");
+    const std::vector<uint64_t> c = ctx->impl->ExpertCounts();
+    *n = c.size();
+    if (c.size() > capacity) {
+      return Fail(MOE_ERR_LIMIT, "counts buffer of " + std::to_string(capacity) + " is too small for " +
+                                     std::to_string(c.size()));
+    }
+    if (counts == nullptr) return Fail(MOE_ERR_INVALID_ARGUMENT, "counts is NULL");
+    std::copy(c.begin(), c.end(), counts);
     return MOE_OK;
   });
 }

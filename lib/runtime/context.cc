@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include "backends/cpu/cpu_backend.h"
+#include "lib/model/pack.h"
 
 namespace strata::runtime {
 
@@ -71,6 +72,7 @@ absl::StatusOr<std::unique_ptr<Context>> Context::Open(const ContextOptions &o) 
   ctx->backend_ = std::make_unique<cpu::CpuBackend>(o.n_threads);
   ctx->table_ = std::make_unique<store::ExpertTable>(ctx->weights_);
   ctx->resident_layer_hits_.assign(ctx->hp_.n_layer, 0);
+  ctx->expert_counts_.assign(static_cast<size_t>(ctx->hp_.n_layer) * ctx->hp_.n_expert, 0);
   if (streaming) {
     store::CacheOptions co;
     co.n_slots = ctx->plan_.ram_expert_slots;
@@ -79,6 +81,15 @@ absl::StatusOr<std::unique_ptr<Context>> Context::Open(const ContextOptions &o) 
     co.n_io_threads = o.n_io_threads;
     STRATA_ASSIGN_OR_RETURN(ctx->cache_, store::ExpertCache::Create(*ctx->table_, *ctx->file_, ctx->weights_,
                                                                     ctx->backend_.get(), co));
+  }
+  if (!o.hotlist_path.empty()) {
+    STRATA_ASSIGN_OR_RETURN(std::vector<model::HotExpert> hot, model::ReadHotlist(o.hotlist_path, ctx->hp_));
+    if (ctx->cache_ != nullptr) {
+      std::vector<uint32_t> keys;
+      for (const auto &h : hot) keys.push_back(ctx->table_->Key(h.layer, h.expert));
+      const size_t cap = o.hotlist_max > 0 ? static_cast<size_t>(o.hotlist_max) : keys.size();
+      ctx->cache_->Preload(keys, cap);  // loads run on the I/O threads while the host carries on
+    }
   }
   return ctx;
 }
@@ -109,6 +120,27 @@ void Context::CloseSession(Session *s) {
                   sessions_.end());
 }
 
+// Counts every routing selection per (layer, expert), then defers to the real source.
+class CountingExperts final : public model::ExpertSource {
+ public:
+  CountingExperts(model::ExpertSource *inner, std::vector<uint64_t> *counts, int n_expert)
+      : inner_(inner), counts_(counts), n_expert_(n_expert) {}
+  void OnRoute(int layer, const float *h, int64_t n_tok, const int32_t *selected, int k) override {
+    for (int64_t i = 0; i < n_tok * k; ++i) ++(*counts_)[static_cast<size_t>(layer) * n_expert_ + selected[i]];
+    inner_->OnRoute(layer, h, n_tok, selected, k);
+  }
+  absl::Status Acquire(int layer, const std::vector<int32_t> &experts,
+                       std::vector<const model::ExpertWeights *> *out) override {
+    return inner_->Acquire(layer, experts, out);
+  }
+  void Release(int layer, const std::vector<int32_t> &experts) override { inner_->Release(layer, experts); }
+
+ private:
+  model::ExpertSource *inner_;
+  std::vector<uint64_t> *counts_;
+  int n_expert_;
+};
+
 // Counts expert uses when every expert is resident, so stats read the same either way.
 class ResidentExperts final : public model::ExpertSource {
  public:
@@ -138,6 +170,8 @@ absl::Status Context::Step(uint32_t *n_pending) {
     for (int i = 0; i < file_->n_files(); ++i) STRATA_RETURN_IF_ERROR(file_->file(i).CheckUnchanged());
   }
   ResidentExperts resident(weights_, &resident_hits_, &resident_layer_hits_);
+  CountingExperts counting(cache_ != nullptr ? static_cast<model::ExpertSource *>(cache_.get()) : &resident,
+                           &expert_counts_, hp_.n_expert);
   for (auto &sp : sessions_) {
     Session &s = *sp;
     if (s.pending_.empty()) continue;
@@ -146,7 +180,7 @@ absl::Status Context::Step(uint32_t *n_pending) {
     a.n_tok = static_cast<int64_t>(s.pending_.size());
     a.pos0 = s.n_past_;
     a.all_logits = s.opts_.logits_all;
-    a.experts = cache_ != nullptr ? static_cast<model::ExpertSource *>(cache_.get()) : &resident;
+    a.experts = &counting;
     if (cache_ != nullptr && a.n_tok > 1) cache_->OnNewPrompt();
     std::vector<float> logits;
     absl::Status st = model::Forward(hp_, weights_, *backend_, s.kv_, a, &logits);
@@ -184,9 +218,15 @@ ContextStats Context::Stats() const {
   return st;
 }
 
+std::vector<uint64_t> Context::ExpertCounts() const {
+  std::lock_guard<std::mutex> lk(const_cast<std::mutex &>(mu_));
+  return expert_counts_;
+}
+
 void Context::ResetStats() {
   if (cache_ != nullptr) cache_->ResetStats();
   std::lock_guard<std::mutex> lk(mu_);
+  std::fill(expert_counts_.begin(), expert_counts_.end(), 0);
   resident_hits_ = 0;
   std::fill(resident_layer_hits_.begin(), resident_layer_hits_.end(), 0);
 }

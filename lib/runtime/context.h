@@ -34,6 +34,8 @@ struct ContextOptions {
   int cache_policy = 2;       // store::PolicyKind: 0 LRU, 1 LFU, 2 route hotness
   int prefetch_distance = 1;  // layers ahead the expert cache predicts; 0 = none
   int n_io_threads = 2;
+  std::string hotlist_path;   // seed the expert cache from this hotlist at open (in the background)
+  int hotlist_max = 0;        // at most this many experts from it; 0 = as many as the cache holds
 };
 
 // What the expert tiers did since open (or the last reset).
@@ -103,6 +105,8 @@ class Context {
   void CloseSession(Session *s);
   absl::Status Step(uint32_t *n_pending);
   ContextStats Stats() const;
+  // Selections per routed expert (index layer * n_expert + expert) since open or the last reset.
+  std::vector<uint64_t> ExpertCounts() const;
   void ResetStats();
   // The RAM expert cache when experts stream; nullptr when all are resident.
   store::ExpertCache *expert_cache() { return cache_.get(); }
@@ -120,6 +124,7 @@ class Context {
   std::unique_ptr<store::ExpertTable> table_;
   std::unique_ptr<store::ExpertCache> cache_;  // after backend_: destroyed first
   uint64_t resident_hits_ = 0;                  // expert uses when nothing streams
+  std::vector<uint64_t> expert_counts_;         // selections per (layer, expert)
   std::vector<uint64_t> resident_layer_hits_;
   int n_ctx_ = 0;
   std::mutex mu_;  // guards sessions_ and serialises Step
