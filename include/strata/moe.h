@@ -276,6 +276,17 @@ typedef struct moe_session_params {
   int32_t top_k;        /* 0 = off */
   float top_p;          /* 1 = off */
   uint32_t logits_all;  /* 1: keep the logits of every token of the last step, not only the last */
+  /* Since 0.1 (appended): min-p, penalties and stop conditions. The penalties look at a window:
+   * the last penalty_last_n tokens the session has processed (prompt and generated alike). */
+  float min_p;                     /* keep tokens with p >= min_p * p(most likely), after top-p; 0 = off */
+  float repeat_penalty;            /* a windowed token's logit l becomes l / r if l > 0, else l * r; 1 = off */
+  float presence_penalty;          /* subtracted once from each windowed token's logit; 0 = off */
+  int32_t penalty_last_n;          /* the window; default 64; 0 = no penalties */
+  uint32_t stop_at_eos;            /* 1 (default): the model's EOS is a stop token */
+  const int32_t *stop_tokens;      /* more stop tokens (copied at open); may be NULL when n is 0 */
+  size_t n_stop_tokens;
+  const char *const *stop_strings; /* NUL-terminated stop strings (copied at open); "" entries ignored */
+  size_t n_stop_strings;
 } moe_session_params;
 
 MOE_API void moe_session_params_fill_defaults(moe_session_params *p);
@@ -319,13 +330,38 @@ MOE_API moe_status moe_session_logits(const moe_session *s, const float **logits
 MOE_API moe_status moe_session_logits_all(const moe_session *s, const float **logits,
                                           int32_t *n_tokens, int32_t *n_vocab);
 
-/* Samples the next token from the last logits with the session's sampler (greedy when temperature
- * is 0; else temperature, top-k, top-p with the session's seeded generator). Does not feed it.
+/* Samples the next token from the last logits with the session's sampler: the repetition and
+ * presence penalties over the window first; then greedy when temperature is 0, else top-k, softmax
+ * with temperature, top-p, min-p and one draw from the session's seeded generator (the same seed
+ * and inputs give the same tokens on every run and platform). Does not feed it.
  * @return MOE_OK; MOE_ERR_INVALID_ARGUMENT; MOE_ERR_STATE if no logits yet. Since: 0.1. */
 MOE_API moe_status moe_session_sample(moe_session *s, int32_t *token);
 
 /* Number of tokens in the session's KV cache (its position). -1 for NULL. Since: 0.1. */
 MOE_API int32_t moe_session_n_past(const moe_session *s);
+
+/* Why moe_session_sample_text ended the text. */
+#define MOE_STOP_NONE 0   /* not ended: feed the token and continue */
+#define MOE_STOP_TOKEN 1  /* a stop token (EOS by default, or one of stop_tokens) was sampled */
+#define MOE_STOP_STRING 2 /* the text reached one of stop_strings; the string itself is not returned */
+
+/* Samples the next token like moe_session_sample (penalties included) and turns it into text with
+ * the session's stop conditions. *text receives the bytes that became final with this token:
+ * complete UTF-8 characters, holding back any tail that might begin a stop string (so a stop
+ * string split across tokens never shows); it points to memory owned by the session, valid until
+ * the next call on the session, and is not NUL-terminated. *stop (nullable) receives MOE_STOP_*: on a
+ * stop, *text is the rest of the text before the stop (a stop token's own text is not included),
+ * and the next call starts a new text. Does not feed the token: on MOE_STOP_NONE the host feeds it.
+ * @return MOE_OK; MOE_ERR_INVALID_ARGUMENT (NULL); MOE_ERR_STATE (no logits yet); MOE_ERR_UNSUPPORTED
+ *   (the model carries no tokenizer). On failure nothing is sampled.
+ * Thread-safety: one thread per session. Since: 0.1. */
+MOE_API moe_status moe_session_sample_text(moe_session *s, int32_t *token, const char **text, size_t *n_bytes,
+                                           int32_t *stop);
+
+/* Ends the text in progress without a stop (e.g. when the host's token limit is reached): *text
+ * receives the held-back bytes (an unfinished UTF-8 character as U+FFFD), with the lifetime above.
+ * @return MOE_OK; MOE_ERR_INVALID_ARGUMENT. Thread-safety: one thread per session. Since: 0.1. */
+MOE_API moe_status moe_session_text_end(moe_session *s, const char **text, size_t *n_bytes);
 
 /* ---------------------------------------------------------------------------------------------
  * Text: the model's own tokenizer (GGUF tokenizer.ggml.* metadata, or tokenizer.json in a
@@ -356,6 +392,39 @@ MOE_API moe_status moe_detokenize(const moe_ctx *ctx, const int32_t *tokens, siz
 /* Begin- and end-of-sequence token ids, or -1 when the model has none (or no tokenizer). Since: 0.1. */
 MOE_API int32_t moe_ctx_token_bos(const moe_ctx *ctx);
 MOE_API int32_t moe_ctx_token_eos(const moe_ctx *ctx);
+
+/* ---------------------------------------------------------------------------------------------
+ * Chat templates: a conversation rendered as the prompt text the model was trained on,
+ * byte-identical to transformers' apply_chat_template for the families Strata knows: "chatml",
+ * "qwen2", "qwen2.5", "qwen3", "mistral-v1" (Mixtral-8x7B-Instruct-v0.1), "mistral-v3"
+ * (Mistral-7B-Instruct-v0.3), "llama3", "deepseek-v2", "deepseek-v3", "gpt-oss". The model's own
+ * template (GGUF tokenizer.chat_template; chat_template in tokenizer_config.json) is recognised by
+ * its markers; a model without one falls back to its architecture's usual template. A template
+ * Strata does not reproduce is reported (MOE_ERR_UNSUPPORTED), never guessed: pass a name instead.
+ * ------------------------------------------------------------------------------------------- */
+typedef struct moe_chat_message {
+  const char *role;    /* "system", "user", "assistant" (gpt-oss: also "developer"); NUL-terminated */
+  const char *content; /* NUL-terminated UTF-8 */
+} moe_chat_message;
+
+/* The name of the template the model's metadata selects (static storage).
+ * @return MOE_OK; MOE_ERR_INVALID_ARGUMENT (NULL); MOE_ERR_UNSUPPORTED (the model's template is not
+ *   one Strata renders, or it has none and its architecture settles none; the message says which).
+ * Thread-safety: safe. Since: 0.1. */
+MOE_API moe_status moe_ctx_chat_template_name(const moe_ctx *ctx, const char **name);
+
+/* Renders n messages with the template `template_name` (NULL: the model's, as above), writing the
+ * text, not NUL-terminated, to buf when it fits; *n_bytes receives the length needed, also on
+ * MOE_ERR_LIMIT. With add_generation_prompt != 0 the text ends where the assistant's reply begins.
+ * The text contains the template's special tokens (BOS included where the template writes it):
+ * tokenize it with MOE_TOKENIZE_PARSE_SPECIAL and without MOE_TOKENIZE_ADD_BOS.
+ * @return MOE_OK; MOE_ERR_INVALID_ARGUMENT (NULL, no messages, a role or order the template refuses:
+ *   Mistral's need user/assistant alternating after an optional system message); MOE_ERR_UNSUPPORTED
+ *   (unknown template name, model template not recognised, no tokenizer); MOE_ERR_LIMIT (capacity
+ *   too small: nothing written). Thread-safety: safe. Since: 0.1. */
+MOE_API moe_status moe_chat_render(const moe_ctx *ctx, const char *template_name, const moe_chat_message *msgs,
+                                   size_t n, int32_t add_generation_prompt, char *buf, size_t capacity,
+                                   size_t *n_bytes);
 
 #ifdef __cplusplus
 } /* extern "C" */

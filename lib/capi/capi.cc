@@ -10,6 +10,7 @@
 
 #include "include/strata/moe.h"
 #include "lib/runtime/context.h"
+#include "lib/text/chat_template.h"
 #include "lib/util/status.h"
 
 struct moe_expert_table {
@@ -30,6 +31,7 @@ struct moe_ctx {
 struct moe_session {
   moe_ctx *ctx = nullptr;
   strata::runtime::Session *impl = nullptr;
+  std::string text;  // moe_session_sample_text / moe_session_text_end output
 };
 
 namespace {
@@ -194,6 +196,15 @@ void moe_session_params_fill_defaults(moe_session_params *p) {
   d.top_k = 0;
   d.top_p = 1.f;
   d.logits_all = 0;
+  d.min_p = 0.f;
+  d.repeat_penalty = 1.f;
+  d.presence_penalty = 0.f;
+  d.penalty_last_n = 64;
+  d.stop_at_eos = 1;
+  d.stop_tokens = nullptr;
+  d.n_stop_tokens = 0;
+  d.stop_strings = nullptr;
+  d.n_stop_strings = 0;
   std::memcpy(reinterpret_cast<char *>(p) + sizeof(uint32_t), reinterpret_cast<const char *>(&d) + sizeof(uint32_t),
               std::min<size_t>(p->struct_size, sizeof d) - sizeof(uint32_t));
 }
@@ -368,6 +379,24 @@ moe_status moe_session_open(moe_ctx *ctx, const moe_session_params *p, moe_sessi
     o.sampler.top_k = sp.top_k;
     o.sampler.top_p = sp.top_p;
     o.logits_all = sp.logits_all != 0;
+    o.sampler.min_p = sp.min_p;
+    o.sampler.repeat_penalty = sp.repeat_penalty;
+    o.sampler.presence_penalty = sp.presence_penalty;
+    o.sampler.penalty_last_n = sp.penalty_last_n;
+    o.stop_at_eos = sp.stop_at_eos != 0;
+    if ((sp.stop_tokens == nullptr && sp.n_stop_tokens > 0) || (sp.stop_strings == nullptr && sp.n_stop_strings > 0)) {
+      return Fail(MOE_ERR_INVALID_ARGUMENT, "moe_session_params: stop_tokens or stop_strings is NULL with a count");
+    }
+    if (sp.n_stop_tokens > (1u << 20) || sp.n_stop_strings > (1u << 20)) {
+      return Fail(MOE_ERR_INVALID_ARGUMENT, "moe_session_params: too many stop tokens or strings");
+    }
+    if (sp.n_stop_tokens > 0) o.stop_tokens.assign(sp.stop_tokens, sp.stop_tokens + sp.n_stop_tokens);
+    for (size_t i = 0; i < sp.n_stop_strings; ++i) {
+      if (sp.stop_strings[i] == nullptr) {
+        return Fail(MOE_ERR_INVALID_ARGUMENT, "moe_session_params: stop_strings[" + std::to_string(i) + "] is NULL");
+      }
+      o.stop_strings.emplace_back(sp.stop_strings[i]);
+    }
     auto s = ctx->impl->OpenSession(o);
     if (!s.ok()) return FromStatus(s.status());
     auto *h = new moe_session();
@@ -448,6 +477,35 @@ moe_status moe_session_sample(moe_session *s, int32_t *token) {
 
 int32_t moe_session_n_past(const moe_session *s) { return s ? s->impl->n_past() : -1; }
 
+moe_status moe_session_sample_text(moe_session *s, int32_t *token, const char **text, size_t *n_bytes,
+                                   int32_t *stop) {
+  return Guard([&]() -> moe_status {
+    if (s == nullptr || token == nullptr || text == nullptr || n_bytes == nullptr) {
+      return Fail(MOE_ERR_INVALID_ARGUMENT, "session, token, text or n_bytes is NULL");
+    }
+    int32_t t = -1;
+    strata::runtime::StopReason why = strata::runtime::StopReason::kNone;
+    if (moe_status st = FromStatus(s->impl->NextText(&t, &s->text, &why)); st != MOE_OK) return st;
+    *token = t;
+    *text = s->text.data();
+    *n_bytes = s->text.size();
+    if (stop) *stop = static_cast<int32_t>(why);
+    return MOE_OK;
+  });
+}
+
+moe_status moe_session_text_end(moe_session *s, const char **text, size_t *n_bytes) {
+  return Guard([&]() -> moe_status {
+    if (s == nullptr || text == nullptr || n_bytes == nullptr) {
+      return Fail(MOE_ERR_INVALID_ARGUMENT, "session, text or n_bytes is NULL");
+    }
+    s->text = s->impl->EndText();
+    *text = s->text.data();
+    *n_bytes = s->text.size();
+    return MOE_OK;
+  });
+}
+
 static moe_status NeedTokenizer(const moe_ctx *ctx, const strata::text::Tokenizer **out) {
   if (ctx == nullptr) return Fail(MOE_ERR_INVALID_ARGUMENT, "ctx is NULL");
   *out = ctx->impl->tokenizer();
@@ -527,6 +585,41 @@ int32_t moe_ctx_token_bos(const moe_ctx *ctx) {
 }
 int32_t moe_ctx_token_eos(const moe_ctx *ctx) {
   return ctx && ctx->impl->tokenizer() ? ctx->impl->tokenizer()->eos() : -1;
+}
+
+moe_status moe_ctx_chat_template_name(const moe_ctx *ctx, const char **name) {
+  return Guard([&]() -> moe_status {
+    if (ctx == nullptr || name == nullptr) return Fail(MOE_ERR_INVALID_ARGUMENT, "ctx or name is NULL");
+    auto t = strata::text::ResolveChatTemplate("", ctx->impl->chat_template_source(), ctx->impl->hparams().arch_name);
+    if (!t.ok()) return FromStatus(t.status());
+    *name = t->name();
+    return MOE_OK;
+  });
+}
+
+moe_status moe_chat_render(const moe_ctx *ctx, const char *template_name, const moe_chat_message *msgs, size_t n,
+                           int32_t add_generation_prompt, char *buf, size_t capacity, size_t *n_bytes) {
+  return Guard([&]() -> moe_status {
+    const strata::text::Tokenizer *tok;
+    if (moe_status st = NeedTokenizer(ctx, &tok); st != MOE_OK) return st;
+    if (n_bytes == nullptr || (msgs == nullptr && n > 0)) return Fail(MOE_ERR_INVALID_ARGUMENT, "msgs or n_bytes is NULL");
+    std::vector<strata::text::ChatMessage> m(n);
+    for (size_t i = 0; i < n; ++i) {
+      if (msgs[i].role == nullptr || msgs[i].content == nullptr) {
+        return Fail(MOE_ERR_INVALID_ARGUMENT, "message " + std::to_string(i) + " has a NULL role or content");
+      }
+      m[i] = {msgs[i].role, msgs[i].content};
+    }
+    auto t = strata::text::ResolveChatTemplate(template_name ? template_name : "", ctx->impl->chat_template_source(),
+                                               ctx->impl->hparams().arch_name);
+    if (!t.ok()) return FromStatus(t.status());
+    strata::text::ChatSpecialTokens sp;
+    if (tok->bos() >= 0) sp.bos = tok->token_text(tok->bos());
+    if (tok->eos() >= 0) sp.eos = tok->token_text(tok->eos());
+    auto text = t->Render(m, add_generation_prompt != 0, sp);
+    if (!text.ok()) return FromStatus(text.status());
+    return CopyOut(*text, buf, capacity, n_bytes);
+  });
 }
 
 }  // extern "C"

@@ -2,7 +2,13 @@
 #include "lib/runtime/context.h"
 
 #include <algorithm>
+#include <cmath>
 #include <unistd.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "nlohmann/json.hpp"
 
 #include "backends/cpu/cpu_backend.h"
 #include "lib/model/pack.h"
@@ -38,6 +44,38 @@ absl::StatusOr<std::unique_ptr<text::Tokenizer>> LoadTokenizer(const model::Mode
   return text::Tokenizer::FromHfFile(path);
 }
 
+// The model's Jinja chat template, "" when it has none. A template stored in a shape Strata cannot
+// read (a list without a "default" entry) is kept as a marker text, so it is reported, not skipped.
+std::string LoadChatTemplate(const model::ModelFile &mf) {
+  if (mf.kind() == model::ModelFile::Kind::kGguf) {
+    auto s = mf.gguf().GetString("tokenizer.chat_template");
+    return s.ok() ? *s : std::string();
+  }
+  auto slurp = [](const std::string &path, std::string *out) {
+    std::ifstream f(path, std::ios::binary);
+    if (!f) return false;
+    std::stringstream ss;
+    ss << f.rdbuf();
+    *out = ss.str();
+    return true;
+  };
+  std::string text;
+  if (slurp(mf.path() + "/chat_template.jinja", &text)) return text;
+  if (!slurp(mf.path() + "/tokenizer_config.json", &text)) return "";
+  auto j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object() || !j.contains("chat_template") || j["chat_template"].is_null()) return "";
+  const auto &t = j["chat_template"];
+  if (t.is_string()) return t.get<std::string>();
+  if (t.is_array()) {
+    for (const auto &e : t) {
+      if (e.is_object() && e.value("name", "") == "default" && e.contains("template") && e["template"].is_string()) {
+        return e["template"].get<std::string>();
+      }
+    }
+  }
+  return "(a chat_template in tokenizer_config.json that is neither a string nor a list with a default)";
+}
+
 absl::StatusOr<std::unique_ptr<Context>> Context::Open(const ContextOptions &o) {
   if (o.model_path.empty()) return Errorf(MOE_ERR_INVALID_ARGUMENT, "no model path given");
   if (o.backend == MOE_BACKEND_CUDA) {
@@ -58,6 +96,7 @@ absl::StatusOr<std::unique_ptr<Context>> Context::Open(const ContextOptions &o) 
   ctx->n_ctx_ = in.n_ctx;
   STRATA_ASSIGN_OR_RETURN(ctx->plan_, store::MakePlan(ctx->hp_, ctx->weights_, in));
   STRATA_ASSIGN_OR_RETURN(ctx->tokenizer_, LoadTokenizer(*ctx->file_));
+  ctx->chat_template_ = LoadChatTemplate(*ctx->file_);
   if (ctx->tokenizer_ != nullptr && ctx->tokenizer_->vocab_size() > ctx->hp_.n_vocab) {
     return Errorf(MOE_ERR_FORMAT_HPARAMS, "the tokenizer has %d tokens but the model's vocabulary is %d",
                   ctx->tokenizer_->vocab_size(), ctx->hp_.n_vocab);
@@ -104,6 +143,18 @@ absl::StatusOr<Session *> Context::OpenSession(const SessionOptions &o) {
   }
   if (!(o.sampler.temperature >= 0.f) || !(o.sampler.top_p > 0.f)) {
     return Errorf(MOE_ERR_INVALID_ARGUMENT, "temperature must be >= 0 and top_p > 0");
+  }
+  const SamplerParams &sp = o.sampler;
+  if (!(sp.min_p >= 0.f && sp.min_p <= 1.f) || !(sp.repeat_penalty > 0.f) || !std::isfinite(sp.repeat_penalty) ||
+      !std::isfinite(sp.presence_penalty) || sp.penalty_last_n < 0) {
+    return Errorf(MOE_ERR_INVALID_ARGUMENT,
+                  "min_p must be in [0, 1], repeat_penalty > 0, presence_penalty finite and penalty_last_n >= 0 "
+                  "(got %g, %g, %g, %d)", sp.min_p, sp.repeat_penalty, sp.presence_penalty, sp.penalty_last_n);
+  }
+  for (int32_t t : o.stop_tokens) {
+    if (t < 0 || t >= hp_.n_vocab) {
+      return Errorf(MOE_ERR_INVALID_ARGUMENT, "stop token %d is outside the vocabulary [0, %d)", t, hp_.n_vocab);
+    }
   }
   auto s = std::unique_ptr<Session>(new Session(this, o));
   s->n_ctx_ = o.n_ctx > 0 ? o.n_ctx : n_ctx_;
@@ -190,6 +241,7 @@ absl::Status Context::Step(uint32_t *n_pending) {
     }
     if (cache_ != nullptr && a.n_tok == 1) cache_->OnDecodeToken();
     s.n_past_ += static_cast<int>(a.n_tok);
+    s.history_.insert(s.history_.end(), s.pending_.begin(), s.pending_.end());
     s.n_logit_rows_ = static_cast<int32_t>(logits.size() / hp_.n_vocab);
     s.logits_ = std::move(logits);
     s.pending_.clear();
@@ -264,7 +316,51 @@ absl::Status Session::LogitsAll(const float **rows, int32_t *n_tokens) const {
 
 absl::StatusOr<int32_t> Session::SampleNext() {
   STRATA_ASSIGN_OR_RETURN(const float *l, Logits());
-  return Sample(l, ctx_->hparams().n_vocab, opts_.sampler, rng_);
+  return Sample(l, ctx_->hparams().n_vocab, opts_.sampler, rng_, history_);
+}
+
+bool Session::IsStopToken(int32_t id) const {
+  const text::Tokenizer *tok = ctx_->tokenizer();
+  if (opts_.stop_at_eos && tok != nullptr && tok->eos() >= 0 && id == tok->eos()) return true;
+  return std::find(opts_.stop_tokens.begin(), opts_.stop_tokens.end(), id) != opts_.stop_tokens.end();
+}
+
+absl::Status Session::NextText(int32_t *token, std::string *text, StopReason *stop) {
+  const text::Tokenizer *tok = ctx_->tokenizer();
+  if (tok == nullptr) return Errorf(MOE_ERR_UNSUPPORTED, "the model carries no tokenizer");
+  STRATA_ASSIGN_OR_RETURN(int32_t id, SampleNext());
+  if (detok_ == nullptr) {
+    detok_ = std::make_unique<text::StreamDetokenizer>(*tok);
+    stop_filter_ = std::make_unique<StopStrings>(opts_.stop_strings);
+  }
+  *token = id;
+  *stop = StopReason::kNone;
+  bool hit = false;
+  if (IsStopToken(id)) {
+    *text = stop_filter_->Push(detok_->Finish(), &hit);
+    if (!hit) *text += stop_filter_->Finish();
+    *stop = hit ? StopReason::kString : StopReason::kToken;
+  } else {
+    *text = stop_filter_->Push(detok_->Push(id), &hit);
+    if (hit) *stop = StopReason::kString;
+  }
+  if (*stop != StopReason::kNone) {
+    detok_.reset();
+    stop_filter_.reset();
+  }
+  return absl::OkStatus();
+}
+
+std::string Session::EndText() {
+  std::string out;
+  if (detok_ != nullptr) {
+    bool hit = false;
+    out = stop_filter_->Push(detok_->Finish(), &hit);
+    if (!hit) out += stop_filter_->Finish();
+  }
+  detok_.reset();
+  stop_filter_.reset();
+  return out;
 }
 
 }  // namespace strata::runtime

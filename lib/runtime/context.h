@@ -49,7 +49,15 @@ struct SessionOptions {
   uint64_t seed = 0;
   SamplerParams sampler;
   bool logits_all = false;
+  // Generation ends at these tokens (and at the model's EOS when stop_at_eos) and at the first
+  // occurrence of any stop string in the text (see Session::NextText).
+  bool stop_at_eos = true;
+  std::vector<int32_t> stop_tokens;
+  std::vector<std::string> stop_strings;
 };
+
+// Why Session::NextText ended the text (values of the C ABI's MOE_STOP_*).
+enum class StopReason { kNone = 0, kToken = 1, kString = 2 };
 
 class Context;
 
@@ -62,7 +70,19 @@ class Session {
   absl::StatusOr<const float *> Logits() const;
   // With logits_all: every row of the last step.
   absl::Status LogitsAll(const float **rows, int32_t *n_tokens) const;
+  // Samples with the session's sampler; the penalties look at the last penalty_last_n tokens of
+  // history() (every token the session has processed, prompt and generated alike).
   absl::StatusOr<int32_t> SampleNext();
+  // Samples the next token and turns it into text: *text is what may be shown now (complete UTF-8,
+  // nothing that might begin a stop string). A stop token ends the text (*stop = kToken; the token's
+  // own text is not shown); reaching a stop string ends it before the string (*stop = kString). Either
+  // way the held-back text is settled and the next call starts a new text. MOE_ERR_UNSUPPORTED
+  // without a tokenizer. Does not feed the token.
+  absl::Status NextText(int32_t *token, std::string *text, StopReason *stop);
+  // Ends the current text without a stop: the held-back bytes (an unfinished character as U+FFFD).
+  std::string EndText();
+  bool IsStopToken(int32_t id) const;
+  const std::vector<int32_t> &history() const { return history_; }
   Context &ctx() { return *ctx_; }
 
  private:
@@ -77,6 +97,10 @@ class Session {
   std::vector<int32_t> pending_;
   std::vector<float> logits_;   // (n_rows, n_vocab)
   int32_t n_logit_rows_ = 0;
+  std::vector<int32_t> history_;  // processed tokens, in order
+  // The text in progress (NextText): detokenizer and stop-string filter, created on first use.
+  std::unique_ptr<text::StreamDetokenizer> detok_;
+  std::unique_ptr<StopStrings> stop_filter_;
 };
 
 class Context {
@@ -100,6 +124,9 @@ class Context {
   int default_n_ctx() const { return n_ctx_; }
   // The model's tokenizer, or nullptr when the file carries none.
   const text::Tokenizer *tokenizer() const { return tokenizer_.get(); }
+  // The model's Jinja chat template (GGUF tokenizer.chat_template, or chat_template of
+  // tokenizer_config.json / chat_template.jinja in a checkpoint directory); "" when it has none.
+  const std::string &chat_template_source() const { return chat_template_; }
 
   absl::StatusOr<Session *> OpenSession(const SessionOptions &o);
   void CloseSession(Session *s);
@@ -121,6 +148,7 @@ class Context {
   std::unique_ptr<model::Backend> backend_;
   store::CachePlan plan_;
   std::unique_ptr<text::Tokenizer> tokenizer_;
+  std::string chat_template_;
   std::unique_ptr<store::ExpertTable> table_;
   std::unique_ptr<store::ExpertCache> cache_;  // after backend_: destroyed first
   uint64_t resident_hits_ = 0;                  // expert uses when nothing streams
