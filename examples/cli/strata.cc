@@ -2,6 +2,7 @@
 // as a host would drive it; inspect and plan also read internals (tensor table, ledger) that the ABI
 // does not expose. Every failure prints one line `strata: error: <what>` and exits with status 1;
 // output files are written to a temporary name and renamed, so nothing is left half-written.
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -60,6 +61,7 @@ struct Args {
   int policy = MOE_CACHE_HOTNESS;
   int64_t prefetch = 1, io_threads = 2, n_prompt = 64, hotlist_max = 0;
   bool stats = false, json = false;
+  uint64_t lock_memory = 0;
   std::string prompts;
   // pack
   std::string experts_type = "q4_k", attention_type = "q8_0", boost_type = "q6_k";
@@ -92,6 +94,7 @@ const char kUsage[] =
     "                --n-ctx N   (SIZE: 512M, 8G, or bytes)\n"
     "expert cache:   --policy lru|lfu|hot  --prefetch N (layers ahead)  --io-threads N\n"
     "                --hotlist FILE [--hotlist-max N] (preload)  --stats (JSON line on stderr)\n"
+    "testing aid:    --lock-memory SIZE  pins SIZE of RAM first, so the run sees a smaller machine\n"
     "PATH is a GGUF file or a Hugging Face checkpoint directory.\n";
 
 float ParseFloat(const std::string &flag, const std::string &v) {
@@ -149,6 +152,7 @@ Args ParseArgs(int argc, char **argv) {
     else if (f == "--hotlist-max") a.hotlist_max = integer(0, 1 << 30);
     else if (f == "--prompts") a.prompts = value();
     else if (f == "--stats") a.stats = true;
+    else if (f == "--lock-memory") a.lock_memory = size();
     else if (f == "--json") a.json = true;
     else if (f == "--policy") {
       std::string v = value();
@@ -727,9 +731,23 @@ int CmdPack(const Args &a) {
 
 }  // namespace
 
+// Pins `bytes` of anonymous memory for the life of the process (and so out of the page cache's
+// reach), so a run behaves as on a machine with that much less RAM.
+void LockMemory(uint64_t bytes) {
+  if (bytes == 0) return;
+  void *p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) Die("--lock-memory: cannot map " + std::to_string(bytes) + " bytes: " + std::strerror(errno));
+  if (mlock(p, bytes) != 0) {
+    Die("--lock-memory: cannot lock " + std::to_string(bytes) + " bytes: " + std::strerror(errno) +
+        " (raise RLIMIT_MEMLOCK, e.g. ulimit -l unlimited)");
+  }
+  std::fprintf(stderr, "strata: locked %llu bytes of RAM\n", static_cast<unsigned long long>(bytes));
+}
+
 int main(int argc, char **argv) {
   try {
     Args a = ParseArgs(argc, argv);
+    LockMemory(a.lock_memory);
     if (a.command == "run") return CmdRun(a);
     if (a.command == "logits") return CmdLogits(a);
     if (a.command == "inspect") return CmdInspect(a);

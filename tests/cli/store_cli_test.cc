@@ -1,0 +1,126 @@
+// CLI of the expert tiers: --stats prints one JSON line last on stderr, bench reports streaming
+// figures (and --json), profile writes a hotlist that --hotlist preloads, --lock-memory pins RAM.
+#include <catch2/catch.hpp>
+
+#include <sys/wait.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <iterator>
+#include <string>
+
+#include "nlohmann/json.hpp"
+#include "tests/format/format_test_util.h"
+
+namespace {
+
+using strata::format::testing::TempDir;
+
+const std::string kModel = std::string(STRATA_SOURCE_DIR) + "/tests/golden/qwen3moe_mixed/model-mixed.gguf";
+
+struct Out {
+  int code = -1;
+  std::string out, err;
+};
+
+std::string Slurp(const std::string &p) {
+  std::ifstream f(p, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+}
+
+Out Cli(const std::string &args) {
+  TempDir t;
+  const std::string cmd = std::string(STRATA_CLI_PATH) + " " + args + " >" + t.File("o") + " 2>" + t.File("e");
+  const int rc = std::system(cmd.c_str());
+  return Out{WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, Slurp(t.File("o")), Slurp(t.File("e"))};
+}
+
+nlohmann::json LastLineJson(const std::string &text) {
+  std::string s = text;
+  while (!s.empty() && s.back() == '\n') s.pop_back();
+  const auto nl = s.rfind('\n');
+  auto j = nlohmann::json::parse(nl == std::string::npos ? s : s.substr(nl + 1), nullptr, false);
+  REQUIRE(!j.is_discarded());
+  return j;
+}
+
+}  // namespace
+
+TEST_CASE("--stats prints the expert-tier counters as the last line of stderr", "[cli][store]") {
+  Out r = Cli("run --model " + kModel + " --tokens 1,2,3 -n 4 --ram-budget 1 --stats");
+  INFO(r.err);
+  REQUIRE(r.code == 0);
+  auto j = LastLineJson(r.err);
+  for (const char *k : {"expert_hits", "expert_misses", "bytes_read", "io_wait_s"}) CHECK(j.contains(k));
+  CHECK(j["streaming"] == 1);
+  CHECK(j["expert_misses"].get<uint64_t>() > 0);
+  CHECK(j["bytes_read"].get<uint64_t>() > 0);
+  Out full = Cli("logits --model " + kModel + " --tokens 1,2,3 --out /dev/null --stats");
+  REQUIRE(full.code == 0);
+  auto f = LastLineJson(full.err);
+  CHECK(f["streaming"] == 0);
+  CHECK(f["expert_misses"] == 0);
+  // One use per distinct expert per layer per batch: between top-2 and 3 tokens x top-2, 2 layers.
+  CHECK(f["expert_hits"].get<uint64_t>() >= 2u * 2u);
+  CHECK(f["expert_hits"].get<uint64_t>() <= 2u * 3u * 2u);
+}
+
+TEST_CASE("bench reports decode speed, hit rate and bytes per token", "[cli][store]") {
+  Out r = Cli("bench --model " + kModel + " --ram-budget 1 --prompt-tokens 8 -n 8 --json");
+  INFO(r.err);
+  REQUIRE(r.code == 0);
+  auto j = LastLineJson(r.out);
+  CHECK(j["decode_tokens"] == 8);
+  CHECK(j["decode_tok_s"].get<double>() > 0);
+  CHECK(j["ram_expert_slots"].get<uint32_t>() < j["routed_experts"].get<uint32_t>());
+  CHECK(j["decode_hit_rate"].get<double>() >= 0.0);
+  CHECK(j["decode_hit_rate"].get<double>() <= 1.0);
+  Out t = Cli("bench --model " + kModel + " --prompt-tokens 8 -n 4");
+  REQUIRE(t.code == 0);
+  CHECK(t.out.find("expert hit rate") != std::string::npos);
+  Out bad = Cli("bench --model " + kModel + " --policy fifo");
+  CHECK(bad.code == 1);
+  CHECK(bad.err.find("--policy") != std::string::npos);
+}
+
+TEST_CASE("profile writes a hotlist that preloading reads", "[cli][store]") {
+  TempDir t;
+  std::ofstream(t.File("prompts.txt")) << "1,2,3,4,5,6\n200,100,50,25\n";
+  Out r = Cli("profile --model " + kModel + " --prompts " + t.File("prompts.txt") + " --out " + t.File("hot.txt") +
+              " -n 3");
+  INFO(r.err);
+  REQUIRE(r.code == 0);
+  std::ifstream in(t.File("hot.txt"));
+  std::string line;
+  std::getline(in, line);
+  CHECK(line.rfind("#", 0) == 0);
+  uint64_t total = 0, prev = UINT64_MAX;
+  int layer, expert;
+  uint64_t count;
+  while (in >> layer >> expert >> count) {
+    CHECK(layer >= 0);
+    CHECK(layer < 2);
+    CHECK(expert >= 0);
+    CHECK(expert < 8);
+    CHECK(count <= prev);  // hottest first
+    prev = count;
+    total += count;
+  }
+  // Every selection counts: (6 + 3) and (4 + 3) tokens through 2 layers at top-2.
+  CHECK(total == 2u * 2u * (6 + 3 + 4 + 3));
+  Out pre = Cli("bench --model " + kModel + " --ram-budget 1 --hotlist " + t.File("hot.txt") +
+                " --prompt-tokens 4 -n 2 --json");
+  REQUIRE(pre.code == 0);
+  Out missing = Cli("profile --model " + kModel + " --prompts " + t.File("absent.txt") + " --out " + t.File("x"));
+  CHECK(missing.code == 1);
+  CHECK(!std::ifstream(t.File("x")).good());
+}
+
+TEST_CASE("--lock-memory pins RAM before the run", "[cli][store]") {
+  Out r = Cli("run --model " + kModel + " --tokens 1,2 -n 2 --lock-memory 64M");
+  INFO(r.err);
+  REQUIRE(r.code == 0);
+  CHECK(r.err.find("locked 67108864 bytes") != std::string::npos);
+  Out bad = Cli("run --model " + kModel + " --lock-memory lots");
+  CHECK(bad.code == 1);
+}
