@@ -10,6 +10,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstring>
+#include <iostream>
 #include <fstream>
 #include <map>
 #include <string>
@@ -55,6 +56,12 @@ struct Args {
   int64_t top_k = 40;
   float top_p = 0.95f;
   uint64_t seed = 42;
+  float min_p = 0.f, repeat_penalty = 1.f, presence_penalty = 0.f;
+  int64_t repeat_last_n = 64;
+  std::vector<std::string> stop;
+  bool n_predict_given = false, verbose = false;
+  // chat
+  std::string system, chat_template;
   int backend = MOE_BACKEND_AUTO;
   uint64_t ram_budget = 0, vram_budget = 0;
   // expert cache, stats, bench, profile
@@ -73,7 +80,14 @@ const char kUsage[] =
     "\n"
     "commands:\n"
     "  run      [--model PATH] [--prompt TEXT | --tokens 1,2,3] [-n N] [--temp T] [--top-k K] [--top-p P] [--seed S]\n"
-    "           generate from a prompt (the bundled demo model when --model is not given)\n"
+    "           [--min-p P] [--repeat-penalty R] [--presence-penalty P] [--repeat-last-n N] [--stop STR]...\n"
+    "           generate from a prompt (the bundled demo model when --model is not given); text stops at\n"
+    "           EOS or at any --stop string\n"
+    "  chat     [--model PATH] [--system TEXT] [--template NAME] [-n N] [-v] [sampling options of run]\n"
+    "           interactive chat on stdin/stdout, one line per user turn, until end of input; the\n"
+    "           model's chat template unless --template chatml|qwen2|qwen2.5|qwen3|mistral-v1|\n"
+    "           mistral-v3|llama3|deepseek-v2|deepseek-v3|gpt-oss; -n caps each reply (default 512);\n"
+    "           -v reports each turn's tokens on stderr\n"
     "  logits   --model PATH --tokens 1,2,3 [--prefill N] --out FILE\n"
     "           teacher-forced logits of every position, float32 [n_tokens][n_vocab]; the first N\n"
     "           tokens go in as one batch, the rest one at a time\n"
@@ -132,7 +146,15 @@ Args ParseArgs(int argc, char **argv) {
     else if (f == "--text") a.text = value();
     else if (f == "--special") a.special = true;
     else if (f == "--out" || f == "-o") a.out = value();
-    else if (f == "-n" || f == "--n-predict") a.n_predict = integer(0, 1 << 24);
+    else if (f == "-n" || f == "--n-predict") a.n_predict = integer(0, 1 << 24), a.n_predict_given = true;
+    else if (f == "--min-p") a.min_p = ParseFloat(f, value());
+    else if (f == "--repeat-penalty") a.repeat_penalty = ParseFloat(f, value());
+    else if (f == "--presence-penalty") a.presence_penalty = ParseFloat(f, value());
+    else if (f == "--repeat-last-n") a.repeat_last_n = integer(0, 1 << 24);
+    else if (f == "--stop") a.stop.push_back(value());
+    else if (f == "--system") a.system = value();
+    else if (f == "--template") a.chat_template = value();
+    else if (f == "-v" || f == "--verbose") a.verbose = true;
     else if (f == "--prefill") a.prefill = integer(0, 1 << 24);
     else if (f == "--threads" || f == "-t") a.n_threads = integer(0, 4096);
     else if (f == "--n-ctx") a.n_ctx = integer(0, 1 << 24);
@@ -179,6 +201,11 @@ Args ParseArgs(int argc, char **argv) {
   }
   if (a.temp < 0) Die("--temp must be >= 0");
   if (!(a.top_p > 0 && a.top_p <= 1)) Die("--top-p must be in (0, 1]");
+  if (!(a.min_p >= 0 && a.min_p <= 1)) Die("--min-p must be in [0, 1]");
+  if (!(a.repeat_penalty > 0) || a.repeat_penalty > 1e6f) Die("--repeat-penalty must be > 0");
+  if (!(a.presence_penalty >= -1e6f && a.presence_penalty <= 1e6f)) Die("--presence-penalty must be finite");
+  for (const auto &s : a.stop)
+    if (s.empty()) Die("--stop needs a non-empty string");
   return a;
 }
 
@@ -264,48 +291,24 @@ std::vector<int32_t> Tokenize(moe_ctx *ctx, const std::string &text, bool specia
   return ids;
 }
 
-std::string Piece(moe_ctx *ctx, int32_t tok) {
-  char buf[256];
-  size_t n = 0;
-  moe_status st = moe_token_to_piece(ctx, tok, buf, sizeof buf, &n);
-  if (st == MOE_ERR_LIMIT) {
-    std::string big(n, '\0');
-    st = moe_token_to_piece(ctx, tok, big.data(), big.size(), &n);
-    if (st != MOE_OK) Die(ApiError(st));
-    return big;
-  }
-  if (st != MOE_OK) Die(ApiError(st));
-  return std::string(buf, n);
+// The session parameters of run and chat: sampling, penalties, stop strings (stop_ptrs points into a).
+moe_session_params SessionParams(const Args &a, std::vector<const char *> *stop_ptrs) {
+  moe_session_params sp;
+  moe_session_params_init(&sp);
+  sp.temperature = a.temp;
+  sp.top_k = static_cast<int32_t>(a.top_k);
+  sp.top_p = a.top_p;
+  sp.seed = a.seed;
+  sp.min_p = a.min_p;
+  sp.repeat_penalty = a.repeat_penalty;
+  sp.presence_penalty = a.presence_penalty;
+  sp.penalty_last_n = static_cast<int32_t>(a.repeat_last_n);
+  stop_ptrs->clear();
+  for (const auto &s : a.stop) stop_ptrs->push_back(s.c_str());
+  sp.stop_strings = stop_ptrs->data();
+  sp.n_stop_strings = stop_ptrs->size();
+  return sp;
 }
-
-// Holds back the bytes of a UTF-8 character split across tokens, so the terminal never sees half
-// of one; bytes that cannot start or continue a character pass through.
-class Utf8Stream {
- public:
-  std::string Push(const std::string &bytes) {
-    pending_ += bytes;
-    size_t cut = pending_.size();
-    // Find the start of the last (possibly incomplete) character in the final 4 bytes.
-    for (size_t back = 1; back <= 4 && back <= pending_.size(); ++back) {
-      unsigned char c = static_cast<unsigned char>(pending_[pending_.size() - back]);
-      if ((c & 0xC0) == 0x80) continue;  // continuation byte
-      size_t need = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 1;
-      if (need > back) cut = pending_.size() - back;
-      break;
-    }
-    std::string out = pending_.substr(0, cut);
-    pending_.erase(0, cut);
-    return out;
-  }
-  std::string Finish() {
-    std::string out;
-    out.swap(pending_);
-    return out;
-  }
-
- private:
-  std::string pending_;
-};
 
 int CmdRun(const Args &a) {
   const std::string model = a.model.empty() ? DemoModelPath() : a.model;
@@ -334,19 +337,14 @@ int CmdRun(const Args &a) {
     }
     if (prompt.empty()) Die("the prompt has no tokens");
   }
-  moe_session_params sp;
-  moe_session_params_init(&sp);
-  sp.temperature = a.temp;
-  sp.top_k = static_cast<int32_t>(a.top_k);
-  sp.top_p = a.top_p;
-  sp.seed = a.seed;
+  std::vector<const char *> stop_ptrs;
+  moe_session_params sp = SessionParams(a, &stop_ptrs);
   Sess s;
   if (moe_status st = moe_session_open(ctx.c, &sp, &s.s); st != MOE_OK) Die("cannot open a session: " + ApiError(st));
   auto t_prefill = std::chrono::steady_clock::now();
   if (moe_status st = moe_session_feed(s.s, prompt.data(), prompt.size()); st != MOE_OK) Die(ApiError(st));
   if (moe_status st = moe_ctx_step(ctx.c, nullptr); st != MOE_OK) Die(ApiError(st));
   auto t_decode = std::chrono::steady_clock::now();
-  Utf8Stream text_out;
   if (has_text) {
     std::fputs(a.prompt.empty() ? "The" : a.prompt.c_str(), stdout);
   } else {
@@ -356,15 +354,22 @@ int CmdRun(const Args &a) {
   }
   std::fflush(stdout);
   int64_t n_gen = 0;
-  const int32_t eos = moe_ctx_token_eos(ctx.c);
+  bool stopped = false;
   for (int64_t i = 0; i < a.n_predict; ++i) {
     int32_t tok;
-    if (moe_status st = moe_session_sample(s.s, &tok); st != MOE_OK) Die(ApiError(st));
-    ++n_gen;
     if (has_text) {
-      if (tok == eos) break;
-      std::fputs(text_out.Push(Piece(ctx.c, tok)).c_str(), stdout);
+      // Text mode: the session turns tokens into text and applies EOS and the --stop strings.
+      const char *text = nullptr;
+      size_t n = 0;
+      int32_t stop = MOE_STOP_NONE;
+      if (moe_status st = moe_session_sample_text(s.s, &tok, &text, &n, &stop); st != MOE_OK) Die(ApiError(st));
+      ++n_gen;
+      std::fwrite(text, 1, n, stdout);
+      std::fflush(stdout);
+      if ((stopped = stop != MOE_STOP_NONE)) break;
     } else {
+      if (moe_status st = moe_session_sample(s.s, &tok); st != MOE_OK) Die(ApiError(st));
+      ++n_gen;
       std::printf(" %d", tok);
     }
     std::fflush(stdout);
@@ -375,12 +380,142 @@ int CmdRun(const Args &a) {
     if ((st = moe_ctx_step(ctx.c, nullptr)) != MOE_OK) Die(ApiError(st));
   }
   auto t_end = std::chrono::steady_clock::now();
-  std::printf("%s\n", text_out.Finish().c_str());
+  if (has_text && !stopped) {
+    const char *text = nullptr;
+    size_t n = 0;
+    if (moe_status st = moe_session_text_end(s.s, &text, &n); st != MOE_OK) Die(ApiError(st));
+    std::fwrite(text, 1, n, stdout);
+  }
+  std::printf("\n");
   auto secs = [](auto a, auto b) { return std::chrono::duration<double>(b - a).count(); };
   std::fprintf(stderr, "strata: %s: load %.2f s, prefill %zu tokens %.1f tok/s, decode %lld tokens %.1f tok/s\n",
                model.c_str(), secs(t_open, t_prefill), prompt.size(), prompt.size() / secs(t_prefill, t_decode),
                static_cast<long long>(n_gen), n_gen > 1 ? (n_gen - 1) / secs(t_decode, t_end) : 0.0);
   PrintStatsIf(a, ctx.c);
+  return 0;
+}
+
+// Chat. The conversation lives in the session's KV cache: each turn feeds only its own tokens, the
+// text the template writes between the previous reply and the new one. That text is cut from the
+// rendering of a stand-in conversation whose last reply is a marker, so the template decides what
+// closes a reply and opens the next turn (and, for Mistral v3, that the system text joins it).
+std::string ChatRender(moe_ctx *ctx, const std::string &tmpl, const std::vector<moe_chat_message> &msgs) {
+  size_t n = 0;
+  moe_status st = moe_chat_render(ctx, tmpl.c_str(), msgs.data(), msgs.size(), 1, nullptr, 0, &n);
+  if (st != MOE_OK && st != MOE_ERR_LIMIT) Die("chat template '" + tmpl + "': " + ApiError(st));
+  std::string out(n, '\0');
+  if (n > 0 && (st = moe_chat_render(ctx, tmpl.c_str(), msgs.data(), msgs.size(), 1, out.data(), n, &n)) != MOE_OK) {
+    Die("chat template '" + tmpl + "': " + ApiError(st));
+  }
+  return out;
+}
+
+// The text that ends an assistant turn when it is not the model's EOS; it becomes a stop token.
+const char *EndOfTurn(const std::string &tmpl) {
+  if (tmpl == "chatml" || tmpl.rfind("qwen", 0) == 0) return "<|im_end|>";
+  if (tmpl == "llama3") return "<|eot_id|>";
+  if (tmpl == "deepseek-v3") return "<｜end▁of▁sentence｜>";
+  if (tmpl == "gpt-oss") return "<|return|>";
+  return nullptr;  // Mistral, DeepSeek-V2: EOS
+}
+
+int CmdChat(const Args &a) {
+  const std::string model = a.model.empty() ? DemoModelPath() : a.model;
+  moe_params p = ContextParams(a, model);
+  Ctx ctx;
+  if (moe_status st = moe_ctx_open(&p, &ctx.c); st != MOE_OK) Die("cannot open '" + model + "': " + ApiError(st));
+  WarnIfClamped(ctx.c);
+  if (!HasTokenizer(ctx.c)) Die("'" + model + "' carries no tokenizer; chat needs one");
+  std::string tmpl = a.chat_template;
+  if (tmpl.empty()) {
+    const char *name = nullptr;
+    if (moe_status st = moe_ctx_chat_template_name(ctx.c, &name); st != MOE_OK) {
+      Die(ApiError(st) + "; choose one with --template NAME");
+    }
+    tmpl = name;
+  }
+  const std::string kMarker = "\x02strata-reply\x03";
+  std::vector<moe_chat_message> probe;
+  if (!a.system.empty()) probe.push_back({"system", a.system.c_str()});
+  probe.push_back({"user", "hello"});
+  ChatRender(ctx.c, tmpl, probe);  // an unknown --template fails here, before any input is read
+
+  std::vector<const char *> stop_ptrs;
+  moe_session_params sp = SessionParams(a, &stop_ptrs);
+  std::vector<int32_t> stop_tokens;
+  if (const char *eot = EndOfTurn(tmpl)) {
+    std::vector<int32_t> ids = Tokenize(ctx.c, eot, true, false);
+    if (ids.size() == 1) stop_tokens = ids;
+  }
+  sp.stop_tokens = stop_tokens.data();
+  sp.n_stop_tokens = stop_tokens.size();
+  Sess s;
+  if (moe_status st = moe_session_open(ctx.c, &sp, &s.s); st != MOE_OK) Die("cannot open a session: " + ApiError(st));
+
+  const int64_t max_reply = a.n_predict_given ? a.n_predict : 512;
+  const bool tty = isatty(STDIN_FILENO) != 0;
+  std::string line;
+  for (int turn = 1;; ++turn) {
+    if (tty) std::fputs("> ", stderr), std::fflush(stderr);
+    if (!std::getline(std::cin, line)) break;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.empty()) {
+      --turn;
+      continue;
+    }
+    std::vector<moe_chat_message> msgs;
+    if (!a.system.empty()) msgs.push_back({"system", a.system.c_str()});
+    std::string text;
+    if (turn == 1) {
+      msgs.push_back({"user", line.c_str()});
+      text = ChatRender(ctx.c, tmpl, msgs);
+    } else {
+      msgs.push_back({"user", "hello"});
+      msgs.push_back({"assistant", kMarker.c_str()});
+      msgs.push_back({"user", line.c_str()});
+      const std::string full = ChatRender(ctx.c, tmpl, msgs);
+      const size_t at = full.find(kMarker);
+      if (at == std::string::npos) Die("chat template '" + tmpl + "' does not write the assistant's reply");
+      text = full.substr(at + kMarker.size());
+    }
+    std::vector<int32_t> ids = Tokenize(ctx.c, text, true, false);
+    auto feed = [&](const int32_t *t, size_t n) {
+      moe_status st = moe_session_feed(s.s, t, n);
+      if (st == MOE_ERR_LIMIT_CONTEXT) {
+        Die("the conversation no longer fits in the context of " + std::to_string(moe_session_n_past(s.s)) +
+            "+ tokens; start again with a larger --n-ctx");
+      }
+      if (st != MOE_OK || (st = moe_ctx_step(ctx.c, nullptr)) != MOE_OK) Die(ApiError(st));
+    };
+    feed(ids.data(), ids.size());
+    int64_t n_gen = 0;
+    bool stopped = false;
+    while (n_gen < max_reply) {
+      int32_t tok;
+      const char *out = nullptr;
+      size_t n = 0;
+      int32_t stop = MOE_STOP_NONE;
+      if (moe_status st = moe_session_sample_text(s.s, &tok, &out, &n, &stop); st != MOE_OK) Die(ApiError(st));
+      std::fwrite(out, 1, n, stdout);
+      std::fflush(stdout);
+      if ((stopped = stop != MOE_STOP_NONE)) break;
+      ++n_gen;
+      feed(&tok, 1);
+    }
+    if (!stopped) {
+      const char *out = nullptr;
+      size_t n = 0;
+      if (moe_status st = moe_session_text_end(s.s, &out, &n); st != MOE_OK) Die(ApiError(st));
+      std::fwrite(out, 1, n, stdout);
+    }
+    std::fputs("\n", stdout);
+    std::fflush(stdout);
+    if (a.verbose) {
+      std::fprintf(stderr, "strata: chat: turn %d: fed %zu tokens, generated %lld, %s, context %d tokens\n", turn,
+                   ids.size(), static_cast<long long>(n_gen), stopped ? "stopped" : "length limit",
+                   moe_session_n_past(s.s));
+    }
+  }
   return 0;
 }
 
@@ -749,6 +884,7 @@ int main(int argc, char **argv) {
     Args a = ParseArgs(argc, argv);
     LockMemory(a.lock_memory);
     if (a.command == "run") return CmdRun(a);
+    if (a.command == "chat") return CmdChat(a);
     if (a.command == "logits") return CmdLogits(a);
     if (a.command == "inspect") return CmdInspect(a);
     if (a.command == "tokenize") return CmdTokenize(a);

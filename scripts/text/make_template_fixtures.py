@@ -436,8 +436,10 @@ CONVERSATIONS = [
 ]
 
 
-def tiny_tokenizer(specials):
-    # Byte-level BPE whose vocabulary is the printable ASCII bytes, tab and newline: no merges.
+def tiny_tokenizer(specials, pad_to=None):
+    # Byte-level BPE whose vocabulary is the printable ASCII bytes, tab and newline: no merges. With
+    # pad_to, two-letter tokens (reachable by decoding only) fill the vocabulary to that size, so
+    # every id a model with that vocabulary samples decodes to printable text.
     # GPT-2's bytes_to_unicode.
     bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
     cs = bs[:]
@@ -451,6 +453,10 @@ def tiny_tokenizer(specials):
     vocab = {}
     for b in [9, 10] + list(range(32, 127)):
         vocab[byte_to_char[b]] = len(vocab)
+    letters = "etaoinshrdlucm"
+    pairs = [x + y for x in letters for y in letters]
+    while pad_to is not None and len(vocab) + len(specials) < pad_to:
+        vocab[pairs.pop(0)] = len(vocab)
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -492,7 +498,8 @@ def main():
         json.dump(doc, f, ensure_ascii=False, indent=1)
         f.write("\n")
     # The tiny tokenizer for the CLI chat test: Qwen3's template, EOS <|im_end|>.
-    tok = tiny_tokenizer(["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
+    tok = tiny_tokenizer(["<|endoftext|>", "<|im_start|>", "<|im_end|>"], pad_to=256)
+    assert tok.get_vocab_size() == 256
     tok.save(os.path.join(OUT, "tokenizer.json"))
     cfg = {"bos_token": None, "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "add_bos_token": False,
            "chat_template": QWEN3, "tokenizer_class": "Qwen2Tokenizer"}

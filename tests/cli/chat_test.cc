@@ -1,0 +1,161 @@
+// `strata chat` and the text options of `strata run`, driven non-interactively (input piped in):
+// a golden Qwen3-MoE checkpoint paired with the tiny chat tokenizer of
+// tests/text/fixtures/templates stands in for a chat model. Replies are noise, but the protocol is
+// checked: one reply per user line, only the new turn's tokens fed, stop strings cut the output,
+// greedy runs repeat exactly, errors are one line.
+#include <catch2/catch.hpp>
+
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "tests/format/format_test_util.h"
+
+namespace {
+
+using strata::format::testing::TempDir;
+
+const std::string kSrc = std::string(STRATA_SOURCE_DIR);
+
+struct Result {
+  int exit_code = -1;
+  std::string out, err;
+};
+
+std::string Slurp(const std::string &path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+}
+
+// Runs strata with `input` on stdin.
+Result Cli(const std::string &args, const std::string &input = "") {
+  TempDir tmp;
+  {
+    std::ofstream in(tmp.File("in"), std::ios::binary);
+    in << input;
+  }
+  const std::string cmd = std::string(STRATA_CLI_PATH) + " " + args + " <" + tmp.File("in") + " >" + tmp.File("out") +
+                          " 2>" + tmp.File("err");
+  int rc = std::system(cmd.c_str());
+  Result r;
+  r.exit_code = WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+  r.out = Slurp(tmp.File("out"));
+  r.err = Slurp(tmp.File("err"));
+  return r;
+}
+
+void ExpectError(const Result &r, const std::string &mention) {
+  INFO("stderr: " << r.err);
+  CHECK(r.exit_code == 1);
+  CHECK(r.err.rfind("strata: error: ", 0) == 0);
+  CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+  CHECK(r.err.find(mention) != std::string::npos);
+}
+
+void MakeChatModel(const std::string &dir) {
+  namespace fs = std::filesystem;
+  for (const char *f : {"config.json", "model.safetensors"}) {
+    fs::create_symlink(kSrc + "/tests/golden/qwen3moe_f32/hf/" + f, dir + "/" + f);
+  }
+  for (const char *f : {"tokenizer.json", "tokenizer_config.json"}) {
+    fs::copy_file(kSrc + "/tests/text/fixtures/templates/" + f, dir + "/" + f);
+  }
+}
+
+struct Turn {
+  int fed = 0, generated = 0, context = 0;
+};
+
+// The -v lines: "strata: chat: turn N: fed F tokens, generated G, ..., context C tokens".
+std::vector<Turn> Turns(const std::string &err) {
+  std::vector<Turn> turns;
+  std::regex re(R"(turn (\d+): fed (\d+) tokens, generated (\d+), [a-z ]+, context (\d+) tokens)");
+  for (std::sregex_iterator it(err.begin(), err.end(), re), end; it != end; ++it) {
+    turns.push_back({std::stoi((*it)[2]), std::stoi((*it)[3]), std::stoi((*it)[4])});
+  }
+  return turns;
+}
+
+}  // namespace
+
+TEST_CASE("strata chat: multi-turn from piped input, feeding only each new turn", "[cli][chat]") {
+  TempDir dir;
+  MakeChatModel(dir.path());
+  const std::string model = " --model " + dir.path();
+  const std::string input = "Hello there\n\nHow are you?\n";  // the empty line is skipped
+  Result r = Cli("chat" + model + " --system 'Be brief.' -n 12 --temp 0 -v", input);
+  INFO("stderr: " << r.err);
+  REQUIRE(r.exit_code == 0);
+  auto turns = Turns(r.err);
+  REQUIRE(turns.size() == 2);
+  // Turn 1 is the whole rendered prompt (Qwen3 template, system first): one token per byte of
+  // "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHello there<|im_end|>\n<|im_start|>assistant\n"
+  // and one per special token (five).
+  CHECK(turns[0].fed == 5 + 7 + 9 + 1 + 5 + 11 + 1 + 10);
+  // Turn 2 only closes the reply and opens the next turn:
+  // "<|im_end|>\n<|im_start|>user\nHow are you?<|im_end|>\n<|im_start|>assistant\n".
+  CHECK(turns[1].fed == 4 + 1 + 5 + 12 + 1 + 10);
+  CHECK(turns[0].context == turns[0].fed + turns[0].generated);
+  CHECK(turns[1].context == turns[0].context + turns[1].fed + turns[1].generated);
+  // Greedy: the same conversation gives the same replies.
+  Result again = Cli("chat" + model + " --system 'Be brief.' -n 12 --temp 0 -v", input);
+  CHECK(again.out == r.out);
+  CHECK(again.exit_code == 0);
+
+  // End of input right away: nothing written, success.
+  Result empty = Cli("chat" + model, "");
+  CHECK(empty.exit_code == 0);
+  CHECK(empty.out.empty());
+
+  // Another template by name: Mistral's; the reply closes with the EOS (<|im_end|> here, one token).
+  Result mistral = Cli("chat" + model + " --template mistral-v1 -n 3 --temp 0 -v", "Hi\nBye\n");
+  REQUIRE(mistral.exit_code == 0);
+  auto mt = Turns(mistral.err);
+  REQUIRE(mt.size() == 2);
+  CHECK(mt[0].fed == static_cast<int>(std::string(" [INST] Hi [/INST]").size()));
+  CHECK(mt[1].fed == 1 + static_cast<int>(std::string(" [INST] Bye [/INST]").size()));
+}
+
+TEST_CASE("strata chat errors", "[cli][chat]") {
+  ExpectError(Cli("chat --model " + kSrc + "/tests/golden/qwen3moe_f32/hf", "hello\n"), "carries no tokenizer");
+  ExpectError(Cli("chat --model " + kSrc + "/tests/golden/mixtral_f32/model-f32.gguf", "hello\n"),
+              "carries no tokenizer");
+  TempDir dir;
+  MakeChatModel(dir.path());
+  ExpectError(Cli("chat --model " + dir.path() + " --template vicuna", "hello\n"), "vicuna");
+  ExpectError(Cli("chat --model " + dir.path() + " --min-p 2", "hello\n"), "--min-p");
+  ExpectError(Cli("chat --model " + dir.path() + " --repeat-penalty 0", "hello\n"), "--repeat-penalty");
+  ExpectError(Cli("run --model " + dir.path() + " --stop ''"), "--stop");
+  // A conversation that outgrows the context is an error, not a silent truncation.
+  ExpectError(Cli("chat --model " + dir.path() + " --n-ctx 64 -n 4", "one\ntwo\nthree\n"), "--n-ctx");
+}
+
+TEST_CASE("strata run: --stop cuts the text where the string begins, across tokens", "[cli][chat]") {
+  TempDir dir;
+  MakeChatModel(dir.path());
+  const std::string base = "run --model " + dir.path() + " --prompt 'Once upon a time' -n 40 --temp 0";
+  Result ref = Cli(base);
+  REQUIRE(ref.exit_code == 0);
+  const std::string prefix = "Once upon a time";
+  REQUIRE(ref.out.rfind(prefix, 0) == 0);
+  const std::string gen = ref.out.substr(prefix.size(), ref.out.size() - prefix.size() - 1);  // drop "\n"
+  INFO("generated: " << gen);
+  REQUIRE(gen.size() >= 12);
+  const std::string stop = gen.substr(5, 4);  // tokens are one or two bytes: this spans several
+  Result cut = Cli(base + " --stop '" + stop + "' --stop 'zzzzzz'");
+  REQUIRE(cut.exit_code == 0);
+  CHECK(cut.out == prefix + gen.substr(0, gen.find(stop)) + "\n");
+  // The new sampling flags change greedy output only through the penalties.
+  Result same = Cli(base + " --min-p 0.5 --presence-penalty 0 --repeat-penalty 1");
+  CHECK(same.out == ref.out);
+  Result penalized = Cli(base + " --repeat-penalty 50 --repeat-last-n 4");
+  REQUIRE(penalized.exit_code == 0);
+  CHECK(penalized.out != ref.out);
+}
