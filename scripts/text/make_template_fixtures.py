@@ -4,12 +4,16 @@
 # conversations (multi-turn, with and without a system message, with and without the generation
 # prompt). The Jinja sources below are those of the published tokenizer_config.json files (tool-call
 # branches kept where they are short, since recognition looks at the whole source).
-# Also writes a tiny byte-level tokenizer (printable ASCII + ChatML specials, ~100 tokens, so it fits
-# the 256-token vocabulary of the golden models) that the CLI chat test pairs with a golden checkpoint.
+# Also writes a tiny byte-level tokenizer (printable ASCII, two-letter fillers, ChatML specials: 256
+# tokens, the vocabulary size of the golden models) that the chat tests pair with a golden model, as
+# tokenizer.json + tokenizer_config.json (Qwen3 template) and as GGUF metadata (Llama-3 template).
 # Usage: /opt/torchenv/bin/python scripts/text/make_template_fixtures.py
 import json
 import os
 
+import numpy as np
+
+import gguf
 import transformers
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from tokenizers import AddedToken
@@ -506,6 +510,25 @@ def main():
     with open(os.path.join(OUT, "tokenizer_config.json"), "w", encoding="utf-8") as f:
         json.dump(cfg, f, ensure_ascii=False, indent=2)
         f.write("\n")
+    # The same vocabulary as GGUF metadata, with Llama-3's template and BOS <|endoftext|>: the
+    # chat tests merge it into a golden GGUF to cover tokenizer.chat_template.
+    vocab = sorted(tok.get_vocab().items(), key=lambda kv: kv[1])
+    specials = {"<|endoftext|>", "<|im_start|>", "<|im_end|>"}
+    w = gguf.GGUFWriter(os.path.join(OUT, "tokenizer.gguf"), arch="llama")
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2")
+    w.add_token_list([t for t, _ in vocab])
+    w.add_token_types([3 if t in specials else 1 for t, _ in vocab])
+    w.add_bos_token_id(tok.token_to_id("<|endoftext|>"))
+    w.add_eos_token_id(tok.token_to_id("<|im_end|>"))
+    w.add_token_merges(["e t"])  # gpt2 GGUFs must carry merges; "et" is one of the fillers
+    w.add_add_bos_token(False)
+    w.add_chat_template(LLAMA3)
+    w.add_tensor("dummy", np.zeros((1,), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
     n_err = sum(1 for c in cases if c["error"])
     print(f"{len(cases)} cases ({n_err} raise) -> {OUT}")
 

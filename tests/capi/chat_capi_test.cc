@@ -17,6 +17,7 @@
 #include "include/strata/moe.h"
 #include "nlohmann/json.hpp"
 #include "tests/format/format_test_util.h"
+#include "tests/text/chat_fixture_util.h"
 
 namespace {
 
@@ -24,16 +25,7 @@ using strata::format::testing::TempDir;
 
 const std::string kSrc = std::string(STRATA_SOURCE_DIR);
 
-// A checkpoint directory: the golden qwen3moe weights (linked) and the tiny chat tokenizer.
-void MakeChatModel(const std::string &dir) {
-  namespace fs = std::filesystem;
-  for (const char *f : {"config.json", "model.safetensors"}) {
-    fs::create_symlink(kSrc + "/tests/golden/qwen3moe_f32/hf/" + f, dir + "/" + f);
-  }
-  for (const char *f : {"tokenizer.json", "tokenizer_config.json"}) {
-    fs::copy_file(kSrc + "/tests/text/fixtures/templates/" + f, dir + "/" + f);
-  }
-}
+void MakeChatModel(const std::string &dir) { strata::testing::MakeChatCheckpoint(dir); }
 
 moe_ctx *Open(const std::string &path) {
   moe_params p;
@@ -140,6 +132,19 @@ TEST_CASE("chat template: chosen from the model's metadata, rendered, overridden
   CHECK(moe_chat_render(golden, nullptr, m, 1, 1, nullptr, 0, &n) == MOE_ERR_UNSUPPORTED);
   CHECK(std::string(moe_last_error()).find("no tokenizer") != std::string::npos);
   moe_ctx_close(golden);
+
+  // GGUF: tokenizer.chat_template (Llama-3's here) and the GGUF's BOS text.
+  TempDir gdir;
+  const std::string gguf = gdir.File("chat.gguf");
+  strata::testing::MakeChatGguf(gguf);
+  ctx = Open(gguf);
+  REQUIRE(moe_ctx_chat_template_name(ctx, &name) == MOE_OK);
+  CHECK(std::string(name) == "llama3");
+  CHECK(Render(ctx, nullptr, {{"system", " Be brief. "}, {"user", "hi"}}, 1) ==
+        "<|endoftext|><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
+        "<|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n");
+  CHECK(Render(ctx, "qwen3", {{"user", "hi"}}, 0) == "<|im_start|>user\nhi<|im_end|>\n");
+  moe_ctx_close(ctx);
 
   // A template Strata does not render is reported by name of its start, not guessed.
   TempDir other;

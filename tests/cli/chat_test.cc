@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "tests/format/format_test_util.h"
+#include "tests/text/chat_fixture_util.h"
 
 namespace {
 
@@ -59,15 +60,7 @@ void ExpectError(const Result &r, const std::string &mention) {
   CHECK(r.err.find(mention) != std::string::npos);
 }
 
-void MakeChatModel(const std::string &dir) {
-  namespace fs = std::filesystem;
-  for (const char *f : {"config.json", "model.safetensors"}) {
-    fs::create_symlink(kSrc + "/tests/golden/qwen3moe_f32/hf/" + f, dir + "/" + f);
-  }
-  for (const char *f : {"tokenizer.json", "tokenizer_config.json"}) {
-    fs::copy_file(kSrc + "/tests/text/fixtures/templates/" + f, dir + "/" + f);
-  }
-}
+void MakeChatModel(const std::string &dir) { strata::testing::MakeChatCheckpoint(dir); }
 
 struct Turn {
   int fed = 0, generated = 0, context = 0;
@@ -121,6 +114,23 @@ TEST_CASE("strata chat: multi-turn from piped input, feeding only each new turn"
   REQUIRE(mt.size() == 2);
   CHECK(mt[0].fed == static_cast<int>(std::string(" [INST] Hi [/INST]").size()));
   CHECK(mt[1].fed == 1 + static_cast<int>(std::string(" [INST] Bye [/INST]").size()));
+}
+
+TEST_CASE("strata chat on a GGUF with tokenizer.chat_template", "[cli][chat]") {
+  TempDir dir;
+  const std::string gguf = dir.File("chat.gguf");
+  strata::testing::MakeChatGguf(gguf);
+  Result r = Cli("chat --model " + gguf + " -n 5 --temp 0 -v", "Hi\nBye\n");
+  INFO("stderr: " << r.err);
+  REQUIRE(r.exit_code == 0);
+  auto turns = Turns(r.err);
+  REQUIRE(turns.size() == 2);
+  // Llama-3's template; its header tokens are plain text in this vocabulary (one token per byte),
+  // <|endoftext|> is the BOS and one token.
+  const std::string head = "<|start_header_id|>", tail = "<|end_header_id|>\n\n", eot = "<|eot_id|>";
+  CHECK(turns[0].fed == static_cast<int>(1 + (head + "user" + tail + "Hi" + eot + head + "assistant" + tail).size()));
+  CHECK(turns[1].fed == static_cast<int>((eot + head + "user" + tail + "Bye" + eot + head + "assistant" + tail).size()));
+  CHECK(Cli("chat --model " + gguf + " -n 5 --temp 0 -v", "Hi\nBye\n").out == r.out);
 }
 
 TEST_CASE("strata chat errors", "[cli][chat]") {
