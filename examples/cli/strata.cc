@@ -19,6 +19,7 @@
 #include "examples/cli/cli_util.h"
 #include "include/strata/moe.h"
 #include "lib/model/pack.h"
+#include "lib/model/synth.h"
 #include "lib/quant/codec.h"
 #include "lib/runtime/context.h"
 
@@ -73,6 +74,9 @@ struct Args {
   // pack
   std::string experts_type = "q4_k", attention_type = "q8_0", boost_type = "q6_k";
   std::string boost_layers, hotlist;
+  // synth
+  std::string shape, codec = "q4_k";
+  int64_t layers = 0;
 };
 
 const char kUsage[] =
@@ -103,6 +107,9 @@ const char kUsage[] =
     "           (--boost for the listed layers), attention/embeddings/output in --attention, norms and\n"
     "           routers F32; each expert's gate|up|down contiguous and 4 KiB-aligned; with --hotlist\n"
     "           (lines 'layer expert count', hottest first) the hottest experts come first\n"
+    "  synth    --shape qwen3-30b-a3b|olmoe-1b-7b|mixtral-8x7b|tiny --out FILE [--codec q4_k]\n"
+    "           [--attention q8_0] [--layers N] [--seed S]   a GGUF with the shape's real tensors,\n"
+    "           metadata and a byte-level BPE tokenizer, and random weights (experts in --codec)\n"
     "\n"
     "common options: --backend cpu|cuda|auto  --ram-budget SIZE  --vram-budget SIZE  --threads N\n"
     "                --n-ctx N   (SIZE: 512M, 8G, or bytes)\n"
@@ -167,6 +174,9 @@ Args ParseArgs(int argc, char **argv) {
     else if (f == "--boost") a.boost_type = value();
     else if (f == "--boost-layers") a.boost_layers = value();
     else if (f == "--hotlist") a.hotlist = value();
+    else if (f == "--shape") a.shape = value();
+    else if (f == "--codec") a.codec = value();
+    else if (f == "--layers") a.layers = integer(1, 1024);
     else if (f == "--ram-budget") a.ram_budget = size();
     else if (f == "--prefetch") a.prefetch = integer(0, 64);
     else if (f == "--io-threads") a.io_threads = integer(1, 64);
@@ -864,6 +874,31 @@ int CmdPack(const Args &a) {
   return 0;
 }
 
+int CmdSynth(const Args &a) {
+  if (a.shape.empty() || a.out.empty() || !a.positional.empty()) {
+    Die("synth needs --shape NAME and --out FILE (strata synth --shape tiny --out tiny.gguf)");
+  }
+  strata::model::SynthOptions o;
+  o.shape = a.shape;
+  o.experts = a.codec;
+  o.attention = a.attention_type;
+  o.layers = static_cast<int>(a.layers);
+  o.seed = a.seed;
+  o.progress = isatty(STDERR_FILENO) != 0;
+  const std::string temp = a.out + ".tmp." + std::to_string(getpid());
+  if (temp.size() < sizeof g_pack_temp) {
+    std::memcpy(g_pack_temp, temp.c_str(), temp.size() + 1);
+    for (int sig : {SIGINT, SIGTERM, SIGHUP}) std::signal(sig, RemovePackTempAndDie);
+  }
+  auto r = strata::model::Synthesize(o, a.out);
+  if (!r.ok()) Die("synth '" + a.out + "': " + StatusText(r.status()));
+  std::fprintf(stderr, "strata: synth: wrote %s: %d tensors, %s (routed experts %s, %s per expert) in %.1f s, "
+               "%.0f MB/s\n", a.out.c_str(), r->n_tensors, HumanBytes(r->file_bytes).c_str(),
+               HumanBytes(r->expert_bytes).c_str(), HumanBytes(r->expert_slot_bytes).c_str(), r->seconds,
+               r->file_bytes / 1e6 / std::max(r->seconds, 1e-9));
+  return 0;
+}
+
 }  // namespace
 
 // Pins `bytes` of anonymous memory for the life of the process (and so out of the page cache's
@@ -892,6 +927,7 @@ int main(int argc, char **argv) {
     if (a.command == "profile") return CmdProfile(a);
     if (a.command == "plan") return CmdPlan(a);
     if (a.command == "pack") return CmdPack(a);
+    if (a.command == "synth") return CmdSynth(a);
     if (a.command == "help" || a.command == "--help" || a.command == "-h") {
       std::fputs(kUsage, stdout);
       return 0;

@@ -57,41 +57,11 @@ TypeId Fit(TypeId want, int64_t cols) {
   return TypeId::kF16;
 }
 
-// llama.cpp's general.file_type for a model whose bulk (the experts) is `t`.
-int FileTypeOf(TypeId t) {
-  switch (t) {
-    case TypeId::kF32: return 0;
-    case TypeId::kF16: return 1;
-    case TypeId::kQ4_0: return 2;
-    case TypeId::kQ4_1: return 3;
-    case TypeId::kQ8_0: return 7;
-    case TypeId::kQ5_0: return 8;
-    case TypeId::kQ5_1: return 9;
-    case TypeId::kQ2_K: return 10;
-    case TypeId::kQ3_K: return 12;
-    case TypeId::kQ4_K: return 15;
-    case TypeId::kQ5_K: return 17;
-    case TypeId::kQ6_K: return 18;
-    case TypeId::kBF16: return 32;
-    default: return -1;
-  }
-}
-
-absl::Status RequireQuantizer(TypeId t, const char *what) {
-  const quant::Codec *c = quant::FindCodec(t);
-  if (c == nullptr || c->quantize == nullptr) {
-    return Errorf(MOE_ERR_UNSUPPORTED_TYPE, "%s type %s: Strata has no quantizer for it yet", what, Name(t));
-  }
-  return absl::OkStatus();
-}
-
 // ---- metadata --------------------------------------------------------------------------------
 
 // llama.cpp's metadata for an HF checkpoint: qwen3moe keys, or llama keys for Mixtral.
 void WriteHfMetadata(const ModelFile &mf, const HParams &hp, format::GgufWriter &w) {
   const bool qwen = hp.arch == Arch::kQwen3Moe;
-  const std::string arch = qwen ? "qwen3moe" : "llama";
-  const std::string p = arch + ".";
   std::string name = mf.path();
   while (name.size() > 1 && name.back() == '/') name.pop_back();
   name = name.substr(name.find_last_of('/') + 1);
@@ -99,36 +69,11 @@ void WriteHfMetadata(const ModelFile &mf, const HParams &hp, format::GgufWriter 
                                                     !it->get<std::string>().empty()) {
     name = it->get<std::string>();
   }
-  w.SetValue("general.architecture", format::GgufString(arch));
-  w.SetValue("general.name", format::GgufString(name));
-  auto u32 = [&](const std::string &k, int64_t v) { w.SetValue(p + k, format::GgufUint32(static_cast<uint32_t>(v))); };
-  u32("block_count", hp.n_layer);
-  u32("context_length", hp.n_ctx_train);
-  u32("embedding_length", hp.n_embd);
-  if (qwen) {
-    int64_t dense_ff = hp.n_ff_expert;
-    if (auto it = mf.config().find("intermediate_size"); it != mf.config().end() && it->is_number_unsigned()) {
-      dense_ff = it->get<int64_t>();
-    }
-    u32("feed_forward_length", dense_ff);
-    u32("expert_feed_forward_length", hp.n_ff_expert);
-  } else {
-    u32("feed_forward_length", hp.n_ff_expert);
+  int64_t dense_ff = hp.n_ff_expert;
+  if (auto it = mf.config().find("intermediate_size"); it != mf.config().end() && it->is_number_unsigned()) {
+    dense_ff = it->get<int64_t>();
   }
-  u32("attention.head_count", hp.n_head);
-  u32("attention.head_count_kv", hp.n_head_kv);
-  if (qwen || hp.head_dim != hp.n_embd / hp.n_head) {
-    u32("attention.key_length", hp.head_dim);
-    u32("attention.value_length", hp.head_dim);
-  }
-  w.SetValue(p + "rope.freq_base", format::GgufFloat32(hp.rope_theta));
-  if (!qwen) u32("rope.dimension_count", hp.head_dim);
-  w.SetValue(p + "attention.layer_norm_rms_epsilon", format::GgufFloat32(hp.rms_eps));
-  u32("expert_count", hp.n_expert);
-  u32("expert_used_count", hp.n_expert_used);
-  if (qwen) w.SetValue(p + "expert_weights_norm", format::GgufBool(hp.norm_topk_prob));
-  if (!qwen) u32("vocab_size", hp.n_vocab);
-  if (hp.sliding_window > 0) u32("attention.sliding_window", hp.sliding_window);
+  WriteLlamaCppHParams(qwen ? "qwen3moe" : "llama", name, hp, dense_ff, w);
 }
 
 // ---- planning --------------------------------------------------------------------------------
@@ -198,34 +143,6 @@ class Planner {
 
 // ---- conversion ------------------------------------------------------------------------------
 
-class Progress {
- public:
-  Progress(bool on, uint64_t total) : on_(on), total_(total) {}
-  ~Progress() {
-    if (on_ && drawn_) std::fputc('\n', stderr);
-  }
-  void Update(uint64_t done, size_t tensor, size_t n_tensors) {
-    if (!on_) return;
-    auto now = std::chrono::steady_clock::now();
-    if (drawn_ && done < total_ && now - last_ < std::chrono::milliseconds(100)) return;
-    last_ = now;
-    drawn_ = true;
-    const int width = 30;
-    const double f = total_ ? static_cast<double>(done) / total_ : 1.0;
-    const int fill = static_cast<int>(f * width);
-    std::fprintf(stderr, "\rstrata: pack [%s%s] %3d%%  %zu/%zu tensors  %.1f/%.1f MiB", std::string(fill, '#').c_str(),
-                 std::string(width - fill, '.').c_str(), static_cast<int>(f * 100), tensor, n_tensors,
-                 done / 1048576.0, total_ / 1048576.0);
-    std::fflush(stderr);
-  }
-
- private:
-  bool on_;
-  uint64_t total_;
-  bool drawn_ = false;
-  std::chrono::steady_clock::time_point last_;
-};
-
 absl::Status Convert(const ModelFile &mf, const Job &j, format::GgufWriter &w, std::vector<uint8_t> &src,
                      std::vector<float> &vals, std::vector<float> &perm, std::vector<uint8_t> &dst) {
   const format::File &file = mf.file(j.src_file);
@@ -286,6 +203,88 @@ absl::Status Convert(const ModelFile &mf, const Job &j, format::GgufWriter &w, s
 }
 
 }  // namespace
+
+absl::Status RequireQuantizer(TypeId t, const char *what) {
+  const quant::Codec *c = quant::FindCodec(t);
+  if (c == nullptr || c->quantize == nullptr) {
+    return Errorf(MOE_ERR_UNSUPPORTED_TYPE, "%s type %s: Strata has no quantizer for it yet", what, Name(t));
+  }
+  return absl::OkStatus();
+}
+
+int GgufFileType(TypeId t) {
+  switch (t) {
+    case TypeId::kF32: return 0;
+    case TypeId::kF16: return 1;
+    case TypeId::kQ4_0: return 2;
+    case TypeId::kQ4_1: return 3;
+    case TypeId::kQ8_0: return 7;
+    case TypeId::kQ5_0: return 8;
+    case TypeId::kQ5_1: return 9;
+    case TypeId::kQ2_K: return 10;
+    case TypeId::kQ3_K: return 12;
+    case TypeId::kQ4_K: return 15;
+    case TypeId::kQ5_K: return 17;
+    case TypeId::kQ6_K: return 18;
+    case TypeId::kBF16: return 32;
+    default: return -1;
+  }
+}
+
+void WriteLlamaCppHParams(const std::string &arch, const std::string &name, const HParams &hp, int64_t dense_ff,
+                          format::GgufWriter &w) {
+  const bool qwen = arch == "qwen3moe", llama = arch == "llama";
+  const std::string p = arch + ".";
+  w.SetValue("general.architecture", format::GgufString(arch));
+  w.SetValue("general.name", format::GgufString(name));
+  auto u32 = [&](const std::string &k, int64_t v) { w.SetValue(p + k, format::GgufUint32(static_cast<uint32_t>(v))); };
+  u32("block_count", hp.n_layer);
+  u32("context_length", hp.n_ctx_train);
+  u32("embedding_length", hp.n_embd);
+  if (qwen) {
+    u32("feed_forward_length", dense_ff);
+    u32("expert_feed_forward_length", hp.n_ff_expert);
+  } else {
+    u32("feed_forward_length", hp.n_ff_expert);
+  }
+  u32("attention.head_count", hp.n_head);
+  u32("attention.head_count_kv", hp.n_head_kv);
+  if (qwen || hp.head_dim != hp.n_embd / hp.n_head) {
+    u32("attention.key_length", hp.head_dim);
+    u32("attention.value_length", hp.head_dim);
+  }
+  w.SetValue(p + "rope.freq_base", format::GgufFloat32(hp.rope_theta));
+  if (llama) u32("rope.dimension_count", hp.head_dim);
+  w.SetValue(p + "attention.layer_norm_rms_epsilon", format::GgufFloat32(hp.rms_eps));
+  u32("expert_count", hp.n_expert);
+  u32("expert_used_count", hp.n_expert_used);
+  if (qwen) w.SetValue(p + "expert_weights_norm", format::GgufBool(hp.norm_topk_prob));
+  if (llama) u32("vocab_size", hp.n_vocab);
+  if (hp.sliding_window > 0) u32("attention.sliding_window", hp.sliding_window);
+}
+
+ProgressBar::ProgressBar(bool on, uint64_t total_bytes, std::string label)
+    : on_(on), total_(total_bytes), label_(std::move(label)) {}
+
+ProgressBar::~ProgressBar() {
+  if (on_ && drawn_) std::fputc('\n', stderr);
+}
+
+void ProgressBar::Update(uint64_t done, size_t tensor, size_t n_tensors) {
+  if (!on_) return;
+  const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                          std::chrono::steady_clock::now().time_since_epoch()).count();
+  if (drawn_ && done < total_ && now - last_ns_ < 100'000'000) return;
+  last_ns_ = now;
+  drawn_ = true;
+  const int width = 30;
+  const double f = total_ ? static_cast<double>(done) / total_ : 1.0;
+  const int fill = static_cast<int>(f * width);
+  std::fprintf(stderr, "\rstrata: %s [%s%s] %3d%%  %zu/%zu tensors  %.1f/%.1f MiB", label_.c_str(),
+               std::string(fill, '#').c_str(), std::string(width - fill, '.').c_str(), static_cast<int>(f * 100),
+               tensor, n_tensors, done / 1048576.0, total_ / 1048576.0);
+  std::fflush(stderr);
+}
 
 absl::StatusOr<TypeId> ParseTypeName(const std::string &name) {
   const std::string want = absl::AsciiStrToUpper(name);
@@ -417,7 +416,7 @@ absl::StatusOr<PackReport> Pack(const std::string &in, const std::string &out, c
       writer.SetValue(key, value);
     }
   }
-  if (int ft = FileTypeOf(o.experts); ft >= 0) {
+  if (int ft = GgufFileType(o.experts); ft >= 0) {
     writer.SetValue("general.file_type", format::GgufUint32(static_cast<uint32_t>(ft)));
   } else {
     writer.RemoveValue("general.file_type");
@@ -456,7 +455,7 @@ absl::StatusOr<PackReport> Pack(const std::string &in, const std::string &out, c
     if (!added.ok()) return Annotate(added.status(), absl::StrCat("packing '", out, "'"));
   }
   STRATA_RETURN_IF_ERROR(writer.Begin());
-  Progress progress(o.progress, writer.tensor_bytes_total());
+  ProgressBar progress(o.progress, writer.tensor_bytes_total(), "pack");
   std::vector<uint8_t> src, dst;
   std::vector<float> vals, perm;
   uint64_t done = 0;

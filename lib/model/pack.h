@@ -12,6 +12,10 @@
 #include "lib/quant/codec.h"
 #include "lib/util/status.h"
 
+namespace strata::format {
+class GgufWriter;
+}  // namespace strata::format
+
 namespace strata::model {
 
 constexpr uint32_t kPackVersion = 1;
@@ -53,6 +57,40 @@ struct PackReport {
 
 // "q4_k", "Q8_0", "f16", ... (case-insensitive GGUF type names). MOE_ERR_INVALID_ARGUMENT otherwise.
 absl::StatusOr<quant::TypeId> ParseTypeName(const std::string &name);
+
+// MOE_ERR_UNSUPPORTED_TYPE naming `what` (an option, e.g. "--experts") when Strata has no quantizer
+// for `t`.
+absl::Status RequireQuantizer(quant::TypeId t, const char *what);
+
+// llama.cpp's general.file_type for a model whose bulk (the routed experts) is `t`; -1 when no
+// llama ftype describes it.
+int GgufFileType(quant::TypeId t);
+
+// Writes general.architecture, general.name and llama.cpp's hyper-parameter keys for `hp` under
+// the GGUF architecture `arch`: "qwen3moe" (key/value_length, expert_feed_forward_length, the
+// dense `dense_ff` as feed_forward_length, expert_weights_norm), "llama" (Mixtral: expert width as
+// feed_forward_length, rope.dimension_count, vocab_size) or "olmoe" (expert width as
+// feed_forward_length). hp.arch is not consulted.
+void WriteLlamaCppHParams(const std::string &arch, const std::string &name, const HParams &hp, int64_t dense_ff,
+                          format::GgufWriter &w);
+
+// A one-line progress bar on stderr (`strata: LABEL [####....] 42%  n/N tensors  x/y MiB`), redrawn at
+// most every 100 ms and ended with a newline when destroyed; does nothing when `on` is false.
+class ProgressBar {
+ public:
+  ProgressBar(bool on, uint64_t total_bytes, std::string label);
+  ~ProgressBar();
+  ProgressBar(const ProgressBar &) = delete;
+  ProgressBar &operator=(const ProgressBar &) = delete;
+  void Update(uint64_t done_bytes, size_t tensor, size_t n_tensors);
+
+ private:
+  bool on_;
+  uint64_t total_;
+  std::string label_;
+  bool drawn_ = false;
+  int64_t last_ns_ = 0;
+};
 
 // Reads a hotlist: a text file of lines `layer expert count` (decimal, separated by blanks), hottest
 // first; blank lines and text after '#' are ignored. Every (layer, expert) must be in range for `hp`

@@ -1,0 +1,454 @@
+// Synthetic models: plan the tensors of the shape (llama.cpp names, 3-D expert tensors), write the
+// metadata through pack's llama.cpp helpers plus a synthetic tokenizer, then stream the data: F32
+// vectors drawn value by value, quantized matrices assembled from a per-codec pool of valid blocks.
+// Everything random comes from SplitMix64 streams keyed by (seed, tensor, run), so the output does not
+// depend on chunk sizes and the same options give the same bytes.
+#include "lib/model/synth.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <memory>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "lib/format/gguf_writer.h"
+#include "lib/model/pack.h"
+#include "lib/quant/codec.h"
+
+namespace strata::model {
+namespace {
+
+using format::GgufType;
+using quant::TypeId;
+
+// ---- random numbers --------------------------------------------------------------------------
+
+uint64_t SplitMix(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+uint64_t Mix(uint64_t a, uint64_t b) { return SplitMix(a ^ SplitMix(b + 0x632BE59BD9B4E019ull)); }
+
+class Rng {
+ public:
+  explicit Rng(uint64_t seed) : s_(seed) {}
+  uint64_t Next() { return SplitMix(s_++ * 0xD1B54A32D192ED03ull); }
+  double Uniform() { return static_cast<double>((Next() >> 11) + 1) * 0x1.0p-53; }  // (0, 1]
+  // Box-Muller; libm's log/cos make it bit-reproducible on one platform (what the tests compare).
+  float Normal() {
+    if (have_spare_) {
+      have_spare_ = false;
+      return spare_;
+    }
+    const double r = std::sqrt(-2.0 * std::log(Uniform())), t = 6.283185307179586 * Uniform();
+    spare_ = static_cast<float>(r * std::sin(t));
+    have_spare_ = true;
+    return static_cast<float>(r * std::cos(t));
+  }
+
+ private:
+  uint64_t s_;
+  bool have_spare_ = false;
+  float spare_ = 0;
+};
+
+// ---- block pools -----------------------------------------------------------------------------
+
+// Units of kUnitElems values (a whole number of blocks of every codec synth accepts) quantized once;
+// kPoolUnits is prime so any multiplier 1..kPoolUnits-1 permutes the pool.
+constexpr int64_t kUnitElems = 256;
+constexpr uint64_t kPoolUnits = 509;
+constexpr float kMatrixStd = 0.02f;
+constexpr uint64_t kChunkBytes = uint64_t{8} << 20;
+
+struct Pool {
+  uint64_t unit_bytes = 0;
+  std::vector<uint8_t> bytes;  // kPoolUnits units
+};
+
+Pool MakePool(const quant::Codec &c, uint64_t seed) {
+  Rng rng(Mix(seed, 0x706F6F6C0000ull + static_cast<uint64_t>(c.id)));
+  std::vector<float> vals(kPoolUnits * kUnitElems);
+  for (float &v : vals) v = kMatrixStd * rng.Normal();
+  Pool p;
+  p.unit_bytes = static_cast<uint64_t>(kUnitElems / c.block_elems * c.block_bytes);
+  p.bytes.resize(p.unit_bytes * kPoolUnits);
+  c.quantize(vals.data(), p.bytes.data(), static_cast<int64_t>(vals.size()));
+  return p;
+}
+
+// ---- the plan --------------------------------------------------------------------------------
+
+enum class Fill { kNorm, kRouter, kPool };
+
+struct Tensor {
+  std::string name;
+  TypeId type = TypeId::kF32;
+  int n_dims = 1;
+  int64_t ne[4] = {1, 1, 1, 1};
+  Fill fill = Fill::kNorm;
+  bool expert = false;
+};
+
+std::vector<Tensor> PlanTensors(const SynthShape &s, TypeId experts, TypeId attention) {
+  std::vector<Tensor> t;
+  auto vec = [&](std::string name, int64_t n) {
+    Tensor x;
+    x.name = std::move(name);
+    x.ne[0] = n;
+    t.push_back(std::move(x));
+  };
+  // (rows, cols) matrix: ne = [cols, rows]; with n_expert > 0 a (n_expert, rows, cols) stack.
+  auto mat = [&](std::string name, int64_t rows, int64_t cols, TypeId type, Fill fill, int64_t n_expert = 0) {
+    Tensor x;
+    x.name = std::move(name);
+    x.type = type;
+    x.fill = fill;
+    x.n_dims = n_expert > 0 ? 3 : 2;
+    x.ne[0] = cols;
+    x.ne[1] = rows;
+    x.ne[2] = n_expert > 0 ? n_expert : 1;
+    x.expert = n_expert > 0;
+    t.push_back(std::move(x));
+  };
+  const int64_t q_dim = int64_t{s.n_head} * s.head_dim, kv_dim = int64_t{s.n_head_kv} * s.head_dim;
+  const bool olmoe = s.arch == "olmoe", qwen = s.arch == "qwen3moe";
+  mat("token_embd.weight", s.n_vocab, s.n_embd, attention, Fill::kPool);                  // (n_vocab, n_embd)
+  for (int l = 0; l < s.n_layer; ++l) {
+    auto n = [l](const char *what) { return absl::StrFormat("blk.%d.%s.weight", l, what); };
+    vec(n("attn_norm"), s.n_embd);
+    mat(n("attn_q"), q_dim, s.n_embd, attention, Fill::kPool);                              // (q_dim, n_embd)
+    mat(n("attn_k"), kv_dim, s.n_embd, attention, Fill::kPool);                             // (kv_dim, n_embd)
+    mat(n("attn_v"), kv_dim, s.n_embd, attention, Fill::kPool);                             // (kv_dim, n_embd)
+    mat(n("attn_output"), s.n_embd, q_dim, attention, Fill::kPool);                         // (n_embd, q_dim)
+    if (qwen) {  // per-head RMS norms
+      vec(n("attn_q_norm"), s.head_dim);
+      vec(n("attn_k_norm"), s.head_dim);
+    } else if (olmoe) {  // over the whole projection
+      vec(n("attn_q_norm"), q_dim);
+      vec(n("attn_k_norm"), kv_dim);
+    }
+    vec(n("ffn_norm"), s.n_embd);
+    mat(n("ffn_gate_inp"), s.n_expert, s.n_embd, TypeId::kF32, Fill::kRouter);              // (n_expert, n_embd)
+    mat(n("ffn_gate_exps"), s.n_ff_expert, s.n_embd, experts, Fill::kPool, s.n_expert);     // (n_expert, n_ff, n_embd)
+    mat(n("ffn_down_exps"), s.n_embd, s.n_ff_expert, experts, Fill::kPool, s.n_expert);     // (n_expert, n_embd, n_ff)
+    mat(n("ffn_up_exps"), s.n_ff_expert, s.n_embd, experts, Fill::kPool, s.n_expert);       // (n_expert, n_ff, n_embd)
+  }
+  vec("output_norm.weight", s.n_embd);
+  mat("output.weight", s.n_vocab, s.n_embd, attention, Fill::kPool);                       // (n_vocab, n_embd)
+  return t;
+}
+
+absl::StatusOr<TypeId> ParseCodec(const std::string &name, const char *what) {
+  auto t = ParseTypeName(name);
+  if (!t.ok()) return Errorf(MOE_ERR_INVALID_ARGUMENT, "%s: %s", what, t.status().message());
+  STRATA_RETURN_IF_ERROR(RequireQuantizer(*t, what));
+  const quant::Codec *c = quant::FindCodec(*t);
+  if (kUnitElems % c->block_elems != 0) {
+    return Errorf(MOE_ERR_UNSUPPORTED_TYPE, "%s type %s: blocks of %d values are not supported by synth", what,
+                  std::string(c->name), c->block_elems);
+  }
+  return *t;
+}
+
+// ---- writing ---------------------------------------------------------------------------------
+
+// Streams one tensor's `nbytes` into the writer through `buf`.
+absl::Status WriteTensor(const Tensor &t, uint64_t index, uint64_t nbytes, int n_embd, uint64_t seed,
+                         const std::map<TypeId, Pool> &pools, std::vector<uint8_t> &buf, format::GgufWriter &w) {
+  const uint64_t key = Mix(seed, index + 1);
+  if (t.fill != Fill::kPool) {
+    Rng rng(key);
+    const float std_dev = t.fill == Fill::kRouter ? 2.0f / std::sqrt(static_cast<float>(n_embd)) : 0.05f;
+    const float mean = t.fill == Fill::kNorm ? 1.0f : 0.0f;
+    const uint64_t n = nbytes / sizeof(float);
+    std::vector<float> vals(std::min<uint64_t>(n, kChunkBytes / sizeof(float)));
+    for (uint64_t at = 0; at < n; at += vals.size()) {
+      const uint64_t k = std::min<uint64_t>(vals.size(), n - at);
+      for (uint64_t i = 0; i < k; ++i) vals[i] = mean + std_dev * rng.Normal();
+      STRATA_RETURN_IF_ERROR(w.Write(vals.data(), k * sizeof(float)));
+    }
+    return absl::OkStatus();
+  }
+  const Pool &pool = pools.at(t.type);
+  const uint64_t ub = pool.unit_bytes;
+  const uint64_t units_per_chunk = std::max<uint64_t>(1, kChunkBytes / ub);
+  buf.resize(units_per_chunk * ub);
+  uint64_t unit = 0, idx = 0, step = 1;
+  for (uint64_t at = 0; at < nbytes;) {
+    const uint64_t want = std::min<uint64_t>(buf.size(), nbytes - at);
+    uint8_t *dst = buf.data();
+    for (uint64_t filled = 0; filled < want; ++unit) {
+      if (unit % kPoolUnits == 0) {  // a new run: a fresh affine permutation of the pool
+        const uint64_t h = Mix(key, unit / kPoolUnits);
+        step = 1 + h % (kPoolUnits - 1);
+        idx = (h >> 32) % kPoolUnits;
+      }
+      // The last unit of a tensor may be cut short; units are whole blocks, so is the cut.
+      const uint64_t n = std::min(ub, want - filled);
+      std::memcpy(dst + filled, pool.bytes.data() + idx * ub, n);
+      filled += n;
+      idx += step;
+      if (idx >= kPoolUnits) idx -= kPoolUnits;
+    }
+    STRATA_RETURN_IF_ERROR(w.Write(buf.data(), want));
+    at += want;
+  }
+  return absl::OkStatus();
+}
+
+// GPT-2's bytes_to_unicode: byte b is shown as code point cp[b]; the printable bytes stand for
+// themselves, the others are moved to U+0100 and up. Token i < 256 of GPT-2-style vocabularies is
+// the i-th of these code points in ascending order.
+void ByteCodePoints(uint32_t cp[256]) {
+  uint32_t next = 256;
+  for (uint32_t b = 0; b < 256; ++b) {
+    const bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
+    cp[b] = printable ? b : next++;
+  }
+}
+
+std::string Utf8(uint32_t c) {
+  std::string s;
+  if (c < 0x80) {
+    s += static_cast<char>(c);
+  } else if (c < 0x800) {
+    s += static_cast<char>(0xC0 | (c >> 6));
+    s += static_cast<char>(0x80 | (c & 0x3F));
+  } else {
+    s += static_cast<char>(0xE0 | (c >> 12));
+    s += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
+    s += static_cast<char>(0x80 | (c & 0x3F));
+  }
+  return s;
+}
+
+// Words whose left-to-right merges make the synthetic vocabulary (a leading space is part of a word).
+constexpr const char *kWords[] = {
+    " hello", " world", "hello", "world", " the", " of", " and", " to", " in", " is", " a", " that", " for", " it",
+    " with", " as", " was", " on", " be", " at", " by", " this", " have", " from", " or", " are", " not", " but",
+    " what", " all", " were", " we", " when", " your", " can", " said", " there", " use", " an", " each", " which",
+    " she", " do", " how", " their", " if", " will", " up", " other", " about", " out", " many", " then", " them",
+    " these", " so", " some", " her", " would", " make", " like", " him", " into", " time", " has", " look", " two",
+    " more", " write", " go", " see", " number", " no", " way", " could", " people", " my", " than", " first",
+    " water", " been", " call", " who", " its", " now", " find", " long", " down", " day", " did", " get", " come",
+    " made", " may", " part", "The", " The", "ing", "ed", "er", "ly", " model", " expert", " token", " layer",
+    " mixture", "\n\n", "  ", ".\n", ",", " I", " you", " he",
+};
+
+}  // namespace
+
+const std::vector<SynthShape> &SynthShapes() {
+  static const std::vector<SynthShape> shapes = {
+      // name, arch, general.name, layers, embd, heads, kv heads, head dim, experts, used, expert ff,
+      // dense ff, vocab, context, rope theta, rms eps, norm_topk_prob, tokenizer pre
+      {"qwen3-30b-a3b", "qwen3moe", "Qwen3-30B-A3B (synthetic)", 48, 2048, 32, 4, 128, 128, 8, 768, 6144, 151936,
+       40960, 1e6f, 1e-6f, true, "qwen2"},
+      {"olmoe-1b-7b", "olmoe", "OLMoE-1B-7B-0924 (synthetic)", 16, 2048, 16, 16, 128, 64, 8, 1024, 1024, 50304,
+       4096, 1e4f, 1e-5f, false, "default"},
+      {"mixtral-8x7b", "llama", "Mixtral-8x7B-v0.1 (synthetic)", 32, 4096, 32, 8, 128, 8, 2, 14336, 14336, 32000,
+       32768, 1e6f, 1e-5f, true, "default"},
+      {"tiny", "qwen3moe", "strata-synth-tiny", 4, 256, 4, 2, 64, 16, 2, 256, 512, 512, 4096, 1e6f, 1e-6f, true,
+       "qwen2"},
+  };
+  return shapes;
+}
+
+SynthVocab MakeSynthVocab(int n_vocab, const std::string &arch) {
+  SynthVocab v;
+  uint32_t cp[256];
+  ByteCodePoints(cp);
+  std::vector<uint32_t> sorted(cp, cp + 256);
+  std::sort(sorted.begin(), sorted.end());
+  absl::flat_hash_set<std::string> have;
+  for (uint32_t c : sorted) {
+    v.tokens.push_back(Utf8(c));
+    v.token_type.push_back(1);
+    have.insert(v.tokens.back());
+  }
+  const char *specials[] = {"<|endoftext|>", "<|im_start|>", "<|im_end|>"};
+  const int n_special = 3;
+  const size_t merge_budget = static_cast<size_t>(std::max(0, n_vocab - 256 - n_special));
+  absl::flat_hash_set<std::string> merged;
+  for (const char *w : kWords) {
+    std::string sym;
+    for (const char *p = w; *p != '\0'; ++p) {
+      const std::string ch = Utf8(cp[static_cast<unsigned char>(*p)]);
+      if (sym.empty()) {
+        sym = ch;
+        continue;
+      }
+      const std::string rule = sym + " " + ch;
+      sym += ch;
+      if (merged.contains(rule)) continue;
+      if (!have.contains(sym)) {
+        if (v.tokens.size() - 256 >= merge_budget) break;
+        v.tokens.push_back(sym);
+        v.token_type.push_back(1);
+        have.insert(sym);
+      }
+      merged.insert(rule);
+      v.merges.push_back(rule);
+    }
+  }
+  const int32_t first_special = static_cast<int32_t>(v.tokens.size());
+  for (const char *s : specials) {
+    v.tokens.push_back(s);
+    v.token_type.push_back(3);
+  }
+  // Qwen: <|endoftext|> is BOS (not added) and <|im_end|> ends a turn; the others end on <|endoftext|>.
+  v.bos = first_special;
+  v.eos = arch == "qwen3moe" ? first_special + 2 : first_special;
+  while (static_cast<int>(v.tokens.size()) < n_vocab) {
+    v.tokens.push_back(absl::StrCat("[PAD", v.tokens.size(), "]"));
+    v.token_type.push_back(1);
+  }
+  return v;
+}
+
+namespace {
+
+// The shape with the options applied, and its tensors; every check that can fail before the file
+// exists.
+struct Resolved {
+  SynthShape shape;
+  TypeId experts = TypeId::kQ4_K;
+  std::vector<Tensor> tensors;
+};
+
+absl::StatusOr<Resolved> Resolve(const SynthOptions &o) {
+  const SynthShape *found = nullptr;
+  std::vector<std::string> names;
+  for (const SynthShape &s : SynthShapes()) {
+    names.push_back(s.name);
+    if (s.name == absl::AsciiStrToLower(o.shape)) found = &s;
+  }
+  if (found == nullptr) {
+    return Errorf(MOE_ERR_INVALID_ARGUMENT, "unknown shape '%s' (known: %s)", o.shape, absl::StrJoin(names, ", "));
+  }
+  Resolved r;
+  SynthShape &s = r.shape;
+  s = *found;
+  if (o.layers != 0) {
+    if (o.layers < 1 || o.layers > 1024) {
+      return Errorf(MOE_ERR_INVALID_ARGUMENT, "--layers %d is outside [1, 1024]", o.layers);
+    }
+    s.n_layer = o.layers;
+  }
+  STRATA_ASSIGN_OR_RETURN(r.experts, ParseCodec(o.experts, "--codec"));
+  STRATA_ASSIGN_OR_RETURN(const TypeId attention, ParseCodec(o.attention, "--attention"));
+  r.tensors = PlanTensors(s, r.experts, attention);
+  for (const Tensor &t : r.tensors) {
+    const quant::Codec &c = *quant::FindCodec(t.type);
+    if (t.ne[0] % c.block_elems != 0) {
+      return Errorf(MOE_ERR_UNSUPPORTED_TYPE, "tensor '%s': rows of %d values are not whole %s blocks (%d values)",
+                    t.name, t.ne[0], std::string(c.name), c.block_elems);
+    }
+  }
+  return r;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<format::GgufTensorLayout>> PlanSynth(const SynthOptions &o) {
+  STRATA_ASSIGN_OR_RETURN(Resolved r, Resolve(o));
+  std::vector<format::GgufTensorLayout> out;
+  for (const Tensor &t : r.tensors) {
+    format::GgufTensorLayout l;
+    l.name = t.name;
+    l.type = static_cast<uint32_t>(t.type);
+    l.n_dims = t.n_dims;
+    std::copy(t.ne, t.ne + 4, l.ne);
+    STRATA_ASSIGN_OR_RETURN(const uint64_t row, quant::RowBytes(l.type, t.ne[0]));
+    l.nbytes = row * static_cast<uint64_t>(t.ne[1] * t.ne[2] * t.ne[3]);
+    out.push_back(std::move(l));
+  }
+  return out;
+}
+
+absl::StatusOr<SynthReport> Synthesize(const SynthOptions &o, const std::string &out) {
+  const auto t0 = std::chrono::steady_clock::now();
+  STRATA_ASSIGN_OR_RETURN(Resolved res, Resolve(o));
+  const SynthShape &s = res.shape;
+  const TypeId experts = res.experts;
+  const std::vector<Tensor> &tensors = res.tensors;
+
+  format::GgufWriter w(out, kPackFileAlignment);
+  HParams hp;
+  hp.n_layer = s.n_layer;
+  hp.n_embd = s.n_embd;
+  hp.n_head = s.n_head;
+  hp.n_head_kv = s.n_head_kv;
+  hp.head_dim = s.head_dim;
+  hp.n_vocab = s.n_vocab;
+  hp.n_expert = s.n_expert;
+  hp.n_expert_used = s.n_expert_used;
+  hp.n_ff_expert = s.n_ff_expert;
+  hp.n_ctx_train = s.n_ctx;
+  hp.rope_theta = s.rope_theta;
+  hp.rms_eps = s.rms_eps;
+  hp.norm_topk_prob = s.norm_topk_prob;
+  WriteLlamaCppHParams(s.arch, s.model_name, hp, s.n_ff_dense, w);
+  if (int ft = GgufFileType(experts); ft >= 0) {
+    w.SetValue("general.file_type", format::GgufUint32(static_cast<uint32_t>(ft)));
+  }
+  w.SetValue("general.quantization_version", format::GgufUint32(2));
+
+  SynthVocab v = MakeSynthVocab(s.n_vocab, s.arch);
+  w.SetValue("tokenizer.ggml.model", format::GgufString("gpt2"));
+  w.SetValue("tokenizer.ggml.pre", format::GgufString(s.tokenizer_pre));
+  w.SetValue("tokenizer.ggml.tokens", format::GgufStringArray(std::move(v.tokens)));
+  w.SetValue("tokenizer.ggml.token_type", format::GgufIntArray(GgufType::kInt32, std::move(v.token_type)));
+  w.SetValue("tokenizer.ggml.merges", format::GgufStringArray(std::move(v.merges)));
+  w.SetValue("tokenizer.ggml.bos_token_id", format::GgufUint32(static_cast<uint32_t>(v.bos)));
+  w.SetValue("tokenizer.ggml.eos_token_id", format::GgufUint32(static_cast<uint32_t>(v.eos)));
+  w.SetValue("tokenizer.ggml.padding_token_id", format::GgufUint32(static_cast<uint32_t>(v.bos)));
+  w.SetValue("tokenizer.ggml.add_bos_token", format::GgufBool(false));
+
+  w.SetValue("strata.synth.shape", format::GgufString(s.name));
+  w.SetValue("strata.synth.seed", format::GgufUint64(o.seed));
+  w.SetValue("strata.synth.pool_units", format::GgufUint32(static_cast<uint32_t>(kPoolUnits)));
+
+  for (const Tensor &t : tensors) {
+    auto added = w.AddTensor(t.name, static_cast<uint32_t>(t.type), t.n_dims, t.ne);
+    if (!added.ok()) return Annotate(added.status(), absl::StrCat("synthesizing '", out, "'"));
+  }
+  std::map<TypeId, Pool> pools;
+  for (const Tensor &t : tensors) {
+    if (t.fill == Fill::kPool && !pools.count(t.type)) {
+      pools.emplace(t.type, MakePool(*quant::FindCodec(t.type), o.seed));
+    }
+  }
+  STRATA_RETURN_IF_ERROR(w.Begin());
+
+  SynthReport r;
+  {
+    ProgressBar progress(o.progress, w.tensor_bytes_total(), "synth");
+    std::vector<uint8_t> buf;
+    uint64_t done = 0;
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      const uint64_t nbytes = w.tensors()[i].nbytes;
+      STRATA_RETURN_IF_ERROR(WriteTensor(tensors[i], i, nbytes, s.n_embd, o.seed, pools, buf, w));
+      done += nbytes;
+      if (tensors[i].expert) r.expert_bytes += nbytes;
+      progress.Update(done, i + 1, tensors.size());
+    }
+  }
+  STRATA_RETURN_IF_ERROR(w.Finish());
+  r.n_tensors = static_cast<int>(tensors.size());
+  r.file_bytes = w.file_size();
+  r.expert_slot_bytes = r.expert_bytes / (static_cast<uint64_t>(s.n_layer) * s.n_expert);
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return r;
+}
+
+}  // namespace strata::model

@@ -1,0 +1,89 @@
+// `strata synth`: writes a synthetic GGUF model with the real tensor names, shapes and metadata of a
+// published MoE (plus a byte-level BPE tokenizer) and random weights, so benchmarks run at real sizes
+// and llama.cpp can load the same file. The bytes are a pure function of (shape, layers, codecs, seed).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "lib/format/gguf_writer.h"
+#include "lib/util/status.h"
+
+namespace strata::model {
+
+// A published model's shape, as its config.json gives it, and the GGUF architecture it is written as.
+struct SynthShape {
+  std::string name;          // "qwen3-30b-a3b"
+  std::string arch;          // GGUF general.architecture: "qwen3moe", "olmoe" or "llama" (Mixtral)
+  std::string model_name;    // general.name
+  int n_layer = 0;
+  int n_embd = 0;
+  int n_head = 0;
+  int n_head_kv = 0;
+  int head_dim = 0;
+  int n_expert = 0;
+  int n_expert_used = 0;
+  int n_ff_expert = 0;
+  int n_ff_dense = 0;        // qwen3moe's feed_forward_length (intermediate_size); else n_ff_expert
+  int n_vocab = 0;
+  int n_ctx = 0;             // max_position_embeddings
+  float rope_theta = 10000.f;
+  float rms_eps = 1e-6f;
+  bool norm_topk_prob = false;
+  std::string tokenizer_pre; // tokenizer.ggml.pre
+};
+
+// The shapes `synth` knows: qwen3-30b-a3b, olmoe-1b-7b, mixtral-8x7b and tiny (qwen3moe, 4 layers,
+// hidden 256, 16 experts top-2, expert ffn 256, vocab 512: ~7 MB at Q4_K, for tests).
+const std::vector<SynthShape> &SynthShapes();
+
+struct SynthOptions {
+  std::string shape;                 // a SynthShapes() name
+  std::string experts = "q4_k";      // codec of the routed experts (ffn_{gate,up,down}_exps)
+  std::string attention = "q8_0";    // codec of attention, token_embd and output
+  int layers = 0;                    // > 0: this many layers instead of the shape's (same width)
+  uint64_t seed = 1;
+  bool progress = false;             // progress bar on stderr
+};
+
+struct SynthReport {
+  int n_tensors = 0;
+  uint64_t file_bytes = 0;
+  uint64_t expert_bytes = 0;         // all routed expert tensors
+  uint64_t expert_slot_bytes = 0;    // gate + up + down of one expert
+  double seconds = 0;
+};
+
+// Writes the synthetic model to `out` (through a temporary file renamed at the end; on failure
+// nothing is left behind).
+//
+// Weights. Norms are 1 + 0.05·N(0,1) and routers N(0, (2/sqrt(n_embd))^2), both F32 and drawn
+// value by value (so router logits have a standard deviation of about 2: routing is neither uniform
+// nor always the same experts). Every quantized matrix is N(0, 0.02^2) in distribution but is built
+// from a pool: 509 units of 256 random values are quantized once per codec, and a tensor is the
+// sequence of those units in a seeded order (each run of 509 units is an affine permutation
+// j -> (a·j + b) mod 509 of the pool with (a, b) drawn per run), so writing costs a memcpy per unit
+// whatever the codec and every byte is a valid block of it.
+//
+// Errors: MOE_ERR_INVALID_ARGUMENT naming the unknown shape or codec, or a layer count outside
+// [1, 1024]; MOE_ERR_UNSUPPORTED_TYPE for a codec Strata cannot quantize or whose block does not
+// divide the rows; MOE_ERR_IO_WRITE naming `out` for any write failure.
+absl::StatusOr<SynthReport> Synthesize(const SynthOptions &o, const std::string &out);
+
+// The tensors Synthesize would write (names, types, shapes, nbytes; offsets 0), with the same errors
+// for bad options, without writing anything.
+absl::StatusOr<std::vector<format::GgufTensorLayout>> PlanSynth(const SynthOptions &o);
+
+// The synthetic tokenizer's vocabulary (exposed for tests): the 256 byte tokens in GPT-2 order,
+// tokens made by `merges` (English words, merged left to right), the special tokens <|endoftext|>,
+// <|im_start|>, <|im_end|>, then unique "[PAD<id>]" fillers up to `n_vocab` (>= 300).
+struct SynthVocab {
+  std::vector<std::string> tokens;
+  std::vector<int64_t> token_type;   // 1 normal, 3 control
+  std::vector<std::string> merges;
+  int32_t bos = -1, eos = -1;
+};
+SynthVocab MakeSynthVocab(int n_vocab, const std::string &arch);
+
+}  // namespace strata::model
