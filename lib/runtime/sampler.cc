@@ -54,7 +54,9 @@ int32_t Sample(const float *logits_in, int32_t n_vocab, const SamplerParams &p, 
   const float *logits = logits_in;
   std::vector<float> penalized;
   if (p.penalty_last_n > 0 && !recent.empty() && (p.repeat_penalty != 1.f || p.presence_penalty != 0.f)) {
-    if (recent.size() > static_cast<size_t>(p.penalty_last_n)) recent = recent.subspan(recent.size() - p.penalty_last_n);
+    if (recent.size() > static_cast<size_t>(p.penalty_last_n)) {
+      recent = recent.subspan(recent.size() - p.penalty_last_n);
+    }
     penalized.assign(logits_in, logits_in + n_vocab);
     ApplyPenalties(penalized.data(), n_vocab, p, recent);
     logits = penalized.data();

@@ -91,7 +91,7 @@ absl::Status OnlyRoles(absl::Span<const ChatMessage> msgs, std::initializer_list
     for (auto r : roles) ok = ok || msgs[i].role == r;
     if (!ok) {
       return BadArg(Cat({"chat template ", tmpl, ": message ", std::to_string(i), " has role '", msgs[i].role,
-                                 "', which it does not render (roles: ", Join(roles, ", "), ")"}));
+                         "', which it does not render (roles: ", Join(roles, ", "), ")"}));
     }
   }
   return absl::OkStatus();
@@ -153,14 +153,16 @@ std::string RenderQwen3(absl::Span<const ChatMessage> m, bool gen) {
 absl::Status MistralAlternation(absl::Span<const ChatMessage> loop, const char *tmpl) {
   for (size_t i = 0; i < loop.size(); ++i) {
     if ((loop[i].role == "user") != (i % 2 == 0)) {
-      return BadArg(Cat({"chat template ", tmpl, ": after the optional system message, conversation roles "
-                                 "must alternate user/assistant/user/assistant/... (message ", std::to_string(i), " is '",
-                                 loop[i].role, "')"}));
+      return BadArg(Cat({"chat template ", tmpl,
+                         ": after the optional system message, conversation roles must alternate "
+                         "user/assistant/user/assistant/... (message ",
+                         std::to_string(i), " is '", loop[i].role, "')"}));
     }
     if (loop[i].role != "user" && loop[i].role != "assistant") {
-      return BadArg(Cat({"chat template ", tmpl, ": only user and assistant roles are supported, "
-                                 "with the exception of an initial optional system message (got '", loop[i].role,
-                                 "')"}));
+      return BadArg(Cat({"chat template ", tmpl,
+                         ": only user and assistant roles are supported, with the exception of an initial "
+                         "optional system message (got '",
+                         loop[i].role, "')"}));
     }
   }
   return absl::OkStatus();
@@ -281,6 +283,11 @@ bool HasEither(std::string_view s, std::string_view single_quoted) {
   return Has(s, single_quoted) || Has(s, dq);
 }
 
+constexpr char kQwen2Source[] =
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ "
+    "'<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}{% endif %}{{'<|im_start|>' + "
+    "message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt "
+    "%}{{ '<|im_start|>assistant\\n' }}{% endif %}";
 constexpr char kChatmlSource[] =
     "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + "
     "'<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
@@ -330,14 +337,14 @@ absl::StatusOr<ChatTemplate> ChatTemplate::FromJinja(std::string_view s) {
       return is(ChatFamily::kMistralV3);
     }
     if (Has(s, "<|im_start|>")) {
-      if (Has(s, "<think>") && Has(s, "reasoning_content") && Has(s, "last_query_index")) return is(ChatFamily::kQwen3);
-      if (Has(s, "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.")) return is(ChatFamily::kQwen25);
-      if (Squash(s) == Squash(
-              "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ "
-              "'<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}{% endif %}") +
-                               Squash(kChatmlSource).substr(Squash("{%formessageinmessages%}").size())) {
-        return is(ChatFamily::kQwen2);
+      if (Has(s, "<think>") && Has(s, "reasoning_content") && Has(s, "last_query_index")) {
+        return is(ChatFamily::kQwen3);
       }
+      if (Has(s, "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.")) {
+        return is(ChatFamily::kQwen25);
+      }
+      // The two simple ones must match in full: a variant of them is not claimed.
+      if (Squash(s) == Squash(kQwen2Source)) return is(ChatFamily::kQwen2);
       if (Squash(s) == Squash(kChatmlSource)) return is(ChatFamily::kChatml);
     }
   }

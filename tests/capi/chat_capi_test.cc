@@ -151,7 +151,8 @@ TEST_CASE("chat template: chosen from the model's metadata, rendered, overridden
   MakeChatModel(other.path());
   {
     std::ofstream cfg(other.path() + "/tokenizer_config.json", std::ios::trunc);
-    cfg << R"({"eos_token": "<|im_end|>", "chat_template": "{% for m in messages %}<start_of_turn>{{ m.content }}{% endfor %}"})";
+    cfg << R"({"eos_token": "<|im_end|>",)"
+        << R"( "chat_template": "{% for m in messages %}<start_of_turn>{{ m.content }}{% endfor %}"})";
   }
   ctx = Open(other.path());
   CHECK(moe_ctx_chat_template_name(ctx, &name) == MOE_ERR_UNSUPPORTED);
