@@ -118,6 +118,8 @@ typedef struct moe_params {
   const char *hotlist_path;   /* a hotlist (`strata profile`): its top experts are loaded into the
                                  cache in the background at open; NULL = none */
   uint32_t hotlist_max_experts; /* cap on those; 0 = as many as the cache holds */
+  uint32_t direct_io;         /* 1 (default): read experts past the page cache (O_DIRECT, io_uring)
+                                 where the file keeps them 4 KiB-aligned, as `strata pack` does */
 } moe_params;
 
 typedef enum moe_cache_policy {
@@ -245,6 +247,7 @@ typedef struct moe_stats {
   uint32_t memory_locked;      /* 1 when the cache slab is locked in RAM (mlock) */
   uint64_t cache_slot_bytes;
   uint64_t load_errors;
+  uint64_t direct_reads;       /* expert loads that bypassed the page cache */
 } moe_stats;
 
 static inline void moe_stats_init(moe_stats *p) {

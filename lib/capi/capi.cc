@@ -93,6 +93,7 @@ strata::runtime::ContextOptions ToOptions(const moe_params &p) {
   o.n_io_threads = p.n_io_threads;
   o.hotlist_path = p.hotlist_path != nullptr ? p.hotlist_path : "";
   o.hotlist_max = static_cast<int>(std::min<uint32_t>(p.hotlist_max_experts, INT32_MAX));
+  o.direct_io = p.direct_io != 0;
   return o;
 }
 
@@ -181,6 +182,7 @@ void moe_params_fill_defaults(moe_params *p) {
   d.cache_policy = MOE_CACHE_HOTNESS;
   d.prefetch_distance = 1;
   d.n_io_threads = 2;
+  d.direct_io = 1;
   std::memcpy(reinterpret_cast<char *>(p) + sizeof(uint32_t), reinterpret_cast<const char *>(&d) + sizeof(uint32_t),
               std::min<size_t>(p->struct_size, sizeof d) - sizeof(uint32_t));
 }
@@ -322,6 +324,7 @@ moe_status moe_ctx_stats(const moe_ctx *ctx, moe_stats *out) {
     st.memory_locked = cs.cache.memory_locked ? 1 : 0;
     st.cache_slot_bytes = cs.cache.slot_bytes;
     st.load_errors = cs.cache.load_errors;
+    st.direct_reads = cs.cache.direct_reads;
     std::memcpy(out, &st, std::min<size_t>(out->struct_size, sizeof st));
     return MOE_OK;
   });

@@ -118,6 +118,7 @@ absl::StatusOr<std::unique_ptr<Context>> Context::Open(const ContextOptions &o) 
     co.policy = static_cast<store::PolicyKind>(o.cache_policy);
     co.prefetch_distance = o.prefetch_distance;
     co.n_io_threads = o.n_io_threads;
+    co.direct_io = o.direct_io;
     STRATA_ASSIGN_OR_RETURN(ctx->cache_, store::ExpertCache::Create(*ctx->table_, *ctx->file_, ctx->weights_,
                                                                     ctx->backend_.get(), co));
   }

@@ -3,7 +3,13 @@
 // nothing else touches them until they are ready or failed).
 #include "lib/store/expert_cache.h"
 
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <unistd.h>
+
+#ifdef STRATA_HAVE_URING
+#include <liburing.h>
+#endif
 
 #include <algorithm>
 #include <chrono>
@@ -46,6 +52,12 @@ absl::StatusOr<std::unique_ptr<ExpertCache>> ExpertCache::Create(const ExpertTab
   c->stats_.layer_misses.assign(table.n_layers(), 0);
   c->stats_.n_slots = n_slots;
   c->stats_.slot_bytes = table.slot_bytes();
+  c->direct_fds_.assign(file.n_files(), -1);
+  if (options.direct_io) {
+    for (int i = 0; i < file.n_files(); ++i) {
+      c->direct_fds_[i] = ::open(file.file(i).name().c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
+    }
+  }
   for (int i = 0; i < options.n_io_threads; ++i) c->io_threads_.emplace_back([p = c.get()] { p->IoLoop(); });
   return c;
 }
@@ -57,6 +69,9 @@ ExpertCache::~ExpertCache() {
   }
   cv_io_.notify_all();
   for (auto &t : io_threads_) t.join();
+  for (int fd : direct_fds_) {
+    if (fd >= 0) ::close(fd);
+  }
   if (stats_.memory_locked) munlock(slab_, slab_bytes_);
   std::free(slab_);
 }
@@ -97,8 +112,68 @@ int ExpertCache::StartLoadLocked(uint32_t key, int priority, bool prefetch) {
   return victim;
 }
 
-absl::Status ExpertCache::ReadExpert(uint32_t key, uint8_t *dst) {
+absl::Status ExpertCache::ReadDirect(int fd, uint64_t offset, uint8_t *dst, uint64_t len, uint64_t need,
+                                     void *ring) {
+  uint64_t done = 0;
+  while (done < need) {
+    ssize_t got;
+#ifdef STRATA_HAVE_URING
+    if (ring != nullptr) {
+      auto *r = static_cast<io_uring *>(ring);
+      io_uring_sqe *sqe = io_uring_get_sqe(r);
+      io_uring_prep_read(sqe, fd, dst + done, static_cast<unsigned>(std::min<uint64_t>(len - done, 1u << 30)),
+                         offset + done);
+      io_uring_submit(r);
+      io_uring_cqe *cqe = nullptr;
+      int rc;
+      do {
+        rc = io_uring_wait_cqe(r, &cqe);
+      } while (rc == -EINTR);
+      if (rc < 0) {
+        errno = -rc;
+        got = -1;
+      } else {
+        got = cqe->res < 0 ? (errno = -cqe->res, -1) : cqe->res;
+        io_uring_cqe_seen(r, cqe);
+      }
+    } else
+#endif
+    {
+      got = ::pread(fd, dst + done, len - done, static_cast<off_t>(offset + done));
+    }
+    if (got < 0) {
+      if (errno == EINTR || errno == EAGAIN) continue;
+      return Errorf(MOE_ERR_IO_READ, "direct read of %u bytes at offset %u: %s", len - done, offset + done,
+                    std::strerror(errno));
+    }
+    if (got == 0) {
+      return Errorf(MOE_ERR_IO_CHANGED, "the file ended at offset %u, before the expert's %u bytes", offset + done,
+                    need);
+    }
+    // A direct read moves whole blocks; a short one (at the end of the file) continues aligned.
+    done += static_cast<uint64_t>(got);
+    if (done < need && done % 4096 != 0) {
+      return Errorf(MOE_ERR_IO_READ, "direct read stopped at unaligned offset %u", offset + done);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ExpertCache::ReadExpert(uint32_t key, uint8_t *dst, void *ring, bool *direct) {
   const ExpertEntry &en = table_.entry(table_.LayerOf(key), table_.ExpertOf(key));
+  *direct = false;
+  const int dfd = en.single_read ? direct_fds_[en.part[0].file_index] : -1;
+  const uint64_t aligned_len = (en.slot_bytes + 4095) & ~uint64_t{4095};
+  if (dfd >= 0 && en.read_offset % 4096 == 0 && aligned_len <= table_.slot_bytes()) {
+    absl::Status st = ReadDirect(dfd, en.read_offset, dst, aligned_len, en.slot_bytes, ring);
+    if (!st.ok()) {
+      return Annotate(st, absl::StrCat("reading expert tensors '", en.weights->gate.name, "', '", en.weights->up.name,
+                                       "', '", en.weights->down.name, "' of '",
+                                       file_.file(en.part[0].file_index).name(), "'"));
+    }
+    *direct = true;
+    return absl::OkStatus();
+  }
   if (en.single_read) {
     absl::Status st = file_.file(en.part[0].file_index).ReadAt(en.read_offset, dst, en.slot_bytes);
     if (!st.ok()) {
@@ -117,6 +192,20 @@ absl::Status ExpertCache::ReadExpert(uint32_t key, uint8_t *dst) {
 }
 
 void ExpertCache::IoLoop() {
+  void *ring = nullptr;
+#ifdef STRATA_HAVE_URING
+  io_uring uring;
+  bool have_ring = false;
+  for (int fd : direct_fds_) have_ring = have_ring || fd >= 0;
+  if (have_ring && io_uring_queue_init(4, &uring, 0) == 0) ring = &uring;
+#endif
+  IoLoopWith(ring);
+#ifdef STRATA_HAVE_URING
+  if (ring != nullptr) io_uring_queue_exit(&uring);
+#endif
+}
+
+void ExpertCache::IoLoopWith(void *ring) {
   std::unique_lock<std::mutex> lk(mu_);
   for (;;) {
     cv_io_.wait(lk, [this] { return stop_ || !queue_.empty(); });
@@ -127,8 +216,10 @@ void ExpertCache::IoLoop() {
     const uint32_t key = sl.key;
     uint8_t *dst = sl.data;
     lk.unlock();
-    absl::Status st = ReadExpert(key, dst);
+    bool direct = false;
+    absl::Status st = ReadExpert(key, dst, ring, &direct);
     lk.lock();
+    if (st.ok() && direct) ++stats_.direct_reads;
     inflight_bytes_ -= table_.slot_bytes();
     --loading_;
     if (st.ok()) {

@@ -46,7 +46,7 @@ nlohmann::json LastLineJson(const std::string &text) {
 
 }  // namespace
 
-TEST_CASE("--stats prints the expert-tier counters as the last line of stderr", "[cli][store]") {
+TEST_CASE("the --stats flag prints the expert-tier counters as the last line of stderr", "[cli][store]") {
   Out r = Cli("run --model " + kModel + " --tokens 1,2,3 -n 4 --ram-budget 1 --stats");
   INFO(r.err);
   REQUIRE(r.code == 0);
@@ -116,7 +116,7 @@ TEST_CASE("profile writes a hotlist that preloading reads", "[cli][store]") {
   CHECK(!std::ifstream(t.File("x")).good());
 }
 
-TEST_CASE("--lock-memory pins RAM before the run", "[cli][store]") {
+TEST_CASE("the --lock-memory flag pins RAM before the run", "[cli][store]") {
   Out r = Cli("run --model " + kModel + " --tokens 1,2 -n 2 --lock-memory 64M");
   INFO(r.err);
   REQUIRE(r.code == 0);

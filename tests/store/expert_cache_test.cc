@@ -17,6 +17,7 @@
 
 #include "include/strata/moe.h"
 #include "lib/format/file.h"
+#include "lib/model/pack.h"
 #include "lib/runtime/context.h"
 #include "tests/format/format_test_util.h"
 #include "tests/model/golden_util.h"
@@ -293,5 +294,58 @@ TEST_CASE("prefetch racing eviction at a tiny budget, many steps", "[store][stre
     REQUIRE(r.status == MOE_OK);
     CHECK(BitEqual(r.logits, ref.logits));
   }
+  moe_ctx_close(ctx);
+}
+
+TEST_CASE("packed files stream past the page cache with identical numbers", "[store][direct]") {
+  strata::format::testing::TempDir tmp;
+  const std::string packed = tmp.File("packed.gguf");
+  strata::model::PackOptions o;
+  o.experts = strata::quant::TypeId::kQ4_K;  // the mixed golden's rows are multiples of 256
+  o.attention = strata::quant::TypeId::kQ8_0;
+  REQUIRE(strata::model::Pack(kGolden + "qwen3moe_mixed/model-mixed.gguf", packed, o).ok());
+  const auto tokens = Tokens("qwen3moe_mixed/x");
+  moe_ctx *full = Open(packed, 0);
+  const RunResult ref = Run(full, tokens, 12);
+  moe_ctx_close(full);
+  for (uint32_t direct : {1u, 0u}) {
+    moe_params p;
+    moe_params_init(&p);
+    p.model_path = packed.c_str();
+    p.ram_budget_bytes = 1;
+    p.direct_io = direct;
+    moe_ctx *ctx = nullptr;
+    REQUIRE(moe_ctx_open(&p, &ctx) == MOE_OK);
+    moe_expert_info info;
+    moe_expert_info_init(&info);
+    REQUIRE(moe_expert_table_get(moe_ctx_experts(ctx), 1, 5, &info) == MOE_OK);
+    CHECK(info.single_read == 1);
+    CHECK(info.file_offset[0] % 4096 == 0);
+    RunResult r = Run(ctx, tokens, 12);
+    INFO("direct " << direct << ": " << r.error);
+    REQUIRE(r.status == MOE_OK);
+    CHECK(BitEqual(r.logits, ref.logits));
+    CHECK(r.stats.expert_misses > 0);
+    if (direct) CHECK(r.stats.direct_reads == r.stats.expert_misses + r.stats.prefetch_issued);
+    else CHECK(r.stats.direct_reads == 0);
+    moe_ctx_close(ctx);
+  }
+}
+
+TEST_CASE("a model file truncated under a running context is detected", "[store][faults]") {
+  strata::format::testing::TempDir tmp;
+  const std::string path = tmp.File("m.gguf");
+  std::filesystem::copy_file(kGolden + "qwen3moe_f32/model-q8_0.gguf", path);
+  moe_ctx *ctx = Open(path, 1);
+  moe_session *s = nullptr;
+  REQUIRE(moe_session_open(ctx, nullptr, &s) == MOE_OK);
+  const int32_t t[] = {5, 6, 7};
+  REQUIRE(moe_session_feed(s, t, 3) == MOE_OK);
+  REQUIRE(moe_ctx_step(ctx, nullptr) == MOE_OK);
+  std::filesystem::resize_file(path, std::filesystem::file_size(path) / 2);
+  REQUIRE(moe_session_feed(s, t, 1) == MOE_OK);
+  CHECK(moe_ctx_step(ctx, nullptr) == MOE_ERR_IO_CHANGED);
+  CHECK(moe_session_n_past(s) == 3);
+  moe_session_close(s);
   moe_ctx_close(ctx);
 }
