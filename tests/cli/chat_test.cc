@@ -133,6 +133,22 @@ TEST_CASE("strata chat on a GGUF with tokenizer.chat_template", "[cli][chat]") {
   CHECK(Cli("chat --model " + gguf + " -n 5 --temp 0 -v", "Hi\nBye\n").out == r.out);
 }
 
+TEST_CASE("strata chat on a synthesized model (strata synth --shape tiny)", "[cli][chat]") {
+  TempDir dir;
+  const std::string gguf = dir.File("tiny.gguf");
+  Result synth = Cli("synth --shape tiny --out " + gguf);
+  INFO("synth stderr: " << synth.err);
+  REQUIRE(synth.exit_code == 0);
+  // No tokenizer.chat_template: the architecture's usual template (qwen3moe: Qwen3's).
+  Result r = Cli("chat --model " + gguf + " -n 6 --temp 0 -v --stop '\n\n'", "Hello\nAgain\n");
+  INFO("stderr: " << r.err);
+  REQUIRE(r.exit_code == 0);
+  auto turns = Turns(r.err);
+  REQUIRE(turns.size() == 2);
+  CHECK(turns[1].context == turns[0].context + turns[1].fed + turns[1].generated);
+  CHECK(std::count(r.out.begin(), r.out.end(), '\n') >= 2);
+}
+
 TEST_CASE("strata chat errors", "[cli][chat]") {
   ExpectError(Cli("chat --model " + kSrc + "/tests/golden/qwen3moe_f32/hf", "hello\n"), "carries no tokenizer");
   ExpectError(Cli("chat --model " + kSrc + "/tests/golden/mixtral_f32/model-f32.gguf", "hello\n"),
