@@ -98,7 +98,7 @@ const char kUsage[] =
     "  tokenize --model PATH [--special] --text TEXT   the token ids of TEXT, separated by spaces\n"
     "  inspect  PATH         architecture, hyper-parameters, tensors, per-expert bytes by codec\n"
     "  plan     --model PATH the cache plan ledger: what goes where, and why\n"
-    "  bench    [--model PATH] [--prompt-tokens N] [-n N] [--json]   prefill and decode tokens/s, expert\n"
+    "  bench    [--model PATH] [--prompt TEXT | --prompt-tokens N] [-n N] [--json]   prefill and decode tokens/s, expert\n"
     "           hits and misses, bytes read per token, time waiting on I/O\n"
     "  profile  --model PATH --prompts FILE --out HOTLIST [-n N]   count (layer, expert) selections over\n"
     "           a prompt set (one prompt a line: text, or token ids 1,2,3) into a hotlist\n"
@@ -597,10 +597,16 @@ int CmdBench(const Args &a) {
     x ^= x << 13, x ^= x >> 7, x ^= x << 17;
     t = static_cast<int32_t>(x % static_cast<uint64_t>(n_vocab));
   }
+  if (!a.prompt.empty()) {  // a text prompt routes like real use; random ids do not
+    if (!HasTokenizer(ctx.c)) Die("'" + model + "' carries no tokenizer; bench --prompt needs one");
+    prompt = Tokenize(ctx.c, a.prompt, false, true);
+    if (prompt.empty()) Die("the prompt has no tokens");
+  }
   moe_session_params sp;
   moe_session_params_init(&sp);
   Sess s;
   if (moe_status st = moe_session_open(ctx.c, &sp, &s.s); st != MOE_OK) Die(ApiError(st));
+  moe_ctx_wait_loads(ctx.c);  // a hotlist preload completes before the clock starts
   moe_ctx_reset_stats(ctx.c);
   if (moe_status st = moe_session_feed(s.s, prompt.data(), prompt.size()); st != MOE_OK) Die(ApiError(st));
   auto t2 = std::chrono::steady_clock::now();
@@ -635,11 +641,15 @@ int CmdBench(const Args &a) {
     std::printf("{\"model\":\"%s\",\"load_s\":%.3f,\"ram_budget_bytes\":%llu,\"ram_expert_slots\":%u,"
                 "\"routed_experts\":%u,\"prefill_tokens\":%zu,\"prefill_tok_s\":%.3f,\"decode_tokens\":%lld,"
                 "\"decode_tok_s\":%.3f,\"decode_hit_rate\":%.4f,\"decode_bytes_read_per_token\":%.0f,"
-                "\"decode_io_wait_s\":%.4f,\"prefill_bytes_read\":%llu,\"stats\":%s}\n",
+                "\"decode_io_wait_s\":%.4f,\"prefill_bytes_read\":%llu,\"prefill_hit_rate\":%.4f,\"stats\":%s}\n",
                 model.c_str(), secs(t0, t1), static_cast<unsigned long long>(plan.ram_budget_bytes),
                 plan.ram_expert_slots, plan.n_routed_experts, prompt.size(), prompt.size() / pre_s,
                 static_cast<long long>(n), n / dec_s, hit_rate, bytes_per_tok, dec.io_wait_s,
-                static_cast<unsigned long long>(prefill.bytes_read), StatsJson(ctx.c).c_str());
+                static_cast<unsigned long long>(prefill.bytes_read),
+                prefill.expert_hits + prefill.expert_misses
+                    ? static_cast<double>(prefill.expert_hits) / (prefill.expert_hits + prefill.expert_misses)
+                    : 1.0,
+                StatsJson(ctx.c).c_str());
   } else {
     std::printf("model            %s\n", model.c_str());
     std::printf("load             %.2f s\n", secs(t0, t1));

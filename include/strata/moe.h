@@ -265,6 +265,9 @@ MOE_API moe_status moe_ctx_layer_stats(const moe_ctx *ctx, uint32_t layer, uint6
  * expert]. *n receives layers x experts, also on MOE_ERR_LIMIT (capacity too small: nothing written).
  * Thread-safety: safe. Since: 0.1. */
 MOE_API moe_status moe_ctx_expert_counts(const moe_ctx *ctx, uint64_t *counts, size_t capacity, size_t *n);
+/* Waits until the background expert loads (hotlist preload at open, prefetch) have finished, so a
+ * host can start with a warm cache. Thread-safety: safe. Since: 0.1. */
+MOE_API moe_status moe_ctx_wait_loads(moe_ctx *ctx);
 /* Zeroes the counters (the cache keeps its contents). Since: 0.1. */
 MOE_API void moe_ctx_reset_stats(moe_ctx *ctx);
 

@@ -360,6 +360,14 @@ moe_status moe_ctx_expert_counts(const moe_ctx *ctx, uint64_t *counts, size_t ca
   });
 }
 
+moe_status moe_ctx_wait_loads(moe_ctx *ctx) {
+  return Guard([&]() -> moe_status {
+    if (ctx == nullptr) return Fail(MOE_ERR_INVALID_ARGUMENT, "ctx is NULL");
+    if (strata::store::ExpertCache *c = ctx->impl->expert_cache(); c != nullptr) c->WaitIdle();
+    return MOE_OK;
+  });
+}
+
 void moe_ctx_reset_stats(moe_ctx *ctx) {
   if (ctx == nullptr) return;
   try {
