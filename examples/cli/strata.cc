@@ -782,6 +782,24 @@ int CmdInspect(const Args &a) {
   std::printf("rope theta %g (%s), rms eps %g%s\n", hp.rope_theta,
               hp.rope_style == strata::model::RopeStyle::kNeox ? "neox" : "normal", hp.rms_eps,
               hp.sliding_window ? (", sliding window " + std::to_string(hp.sliding_window)).c_str() : "");
+  {
+    // Family features: what stays resident besides attention (shared experts, dense MLP layers).
+    int n_dense = 0;
+    for (int l = 0; l < hp.n_layer; ++l) n_dense += hp.is_dense(l) ? 1 : 0;
+    std::string extra;
+    if (hp.qk_norm_full) extra += ", qk_norm over the whole projection";
+    if (hp.attn_bias) extra += ", q/k/v bias";
+    if (hp.attn_out_bias) extra += ", output bias";
+    if (hp.n_ff_shared > 0) {
+      extra += ", shared expert ffn " + std::to_string(hp.n_ff_shared) +
+               (hp.shared_expert_gate ? " (sigmoid-gated)" : "") + " resident";
+    }
+    if (n_dense > 0) {
+      extra += ", " + std::to_string(n_dense) + " dense layer(s) of ffn " + std::to_string(hp.n_ff_dense);
+    }
+    std::printf("kv cache %llu bytes per token (all layers)%s\n",
+                static_cast<unsigned long long>(strata::model::KvCache::BytesFor(hp, 1)), extra.c_str());
+  }
   std::printf("\n%-48s %-6s %-24s %12s\n", "tensor", "type", "shape (innermost first)", "bytes");
   for (const auto &t : mf.tensors()) {
     std::string shape;

@@ -50,6 +50,13 @@ void Route(const float *logits, int n_expert, int k, bool renorm, int32_t *sel, 
   }
 }
 
+// x (n_tok, n) += bias, per row.
+void AddBias(float *x, int64_t n_tok, int64_t n, const Vec &bias) {
+  const float *b = bias.values.data();
+  for (int64_t t = 0; t < n_tok; ++t)
+    for (int64_t i = 0; i < n; ++i) x[t * n + i] += b[i];
+}
+
 }  // namespace
 
 absl::Status Forward(const HParams &hp, const ModelWeights &w, Backend &be, KvCache &kv,
@@ -68,7 +75,7 @@ absl::Status Forward(const HParams &hp, const ModelWeights &w, Backend &be, KvCa
   }
   const int64_t D = hp.n_embd, QD = hp.q_dim(), KVD = hp.kv_dim(), K = hp.n_expert_used;
   std::vector<float> x(T * D), h(T * D), q(T * QD), k(T * KVD), v(T * KVD), att(T * QD), o(T * D);
-  std::vector<float> router(T * hp.n_expert), slots(T * K * D), xg, yg;
+  std::vector<float> router(T * hp.n_expert), slots(T * K * D), xg, yg, sh, shg;
   std::vector<int32_t> sel(T * K), pos(T);
   std::vector<float> wts(T * K);
   for (int64_t t = 0; t < T; ++t) pos[t] = a.pos0 + static_cast<int32_t>(t);
@@ -82,7 +89,15 @@ absl::Status Forward(const HParams &hp, const ModelWeights &w, Backend &be, KvCa
     be.MatMul(L.wq, h.data(), T, q.data());  // q (T, n_head * head_dim)
     be.MatMul(L.wk, h.data(), T, k.data());  // k (T, n_head_kv * head_dim)
     be.MatMul(L.wv, h.data(), T, v.data());  // v (T, n_head_kv * head_dim)
-    if (hp.qk_norm) {
+    if (hp.attn_bias) {
+      AddBias(q.data(), T, QD, L.bq);
+      AddBias(k.data(), T, KVD, L.bk);
+      AddBias(v.data(), T, KVD, L.bv);
+    }
+    if (hp.qk_norm && hp.qk_norm_full) {  // OLMoE: one norm over the whole projection
+      be.RmsNorm(q.data(), L.q_norm.values.data(), T, QD, hp.rms_eps, q.data());
+      be.RmsNorm(k.data(), L.k_norm.values.data(), T, KVD, hp.rms_eps, k.data());
+    } else if (hp.qk_norm) {
       be.RmsNorm(q.data(), L.q_norm.values.data(), T * hp.n_head, hp.head_dim, hp.rms_eps, q.data());
       be.RmsNorm(k.data(), L.k_norm.values.data(), T * hp.n_head_kv, hp.head_dim, hp.rms_eps, k.data());
     }
@@ -94,10 +109,18 @@ absl::Status Forward(const HParams &hp, const ModelWeights &w, Backend &be, KvCa
     be.Attention(q.data(), cache, T, a.pos0, hp.n_head, hp.n_head_kv, hp.head_dim, hp.sliding_window,
                  att.data());
     be.MatMul(L.wo, att.data(), T, o.data());  // o (T, D)
+    if (hp.attn_out_bias) AddBias(o.data(), T, D, L.bo);
     for (int64_t i = 0; i < T * D; ++i) x[i] += o[i];
 
-    // --- routed experts ---
+    // --- dense MLP layer ---
     be.RmsNorm(x.data(), L.ffn_norm.values.data(), T, D, hp.rms_eps, h.data());
+    if (hp.is_dense(l)) {
+      be.ExpertFfn(L.dense, h.data(), T, o.data());
+      for (int64_t i = 0; i < T * D; ++i) x[i] += o[i];
+      continue;
+    }
+
+    // --- routed experts ---
     be.MatMul(L.router, h.data(), T, router.data());  // router (T, n_expert)
     for (int64_t t = 0; t < T; ++t) {
       Route(router.data() + t * hp.n_expert, hp.n_expert, static_cast<int>(K), hp.norm_topk_prob,
@@ -141,6 +164,20 @@ absl::Status Forward(const HParams &hp, const ModelWeights &w, Backend &be, KvCa
         const float *y = slots.data() + (t * K + j) * D;
         for (int64_t d = 0; d < D; ++d) o[t * D + d] += wt * y[d];
       }
+    }
+    // --- shared expert(s): resident, every token ---
+    if (L.shared.present()) {
+      sh.resize(T * D);
+      be.ExpertFfn(L.shared, h.data(), T, sh.data());
+      if (L.shared_gate.tensor != nullptr) {
+        shg.resize(T);
+        be.MatMul(L.shared_gate, h.data(), T, shg.data());  // (T, 1)
+        for (int64_t t = 0; t < T; ++t) {
+          const float g = 1.0f / (1.0f + std::exp(-shg[t]));
+          for (int64_t d = 0; d < D; ++d) sh[t * D + d] *= g;
+        }
+      }
+      for (int64_t i = 0; i < T * D; ++i) o[i] += sh[i];
     }
     for (int64_t i = 0; i < T * D; ++i) x[i] += o[i];
   }

@@ -1,6 +1,7 @@
 // Hyper-parameters from GGUF metadata (llama.cpp's keys) and from HF config.json.
 #include "lib/model/hparams.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace strata::model {
@@ -42,6 +43,16 @@ absl::Status Validate(HParams &hp) {
   STRATA_RETURN_IF_ERROR(CheckRange("expert_feed_forward_length", hp.n_ff_expert, 1, kMaxFf));
   STRATA_RETURN_IF_ERROR(CheckRange("context_length", hp.n_ctx_train, 1, kMaxCtx));
   STRATA_RETURN_IF_ERROR(CheckRange("sliding_window", hp.sliding_window, 0, kMaxCtx));
+  STRATA_RETURN_IF_ERROR(CheckRange("dense feed_forward_length", hp.n_ff_dense, hp.dense_layer.empty() ? 0 : 1, kMaxFf));
+  STRATA_RETURN_IF_ERROR(CheckRange("expert_shared_feed_forward_length", hp.n_ff_shared, 0, kMaxFf));
+  if (!hp.dense_layer.empty() && static_cast<int>(hp.dense_layer.size()) != hp.n_layer) {
+    return Errorf(MOE_ERR_FORMAT_HPARAMS, "dense layer list has %d entries for %d layers", hp.dense_layer.size(),
+                  hp.n_layer);
+  }
+  if (!hp.layer_window.empty() && static_cast<int>(hp.layer_window.size()) != hp.n_layer) {
+    return Errorf(MOE_ERR_FORMAT_HPARAMS, "layer window list has %d entries for %d layers", hp.layer_window.size(),
+                  hp.n_layer);
+  }
   if (!(hp.rope_theta > 0.f) || !std::isfinite(hp.rope_theta)) {
     return Errorf(MOE_ERR_FORMAT_HPARAMS, "rope theta %g is not a positive finite number", hp.rope_theta);
   }
@@ -73,6 +84,13 @@ absl::StatusOr<HParams> FromGguf(const ModelFile &mf) {
   if (arch == "qwen3moe") {
     hp.arch = Arch::kQwen3Moe;
     hp.qk_norm = true;
+    hp.rope_style = RopeStyle::kNeox;
+  } else if (arch == "olmoe") {
+    hp.arch = Arch::kOlmoe;
+    hp.qk_norm = hp.qk_norm_full = true;
+    hp.rope_style = RopeStyle::kNeox;
+  } else if (arch == "qwen2moe") {
+    hp.arch = Arch::kQwen2Moe;
     hp.rope_style = RopeStyle::kNeox;
   } else if (arch == "llama") {
     hp.arch = Arch::kMixtral;
@@ -109,12 +127,22 @@ absl::StatusOr<HParams> FromGguf(const ModelFile &mf) {
   }
   STRATA_ASSIGN_OR_RETURN(v, GgufInt(g, p + "expert_count")); hp.n_expert = static_cast<int>(v);
   STRATA_ASSIGN_OR_RETURN(v, GgufInt(g, p + "expert_used_count")); hp.n_expert_used = static_cast<int>(v);
-  if (hp.arch == Arch::kQwen3Moe) {
+  if (hp.arch == Arch::kQwen3Moe || hp.arch == Arch::kQwen2Moe) {
+    STRATA_ASSIGN_OR_RETURN(v, GgufInt(g, p + "expert_feed_forward_length"));
+  } else if (hp.arch == Arch::kOlmoe && g.Find(p + "expert_feed_forward_length") != nullptr) {
     STRATA_ASSIGN_OR_RETURN(v, GgufInt(g, p + "expert_feed_forward_length"));
   } else {
     STRATA_ASSIGN_OR_RETURN(v, GgufInt(g, p + "feed_forward_length"));
   }
   hp.n_ff_expert = static_cast<int>(v);
+  if (hp.arch == Arch::kQwen2Moe) {
+    // Shared expert (with its sigmoid gate) on every MoE layer; layers without a router are dense.
+    STRATA_ASSIGN_OR_RETURN(v, GgufIntOr(g, p + "expert_shared_feed_forward_length", 0));
+    hp.n_ff_shared = static_cast<int>(v);
+    hp.shared_expert_gate = hp.n_ff_shared > 0;
+    hp.attn_bias = mf.Find("blk.0.attn_q.bias") != nullptr;
+  }
+  if (hp.arch == Arch::kOlmoe) hp.attn_bias = hp.attn_out_bias = mf.Find("blk.0.attn_q.bias") != nullptr;
   STRATA_ASSIGN_OR_RETURN(v, GgufIntOr(g, p + "context_length", 4096)); hp.n_ctx_train = static_cast<int>(v);
   if (g.Find(p + "rope.freq_base") != nullptr) {
     STRATA_ASSIGN_OR_RETURN(double th, g.GetFloat(p + "rope.freq_base"));
@@ -125,7 +153,8 @@ absl::StatusOr<HParams> FromGguf(const ModelFile &mf) {
   if (g.Find(p + "expert_weights_norm") != nullptr) {
     STRATA_ASSIGN_OR_RETURN(hp.norm_topk_prob, g.GetBool(p + "expert_weights_norm"));
   } else {
-    hp.norm_topk_prob = true;  // both families renormalise the top-k weights in llama.cpp's files
+    // llama.cpp renormalises for qwen3moe and llama (Mixtral), not for olmoe and qwen2moe
+    hp.norm_topk_prob = hp.arch == Arch::kQwen3Moe || hp.arch == Arch::kMixtral;
   }
   if (g.Find(p + "attention.sliding_window") != nullptr) {
     STRATA_ASSIGN_OR_RETURN(v, GgufInt(g, p + "attention.sliding_window"));
@@ -150,6 +179,25 @@ absl::StatusOr<HParams> FromGguf(const ModelFile &mf) {
     }
   }
   hp.tied_embeddings = mf.Find("output.weight") == nullptr;
+  STRATA_RETURN_IF_ERROR(CheckRange("block_count", hp.n_layer, 1, kMaxLayers));
+  if (hp.arch == Arch::kQwen2Moe) {
+    // Dense MLP layers (mlp_only_layers / decoder_sparse_step of the checkpoint) have no router.
+    hp.dense_layer.assign(hp.n_layer, 0);
+    bool any = false;
+    for (int l = 0; l < hp.n_layer; ++l) {
+      if (mf.Find(absl::StrFormat("blk.%d.ffn_gate_inp.weight", l)) == nullptr &&
+          mf.Find(absl::StrFormat("blk.%d.ffn_gate.weight", l)) != nullptr) {
+        hp.dense_layer[l] = 1;
+        any = true;
+      }
+    }
+    if (any) {
+      STRATA_ASSIGN_OR_RETURN(v, GgufInt(g, p + "feed_forward_length"));
+      hp.n_ff_dense = static_cast<int>(v);
+    } else {
+      hp.dense_layer.clear();
+    }
+  }
   STRATA_RETURN_IF_ERROR(Validate(hp));
   return hp;
 }
@@ -200,6 +248,11 @@ absl::StatusOr<HParams> FromConfig(const ModelFile &mf) {
   if (model_type == "qwen3_moe") {
     hp.arch = Arch::kQwen3Moe;
     hp.qk_norm = true;
+  } else if (model_type == "olmoe") {
+    hp.arch = Arch::kOlmoe;
+    hp.qk_norm = hp.qk_norm_full = true;
+  } else if (model_type == "qwen2_moe") {
+    hp.arch = Arch::kQwen2Moe;
   } else if (model_type == "mixtral") {
     hp.arch = Arch::kMixtral;
   } else {
@@ -222,14 +275,19 @@ absl::StatusOr<HParams> FromConfig(const ModelFile &mf) {
   }
   hp.n_expert = static_cast<int>(v);
   STRATA_ASSIGN_OR_RETURN(v, JsonInt(c, "num_experts_per_tok")); hp.n_expert_used = static_cast<int>(v);
-  STRATA_ASSIGN_OR_RETURN(v, JsonInt(c, hp.arch == Arch::kQwen3Moe ? "moe_intermediate_size" : "intermediate_size"));
+  const bool moe_width_key = hp.arch == Arch::kQwen3Moe || hp.arch == Arch::kQwen2Moe;
+  STRATA_ASSIGN_OR_RETURN(v, JsonInt(c, moe_width_key ? "moe_intermediate_size" : "intermediate_size"));
   hp.n_ff_expert = static_cast<int>(v);
   STRATA_ASSIGN_OR_RETURN(v, JsonIntOr(c, "max_position_embeddings", 4096)); hp.n_ctx_train = static_cast<int>(v);
   STRATA_ASSIGN_OR_RETURN(v, JsonIntOr(c, "sliding_window", 0)); hp.sliding_window = static_cast<int>(v);
-  if (hp.arch == Arch::kQwen3Moe) {
+  if (hp.arch == Arch::kQwen3Moe || hp.arch == Arch::kQwen2Moe) {
     STRATA_ASSIGN_OR_RETURN(bool use_sw, JsonBoolOr(c, "use_sliding_window", false));
     if (!use_sw) hp.sliding_window = 0;
+    if (use_sw && hp.arch == Arch::kQwen2Moe) {
+      return Errorf(MOE_ERR_UNSUPPORTED, "qwen2_moe with use_sliding_window is not supported yet");
+    }
   }
+  if (hp.arch == Arch::kOlmoe) hp.sliding_window = 0;
   STRATA_ASSIGN_OR_RETURN(double eps, JsonFloat(c, "rms_norm_eps"));
   hp.rms_eps = static_cast<float>(eps);
 
@@ -258,8 +316,44 @@ absl::StatusOr<HParams> FromConfig(const ModelFile &mf) {
     return Errorf(MOE_ERR_UNSUPPORTED, "hidden_act '%s' is not supported (only silu)", it->dump());
   }
   STRATA_ASSIGN_OR_RETURN(bool attn_bias, JsonBoolOr(c, "attention_bias", false));
-  if (attn_bias) return Errorf(MOE_ERR_UNSUPPORTED, "attention_bias is not supported for %s", model_type);
-  if (hp.arch == Arch::kQwen3Moe) {
+  if (hp.arch == Arch::kOlmoe) {
+    hp.attn_bias = hp.attn_out_bias = attn_bias;  // OLMoE's attention_bias covers q, k, v and o
+    STRATA_ASSIGN_OR_RETURN(hp.norm_topk_prob, JsonBoolOr(c, "norm_topk_prob", false));
+    if (auto it = c.find("clip_qkv"); it != c.end() && !it->is_null()) {
+      return Errorf(MOE_ERR_UNSUPPORTED, "olmoe with clip_qkv is not supported yet");
+    }
+    // transformers sizes k_norm as (hidden_size / num_attention_heads) * num_key_value_heads
+    if (hp.n_head > 0 && hp.head_dim != hp.n_embd / hp.n_head) {
+      return Errorf(MOE_ERR_UNSUPPORTED, "olmoe with head_dim %d != hidden_size / heads", hp.head_dim);
+    }
+  } else if (hp.arch == Arch::kQwen2Moe) {
+    // Older transformers hard-code q/k/v biases for Qwen2-MoE; newer ones read qkv_bias.
+    STRATA_ASSIGN_OR_RETURN(hp.attn_bias, JsonBoolOr(c, "qkv_bias", true));
+    STRATA_ASSIGN_OR_RETURN(hp.norm_topk_prob, JsonBoolOr(c, "norm_topk_prob", false));
+    STRATA_ASSIGN_OR_RETURN(v, JsonInt(c, "shared_expert_intermediate_size"));
+    hp.n_ff_shared = static_cast<int>(v);
+    hp.shared_expert_gate = hp.n_ff_shared > 0;
+    STRATA_ASSIGN_OR_RETURN(v, JsonInt(c, "intermediate_size"));
+    hp.n_ff_dense = static_cast<int>(v);
+    STRATA_ASSIGN_OR_RETURN(int64_t step, JsonIntOr(c, "decoder_sparse_step", 1));
+    if (step < 1) return Errorf(MOE_ERR_FORMAT_HPARAMS, "decoder_sparse_step %d is below 1", step);
+    STRATA_RETURN_IF_ERROR(CheckRange("num_hidden_layers", hp.n_layer, 1, kMaxLayers));
+    hp.dense_layer.assign(hp.n_layer, 0);
+    for (int l = 0; l < hp.n_layer; ++l) hp.dense_layer[l] = (l + 1) % step != 0;
+    if (auto it = c.find("mlp_only_layers"); it != c.end() && it->is_array()) {
+      for (const auto &e : *it) {
+        if (!e.is_number_integer()) return Errorf(MOE_ERR_FORMAT_HPARAMS, "mlp_only_layers holds a non-integer");
+        const int64_t l = e.get<int64_t>();
+        if (l >= 0 && l < hp.n_layer) hp.dense_layer[l] = 1;
+      }
+    }
+    if (std::find(hp.dense_layer.begin(), hp.dense_layer.end(), 1) == hp.dense_layer.end()) hp.dense_layer.clear();
+  } else if (attn_bias) {
+    return Errorf(MOE_ERR_UNSUPPORTED, "attention_bias is not supported for %s", model_type);
+  }
+  if (hp.arch == Arch::kOlmoe || hp.arch == Arch::kQwen2Moe) {
+    // handled above
+  } else if (hp.arch == Arch::kQwen3Moe) {
     STRATA_ASSIGN_OR_RETURN(hp.norm_topk_prob, JsonBoolOr(c, "norm_topk_prob", false));
     STRATA_ASSIGN_OR_RETURN(int64_t step, JsonIntOr(c, "decoder_sparse_step", 1));
     auto mlp_only = c.find("mlp_only_layers");
@@ -282,6 +376,10 @@ std::string_view ArchName(Arch a) {
   switch (a) {
     case Arch::kQwen3Moe: return "qwen3moe";
     case Arch::kMixtral: return "mixtral";
+    case Arch::kOlmoe: return "olmoe";
+    case Arch::kQwen2Moe: return "qwen2moe";
+    case Arch::kGptOss: return "gpt-oss";
+    case Arch::kDeepseek2: return "deepseek2";
   }
   return "unknown";
 }

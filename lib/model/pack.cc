@@ -337,6 +337,9 @@ absl::StatusOr<PackReport> Pack(const std::string &in, const std::string &out, c
 
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<ModelFile> mf, ModelFile::Open(in));
   STRATA_ASSIGN_OR_RETURN(HParams hp, ReadHParams(*mf));
+  if (hp.arch != Arch::kQwen3Moe && hp.arch != Arch::kMixtral) {
+    return Errorf(MOE_ERR_UNSUPPORTED, "pack does not handle architecture '%s' yet", hp.arch_name);
+  }
   STRATA_ASSIGN_OR_RETURN(ModelWeights w, BindWeights(*mf, hp));
   std::vector<bool> boosted(hp.n_layer, false);
   for (int l : o.boost_layers) {

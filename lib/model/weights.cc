@@ -72,9 +72,61 @@ absl::StatusOr<Vec> BindVec(const ModelFile &mf, const std::string &name, int64_
   v.name = name;
   v.tensor = t;
   STRATA_ASSIGN_OR_RETURN(v.codec, CodecOf(*t));
-  STRATA_RETURN_IF_ERROR(quant::RowBytes(t->type, n).status());
+  STRATA_ASSIGN_OR_RETURN(v.bytes, quant::RowBytes(t->type, n));
   v.n = n;
   return v;
+}
+
+// A SwiGLU FFN from three 2-D tensors (a dense MLP or a shared expert).
+absl::StatusOr<ExpertWeights> BindFfn(const ModelFile &mf, const std::string &gate, const std::string &up,
+                                      const std::string &down, int64_t n_ff, int64_t n_embd) {
+  ExpertWeights f;
+  STRATA_ASSIGN_OR_RETURN(f.gate, BindMatrix(mf, gate, n_ff, n_embd));
+  STRATA_ASSIGN_OR_RETURN(f.up, BindMatrix(mf, up, n_ff, n_embd));
+  STRATA_ASSIGN_OR_RETURN(f.down, BindMatrix(mf, down, n_embd, n_ff));
+  return f;
+}
+
+// A one-row matrix stored either 2-D (n_embd, 1) or 1-D (n_embd) (llama.cpp accepts both).
+absl::StatusOr<Matrix> BindRow(const ModelFile &mf, const std::string &name, int64_t cols) {
+  STRATA_ASSIGN_OR_RETURN(const TensorRef *t, Require(mf, name));
+  if (t->n_dims == 1 && t->ne[0] == cols) {
+    Matrix m;
+    m.name = name;
+    m.tensor = t;
+    STRATA_ASSIGN_OR_RETURN(m.codec, CodecOf(*t));
+    m.cols = cols;
+    m.rows = 1;
+    STRATA_ASSIGN_OR_RETURN(m.row_bytes, quant::RowBytes(t->type, cols));
+    return m;
+  }
+  return BindMatrix(mf, name, 1, cols);
+}
+
+// Tensor names of the family-specific resident parts of one layer.
+struct ExtraNames {
+  std::string bq, bk, bv, bo;
+  std::string sh_gate, sh_up, sh_down, sh_inp;
+};
+
+// Attention biases, and on a MoE layer the shared expert (+ its gate), as the family has them.
+absl::Status BindLayerExtras(const ModelFile &mf, const HParams &hp, const ExtraNames &n, LayerWeights &L,
+                             bool moe_layer) {
+  if (hp.attn_bias) {
+    STRATA_ASSIGN_OR_RETURN(L.bq, BindVec(mf, n.bq, hp.q_dim()));
+    STRATA_ASSIGN_OR_RETURN(L.bk, BindVec(mf, n.bk, hp.kv_dim()));
+    STRATA_ASSIGN_OR_RETURN(L.bv, BindVec(mf, n.bv, hp.kv_dim()));
+  }
+  if (hp.attn_out_bias) {
+    STRATA_ASSIGN_OR_RETURN(L.bo, BindVec(mf, n.bo, hp.n_embd));
+  }
+  if (moe_layer && hp.n_ff_shared > 0) {
+    STRATA_ASSIGN_OR_RETURN(L.shared, BindFfn(mf, n.sh_gate, n.sh_up, n.sh_down, hp.n_ff_shared, hp.n_embd));
+    if (hp.shared_expert_gate) {
+      STRATA_ASSIGN_OR_RETURN(L.shared_gate, BindRow(mf, n.sh_inp, hp.n_embd));
+    }
+  }
+  return absl::OkStatus();
 }
 
 // A view of rows [row0, row0 + rows) of slice e of a 3-D tensor (cols, total_rows, n_expert).
@@ -140,10 +192,20 @@ absl::StatusOr<ModelWeights> BindGguf(const ModelFile &mf, const HParams &hp) {
     STRATA_ASSIGN_OR_RETURN(L.wv, BindMatrix(mf, n("attn_v"), hp.kv_dim(), hp.n_embd));
     STRATA_ASSIGN_OR_RETURN(L.wo, BindMatrix(mf, n("attn_output"), hp.n_embd, hp.q_dim()));
     if (hp.qk_norm) {
-      STRATA_ASSIGN_OR_RETURN(L.q_norm, BindVec(mf, n("attn_q_norm"), hp.head_dim));
-      STRATA_ASSIGN_OR_RETURN(L.k_norm, BindVec(mf, n("attn_k_norm"), hp.head_dim));
+      STRATA_ASSIGN_OR_RETURN(L.q_norm, BindVec(mf, n("attn_q_norm"), hp.qk_norm_full ? hp.q_dim() : hp.head_dim));
+      STRATA_ASSIGN_OR_RETURN(L.k_norm, BindVec(mf, n("attn_k_norm"), hp.qk_norm_full ? hp.kv_dim() : hp.head_dim));
     }
     STRATA_ASSIGN_OR_RETURN(L.ffn_norm, BindVec(mf, n("ffn_norm"), hp.n_embd));
+    {
+      auto b = [i](const char *s) { return absl::StrFormat("blk.%d.%s.bias", i, s); };
+      ExtraNames en{b("attn_q"), b("attn_k"), b("attn_v"), b("attn_output"),
+                    n("ffn_gate_shexp"), n("ffn_up_shexp"), n("ffn_down_shexp"), n("ffn_gate_inp_shexp")};
+      STRATA_RETURN_IF_ERROR(BindLayerExtras(mf, hp, en, L, !hp.is_dense(i)));
+    }
+    if (hp.is_dense(i)) {
+      STRATA_ASSIGN_OR_RETURN(L.dense, BindFfn(mf, n("ffn_gate"), n("ffn_up"), n("ffn_down"), hp.n_ff_dense, hp.n_embd));
+      continue;
+    }
     STRATA_ASSIGN_OR_RETURN(L.router, BindMatrix(mf, n("ffn_gate_inp"), hp.n_expert, hp.n_embd));
     if (mf.Find(n("ffn_gate_exps")) == nullptr &&
         mf.Find(absl::StrFormat("blk.%d.ffn_gate.0.weight", i)) != nullptr) {
@@ -175,10 +237,25 @@ absl::StatusOr<ModelWeights> BindHf(const ModelFile &mf, const HParams &hp) {
     STRATA_ASSIGN_OR_RETURN(L.wv, BindMatrix(mf, p + "self_attn.v_proj.weight", hp.kv_dim(), hp.n_embd));
     STRATA_ASSIGN_OR_RETURN(L.wo, BindMatrix(mf, p + "self_attn.o_proj.weight", hp.n_embd, hp.q_dim()));
     if (hp.qk_norm) {
-      STRATA_ASSIGN_OR_RETURN(L.q_norm, BindVec(mf, p + "self_attn.q_norm.weight", hp.head_dim));
-      STRATA_ASSIGN_OR_RETURN(L.k_norm, BindVec(mf, p + "self_attn.k_norm.weight", hp.head_dim));
+      STRATA_ASSIGN_OR_RETURN(L.q_norm, BindVec(mf, p + "self_attn.q_norm.weight",
+                                                hp.qk_norm_full ? hp.q_dim() : hp.head_dim));
+      STRATA_ASSIGN_OR_RETURN(L.k_norm, BindVec(mf, p + "self_attn.k_norm.weight",
+                                                hp.qk_norm_full ? hp.kv_dim() : hp.head_dim));
     }
     STRATA_ASSIGN_OR_RETURN(L.ffn_norm, BindVec(mf, p + "post_attention_layernorm.weight", hp.n_embd));
+    {
+      const std::string a = p + "self_attn.", m = p + "mlp.";
+      ExtraNames en{a + "q_proj.bias", a + "k_proj.bias", a + "v_proj.bias", a + "o_proj.bias",
+                    m + "shared_expert.gate_proj.weight", m + "shared_expert.up_proj.weight",
+                    m + "shared_expert.down_proj.weight", m + "shared_expert_gate.weight"};
+      STRATA_RETURN_IF_ERROR(BindLayerExtras(mf, hp, en, L, !hp.is_dense(i)));
+    }
+    if (hp.is_dense(i)) {
+      const std::string m = p + "mlp.";
+      STRATA_ASSIGN_OR_RETURN(L.dense, BindFfn(mf, m + "gate_proj.weight", m + "up_proj.weight",
+                                               m + "down_proj.weight", hp.n_ff_dense, hp.n_embd));
+      continue;
+    }
     // Mixtral checkpoints name the MoE block block_sparse_moe (w1 gate, w3 up, w2 down); Qwen3 and
     // newer layouts name it mlp (gate_proj, up_proj, down_proj).
     std::string moe = p + "mlp.";
@@ -218,7 +295,17 @@ void ForEachMatrix(ModelWeights &w, F &&f, bool routed_experts = true) {
   f(w.tok_embd);
   f(w.output);
   for (auto &L : w.layers) {
-    for (Matrix *m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.router}) f(*m);
+    for (Matrix *m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.router}) {
+      if (m->tensor != nullptr) f(*m);
+    }
+    // Dense MLPs, shared experts and their gate are resident like attention.
+    for (ExpertWeights *e : {&L.dense, &L.shared}) {
+      if (!e->present()) continue;
+      f(e->gate);
+      f(e->up);
+      f(e->down);
+    }
+    if (L.shared_gate.tensor != nullptr) f(L.shared_gate);
     if (!routed_experts) continue;
     for (auto &e : L.experts) {
       f(e.gate);
@@ -232,8 +319,14 @@ template <typename F>
 void ForEachVec(ModelWeights &w, F &&f) {
   f(w.output_norm);
   for (auto &L : w.layers) {
-    for (Vec *v : {&L.attn_norm, &L.q_norm, &L.k_norm, &L.ffn_norm}) {
+    for (Vec *v : {&L.attn_norm, &L.q_norm, &L.k_norm, &L.ffn_norm, &L.bq, &L.bk, &L.bv, &L.bo, &L.sinks,
+                   &L.router_bias, &L.expert_select_bias}) {
       if (v->tensor != nullptr) f(*v);
+    }
+    for (auto &e : L.experts) {
+      for (Vec *v : {&e.gate_bias, &e.up_bias, &e.down_bias}) {
+        if (v->tensor != nullptr) f(*v);
+      }
     }
   }
 }
@@ -259,6 +352,12 @@ uint64_t NonRoutedBytes(const ModelWeights &w) {
   for (const auto &L : w.layers) {
     s += L.wq.nbytes() + L.wk.nbytes() + L.wv.nbytes() + L.wo.nbytes() + L.router.nbytes();
     s += vec_bytes(L.attn_norm) + vec_bytes(L.q_norm) + vec_bytes(L.k_norm) + vec_bytes(L.ffn_norm);
+    // Family extras: biases, sinks, dense MLPs and shared experts are resident, never streamed.
+    for (const Vec *v : {&L.bq, &L.bk, &L.bv, &L.bo, &L.sinks, &L.router_bias, &L.expert_select_bias}) {
+      s += v->nbytes();
+    }
+    s += L.dense.nbytes() + L.shared.nbytes();
+    if (L.shared_gate.tensor != nullptr) s += L.shared_gate.nbytes();
   }
   return s;
 }
@@ -296,8 +395,9 @@ absl::Status WeightStore::Load(const ModelFile &mf, ModelWeights &w, bool routed
   absl::Status status = absl::OkStatus();
   ForEachVec(w, [&](Vec &v) {
     if (!status.ok()) return;
-    std::vector<uint8_t> raw(v.tensor->nbytes);
-    absl::Status st = mf.file(v.tensor->file_index).ReadAt(v.tensor->offset, raw.data(), raw.size());
+    std::vector<uint8_t> raw(v.bytes);
+    absl::Status st =
+        mf.file(v.tensor->file_index).ReadAt(v.tensor->offset + v.sub_offset, raw.data(), raw.size());
     if (!st.ok()) {
       status = Annotate(st, absl::StrCat("reading tensor '", v.name, "'"));
       return;

@@ -37,23 +37,43 @@ struct Vec {
   const TensorRef *tensor = nullptr;
   const quant::Codec *codec = nullptr;
   int64_t n = 0;
+  uint64_t sub_offset = 0;     // byte offset inside its tensor (a row of a 2-D bias tensor)
   std::vector<float> values;
+  uint64_t bytes = 0;          // encoded bytes of this view
+  uint64_t nbytes() const { return tensor == nullptr ? 0 : bytes; }
 };
 
+// A SwiGLU FFN: a routed expert, a shared expert or a dense MLP. The biases (gpt-oss experts) are
+// optional: a Vec without a tensor is absent. A bias slice of a 2-D (n_expert, n) tensor is a
+// Vec whose values the store fills at load.
 struct ExpertWeights {
   Matrix gate;  // (n_ff, n_embd)
   Matrix up;    // (n_ff, n_embd)
   Matrix down;  // (n_embd, n_ff)
-  uint64_t nbytes() const { return gate.nbytes() + up.nbytes() + down.nbytes(); }
+  Vec gate_bias, up_bias;  // (n_ff), optional
+  Vec down_bias;           // (n_embd), optional
+  bool present() const { return gate.tensor != nullptr; }
+  uint64_t nbytes() const {
+    uint64_t b = gate.nbytes() + up.nbytes() + down.nbytes();
+    for (const Vec *v : {&gate_bias, &up_bias, &down_bias}) b += v->tensor ? v->nbytes() : 0;
+    return b;
+  }
 };
 
 struct LayerWeights {
   Vec attn_norm;                        // (n_embd)
   Matrix wq, wk, wv, wo;                // (q_dim, n_embd) (kv_dim, n_embd) x2 (n_embd, q_dim)
-  Vec q_norm, k_norm;                   // (head_dim), Qwen3 only
+  Vec bq, bk, bv, bo;                   // optional biases of wq, wk, wv, wo
+  Vec q_norm, k_norm;                   // (head_dim) Qwen3; (q_dim) / (kv_dim) OLMoE
+  Vec sinks;                            // (n_head) attention sinks, gpt-oss
   Vec ffn_norm;                         // (n_embd)
-  Matrix router;                        // (n_expert, n_embd)
-  std::vector<ExpertWeights> experts;   // n_expert routed experts
+  Matrix router;                        // (n_expert, n_embd); absent on a dense layer
+  Vec router_bias;                      // (n_expert) gpt-oss
+  Vec expert_select_bias;               // (n_expert) DeepSeek-V3 e_score_correction_bias
+  std::vector<ExpertWeights> experts;   // n_expert routed experts (none on a dense layer)
+  ExpertWeights dense;                  // the dense MLP of a dense layer (resident)
+  ExpertWeights shared;                 // shared expert(s), resident; absent when the family has none
+  Matrix shared_gate;                   // (1, n_embd) Qwen2-MoE shared-expert gate
 };
 
 struct ModelWeights {

@@ -33,7 +33,10 @@ absl::StatusOr<CachePlan> MakePlan(const model::HParams &hp, const model::ModelW
   p.max_batch_tokens = in.max_batch_tokens;
   p.n_layers = static_cast<uint32_t>(hp.n_layer);
   p.n_experts_per_layer = static_cast<uint32_t>(hp.n_expert);
-  p.n_routed_experts = static_cast<uint32_t>(hp.n_layer) * static_cast<uint32_t>(hp.n_expert);
+  // Dense layers (no router) have no routed experts; shared experts and dense MLPs are resident
+  // (counted in non_routed_bytes), only routed experts stream.
+  p.n_routed_experts = 0;
+  for (const auto &L : w.layers) p.n_routed_experts += static_cast<uint32_t>(L.experts.size());
   p.non_routed_bytes = model::NonRoutedBytes(w);
   p.routed_expert_bytes = model::RoutedExpertBytes(w);
   for (const auto &L : w.layers)
@@ -78,7 +81,7 @@ std::string FormatLedger(const CachePlan &p) {
   std::ostringstream o;
   o << absl::StrFormat("%-28s %14s  %s\n", "item", "bytes", "formula");
   o << absl::StrFormat("%-28s %14u  %s  %s\n", "non-routed weights", p.non_routed_bytes, mib(p.non_routed_bytes),
-                       "embeddings + attention + norms + routers + output");
+                       "embeddings + attention + norms + routers + shared experts + dense MLPs + output");
   o << absl::StrFormat("%-28s %14u  %s  %u B/token x %d ctx x %d sessions\n", "KV cache", p.kv_bytes,
                        mib(p.kv_bytes), p.kv_bytes_per_token, p.n_ctx, p.max_sessions);
   o << absl::StrFormat("%-28s %14u  %s  activations of a %d-token batch\n", "workspace", p.workspace_bytes,

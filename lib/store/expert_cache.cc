@@ -250,6 +250,7 @@ void ExpertCache::OnRoute(int layer, const float *h, int64_t n_tok, const int32_
     // Apply the routers of the next layers to this layer's input: their top-k is the prediction.
     for (int d = 1; d <= opts_.prefetch_distance && layer + d < n_layers; ++d) {
       const model::Matrix &router = weights_.layers[layer + d].router;
+      if (router.tensor == nullptr) continue;  // a dense layer: nothing to predict
       predict_logits_.resize(static_cast<size_t>(n_tok) * n_exp);
       backend_->MatMul(router, h, n_tok, predict_logits_.data());
       std::vector<uint8_t> want(n_exp, 0);
@@ -400,6 +401,7 @@ size_t ExpertCache::Preload(const std::vector<uint32_t> &keys, size_t max) {
   for (uint32_t key : keys) {
     if (queued >= max || queued >= slots_.size()) break;
     if (key >= key_slot_.size() || key_slot_[key] >= 0) continue;
+    if (table_.entry(table_.LayerOf(key), table_.ExpertOf(key)).weights == nullptr) continue;  // dense layer
     if (StartLoadLocked(key, 1000, /*prefetch=*/true) < 0) break;
     ++queued;
   }

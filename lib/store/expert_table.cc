@@ -7,11 +7,15 @@ namespace strata::store {
 
 ExpertTable::ExpertTable(const model::ModelWeights &w) {
   n_layers_ = static_cast<int>(w.layers.size());
-  n_experts_ = n_layers_ > 0 ? static_cast<int>(w.layers[0].experts.size()) : 0;
+  // A dense layer (no router, no routed experts: Qwen2-MoE mlp_only_layers, DeepSeek's leading
+  // dense layers) has empty entries (weights == nullptr, 0 bytes) that are never acquired.
+  n_experts_ = 0;
+  for (const auto &L : w.layers) n_experts_ = std::max(n_experts_, static_cast<int>(L.experts.size()));
   entries_.resize(static_cast<size_t>(n_layers_) * n_experts_);
   layer_slot_bytes_.assign(n_layers_, 0);
   for (int l = 0; l < n_layers_; ++l) {
-    for (int e = 0; e < n_experts_; ++e) {
+    const int n_layer_experts = static_cast<int>(w.layers[l].experts.size());
+    for (int e = 0; e < n_layer_experts; ++e) {
       const model::ExpertWeights &ew = w.layers[l].experts[e];
       ExpertEntry &en = entries_[Key(l, e)];
       en.weights = &ew;

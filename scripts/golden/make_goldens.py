@@ -8,6 +8,9 @@ Cases (one folder each under --out, default tests/golden/):
   qwen3moe_mixed Qwen3MoeForCausalLM, float32, hidden 256 (k-quant sized), ONE GGUF whose matrices
                  each use a different type (Q4_0 ... MXFP4, F16, BF16; see MIXED_TYPES); the HF
                  folder is not kept (only config.json), the GGUF bytes define the weights
+  olmoe_f32      OlmoeForCausalLM, float32, QK-norm over the full q/k width, no top-k renorm
+  qwen2moe_f32   Qwen2MoeForCausalLM, float32, QKV bias, shared expert + sigmoid gate, a dense
+                 MLP layer (mlp_only_layers=[1])
 
 Every case folder holds hf/ (config.json + hub-named safetensors), tokens.bin, logits.bin,
 model-<variant>.gguf, logits-<variant>.bin (for quantized variants) and meta.json.
@@ -155,7 +158,27 @@ CASES = {
                  rope_theta=1e6, router_aux_loss_coef=0.0, output_router_logits=False,
                  use_sliding_window=False, sliding_window=None),
     ),
+    "olmoe_f32": dict(
+        arch="olmoe", model_type="olmoe", cls="OlmoeForCausalLM", seed=5005,
+        store_dtype="float32", tied=False, variants=["f32"], shards=1,
+        cfg=dict(num_hidden_layers=3, intermediate_size=32, num_experts=8, num_experts_per_tok=2,
+                 norm_topk_prob=False, rope_theta=1e4, router_aux_loss_coef=0.0,
+                 output_router_logits=False, clip_qkv=None, attention_bias=False, rms_norm_eps=1e-5),
+    ),
+    "qwen2moe_f32": dict(
+        arch="qwen2moe", model_type="qwen2_moe", cls="Qwen2MoeForCausalLM", seed=6006,
+        store_dtype="float32", tied=False, variants=["f32"], shards=1,
+        cfg=dict(num_hidden_layers=3, intermediate_size=48, moe_intermediate_size=32,
+                 shared_expert_intermediate_size=48, num_experts=8, num_experts_per_tok=2,
+                 norm_topk_prob=False, decoder_sparse_step=1, mlp_only_layers=[1], qkv_bias=True,
+                 rope_theta=1e6, router_aux_loss_coef=0.0, output_router_logits=False,
+                 use_sliding_window=False, sliding_window=None),
+    ),
 }
+
+# Families added for issue 7: their GGUF mapping, metadata and (no) numpy GGML forward live in
+# the *_family helpers below, so the original cases' bytes are untouched.
+FAMILY_ARCHS = {"olmoe", "qwen2moe"}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -192,6 +215,8 @@ def build_model(case: dict, seed: int):
             if name.endswith("norm.weight"):  # input/post_attention/final norms + q_norm/k_norm
                 val = 1.0 + 0.2 * torch.randn(p.shape, generator=g)
             elif name.endswith("mlp.gate.weight"):  # router: large so top-k is decisive
+                val = 0.5 * torch.randn(p.shape, generator=g)
+            elif name.endswith("shared_expert_gate.weight"):  # sigmoid gate away from 0.5
                 val = 0.5 * torch.randn(p.shape, generator=g)
             elif name.endswith("embed_tokens.weight"):  # (doubles as lm_head when tied)
                 val = case.get("embd_std", 0.5) * torch.randn(p.shape, generator=g)
@@ -258,6 +283,8 @@ def hub_to_model_sd(hub: dict, case: dict, n_layers: int, n_exp: int) -> dict:
             names = [f"{p}block_sparse_moe.experts.{{e}}.{w}.weight" for w in ("w1", "w3", "w2")]
         else:
             names = [f"{p}mlp.experts.{{e}}.{w}.weight" for w in ("gate_proj", "up_proj", "down_proj")]
+        if names[0].format(e=0) not in hub:  # a dense MLP layer (qwen2moe mlp_only_layers)
+            continue
         gate = torch.stack([hub.pop(names[0].format(e=e)) for e in range(n_exp)])
         up = torch.stack([hub.pop(names[1].format(e=e)) for e in range(n_exp)])
         down = torch.stack([hub.pop(names[2].format(e=e)) for e in range(n_exp)])
@@ -470,8 +497,63 @@ def check_rope_permutation(head_dim: int, n_head: int, theta: float) -> None:
     assert np.array_equal(unpermute_rope(permute_rope(w.numpy(), n_head), n_head), w.numpy())
 
 
+FAMILY_ATTN = {  # GGUF name -> hub name under model.layers.N.
+    "attn_norm.weight": "input_layernorm.weight", "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight", "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_output.weight": "self_attn.o_proj.weight", "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.bias": "self_attn.k_proj.bias", "attn_v.bias": "self_attn.v_proj.bias",
+    "attn_output.bias": "self_attn.o_proj.bias", "attn_q_norm.weight": "self_attn.q_norm.weight",
+    "attn_k_norm.weight": "self_attn.k_norm.weight", "ffn_norm.weight": "post_attention_layernorm.weight",
+    "ffn_gate_inp.weight": "mlp.gate.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight", "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+    "ffn_gate_shexp.weight": "mlp.shared_expert.gate_proj.weight",
+    "ffn_up_shexp.weight": "mlp.shared_expert.up_proj.weight",
+    "ffn_down_shexp.weight": "mlp.shared_expert.down_proj.weight",
+    "ffn_gate_inp_shexp.weight": "mlp.shared_expert_gate.weight",
+}
+FAMILY_EXPERTS = (("ffn_gate_exps", "gate_proj"), ("ffn_up_exps", "up_proj"), ("ffn_down_exps", "down_proj"))
+
+
+def hub_to_gguf_tensors_family(hub: dict, case: dict, c: dict) -> dict:
+    """llama.cpp names for the issue-7 families (no q/k permutation: NEOX RoPE)."""
+    t = {k: v.to(torch.float32).numpy() for k, v in hub.items()}
+    out = {"token_embd.weight": t["model.embed_tokens.weight"]}
+    for i in range(c["n_layer"]):
+        p, b = f"model.layers.{i}.", f"blk.{i}."
+        for gn, hn in FAMILY_ATTN.items():
+            if p + hn in t:
+                out[b + gn] = t[p + hn]
+        if p + "mlp.experts.0.gate_proj.weight" in t:
+            for gn, hn in FAMILY_EXPERTS:
+                out[b + gn + ".weight"] = np.stack([t[f"{p}mlp.experts.{e}.{hn}.weight"]
+                                                    for e in range(c["n_expert"])])
+    out["output_norm.weight"] = t["model.norm.weight"]
+    if not case["tied"]:
+        out["output.weight"] = t["lm_head.weight"]
+    return out
+
+
+def gguf_to_hub_family(gt: dict, case: dict, c: dict) -> dict:
+    h = {"model.embed_tokens.weight": gt["token_embd.weight"], "model.norm.weight": gt["output_norm.weight"]}
+    if not case["tied"]:
+        h["lm_head.weight"] = gt["output.weight"]
+    for i in range(c["n_layer"]):
+        p, b = f"model.layers.{i}.", f"blk.{i}."
+        for gn, hn in FAMILY_ATTN.items():
+            if b + gn in gt:
+                h[p + hn] = gt[b + gn]
+        if b + "ffn_gate_exps.weight" in gt:
+            for gn, hn in FAMILY_EXPERTS:
+                for e in range(c["n_expert"]):
+                    h[f"{p}mlp.experts.{e}.{hn}.weight"] = gt[b + gn + ".weight"][e]
+    return {k: torch.from_numpy(np.array(v, dtype=np.float32, copy=True)) for k, v in h.items()}
+
+
 def hub_to_gguf_tensors(hub: dict, case: dict, c: dict) -> dict:
     """hub-named f32 numpy tensors -> GGUF-named f32 numpy arrays (numpy shape = reversed ne)."""
+    if case["arch"] in FAMILY_ARCHS:
+        return hub_to_gguf_tensors_family(hub, case, c)
     llama = case["arch"] == "llama"
     L, E = c["n_layer"], c["n_expert"]
     t = {k: v.to(torch.float32).numpy() for k, v in hub.items()}
@@ -507,6 +589,8 @@ def hub_to_gguf_tensors(hub: dict, case: dict, c: dict) -> dict:
 
 
 def gguf_to_hub(gt: dict, case: dict, c: dict) -> dict:
+    if case["arch"] in FAMILY_ARCHS:
+        return gguf_to_hub_family(gt, case, c)
     llama = case["arch"] == "llama"
     L, E = c["n_layer"], c["n_expert"]
     h = {"model.embed_tokens.weight": gt["token_embd.weight"], "model.norm.weight": gt["output_norm.weight"]}
@@ -740,7 +824,12 @@ def write_gguf(path: str, gt: dict, case: dict, c: dict, variant: str, name: str
     w.add_float32(f"{A}.attention.layer_norm_rms_epsilon", float(c["rms_eps"]))
     w.add_uint32(f"{A}.expert_count", c["n_expert"])
     w.add_uint32(f"{A}.expert_used_count", c["n_expert_used"])
-    if arch == "qwen3moe":
+    if arch == "qwen2moe":  # as convert_hf_to_gguf.py: no expert_weights_norm (llama.cpp: off)
+        w.add_uint32(f"{A}.expert_feed_forward_length", c["n_ff_exp"])
+        w.add_uint32(f"{A}.expert_shared_feed_forward_length", c["n_ff_shared"])
+    elif arch == "olmoe":  # feed_forward_length is the expert width; no renormalisation
+        pass
+    elif arch == "qwen3moe":
         w.add_uint32(f"{A}.expert_feed_forward_length", c["n_ff_exp"])
         w.add_uint32(f"{A}.attention.key_length", c["head_dim"])
         w.add_uint32(f"{A}.attention.value_length", c["head_dim"])
@@ -883,6 +972,7 @@ def hparams(model, case, theta) -> dict:
         n_expert=case["cfg"].get("num_experts", case["cfg"].get("num_local_experts")),
         n_expert_used=cfg.num_experts_per_tok,
         norm_topk_prob=bool(getattr(cfg, "norm_topk_prob", True)),
+        n_ff_shared=getattr(cfg, "shared_expert_intermediate_size", 0),
     )
 
 
@@ -1001,10 +1091,11 @@ def run_case(name: str, case: dict, out_root: str) -> dict:
             info["weight_rel_err"] = {tn: float(np.abs(deq[tn] - gt[tn]).max() / np.abs(gt[tn]).max())
                                       for tn in gt if types[tn] != "F32"}
             assert set(MIXED_ALL_TYPES) <= set(types.values())
-        # independent GGML-semantics forward straight from the GGUF file
-        ggml = torch.from_numpy(ggml_reference_forward(path, tokens)).float()
-        info["ggml_numpy_ref_rel_err"] = rel_err(ggml, vlog)
-        assert info["ggml_numpy_ref_rel_err"] <= 1e-4, (name, fn, info["ggml_numpy_ref_rel_err"])
+        # independent GGML-semantics forward straight from the GGUF file (original families only)
+        if case["arch"] not in FAMILY_ARCHS:
+            ggml = torch.from_numpy(ggml_reference_forward(path, tokens)).float()
+            info["ggml_numpy_ref_rel_err"] = rel_err(ggml, vlog)
+            assert info["ggml_numpy_ref_rel_err"] <= 1e-4, (name, fn, info["ggml_numpy_ref_rel_err"])
         if exact_weights:
             # f32 GGUF (or bf16 GGUF of bf16 weights) must reproduce logits.bin
             assert err <= 1e-6, f"{name}/{fn}: GGUF round-trip rel err {err}"
@@ -1096,7 +1187,7 @@ def main():
           f"  gguf {_gguf_version()}")
     print("GGUF: every variant also re-computed by an independent float64 numpy forward "
           "(llama.cpp semantics) from the .gguf alone; max rel err vs HF: "
-          + ", ".join(f"{r['name']}/{v}={i['ggml_numpy_ref_rel_err']:.1e}"
+          + ", ".join(f"{r['name']}/{v}={i.get('ggml_numpy_ref_rel_err', float('nan')):.1e}"
                       for r in rows for v, i in r["variants"].items()))
     print(f"{'case':<15} {'seed':>5} {'try':>3} {'size':>9} {'|logit|max':>10} {'greedy_gap':>10} "
           f"{'router_gap':>10} {'rope':<16} variant: rel_err vs logits.bin / argmax agree")
