@@ -70,6 +70,8 @@ struct Args {
   int64_t prefetch = 1, io_threads = 2, n_prompt = 64, hotlist_max = 0;
   bool stats = false, json = false;
   uint64_t lock_memory = 0;
+  bool q8_activations = false;
+  bool sparse = false;
   std::string prompts;
   // pack
   std::string experts_type = "q4_k", attention_type = "q8_0", boost_type = "q6_k";
@@ -108,13 +110,14 @@ const char kUsage[] =
     "           routers F32; each expert's gate|up|down contiguous and 4 KiB-aligned; with --hotlist\n"
     "           (lines 'layer expert count', hottest first) the hottest experts come first\n"
     "  synth    --shape qwen3-30b-a3b|olmoe-1b-7b|mixtral-8x7b|tiny --out FILE [--codec q4_k]\n"
-    "           [--attention q8_0] [--layers N] [--seed S]   a GGUF with the shape's real tensors,\n"
+    "           [--attention q8_0] [--layers N] [--seed S] [--sparse]   a GGUF with the shape's real tensors,\n"
     "           metadata and a byte-level BPE tokenizer, and random weights (experts in --codec)\n"
     "\n"
     "common options: --backend cpu|cuda|auto  --ram-budget SIZE  --vram-budget SIZE  --threads N\n"
     "                --n-ctx N   (SIZE: 512M, 8G, or bytes)\n"
     "expert cache:   --policy lru|lfu|hot  --prefetch N (layers ahead)  --io-threads N\n"
     "                --hotlist FILE [--hotlist-max N] (preload)  --stats (JSON line on stderr)\n"
+    "CPU kernels:    --q8-activations  8-bit activations, integer dot products (faster)\n"
     "testing aid:    --lock-memory SIZE  pins SIZE of RAM first, so the run sees a smaller machine\n"
     "PATH is a GGUF file or a Hugging Face checkpoint directory.\n";
 
@@ -185,6 +188,8 @@ Args ParseArgs(int argc, char **argv) {
     else if (f == "--prompts") a.prompts = value();
     else if (f == "--stats") a.stats = true;
     else if (f == "--lock-memory") a.lock_memory = size();
+    else if (f == "--q8-activations") a.q8_activations = true;
+    else if (f == "--sparse") a.sparse = true;
     else if (f == "--json") a.json = true;
     else if (f == "--policy") {
       std::string v = value();
@@ -239,6 +244,7 @@ moe_params ContextParams(const Args &a, const std::string &model) {
   p.n_io_threads = static_cast<int32_t>(a.io_threads);
   p.hotlist_path = a.hotlist.empty() || a.command == "pack" ? nullptr : a.hotlist.c_str();
   p.hotlist_max_experts = static_cast<uint32_t>(a.hotlist_max);
+  p.cpu_q8_activations = a.q8_activations ? 1 : 0;
   return p;
 }
 
@@ -912,6 +918,7 @@ int CmdSynth(const Args &a) {
   o.attention = a.attention_type;
   o.layers = static_cast<int>(a.layers);
   o.seed = a.seed;
+  o.sparse = a.sparse;
   o.progress = isatty(STDERR_FILENO) != 0;
   const std::string temp = a.out + ".tmp." + std::to_string(getpid());
   if (temp.size() < sizeof g_pack_temp) {

@@ -120,6 +120,9 @@ typedef struct moe_params {
   uint32_t hotlist_max_experts; /* cap on those; 0 = as many as the cache holds */
   uint32_t direct_io;         /* 1 (default): read experts past the page cache (O_DIRECT, io_uring)
                                  where the file keeps them 4 KiB-aligned, as `strata pack` does */
+  uint32_t cpu_q8_activations; /* 1: CPU matmuls quantize activations to 8-bit blocks and use integer
+                                 dot products (faster, error bound in tests/cpu); 0 (default): float
+                                 activations, the numbers the golden tests hold to transformers' */
 } moe_params;
 
 typedef enum moe_cache_policy {

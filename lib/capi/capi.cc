@@ -94,6 +94,7 @@ strata::runtime::ContextOptions ToOptions(const moe_params &p) {
   o.hotlist_path = p.hotlist_path != nullptr ? p.hotlist_path : "";
   o.hotlist_max = static_cast<int>(std::min<uint32_t>(p.hotlist_max_experts, INT32_MAX));
   o.direct_io = p.direct_io != 0;
+  o.cpu_q8_activations = p.cpu_q8_activations != 0;
   return o;
 }
 

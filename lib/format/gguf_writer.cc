@@ -340,6 +340,17 @@ absl::Status GgufWriter::Write(const void *data, uint64_t n) {
   return absl::OkStatus();
 }
 
+absl::Status GgufWriter::SkipRemainingData() {
+  if (!begun_ || failed_ || finished_) return Errorf(MOE_ERR_STATE, "'%s': nothing to skip", path_);
+  STRATA_RETURN_IF_ERROR(Flush());
+  if (::ftruncate(fd_, static_cast<off_t>(file_size_)) != 0) return Fail("extending", errno);
+  if (::lseek(fd_, static_cast<off_t>(file_size_), SEEK_SET) < 0) return Fail("seeking", errno);
+  written_ = file_size_;
+  current_ = tensors_.size();
+  current_done_ = 0;
+  return absl::OkStatus();
+}
+
 absl::Status GgufWriter::Finish() {
   if (!begun_ || failed_ || finished_) return Errorf(MOE_ERR_STATE, "'%s': nothing to finish", path_);
   if (current_ < tensors_.size()) {

@@ -62,6 +62,10 @@ class GgufWriter {
   // Appends `n` bytes of tensor data: the bytes fill the tensors in order (padding between them is
   // written by the writer). MOE_ERR_INVALID_ARGUMENT if more bytes come than the tensors hold.
   absl::Status Write(const void *data, uint64_t n);
+  // Leaves the data of every tensor not yet written as a hole: the file gets its full size without
+  // the bytes being written (a sparse file whose tensors read as zeros). For tests and plans that
+  // need a real-size header, not real data.
+  absl::Status SkipRemainingData();
   // Checks every tensor was filled, flushes, fsyncs, renames over the final path and fsyncs the
   // directory. Errors are MOE_ERR_IO_WRITE naming the file; the temporary file is then removed.
   absl::Status Finish();

@@ -435,13 +435,19 @@ absl::StatusOr<SynthReport> Synthesize(const SynthOptions &o, const std::string 
     ProgressBar progress(o.progress, w.tensor_bytes_total(), "synth");
     std::vector<uint8_t> buf;
     uint64_t done = 0;
-    for (size_t i = 0; i < tensors.size(); ++i) {
+    for (size_t i = 0; i < tensors.size() && !o.sparse; ++i) {
       const uint64_t nbytes = w.tensors()[i].nbytes;
       STRATA_RETURN_IF_ERROR(WriteTensor(tensors[i], i, nbytes, s.n_embd, o.seed, pools, buf, w));
       done += nbytes;
       if (tensors[i].expert) r.expert_bytes += nbytes;
       progress.Update(done, i + 1, tensors.size());
     }
+  }
+  if (o.sparse) {
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      if (tensors[i].expert) r.expert_bytes += w.tensors()[i].nbytes;
+    }
+    STRATA_RETURN_IF_ERROR(w.SkipRemainingData());
   }
   STRATA_RETURN_IF_ERROR(w.Finish());
   r.n_tensors = static_cast<int>(tensors.size());

@@ -45,6 +45,7 @@ struct SynthOptions {
   int layers = 0;                    // > 0: this many layers instead of the shape's (same width)
   uint64_t seed = 1;
   bool progress = false;             // progress bar on stderr
+  bool sparse = false;               // header and metadata only; tensor data left as a hole (zeros)
 };
 
 struct SynthReport {

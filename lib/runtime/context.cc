@@ -108,7 +108,8 @@ absl::StatusOr<std::unique_ptr<Context>> Context::Open(const ContextOptions &o) 
   // Experts stream when the plan's RAM tier cannot hold them all.
   const bool streaming = ctx->plan_.ram_expert_slots < ctx->plan_.n_routed_experts;
   STRATA_RETURN_IF_ERROR(ctx->store_.Load(*ctx->file_, ctx->weights_, /*routed_experts=*/!streaming));
-  ctx->backend_ = std::make_unique<cpu::CpuBackend>(o.n_threads);
+  ctx->backend_ = std::make_unique<cpu::CpuBackend>(
+      o.n_threads, o.cpu_q8_activations ? cpu::MatMulMode::kQ8Activations : cpu::MatMulMode::kExact);
   ctx->table_ = std::make_unique<store::ExpertTable>(ctx->weights_);
   ctx->resident_layer_hits_.assign(ctx->hp_.n_layer, 0);
   ctx->expert_counts_.assign(static_cast<size_t>(ctx->hp_.n_layer) * ctx->hp_.n_expert, 0);

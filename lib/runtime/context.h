@@ -37,6 +37,7 @@ struct ContextOptions {
   std::string hotlist_path;   // seed the expert cache from this hotlist at open (in the background)
   int hotlist_max = 0;        // at most this many experts from it; 0 = as many as the cache holds
   bool direct_io = true;      // O_DIRECT expert reads where the layout allows
+  bool cpu_q8_activations = false;  // CPU MatMul mode kQ8Activations instead of kExact
 };
 
 // What the expert tiers did since open (or the last reset).
