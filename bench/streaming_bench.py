@@ -1,0 +1,175 @@
+#!/usr/bin/env python3
+"""Decode speed of a model bigger than the RAM left to it: Strata's expert cache against llama.cpp
+reading the same GGUF through mmap, under the same free memory, next to the disk roofline.
+
+Steps, all in one run:
+  1. the routed-expert bytes of the model (from `strata plan`);
+  2. the file's sequential read bandwidth with O_DIRECT (the disk, not the page cache);
+  3. a helper process locks RAM so that only --free-gib stays available (page cache held down);
+  4. Strata: `strata bench` at a RAM budget of --budget-frac of the routed expert bytes;
+  5. llama.cpp (the `llama_cpp` package, built from the llama-cpp-python source distribution):
+     the same prompt length and decode length, greedy, mmap, same threads;
+  6. a table: tokens/s of each, the ratio, and the roofline = read bandwidth / expert bytes Strata
+     missed per token.
+Page caches are dropped before each engine when the kernel allows it.
+
+usage: bench/streaming_bench.py --strata build/examples/strata --model F.gguf [--free-gib 3]
+       [--budget-frac 0.25] [--prompt-tokens 8] [-n 32] [--threads 2] [--json OUT]
+"""
+import argparse
+import ctypes
+import json
+import mmap
+import multiprocessing
+import os
+import random
+import re
+import subprocess
+import sys
+import time
+
+
+def drop_caches():
+    try:
+        os.sync()
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        return True
+    except OSError:
+        return False
+
+
+def mem_available():
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no MemAvailable")
+
+
+def hog(nbytes, ready):
+    """Locks nbytes of anonymous memory until killed."""
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    buf = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    addr = ctypes.addressof(ctypes.c_char.from_buffer(buf))
+    if libc.mlock(ctypes.c_void_p(addr), ctypes.c_size_t(nbytes)) != 0:
+        print("hog: mlock failed:", os.strerror(ctypes.get_errno()), file=sys.stderr)
+    ready.set()
+    while True:
+        time.sleep(3600)
+
+
+def read_bandwidth(path, nbytes=1 << 30):
+    """Sequential O_DIRECT read of the file's middle, in GB/s."""
+    size = os.path.getsize(path)
+    start = (size // 2) & ~((4 << 20) - 1)
+    nbytes = min(nbytes, size - start) & ~((4 << 20) - 1)
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+    buf = mmap.mmap(-1, 4 << 20)
+    t0 = time.perf_counter()
+    done = 0
+    while done < nbytes:
+        done += os.preadv(fd, [buf], start + done)
+    dt = time.perf_counter() - t0
+    os.close(fd)
+    return nbytes / dt / 1e9
+
+
+def routed_expert_bytes(strata, model):
+    out = subprocess.run([strata, "plan", "--model", model], capture_output=True, text=True, check=True).stdout
+    return int(re.search(r"\nrouted experts \(all\) +(\d+) ", out).group(1))
+
+
+def run_strata(strata, model, budget, prompt_tokens, n, threads, extra):
+    cmd = [strata, "bench", "--model", model, "--ram-budget", str(budget), "--prompt-tokens", str(prompt_tokens),
+           "-n", str(n), "--threads", str(threads), "--json"] + extra
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def run_llama(model, prompt_tokens, n, threads, seed=42):
+    from llama_cpp import Llama  # built from the llama-cpp-python sdist
+    t0 = time.perf_counter()
+    llm = Llama(model_path=model, n_ctx=prompt_tokens + n + 16, n_threads=threads, n_threads_batch=threads,
+                use_mmap=True, use_mlock=False, n_gpu_layers=0, verbose=False, seed=seed)
+    load_s = time.perf_counter() - t0
+    rng = random.Random(seed)
+    prompt = [rng.randrange(llm.n_vocab()) for _ in range(prompt_tokens)]
+    t1 = time.perf_counter()
+    llm.eval(prompt)
+    t2 = time.perf_counter()
+    for _ in range(n):
+        tok = int(llm.scores[llm.n_tokens - 1].argmax())
+        llm.eval([tok])
+    t3 = time.perf_counter()
+    return {"load_s": load_s, "prefill_tok_s": prompt_tokens / (t2 - t1), "decode_tok_s": n / (t3 - t2)}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--strata", required=True)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--free-gib", type=float, default=3.0)
+    ap.add_argument("--budget-frac", type=float, default=0.25)
+    ap.add_argument("--prompt-tokens", type=int, default=8)
+    ap.add_argument("-n", type=int, default=32)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--skip-llama", action="store_true")
+    ap.add_argument("--json")
+    a = ap.parse_args()
+
+    routed = routed_expert_bytes(a.strata, a.model)
+    non_routed_and_kv = 0
+    budget_experts = int(routed * a.budget_frac)
+    plan = subprocess.run([a.strata, "plan", "--model", a.model, "--ram-budget", "1", "--n-ctx", "256"],
+                          capture_output=True, text=True).stdout
+    fixed = int(re.search(r"\nfixed +(\d+) ", plan).group(1))
+    budget = fixed + budget_experts
+    file_bytes = os.path.getsize(a.model)
+    dropped = drop_caches()
+    bw = read_bandwidth(a.model)
+
+    ready = multiprocessing.Event()
+    lock_bytes = max(0, mem_available() - int(a.free_gib * (1 << 30)))
+    p = multiprocessing.Process(target=hog, args=(lock_bytes, ready), daemon=True)
+    p.start()
+    ready.wait()
+    results = {"model": a.model, "file_bytes": file_bytes, "routed_expert_bytes": routed, "ram_budget": budget,
+               "budget_expert_bytes": budget_experts, "locked_bytes": lock_bytes,
+               "free_bytes": mem_available(), "seq_read_GBps": bw, "caches_dropped": dropped}
+    try:
+        for name, extra in (("strata", ["--q8-activations"]), ("strata_exact", [])):
+            drop_caches()
+            results[name] = run_strata(a.strata, a.model, budget, a.prompt_tokens, a.n, a.threads,
+                                       extra + ["--n-ctx", "256"])
+        if not a.skip_llama:
+            drop_caches()
+            results["llama_cpp"] = run_llama(a.model, a.prompt_tokens, a.n, a.threads)
+    finally:
+        p.kill()
+
+    s = results["strata"]
+    miss = s["decode_bytes_read_per_token"]
+    roof = bw * 1e9 / miss if miss > 0 else float("inf")
+    results["roofline_tok_s"] = roof
+    print(f"model {a.model}: {file_bytes / 2**30:.2f} GiB, routed experts {routed / 2**30:.2f} GiB")
+    print(f"RAM budget {budget / 2**30:.2f} GiB ({a.budget_frac:.0%} of expert bytes + {fixed / 2**30:.2f} GiB fixed), "
+          f"free RAM during runs {results['free_bytes'] / 2**30:.2f} GiB, sequential read {bw:.2f} GB/s")
+    print(f"{'engine':<24}{'decode tok/s':>14}{'hit rate':>10}{'MiB read/tok':>14}")
+    for name in ("strata", "strata_exact"):
+        r = results[name]
+        print(f"{name:<24}{r['decode_tok_s']:>14.2f}{r['decode_hit_rate']:>10.3f}"
+              f"{r['decode_bytes_read_per_token'] / 2**20:>14.1f}")
+    if "llama_cpp" in results:
+        l = results["llama_cpp"]
+        print(f"{'llama.cpp (mmap)':<24}{l['decode_tok_s']:>14.2f}{'':>10}{'':>14}")
+        print(f"strata / llama.cpp: {s['decode_tok_s'] / l['decode_tok_s']:.2f}x")
+    print(f"disk roofline (read bandwidth / bytes missed per token): {roof:.2f} tok/s; "
+          f"strata reaches {s['decode_tok_s'] / roof:.0%}")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
