@@ -115,6 +115,7 @@ def main():
     ap.add_argument("-n", type=int, default=32)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--skip-llama", action="store_true")
+    ap.add_argument("--strata-args", default="", help="extra options for strata bench, e.g. '--prefetch 2'")
     ap.add_argument("--json")
     a = ap.parse_args()
 
@@ -141,7 +142,7 @@ def main():
         for name, extra in (("strata", ["--q8-activations"]), ("strata_exact", [])):
             drop_caches()
             results[name] = run_strata(a.strata, a.model, budget, a.prompt_tokens, a.n, a.threads,
-                                       extra + ["--n-ctx", "256"])
+                                       extra + ["--n-ctx", "256"] + a.strata_args.split())
         if not a.skip_llama:
             drop_caches()
             results["llama_cpp"] = run_llama(a.model, a.prompt_tokens, a.n, a.threads)
