@@ -22,6 +22,7 @@
 #include "lib/model/synth.h"
 #include "lib/quant/codec.h"
 #include "lib/runtime/context.h"
+#include "nlohmann/json.hpp"
 
 namespace {
 
@@ -68,7 +69,8 @@ struct Args {
   // expert cache, stats, bench, profile
   int policy = MOE_CACHE_HOTNESS;
   int64_t prefetch = 1, io_threads = 2, n_prompt = 64, hotlist_max = 0;
-  bool stats = false, json = false;
+  bool stats = false, json = false, sweep = false;
+  std::vector<std::string> argv;  // as given, for sweeps that re-run the command
   uint64_t lock_memory = 0;
   bool q8_activations = false;
   bool sparse = false;
@@ -100,8 +102,9 @@ const char kUsage[] =
     "  tokenize --model PATH [--special] --text TEXT   the token ids of TEXT, separated by spaces\n"
     "  inspect  PATH         architecture, hyper-parameters, tensors, per-expert bytes by codec\n"
     "  plan     --model PATH the cache plan ledger: what goes where, and why\n"
-    "  bench    [--model PATH] [--prompt TEXT | --prompt-tokens N] [-n N] [--json]   prefill and decode tokens/s, expert\n"
+    "  bench    [--model PATH] [--prompt TEXT | --prompt-tokens N] [-n N] [--json] [--sweep]   prefill and decode tokens/s, expert\n"
     "           hits and misses, bytes read per token, time waiting on I/O\n"
+    "           --sweep: every policy x prefetch distance x I/O threads, fastest first\n"
     "  profile  --model PATH --prompts FILE --out HOTLIST [-n N]   count (layer, expert) selections over\n"
     "           a prompt set (one prompt a line: text, or token ids 1,2,3) into a hotlist\n"
     "  pack     IN OUT [--experts q4_k] [--attention q8_0] [--boost-layers 0,1] [--boost q6_k]\n"
@@ -191,6 +194,7 @@ Args ParseArgs(int argc, char **argv) {
     else if (f == "--q8-activations") a.q8_activations = true;
     else if (f == "--sparse") a.sparse = true;
     else if (f == "--json") a.json = true;
+    else if (f == "--sweep") a.sweep = true;
     else if (f == "--policy") {
       std::string v = value();
       if (v == "lru") a.policy = MOE_CACHE_LRU;
@@ -588,7 +592,67 @@ int CmdLogits(const Args &a) {
 
 // Decode throughput and expert-tier behaviour: a seeded random prompt of --prompt-tokens ids goes in
 // as one batch, then -n tokens are decoded greedily, one step each.
+// Runs `strata bench --json` (this same binary) once per configuration of the expert cache — each
+// run a fresh process, so every configuration starts cold — and prints them fastest first.
+int CmdSweep(const Args &a) {
+  std::string self(4096, '\0');
+  const ssize_t len = readlink("/proc/self/exe", self.data(), self.size() - 1);
+  if (len <= 0) Die("--sweep: cannot find this program's path");
+  self.resize(static_cast<size_t>(len));
+  std::string base;
+  for (size_t i = 1; i < a.argv.size(); ++i) {
+    const std::string &arg = a.argv[i];
+    if (arg == "--sweep" || arg == "--json" || arg == "--stats") continue;
+    if (arg == "--policy" || arg == "--prefetch" || arg == "--io-threads") {
+      ++i;  // the sweep sets these
+      continue;
+    }
+    std::string quoted = "'";
+    for (char c : arg) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
+    base += " " + quoted + "'";
+  }
+  struct Row {
+    std::string policy;
+    int prefetch, io;
+    double decode, hit, mib_per_tok, wait;
+  };
+  std::vector<Row> rows;
+  for (const char *policy : {"lru", "lfu", "hot"}) {
+    for (int prefetch : {0, 1, 2}) {
+      for (int io : {1, 2, 4}) {
+        const std::string cmd = "'" + self + "'" + base + " --json --policy " + policy + " --prefetch " +
+                                std::to_string(prefetch) + " --io-threads " + std::to_string(io) + " 2>/dev/null";
+        FILE *pipe = popen(cmd.c_str(), "r");
+        if (pipe == nullptr) Die("--sweep: cannot run " + self);
+        std::string out;
+        char buf[4096];
+        size_t got;
+        while ((got = std::fread(buf, 1, sizeof buf, pipe)) > 0) out.append(buf, got);
+        if (pclose(pipe) != 0) Die(std::string("--sweep: the run with --policy ") + policy + " failed");
+        auto j = nlohmann::json::parse(out, nullptr, false);
+        if (j.is_discarded()) Die("--sweep: a run printed no JSON");
+        rows.push_back(Row{policy, prefetch, io, j["decode_tok_s"].get<double>(), j["decode_hit_rate"].get<double>(),
+                           j["decode_bytes_read_per_token"].get<double>() / 1048576.0,
+                           j["decode_io_wait_s"].get<double>()});
+        std::fprintf(stderr, "strata: sweep %zu/27\r", rows.size());
+      }
+    }
+  }
+  std::sort(rows.begin(), rows.end(), [](const Row &x, const Row &y) { return x.decode > y.decode; });
+  std::printf("%-8s %9s %11s %13s %9s %13s %10s\n", "policy", "prefetch", "io threads", "decode tok/s",
+              "hit rate", "MiB read/tok", "I/O wait");
+  for (const Row &r : rows) {
+    std::printf("%-8s %9d %11d %13.2f %8.1f%% %13.2f %9.3fs\n", r.policy.c_str(), r.prefetch, r.io, r.decode,
+                100 * r.hit, r.mib_per_tok, r.wait);
+  }
+  const Row &best = rows.front();
+  std::printf("fastest: --policy %s --prefetch %d --io-threads %d (%.2f tok/s)\n", best.policy.c_str(),
+              best.prefetch, best.io, best.decode);
+  return 0;
+}
+
 int CmdBench(const Args &a) {
+  if (a.sweep) return CmdSweep(a);
   const std::string model = a.model.empty() ? DemoModelPath() : a.model;
   moe_params p = ContextParams(a, model);
   Ctx ctx;
@@ -952,6 +1016,7 @@ void LockMemory(uint64_t bytes) {
 int main(int argc, char **argv) {
   try {
     Args a = ParseArgs(argc, argv);
+    a.argv.assign(argv, argv + argc);
     LockMemory(a.lock_memory);
     if (a.command == "run") return CmdRun(a);
     if (a.command == "chat") return CmdChat(a);

@@ -124,3 +124,14 @@ TEST_CASE("the --lock-memory flag pins RAM before the run", "[cli][store]") {
   Out bad = Cli("run --model " + kModel + " --lock-memory lots");
   CHECK(bad.code == 1);
 }
+
+TEST_CASE("bench --sweep runs every cache configuration and names the fastest", "[cli][store]") {
+  Out r = Cli("bench --model " + kModel + " --ram-budget 1 --prompt-tokens 4 -n 3 --sweep");
+  INFO(r.err);
+  REQUIRE(r.code == 0);
+  size_t rows = 0;
+  for (size_t pos = 0; (pos = r.out.find('\n', pos)) != std::string::npos; ++pos) ++rows;
+  CHECK(rows == 1 + 27 + 1);  // header, 3 policies x 3 distances x 3 thread counts, the verdict
+  CHECK(r.out.find("fastest: --policy ") != std::string::npos);
+  for (const char *p : {"lru", "lfu", "hot"}) CHECK(r.out.find(std::string("\n") + p) != std::string::npos);
+}
