@@ -9,13 +9,18 @@
 
 namespace strata::model {
 
+KvCache::Widths KvCache::WidthsFor(const HParams &hp) {
+  if (hp.mla) return Widths{hp.kv_lora_rank + hp.qk_rope_dim, 0};
+  return Widths{hp.kv_dim(), hp.kv_dim()};
+}
+
 absl::Status KvCache::Init(const HParams &hp, int n_ctx) {
   n_ctx_ = n_ctx;
-  kv_dim_ = hp.kv_dim();
-  const size_t n = static_cast<size_t>(hp.n_layer) * n_ctx * kv_dim_;
+  w_ = WidthsFor(hp);
+  const size_t rows = static_cast<size_t>(hp.n_layer) * n_ctx;
   try {
-    k_.assign(n, 0.f);
-    v_.assign(n, 0.f);
+    k_.assign(rows * w_.k, 0.f);
+    v_.assign(rows * w_.v, 0.f);
   } catch (const std::bad_alloc &) {
     return Errorf(MOE_ERR_NO_MEMORY, "cannot allocate a KV cache of %u bytes", BytesFor(hp, n_ctx));
   }
@@ -57,6 +62,114 @@ void AddBias(float *x, int64_t n_tok, int64_t n, const Vec &bias) {
     for (int64_t i = 0; i < n; ++i) x[t * n + i] += b[i];
 }
 
+// Self-attention of layer l over T new tokens of one sequence at positions pos0..pos0+T-1:
+// h (T, D) is the normalised layer input, o (T, D) receives the output projection. The tokens'
+// K/V rows are written into the sequence's cache first.
+void SelfAttention(const HParams &hp, const LayerWeights &L, int l, Backend &be, KvCache &kv,
+                   const float *h, int64_t T, int pos0, float *o) {
+  const int64_t D = hp.n_embd, QD = hp.q_dim(), KVD = hp.kv_dim();
+  std::vector<float> q(T * QD), k(T * KVD), v(T * KVD), att(T * QD);
+  std::vector<int32_t> pos(T);
+  for (int64_t t = 0; t < T; ++t) pos[t] = pos0 + static_cast<int32_t>(t);
+  be.MatMul(L.wq, h, T, q.data());  // q (T, n_head * head_dim)
+  be.MatMul(L.wk, h, T, k.data());  // k (T, n_head_kv * head_dim)
+  be.MatMul(L.wv, h, T, v.data());  // v (T, n_head_kv * head_dim)
+  if (hp.attn_bias) {
+    AddBias(q.data(), T, QD, L.bq);
+    AddBias(k.data(), T, KVD, L.bk);
+    AddBias(v.data(), T, KVD, L.bv);
+  }
+  if (hp.qk_norm && hp.qk_norm_full) {  // OLMoE: one norm over the whole projection
+    be.RmsNorm(q.data(), L.q_norm.values.data(), T, QD, hp.rms_eps, q.data());
+    be.RmsNorm(k.data(), L.k_norm.values.data(), T, KVD, hp.rms_eps, k.data());
+  } else if (hp.qk_norm) {
+    be.RmsNorm(q.data(), L.q_norm.values.data(), T * hp.n_head, hp.head_dim, hp.rms_eps, q.data());
+    be.RmsNorm(k.data(), L.k_norm.values.data(), T * hp.n_head_kv, hp.head_dim, hp.rms_eps, k.data());
+  }
+  be.Rope(q.data(), T, hp.n_head, hp.head_dim, pos.data(), hp.rope_theta, hp.rope_style);
+  be.Rope(k.data(), T, hp.n_head_kv, hp.head_dim, pos.data(), hp.rope_theta, hp.rope_style);
+  KvView cache = kv.layer(l);
+  std::copy(k.begin(), k.end(), cache.k + static_cast<int64_t>(pos0) * KVD);
+  std::copy(v.begin(), v.end(), cache.v + static_cast<int64_t>(pos0) * KVD);
+  be.Attention(q.data(), cache, T, pos0, hp.n_head, hp.n_head_kv, hp.head_dim, hp.window(l), att.data());
+  be.MatMul(L.wo, att.data(), T, o);  // o (T, D)
+  if (hp.attn_out_bias) AddBias(o, T, D, L.bo);
+}
+
+// The feed-forward part of layer l for T tokens (of any sequences): h (T, D) normalised input ->
+// o (T, D). A dense layer runs its MLP; a MoE layer routes each token, runs the distinct selected
+// experts once each over the tokens that chose them, sums each token's slots in slot order, and
+// adds the shared expert(s).
+absl::Status FeedForward(const HParams &hp, const LayerWeights &L, int l, Backend &be,
+                         ExpertSource *source, const float *h, int64_t T, float *o) {
+  const int64_t D = hp.n_embd, K = hp.n_expert_used;
+  if (hp.is_dense(l)) {
+    be.ExpertFfn(L.dense, h, T, o);
+    return absl::OkStatus();
+  }
+  std::vector<float> router(T * hp.n_expert), slots(T * K * D), wts(T * K), xg, yg;
+  std::vector<int32_t> sel(T * K);
+  be.MatMul(L.router, h, T, router.data());  // router (T, n_expert)
+  for (int64_t t = 0; t < T; ++t) {
+    Route(router.data() + t * hp.n_expert, hp.n_expert, static_cast<int>(K), hp.norm_topk_prob,
+          sel.data() + t * K, wts.data() + t * K);
+  }
+  if (source != nullptr) source->OnRoute(l, h, T, sel.data(), static_cast<int>(K));
+  // Group tokens by expert so each expert's weights are fetched and used once per batch.
+  std::vector<std::vector<int64_t>> members(hp.n_expert);  // indices into sel (t * K + slot)
+  for (int64_t i = 0; i < T * K; ++i) members[sel[i]].push_back(i);
+  std::vector<int32_t> used;
+  for (int e = 0; e < hp.n_expert; ++e) {
+    if (!members[e].empty()) used.push_back(e);
+  }
+  std::vector<const ExpertWeights *> ew(used.size());
+  if (source != nullptr) {
+    absl::Status st = source->Acquire(l, used, &ew);
+    if (!st.ok()) return Annotate(st, absl::StrFormat("layer %d experts", l));
+  } else {
+    for (size_t u = 0; u < used.size(); ++u) ew[u] = &L.experts[used[u]];
+  }
+  for (size_t u = 0; u < used.size(); ++u) {
+    const std::vector<int64_t> &mem = members[used[u]];
+    const int64_t n = static_cast<int64_t>(mem.size());
+    xg.resize(n * D);
+    yg.resize(n * D);
+    for (int64_t m = 0; m < n; ++m) {
+      const int64_t t = mem[m] / K;
+      std::copy(h + t * D, h + (t + 1) * D, xg.begin() + m * D);
+    }
+    be.ExpertFfn(*ew[u], xg.data(), n, yg.data());
+    for (int64_t m = 0; m < n; ++m) {
+      std::copy(yg.begin() + m * D, yg.begin() + (m + 1) * D, slots.begin() + mem[m] * D);
+    }
+  }
+  if (source != nullptr) source->Release(l, used);
+  // o (T, D) = sum over slots of weight * expert output.
+  for (int64_t t = 0; t < T; ++t) {
+    std::fill(o + t * D, o + (t + 1) * D, 0.f);
+    for (int64_t j = 0; j < K; ++j) {
+      const float wt = wts[t * K + j];
+      const float *y = slots.data() + (t * K + j) * D;
+      for (int64_t d = 0; d < D; ++d) o[t * D + d] += wt * y[d];
+    }
+  }
+  // --- shared expert(s): resident, every token ---
+  if (L.shared.present()) {
+    std::vector<float> sh(T * D), shg;
+    be.ExpertFfn(L.shared, h, T, sh.data());
+    if (L.shared_gate.tensor != nullptr) {
+      shg.resize(T);
+      be.MatMul(L.shared_gate, h, T, shg.data());  // (T, 1)
+      for (int64_t t = 0; t < T; ++t) {
+        const float g = 1.0f / (1.0f + std::exp(-shg[t]));
+        for (int64_t d = 0; d < D; ++d) sh[t * D + d] *= g;
+      }
+    }
+    for (int64_t i = 0; i < T * D; ++i) o[i] += sh[i];
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status Forward(const HParams &hp, const ModelWeights &w, Backend &be, KvCache &kv,
@@ -73,112 +186,17 @@ absl::Status Forward(const HParams &hp, const ModelWeights &w, Backend &be, KvCa
                     hp.n_vocab);
     }
   }
-  const int64_t D = hp.n_embd, QD = hp.q_dim(), KVD = hp.kv_dim(), K = hp.n_expert_used;
-  std::vector<float> x(T * D), h(T * D), q(T * QD), k(T * KVD), v(T * KVD), att(T * QD), o(T * D);
-  std::vector<float> router(T * hp.n_expert), slots(T * K * D), xg, yg, sh, shg;
-  std::vector<int32_t> sel(T * K), pos(T);
-  std::vector<float> wts(T * K);
-  for (int64_t t = 0; t < T; ++t) pos[t] = a.pos0 + static_cast<int32_t>(t);
-
+  const int64_t D = hp.n_embd;
+  std::vector<float> x(T * D), h(T * D), o(T * D);
   be.GetRows(w.tok_embd, a.tokens, T, x.data());  // x (T, D)
 
   for (int l = 0; l < hp.n_layer; ++l) {
     const LayerWeights &L = w.layers[l];
-    // --- attention ---
     be.RmsNorm(x.data(), L.attn_norm.values.data(), T, D, hp.rms_eps, h.data());
-    be.MatMul(L.wq, h.data(), T, q.data());  // q (T, n_head * head_dim)
-    be.MatMul(L.wk, h.data(), T, k.data());  // k (T, n_head_kv * head_dim)
-    be.MatMul(L.wv, h.data(), T, v.data());  // v (T, n_head_kv * head_dim)
-    if (hp.attn_bias) {
-      AddBias(q.data(), T, QD, L.bq);
-      AddBias(k.data(), T, KVD, L.bk);
-      AddBias(v.data(), T, KVD, L.bv);
-    }
-    if (hp.qk_norm && hp.qk_norm_full) {  // OLMoE: one norm over the whole projection
-      be.RmsNorm(q.data(), L.q_norm.values.data(), T, QD, hp.rms_eps, q.data());
-      be.RmsNorm(k.data(), L.k_norm.values.data(), T, KVD, hp.rms_eps, k.data());
-    } else if (hp.qk_norm) {
-      be.RmsNorm(q.data(), L.q_norm.values.data(), T * hp.n_head, hp.head_dim, hp.rms_eps, q.data());
-      be.RmsNorm(k.data(), L.k_norm.values.data(), T * hp.n_head_kv, hp.head_dim, hp.rms_eps, k.data());
-    }
-    be.Rope(q.data(), T, hp.n_head, hp.head_dim, pos.data(), hp.rope_theta, hp.rope_style);
-    be.Rope(k.data(), T, hp.n_head_kv, hp.head_dim, pos.data(), hp.rope_theta, hp.rope_style);
-    KvView cache = kv.layer(l);
-    std::copy(k.begin(), k.end(), cache.k + static_cast<int64_t>(a.pos0) * KVD);
-    std::copy(v.begin(), v.end(), cache.v + static_cast<int64_t>(a.pos0) * KVD);
-    be.Attention(q.data(), cache, T, a.pos0, hp.n_head, hp.n_head_kv, hp.head_dim, hp.sliding_window,
-                 att.data());
-    be.MatMul(L.wo, att.data(), T, o.data());  // o (T, D)
-    if (hp.attn_out_bias) AddBias(o.data(), T, D, L.bo);
+    SelfAttention(hp, L, l, be, kv, h.data(), T, a.pos0, o.data());
     for (int64_t i = 0; i < T * D; ++i) x[i] += o[i];
-
-    // --- dense MLP layer ---
     be.RmsNorm(x.data(), L.ffn_norm.values.data(), T, D, hp.rms_eps, h.data());
-    if (hp.is_dense(l)) {
-      be.ExpertFfn(L.dense, h.data(), T, o.data());
-      for (int64_t i = 0; i < T * D; ++i) x[i] += o[i];
-      continue;
-    }
-
-    // --- routed experts ---
-    be.MatMul(L.router, h.data(), T, router.data());  // router (T, n_expert)
-    for (int64_t t = 0; t < T; ++t) {
-      Route(router.data() + t * hp.n_expert, hp.n_expert, static_cast<int>(K), hp.norm_topk_prob,
-            sel.data() + t * K, wts.data() + t * K);
-    }
-    if (a.experts != nullptr) a.experts->OnRoute(l, h.data(), T, sel.data(), static_cast<int>(K));
-    // Group tokens by expert so each expert's weights are fetched and used once per batch.
-    std::vector<std::vector<int64_t>> members(hp.n_expert);  // indices into sel (t * K + slot)
-    for (int64_t i = 0; i < T * K; ++i) members[sel[i]].push_back(i);
-    std::vector<int32_t> used;
-    for (int e = 0; e < hp.n_expert; ++e) {
-      if (!members[e].empty()) used.push_back(e);
-    }
-    std::vector<const ExpertWeights *> ew(used.size());
-    if (a.experts != nullptr) {
-      absl::Status st = a.experts->Acquire(l, used, &ew);
-      if (!st.ok()) return Annotate(st, absl::StrFormat("layer %d experts", l));
-    } else {
-      for (size_t u = 0; u < used.size(); ++u) ew[u] = &L.experts[used[u]];
-    }
-    for (size_t u = 0; u < used.size(); ++u) {
-      const std::vector<int64_t> &mem = members[used[u]];
-      const int64_t n = static_cast<int64_t>(mem.size());
-      xg.resize(n * D);
-      yg.resize(n * D);
-      for (int64_t m = 0; m < n; ++m) {
-        const int64_t t = mem[m] / K;
-        std::copy(h.begin() + t * D, h.begin() + (t + 1) * D, xg.begin() + m * D);
-      }
-      be.ExpertFfn(*ew[u], xg.data(), n, yg.data());
-      for (int64_t m = 0; m < n; ++m) {
-        std::copy(yg.begin() + m * D, yg.begin() + (m + 1) * D, slots.begin() + mem[m] * D);
-      }
-    }
-    if (a.experts != nullptr) a.experts->Release(l, used);
-    // moe (T, D) = sum over slots of weight * expert output, then the residual add.
-    for (int64_t t = 0; t < T; ++t) {
-      std::fill(o.begin() + t * D, o.begin() + (t + 1) * D, 0.f);
-      for (int64_t j = 0; j < K; ++j) {
-        const float wt = wts[t * K + j];
-        const float *y = slots.data() + (t * K + j) * D;
-        for (int64_t d = 0; d < D; ++d) o[t * D + d] += wt * y[d];
-      }
-    }
-    // --- shared expert(s): resident, every token ---
-    if (L.shared.present()) {
-      sh.resize(T * D);
-      be.ExpertFfn(L.shared, h.data(), T, sh.data());
-      if (L.shared_gate.tensor != nullptr) {
-        shg.resize(T);
-        be.MatMul(L.shared_gate, h.data(), T, shg.data());  // (T, 1)
-        for (int64_t t = 0; t < T; ++t) {
-          const float g = 1.0f / (1.0f + std::exp(-shg[t]));
-          for (int64_t d = 0; d < D; ++d) sh[t * D + d] *= g;
-        }
-      }
-      for (int64_t i = 0; i < T * D; ++i) o[i] += sh[i];
-    }
+    STRATA_RETURN_IF_ERROR(FeedForward(hp, L, l, be, a.experts, h.data(), T, o.data()));
     for (int64_t i = 0; i < T * D; ++i) x[i] += o[i];
   }
 

@@ -13,22 +13,30 @@
 
 namespace strata::model {
 
-// One session's KV cache: for each layer, n_ctx rows of kv_dim keys and values.
+// One session's KV cache: for each layer, n_ctx rows of k_width keys and v_width values. The
+// widths depend on the family: kv_dim each for grouped-query attention; for multi-head latent
+// attention the compressed latent plus the shared RoPE key in the k rows and no v rows.
 class KvCache {
  public:
+  struct Widths {
+    int k = 0, v = 0;
+  };
+  static Widths WidthsFor(const HParams &hp);
   absl::Status Init(const HParams &hp, int n_ctx);
   KvView layer(int l) {
-    const size_t off = static_cast<size_t>(l) * n_ctx_ * kv_dim_;
-    return KvView{k_.data() + off, v_.data() + off, n_ctx_};
+    return KvView{k_.data() + static_cast<size_t>(l) * n_ctx_ * w_.k,
+                  v_.data() + static_cast<size_t>(l) * n_ctx_ * w_.v, n_ctx_};
   }
   int n_ctx() const { return n_ctx_; }
+  Widths widths() const { return w_; }
   static uint64_t BytesFor(const HParams &hp, int n_ctx) {
-    return 2ull * hp.n_layer * static_cast<uint64_t>(n_ctx) * hp.kv_dim() * sizeof(float);
+    const Widths w = WidthsFor(hp);
+    return static_cast<uint64_t>(hp.n_layer) * static_cast<uint64_t>(n_ctx) * (w.k + w.v) * sizeof(float);
   }
 
  private:
   int n_ctx_ = 0;
-  int kv_dim_ = 0;
+  Widths w_;
   std::vector<float> k_, v_;
 };
 
