@@ -1,0 +1,138 @@
+// RAII owners of CUDA resources (see memory.h). Destructors ignore release errors: by then the
+// context may already be torn down (process exit), and there is no caller to hand an error to.
+#include "backends/cuda/memory.h"
+
+#include "backends/cuda/cuda_status.h"
+
+namespace strata::cuda {
+
+DeviceBuffer &DeviceBuffer::operator=(DeviceBuffer &&o) noexcept {
+  if (this != &o) {
+    Reset();
+    ptr_ = std::exchange(o.ptr_, nullptr);
+    size_ = std::exchange(o.size_, 0);
+  }
+  return *this;
+}
+
+absl::StatusOr<DeviceBuffer> DeviceBuffer::Allocate(size_t bytes) {
+  DeviceBuffer b;
+  if (bytes == 0) return b;
+  const cudaError_t err = cudaMalloc(&b.ptr_, bytes);
+  if (err != cudaSuccess) {
+    cudaGetLastError();  // an allocation failure is not sticky; clear it for later calls
+    b.ptr_ = nullptr;
+    return Annotate(CudaStatus(err, "cudaMalloc", __FILE__, __LINE__),
+                    absl::StrFormat("allocating %u bytes of device memory", bytes));
+  }
+  b.size_ = bytes;
+  return b;
+}
+
+void DeviceBuffer::Reset() {
+  if (ptr_ != nullptr) cudaFree(ptr_);
+  ptr_ = nullptr;
+  size_ = 0;
+}
+
+PinnedBuffer &PinnedBuffer::operator=(PinnedBuffer &&o) noexcept {
+  if (this != &o) {
+    Reset();
+    ptr_ = std::exchange(o.ptr_, nullptr);
+    size_ = std::exchange(o.size_, 0);
+  }
+  return *this;
+}
+
+absl::StatusOr<PinnedBuffer> PinnedBuffer::Allocate(size_t bytes, unsigned flags) {
+  PinnedBuffer b;
+  if (bytes == 0) return b;
+  const cudaError_t err = cudaHostAlloc(&b.ptr_, bytes, flags);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    b.ptr_ = nullptr;
+    return Annotate(CudaStatus(err, "cudaHostAlloc", __FILE__, __LINE__),
+                    absl::StrFormat("allocating %u bytes of pinned host memory", bytes));
+  }
+  b.size_ = bytes;
+  return b;
+}
+
+void PinnedBuffer::Reset() {
+  if (ptr_ != nullptr) cudaFreeHost(ptr_);
+  ptr_ = nullptr;
+  size_ = 0;
+}
+
+Stream &Stream::operator=(Stream &&o) noexcept {
+  if (this != &o) {
+    Reset();
+    s_ = std::exchange(o.s_, nullptr);
+  }
+  return *this;
+}
+
+absl::StatusOr<Stream> Stream::Create(bool non_blocking) {
+  Stream s;
+  STRATA_CUDA_RETURN_IF_ERROR(
+      cudaStreamCreateWithFlags(&s.s_, non_blocking ? cudaStreamNonBlocking : cudaStreamDefault));
+  return s;
+}
+
+absl::Status Stream::Synchronize() const {
+  STRATA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s_));
+  return absl::OkStatus();
+}
+
+absl::Status Stream::Wait(cudaEvent_t event) const {
+  STRATA_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(s_, event, 0));
+  return absl::OkStatus();
+}
+
+void Stream::Reset() {
+  if (s_ != nullptr) cudaStreamDestroy(s_);
+  s_ = nullptr;
+}
+
+Event &Event::operator=(Event &&o) noexcept {
+  if (this != &o) {
+    Reset();
+    e_ = std::exchange(o.e_, nullptr);
+  }
+  return *this;
+}
+
+absl::StatusOr<Event> Event::Create(bool timing) {
+  Event e;
+  STRATA_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e.e_, timing ? cudaEventDefault : cudaEventDisableTiming));
+  return e;
+}
+
+absl::Status Event::Record(cudaStream_t stream) const {
+  STRATA_CUDA_RETURN_IF_ERROR(cudaEventRecord(e_, stream));
+  return absl::OkStatus();
+}
+
+absl::Status Event::Synchronize() const {
+  STRATA_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(e_));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<float> Event::ElapsedMs(const Event &start, const Event &end) {
+  float ms = 0.f;
+  STRATA_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, start.e_, end.e_));
+  return ms;
+}
+
+void Event::Reset() {
+  if (e_ != nullptr) cudaEventDestroy(e_);
+  e_ = nullptr;
+}
+
+absl::Status CopyAsync(void *dst, const void *src, size_t bytes, cudaStream_t stream) {
+  if (bytes == 0) return absl::OkStatus();
+  STRATA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream));
+  return absl::OkStatus();
+}
+
+}  // namespace strata::cuda

@@ -1,0 +1,113 @@
+// RAII owners of CUDA resources: device buffers, pinned host buffers, streams and events. Each is
+// move-only, created by a factory that returns StatusOr (never throws or aborts), and releases its
+// resource in the destructor; a moved-from or default object owns nothing and destroys harmlessly.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <utility>
+
+#include "lib/util/status.h"
+
+namespace strata::cuda {
+
+// Device memory from cudaMalloc (256-byte aligned). Contents are uninitialised.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  ~DeviceBuffer() { Reset(); }
+  DeviceBuffer(DeviceBuffer &&o) noexcept : ptr_(std::exchange(o.ptr_, nullptr)), size_(std::exchange(o.size_, 0)) {}
+  DeviceBuffer &operator=(DeviceBuffer &&o) noexcept;
+  DeviceBuffer(const DeviceBuffer &) = delete;
+  DeviceBuffer &operator=(const DeviceBuffer &) = delete;
+
+  // MOE_ERR_NO_MEMORY when the device cannot hold `bytes`. Zero bytes gives an empty buffer.
+  static absl::StatusOr<DeviceBuffer> Allocate(size_t bytes);
+
+  void *data() const { return ptr_; }
+  template <typename T>
+  T *as() const { return static_cast<T *>(ptr_); }
+  size_t size() const { return size_; }
+  void Reset();
+
+ private:
+  void *ptr_ = nullptr;
+  size_t size_ = 0;
+};
+
+// Page-locked host memory from cudaHostAlloc: the source or target of asynchronous copies.
+class PinnedBuffer {
+ public:
+  PinnedBuffer() = default;
+  ~PinnedBuffer() { Reset(); }
+  PinnedBuffer(PinnedBuffer &&o) noexcept : ptr_(std::exchange(o.ptr_, nullptr)), size_(std::exchange(o.size_, 0)) {}
+  PinnedBuffer &operator=(PinnedBuffer &&o) noexcept;
+  PinnedBuffer(const PinnedBuffer &) = delete;
+  PinnedBuffer &operator=(const PinnedBuffer &) = delete;
+
+  // flags: cudaHostAllocDefault, cudaHostAllocPortable, cudaHostAllocWriteCombined (for buffers the
+  // host only writes and the device only reads: faster host-to-device copies).
+  static absl::StatusOr<PinnedBuffer> Allocate(size_t bytes, unsigned flags = cudaHostAllocDefault);
+
+  void *data() const { return ptr_; }
+  template <typename T>
+  T *as() const { return static_cast<T *>(ptr_); }
+  size_t size() const { return size_; }
+  void Reset();
+
+ private:
+  void *ptr_ = nullptr;
+  size_t size_ = 0;
+};
+
+// A CUDA stream. Non-blocking streams do not synchronise with the legacy default stream, so copy
+// and compute streams overlap.
+class Stream {
+ public:
+  Stream() = default;
+  ~Stream() { Reset(); }
+  Stream(Stream &&o) noexcept : s_(std::exchange(o.s_, nullptr)) {}
+  Stream &operator=(Stream &&o) noexcept;
+  Stream(const Stream &) = delete;
+  Stream &operator=(const Stream &) = delete;
+
+  static absl::StatusOr<Stream> Create(bool non_blocking = true);
+  cudaStream_t get() const { return s_; }
+  // Waits for all work queued so far; returns the first asynchronous error it reports.
+  absl::Status Synchronize() const;
+  // Makes later work on this stream wait for `event` (recorded on another stream).
+  absl::Status Wait(cudaEvent_t event) const;
+  void Reset();
+
+ private:
+  cudaStream_t s_ = nullptr;
+};
+
+// A CUDA event: ordering between streams and, when created with timing, elapsed times.
+class Event {
+ public:
+  Event() = default;
+  ~Event() { Reset(); }
+  Event(Event &&o) noexcept : e_(std::exchange(o.e_, nullptr)) {}
+  Event &operator=(Event &&o) noexcept;
+  Event(const Event &) = delete;
+  Event &operator=(const Event &) = delete;
+
+  // Without timing the event is cheaper to record and wait on (cudaEventDisableTiming).
+  static absl::StatusOr<Event> Create(bool timing = false);
+  cudaEvent_t get() const { return e_; }
+  absl::Status Record(cudaStream_t stream) const;
+  absl::Status Synchronize() const;
+  // Milliseconds between two completed timing events.
+  static absl::StatusOr<float> ElapsedMs(const Event &start, const Event &end);
+  void Reset();
+
+ private:
+  cudaEvent_t e_ = nullptr;
+};
+
+// Asynchronous copies on `stream` (cudaMemcpyDefault: the direction follows from the pointers).
+absl::Status CopyAsync(void *dst, const void *src, size_t bytes, cudaStream_t stream);
+
+}  // namespace strata::cuda
