@@ -113,7 +113,6 @@ void CpuBackend::Rope(float *x, int64_t n_tok, int n_heads, int head_dim, const 
 void CpuBackend::Attention(const float *q, const model::KvView &kv, int64_t n_tok, int pos0, int n_head,
                            int n_head_kv, int head_dim, int window, float *out) {
   const int group = n_head / n_head_kv;
-  const int kv_dim = n_head_kv * head_dim;
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
   pool_.ParallelFor(n_tok * n_head, 1, [&](int64_t i0, int64_t i1, int) {
     std::vector<float> scores;
@@ -127,7 +126,7 @@ void CpuBackend::Attention(const float *q, const model::KvView &kv, int64_t n_to
       scores.resize(pos + 1 - first);
       float mx = -INFINITY;
       for (int j = first; j <= pos; ++j) {
-        float sc = Dot(qh, kv.k + static_cast<int64_t>(j) * kv_dim + kvh * head_dim, head_dim) * scale;
+        float sc = Dot(qh, kv.k_row(j) + kvh * head_dim, head_dim) * scale;
         scores[j - first] = sc;
         mx = std::max(mx, sc);
       }
@@ -141,7 +140,7 @@ void CpuBackend::Attention(const float *q, const model::KvView &kv, int64_t n_to
       std::fill(o, o + head_dim, 0.f);
       for (int j = first; j <= pos; ++j) {
         const float p = scores[j - first] * inv;
-        const float *vj = kv.v + static_cast<int64_t>(j) * kv_dim + kvh * head_dim;
+        const float *vj = kv.v_row(j) + kvh * head_dim;
         for (int d = 0; d < head_dim; ++d) o[d] += p * vj[d];
       }
     }

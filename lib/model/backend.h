@@ -12,11 +12,16 @@
 
 namespace strata::model {
 
-// One layer's slice of a session's KV cache: (n_ctx, kv_dim) keys and values.
+// One layer's slice of a session's KV cache: n_ctx rows of k_width keys and v_width values. Code
+// reaches rows only through k_row / v_row, so the storage behind a view may change (blocks).
 struct KvView {
   float *k = nullptr;
   float *v = nullptr;
   int n_ctx = 0;
+  int k_width = 0;
+  int v_width = 0;
+  float *k_row(int pos) const { return k + static_cast<int64_t>(pos) * k_width; }
+  float *v_row(int pos) const { return v + static_cast<int64_t>(pos) * v_width; }
 };
 
 class Backend {

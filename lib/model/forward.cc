@@ -89,8 +89,10 @@ void SelfAttention(const HParams &hp, const LayerWeights &L, int l, Backend &be,
   be.Rope(q.data(), T, hp.n_head, hp.head_dim, pos.data(), hp.rope_theta, hp.rope_style);
   be.Rope(k.data(), T, hp.n_head_kv, hp.head_dim, pos.data(), hp.rope_theta, hp.rope_style);
   KvView cache = kv.layer(l);
-  std::copy(k.begin(), k.end(), cache.k + static_cast<int64_t>(pos0) * KVD);
-  std::copy(v.begin(), v.end(), cache.v + static_cast<int64_t>(pos0) * KVD);
+  for (int64_t t = 0; t < T; ++t) {
+    std::copy(k.begin() + t * KVD, k.begin() + (t + 1) * KVD, cache.k_row(pos0 + static_cast<int>(t)));
+    std::copy(v.begin() + t * KVD, v.begin() + (t + 1) * KVD, cache.v_row(pos0 + static_cast<int>(t)));
+  }
   be.Attention(q.data(), cache, T, pos0, hp.n_head, hp.n_head_kv, hp.head_dim, hp.window(l), att.data());
   be.MatMul(L.wo, att.data(), T, o);  // o (T, D)
   if (hp.attn_out_bias) AddBias(o, T, D, L.bo);

@@ -25,7 +25,7 @@ class KvCache {
   absl::Status Init(const HParams &hp, int n_ctx);
   KvView layer(int l) {
     return KvView{k_.data() + static_cast<size_t>(l) * n_ctx_ * w_.k,
-                  v_.data() + static_cast<size_t>(l) * n_ctx_ * w_.v, n_ctx_};
+                  v_.data() + static_cast<size_t>(l) * n_ctx_ * w_.v, n_ctx_, w_.k, w_.v};
   }
   int n_ctx() const { return n_ctx_; }
   Widths widths() const { return w_; }
