@@ -174,40 +174,80 @@ absl::Status FeedForward(const HParams &hp, const LayerWeights &L, int l, Backen
 
 }  // namespace
 
-absl::Status Forward(const HParams &hp, const ModelWeights &w, Backend &be, KvCache &kv,
-                     const ForwardArgs &a, std::vector<float> *logits) {
-  const int64_t T = a.n_tok;
-  if (T <= 0) return Errorf(MOE_ERR_INVALID_ARGUMENT, "forward pass over %d tokens", T);
-  if (a.pos0 < 0 || a.pos0 + T > kv.n_ctx()) {
-    return Errorf(MOE_ERR_LIMIT_CONTEXT, "positions %d..%d do not fit the context of %d tokens", a.pos0,
-                  a.pos0 + T - 1, kv.n_ctx());
-  }
-  for (int64_t t = 0; t < T; ++t) {
-    if (a.tokens[t] < 0 || a.tokens[t] >= hp.n_vocab) {
-      return Errorf(MOE_ERR_INVALID_ARGUMENT, "token id %d is outside the vocabulary of %d", a.tokens[t],
-                    hp.n_vocab);
+absl::Status Forward(const HParams &hp, const ModelWeights &w, Backend &be, const ForwardArgs &a,
+                     std::vector<std::vector<float>> *logits) {
+  const size_t n_seq = a.seqs.size();
+  if (n_seq == 0) return Errorf(MOE_ERR_INVALID_ARGUMENT, "forward pass over no sequence");
+  // Row offsets of each sequence in the concatenated batch.
+  std::vector<int64_t> row0(n_seq + 1, 0);
+  for (size_t s = 0; s < n_seq; ++s) {
+    const SequenceArgs &q = a.seqs[s];
+    if (q.kv == nullptr || q.n_tok <= 0 || q.tokens == nullptr) {
+      return Errorf(MOE_ERR_INVALID_ARGUMENT, "sequence %u of the batch: no cache or %d tokens", s, q.n_tok);
     }
+    if (q.pos0 < 0 || q.pos0 + q.n_tok > q.kv->n_ctx()) {
+      return Errorf(MOE_ERR_LIMIT_CONTEXT, "positions %d..%d do not fit the context of %d tokens", q.pos0,
+                    q.pos0 + q.n_tok - 1, q.kv->n_ctx());
+    }
+    for (int64_t t = 0; t < q.n_tok; ++t) {
+      if (q.tokens[t] < 0 || q.tokens[t] >= hp.n_vocab) {
+        return Errorf(MOE_ERR_INVALID_ARGUMENT, "token id %d is outside the vocabulary of %d", q.tokens[t],
+                      hp.n_vocab);
+      }
+    }
+    for (size_t r = 0; r < s; ++r) {
+      if (a.seqs[r].kv == q.kv) return Errorf(MOE_ERR_INVALID_ARGUMENT, "sequences %u and %u share a cache", r, s);
+    }
+    row0[s + 1] = row0[s] + q.n_tok;
   }
-  const int64_t D = hp.n_embd;
+  const int64_t T = row0[n_seq], D = hp.n_embd;
+  std::vector<int32_t> tokens(T);
+  for (size_t s = 0; s < n_seq; ++s) std::copy(a.seqs[s].tokens, a.seqs[s].tokens + a.seqs[s].n_tok, tokens.begin() + row0[s]);
   std::vector<float> x(T * D), h(T * D), o(T * D);
-  be.GetRows(w.tok_embd, a.tokens, T, x.data());  // x (T, D)
+  be.GetRows(w.tok_embd, tokens.data(), T, x.data());  // x (T, D): every sequence's rows in order
 
   for (int l = 0; l < hp.n_layer; ++l) {
     const LayerWeights &L = w.layers[l];
     be.RmsNorm(x.data(), L.attn_norm.values.data(), T, D, hp.rms_eps, h.data());
-    SelfAttention(hp, L, l, be, kv, h.data(), T, a.pos0, o.data());
+    for (size_t s = 0; s < n_seq; ++s) {  // attention: each sequence over its own cache
+      const SequenceArgs &q = a.seqs[s];
+      SelfAttention(hp, L, l, be, *q.kv, h.data() + row0[s] * D, q.n_tok, q.pos0, o.data() + row0[s] * D);
+    }
     for (int64_t i = 0; i < T * D; ++i) x[i] += o[i];
     be.RmsNorm(x.data(), L.ffn_norm.values.data(), T, D, hp.rms_eps, h.data());
-    STRATA_RETURN_IF_ERROR(FeedForward(hp, L, l, be, a.experts, h.data(), T, o.data()));
+    STRATA_RETURN_IF_ERROR(FeedForward(hp, L, l, be, a.experts, h.data(), T, o.data()));  // all tokens at once
     for (int64_t i = 0; i < T * D; ++i) x[i] += o[i];
   }
 
-  // --- output head ---
-  const int64_t first = a.all_logits ? 0 : T - 1;
-  const int64_t n_out = T - first;
-  be.RmsNorm(x.data() + first * D, w.output_norm.values.data(), n_out, D, hp.rms_eps, h.data());
-  logits->resize(n_out * hp.n_vocab);
-  be.MatMul(w.output, h.data(), n_out, logits->data());
+  // --- output head: the rows each sequence wants, gathered into one matrix ---
+  std::vector<int64_t> out_rows;
+  for (size_t s = 0; s < n_seq; ++s) {
+    const int64_t first = a.seqs[s].all_logits ? row0[s] : row0[s + 1] - 1;
+    for (int64_t r = first; r < row0[s + 1]; ++r) out_rows.push_back(r);
+  }
+  const int64_t n_out = static_cast<int64_t>(out_rows.size());
+  std::vector<float> xo(n_out * D), all(n_out * hp.n_vocab);
+  for (int64_t i = 0; i < n_out; ++i) std::copy(x.begin() + out_rows[i] * D, x.begin() + (out_rows[i] + 1) * D, xo.begin() + i * D);
+  be.RmsNorm(xo.data(), w.output_norm.values.data(), n_out, D, hp.rms_eps, h.data());
+  be.MatMul(w.output, h.data(), n_out, all.data());  // (n_out, n_vocab)
+  logits->resize(n_seq);
+  int64_t done = 0;
+  for (size_t s = 0; s < n_seq; ++s) {
+    const int64_t n = a.seqs[s].all_logits ? a.seqs[s].n_tok : 1;
+    (*logits)[s].assign(all.begin() + done * hp.n_vocab, all.begin() + (done + n) * hp.n_vocab);
+    done += n;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Forward(const HParams &hp, const ModelWeights &w, Backend &be, KvCache &kv, const int32_t *tokens,
+                     int64_t n_tok, int pos0, bool all_logits, ExpertSource *experts, std::vector<float> *logits) {
+  ForwardArgs a;
+  a.seqs.push_back(SequenceArgs{&kv, tokens, n_tok, pos0, all_logits});
+  a.experts = experts;
+  std::vector<std::vector<float>> out;
+  STRATA_RETURN_IF_ERROR(Forward(hp, w, be, a, &out));
+  *logits = std::move(out[0]);
   return absl::OkStatus();
 }
 
