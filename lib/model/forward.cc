@@ -240,7 +240,7 @@ void LatentAttention(const HParams &hp, const LayerWeights &L, int l, Backend &b
   if (hp.q_lora_rank > 0) {
     std::vector<float> qa(T * hp.q_lora_rank);
     be.MatMul(L.wq_a, h, T, qa.data());  // (T, q_lora_rank)
-    be.RmsNorm(qa.data(), L.q_a_norm.values.data(), T, hp.q_lora_rank, hp.rms_eps, qa.data());
+    be.RmsNorm(qa.data(), L.q_a_norm.values.data(), T, hp.q_lora_rank, hp.lora_norm_eps, qa.data());
     be.MatMul(L.wq_b, qa.data(), T, q.data());
   } else {
     be.MatMul(L.wq, h, T, q.data());
@@ -249,7 +249,7 @@ void LatentAttention(const HParams &hp, const LayerWeights &L, int l, Backend &b
   std::vector<float> kva(T * W), kpe(T * ROPE), qpe(T * H * ROPE);
   be.MatMul(L.wkv_a, h, T, kva.data());
   for (int64_t t = 0; t < T; ++t) {
-    be.RmsNorm(kva.data() + t * W, L.kv_a_norm.values.data(), 1, R, hp.rms_eps, kva.data() + t * W);
+    be.RmsNorm(kva.data() + t * W, L.kv_a_norm.values.data(), 1, R, hp.lora_norm_eps, kva.data() + t * W);
     std::copy(kva.begin() + t * W + R, kva.begin() + (t + 1) * W, kpe.begin() + t * ROPE);
     for (int64_t hh = 0; hh < H; ++hh) {
       const float *src = q.data() + (t * H + hh) * QK + NOPE;

@@ -165,6 +165,7 @@ absl::StatusOr<HParams> FromGgufFamily(const ModelFile &mf, const std::string &a
     hp.mla = true;
     hp.rope_style = RopeStyle::kNormal;  // the converter keeps DeepSeek's interleaved pairs
     hp.n_head_kv = hp.n_head;            // the file's head_count_kv (1) describes the latent MQA form
+    hp.lora_norm_eps = hp.rms_eps;       // llama.cpp normalises the latents with the model's epsilon
     STRATA_ASSIGN_OR_RETURN(v, GgufIntOr(g, p + "attention.q_lora_rank", 0)); hp.q_lora_rank = static_cast<int>(v);
     STRATA_ASSIGN_OR_RETURN(v, GgufInt(g, p + "attention.kv_lora_rank")); hp.kv_lora_rank = static_cast<int>(v);
     STRATA_ASSIGN_OR_RETURN(v, GgufInt(g, p + "rope.dimension_count")); hp.qk_rope_dim = static_cast<int>(v);

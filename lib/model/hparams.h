@@ -74,6 +74,7 @@ struct HParams {
   bool mla = false;
   int q_lora_rank = 0, kv_lora_rank = 0, qk_nope_dim = 0, qk_rope_dim = 0, v_head_dim = 0;
   int n_shared_experts = 0;      // DeepSeek n_shared_experts (n_ff_shared = this * n_ff_expert)
+  float lora_norm_eps = 1e-6f;   // epsilon of q_a / kv_a norms (transformers: fixed 1e-6; GGUF: rms_eps)
 
   int q_dim() const { return n_head * head_dim; }
   int rope_dim() const { return mla ? qk_rope_dim : head_dim; }

@@ -190,7 +190,7 @@ CASES = {
                  qk_nope_head_dim=16, qk_rope_head_dim=8, head_dim=8, v_head_dim=16, intermediate_size=48,
                  moe_intermediate_size=16, n_routed_experts=8, num_experts_per_tok=2,
                  n_shared_experts=1, first_k_dense_replace=1, routed_scaling_factor=1.5,
-                 topk_method="group_limited_greedy", n_group=4, topk_group=2, norm_topk_prob=False,
+                 topk_method="group_limited_greedy", n_group=4, topk_group=1, norm_topk_prob=False,
                  rope_theta=1e4, attention_bias=False, mlp_bias=False),
     ),
     # DeepSeek-V2-Lite: no q LoRA (one q_proj), greedy routing; GGUF as current llama.cpp writes it
@@ -511,18 +511,17 @@ def router_stats(model, ids: list[int], top_k: int) -> tuple[float, list]:
     gaps, sel = [], []
     moe_layers = [layer.mlp for layer in model.model.layers if router_of(layer.mlp) is not None]
     for li, rl in enumerate(probe.logits):
-        choice, gap_scale = selection_scores(model.config, moe_layers[li], rl)
+        choice, gap_scale, group_gap = selection_scores(model.config, moe_layers[li], rl)
         s, idx = torch.sort(choice, dim=-1, descending=True)
-        gaps.append((s[:, top_k - 1] - s[:, top_k]).min().item() * gap_scale)
+        gaps.append(min((s[:, top_k - 1] - s[:, top_k]).min().item() * gap_scale, group_gap))
         sel.append(torch.sort(idx[:, :top_k], dim=-1).values)
     return float(min(gaps)), sel
 
 
 def selection_scores(cfg, mlp, logits: torch.Tensor):
-    """What the router ranks to select experts, with experts of dropped groups at -inf, and the
-    factor that puts a gap of it on the logit scale of MIN_ROUTER_GAP. For DeepSeek's grouped
-    routing the margin between the last kept and the first dropped group counts too (as a gap of
-    the kept groups' experts over the -inf ones, folded into the same minimum)."""
+    """What the router ranks to select experts (experts of dropped groups at -inf), the factor
+    that puts a gap of it on the logit scale of MIN_ROUTER_GAP, and for DeepSeek's grouped routing
+    the margin between the last kept and the first dropped group on that scale (inf otherwise)."""
     mt = cfg.model_type
     if mt == "deepseek_v3":
         choice = logits.sigmoid() + mlp.gate.e_score_correction_bias.float()
@@ -535,17 +534,13 @@ def selection_scores(cfg, mlp, logits: torch.Tensor):
         grp = choice.view(-1, cfg.n_group, per).max(dim=-1).values
         scale = 1.0
     else:
-        return logits, 1.0
+        return logits, 1.0, float("inf")
     gs = torch.sort(grp, dim=-1, descending=True).values
     group_gap = (gs[:, cfg.topk_group - 1] - gs[:, cfg.topk_group]).min().item()
     keep = torch.zeros_like(grp, dtype=torch.bool)
     keep.scatter_(1, grp.topk(cfg.topk_group, dim=-1)[1], True)
     mask = keep.unsqueeze(-1).expand(-1, cfg.n_group, per).reshape(choice.shape)
-    choice = choice.masked_fill(~mask, float("-inf"))
-    if group_gap * scale < MIN_ROUTER_GAP:  # an undecided group choice makes the case indecisive
-        choice = choice.clone()
-        choice[:] = 0.0
-    return choice, scale
+    return choice.masked_fill(~mask, float("-inf")), scale, group_gap * scale
 
 
 def router_gap(model, ids: list[int], top_k: int) -> float:
@@ -1452,6 +1447,12 @@ def feature_effects(model, case: dict, tokens: list[int], logits: torch.Tensor) 
     if mt == "deepseek_v3":
         effect("selection_bias", lambda m: [l.mlp.gate.e_score_correction_bias.zero_()
                                             for l in m.model.layers if hasattr(l.mlp, "gate")])
+    if mt == "deepseek_v3" or getattr(model.config, "topk_method", "") == "group_limited_greedy":
+        def all_groups(m):
+            for l in m.model.layers:
+                if hasattr(l.mlp, "gate"):
+                    l.mlp.gate.topk_group = l.mlp.gate.num_group
+        effect("group_limited_selection", all_groups)
     if mt in ("deepseek_v2", "deepseek_v3"):
         def unit_scale(m):
             for l in m.model.layers:

@@ -146,7 +146,7 @@ TEST_CASE("DeepSeek and gpt-oss hyper-parameters", "[golden][families]") {
     CHECK(hp.rope_style == RopeStyle::kNormal);
     CHECK(hp.gating == Gating::kSoftmax);
     CHECK(hp.n_group == 4);
-    CHECK(hp.topk_group == 2);
+    CHECK(hp.topk_group == 1);
     CHECK(hp.routed_scale == 1.5f);
     CHECK_FALSE(hp.norm_topk_prob);
     CHECK(hp.is_dense(0));
