@@ -223,3 +223,31 @@ TEST_CASE("MLA: split and fused latent projections bind", "[golden][families]") 
   }
 }
 
+
+TEST_CASE("DeepSeek and gpt-oss greedy continuations reproduce transformers' tokens", "[golden][families]") {
+  for (const char *rel : {"deepseek2_f32/hf", "deepseek3_f32/model-f32.gguf", "gptoss_f32/hf", "gptoss_f32/model-f32.gguf"}) {
+    const std::string rs(rel);
+    const std::string dir = kGolden + rs.substr(0, rs.find('/')) + "/";
+    const auto tokens = ReadBinary<int32_t>(dir + "tokens.bin");
+    const std::string path = kGolden + rs;
+    moe_params p;
+    moe_params_init(&p);
+    p.model_path = path.c_str();
+    moe_ctx *ctx = nullptr;
+    INFO(path << ": " << moe_last_error());
+    REQUIRE(moe_ctx_open(&p, &ctx) == MOE_OK);
+    moe_session *s = nullptr;
+    REQUIRE(moe_session_open(ctx, nullptr, &s) == MOE_OK);  // defaults: greedy
+    REQUIRE(moe_session_feed(s, tokens.data(), 12) == MOE_OK);
+    for (size_t i = 12; i < tokens.size(); ++i) {
+      REQUIRE(moe_ctx_step(ctx, nullptr) == MOE_OK);
+      int32_t tok = -1;
+      REQUIRE(moe_session_sample(s, &tok) == MOE_OK);
+      INFO("position " << i);
+      CHECK(tok == tokens[i]);
+      REQUIRE(moe_session_feed(s, &tok, 1) == MOE_OK);
+    }
+    moe_session_close(s);
+    moe_ctx_close(ctx);
+  }
+}
