@@ -3,7 +3,9 @@
 // cache, router softmax -> top-k -> optional renormalisation, SwiGLU experts, output head.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "lib/model/backend.h"
@@ -13,19 +15,21 @@
 
 namespace strata::model {
 
-// One session's KV cache: for each layer, n_ctx rows of k_width keys and v_width values. The
-// widths depend on the family: kv_dim each for grouped-query attention; for multi-head latent
-// attention the compressed latent plus the shared RoPE key in the k rows and no v rows.
+// One session's KV cache: for each layer, n_ctx rows of k_width keys and v_width values, in the
+// memory of the backend that computes with it. The widths depend on the family: kv_dim each for
+// grouped-query attention; for multi-head latent attention the compressed latent plus the shared
+// RoPE key in the k rows and no v rows.
 class KvCache {
  public:
   struct Widths {
     int k = 0, v = 0;
   };
   static Widths WidthsFor(const HParams &hp);
-  absl::Status Init(const HParams &hp, int n_ctx);
+  // Zero-filled rows from be.Allocate. MOE_ERR_NO_MEMORY when the backend cannot hold them.
+  absl::Status Init(const HParams &hp, int n_ctx, Backend &be);
   KvView layer(int l) {
-    return KvView{k_.data() + static_cast<size_t>(l) * n_ctx_ * w_.k,
-                  v_.data() + static_cast<size_t>(l) * n_ctx_ * w_.v, n_ctx_, w_.k, w_.v};
+    return KvView{base(k_) + static_cast<size_t>(l) * n_ctx_ * w_.k,
+                  base(v_) + static_cast<size_t>(l) * n_ctx_ * w_.v, n_ctx_, w_.k, w_.v};
   }
   int n_ctx() const { return n_ctx_; }
   Widths widths() const { return w_; }
@@ -35,9 +39,12 @@ class KvCache {
   }
 
  private:
+  static float *base(const std::unique_ptr<Buffer> &b) {
+    return b == nullptr ? nullptr : static_cast<float *>(b->data());
+  }
   int n_ctx_ = 0;
   Widths w_;
-  std::vector<float> k_, v_;
+  std::unique_ptr<Buffer> k_, v_;
 };
 
 // Where the routed experts' bytes come from. For each layer the forward pass reports the routing
@@ -48,7 +55,7 @@ class KvCache {
 class ExpertSource {
  public:
   virtual ~ExpertSource() = default;
-  // `h` (n_tok, n_embd): the normalised input of layer l's experts; `selected` (n_tok * k) the
+  // `h` (n_tok, n_embd): the normalised input of layer l's experts, in the backend's memory; `selected` (n_tok * k) the
   // expert ids chosen for each token.
   virtual void OnRoute(int layer, const float *h, int64_t n_tok, const int32_t *selected, int k) {}
   // out[i] receives the weights of experts[i], valid until Release(layer, experts). On failure
@@ -74,7 +81,13 @@ struct SequenceArgs {
 struct ForwardArgs {
   std::vector<SequenceArgs> seqs;
   ExpertSource *experts = nullptr;   // nullptr: the resident weights in `w`
+  // Caller-owned activation workspace in the backend's memory, replaced by a larger one when it
+  // holds fewer than ForwardWorkspaceBytes; nullptr: one for this call only.
+  std::unique_ptr<Buffer> *workspace = nullptr;
 };
+
+// Bytes of backend memory a forward pass over n_tok tokens with n_out rows of logits needs.
+size_t ForwardWorkspaceBytes(const HParams &hp, int64_t n_tok, int64_t n_out);
 
 // Runs the sequences through the model, writing their K/V into their caches and the logits of
 // sequence i into (*logits)[i] ((all_logits ? n_tok : 1) x n_vocab). Requires pos0 + n_tok <=

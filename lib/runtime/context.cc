@@ -115,8 +115,10 @@ absl::StatusOr<std::unique_ptr<Context>> Context::Open(const ContextOptions &o) 
   // Experts stream when the plan's RAM tier cannot hold them all.
   const bool streaming = ctx->plan_.ram_expert_slots < ctx->plan_.n_routed_experts;
   STRATA_RETURN_IF_ERROR(ctx->store_.Load(*ctx->file_, ctx->weights_, /*routed_experts=*/!streaming));
-  ctx->backend_ = std::make_unique<cpu::CpuBackend>(
-      o.n_threads, o.cpu_q8_activations ? cpu::MatMulMode::kQ8Activations : cpu::MatMulMode::kExact);
+  if (ctx->backend_ == nullptr) {
+    ctx->backend_ = std::make_unique<cpu::CpuBackend>(
+        o.n_threads, o.cpu_q8_activations ? cpu::MatMulMode::kQ8Activations : cpu::MatMulMode::kExact);
+  }
   ctx->table_ = std::make_unique<store::ExpertTable>(ctx->weights_);
   ctx->resident_layer_hits_.assign(ctx->hp_.n_layer, 0);
   ctx->expert_counts_.assign(static_cast<size_t>(ctx->hp_.n_layer) * ctx->hp_.n_expert, 0);
@@ -167,7 +169,7 @@ absl::StatusOr<Session *> Context::OpenSession(const SessionOptions &o) {
   }
   auto s = std::unique_ptr<Session>(new Session(this, o));
   s->n_ctx_ = o.n_ctx > 0 ? o.n_ctx : n_ctx_;
-  STRATA_RETURN_IF_ERROR(s->kv_.Init(hp_, s->n_ctx_));
+  STRATA_RETURN_IF_ERROR(s->kv_.Init(hp_, s->n_ctx_, *backend_));
   std::lock_guard<std::mutex> lk(mu_);
   sessions_.push_back(std::move(s));
   return sessions_.back().get();
@@ -363,6 +365,7 @@ absl::Status Context::StepLocked(int cap, bool *ran) {
     }
     counting.layer_major = cache_ != nullptr && pass_tok >= prefill_layer_min_;
     a.experts = &counting;
+    a.workspace = &workspace_;
     std::vector<std::vector<float>> logits;
     // On failure no session is committed: the KV rows written at positions >= n_past are not part
     // of any session and are overwritten by the retry.
