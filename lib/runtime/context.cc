@@ -12,6 +12,10 @@
 #include "nlohmann/json.hpp"
 
 #include "backends/cpu/cpu_backend.h"
+#ifdef STRATA_HAVE_CUDA
+#include "backends/cuda/cuda_backend.h"
+#include "backends/cuda/device.h"
+#endif
 #include "lib/model/pack.h"
 
 namespace strata::runtime {
@@ -79,10 +83,12 @@ std::string LoadChatTemplate(const model::ModelFile &mf) {
 
 absl::StatusOr<std::unique_ptr<Context>> Context::Open(const ContextOptions &o) {
   if (o.model_path.empty()) return Errorf(MOE_ERR_INVALID_ARGUMENT, "no model path given");
+#ifndef STRATA_HAVE_CUDA
   if (o.backend == MOE_BACKEND_CUDA) {
     return Errorf(MOE_ERR_UNSUPPORTED_BACKEND, "the CUDA backend is not available in this build");
   }
-  if (o.backend != MOE_BACKEND_AUTO && o.backend != MOE_BACKEND_CPU) {
+#endif
+  if (o.backend != MOE_BACKEND_AUTO && o.backend != MOE_BACKEND_CPU && o.backend != MOE_BACKEND_CUDA) {
     return Errorf(MOE_ERR_INVALID_ARGUMENT, "unknown backend %d", o.backend);
   }
   if (o.n_ctx < 0 || o.n_threads < 0 || o.max_sessions < 0) {
@@ -115,6 +121,20 @@ absl::StatusOr<std::unique_ptr<Context>> Context::Open(const ContextOptions &o) 
   // Experts stream when the plan's RAM tier cannot hold them all.
   const bool streaming = ctx->plan_.ram_expert_slots < ctx->plan_.n_routed_experts;
   STRATA_RETURN_IF_ERROR(ctx->store_.Load(*ctx->file_, ctx->weights_, /*routed_experts=*/!streaming));
+#ifdef STRATA_HAVE_CUDA
+  // CUDA computes from VRAM copies of the resident weights, so it needs every expert resident
+  // (streaming experts into VRAM slots is the VRAM tier, not built yet): AUTO falls back to the CPU.
+  const bool cuda = o.backend == MOE_BACKEND_CUDA || (o.backend == MOE_BACKEND_AUTO && cuda::DeviceCount() > 0 && !streaming);
+  if (cuda) {
+    if (streaming) {
+      return Errorf(MOE_ERR_UNSUPPORTED_BACKEND,
+                    "the CUDA backend needs every expert resident: %d of %d fit the RAM budget",
+                    ctx->plan_.ram_expert_slots, ctx->plan_.n_routed_experts);
+    }
+    STRATA_ASSIGN_OR_RETURN(ctx->backend_, cuda::CudaBackend::Create(ctx->weights_, ctx->store_.arena(),
+                                                                     ctx->store_.resident_bytes()));
+  }
+#endif
   if (ctx->backend_ == nullptr) {
     ctx->backend_ = std::make_unique<cpu::CpuBackend>(
         o.n_threads, o.cpu_q8_activations ? cpu::MatMulMode::kQ8Activations : cpu::MatMulMode::kExact);
