@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -17,7 +18,14 @@
 
 namespace strata::testing {
 
-inline const std::string kGolden = std::string(STRATA_SOURCE_DIR) + "/tests/golden/";
+// The fixtures: $STRATA_GOLDEN_DIR when set (test binaries run away from the source tree, e.g. on the
+// GPU machine), else the source tree's tests/golden.
+inline std::string GoldenDir() {
+  const char *env = std::getenv("STRATA_GOLDEN_DIR");
+  if (env != nullptr && *env != '\0') return std::string(env) + "/";
+  return std::string(STRATA_SOURCE_DIR) + "/tests/golden/";
+}
+inline const std::string kGolden = GoldenDir();
 
 template <typename T>
 inline std::vector<T> ReadBinary(const std::string &path) {
@@ -44,11 +52,12 @@ inline double NormalizedMaxError(const std::vector<float> &a, const std::vector<
 
 // Runs `tokens` through a fresh session: the first `prefill` as one batch, then one at a time.
 // Returns the logits of every position, (n_tokens, n_vocab).
-inline std::vector<float> TeacherForced(const std::string &model, const std::vector<int32_t> &tokens, size_t prefill) {
+inline std::vector<float> TeacherForced(const std::string &model, const std::vector<int32_t> &tokens, size_t prefill,
+                                        int32_t backend = MOE_BACKEND_CPU) {
   moe_params p;
   moe_params_init(&p);
   p.model_path = model.c_str();
-  p.backend = MOE_BACKEND_CPU;
+  p.backend = backend;
   p.n_threads = 2;
   moe_ctx *ctx = nullptr;
   INFO(model << ": " << moe_last_error());

@@ -1,0 +1,52 @@
+// GPU acceptance: for every golden model (each family and codec the goldens cover), the CUDA
+// backend's teacher-forced logits at every position, as one prefill and as a prefill followed by
+// one-token decode steps, match the CPU backend's within 1e-3 normalized max error
+// (max |gpu - cpu| / max |cpu|). Skips without a GPU.
+#include <catch2/catch.hpp>
+
+#include <string>
+
+#include "backends/cuda/device.h"
+#include "tests/model/golden_util.h"
+
+namespace {
+
+using strata::testing::kGolden;
+using strata::testing::NormalizedMaxError;
+using strata::testing::ReadBinary;
+using strata::testing::TeacherForced;
+
+constexpr double kTolerance = 1e-3;
+
+const char *const kModels[] = {
+    "qwen3moe_f32/hf",           "qwen3moe_f32/model-f32.gguf",   "qwen3moe_f32/model-f16.gguf",
+    "qwen3moe_f32/model-q8_0.gguf", "qwen3moe_bf16/hf",           "qwen3moe_bf16/model-bf16.gguf",
+    "qwen3moe_mixed/model-mixed.gguf", "mixtral_f32/hf",          "mixtral_f32/model-f32.gguf",
+    "mixtral_f32/model-q8_0.gguf", "olmoe_f32/hf",                "olmoe_f32/model-f32.gguf",
+    "qwen2moe_f32/hf",           "qwen2moe_f32/model-f32.gguf",   "deepseek2_f32/hf",
+    "deepseek2_f32/model-f32.gguf", "deepseek2lite_f32/hf",       "deepseek2lite_f32/model-f32.gguf",
+    "deepseek3_f32/hf",          "deepseek3_f32/model-f32.gguf",  "gptoss_f32/hf",
+    "gptoss_f32/model-f32.gguf", "gptoss_f32/model-mxfp4.gguf",
+};
+
+}  // namespace
+
+TEST_CASE("CUDA backend: every golden's logits match the CPU backend", "[gpu][golden]") {
+  if (strata::cuda::DeviceCount() <= 0) {
+    WARN("no CUDA device: GPU test skipped");
+    return;
+  }
+  for (const char *rel : kModels) {
+    const std::string model = kGolden + rel;
+    const std::string dir = model.substr(0, model.find('/', kGolden.size()) + 1);
+    const auto tokens = ReadBinary<int32_t>(dir + "tokens.bin");
+    for (size_t prefill : {tokens.size(), size_t{12}, size_t{1}}) {
+      const auto cpu = TeacherForced(model, tokens, prefill, MOE_BACKEND_CPU);
+      const auto gpu = TeacherForced(model, tokens, prefill, MOE_BACKEND_CUDA);
+      const double err = NormalizedMaxError(gpu, cpu);
+      INFO(rel << " prefill " << prefill << ": normalized max error " << err);
+      WARN("gpu-vs-cpu " << rel << " prefill " << prefill << " err " << err);
+      CHECK(err <= kTolerance);
+    }
+  }
+}
