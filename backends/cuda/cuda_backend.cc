@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -65,46 +66,87 @@ size_t Align(size_t n) { return (n + 255) & ~size_t{255}; }
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const model::ModelWeights &w, const uint8_t *arena,
-                                                                 size_t arena_bytes) {
+                                                                 size_t arena_bytes, uint64_t expert_vram_bytes,
+                                                                 int n_min_slots) {
   if (DeviceCount() <= 0) return Errorf(MOE_ERR_UNSUPPORTED_BACKEND, "no CUDA device");
   auto be = std::unique_ptr<CudaBackend>(new CudaBackend());
   STRATA_ASSIGN_OR_RETURN(be->stream_, Stream::Create());
+  STRATA_ASSIGN_OR_RETURN(be->copy_stream_, Stream::Create());
   STRATA_ASSIGN_OR_RETURN(be->blas_, Blas::Create(Blas::Compute::kF32));
-  STRATA_RETURN_IF_ERROR(be->Adopt(w, arena, arena_bytes));
+  STRATA_RETURN_IF_ERROR(be->Adopt(w, arena, arena_bytes, expert_vram_bytes, n_min_slots));
   return be;
 }
 
 CudaBackend::~CudaBackend() {
-  // Work still queued may use the scratch buffers about to be freed.
+  // Work still queued may use the buffers about to be freed.
+  if (copy_stream_.get() != nullptr) (void)copy_stream_.Synchronize();
   if (stream_.get() != nullptr) (void)stream_.Synchronize();
 }
 
-absl::Status CudaBackend::Adopt(const model::ModelWeights &w, const uint8_t *arena, size_t arena_bytes) {
+// The kernels read a matrix in its codec when they have one and accept its shape (checked at a
+// 256-byte aligned address, as every device copy starts); float32 needs no conversion (cuBLASLt
+// takes any shape). Everything else is converted: exact, as the host dequantizer defines values.
+bool CudaBackend::NeedsConversion(const model::Matrix &m) {
+  if (m.codec->id == quant::TypeId::kF32 && m.row_bytes == static_cast<uint64_t>(m.cols) * 4) return false;
+  const DeviceMatrix dm{m.codec->id, reinterpret_cast<const void *>(uintptr_t{256}), m.rows, m.cols, m.row_bytes};
+  return !(HasDeviceCodec(m.codec->id) && CheckMatrix(dm).ok());
+}
+
+uint64_t CudaBackend::DeviceBytes(const model::Matrix &m) {
+  return NeedsConversion(m) ? static_cast<uint64_t>(m.rows * m.cols) * sizeof(float) : m.nbytes();
+}
+
+namespace {
+
+// Writes m's device form (its bytes, or float32 rows) to dst.
+void HostForm(const model::Matrix &m, uint8_t *dst, bool convert) {
+  if (!convert) {
+    std::memcpy(dst, m.data, m.nbytes());
+    return;
+  }
+  float *out = reinterpret_cast<float *>(dst);
+  for (int64_t r = 0; r < m.rows; ++r) m.codec->dequantize(m.row(r), out + r * m.cols, m.cols);
+}
+
+}  // namespace
+
+absl::Status CudaBackend::Adopt(const model::ModelWeights &w, const uint8_t *arena, size_t arena_bytes,
+                                uint64_t expert_vram_bytes, int n_min_slots) {
   host_arena_ = arena;
   arena_bytes_ = arena_bytes;
-  STRATA_ASSIGN_OR_RETURN(dev_arena_, DeviceBuffer::Allocate(arena_bytes));
-  if (arena_bytes > 0) {
-    STRATA_CUDA_RETURN_IF_ERROR(cudaMemcpy(dev_arena_.data(), arena, arena_bytes, cudaMemcpyHostToDevice));
+  // Routed experts: all resident when they fit expert_vram_bytes, else they get slots.
+  uint64_t all_experts = 0, expert_max = 0, n_routed = 0;
+  for (const auto &L : w.layers) {
+    for (const auto &e : L.experts) {
+      uint64_t b = 0;
+      for (const model::Matrix *m : {&e.gate, &e.up, &e.down}) {
+        if (m->tensor != nullptr && m->data != nullptr) b += Align(DeviceBytes(*m));
+      }
+      all_experts += b;
+      expert_max = std::max(expert_max, b);
+      ++n_routed;
+    }
   }
-  // Matrices the kernels cannot read in their codec (no device kernel, or a shape / alignment the
-  // kernels reject) are held as float32: exact, since the host dequantizer defines the values.
+  const bool tiered = expert_vram_bytes < all_experts && n_routed > 0;
+  std::unordered_map<const uint8_t *, bool> routed;
+  if (tiered) {
+    for (const auto &L : w.layers)
+      for (const auto &e : L.experts)
+        for (const model::Matrix *m : {&e.gate, &e.up, &e.down}) routed[m->data] = true;
+  }
   absl::Status st;
-  std::vector<const model::Matrix *> convert;
-  std::map<const uint8_t *, bool> seen;
-  size_t conv_bytes = 0;
+  std::vector<const model::Matrix *> resident;
+  size_t total = 0;
   auto on_matrix = [&](const model::Matrix &m) {
     if (m.tensor == nullptr || m.data == nullptr || m.rows <= 0) return;
     if (m.data < arena || m.data + m.nbytes() > arena + arena_bytes) {
       st.Update(Errorf(MOE_ERR_UNSUPPORTED_BACKEND, "%s is not in the resident weights", m.name));
       return;
     }
-    if (m.codec->id == quant::TypeId::kF32 && m.row_bytes == static_cast<uint64_t>(m.cols) * 4) return;
-    const DeviceMatrix dm{m.codec->id, dev_arena_.as<uint8_t>() + (m.data - arena), m.rows, m.cols, m.row_bytes};
-    if (HasDeviceCodec(m.codec->id) && CheckMatrix(dm).ok()) return;
-    if (seen.emplace(m.data, true).second) {
-      convert.push_back(&m);
-      conv_bytes += Align(static_cast<size_t>(m.rows * m.cols) * sizeof(float));
-    }
+    if (routed.count(m.data) != 0 || regions_.count(m.data) != 0) return;  // a slot's, or seen (tied)
+    regions_[m.data] = Region{m.nbytes(), m.row_bytes, m.cols, NeedsConversion(m), nullptr};
+    resident.push_back(&m);
+    total += Align(DeviceBytes(m));
   };
   std::vector<const model::Vec *> vecs;
   size_t vec_floats = 0;
@@ -115,16 +157,21 @@ absl::Status CudaBackend::Adopt(const model::ModelWeights &w, const uint8_t *are
   };
   ForEachWeight(w, on_matrix, on_vec);
   STRATA_RETURN_IF_ERROR(st);
-  STRATA_ASSIGN_OR_RETURN(conv_buf_, DeviceBuffer::Allocate(conv_bytes));
+  STRATA_ASSIGN_OR_RETURN(weight_buf_, DeviceBuffer::Allocate(total));
   size_t off = 0;
-  std::vector<float> tmp;
-  for (const model::Matrix *m : convert) {
-    tmp.resize(static_cast<size_t>(m->rows * m->cols));
-    for (int64_t r = 0; r < m->rows; ++r) m->codec->dequantize(m->row(r), tmp.data() + r * m->cols, m->cols);
-    float *dev = reinterpret_cast<float *>(conv_buf_.as<uint8_t>() + off);
-    STRATA_CUDA_RETURN_IF_ERROR(cudaMemcpy(dev, tmp.data(), tmp.size() * sizeof(float), cudaMemcpyHostToDevice));
-    converted_[m->data] = Converted{m->nbytes(), m->row_bytes, m->cols, dev};
-    off += Align(tmp.size() * sizeof(float));
+  std::vector<uint8_t> tmp;
+  for (const model::Matrix *m : resident) {
+    Region &r = regions_[m->data];
+    r.dev = weight_buf_.as<uint8_t>() + off;
+    const uint64_t bytes = DeviceBytes(*m);
+    if (r.converted) {
+      tmp.resize(bytes);
+      HostForm(*m, tmp.data(), true);
+      STRATA_CUDA_RETURN_IF_ERROR(cudaMemcpy(r.dev, tmp.data(), bytes, cudaMemcpyHostToDevice));
+    } else {
+      STRATA_CUDA_RETURN_IF_ERROR(cudaMemcpy(r.dev, m->data, bytes, cudaMemcpyHostToDevice));
+    }
+    off += Align(bytes);
   }
   std::vector<float> packed(vec_floats, 0.f);
   STRATA_ASSIGN_OR_RETURN(vec_buf_, DeviceBuffer::Allocate(vec_floats * sizeof(float)));
@@ -138,31 +185,108 @@ absl::Status CudaBackend::Adopt(const model::ModelWeights &w, const uint8_t *are
     STRATA_CUDA_RETURN_IF_ERROR(
         cudaMemcpy(vec_buf_.data(), packed.data(), packed.size() * sizeof(float), cudaMemcpyHostToDevice));
   }
-  weight_bytes_ = arena_bytes + conv_bytes + vec_floats * sizeof(float);
+  weight_bytes_ = total + vec_floats * sizeof(float);
+  if (tiered) {
+    // Fixed slots of the largest expert's device size, allocated once: no allocation in steady state.
+    slot_bytes_ = expert_max;
+    const uint64_t n = std::clamp<uint64_t>(expert_vram_bytes / slot_bytes_, std::max(n_min_slots, 1), n_routed);
+    STRATA_ASSIGN_OR_RETURN(slot_buf_, DeviceBuffer::Allocate(n * slot_bytes_));
+    slots_.resize(n);
+    for (Slot &sl : slots_) {
+      STRATA_ASSIGN_OR_RETURN(sl.used, Event::Create());
+    }
+    for (int i = 0; i < 2; ++i) {
+      STRATA_ASSIGN_OR_RETURN(staging_[i], PinnedBuffer::Allocate(slot_bytes_));
+      STRATA_ASSIGN_OR_RETURN(staged_[i], Event::Create());
+    }
+    weight_bytes_ += n * slot_bytes_;
+  }
   return absl::OkStatus();
+}
+
+absl::StatusOr<CudaBackend::Slot *> CudaBackend::SlotFor(const model::ExpertWeights &e) {
+  const uint8_t *key = e.gate.data;
+  auto hit = slot_of_.find(key);
+  if (hit != slot_of_.end()) {
+    Slot &sl = slots_[hit->second];
+    sl.last_use = ++use_clock_;
+    return &sl;
+  }
+  // The least recently used slot (an empty one first).
+  int v = 0;
+  for (int i = 1; i < static_cast<int>(slots_.size()); ++i) {
+    if (slots_[i].last_use < slots_[v].last_use) v = i;
+  }
+  Slot &sl = slots_[v];
+  if (sl.key != nullptr) {
+    slot_of_.erase(sl.key);
+    for (const uint8_t *p : sl.parts) in_slots_.erase(p);
+  }
+  sl.key = nullptr;
+  sl.parts.clear();
+  // Stage the expert's device form (gate | up | down, each 256-aligned) in pinned memory. The
+  // staging buffer is reused every other fill: wait until its previous copy has left it.
+  const int si = next_staging_;
+  next_staging_ ^= 1;
+  STRATA_RETURN_IF_ERROR(staged_[si].Synchronize());
+  uint8_t *stage = staging_[si].as<uint8_t>();
+  uint8_t *dev = slot_buf_.as<uint8_t>() + static_cast<uint64_t>(v) * slot_bytes_;
+  uint64_t off = 0;
+  std::vector<std::pair<const uint8_t *, Region>> parts;
+  for (const model::Matrix *m : {&e.gate, &e.up, &e.down}) {
+    if (m->tensor == nullptr || m->data == nullptr) continue;
+    const bool convert = NeedsConversion(*m);
+    HostForm(*m, stage + off, convert);
+    parts.emplace_back(m->data, Region{m->nbytes(), m->row_bytes, m->cols, convert, dev + off});
+    off += Align(DeviceBytes(*m));
+  }
+  // The copy waits for the last computation that read the slot; the compute stream waits for the copy.
+  STRATA_RETURN_IF_ERROR(copy_stream_.Wait(sl.used.get()));
+  STRATA_RETURN_IF_ERROR(CopyAsync(dev, stage, off, copy_stream_.get()));
+  STRATA_RETURN_IF_ERROR(staged_[si].Record(copy_stream_.get()));
+  STRATA_RETURN_IF_ERROR(stream_.Wait(staged_[si].get()));
+  for (auto &[p, r] : parts) {
+    in_slots_[p] = r;
+    sl.parts.push_back(p);
+  }
+  sl.key = key;
+  sl.last_use = ++use_clock_;
+  slot_of_[key] = v;
+  ++fills_;
+  fill_bytes_ += off;
+  return &sl;
 }
 
 absl::StatusOr<DeviceMatrix> CudaBackend::Resolve(const model::Matrix &w) const {
   if (w.data == nullptr) return Errorf(MOE_ERR_UNSUPPORTED_BACKEND, "%s has no resident bytes", w.name);
-  auto it = converted_.upper_bound(w.data);
-  if (it != converted_.begin()) {
-    --it;
-    const Converted &c = it->second;
-    if (w.data < it->first + c.bytes) {
-      const uint64_t off = static_cast<uint64_t>(w.data - it->first);
-      if (off % c.host_row_bytes != 0 || w.cols != c.cols) {
-        return Errorf(MOE_ERR_INTERNAL, "%s is not a row range of a converted matrix", w.name);
+  const uint8_t *start = nullptr;
+  const Region *r = nullptr;
+  auto slot = in_slots_.find(w.data);
+  if (slot != in_slots_.end()) {
+    start = slot->first;
+    r = &slot->second;
+  } else {
+    auto it = regions_.upper_bound(w.data);
+    if (it != regions_.begin()) {
+      --it;
+      if (w.data < it->first + it->second.bytes) {
+        start = it->first;
+        r = &it->second;
       }
-      const int64_t row = static_cast<int64_t>(off / c.host_row_bytes);
-      return DeviceMatrix{quant::TypeId::kF32, c.dev + row * c.cols, w.rows, w.cols,
-                          static_cast<uint64_t>(c.cols) * 4};
     }
   }
-  if (w.data < host_arena_ || w.data + w.nbytes() > host_arena_ + arena_bytes_) {
-    return Errorf(MOE_ERR_UNSUPPORTED_BACKEND, "%s is not resident on the device (streamed experts need the VRAM tier)",
+  if (r == nullptr) {
+    return Errorf(MOE_ERR_UNSUPPORTED_BACKEND, "%s is not on the device (experts from the RAM cache need the VRAM tier)",
                   w.name);
   }
-  return DeviceMatrix{w.codec->id, dev_arena_.as<uint8_t>() + (w.data - host_arena_), w.rows, w.cols, w.row_bytes};
+  const uint64_t off = static_cast<uint64_t>(w.data - start);
+  if (!r->converted) return DeviceMatrix{w.codec->id, r->dev + off, w.rows, w.cols, w.row_bytes};
+  if (off % r->host_row_bytes != 0 || w.cols != r->cols) {
+    return Errorf(MOE_ERR_INTERNAL, "%s is not a row range of a converted matrix", w.name);
+  }
+  const int64_t row = static_cast<int64_t>(off / r->host_row_bytes);
+  return DeviceMatrix{quant::TypeId::kF32, r->dev + row * r->cols * sizeof(float), w.rows, w.cols,
+                      static_cast<uint64_t>(r->cols) * 4};
 }
 
 absl::StatusOr<const float *> CudaBackend::Resolve(const float *host_vec) const {
@@ -410,7 +534,16 @@ absl::Status CudaBackend::ExpertFfnImpl(const model::ExpertWeights &e, const flo
 }
 
 void CudaBackend::ExpertFfn(const model::ExpertWeights &e, const float *x, int64_t n_tok, float *y) {
-  if (err_.ok() && n_tok > 0) Note(ExpertFfnImpl(e, x, n_tok, y));
+  if (!err_.ok() || n_tok <= 0) return;
+  // A routed expert of the VRAM tier: bring it into a slot, compute, mark the slot read.
+  Slot *slot = nullptr;
+  if (!slots_.empty() && e.gate.data != nullptr && regions_.count(e.gate.data) == 0) {
+    auto s = SlotFor(e);
+    if (!Note(s.status())) return;
+    slot = *s;
+  }
+  Note(ExpertFfnImpl(e, x, n_tok, y));
+  if (slot != nullptr) Note(slot->used.Record(stream_.get()));
 }
 
 }  // namespace strata::cuda

@@ -122,8 +122,9 @@ absl::StatusOr<std::unique_ptr<Context>> Context::Open(const ContextOptions &o) 
   const bool streaming = ctx->plan_.ram_expert_slots < ctx->plan_.n_routed_experts;
   STRATA_RETURN_IF_ERROR(ctx->store_.Load(*ctx->file_, ctx->weights_, /*routed_experts=*/!streaming));
 #ifdef STRATA_HAVE_CUDA
-  // CUDA computes from VRAM copies of the resident weights, so it needs every expert resident
-  // (streaming experts into VRAM slots is the VRAM tier, not built yet): AUTO falls back to the CPU.
+  // CUDA computes from VRAM copies of weights resident in host memory: its VRAM tier fills expert
+  // slots from RAM, not yet from the RAM cache's streamed slots, so with streaming AUTO falls back to
+  // the CPU.
   const bool cuda = o.backend == MOE_BACKEND_CUDA || (o.backend == MOE_BACKEND_AUTO && cuda::DeviceCount() > 0 && !streaming);
   if (cuda) {
     if (streaming) {
@@ -131,8 +132,20 @@ absl::StatusOr<std::unique_ptr<Context>> Context::Open(const ContextOptions &o) 
                     "the CUDA backend needs every expert resident: %d of %d fit the RAM budget",
                     ctx->plan_.ram_expert_slots, ctx->plan_.n_routed_experts);
     }
-    STRATA_ASSIGN_OR_RETURN(ctx->backend_, cuda::CudaBackend::Create(ctx->weights_, ctx->store_.arena(),
-                                                                     ctx->store_.resident_bytes()));
+    // The VRAM budget: non-routed weights, KV and workspace first, then the routed experts; what is
+    // left for them decides whether they are all resident or run from VRAM slots (0 = auto: all).
+    uint64_t expert_vram = UINT64_MAX;
+    if (o.vram_budget_bytes > 0) {
+      const uint64_t fixed = ctx->plan_.non_routed_bytes + ctx->plan_.kv_bytes + ctx->plan_.workspace_bytes;
+      expert_vram = o.vram_budget_bytes > fixed ? o.vram_budget_bytes - fixed : 0;
+    }
+    STRATA_ASSIGN_OR_RETURN(std::unique_ptr<cuda::CudaBackend> be,
+                            cuda::CudaBackend::Create(ctx->weights_, ctx->store_.arena(), ctx->store_.resident_bytes(),
+                                                      expert_vram, ctx->hp_.n_expert_used));
+    ctx->plan_.vram_budget_bytes = o.vram_budget_bytes;
+    ctx->plan_.vram_expert_slots =
+        be->expert_slots() > 0 ? static_cast<uint32_t>(be->expert_slots()) : ctx->plan_.n_routed_experts;
+    ctx->backend_ = std::move(be);
   }
 #endif
   if (ctx->backend_ == nullptr) {

@@ -50,3 +50,29 @@ TEST_CASE("CUDA backend: every golden's logits match the CPU backend", "[gpu][go
     }
   }
 }
+
+// The VRAM expert tier: with a budget too small for the routed experts they run from the fewest
+// slots (top-k), refilled from host RAM on every miss; the bytes are the same, so the logits must
+// be bit-identical to the all-resident run, for every family and codec.
+TEST_CASE("CUDA backend: the VRAM expert tier is bit-identical to all-resident at any budget", "[gpu][golden]") {
+  if (strata::cuda::DeviceCount() <= 0) {
+    WARN("no CUDA device: GPU test skipped");
+    return;
+  }
+  for (const char *rel : kModels) {
+    const std::string model = kGolden + rel;
+    const std::string dir = model.substr(0, model.find('/', kGolden.size()) + 1);
+    const auto tokens = ReadBinary<int32_t>(dir + "tokens.bin");
+    for (size_t prefill : {tokens.size(), size_t{1}}) {
+      const auto all = TeacherForced(model, tokens, prefill, MOE_BACKEND_CUDA);
+      for (uint64_t budget : {uint64_t{1}, uint64_t{1} << 20}) {
+        uint32_t slots = 0, n_routed = 0;
+        const auto tier = TeacherForced(model, tokens, prefill, MOE_BACKEND_CUDA, budget, &slots, &n_routed);
+        INFO(rel << " prefill " << prefill << " VRAM budget " << budget << ": " << slots << " of " << n_routed
+                 << " experts in slots");
+        if (budget == 1) CHECK(slots < n_routed);
+        CHECK(tier == all);
+      }
+    }
+  }
+}
