@@ -7,6 +7,7 @@
 #include <string>
 
 #include "backends/cuda/device.h"
+#include "backends/cuda/memory.h"
 #include "tests/model/golden_util.h"
 
 namespace {
@@ -73,6 +74,48 @@ TEST_CASE("CUDA backend: the VRAM expert tier is bit-identical to all-resident a
         if (budget == 1) CHECK(slots < n_routed);
         CHECK(tier == all);
       }
+    }
+  }
+}
+
+// Steady-state decode allocates nothing on the device or in pinned memory: the workspace, KV caches,
+// scratch buffers and expert slots are sized before, and reused by every step (the property a
+// CUDA Graph of the decode step will need).
+TEST_CASE("CUDA backend: decode steps after warm-up make no allocation", "[gpu][golden]") {
+  if (strata::cuda::DeviceCount() <= 0) {
+    WARN("no CUDA device: GPU test skipped");
+    return;
+  }
+  for (const char *rel : {"qwen3moe_mixed/model-mixed.gguf", "deepseek3_f32/hf", "gptoss_f32/model-mxfp4.gguf"}) {
+    for (uint64_t budget : {uint64_t{0}, uint64_t{1}}) {
+      INFO(rel << " VRAM budget " << budget);
+      const std::string model = kGolden + rel;
+      const std::string dir = model.substr(0, model.find('/', kGolden.size()) + 1);
+      const auto tokens = ReadBinary<int32_t>(dir + "tokens.bin");
+      moe_params p;
+      moe_params_init(&p);
+      p.model_path = model.c_str();
+      p.backend = MOE_BACKEND_CUDA;
+      p.vram_budget_bytes = budget;
+      moe_ctx *ctx = nullptr;
+      REQUIRE(moe_ctx_open(&p, &ctx) == MOE_OK);
+      moe_session_params sp;
+      moe_session_params_init(&sp);
+      moe_session *s = nullptr;
+      REQUIRE(moe_session_open(ctx, &sp, &s) == MOE_OK);
+      auto step = [&](const int32_t *t, size_t n) {
+        REQUIRE(moe_session_feed(s, t, n) == MOE_OK);
+        uint32_t pending = 99;
+        REQUIRE(moe_ctx_step(ctx, &pending) == MOE_OK);
+        REQUIRE(pending == 0);
+      };
+      step(tokens.data(), 8);
+      for (size_t i = 8; i < 11; ++i) step(tokens.data() + i, 1);  // warm-up
+      const uint64_t before = strata::cuda::AllocationCount();
+      for (size_t i = 11; i < tokens.size(); ++i) step(tokens.data() + i, 1);
+      CHECK(strata::cuda::AllocationCount() == before);
+      moe_session_close(s);
+      moe_ctx_close(ctx);
     }
   }
 }
