@@ -72,6 +72,7 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const model::Mo
   auto be = std::unique_ptr<CudaBackend>(new CudaBackend());
   STRATA_ASSIGN_OR_RETURN(be->stream_, Stream::Create());
   STRATA_ASSIGN_OR_RETURN(be->copy_stream_, Stream::Create());
+  STRATA_ASSIGN_OR_RETURN(be->up_done_, Event::Create());
   STRATA_ASSIGN_OR_RETURN(be->blas_, Blas::Create(Blas::Compute::kF32));
   STRATA_RETURN_IF_ERROR(be->Adopt(w, arena, arena_bytes, expert_vram_bytes, n_min_slots));
   return be;
@@ -308,6 +309,15 @@ absl::StatusOr<void *> CudaBackend::Grow(DeviceBuffer &b, size_t bytes) {
   return b.data();
 }
 
+absl::StatusOr<void *> CudaBackend::GrowPinned(PinnedBuffer &b, size_t bytes) {
+  if (b.size() < bytes) {
+    STRATA_RETURN_IF_ERROR(stream_.Synchronize());  // a queued copy may still read the old buffer
+    b.Reset();
+    STRATA_ASSIGN_OR_RETURN(b, PinnedBuffer::Allocate(Align(bytes)));
+  }
+  return b.data();
+}
+
 // ---- memory ----
 
 absl::StatusOr<std::unique_ptr<model::Buffer>> CudaBackend::Allocate(size_t bytes) {
@@ -317,16 +327,22 @@ absl::StatusOr<std::unique_ptr<model::Buffer>> CudaBackend::Allocate(size_t byte
   return std::unique_ptr<model::Buffer>(new VramBuffer(std::move(b)));
 }
 
-// Pageable sources are staged by the driver before cudaMemcpyAsync returns, so the caller may free
-// `src` at once.
+// Through a pinned bounce buffer: the caller may free `src` at once, and the copy is a true
+// asynchronous DMA. The buffer is rewritten only after the previous upload has left it.
 void CudaBackend::Upload(void *dst, const void *src, size_t bytes) {
   if (!err_.ok() || bytes == 0) return;
-  Note(CopyAsync(dst, src, bytes, stream_.get()));
+  if (!Note(up_done_.Synchronize())) return;
+  auto io = GrowPinned(up_io_, bytes);
+  if (!Note(io.status())) return;
+  std::memcpy(*io, src, bytes);
+  if (Note(CopyAsync(dst, *io, bytes, stream_.get()))) Note(up_done_.Record(stream_.get()));
 }
 
 void CudaBackend::Download(void *dst, const void *src, size_t bytes) {
   if (!err_.ok() || bytes == 0) return;
-  if (Note(CopyAsync(dst, src, bytes, stream_.get()))) Note(stream_.Synchronize());
+  auto io = GrowPinned(down_io_, bytes);
+  if (!Note(io.status()) || !Note(CopyAsync(*io, src, bytes, stream_.get())) || !Note(stream_.Synchronize())) return;
+  std::memcpy(dst, *io, bytes);
 }
 
 absl::Status CudaBackend::TakeError() {

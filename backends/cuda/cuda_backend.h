@@ -107,6 +107,7 @@ class CudaBackend final : public model::Backend {
                              int n_head_kv, int head_dim, int window, float *out, const model::AttentionParams &p);
   // A device scratch buffer of at least `bytes`, grown (after the stream drains) when smaller.
   absl::StatusOr<void *> Grow(DeviceBuffer &b, size_t bytes);
+  absl::StatusOr<void *> GrowPinned(PinnedBuffer &b, size_t bytes);
   bool Note(absl::Status s) {
     if (!s.ok() && err_.ok()) err_ = std::move(s);
     return err_.ok();
@@ -122,6 +123,11 @@ class CudaBackend final : public model::Backend {
   std::unordered_map<const uint8_t *, int> slot_of_;  // host gate bytes -> slot
   std::vector<Slot> slots_;
   uint64_t slot_bytes_ = 0, use_clock_ = 0, fills_ = 0, fill_bytes_ = 0;
+  // Pinned bounce buffers for the forward pass's small transfers (inputs, expert groups, routing
+  // selections, logits): pageable copies would be staged by the driver on every call. `up_done_`
+  // marks when the last upload has left up_io_.
+  PinnedBuffer up_io_, down_io_;
+  Event up_done_;
   Stream copy_stream_;
   PinnedBuffer staging_[2];
   Event staged_[2];                                  // copy from staging_[i] done
