@@ -89,6 +89,7 @@ struct Args {
   std::string boost_layers, hotlist;
   // synth
   std::string shape, codec = "q4_k";
+  std::string decode_tokens;  // bench: teacher-forced decode input instead of sampled tokens
   int64_t layers = 0;
   // batching (bench --sessions, and any command opening a context)
   int64_t sessions = 1, max_batch_tokens = 0, prefill_token_max = 0, prefill_layer_min = 0;
@@ -115,6 +116,8 @@ const char kUsage[] =
     "  plan     --model PATH the cache plan ledger: what goes where, and why\n"
     "  bench    [--model PATH] [--prompt TEXT | --prompt-tokens N] [-n N] [--json] [--sweep]   prefill and decode tokens/s, expert\n"
     "           hits and misses, bytes read per token, time waiting on I/O\n"
+    "           [--tokens 1,2,3] [--decode-tokens 4,5,6]: given prompt ids; decode fed these ids one\n"
+    "           per step instead of sampled tokens\n"
     "           --sessions N: N sessions decode together (continuous batching): aggregate tok/s;\n"
     "           --max-batch-tokens N, --prefill-token-max N, --prefill-layer-min N set the scheduler\n"
     "           --sweep: every policy x prefetch distance x I/O threads, fastest first\n"
@@ -169,6 +172,7 @@ Args ParseArgs(int argc, char **argv) {
     if (f == "--model" || f == "-m") a.model = value();
     else if (f == "--prompt" || f == "-p") a.prompt = value();
     else if (f == "--tokens") a.tokens = value();
+    else if (f == "--decode-tokens") a.decode_tokens = value();
     else if (f == "--text") a.text = value();
     else if (f == "--special") a.special = true;
     else if (f == "--out" || f == "-o") a.out = value();
@@ -282,13 +286,15 @@ std::string StatsJson(moe_ctx *ctx) {
   std::snprintf(buf, sizeof buf,
                 "{\"streaming\":%u,\"expert_hits\":%llu,\"expert_misses\":%llu,\"bytes_read\":%llu,"
                 "\"io_wait_s\":%.6f,\"prefetch_issued\":%llu,\"prefetch_useful\":%llu,\"evictions\":%llu,"
-                "\"cache_slots\":%u,\"cache_slot_bytes\":%llu,\"memory_locked\":%u,\"load_errors\":%llu}",
+                "\"cache_slots\":%u,\"cache_slot_bytes\":%llu,\"memory_locked\":%u,\"load_errors\":%llu,"
+                "\"prefetch_skipped\":%llu,\"prefetch_precision\":%.4f}",
                 st.streaming, static_cast<unsigned long long>(st.expert_hits),
                 static_cast<unsigned long long>(st.expert_misses), static_cast<unsigned long long>(st.bytes_read),
                 st.io_wait_s, static_cast<unsigned long long>(st.prefetch_issued),
                 static_cast<unsigned long long>(st.prefetch_useful), static_cast<unsigned long long>(st.evictions),
                 st.cache_slots, static_cast<unsigned long long>(st.cache_slot_bytes), st.memory_locked,
-                static_cast<unsigned long long>(st.load_errors));
+                static_cast<unsigned long long>(st.load_errors),
+                static_cast<unsigned long long>(st.prefetch_skipped), st.prefetch_precision);
   return buf;
 }
 
@@ -693,7 +699,31 @@ int CmdBench(const Args &a) {
     prompt = Tokenize(ctx.c, a.prompt, false, true);
     if (prompt.empty()) Die("the prompt has no tokens");
   }
-  // Each session gets its own prompt (a rotation of the first: same length, different routing).
+  if (!a.tokens.empty()) {
+    if (!a.prompt.empty()) Die("give either --prompt or --tokens, not both");
+    auto t = ParseTokenList(a.tokens);
+    if (!t || t->empty()) Die("--tokens needs comma-separated non-negative integers, got '" + a.tokens + "'");
+    prompt = *t;
+  }
+  // Sampling from a random-weight model tends to repeat a few tokens, which keeps re-selecting the
+  // same experts; --decode-tokens feeds given ids one per step instead, so decode sees varied input.
+  std::vector<int32_t> forced;
+  if (!a.decode_tokens.empty()) {
+    auto t = ParseTokenList(a.decode_tokens);
+    if (!t || t->empty()) {
+      Die("--decode-tokens needs comma-separated non-negative integers, got '" + a.decode_tokens + "'");
+    }
+    forced = *t;
+  }
+  for (int32_t t : prompt) {
+    if (t >= n_vocab) Die("token id " + std::to_string(t) + " is outside the vocabulary of " + std::to_string(n_vocab));
+  }
+  for (int32_t t : forced) {
+    if (t >= n_vocab) Die("token id " + std::to_string(t) + " is outside the vocabulary of " + std::to_string(n_vocab));
+  }
+  const int64_t n_decode = forced.empty() ? a.n_predict : static_cast<int64_t>(forced.size());
+  // Each session gets its own prompt and decode input (rotations of the first: same lengths,
+  // different routing).
   moe_session_params sp;
   moe_session_params_init(&sp);
   const size_t n_sess = static_cast<size_t>(a.sessions);
@@ -716,11 +746,15 @@ int CmdBench(const Args &a) {
   moe_ctx_stats(ctx.c, &prefill);
   moe_ctx_reset_stats(ctx.c);
   int64_t n = 0;  // decode steps; every session gets a token per step
-  for (bool full = false; n < a.n_predict && !full; ++n) {
-    for (auto &s : ss) {
+  for (bool full = false; n < n_decode && !full; ++n) {
+    for (size_t i = 0; i < n_sess; ++i) {
       int32_t tok;
-      if (moe_status st = moe_session_sample(s.s, &tok); st != MOE_OK) Die(ApiError(st));
-      moe_status st = moe_session_feed(s.s, &tok, 1);
+      if (!forced.empty()) {
+        tok = static_cast<int32_t>((forced[n] + 7919 * i) % static_cast<uint64_t>(n_vocab));
+      } else if (moe_status st = moe_session_sample(ss[i].s, &tok); st != MOE_OK) {
+        Die(ApiError(st));
+      }
+      moe_status st = moe_session_feed(ss[i].s, &tok, 1);
       if (st == MOE_ERR_LIMIT_CONTEXT) {
         full = true;
         break;
@@ -771,8 +805,10 @@ int CmdBench(const Args &a) {
                 static_cast<unsigned long long>(dec.expert_hits), static_cast<unsigned long long>(dec.expert_misses));
     std::printf("read per token   %.2f MiB\n", bytes_per_tok / 1048576.0);
     std::printf("I/O wait         %.3f s (%.0f%% of decode)\n", dec.io_wait_s, 100 * dec.io_wait_s / dec_s);
-    std::printf("prefetch         %llu issued, %llu useful\n", static_cast<unsigned long long>(dec.prefetch_issued),
-                static_cast<unsigned long long>(dec.prefetch_useful));
+    std::printf("prefetch         %llu issued, %llu useful, %llu skipped (precision %.0f%%)\n",
+                static_cast<unsigned long long>(dec.prefetch_issued),
+                static_cast<unsigned long long>(dec.prefetch_useful),
+                static_cast<unsigned long long>(dec.prefetch_skipped), 100 * dec.prefetch_precision);
   }
   PrintStatsIf(a, ctx.c);
   return 0;
