@@ -8,7 +8,7 @@ prefill: prefill tokens/s of one session for each prefill mode forced through th
   ahead), per prompt length, and the fastest mode per length: the cut-offs to use.
 
 usage: bench/sessions_bench.py --strata build/examples/strata --model F.gguf [--ram-budget 2G]
-       [--sessions 1,4,16,64] [-n 3] [--prompt-tokens 4] [--prefill-lengths 1,2,4,8,16,32,64]
+       [--sessions 1,4,16,64] [-n 3 | --decode-tokens 11,22,33] [--prompt-tokens 4] [--prefill-lengths 1,2,4,8,16,32,64]
        [--only sessions|prefill] [--q8-activations] [--threads 2] [--json OUT]
 """
 import argparse
@@ -46,6 +46,7 @@ def main():
     ap.add_argument("--q8-activations", action="store_true")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--n-ctx", type=int, default=128)
+    ap.add_argument("--decode-tokens", help="ids fed one per decode step (rotated per session) instead of sampling")
     ap.add_argument("--json")
     args = ap.parse_args()
     results = {"sessions": [], "prefill": []}
@@ -55,7 +56,8 @@ def main():
         print("|---|---|---|---|---|---|")
         base = None
         for n in [int(x) for x in args.sessions.split(",")]:
-            r = bench(args, ["--sessions", str(n), "-n", str(args.n), "--prompt-tokens", str(args.prompt_tokens)])
+            extra = ["--decode-tokens", args.decode_tokens] if args.decode_tokens else ["-n", str(args.n)]
+            r = bench(args, ["--sessions", str(n), "--prompt-tokens", str(args.prompt_tokens)] + extra)
             results["sessions"].append(r)
             base = base or r["decode_tok_s"]
             print(f"| {n} | {r['decode_tokens']} | {r['decode_tok_s']:.2f} | {r['decode_tok_s'] / base:.2f}x | "
