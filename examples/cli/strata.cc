@@ -12,6 +12,7 @@
 #include <cstring>
 #include <iostream>
 #include <fstream>
+#include <cmath>
 #include <map>
 #include <string>
 #include <vector>
@@ -722,8 +723,7 @@ int CmdBench(const Args &a) {
     if (t >= n_vocab) Die("token id " + std::to_string(t) + " is outside the vocabulary of " + std::to_string(n_vocab));
   }
   const int64_t n_decode = forced.empty() ? a.n_predict : static_cast<int64_t>(forced.size());
-  // Each session gets its own prompt and decode input (rotations of the first: same lengths,
-  // different routing).
+  // Each session gets its own prompt (a rotation of the first: same length, different routing).
   moe_session_params sp;
   moe_session_params_init(&sp);
   const size_t n_sess = static_cast<size_t>(a.sessions);
@@ -747,9 +747,10 @@ int CmdBench(const Args &a) {
   moe_ctx_reset_stats(ctx.c);
   int64_t n = 0;  // decode steps; every session gets a token per step
   for (bool full = false; n < n_decode && !full; ++n) {
-    for (size_t i = 0; i < n_sess; ++i) {
+    for (size_t i = 0; i < ss.size(); ++i) {
       int32_t tok;
       if (!forced.empty()) {
+        // Each session its own rotation of the given ids, as for the prompts.
         tok = static_cast<int32_t>((forced[n] + 7919 * i) % static_cast<uint64_t>(n_vocab));
       } else if (moe_status st = moe_session_sample(ss[i].s, &tok); st != MOE_OK) {
         Die(ApiError(st));
@@ -944,6 +945,35 @@ int CmdInspect(const Args &a) {
     }
     std::printf("kv cache %llu bytes per token (all layers)%s\n",
                 static_cast<unsigned long long>(strata::model::KvCache::BytesFor(hp, 1)), extra.c_str());
+  }
+  // Attention, routing and RoPE variants of the DeepSeek and gpt-oss families.
+  if (hp.mla) {
+    std::printf("attention: multi-head latent (q_lora_rank %d, kv_lora_rank %d, qk_nope %d, qk_rope %d, v_head %d); "
+                "cache row = latent %d + rope key %d floats per token and layer\n",
+                hp.q_lora_rank, hp.kv_lora_rank, hp.qk_nope_dim, hp.qk_rope_dim, hp.v_head_dim, hp.kv_lora_rank,
+                hp.qk_rope_dim);
+  }
+  if (hp.attn_sinks || !hp.layer_window.empty()) {
+    std::string windows;
+    for (int l = 0; l < hp.n_layer; ++l) {
+      windows += (l ? "," : "") + (hp.window(l) > 0 ? std::to_string(hp.window(l)) : std::string("full"));
+    }
+    std::printf("attention: %swindow per layer [%s]\n", hp.attn_sinks ? "sinks per head, " : "", windows.c_str());
+  }
+  if (hp.gating != strata::model::Gating::kSoftmax || hp.n_group > 1 || hp.routed_scale != 1.f ||
+      hp.n_shared_experts > 0) {
+    const char *gating = hp.gating == strata::model::Gating::kSigmoid        ? "sigmoid"
+                         : hp.gating == strata::model::Gating::kSoftmaxSelected ? "softmax over the selected"
+                                                                                : "softmax";
+    std::printf("routing: %s, groups %d (top %d kept)%s, routed scale %g%s%s\n", gating, hp.n_group, hp.topk_group,
+                hp.expert_select_bias ? ", selection bias" : "", hp.routed_scale,
+                hp.n_shared_experts > 0 ? (", " + std::to_string(hp.n_shared_experts) + " shared expert(s)").c_str() : "",
+                hp.swiglu_limit > 0.f ? ", clamped SwiGLU" : "");
+  }
+  if (hp.yarn) {
+    std::printf("rope scaling: yarn factor %g (original context %d), cos/sin x %g, score scale %g\n", hp.yarn_factor,
+                hp.yarn_orig_ctx, hp.yarn_attn_factor,
+                hp.attn_scale != 0.f ? hp.attn_scale : 1.0f / std::sqrt(static_cast<float>(hp.head_dim)));
   }
   std::printf("\n%-48s %-6s %-24s %12s\n", "tensor", "type", "shape (innermost first)", "bytes");
   for (const auto &t : mf.tensors()) {
