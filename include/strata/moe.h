@@ -127,10 +127,11 @@ typedef struct moe_params {
   uint32_t max_batch_tokens;  /* tokens of all sessions per forward pass (per moe_ctx_step); default 512.
                                  Sessions with input share it round-robin: each gets a chunk */
   uint32_t prefill_token_max; /* an input of at most this many tokens runs token by token (decode-like
-                                 passes); default 2 (measured, bench/README.md) */
+                                 passes); default 1: batched prefill was faster from 2 tokens up on the
+                                 CPU backend (measured, bench/README.md) */
   uint32_t prefill_layer_min; /* a pass of at least this many tokens streams whole layers ahead
-                                 (layer-major prefill); fewer load only the selected experts;
-                                 default 64 (measured, bench/README.md) */
+                                 (layer-major prefill); fewer load only the selected experts; default
+                                 2^30 (off): it lost at every length measured on the CPU backend */
 } moe_params;
 
 typedef enum moe_cache_policy {

@@ -47,9 +47,12 @@ struct ContextOptions {
   int prefill_layer_min = 0;
 };
 
+// Measured on the CPU backend (bench/README.md, "prefill modes"): batched selected-expert prefill
+// beat token by token from 2 tokens up and layer-major at every length tried, so by default neither
+// of those runs; the cut-offs stay settable for backends and disks where they pay.
 inline constexpr int kDefaultMaxBatchTokens = 512;
-inline constexpr int kDefaultPrefillTokenMax = 2;
-inline constexpr int kDefaultPrefillLayerMin = 64;
+inline constexpr int kDefaultPrefillTokenMax = 1;
+inline constexpr int kDefaultPrefillLayerMin = 1 << 30;
 
 // What the expert tiers did since open (or the last reset).
 struct ContextStats {

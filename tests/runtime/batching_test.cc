@@ -199,7 +199,10 @@ TEST_CASE("16 sessions with random arrival match running alone, bit for bit", "[
       CtxOptions o;
       o.ram_budget = budget;
       o.max_batch_tokens = 1 + static_cast<uint32_t>(rng() % 48);  // often below the input: chunks
-      INFO("budget " << budget << ", max_batch_tokens " << o.max_batch_tokens);
+      o.prefill_token_max = 1 + static_cast<uint32_t>(rng() % 4);  // short inputs token by token
+      o.prefill_layer_min = rng() % 2 ? 0 : 1 + static_cast<uint32_t>(rng() % 32);  // layer-major or not
+      INFO("budget " << budget << ", max_batch_tokens " << o.max_batch_tokens << ", prefill_token_max "
+                     << o.prefill_token_max << ", prefill_layer_min " << o.prefill_layer_min);
       moe_ctx *ctx = Open(model, o);
       CheckSame(RunBatched(ctx, scripts, rng), ref);
       if (budget == 1) {
