@@ -125,13 +125,18 @@ void CpuBackend::Attention(const float *q, const model::KvView &kv, int64_t n_to
       const float *qh = q + (t * n_head + h) * head_dim;
       scores.resize(pos + 1 - first);
       float mx = -INFINITY;
+      // A masked position takes no part: no score, no weight, no value (the same numbers as if
+      // it were absent from the sequence's keys).
       for (int j = first; j <= pos; ++j) {
+        if (j != pos && kv.is_masked(j)) continue;
         float sc = Dot(qh, kv.k_row(j) + kvh * head_dim, head_dim) * scale;
         scores[j - first] = sc;
         mx = std::max(mx, sc);
       }
       float sum = 0.f;
-      for (auto &sc : scores) {
+      for (int j = first; j <= pos; ++j) {
+        if (j != pos && kv.is_masked(j)) continue;
+        float &sc = scores[j - first];
         sc = std::exp(sc - mx);
         sum += sc;
       }
@@ -139,6 +144,7 @@ void CpuBackend::Attention(const float *q, const model::KvView &kv, int64_t n_to
       float *o = out + (t * n_head + h) * head_dim;
       std::fill(o, o + head_dim, 0.f);
       for (int j = first; j <= pos; ++j) {
+        if (j != pos && kv.is_masked(j)) continue;
         const float p = scores[j - first] * inv;
         const float *vj = kv.v_row(j) + kvh * head_dim;
         for (int d = 0; d < head_dim; ++d) o[d] += p * vj[d];
