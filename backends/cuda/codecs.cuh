@@ -1,0 +1,235 @@
+// Device decoders of the GGUF block layouts (the layouts are documented in lib/quant/codecs_*.cc).
+// Every decoder works on "items" of 32 consecutive elements and yields them 8 at a time; each weight
+// is formed with the same float32 operations, in the same order, as quant::Codec::dequantize, each
+// rounded on its own (__fmul_rn/__fsub_rn are never fused), so decoded weights are bit-identical.
+#pragma once
+
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+namespace strata::cuda::dev {
+
+constexpr int kItemElems = 32;   // elements per item
+constexpr int kGroupElems = 8;   // elements per Group() call
+constexpr int kGroupsPerItem = 4;
+
+__device__ __forceinline__ float HalfBits(uint16_t h) { return __half2float(__ushort_as_half(h)); }
+__device__ __forceinline__ uint16_t LoadU16(const uint8_t *p) {
+  return __ldg(reinterpret_cast<const unsigned short *>(p));
+}
+__device__ __forceinline__ uint32_t LoadU32(const uint8_t *p) {
+  return __ldg(reinterpret_cast<const unsigned int *>(p));
+}
+
+// Eight bytes from any address: the aligned words that cover them, realigned with funnel shifts.
+// The third word is read only when the bytes straddle it; a word holding at least one byte of the
+// buffer never crosses the allocation's end.
+__device__ __forceinline__ uint2 Load8Unaligned(const uint8_t *p) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  const auto *w = reinterpret_cast<const unsigned int *>(a & ~uintptr_t{3});
+  const unsigned sh = static_cast<unsigned>(a & 3) * 8;
+  const uint32_t w0 = __ldg(w), w1 = __ldg(w + 1);
+  const uint32_t w2 = sh != 0 ? __ldg(w + 2) : 0u;
+  return make_uint2(__funnelshift_r(w0, w1, sh), __funnelshift_r(w1, w2, sh));
+}
+__device__ __forceinline__ uint2 Load8Aligned(const uint8_t *p) {
+  return __ldg(reinterpret_cast<const uint2 *>(p));
+}
+__device__ __forceinline__ uint32_t ByteOf(uint2 v, int k) {  // k is a compile-time constant
+  return ((k < 4 ? v.x : v.y) >> (8 * (k & 3))) & 0xffu;
+}
+
+// A signed 4-bit-indexed table of 16 int8 levels held in four words; __byte_perm selects a byte
+// without the serialisation a divergent constant-memory index would cause.
+struct Levels16 {
+  uint32_t w0, w1, w2, w3;
+};
+constexpr uint32_t Pack4(int a, int b, int c, int d) {
+  return static_cast<uint32_t>(static_cast<uint8_t>(a)) | static_cast<uint32_t>(static_cast<uint8_t>(b)) << 8 |
+         static_cast<uint32_t>(static_cast<uint8_t>(c)) << 16 | static_cast<uint32_t>(static_cast<uint8_t>(d)) << 24;
+}
+__device__ __forceinline__ float Level(Levels16 t, uint32_t q) {
+  const uint32_t lo = (q & 8) ? t.w2 : t.w0, hi = (q & 8) ? t.w3 : t.w1;
+  return static_cast<float>(static_cast<int8_t>(__byte_perm(lo, hi, q & 7)));
+}
+// IQ4_NL / IQ4_XS levels (ggml's kvalues_iq4nl) and MXFP4's doubled E2M1 levels.
+constexpr Levels16 kIq4Levels = {Pack4(-127, -104, -83, -65), Pack4(-49, -35, -22, -10), Pack4(1, 13, 25, 38),
+                                 Pack4(53, 69, 89, 113)};
+constexpr Levels16 kMxfp4Levels = {Pack4(0, 1, 2, 3), Pack4(4, 6, 8, 12), Pack4(0, -1, -2, -3),
+                                   Pack4(-4, -6, -8, -12)};
+
+// ---- F32 / F16 / BF16: an item is 32 consecutive values -------------------------------------------
+struct F32 {
+  static constexpr int kAlign = 16;
+  struct Item { const uint8_t *p; };
+  __device__ static Item Prepare(const uint8_t *row, int64_t item) { return {row + item * 128}; }
+  __device__ static void Group(const Item &it, int g, float w[8]) {
+    const float4 a = __ldg(reinterpret_cast<const float4 *>(it.p + 32 * g));
+    const float4 b = __ldg(reinterpret_cast<const float4 *>(it.p + 32 * g + 16));
+    w[0] = a.x; w[1] = a.y; w[2] = a.z; w[3] = a.w; w[4] = b.x; w[5] = b.y; w[6] = b.z; w[7] = b.w;
+  }
+};
+
+struct F16 {
+  static constexpr int kAlign = 16;
+  struct Item { const uint8_t *p; };
+  __device__ static Item Prepare(const uint8_t *row, int64_t item) { return {row + item * 64}; }
+  __device__ static void Group(const Item &it, int g, float w[8]) {
+    const uint4 v = __ldg(reinterpret_cast<const uint4 *>(it.p + 16 * g));
+    const uint32_t u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      w[2 * k] = HalfBits(static_cast<uint16_t>(u[k] & 0xffffu));
+      w[2 * k + 1] = HalfBits(static_cast<uint16_t>(u[k] >> 16));
+    }
+  }
+};
+
+struct BF16 {
+  static constexpr int kAlign = 16;
+  struct Item { const uint8_t *p; };
+  __device__ static Item Prepare(const uint8_t *row, int64_t item) { return {row + item * 64}; }
+  __device__ static void Group(const Item &it, int g, float w[8]) {
+    const uint4 v = __ldg(reinterpret_cast<const uint4 *>(it.p + 16 * g));
+    const uint32_t u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      w[2 * k] = __uint_as_float(u[k] << 16);
+      w[2 * k + 1] = __uint_as_float(u[k] & 0xffff0000u);
+    }
+  }
+};
+
+// ---- Q8_0 (34 bytes / 32): f16 d | i8 qs[32]; x = q * d -------------------------------------------
+struct Q8_0 {
+  static constexpr int kAlign = 2;
+  struct Item { const uint8_t *qs; float d; };
+  __device__ static Item Prepare(const uint8_t *row, int64_t item) {
+    const uint8_t *b = row + item * 34;
+    return {b + 2, HalfBits(LoadU16(b))};
+  }
+  __device__ static void Group(const Item &it, int g, float w[8]) {
+    const uint2 v = Load8Unaligned(it.qs + 8 * g);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      w[k] = __fmul_rn(static_cast<float>(static_cast<int8_t>(ByteOf(v, k))), it.d);
+    }
+  }
+};
+
+// ---- Q4_K (144 bytes / 256): f16 d | f16 dmin | u8 scales[12] | u8 qs[128] ------------------------
+// Item j (sub-block of 32) reads nibble j % 2 of qs[32 (j / 2) ..]; x = (d * sc) * q - dmin * m.
+struct Q4_K {
+  static constexpr int kAlign = 8;
+  struct Item { const uint8_t *q; float dl, ml; int shift; };
+  __device__ static Item Prepare(const uint8_t *row, int64_t item) {
+    const uint8_t *b = row + (item >> 3) * 144;
+    const int j = static_cast<int>(item & 7);
+    const float d = HalfBits(LoadU16(b)), dmin = HalfBits(LoadU16(b + 2));
+    const uint8_t *s = b + 4;
+    int sc, m;
+    if (j < 4) {
+      sc = __ldg(s + j) & 0x3f;
+      m = __ldg(s + j + 4) & 0x3f;
+    } else {
+      const int sj4 = __ldg(s + j + 4);
+      sc = (sj4 & 0x0f) | ((__ldg(s + j - 4) >> 2) & 0x30);
+      m = (sj4 >> 4) | ((__ldg(s + j) >> 2) & 0x30);
+    }
+    return {b + 16 + 32 * (j >> 1), __fmul_rn(d, static_cast<float>(sc)), __fmul_rn(dmin, static_cast<float>(m)),
+            4 * (j & 1)};
+  }
+  __device__ static void Group(const Item &it, int g, float w[8]) {
+    const uint2 v = Load8Aligned(it.q + 8 * g);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      const float p = __fmul_rn(it.dl, static_cast<float>((ByteOf(v, k) >> it.shift) & 0x0f));
+      w[k] = __fsub_rn(p, it.ml);
+    }
+  }
+};
+
+// ---- Q6_K (210 bytes / 256): u8 ql[128] | u8 qh[64] | i8 scales[16] | f16 d -----------------------
+// Item j = 4h + k (h < 2, k < 4): element l < 32 takes nibble k / 2 of ql[64h + 32 (k % 2) + l] and
+// bits 2k.. of qh[32h + l]; scale scales[2j + l / 16]; x = (d * scale) * (q - 32).
+struct Q6_K {
+  static constexpr int kAlign = 2;
+  struct Item { const uint8_t *ql, *qh; float dl0, dl1; int lo_shift, hi_shift; };
+  __device__ static Item Prepare(const uint8_t *row, int64_t item) {
+    const uint8_t *b = row + (item >> 3) * 210;
+    const int j = static_cast<int>(item & 7), h = j >> 2, k = j & 3;
+    const float d = HalfBits(LoadU16(b + 208));
+    const auto *scales = reinterpret_cast<const int8_t *>(b + 192);
+    return {b + 64 * h + 32 * (k & 1), b + 128 + 32 * h, __fmul_rn(d, static_cast<float>(__ldg(scales + 2 * j))),
+            __fmul_rn(d, static_cast<float>(__ldg(scales + 2 * j + 1))), 4 * (k >> 1), 2 * k};
+  }
+  __device__ static void Group(const Item &it, int g, float w[8]) {
+    const uint2 lo = Load8Unaligned(it.ql + 8 * g), hi = Load8Unaligned(it.qh + 8 * g);
+    const float dl = g < 2 ? it.dl0 : it.dl1;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      const int q = static_cast<int>(((ByteOf(lo, k) >> it.lo_shift) & 0x0f) | (((ByteOf(hi, k) >> it.hi_shift) & 3) << 4));
+      w[k] = __fmul_rn(dl, static_cast<float>(q - 32));
+    }
+  }
+};
+
+// ---- IQ4_XS (136 bytes / 256): f16 d | u16 scales_h | u8 scales_l[4] | u8 qs[128] -----------------
+// Item j: 6-bit scale (nibble j % 2 of scales_l[j / 2], bits 2j.. of scales_h), stored +32; element
+// l < 16 is the low nibble of qs[16j + l], l + 16 its high nibble; x = (d * (scale - 32)) * level.
+struct IQ4_XS {
+  static constexpr int kAlign = 8;
+  struct Item { const uint8_t *q; float dl; };
+  __device__ static Item Prepare(const uint8_t *row, int64_t item) {
+    const uint8_t *b = row + (item >> 3) * 136;
+    const int j = static_cast<int>(item & 7);
+    const float d = HalfBits(LoadU16(b));
+    const int lo = (__ldg(b + 4 + (j >> 1)) >> (4 * (j & 1))) & 0x0f;
+    const int hi = (LoadU16(b + 2) >> (2 * j)) & 3;
+    return {b + 8 + 16 * j, __fmul_rn(d, static_cast<float>((lo | (hi << 4)) - 32))};
+  }
+  __device__ static void Group(const Item &it, int g, float w[8]) {
+    const uint2 v = Load8Aligned(it.q + 8 * (g & 1));
+    const int shift = 4 * (g >> 1);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) w[k] = __fmul_rn(it.dl, Level(kIq4Levels, (ByteOf(v, k) >> shift) & 0x0f));
+  }
+};
+
+// ---- MXFP4 (17 bytes / 32): u8 e | u8 qs[16]; x = 2^(e - 128) * doubled E2M1 level ----------------
+struct MXFP4 {
+  static constexpr int kAlign = 1;
+  struct Item { const uint8_t *qs; float d; };
+  __device__ static Item Prepare(const uint8_t *row, int64_t item) {
+    const uint8_t *b = row + item * 17;
+    const uint32_t e = __ldg(b);
+    // 2^(e - 128): subnormal for e < 2, as lib/quant/codecs_mxfp4.cc forms it.
+    const uint32_t bits = e < 2 ? (0x00200000u << e) : (e - 1u) << 23;
+    return {b + 1, __uint_as_float(bits)};
+  }
+  __device__ static void Group(const Item &it, int g, float w[8]) {
+    const uint2 v = Load8Unaligned(it.qs + 8 * (g & 1));
+    const int shift = 4 * (g >> 1);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) w[k] = __fmul_rn(it.d, Level(kMxfp4Levels, (ByteOf(v, k) >> shift) & 0x0f));
+  }
+};
+
+}  // namespace strata::cuda::dev
+
+// Runs the statements with `C` naming the decoder of `type`; evaluates to false for a type without one.
+#define STRATA_CUDA_DISPATCH_CODEC(type, ...)                                            \
+  [&]() -> bool {                                                                        \
+    switch (type) {                                                                      \
+      case ::strata::quant::TypeId::kF32: { using C = ::strata::cuda::dev::F32; __VA_ARGS__; return true; }     \
+      case ::strata::quant::TypeId::kF16: { using C = ::strata::cuda::dev::F16; __VA_ARGS__; return true; }     \
+      case ::strata::quant::TypeId::kBF16: { using C = ::strata::cuda::dev::BF16; __VA_ARGS__; return true; }   \
+      case ::strata::quant::TypeId::kQ8_0: { using C = ::strata::cuda::dev::Q8_0; __VA_ARGS__; return true; }   \
+      case ::strata::quant::TypeId::kQ4_K: { using C = ::strata::cuda::dev::Q4_K; __VA_ARGS__; return true; }   \
+      case ::strata::quant::TypeId::kQ6_K: { using C = ::strata::cuda::dev::Q6_K; __VA_ARGS__; return true; }   \
+      case ::strata::quant::TypeId::kIQ4_XS: { using C = ::strata::cuda::dev::IQ4_XS; __VA_ARGS__; return true; } \
+      case ::strata::quant::TypeId::kMXFP4: { using C = ::strata::cuda::dev::MXFP4; __VA_ARGS__; return true; }  \
+      default: return false;                                                             \
+    }                                                                                    \
+  }()

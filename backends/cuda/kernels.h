@@ -1,0 +1,168 @@
+// The CUDA kernel layer: the operations of the backend interface (lib/model/backend.h) on device
+// buffers, each queued on a caller's stream with any scratch memory passed in by the caller, so a
+// device-resident forward pass can run them back to back and capture them in a CUDA Graph. All
+// tensors are float32 row-major device pointers with shapes in comments; launchers validate their
+// arguments and return a Status (MOE_ERR_INVALID_ARGUMENT, MOE_ERR_UNSUPPORTED_TYPE, or a CUDA
+// error as MOE_ERR_BACKEND) and never block the host.
+#pragma once
+
+#include <cublasLt.h>
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "lib/model/hparams.h"
+#include "lib/quant/codec.h"
+#include "lib/util/status.h"
+
+namespace strata::cuda {
+
+// A codec-encoded weight matrix in device memory, laid out as in GGUF: `rows` rows of `cols`
+// elements, row r at data + r * row_bytes.
+struct DeviceMatrix {
+  quant::TypeId type = quant::TypeId::kF32;
+  const void *data = nullptr;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  uint64_t row_bytes = 0;
+};
+
+// Caller-owned scratch memory (device). Launchers that need one say how large with a *Bytes call.
+struct Workspace {
+  void *data = nullptr;
+  size_t bytes = 0;
+};
+
+// Codecs with device kernels: F32, F16, BF16, Q8_0, Q4_K, Q6_K, IQ4_XS, MXFP4.
+bool HasDeviceCodec(quant::TypeId type);
+
+// Checks that w can be used by the kernels: a device codec, cols a multiple of 32 and of the block,
+// row_bytes matching, data and row_bytes aligned as the codec's loads need.
+absl::Status CheckMatrix(const DeviceMatrix &w);
+
+// ---- Matrix products -------------------------------------------------------------------------
+
+// Tokens the dequantize-GEMV kernels process per weight read; larger n_tok runs in chunks.
+constexpr int64_t kGemvMaxTokens = 8;
+
+// y (n_tok, w.rows) = x (n_tok, w.cols) · wᵀ with the dequantize-GEMV kernels (decode, small
+// batches). Each weight is decoded exactly as quant::Codec::dequantize does and multiplied in
+// float32; a (row, token) result does not depend on n_tok. No workspace.
+absl::Status Gemv(const DeviceMatrix &w, const float *x, int64_t n_tok, float *y, cudaStream_t stream);
+
+// out (rows, cols) = the dequantized w, bit-identical to quant::Codec::dequantize.
+absl::Status Dequantize(const DeviceMatrix &w, float *out, cudaStream_t stream);
+
+// out (n, w.cols) = dequantized rows ids[i] of w (ids is a device array). An id outside
+// [0, w.rows) yields a row of NaN (the kernel cannot fail; the caller validates token ids).
+absl::Status GetRows(const DeviceMatrix &w, const int32_t *ids, int64_t n, float *out, cudaStream_t stream);
+
+// Dense matrix products through cuBLASLt, for batches (prefill). One handle per device and thread
+// that uses it (cuBLASLt handles are not tied to a stream).
+class Blas {
+ public:
+  enum class Path { kAuto, kGemv, kGemm };
+  // kF32: IEEE float32 products (within 1e-5 relative of the CPU). kTf32: tensor cores with
+  // 10-bit-mantissa inputs, about 1e-3 relative, several times faster at large batches.
+  enum class Compute { kF32, kTf32 };
+
+  Blas() = default;
+  ~Blas();
+  Blas(Blas &&o) noexcept;
+  Blas &operator=(Blas &&o) noexcept;
+  Blas(const Blas &) = delete;
+  Blas &operator=(const Blas &) = delete;
+
+  static absl::StatusOr<Blas> Create(Compute compute = Compute::kF32);
+
+  // Workspace MatMul needs for this matrix and batch on `path`: cuBLASLt's scratch plus, for a
+  // non-F32 codec on the GEMM path, the dequantized matrix. 0 on the GEMV path.
+  static size_t MatMulWorkspaceBytes(const DeviceMatrix &w, int64_t n_tok, Path path = Path::kAuto);
+  // Which path kAuto takes: GEMV up to kGemvMaxTokens tokens (weights read once, exact decode),
+  // otherwise dequantize into the workspace and one cuBLASLt GEMM.
+  static Path Choose(int64_t n_tok, Path path) {
+    if (path != Path::kAuto) return path;
+    return n_tok <= kGemvMaxTokens ? Path::kGemv : Path::kGemm;
+  }
+
+  // y (n_tok, w.rows) = x (n_tok, w.cols) · wᵀ. MOE_ERR_INVALID_ARGUMENT when ws is smaller than
+  // MatMulWorkspaceBytes.
+  absl::Status MatMul(const DeviceMatrix &w, const float *x, int64_t n_tok, float *y, Workspace ws,
+                      cudaStream_t stream, Path path = Path::kAuto) const;
+
+  // y (n_tok, rows) = x (n_tok, cols) · wᵀ for a dense float32 w (rows, cols) in device memory.
+  absl::Status Sgemm(const float *w, int64_t rows, int64_t cols, const float *x, int64_t n_tok, float *y,
+                     Workspace ws, cudaStream_t stream) const;
+
+  // cuBLASLt scratch passed to every GEMM (part of MatMulWorkspaceBytes).
+  static constexpr size_t kLtWorkspaceBytes = size_t{32} << 20;
+
+ private:
+  cublasLtHandle_t handle_ = nullptr;
+  Compute compute_ = Compute::kF32;
+};
+
+// ---- Element-wise and per-row operations ---------------------------------------------------------
+
+// y (n_rows, n) = x / rms(x) * weight per row (weight (n) on the device); y may alias x.
+absl::Status RmsNorm(const float *x, const float *weight, int64_t n_rows, int64_t n, float eps, float *y,
+                     cudaStream_t stream);
+
+// Rotates x (n_tok, n_heads, head_dim) in place; token t is at position pos[t] (device array).
+// Angles are formed as the CPU backend forms them (float inverse frequencies, float angle) with
+// sine and cosine evaluated in double.
+absl::Status Rope(float *x, int64_t n_tok, int n_heads, int head_dim, const int32_t *pos, float theta,
+                  model::RopeStyle style, cudaStream_t stream);
+
+// Softmax routing, as the forward pass's Route: per token, softmax over logits (n_tok, n_expert),
+// the k largest probabilities (ties to the lower index) into sel (n_tok, k) in decreasing order and
+// their probabilities into wts (n_tok, k), renormalised to sum to one when `renorm`.
+absl::Status SoftmaxTopK(const float *logits, int64_t n_tok, int n_expert, int k, bool renorm, int32_t *sel,
+                         float *wts, cudaStream_t stream);
+
+// h (n, ) = silu(g) * u, element-wise; h may alias g or u.
+absl::Status SwiGlu(const float *g, const float *u, int64_t n, float *h, cudaStream_t stream);
+
+// ---- Attention ------------------------------------------------------------------------------------
+
+// One layer's KV cache on the device: (n_ctx, n_head_kv * head_dim) keys and values.
+struct DeviceKv {
+  const float *k = nullptr;
+  const float *v = nullptr;
+  int n_ctx = 0;
+};
+
+// Causal attention for n_tok new tokens at positions pos0..pos0+n_tok-1 whose K/V rows are already
+// in kv: q (n_tok, n_head, head_dim) -> out (n_tok, n_head, head_dim). GQA: query head h reads KV
+// head h / (n_head / n_head_kv). window 0 = unlimited, else a token sees the last `window`
+// positions. head_dim must be a multiple of 32, at most 256.
+// AttentionDecode: one block per (token, head), keys split over warps (best for few tokens).
+// AttentionPrefill: query tiles share K/V tiles in shared memory (best for many tokens).
+// Attention picks one by n_tok.
+absl::Status AttentionDecode(const float *q, const DeviceKv &kv, int64_t n_tok, int pos0, int n_head,
+                             int n_head_kv, int head_dim, int window, float *out, cudaStream_t stream);
+absl::Status AttentionPrefill(const float *q, const DeviceKv &kv, int64_t n_tok, int pos0, int n_head,
+                              int n_head_kv, int head_dim, int window, float *out, cudaStream_t stream);
+absl::Status Attention(const float *q, const DeviceKv &kv, int64_t n_tok, int pos0, int n_head, int n_head_kv,
+                       int head_dim, int window, float *out, cudaStream_t stream);
+
+// ---- Expert FFN -----------------------------------------------------------------------------------
+
+// A SwiGLU FFN's matrices on the device: gate, up (n_ff, n_embd), down (n_embd, n_ff).
+struct DeviceExpert {
+  DeviceMatrix gate, up, down;
+};
+
+size_t ExpertFfnWorkspaceBytes(const DeviceExpert &e, int64_t n_tok, Blas::Path path = Blas::Path::kAuto);
+
+// y (n_tok, n_embd) = down(silu(gate x) * up x) for one expert over a group of tokens. On the GEMV
+// path gate and up (same codec) are read in one fused kernel that applies SwiGLU.
+absl::Status ExpertFfn(const Blas &blas, const DeviceExpert &e, const float *x, int64_t n_tok, float *y,
+                       Workspace ws, cudaStream_t stream, Blas::Path path = Blas::Path::kAuto);
+
+// The fused first half of ExpertFfn's GEMV path: h (n_tok, gate.rows) = silu(gate x) * up x.
+absl::Status GemvSwiGlu(const DeviceMatrix &gate, const DeviceMatrix &up, const float *x, int64_t n_tok,
+                        float *h, cudaStream_t stream);
+
+}  // namespace strata::cuda

@@ -1,0 +1,353 @@
+// Matrix products on the device: dequantize-GEMV (one warp per output row, each lane decoding 32
+// weights at a time and dotting them with up to 8 tokens), dequantization and GetRows, and cuBLASLt
+// GEMMs for batches. Per (row, token) the GEMV adds in a fixed order whatever the batch size.
+#include <cuda_runtime.h>
+
+#include <memory>
+
+#include "backends/cuda/codecs.cuh"
+#include "backends/cuda/cuda_status.h"
+#include "backends/cuda/kernels.h"
+
+namespace strata::cuda {
+namespace {
+
+constexpr int kGemvWarps = 8;  // rows per block: the warps of a block share x through L1
+
+template <class C>
+int AlignOf() {
+  return C::kAlign;
+}
+
+// Adds row · x[t] into acc[t] for NT tokens (x rows `cols` apart). Lane `lane` takes items lane,
+// lane + 32, ...; its partial sums are combined by WarpSum in a fixed butterfly order.
+template <class C, int NT>
+__device__ __forceinline__ void RowDot(const uint8_t *row, const float *x, int64_t cols, int lane, float (&acc)[NT]) {
+  const int64_t n_items = cols / dev::kItemElems;
+  for (int64_t it = lane; it < n_items; it += 32) {
+    const typename C::Item item = C::Prepare(row, it);
+    const float *xi = x + it * dev::kItemElems;
+#pragma unroll
+    for (int g = 0; g < dev::kGroupsPerItem; ++g) {
+      float w[8];
+      C::Group(item, g, w);
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+        const float4 a = __ldg(reinterpret_cast<const float4 *>(xi + t * cols + 8 * g));
+        const float4 b = __ldg(reinterpret_cast<const float4 *>(xi + t * cols + 8 * g + 4));
+        float s = acc[t];
+        s = fmaf(w[0], a.x, s); s = fmaf(w[1], a.y, s); s = fmaf(w[2], a.z, s); s = fmaf(w[3], a.w, s);
+        s = fmaf(w[4], b.x, s); s = fmaf(w[5], b.y, s); s = fmaf(w[6], b.z, s); s = fmaf(w[7], b.w, s);
+        acc[t] = s;
+      }
+    }
+  }
+}
+
+__device__ __forceinline__ float WarpSum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// y (NT, rows) = x (NT, cols) · wᵀ; y rows `rows` apart.
+template <class C, int NT>
+__global__ void __launch_bounds__(kGemvWarps * 32) GemvKernel(const uint8_t *__restrict__ w, uint64_t row_bytes,
+                                                              int64_t rows, int64_t cols, const float *__restrict__ x,
+                                                              float *__restrict__ y) {
+  const int lane = threadIdx.x & 31;
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * kGemvWarps + (threadIdx.x >> 5);
+  if (r >= rows) return;
+  float acc[NT];
+#pragma unroll
+  for (int t = 0; t < NT; ++t) acc[t] = 0.f;
+  RowDot<C, NT>(w + r * row_bytes, x, cols, lane, acc);
+#pragma unroll
+  for (int t = 0; t < NT; ++t) {
+    const float s = WarpSum(acc[t]);
+    if (lane == 0) y[t * rows + r] = s;
+  }
+}
+
+// h (NT, rows) = silu(gate · x) * (up · x): both matrices of one row read by the same warp.
+template <class C, int NT>
+__global__ void __launch_bounds__(kGemvWarps * 32) GemvSwiGluKernel(const uint8_t *__restrict__ wg,
+                                                                    const uint8_t *__restrict__ wu, uint64_t row_bytes,
+                                                                    int64_t rows, int64_t cols,
+                                                                    const float *__restrict__ x, float *__restrict__ h) {
+  const int lane = threadIdx.x & 31;
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * kGemvWarps + (threadIdx.x >> 5);
+  if (r >= rows) return;
+  float ag[NT], au[NT];
+#pragma unroll
+  for (int t = 0; t < NT; ++t) ag[t] = au[t] = 0.f;
+  RowDot<C, NT>(wg + r * row_bytes, x, cols, lane, ag);
+  RowDot<C, NT>(wu + r * row_bytes, x, cols, lane, au);
+#pragma unroll
+  for (int t = 0; t < NT; ++t) {
+    const float g = WarpSum(ag[t]), u = WarpSum(au[t]);
+    // As the CPU backend: (a / (1 + exp(-a))) * u, exp in double so it rounds as glibc's expf does.
+    if (lane == 0) h[t * rows + r] = (g / (1.0f + static_cast<float>(exp(-static_cast<double>(g))))) * u;
+  }
+}
+
+// out rows: row ids[i] (or i when ids is null) of w, dequantized; one thread per 32-element item.
+template <class C>
+__global__ void DequantKernel(const uint8_t *__restrict__ w, uint64_t row_bytes, int64_t src_rows, int64_t cols,
+                              const int32_t *__restrict__ ids, int64_t n_rows, float *__restrict__ out) {
+  const int64_t n_items = cols / dev::kItemElems;
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= n_rows * n_items) return;
+  const int64_t i = idx / n_items, it = idx % n_items;
+  float *o = out + i * cols + it * dev::kItemElems;
+  const int64_t r = ids != nullptr ? ids[i] : i;
+  if (r < 0 || r >= src_rows) {
+    const float nan = __int_as_float(0x7fc00000);
+    for (int k = 0; k < dev::kItemElems; k += 4) *reinterpret_cast<float4 *>(o + k) = make_float4(nan, nan, nan, nan);
+    return;
+  }
+  const typename C::Item item = C::Prepare(w + r * row_bytes, it);
+#pragma unroll
+  for (int g = 0; g < dev::kGroupsPerItem; ++g) {
+    float v[8];
+    C::Group(item, g, v);
+    reinterpret_cast<float4 *>(o + 8 * g)[0] = make_float4(v[0], v[1], v[2], v[3]);
+    reinterpret_cast<float4 *>(o + 8 * g)[1] = make_float4(v[4], v[5], v[6], v[7]);
+  }
+}
+
+bool Aligned(const void *p, size_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; }
+
+absl::Status CheckActivations(const float *p, const char *what) {
+  if (p == nullptr) return Errorf(MOE_ERR_INVALID_ARGUMENT, "%s is null", what);
+  if (!Aligned(p, 16)) return Errorf(MOE_ERR_INVALID_ARGUMENT, "%s is not 16-byte aligned", what);
+  return absl::OkStatus();
+}
+
+template <class C, int NT>
+void LaunchGemv(const DeviceMatrix &w, const float *x, float *y, cudaStream_t s) {
+  const unsigned blocks = static_cast<unsigned>((w.rows + kGemvWarps - 1) / kGemvWarps);
+  GemvKernel<C, NT><<<blocks, kGemvWarps * 32, 0, s>>>(static_cast<const uint8_t *>(w.data), w.row_bytes, w.rows,
+                                                       w.cols, x, y);
+}
+
+template <class C, int NT>
+void LaunchGemvSwiGlu(const DeviceMatrix &g, const DeviceMatrix &u, const float *x, float *h, cudaStream_t s) {
+  const unsigned blocks = static_cast<unsigned>((g.rows + kGemvWarps - 1) / kGemvWarps);
+  GemvSwiGluKernel<C, NT><<<blocks, kGemvWarps * 32, 0, s>>>(static_cast<const uint8_t *>(g.data),
+                                                             static_cast<const uint8_t *>(u.data), g.row_bytes, g.rows,
+                                                             g.cols, x, h);
+}
+
+// Splits n_tok into chunks of 8, 4, 2, 1 tokens; `launch(nt, t0)` queues one chunk.
+template <class F>
+void ForTokenChunks(int64_t n_tok, F &&launch) {
+  int64_t t0 = 0;
+  for (int nt : {8, 4, 2, 1}) {
+    for (; n_tok - t0 >= nt; t0 += nt) launch(nt, t0);
+  }
+}
+
+// RAII for cuBLASLt descriptors created per call.
+struct LtDeleter {
+  void operator()(cublasLtMatmulDescOpaque_t *d) const { cublasLtMatmulDescDestroy(d); }
+  void operator()(cublasLtMatrixLayoutOpaque_t *d) const { cublasLtMatrixLayoutDestroy(d); }
+  void operator()(cublasLtMatmulPreferenceOpaque_t *d) const { cublasLtMatmulPreferenceDestroy(d); }
+};
+template <class T>
+using LtPtr = std::unique_ptr<T, LtDeleter>;
+
+size_t RoundUp(size_t n, size_t a) { return (n + a - 1) / a * a; }
+
+}  // namespace
+
+bool HasDeviceCodec(quant::TypeId type) { return STRATA_CUDA_DISPATCH_CODEC(type, (void)sizeof(C)); }
+
+absl::Status CheckMatrix(const DeviceMatrix &w) {
+  const quant::Codec *codec = quant::FindCodec(w.type);
+  int align = 0;
+  if (codec == nullptr || !STRATA_CUDA_DISPATCH_CODEC(w.type, align = AlignOf<C>())) {
+    return Errorf(MOE_ERR_UNSUPPORTED_TYPE, "no CUDA kernels for tensor type %s",
+                  quant::TypeName(static_cast<uint32_t>(w.type)));
+  }
+  if (w.rows < 0 || w.cols <= 0 || w.cols % dev::kItemElems != 0 || w.cols % codec->block_elems != 0) {
+    return Errorf(MOE_ERR_INVALID_ARGUMENT, "a %s matrix of %d x %d: columns must be a positive multiple of 32 and of %d",
+                  codec->name, w.rows, w.cols, codec->block_elems);
+  }
+  const uint64_t need = static_cast<uint64_t>(w.cols / codec->block_elems * codec->block_bytes);
+  if (w.row_bytes < need) {
+    return Errorf(MOE_ERR_INVALID_ARGUMENT, "%s rows of %d elements need %u bytes, row_bytes is %u", codec->name,
+                  w.cols, need, w.row_bytes);
+  }
+  if (w.rows > 0 && (w.data == nullptr || !Aligned(w.data, align) || w.row_bytes % align != 0)) {
+    return Errorf(MOE_ERR_INVALID_ARGUMENT, "%s weights must be %d-byte aligned (rows too)", codec->name, align);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Gemv(const DeviceMatrix &w, const float *x, int64_t n_tok, float *y, cudaStream_t stream) {
+  STRATA_RETURN_IF_ERROR(CheckMatrix(w));
+  if (n_tok < 0) return Errorf(MOE_ERR_INVALID_ARGUMENT, "GEMV over %d tokens", n_tok);
+  if (n_tok == 0 || w.rows == 0) return absl::OkStatus();
+  STRATA_RETURN_IF_ERROR(CheckActivations(x, "GEMV input"));
+  if (y == nullptr) return Errorf(MOE_ERR_INVALID_ARGUMENT, "GEMV output is null");
+  STRATA_CUDA_DISPATCH_CODEC(w.type, ForTokenChunks(n_tok, [&](int nt, int64_t t0) {
+    const float *xt = x + t0 * w.cols;
+    float *yt = y + t0 * w.rows;
+    switch (nt) {
+      case 8: LaunchGemv<C, 8>(w, xt, yt, stream); break;
+      case 4: LaunchGemv<C, 4>(w, xt, yt, stream); break;
+      case 2: LaunchGemv<C, 2>(w, xt, yt, stream); break;
+      default: LaunchGemv<C, 1>(w, xt, yt, stream); break;
+    }
+  }));
+  STRATA_CUDA_RETURN_IF_LAUNCH_FAILED();
+  return absl::OkStatus();
+}
+
+absl::Status GemvSwiGlu(const DeviceMatrix &gate, const DeviceMatrix &up, const float *x, int64_t n_tok, float *h,
+                        cudaStream_t stream) {
+  STRATA_RETURN_IF_ERROR(CheckMatrix(gate));
+  STRATA_RETURN_IF_ERROR(CheckMatrix(up));
+  if (gate.type != up.type || gate.rows != up.rows || gate.cols != up.cols || gate.row_bytes != up.row_bytes) {
+    return Errorf(MOE_ERR_INVALID_ARGUMENT, "fused SwiGLU needs gate and up of one codec and shape");
+  }
+  if (n_tok < 0) return Errorf(MOE_ERR_INVALID_ARGUMENT, "GEMV over %d tokens", n_tok);
+  if (n_tok == 0 || gate.rows == 0) return absl::OkStatus();
+  STRATA_RETURN_IF_ERROR(CheckActivations(x, "SwiGLU input"));
+  if (h == nullptr) return Errorf(MOE_ERR_INVALID_ARGUMENT, "SwiGLU output is null");
+  STRATA_CUDA_DISPATCH_CODEC(gate.type, ForTokenChunks(n_tok, [&](int nt, int64_t t0) {
+    const float *xt = x + t0 * gate.cols;
+    float *ht = h + t0 * gate.rows;
+    switch (nt) {
+      case 8: LaunchGemvSwiGlu<C, 8>(gate, up, xt, ht, stream); break;
+      case 4: LaunchGemvSwiGlu<C, 4>(gate, up, xt, ht, stream); break;
+      case 2: LaunchGemvSwiGlu<C, 2>(gate, up, xt, ht, stream); break;
+      default: LaunchGemvSwiGlu<C, 1>(gate, up, xt, ht, stream); break;
+    }
+  }));
+  STRATA_CUDA_RETURN_IF_LAUNCH_FAILED();
+  return absl::OkStatus();
+}
+
+namespace {
+
+absl::Status LaunchDequant(const DeviceMatrix &w, const int32_t *ids, int64_t n, float *out, cudaStream_t stream) {
+  STRATA_RETURN_IF_ERROR(CheckMatrix(w));
+  if (n < 0) return Errorf(MOE_ERR_INVALID_ARGUMENT, "dequantizing %d rows", n);
+  if (n == 0) return absl::OkStatus();
+  STRATA_RETURN_IF_ERROR(CheckActivations(out, "dequantize output"));
+  const int64_t total = n * (w.cols / dev::kItemElems);
+  const int threads = 256;
+  const int64_t blocks = (total + threads - 1) / threads;
+  if (blocks > 0x7fffffff) return Errorf(MOE_ERR_INVALID_ARGUMENT, "dequantizing %d x %d is too large", n, w.cols);
+  STRATA_CUDA_DISPATCH_CODEC(w.type, DequantKernel<C><<<static_cast<unsigned>(blocks), threads, 0, stream>>>(
+                                         static_cast<const uint8_t *>(w.data), w.row_bytes, w.rows, w.cols, ids, n, out));
+  STRATA_CUDA_RETURN_IF_LAUNCH_FAILED();
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status Dequantize(const DeviceMatrix &w, float *out, cudaStream_t stream) {
+  return LaunchDequant(w, nullptr, w.rows, out, stream);
+}
+
+absl::Status GetRows(const DeviceMatrix &w, const int32_t *ids, int64_t n, float *out, cudaStream_t stream) {
+  if (ids == nullptr && n > 0) return Errorf(MOE_ERR_INVALID_ARGUMENT, "GetRows ids are null");
+  return LaunchDequant(w, ids, n, out, stream);
+}
+
+// ---- cuBLASLt ------------------------------------------------------------------------------------
+
+Blas::~Blas() {
+  if (handle_ != nullptr) cublasLtDestroy(handle_);
+}
+Blas::Blas(Blas &&o) noexcept : handle_(std::exchange(o.handle_, nullptr)), compute_(o.compute_) {}
+Blas &Blas::operator=(Blas &&o) noexcept {
+  if (this != &o) {
+    if (handle_ != nullptr) cublasLtDestroy(handle_);
+    handle_ = std::exchange(o.handle_, nullptr);
+    compute_ = o.compute_;
+  }
+  return *this;
+}
+
+absl::StatusOr<Blas> Blas::Create(Compute compute) {
+  Blas b;
+  STRATA_CUDA_RETURN_IF_ERROR(cublasLtCreate(&b.handle_));
+  b.compute_ = compute;
+  return b;
+}
+
+size_t Blas::MatMulWorkspaceBytes(const DeviceMatrix &w, int64_t n_tok, Path path) {
+  if (Choose(n_tok, path) == Path::kGemv) return 0;
+  size_t bytes = kLtWorkspaceBytes;
+  if (w.type != quant::TypeId::kF32 || w.row_bytes != static_cast<uint64_t>(w.cols) * 4) {
+    bytes += RoundUp(static_cast<size_t>(w.rows) * static_cast<size_t>(w.cols) * sizeof(float), 256);
+  }
+  return bytes;
+}
+
+absl::Status Blas::Sgemm(const float *w, int64_t rows, int64_t cols, const float *x, int64_t n_tok, float *y,
+                         Workspace ws, cudaStream_t stream) const {
+  if (handle_ == nullptr) return Errorf(MOE_ERR_STATE, "cuBLASLt handle not created");
+  if (rows <= 0 || cols <= 0 || n_tok <= 0) return absl::OkStatus();
+  // Row-major y (n_tok, rows) = x (n_tok, cols) · wᵀ is, column-major, yᵀ (rows, n_tok) =
+  // op(A) · xᵀ with A = w seen as a (cols, rows) column-major matrix and op = transpose.
+  const cublasComputeType_t ct = compute_ == Compute::kTf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  cublasLtMatmulDesc_t op_raw = nullptr;
+  STRATA_CUDA_RETURN_IF_ERROR(cublasLtMatmulDescCreate(&op_raw, ct, CUDA_R_32F));
+  LtPtr<cublasLtMatmulDescOpaque_t> op(op_raw);
+  const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+  STRATA_CUDA_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(op.get(), CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+  STRATA_CUDA_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(op.get(), CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+  cublasLtMatrixLayout_t a_raw = nullptr, b_raw = nullptr, c_raw = nullptr;
+  STRATA_CUDA_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&a_raw, CUDA_R_32F, cols, rows, cols));
+  LtPtr<cublasLtMatrixLayoutOpaque_t> a(a_raw);
+  STRATA_CUDA_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&b_raw, CUDA_R_32F, cols, n_tok, cols));
+  LtPtr<cublasLtMatrixLayoutOpaque_t> b(b_raw);
+  STRATA_CUDA_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&c_raw, CUDA_R_32F, rows, n_tok, rows));
+  LtPtr<cublasLtMatrixLayoutOpaque_t> c(c_raw);
+  cublasLtMatmulPreference_t pref_raw = nullptr;
+  STRATA_CUDA_RETURN_IF_ERROR(cublasLtMatmulPreferenceCreate(&pref_raw));
+  LtPtr<cublasLtMatmulPreferenceOpaque_t> pref(pref_raw);
+  const size_t ws_bytes = ws.data != nullptr ? ws.bytes : 0;
+  STRATA_CUDA_RETURN_IF_ERROR(cublasLtMatmulPreferenceSetAttribute(pref.get(), CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                                   &ws_bytes, sizeof ws_bytes));
+  cublasLtMatmulHeuristicResult_t heur = {};
+  int found = 0;
+  STRATA_CUDA_RETURN_IF_ERROR(
+      cublasLtMatmulAlgoGetHeuristic(handle_, op.get(), a.get(), b.get(), c.get(), c.get(), pref.get(), 1, &heur, &found));
+  if (found == 0) {
+    return Errorf(MOE_ERR_UNSUPPORTED, "cuBLASLt has no algorithm for a %d x %d x %d float GEMM", rows, n_tok, cols);
+  }
+  const float alpha = 1.0f, beta = 0.0f;
+  STRATA_CUDA_RETURN_IF_ERROR(cublasLtMatmul(handle_, op.get(), &alpha, w, a.get(), x, b.get(), &beta, y, c.get(), y,
+                                             c.get(), &heur.algo, ws.data, ws_bytes, stream));
+  return absl::OkStatus();
+}
+
+absl::Status Blas::MatMul(const DeviceMatrix &w, const float *x, int64_t n_tok, float *y, Workspace ws,
+                          cudaStream_t stream, Path path) const {
+  if (Choose(n_tok, path) == Path::kGemv) return Gemv(w, x, n_tok, y, stream);
+  STRATA_RETURN_IF_ERROR(CheckMatrix(w));
+  if (n_tok <= 0 || w.rows == 0) return absl::OkStatus();
+  STRATA_RETURN_IF_ERROR(CheckActivations(x, "GEMM input"));
+  const size_t need = MatMulWorkspaceBytes(w, n_tok, path);
+  if (ws.bytes < need || (need > 0 && ws.data == nullptr)) {
+    return Errorf(MOE_ERR_INVALID_ARGUMENT, "GEMM workspace of %u bytes, %u needed", ws.bytes, need);
+  }
+  const float *dense = static_cast<const float *>(w.data);
+  Workspace lt = ws;
+  if (need > kLtWorkspaceBytes) {  // dequantize into the front of the workspace, GEMM from there
+    float *deq = static_cast<float *>(ws.data);
+    STRATA_RETURN_IF_ERROR(Dequantize(w, deq, stream));
+    dense = deq;
+    const size_t used = need - kLtWorkspaceBytes;
+    lt = {static_cast<uint8_t *>(ws.data) + used, ws.bytes - used};
+  }
+  return Sgemm(dense, w.rows, w.cols, x, n_tok, y, lt, stream);
+}
+
+}  // namespace strata::cuda

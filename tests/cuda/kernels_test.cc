@@ -1,0 +1,384 @@
+// GPU kernels against the CPU reference (lib/quant dequantize, CpuBackend) on fresh random inputs,
+// outputs poisoned with NaN first. Tolerances (relative L2 unless bit-exact): decoded weights are
+// bit-identical by construction; float32 sums differ from the CPU only in order, which for these
+// sizes (<= 4096 terms) stays below 1e-5; TF32 GEMMs keep 10 mantissa bits, so 5e-3.
+#include <algorithm>
+#include <numeric>
+
+#include "backends/cpu/cpu_backend.h"
+#include "backends/cuda/cuda_status.h"
+#include "tests/cuda/cuda_test_util.h"
+
+namespace strata::cuda {
+namespace {
+
+using quant::TypeId;
+using test::Download;
+using test::HaveGpu;
+using test::Poisoned;
+using test::RandomFloats;
+using test::RandomMatrix;
+using test::RelL2;
+using test::Upload;
+
+const TypeId kCodecs[] = {TypeId::kF32,  TypeId::kF16,  TypeId::kBF16,   TypeId::kQ8_0,
+                          TypeId::kQ4_K, TypeId::kQ6_K, TypeId::kIQ4_XS, TypeId::kMXFP4};
+
+model::Matrix HostMatrix(TypeId type, const std::vector<uint8_t> &bytes, int64_t rows, int64_t cols, uint64_t rb) {
+  model::Matrix m;
+  m.codec = quant::FindCodec(type);
+  m.rows = rows;
+  m.cols = cols;
+  m.row_bytes = rb;
+  m.data = bytes.data();
+  return m;
+}
+
+// y (n_tok, rows) of the dequantized rows dotted with x in double: the exact value of what the GEMV
+// computes in float32.
+std::vector<float> ReferenceMatMul(TypeId type, const std::vector<uint8_t> &w, int64_t rows, int64_t cols, uint64_t rb,
+                                   const std::vector<float> &x, int64_t n_tok) {
+  const quant::Codec *c = quant::FindCodec(type);
+  std::vector<float> row(cols), y(n_tok * rows);
+  for (int64_t r = 0; r < rows; ++r) {
+    c->dequantize(w.data() + r * rb, row.data(), cols);
+    for (int64_t t = 0; t < n_tok; ++t) {
+      double s = 0;
+      for (int64_t i = 0; i < cols; ++i) s += static_cast<double>(row[i]) * x[t * cols + i];
+      y[t * rows + r] = static_cast<float>(s);
+    }
+  }
+  return y;
+}
+
+TEST_CASE("CUDA errors map to Strata codes", "[gpu]") {
+  CHECK(CudaStatus(cudaSuccess, "x", __FILE__, __LINE__).ok());
+  CHECK(StatusToMoe(CudaStatus(cudaErrorMemoryAllocation, "x", __FILE__, __LINE__)) == MOE_ERR_NO_MEMORY);
+  CHECK(StatusToMoe(CudaStatus(cudaErrorNoDevice, "x", __FILE__, __LINE__)) == MOE_ERR_UNSUPPORTED_BACKEND);
+  CHECK(StatusToMoe(CudaStatus(cudaErrorIllegalAddress, "x", __FILE__, __LINE__)) == MOE_ERR_BACKEND);
+  CHECK(StatusToMoe(CudaStatus(CUBLAS_STATUS_ALLOC_FAILED, "x", __FILE__, __LINE__)) == MOE_ERR_NO_MEMORY);
+  CHECK(StatusToMoe(CudaStatus(CUBLAS_STATUS_EXECUTION_FAILED, "x", __FILE__, __LINE__)) == MOE_ERR_BACKEND);
+  if (!HaveGpu()) return;
+  // An impossible allocation is an error the caller gets back, and later calls still work.
+  auto huge = DeviceBuffer::Allocate(size_t{1} << 50);
+  REQUIRE_FALSE(huge.ok());
+  CHECK(StatusToMoe(huge.status()) == MOE_ERR_NO_MEMORY);
+  auto small = DeviceBuffer::Allocate(1024);
+  CHECK(small.ok());
+}
+
+TEST_CASE("RAII stream, event and pinned buffer round trip", "[gpu]") {
+  if (!HaveGpu()) return;
+  auto rng = test::Rng();
+  auto s = Stream::Create();
+  REQUIRE(s.ok());
+  auto start = Event::Create(true), end = Event::Create(true);
+  REQUIRE((start.ok() && end.ok()));
+  const size_t n = 1 << 20;
+  auto host = PinnedBuffer::Allocate(n * sizeof(float));
+  auto back = PinnedBuffer::Allocate(n * sizeof(float));
+  auto dev = DeviceBuffer::Allocate(n * sizeof(float));
+  REQUIRE((host.ok() && back.ok() && dev.ok()));
+  std::vector<float> v = RandomFloats(rng, n);
+  std::copy(v.begin(), v.end(), host->as<float>());
+  std::fill(back->as<float>(), back->as<float>() + n, NAN);
+  REQUIRE(start->Record(s->get()).ok());
+  REQUIRE(CopyAsync(dev->data(), host->data(), n * sizeof(float), s->get()).ok());
+  REQUIRE(CopyAsync(back->data(), dev->data(), n * sizeof(float), s->get()).ok());
+  REQUIRE(end->Record(s->get()).ok());
+  REQUIRE(s->Synchronize().ok());
+  CHECK(std::memcmp(back->data(), v.data(), n * sizeof(float)) == 0);
+  auto ms = Event::ElapsedMs(*start, *end);
+  REQUIRE(ms.ok());
+  CHECK(*ms >= 0.f);
+}
+
+TEST_CASE("Dequantize and GetRows are bit-identical to lib/quant", "[gpu]") {
+  if (!HaveGpu()) return;
+  auto rng = test::Rng();
+  const int64_t rows = 37, cols = 1024;
+  for (TypeId type : kCodecs) {
+    INFO(quant::TypeName(static_cast<uint32_t>(type)));
+    uint64_t rb = 0;
+    std::vector<uint8_t> w = RandomMatrix(rng, type, rows, cols, &rb);
+    DeviceBuffer dw = Upload(w);
+    const DeviceMatrix m = test::View(type, dw, rows, cols, rb);
+    std::vector<float> ref(rows * cols);
+    for (int64_t r = 0; r < rows; ++r) quant::FindCodec(type)->dequantize(w.data() + r * rb, ref.data() + r * cols, cols);
+
+    DeviceBuffer out = Poisoned(rows * cols);
+    REQUIRE(Dequantize(m, out.as<float>(), nullptr).ok());
+    std::vector<float> got = Download<float>(out, rows * cols);
+    CHECK(std::memcmp(got.data(), ref.data(), got.size() * sizeof(float)) == 0);
+
+    std::uniform_int_distribution<int32_t> pick(0, rows - 1);
+    std::vector<int32_t> ids(9);
+    for (auto &id : ids) id = pick(rng);
+    ids[3] = ids[1];  // a repeated token
+    DeviceBuffer did = Upload(ids);
+    DeviceBuffer rows_out = Poisoned(ids.size() * cols);
+    REQUIRE(GetRows(m, did.as<int32_t>(), static_cast<int64_t>(ids.size()), rows_out.as<float>(), nullptr).ok());
+    std::vector<float> got_rows = Download<float>(rows_out, ids.size() * cols);
+    for (size_t i = 0; i < ids.size(); ++i) {
+      CHECK(std::memcmp(got_rows.data() + i * cols, ref.data() + ids[i] * cols, cols * sizeof(float)) == 0);
+    }
+  }
+}
+
+TEST_CASE("GEMV matches the exact dot of the dequantized weights for every codec", "[gpu]") {
+  if (!HaveGpu()) return;
+  auto rng = test::Rng();
+  const int64_t rows = 301, cols = 2048;  // rows not a multiple of a block's 8 warps
+  cpu::CpuBackend cpu_be(2, cpu::MatMulMode::kExact, cpu::kernels::Isa::kScalar);
+  for (TypeId type : kCodecs) {
+    INFO(quant::TypeName(static_cast<uint32_t>(type)));
+    uint64_t rb = 0;
+    std::vector<uint8_t> w = RandomMatrix(rng, type, rows, cols, &rb);
+    DeviceBuffer dw = Upload(w);
+    const DeviceMatrix m = test::View(type, dw, rows, cols, rb);
+    const int64_t max_tok = 11;
+    std::vector<float> x = RandomFloats(rng, max_tok * cols);
+    DeviceBuffer dx = Upload(x);
+    std::vector<float> ref = ReferenceMatMul(type, w, rows, cols, rb, x, max_tok);
+    std::vector<float> single;
+    for (int64_t n_tok : {1, 3, 8, 11}) {
+      INFO("n_tok " << n_tok);
+      DeviceBuffer dy = Poisoned(n_tok * rows);
+      REQUIRE(Gemv(m, dx.as<float>(), n_tok, dy.as<float>(), nullptr).ok());
+      std::vector<float> y = Download<float>(dy, n_tok * rows);
+      std::vector<float> r(ref.begin(), ref.begin() + n_tok * rows);
+      CHECK(RelL2(y, r) <= 1e-5);
+      // A token's result does not depend on the batch it came in.
+      if (n_tok == 1) single = y;
+      CHECK(std::memcmp(y.data(), single.data(), rows * sizeof(float)) == 0);
+      if (n_tok == 3) {  // and agrees with the CPU backend
+        std::vector<float> cy(n_tok * rows);
+        model::Matrix hm = HostMatrix(type, w, rows, cols, rb);
+        cpu_be.MatMul(hm, x.data(), n_tok, cy.data());
+        CHECK(RelL2(y, cy) <= 1e-5);
+      }
+    }
+  }
+}
+
+TEST_CASE("cuBLASLt MatMul (GEMM path) matches the reference", "[gpu]") {
+  if (!HaveGpu()) return;
+  auto rng = test::Rng();
+  const int64_t rows = 260, cols = 1024, n_tok = 40;
+  auto blas = Blas::Create();
+  auto blas_tf32 = Blas::Create(Blas::Compute::kTf32);
+  REQUIRE((blas.ok() && blas_tf32.ok()));
+  for (TypeId type : {TypeId::kF32, TypeId::kBF16, TypeId::kF16, TypeId::kQ4_K, TypeId::kQ6_K}) {
+    INFO(quant::TypeName(static_cast<uint32_t>(type)));
+    uint64_t rb = 0;
+    std::vector<uint8_t> w = RandomMatrix(rng, type, rows, cols, &rb);
+    DeviceBuffer dw = Upload(w);
+    const DeviceMatrix m = test::View(type, dw, rows, cols, rb);
+    std::vector<float> x = RandomFloats(rng, n_tok * cols);
+    DeviceBuffer dx = Upload(x);
+    std::vector<float> ref = ReferenceMatMul(type, w, rows, cols, rb, x, n_tok);
+    auto ws = DeviceBuffer::Allocate(Blas::MatMulWorkspaceBytes(m, n_tok));
+    REQUIRE(ws.ok());
+    REQUIRE(Blas::Choose(n_tok, Blas::Path::kAuto) == Blas::Path::kGemm);
+    DeviceBuffer dy = Poisoned(n_tok * rows);
+    REQUIRE(blas->MatMul(m, dx.as<float>(), n_tok, dy.as<float>(), {ws->data(), ws->size()}, nullptr).ok());
+    CHECK(RelL2(Download<float>(dy, n_tok * rows), ref) <= 1e-5);
+    DeviceBuffer dt = Poisoned(n_tok * rows);
+    REQUIRE(blas_tf32->MatMul(m, dx.as<float>(), n_tok, dt.as<float>(), {ws->data(), ws->size()}, nullptr).ok());
+    CHECK(RelL2(Download<float>(dt, n_tok * rows), ref) <= 5e-3);
+    // Too small a workspace is refused, not overrun.
+    CHECK(StatusToMoe(blas->MatMul(m, dx.as<float>(), n_tok, dy.as<float>(), {ws->data(), 16}, nullptr)) ==
+          MOE_ERR_INVALID_ARGUMENT);
+  }
+}
+
+TEST_CASE("RMSNorm matches the CPU backend", "[gpu]") {
+  if (!HaveGpu()) return;
+  auto rng = test::Rng();
+  cpu::CpuBackend cpu_be(2);
+  for (int64_t n : {64, 2048, 5000}) {
+    const int64_t n_rows = 7;
+    std::vector<float> x = RandomFloats(rng, n_rows * n, -3.f, 3.f), wt = RandomFloats(rng, n, 0.5f, 1.5f);
+    std::vector<float> ref(n_rows * n);
+    cpu_be.RmsNorm(x.data(), wt.data(), n_rows, n, 1e-6f, ref.data());
+    DeviceBuffer dx = Upload(x), dw = Upload(wt), dy = Poisoned(n_rows * n);
+    REQUIRE(RmsNorm(dx.as<float>(), dw.as<float>(), n_rows, n, 1e-6f, dy.as<float>(), nullptr).ok());
+    CHECK(RelL2(Download<float>(dy, n_rows * n), ref) <= 1e-6);
+    // In place, as the forward pass does for q/k norms.
+    REQUIRE(RmsNorm(dx.as<float>(), dw.as<float>(), n_rows, n, 1e-6f, dx.as<float>(), nullptr).ok());
+    CHECK(RelL2(Download<float>(dx, n_rows * n), ref) <= 1e-6);
+  }
+}
+
+TEST_CASE("RoPE matches the CPU backend in both styles", "[gpu]") {
+  if (!HaveGpu()) return;
+  auto rng = test::Rng();
+  cpu::CpuBackend cpu_be(1);
+  const int64_t n_tok = 9;
+  const int n_heads = 4, head_dim = 128;
+  std::uniform_int_distribution<int32_t> p(0, 32767);
+  for (model::RopeStyle style : {model::RopeStyle::kNormal, model::RopeStyle::kNeox}) {
+    for (float theta : {10000.f, 1000000.f}) {
+      std::vector<float> x = RandomFloats(rng, n_tok * n_heads * head_dim);
+      std::vector<int32_t> pos(n_tok);
+      for (auto &v : pos) v = p(rng);
+      std::vector<float> ref = x;
+      cpu_be.Rope(ref.data(), n_tok, n_heads, head_dim, pos.data(), theta, style);
+      DeviceBuffer dx = Upload(x), dp = Upload(pos);
+      REQUIRE(Rope(dx.as<float>(), n_tok, n_heads, head_dim, dp.as<int32_t>(), theta, style, nullptr).ok());
+      CHECK(RelL2(Download<float>(dx, x.size()), ref) <= 1e-6);
+    }
+  }
+}
+
+// The forward pass's Route (lib/model/forward.cc), restated: softmax, top-k with ties to the lower
+// index, optional renormalisation.
+void ReferenceRoute(const float *logits, int n_expert, int k, bool renorm, int32_t *sel, float *wts) {
+  std::vector<float> p(logits, logits + n_expert);
+  const float mx = *std::max_element(p.begin(), p.end());
+  float sum = 0.f;
+  for (auto &v : p) {
+    v = std::exp(v - mx);
+    sum += v;
+  }
+  for (auto &v : p) v /= sum;
+  std::vector<int32_t> idx(n_expert);
+  std::iota(idx.begin(), idx.end(), 0);
+  std::partial_sort(idx.begin(), idx.begin() + k, idx.end(),
+                    [&](int32_t a, int32_t b) { return p[a] > p[b] || (p[a] == p[b] && a < b); });
+  float s = 0.f;
+  for (int j = 0; j < k; ++j) {
+    sel[j] = idx[j];
+    wts[j] = p[idx[j]];
+    s += wts[j];
+  }
+  if (renorm) {
+    for (int j = 0; j < k; ++j) wts[j] /= s;
+  }
+}
+
+TEST_CASE("Softmax top-k routing matches the forward pass's Route", "[gpu]") {
+  if (!HaveGpu()) return;
+  auto rng = test::Rng();
+  struct Case { int n_expert, k; };
+  for (Case c : {Case{8, 2}, Case{64, 8}, Case{128, 8}, Case{256, 8}, Case{384, 10}}) {
+    for (bool renorm : {false, true}) {
+      for (bool ties : {false, true}) {
+        INFO(c.n_expert << " experts, k " << c.k << ", renorm " << renorm << ", ties " << ties);
+        const int64_t n_tok = 13;
+        std::vector<float> logits = RandomFloats(rng, n_tok * c.n_expert, -4.f, 4.f);
+        if (ties) {  // runs of equal logits, including among the largest
+          for (int64_t t = 0; t < n_tok; ++t) {
+            float *l = logits.data() + t * c.n_expert;
+            const float top = *std::max_element(l, l + c.n_expert);
+            for (int e = 1; e < c.n_expert; e += 3) l[e] = top;
+          }
+        }
+        std::vector<int32_t> ref_sel(n_tok * c.k);
+        std::vector<float> ref_w(n_tok * c.k);
+        for (int64_t t = 0; t < n_tok; ++t) {
+          ReferenceRoute(logits.data() + t * c.n_expert, c.n_expert, c.k, renorm, ref_sel.data() + t * c.k,
+                         ref_w.data() + t * c.k);
+        }
+        DeviceBuffer dl = Upload(logits), dw = Poisoned(n_tok * c.k);
+        auto ds = DeviceBuffer::Allocate(n_tok * c.k * sizeof(int32_t));
+        REQUIRE(ds.ok());
+        REQUIRE(cudaMemset(ds->data(), 0xff, n_tok * c.k * sizeof(int32_t)) == cudaSuccess);
+        REQUIRE(SoftmaxTopK(dl.as<float>(), n_tok, c.n_expert, c.k, renorm, ds->as<int32_t>(), dw.as<float>(), nullptr)
+                    .ok());
+        CHECK(Download<int32_t>(*ds, n_tok * c.k) == ref_sel);
+        CHECK(RelL2(Download<float>(dw, n_tok * c.k), ref_w) <= 1e-6);
+      }
+    }
+  }
+}
+
+TEST_CASE("Decode and prefill attention match the CPU backend", "[gpu]") {
+  if (!HaveGpu()) return;
+  auto rng = test::Rng();
+  cpu::CpuBackend cpu_be(2);
+  struct Case { int n_head, n_head_kv, head_dim, window, pos0; int64_t n_tok; };
+  const Case cases[] = {
+      {8, 2, 64, 0, 0, 1},      {8, 2, 128, 0, 700, 1},  {16, 4, 128, 0, 37, 3},  {4, 4, 256, 0, 100, 2},
+      {8, 2, 64, 0, 0, 77},     {8, 1, 128, 0, 50, 40},  {16, 4, 128, 6, 90, 33}, {4, 2, 256, 0, 5, 20},
+      {6, 3, 96, 0, 11, 17},    {8, 2, 128, 16, 300, 1},
+  };
+  for (const Case &c : cases) {
+    INFO("heads " << c.n_head << "/" << c.n_head_kv << " head_dim " << c.head_dim << " window " << c.window
+                  << " pos0 " << c.pos0 << " n_tok " << c.n_tok);
+    const int n_ctx = c.pos0 + static_cast<int>(c.n_tok) + 5;
+    const int kv_dim = c.n_head_kv * c.head_dim;
+    std::vector<float> k = RandomFloats(rng, static_cast<size_t>(n_ctx) * kv_dim, -2.f, 2.f);
+    std::vector<float> v = RandomFloats(rng, static_cast<size_t>(n_ctx) * kv_dim);
+    std::vector<float> q = RandomFloats(rng, c.n_tok * c.n_head * c.head_dim, -2.f, 2.f);
+    std::vector<float> ref(q.size());
+    model::KvView hv{k.data(), v.data(), n_ctx};
+    cpu_be.Attention(q.data(), hv, c.n_tok, c.pos0, c.n_head, c.n_head_kv, c.head_dim, c.window, ref.data());
+    DeviceBuffer dk = Upload(k), dv = Upload(v), dq = Upload(q);
+    const DeviceKv kv{dk.as<float>(), dv.as<float>(), n_ctx};
+    DeviceBuffer d1 = Poisoned(q.size()), d2 = Poisoned(q.size());
+    REQUIRE(AttentionDecode(dq.as<float>(), kv, c.n_tok, c.pos0, c.n_head, c.n_head_kv, c.head_dim, c.window,
+                            d1.as<float>(), nullptr)
+                .ok());
+    REQUIRE(AttentionPrefill(dq.as<float>(), kv, c.n_tok, c.pos0, c.n_head, c.n_head_kv, c.head_dim, c.window,
+                             d2.as<float>(), nullptr)
+                .ok());
+    CHECK(RelL2(Download<float>(d1, q.size()), ref) <= 1e-5);
+    CHECK(RelL2(Download<float>(d2, q.size()), ref) <= 1e-5);
+  }
+  // Positions past the context are refused.
+  DeviceBuffer dq = Poisoned(64);
+  const DeviceKv small{dq.as<float>(), dq.as<float>(), 4};
+  CHECK(StatusToMoe(AttentionDecode(dq.as<float>(), small, 1, 4, 1, 1, 64, 0, dq.as<float>(), nullptr)) ==
+        MOE_ERR_INVALID_ARGUMENT);
+}
+
+TEST_CASE("Expert FFN matches the CPU backend on the GEMV and GEMM paths", "[gpu]") {
+  if (!HaveGpu()) return;
+  auto rng = test::Rng();
+  cpu::CpuBackend cpu_be(2, cpu::MatMulMode::kExact, cpu::kernels::Isa::kScalar);
+  auto blas = Blas::Create();
+  REQUIRE(blas.ok());
+  const int64_t n_embd = 512, n_ff = 768;
+  struct Types { TypeId gate, up, down; };
+  for (Types ty : {Types{TypeId::kQ4_K, TypeId::kQ4_K, TypeId::kQ6_K}, Types{TypeId::kMXFP4, TypeId::kMXFP4, TypeId::kMXFP4},
+                   Types{TypeId::kQ8_0, TypeId::kIQ4_XS, TypeId::kBF16}}) {
+    INFO(quant::TypeName(static_cast<uint32_t>(ty.gate)) << "/" << quant::TypeName(static_cast<uint32_t>(ty.up)) << "/"
+                                                         << quant::TypeName(static_cast<uint32_t>(ty.down)));
+    uint64_t rbg, rbu, rbd;
+    std::vector<uint8_t> g = RandomMatrix(rng, ty.gate, n_ff, n_embd, &rbg), u = RandomMatrix(rng, ty.up, n_ff, n_embd, &rbu),
+                         d = RandomMatrix(rng, ty.down, n_embd, n_ff, &rbd);
+    model::ExpertWeights he;
+    he.gate = HostMatrix(ty.gate, g, n_ff, n_embd, rbg);
+    he.up = HostMatrix(ty.up, u, n_ff, n_embd, rbu);
+    he.down = HostMatrix(ty.down, d, n_embd, n_ff, rbd);
+    DeviceBuffer dg = Upload(g), du = Upload(u), dd = Upload(d);
+    const DeviceExpert de{test::View(ty.gate, dg, n_ff, n_embd, rbg), test::View(ty.up, du, n_ff, n_embd, rbu),
+                          test::View(ty.down, dd, n_embd, n_ff, rbd)};
+    for (int64_t n_tok : {1, 5, 40}) {
+      INFO("n_tok " << n_tok);
+      std::vector<float> x = RandomFloats(rng, n_tok * n_embd, -2.f, 2.f), ref(n_tok * n_embd);
+      cpu_be.ExpertFfn(he, x.data(), n_tok, ref.data());
+      DeviceBuffer dx = Upload(x), dy = Poisoned(n_tok * n_embd);
+      auto ws = DeviceBuffer::Allocate(ExpertFfnWorkspaceBytes(de, n_tok));
+      REQUIRE(ws.ok());
+      REQUIRE(ExpertFfn(*blas, de, dx.as<float>(), n_tok, dy.as<float>(), {ws->data(), ws->size()}, nullptr).ok());
+      CHECK(RelL2(Download<float>(dy, n_tok * n_embd), ref) <= 1e-5);
+    }
+  }
+}
+
+TEST_CASE("Launchers refuse bad arguments with a Status", "[gpu]") {
+  if (!HaveGpu()) return;
+  DeviceBuffer buf = Poisoned(4096);
+  DeviceMatrix m{TypeId::kQ4_K, buf.data(), 4, 200, 144};  // 200 columns: not a whole Q4_K block
+  CHECK(StatusToMoe(Gemv(m, buf.as<float>(), 1, buf.as<float>(), nullptr)) == MOE_ERR_INVALID_ARGUMENT);
+  m = {TypeId::kQ2_K, buf.data(), 4, 256, 84};
+  CHECK(StatusToMoe(Gemv(m, buf.as<float>(), 1, buf.as<float>(), nullptr)) == MOE_ERR_UNSUPPORTED_TYPE);
+  m = {TypeId::kQ4_K, static_cast<uint8_t *>(buf.data()) + 4, 4, 256, 144};  // misaligned
+  CHECK(StatusToMoe(Gemv(m, buf.as<float>(), 1, buf.as<float>(), nullptr)) == MOE_ERR_INVALID_ARGUMENT);
+  CHECK(StatusToMoe(SoftmaxTopK(buf.as<float>(), 1, 8, 9, false, nullptr, nullptr, nullptr)) == MOE_ERR_INVALID_ARGUMENT);
+}
+
+}  // namespace
+}  // namespace strata::cuda
