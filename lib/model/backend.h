@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string_view>
+#include <vector>
 
 #include "lib/model/hparams.h"
 #include "lib/model/weights.h"
@@ -35,6 +36,26 @@ struct KvView {
     return v_blocks[pos / kKvBlockTokens] + static_cast<int64_t>(pos % kKvBlockTokens) * v_width;
   }
   bool is_masked(int pos) const { return masked != nullptr && masked[pos] != 0; }
+};
+
+// A KvView over contiguous (n_ctx, width) key and value rows, for reference computations and
+// tests: its block table points into them every kKvBlockTokens rows.
+class ContiguousKv {
+ public:
+  ContiguousKv(float *k, float *v, int n_ctx, int k_width, int v_width) {
+    for (int p = 0; p < n_ctx; p += kKvBlockTokens) {
+      k_blocks_.push_back(k + static_cast<int64_t>(p) * k_width);
+      v_blocks_.push_back(v != nullptr ? v + static_cast<int64_t>(p) * v_width : nullptr);
+    }
+    view_ = KvView{k_blocks_.data(), v_blocks_.data(), n_ctx, k_width, v_width, nullptr};
+  }
+  ContiguousKv(const ContiguousKv &) = delete;
+  ContiguousKv &operator=(const ContiguousKv &) = delete;
+  const KvView &view() const { return view_; }
+
+ private:
+  std::vector<float *> k_blocks_, v_blocks_;
+  KvView view_;
 };
 
 class Backend {
