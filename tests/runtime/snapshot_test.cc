@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -73,12 +74,15 @@ void Generate(moe_ctx *ctx, moe_session *s, int n, std::vector<int32_t> *toks, s
   }
 }
 
+// Files in one scratch directory, removed with it when the tests exit.
 std::string TempPath(const char *name) {
-  static const std::string dir = [] {
+  static std::string dir;
+  if (dir.empty()) {
     char tmpl[] = "/tmp/strata-snap-test-XXXXXX";
     REQUIRE(mkdtemp(tmpl) != nullptr);
-    return std::string(tmpl);
-  }();
+    dir = tmpl;
+    std::atexit([] { std::system(("rm -rf '" + dir + "'").c_str()); });
+  }
   return dir + "/" + name;
 }
 
