@@ -159,6 +159,12 @@ TEST_CASE("kv cache: the context's budget fails the step with MOE_ERR_LIMIT_KV a
   uint64_t budget = 0;
   REQUIRE(moe_ctx_kv_usage(probe.c, nullptr, &budget) == MOE_OK);
   CHECK(budget == 4 * block);  // the plan: 1 session x 512 positions = 4 blocks
+  moe_cache_plan plan;
+  moe_cache_plan_init(&plan);
+  REQUIRE(moe_ctx_plan(probe.c, &plan) == MOE_OK);
+  CHECK(plan.kv_bytes == budget);
+  CHECK(plan.kv_block_tokens == 128);
+  CHECK(plan.kv_max_blocks == 4);
 
   Ctx ctx(3 * block);  // an explicit budget of three blocks
   REQUIRE(moe_ctx_kv_usage(ctx.c, nullptr, &budget) == MOE_OK);
