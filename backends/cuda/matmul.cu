@@ -1,5 +1,5 @@
-// Matrix products on the device: dequantize-GEMV (one warp per output row, each lane decoding 32
-// weights at a time and dotting them with up to 8 tokens), dequantization and GetRows, and cuBLASLt
+// Matrix products on the device: dequantize-GEMV (one warp per output row, lanes decoding adjacent
+// groups of 8 weights and dotting them with up to 8 tokens), dequantization and GetRows, and cuBLASLt
 // GEMMs for batches. Per (row, token) the GEMV adds in a fixed order whatever the batch size.
 #include <cuda_runtime.h>
 
@@ -19,27 +19,28 @@ int AlignOf() {
   return C::kAlign;
 }
 
-// Adds row · x[t] into acc[t] for NT tokens (x rows `cols` apart). Lane `lane` takes items lane,
-// lane + 32, ...; its partial sums are combined by WarpSum in a fixed butterfly order.
+// Adds row · x[t] into acc[t] for NT tokens (x rows `cols` apart). The row is walked in groups of
+// 8 elements, lane `lane` taking groups lane, lane + 32, ...: neighbouring lanes read neighbouring
+// bytes, so each load instruction of the warp covers one contiguous span of the row (coalesced).
+// Each lane's partial sums are combined by WarpSum in a fixed butterfly order.
 template <class C, int NT>
 __device__ __forceinline__ void RowDot(const uint8_t *row, const float *x, int64_t cols, int lane, float (&acc)[NT]) {
-  const int64_t n_items = cols / dev::kItemElems;
-  for (int64_t it = lane; it < n_items; it += 32) {
-    const typename C::Item item = C::Prepare(row, it);
-    const float *xi = x + it * dev::kItemElems;
+  const int64_t n_groups = cols / dev::kGroupElems;
+#pragma unroll 2
+  for (int64_t gi = lane; gi < n_groups; gi += 32) {
+    const typename C::Item item = C::Prepare(row, gi / dev::kGroupsPerItem);
+    const int g = static_cast<int>(gi % dev::kGroupsPerItem);
+    float w[8];
+    C::Group(item, g, w);
+    const float *xg = x + gi * dev::kGroupElems;
 #pragma unroll
-    for (int g = 0; g < dev::kGroupsPerItem; ++g) {
-      float w[8];
-      C::Group(item, g, w);
-#pragma unroll
-      for (int t = 0; t < NT; ++t) {
-        const float4 a = __ldg(reinterpret_cast<const float4 *>(xi + t * cols + 8 * g));
-        const float4 b = __ldg(reinterpret_cast<const float4 *>(xi + t * cols + 8 * g + 4));
-        float s = acc[t];
-        s = fmaf(w[0], a.x, s); s = fmaf(w[1], a.y, s); s = fmaf(w[2], a.z, s); s = fmaf(w[3], a.w, s);
-        s = fmaf(w[4], b.x, s); s = fmaf(w[5], b.y, s); s = fmaf(w[6], b.z, s); s = fmaf(w[7], b.w, s);
-        acc[t] = s;
-      }
+    for (int t = 0; t < NT; ++t) {
+      const float4 a = __ldg(reinterpret_cast<const float4 *>(xg + t * cols));
+      const float4 b = __ldg(reinterpret_cast<const float4 *>(xg + t * cols + 4));
+      float s = acc[t];
+      s = fmaf(w[0], a.x, s); s = fmaf(w[1], a.y, s); s = fmaf(w[2], a.z, s); s = fmaf(w[3], a.w, s);
+      s = fmaf(w[4], b.x, s); s = fmaf(w[5], b.y, s); s = fmaf(w[6], b.z, s); s = fmaf(w[7], b.w, s);
+      acc[t] = s;
     }
   }
 }

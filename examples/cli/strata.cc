@@ -277,13 +277,15 @@ std::string StatsJson(moe_ctx *ctx) {
   std::snprintf(buf, sizeof buf,
                 "{\"streaming\":%u,\"expert_hits\":%llu,\"expert_misses\":%llu,\"bytes_read\":%llu,"
                 "\"io_wait_s\":%.6f,\"prefetch_issued\":%llu,\"prefetch_useful\":%llu,\"evictions\":%llu,"
-                "\"cache_slots\":%u,\"cache_slot_bytes\":%llu,\"memory_locked\":%u,\"load_errors\":%llu}",
+                "\"cache_slots\":%u,\"cache_slot_bytes\":%llu,\"memory_locked\":%u,\"load_errors\":%llu,"
+                "\"prefetch_skipped\":%llu,\"prefetch_precision\":%.4f}",
                 st.streaming, static_cast<unsigned long long>(st.expert_hits),
                 static_cast<unsigned long long>(st.expert_misses), static_cast<unsigned long long>(st.bytes_read),
                 st.io_wait_s, static_cast<unsigned long long>(st.prefetch_issued),
                 static_cast<unsigned long long>(st.prefetch_useful), static_cast<unsigned long long>(st.evictions),
                 st.cache_slots, static_cast<unsigned long long>(st.cache_slot_bytes), st.memory_locked,
-                static_cast<unsigned long long>(st.load_errors));
+                static_cast<unsigned long long>(st.load_errors),
+                static_cast<unsigned long long>(st.prefetch_skipped), st.prefetch_precision);
   return buf;
 }
 
@@ -769,8 +771,10 @@ int CmdBench(const Args &a) {
                 static_cast<unsigned long long>(dec.expert_hits), static_cast<unsigned long long>(dec.expert_misses));
     std::printf("read per token   %.2f MiB\n", bytes_per_tok / 1048576.0);
     std::printf("I/O wait         %.3f s (%.0f%% of decode)\n", dec.io_wait_s, 100 * dec.io_wait_s / dec_s);
-    std::printf("prefetch         %llu issued, %llu useful\n", static_cast<unsigned long long>(dec.prefetch_issued),
-                static_cast<unsigned long long>(dec.prefetch_useful));
+    std::printf("prefetch         %llu issued, %llu useful, %llu skipped (precision %.0f%%)\n",
+                static_cast<unsigned long long>(dec.prefetch_issued),
+                static_cast<unsigned long long>(dec.prefetch_useful),
+                static_cast<unsigned long long>(dec.prefetch_skipped), 100 * dec.prefetch_precision);
   }
   PrintStatsIf(a, ctx.c);
   return 0;

@@ -266,6 +266,10 @@ typedef struct moe_stats {
   uint64_t cache_slot_bytes;
   uint64_t load_errors;
   uint64_t direct_reads;       /* expert loads that bypassed the page cache */
+  /* Since 0.2: predictions not loaded because too few recent predictions were used, and the
+   * measured share of predictions of non-resident experts that their layer then selected. */
+  uint64_t prefetch_skipped;
+  double prefetch_precision;
 } moe_stats;
 
 static inline void moe_stats_init(moe_stats *p) {

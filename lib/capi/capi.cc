@@ -374,6 +374,8 @@ moe_status moe_ctx_stats(const moe_ctx *ctx, moe_stats *out) {
     st.cache_slot_bytes = cs.cache.slot_bytes;
     st.load_errors = cs.cache.load_errors;
     st.direct_reads = cs.cache.direct_reads;
+    st.prefetch_skipped = cs.cache.prefetch_skipped;
+    st.prefetch_precision = cs.cache.prefetch_precision;
     std::memcpy(out, &st, std::min<size_t>(out->struct_size, sizeof st));
     return MOE_OK;
   });

@@ -47,6 +47,8 @@ absl::StatusOr<std::unique_ptr<ExpertCache>> ExpertCache::Create(const ExpertTab
   c->protected_.assign(n_keys, 0);
   c->key_error_.assign(n_keys, absl::OkStatus());
   c->policy_ = MakePolicy(options.policy, n_keys);
+  c->gate_ = std::make_unique<PrefetchGate>(options.prefetch_min_precision);
+  c->pending_predictions_.resize(table.n_layers());
   if (c->opts_.max_inflight_bytes == 0) c->opts_.max_inflight_bytes = 4 * table.slot_bytes();
   c->stats_.layer_hits.assign(table.n_layers(), 0);
   c->stats_.layer_misses.assign(table.n_layers(), 0);
@@ -275,6 +277,15 @@ void ExpertCache::OnRoute(int layer, const float *h, int64_t n_tok, const int32_
     policy_->OnSelect(key);
     protected_[key] = 1;
   }
+  // Score what was predicted for this layer: protected_ now marks exactly its selections (and
+  // whatever an Acquire of this layer marked, which are selections too).
+  std::vector<uint32_t> &scored = pending_predictions_[layer];
+  if (!scored.empty()) {
+    uint64_t used = 0;
+    for (uint32_t key : scored) used += protected_[key];
+    gate_->Score(used, scored.size());
+    scored.clear();
+  }
   // Predicted loads start after this layer's own experts are claimed (in Acquire), so a
   // prediction never takes a slot the current layer needs.
   predicted_ = std::move(ahead);
@@ -284,12 +295,23 @@ void ExpertCache::OnRoute(int layer, const float *h, int64_t n_tok, const int32_
 void ExpertCache::StartPredictedLocked() {
   const auto ahead = std::move(predicted_);
   predicted_.clear();
+  bool issuing = gate_->open();
   for (const auto &[d, list] : ahead) {
+    std::vector<uint32_t> &scored = pending_predictions_[predicted_layer_ + d];
+    scored.clear();
     for (int32_t e : list) {
       const uint32_t key = table_.Key(predicted_layer_ + d, e);
       if (key_slot_[key] >= 0) continue;
-      if (inflight_bytes_ + table_.slot_bytes() > opts_.max_inflight_bytes) return;
-      if (StartLoadLocked(key, d, /*prefetch=*/true) < 0) return;
+      scored.push_back(key);
+      if (!issuing) {
+        ++stats_.prefetch_skipped;
+        continue;
+      }
+      if (inflight_bytes_ + table_.slot_bytes() > opts_.max_inflight_bytes ||
+          StartLoadLocked(key, d, /*prefetch=*/true) < 0) {
+        issuing = false;  // out of room: the rest are scored but not loaded
+        continue;
+      }
       ++stats_.prefetch_issued;
     }
   }
@@ -388,6 +410,7 @@ void ExpertCache::Release(int layer, const std::vector<int32_t> &experts) {
 void ExpertCache::OnDecodeToken() {
   std::lock_guard<std::mutex> lk(mu_);
   policy_->OnDecodeToken();
+  gate_->OnDecodeToken();
 }
 
 void ExpertCache::OnNewPrompt() {
@@ -415,7 +438,9 @@ void ExpertCache::WaitIdle() {
 
 CacheStats ExpertCache::stats() const {
   std::lock_guard<std::mutex> lk(mu_);
-  return stats_;
+  CacheStats s = stats_;
+  s.prefetch_precision = gate_->precision();
+  return s;
 }
 
 void ExpertCache::ResetStats() {

@@ -29,6 +29,9 @@ struct CacheOptions {
   int prefetch_distance = 1;         // layers ahead to predict; 0 = no prediction
   int n_io_threads = 2;
   uint64_t max_inflight_bytes = 0;   // bound on predicted loads in flight; 0 = 4 slots
+  // Predicted loads are issued while the measured share of predictions that the routing then
+  // used stays at or above this (PrefetchGate); 0 issues every prediction.
+  double prefetch_min_precision = 0.5;
   bool lock_memory = true;           // mlock the slab, best effort
   // Read experts whose bytes start on a 4 KiB boundary (packed files) with O_DIRECT, past the page
   // cache, through io_uring where available; other layouts use buffered pread.
@@ -40,6 +43,8 @@ struct CacheStats {
   uint64_t misses = 0;               // needed experts read from the file on demand
   uint64_t prefetch_issued = 0;      // predicted loads started
   uint64_t prefetch_useful = 0;      // of those, used before eviction
+  uint64_t prefetch_skipped = 0;     // predictions not issued because the gate was closed
+  double prefetch_precision = 0;     // the gate's current estimate of prediction precision
   uint64_t evictions = 0;
   uint64_t bytes_read = 0;           // bytes read from model files into slots
   uint64_t load_errors = 0;
@@ -137,6 +142,9 @@ class ExpertCache final : public model::ExpertSource {
   std::vector<float> predict_logits_;
   std::vector<std::pair<int, std::vector<int32_t>>> predicted_;  // (distance, experts) from OnRoute
   int predicted_layer_ = -1;
+  // Per layer: keys predicted for it that were not resident when predicted, scored at its routing.
+  std::vector<std::vector<uint32_t>> pending_predictions_;
+  std::unique_ptr<PrefetchGate> gate_;
 };
 
 }  // namespace strata::store

@@ -28,6 +28,35 @@ class EvictionPolicy {
   virtual size_t Victim(const std::vector<uint32_t> &keys) const = 0;
 };
 
+// Whether predicted loads are worth issuing. Each prediction of an expert that was not resident
+// when it was made is scored when its layer routes (a hit if the layer selected it), issued or not,
+// so a gate that closed opens again once predictions improve. A useless prefetch costs a read the
+// disk could have spent on a needed expert and evicts a cached one, so below `min_precision` the
+// cache stops issuing them. The counts halve every 16 decode tokens; a prior of a few hits lets
+// prediction start enabled.
+class PrefetchGate {
+ public:
+  explicit PrefetchGate(double min_precision) : min_(min_precision) {}
+  void Score(uint64_t hits, uint64_t total) {
+    hits_ += static_cast<double>(hits);
+    total_ += static_cast<double>(total);
+  }
+  double precision() const { return (hits_ + kPrior) / (total_ + kPrior); }
+  bool open() const { return precision() >= min_; }
+  void OnDecodeToken() {
+    if (++tokens_ % 16 == 0) {
+      hits_ *= 0.5;
+      total_ *= 0.5;
+    }
+  }
+
+ private:
+  static constexpr double kPrior = 4;
+  double min_;
+  double hits_ = 0, total_ = 0;
+  uint64_t tokens_ = 0;
+};
+
 // n_keys: layers x experts.
 std::unique_ptr<EvictionPolicy> MakePolicy(PolicyKind kind, uint32_t n_keys);
 std::string_view PolicyName(PolicyKind kind);
