@@ -514,7 +514,15 @@ absl::StatusOr<Session *> Context::LoadSession(const std::string &path, const Se
   }
   // Open the session through the usual checks, then fill it; on failure it is closed again.
   o.n_ctx = n_ctx;
-  STRATA_ASSIGN_OR_RETURN(Session * s, OpenSession(o));
+  absl::StatusOr<Session *> opened = OpenSession(o);
+  if (!opened.ok()) {
+    // Saved params that a session refuses mean a malformed file; the host's own params stay its error.
+    if (override_opts == nullptr && StatusToMoe(opened.status()) == MOE_ERR_INVALID_ARGUMENT) {
+      return err(MOE_ERR_FORMAT_METADATA, absl::StrCat("its session params are invalid: ", opened.status().message()));
+    }
+    return opened.status();
+  }
+  Session *s = *opened;
   absl::Status st = [&]() -> absl::Status {
     std::lock_guard<std::mutex> lk(mu_);
     STRATA_RETURN_IF_ERROR(WithKvRoom(s, [&]() { return s->kv_.Prepare(0, history.data(), n_past); }));
