@@ -113,7 +113,8 @@ typedef struct moe_params {
   uint64_t ram_budget_bytes;  /* 0 = auto (80% of usable memory for the model) */
   int32_t n_threads;          /* CPU threads for compute; 0 = one per core */
   uint32_t n_ctx;             /* default context length per session; 0 = min(model's, 4096) */
-  uint32_t max_sessions;      /* sessions the cache plan reserves KV for; default 1 */
+  uint32_t max_sessions;      /* sessions the KV budget is sized for (x n_ctx, in 128-token blocks);
+                                 default 1. Sessions beyond it may open: they share the budget */
   /* Since 0.1: the expert cache (used when the RAM budget cannot hold every routed expert). */
   int32_t cache_policy;       /* moe_cache_policy; default MOE_CACHE_HOTNESS */
   int32_t prefetch_distance;  /* layers ahead whose experts are predicted and prefetched; default 1 */
@@ -338,7 +339,8 @@ static inline void moe_session_params_init(moe_session_params *p) {
  * Thread-safety: safe against other session calls on the same context. Since: 0.1. */
 MOE_API moe_status moe_session_open(moe_ctx *ctx, const moe_session_params *p, moe_session **out);
 
-/* Closes a session; NULL is a no-op. Must not run concurrently with moe_ctx_step. Since: 0.1. */
+/* Closes a session, giving its KV blocks back to the context's budget (an evicted session's spill
+ * file is removed); NULL is a no-op. Must not run concurrently with moe_ctx_step. Since: 0.1. */
 MOE_API void moe_session_close(moe_session *s);
 
 /* Queues n tokens as input of the session; they are processed by the next moe_ctx_step.
