@@ -8,13 +8,19 @@ Steps, all in one run:
   3. a helper process locks RAM so that only --free-gib stays available (page cache held down);
   4. Strata: `strata bench` at a RAM budget of --budget-frac of the routed expert bytes;
   5. llama.cpp (the `llama_cpp` package, built from the llama-cpp-python source distribution):
-     the same prompt length and decode length, greedy, mmap, same threads;
+     the same prompt tokens and decode length, mmap, same threads;
   6. a table: tokens/s of each, the ratio, and the roofline = read bandwidth / expert bytes Strata
-     missed per token.
+     missed per token (experts that were not resident when the token needed them: demand misses plus
+     the prefetched loads that were used; wasted prefetches do not lower the roofline).
+Decode input, --decode: `generated` feeds each engine its own greedy/sampled tokens (a random-weight
+model tends to repeat a few tokens, so consecutive steps select the same experts); `random` feeds both
+engines the same uniformly drawn token ids one per step (no repetition: the cold-cache case); `both`
+(default) runs each.
 Page caches are dropped before each engine when the kernel allows it.
 
 usage: bench/streaming_bench.py --strata build/examples/strata --model F.gguf [--free-gib 3]
-       [--budget-frac 0.25] [--prompt-tokens 8] [-n 32] [--threads 2] [--json OUT]
+       [--budget-frac 0.25] [--prompt-tokens 8] [-n 32] [--threads 2] [--decode both|generated|random]
+       [--json OUT]
 """
 import argparse
 import ctypes
@@ -80,29 +86,43 @@ def routed_expert_bytes(strata, model):
     return int(re.search(r"\nrouted experts \(all\) +(\d+) ", out).group(1))
 
 
-def run_strata(strata, model, budget, prompt_tokens, n, threads, extra):
-    cmd = [strata, "bench", "--model", model, "--ram-budget", str(budget), "--prompt-tokens", str(prompt_tokens),
+def ids(tokens):
+    return ",".join(str(t) for t in tokens)
+
+
+def run_strata(strata, model, budget, prompt, forced, n, threads, extra):
+    cmd = [strata, "bench", "--model", model, "--ram-budget", str(budget), "--tokens", ids(prompt),
            "-n", str(n), "--threads", str(threads), "--json"] + extra
+    if forced:
+        cmd += ["--decode-tokens", ids(forced)]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
-    return json.loads(out.strip().splitlines()[-1])
+    r = json.loads(out.strip().splitlines()[-1])
+    st = r["stats"]
+    # Bytes a perfect prefetcher would still have had to read: needed experts that were not resident.
+    r["decode_missed_bytes_per_token"] = ((st["expert_misses"] + st["prefetch_useful"]) * st["cache_slot_bytes"]
+                                          / max(1, r["decode_tokens"]))
+    return r
 
 
-def run_llama(model, prompt_tokens, n, threads, seed=42):
+def run_llama(model, prompt, forced, n, threads, seed=42):
     from llama_cpp import Llama  # built from the llama-cpp-python sdist
     t0 = time.perf_counter()
-    llm = Llama(model_path=model, n_ctx=prompt_tokens + n + 16, n_threads=threads, n_threads_batch=threads,
+    llm = Llama(model_path=model, n_ctx=len(prompt) + n + 16, n_threads=threads, n_threads_batch=threads,
                 use_mmap=True, use_mlock=False, n_gpu_layers=0, verbose=False, seed=seed)
     load_s = time.perf_counter() - t0
-    rng = random.Random(seed)
-    prompt = [rng.randrange(llm.n_vocab()) for _ in range(prompt_tokens)]
     t1 = time.perf_counter()
     llm.eval(prompt)
     t2 = time.perf_counter()
-    for _ in range(n):
-        tok = int(llm.scores[llm.n_tokens - 1].argmax())
+    for i in range(n):
+        tok = forced[i] if forced else int(llm.scores[llm.n_tokens - 1].argmax())
         llm.eval([tok])
     t3 = time.perf_counter()
-    return {"load_s": load_s, "prefill_tok_s": prompt_tokens / (t2 - t1), "decode_tok_s": n / (t3 - t2)}
+    return {"load_s": load_s, "prefill_tok_s": len(prompt) / (t2 - t1), "decode_tok_s": n / (t3 - t2)}
+
+
+def vocab_size(strata, model):
+    out = subprocess.run([strata, "inspect", model], capture_output=True, text=True, check=True).stdout
+    return int(re.search(r"vocab (\d+)", out).group(1))
 
 
 def main():
@@ -115,12 +135,13 @@ def main():
     ap.add_argument("-n", type=int, default=32)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--skip-llama", action="store_true")
+    ap.add_argument("--decode", choices=("both", "generated", "random"), default="both")
+    ap.add_argument("--seed", type=int, default=42)
     ap.add_argument("--strata-args", default="", help="extra options for strata bench, e.g. '--prefetch 2'")
     ap.add_argument("--json")
     a = ap.parse_args()
 
     routed = routed_expert_bytes(a.strata, a.model)
-    non_routed_and_kv = 0
     budget_experts = int(routed * a.budget_frac)
     plan = subprocess.run([a.strata, "plan", "--model", a.model, "--ram-budget", "1", "--n-ctx", "256"],
                           capture_output=True, text=True).stdout
@@ -137,36 +158,44 @@ def main():
     ready.wait()
     results = {"model": a.model, "file_bytes": file_bytes, "routed_expert_bytes": routed, "ram_budget": budget,
                "budget_expert_bytes": budget_experts, "locked_bytes": lock_bytes,
-               "free_bytes": mem_available(), "seq_read_GBps": bw, "caches_dropped": dropped}
+               "free_bytes": mem_available(), "seq_read_GBps": bw, "caches_dropped": dropped, "runs": {}}
+    rng = random.Random(a.seed)
+    n_vocab = vocab_size(a.strata, a.model)
+    prompt = [rng.randrange(n_vocab) for _ in range(a.prompt_tokens)]
+    modes = ("generated", "random") if a.decode == "both" else (a.decode,)
     try:
-        for name, extra in (("strata", ["--q8-activations"]), ("strata_exact", [])):
-            drop_caches()
-            results[name] = run_strata(a.strata, a.model, budget, a.prompt_tokens, a.n, a.threads,
-                                       extra + ["--n-ctx", "256"] + a.strata_args.split())
-        if not a.skip_llama:
-            drop_caches()
-            results["llama_cpp"] = run_llama(a.model, a.prompt_tokens, a.n, a.threads)
+        for mode in modes:
+            forced = [rng.randrange(n_vocab) for _ in range(a.n)] if mode == "random" else []
+            engines = (("strata", ["--q8-activations"]), ("strata_exact", []))
+            for name, extra in engines:
+                drop_caches()
+                results["runs"][f"{mode}/{name}"] = run_strata(a.strata, a.model, budget, prompt, forced, a.n,
+                                                               a.threads,
+                                                               extra + ["--n-ctx", "256"] + a.strata_args.split())
+            if not a.skip_llama:
+                drop_caches()
+                results["runs"][f"{mode}/llama_cpp"] = run_llama(a.model, prompt, forced, a.n, a.threads, a.seed)
     finally:
         p.kill()
 
-    s = results["strata"]
-    miss = s["decode_bytes_read_per_token"]
-    roof = bw * 1e9 / miss if miss > 0 else float("inf")
-    results["roofline_tok_s"] = roof
     print(f"model {a.model}: {file_bytes / 2**30:.2f} GiB, routed experts {routed / 2**30:.2f} GiB")
     print(f"RAM budget {budget / 2**30:.2f} GiB ({a.budget_frac:.0%} of expert bytes + {fixed / 2**30:.2f} GiB fixed), "
           f"free RAM during runs {results['free_bytes'] / 2**30:.2f} GiB, sequential read {bw:.2f} GB/s")
-    print(f"{'engine':<24}{'decode tok/s':>14}{'hit rate':>10}{'MiB read/tok':>14}")
-    for name in ("strata", "strata_exact"):
-        r = results[name]
-        print(f"{name:<24}{r['decode_tok_s']:>14.2f}{r['decode_hit_rate']:>10.3f}"
-              f"{r['decode_bytes_read_per_token'] / 2**20:>14.1f}")
-    if "llama_cpp" in results:
-        l = results["llama_cpp"]
-        print(f"{'llama.cpp (mmap)':<24}{l['decode_tok_s']:>14.2f}{'':>10}{'':>14}")
-        print(f"strata / llama.cpp: {s['decode_tok_s'] / l['decode_tok_s']:.2f}x")
-    print(f"disk roofline (read bandwidth / bytes missed per token): {roof:.2f} tok/s; "
-          f"strata reaches {s['decode_tok_s'] / roof:.0%}")
+    print(f"{'decode input':<12}{'engine':<16}{'tok/s':>8}{'hit rate':>10}{'MiB read/tok':>14}{'MiB missed/tok':>16}"
+          f"{'roofline':>10}{'of roof':>9}{'vs llama':>10}")
+    for mode in modes:
+        llama = results["runs"].get(f"{mode}/llama_cpp")
+        for name in ("strata", "strata_exact"):
+            r = results["runs"][f"{mode}/{name}"]
+            missed = r["decode_missed_bytes_per_token"]
+            roof = bw * 1e9 / missed if missed > 0 else float("inf")
+            r["roofline_tok_s"] = roof
+            ratio = f"{r['decode_tok_s'] / llama['decode_tok_s']:.2f}x" if llama else ""
+            print(f"{mode:<12}{name:<16}{r['decode_tok_s']:>8.2f}{r['decode_hit_rate']:>10.3f}"
+                  f"{r['decode_bytes_read_per_token'] / 2**20:>14.1f}{missed / 2**20:>16.1f}"
+                  f"{roof:>10.2f}{r['decode_tok_s'] / roof:>9.0%}{ratio:>10}")
+        if llama:
+            print(f"{mode:<12}{'llama.cpp mmap':<16}{llama['decode_tok_s']:>8.2f}")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(results, f, indent=1)

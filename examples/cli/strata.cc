@@ -84,6 +84,7 @@ struct Args {
   std::string boost_layers, hotlist;
   // synth
   std::string shape, codec = "q4_k";
+  std::string decode_tokens;  // bench: teacher-forced decode input instead of sampled tokens
   int64_t layers = 0;
 };
 
@@ -110,6 +111,8 @@ const char kUsage[] =
     "  plan     --model PATH the cache plan ledger: what goes where, and why\n"
     "  bench    [--model PATH] [--prompt TEXT | --prompt-tokens N] [-n N] [--json] [--sweep]   prefill and decode tokens/s, expert\n"
     "           hits and misses, bytes read per token, time waiting on I/O\n"
+    "           [--tokens 1,2,3] [--decode-tokens 4,5,6]: given prompt ids; decode fed these ids one\n"
+    "           per step instead of sampled tokens\n"
     "           --sweep: every policy x prefetch distance x I/O threads, fastest first\n"
     "  profile  --model PATH --prompts FILE --out HOTLIST [-n N]   count (layer, expert) selections over\n"
     "           a prompt set (one prompt a line: text, or token ids 1,2,3) into a hotlist\n"
@@ -164,6 +167,7 @@ Args ParseArgs(int argc, char **argv) {
     if (f == "--model" || f == "-m") a.model = value();
     else if (f == "--prompt" || f == "-p") a.prompt = value();
     else if (f == "--tokens") a.tokens = value();
+    else if (f == "--decode-tokens") a.decode_tokens = value();
     else if (f == "--text") a.text = value();
     else if (f == "--special") a.special = true;
     else if (f == "--out" || f == "-o") a.out = value();
@@ -711,6 +715,29 @@ int CmdBench(const Args &a) {
     prompt = Tokenize(ctx.c, a.prompt, false, true);
     if (prompt.empty()) Die("the prompt has no tokens");
   }
+  if (!a.tokens.empty()) {
+    if (!a.prompt.empty()) Die("give either --prompt or --tokens, not both");
+    auto t = ParseTokenList(a.tokens);
+    if (!t || t->empty()) Die("--tokens needs comma-separated non-negative integers, got '" + a.tokens + "'");
+    prompt = *t;
+  }
+  // Sampling from a random-weight model tends to repeat a few tokens, which keeps re-selecting the
+  // same experts; --decode-tokens feeds given ids one per step instead, so decode sees varied input.
+  std::vector<int32_t> forced;
+  if (!a.decode_tokens.empty()) {
+    auto t = ParseTokenList(a.decode_tokens);
+    if (!t || t->empty()) {
+      Die("--decode-tokens needs comma-separated non-negative integers, got '" + a.decode_tokens + "'");
+    }
+    forced = *t;
+  }
+  for (int32_t t : prompt) {
+    if (t >= n_vocab) Die("token id " + std::to_string(t) + " is outside the vocabulary of " + std::to_string(n_vocab));
+  }
+  for (int32_t t : forced) {
+    if (t >= n_vocab) Die("token id " + std::to_string(t) + " is outside the vocabulary of " + std::to_string(n_vocab));
+  }
+  const int64_t n_decode = forced.empty() ? a.n_predict : static_cast<int64_t>(forced.size());
   moe_session_params sp;
   moe_session_params_init(&sp);
   Sess s;
@@ -726,9 +753,13 @@ int CmdBench(const Args &a) {
   moe_ctx_stats(ctx.c, &prefill);
   moe_ctx_reset_stats(ctx.c);
   int64_t n = 0;
-  for (; n < a.n_predict; ++n) {
+  for (; n < n_decode; ++n) {
     int32_t tok;
-    if (moe_status st = moe_session_sample(s.s, &tok); st != MOE_OK) Die(ApiError(st));
+    if (!forced.empty()) {
+      tok = forced[n];
+    } else if (moe_status st = moe_session_sample(s.s, &tok); st != MOE_OK) {
+      Die(ApiError(st));
+    }
     moe_status st = moe_session_feed(s.s, &tok, 1);
     if (st == MOE_ERR_LIMIT_CONTEXT) break;
     if (st != MOE_OK) Die(ApiError(st));

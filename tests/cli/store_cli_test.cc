@@ -83,6 +83,29 @@ TEST_CASE("bench reports decode speed, hit rate and bytes per token", "[cli][sto
   CHECK(bad.err.find("--policy") != std::string::npos);
 }
 
+TEST_CASE("bench feeds given prompt and decode ids", "[cli][store]") {
+  // Without prefetch the cache's choices depend only on the token ids, so two runs over the same
+  // ids count the same hits and misses, and decode runs exactly the given ids.
+  const std::string ids = " --tokens 3,141,59,26 --decode-tokens 53,58,97,93,238 --prefetch 0 --json";
+  Out a = Cli("bench --model " + kModel + " --ram-budget 1" + ids);
+  Out b = Cli("bench --model " + kModel + " --ram-budget 1" + ids);
+  INFO(a.err);
+  REQUIRE(a.code == 0);
+  REQUIRE(b.code == 0);
+  auto ja = LastLineJson(a.out), jb = LastLineJson(b.out);
+  CHECK(ja["prefill_tokens"] == 4);
+  CHECK(ja["decode_tokens"] == 5);
+  CHECK(ja["stats"]["expert_hits"] == jb["stats"]["expert_hits"]);
+  CHECK(ja["stats"]["expert_misses"] == jb["stats"]["expert_misses"]);
+  CHECK(ja["stats"]["prefetch_issued"] == 0);
+  Out bad = Cli("bench --model " + kModel + " --decode-tokens 1,99999");
+  CHECK(bad.code == 1);
+  CHECK(bad.err.find("outside the vocabulary") != std::string::npos);
+  Out junk = Cli("bench --model " + kModel + " --decode-tokens 1,x");
+  CHECK(junk.code == 1);
+  CHECK(junk.err.find("--decode-tokens") != std::string::npos);
+}
+
 TEST_CASE("profile writes a hotlist that preloading reads", "[cli][store]") {
   TempDir t;
   std::ofstream(t.File("prompts.txt")) << "1,2,3,4,5,6\n200,100,50,25\n";
