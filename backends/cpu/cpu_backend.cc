@@ -79,17 +79,23 @@ void CpuBackend::RmsNorm(const float *x, const float *weight, int64_t n_rows, in
 }
 
 void CpuBackend::Rope(float *x, int64_t n_tok, int n_heads, int head_dim, const int32_t *pos, float theta,
-                      model::RopeStyle style) {
+                      model::RopeStyle style, const model::RopeParams &p) {
   const int half = head_dim / 2;
   std::vector<float> inv_freq(half), c(half), s(half);
   for (int i = 0; i < half; ++i) {
-    inv_freq[i] = 1.0f / std::pow(theta, static_cast<float>(2 * i) / static_cast<float>(head_dim));
+    inv_freq[i] = p.inv_freq != nullptr
+                      ? p.inv_freq[i]
+                      : 1.0f / std::pow(theta, static_cast<float>(2 * i) / static_cast<float>(head_dim));
   }
   for (int64_t t = 0; t < n_tok; ++t) {
     for (int i = 0; i < half; ++i) {
       float angle = static_cast<float>(pos[t]) * inv_freq[i];
       c[i] = static_cast<float>(std::cos(static_cast<double>(angle)));
       s[i] = static_cast<float>(std::sin(static_cast<double>(angle)));
+      if (p.mscale != 1.f) {
+        c[i] *= p.mscale;
+        s[i] *= p.mscale;
+      }
     }
     for (int h = 0; h < n_heads; ++h) {
       float *v = x + (t * n_heads + h) * head_dim;
@@ -111,9 +117,11 @@ void CpuBackend::Rope(float *x, int64_t n_tok, int n_heads, int head_dim, const 
 }
 
 void CpuBackend::Attention(const float *q, const model::KvView &kv, int64_t n_tok, int pos0, int n_head,
-                           int n_head_kv, int head_dim, int window, float *out) {
+                           int n_head_kv, int head_dim, int window, float *out, const model::AttentionParams &p) {
   const int group = n_head / n_head_kv;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+  const float scale = p.scale != 0.f ? p.scale : 1.0f / std::sqrt(static_cast<float>(head_dim));
+  // Latent attention reads its values from the k rows (the first v_dim floats, shared by all heads).
+  const int v_dim = p.latent ? p.v_dim : head_dim;
   pool_.ParallelFor(n_tok * n_head, 1, [&](int64_t i0, int64_t i1, int) {
     std::vector<float> scores;
     for (int64_t i = i0; i < i1; ++i) {
@@ -133,6 +141,9 @@ void CpuBackend::Attention(const float *q, const model::KvView &kv, int64_t n_to
         scores[j - first] = sc;
         mx = std::max(mx, sc);
       }
+      // A sink is one more logit in the softmax whose value row is zero.
+      const float sink = p.sinks != nullptr ? p.sinks[h] : -INFINITY;
+      mx = std::max(mx, sink);
       float sum = 0.f;
       for (int j = first; j <= pos; ++j) {
         if (j != pos && kv.is_masked(j)) continue;
@@ -140,29 +151,86 @@ void CpuBackend::Attention(const float *q, const model::KvView &kv, int64_t n_to
         sc = std::exp(sc - mx);
         sum += sc;
       }
+      if (p.sinks != nullptr) sum += std::exp(sink - mx);
       const float inv = 1.0f / sum;
-      float *o = out + (t * n_head + h) * head_dim;
-      std::fill(o, o + head_dim, 0.f);
+      float *o = out + (t * n_head + h) * v_dim;
+      std::fill(o, o + v_dim, 0.f);
       for (int j = first; j <= pos; ++j) {
         if (j != pos && kv.is_masked(j)) continue;
-        const float p = scores[j - first] * inv;
-        const float *vj = kv.v_row(j) + kvh * head_dim;
-        for (int d = 0; d < head_dim; ++d) o[d] += p * vj[d];
+        const float pj = scores[j - first] * inv;
+        const float *vj = p.latent ? kv.k_row(j) : kv.v_row(j) + kvh * head_dim;
+        for (int d = 0; d < v_dim; ++d) o[d] += pj * vj[d];
       }
     }
   });
 }
 
 void CpuBackend::ExpertFfn(const model::ExpertWeights &e, const float *x, int64_t n_tok, float *y) {
-  const int64_t n_ff = e.gate.rows;
+  const int64_t n_ff = e.input_major ? e.down.rows : e.gate.rows;
+  const int64_t n_embd = e.input_major ? e.gate.rows : e.down.rows;
   std::vector<float> g(n_tok * n_ff), u(n_tok * n_ff);
-  MatMul(e.gate, x, n_tok, g.data());
-  MatMul(e.up, x, n_tok, u.data());
-  for (int64_t i = 0; i < n_tok * n_ff; ++i) {
-    const float a = g[i];
-    g[i] = (a / (1.0f + std::exp(-a))) * u[i];
+  if (e.input_major) {
+    // gu (n_tok, 2 n_ff) = x · gate_up, gate and up in alternating columns; bias before the split.
+    std::vector<float> gu(n_tok * 2 * n_ff), row(2 * n_ff);
+    MatMulInputMajor(e.gate, x, n_tok, gu.data(), row.data());
+    for (int64_t t = 0; t < n_tok; ++t) {
+      for (int64_t f = 0; f < n_ff; ++f) {
+        float a = gu[t * 2 * n_ff + 2 * f], b = gu[t * 2 * n_ff + 2 * f + 1];
+        if (e.gate_bias.tensor != nullptr) {
+          a += e.gate_bias.values[2 * f];
+          b += e.gate_bias.values[2 * f + 1];
+        }
+        g[t * n_ff + f] = a;
+        u[t * n_ff + f] = b;
+      }
+    }
+  } else {
+    MatMul(e.gate, x, n_tok, g.data());
+    MatMul(e.up, x, n_tok, u.data());
+    for (int64_t t = 0; t < n_tok; ++t) {
+      for (int64_t f = 0; f < n_ff; ++f) {
+        if (e.gate_bias.tensor != nullptr) g[t * n_ff + f] += e.gate_bias.values[f];
+        if (e.up_bias.tensor != nullptr) u[t * n_ff + f] += e.up_bias.values[f];
+      }
+    }
   }
-  MatMul(e.down, g.data(), n_tok, y);
+  const float limit = e.swiglu_limit;
+  for (int64_t i = 0; i < n_tok * n_ff; ++i) {
+    if (limit > 0.f) {
+      // gpt-oss: gate clamped above, up clamped both ways, sigmoid(1.702 g), (up + 1)
+      const float a = std::min(g[i], limit);
+      const float b = std::min(std::max(u[i], -limit), limit);
+      g[i] = (b + 1.0f) * (a / (1.0f + std::exp(-1.702f * a)));
+    } else {
+      const float a = g[i];
+      g[i] = (a / (1.0f + std::exp(-a))) * u[i];
+    }
+  }
+  if (e.input_major) {
+    std::vector<float> row(n_embd);
+    MatMulInputMajor(e.down, g.data(), n_tok, y, row.data());
+  } else {
+    MatMul(e.down, g.data(), n_tok, y);
+  }
+  if (e.down_bias.tensor != nullptr) {
+    for (int64_t t = 0; t < n_tok; ++t)
+      for (int64_t d = 0; d < n_embd; ++d) y[t * n_embd + d] += e.down_bias.values[d];
+  }
+}
+
+// y (n_tok, w.cols) = x (n_tok, w.rows) · w for an input-major matrix: each row is decoded once and
+// accumulated into every token's output in row order (same order whatever n_tok).
+void CpuBackend::MatMulInputMajor(const model::Matrix &w, const float *x, int64_t n_tok, float *y, float *row) {
+  const int64_t rows = w.rows, cols = w.cols;
+  std::fill(y, y + n_tok * cols, 0.f);
+  for (int64_t r = 0; r < rows; ++r) {
+    w.codec->dequantize(w.row(r), row, cols);
+    for (int64_t t = 0; t < n_tok; ++t) {
+      const float xv = x[t * rows + r];
+      float *yt = y + t * cols;
+      for (int64_t c = 0; c < cols; ++c) yt[c] += xv * row[c];
+    }
+  }
 }
 
 }  // namespace strata::cpu

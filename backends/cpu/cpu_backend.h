@@ -28,10 +28,12 @@ class CpuBackend final : public model::Backend {
   void MatMul(const model::Matrix &w, const float *x, int64_t n_tok, float *y) override;
   void GetRows(const model::Matrix &w, const int32_t *ids, int64_t n, float *out) override;
   void RmsNorm(const float *x, const float *weight, int64_t n_rows, int64_t n, float eps, float *y) override;
+  using model::Backend::Attention;
+  using model::Backend::Rope;
   void Rope(float *x, int64_t n_tok, int n_heads, int head_dim, const int32_t *pos, float theta,
-            model::RopeStyle style) override;
-  void Attention(const float *q, const model::KvView &kv, int64_t n_tok, int pos0, int n_head,
-                 int n_head_kv, int head_dim, int window, float *out) override;
+            model::RopeStyle style, const model::RopeParams &p) override;
+  void Attention(const float *q, const model::KvView &kv, int64_t n_tok, int pos0, int n_head, int n_head_kv,
+                 int head_dim, int window, float *out, const model::AttentionParams &p) override;
   void ExpertFfn(const model::ExpertWeights &e, const float *x, int64_t n_tok, float *y) override;
 
   ThreadPool &pool() { return pool_; }
@@ -41,6 +43,7 @@ class CpuBackend final : public model::Backend {
   kernels::Isa isa() const { return isa_; }
 
  private:
+  void MatMulInputMajor(const model::Matrix &w, const float *x, int64_t n_tok, float *y, float *row);
   ThreadPool pool_;
   MatMulMode mode_;
   kernels::Isa isa_;

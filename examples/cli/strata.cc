@@ -12,6 +12,7 @@
 #include <cstring>
 #include <iostream>
 #include <fstream>
+#include <cmath>
 #include <map>
 #include <string>
 #include <vector>
@@ -38,6 +39,15 @@ struct CliError {
 
 std::string ApiError(moe_status st) {
   return std::string(moe_last_error()) + " (" + moe_status_string(st) + ")";
+}
+
+// Steps until no session has input left (a long input may take several steps).
+moe_status StepAll(moe_ctx *ctx) {
+  uint32_t pending = 1;
+  moe_status st = MOE_OK;
+  while (pending > 0 && (st = moe_ctx_step(ctx, &pending)) == MOE_OK) {
+  }
+  return st;
 }
 
 // Flags common to the commands; each command says which it accepts.
@@ -86,6 +96,8 @@ struct Args {
   std::string shape, codec = "q4_k";
   std::string decode_tokens;  // bench: teacher-forced decode input instead of sampled tokens
   int64_t layers = 0;
+  // batching (bench --sessions, and any command opening a context)
+  int64_t sessions = 1, max_batch_tokens = 0, prefill_token_max = 0, prefill_layer_min = 0;
 };
 
 const char kUsage[] =
@@ -113,6 +125,8 @@ const char kUsage[] =
     "           hits and misses, bytes read per token, time waiting on I/O\n"
     "           [--tokens 1,2,3] [--decode-tokens 4,5,6]: given prompt ids; decode fed these ids one\n"
     "           per step instead of sampled tokens\n"
+    "           --sessions N: N sessions decode together (continuous batching): aggregate tok/s;\n"
+    "           --max-batch-tokens N, --prefill-token-max N, --prefill-layer-min N set the scheduler\n"
     "           --sweep: every policy x prefetch distance x I/O threads, fastest first\n"
     "  profile  --model PATH --prompts FILE --out HOTLIST [-n N]   count (layer, expert) selections over\n"
     "           a prompt set (one prompt a line: text, or token ids 1,2,3) into a hotlist\n"
@@ -181,6 +195,10 @@ Args ParseArgs(int argc, char **argv) {
     else if (f == "--template") a.chat_template = value();
     else if (f == "-v" || f == "--verbose") a.verbose = true;
     else if (f == "--prefill") a.prefill = integer(0, 1 << 24);
+    else if (f == "--sessions") a.sessions = integer(1, 4096);
+    else if (f == "--max-batch-tokens") a.max_batch_tokens = integer(0, 1 << 24);
+    else if (f == "--prefill-token-max") a.prefill_token_max = integer(0, 1 << 24);
+    else if (f == "--prefill-layer-min") a.prefill_layer_min = integer(0, 1 << 24);
     else if (f == "--threads" || f == "-t") a.n_threads = integer(0, 4096);
     else if (f == "--n-ctx") a.n_ctx = integer(0, 1 << 24);
     else if (f == "--max-sessions") a.max_sessions = integer(1, 1 << 20);
@@ -266,9 +284,13 @@ moe_params ContextParams(const Args &a, const std::string &model) {
   p.hotlist_path = a.hotlist.empty() || a.command == "pack" ? nullptr : a.hotlist.c_str();
   p.hotlist_max_experts = static_cast<uint32_t>(a.hotlist_max);
   p.cpu_q8_activations = a.q8_activations ? 1 : 0;
-  p.max_sessions = static_cast<uint32_t>(a.max_sessions);
+  // bench --sessions N runs N sessions: the KV budget is sized for at least that many.
+  p.max_sessions = static_cast<uint32_t>(std::max(a.max_sessions, a.sessions));
   p.kv_budget_bytes = a.kv_budget;
   p.kv_spill_dir = a.kv_spill_dir.empty() ? nullptr : a.kv_spill_dir.c_str();
+  p.max_batch_tokens = static_cast<uint32_t>(a.max_batch_tokens);
+  p.prefill_token_max = static_cast<uint32_t>(a.prefill_token_max);
+  p.prefill_layer_min = static_cast<uint32_t>(a.prefill_layer_min);
   return p;
 }
 
@@ -397,7 +419,7 @@ int CmdRun(const Args &a) {
   }
   auto t_prefill = std::chrono::steady_clock::now();
   if (moe_status st = moe_session_feed(s.s, prompt.data(), prompt.size()); st != MOE_OK) Die(ApiError(st));
-  if (moe_status st = moe_ctx_step(ctx.c, nullptr); st != MOE_OK) Die(ApiError(st));
+  if (moe_status st = StepAll(ctx.c); st != MOE_OK) Die(ApiError(st));
   auto t_decode = std::chrono::steady_clock::now();
   if (loaded) {
     if (!has_text) std::printf("generated:");
@@ -435,7 +457,7 @@ int CmdRun(const Args &a) {
     if (st == MOE_ERR_LIMIT_CONTEXT) break;
     if (st == MOE_OK && i + 1 == a.n_predict) break;
     if (st != MOE_OK) Die(ApiError(st));
-    if ((st = moe_ctx_step(ctx.c, nullptr)) != MOE_OK) Die(ApiError(st));
+    if ((st = StepAll(ctx.c)) != MOE_OK) Die(ApiError(st));
   }
   auto t_end = std::chrono::steady_clock::now();
   if (has_text && !stopped) {
@@ -548,7 +570,7 @@ int CmdChat(const Args &a) {
         Die("the conversation no longer fits in the context of " + std::to_string(moe_session_n_past(s.s)) +
             "+ tokens; start again with a larger --n-ctx");
       }
-      if (st != MOE_OK || (st = moe_ctx_step(ctx.c, nullptr)) != MOE_OK) Die(ApiError(st));
+      if (st != MOE_OK || (st = StepAll(ctx.c)) != MOE_OK) Die(ApiError(st));
     };
     feed(ids.data(), ids.size());
     int64_t n_gen = 0;
@@ -620,7 +642,7 @@ int CmdLogits(const Args &a) {
   all.reserve(static_cast<size_t>(n) * n_vocab);
   auto run = [&](const int32_t *t, int64_t k) {
     if (moe_status st = moe_session_feed(s.s, t, static_cast<size_t>(k)); st != MOE_OK) Die(ApiError(st));
-    if (moe_status st = moe_ctx_step(ctx.c, nullptr); st != MOE_OK) Die(ApiError(st));
+    if (moe_status st = StepAll(ctx.c); st != MOE_OK) Die(ApiError(st));
     const float *rows;
     int32_t nt, nv;
     if (moe_status st = moe_session_logits_all(s.s, &rows, &nt, &nv); st != MOE_OK) Die(ApiError(st));
@@ -738,32 +760,47 @@ int CmdBench(const Args &a) {
     if (t >= n_vocab) Die("token id " + std::to_string(t) + " is outside the vocabulary of " + std::to_string(n_vocab));
   }
   const int64_t n_decode = forced.empty() ? a.n_predict : static_cast<int64_t>(forced.size());
+  // Each session gets its own prompt (a rotation of the first: same length, different routing).
   moe_session_params sp;
   moe_session_params_init(&sp);
-  Sess s;
-  if (moe_status st = moe_session_open(ctx.c, &sp, &s.s); st != MOE_OK) Die(ApiError(st));
+  const size_t n_sess = static_cast<size_t>(a.sessions);
+  std::vector<Sess> ss(n_sess);
+  for (auto &s : ss) {
+    if (moe_status st = moe_session_open(ctx.c, &sp, &s.s); st != MOE_OK) Die(ApiError(st));
+  }
   moe_ctx_wait_loads(ctx.c);  // a hotlist preload completes before the clock starts
   moe_ctx_reset_stats(ctx.c);
-  if (moe_status st = moe_session_feed(s.s, prompt.data(), prompt.size()); st != MOE_OK) Die(ApiError(st));
+  for (size_t i = 0; i < n_sess; ++i) {
+    std::vector<int32_t> p_i(prompt);
+    for (auto &t : p_i) t = static_cast<int32_t>((t + 7919 * i) % static_cast<uint64_t>(n_vocab));
+    if (moe_status st = moe_session_feed(ss[i].s, p_i.data(), p_i.size()); st != MOE_OK) Die(ApiError(st));
+  }
   auto t2 = std::chrono::steady_clock::now();
-  if (moe_status st = moe_ctx_step(ctx.c, nullptr); st != MOE_OK) Die(ApiError(st));
+  if (moe_status st = StepAll(ctx.c); st != MOE_OK) Die(ApiError(st));
   auto t3 = std::chrono::steady_clock::now();
   moe_stats prefill;
   moe_stats_init(&prefill);
   moe_ctx_stats(ctx.c, &prefill);
   moe_ctx_reset_stats(ctx.c);
-  int64_t n = 0;
-  for (; n < n_decode; ++n) {
-    int32_t tok;
-    if (!forced.empty()) {
-      tok = forced[n];
-    } else if (moe_status st = moe_session_sample(s.s, &tok); st != MOE_OK) {
-      Die(ApiError(st));
+  int64_t n = 0;  // decode steps; every session gets a token per step
+  for (bool full = false; n < n_decode && !full; ++n) {
+    for (size_t i = 0; i < ss.size(); ++i) {
+      int32_t tok;
+      if (!forced.empty()) {
+        // Each session its own rotation of the given ids, as for the prompts.
+        tok = static_cast<int32_t>((forced[n] + 7919 * i) % static_cast<uint64_t>(n_vocab));
+      } else if (moe_status st = moe_session_sample(ss[i].s, &tok); st != MOE_OK) {
+        Die(ApiError(st));
+      }
+      moe_status st = moe_session_feed(ss[i].s, &tok, 1);
+      if (st == MOE_ERR_LIMIT_CONTEXT) {
+        full = true;
+        break;
+      }
+      if (st != MOE_OK) Die(ApiError(st));
     }
-    moe_status st = moe_session_feed(s.s, &tok, 1);
-    if (st == MOE_ERR_LIMIT_CONTEXT) break;
-    if (st != MOE_OK) Die(ApiError(st));
-    if ((st = moe_ctx_step(ctx.c, nullptr)) != MOE_OK) Die(ApiError(st));
+    if (full) break;
+    if (moe_status st = StepAll(ctx.c); st != MOE_OK) Die(ApiError(st));
   }
   auto t4 = std::chrono::steady_clock::now();
   moe_stats dec;
@@ -776,15 +813,17 @@ int CmdBench(const Args &a) {
   const double pre_s = secs(t2, t3), dec_s = secs(t3, t4);
   const double uses = static_cast<double>(dec.expert_hits + dec.expert_misses);
   const double hit_rate = uses > 0 ? dec.expert_hits / uses : 1.0;
-  const double bytes_per_tok = n > 0 ? static_cast<double>(dec.bytes_read) / n : 0.0;
+  const int64_t n_tok = n * static_cast<int64_t>(n_sess);  // decode tokens of all sessions
+  const double bytes_per_tok = n_tok > 0 ? static_cast<double>(dec.bytes_read) / n_tok : 0.0;
+  const size_t n_prefill = prompt.size() * n_sess;
   if (a.json) {
-    std::printf("{\"model\":\"%s\",\"load_s\":%.3f,\"ram_budget_bytes\":%llu,\"ram_expert_slots\":%u,"
+    std::printf("{\"model\":\"%s\",\"sessions\":%zu,\"load_s\":%.3f,\"ram_budget_bytes\":%llu,\"ram_expert_slots\":%u,"
                 "\"routed_experts\":%u,\"prefill_tokens\":%zu,\"prefill_tok_s\":%.3f,\"decode_tokens\":%lld,"
                 "\"decode_tok_s\":%.3f,\"decode_hit_rate\":%.4f,\"decode_bytes_read_per_token\":%.0f,"
                 "\"decode_io_wait_s\":%.4f,\"prefill_bytes_read\":%llu,\"prefill_hit_rate\":%.4f,\"stats\":%s}\n",
-                model.c_str(), secs(t0, t1), static_cast<unsigned long long>(plan.ram_budget_bytes),
-                plan.ram_expert_slots, plan.n_routed_experts, prompt.size(), prompt.size() / pre_s,
-                static_cast<long long>(n), n / dec_s, hit_rate, bytes_per_tok, dec.io_wait_s,
+                model.c_str(), n_sess, secs(t0, t1), static_cast<unsigned long long>(plan.ram_budget_bytes),
+                plan.ram_expert_slots, plan.n_routed_experts, n_prefill, n_prefill / pre_s,
+                static_cast<long long>(n_tok), n_tok / dec_s, hit_rate, bytes_per_tok, dec.io_wait_s,
                 static_cast<unsigned long long>(prefill.bytes_read),
                 prefill.expert_hits + prefill.expert_misses
                     ? static_cast<double>(prefill.expert_hits) / (prefill.expert_hits + prefill.expert_misses)
@@ -795,9 +834,11 @@ int CmdBench(const Args &a) {
     std::printf("load             %.2f s\n", secs(t0, t1));
     std::printf("RAM expert tier  %u of %u experts (%s, %s)\n", plan.ram_expert_slots, plan.n_routed_experts,
                 dec.streaming ? "streaming" : "all resident", dec.memory_locked ? "locked" : "not locked");
-    std::printf("prefill          %zu tokens, %.1f tok/s, %.1f MiB read\n", prompt.size(), prompt.size() / pre_s,
+    std::printf("sessions         %zu\n", n_sess);
+    std::printf("prefill          %zu tokens, %.1f tok/s, %.1f MiB read\n", n_prefill, n_prefill / pre_s,
                 prefill.bytes_read / 1048576.0);
-    std::printf("decode           %lld tokens, %.2f tok/s\n", static_cast<long long>(n), n / dec_s);
+    std::printf("decode           %lld tokens (%lld steps), %.2f tok/s\n", static_cast<long long>(n_tok),
+                static_cast<long long>(n), n_tok / dec_s);
     std::printf("expert hit rate  %.1f%% (%llu hits, %llu misses)\n", 100 * hit_rate,
                 static_cast<unsigned long long>(dec.expert_hits), static_cast<unsigned long long>(dec.expert_misses));
     std::printf("read per token   %.2f MiB\n", bytes_per_tok / 1048576.0);
@@ -841,12 +882,12 @@ int CmdProfile(const Args &a) {
     Sess s;
     if (moe_status st = moe_session_open(ctx.c, nullptr, &s.s); st != MOE_OK) Die(ApiError(st));
     if (moe_status st = moe_session_feed(s.s, toks.data(), toks.size()); st != MOE_OK) Die(ApiError(st));
-    if (moe_status st = moe_ctx_step(ctx.c, nullptr); st != MOE_OK) Die(ApiError(st));
+    if (moe_status st = StepAll(ctx.c); st != MOE_OK) Die(ApiError(st));
     for (int64_t i = 0; i < a.n_predict; ++i) {
       int32_t tok;
       if (moe_status st = moe_session_sample(s.s, &tok); st != MOE_OK) Die(ApiError(st));
       if (moe_session_feed(s.s, &tok, 1) != MOE_OK) break;
-      if (moe_status st = moe_ctx_step(ctx.c, nullptr); st != MOE_OK) Die(ApiError(st));
+      if (moe_status st = StepAll(ctx.c); st != MOE_OK) Die(ApiError(st));
     }
   }
   size_t n = 0;
@@ -941,6 +982,35 @@ int CmdInspect(const Args &a) {
     }
     std::printf("kv cache %llu bytes per token (all layers)%s\n",
                 static_cast<unsigned long long>(strata::model::KvCache::BytesFor(hp, 1)), extra.c_str());
+  }
+  // Attention, routing and RoPE variants of the DeepSeek and gpt-oss families.
+  if (hp.mla) {
+    std::printf("attention: multi-head latent (q_lora_rank %d, kv_lora_rank %d, qk_nope %d, qk_rope %d, v_head %d); "
+                "cache row = latent %d + rope key %d floats per token and layer\n",
+                hp.q_lora_rank, hp.kv_lora_rank, hp.qk_nope_dim, hp.qk_rope_dim, hp.v_head_dim, hp.kv_lora_rank,
+                hp.qk_rope_dim);
+  }
+  if (hp.attn_sinks || !hp.layer_window.empty()) {
+    std::string windows;
+    for (int l = 0; l < hp.n_layer; ++l) {
+      windows += (l ? "," : "") + (hp.window(l) > 0 ? std::to_string(hp.window(l)) : std::string("full"));
+    }
+    std::printf("attention: %swindow per layer [%s]\n", hp.attn_sinks ? "sinks per head, " : "", windows.c_str());
+  }
+  if (hp.gating != strata::model::Gating::kSoftmax || hp.n_group > 1 || hp.routed_scale != 1.f ||
+      hp.n_shared_experts > 0) {
+    const char *gating = hp.gating == strata::model::Gating::kSigmoid        ? "sigmoid"
+                         : hp.gating == strata::model::Gating::kSoftmaxSelected ? "softmax over the selected"
+                                                                                : "softmax";
+    std::printf("routing: %s, groups %d (top %d kept)%s, routed scale %g%s%s\n", gating, hp.n_group, hp.topk_group,
+                hp.expert_select_bias ? ", selection bias" : "", hp.routed_scale,
+                hp.n_shared_experts > 0 ? (", " + std::to_string(hp.n_shared_experts) + " shared expert(s)").c_str() : "",
+                hp.swiglu_limit > 0.f ? ", clamped SwiGLU" : "");
+  }
+  if (hp.yarn) {
+    std::printf("rope scaling: yarn factor %g (original context %d), cos/sin x %g, score scale %g\n", hp.yarn_factor,
+                hp.yarn_orig_ctx, hp.yarn_attn_factor,
+                hp.attn_scale != 0.f ? hp.attn_scale : 1.0f / std::sqrt(static_cast<float>(hp.head_dim)));
   }
   std::printf("\n%-48s %-6s %-24s %12s\n", "tensor", "type", "shape (innermost first)", "bytes");
   for (const auto &t : mf.tensors()) {

@@ -127,6 +127,14 @@ typedef struct moe_params {
   uint32_t cpu_q8_activations; /* 1: CPU matmuls quantize activations to 8-bit blocks and use integer
                                  dot products (faster, error bound in tests/cpu); 0 (default): float
                                  activations, the numbers the golden tests hold to transformers' */
+  /* Since 0.1 (appended): continuous batching and prefill modes (0 = the defaults stated). */
+  uint32_t max_batch_tokens;  /* tokens of all sessions per forward pass (per moe_ctx_step); default 512.
+                                 Sessions with input share it round-robin: each gets a chunk */
+  uint32_t prefill_token_max; /* an input of at most this many tokens runs token by token (decode-like
+                                 passes); default 2 (measured, bench/README.md) */
+  uint32_t prefill_layer_min; /* a pass of at least this many tokens streams whole layers ahead
+                                 (layer-major prefill); fewer load only the selected experts;
+                                 default 64 (measured, bench/README.md) */
   /* Since 0.1 (appended): the KV cache. Sessions hold their keys and values in blocks of 128 tokens,
    * allocated as they grow (never more than their n_ctx). All sessions of a context share one KV
    * budget; a step that would exceed it fails with MOE_ERR_LIMIT_KV, or first evicts idle sessions
@@ -339,37 +347,70 @@ static inline void moe_session_params_init(moe_session_params *p) {
  * Thread-safety: safe against other session calls on the same context. Since: 0.1. */
 MOE_API moe_status moe_session_open(moe_ctx *ctx, const moe_session_params *p, moe_session **out);
 
-/* Closes a session, giving its KV blocks back to the context's budget (an evicted session's spill
- * file is removed); NULL is a no-op. Must not run concurrently with moe_ctx_step. Since: 0.1. */
+/* Closes a session; NULL is a no-op. Its queued input is dropped and its KV blocks go back to the
+ * context's budget (an evicted session's spill file is removed).
+ * Thread-safety: may run while another thread steps the context (it waits for that step to end);
+ * no other call on this session may run concurrently or follow. Since: 0.1. */
 MOE_API void moe_session_close(moe_session *s);
 
-/* Queues n tokens as input of the session; they are processed by the next moe_ctx_step.
+/* Queues n tokens as input of the session; they are processed by the next steps (moe_ctx_step,
+ * moe_ctx_step_for), which may take a long input in several chunks.
  * @return MOE_OK; MOE_ERR_INVALID_ARGUMENT (NULL with n > 0, token id outside the vocabulary:
  *   nothing is queued); MOE_ERR_LIMIT_CONTEXT (the tokens would not fit in n_ctx: nothing queued).
- * Thread-safety: one thread per session; not concurrently with moe_ctx_step. Since: 0.1. */
+ * Thread-safety: one thread per session at a time; safe while another thread runs moe_ctx_step or
+ *   moe_ctx_step_for on the context. Since: 0.1. */
 MOE_API moe_status moe_session_feed(moe_session *s, const int32_t *tokens, size_t n);
 
-/* Runs one batch over all sessions with pending input: each session's queued tokens go through
- * the model (as one prefill batch per session), and its logits become available. Evicted sessions'
- * KV comes back first; KV blocks for the new positions are taken from the context's KV budget.
+/* Runs one batch over all sessions with pending input (continuous batching): up to
+ * max_batch_tokens tokens, shared round-robin so that every session with input gets a chunk (a
+ * decode token is never held back by another session's long prefill while the cap allows one token
+ * per session; beyond that, the sessions left out go first next time). Routing and experts run over
+ * all tokens of the batch together, attention per session; each token's logits are bit-identical
+ * to running its session alone. An input of at most prefill_token_max tokens runs token by token
+ * (a few passes within the step). A session whose input is all processed has logits to sample.
+ * Evicted sessions' KV comes back first; KV blocks for the new positions are taken from the
+ * context's KV budget (evicting idle sessions to kv_spill_dir when it is short and one is given).
  * n_pending (nullable) receives the number of sessions still with queued input afterwards.
  * @return MOE_OK; MOE_ERR_IO_* or MOE_ERR_BACKEND if weights could not be read or computed;
- *   MOE_ERR_LIMIT_KV if the KV budget cannot hold a session's new positions (even after evicting
- *   idle sessions to kv_spill_dir); then the sessions of the failed batch keep their queued input
- *   and their state before the step.
- * Thread-safety: one step at a time per context (serialised internally). Since: 0.1. */
+ *   MOE_ERR_LIMIT_KV if the KV budget cannot hold the batch's new positions; then every session
+ *   keeps its queued input and its state before the step.
+ * Thread-safety: safe; steps on one context are serialised internally, and session calls on other
+ *   threads may run meanwhile (see each). Since: 0.1. */
 MOE_API moe_status moe_ctx_step(moe_ctx *ctx, uint32_t *n_pending);
 
+/* A step for game loops: runs batches (as moe_ctx_step) while there is input and the next batch is
+ * expected to end within budget_us microseconds of the call, then returns with the progress made.
+ * Each batch is sized from the measured time per token, so the call ends close to the budget; the
+ * first batch always runs (at least one token), so a budget smaller than one token still progresses.
+ * Sessions whose input is finished are ready (moe_session_ready) and can be sampled at once.
+ * n_pending (nullable): sessions still with queued input; n_steps (nullable): batches run.
+ * @return as moe_ctx_step; MOE_ERR_INVALID_ARGUMENT (NULL ctx). After a failure, the batches that
+ *   completed before it stay done; the failed one leaves its sessions as they were.
+ * Thread-safety: as moe_ctx_step. Since: 0.1. */
+MOE_API moe_status moe_ctx_step_for(moe_ctx *ctx, uint64_t budget_us, uint32_t *n_pending, uint32_t *n_steps);
+
+/* Polling: 1 when every token fed to the session has been processed and its logits can be sampled,
+ * 0 while input is queued or before any input; -1 for NULL.
+ * Thread-safety: safe, also while another thread steps the context. Since: 0.1. */
+MOE_API int32_t moe_session_ready(const moe_session *s);
+
+/* Tokens queued in the session and not yet processed; -1 for NULL.
+ * Thread-safety: safe, also while another thread steps the context. Since: 0.1. */
+MOE_API int32_t moe_session_n_pending(const moe_session *s);
+
 /* The logits after the last processed token: *logits points to n_vocab floats owned by the session,
- * valid until the next moe_ctx_step or moe_session_close.
+ * valid until a step processes more of this session's input (so until the host feeds it again and
+ * a step runs) or moe_session_close.
  * @return MOE_OK; MOE_ERR_INVALID_ARGUMENT; MOE_ERR_STATE if no token has been processed.
- * Thread-safety: one thread per session. Since: 0.1. */
+ * Thread-safety: one thread per session; safe while another thread steps the context. Since: 0.1. */
 MOE_API moe_status moe_session_logits(const moe_session *s, const float **logits, int32_t *n_vocab);
 
-/* With logits_all set: the logits of every token processed by the last step, row-major
- * [*n_tokens][*n_vocab]; same lifetime as moe_session_logits.
+/* With logits_all set: the logits of every token of the session's last input, row-major
+ * [*n_tokens][*n_vocab] — all of the tokens fed since the session was last ready, also when the steps
+ * took them in several chunks (while input is still queued: the rows so far); same lifetime as
+ * moe_session_logits.
  * @return MOE_OK; MOE_ERR_INVALID_ARGUMENT; MOE_ERR_STATE (no step yet, or logits_all not set).
- * Since: 0.1. */
+ * Thread-safety: as moe_session_logits. Since: 0.1. */
 MOE_API moe_status moe_session_logits_all(const moe_session *s, const float **logits,
                                           int32_t *n_tokens, int32_t *n_vocab);
 
@@ -377,10 +418,12 @@ MOE_API moe_status moe_session_logits_all(const moe_session *s, const float **lo
  * presence penalties over the window first; then greedy when temperature is 0, else top-k, softmax
  * with temperature, top-p, min-p and one draw from the session's seeded generator (the same seed
  * and inputs give the same tokens on every run and platform). Does not feed it.
- * @return MOE_OK; MOE_ERR_INVALID_ARGUMENT; MOE_ERR_STATE if no logits yet. Since: 0.1. */
+ * @return MOE_OK; MOE_ERR_INVALID_ARGUMENT; MOE_ERR_STATE if no logits yet.
+ * Thread-safety: one thread per session; safe while another thread steps the context. Since: 0.1. */
 MOE_API moe_status moe_session_sample(moe_session *s, int32_t *token);
 
-/* Number of tokens in the session's KV cache (its position). -1 for NULL. Since: 0.1. */
+/* Number of tokens in the session's KV cache (its position). -1 for NULL.
+ * Thread-safety: safe, also while another thread steps the context. Since: 0.1. */
 MOE_API int32_t moe_session_n_past(const moe_session *s);
 
 /* ---------------------------------------------------------------------------------------------
@@ -397,8 +440,8 @@ MOE_API uint64_t moe_session_kv_bytes(const moe_session *s);
 MOE_API moe_status moe_ctx_kv_usage(const moe_ctx *ctx, uint64_t *used, uint64_t *budget);
 
 /* Evicts the session's KV cache to an unlinked file in moe_params.kv_spill_dir, freeing its RAM
- * and budget. The next moe_ctx_step that runs the session (or moe_session_save) reads it back
- * transparently; the numbers are bit-identical to never having evicted. Evicting an evicted
+ * and budget. The next step that runs the session reads it back transparently (moe_session_save
+ * reads it from the file as it is); the numbers are bit-identical to never having evicted. Evicting an evicted
  * session does nothing.
  * @return MOE_OK; MOE_ERR_INVALID_ARGUMENT (NULL); MOE_ERR_STATE (the context has no spill
  *   directory); MOE_ERR_IO_OPEN / MOE_ERR_IO_WRITE (the file could not be written: the session is

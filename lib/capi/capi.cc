@@ -95,6 +95,9 @@ strata::runtime::ContextOptions ToOptions(const moe_params &p) {
   o.hotlist_max = static_cast<int>(std::min<uint32_t>(p.hotlist_max_experts, INT32_MAX));
   o.direct_io = p.direct_io != 0;
   o.cpu_q8_activations = p.cpu_q8_activations != 0;
+  o.max_batch_tokens = static_cast<int>(std::min<uint32_t>(p.max_batch_tokens, 1u << 24));
+  o.prefill_token_max = static_cast<int>(std::min<uint32_t>(p.prefill_token_max, 1u << 24));
+  o.prefill_layer_min = static_cast<int>(std::min<uint32_t>(p.prefill_layer_min, 1u << 24));
   o.kv_budget_bytes = p.kv_budget_bytes;
   o.kv_spill_dir = p.kv_spill_dir != nullptr ? p.kv_spill_dir : "";
   return o;
@@ -475,6 +478,20 @@ moe_status moe_ctx_step(moe_ctx *ctx, uint32_t *n_pending) {
     if (ctx == nullptr) return Fail(MOE_ERR_INVALID_ARGUMENT, "ctx is NULL");
     return FromStatus(ctx->impl->Step(n_pending));
   });
+}
+
+moe_status moe_ctx_step_for(moe_ctx *ctx, uint64_t budget_us, uint32_t *n_pending, uint32_t *n_steps) {
+  return Guard([&]() -> moe_status {
+    if (ctx == nullptr) return Fail(MOE_ERR_INVALID_ARGUMENT, "ctx is NULL");
+    const int64_t us = static_cast<int64_t>(std::min<uint64_t>(budget_us, uint64_t{INT64_MAX}));
+    return FromStatus(ctx->impl->StepFor(us, n_pending, n_steps));
+  });
+}
+
+int32_t moe_session_ready(const moe_session *s) { return s ? (s->impl->Ready() ? 1 : 0) : -1; }
+
+int32_t moe_session_n_pending(const moe_session *s) {
+  return s ? static_cast<int32_t>(std::min<size_t>(s->impl->n_pending(), INT32_MAX)) : -1;
 }
 
 moe_status moe_session_logits(const moe_session *s, const float **logits, int32_t *n_vocab) {

@@ -58,6 +58,23 @@ class ContiguousKv {
   KvView view_;
 };
 
+// Frequencies of a RoPE call. inv_freq (head_dim / 2 values) replaces theta^(-2i / head_dim) when set
+// (YaRN); cos and sin are multiplied by mscale (YaRN's attention factor).
+struct RopeParams {
+  const float *inv_freq = nullptr;
+  float mscale = 1.f;
+};
+
+// Family options of an attention call (defaults: grouped-query attention as Qwen3 / Mixtral).
+struct AttentionParams {
+  float scale = 0.f;             // score scale; 0 = 1 / sqrt(head_dim)
+  const float *sinks = nullptr;  // (n_head) learned sink logits joining each softmax (gpt-oss)
+  // Multi-head latent attention: the values are the first v_dim floats of the k rows (the latent),
+  // so out is (n_tok, n_head, v_dim). With latent false, values come from the v rows (head_dim).
+  bool latent = false;
+  int v_dim = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -72,13 +89,23 @@ class Backend {
                        float *y) = 0;
   // Rotates x (n_tok, n_heads, head_dim) in place; token t is at position pos[t].
   virtual void Rope(float *x, int64_t n_tok, int n_heads, int head_dim, const int32_t *pos, float theta,
-                    RopeStyle style) = 0;
+                    RopeStyle style, const RopeParams &p) = 0;
+  void Rope(float *x, int64_t n_tok, int n_heads, int head_dim, const int32_t *pos, float theta, RopeStyle style) {
+    Rope(x, n_tok, n_heads, head_dim, pos, theta, style, RopeParams{});
+  }
   // Causal attention for n_tok new tokens at positions pos0..pos0+n_tok-1, whose K/V rows are already
-  // in kv. q (n_tok, n_head, head_dim) -> out (n_tok, n_head, head_dim). window 0 = unlimited, else
-  // position p attends to p - window + 1 .. p; positions kv.is_masked() are skipped (except p itself).
+  // in kv. q (n_tok, n_head, head_dim) -> out (n_tok, n_head, head_dim, or v_dim when p.latent).
+  // window 0 = unlimited, else position p attends to p - window + 1 .. p; positions kv.is_masked()
+  // are skipped (except p itself).
   virtual void Attention(const float *q, const KvView &kv, int64_t n_tok, int pos0, int n_head,
-                         int n_head_kv, int head_dim, int window, float *out) = 0;
-  // y (n_tok, n_embd) = down(silu(gate x) * up x) for one expert over a group of tokens.
+                         int n_head_kv, int head_dim, int window, float *out, const AttentionParams &p) = 0;
+  void Attention(const float *q, const KvView &kv, int64_t n_tok, int pos0, int n_head, int n_head_kv,
+                 int head_dim, int window, float *out) {
+    Attention(q, kv, n_tok, pos0, n_head, n_head_kv, head_dim, window, out, AttentionParams{});
+  }
+  // y (n_tok, n_embd) = down(act(gate x + gate_bias, up x + up_bias)) + down_bias for one expert over a
+  // group of tokens; act is silu(g) * u, or gpt-oss's clamped form when e.swiglu_limit > 0; an
+  // input-major expert (e.input_major) is computed from its fused gate/up block.
   virtual void ExpertFfn(const ExpertWeights &e, const float *x, int64_t n_tok, float *y) = 0;
 };
 

@@ -135,19 +135,36 @@ class ExpertSource {
   virtual void Release(int layer, const std::vector<int32_t> &experts) = 0;
 };
 
-struct ForwardArgs {
+// One sequence of a batch: its KV cache and the new tokens at positions pos0..pos0+n_tok-1.
+struct SequenceArgs {
+  KvCache *kv = nullptr;
   const int32_t *tokens = nullptr;
   int64_t n_tok = 0;
   int pos0 = 0;                      // position of tokens[0]; the cache holds positions < pos0
   bool all_logits = false;           // logits for every token, else only the last
+};
+
+// A forward pass over several sequences at once (continuous batching): embeddings, norms, routing
+// and experts run over the concatenated tokens, so an expert is acquired once per batch for every
+// token of every sequence that routes to it; attention runs per sequence over its own cache. Each
+// token's numbers do not depend on the other tokens of the batch.
+struct ForwardArgs {
+  std::vector<SequenceArgs> seqs;
   ExpertSource *experts = nullptr;   // nullptr: the resident weights in `w`
 };
 
-// Runs the tokens through the model, writing their K/V into `kv` and the logits into `logits`
-// ((all_logits ? n_tok : 1) x n_vocab). Requires pos0 + n_tok <= kv.n_ctx(); allocates the KV
-// blocks the new positions need (MOE_ERR_LIMIT_KV when the budget refuses them) and records their
-// mask. On failure, blocks allocated for the new positions may remain: KvCache::Trim frees them.
-absl::Status Forward(const HParams &hp, const ModelWeights &w, Backend &be, KvCache &kv,
-                     const ForwardArgs &args, std::vector<float> *logits);
+// Runs the sequences through the model, writing their K/V into their caches and the logits of
+// sequence i into (*logits)[i] ((all_logits ? n_tok : 1) x n_vocab). Requires pos0 + n_tok <=
+// kv->n_ctx() for each, and distinct caches. Arguments are checked before any cache is written; then
+// each cache gets the blocks its new positions need (MOE_ERR_LIMIT_KV when the budget refuses them)
+// and their mask. On a later failure (an expert load) the caches may hold rows at positions >= pos0,
+// which are not yet part of any sequence, so the sequences stay as they were; blocks taken for them
+// may remain (KvCache::Trim frees them).
+absl::Status Forward(const HParams &hp, const ModelWeights &w, Backend &be, const ForwardArgs &args,
+                     std::vector<std::vector<float>> *logits);
+
+// One sequence: the same as a batch of one.
+absl::Status Forward(const HParams &hp, const ModelWeights &w, Backend &be, KvCache &kv, const int32_t *tokens,
+                     int64_t n_tok, int pos0, bool all_logits, ExpertSource *experts, std::vector<float> *logits);
 
 }  // namespace strata::model

@@ -62,6 +62,41 @@ absl::Status Validate(HParams &hp) {
   return absl::OkStatus();
 }
 
+// Checks of the MLA, grouped-routing and YaRN fields (DeepSeek, gpt-oss).
+absl::Status ValidateFamily(const HParams &hp) {
+  if (hp.mla) {
+    STRATA_RETURN_IF_ERROR(CheckRange("kv_lora_rank", hp.kv_lora_rank, 1, kMaxEmbd));
+    STRATA_RETURN_IF_ERROR(CheckRange("q_lora_rank", hp.q_lora_rank, 0, kMaxEmbd));
+    STRATA_RETURN_IF_ERROR(CheckRange("qk_rope_head_dim", hp.qk_rope_dim, 2, kMaxHeadDim));
+    STRATA_RETURN_IF_ERROR(CheckRange("qk_nope_head_dim", hp.qk_nope_dim, 0, kMaxHeadDim));
+    STRATA_RETURN_IF_ERROR(CheckRange("v_head_dim", hp.v_head_dim, 1, kMaxHeadDim));
+    if (hp.qk_rope_dim % 2 != 0) {
+      return Errorf(MOE_ERR_FORMAT_HPARAMS, "qk_rope_head_dim %d is odd; RoPE needs pairs", hp.qk_rope_dim);
+    }
+  }
+  STRATA_RETURN_IF_ERROR(CheckRange("expert_group_count", hp.n_group, 1, std::max(1, hp.n_expert)));
+  STRATA_RETURN_IF_ERROR(CheckRange("expert_group_used_count", hp.topk_group, 1, hp.n_group));
+  if (hp.n_expert % hp.n_group != 0) {
+    return Errorf(MOE_ERR_FORMAT_HPARAMS, "expert_count %d is not a multiple of expert_group_count %d", hp.n_expert,
+                  hp.n_group);
+  }
+  if (hp.n_group > 1 && hp.n_expert_used > hp.topk_group * (hp.n_expert / hp.n_group)) {
+    return Errorf(MOE_ERR_FORMAT_HPARAMS, "expert_used_count %d exceeds the experts of the %d selected groups",
+                  hp.n_expert_used, hp.topk_group);
+  }
+  if (hp.n_group > 1 && hp.gating == Gating::kSigmoid && hp.n_expert / hp.n_group < 2) {
+    return Errorf(MOE_ERR_FORMAT_HPARAMS, "grouped sigmoid routing needs at least 2 experts per group");
+  }
+  if (!(hp.routed_scale > 0.f) || !std::isfinite(hp.routed_scale)) {
+    return Errorf(MOE_ERR_FORMAT_HPARAMS, "routed scaling factor %g is not a positive finite number", hp.routed_scale);
+  }
+  if (hp.yarn && (hp.yarn_orig_ctx < 1 || !(hp.yarn_beta_fast > 0.f) || !(hp.yarn_beta_slow > 0.f))) {
+    return Errorf(MOE_ERR_FORMAT_HPARAMS, "YaRN parameters (original context %d, beta %g/%g) are out of range",
+                  hp.yarn_orig_ctx, hp.yarn_beta_fast, hp.yarn_beta_slow);
+  }
+  return absl::OkStatus();
+}
+
 // ---- GGUF ----------------------------------------------------------------------------------
 
 absl::StatusOr<int64_t> GgufInt(const format::GgufFile &g, const std::string &key) {
@@ -77,9 +112,149 @@ absl::StatusOr<int64_t> GgufIntOr(const format::GgufFile &g, const std::string &
   return GgufInt(g, key);
 }
 
+// YaRN factor / window from "<arch>.rope.scaling.*"; nothing when the type is absent or "none".
+absl::Status GgufYarn(const format::GgufFile &g, const std::string &p, HParams &hp) {
+  if (g.Find(p + "rope.scaling.type") == nullptr) return absl::OkStatus();
+  STRATA_ASSIGN_OR_RETURN(std::string st, g.GetString(p + "rope.scaling.type"));
+  if (st == "none") return absl::OkStatus();
+  if (st != "yarn") return Errorf(MOE_ERR_UNSUPPORTED, "RoPE scaling '%s' is not supported yet", st);
+  STRATA_ASSIGN_OR_RETURN(double f, g.GetFloat(p + "rope.scaling.factor"));
+  STRATA_ASSIGN_OR_RETURN(int64_t orig, GgufInt(g, p + "rope.scaling.original_context_length"));
+  if (!(f >= 1.0) || !std::isfinite(f) || orig < 1) {
+    return Errorf(MOE_ERR_FORMAT_HPARAMS, "YaRN scaling factor %g / original context %d is out of range", f, orig);
+  }
+  hp.yarn = f > 1.0;
+  hp.yarn_factor = static_cast<float>(f);
+  hp.yarn_orig_ctx = static_cast<int>(orig);
+  if (g.Find(p + "rope.scaling.yarn_beta_fast") != nullptr) {
+    STRATA_ASSIGN_OR_RETURN(double b, g.GetFloat(p + "rope.scaling.yarn_beta_fast"));
+    hp.yarn_beta_fast = static_cast<float>(b);
+  }
+  if (g.Find(p + "rope.scaling.yarn_beta_slow") != nullptr) {
+    STRATA_ASSIGN_OR_RETURN(double b, g.GetFloat(p + "rope.scaling.yarn_beta_slow"));
+    hp.yarn_beta_slow = static_cast<float>(b);
+  }
+  return absl::OkStatus();
+}
+
+// DeepSeek-V2/V3 (`deepseek2`, multi-head latent attention) and gpt-oss, as llama.cpp's converter
+// writes them.
+absl::StatusOr<HParams> FromGgufFamily(const ModelFile &mf, const std::string &arch) {
+  const format::GgufFile &g = mf.gguf();
+  HParams hp;
+  hp.arch = arch == "deepseek2" ? Arch::kDeepseek2 : Arch::kGptOss;
+  hp.arch_name = std::string(ArchName(hp.arch));
+  const std::string p = arch + ".";
+  int64_t v;
+  STRATA_ASSIGN_OR_RETURN(v, GgufInt(g, p + "block_count")); hp.n_layer = static_cast<int>(v);
+  STRATA_ASSIGN_OR_RETURN(v, GgufInt(g, p + "embedding_length")); hp.n_embd = static_cast<int>(v);
+  STRATA_ASSIGN_OR_RETURN(v, GgufInt(g, p + "attention.head_count")); hp.n_head = static_cast<int>(v);
+  STRATA_ASSIGN_OR_RETURN(v, GgufInt(g, p + "expert_count")); hp.n_expert = static_cast<int>(v);
+  STRATA_ASSIGN_OR_RETURN(v, GgufInt(g, p + "expert_used_count")); hp.n_expert_used = static_cast<int>(v);
+  STRATA_ASSIGN_OR_RETURN(v, GgufInt(g, p + "expert_feed_forward_length")); hp.n_ff_expert = static_cast<int>(v);
+  STRATA_ASSIGN_OR_RETURN(v, GgufIntOr(g, p + "context_length", 4096)); hp.n_ctx_train = static_cast<int>(v);
+  if (g.Find(p + "rope.freq_base") != nullptr) {
+    STRATA_ASSIGN_OR_RETURN(double th, g.GetFloat(p + "rope.freq_base"));
+    hp.rope_theta = static_cast<float>(th);
+  }
+  STRATA_ASSIGN_OR_RETURN(double eps, g.GetFloat(p + "attention.layer_norm_rms_epsilon"));
+  hp.rms_eps = static_cast<float>(eps);
+  STRATA_RETURN_IF_ERROR(GgufYarn(g, p, hp));
+  STRATA_RETURN_IF_ERROR(CheckRange("block_count", hp.n_layer, 1, kMaxLayers));
+  if (hp.arch == Arch::kDeepseek2) {
+    hp.mla = true;
+    hp.rope_style = RopeStyle::kNormal;  // the converter keeps DeepSeek's interleaved pairs
+    hp.n_head_kv = hp.n_head;            // the file's head_count_kv (1) describes the latent MQA form
+    hp.lora_norm_eps = hp.rms_eps;       // llama.cpp normalises the latents with the model's epsilon
+    STRATA_ASSIGN_OR_RETURN(v, GgufIntOr(g, p + "attention.q_lora_rank", 0)); hp.q_lora_rank = static_cast<int>(v);
+    STRATA_ASSIGN_OR_RETURN(v, GgufInt(g, p + "attention.kv_lora_rank")); hp.kv_lora_rank = static_cast<int>(v);
+    STRATA_ASSIGN_OR_RETURN(v, GgufInt(g, p + "rope.dimension_count")); hp.qk_rope_dim = static_cast<int>(v);
+    // Newer converters describe the latent form in key/value_length and the per-head widths in
+    // the *_mla keys; older ones wrote the per-head widths as key/value_length.
+    const bool mla_keys = g.Find(p + "attention.key_length_mla") != nullptr;
+    STRATA_ASSIGN_OR_RETURN(v, GgufInt(g, p + (mla_keys ? "attention.key_length_mla" : "attention.key_length")));
+    hp.head_dim = static_cast<int>(v);
+    STRATA_ASSIGN_OR_RETURN(v, GgufInt(g, p + (mla_keys ? "attention.value_length_mla" : "attention.value_length")));
+    hp.v_head_dim = static_cast<int>(v);
+    hp.qk_nope_dim = hp.head_dim - hp.qk_rope_dim;
+    STRATA_ASSIGN_OR_RETURN(v, GgufIntOr(g, p + "expert_shared_count", 0)); hp.n_shared_experts = static_cast<int>(v);
+    hp.n_ff_shared = hp.n_shared_experts * hp.n_ff_expert;
+    STRATA_ASSIGN_OR_RETURN(int64_t lead, GgufIntOr(g, p + "leading_dense_block_count", 0));
+    STRATA_RETURN_IF_ERROR(CheckRange("leading_dense_block_count", lead, 0, hp.n_layer));
+    if (lead > 0) {
+      hp.dense_layer.assign(hp.n_layer, 0);
+      for (int l = 0; l < lead; ++l) hp.dense_layer[l] = 1;
+      STRATA_ASSIGN_OR_RETURN(v, GgufInt(g, p + "feed_forward_length")); hp.n_ff_dense = static_cast<int>(v);
+    }
+    if (g.Find(p + "expert_weights_scale") != nullptr) {
+      STRATA_ASSIGN_OR_RETURN(double sc, g.GetFloat(p + "expert_weights_scale"));
+      hp.routed_scale = static_cast<float>(sc);
+    }
+    hp.norm_topk_prob = false;
+    if (g.Find(p + "expert_weights_norm") != nullptr) {
+      STRATA_ASSIGN_OR_RETURN(hp.norm_topk_prob, g.GetBool(p + "expert_weights_norm"));
+    }
+    STRATA_ASSIGN_OR_RETURN(int64_t gating, GgufIntOr(g, p + "expert_gating_func", 1));
+    if (gating != 1 && gating != 2) {
+      return Errorf(MOE_ERR_UNSUPPORTED, "%sexpert_gating_func %d is not supported (1 softmax, 2 sigmoid)", p, gating);
+    }
+    hp.gating = gating == 2 ? Gating::kSigmoid : Gating::kSoftmax;
+    STRATA_ASSIGN_OR_RETURN(v, GgufIntOr(g, p + "expert_group_count", 1)); hp.n_group = static_cast<int>(v);
+    STRATA_ASSIGN_OR_RETURN(v, GgufIntOr(g, p + "expert_group_used_count", hp.n_group));
+    hp.topk_group = static_cast<int>(v);
+    hp.expert_select_bias = mf.Find(absl::StrFormat("blk.%d.exp_probs_b.bias", hp.n_layer - 1)) != nullptr;
+    // Attention scale: 1/sqrt(key head width), times YaRN's mscale^2 (0.1 * mscale_all_dim is
+    // stored as yarn_log_multiplier); cos/sin keep their unit scale.
+    double scale = 1.0 / std::sqrt(static_cast<double>(hp.head_dim));
+    if (hp.yarn && g.Find(p + "rope.scaling.yarn_log_multiplier") != nullptr) {
+      STRATA_ASSIGN_OR_RETURN(double lm, g.GetFloat(p + "rope.scaling.yarn_log_multiplier"));
+      const double m = 1.0 + lm * std::log(static_cast<double>(hp.yarn_factor));
+      scale *= m * m;
+    }
+    hp.attn_scale = static_cast<float>(scale);
+    hp.yarn_attn_factor = 1.f;
+  } else {
+    hp.rope_style = RopeStyle::kNeox;
+    STRATA_ASSIGN_OR_RETURN(v, GgufIntOr(g, p + "attention.head_count_kv", hp.n_head)); hp.n_head_kv = static_cast<int>(v);
+    STRATA_ASSIGN_OR_RETURN(v, GgufIntOr(g, p + "attention.key_length", hp.n_head ? hp.n_embd / hp.n_head : 0));
+    hp.head_dim = static_cast<int>(v);
+    STRATA_ASSIGN_OR_RETURN(int64_t vlen, GgufIntOr(g, p + "attention.value_length", hp.head_dim));
+    if (vlen != hp.head_dim) {
+      return Errorf(MOE_ERR_UNSUPPORTED, "value_length %d differs from key_length %d", vlen, hp.head_dim);
+    }
+    hp.attn_bias = hp.attn_out_bias = hp.attn_sinks = hp.expert_bias = true;
+    hp.gating = Gating::kSoftmaxSelected;
+    hp.swiglu_limit = 7.0f;  // llama.cpp hard-codes gpt-oss's clamp (alpha 1.702, limit 7)
+    STRATA_ASSIGN_OR_RETURN(v, GgufIntOr(g, p + "attention.sliding_window", 0));
+    // Sliding-window attention on the even layers, full attention on the odd ones.
+    hp.layer_window.assign(hp.n_layer, 0);
+    for (int l = 0; l < hp.n_layer; l += 2) hp.layer_window[l] = static_cast<int>(v);
+    // YaRN as gpt-oss applies it: cos/sin scaled by 0.1 ln(factor) + 1, no truncation of the ramp.
+    hp.yarn_truncate = false;
+    if (hp.yarn) hp.yarn_attn_factor = 0.1f * std::log(hp.yarn_factor) + 1.f;
+  }
+  const TensorRef *emb = mf.Find("token_embd.weight");
+  if (emb == nullptr) return Errorf(MOE_ERR_FORMAT_TENSOR, "missing tensor 'token_embd.weight'");
+  if (emb->ne[1] > kMaxVocab) {
+    return Errorf(MOE_ERR_FORMAT_HPARAMS, "token_embd.weight has %d rows, more than %d", emb->ne[1], kMaxVocab);
+  }
+  hp.n_vocab = static_cast<int>(emb->ne[1]);
+  if (g.Find(p + "vocab_size") != nullptr) {
+    STRATA_ASSIGN_OR_RETURN(v, GgufInt(g, p + "vocab_size"));
+    if (v != hp.n_vocab) {
+      return Errorf(MOE_ERR_FORMAT_HPARAMS, "%svocab_size = %d but token_embd.weight has %d rows", p, v, hp.n_vocab);
+    }
+  }
+  hp.tied_embeddings = mf.Find("output.weight") == nullptr;
+  STRATA_RETURN_IF_ERROR(ValidateFamily(hp));
+  STRATA_RETURN_IF_ERROR(Validate(hp));
+  return hp;
+}
+
 absl::StatusOr<HParams> FromGguf(const ModelFile &mf) {
   const format::GgufFile &g = mf.gguf();
   STRATA_ASSIGN_OR_RETURN(std::string arch, g.GetString("general.architecture"));
+  if (arch == "deepseek2" || arch == "gpt-oss") return FromGgufFamily(mf, arch);
   HParams hp;
   if (arch == "qwen3moe") {
     hp.arch = Arch::kQwen3Moe;
@@ -236,6 +411,189 @@ absl::StatusOr<bool> JsonBoolOr(const nlohmann::json &c, const char *key, bool d
   return it->get<bool>();
 }
 
+absl::StatusOr<double> JsonFloatOr(const nlohmann::json &c, const char *key, double dflt) {
+  auto it = c.find(key);
+  if (it == c.end() || it->is_null()) return dflt;
+  if (!it->is_number()) return Errorf(MOE_ERR_FORMAT_HPARAMS, "config.json '%s' is not a number", key);
+  return it->get<double>();
+}
+
+// transformers' YaRN magnitude correction: 0.1 * m * ln(factor) + 1 above factor 1.
+double YarnMscale(double factor, double m) { return factor <= 1.0 ? 1.0 : 0.1 * m * std::log(factor) + 1.0; }
+
+// RoPE parameters of the issue-7 families: rope_theta and, for rope_type "yarn", the frequency
+// blend and the cos/sin factor as transformers computes them. Returns mscale_all_dim (0 if unset).
+absl::StatusOr<double> ConfigRope(const nlohmann::json &c, HParams &hp) {
+  const nlohmann::json *rp = nullptr;
+  if (auto it = c.find("rope_parameters"); it != c.end() && it->is_object()) rp = &*it;
+  if (auto it = c.find("rope_scaling"); rp == nullptr && it != c.end() && it->is_object()) rp = &*it;
+  if (rp != nullptr && rp->contains("rope_theta")) {
+    STRATA_ASSIGN_OR_RETURN(double th, JsonFloat(*rp, "rope_theta"));
+    hp.rope_theta = static_cast<float>(th);
+  } else {
+    STRATA_ASSIGN_OR_RETURN(double th, JsonFloat(c, "rope_theta"));
+    hp.rope_theta = static_cast<float>(th);
+  }
+  if (rp == nullptr) return 0.0;
+  std::string type = "default";
+  for (const char *k : {"rope_type", "type"}) {
+    if (auto it = rp->find(k); it != rp->end() && it->is_string()) type = it->get<std::string>();
+  }
+  if (type == "default") return 0.0;
+  if (type != "yarn") return Errorf(MOE_ERR_UNSUPPORTED, "RoPE scaling '%s' is not supported yet", type);
+  STRATA_ASSIGN_OR_RETURN(double factor, JsonFloat(*rp, "factor"));
+  STRATA_ASSIGN_OR_RETURN(int64_t orig, JsonInt(*rp, "original_max_position_embeddings"));
+  STRATA_ASSIGN_OR_RETURN(double bf, JsonFloatOr(*rp, "beta_fast", 32.0));
+  STRATA_ASSIGN_OR_RETURN(double bs, JsonFloatOr(*rp, "beta_slow", 1.0));
+  STRATA_ASSIGN_OR_RETURN(double mscale, JsonFloatOr(*rp, "mscale", 0.0));
+  STRATA_ASSIGN_OR_RETURN(double mscale_all, JsonFloatOr(*rp, "mscale_all_dim", 0.0));
+  STRATA_ASSIGN_OR_RETURN(bool truncate, JsonBoolOr(*rp, "truncate", true));
+  if (!(factor >= 1.0) || !std::isfinite(factor)) {
+    return Errorf(MOE_ERR_FORMAT_HPARAMS, "YaRN factor %g is out of range", factor);
+  }
+  hp.yarn = factor > 1.0;
+  hp.yarn_factor = static_cast<float>(factor);
+  hp.yarn_orig_ctx = static_cast<int>(orig);
+  hp.yarn_beta_fast = static_cast<float>(bf == 0.0 ? 32.0 : bf);
+  hp.yarn_beta_slow = static_cast<float>(bs == 0.0 ? 1.0 : bs);
+  hp.yarn_truncate = truncate;
+  double attn_factor;
+  if (auto it = rp->find("attention_factor"); it != rp->end() && it->is_number()) {
+    attn_factor = it->get<double>();
+  } else if (mscale != 0.0 && mscale_all != 0.0) {
+    attn_factor = YarnMscale(factor, mscale) / YarnMscale(factor, mscale_all);
+  } else {
+    attn_factor = YarnMscale(factor, 1.0);
+  }
+  hp.yarn_attn_factor = static_cast<float>(attn_factor);
+  return mscale_all;
+}
+
+// DeepSeek-V2/V3 and gpt-oss checkpoints.
+absl::StatusOr<HParams> FromConfigFamily(const ModelFile &mf, const std::string &model_type) {
+  const nlohmann::json &c = mf.config();
+  HParams hp;
+  hp.arch = model_type == "gpt_oss" ? Arch::kGptOss : Arch::kDeepseek2;
+  hp.arch_name = std::string(ArchName(hp.arch));
+  int64_t v;
+  STRATA_ASSIGN_OR_RETURN(v, JsonInt(c, "num_hidden_layers")); hp.n_layer = static_cast<int>(v);
+  STRATA_ASSIGN_OR_RETURN(v, JsonInt(c, "hidden_size")); hp.n_embd = static_cast<int>(v);
+  STRATA_ASSIGN_OR_RETURN(v, JsonInt(c, "num_attention_heads")); hp.n_head = static_cast<int>(v);
+  STRATA_ASSIGN_OR_RETURN(v, JsonInt(c, "vocab_size")); hp.n_vocab = static_cast<int>(v);
+  STRATA_ASSIGN_OR_RETURN(v, JsonInt(c, "num_experts_per_tok")); hp.n_expert_used = static_cast<int>(v);
+  STRATA_ASSIGN_OR_RETURN(v, JsonIntOr(c, "max_position_embeddings", 4096)); hp.n_ctx_train = static_cast<int>(v);
+  STRATA_ASSIGN_OR_RETURN(double eps, JsonFloat(c, "rms_norm_eps"));
+  hp.rms_eps = static_cast<float>(eps);
+  STRATA_ASSIGN_OR_RETURN(hp.tied_embeddings, JsonBoolOr(c, "tie_word_embeddings", false));
+  STRATA_ASSIGN_OR_RETURN(double mscale_all, ConfigRope(c, hp));
+  STRATA_RETURN_IF_ERROR(CheckRange("num_hidden_layers", hp.n_layer, 1, kMaxLayers));
+  STRATA_ASSIGN_OR_RETURN(bool attn_bias, JsonBoolOr(c, "attention_bias", hp.arch == Arch::kGptOss));
+  int64_t n_expert = -1;
+  for (const char *k : {"n_routed_experts", "num_local_experts", "num_experts"}) {
+    if (c.contains(k) && !c[k].is_null()) {
+      STRATA_ASSIGN_OR_RETURN(n_expert, JsonInt(c, k));
+      break;
+    }
+  }
+  if (n_expert < 0) return Errorf(MOE_ERR_FORMAT_HPARAMS, "config.json has no 'n_routed_experts'");
+  hp.n_expert = static_cast<int>(n_expert);
+  if (hp.arch == Arch::kDeepseek2) {
+    if (attn_bias) return Errorf(MOE_ERR_UNSUPPORTED, "%s with attention_bias is not supported yet", model_type);
+    STRATA_ASSIGN_OR_RETURN(bool mlp_bias, JsonBoolOr(c, "mlp_bias", false));
+    if (mlp_bias) return Errorf(MOE_ERR_UNSUPPORTED, "%s with mlp_bias is not supported yet", model_type);
+    if (auto it = c.find("hidden_act"); it != c.end() && (!it->is_string() || it->get<std::string>() != "silu")) {
+      return Errorf(MOE_ERR_UNSUPPORTED, "hidden_act '%s' is not supported (only silu)", it->dump());
+    }
+    hp.mla = true;
+    STRATA_ASSIGN_OR_RETURN(v, JsonIntOr(c, "q_lora_rank", 0)); hp.q_lora_rank = static_cast<int>(v);
+    STRATA_ASSIGN_OR_RETURN(v, JsonInt(c, "kv_lora_rank")); hp.kv_lora_rank = static_cast<int>(v);
+    STRATA_ASSIGN_OR_RETURN(v, JsonInt(c, "qk_nope_head_dim")); hp.qk_nope_dim = static_cast<int>(v);
+    STRATA_ASSIGN_OR_RETURN(v, JsonInt(c, "qk_rope_head_dim")); hp.qk_rope_dim = static_cast<int>(v);
+    STRATA_ASSIGN_OR_RETURN(v, JsonInt(c, "v_head_dim")); hp.v_head_dim = static_cast<int>(v);
+    hp.head_dim = hp.qk_nope_dim + hp.qk_rope_dim;
+    hp.n_head_kv = hp.n_head;
+    STRATA_ASSIGN_OR_RETURN(v, JsonInt(c, "moe_intermediate_size")); hp.n_ff_expert = static_cast<int>(v);
+    STRATA_ASSIGN_OR_RETURN(v, JsonIntOr(c, "n_shared_experts", 0)); hp.n_shared_experts = static_cast<int>(v);
+    hp.n_ff_shared = hp.n_shared_experts * hp.n_ff_expert;
+    STRATA_ASSIGN_OR_RETURN(int64_t lead, JsonIntOr(c, "first_k_dense_replace", 0));
+    if (lead > 0) {
+      hp.dense_layer.assign(hp.n_layer, 0);
+      for (int l = 0; l < std::min<int64_t>(lead, hp.n_layer); ++l) hp.dense_layer[l] = 1;
+      STRATA_ASSIGN_OR_RETURN(v, JsonInt(c, "intermediate_size")); hp.n_ff_dense = static_cast<int>(v);
+    }
+    STRATA_ASSIGN_OR_RETURN(double rs, JsonFloatOr(c, "routed_scaling_factor", 1.0));
+    hp.routed_scale = static_cast<float>(rs);
+    STRATA_ASSIGN_OR_RETURN(v, JsonIntOr(c, "n_group", 1)); hp.n_group = static_cast<int>(v);
+    STRATA_ASSIGN_OR_RETURN(v, JsonIntOr(c, "topk_group", hp.n_group)); hp.topk_group = static_cast<int>(v);
+    if (model_type == "deepseek_v3") {
+      // Sigmoid scores, e_score_correction_bias in the selection, top-2-sum group ranking.
+      hp.gating = Gating::kSigmoid;
+      hp.expert_select_bias = true;
+      STRATA_ASSIGN_OR_RETURN(hp.norm_topk_prob, JsonBoolOr(c, "norm_topk_prob", true));
+      STRATA_ASSIGN_OR_RETURN(bool interleave, JsonBoolOr(c, "rope_interleave", true));
+      hp.rope_style = interleave ? RopeStyle::kNormal : RopeStyle::kNeox;
+    } else {
+      // transformers' DeepSeek-V2 router: softmax, greedy or group-limited (group max) top-k, no
+      // renormalisation.
+      hp.gating = Gating::kSoftmax;
+      hp.norm_topk_prob = false;
+      hp.rope_style = RopeStyle::kNormal;
+      std::string method = "greedy";
+      if (auto it = c.find("topk_method"); it != c.end() && it->is_string()) method = it->get<std::string>();
+      if (method == "greedy") {
+        hp.n_group = hp.topk_group = 1;
+      } else if (method != "group_limited_greedy") {
+        return Errorf(MOE_ERR_UNSUPPORTED, "deepseek_v2 topk_method '%s' is not supported", method);
+      }
+    }
+    double scale = 1.0 / std::sqrt(static_cast<double>(hp.head_dim));
+    if (hp.yarn && mscale_all != 0.0) {
+      const double m = YarnMscale(hp.yarn_factor, mscale_all);
+      scale *= m * m;
+    }
+    hp.attn_scale = static_cast<float>(scale);
+  } else {
+    STRATA_ASSIGN_OR_RETURN(v, JsonIntOr(c, "num_key_value_heads", hp.n_head)); hp.n_head_kv = static_cast<int>(v);
+    STRATA_ASSIGN_OR_RETURN(v, JsonIntOr(c, "head_dim", hp.n_head > 0 ? hp.n_embd / hp.n_head : 0));
+    hp.head_dim = static_cast<int>(v);
+    STRATA_ASSIGN_OR_RETURN(v, JsonInt(c, "intermediate_size")); hp.n_ff_expert = static_cast<int>(v);
+    hp.rope_style = RopeStyle::kNeox;
+    hp.attn_bias = hp.attn_out_bias = attn_bias;
+    hp.attn_sinks = hp.expert_bias = true;
+    hp.gating = Gating::kSoftmaxSelected;
+    STRATA_ASSIGN_OR_RETURN(double limit, JsonFloatOr(c, "swiglu_limit", 7.0));
+    STRATA_ASSIGN_OR_RETURN(double alpha, JsonFloatOr(c, "swiglu_alpha", 1.702));
+    if (std::fabs(alpha - 1.702) > 1e-6 || !(limit > 0.0)) {
+      return Errorf(MOE_ERR_UNSUPPORTED, "gpt_oss SwiGLU alpha %g / limit %g is not supported (1.702, > 0)", alpha,
+                    limit);
+    }
+    hp.swiglu_limit = static_cast<float>(limit);
+    STRATA_ASSIGN_OR_RETURN(v, JsonIntOr(c, "sliding_window", 0));
+    const int window = static_cast<int>(v);
+    hp.layer_window.assign(hp.n_layer, 0);
+    auto lt = c.find("layer_types");
+    if (lt != c.end() && lt->is_array()) {
+      if (static_cast<int>(lt->size()) != hp.n_layer) {
+        return Errorf(MOE_ERR_FORMAT_HPARAMS, "layer_types has %d entries for %d layers", lt->size(), hp.n_layer);
+      }
+      for (int l = 0; l < hp.n_layer; ++l) {
+        const auto &t = (*lt)[l];
+        if (!t.is_string()) return Errorf(MOE_ERR_FORMAT_HPARAMS, "layer_types[%d] is not a string", l);
+        if (t.get<std::string>() == "sliding_attention") {
+          hp.layer_window[l] = window;
+        } else if (t.get<std::string>() != "full_attention") {
+          return Errorf(MOE_ERR_UNSUPPORTED, "layer type '%s' is not supported", t.get<std::string>());
+        }
+      }
+    } else {
+      for (int l = 0; l < hp.n_layer; l += 2) hp.layer_window[l] = window;
+    }
+  }
+  STRATA_RETURN_IF_ERROR(ValidateFamily(hp));
+  STRATA_RETURN_IF_ERROR(Validate(hp));
+  return hp;
+}
+
 absl::StatusOr<HParams> FromConfig(const ModelFile &mf) {
   const nlohmann::json &c = mf.config();
   if (!c.is_object()) return Errorf(MOE_ERR_FORMAT_CONFIG, "config.json is not a JSON object");
@@ -244,6 +602,9 @@ absl::StatusOr<HParams> FromConfig(const ModelFile &mf) {
     return Errorf(MOE_ERR_FORMAT_CONFIG, "config.json has no string 'model_type'");
   }
   const std::string model_type = mt->get<std::string>();
+  if (model_type == "deepseek_v2" || model_type == "deepseek_v3" || model_type == "gpt_oss") {
+    return FromConfigFamily(mf, model_type);
+  }
   HParams hp;
   if (model_type == "qwen3_moe") {
     hp.arch = Arch::kQwen3Moe;

@@ -57,7 +57,8 @@ struct HParams {
   bool shared_expert_gate = false;   // Qwen2-MoE: sigmoid(gate · x) scales the shared expert
   Gating gating = Gating::kSoftmax;
   float routed_scale = 1.f;      // routed_scaling_factor applied to the routed weights
-  int n_group = 1, topk_group = 1;   // group-limited selection (DeepSeek-V3)
+  int n_group = 1, topk_group = 1;   // group-limited selection (DeepSeek)
+  bool expert_select_bias = false;   // DeepSeek-V3 e_score_correction_bias (selection only)
   bool expert_bias = false;      // router and expert biases (gpt-oss)
   float swiglu_limit = 0.f;      // gpt-oss clamped SwiGLU (alpha 1.702); 0 = plain SwiGLU
   // YaRN RoPE (yarn_factor > 1): frequencies blended between interpolation and extrapolation;
@@ -68,11 +69,15 @@ struct HParams {
   bool yarn_truncate = true;
   float attn_scale = 0.f;        // 0 = 1/sqrt(key head dimension)
   // Multi-head latent attention (DeepSeek-V2/V3). The cache holds kv_lora_rank + qk_rope_dim
-  // floats per token and layer.
+  // floats per token and layer. head_dim is the query/key head width qk_nope_dim + qk_rope_dim;
+  // q_lora_rank 0 = one q projection (V2-Lite). RoPE rotates only the last qk_rope_dim of a head.
   bool mla = false;
   int q_lora_rank = 0, kv_lora_rank = 0, qk_nope_dim = 0, qk_rope_dim = 0, v_head_dim = 0;
+  int n_shared_experts = 0;      // DeepSeek n_shared_experts (n_ff_shared = this * n_ff_expert)
+  float lora_norm_eps = 1e-6f;   // epsilon of q_a / kv_a norms (transformers: fixed 1e-6; GGUF: rms_eps)
 
   int q_dim() const { return n_head * head_dim; }
+  int rope_dim() const { return mla ? qk_rope_dim : head_dim; }
   int kv_dim() const { return n_head_kv * head_dim; }
   bool is_dense(int l) const { return !dense_layer.empty() && dense_layer[l] != 0; }
   int window(int l) const { return layer_window.empty() ? sliding_window : layer_window[l]; }

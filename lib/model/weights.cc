@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 
 #include "absl/container/flat_hash_map.h"
 
@@ -103,6 +104,64 @@ absl::StatusOr<Matrix> BindRow(const ModelFile &mf, const std::string &name, int
   return BindMatrix(mf, name, 1, cols);
 }
 
+// A 3-D tensor (cols, rows, n) read as one matrix of n * rows rows (per-head latent projections).
+absl::StatusOr<Matrix> BindMatrix3(const ModelFile &mf, const std::string &name, int64_t n, int64_t rows,
+                                   int64_t cols) {
+  STRATA_ASSIGN_OR_RETURN(const TensorRef *t, Require(mf, name));
+  STRATA_RETURN_IF_ERROR(CheckDims(*t, {cols, rows, n}));
+  Matrix m;
+  m.name = name;
+  m.tensor = t;
+  STRATA_ASSIGN_OR_RETURN(m.codec, CodecOf(*t));
+  m.cols = cols;
+  m.rows = n * rows;
+  STRATA_ASSIGN_OR_RETURN(m.row_bytes, quant::RowBytes(t->type, cols));
+  return m;
+}
+
+// Multi-head latent attention of one layer. `n` maps a llama.cpp tensor base name (attn_q_a, ...)
+// to the file's name. The latent up-projection is fused (kv_b) or split (k_b + v_b).
+absl::Status BindMla(const ModelFile &mf, const HParams &hp, const std::function<std::string(const char *)> &n,
+                     LayerWeights &L) {
+  const int64_t D = hp.n_embd, H = hp.n_head, QK = hp.head_dim, R = hp.kv_lora_rank;
+  if (hp.q_lora_rank > 0) {
+    STRATA_ASSIGN_OR_RETURN(L.wq_a, BindMatrix(mf, n("attn_q_a"), hp.q_lora_rank, D));
+    STRATA_ASSIGN_OR_RETURN(L.q_a_norm, BindVec(mf, n("attn_q_a_norm"), hp.q_lora_rank));
+    STRATA_ASSIGN_OR_RETURN(L.wq_b, BindMatrix(mf, n("attn_q_b"), H * QK, hp.q_lora_rank));
+  } else {
+    STRATA_ASSIGN_OR_RETURN(L.wq, BindMatrix(mf, n("attn_q"), H * QK, D));
+  }
+  STRATA_ASSIGN_OR_RETURN(L.wkv_a, BindMatrix(mf, n("attn_kv_a_mqa"), R + hp.qk_rope_dim, D));
+  STRATA_ASSIGN_OR_RETURN(L.kv_a_norm, BindVec(mf, n("attn_kv_a_norm"), R));
+  if (mf.Find(n("attn_kv_b")) != nullptr || mf.Find(n("attn_k_b")) == nullptr) {
+    STRATA_ASSIGN_OR_RETURN(L.wkv_b, BindMatrix(mf, n("attn_kv_b"), H * (hp.qk_nope_dim + hp.v_head_dim), R));
+  } else {
+    STRATA_ASSIGN_OR_RETURN(L.wk_b, BindMatrix3(mf, n("attn_k_b"), H, R, hp.qk_nope_dim));
+    STRATA_ASSIGN_OR_RETURN(L.wv_b, BindMatrix3(mf, n("attn_v_b"), H, hp.v_head_dim, R));
+  }
+  STRATA_ASSIGN_OR_RETURN(L.wo, BindMatrix(mf, n("attn_output"), D, H * hp.v_head_dim));
+  return absl::OkStatus();
+}
+
+// A (n, n_expert) bias tensor sliced into one Vec per expert.
+absl::Status BindExpertBias(const ModelFile &mf, const std::string &name, int64_t n, int n_expert,
+                            std::vector<ExpertWeights> &experts, Vec ExpertWeights::*field) {
+  STRATA_ASSIGN_OR_RETURN(const TensorRef *t, Require(mf, name));
+  STRATA_RETURN_IF_ERROR(CheckDims(*t, {n, n_expert}));
+  STRATA_ASSIGN_OR_RETURN(const quant::Codec *codec, CodecOf(*t));
+  STRATA_ASSIGN_OR_RETURN(uint64_t row_bytes, quant::RowBytes(t->type, n));
+  for (int e = 0; e < n_expert; ++e) {
+    Vec &v = experts[e].*field;
+    v.name = absl::StrFormat("%s[expert %d]", name, e);
+    v.tensor = t;
+    v.codec = codec;
+    v.n = n;
+    v.bytes = row_bytes;
+    v.sub_offset = row_bytes * static_cast<uint64_t>(e);
+  }
+  return absl::OkStatus();
+}
+
 // Tensor names of the family-specific resident parts of one layer.
 struct ExtraNames {
   std::string bq, bk, bv, bo;
@@ -173,6 +232,37 @@ absl::Status BindExpertsPerTensor(const ModelFile &mf, const HParams &hp, int la
   return absl::OkStatus();
 }
 
+// gpt-oss checkpoints keep each layer's experts input-major: gate_up_proj (n_expert, n_embd,
+// 2 * n_ff) with gate and up in alternating columns, down_proj (n_expert, n_ff, n_embd), biases
+// gate_up_proj_bias (n_expert, 2 * n_ff) and down_proj_bias (n_expert, n_embd). An expert is bound
+// as gate = its (n_embd, 2 * n_ff) block, up = an empty view after it, down = its (n_ff, n_embd)
+// block, with `input_major` set; gate_bias holds the interleaved gate/up bias.
+absl::Status BindGptOssExpertsHf(const ModelFile &mf, const HParams &hp, const std::string &moe, LayerWeights &L) {
+  const int64_t D = hp.n_embd, F = hp.n_ff_expert, E = hp.n_expert;
+  STRATA_ASSIGN_OR_RETURN(L.router, BindMatrix(mf, moe + "router.weight", E, D));
+  STRATA_ASSIGN_OR_RETURN(L.router_bias, BindVec(mf, moe + "router.bias", E));
+  STRATA_ASSIGN_OR_RETURN(const TensorRef *gu, Require(mf, moe + "experts.gate_up_proj"));
+  STRATA_RETURN_IF_ERROR(CheckDims(*gu, {2 * F, D, E}));
+  STRATA_ASSIGN_OR_RETURN(const TensorRef *dn, Require(mf, moe + "experts.down_proj"));
+  STRATA_RETURN_IF_ERROR(CheckDims(*dn, {D, F, E}));
+  L.experts.resize(E);
+  for (int e = 0; e < E; ++e) {
+    ExpertWeights &x = L.experts[e];
+    STRATA_ASSIGN_OR_RETURN(x.gate, SliceExpert(gu, e, 0, D));
+    x.up = x.gate;
+    x.up.rows = 0;
+    x.up.sub_offset = x.gate.sub_offset + x.gate.nbytes();
+    STRATA_ASSIGN_OR_RETURN(x.down, SliceExpert(dn, e, 0, F));
+    x.input_major = true;
+    x.swiglu_limit = hp.swiglu_limit;
+  }
+  STRATA_RETURN_IF_ERROR(
+      BindExpertBias(mf, moe + "experts.gate_up_proj_bias", 2 * F, E, L.experts, &ExpertWeights::gate_bias));
+  STRATA_RETURN_IF_ERROR(
+      BindExpertBias(mf, moe + "experts.down_proj_bias", D, E, L.experts, &ExpertWeights::down_bias));
+  return absl::OkStatus();
+}
+
 absl::StatusOr<ModelWeights> BindGguf(const ModelFile &mf, const HParams &hp) {
   ModelWeights w;
   STRATA_ASSIGN_OR_RETURN(w.tok_embd, BindMatrix(mf, "token_embd.weight", hp.n_vocab, hp.n_embd));
@@ -187,15 +277,23 @@ absl::StatusOr<ModelWeights> BindGguf(const ModelFile &mf, const HParams &hp) {
     LayerWeights &L = w.layers[i];
     auto n = [i](const char *s) { return absl::StrFormat("blk.%d.%s.weight", i, s); };
     STRATA_ASSIGN_OR_RETURN(L.attn_norm, BindVec(mf, n("attn_norm"), hp.n_embd));
-    STRATA_ASSIGN_OR_RETURN(L.wq, BindMatrix(mf, n("attn_q"), hp.q_dim(), hp.n_embd));
-    STRATA_ASSIGN_OR_RETURN(L.wk, BindMatrix(mf, n("attn_k"), hp.kv_dim(), hp.n_embd));
-    STRATA_ASSIGN_OR_RETURN(L.wv, BindMatrix(mf, n("attn_v"), hp.kv_dim(), hp.n_embd));
-    STRATA_ASSIGN_OR_RETURN(L.wo, BindMatrix(mf, n("attn_output"), hp.n_embd, hp.q_dim()));
+    if (hp.mla) {
+      STRATA_RETURN_IF_ERROR(BindMla(mf, hp, [&](const char *s) { return n(s); }, L));
+    } else {
+      STRATA_ASSIGN_OR_RETURN(L.wq, BindMatrix(mf, n("attn_q"), hp.q_dim(), hp.n_embd));
+      STRATA_ASSIGN_OR_RETURN(L.wk, BindMatrix(mf, n("attn_k"), hp.kv_dim(), hp.n_embd));
+      STRATA_ASSIGN_OR_RETURN(L.wv, BindMatrix(mf, n("attn_v"), hp.kv_dim(), hp.n_embd));
+      STRATA_ASSIGN_OR_RETURN(L.wo, BindMatrix(mf, n("attn_output"), hp.n_embd, hp.q_dim()));
+    }
+    if (hp.attn_sinks) {
+      STRATA_ASSIGN_OR_RETURN(L.sinks, BindVec(mf, n("attn_sinks"), hp.n_head));
+    }
     if (hp.qk_norm) {
       STRATA_ASSIGN_OR_RETURN(L.q_norm, BindVec(mf, n("attn_q_norm"), hp.qk_norm_full ? hp.q_dim() : hp.head_dim));
       STRATA_ASSIGN_OR_RETURN(L.k_norm, BindVec(mf, n("attn_k_norm"), hp.qk_norm_full ? hp.kv_dim() : hp.head_dim));
     }
-    STRATA_ASSIGN_OR_RETURN(L.ffn_norm, BindVec(mf, n("ffn_norm"), hp.n_embd));
+    STRATA_ASSIGN_OR_RETURN(L.ffn_norm, BindVec(mf, n(hp.arch == Arch::kGptOss ? "post_attention_norm" : "ffn_norm"),
+                                                hp.n_embd));
     {
       auto b = [i](const char *s) { return absl::StrFormat("blk.%d.%s.bias", i, s); };
       ExtraNames en{b("attn_q"), b("attn_k"), b("attn_v"), b("attn_output"),
@@ -207,6 +305,25 @@ absl::StatusOr<ModelWeights> BindGguf(const ModelFile &mf, const HParams &hp) {
       continue;
     }
     STRATA_ASSIGN_OR_RETURN(L.router, BindMatrix(mf, n("ffn_gate_inp"), hp.n_expert, hp.n_embd));
+    const std::string bias_of = absl::StrFormat("blk.%d.", i);
+    if (hp.expert_bias) {
+      STRATA_ASSIGN_OR_RETURN(L.router_bias, BindVec(mf, bias_of + "ffn_gate_inp.bias", hp.n_expert));
+    }
+    if (hp.expert_select_bias) {
+      STRATA_ASSIGN_OR_RETURN(L.expert_select_bias, BindVec(mf, bias_of + "exp_probs_b.bias", hp.n_expert));
+    }
+    if (hp.expert_bias) {
+      STRATA_RETURN_IF_ERROR(
+          BindExperts3D(mf, hp, n("ffn_gate_exps"), n("ffn_up_exps"), n("ffn_down_exps"), L));
+      STRATA_RETURN_IF_ERROR(BindExpertBias(mf, bias_of + "ffn_gate_exps.bias", hp.n_ff_expert, hp.n_expert,
+                                            L.experts, &ExpertWeights::gate_bias));
+      STRATA_RETURN_IF_ERROR(BindExpertBias(mf, bias_of + "ffn_up_exps.bias", hp.n_ff_expert, hp.n_expert,
+                                            L.experts, &ExpertWeights::up_bias));
+      STRATA_RETURN_IF_ERROR(BindExpertBias(mf, bias_of + "ffn_down_exps.bias", hp.n_embd, hp.n_expert,
+                                            L.experts, &ExpertWeights::down_bias));
+      for (auto &e : L.experts) e.swiglu_limit = hp.swiglu_limit;
+      continue;
+    }
     if (mf.Find(n("ffn_gate_exps")) == nullptr &&
         mf.Find(absl::StrFormat("blk.%d.ffn_gate.0.weight", i)) != nullptr) {
       STRATA_RETURN_IF_ERROR(BindExpertsPerTensor(mf, hp, i, L));
@@ -232,10 +349,28 @@ absl::StatusOr<ModelWeights> BindHf(const ModelFile &mf, const HParams &hp) {
     LayerWeights &L = w.layers[i];
     const std::string p = absl::StrFormat("model.layers.%d.", i);
     STRATA_ASSIGN_OR_RETURN(L.attn_norm, BindVec(mf, p + "input_layernorm.weight", hp.n_embd));
-    STRATA_ASSIGN_OR_RETURN(L.wq, BindMatrix(mf, p + "self_attn.q_proj.weight", hp.q_dim(), hp.n_embd));
-    STRATA_ASSIGN_OR_RETURN(L.wk, BindMatrix(mf, p + "self_attn.k_proj.weight", hp.kv_dim(), hp.n_embd));
-    STRATA_ASSIGN_OR_RETURN(L.wv, BindMatrix(mf, p + "self_attn.v_proj.weight", hp.kv_dim(), hp.n_embd));
-    STRATA_ASSIGN_OR_RETURN(L.wo, BindMatrix(mf, p + "self_attn.o_proj.weight", hp.n_embd, hp.q_dim()));
+    if (hp.mla) {
+      auto hf = [&](const char *g) -> std::string {
+        static const std::pair<const char *, const char *> kNames[] = {
+            {"attn_q_a", "q_a_proj.weight"},        {"attn_q_a_norm", "q_a_layernorm.weight"},
+            {"attn_q_b", "q_b_proj.weight"},        {"attn_q", "q_proj.weight"},
+            {"attn_kv_a_mqa", "kv_a_proj_with_mqa.weight"}, {"attn_kv_a_norm", "kv_a_layernorm.weight"},
+            {"attn_kv_b", "kv_b_proj.weight"},      {"attn_output", "o_proj.weight"}};
+        for (const auto &[gn, hn] : kNames) {
+          if (std::strcmp(gn, g) == 0) return p + "self_attn." + hn;
+        }
+        return p + "self_attn.(" + g + ")";  // no split k_b / v_b in HF checkpoints
+      };
+      STRATA_RETURN_IF_ERROR(BindMla(mf, hp, hf, L));
+    } else {
+      STRATA_ASSIGN_OR_RETURN(L.wq, BindMatrix(mf, p + "self_attn.q_proj.weight", hp.q_dim(), hp.n_embd));
+      STRATA_ASSIGN_OR_RETURN(L.wk, BindMatrix(mf, p + "self_attn.k_proj.weight", hp.kv_dim(), hp.n_embd));
+      STRATA_ASSIGN_OR_RETURN(L.wv, BindMatrix(mf, p + "self_attn.v_proj.weight", hp.kv_dim(), hp.n_embd));
+      STRATA_ASSIGN_OR_RETURN(L.wo, BindMatrix(mf, p + "self_attn.o_proj.weight", hp.n_embd, hp.q_dim()));
+    }
+    if (hp.attn_sinks) {
+      STRATA_ASSIGN_OR_RETURN(L.sinks, BindVec(mf, p + "self_attn.sinks", hp.n_head));
+    }
     if (hp.qk_norm) {
       STRATA_ASSIGN_OR_RETURN(L.q_norm, BindVec(mf, p + "self_attn.q_norm.weight",
                                                 hp.qk_norm_full ? hp.q_dim() : hp.head_dim));
@@ -245,9 +380,11 @@ absl::StatusOr<ModelWeights> BindHf(const ModelFile &mf, const HParams &hp) {
     STRATA_ASSIGN_OR_RETURN(L.ffn_norm, BindVec(mf, p + "post_attention_layernorm.weight", hp.n_embd));
     {
       const std::string a = p + "self_attn.", m = p + "mlp.";
+      // Qwen2-MoE names its shared expert mlp.shared_expert, DeepSeek mlp.shared_experts.
+      const std::string sh = m + (hp.arch == Arch::kDeepseek2 ? "shared_experts." : "shared_expert.");
       ExtraNames en{a + "q_proj.bias", a + "k_proj.bias", a + "v_proj.bias", a + "o_proj.bias",
-                    m + "shared_expert.gate_proj.weight", m + "shared_expert.up_proj.weight",
-                    m + "shared_expert.down_proj.weight", m + "shared_expert_gate.weight"};
+                    sh + "gate_proj.weight", sh + "up_proj.weight", sh + "down_proj.weight",
+                    m + "shared_expert_gate.weight"};
       STRATA_RETURN_IF_ERROR(BindLayerExtras(mf, hp, en, L, !hp.is_dense(i)));
     }
     if (hp.is_dense(i)) {
@@ -264,7 +401,15 @@ absl::StatusOr<ModelWeights> BindHf(const ModelFile &mf, const HParams &hp) {
       moe = p + "block_sparse_moe.";
       gn = "w1", un = "w3", dn = "w2";
     }
+    if (hp.arch == Arch::kGptOss) {
+      STRATA_RETURN_IF_ERROR(BindGptOssExpertsHf(mf, hp, moe, L));
+      continue;
+    }
     STRATA_ASSIGN_OR_RETURN(L.router, BindMatrix(mf, moe + "gate.weight", hp.n_expert, hp.n_embd));
+    if (hp.expert_select_bias) {
+      STRATA_ASSIGN_OR_RETURN(L.expert_select_bias,
+                              BindVec(mf, moe + "gate.e_score_correction_bias", hp.n_expert));
+    }
     if (const TensorRef *gu = mf.Find(moe + "experts.gate_up_proj"); gu != nullptr) {
       // Fused layout: gate_up_proj (n_expert, 2*n_ff, n_embd) with gate rows first; down_proj
       // (n_expert, n_embd, n_ff).
@@ -295,7 +440,8 @@ void ForEachMatrix(ModelWeights &w, F &&f, bool routed_experts = true) {
   f(w.tok_embd);
   f(w.output);
   for (auto &L : w.layers) {
-    for (Matrix *m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.router}) {
+    for (Matrix *m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.router, &L.wq_a, &L.wq_b, &L.wkv_a, &L.wkv_b, &L.wk_b,
+                      &L.wv_b}) {
       if (m->tensor != nullptr) f(*m);
     }
     // Dense MLPs, shared experts and their gate are resident like attention.
@@ -320,7 +466,7 @@ void ForEachVec(ModelWeights &w, F &&f) {
   f(w.output_norm);
   for (auto &L : w.layers) {
     for (Vec *v : {&L.attn_norm, &L.q_norm, &L.k_norm, &L.ffn_norm, &L.bq, &L.bk, &L.bv, &L.bo, &L.sinks,
-                   &L.router_bias, &L.expert_select_bias}) {
+                   &L.router_bias, &L.expert_select_bias, &L.q_a_norm, &L.kv_a_norm}) {
       if (v->tensor != nullptr) f(*v);
     }
     for (auto &e : L.experts) {
@@ -351,6 +497,8 @@ uint64_t NonRoutedBytes(const ModelWeights &w) {
   s += vec_bytes(w.output_norm);
   for (const auto &L : w.layers) {
     s += L.wq.nbytes() + L.wk.nbytes() + L.wv.nbytes() + L.wo.nbytes() + L.router.nbytes();
+    for (const Matrix *m : {&L.wq_a, &L.wq_b, &L.wkv_a, &L.wkv_b, &L.wk_b, &L.wv_b}) s += m->nbytes();
+    s += vec_bytes(L.q_a_norm) + vec_bytes(L.kv_a_norm);
     s += vec_bytes(L.attn_norm) + vec_bytes(L.q_norm) + vec_bytes(L.k_norm) + vec_bytes(L.ffn_norm);
     // Family extras: biases, sinks, dense MLPs and shared experts are resident, never streamed.
     for (const Vec *v : {&L.bq, &L.bk, &L.bv, &L.bo, &L.sinks, &L.router_bias, &L.expert_select_bias}) {

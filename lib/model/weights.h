@@ -52,6 +52,12 @@ struct ExpertWeights {
   Matrix down;  // (n_embd, n_ff)
   Vec gate_bias, up_bias;  // (n_ff), optional
   Vec down_bias;           // (n_embd), optional
+  // gpt-oss's clamped SwiGLU: (clamp(up, ±limit) + 1) * g * sigmoid(1.702 g), g = min(gate, limit);
+  // 0 = plain SwiGLU silu(gate) * up.
+  float swiglu_limit = 0.f;
+  // HF gpt-oss layout: `gate` is the input-major (n_embd, 2 * n_ff) block of interleaved gate/up
+  // columns (gate_bias the interleaved 2 * n_ff bias), `up` is empty, `down` is (n_ff, n_embd).
+  bool input_major = false;
   bool present() const { return gate.tensor != nullptr; }
   uint64_t nbytes() const {
     uint64_t b = gate.nbytes() + up.nbytes() + down.nbytes();
@@ -66,6 +72,17 @@ struct LayerWeights {
   Vec bq, bk, bv, bo;                   // optional biases of wq, wk, wv, wo
   Vec q_norm, k_norm;                   // (head_dim) Qwen3; (q_dim) / (kv_dim) OLMoE
   Vec sinks;                            // (n_head) attention sinks, gpt-oss
+  // Multi-head latent attention (DeepSeek). wq is the single q projection when q_lora_rank is 0.
+  Matrix wq_a;                          // (q_lora_rank, n_embd)
+  Vec q_a_norm;                         // (q_lora_rank)
+  Matrix wq_b;                          // (n_head * head_dim, q_lora_rank)
+  Matrix wkv_a;                         // (kv_lora_rank + qk_rope_dim, n_embd)
+  Vec kv_a_norm;                        // (kv_lora_rank)
+  // Latent up-projections, either fused (HF kv_b_proj, GGUF attn_kv_b: per head qk_nope_dim key
+  // rows then v_head_dim value rows) or split (GGUF attn_k_b, transposed, and attn_v_b).
+  Matrix wkv_b;                         // (n_head * (qk_nope_dim + v_head_dim), kv_lora_rank)
+  Matrix wk_b;                          // (n_head * kv_lora_rank, qk_nope_dim)
+  Matrix wv_b;                          // (n_head * v_head_dim, kv_lora_rank)
   Vec ffn_norm;                         // (n_embd)
   Matrix router;                        // (n_expert, n_embd); absent on a dense layer
   Vec router_bias;                      // (n_expert) gpt-oss

@@ -2,6 +2,7 @@
 #include "lib/runtime/context.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <unistd.h>
 
@@ -89,7 +90,13 @@ absl::StatusOr<std::unique_ptr<Context>> Context::Open(const ContextOptions &o) 
   if (o.n_ctx < 0 || o.n_threads < 0 || o.max_sessions < 0) {
     return Errorf(MOE_ERR_INVALID_ARGUMENT, "negative n_ctx, n_threads or max_sessions");
   }
+  if (o.max_batch_tokens < 0 || o.prefill_token_max < 0 || o.prefill_layer_min < 0) {
+    return Errorf(MOE_ERR_INVALID_ARGUMENT, "negative max_batch_tokens, prefill_token_max or prefill_layer_min");
+  }
   auto ctx = std::unique_ptr<Context>(new Context());
+  if (o.max_batch_tokens > 0) ctx->max_batch_tokens_ = o.max_batch_tokens;
+  if (o.prefill_token_max > 0) ctx->prefill_token_max_ = o.prefill_token_max;
+  if (o.prefill_layer_min > 0) ctx->prefill_layer_min_ = o.prefill_layer_min;
   STRATA_ASSIGN_OR_RETURN(Described d, Describe(o.model_path));
   ctx->file_ = std::move(d.file);
   ctx->hp_ = d.hp;
@@ -185,18 +192,25 @@ void Context::CloseSession(Session *s) {
                   sessions_.end());
 }
 
-// Counts every routing selection per (layer, expert), then defers to the real source.
+// Counts every routing selection per (layer, expert), then defers to the real source. In layer-major
+// mode (a long prefill pass) it also asks the expert cache for the whole next layer once this
+// layer's experts are in, so the reads of layer l+1 overlap layer l's compute without waiting for a
+// prediction.
 class CountingExperts final : public model::ExpertSource {
  public:
-  CountingExperts(model::ExpertSource *inner, std::vector<uint64_t> *counts, int n_expert)
-      : inner_(inner), counts_(counts), n_expert_(n_expert) {}
+  CountingExperts(model::ExpertSource *inner, std::vector<uint64_t> *counts, int n_expert,
+                  store::ExpertCache *cache, int n_layer)
+      : inner_(inner), counts_(counts), n_expert_(n_expert), cache_(cache), n_layer_(n_layer) {}
+  bool layer_major = false;
   void OnRoute(int layer, const float *h, int64_t n_tok, const int32_t *selected, int k) override {
     for (int64_t i = 0; i < n_tok * k; ++i) ++(*counts_)[static_cast<size_t>(layer) * n_expert_ + selected[i]];
     inner_->OnRoute(layer, h, n_tok, selected, k);
   }
   absl::Status Acquire(int layer, const std::vector<int32_t> &experts,
                        std::vector<const model::ExpertWeights *> *out) override {
-    return inner_->Acquire(layer, experts, out);
+    STRATA_RETURN_IF_ERROR(inner_->Acquire(layer, experts, out));
+    if (layer_major && cache_ != nullptr && layer + 1 < n_layer_) cache_->PrefetchLayer(layer + 1);
+    return absl::OkStatus();
   }
   void Release(int layer, const std::vector<int32_t> &experts) override { inner_->Release(layer, experts); }
 
@@ -204,6 +218,8 @@ class CountingExperts final : public model::ExpertSource {
   model::ExpertSource *inner_;
   std::vector<uint64_t> *counts_;
   int n_expert_;
+  store::ExpertCache *cache_;
+  int n_layer_;
 };
 
 // Counts expert uses when every expert is resident, so stats read the same either way.
@@ -229,58 +245,197 @@ class ResidentExperts final : public model::ExpertSource {
 
 absl::Status Context::Step(uint32_t *n_pending) {
   std::lock_guard<std::mutex> lk(mu_);
-  absl::Status status = absl::OkStatus();
+  bool ran = false;
+  absl::Status st = StepLocked(max_batch_tokens_, &ran);
+  if (n_pending != nullptr) *n_pending = CountPendingLocked();
+  return st;
+}
+
+absl::Status Context::StepFor(int64_t budget_us, uint32_t *n_pending, uint32_t *n_steps) {
+  using Clock = std::chrono::steady_clock;
+  const auto t0 = Clock::now();
+  std::lock_guard<std::mutex> lk(mu_);
+  absl::Status st = absl::OkStatus();
+  uint32_t steps = 0;
+  for (;;) {
+    const double left_us =
+        static_cast<double>(budget_us) - std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
+    // Size the pass to the time left; unmeasured yet, start small.
+    int cap = max_batch_tokens_;
+    if (us_per_token_ > 0) {
+      cap = static_cast<int>(std::min<double>(cap, std::floor(left_us / us_per_token_)));
+    } else {
+      cap = std::min(cap, 16);
+    }
+    if (cap < 1) {
+      if (steps > 0) break;
+      cap = 1;  // the first pass always runs: progress even when the budget is below one token
+    }
+    bool ran = false;
+    st = StepLocked(cap, &ran);
+    if (!st.ok() || !ran) break;
+    ++steps;
+  }
+  if (n_pending != nullptr) *n_pending = CountPendingLocked();
+  if (n_steps != nullptr) *n_steps = steps;
+  return st;
+}
+
+uint32_t Context::CountPendingLocked() const {
+  uint32_t n = 0;
+  for (const auto &sp : sessions_) n += sp->n_pending() > 0 ? 1 : 0;
+  return n;
+}
+
+absl::Status Context::StepLocked(int cap, bool *ran) {
+  *ran = false;
+  // --- take each session's chunk: round-robin from rr_next_, a fair share each round ---
+  struct Chunk {
+    Session *s;
+    std::vector<int32_t> tokens;
+    int pos0;
+    bool token_by_token;  // a very short input: one token per pass
+    bool new_input;       // the first chunk of the session's input (rows start afresh)
+    std::vector<float> logits;
+    int32_t rows = 0;
+  };
+  const size_t n_sess = sessions_.size();
+  std::vector<size_t> want(n_sess, 0);
+  std::vector<size_t> order;
+  for (size_t i = 0; i < n_sess; ++i) {
+    const size_t idx = (rr_next_ + i) % n_sess;
+    want[idx] = sessions_[idx]->n_pending();
+    if (want[idx] > 0) order.push_back(idx);
+  }
+  if (order.empty()) return absl::OkStatus();
   if (cache_ != nullptr) {
     // A model file replaced or resized under us must not feed stale or torn experts.
     for (int i = 0; i < file_->n_files(); ++i) STRATA_RETURN_IF_ERROR(file_->file(i).CheckUnchanged());
   }
-  ResidentExperts resident(weights_, &resident_hits_, &resident_layer_hits_);
-  CountingExperts counting(cache_ != nullptr ? static_cast<model::ExpertSource *>(cache_.get()) : &resident,
-                           &expert_counts_, hp_.n_expert);
+  std::vector<size_t> take(n_sess, 0);
+  size_t left = static_cast<size_t>(std::max(1, cap));
+  const size_t quantum = std::max<size_t>(1, left / order.size());
+  for (bool more = true; more && left > 0;) {
+    more = false;
+    for (size_t idx : order) {
+      if (left == 0) break;
+      const size_t n = std::min({quantum, want[idx] - take[idx], left});
+      take[idx] += n;
+      left -= n;
+      more = more || take[idx] < want[idx];
+    }
+  }
+  std::vector<Chunk> chunks;
+  size_t last_served = order.front();
+  for (size_t idx : order) {
+    if (take[idx] == 0) continue;
+    Session &s = *sessions_[idx];
+    std::lock_guard<std::mutex> slk(s.mu_);
+    Chunk c;
+    c.s = &s;
+    c.tokens.assign(s.pending_.begin(), s.pending_.begin() + take[idx]);
+    c.pos0 = s.n_past_;
+    c.new_input = !s.rows_open_;
+    c.token_by_token = c.tokens.size() > 1 && s.pending_.size() <= static_cast<size_t>(prefill_token_max_);
+    chunks.push_back(std::move(c));
+    last_served = idx;
+  }
+  // The next step starts after the last session served when some were left out, else one further.
+  rr_next_ = (chunks.size() < order.size() ? last_served + 1 : rr_next_ + 1) % n_sess;
+
+  // --- KV: evicted sessions come back, then each chunk's new positions get their blocks, so a
+  // budget that cannot hold them fails the step before anything is computed ---
   ++step_count_;
-  for (auto &sp : sessions_) {
-    Session &s = *sp;
-    if (s.pending_.empty()) continue;
-    s.last_step_ = step_count_;
-    // An evicted session comes back first; then the blocks for its new positions are taken, so a
-    // budget that cannot hold them fails the step before anything is computed.
-    const int need = s.n_past_ + static_cast<int>(s.pending_.size());
+  for (Chunk &c : chunks) c.s->last_step_ = step_count_;
+  auto trim_all = [&] {
+    for (Chunk &c : chunks) c.s->kv_.Trim(c.pos0);
+  };
+  for (Chunk &c : chunks) {
+    Session &s = *c.s;
+    const int need = c.pos0 + static_cast<int>(c.tokens.size());
     absl::Status room = WithKvRoom(&s, [&]() -> absl::Status {
       STRATA_RETURN_IF_ERROR(s.kv_.Unspill());
       return s.kv_.Reserve(need);
     });
     if (!room.ok()) {
-      s.kv_.Trim(s.n_past_);
-      status = room;
-      break;
+      trim_all();
+      return room;
     }
+  }
+
+  // --- the passes: one over every chunk; token-by-token chunks add one pass per further token ---
+  ResidentExperts resident(weights_, &resident_hits_, &resident_layer_hits_);
+  CountingExperts counting(cache_ != nullptr ? static_cast<model::ExpertSource *>(cache_.get()) : &resident,
+                           &expert_counts_, hp_.n_expert, cache_.get(), hp_.n_layer);
+  size_t n_pass = 1;
+  bool prompt = false;
+  for (const Chunk &c : chunks) {
+    if (c.token_by_token) n_pass = std::max(n_pass, c.tokens.size());
+    prompt = prompt || (c.tokens.size() > 1 && c.new_input);
+  }
+  if (cache_ != nullptr && prompt) cache_->OnNewPrompt();
+  const auto t0 = std::chrono::steady_clock::now();
+  int64_t n_tok = 0;
+  for (size_t p = 0; p < n_pass; ++p) {
     model::ForwardArgs a;
-    a.tokens = s.pending_.data();
-    a.n_tok = static_cast<int64_t>(s.pending_.size());
-    a.pos0 = s.n_past_;
-    a.all_logits = s.opts_.logits_all;
-    a.experts = &counting;
-    if (cache_ != nullptr && a.n_tok > 1) cache_->OnNewPrompt();
-    std::vector<float> logits;
-    absl::Status st = model::Forward(hp_, weights_, *backend_, s.kv_, a, &logits);
-    if (!st.ok()) {
-      s.kv_.Trim(s.n_past_);
-      status = st;
-      break;
+    std::vector<Chunk *> in_pass;
+    int64_t pass_tok = 0;
+    for (Chunk &c : chunks) {
+      const bool all = c.s->opts_.logits_all;
+      if (c.token_by_token && p < c.tokens.size()) {
+        a.seqs.push_back(model::SequenceArgs{&c.s->kv_, c.tokens.data() + p, 1, c.pos0 + static_cast<int>(p), all});
+      } else if (!c.token_by_token && p == 0) {
+        a.seqs.push_back(model::SequenceArgs{&c.s->kv_, c.tokens.data(), static_cast<int64_t>(c.tokens.size()),
+                                             c.pos0, all});
+      } else {
+        continue;
+      }
+      in_pass.push_back(&c);
+      pass_tok += a.seqs.back().n_tok;
     }
-    if (cache_ != nullptr && a.n_tok == 1) cache_->OnDecodeToken();
-    s.n_past_ += static_cast<int>(a.n_tok);
-    s.history_.insert(s.history_.end(), s.pending_.begin(), s.pending_.end());
-    s.n_logit_rows_ = static_cast<int32_t>(logits.size() / hp_.n_vocab);
-    s.logits_ = std::move(logits);
-    s.pending_.clear();
+    counting.layer_major = cache_ != nullptr && pass_tok >= prefill_layer_min_;
+    a.experts = &counting;
+    std::vector<std::vector<float>> logits;
+    // On failure no session is committed: the KV rows written at positions >= n_past are not part
+    // of any session and are overwritten by the retry.
+    if (absl::Status st = model::Forward(hp_, weights_, *backend_, a, &logits); !st.ok()) {
+      trim_all();
+      return st;
+    }
+    for (size_t i = 0; i < in_pass.size(); ++i) {
+      Chunk &c = *in_pass[i];
+      if (!c.s->opts_.logits_all) c.logits.clear();
+      c.logits.insert(c.logits.end(), logits[i].begin(), logits[i].end());
+    }
+    n_tok += pass_tok;
+    const bool decode = std::any_of(in_pass.begin(), in_pass.end(), [&](Chunk *c) {
+      return c->tokens.size() == 1;
+    });
+    if (cache_ != nullptr && decode) cache_->OnDecodeToken();
   }
-  if (n_pending != nullptr) {
-    uint32_t n = 0;
-    for (auto &sp : sessions_) n += sp->pending_.empty() ? 0 : 1;
-    *n_pending = n;
+  const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+  const double per_tok = us / static_cast<double>(std::max<int64_t>(1, n_tok));
+  us_per_token_ = us_per_token_ > 0 ? 0.7 * us_per_token_ + 0.3 * per_tok : per_tok;
+
+  // --- commit: every session's chunk together, after every pass succeeded ---
+  for (Chunk &c : chunks) {
+    Session &s = *c.s;
+    std::lock_guard<std::mutex> slk(s.mu_);
+    s.pending_.erase(s.pending_.begin(), s.pending_.begin() + c.tokens.size());
+    s.n_past_ += static_cast<int>(c.tokens.size());
+    s.history_.insert(s.history_.end(), c.tokens.begin(), c.tokens.end());
+    const int32_t rows = static_cast<int32_t>(c.logits.size() / hp_.n_vocab);
+    if (s.opts_.logits_all && !c.new_input) {
+      s.logits_.insert(s.logits_.end(), c.logits.begin(), c.logits.end());
+      s.n_logit_rows_ += rows;
+    } else {
+      s.logits_ = std::move(c.logits);
+      s.n_logit_rows_ = rows;
+    }
+    s.rows_open_ = !s.pending_.empty();
   }
-  return status;
+  *ran = true;
+  return absl::OkStatus();
 }
 
 absl::Status Context::WithKvRoom(Session *s, const std::function<absl::Status()> &fn) {
@@ -290,11 +445,11 @@ absl::Status Context::WithKvRoom(Session *s, const std::function<absl::Status()>
     Session *victim = nullptr;
     for (auto &sp : sessions_) {
       Session *c = sp.get();
-      if (c == s || !c->pending_.empty() || c->kv_.spilled() || c->kv_.n_blocks() == 0) continue;
+      if (c == s || c->n_pending() > 0 || c->kv_.spilled() || c->kv_.n_blocks() == 0) continue;
       if (victim == nullptr || c->last_step_ < victim->last_step_) victim = c;
     }
     if (victim == nullptr) return st;
-    STRATA_RETURN_IF_ERROR(Annotate(victim->kv_.Spill(kv_spill_dir_, victim->n_past_), "evicting an idle session"));
+    STRATA_RETURN_IF_ERROR(Annotate(victim->kv_.Spill(kv_spill_dir_, victim->n_past()), "evicting an idle session"));
   }
 }
 
@@ -303,7 +458,7 @@ absl::Status Context::EvictSession(Session *s) {
     return Errorf(MOE_ERR_STATE, "the context has no KV spill directory (moe_params.kv_spill_dir)");
   }
   std::lock_guard<std::mutex> lk(mu_);
-  return s->kv_.Spill(kv_spill_dir_, s->n_past_);
+  return s->kv_.Spill(kv_spill_dir_, s->n_past());
 }
 
 ContextStats Context::Stats() const {
@@ -345,6 +500,7 @@ absl::Status Session::Feed(const int32_t *tokens, size_t n) {
                     n_vocab);
     }
   }
+  std::lock_guard<std::mutex> lk(mu_);
   if (static_cast<uint64_t>(n_past_) + pending_.size() + n > static_cast<uint64_t>(n_ctx_)) {
     return Errorf(MOE_ERR_LIMIT_CONTEXT, "%u more tokens do not fit: %d in the cache, %u queued, n_ctx %d", n,
                   n_past_, pending_.size(), n_ctx_);
@@ -354,12 +510,18 @@ absl::Status Session::Feed(const int32_t *tokens, size_t n) {
 }
 
 absl::StatusOr<const float *> Session::Logits() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return LogitsLocked();
+}
+
+absl::StatusOr<const float *> Session::LogitsLocked() const {
   if (n_logit_rows_ == 0) return Errorf(MOE_ERR_STATE, "no token has been processed yet");
   return logits_.data() + static_cast<size_t>(n_logit_rows_ - 1) * ctx_->hparams().n_vocab;
 }
 
 absl::Status Session::LogitsAll(const float **rows, int32_t *n_tokens) const {
   if (!opts_.logits_all) return Errorf(MOE_ERR_STATE, "the session was opened without logits_all");
+  std::lock_guard<std::mutex> lk(mu_);
   if (n_logit_rows_ == 0) return Errorf(MOE_ERR_STATE, "no token has been processed yet");
   *rows = logits_.data();
   *n_tokens = n_logit_rows_;
@@ -367,7 +529,8 @@ absl::Status Session::LogitsAll(const float **rows, int32_t *n_tokens) const {
 }
 
 absl::StatusOr<int32_t> Session::SampleNext() {
-  STRATA_ASSIGN_OR_RETURN(const float *l, Logits());
+  std::lock_guard<std::mutex> lk(mu_);
+  STRATA_ASSIGN_OR_RETURN(const float *l, LogitsLocked());
   return Sample(l, ctx_->hparams().n_vocab, opts_.sampler, rng_, history_);
 }
 

@@ -41,7 +41,18 @@ struct ContextOptions {
   bool cpu_q8_activations = false;  // CPU MatMul mode kQ8Activations instead of kExact
   uint64_t kv_budget_bytes = 0;     // KV blocks all sessions may hold; 0 = the cache plan's KV line
   std::string kv_spill_dir;         // where idle sessions' KV may be evicted; "" = no disk eviction
+  // Continuous batching: at most this many tokens (of all sessions) per forward pass; 0 = default.
+  int max_batch_tokens = 0;
+  // Prefill modes by input length (0 = the measured defaults below; see bench/README.md): a
+  // session's input of at most prefill_token_max tokens runs token by token; a pass of at least
+  // prefill_layer_min tokens streams whole layers (layer-major); between, selected experts only.
+  int prefill_token_max = 0;
+  int prefill_layer_min = 0;
 };
+
+inline constexpr int kDefaultMaxBatchTokens = 512;
+inline constexpr int kDefaultPrefillTokenMax = 2;
+inline constexpr int kDefaultPrefillLayerMin = 64;
 
 // What the expert tiers did since open (or the last reset).
 struct ContextStats {
@@ -70,11 +81,25 @@ enum class StopReason { kNone = 0, kToken = 1, kString = 2 };
 
 class Context;
 
+// Thread-safety: a session's own calls (Feed, Logits, Sample*, NextText) may run on one host thread
+// while another thread steps the context: the fields a step reads or writes are guarded by the
+// session's mutex, held only to take the step's chunk of input and to commit its results.
 class Session {
  public:
   absl::Status Feed(const int32_t *tokens, size_t n);
-  int n_past() const { return n_past_; }
-  size_t n_pending() const { return pending_.size(); }
+  int n_past() const {
+    std::lock_guard<std::mutex> lk(mu_);
+    return n_past_;
+  }
+  size_t n_pending() const {
+    std::lock_guard<std::mutex> lk(mu_);
+    return pending_.size();
+  }
+  // True when every fed token has been processed and logits are there to sample from.
+  bool Ready() const {
+    std::lock_guard<std::mutex> lk(mu_);
+    return pending_.empty() && n_logit_rows_ > 0;
+  }
   // Logits after the last processed token; MOE_ERR_STATE before any.
   absl::StatusOr<const float *> Logits() const;
   // With logits_all: every row of the last step.
@@ -102,6 +127,8 @@ class Session {
   friend class Context;
   Session(Context *ctx, const SessionOptions &o) : ctx_(ctx), opts_(o), rng_(o.seed) {}
   uint64_t last_step_ = 0;  // Context::step_count_ when the session last ran (eviction order)
+  absl::StatusOr<const float *> LogitsLocked() const;
+  mutable std::mutex mu_;  // guards pending_, n_past_, logits_, n_logit_rows_, rows_open_, history_
   Context *ctx_;
   SessionOptions opts_;
   Rng rng_;
@@ -111,6 +138,7 @@ class Session {
   std::vector<int32_t> pending_;
   std::vector<float> logits_;   // (n_rows, n_vocab)
   int32_t n_logit_rows_ = 0;
+  bool rows_open_ = false;        // the input of the last step is not all processed: rows accumulate
   std::vector<int32_t> history_;  // processed tokens, in order
   // The text in progress (NextText): detokenizer and stop-string filter, created on first use.
   std::unique_ptr<text::StreamDetokenizer> detok_;
@@ -144,6 +172,10 @@ class Context {
 
   absl::StatusOr<Session *> OpenSession(const SessionOptions &o);
   void CloseSession(Session *s);
+  // One forward pass over the pending input of all sessions (continuous batching, at most
+  // max_batch_tokens tokens, shared round-robin so every session with input gets a chunk; a very
+  // short input runs token by token, which takes a few passes). A failed step leaves every session
+  // as it was. n_pending (nullable): sessions still with input afterwards.
   absl::Status Step(uint32_t *n_pending);
   // Moves the session's KV blocks to an unlinked file in the spill directory, freeing their RAM and
   // budget; the next step that runs the session brings them back unchanged. MOE_ERR_STATE without
@@ -159,6 +191,10 @@ class Context {
   uint64_t kv_budget_bytes() const { return kv_budget_->limit(); }
   // A hash of the model's identity: architecture, hyper-parameters and tensor table.
   uint64_t model_id() const { return model_id_; }
+  // Steps while there is input and the next pass is expected to end within budget_us of the call;
+  // the first pass always runs, sized to the budget from the measured time per token. *n_steps
+  // (nullable) receives the passes run.
+  absl::Status StepFor(int64_t budget_us, uint32_t *n_pending, uint32_t *n_steps);
   ContextStats Stats() const;
   // Selections per routed expert (index layer * n_expert + expert) since open or the last reset.
   std::vector<uint64_t> ExpertCounts() const;
@@ -169,6 +205,9 @@ class Context {
 
  private:
   Context() = default;
+  // One step (see Step) of at most `cap` tokens; *ran = false when no session had input. Locked.
+  absl::Status StepLocked(int cap, bool *ran);
+  uint32_t CountPendingLocked() const;
   std::unique_ptr<model::ModelFile> file_;
   model::HParams hp_;
   model::ModelWeights weights_;
@@ -190,6 +229,11 @@ class Context {
   // Runs fn (which may take KV budget for s); while it fails with MOE_ERR_LIMIT_KV and a spill
   // directory is set, evicts the idle session that ran least recently and tries again. Holds mu_.
   absl::Status WithKvRoom(Session *s, const std::function<absl::Status()> &fn);
+  int max_batch_tokens_ = kDefaultMaxBatchTokens;
+  int prefill_token_max_ = kDefaultPrefillTokenMax;
+  int prefill_layer_min_ = kDefaultPrefillLayerMin;
+  size_t rr_next_ = 0;          // round-robin: the session index served first by the next step
+  double us_per_token_ = 0;     // measured cost of a token in a pass (moving average), for StepFor
   std::mutex mu_;  // guards sessions_ and serialises Step
   std::vector<std::unique_ptr<Session>> sessions_;
 };

@@ -252,6 +252,7 @@ uint64_t ModelIdentity(const model::HParams &hp, const model::ModelFile &mf) {
 absl::Status Context::SaveSession(Session *s, const std::string &path) {
   if (path.empty()) return Errorf(MOE_ERR_INVALID_ARGUMENT, "empty snapshot path");
   std::lock_guard<std::mutex> lk(mu_);  // no step changes the session while it is written
+  std::lock_guard<std::mutex> slk(s->mu_);
   const model::KvCache::Widths w = s->kv_.widths();
   const int n = s->n_past_;
   // The small sections first, in memory.
@@ -525,6 +526,7 @@ absl::StatusOr<Session *> Context::LoadSession(const std::string &path, const Se
   Session *s = *opened;
   absl::Status st = [&]() -> absl::Status {
     std::lock_guard<std::mutex> lk(mu_);
+    std::unique_lock<std::mutex> slk(s->mu_);
     STRATA_RETURN_IF_ERROR(WithKvRoom(s, [&]() { return s->kv_.Prepare(0, history.data(), n_past); }));
     std::vector<float> rows;
     const uint8_t *p = kv + 8;

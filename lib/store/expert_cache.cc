@@ -431,6 +431,21 @@ size_t ExpertCache::Preload(const std::vector<uint32_t> &keys, size_t max) {
   return queued;
 }
 
+size_t ExpertCache::PrefetchLayer(int layer) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (layer < 0 || layer >= table_.n_layers()) return 0;
+  size_t queued = 0;
+  for (int e = 0; e < table_.n_experts(); ++e) {
+    const uint32_t key = table_.Key(layer, e);
+    if (key_slot_[key] >= 0) continue;
+    if (table_.entry(layer, e).weights == nullptr) return queued;  // dense layer
+    if (StartLoadLocked(key, 1, /*prefetch=*/true) < 0) break;
+    ++stats_.prefetch_issued;
+    ++queued;
+  }
+  return queued;
+}
+
 void ExpertCache::WaitIdle() {
   std::unique_lock<std::mutex> lk(mu_);
   cv_done_.wait(lk, [this] { return loading_ == 0; });

@@ -76,6 +76,10 @@ class ExpertCache final : public model::ExpertSource {
   // Starts background loads of `keys` (layer * n_experts + expert, hottest first) into free slots,
   // at most `max` of them; returns how many were queued. Used to seed the cache from a hotlist.
   size_t Preload(const std::vector<uint32_t> &keys, size_t max);
+  // Layer-major prefill: starts loads of every expert of `layer` not yet in RAM, as predictions, into
+  // slots that are neither pinned nor needed by the layer being computed; returns how many started.
+  // Not bounded by max_inflight_bytes: a long prefill uses nearly every expert of a layer.
+  size_t PrefetchLayer(int layer);
   // Waits until no load is in flight (tests, benchmarks).
   void WaitIdle();
   CacheStats stats() const;

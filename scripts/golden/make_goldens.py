@@ -11,6 +11,12 @@ Cases (one folder each under --out, default tests/golden/):
   olmoe_f32      OlmoeForCausalLM, float32, QK-norm over the full q/k width, no top-k renorm
   qwen2moe_f32   Qwen2MoeForCausalLM, float32, QKV bias, shared expert + sigmoid gate, a dense
                  MLP layer (mlp_only_layers=[1])
+  deepseek2_f32  DeepseekV2ForCausalLM, MLA with q LoRA, group-limited greedy routing, shared expert,
+                 leading dense layer; GGUF with the fused attn_kv_b (older llama.cpp converters)
+  deepseek2lite_f32  DeepseekV2ForCausalLM without q LoRA (V2-Lite); GGUF with split attn_k_b/attn_v_b
+  deepseek3_f32  DeepseekV3ForCausalLM, sigmoid routing + correction bias, 4 groups / 2 kept, YaRN
+  gptoss_f32     GptOssForCausalLM, sinks, sliding window on even layers, biases, clamped SwiGLU,
+                 YaRN; GGUF f32 and MXFP4 experts
 
 Every case folder holds hf/ (config.json + hub-named safetensors), tokens.bin, logits.bin,
 model-<variant>.gguf, logits-<variant>.bin (for quantized variants) and meta.json.
@@ -19,7 +25,8 @@ See tests/golden/README.md for the formats.
 Requirements: torch, transformers 5.17..5.24, safetensors, numpy, gguf (>=0.10). Runs offline,
 on CPU, float32, single-threaded, fully seeded. Nothing is downloaded.
 
-Usage: python scripts/golden/make_goldens.py --out tests/golden [--cases qwen3moe_f32,...]
+Usage: python scripts/golden/make_goldens.py --out tests/golden [--cases|--only qwen3moe_f32,...]
+meta.json records the transformers / torch / gguf versions that produced each case.
 """
 
 from __future__ import annotations
@@ -64,7 +71,7 @@ MAX_ATTEMPTS = 200
 MIN_DISTINCT_GEN = 4  # distinct ids required among the N_GEN greedy tokens
 
 # llama.cpp LlamaFileType values for general.file_type
-FILE_TYPE = {"f32": 0, "f16": 1, "q8_0": 7, "bf16": 32}
+FILE_TYPE = {"f32": 0, "f16": 1, "q8_0": 7, "bf16": 32, "mxfp4": 38}
 VARIANT_QT = {"f32": QT.F32, "f16": QT.F16, "q8_0": QT.Q8_0, "bf16": QT.BF16}
 
 COMMON = dict(
@@ -174,11 +181,68 @@ CASES = {
                  rope_theta=1e6, router_aux_loss_coef=0.0, output_router_logits=False,
                  use_sliding_window=False, sliding_window=None),
     ),
+    # DeepSeek-V2 with q LoRA, group-limited greedy routing, a leading dense layer, one shared expert;
+    # GGUF as older llama.cpp converters wrote it (fused attn_kv_b, per-head key/value_length)
+    "deepseek2_f32": dict(
+        arch="deepseek2", model_type="deepseek_v2", cls="DeepseekV2ForCausalLM", seed=7007,
+        store_dtype="float32", tied=False, variants=["f32"], shards=1, gguf_kv_b="fused",
+        cfg=dict(num_hidden_layers=3, num_key_value_heads=4, q_lora_rank=32, kv_lora_rank=32,
+                 qk_nope_head_dim=16, qk_rope_head_dim=8, head_dim=8, v_head_dim=16, intermediate_size=48,
+                 moe_intermediate_size=16, n_routed_experts=8, num_experts_per_tok=2,
+                 n_shared_experts=1, first_k_dense_replace=1, routed_scaling_factor=1.5,
+                 topk_method="group_limited_greedy", n_group=4, topk_group=1, norm_topk_prob=False,
+                 rope_theta=1e4, attention_bias=False, mlp_bias=False),
+    ),
+    # DeepSeek-V2-Lite: no q LoRA (one q_proj), greedy routing; GGUF as current llama.cpp writes it
+    # (split attn_k_b / attn_v_b, latent key/value_length + *_mla keys, head_count_kv 1)
+    "deepseek2lite_f32": dict(
+        arch="deepseek2", model_type="deepseek_v2", cls="DeepseekV2ForCausalLM", seed=8008,
+        store_dtype="float32", tied=False, variants=["f32"], shards=1, gguf_kv_b="split",
+        cfg=dict(num_hidden_layers=2, num_key_value_heads=4, q_lora_rank=None, kv_lora_rank=32,
+                 qk_nope_head_dim=16, qk_rope_head_dim=8, head_dim=8, v_head_dim=16, intermediate_size=48,
+                 moe_intermediate_size=16, n_routed_experts=8, num_experts_per_tok=2,
+                 n_shared_experts=2, first_k_dense_replace=1, routed_scaling_factor=1.0,
+                 topk_method="greedy", norm_topk_prob=False, rope_theta=1e4,
+                 attention_bias=False, mlp_bias=False),
+    ),
+    # DeepSeek-V3: sigmoid scores + e_score_correction_bias, 4 groups / 2 kept, renormalised and
+    # scaled weights, YaRN RoPE (factor 4, mscale = mscale_all_dim = 1: the softmax scale grows by
+    # mscale^2), interleaved RoPE pairs
+    "deepseek3_f32": dict(
+        arch="deepseek2", model_type="deepseek_v3", cls="DeepseekV3ForCausalLM", seed=9009,
+        store_dtype="float32", tied=False, variants=["f32"], shards=1, gguf_kv_b="split",
+        rope=dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=128, beta_fast=32.0,
+                  beta_slow=1.0, mscale=1.0, mscale_all_dim=1.0),
+        cfg=dict(num_hidden_layers=3, num_key_value_heads=4, q_lora_rank=32, kv_lora_rank=32,
+                 qk_nope_head_dim=16, qk_rope_head_dim=8, head_dim=8, v_head_dim=16, intermediate_size=48,
+                 moe_intermediate_size=16, n_routed_experts=8, num_experts_per_tok=2,
+                 n_shared_experts=1, first_k_dense_replace=1, routed_scaling_factor=2.5,
+                 n_group=4, topk_group=2, norm_topk_prob=True, rope_interleave=True,
+                 rope_theta=1e4, attention_bias=False),
+    ),
+    # gpt-oss: attention sinks, sliding window 4 on the even layers, q/k/v/o and expert biases,
+    # interleaved fused gate_up stored input-major, clamped SwiGLU (expert matrices large enough that
+    # the clamp at 7 engages), YaRN (factor 8, no truncation); GGUF f32 and MXFP4 experts
+    "gptoss_f32": dict(
+        arch="gpt-oss", model_type="gpt_oss", cls="GptOssForCausalLM", seed=10010,
+        store_dtype="float32", tied=False, variants=["f32", "mxfp4"], shards=1,
+        rope=dict(rope_type="yarn", factor=8.0, original_max_position_embeddings=64, beta_fast=32.0,
+                  beta_slow=1.0, truncate=False),
+        std_overrides={"mlp.experts.gate_up_proj": 0.6, "mlp.experts.down_proj": 0.05,
+                       "self_attn.sinks": 1.0, "mlp.router.weight": 1.0},
+        # MXFP4 experts move the later routers' inputs more than their margins (as in qwen3moe_mixed):
+        # that variant must be decisive under its own weights, not route like the f32 model
+        same_routing=False,
+        cfg=dict(num_hidden_layers=2, intermediate_size=32, num_local_experts=8, num_experts_per_tok=2,
+                 sliding_window=4, layer_types=["sliding_attention", "full_attention"],
+                 swiglu_limit=7.0, rope_theta=1.5e5, attention_bias=True, router_aux_loss_coef=0.0,
+                 output_router_logits=False, rms_norm_eps=1e-5),
+    ),
 }
 
 # Families added for issue 7: their GGUF mapping, metadata and (no) numpy GGML forward live in
 # the *_family helpers below, so the original cases' bytes are untouched.
-FAMILY_ARCHS = {"olmoe", "qwen2moe"}
+FAMILY_ARCHS = {"olmoe", "qwen2moe", "deepseek2", "gpt-oss"}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -190,6 +254,8 @@ def make_config(case: dict):
     theta = c.pop("rope_theta")
     # transformers >= 5 spells RoPE as rope_parameters (legacy top-level rope_theta still accepted)
     c["rope_parameters"] = {"rope_type": "default", "rope_theta": theta}
+    if "rope" in case:  # YaRN (DeepSeek-V3, gpt-oss)
+        c["rope_parameters"] = {"rope_theta": theta, **case["rope"]}
     c["tie_word_embeddings"] = case["tied"]
     config = transformers.AutoConfig.for_model(case["model_type"], **c)
     config.architectures = [case["cls"]]
@@ -210,9 +276,13 @@ def build_model(case: dict, seed: int):
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         params = dict(model.named_parameters())  # tied params appear once
+        overrides = case.get("std_overrides", {})
         for name in sorted(params):
             p = params[name]
-            if name.endswith("norm.weight"):  # input/post_attention/final norms + q_norm/k_norm
+            hit = [k for k in overrides if name.endswith(k)]
+            if hit:
+                val = overrides[hit[0]] * torch.randn(p.shape, generator=g)
+            elif name.endswith("norm.weight"):  # input/post_attention/final norms + q_norm/k_norm
                 val = 1.0 + 0.2 * torch.randn(p.shape, generator=g)
             elif name.endswith("mlp.gate.weight"):  # router: large so top-k is decisive
                 val = 0.5 * torch.randn(p.shape, generator=g)
@@ -225,6 +295,11 @@ def build_model(case: dict, seed: int):
             else:  # attention projections, expert / dense MLP matrices
                 val = case.get("mat_std", 0.1) * torch.randn(p.shape, generator=g)
             p.copy_(val.to(p.dtype))
+        # DeepSeek-V3's selection bias is a buffer: drawn after the parameters, same generator
+        buffers = dict(model.named_buffers())
+        for name in sorted(buffers):
+            if name.endswith("e_score_correction_bias"):
+                buffers[name].copy_(0.1 * torch.randn(buffers[name].shape, generator=g))
         if case["store_dtype"] == "bfloat16":
             for p in model.parameters():
                 p.copy_(p.to(torch.bfloat16).to(torch.float32))
@@ -243,6 +318,8 @@ def build_model(case: dict, seed: int):
 def model_sd_to_hub(sd: dict, case: dict) -> dict:
     mixtral = case["model_type"] == "mixtral"
     out = {}
+    if case["model_type"] == "gpt_oss":  # the hub layout IS transformers' (input-major experts)
+        return {k: v.detach().to(torch.float32).contiguous().clone() for k, v in sd.items()}
     for k, v in sd.items():
         v = v.detach().to(torch.float32).contiguous()
         if k.endswith("mlp.experts.gate_up_proj"):
@@ -276,6 +353,8 @@ def model_sd_to_hub(sd: dict, case: dict) -> dict:
 def hub_to_model_sd(hub: dict, case: dict, n_layers: int, n_exp: int) -> dict:
     mixtral = case["model_type"] == "mixtral"
     hub = dict(hub)
+    if case["model_type"] == "gpt_oss":
+        return hub
     out = {}
     for i in range(n_layers):
         p = f"model.layers.{i}."
@@ -298,6 +377,8 @@ def hub_to_model_sd(hub: dict, case: dict, n_layers: int, n_exp: int) -> dict:
 def load_model_sd(model, sd: dict, tied: bool):
     with torch.no_grad():
         params = dict(model.named_parameters())
+        # persistent buffers that are weights of the checkpoint (DeepSeek-V3's selection bias)
+        params.update({k: b for k, b in model.named_buffers() if k.endswith("e_score_correction_bias")})
         expected = set(params)
         got = set(sd) | ({"lm_head.weight"} & expected if tied else set())
         assert expected == got, sorted(expected ^ got)
@@ -386,6 +467,12 @@ def write_hf(hf_dir: str, model, case: dict, theta: float):
 # ----------------------------------------------------------------------------------------------
 # Forward helpers
 # ----------------------------------------------------------------------------------------------
+def router_of(mlp):
+    """The router module of a MoE block (gpt-oss: mlp.router, others: mlp.gate); None on a dense MLP."""
+    r = getattr(mlp, "router", None)
+    return r if r is not None else getattr(mlp, "gate", None)
+
+
 class RouterProbe:
     """Records router logits of every MoE layer via forward hooks on mlp.gate."""
 
@@ -393,7 +480,7 @@ class RouterProbe:
         self.logits = []
         self.handles = []
         for layer in model.model.layers:
-            gate = getattr(layer.mlp, "gate", None)
+            gate = router_of(layer.mlp)
             if gate is not None:
                 self.handles.append(gate.register_forward_hook(self._hook))
 
@@ -422,11 +509,38 @@ def router_stats(model, ids: list[int], top_k: int) -> tuple[float, list]:
     finally:
         probe.close()
     gaps, sel = [], []
-    for rl in probe.logits:
-        s, idx = torch.sort(rl, dim=-1, descending=True)
-        gaps.append((s[:, top_k - 1] - s[:, top_k]).min().item())
+    moe_layers = [layer.mlp for layer in model.model.layers if router_of(layer.mlp) is not None]
+    for li, rl in enumerate(probe.logits):
+        choice, gap_scale, group_gap = selection_scores(model.config, moe_layers[li], rl)
+        s, idx = torch.sort(choice, dim=-1, descending=True)
+        gaps.append(min((s[:, top_k - 1] - s[:, top_k]).min().item() * gap_scale, group_gap))
         sel.append(torch.sort(idx[:, :top_k], dim=-1).values)
     return float(min(gaps)), sel
+
+
+def selection_scores(cfg, mlp, logits: torch.Tensor):
+    """What the router ranks to select experts (experts of dropped groups at -inf), the factor
+    that puts a gap of it on the logit scale of MIN_ROUTER_GAP, and for DeepSeek's grouped routing
+    the margin between the last kept and the first dropped group on that scale (inf otherwise)."""
+    mt = cfg.model_type
+    if mt == "deepseek_v3":
+        choice = logits.sigmoid() + mlp.gate.e_score_correction_bias.float()
+        per = choice.shape[-1] // cfg.n_group
+        grp = choice.view(-1, cfg.n_group, per).topk(2, dim=-1)[0].sum(-1)
+        scale = 5.0  # sigmoid scores: a gap of 0.01 counts as 0.05 logits
+    elif mt == "deepseek_v2" and cfg.topk_method == "group_limited_greedy":
+        choice = logits  # softmax is monotone: rank logits
+        per = choice.shape[-1] // cfg.n_group
+        grp = choice.view(-1, cfg.n_group, per).max(dim=-1).values
+        scale = 1.0
+    else:
+        return logits, 1.0, float("inf")
+    gs = torch.sort(grp, dim=-1, descending=True).values
+    group_gap = (gs[:, cfg.topk_group - 1] - gs[:, cfg.topk_group]).min().item()
+    keep = torch.zeros_like(grp, dtype=torch.bool)
+    keep.scatter_(1, grp.topk(cfg.topk_group, dim=-1)[1], True)
+    mask = keep.unsqueeze(-1).expand(-1, cfg.n_group, per).reshape(choice.shape)
+    return choice.masked_fill(~mask, float("-inf")), scale, group_gap * scale
 
 
 def router_gap(model, ids: list[int], top_k: int) -> float:
@@ -515,11 +629,102 @@ FAMILY_ATTN = {  # GGUF name -> hub name under model.layers.N.
 FAMILY_EXPERTS = (("ffn_gate_exps", "gate_proj"), ("ffn_up_exps", "up_proj"), ("ffn_down_exps", "down_proj"))
 
 
+DEEPSEEK_ATTN = {  # GGUF name -> hub name under model.layers.N. (DeepSeek-V2/V3)
+    "attn_norm.weight": "input_layernorm.weight", "attn_q_a.weight": "self_attn.q_a_proj.weight",
+    "attn_q_a_norm.weight": "self_attn.q_a_layernorm.weight", "attn_q_b.weight": "self_attn.q_b_proj.weight",
+    "attn_q.weight": "self_attn.q_proj.weight", "attn_kv_a_mqa.weight": "self_attn.kv_a_proj_with_mqa.weight",
+    "attn_kv_a_norm.weight": "self_attn.kv_a_layernorm.weight", "attn_output.weight": "self_attn.o_proj.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight", "ffn_gate_inp.weight": "mlp.gate.weight",
+    "exp_probs_b.bias": "mlp.gate.e_score_correction_bias",
+    "ffn_gate.weight": "mlp.gate_proj.weight", "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+    "ffn_gate_shexp.weight": "mlp.shared_experts.gate_proj.weight",
+    "ffn_up_shexp.weight": "mlp.shared_experts.up_proj.weight",
+    "ffn_down_shexp.weight": "mlp.shared_experts.down_proj.weight",
+}
+GPTOSS_ATTN = {  # GGUF name -> hub name under model.layers.N. (gpt-oss)
+    "attn_norm.weight": "input_layernorm.weight", "post_attention_norm.weight": "post_attention_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight", "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight", "attn_output.weight": "self_attn.o_proj.weight",
+    "attn_q.bias": "self_attn.q_proj.bias", "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.bias": "self_attn.v_proj.bias", "attn_output.bias": "self_attn.o_proj.bias",
+    "attn_sinks.weight": "self_attn.sinks", "ffn_gate_inp.weight": "mlp.router.weight",
+    "ffn_gate_inp.bias": "mlp.router.bias",
+}
+
+
+def hub_to_gguf_deepseek_gptoss(t: dict, case: dict, c: dict, out: dict) -> None:
+    """Per-layer llama.cpp tensors of deepseek2 / gpt-oss, as convert_hf_to_gguf.py writes them:
+    deepseek2 kv_b either as is (older converters) or split per head into attn_k_b (transposed) and
+    attn_v_b; gpt-oss experts split out of the interleaved input-major gate_up and transposed."""
+    for i in range(c["n_layer"]):
+        p, b = f"model.layers.{i}.", f"blk.{i}."
+        names = DEEPSEEK_ATTN if case["arch"] == "deepseek2" else GPTOSS_ATTN
+        for gn, hn in names.items():
+            if p + hn in t:
+                out[b + gn] = t[p + hn]
+        if case["arch"] == "deepseek2":
+            kv_b = t[p + "self_attn.kv_b_proj.weight"]
+            if case["gguf_kv_b"] == "fused":
+                out[b + "attn_kv_b.weight"] = kv_b
+            else:
+                H, nope, v = c["n_head"], c["qk_nope"], c["v_head"]
+                kv = kv_b.reshape(H, nope + v, kv_b.shape[-1])
+                out[b + "attn_k_b.weight"] = np.ascontiguousarray(kv[:, :nope, :].transpose(0, 2, 1))
+                out[b + "attn_v_b.weight"] = np.ascontiguousarray(kv[:, nope:, :])
+            if p + "mlp.experts.0.gate_proj.weight" in t:
+                for gn, hn in FAMILY_EXPERTS:
+                    out[b + gn + ".weight"] = np.stack([t[f"{p}mlp.experts.{e}.{hn}.weight"]
+                                                        for e in range(c["n_expert"])])
+        else:
+            gu, gub = t[p + "mlp.experts.gate_up_proj"], t[p + "mlp.experts.gate_up_proj_bias"]
+            out[b + "ffn_gate_exps.weight"] = np.ascontiguousarray(gu[:, :, 0::2].transpose(0, 2, 1))
+            out[b + "ffn_up_exps.weight"] = np.ascontiguousarray(gu[:, :, 1::2].transpose(0, 2, 1))
+            out[b + "ffn_down_exps.weight"] = np.ascontiguousarray(
+                t[p + "mlp.experts.down_proj"].transpose(0, 2, 1))
+            out[b + "ffn_gate_exps.bias"] = np.ascontiguousarray(gub[:, 0::2])
+            out[b + "ffn_up_exps.bias"] = np.ascontiguousarray(gub[:, 1::2])
+            out[b + "ffn_down_exps.bias"] = t[p + "mlp.experts.down_proj_bias"]
+
+
+def gguf_to_hub_deepseek_gptoss(gt: dict, case: dict, c: dict, h: dict) -> None:
+    for i in range(c["n_layer"]):
+        p, b = f"model.layers.{i}.", f"blk.{i}."
+        names = DEEPSEEK_ATTN if case["arch"] == "deepseek2" else GPTOSS_ATTN
+        for gn, hn in names.items():
+            if b + gn in gt:
+                h[p + hn] = gt[b + gn]
+        if case["arch"] == "deepseek2":
+            if b + "attn_kv_b.weight" in gt:
+                h[p + "self_attn.kv_b_proj.weight"] = gt[b + "attn_kv_b.weight"]
+            else:
+                k_b, v_b = gt[b + "attn_k_b.weight"], gt[b + "attn_v_b.weight"]
+                kv = np.concatenate([k_b.transpose(0, 2, 1), v_b], axis=1)
+                h[p + "self_attn.kv_b_proj.weight"] = kv.reshape(-1, kv.shape[-1])
+            if b + "ffn_gate_exps.weight" in gt:
+                for gn, hn in FAMILY_EXPERTS:
+                    for e in range(c["n_expert"]):
+                        h[f"{p}mlp.experts.{e}.{hn}.weight"] = gt[b + gn + ".weight"][e]
+        else:
+            g, u = gt[b + "ffn_gate_exps.weight"], gt[b + "ffn_up_exps.weight"]  # (E, F, D)
+            gu = np.empty((g.shape[0], g.shape[2], 2 * g.shape[1]), dtype=np.float32)
+            gu[:, :, 0::2], gu[:, :, 1::2] = g.transpose(0, 2, 1), u.transpose(0, 2, 1)
+            h[p + "mlp.experts.gate_up_proj"] = gu
+            gb, ub = gt[b + "ffn_gate_exps.bias"], gt[b + "ffn_up_exps.bias"]
+            gub = np.empty((gb.shape[0], 2 * gb.shape[1]), dtype=np.float32)
+            gub[:, 0::2], gub[:, 1::2] = gb, ub
+            h[p + "mlp.experts.gate_up_proj_bias"] = gub
+            h[p + "mlp.experts.down_proj"] = gt[b + "ffn_down_exps.weight"].transpose(0, 2, 1)
+            h[p + "mlp.experts.down_proj_bias"] = gt[b + "ffn_down_exps.bias"]
+
+
 def hub_to_gguf_tensors_family(hub: dict, case: dict, c: dict) -> dict:
     """llama.cpp names for the issue-7 families (no q/k permutation: NEOX RoPE)."""
     t = {k: v.to(torch.float32).numpy() for k, v in hub.items()}
     out = {"token_embd.weight": t["model.embed_tokens.weight"]}
-    for i in range(c["n_layer"]):
+    if case["arch"] in ("deepseek2", "gpt-oss"):
+        hub_to_gguf_deepseek_gptoss(t, case, c, out)
+    for i in range(c["n_layer"] if case["arch"] not in ("deepseek2", "gpt-oss") else 0):
         p, b = f"model.layers.{i}.", f"blk.{i}."
         for gn, hn in FAMILY_ATTN.items():
             if p + hn in t:
@@ -538,7 +743,9 @@ def gguf_to_hub_family(gt: dict, case: dict, c: dict) -> dict:
     h = {"model.embed_tokens.weight": gt["token_embd.weight"], "model.norm.weight": gt["output_norm.weight"]}
     if not case["tied"]:
         h["lm_head.weight"] = gt["output.weight"]
-    for i in range(c["n_layer"]):
+    if case["arch"] in ("deepseek2", "gpt-oss"):
+        gguf_to_hub_deepseek_gptoss(gt, case, c, h)
+    for i in range(c["n_layer"] if case["arch"] not in ("deepseek2", "gpt-oss") else 0):
         p, b = f"model.layers.{i}.", f"blk.{i}."
         for gn, hn in FAMILY_ATTN.items():
             if b + gn in gt:
@@ -792,6 +999,8 @@ def tensor_qtype(name: str, variant: str) -> QT:
         return QT.F32
     if variant == "mixed":
         return MIXED_TYPES[name]
+    if variant == "mxfp4":  # gpt-oss: routed expert matrices MXFP4 (as released), all else F32
+        return QT.MXFP4 if name.endswith("_exps.weight") else QT.F32
     return VARIANT_QT[variant]
 
 
@@ -819,7 +1028,9 @@ def write_gguf(path: str, gt: dict, case: dict, c: dict, variant: str, name: str
     w.add_uint32(f"{A}.embedding_length", c["n_embd"])
     w.add_uint32(f"{A}.feed_forward_length", c["n_ff"])
     w.add_uint32(f"{A}.attention.head_count", c["n_head"])
-    w.add_uint32(f"{A}.attention.head_count_kv", c["n_head_kv"])
+    # deepseek2 as current llama.cpp writes it: the latent form is MQA (one kv head)
+    latent_mqa = arch == "deepseek2" and case.get("gguf_kv_b") == "split"
+    w.add_uint32(f"{A}.attention.head_count_kv", 1 if latent_mqa else c["n_head_kv"])
     w.add_float32(f"{A}.rope.freq_base", float(c["rope_theta"]))
     w.add_float32(f"{A}.attention.layer_norm_rms_epsilon", float(c["rms_eps"]))
     w.add_uint32(f"{A}.expert_count", c["n_expert"])
@@ -829,6 +1040,50 @@ def write_gguf(path: str, gt: dict, case: dict, c: dict, variant: str, name: str
         w.add_uint32(f"{A}.expert_shared_feed_forward_length", c["n_ff_shared"])
     elif arch == "olmoe":  # feed_forward_length is the expert width; no renormalisation
         pass
+    elif arch == "deepseek2":
+        cfg = c["cfg"]
+        w.add_uint32(f"{A}.leading_dense_block_count", cfg.first_k_dense_replace)
+        w.add_uint32(f"{A}.vocab_size", c["n_vocab"])
+        if cfg.q_lora_rank is not None:
+            w.add_uint32(f"{A}.attention.q_lora_rank", cfg.q_lora_rank)
+        w.add_uint32(f"{A}.attention.kv_lora_rank", cfg.kv_lora_rank)
+        qk = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim
+        if latent_mqa:
+            w.add_uint32(f"{A}.attention.key_length", cfg.kv_lora_rank + cfg.qk_rope_head_dim)
+            w.add_uint32(f"{A}.attention.value_length", cfg.kv_lora_rank)
+            w.add_uint32(f"{A}.attention.key_length_mla", qk)
+            w.add_uint32(f"{A}.attention.value_length_mla", cfg.v_head_dim)
+        else:
+            w.add_uint32(f"{A}.attention.key_length", qk)
+            w.add_uint32(f"{A}.attention.value_length", cfg.v_head_dim)
+        w.add_uint32(f"{A}.expert_feed_forward_length", cfg.moe_intermediate_size)
+        w.add_uint32(f"{A}.expert_shared_count", cfg.n_shared_experts)
+        w.add_float32(f"{A}.expert_weights_scale", float(cfg.routed_scaling_factor))
+        if cfg.norm_topk_prob and case["model_type"] == "deepseek_v3":  # V2's router never renormalises
+            w.add_bool(f"{A}.expert_weights_norm", True)
+        w.add_uint32(f"{A}.expert_gating_func", 2 if case["model_type"] == "deepseek_v3" else 1)
+        grouped = case["model_type"] == "deepseek_v3" or getattr(cfg, "topk_method", "") == "group_limited_greedy"
+        if grouped and cfg.n_group is not None:
+            w.add_uint32(f"{A}.expert_group_count", cfg.n_group)
+            w.add_uint32(f"{A}.expert_group_used_count", cfg.topk_group)
+        w.add_uint32(f"{A}.rope.dimension_count", cfg.qk_rope_head_dim)
+        rp = cfg.rope_parameters
+        if rp.get("rope_type", "default") == "yarn":
+            w.add_string(f"{A}.rope.scaling.type", "yarn")
+            w.add_float32(f"{A}.rope.scaling.factor", float(rp["factor"]))
+            w.add_uint32(f"{A}.rope.scaling.original_context_length", int(rp["original_max_position_embeddings"]))
+            if rp.get("mscale_all_dim"):
+                w.add_float32(f"{A}.rope.scaling.yarn_log_multiplier", 0.1 * float(rp["mscale_all_dim"]))
+    elif arch == "gpt-oss":
+        cfg = c["cfg"]
+        w.add_uint32(f"{A}.attention.key_length", c["head_dim"])
+        w.add_uint32(f"{A}.attention.value_length", c["head_dim"])
+        w.add_uint32(f"{A}.attention.sliding_window", cfg.sliding_window)
+        w.add_uint32(f"{A}.expert_feed_forward_length", cfg.intermediate_size)
+        rp = cfg.rope_parameters
+        w.add_string(f"{A}.rope.scaling.type", "yarn")
+        w.add_float32(f"{A}.rope.scaling.factor", float(rp["factor"]))
+        w.add_uint32(f"{A}.rope.scaling.original_context_length", int(rp["original_max_position_embeddings"]))
     elif arch == "qwen3moe":
         w.add_uint32(f"{A}.expert_feed_forward_length", c["n_ff_exp"])
         w.add_uint32(f"{A}.attention.key_length", c["head_dim"])
@@ -969,7 +1224,9 @@ def hparams(model, case, theta) -> dict:
         n_ff_exp=getattr(cfg, "moe_intermediate_size", cfg.intermediate_size),
         n_head=cfg.num_attention_heads, n_head_kv=cfg.num_key_value_heads,
         head_dim=cfg.head_dim, n_vocab=cfg.vocab_size, rope_theta=theta, rms_eps=cfg.rms_norm_eps,
-        n_expert=case["cfg"].get("num_experts", case["cfg"].get("num_local_experts")),
+        n_expert=case["cfg"].get("num_experts", case["cfg"].get("num_local_experts",
+                                                               case["cfg"].get("n_routed_experts"))),
+        qk_nope=getattr(cfg, "qk_nope_head_dim", 0), v_head=getattr(cfg, "v_head_dim", 0), cfg=cfg,
         n_expert_used=cfg.num_experts_per_tok,
         norm_topk_prob=bool(getattr(cfg, "norm_topk_prob", True)),
         n_ff_shared=getattr(cfg, "shared_expert_intermediate_size", 0),
@@ -1150,6 +1407,8 @@ def run_case(name: str, case: dict, out_root: str) -> dict:
             "rope_theta", "rope_parameters", "num_local_experts", "num_experts",
             "tie_word_embeddings", "norm_topk_prob", "torch_dtype", "dtype") if k in cfgj},
     )
+    if case["arch"] in ("deepseek2", "gpt-oss"):
+        meta["feature_effects_rel_err"] = feature_effects(ref, case, tokens, logits)
     with open(os.path.join(case_dir, "meta.json"), "w") as f:
         json.dump(meta, f, indent=2)
         f.write("\n")
@@ -1157,6 +1416,58 @@ def run_case(name: str, case: dict, out_root: str) -> dict:
     size = sum(os.path.getsize(os.path.join(dp, fn)) for dp, _, fns in os.walk(case_dir) for fn in fns)
     return dict(name=name, seed=seed, attempts=attempt + 1, size=size, ggap=ggap, rgap=rgap,
                 absmax=meta["checks"]["logits_absmax"], variants=variants, rope=rope_spelling)
+
+
+@torch.no_grad()
+def feature_effects(model, case: dict, tokens: list[int], logits: torch.Tensor) -> dict:
+    """How much each family feature moves the logits (rel. error when it is switched off in a copy of
+    the reference model): evidence that the golden exercises it, so an engine ignoring it fails."""
+    import copy
+    out = {}
+
+    def effect(name, mutate):
+        m = copy.deepcopy(model)
+        mutate(m)
+        out[name] = rel_err(forward_logits(m, tokens), logits)
+
+    mt = case["model_type"]
+    if mt == "gpt_oss":
+        def no_clamp(m):
+            for layer in m.model.layers:
+                layer.mlp.experts.limit = 1e9
+        effect("swiglu_clamp", no_clamp)
+        effect("attention_sinks", lambda m: [l.self_attn.sinks.fill_(-1e9) for l in m.model.layers])
+        def full_attention(m):
+            m.config.layer_types = ["full_attention"] * len(m.model.layers)
+            for layer in m.model.layers:
+                layer.self_attn.sliding_window = None
+        effect("sliding_window", full_attention)
+        effect("expert_biases", lambda m: [(l.mlp.experts.gate_up_proj_bias.zero_(),
+                                            l.mlp.experts.down_proj_bias.zero_()) for l in m.model.layers])
+    if mt == "deepseek_v3":
+        effect("selection_bias", lambda m: [l.mlp.gate.e_score_correction_bias.zero_()
+                                            for l in m.model.layers if hasattr(l.mlp, "gate")])
+    if mt == "deepseek_v3" or getattr(model.config, "topk_method", "") == "group_limited_greedy":
+        def all_groups(m):
+            for l in m.model.layers:
+                if hasattr(l.mlp, "gate"):
+                    l.mlp.gate.topk_group = l.mlp.gate.num_group
+        effect("group_limited_selection", all_groups)
+    if mt in ("deepseek_v2", "deepseek_v3"):
+        def unit_scale(m):
+            for l in m.model.layers:
+                if hasattr(l.mlp, "gate"):
+                    l.mlp.gate.routed_scaling_factor = 1.0
+        effect("routed_scaling_factor", unit_scale)
+    if "rope" in case:
+        def plain_rope(m):
+            inv = 1.0 / (m.config.rope_parameters["rope_theta"] ** (
+                torch.arange(0, m.model.rotary_emb.inv_freq.numel() * 2, 2, dtype=torch.float)
+                / (m.model.rotary_emb.inv_freq.numel() * 2)))
+            m.model.rotary_emb.inv_freq.copy_(inv)
+            m.model.rotary_emb.attention_scaling = 1.0
+        effect("yarn_frequencies", plain_rope)
+    return out
 
 
 def _gguf_version():
@@ -1171,7 +1482,10 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="tests/golden")
     ap.add_argument("--cases", default=",".join(CASES))
+    ap.add_argument("--only", default=None, help="comma-separated cases (same as --cases)")
     args = ap.parse_args()
+    if args.only:
+        args.cases = args.only
     os.makedirs(args.out, exist_ok=True)
 
     check_rope_permutation(16, 4, 1e4)

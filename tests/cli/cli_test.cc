@@ -180,6 +180,68 @@ TEST_CASE("strata inspect refuses malformed files with one error line", "[cli][b
   if (seen > 0) CHECK(refused > 0);  // the corpus holds malformed seeds
 }
 
+TEST_CASE("strata inspect and plan describe the DeepSeek and gpt-oss families", "[cli][families]") {
+  for (const char *m : {"deepseek3_f32/hf", "deepseek3_f32/model-f32.gguf"}) {
+    Result r = Cli("inspect " + kGolden + m);
+    INFO(m << ": " << r.err << r.out);
+    REQUIRE(r.exit_code == 0);
+    CHECK(r.out.find("architecture: deepseek2") != std::string::npos);
+    // MLA: one row of kv_lora_rank 32 + qk_rope 8 floats per token and layer, 3 layers: 480 bytes
+    CHECK(r.out.find("kv cache 480 bytes per token") != std::string::npos);
+    CHECK(r.out.find("attention: multi-head latent (q_lora_rank 32, kv_lora_rank 32, qk_nope 16, qk_rope 8, "
+                     "v_head 16)") != std::string::npos);
+    CHECK(r.out.find("shared expert ffn 16 resident, 1 dense layer(s) of ffn 48") != std::string::npos);
+    CHECK(r.out.find("routing: sigmoid, groups 4 (top 2 kept), selection bias, routed scale 2.5, 1 shared expert(s)") !=
+          std::string::npos);
+    CHECK(r.out.find("rope scaling: yarn factor 4 (original context 128)") != std::string::npos);
+    // Only the two MoE layers have routed experts.
+    CHECK(r.out.find("16 experts") != std::string::npos);
+  }
+  Result lite = Cli("inspect " + kGolden + "deepseek2lite_f32/model-f32.gguf");
+  CHECK(lite.out.find("q_lora_rank 0") != std::string::npos);
+  CHECK(lite.out.find("kv cache 320 bytes per token") != std::string::npos);  // 2 layers x 40 floats
+  for (const char *m : {"gptoss_f32/hf", "gptoss_f32/model-f32.gguf", "gptoss_f32/model-mxfp4.gguf"}) {
+    Result r = Cli("inspect " + kGolden + m);
+    INFO(m << ": " << r.err << r.out);
+    REQUIRE(r.exit_code == 0);
+    CHECK(r.out.find("architecture: gpt-oss") != std::string::npos);
+    CHECK(r.out.find("attention: sinks per head, window per layer [4,full]") != std::string::npos);
+    CHECK(r.out.find("softmax over the selected") != std::string::npos);
+    CHECK(r.out.find("clamped SwiGLU") != std::string::npos);
+    CHECK(r.out.find("kv cache 512 bytes per token") != std::string::npos);  // 2 x (2 x 32 floats) x 2 layers
+  }
+  Result mx = Cli("inspect " + kGolden + "gptoss_f32/model-mxfp4.gguf");
+  CHECK(mx.out.find("MXFP4/MXFP4/MXFP4") != std::string::npos);
+  // The ledger: shared experts and dense layers are resident; KV bytes per token are the latent's.
+  Result plan = Cli("plan --model " + kGolden + "deepseek3_f32/model-f32.gguf --ram-budget 1K --n-ctx 512");
+  INFO(plan.out << plan.err);
+  REQUIRE(plan.exit_code == 0);
+  CHECK(plan.out.find("1 sessions x 4 blocks (n_ctx 512) x 61440 B (128 tokens x 480 B/token)") != std::string::npos);
+  CHECK(plan.out.find("shared experts + dense MLPs") != std::string::npos);
+  CHECK(plan.out.find("routed experts (all)                 196608") != std::string::npos);  // 16 x 3 x 16 x 64 x 4
+  CHECK(plan.out.find("= 8 slots") != std::string::npos);
+}
+
+TEST_CASE("strata logits matches transformers on the DeepSeek and gpt-oss goldens", "[cli][families]") {
+  TempDir tmp;
+  const std::string out = tmp.File("l.f32");
+  for (const char *m : {"deepseek3_f32/model-f32.gguf", "gptoss_f32/hf"}) {
+    const std::string name = std::string(m).substr(0, std::string(m).find('/'));
+    const auto ref = Floats(Slurp(kGolden + name + "/logits.bin"));
+    Result r = Cli("logits --model " + kGolden + m + " --tokens " + GoldenTokens(name) + " --prefill 5 --out " + out);
+    INFO(m << ": " << r.err);
+    REQUIRE(r.exit_code == 0);
+    const auto got = Floats(Slurp(out));
+    REQUIRE(got.size() == ref.size());
+    double num = 0, den = 0;
+    for (size_t i = 0; i < ref.size(); ++i) {
+      num = std::max(num, static_cast<double>(std::fabs(got[i] - ref[i])));
+      den = std::max(den, static_cast<double>(std::fabs(ref[i])));
+    }
+    CHECK(num / den <= 1e-4);
+  }
+}
+
 TEST_CASE("strata plan prints a ledger and clamps a budget below the minimum", "[cli]") {
   const std::string model = kGolden + "qwen3moe_f32/model-q8_0.gguf";
   Result r = Cli("plan --model " + model + " --ram-budget 8G --n-ctx 512");

@@ -265,3 +265,91 @@ TEST_CASE("a tokenizer larger than the model's vocabulary is refused; no tokeniz
   CHECK(moe_ctx_token_eos(ctx) == -1);
   moe_ctx_close(ctx);
 }
+
+TEST_CASE("malformed DeepSeek and gpt-oss files are refused with the reason", "[model][bad-input][families]") {
+  const std::vector<GgufCase> cases = {
+      {"missing kv_a norm", "deepseek2_f32", {{}, {}, {"blk.1.attn_kv_a_norm.weight"}}, MOE_ERR_FORMAT_TENSOR,
+       "blk.1.attn_kv_a_norm.weight"},
+      {"kv LoRA rank disagrees", "deepseek2_f32", {{{"deepseek2.attention.kv_lora_rank", U32(16)}}, {}, {}},
+       MOE_ERR_FORMAT_HPARAMS, "attn_kv_a_mqa"},
+      {"q LoRA rank disagrees", "deepseek2_f32", {{{"deepseek2.attention.q_lora_rank", U32(24)}}, {}, {}},
+       MOE_ERR_FORMAT_HPARAMS, "attn_q_a"},
+      {"experts not a multiple of the groups", "deepseek2_f32",
+       {{{"deepseek2.expert_group_count", U32(3)}, {"deepseek2.expert_group_used_count", U32(1)}}, {}, {}},
+       MOE_ERR_FORMAT_HPARAMS, "expert_group_count"},
+      {"unknown gating function", "deepseek3_f32", {{{"deepseek2.expert_gating_func", U32(7)}}, {}, {}},
+       MOE_ERR_UNSUPPORTED, "expert_gating_func"},
+      {"odd rope dimension", "deepseek3_f32", {{{"deepseek2.rope.dimension_count", U32(7)}}, {}, {}},
+       MOE_ERR_FORMAT_HPARAMS, "qk_rope_head_dim"},
+      {"more dense layers than layers", "deepseek3_f32", {{{"deepseek2.leading_dense_block_count", U32(9)}}, {}, {}},
+       MOE_ERR_FORMAT_HPARAMS, "leading_dense_block_count"},
+      {"missing selection bias", "deepseek3_f32", {{}, {}, {"blk.1.exp_probs_b.bias"}}, MOE_ERR_FORMAT_TENSOR,
+       "blk.1.exp_probs_b.bias"},
+      {"missing shared expert", "deepseek3_f32", {{}, {}, {"blk.2.ffn_up_shexp.weight"}}, MOE_ERR_FORMAT_TENSOR,
+       "blk.2.ffn_up_shexp.weight"},
+      {"split latent projection without v_b", "deepseek2lite_f32", {{}, {}, {"blk.0.attn_v_b.weight"}},
+       MOE_ERR_FORMAT_TENSOR, "blk.0.attn_v_b.weight"},
+      {"unknown RoPE scaling", "deepseek3_f32", {{{"deepseek2.rope.scaling.type", Str("longrope")}}, {}, {}},
+       MOE_ERR_UNSUPPORTED, "longrope"},
+      {"missing attention sinks", "gptoss_f32", {{}, {}, {"blk.1.attn_sinks.weight"}}, MOE_ERR_FORMAT_TENSOR,
+       "blk.1.attn_sinks.weight"},
+      {"missing expert bias", "gptoss_f32", {{}, {}, {"blk.0.ffn_down_exps.bias"}}, MOE_ERR_FORMAT_TENSOR,
+       "blk.0.ffn_down_exps.bias"},
+      {"expert width disagrees", "gptoss_f32", {{{"gpt-oss.expert_feed_forward_length", U32(64)}}, {}, {}},
+       MOE_ERR_FORMAT_HPARAMS, "ffn_gate_exps"},
+  };
+  TempDir tmp;
+  for (const auto &c : cases) {
+    const std::string src = kGolden + c.golden + "/model-f32.gguf";
+    const std::string dst = tmp.File("bad.gguf");
+    Rewrite(src, dst, c.edit);
+    std::string msg;
+    moe_status st = OpenStatus(dst, &msg);
+    INFO(c.name << ": " << moe_status_string(st) << ": " << msg);
+    CHECK(st == c.want);
+    CHECK(msg.find(c.mention) != std::string::npos);
+  }
+  for (const char *g : {"deepseek2_f32", "deepseek2lite_f32", "deepseek3_f32", "gptoss_f32"}) {
+    Rewrite(kGolden + g + "/model-f32.gguf", tmp.File("ok.gguf"), {});
+    std::string msg;
+    INFO(g << ": " << msg);
+    CHECK(OpenStatus(tmp.File("ok.gguf"), &msg) == MOE_OK);
+  }
+  // HF configs of the same families.
+  struct ConfigCase {
+    const char *name;
+    const char *golden;
+    std::function<void(nlohmann::json &)> edit;
+    moe_status want;
+    const char *mention;
+  };
+  const std::vector<ConfigCase> cfg_cases = {
+      {"kv LoRA rank disagrees", "deepseek3_f32", [](auto &c) { c["kv_lora_rank"] = 16; }, MOE_ERR_FORMAT_HPARAMS,
+       "kv_a_proj_with_mqa"},
+      {"unknown top-k method", "deepseek2_f32", [](auto &c) { c["topk_method"] = "noaux"; }, MOE_ERR_UNSUPPORTED,
+       "noaux"},
+      {"unknown RoPE scaling", "deepseek3_f32", [](auto &c) { c["rope_parameters"]["rope_type"] = "longrope"; },
+       MOE_ERR_UNSUPPORTED, "longrope"},
+      {"YaRN without original context", "deepseek3_f32",
+       [](auto &c) { c["rope_parameters"].erase("original_max_position_embeddings"); }, MOE_ERR_FORMAT_HPARAMS,
+       "original_max_position_embeddings"},
+      {"other SwiGLU alpha", "gptoss_f32", [](auto &c) { c["swiglu_alpha"] = 1.0; }, MOE_ERR_UNSUPPORTED, "alpha"},
+      {"layer types of another length", "gptoss_f32", [](auto &c) { c["layer_types"].push_back("full_attention"); },
+       MOE_ERR_FORMAT_HPARAMS, "layer_types"},
+  };
+  for (const auto &c : cfg_cases) {
+    const std::string src = kGolden + c.golden + "/hf";
+    const std::string dir = tmp.File(std::string("fam_") + std::to_string(&c - cfg_cases.data()));
+    std::filesystem::create_directories(dir);
+    std::filesystem::copy_file(src + "/model.safetensors", dir + "/model.safetensors");
+    std::ifstream in(src + "/config.json");
+    nlohmann::json cfg = nlohmann::json::parse(in);
+    c.edit(cfg);
+    std::ofstream(dir + "/config.json") << cfg.dump(2);
+    std::string msg;
+    moe_status st = OpenStatus(dir, &msg);
+    INFO(c.name << ": " << moe_status_string(st) << ": " << msg);
+    CHECK(st == c.want);
+    CHECK(msg.find(c.mention) != std::string::npos);
+  }
+}

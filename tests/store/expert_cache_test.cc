@@ -88,7 +88,13 @@ bool BitEqual(const std::vector<float> &a, const std::vector<float> &b) {
 const char *kModels[] = {"qwen3moe_f32/hf", "qwen3moe_f32/model-f32.gguf", "qwen3moe_f32/model-q8_0.gguf",
                          "qwen3moe_bf16/hf", "qwen3moe_bf16/model-bf16.gguf", "mixtral_f32/hf",
                          "mixtral_f32/model-f16.gguf", "mixtral_f32/model-q8_0.gguf",
-                         "qwen3moe_mixed/model-mixed.gguf"};
+                         "qwen3moe_mixed/model-mixed.gguf",
+                         // DeepSeek (a leading dense layer, shared experts) and gpt-oss (input-major HF
+                         // experts, MXFP4). deepseek2lite_f32 has a single MoE layer: its minimum budget
+                         // already holds every expert, so it cannot stream.
+                         "deepseek2_f32/hf", "deepseek2_f32/model-f32.gguf", "deepseek3_f32/hf",
+                         "deepseek3_f32/model-f32.gguf", "gptoss_f32/hf", "gptoss_f32/model-f32.gguf",
+                         "gptoss_f32/model-mxfp4.gguf"};
 
 std::vector<int32_t> Tokens(const std::string &model) {
   return ReadBinary<int32_t>(kGolden + model.substr(0, model.find('/')) + "/tokens.bin");
