@@ -3,10 +3,18 @@
 // not depend on which other tokens share the batch.
 #include "lib/model/forward.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <numeric>
+
+#include "lib/util/crc32c.h"
 
 namespace strata::model {
 
@@ -15,17 +23,233 @@ KvCache::Widths KvCache::WidthsFor(const HParams &hp) {
   return Widths{hp.kv_dim(), hp.kv_dim()};
 }
 
-absl::Status KvCache::Init(const HParams &hp, int n_ctx) {
+KvCache::~KvCache() { FreeAll(); }
+
+void KvCache::FreeAll() {
+  if (budget_ != nullptr) budget_->Give(resident_bytes());
+  blocks_.clear();
+  for (auto &t : k_tab_) t.clear();
+  for (auto &t : v_tab_) t.clear();
+  masked_.clear();
+  if (spill_fd_ >= 0) close(spill_fd_);
+  spill_fd_ = -1;
+  spill_blocks_ = 0;
+}
+
+bool KvBudget::Take(uint64_t bytes) {
+  uint64_t cur = used_.load();
+  do {
+    if (cur + bytes > limit_) return false;
+  } while (!used_.compare_exchange_weak(cur, cur + bytes));
+  return true;
+}
+
+absl::Status KvCache::Init(const HParams &hp, int n_ctx, KvBudget *budget) {
+  if (n_ctx <= 0) return Errorf(MOE_ERR_INVALID_ARGUMENT, "a KV cache of %d positions", n_ctx);
+  FreeAll();
   n_ctx_ = n_ctx;
+  n_layer_ = hp.n_layer;
   w_ = WidthsFor(hp);
-  const size_t rows = static_cast<size_t>(hp.n_layer) * n_ctx;
+  budget_ = budget;
+  k_tab_.assign(n_layer_, {});
+  v_tab_.assign(n_layer_, {});
+  return absl::OkStatus();
+}
+
+void KvCache::SetMask(int window, std::vector<int32_t> blocked) {
+  window_ = std::max(0, window);
+  std::sort(blocked.begin(), blocked.end());
+  blocked.erase(std::unique(blocked.begin(), blocked.end()), blocked.end());
+  blocked_ = std::move(blocked);
+}
+
+int KvCache::WindowFor(const HParams &hp, int l) const {
+  const int m = hp.window(l);
+  if (m <= 0) return window_;
+  if (window_ <= 0) return m;
+  return std::min(m, window_);
+}
+
+// Allocates n blocks (zeroed) against the budget, into *out; all or nothing.
+absl::Status KvCache::AddBlocks(int n, std::vector<std::unique_ptr<float[]>> *out) {
+  const uint64_t bytes = static_cast<uint64_t>(n) * block_bytes();
+  if (budget_ != nullptr && !budget_->Take(bytes)) {
+    return Errorf(MOE_ERR_LIMIT_KV,
+                  "the context's KV budget of %u bytes cannot hold %d more block(s) of %u bytes (%u bytes in use); "
+                  "raise moe_params.kv_budget_bytes or max_sessions, close or evict sessions",
+                  budget_->limit(), n, block_bytes(), budget_->used());
+  }
+  const size_t floats = block_bytes() / sizeof(float);
   try {
-    k_.assign(rows * w_.k, 0.f);
-    v_.assign(rows * w_.v, 0.f);
+    for (int i = 0; i < n; ++i) out->emplace_back(new float[floats]());
   } catch (const std::bad_alloc &) {
-    return Errorf(MOE_ERR_NO_MEMORY, "cannot allocate a KV cache of %u bytes", BytesFor(hp, n_ctx));
+    out->clear();
+    if (budget_ != nullptr) budget_->Give(bytes);
+    return Errorf(MOE_ERR_NO_MEMORY, "cannot allocate %d KV block(s) of %u bytes", n, block_bytes());
   }
   return absl::OkStatus();
+}
+
+// Appends allocated blocks to the tables.
+void KvCache::Adopt(std::vector<std::unique_ptr<float[]>> *blocks) {
+  const size_t per_layer = static_cast<size_t>(kKvBlockTokens) * (w_.k + w_.v);
+  for (auto &b : *blocks) {
+    float *base = b.get();
+    for (int l = 0; l < n_layer_; ++l) {
+      float *k = base + l * per_layer;
+      k_tab_[l].push_back(k);
+      v_tab_[l].push_back(k + static_cast<size_t>(kKvBlockTokens) * w_.k);
+    }
+    blocks_.push_back(std::move(b));
+  }
+  blocks->clear();
+  masked_.resize(capacity(), 0);
+}
+
+absl::Status KvCache::Reserve(int n) {
+  if (n > n_ctx_) {
+    return Errorf(MOE_ERR_LIMIT_CONTEXT, "position %d does not fit the session's context of %d tokens", n - 1,
+                  n_ctx_);
+  }
+  if (n <= capacity()) return absl::OkStatus();
+  if (spilled()) return Errorf(MOE_ERR_STATE, "the KV cache is spilled to disk");
+  const int need = (n + kKvBlockTokens - 1) / kKvBlockTokens - n_blocks();
+  std::vector<std::unique_ptr<float[]>> fresh;
+  STRATA_RETURN_IF_ERROR(AddBlocks(need, &fresh));
+  Adopt(&fresh);
+  return absl::OkStatus();
+}
+
+absl::Status KvCache::Prepare(int pos0, const int32_t *tokens, int64_t n) {
+  if (pos0 < 0 || n < 0 || pos0 + n > n_ctx_) {
+    return Errorf(MOE_ERR_LIMIT_CONTEXT, "positions %d..%d do not fit the context of %d tokens", pos0,
+                  pos0 + n - 1, n_ctx_);
+  }
+  STRATA_RETURN_IF_ERROR(Reserve(static_cast<int>(pos0 + n)));
+  for (int64_t t = 0; t < n; ++t) {
+    masked_[pos0 + t] = std::binary_search(blocked_.begin(), blocked_.end(), tokens[t]) ? 1 : 0;
+  }
+  return absl::OkStatus();
+}
+
+void KvCache::Trim(int n) {
+  if (spilled()) return;
+  const int keep = (std::max(0, n) + kKvBlockTokens - 1) / kKvBlockTokens;
+  if (keep >= n_blocks()) return;
+  if (budget_ != nullptr) budget_->Give(static_cast<uint64_t>(n_blocks() - keep) * block_bytes());
+  blocks_.resize(keep);
+  for (auto &t : k_tab_) t.resize(keep);
+  for (auto &t : v_tab_) t.resize(keep);
+  masked_.resize(capacity());
+}
+
+absl::Status KvCache::Spill(const std::string &dir, int n) {
+  if (spilled()) return absl::OkStatus();
+  const int keep = std::min(n_blocks(), (std::max(0, n) + kKvBlockTokens - 1) / kKvBlockTokens);
+  std::string tmpl = (dir.empty() ? std::string(".") : dir) + "/strata-kv-XXXXXX";
+  int fd = mkstemp(tmpl.data());
+  if (fd < 0) {
+    return Errorf(MOE_ERR_IO_OPEN, "cannot create a KV spill file in '%s': %s", dir, std::strerror(errno));
+  }
+  unlink(tmpl.c_str());  // the file lives while fd is open; nothing stays behind after a crash
+  uint32_t crc = 0;
+  for (int b = 0; b < keep; ++b) {
+    const char *p = reinterpret_cast<const char *>(blocks_[b].get());
+    const uint64_t bytes = block_bytes();
+    crc = Crc32c(crc, p, bytes);
+    uint64_t done = 0;
+    while (done < bytes) {
+      ssize_t w = pwrite(fd, p + done, bytes - done, static_cast<off_t>(b * bytes + done));
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) {
+        const int err = errno;
+        close(fd);
+        return Errorf(MOE_ERR_IO_WRITE, "writing the KV spill file in '%s': %s", dir,
+                      w < 0 ? std::strerror(err) : "no space written");
+      }
+      done += static_cast<uint64_t>(w);
+    }
+  }
+  std::vector<uint8_t> mask(masked_.begin(), masked_.begin() + keep * kKvBlockTokens);
+  FreeAll();
+  masked_ = std::move(mask);  // the mask stays in RAM (one byte per position)
+  spill_fd_ = fd;
+  spill_blocks_ = keep;
+  spill_crc_ = crc;
+  return absl::OkStatus();
+}
+
+absl::Status KvCache::Unspill() {
+  if (!spilled()) return absl::OkStatus();
+  std::vector<std::unique_ptr<float[]>> fresh;
+  STRATA_RETURN_IF_ERROR(AddBlocks(spill_blocks_, &fresh));
+  const uint64_t bytes = block_bytes();
+  uint32_t crc = 0;
+  for (int b = 0; b < spill_blocks_; ++b) {
+    char *p = reinterpret_cast<char *>(fresh[b].get());
+    uint64_t done = 0;
+    while (done < bytes) {
+      ssize_t r = pread(spill_fd_, p + done, bytes - done, static_cast<off_t>(b * bytes + done));
+      if (r < 0 && errno == EINTR) continue;
+      if (r <= 0) {
+        const int err = errno;
+        if (budget_ != nullptr) budget_->Give(static_cast<uint64_t>(spill_blocks_) * bytes);
+        return Errorf(MOE_ERR_IO_READ, "reading the KV spill file back: %s", r < 0 ? std::strerror(err) : "end of file");
+      }
+      done += static_cast<uint64_t>(r);
+    }
+    crc = Crc32c(crc, p, bytes);
+  }
+  if (crc != spill_crc_) {
+    if (budget_ != nullptr) budget_->Give(static_cast<uint64_t>(spill_blocks_) * bytes);
+    return Errorf(MOE_ERR_IO_READ, "the KV spill file came back different from what was written (checksum)");
+  }
+  std::vector<uint8_t> mask = std::move(masked_);
+  close(spill_fd_);
+  spill_fd_ = -1;
+  spill_blocks_ = 0;
+  Adopt(&fresh);
+  std::copy(mask.begin(), mask.begin() + std::min(mask.size(), masked_.size()), masked_.begin());
+  return absl::OkStatus();
+}
+
+absl::Status KvCache::ReadRows(int l, bool values, int n, float *out) const {
+  const int width = values ? w_.v : w_.k;
+  if (width == 0 || n <= 0) return absl::OkStatus();
+  const size_t per_layer = static_cast<size_t>(kKvBlockTokens) * (w_.k + w_.v);
+  const size_t within = l * per_layer + (values ? static_cast<size_t>(kKvBlockTokens) * w_.k : 0);
+  for (int p0 = 0; p0 < n; p0 += kKvBlockTokens) {
+    const int b = p0 / kKvBlockTokens, rows = std::min(kKvBlockTokens, n - p0);
+    const size_t floats = static_cast<size_t>(rows) * width;
+    float *dst = out + static_cast<size_t>(p0) * width;
+    if (!spilled()) {
+      if (b >= n_blocks()) return Errorf(MOE_ERR_INTERNAL, "KV rows %d.. are not allocated", p0);
+      std::copy(blocks_[b].get() + within, blocks_[b].get() + within + floats, dst);
+      continue;
+    }
+    if (b >= spill_blocks_) return Errorf(MOE_ERR_INTERNAL, "KV rows %d.. are not in the spill file", p0);
+    char *p = reinterpret_cast<char *>(dst);
+    const uint64_t bytes = floats * sizeof(float), at = b * block_bytes() + within * sizeof(float);
+    uint64_t done = 0;
+    while (done < bytes) {
+      ssize_t r = pread(spill_fd_, p + done, bytes - done, static_cast<off_t>(at + done));
+      if (r < 0 && errno == EINTR) continue;
+      if (r <= 0) {
+        return Errorf(MOE_ERR_IO_READ, "reading the KV spill file: %s", r < 0 ? std::strerror(errno) : "end of file");
+      }
+      done += static_cast<uint64_t>(r);
+    }
+  }
+  return absl::OkStatus();
+}
+
+void KvCache::WriteRows(int l, bool values, int n, const float *in) {
+  const int width = values ? w_.v : w_.k;
+  if (width == 0) return;
+  for (int p = 0; p < n; ++p) {
+    std::copy(in + static_cast<size_t>(p) * width, in + static_cast<size_t>(p + 1) * width,
+              values ? layer(l).v_row(p) : layer(l).k_row(p));
+  }
 }
 
 namespace {
@@ -219,7 +443,7 @@ void SelfAttention(const HParams &hp, const LayerWeights &L, int l, Backend &be,
   AttentionParams ap;
   ap.scale = hp.attn_scale;
   if (L.sinks.tensor != nullptr) ap.sinks = L.sinks.values.data();
-  be.Attention(q.data(), cache, T, pos0, hp.n_head, hp.n_head_kv, hp.head_dim, hp.window(l), att.data(), ap);
+  be.Attention(q.data(), cache, T, pos0, hp.n_head, hp.n_head_kv, hp.head_dim, kv.WindowFor(hp, l), att.data(), ap);
   be.MatMul(L.wo, att.data(), T, o);  // o (T, D)
   if (hp.attn_out_bias) AddBias(o, T, D, L.bo);
 }
@@ -291,7 +515,7 @@ void LatentAttention(const HParams &hp, const LayerWeights &L, int l, Backend &b
   ap.scale = hp.attn_scale;
   ap.latent = true;
   ap.v_dim = static_cast<int>(R);
-  be.Attention(qlat.data(), cache, T, pos0, static_cast<int>(H), 1, static_cast<int>(W), hp.window(l), att.data(), ap);
+  be.Attention(qlat.data(), cache, T, pos0, static_cast<int>(H), 1, static_cast<int>(W), kv.WindowFor(hp, l), att.data(), ap);
   for (int64_t hh = 0; hh < H; ++hh) {
     for (int64_t t = 0; t < T; ++t) {
       const float *src = att.data() + (t * H + hh) * R;
@@ -407,6 +631,9 @@ absl::Status Forward(const HParams &hp, const ModelWeights &w, Backend &be, cons
     }
     row0[s + 1] = row0[s] + q.n_tok;
   }
+  // Blocks for every sequence's new positions (the budget may refuse: nothing is written then) and
+  // their mask.
+  for (const SequenceArgs &q : a.seqs) STRATA_RETURN_IF_ERROR(q.kv->Prepare(q.pos0, q.tokens, q.n_tok));
   const int64_t T = row0[n_seq], D = hp.n_embd;
   std::vector<int32_t> tokens(T);
   for (size_t s = 0; s < n_seq; ++s) std::copy(a.seqs[s].tokens, a.seqs[s].tokens + a.seqs[s].n_tok, tokens.begin() + row0[s]);
