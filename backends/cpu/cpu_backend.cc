@@ -209,7 +209,10 @@ void CpuBackend::Attention(const float *q, const model::KvView &kv, int64_t n_to
       const float *qh = q + (t * n_head + h) * head_dim;
       scores.resize(pos + 1 - first);
       float mx = -INFINITY;
+      // A masked position takes no part: no score, no weight, no value (the same numbers as if
+      // it were absent from the sequence's keys).
       for (int j = first; j <= pos; ++j) {
+        if (j != pos && kv.is_masked(j)) continue;
         float sc = Dot(qh, kv.k_row(j) + kvh * head_dim, head_dim) * scale;
         scores[j - first] = sc;
         mx = std::max(mx, sc);
@@ -218,7 +221,9 @@ void CpuBackend::Attention(const float *q, const model::KvView &kv, int64_t n_to
       const float sink = p.sinks != nullptr ? p.sinks[h] : -INFINITY;
       mx = std::max(mx, sink);
       float sum = 0.f;
-      for (auto &sc : scores) {
+      for (int j = first; j <= pos; ++j) {
+        if (j != pos && kv.is_masked(j)) continue;
+        float &sc = scores[j - first];
         sc = std::exp(sc - mx);
         sum += sc;
       }
@@ -227,6 +232,7 @@ void CpuBackend::Attention(const float *q, const model::KvView &kv, int64_t n_to
       float *o = out + (t * n_head + h) * v_dim;
       std::fill(o, o + v_dim, 0.f);
       for (int j = first; j <= pos; ++j) {
+        if (j != pos && kv.is_masked(j)) continue;
         const float pj = scores[j - first] * inv;
         const float *vj = p.latent ? kv.k_row(j) : kv.v_row(j) + kvh * head_dim;
         for (int d = 0; d < v_dim; ++d) o[d] += pj * vj[d];

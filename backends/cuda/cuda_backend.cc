@@ -478,16 +478,24 @@ void CudaBackend::Rope(float *x, int64_t n_tok, int n_heads, int head_dim, const
 absl::Status CudaBackend::AttentionImpl(const float *q, const model::KvView &kv, int64_t n_tok, int pos0, int n_head,
                                         int n_head_kv, int head_dim, int window, float *out,
                                         const model::AttentionParams &p) {
-  // Plain grouped-query attention with the default scale runs the kernel layer's tuned kernels.
-  const bool plain = !p.latent && p.sinks == nullptr && p.scale == 0.f && head_dim % 32 == 0 && head_dim <= 256 &&
-                     kv.k_width == n_head_kv * head_dim && kv.v_width == n_head_kv * head_dim;
-  if (plain) {
-    return cuda::Attention(q, DeviceKv{kv.k, kv.v, kv.n_ctx}, n_tok, pos0, n_head, n_head_kv, head_dim, window, out,
-                           stream_.get());
-  }
+  // The cache's block tables and mask live on the host (the KvCache owns them); one upload per
+  // call brings [k table | v table | mask] to the device. The block contents are device memory.
+  const int n_blocks = (kv.n_ctx + model::kKvBlockTokens - 1) / model::kKvBlockTokens;
+  const size_t tab = static_cast<size_t>(n_blocks) * sizeof(float *);
+  const size_t mask = kv.masked != nullptr ? static_cast<size_t>(kv.n_ctx) : 0;
+  std::vector<uint8_t> host(2 * tab + mask);
+  std::memcpy(host.data(), kv.k_blocks, tab);
+  if (kv.v_width > 0) std::memcpy(host.data() + tab, kv.v_blocks, tab);
+  if (mask > 0) std::memcpy(host.data() + 2 * tab, kv.masked, mask);
+  STRATA_ASSIGN_OR_RETURN(void *dev, Grow(kv_tab_, host.size()));
+  Upload(dev, host.data(), host.size());
+  STRATA_RETURN_IF_ERROR(TakeError());
+  uint8_t *d = static_cast<uint8_t *>(dev);
   AttentionExtArgs a;
-  a.k = kv.k;
-  a.v = kv.v;
+  a.k_blocks = reinterpret_cast<const float *const *>(d);
+  a.v_blocks = reinterpret_cast<const float *const *>(d + tab);
+  a.masked = mask > 0 ? d + 2 * tab : nullptr;
+  a.block_tokens = model::kKvBlockTokens;
   a.k_stride = kv.k_width;
   a.v_stride = kv.v_width;
   a.pos0 = pos0;

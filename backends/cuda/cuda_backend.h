@@ -133,7 +133,7 @@ class CudaBackend final : public model::Backend {
   Event staged_[2];                                  // copy from staging_[i] done
   int next_staging_ = 0;
   std::map<const float *, DeviceVec> vecs_;         // keyed by host values.data()
-  DeviceBuffer mm_ws_, ffn_ws_, deq_ws_, sel_dev_;
+  DeviceBuffer mm_ws_, ffn_ws_, deq_ws_, sel_dev_, kv_tab_;
   size_t weight_bytes_ = 0;
   absl::Status err_;
 };

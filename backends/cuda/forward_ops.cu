@@ -158,7 +158,14 @@ __global__ void AttentionExtKernel(const float *q, AttentionExtArgs a, float *ou
   __syncthreads();
   float mx = -INFINITY;
   for (int j = threadIdx.x; j < n; j += blockDim.x) {
-    const float *kj = a.k + static_cast<int64_t>(first + j) * a.k_stride + static_cast<int64_t>(kvh) * a.head_dim;
+    const int row = first + j;
+    // A masked position takes no part: its weight becomes exp(-inf) = 0.
+    if (row != pos && a.masked != nullptr && a.masked[row] != 0) {
+      sc[j] = -INFINITY;
+      continue;
+    }
+    const float *kj = a.k_blocks[row / a.block_tokens] + static_cast<int64_t>(row % a.block_tokens) * a.k_stride +
+                      static_cast<int64_t>(kvh) * a.head_dim;
     float dot = 0.f;
     for (int d = 0; d < a.head_dim; ++d) dot = fmaf(qs[d], kj[d], dot);
     const float s = __fmul_rn(dot, a.scale);
@@ -182,8 +189,11 @@ __global__ void AttentionExtKernel(const float *q, AttentionExtArgs a, float *ou
   for (int d = threadIdx.x; d < a.v_dim; d += blockDim.x) {
     float acc = 0.f;
     for (int j = 0; j < n; ++j) {
-      const int64_t row = first + j;
-      const float *vj = a.latent ? a.k + row * a.k_stride : a.v + row * a.v_stride + static_cast<int64_t>(kvh) * a.head_dim;
+      const int row = first + j;
+      const int64_t in_block = row % a.block_tokens;
+      const float *vj = a.latent ? a.k_blocks[row / a.block_tokens] + in_block * a.k_stride
+                                 : a.v_blocks[row / a.block_tokens] + in_block * a.v_stride +
+                                       static_cast<int64_t>(kvh) * a.head_dim;
       acc = fmaf(__fmul_rn(sc[j], inv), vj[d], acc);
     }
     o[d] = acc;
@@ -355,7 +365,7 @@ absl::Status RopeWithTable(float *x, int64_t n_tok, int n_heads, int head_dim, c
 }
 
 absl::Status AttentionExt(const float *q, const AttentionExtArgs &a, int64_t n_tok, float *out, cudaStream_t stream) {
-  if (a.n_head_kv <= 0 || a.n_head % a.n_head_kv != 0 || a.head_dim <= 0 || a.v_dim <= 0) {
+  if (a.n_head_kv <= 0 || a.n_head % a.n_head_kv != 0 || a.head_dim <= 0 || a.v_dim <= 0 || a.block_tokens <= 0) {
     return Errorf(MOE_ERR_INVALID_ARGUMENT, "attention over %d heads, %d KV heads, head_dim %d", a.n_head,
                   a.n_head_kv, a.head_dim);
   }

@@ -196,18 +196,23 @@ constexpr int kRopeMaxHalf = 256;
 absl::Status RopeWithTable(float *x, int64_t n_tok, int n_heads, int head_dim, const int32_t *pos,
                            const float *inv_freq, float mscale, model::RopeStyle style, cudaStream_t stream);
 
-// Attention with every family option: keys at k + row * k_stride + kv_head * head_dim; values the
-// same from v, or with `latent` the first v_dim floats of each k row (one KV head, MLA); an optional
-// sink logit per head; a given score scale; window 0 = unlimited. q (n_tok, n_head, head_dim) ->
-// out (n_tok, n_head, v_dim). Scores of one (token, head) live in shared memory, so the visible
-// keys are bounded by the device's shared memory (MOE_ERR_UNSUPPORTED beyond).
+// Attention with every family option over a block table: position p's key row is at
+// k_blocks[p / block_tokens] + (p % block_tokens) * k_stride, plus kv_head * head_dim; values the
+// same from v_blocks, or with `latent` the first v_dim floats of each key row (one KV head, MLA); an
+// optional mask (masked[p] != 0: p is no key for another position's query); an optional sink logit
+// per head; a given score scale; window 0 = unlimited. q (n_tok, n_head, head_dim) -> out (n_tok,
+// n_head, v_dim). Block tables, mask and sinks are device arrays. Scores of one (token, head) live in
+// shared memory, so the visible keys are bounded by the device's shared memory (MOE_ERR_UNSUPPORTED
+// beyond).
 struct AttentionExtArgs {
-  const float *k = nullptr;
-  const float *v = nullptr;
+  const float *const *k_blocks = nullptr;
+  const float *const *v_blocks = nullptr;
+  int block_tokens = 0;
   int64_t k_stride = 0, v_stride = 0;
   int pos0 = 0, n_head = 0, n_head_kv = 1, head_dim = 0, v_dim = 0, window = 0;
   float scale = 1.f;
-  const float *sinks = nullptr;  // (n_head) device, optional
+  const float *sinks = nullptr;    // (n_head), optional
+  const uint8_t *masked = nullptr; // (positions), optional
   bool latent = false;
 };
 absl::Status AttentionExt(const float *q, const AttentionExtArgs &a, int64_t n_tok, float *out, cudaStream_t stream);

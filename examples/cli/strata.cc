@@ -84,6 +84,10 @@ struct Args {
   uint64_t lock_memory = 0;
   bool q8_activations = false;
   bool sparse = false;
+  // sessions and KV
+  int64_t max_sessions = 1;
+  uint64_t kv_budget = 0;
+  std::string kv_spill_dir, save_session, load_session;
   std::string prompts;
   // pack
   std::string experts_type = "q4_k", attention_type = "q8_0", boost_type = "q6_k";
@@ -103,7 +107,9 @@ const char kUsage[] =
     "  run      [--model PATH] [--prompt TEXT | --tokens 1,2,3] [-n N] [--temp T] [--top-k K] [--top-p P] [--seed S]\n"
     "           [--min-p P] [--repeat-penalty R] [--presence-penalty P] [--repeat-last-n N] [--stop STR]...\n"
     "           generate from a prompt (the bundled demo model when --model is not given); text stops at\n"
-    "           EOS or at any --stop string\n"
+    "           EOS or at any --stop string; --save-session FILE saves the session at the end (the last\n"
+    "           token queued), --load-session FILE continues a saved one (then --prompt/--tokens are\n"
+    "           fed after its history, and may be left out)\n"
     "  chat     [--model PATH] [--system TEXT] [--template NAME] [-n N] [-v] [sampling options of run]\n"
     "           interactive chat on stdin/stdout, one line per user turn, until end of input; the\n"
     "           model's chat template unless --template chatml|qwen2|qwen2.5|qwen3|mistral-v1|\n"
@@ -134,7 +140,9 @@ const char kUsage[] =
     "           metadata and a byte-level BPE tokenizer, and random weights (experts in --codec)\n"
     "\n"
     "common options: --backend cpu|cuda|auto  --ram-budget SIZE  --vram-budget SIZE  --threads N\n"
-    "                --n-ctx N   (SIZE: 512M, 8G, or bytes)\n"
+    "                --n-ctx N  --max-sessions N  --kv-budget SIZE (KV of all sessions; default\n"
+    "                max-sessions x n-ctx)  --kv-spill-dir DIR (idle sessions' KV evicted there)\n"
+    "                (SIZE: 512M, 8G, or bytes)\n"
     "expert cache:   --policy lru|lfu|hot  --prefetch N (layers ahead)  --io-threads N\n"
     "                --hotlist FILE [--hotlist-max N] (preload)  --stats (JSON line on stderr)\n"
     "CPU kernels:    --q8-activations  8-bit activations, integer dot products (faster)\n"
@@ -193,6 +201,11 @@ Args ParseArgs(int argc, char **argv) {
     else if (f == "--prefill-layer-min") a.prefill_layer_min = integer(0, 1 << 24);
     else if (f == "--threads" || f == "-t") a.n_threads = integer(0, 4096);
     else if (f == "--n-ctx") a.n_ctx = integer(0, 1 << 24);
+    else if (f == "--max-sessions") a.max_sessions = integer(1, 1 << 20);
+    else if (f == "--kv-budget") a.kv_budget = size();
+    else if (f == "--kv-spill-dir") a.kv_spill_dir = value();
+    else if (f == "--save-session") a.save_session = value();
+    else if (f == "--load-session") a.load_session = value();
     else if (f == "--temp") a.temp = ParseFloat(f, value());
     else if (f == "--top-k") a.top_k = integer(0, 1 << 24);
     else if (f == "--top-p") a.top_p = ParseFloat(f, value());
@@ -271,7 +284,10 @@ moe_params ContextParams(const Args &a, const std::string &model) {
   p.hotlist_path = a.hotlist.empty() || a.command == "pack" ? nullptr : a.hotlist.c_str();
   p.hotlist_max_experts = static_cast<uint32_t>(a.hotlist_max);
   p.cpu_q8_activations = a.q8_activations ? 1 : 0;
-  p.max_sessions = static_cast<uint32_t>(a.sessions);
+  // bench --sessions N runs N sessions: the KV budget is sized for at least that many.
+  p.max_sessions = static_cast<uint32_t>(std::max(a.max_sessions, a.sessions));
+  p.kv_budget_bytes = a.kv_budget;
+  p.kv_spill_dir = a.kv_spill_dir.empty() ? nullptr : a.kv_spill_dir.c_str();
   p.max_batch_tokens = static_cast<uint32_t>(a.max_batch_tokens);
   p.prefill_token_max = static_cast<uint32_t>(a.prefill_token_max);
   p.prefill_layer_min = static_cast<uint32_t>(a.prefill_layer_min);
@@ -374,7 +390,12 @@ int CmdRun(const Args &a) {
   WarnIfClamped(ctx.c);
   // With a tokenizer the prompt is text and the output streams as text; without one, token ids.
   const bool has_text = HasTokenizer(ctx.c);
-  if (prompt.empty()) {
+  const bool loaded = !a.load_session.empty();
+  if (loaded && prompt.empty() && !a.prompt.empty()) {
+    if (!has_text) Die("'" + model + "' carries no tokenizer; give the prompt as token ids with --tokens 1,2,3");
+    prompt = Tokenize(ctx.c, a.prompt, false, false);  // it continues a conversation: no BOS
+  }
+  if (prompt.empty() && !loaded) {
     if (!has_text && !a.prompt.empty()) {
       Die("'" + model + "' carries no tokenizer; give the prompt as token ids with --tokens 1,2,3");
     }
@@ -388,12 +409,21 @@ int CmdRun(const Args &a) {
   std::vector<const char *> stop_ptrs;
   moe_session_params sp = SessionParams(a, &stop_ptrs);
   Sess s;
-  if (moe_status st = moe_session_open(ctx.c, &sp, &s.s); st != MOE_OK) Die("cannot open a session: " + ApiError(st));
+  if (loaded) {
+    // The saved session's own params (sampling, seed state, stop strings) carry on.
+    if (moe_status st = moe_session_load(ctx.c, a.load_session.c_str(), nullptr, &s.s); st != MOE_OK) {
+      Die("cannot load the session '" + a.load_session + "': " + ApiError(st));
+    }
+  } else if (moe_status st = moe_session_open(ctx.c, &sp, &s.s); st != MOE_OK) {
+    Die("cannot open a session: " + ApiError(st));
+  }
   auto t_prefill = std::chrono::steady_clock::now();
   if (moe_status st = moe_session_feed(s.s, prompt.data(), prompt.size()); st != MOE_OK) Die(ApiError(st));
   if (moe_status st = StepAll(ctx.c); st != MOE_OK) Die(ApiError(st));
   auto t_decode = std::chrono::steady_clock::now();
-  if (has_text) {
+  if (loaded) {
+    if (!has_text) std::printf("generated:");
+  } else if (has_text) {
     std::fputs(a.prompt.empty() ? "The" : a.prompt.c_str(), stdout);
   } else {
     std::printf("prompt:");
@@ -421,9 +451,11 @@ int CmdRun(const Args &a) {
       std::printf(" %d", tok);
     }
     std::fflush(stdout);
-    if (i + 1 == a.n_predict) break;
+    // With --save-session the last token is queued too, so a loaded session continues from it.
+    if (i + 1 == a.n_predict && a.save_session.empty()) break;
     moe_status st = moe_session_feed(s.s, &tok, 1);
     if (st == MOE_ERR_LIMIT_CONTEXT) break;
+    if (st == MOE_OK && i + 1 == a.n_predict) break;
     if (st != MOE_OK) Die(ApiError(st));
     if ((st = StepAll(ctx.c)) != MOE_OK) Die(ApiError(st));
   }
@@ -435,6 +467,11 @@ int CmdRun(const Args &a) {
     std::fwrite(text, 1, n, stdout);
   }
   std::printf("\n");
+  if (!a.save_session.empty()) {
+    if (moe_status st = moe_session_save(s.s, a.save_session.c_str()); st != MOE_OK) {
+      Die("cannot save the session to '" + a.save_session + "': " + ApiError(st));
+    }
+  }
   auto secs = [](auto a, auto b) { return std::chrono::duration<double>(b - a).count(); };
   std::fprintf(stderr, "strata: %s: load %.2f s, prefill %zu tokens %.1f tok/s, decode %lld tokens %.1f tok/s\n",
                model.c_str(), secs(t_open, t_prefill), prompt.size(), prompt.size() / secs(t_prefill, t_decode),
@@ -1013,6 +1050,8 @@ int CmdPlan(const Args &a) {
   o.ram_budget_bytes = a.ram_budget;
   o.vram_budget_bytes = a.vram_budget;
   o.n_ctx = static_cast<int>(a.n_ctx);
+  o.max_sessions = static_cast<int>(a.max_sessions);
+  o.kv_budget_bytes = a.kv_budget;
   auto plan = strata::store::MakePlan(d.hp, d.weights, strata::runtime::Context::PlanInputsFor(o, d.hp));
   if (!plan.ok()) Die(std::string(plan.status().message()));
   std::printf("cache plan for %s (%s, %d layers x %d experts)\n\n", path.c_str(), d.hp.arch_name.c_str(), d.hp.n_layer,

@@ -73,10 +73,13 @@ typedef int32_t moe_status;
 #define MOE_ERR_FORMAT_TENSOR (MOE_ERR_FORMAT | (4 << 8))    /* bad tensor entry: dims, type, offset, extent, name */
 #define MOE_ERR_FORMAT_HPARAMS (MOE_ERR_FORMAT | (5 << 8))   /* hyper-parameters missing or disagreeing with shapes */
 #define MOE_ERR_FORMAT_CONFIG (MOE_ERR_FORMAT | (6 << 8))    /* HF config.json / index malformed */
+#define MOE_ERR_FORMAT_CHECKSUM (MOE_ERR_FORMAT | (7 << 8))  /* a snapshot's checksum does not match its bytes */
+#define MOE_ERR_FORMAT_FOREIGN (MOE_ERR_FORMAT | (8 << 8))   /* a snapshot written for another model */
 #define MOE_ERR_UNSUPPORTED_ARCH (MOE_ERR_UNSUPPORTED | (1 << 8)) /* architecture not implemented */
 #define MOE_ERR_UNSUPPORTED_TYPE (MOE_ERR_UNSUPPORTED | (2 << 8)) /* tensor type / codec not implemented */
 #define MOE_ERR_UNSUPPORTED_BACKEND (MOE_ERR_UNSUPPORTED | (3 << 8)) /* backend not built in or no device */
 #define MOE_ERR_LIMIT_CONTEXT (MOE_ERR_LIMIT | (1 << 8)) /* session context (n_ctx) is full */
+#define MOE_ERR_LIMIT_KV (MOE_ERR_LIMIT | (2 << 8))      /* the context's KV budget is used up */
 
 /* The name of a status ("MOE_ERR_FORMAT_TENSOR"), or "MOE_ERR_UNKNOWN"; static storage.
  * Thread-safety: safe. Since: 0.1. */
@@ -110,7 +113,8 @@ typedef struct moe_params {
   uint64_t ram_budget_bytes;  /* 0 = auto (80% of usable memory for the model) */
   int32_t n_threads;          /* CPU threads for compute; 0 = one per core */
   uint32_t n_ctx;             /* default context length per session; 0 = min(model's, 4096) */
-  uint32_t max_sessions;      /* sessions the cache plan reserves KV for; default 1 */
+  uint32_t max_sessions;      /* sessions the KV budget is sized for (x n_ctx, in 128-token blocks);
+                                 default 1. Sessions beyond it may open: they share the budget */
   /* Since 0.1: the expert cache (used when the RAM budget cannot hold every routed expert). */
   int32_t cache_policy;       /* moe_cache_policy; default MOE_CACHE_HOTNESS */
   int32_t prefetch_distance;  /* layers ahead whose experts are predicted and prefetched; default 1 */
@@ -132,6 +136,14 @@ typedef struct moe_params {
   uint32_t prefill_layer_min; /* a pass of at least this many tokens streams whole layers ahead
                                  (layer-major prefill); fewer load only the selected experts; default
                                  2^30 (off): it lost at every length measured on the CPU backend */
+  /* Since 0.1 (appended): the KV cache. Sessions hold their keys and values in blocks of 128 tokens,
+   * allocated as they grow (never more than their n_ctx). All sessions of a context share one KV
+   * budget; a step that would exceed it fails with MOE_ERR_LIMIT_KV, or first evicts idle sessions
+   * to kv_spill_dir when one is given. */
+  uint64_t kv_budget_bytes;   /* the shared KV budget; 0 (default) = the cache plan's KV line:
+                                 max_sessions x n_ctx positions, rounded up to whole blocks */
+  const char *kv_spill_dir;   /* a directory for evicted sessions' KV (unlinked files, gone at exit);
+                                 NULL (default) = no eviction to disk */
 } moe_params;
 
 typedef enum moe_cache_policy {
@@ -158,7 +170,7 @@ typedef struct moe_cache_plan {
   uint64_t vram_budget_bytes;
   uint64_t non_routed_bytes;        /* embeddings, attention, norms, routers, shared experts, output */
   uint64_t routed_expert_bytes;     /* all routed experts of the model */
-  uint64_t kv_bytes;                /* KV cache for max_sessions x n_ctx */
+  uint64_t kv_bytes;                /* the KV budget all sessions share (see moe_params.kv_budget_bytes) */
   uint64_t workspace_bytes;         /* activations and scratch */
   uint64_t expert_slot_bytes;       /* bytes of the largest routed expert (gate|up|down) */
   uint32_t n_layers;
@@ -168,6 +180,10 @@ typedef struct moe_cache_plan {
   uint32_t clamped;                 /* 1 if the requested budget was below the minimum and raised */
   uint32_t n_ctx;
   uint32_t max_sessions;
+  /* Since 0.1 (appended): the block-wise KV cache. */
+  uint64_t kv_bytes_per_token;      /* one position of one session, all layers */
+  uint32_t kv_block_tokens;         /* positions per KV block (128) */
+  uint32_t kv_max_blocks;           /* blocks the KV budget holds */
 } moe_cache_plan;
 
 static inline void moe_cache_plan_init(moe_cache_plan *p) {
@@ -309,6 +325,16 @@ typedef struct moe_session_params {
   size_t n_stop_tokens;
   const char *const *stop_strings; /* NUL-terminated stop strings (copied at open); "" entries ignored */
   size_t n_stop_strings;
+  /* Since 0.1 (appended): attention masks, applied in every layer.
+   * - attn_window W > 0: the token at position p attends only to positions p-W+1 .. p (a sliding
+   *   window; a model's own per-layer window, if smaller, still applies). 0 (default) = no window.
+   * - blocked_tokens: a position holding one of these ids is never a key for any other position's
+   *   query: later tokens see the sequence as if that position were absent (positions are not
+   *   renumbered: RoPE still counts it). The blocked token itself attends normally (to the earlier
+   *   unblocked positions and to itself), so its own logits stay defined. Copied at open. */
+  uint32_t attn_window;
+  const int32_t *blocked_tokens;   /* may be NULL when n_blocked_tokens is 0 */
+  size_t n_blocked_tokens;
 } moe_session_params;
 
 MOE_API void moe_session_params_fill_defaults(moe_session_params *p);
@@ -322,7 +348,8 @@ static inline void moe_session_params_init(moe_session_params *p) {
  * Thread-safety: safe against other session calls on the same context. Since: 0.1. */
 MOE_API moe_status moe_session_open(moe_ctx *ctx, const moe_session_params *p, moe_session **out);
 
-/* Closes a session; NULL is a no-op. Its queued input is dropped.
+/* Closes a session; NULL is a no-op. Its queued input is dropped and its KV blocks go back to the
+ * context's budget (an evicted session's spill file is removed).
  * Thread-safety: may run while another thread steps the context (it waits for that step to end);
  * no other call on this session may run concurrently or follow. Since: 0.1. */
 MOE_API void moe_session_close(moe_session *s);
@@ -342,9 +369,12 @@ MOE_API moe_status moe_session_feed(moe_session *s, const int32_t *tokens, size_
  * all tokens of the batch together, attention per session; each token's logits are bit-identical
  * to running its session alone. An input of at most prefill_token_max tokens runs token by token
  * (a few passes within the step). A session whose input is all processed has logits to sample.
+ * Evicted sessions' KV comes back first; KV blocks for the new positions are taken from the
+ * context's KV budget (evicting idle sessions to kv_spill_dir when it is short and one is given).
  * n_pending (nullable) receives the number of sessions still with queued input afterwards.
- * @return MOE_OK; MOE_ERR_IO_* or MOE_ERR_BACKEND if weights could not be read or computed; then
- *   every session keeps its queued input and its state before the step.
+ * @return MOE_OK; MOE_ERR_IO_* or MOE_ERR_BACKEND if weights could not be read or computed;
+ *   MOE_ERR_LIMIT_KV if the KV budget cannot hold the batch's new positions; then every session
+ *   keeps its queued input and its state before the step.
  * Thread-safety: safe; steps on one context are serialised internally, and session calls on other
  *   threads may run meanwhile (see each). Since: 0.1. */
 MOE_API moe_status moe_ctx_step(moe_ctx *ctx, uint32_t *n_pending);
@@ -396,6 +426,58 @@ MOE_API moe_status moe_session_sample(moe_session *s, int32_t *token);
 /* Number of tokens in the session's KV cache (its position). -1 for NULL.
  * Thread-safety: safe, also while another thread steps the context. Since: 0.1. */
 MOE_API int32_t moe_session_n_past(const moe_session *s);
+
+/* ---------------------------------------------------------------------------------------------
+ * KV cache residency and session snapshots
+ * ------------------------------------------------------------------------------------------- */
+
+/* Bytes of KV blocks the session holds in RAM (0 while evicted, or for NULL).
+ * Thread-safety: one thread per session; not concurrently with moe_ctx_step. Since: 0.1. */
+MOE_API uint64_t moe_session_kv_bytes(const moe_session *s);
+
+/* KV bytes all sessions of the context hold in RAM (*used) and the budget they share (*budget);
+ * either may be NULL. @return MOE_OK; MOE_ERR_INVALID_ARGUMENT (ctx NULL). Thread-safety: safe.
+ * Since: 0.1. */
+MOE_API moe_status moe_ctx_kv_usage(const moe_ctx *ctx, uint64_t *used, uint64_t *budget);
+
+/* Evicts the session's KV cache to an unlinked file in moe_params.kv_spill_dir, freeing its RAM
+ * and budget. The next step that runs the session reads it back transparently (moe_session_save
+ * reads it from the file as it is); the numbers are bit-identical to never having evicted. Evicting an evicted
+ * session does nothing.
+ * @return MOE_OK; MOE_ERR_INVALID_ARGUMENT (NULL); MOE_ERR_STATE (the context has no spill
+ *   directory); MOE_ERR_IO_OPEN / MOE_ERR_IO_WRITE (the file could not be written: the session is
+ *   unchanged and keeps its KV in RAM).
+ * Thread-safety: one thread per session; serialised with moe_ctx_step internally. Since: 0.1. */
+MOE_API moe_status moe_session_evict(moe_session *s);
+
+/* Saves the session to `path`: its KV rows, position, token history, pending input, logits, the
+ * sampler's generator state and its params (sampling, penalties, stop conditions, masks), with a
+ * header naming the model (architecture, hyper-parameters, a hash of the tensor table), a format
+ * version and a CRC-32C over every byte. The file is written to a temporary file in the same
+ * directory, fsynced, renamed over `path` and the directory fsynced: a crash or kill at any moment
+ * leaves either the previous file at `path` or the new one, never a torn one (a temporary
+ * `path.tmp-XXXXXX` may remain after a crash). The text in progress of moe_session_sample_text
+ * (held-back bytes) is not saved: a loaded session starts a new text.
+ * @return MOE_OK; MOE_ERR_INVALID_ARGUMENT (NULL or empty path); MOE_ERR_IO_OPEN, MOE_ERR_IO_WRITE,
+ *   MOE_ERR_IO_READ (an evicted session's spill file): `path` is untouched and the session unchanged.
+ * Thread-safety: one thread per session; serialised with moe_ctx_step internally. Since: 0.1. */
+MOE_API moe_status moe_session_save(moe_session *s, const char *path);
+
+/* Opens a new session on ctx from a snapshot written by moe_session_save for the same model.
+ * p NULL: the saved params; else p's params instead (e.g. other sampling settings; its n_ctx, or
+ * the context's default when 0, must hold the saved tokens) — the generator state, history,
+ * pending input, logits and KV rows always come from the snapshot, so continuing gives the tokens
+ * and logits of the uninterrupted session bit for bit.
+ * @return MOE_OK and *out set; on failure *out is untouched and no session is opened:
+ *   MOE_ERR_INVALID_ARGUMENT (NULL, bad params); MOE_ERR_IO_OPEN / MOE_ERR_IO_READ;
+ *   MOE_ERR_FORMAT_HEADER (not a snapshot, bad header), MOE_ERR_FORMAT_TRUNCATED (cut short),
+ *   MOE_ERR_FORMAT_CHECKSUM (corrupt), MOE_ERR_FORMAT_FOREIGN (written for another model, the
+ *   message names what differs), MOE_ERR_FORMAT_METADATA (inconsistent contents), MOE_ERR_UNSUPPORTED
+ *   (a newer format version), MOE_ERR_LIMIT_CONTEXT (n_ctx too small), MOE_ERR_LIMIT_KV (the
+ *   context's KV budget cannot hold it), MOE_ERR_NO_MEMORY.
+ * Thread-safety: safe against other session calls on the same context. Since: 0.1. */
+MOE_API moe_status moe_session_load(moe_ctx *ctx, const char *path, const moe_session_params *p,
+                                    moe_session **out);
 
 /* Why moe_session_sample_text ended the text. */
 #define MOE_STOP_NONE 0   /* not ended: feed the token and continue */

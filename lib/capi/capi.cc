@@ -98,6 +98,8 @@ strata::runtime::ContextOptions ToOptions(const moe_params &p) {
   o.max_batch_tokens = static_cast<int>(std::min<uint32_t>(p.max_batch_tokens, 1u << 24));
   o.prefill_token_max = static_cast<int>(std::min<uint32_t>(p.prefill_token_max, 1u << 24));
   o.prefill_layer_min = static_cast<int>(std::min<uint32_t>(p.prefill_layer_min, 1u << 24));
+  o.kv_budget_bytes = p.kv_budget_bytes;
+  o.kv_spill_dir = p.kv_spill_dir != nullptr ? p.kv_spill_dir : "";
   return o;
 }
 
@@ -119,7 +121,47 @@ void FillPlan(const strata::store::CachePlan &p, moe_cache_plan *out) {
   full.clamped = p.clamped ? 1 : 0;
   full.n_ctx = static_cast<uint32_t>(p.n_ctx);
   full.max_sessions = static_cast<uint32_t>(p.max_sessions);
+  full.kv_bytes_per_token = p.kv_bytes_per_token;
+  full.kv_block_tokens = strata::model::kKvBlockTokens;
+  full.kv_max_blocks = p.kv_max_blocks;
   std::memcpy(out, &full, std::min<size_t>(out->struct_size, sizeof full));
+}
+
+// The session options of a defaults-filled params struct.
+moe_status ToSessionOptions(const moe_session_params &sp, strata::runtime::SessionOptions *out) {
+  strata::runtime::SessionOptions &o = *out;
+  o.n_ctx = static_cast<int>(std::min<uint32_t>(sp.n_ctx, INT32_MAX));
+  o.seed = sp.seed;
+  o.sampler.temperature = sp.temperature;
+  o.sampler.top_k = sp.top_k;
+  o.sampler.top_p = sp.top_p;
+  o.logits_all = sp.logits_all != 0;
+  o.sampler.min_p = sp.min_p;
+  o.sampler.repeat_penalty = sp.repeat_penalty;
+  o.sampler.presence_penalty = sp.presence_penalty;
+  o.sampler.penalty_last_n = sp.penalty_last_n;
+  o.stop_at_eos = sp.stop_at_eos != 0;
+  if ((sp.stop_tokens == nullptr && sp.n_stop_tokens > 0) || (sp.stop_strings == nullptr && sp.n_stop_strings > 0)) {
+    return Fail(MOE_ERR_INVALID_ARGUMENT, "moe_session_params: stop_tokens or stop_strings is NULL with a count");
+  }
+  if (sp.n_stop_tokens > (1u << 20) || sp.n_stop_strings > (1u << 20)) {
+    return Fail(MOE_ERR_INVALID_ARGUMENT, "moe_session_params: too many stop tokens or strings");
+  }
+  if (sp.n_stop_tokens > 0) o.stop_tokens.assign(sp.stop_tokens, sp.stop_tokens + sp.n_stop_tokens);
+  for (size_t i = 0; i < sp.n_stop_strings; ++i) {
+    if (sp.stop_strings[i] == nullptr) {
+      return Fail(MOE_ERR_INVALID_ARGUMENT, "moe_session_params: stop_strings[" + std::to_string(i) + "] is NULL");
+    }
+    o.stop_strings.emplace_back(sp.stop_strings[i]);
+  }
+  if (sp.blocked_tokens == nullptr && sp.n_blocked_tokens > 0) {
+    return Fail(MOE_ERR_INVALID_ARGUMENT, "moe_session_params: blocked_tokens is NULL with a count");
+  }
+  if (sp.n_blocked_tokens > (1u << 24)) return Fail(MOE_ERR_INVALID_ARGUMENT, "moe_session_params: too many blocked tokens");
+  if (sp.attn_window > INT32_MAX) return Fail(MOE_ERR_INVALID_ARGUMENT, "moe_session_params: attn_window is too large");
+  o.window = static_cast<int>(sp.attn_window);
+  if (sp.n_blocked_tokens > 0) o.blocked_tokens.assign(sp.blocked_tokens, sp.blocked_tokens + sp.n_blocked_tokens);
+  return MOE_OK;
 }
 
 moe_status CheckPlanOut(moe_cache_plan *out) {
@@ -162,10 +204,13 @@ const char *moe_status_string(moe_status st) {
     MOE_NAME(MOE_ERR_FORMAT_TENSOR)
     MOE_NAME(MOE_ERR_FORMAT_HPARAMS)
     MOE_NAME(MOE_ERR_FORMAT_CONFIG)
+    MOE_NAME(MOE_ERR_FORMAT_CHECKSUM)
+    MOE_NAME(MOE_ERR_FORMAT_FOREIGN)
     MOE_NAME(MOE_ERR_UNSUPPORTED_ARCH)
     MOE_NAME(MOE_ERR_UNSUPPORTED_TYPE)
     MOE_NAME(MOE_ERR_UNSUPPORTED_BACKEND)
     MOE_NAME(MOE_ERR_LIMIT_CONTEXT)
+    MOE_NAME(MOE_ERR_LIMIT_KV)
 #undef MOE_NAME
     default: return "MOE_ERR_UNKNOWN";
   }
@@ -211,6 +256,9 @@ void moe_session_params_fill_defaults(moe_session_params *p) {
   d.n_stop_tokens = 0;
   d.stop_strings = nullptr;
   d.n_stop_strings = 0;
+  d.attn_window = 0;
+  d.blocked_tokens = nullptr;
+  d.n_blocked_tokens = 0;
   std::memcpy(reinterpret_cast<char *>(p) + sizeof(uint32_t), reinterpret_cast<const char *>(&d) + sizeof(uint32_t),
               std::min<size_t>(p->struct_size, sizeof d) - sizeof(uint32_t));
 }
@@ -390,30 +438,7 @@ moe_status moe_session_open(moe_ctx *ctx, const moe_session_params *p, moe_sessi
       return st;
     }
     strata::runtime::SessionOptions o;
-    o.n_ctx = static_cast<int>(std::min<uint32_t>(sp.n_ctx, INT32_MAX));
-    o.seed = sp.seed;
-    o.sampler.temperature = sp.temperature;
-    o.sampler.top_k = sp.top_k;
-    o.sampler.top_p = sp.top_p;
-    o.logits_all = sp.logits_all != 0;
-    o.sampler.min_p = sp.min_p;
-    o.sampler.repeat_penalty = sp.repeat_penalty;
-    o.sampler.presence_penalty = sp.presence_penalty;
-    o.sampler.penalty_last_n = sp.penalty_last_n;
-    o.stop_at_eos = sp.stop_at_eos != 0;
-    if ((sp.stop_tokens == nullptr && sp.n_stop_tokens > 0) || (sp.stop_strings == nullptr && sp.n_stop_strings > 0)) {
-      return Fail(MOE_ERR_INVALID_ARGUMENT, "moe_session_params: stop_tokens or stop_strings is NULL with a count");
-    }
-    if (sp.n_stop_tokens > (1u << 20) || sp.n_stop_strings > (1u << 20)) {
-      return Fail(MOE_ERR_INVALID_ARGUMENT, "moe_session_params: too many stop tokens or strings");
-    }
-    if (sp.n_stop_tokens > 0) o.stop_tokens.assign(sp.stop_tokens, sp.stop_tokens + sp.n_stop_tokens);
-    for (size_t i = 0; i < sp.n_stop_strings; ++i) {
-      if (sp.stop_strings[i] == nullptr) {
-        return Fail(MOE_ERR_INVALID_ARGUMENT, "moe_session_params: stop_strings[" + std::to_string(i) + "] is NULL");
-      }
-      o.stop_strings.emplace_back(sp.stop_strings[i]);
-    }
+    if (moe_status st = ToSessionOptions(sp, &o); st != MOE_OK) return st;
     auto s = ctx->impl->OpenSession(o);
     if (!s.ok()) return FromStatus(s.status());
     auto *h = new moe_session();
@@ -533,6 +558,56 @@ moe_status moe_session_text_end(moe_session *s, const char **text, size_t *n_byt
     s->text = s->impl->EndText();
     *text = s->text.data();
     *n_bytes = s->text.size();
+    return MOE_OK;
+  });
+}
+
+uint64_t moe_session_kv_bytes(const moe_session *s) { return s ? s->impl->kv_resident_bytes() : 0; }
+
+moe_status moe_ctx_kv_usage(const moe_ctx *ctx, uint64_t *used, uint64_t *budget) {
+  return Guard([&]() -> moe_status {
+    if (ctx == nullptr) return Fail(MOE_ERR_INVALID_ARGUMENT, "ctx is NULL");
+    if (used) *used = ctx->impl->kv_used_bytes();
+    if (budget) *budget = ctx->impl->kv_budget_bytes();
+    return MOE_OK;
+  });
+}
+
+moe_status moe_session_evict(moe_session *s) {
+  return Guard([&]() -> moe_status {
+    if (s == nullptr) return Fail(MOE_ERR_INVALID_ARGUMENT, "session is NULL");
+    return FromStatus(s->ctx->impl->EvictSession(s->impl));
+  });
+}
+
+moe_status moe_session_save(moe_session *s, const char *path) {
+  return Guard([&]() -> moe_status {
+    if (s == nullptr || path == nullptr) return Fail(MOE_ERR_INVALID_ARGUMENT, "session or path is NULL");
+    return FromStatus(s->ctx->impl->SaveSession(s->impl, path));
+  });
+}
+
+moe_status moe_session_load(moe_ctx *ctx, const char *path, const moe_session_params *p, moe_session **out) {
+  return Guard([&]() -> moe_status {
+    if (ctx == nullptr || path == nullptr || out == nullptr) {
+      return Fail(MOE_ERR_INVALID_ARGUMENT, "ctx, path or out is NULL");
+    }
+    strata::runtime::SessionOptions o;
+    if (p != nullptr) {
+      moe_session_params sp;
+      if (moe_status st = ReadParams(p, &sp, moe_session_params_fill_defaults, "moe_session_params"); st != MOE_OK) {
+        return st;
+      }
+      if (moe_status st = ToSessionOptions(sp, &o); st != MOE_OK) return st;
+    }
+    auto s = ctx->impl->LoadSession(path, p != nullptr ? &o : nullptr);
+    if (!s.ok()) return FromStatus(s.status());
+    auto *h = new moe_session();
+    h->ctx = ctx;
+    h->impl = *s;
+    std::lock_guard<std::mutex> lk(ctx->mu);
+    ctx->sessions.push_back(h);
+    *out = h;
     return MOE_OK;
   });
 }

@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <memory>
 #include <string_view>
+#include <vector>
 
 #include "lib/model/hparams.h"
 #include "lib/model/weights.h"
@@ -25,16 +26,49 @@
 
 namespace strata::model {
 
-// One layer's slice of a session's KV cache: n_ctx rows of k_width keys and v_width values. Code
-// reaches rows only through k_row / v_row, so the storage behind a view may change (blocks).
+// Positions per KV block: a session's cache grows by blocks of this many tokens.
+inline constexpr int kKvBlockTokens = 128;
+
+// One layer's slice of a session's KV cache as a block table: position p lives in row
+// p % kKvBlockTokens of block p / kKvBlockTokens, a (kKvBlockTokens, width) row-major array. Code
+// reaches rows only through k_row / v_row, so where each block lives can change (a device backend
+// may keep the newest blocks, the hot window, in its own memory and the rest in host RAM).
+// masked (nullable, n_ctx bytes): masked[p] != 0 means position p is never a key for another
+// position's query (the session's blocked tokens); a query always attends to its own position.
 struct KvView {
-  float *k = nullptr;
-  float *v = nullptr;
-  int n_ctx = 0;
+  float *const *k_blocks = nullptr;  // (n_ctx / kKvBlockTokens) blocks of (kKvBlockTokens, k_width)
+  float *const *v_blocks = nullptr;  // same for values; unused when v_width is 0
+  int n_ctx = 0;                     // positions the blocks cover
   int k_width = 0;
   int v_width = 0;
-  float *k_row(int pos) const { return k + static_cast<int64_t>(pos) * k_width; }
-  float *v_row(int pos) const { return v + static_cast<int64_t>(pos) * v_width; }
+  const uint8_t *masked = nullptr;
+  float *k_row(int pos) const {
+    return k_blocks[pos / kKvBlockTokens] + static_cast<int64_t>(pos % kKvBlockTokens) * k_width;
+  }
+  float *v_row(int pos) const {
+    return v_blocks[pos / kKvBlockTokens] + static_cast<int64_t>(pos % kKvBlockTokens) * v_width;
+  }
+  bool is_masked(int pos) const { return masked != nullptr && masked[pos] != 0; }
+};
+
+// A KvView over contiguous (n_ctx, width) key and value rows, for reference computations and
+// tests: its block table points into them every kKvBlockTokens rows.
+class ContiguousKv {
+ public:
+  ContiguousKv(float *k, float *v, int n_ctx, int k_width, int v_width) {
+    for (int p = 0; p < n_ctx; p += kKvBlockTokens) {
+      k_blocks_.push_back(k + static_cast<int64_t>(p) * k_width);
+      v_blocks_.push_back(v != nullptr ? v + static_cast<int64_t>(p) * v_width : nullptr);
+    }
+    view_ = KvView{k_blocks_.data(), v_blocks_.data(), n_ctx, k_width, v_width, nullptr};
+  }
+  ContiguousKv(const ContiguousKv &) = delete;
+  ContiguousKv &operator=(const ContiguousKv &) = delete;
+  const KvView &view() const { return view_; }
+
+ private:
+  std::vector<float *> k_blocks_, v_blocks_;
+  KvView view_;
 };
 
 // Frequencies of a RoPE call. inv_freq (head_dim / 2 values) replaces theta^(-2i / head_dim) when set
@@ -133,7 +167,8 @@ class Backend {
   }
   // Causal attention for n_tok new tokens at positions pos0..pos0+n_tok-1, whose K/V rows are already
   // in kv. q (n_tok, n_head, head_dim) -> out (n_tok, n_head, head_dim, or v_dim when p.latent).
-  // window 0 = unlimited.
+  // window 0 = unlimited, else position p attends to p - window + 1 .. p; positions kv.is_masked()
+  // are skipped (except p itself).
   virtual void Attention(const float *q, const KvView &kv, int64_t n_tok, int pos0, int n_head,
                          int n_head_kv, int head_dim, int window, float *out, const AttentionParams &p) = 0;
   void Attention(const float *q, const KvView &kv, int64_t n_tok, int pos0, int n_head, int n_head_kv,

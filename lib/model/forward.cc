@@ -5,32 +5,294 @@
 // other tokens share the batch.
 #include "lib/model/forward.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "lib/model/routing.h"
+#include "lib/util/crc32c.h"
 
 namespace strata::model {
+
+namespace {
+
+// A KV block in host memory for a cache without a backend (zero-filled, as new float[]() was).
+class HostBlock final : public Buffer {
+ public:
+  static absl::StatusOr<std::unique_ptr<Buffer>> Allocate(size_t bytes) {
+    void *p = std::calloc(std::max<size_t>(bytes, 1), 1);
+    if (p == nullptr) return Errorf(MOE_ERR_NO_MEMORY, "cannot allocate %u bytes", bytes);
+    auto b = std::unique_ptr<HostBlock>(new HostBlock());
+    b->data_ = p;
+    b->bytes_ = bytes;
+    return std::unique_ptr<Buffer>(std::move(b));
+  }
+  ~HostBlock() override { std::free(data_); }
+};
+
+}  // namespace
 
 KvCache::Widths KvCache::WidthsFor(const HParams &hp) {
   if (hp.mla) return Widths{hp.kv_lora_rank + hp.qk_rope_dim, 0};
   return Widths{hp.kv_dim(), hp.kv_dim()};
 }
 
-absl::Status KvCache::Init(const HParams &hp, int n_ctx, Backend &be) {
+KvCache::~KvCache() { FreeAll(); }
+
+void KvCache::FreeAll() {
+  if (budget_ != nullptr) budget_->Give(resident_bytes());
+  blocks_.clear();
+  for (auto &t : k_tab_) t.clear();
+  for (auto &t : v_tab_) t.clear();
+  masked_.clear();
+  if (spill_fd_ >= 0) close(spill_fd_);
+  spill_fd_ = -1;
+  spill_blocks_ = 0;
+}
+
+bool KvBudget::Take(uint64_t bytes) {
+  uint64_t cur = used_.load();
+  do {
+    if (cur + bytes > limit_) return false;
+  } while (!used_.compare_exchange_weak(cur, cur + bytes));
+  return true;
+}
+
+absl::Status KvCache::Init(const HParams &hp, int n_ctx, KvBudget *budget, Backend *be) {
+  if (n_ctx <= 0) return Errorf(MOE_ERR_INVALID_ARGUMENT, "a KV cache of %d positions", n_ctx);
+  FreeAll();
   n_ctx_ = n_ctx;
+  n_layer_ = hp.n_layer;
   w_ = WidthsFor(hp);
-  const size_t rows = static_cast<size_t>(hp.n_layer) * n_ctx;
-  auto k = be.Allocate(rows * w_.k * sizeof(float));
-  auto v = be.Allocate(rows * w_.v * sizeof(float));
-  if (!k.ok() || !v.ok()) {
-    return Errorf(MOE_ERR_NO_MEMORY, "cannot allocate a KV cache of %u bytes on the %s backend", BytesFor(hp, n_ctx),
-                  std::string(be.name()));
-  }
-  k_ = std::move(*k);
-  v_ = std::move(*v);
+  budget_ = budget;
+  be_ = be;
+  k_tab_.assign(n_layer_, {});
+  v_tab_.assign(n_layer_, {});
   return absl::OkStatus();
+}
+
+void KvCache::SetMask(int window, std::vector<int32_t> blocked) {
+  window_ = std::max(0, window);
+  std::sort(blocked.begin(), blocked.end());
+  blocked.erase(std::unique(blocked.begin(), blocked.end()), blocked.end());
+  blocked_ = std::move(blocked);
+}
+
+int KvCache::WindowFor(const HParams &hp, int l) const {
+  const int m = hp.window(l);
+  if (m <= 0) return window_;
+  if (window_ <= 0) return m;
+  return std::min(m, window_);
+}
+
+// Allocates n blocks (zeroed) against the budget, into *out; all or nothing.
+absl::Status KvCache::AddBlocks(int n, std::vector<std::unique_ptr<Buffer>> *out) {
+  const uint64_t bytes = static_cast<uint64_t>(n) * block_bytes();
+  if (budget_ != nullptr && !budget_->Take(bytes)) {
+    return Errorf(MOE_ERR_LIMIT_KV,
+                  "the context's KV budget of %u bytes cannot hold %d more block(s) of %u bytes (%u bytes in use); "
+                  "raise moe_params.kv_budget_bytes or max_sessions, close or evict sessions",
+                  budget_->limit(), n, block_bytes(), budget_->used());
+  }
+  for (int i = 0; i < n; ++i) {
+    absl::StatusOr<std::unique_ptr<Buffer>> b =
+        be_ != nullptr ? be_->Allocate(block_bytes()) : HostBlock::Allocate(block_bytes());
+    if (!b.ok()) {
+      out->clear();
+      if (budget_ != nullptr) budget_->Give(bytes);
+      return Errorf(MOE_ERR_NO_MEMORY, "cannot allocate %d KV block(s) of %u bytes", n, block_bytes());
+    }
+    out->push_back(std::move(*b));
+  }
+  return absl::OkStatus();
+}
+
+// Appends allocated blocks to the tables.
+void KvCache::Adopt(std::vector<std::unique_ptr<Buffer>> *blocks) {
+  const size_t per_layer = static_cast<size_t>(kKvBlockTokens) * (w_.k + w_.v);
+  for (auto &b : *blocks) {
+    float *base = Data(b);
+    for (int l = 0; l < n_layer_; ++l) {
+      float *k = base + l * per_layer;
+      k_tab_[l].push_back(k);
+      v_tab_[l].push_back(k + static_cast<size_t>(kKvBlockTokens) * w_.k);
+    }
+    blocks_.push_back(std::move(b));
+  }
+  blocks->clear();
+  masked_.resize(capacity(), 0);
+}
+
+absl::Status KvCache::Reserve(int n) {
+  if (n > n_ctx_) {
+    return Errorf(MOE_ERR_LIMIT_CONTEXT, "position %d does not fit the session's context of %d tokens", n - 1,
+                  n_ctx_);
+  }
+  if (n <= capacity()) return absl::OkStatus();
+  if (spilled()) return Errorf(MOE_ERR_STATE, "the KV cache is spilled to disk");
+  const int need = (n + kKvBlockTokens - 1) / kKvBlockTokens - n_blocks();
+  std::vector<std::unique_ptr<Buffer>> fresh;
+  STRATA_RETURN_IF_ERROR(AddBlocks(need, &fresh));
+  Adopt(&fresh);
+  return absl::OkStatus();
+}
+
+absl::Status KvCache::Prepare(int pos0, const int32_t *tokens, int64_t n) {
+  if (pos0 < 0 || n < 0 || pos0 + n > n_ctx_) {
+    return Errorf(MOE_ERR_LIMIT_CONTEXT, "positions %d..%d do not fit the context of %d tokens", pos0,
+                  pos0 + n - 1, n_ctx_);
+  }
+  STRATA_RETURN_IF_ERROR(Reserve(static_cast<int>(pos0 + n)));
+  for (int64_t t = 0; t < n; ++t) {
+    masked_[pos0 + t] = std::binary_search(blocked_.begin(), blocked_.end(), tokens[t]) ? 1 : 0;
+  }
+  return absl::OkStatus();
+}
+
+void KvCache::Trim(int n) {
+  if (spilled()) return;
+  const int keep = (std::max(0, n) + kKvBlockTokens - 1) / kKvBlockTokens;
+  if (keep >= n_blocks()) return;
+  if (budget_ != nullptr) budget_->Give(static_cast<uint64_t>(n_blocks() - keep) * block_bytes());
+  blocks_.resize(keep);
+  for (auto &t : k_tab_) t.resize(keep);
+  for (auto &t : v_tab_) t.resize(keep);
+  masked_.resize(capacity());
+}
+
+absl::Status KvCache::Spill(const std::string &dir, int n) {
+  if (spilled()) return absl::OkStatus();
+  const int keep = std::min(n_blocks(), (std::max(0, n) + kKvBlockTokens - 1) / kKvBlockTokens);
+  std::string tmpl = (dir.empty() ? std::string(".") : dir) + "/strata-kv-XXXXXX";
+  int fd = mkstemp(tmpl.data());
+  if (fd < 0) {
+    return Errorf(MOE_ERR_IO_OPEN, "cannot create a KV spill file in '%s': %s", dir, std::strerror(errno));
+  }
+  unlink(tmpl.c_str());  // the file lives while fd is open; nothing stays behind after a crash
+  uint32_t crc = 0;
+  std::vector<char> host(block_bytes());
+  for (int b = 0; b < keep; ++b) {
+    const uint64_t bytes = block_bytes();
+    ToHost(host.data(), blocks_[b]->data(), bytes);
+    const char *p = host.data();
+    crc = Crc32c(crc, p, bytes);
+    uint64_t done = 0;
+    while (done < bytes) {
+      ssize_t w = pwrite(fd, p + done, bytes - done, static_cast<off_t>(b * bytes + done));
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) {
+        const int err = errno;
+        close(fd);
+        return Errorf(MOE_ERR_IO_WRITE, "writing the KV spill file in '%s': %s", dir,
+                      w < 0 ? std::strerror(err) : "no space written");
+      }
+      done += static_cast<uint64_t>(w);
+    }
+  }
+  std::vector<uint8_t> mask(masked_.begin(), masked_.begin() + keep * kKvBlockTokens);
+  FreeAll();
+  masked_ = std::move(mask);  // the mask stays in RAM (one byte per position)
+  spill_fd_ = fd;
+  spill_blocks_ = keep;
+  spill_crc_ = crc;
+  return absl::OkStatus();
+}
+
+absl::Status KvCache::Unspill() {
+  if (!spilled()) return absl::OkStatus();
+  std::vector<std::unique_ptr<Buffer>> fresh;
+  STRATA_RETURN_IF_ERROR(AddBlocks(spill_blocks_, &fresh));
+  const uint64_t bytes = block_bytes();
+  uint32_t crc = 0;
+  std::vector<char> host(bytes);
+  for (int b = 0; b < spill_blocks_; ++b) {
+    char *p = host.data();
+    uint64_t done = 0;
+    while (done < bytes) {
+      ssize_t r = pread(spill_fd_, p + done, bytes - done, static_cast<off_t>(b * bytes + done));
+      if (r < 0 && errno == EINTR) continue;
+      if (r <= 0) {
+        const int err = errno;
+        if (budget_ != nullptr) budget_->Give(static_cast<uint64_t>(spill_blocks_) * bytes);
+        return Errorf(MOE_ERR_IO_READ, "reading the KV spill file back: %s", r < 0 ? std::strerror(err) : "end of file");
+      }
+      done += static_cast<uint64_t>(r);
+    }
+    crc = Crc32c(crc, p, bytes);
+    FromHost(fresh[b]->data(), p, bytes);
+  }
+  if (crc != spill_crc_) {
+    if (budget_ != nullptr) budget_->Give(static_cast<uint64_t>(spill_blocks_) * bytes);
+    return Errorf(MOE_ERR_IO_READ, "the KV spill file came back different from what was written (checksum)");
+  }
+  std::vector<uint8_t> mask = std::move(masked_);
+  close(spill_fd_);
+  spill_fd_ = -1;
+  spill_blocks_ = 0;
+  Adopt(&fresh);
+  std::copy(mask.begin(), mask.begin() + std::min(mask.size(), masked_.size()), masked_.begin());
+  return absl::OkStatus();
+}
+
+absl::Status KvCache::ReadRows(int l, bool values, int n, float *out) const {
+  const int width = values ? w_.v : w_.k;
+  if (width == 0 || n <= 0) return absl::OkStatus();
+  const size_t per_layer = static_cast<size_t>(kKvBlockTokens) * (w_.k + w_.v);
+  const size_t within = l * per_layer + (values ? static_cast<size_t>(kKvBlockTokens) * w_.k : 0);
+  for (int p0 = 0; p0 < n; p0 += kKvBlockTokens) {
+    const int b = p0 / kKvBlockTokens, rows = std::min(kKvBlockTokens, n - p0);
+    const size_t floats = static_cast<size_t>(rows) * width;
+    float *dst = out + static_cast<size_t>(p0) * width;
+    if (!spilled()) {
+      if (b >= n_blocks()) return Errorf(MOE_ERR_INTERNAL, "KV rows %d.. are not allocated", p0);
+      ToHost(dst, Data(blocks_[b]) + within, floats * sizeof(float));
+      continue;
+    }
+    if (b >= spill_blocks_) return Errorf(MOE_ERR_INTERNAL, "KV rows %d.. are not in the spill file", p0);
+    char *p = reinterpret_cast<char *>(dst);
+    const uint64_t bytes = floats * sizeof(float), at = b * block_bytes() + within * sizeof(float);
+    uint64_t done = 0;
+    while (done < bytes) {
+      ssize_t r = pread(spill_fd_, p + done, bytes - done, static_cast<off_t>(at + done));
+      if (r < 0 && errno == EINTR) continue;
+      if (r <= 0) {
+        return Errorf(MOE_ERR_IO_READ, "reading the KV spill file: %s", r < 0 ? std::strerror(errno) : "end of file");
+      }
+      done += static_cast<uint64_t>(r);
+    }
+  }
+  return absl::OkStatus();
+}
+
+void KvCache::WriteRows(int l, bool values, int n, const float *in) {
+  const int width = values ? w_.v : w_.k;
+  if (width == 0) return;
+  for (int p = 0; p < n; ++p) {
+    FromHost(values ? layer(l).v_row(p) : layer(l).k_row(p), in + static_cast<size_t>(p) * width,
+             static_cast<size_t>(width) * sizeof(float));
+  }
+}
+
+void KvCache::ToHost(void *dst, const void *src, size_t bytes) const {
+  if (be_ != nullptr) {
+    be_->Download(dst, src, bytes);
+  } else if (bytes > 0) {
+    std::memcpy(dst, src, bytes);
+  }
+}
+
+void KvCache::FromHost(void *dst, const void *src, size_t bytes) const {
+  if (be_ != nullptr) {
+    be_->Upload(dst, src, bytes);
+  } else if (bytes > 0) {
+    std::memcpy(dst, src, bytes);
+  }
 }
 
 namespace {
@@ -160,6 +422,19 @@ size_t Lay(const HParams &hp, int64_t T, int64_t n_out, void *base, Scratch *s) 
   return c.used();
 }
 
+// Writes width floats at column col of the k (or v) rows of positions [pos0, pos0 + T) from src
+// (T rows of src_stride): one copy per run of positions inside one block.
+void WriteKvRows(Backend &be, const KvView &kv, bool values, int pos0, int64_t T, const float *src,
+                 int64_t src_stride, int64_t col, int64_t width) {
+  for (int64_t t = 0; t < T;) {
+    const int pos = pos0 + static_cast<int>(t);
+    const int64_t run = std::min<int64_t>(T - t, kKvBlockTokens - pos % kKvBlockTokens);
+    float *dst = (values ? kv.v_row(pos) : kv.k_row(pos)) + col;
+    be.CopyRows(dst, values ? kv.v_width : kv.k_width, src + t * src_stride, src_stride, run, width);
+    t += run;
+  }
+}
+
 // Self-attention of layer l over T new tokens of one sequence at positions pos0..pos0+T-1 (pos, in
 // backend memory): h (T, D) is the normalised layer input, o (T, D) receives the output
 // projection. The tokens' K/V rows are written into the sequence's cache first.
@@ -194,12 +469,12 @@ void SelfAttention(const HParams &hp, const LayerWeights &L, int l, Backend &be,
   be.Rope(q, T, hp.n_head, hp.head_dim, pos, hp.rope_theta, hp.rope_style, rp);
   be.Rope(k, T, hp.n_head_kv, hp.head_dim, pos, hp.rope_theta, hp.rope_style, rp);
   KvView cache = kv.layer(l);
-  be.CopyRows(cache.k_row(pos0), cache.k_width, k, KVD, T, KVD);
-  be.CopyRows(cache.v_row(pos0), cache.v_width, v, KVD, T, KVD);
+  WriteKvRows(be, cache, false, pos0, T, k, KVD, 0, KVD);
+  WriteKvRows(be, cache, true, pos0, T, v, KVD, 0, KVD);
   AttentionParams ap;
   ap.scale = hp.attn_scale;
   if (L.sinks.tensor != nullptr) ap.sinks = L.sinks.values.data();
-  be.Attention(q, cache, T, pos0, hp.n_head, hp.n_head_kv, hp.head_dim, hp.window(l), att, ap);
+  be.Attention(q, cache, T, pos0, hp.n_head, hp.n_head_kv, hp.head_dim, kv.WindowFor(hp, l), att, ap);
   be.MatMul(L.wo, att, T, o);  // o (T, D)
   if (hp.attn_out_bias) be.AddBias(o, T, D, L.bo.values.data());
 }
@@ -234,8 +509,8 @@ void LatentAttention(const HParams &hp, const LayerWeights &L, int l, Backend &b
   be.Rope(S.kpe, T, 1, static_cast<int>(ROPE), pos, hp.rope_theta, hp.rope_style, rp);
   be.Rope(S.qpe, T, static_cast<int>(H), static_cast<int>(ROPE), pos, hp.rope_theta, hp.rope_style, rp);
   KvView cache = kv.layer(l);
-  be.CopyRows(cache.k_row(pos0), cache.k_width, S.c, R, T, R);
-  be.CopyRows(cache.k_row(pos0) + R, cache.k_width, S.kpe, ROPE, T, ROPE);
+  WriteKvRows(be, cache, false, pos0, T, S.c, R, 0, R);
+  WriteKvRows(be, cache, false, pos0, T, S.kpe, ROPE, R, ROPE);
   // qlat (T, H, R + ROPE) = [q_nope[h] · W_UK[h] | q_pe[h]]
   const bool fused = L.wkv_b.tensor != nullptr;
   for (int64_t hh = 0; hh < H; ++hh) {
@@ -253,7 +528,7 @@ void LatentAttention(const HParams &hp, const LayerWeights &L, int l, Backend &b
   ap.scale = hp.attn_scale;
   ap.latent = true;
   ap.v_dim = static_cast<int>(R);
-  be.Attention(S.qlat, cache, T, pos0, static_cast<int>(H), 1, static_cast<int>(W), hp.window(l), S.att, ap);
+  be.Attention(S.qlat, cache, T, pos0, static_cast<int>(H), 1, static_cast<int>(W), kv.WindowFor(hp, l), S.att, ap);
   for (int64_t hh = 0; hh < H; ++hh) {
     be.CopyRows(S.ah, R, S.att + hh * R, H * R, T, R);  // ah (T, R)
     // W_UV[h] (V, R): rows [h (NOPE + V) + NOPE, + V) of kv_b, or slice h of v_b
@@ -362,6 +637,9 @@ absl::Status Forward(const HParams &hp, const ModelWeights &w, Backend &be, cons
     }
     row0[s + 1] = row0[s] + q.n_tok;
   }
+  // Blocks for every sequence's new positions (the budget may refuse: nothing is written then) and
+  // their mask.
+  for (const SequenceArgs &q : a.seqs) STRATA_RETURN_IF_ERROR(q.kv->Prepare(q.pos0, q.tokens, q.n_tok));
   const int64_t T = row0[n_seq], D = hp.n_embd;
   int64_t n_out = 0;
   for (size_t s = 0; s < n_seq; ++s) n_out += a.seqs[s].all_logits ? a.seqs[s].n_tok : 1;

@@ -3,9 +3,11 @@
 // cache, router softmax -> top-k -> optional renormalisation, SwiGLU experts, output head.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "lib/model/backend.h"
@@ -15,36 +17,112 @@
 
 namespace strata::model {
 
-// One session's KV cache: for each layer, n_ctx rows of k_width keys and v_width values, in the
-// memory of the backend that computes with it. The widths depend on the family: kv_dim each for
-// grouped-query attention; for multi-head latent attention the compressed latent plus the shared
-// RoPE key in the k rows and no v rows.
+// The bytes of KV blocks a context's sessions may hold together (the cache plan's KV budget),
+// taken as blocks are allocated and given back as they are freed. Thread-safe.
+class KvBudget {
+ public:
+  explicit KvBudget(uint64_t limit) : limit_(limit) {}
+  bool Take(uint64_t bytes);
+  void Give(uint64_t bytes) { used_.fetch_sub(bytes); }
+  uint64_t used() const { return used_.load(); }
+  uint64_t limit() const { return limit_; }
+
+ private:
+  const uint64_t limit_;
+  std::atomic<uint64_t> used_{0};
+};
+
+// One session's KV cache: for each layer, rows of k_width keys and v_width values per position,
+// held in blocks of kKvBlockTokens positions that are allocated as the session grows (never more
+// than n_ctx positions) and charged to an optional KvBudget. The widths depend on the family:
+// kv_dim each for grouped-query attention; for multi-head latent attention the compressed latent
+// plus the shared RoPE key in the k rows and no v rows. Also holds the session's attention mask
+// (sliding window, blocked token ids) and can spill its blocks to an unlinked file on disk.
+// Invariant: masked_ has one byte per position the blocks cover.
 class KvCache {
  public:
   struct Widths {
     int k = 0, v = 0;
   };
   static Widths WidthsFor(const HParams &hp);
-  // Zero-filled rows from be.Allocate. MOE_ERR_NO_MEMORY when the backend cannot hold them.
-  absl::Status Init(const HParams &hp, int n_ctx, Backend &be);
+  KvCache() = default;
+  ~KvCache();
+  KvCache(const KvCache &) = delete;
+  KvCache &operator=(const KvCache &) = delete;
+  // Sets the shape; allocates nothing. `budget` (nullable) must outlive the cache. Blocks come from
+  // `be` (nullable: host memory), so they live where that backend computes; spill and snapshot
+  // copies go through its Download / Upload.
+  absl::Status Init(const HParams &hp, int n_ctx, KvBudget *budget = nullptr, Backend *be = nullptr);
+  // Attention mask: window > 0 limits every layer to the last `window` positions (combined with a
+  // model's own per-layer window by taking the smaller); a position holding one of `blocked` is
+  // never a key for another position's query.
+  void SetMask(int window, std::vector<int32_t> blocked);
+  int window() const { return window_; }
+  // The window layer l attends with: the smaller of the model's and the session's (0 = none).
+  int WindowFor(const HParams &hp, int l) const;
+
+  // Makes positions [0, n) writable, allocating the blocks that are missing. MOE_ERR_LIMIT_CONTEXT
+  // past n_ctx, MOE_ERR_LIMIT_KV when the budget cannot hold them, MOE_ERR_NO_MEMORY, MOE_ERR_STATE
+  // while spilled; on failure nothing is allocated.
+  absl::Status Reserve(int n);
+  // Reserve(pos0 + n) and records the mask of tokens[0, n) at positions pos0...
+  absl::Status Prepare(int pos0, const int32_t *tokens, int64_t n);
+  // Frees the blocks that hold no position below n.
+  void Trim(int n);
+
   KvView layer(int l) {
-    return KvView{base(k_) + static_cast<size_t>(l) * n_ctx_ * w_.k,
-                  base(v_) + static_cast<size_t>(l) * n_ctx_ * w_.v, n_ctx_, w_.k, w_.v};
+    return KvView{k_tab_[l].data(), v_tab_[l].data(), capacity(), w_.k, w_.v, masked_.data()};
   }
   int n_ctx() const { return n_ctx_; }
   Widths widths() const { return w_; }
+  int n_blocks() const { return static_cast<int>(blocks_.size()); }
+  int capacity() const { return n_blocks() * kKvBlockTokens; }  // positions the blocks cover
+  uint64_t block_bytes() const { return BlockBytesFor(n_layer_, w_); }
+  uint64_t resident_bytes() const { return static_cast<uint64_t>(n_blocks()) * block_bytes(); }
+
+  // Writes the blocks holding positions [0, n) to an unlinked file in `dir` and frees them (and
+  // their budget). Unspill reads them back bit for bit (charging the budget again); on failure the
+  // cache stays spilled and Unspill may be retried.
+  absl::Status Spill(const std::string &dir, int n);
+  absl::Status Unspill();
+  bool spilled() const { return spill_fd_ >= 0; }
+  int spilled_blocks() const { return spill_blocks_; }
+
+  // Snapshots: copies the key (values = false) or value rows of positions [0, n) of layer l to
+  // out (n, width), from RAM or from the spill file; WriteRows stores rows of reserved positions.
+  absl::Status ReadRows(int l, bool values, int n, float *out) const;
+  void WriteRows(int l, bool values, int n, const float *in);
+
+  static uint64_t BlockBytesFor(int n_layer, Widths w) {
+    return static_cast<uint64_t>(n_layer) * kKvBlockTokens * (w.k + w.v) * sizeof(float);
+  }
   static uint64_t BytesFor(const HParams &hp, int n_ctx) {
     const Widths w = WidthsFor(hp);
     return static_cast<uint64_t>(hp.n_layer) * static_cast<uint64_t>(n_ctx) * (w.k + w.v) * sizeof(float);
   }
 
  private:
-  static float *base(const std::unique_ptr<Buffer> &b) {
-    return b == nullptr ? nullptr : static_cast<float *>(b->data());
-  }
+  absl::Status AddBlocks(int n, std::vector<std::unique_ptr<Buffer>> *out);
+  void Adopt(std::vector<std::unique_ptr<Buffer>> *blocks);
+  // Block memory <-> host, through the backend when there is one.
+  void ToHost(void *dst, const void *src, size_t bytes) const;
+  void FromHost(void *dst, const void *src, size_t bytes) const;
+  static float *Data(const std::unique_ptr<Buffer> &b) { return static_cast<float *>(b->data()); }
+  void FreeAll();
   int n_ctx_ = 0;
+  int n_layer_ = 0;
   Widths w_;
-  std::unique_ptr<Buffer> k_, v_;
+  KvBudget *budget_ = nullptr;
+  Backend *be_ = nullptr;
+  // blocks_[b]: (n_layer, [k (kKvBlockTokens, w.k) | v (kKvBlockTokens, w.v)]) floats.
+  std::vector<std::unique_ptr<Buffer>> blocks_;
+  std::vector<std::vector<float *>> k_tab_, v_tab_;  // per layer, per block
+  std::vector<uint8_t> masked_;
+  int window_ = 0;
+  std::vector<int32_t> blocked_;  // sorted, unique
+  int spill_fd_ = -1;
+  int spill_blocks_ = 0;
+  uint32_t spill_crc_ = 0;
 };
 
 // Where the routed experts' bytes come from. For each layer the forward pass reports the routing
@@ -91,9 +169,11 @@ size_t ForwardWorkspaceBytes(const HParams &hp, int64_t n_tok, int64_t n_out);
 
 // Runs the sequences through the model, writing their K/V into their caches and the logits of
 // sequence i into (*logits)[i] ((all_logits ? n_tok : 1) x n_vocab). Requires pos0 + n_tok <=
-// kv->n_ctx() for each, and distinct caches. Arguments are checked before any cache is written; on a
-// later failure (an expert load) the caches may hold rows at positions >= pos0, which are not yet
-// part of any sequence, so the sequences stay as they were.
+// kv->n_ctx() for each, and distinct caches. Arguments are checked before any cache is written; then
+// each cache gets the blocks its new positions need (MOE_ERR_LIMIT_KV when the budget refuses them)
+// and their mask. On a later failure (an expert load) the caches may hold rows at positions >= pos0,
+// which are not yet part of any sequence, so the sequences stay as they were; blocks taken for them
+// may remain (KvCache::Trim frees them).
 absl::Status Forward(const HParams &hp, const ModelWeights &w, Backend &be, const ForwardArgs &args,
                      std::vector<std::vector<float>> *logits);
 

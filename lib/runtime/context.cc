@@ -17,6 +17,7 @@
 #include "backends/cuda/device.h"
 #endif
 #include "lib/model/pack.h"
+#include "lib/runtime/snapshot.h"
 
 namespace strata::runtime {
 
@@ -34,6 +35,7 @@ store::PlanInputs Context::PlanInputsFor(const ContextOptions &o, const model::H
   in.vram_budget_bytes = o.vram_budget_bytes;
   in.n_ctx = o.n_ctx > 0 ? std::min(o.n_ctx, hp.n_ctx_train) : std::min(hp.n_ctx_train, 4096);
   in.max_sessions = std::max(1, o.max_sessions);
+  in.kv_budget_bytes = o.kv_budget_bytes;
   return in;
 }
 
@@ -108,6 +110,9 @@ absl::StatusOr<std::unique_ptr<Context>> Context::Open(const ContextOptions &o) 
   store::PlanInputs in = PlanInputsFor(o, ctx->hp_);
   ctx->n_ctx_ = in.n_ctx;
   STRATA_ASSIGN_OR_RETURN(ctx->plan_, store::MakePlan(ctx->hp_, ctx->weights_, in));
+  ctx->kv_budget_ = std::make_unique<model::KvBudget>(ctx->plan_.kv_bytes);
+  ctx->kv_spill_dir_ = o.kv_spill_dir;
+  ctx->model_id_ = ModelIdentity(ctx->hp_, *ctx->file_);
   STRATA_ASSIGN_OR_RETURN(ctx->tokenizer_, LoadTokenizer(*ctx->file_));
   ctx->chat_template_ = LoadChatTemplate(*ctx->file_);
   if (ctx->tokenizer_ != nullptr && ctx->tokenizer_->vocab_size() > ctx->hp_.n_vocab) {
@@ -200,9 +205,16 @@ absl::StatusOr<Session *> Context::OpenSession(const SessionOptions &o) {
       return Errorf(MOE_ERR_INVALID_ARGUMENT, "stop token %d is outside the vocabulary [0, %d)", t, hp_.n_vocab);
     }
   }
+  if (o.window < 0) return Errorf(MOE_ERR_INVALID_ARGUMENT, "negative attention window %d", o.window);
+  for (int32_t t : o.blocked_tokens) {
+    if (t < 0 || t >= hp_.n_vocab) {
+      return Errorf(MOE_ERR_INVALID_ARGUMENT, "blocked token %d is outside the vocabulary [0, %d)", t, hp_.n_vocab);
+    }
+  }
   auto s = std::unique_ptr<Session>(new Session(this, o));
   s->n_ctx_ = o.n_ctx > 0 ? o.n_ctx : n_ctx_;
-  STRATA_RETURN_IF_ERROR(s->kv_.Init(hp_, s->n_ctx_, *backend_));
+  STRATA_RETURN_IF_ERROR(s->kv_.Init(hp_, s->n_ctx_, kv_budget_.get(), backend_.get()));
+  s->kv_.SetMask(o.window, o.blocked_tokens);
   std::lock_guard<std::mutex> lk(mu_);
   sessions_.push_back(std::move(s));
   return sessions_.back().get();
@@ -366,6 +378,26 @@ absl::Status Context::StepLocked(int cap, bool *ran) {
   // The next step starts after the last session served when some were left out, else one further.
   rr_next_ = (chunks.size() < order.size() ? last_served + 1 : rr_next_ + 1) % n_sess;
 
+  // --- KV: evicted sessions come back, then each chunk's new positions get their blocks, so a
+  // budget that cannot hold them fails the step before anything is computed ---
+  ++step_count_;
+  for (Chunk &c : chunks) c.s->last_step_ = step_count_;
+  auto trim_all = [&] {
+    for (Chunk &c : chunks) c.s->kv_.Trim(c.pos0);
+  };
+  for (Chunk &c : chunks) {
+    Session &s = *c.s;
+    const int need = c.pos0 + static_cast<int>(c.tokens.size());
+    absl::Status room = WithKvRoom(&s, [&]() -> absl::Status {
+      STRATA_RETURN_IF_ERROR(s.kv_.Unspill());
+      return s.kv_.Reserve(need);
+    });
+    if (!room.ok()) {
+      trim_all();
+      return room;
+    }
+  }
+
   // --- the passes: one over every chunk; token-by-token chunks add one pass per further token ---
   ResidentExperts resident(weights_, &resident_hits_, &resident_layer_hits_);
   CountingExperts counting(cache_ != nullptr ? static_cast<model::ExpertSource *>(cache_.get()) : &resident,
@@ -402,7 +434,10 @@ absl::Status Context::StepLocked(int cap, bool *ran) {
     std::vector<std::vector<float>> logits;
     // On failure no session is committed: the KV rows written at positions >= n_past are not part
     // of any session and are overwritten by the retry.
-    STRATA_RETURN_IF_ERROR(model::Forward(hp_, weights_, *backend_, a, &logits));
+    if (absl::Status st = model::Forward(hp_, weights_, *backend_, a, &logits); !st.ok()) {
+      trim_all();
+      return st;
+    }
     for (size_t i = 0; i < in_pass.size(); ++i) {
       Chunk &c = *in_pass[i];
       if (!c.s->opts_.logits_all) c.logits.clear();
@@ -437,6 +472,29 @@ absl::Status Context::StepLocked(int cap, bool *ran) {
   }
   *ran = true;
   return absl::OkStatus();
+}
+
+absl::Status Context::WithKvRoom(Session *s, const std::function<absl::Status()> &fn) {
+  for (;;) {
+    absl::Status st = fn();
+    if (st.ok() || StatusToMoe(st) != MOE_ERR_LIMIT_KV || kv_spill_dir_.empty()) return st;
+    Session *victim = nullptr;
+    for (auto &sp : sessions_) {
+      Session *c = sp.get();
+      if (c == s || c->n_pending() > 0 || c->kv_.spilled() || c->kv_.n_blocks() == 0) continue;
+      if (victim == nullptr || c->last_step_ < victim->last_step_) victim = c;
+    }
+    if (victim == nullptr) return st;
+    STRATA_RETURN_IF_ERROR(Annotate(victim->kv_.Spill(kv_spill_dir_, victim->n_past()), "evicting an idle session"));
+  }
+}
+
+absl::Status Context::EvictSession(Session *s) {
+  if (kv_spill_dir_.empty()) {
+    return Errorf(MOE_ERR_STATE, "the context has no KV spill directory (moe_params.kv_spill_dir)");
+  }
+  std::lock_guard<std::mutex> lk(mu_);
+  return s->kv_.Spill(kv_spill_dir_, s->n_past());
 }
 
 ContextStats Context::Stats() const {

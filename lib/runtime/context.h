@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -38,6 +39,8 @@ struct ContextOptions {
   int hotlist_max = 0;        // at most this many experts from it; 0 = as many as the cache holds
   bool direct_io = true;      // O_DIRECT expert reads where the layout allows
   bool cpu_q8_activations = false;  // CPU MatMul mode kQ8Activations instead of kExact
+  uint64_t kv_budget_bytes = 0;     // KV blocks all sessions may hold; 0 = the cache plan's KV line
+  std::string kv_spill_dir;         // where idle sessions' KV may be evicted; "" = no disk eviction
   // Continuous batching: at most this many tokens (of all sessions) per forward pass; 0 = default.
   int max_batch_tokens = 0;
   // Prefill modes by input length (0 = the measured defaults below; see bench/README.md): a
@@ -70,6 +73,10 @@ struct SessionOptions {
   bool stop_at_eos = true;
   std::vector<int32_t> stop_tokens;
   std::vector<std::string> stop_strings;
+  // Attention mask: attend only to the last `window` positions (0 = all); positions holding one
+  // of blocked_tokens are never keys for another position's query.
+  int window = 0;
+  std::vector<int32_t> blocked_tokens;
 };
 
 // Why Session::NextText ended the text (values of the C ABI's MOE_STOP_*).
@@ -114,10 +121,15 @@ class Session {
   bool IsStopToken(int32_t id) const;
   const std::vector<int32_t> &history() const { return history_; }
   Context &ctx() { return *ctx_; }
+  const SessionOptions &options() const { return opts_; }
+  // KV bytes the session holds in RAM (0 while evicted to disk), and whether it is evicted.
+  uint64_t kv_resident_bytes() const { return kv_.resident_bytes(); }
+  bool kv_evicted() const { return kv_.spilled(); }
 
  private:
   friend class Context;
   Session(Context *ctx, const SessionOptions &o) : ctx_(ctx), opts_(o), rng_(o.seed) {}
+  uint64_t last_step_ = 0;  // Context::step_count_ when the session last ran (eviction order)
   absl::StatusOr<const float *> LogitsLocked() const;
   mutable std::mutex mu_;  // guards pending_, n_past_, logits_, n_logit_rows_, rows_open_, history_
   Context *ctx_;
@@ -168,6 +180,20 @@ class Context {
   // short input runs token by token, which takes a few passes). A failed step leaves every session
   // as it was. n_pending (nullable): sessions still with input afterwards.
   absl::Status Step(uint32_t *n_pending);
+  // Moves the session's KV blocks to an unlinked file in the spill directory, freeing their RAM and
+  // budget; the next step that runs the session brings them back unchanged. MOE_ERR_STATE without
+  // a spill directory; MOE_ERR_IO_* when the file cannot be written (the session is unchanged).
+  absl::Status EvictSession(Session *s);
+  // Session snapshots (lib/runtime/snapshot.cc): Save writes `path` atomically (temporary file in
+  // the same directory, fsync, rename, directory fsync). Load opens a new session from it, with
+  // the saved options or *o (nullable) instead; the snapshot must have been written for this model.
+  absl::Status SaveSession(Session *s, const std::string &path);
+  absl::StatusOr<Session *> LoadSession(const std::string &path, const SessionOptions *o);
+  // KV bytes all sessions hold in RAM, and the budget they share.
+  uint64_t kv_used_bytes() const { return kv_budget_->used(); }
+  uint64_t kv_budget_bytes() const { return kv_budget_->limit(); }
+  // A hash of the model's identity: architecture, hyper-parameters and tensor table.
+  uint64_t model_id() const { return model_id_; }
   // Steps while there is input and the next pass is expected to end within budget_us of the call;
   // the first pass always runs, sized to the budget from the measured time per token. *n_steps
   // (nullable) receives the passes run.
@@ -200,6 +226,13 @@ class Context {
   std::vector<uint64_t> expert_counts_;         // selections per (layer, expert)
   std::vector<uint64_t> resident_layer_hits_;
   int n_ctx_ = 0;
+  uint64_t model_id_ = 0;
+  std::unique_ptr<model::KvBudget> kv_budget_;
+  std::string kv_spill_dir_;
+  uint64_t step_count_ = 0;
+  // Runs fn (which may take KV budget for s); while it fails with MOE_ERR_LIMIT_KV and a spill
+  // directory is set, evicts the idle session that ran least recently and tries again. Holds mu_.
+  absl::Status WithKvRoom(Session *s, const std::function<absl::Status()> &fn);
   int max_batch_tokens_ = kDefaultMaxBatchTokens;
   int prefill_token_max_ = kDefaultPrefillTokenMax;
   int prefill_layer_min_ = kDefaultPrefillLayerMin;

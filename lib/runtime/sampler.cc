@@ -34,6 +34,14 @@ uint64_t Rng::Next() {
   return result;
 }
 
+void Rng::GetState(uint64_t out[4]) const {
+  for (int i = 0; i < 4; ++i) out[i] = s_[i];
+}
+
+void Rng::SetState(const uint64_t in[4]) {
+  for (int i = 0; i < 4; ++i) s_[i] = in[i];
+}
+
 double Rng::Uniform() { return static_cast<double>(Next() >> 11) * 0x1.0p-53; }
 
 void ApplyPenalties(float *logits, int32_t n_vocab, const SamplerParams &p, absl::Span<const int32_t> recent) {

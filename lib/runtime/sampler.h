@@ -29,6 +29,9 @@ class Rng {
   explicit Rng(uint64_t seed);
   uint64_t Next();
   double Uniform();  // [0, 1) with 53 random bits
+  // The generator's whole state, for session snapshots; a state of all zeros is invalid.
+  void GetState(uint64_t out[4]) const;
+  void SetState(const uint64_t in[4]);
 
  private:
   uint64_t s_[4];

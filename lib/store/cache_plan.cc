@@ -42,7 +42,14 @@ absl::StatusOr<CachePlan> MakePlan(const model::HParams &hp, const model::ModelW
   for (const auto &L : w.layers)
     for (const auto &e : L.experts) p.expert_slot_bytes = std::max(p.expert_slot_bytes, e.nbytes());
   p.kv_bytes_per_token = model::KvCache::BytesFor(hp, 1);
-  p.kv_bytes = p.kv_bytes_per_token * static_cast<uint64_t>(in.n_ctx) * static_cast<uint64_t>(in.max_sessions);
+  p.kv_block_bytes = p.kv_bytes_per_token * model::kKvBlockTokens;
+  p.kv_blocks_per_session = static_cast<uint32_t>((in.n_ctx + model::kKvBlockTokens - 1) / model::kKvBlockTokens);
+  p.kv_budget_requested = in.kv_budget_bytes > 0;
+  p.kv_bytes = p.kv_budget_requested
+                   ? in.kv_budget_bytes
+                   : p.kv_block_bytes * p.kv_blocks_per_session * static_cast<uint64_t>(in.max_sessions);
+  p.kv_max_blocks = static_cast<uint32_t>(
+      std::min<uint64_t>(UINT32_MAX, p.kv_block_bytes ? p.kv_bytes / p.kv_block_bytes : 0));
   // Workspace: float activations of one batch (residual, norm, q/k/v/attention, router, per-slot
   // expert outputs, expert hidden) plus one logits row per token.
   const uint64_t T = static_cast<uint64_t>(in.max_batch_tokens);
@@ -82,8 +89,17 @@ std::string FormatLedger(const CachePlan &p) {
   o << absl::StrFormat("%-28s %14s  %s\n", "item", "bytes", "formula");
   o << absl::StrFormat("%-28s %14u  %s  %s\n", "non-routed weights", p.non_routed_bytes, mib(p.non_routed_bytes),
                        "embeddings + attention + norms + routers + shared experts + dense MLPs + output");
-  o << absl::StrFormat("%-28s %14u  %s  %u B/token x %d ctx x %d sessions\n", "KV cache", p.kv_bytes,
-                       mib(p.kv_bytes), p.kv_bytes_per_token, p.n_ctx, p.max_sessions);
+  if (p.kv_budget_requested) {
+    o << absl::StrFormat("%-28s %14u  %s  requested budget: %u blocks of %u B (%d tokens x %u B/token), "
+                         "shared by all sessions, allocated on demand\n",
+                         "KV cache", p.kv_bytes, mib(p.kv_bytes), p.kv_max_blocks, p.kv_block_bytes,
+                         model::kKvBlockTokens, p.kv_bytes_per_token);
+  } else {
+    o << absl::StrFormat("%-28s %14u  %s  %d sessions x %u blocks (n_ctx %d) x %u B (%d tokens x %u B/token), "
+                         "allocated on demand\n",
+                         "KV cache", p.kv_bytes, mib(p.kv_bytes), p.max_sessions, p.kv_blocks_per_session, p.n_ctx,
+                         p.kv_block_bytes, model::kKvBlockTokens, p.kv_bytes_per_token);
+  }
   o << absl::StrFormat("%-28s %14u  %s  activations of a %d-token batch\n", "workspace", p.workspace_bytes,
                        mib(p.workspace_bytes), p.max_batch_tokens);
   const uint64_t fixed = p.non_routed_bytes + p.kv_bytes + p.workspace_bytes;

@@ -20,6 +20,7 @@ struct PlanInputs {
   int n_ctx = 4096;
   int max_sessions = 1;
   int max_batch_tokens = 512;
+  uint64_t kv_budget_bytes = 0;    // KV blocks all sessions may hold; 0 = max_sessions x n_ctx
   bool have_gpu = false;
   uint64_t usable_ram_bytes = 0;   // 0 = read from /proc/meminfo
 };
@@ -31,8 +32,14 @@ struct CachePlan {
   uint64_t usable_ram_bytes = 0;
   uint64_t non_routed_bytes = 0;
   uint64_t routed_expert_bytes = 0;
+  // KV: sessions allocate blocks of kKvBlockTokens positions on demand; kv_bytes is the budget all
+  // sessions share: max_sessions x ceil(n_ctx / block) blocks, or the requested kv_budget_bytes.
   uint64_t kv_bytes = 0;
   uint64_t kv_bytes_per_token = 0;  // one session, all layers
+  uint64_t kv_block_bytes = 0;      // one block: kKvBlockTokens positions, all layers
+  uint32_t kv_blocks_per_session = 0;  // blocks a session of n_ctx positions may grow to
+  uint32_t kv_max_blocks = 0;       // blocks the budget holds: floor(kv_bytes / kv_block_bytes)
+  bool kv_budget_requested = false;
   uint64_t workspace_bytes = 0;
   uint64_t expert_slot_bytes = 0;
   uint64_t min_ram_bytes = 0;        // the least budget that can run

@@ -216,7 +216,7 @@ TEST_CASE("strata inspect and plan describe the DeepSeek and gpt-oss families", 
   Result plan = Cli("plan --model " + kGolden + "deepseek3_f32/model-f32.gguf --ram-budget 1K --n-ctx 512");
   INFO(plan.out << plan.err);
   REQUIRE(plan.exit_code == 0);
-  CHECK(plan.out.find("480 B/token x 512 ctx") != std::string::npos);
+  CHECK(plan.out.find("1 sessions x 4 blocks (n_ctx 512) x 61440 B (128 tokens x 480 B/token)") != std::string::npos);
   CHECK(plan.out.find("shared experts + dense MLPs") != std::string::npos);
   CHECK(plan.out.find("routed experts (all)                 196608") != std::string::npos);  // 16 x 3 x 16 x 64 x 4
   CHECK(plan.out.find("= 8 slots") != std::string::npos);
@@ -283,4 +283,23 @@ TEST_CASE("strata run generates from the demo model and from a given model", "[c
       if (i >= 12) expect += " " + item;
   }
   CHECK(g.out.find(expect + "\n") != std::string::npos);
+}
+
+TEST_CASE("strata run --save-session then --load-session continues the same generation", "[cli][snapshot]") {
+  TempDir tmp;
+  const std::string model = "--model " + kGolden + "qwen3moe_f32/model-q8_0.gguf";
+  const std::string sampling = " --temp 0.9 --seed 7 --repeat-penalty 1.2";
+  const Result whole = Cli("run " + model + " --tokens 5,6,7 -n 12" + sampling);
+  REQUIRE(whole.exit_code == 0);
+  const std::string snap = tmp.File("s.snap");
+  const Result first = Cli("run " + model + " --tokens 5,6,7 -n 5" + sampling + " --save-session " + snap);
+  REQUIRE(first.exit_code == 0);
+  const Result rest = Cli("run " + model + " -n 7 --load-session " + snap);
+  INFO(whole.out << first.out << rest.out << rest.err);
+  REQUIRE(rest.exit_code == 0);
+  // "prompt: 5 6 7\ngenerated: a b c d e" + " f g ..." from the loaded session.
+  const std::string head = first.out.substr(0, first.out.size() - 1);
+  const std::string tail = rest.out.substr(std::string("generated:").size());
+  CHECK(head + tail == whole.out);
+  ExpectError(Cli("run " + model + " --load-session " + tmp.File("missing.snap")), "missing.snap");
 }

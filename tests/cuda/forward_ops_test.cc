@@ -131,7 +131,8 @@ TEST_CASE("RoPE with a frequency table and YaRN scale matches the CPU backend", 
   }
 }
 
-TEST_CASE("Attention with sinks, windows, latent values and a set scale matches the CPU backend", "[gpu]") {
+TEST_CASE("Attention over block tables with masks, sinks, windows, latent values and a set scale matches the CPU backend",
+          "[gpu]") {
   if (!HaveGpu()) return;
   auto rng = test::Rng();
   cpu::CpuBackend cpu(1);
@@ -151,12 +152,28 @@ TEST_CASE("Attention with sinks, windows, latent values and a set scale matches 
     p.v_dim = v_dim;
     if (c.sinks) p.sinks = sinks.data();
     std::vector<float> ref(n_tok * n_head * v_dim);
-    cpu.Attention(q.data(), model::KvView{k.data(), v.data(), n_ctx, k_width, v_width}, n_tok, pos0, n_head,
-                  n_head_kv, head_dim, c.window, ref.data(), p);
+    // Blocks of 8 positions, every third position before pos0 masked (blocked tokens).
+    std::vector<uint8_t> masked(n_ctx, 0);
+    for (int p0 = 1; p0 < pos0; p0 += 3) masked[p0] = 1;
+    const int bt = 8;
+    // The CPU reads the same rows through kKvBlockTokens blocks of contiguous memory.
+    model::ContiguousKv ckv(k.data(), v.data(), n_ctx, k_width, v_width);
+    model::KvView view = ckv.view();
+    view.masked = masked.data();
+    cpu.Attention(q.data(), view, n_tok, pos0, n_head, n_head_kv, head_dim, c.window, ref.data(), p);
     DeviceBuffer dk = Upload(k), dv = Upload(v), dq = Upload(q), ds = Upload(sinks), dout = Poisoned(ref.size());
+    DeviceBuffer dm = Upload(masked);
+    std::vector<const float *> dkb, dvb;
+    for (int p0 = 0; p0 < n_ctx; p0 += bt) {
+      dkb.push_back(dk.as<float>() + static_cast<int64_t>(p0) * k_width);
+      dvb.push_back(dv.as<float>() + static_cast<int64_t>(p0) * v_width);
+    }
+    DeviceBuffer dkt = Upload(dkb), dvt = Upload(dvb);
     AttentionExtArgs a;
-    a.k = dk.as<float>();
-    a.v = dv.as<float>();
+    a.k_blocks = dkt.as<const float *>();
+    a.v_blocks = dvt.as<const float *>();
+    a.block_tokens = bt;
+    a.masked = dm.as<uint8_t>();
     a.k_stride = k_width;
     a.v_stride = v_width;
     a.pos0 = pos0;

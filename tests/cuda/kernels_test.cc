@@ -312,8 +312,8 @@ TEST_CASE("Decode and prefill attention match the CPU backend", "[gpu]") {
     std::vector<float> v = RandomFloats(rng, static_cast<size_t>(n_ctx) * kv_dim);
     std::vector<float> q = RandomFloats(rng, c.n_tok * c.n_head * c.head_dim, -2.f, 2.f);
     std::vector<float> ref(q.size());
-    model::KvView hv{k.data(), v.data(), n_ctx, kv_dim, kv_dim};
-    cpu_be.Attention(q.data(), hv, c.n_tok, c.pos0, c.n_head, c.n_head_kv, c.head_dim, c.window, ref.data());
+    const model::ContiguousKv hv(k.data(), v.data(), n_ctx, kv_dim, kv_dim);
+    cpu_be.Attention(q.data(), hv.view(), c.n_tok, c.pos0, c.n_head, c.n_head_kv, c.head_dim, c.window, ref.data());
     DeviceBuffer dk = Upload(k), dv = Upload(v), dq = Upload(q);
     const DeviceKv kv{dk.as<float>(), dv.as<float>(), n_ctx};
     DeviceBuffer d1 = Poisoned(q.size()), d2 = Poisoned(q.size());

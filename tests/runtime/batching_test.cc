@@ -217,6 +217,65 @@ TEST_CASE("16 sessions with random arrival match running alone, bit for bit", "[
   }
 }
 
+TEST_CASE("at the minimum budget one batch can need every expert of a layer", "[batching][store]") {
+  // The plan's minimum is one layer's experts and only one layer is acquired at a time, so a batch
+  // whose tokens route to all of a layer's experts still fits (loads in flight are waited out).
+  const std::string model = kGolden + "mixtral_f32/model-f32.gguf";
+  const uint64_t seed = std::random_device{}();
+  INFO("seed " << seed);
+  std::mt19937_64 rng(seed);
+  std::vector<std::vector<int32_t>> inputs(16);
+  for (auto &in : inputs) {
+    in.resize(4 + rng() % 12);
+    for (auto &t : in) t = static_cast<int32_t>(rng() % 256);
+  }
+  std::vector<std::vector<float>> alone;
+  moe_ctx *ref = Open(model, CtxOptions{});
+  for (const auto &in : inputs) {
+    moe_session *s = OpenSession(ref);
+    REQUIRE(moe_session_feed(s, in.data(), in.size()) == MOE_OK);
+    REQUIRE(moe_ctx_step(ref, nullptr) == MOE_OK);
+    const float *rows;
+    int32_t nt, nv;
+    REQUIRE(moe_session_logits_all(s, &rows, &nt, &nv) == MOE_OK);
+    alone.emplace_back(rows, rows + static_cast<size_t>(nt) * nv);
+    moe_session_close(s);
+  }
+  moe_ctx_close(ref);
+  moe_ctx *ctx = Open(model, CtxOptions{1, 0, 0, 0});
+  moe_cache_plan plan;
+  moe_cache_plan_init(&plan);
+  REQUIRE(moe_ctx_plan(ctx, &plan) == MOE_OK);
+  const uint32_t n_experts = moe_expert_table_n_experts(moe_ctx_experts(ctx));
+  CHECK(plan.ram_expert_slots == n_experts);
+  std::vector<moe_session *> ss;
+  for (const auto &in : inputs) {
+    ss.push_back(OpenSession(ctx));
+    REQUIRE(moe_session_feed(ss.back(), in.data(), in.size()) == MOE_OK);
+  }
+  uint32_t pending = 9;
+  REQUIRE(moe_ctx_step(ctx, &pending) == MOE_OK);  // one batch: every session's whole input
+  REQUIRE(pending == 0);
+  size_t n = 0;
+  std::vector<uint64_t> counts(static_cast<size_t>(plan.n_layers) * n_experts);
+  REQUIRE(moe_ctx_expert_counts(ctx, counts.data(), counts.size(), &n) == MOE_OK);
+  bool full_layer = false;
+  for (uint32_t l = 0; l < plan.n_layers; ++l) {
+    bool all = true;
+    for (uint32_t e = 0; e < n_experts; ++e) all = all && counts[l * n_experts + e] > 0;
+    full_layer = full_layer || all;
+  }
+  CHECK(full_layer);  // the batch needed every slot of the cache for some layer
+  for (size_t i = 0; i < ss.size(); ++i) {
+    const float *rows;
+    int32_t nt, nv;
+    REQUIRE(moe_session_logits_all(ss[i], &rows, &nt, &nv) == MOE_OK);
+    REQUIRE(static_cast<size_t>(nt) * nv == alone[i].size());
+    CHECK(std::memcmp(rows, alone[i].data(), alone[i].size() * sizeof(float)) == 0);
+  }
+  moe_ctx_close(ctx);
+}
+
 TEST_CASE("prefill modes give bit-identical logits", "[batching]") {
   const std::string model = kGolden + "qwen3moe_f32/model-q8_0.gguf";
   const uint64_t seed = std::random_device{}();

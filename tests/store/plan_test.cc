@@ -79,5 +79,17 @@ TEST_CASE("plan ledgers of real-size shapes match the expert table", "[store][pl
       CHECK(LedgerBytes(ledger, "streamed from file") == routed - slots * largest);
       CHECK(slots < n_experts);  // neither shape fits at these budgets: experts stream
     }
+    // The KV line: whole 128-token blocks per session, times the sessions; or the requested budget.
+    const uint64_t block = strata::model::KvCache::BytesFor(d->hp, 128);
+    const std::string three = RunCli("plan --model " + file + " --ram-budget 16G --n-ctx 4000 --max-sessions 3", &code);
+    REQUIRE(code == 0);
+    CHECK(LedgerBytes(three, "KV cache") == 3 * 32 * block);  // ceil(4000 / 128) = 32 blocks each
+    CHECK(three.find("3 sessions x 32 blocks (n_ctx 4000)") != std::string::npos);
+    CHECK(LedgerBytes(three, "fixed") == LedgerBytes(three, "non-routed weights") + 3 * 32 * block +
+                                             LedgerBytes(three, "workspace"));
+    const std::string req = RunCli("plan --model " + file + " --ram-budget 16G --kv-budget 1G", &code);
+    REQUIRE(code == 0);
+    CHECK(LedgerBytes(req, "KV cache") == (1ull << 30));
+    CHECK(req.find("requested budget: " + std::to_string((1ull << 30) / block) + " blocks") != std::string::npos);
   }
 }
