@@ -5,7 +5,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <vector>
+
+#include "lib/model/routing.h"
 
 namespace strata::cpu {
 namespace {
@@ -20,7 +24,79 @@ float Dot(const float *a, const float *b, int64_t n) {
   return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
 }
 
+// Host memory from calloc (zero-filled, as the std::vector buffers it replaced).
+class HostBuffer final : public model::Buffer {
+ public:
+  HostBuffer(void *p, size_t bytes) {
+    data_ = p;
+    bytes_ = bytes;
+  }
+  ~HostBuffer() override { std::free(data_); }
+};
+
 }  // namespace
+
+absl::StatusOr<std::unique_ptr<model::Buffer>> CpuBackend::Allocate(size_t bytes) {
+  void *p = std::calloc(std::max<size_t>(bytes, 1), 1);
+  if (p == nullptr) return Errorf(MOE_ERR_NO_MEMORY, "cannot allocate %u bytes of host memory", bytes);
+  return std::unique_ptr<model::Buffer>(new HostBuffer(p, bytes));
+}
+
+void CpuBackend::Upload(void *dst, const void *src, size_t bytes) {
+  if (bytes > 0) std::memcpy(dst, src, bytes);
+}
+
+void CpuBackend::Download(void *dst, const void *src, size_t bytes) {
+  if (bytes > 0) std::memcpy(dst, src, bytes);
+}
+
+void CpuBackend::CopyRows(float *dst, int64_t dst_stride, const float *src, int64_t src_stride, int64_t rows,
+                          int64_t width) {
+  for (int64_t r = 0; r < rows; ++r) std::copy(src + r * src_stride, src + r * src_stride + width, dst + r * dst_stride);
+}
+
+void CpuBackend::Add(float *x, const float *y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] += y[i];
+}
+
+void CpuBackend::AddBias(float *x, int64_t n_rows, int64_t n, const float *bias) {
+  for (int64_t t = 0; t < n_rows; ++t)
+    for (int64_t i = 0; i < n; ++i) x[t * n + i] += bias[i];
+}
+
+void CpuBackend::SigmoidScaleRows(float *x, const float *g, int64_t n_rows, int64_t n) {
+  for (int64_t t = 0; t < n_rows; ++t) {
+    const float s = 1.0f / (1.0f + std::exp(-g[t]));
+    for (int64_t d = 0; d < n; ++d) x[t * n + d] *= s;
+  }
+}
+
+void CpuBackend::GatherRows(const float *src, int64_t width, const int32_t *idx, int64_t n, float *dst) {
+  for (int64_t i = 0; i < n; ++i) std::copy(src + idx[i] * width, src + (idx[i] + 1) * width, dst + i * width);
+}
+
+void CpuBackend::WeightedRowSum(const float *rows, const int32_t *idx, const float *wts, int64_t n_tok, int k,
+                                int64_t width, float *out) {
+  for (int64_t t = 0; t < n_tok; ++t) {
+    float *o = out + t * width;
+    std::fill(o, o + width, 0.f);
+    for (int64_t j = 0; j < k; ++j) {
+      const float wt = wts[t * k + j];
+      const float *y = rows + static_cast<int64_t>(idx[t * k + j]) * width;
+      for (int64_t d = 0; d < width; ++d) o[d] += wt * y[d];
+    }
+  }
+}
+
+void CpuBackend::Route(const model::RouteParams &p, const float *logits, int64_t n_tok, int32_t *sel_host,
+                       float *wts) {
+  for (int64_t t = 0; t < n_tok; ++t) model::RouteToken(p, logits + t * p.n_expert, sel_host + t * p.k, wts + t * p.k);
+}
+
+void CpuBackend::MatMulInputMajor(const model::Matrix &w, const float *x, int64_t n_tok, float *y) {
+  std::vector<float> row(w.cols);
+  MatMulInputMajor(w, x, n_tok, y, row.data());
+}
 
 CpuBackend::CpuBackend(int n_threads, MatMulMode mode, kernels::Isa isa)
     : pool_(n_threads), mode_(mode), isa_(isa == kernels::Isa::kAvx2 ? kernels::BestIsa() : isa) {}

@@ -25,6 +25,22 @@ class CpuBackend final : public model::Backend {
                       kernels::Isa isa = kernels::BestIsa());
   std::string_view name() const override { return "cpu"; }
 
+  // Memory is host memory: Upload and Download are plain copies.
+  absl::StatusOr<std::unique_ptr<model::Buffer>> Allocate(size_t bytes) override;
+  void Upload(void *dst, const void *src, size_t bytes) override;
+  void Download(void *dst, const void *src, size_t bytes) override;
+  void CopyRows(float *dst, int64_t dst_stride, const float *src, int64_t src_stride, int64_t rows,
+                int64_t width) override;
+  void Add(float *x, const float *y, int64_t n) override;
+  void AddBias(float *x, int64_t n_rows, int64_t n, const float *bias) override;
+  void SigmoidScaleRows(float *x, const float *g, int64_t n_rows, int64_t n) override;
+  void GatherRows(const float *src, int64_t width, const int32_t *idx, int64_t n, float *dst) override;
+  void WeightedRowSum(const float *rows, const int32_t *idx, const float *wts, int64_t n_tok, int k, int64_t width,
+                      float *out) override;
+  void Route(const model::RouteParams &p, const float *logits, int64_t n_tok, int32_t *sel_host,
+             float *wts) override;
+  void MatMulInputMajor(const model::Matrix &w, const float *x, int64_t n_tok, float *y) override;
+
   void MatMul(const model::Matrix &w, const float *x, int64_t n_tok, float *y) override;
   void GetRows(const model::Matrix &w, const int32_t *ids, int64_t n, float *out) override;
   void RmsNorm(const float *x, const float *weight, int64_t n_rows, int64_t n, float eps, float *y) override;

@@ -165,4 +165,69 @@ absl::Status ExpertFfn(const Blas &blas, const DeviceExpert &e, const float *x, 
 absl::Status GemvSwiGlu(const DeviceMatrix &gate, const DeviceMatrix &up, const float *x, int64_t n_tok,
                         float *h, cudaStream_t stream);
 
+// ---- Family options and element-wise glue of the forward pass (forward_ops.cu) -----------------
+
+// x (n) += y (n)
+absl::Status Add(float *x, const float *y, int64_t n, cudaStream_t stream);
+// x (n_rows, n) += bias (n), per row
+absl::Status AddBias(float *x, int64_t n_rows, int64_t n, const float *bias, cudaStream_t stream);
+// x (n_rows, n) row r *= sigmoid(g[r])
+absl::Status SigmoidScaleRows(float *x, const float *g, int64_t n_rows, int64_t n, cudaStream_t stream);
+// dst (n, width) row i = src row idx[i]
+absl::Status GatherRows(const float *src, int64_t width, const int32_t *idx, int64_t n, float *dst,
+                        cudaStream_t stream);
+// out (n_tok, width) row t = sum over j < k in order of wts[t k + j] * rows[idx[t k + j]]
+absl::Status WeightedRowSum(const float *rows, const int32_t *idx, const float *wts, int64_t n_tok, int k,
+                            int64_t width, float *out, cudaStream_t stream);
+// h (n_tok, n_ff) = act(gate, up) where gate (t, f) is g[t * row + f * step] and up (t, f) is
+// u[t * row + f * step]: step 1 for separate gate and up outputs, 2 for interleaved columns. act is
+// silu(gate) * up, or with limit > 0 gpt-oss's (clamp(up, ±limit) + 1) * g * sigmoid(1.702 g),
+// g = min(gate, limit).
+absl::Status GatedAct(const float *g, const float *u, int64_t row, int step, int64_t n_tok, int64_t n_ff,
+                      float limit, float *h, cudaStream_t stream);
+// y (n_tok, cols) = x (n_tok, rows) · w for a dense float32 input-major w (rows, cols), each output
+// accumulated over the rows in order with IEEE products and sums (as the CPU backend).
+absl::Status MatMulInputMajorF32(const float *w, int64_t rows, int64_t cols, const float *x, int64_t n_tok, float *y,
+                                 cudaStream_t stream);
+
+// RoPE with the inverse frequencies given (a host array of head_dim / 2 values, passed by value to
+// the kernel: no copy) and cos / sin scaled by mscale (YaRN). head_dim at most 2 kRopeMaxHalf.
+constexpr int kRopeMaxHalf = 256;
+absl::Status RopeWithTable(float *x, int64_t n_tok, int n_heads, int head_dim, const int32_t *pos,
+                           const float *inv_freq, float mscale, model::RopeStyle style, cudaStream_t stream);
+
+// Attention with every family option over a block table: position p's key row is at
+// k_blocks[p / block_tokens] + (p % block_tokens) * k_stride, plus kv_head * head_dim; values the
+// same from v_blocks, or with `latent` the first v_dim floats of each key row (one KV head, MLA); an
+// optional mask (masked[p] != 0: p is no key for another position's query); an optional sink logit
+// per head; a given score scale; window 0 = unlimited. q (n_tok, n_head, head_dim) -> out (n_tok,
+// n_head, v_dim). Block tables, mask and sinks are device arrays. Scores of one (token, head) live in
+// shared memory, so the visible keys are bounded by the device's shared memory (MOE_ERR_UNSUPPORTED
+// beyond).
+struct AttentionExtArgs {
+  const float *const *k_blocks = nullptr;
+  const float *const *v_blocks = nullptr;
+  int block_tokens = 0;
+  int64_t k_stride = 0, v_stride = 0;
+  int pos0 = 0, n_head = 0, n_head_kv = 1, head_dim = 0, v_dim = 0, window = 0;
+  float scale = 1.f;
+  const float *sinks = nullptr;    // (n_head), optional
+  const uint8_t *masked = nullptr; // (positions), optional
+  bool latent = false;
+};
+absl::Status AttentionExt(const float *q, const AttentionExtArgs &a, int64_t n_tok, float *out, cudaStream_t stream);
+
+// Every routing variant of lib/model/routing.h, one thread per token: logits (n_tok, n_expert) ->
+// sel (n_tok, k) and wts (n_tok, k). gating: 0 softmax, 1 softmax over the selected, 2 sigmoid.
+constexpr int kRouteMaxExperts = 256;
+struct RouteArgs {
+  int gating = 0;
+  int n_expert = 0, k = 0, n_group = 1, topk_group = 1;
+  bool norm_topk_prob = false;
+  float routed_scale = 1.f;
+  const float *select_bias = nullptr;  // (n_expert) device, optional
+};
+absl::Status Route(const RouteArgs &p, const float *logits, int64_t n_tok, int32_t *sel, float *wts,
+                   cudaStream_t stream);
+
 }  // namespace strata::cuda

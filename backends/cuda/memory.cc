@@ -2,9 +2,18 @@
 // context may already be torn down (process exit), and there is no caller to hand an error to.
 #include "backends/cuda/memory.h"
 
+#include <atomic>
+
 #include "backends/cuda/cuda_status.h"
 
 namespace strata::cuda {
+namespace {
+
+std::atomic<uint64_t> g_allocations{0};
+
+}  // namespace
+
+uint64_t AllocationCount() { return g_allocations.load(std::memory_order_relaxed); }
 
 DeviceBuffer &DeviceBuffer::operator=(DeviceBuffer &&o) noexcept {
   if (this != &o) {
@@ -18,6 +27,7 @@ DeviceBuffer &DeviceBuffer::operator=(DeviceBuffer &&o) noexcept {
 absl::StatusOr<DeviceBuffer> DeviceBuffer::Allocate(size_t bytes) {
   DeviceBuffer b;
   if (bytes == 0) return b;
+  g_allocations.fetch_add(1, std::memory_order_relaxed);
   const cudaError_t err = cudaMalloc(&b.ptr_, bytes);
   if (err != cudaSuccess) {
     cudaGetLastError();  // an allocation failure is not sticky; clear it for later calls
@@ -47,6 +57,7 @@ PinnedBuffer &PinnedBuffer::operator=(PinnedBuffer &&o) noexcept {
 absl::StatusOr<PinnedBuffer> PinnedBuffer::Allocate(size_t bytes, unsigned flags) {
   PinnedBuffer b;
   if (bytes == 0) return b;
+  g_allocations.fetch_add(1, std::memory_order_relaxed);
   const cudaError_t err = cudaHostAlloc(&b.ptr_, bytes, flags);
   if (err != cudaSuccess) {
     cudaGetLastError();

@@ -6,11 +6,16 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <utility>
 
 #include "lib/util/status.h"
 
 namespace strata::cuda {
+
+// cudaMalloc and cudaHostAlloc calls made through DeviceBuffer / PinnedBuffer since the process
+// started (all threads): tests check that steady-state decode makes none.
+uint64_t AllocationCount();
 
 // Device memory from cudaMalloc (256-byte aligned). Contents are uninitialised.
 class DeviceBuffer {

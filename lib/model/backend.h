@@ -2,14 +2,27 @@
 // (backends/cpu, backends/cuda). All tensors are float32 row-major with the shapes in comments;
 // weight matrices are codec-encoded Matrix views. Per-element results must not depend on how many
 // tokens are in a call, so a session's numbers are the same alone or batched.
+//
+// Memory: activations, index arrays and KV caches live where the backend computes (host memory for
+// the CPU, VRAM for CUDA) in Buffers the backend allocates and the caller owns; the forward pass
+// only moves data across with Upload (inputs) and Download (routing selections, logits). Weight
+// pointers (Matrix::data, Vec::values) are the host addresses of the loaded model; a device backend
+// resolves them to its own copies, made when it adopted the model.
+//
+// Errors: the operations queue work and return nothing; a backend that can fail (CUDA) keeps the
+// first error, skips later work, and hands it out through TakeError, which the forward pass checks
+// after every layer and before it returns.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string_view>
 #include <vector>
 
 #include "lib/model/hparams.h"
 #include "lib/model/weights.h"
+#include "lib/util/status.h"
 
 namespace strata::model {
 
@@ -75,19 +88,78 @@ struct AttentionParams {
   int v_dim = 0;
 };
 
+// Router options of a Route call (see lib/model/routing.h for the arithmetic).
+struct RouteParams {
+  Gating gating = Gating::kSoftmax;
+  int n_expert = 0;
+  int k = 0;                            // experts per token
+  int n_group = 1;
+  int topk_group = 1;
+  bool norm_topk_prob = false;
+  float routed_scale = 1.f;
+  const float *select_bias = nullptr;   // (n_expert) weight pointer, sigmoid gating only; optional
+};
+
+// Memory a backend hands out: host memory for the CPU, device memory for CUDA. Zero-filled.
+class Buffer {
+ public:
+  virtual ~Buffer() = default;
+  void *data() const { return data_; }
+  size_t bytes() const { return bytes_; }
+
+ protected:
+  void *data_ = nullptr;
+  size_t bytes_ = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
   virtual std::string_view name() const = 0;
 
+  // ---- memory and transfers ----
+  // A zero-filled buffer of `bytes` in the backend's memory. MOE_ERR_NO_MEMORY when it cannot.
+  virtual absl::StatusOr<std::unique_ptr<Buffer>> Allocate(size_t bytes) = 0;
+  // dst (backend memory) = src (host), queued in order with the operations.
+  virtual void Upload(void *dst, const void *src, size_t bytes) = 0;
+  // dst (host) = src (backend memory); complete when the call returns.
+  virtual void Download(void *dst, const void *src, size_t bytes) = 0;
+  // The first error since the last call (OkStatus when none); later work was skipped.
+  virtual absl::Status TakeError() { return absl::OkStatus(); }
+
+  // ---- element-wise and data movement ----
+  // rows x width floats: dst row r (at dst + r * dst_stride) = src row r (at src + r * src_stride).
+  virtual void CopyRows(float *dst, int64_t dst_stride, const float *src, int64_t src_stride, int64_t rows,
+                        int64_t width) = 0;
+  // x (n) += y (n)
+  virtual void Add(float *x, const float *y, int64_t n) = 0;
+  // x (n_rows, n) += bias (n, a weight pointer), per row
+  virtual void AddBias(float *x, int64_t n_rows, int64_t n, const float *bias) = 0;
+  // x (n_rows, n) row r *= sigmoid(g[r])
+  virtual void SigmoidScaleRows(float *x, const float *g, int64_t n_rows, int64_t n) = 0;
+  // dst (n, width) row i = src row idx[i] (idx in backend memory)
+  virtual void GatherRows(const float *src, int64_t width, const int32_t *idx, int64_t n, float *dst) = 0;
+  // out (n_tok, width) row t = sum over j < k, in order from 0, of wts[t k + j] * rows[idx[t k + j]]
+  // (idx and wts in backend memory): a token's routed experts summed in slot order.
+  virtual void WeightedRowSum(const float *rows, const int32_t *idx, const float *wts, int64_t n_tok, int k,
+                              int64_t width, float *out) = 0;
+  // Router logits (n_tok, n_expert) -> the k selected experts per token into sel_host (n_tok, k) on
+  // the host and their weights into wts (n_tok, k) in backend memory.
+  virtual void Route(const RouteParams &p, const float *logits, int64_t n_tok, int32_t *sel_host, float *wts) = 0;
+
+  // ---- compute ----
+
   // y (n_tok, w.rows) = x (n_tok, w.cols) · wᵀ
   virtual void MatMul(const Matrix &w, const float *x, int64_t n_tok, float *y) = 0;
-  // out (n, w.cols) = rows ids[i] of w
+  // y (n_tok, w.cols) = x (n_tok, w.rows) · w for an input-major matrix (a transposed product):
+  // each row of w decoded once and accumulated into every token's output in row order.
+  virtual void MatMulInputMajor(const Matrix &w, const float *x, int64_t n_tok, float *y) = 0;
+  // out (n, w.cols) = rows ids[i] of w (ids in backend memory)
   virtual void GetRows(const Matrix &w, const int32_t *ids, int64_t n, float *out) = 0;
   // y (n_rows, n) = x / rms(x) * weight, per row; y may alias x
   virtual void RmsNorm(const float *x, const float *weight, int64_t n_rows, int64_t n, float eps,
                        float *y) = 0;
-  // Rotates x (n_tok, n_heads, head_dim) in place; token t is at position pos[t].
+  // Rotates x (n_tok, n_heads, head_dim) in place; token t is at position pos[t] (backend memory).
   virtual void Rope(float *x, int64_t n_tok, int n_heads, int head_dim, const int32_t *pos, float theta,
                     RopeStyle style, const RopeParams &p) = 0;
   void Rope(float *x, int64_t n_tok, int n_heads, int head_dim, const int32_t *pos, float theta, RopeStyle style) {

@@ -1,6 +1,8 @@
 // Forward pass. Shapes in comments are (rows, cols) of float32 row-major buffers; T = tokens in the
-// call. Expert outputs are kept per (token, slot) and summed in slot order, so a token's result does
-// not depend on which other tokens share the batch.
+// call. Every activation lives in backend memory (one workspace carved by Lay) and every element
+// operation is a backend call, so the same code runs on the CPU and on a GPU. Expert outputs are
+// kept per (token, slot) and summed in slot order, so a token's result does not depend on which
+// other tokens share the batch.
 #include "lib/model/forward.h"
 
 #include <fcntl.h>
@@ -11,12 +13,30 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
-#include <functional>
-#include <numeric>
+#include <string>
 
+#include "lib/model/routing.h"
 #include "lib/util/crc32c.h"
 
 namespace strata::model {
+
+namespace {
+
+// A KV block in host memory for a cache without a backend (zero-filled, as new float[]() was).
+class HostBlock final : public Buffer {
+ public:
+  static absl::StatusOr<std::unique_ptr<Buffer>> Allocate(size_t bytes) {
+    void *p = std::calloc(std::max<size_t>(bytes, 1), 1);
+    if (p == nullptr) return Errorf(MOE_ERR_NO_MEMORY, "cannot allocate %u bytes", bytes);
+    auto b = std::unique_ptr<HostBlock>(new HostBlock());
+    b->data_ = p;
+    b->bytes_ = bytes;
+    return std::unique_ptr<Buffer>(std::move(b));
+  }
+  ~HostBlock() override { std::free(data_); }
+};
+
+}  // namespace
 
 KvCache::Widths KvCache::WidthsFor(const HParams &hp) {
   if (hp.mla) return Widths{hp.kv_lora_rank + hp.qk_rope_dim, 0};
@@ -44,13 +64,14 @@ bool KvBudget::Take(uint64_t bytes) {
   return true;
 }
 
-absl::Status KvCache::Init(const HParams &hp, int n_ctx, KvBudget *budget) {
+absl::Status KvCache::Init(const HParams &hp, int n_ctx, KvBudget *budget, Backend *be) {
   if (n_ctx <= 0) return Errorf(MOE_ERR_INVALID_ARGUMENT, "a KV cache of %d positions", n_ctx);
   FreeAll();
   n_ctx_ = n_ctx;
   n_layer_ = hp.n_layer;
   w_ = WidthsFor(hp);
   budget_ = budget;
+  be_ = be;
   k_tab_.assign(n_layer_, {});
   v_tab_.assign(n_layer_, {});
   return absl::OkStatus();
@@ -71,7 +92,7 @@ int KvCache::WindowFor(const HParams &hp, int l) const {
 }
 
 // Allocates n blocks (zeroed) against the budget, into *out; all or nothing.
-absl::Status KvCache::AddBlocks(int n, std::vector<std::unique_ptr<float[]>> *out) {
+absl::Status KvCache::AddBlocks(int n, std::vector<std::unique_ptr<Buffer>> *out) {
   const uint64_t bytes = static_cast<uint64_t>(n) * block_bytes();
   if (budget_ != nullptr && !budget_->Take(bytes)) {
     return Errorf(MOE_ERR_LIMIT_KV,
@@ -79,22 +100,24 @@ absl::Status KvCache::AddBlocks(int n, std::vector<std::unique_ptr<float[]>> *ou
                   "raise moe_params.kv_budget_bytes or max_sessions, close or evict sessions",
                   budget_->limit(), n, block_bytes(), budget_->used());
   }
-  const size_t floats = block_bytes() / sizeof(float);
-  try {
-    for (int i = 0; i < n; ++i) out->emplace_back(new float[floats]());
-  } catch (const std::bad_alloc &) {
-    out->clear();
-    if (budget_ != nullptr) budget_->Give(bytes);
-    return Errorf(MOE_ERR_NO_MEMORY, "cannot allocate %d KV block(s) of %u bytes", n, block_bytes());
+  for (int i = 0; i < n; ++i) {
+    absl::StatusOr<std::unique_ptr<Buffer>> b =
+        be_ != nullptr ? be_->Allocate(block_bytes()) : HostBlock::Allocate(block_bytes());
+    if (!b.ok()) {
+      out->clear();
+      if (budget_ != nullptr) budget_->Give(bytes);
+      return Errorf(MOE_ERR_NO_MEMORY, "cannot allocate %d KV block(s) of %u bytes", n, block_bytes());
+    }
+    out->push_back(std::move(*b));
   }
   return absl::OkStatus();
 }
 
 // Appends allocated blocks to the tables.
-void KvCache::Adopt(std::vector<std::unique_ptr<float[]>> *blocks) {
+void KvCache::Adopt(std::vector<std::unique_ptr<Buffer>> *blocks) {
   const size_t per_layer = static_cast<size_t>(kKvBlockTokens) * (w_.k + w_.v);
   for (auto &b : *blocks) {
-    float *base = b.get();
+    float *base = Data(b);
     for (int l = 0; l < n_layer_; ++l) {
       float *k = base + l * per_layer;
       k_tab_[l].push_back(k);
@@ -114,7 +137,7 @@ absl::Status KvCache::Reserve(int n) {
   if (n <= capacity()) return absl::OkStatus();
   if (spilled()) return Errorf(MOE_ERR_STATE, "the KV cache is spilled to disk");
   const int need = (n + kKvBlockTokens - 1) / kKvBlockTokens - n_blocks();
-  std::vector<std::unique_ptr<float[]>> fresh;
+  std::vector<std::unique_ptr<Buffer>> fresh;
   STRATA_RETURN_IF_ERROR(AddBlocks(need, &fresh));
   Adopt(&fresh);
   return absl::OkStatus();
@@ -153,9 +176,11 @@ absl::Status KvCache::Spill(const std::string &dir, int n) {
   }
   unlink(tmpl.c_str());  // the file lives while fd is open; nothing stays behind after a crash
   uint32_t crc = 0;
+  std::vector<char> host(block_bytes());
   for (int b = 0; b < keep; ++b) {
-    const char *p = reinterpret_cast<const char *>(blocks_[b].get());
     const uint64_t bytes = block_bytes();
+    ToHost(host.data(), blocks_[b]->data(), bytes);
+    const char *p = host.data();
     crc = Crc32c(crc, p, bytes);
     uint64_t done = 0;
     while (done < bytes) {
@@ -181,12 +206,13 @@ absl::Status KvCache::Spill(const std::string &dir, int n) {
 
 absl::Status KvCache::Unspill() {
   if (!spilled()) return absl::OkStatus();
-  std::vector<std::unique_ptr<float[]>> fresh;
+  std::vector<std::unique_ptr<Buffer>> fresh;
   STRATA_RETURN_IF_ERROR(AddBlocks(spill_blocks_, &fresh));
   const uint64_t bytes = block_bytes();
   uint32_t crc = 0;
+  std::vector<char> host(bytes);
   for (int b = 0; b < spill_blocks_; ++b) {
-    char *p = reinterpret_cast<char *>(fresh[b].get());
+    char *p = host.data();
     uint64_t done = 0;
     while (done < bytes) {
       ssize_t r = pread(spill_fd_, p + done, bytes - done, static_cast<off_t>(b * bytes + done));
@@ -199,6 +225,7 @@ absl::Status KvCache::Unspill() {
       done += static_cast<uint64_t>(r);
     }
     crc = Crc32c(crc, p, bytes);
+    FromHost(fresh[b]->data(), p, bytes);
   }
   if (crc != spill_crc_) {
     if (budget_ != nullptr) budget_->Give(static_cast<uint64_t>(spill_blocks_) * bytes);
@@ -224,7 +251,7 @@ absl::Status KvCache::ReadRows(int l, bool values, int n, float *out) const {
     float *dst = out + static_cast<size_t>(p0) * width;
     if (!spilled()) {
       if (b >= n_blocks()) return Errorf(MOE_ERR_INTERNAL, "KV rows %d.. are not allocated", p0);
-      std::copy(blocks_[b].get() + within, blocks_[b].get() + within + floats, dst);
+      ToHost(dst, Data(blocks_[b]) + within, floats * sizeof(float));
       continue;
     }
     if (b >= spill_blocks_) return Errorf(MOE_ERR_INTERNAL, "KV rows %d.. are not in the spill file", p0);
@@ -247,90 +274,28 @@ void KvCache::WriteRows(int l, bool values, int n, const float *in) {
   const int width = values ? w_.v : w_.k;
   if (width == 0) return;
   for (int p = 0; p < n; ++p) {
-    std::copy(in + static_cast<size_t>(p) * width, in + static_cast<size_t>(p + 1) * width,
-              values ? layer(l).v_row(p) : layer(l).k_row(p));
+    FromHost(values ? layer(l).v_row(p) : layer(l).k_row(p), in + static_cast<size_t>(p) * width,
+             static_cast<size_t>(width) * sizeof(float));
+  }
+}
+
+void KvCache::ToHost(void *dst, const void *src, size_t bytes) const {
+  if (be_ != nullptr) {
+    be_->Download(dst, src, bytes);
+  } else if (bytes > 0) {
+    std::memcpy(dst, src, bytes);
+  }
+}
+
+void KvCache::FromHost(void *dst, const void *src, size_t bytes) const {
+  if (be_ != nullptr) {
+    be_->Upload(dst, src, bytes);
+  } else if (bytes > 0) {
+    std::memcpy(dst, src, bytes);
   }
 }
 
 namespace {
-
-// k largest of v (ties to the lower index), written to idx[0..k).
-void TopK(const std::vector<float> &v, int k, int32_t *out) {
-  std::vector<int32_t> idx(v.size());
-  std::iota(idx.begin(), idx.end(), 0);
-  std::partial_sort(idx.begin(), idx.begin() + k, idx.end(),
-                    [&](int32_t a, int32_t b) { return v[a] > v[b] || (v[a] == v[b] && a < b); });
-  std::copy(idx.begin(), idx.begin() + k, out);
-}
-
-// Router logits -> k selected experts and their weights, as transformers computes them in float32:
-//  kSoftmax: softmax over all experts, top-k (within the topk_group best groups by their best
-//    expert when n_group > 1, DeepSeek-V2), optional renormalisation;
-//  kSigmoid: sigmoid scores; the selection ranks score + select_bias within the topk_group groups
-//    whose two best biased scores sum highest (DeepSeek-V3); the weights are the unbiased scores;
-//  kSoftmaxSelected: top-k of the logits, softmax over those k (gpt-oss).
-// The weights are finally multiplied by routed_scale.
-void Route(const HParams &hp, const float *logits, const Vec &select_bias, int32_t *sel, float *wts) {
-  const int n_expert = hp.n_expert, k = hp.n_expert_used;
-  std::vector<float> p(logits, logits + n_expert);
-  if (hp.gating == Gating::kSoftmaxSelected) {
-    TopK(p, k, sel);
-    float mx = p[sel[0]], sum = 0.f;
-    for (int j = 0; j < k; ++j) {
-      wts[j] = std::exp(p[sel[j]] - mx);
-      sum += wts[j];
-    }
-    for (int j = 0; j < k; ++j) wts[j] /= sum;
-    return;
-  }
-  if (hp.gating == Gating::kSigmoid) {
-    for (auto &v : p) v = 1.0f / (1.0f + std::exp(-v));
-  } else {
-    float mx = *std::max_element(p.begin(), p.end());
-    float sum = 0.f;
-    for (auto &v : p) {
-      v = std::exp(v - mx);
-      sum += v;
-    }
-    for (auto &v : p) v /= sum;
-  }
-  std::vector<float> choice = p;
-  if (hp.gating == Gating::kSigmoid && select_bias.tensor != nullptr) {
-    for (int e = 0; e < n_expert; ++e) choice[e] += select_bias.values[e];
-  }
-  if (hp.n_group > 1) {
-    const int per = n_expert / hp.n_group;
-    std::vector<float> group(hp.n_group);
-    for (int g = 0; g < hp.n_group; ++g) {
-      std::vector<float> m(choice.begin() + g * per, choice.begin() + (g + 1) * per);
-      std::sort(m.begin(), m.end(), std::greater<float>());
-      group[g] = hp.gating == Gating::kSigmoid ? m[0] + m[1] : m[0];
-    }
-    std::vector<int32_t> keep(hp.topk_group);
-    TopK(group, hp.topk_group, keep.data());
-    std::vector<uint8_t> kept(hp.n_group, 0);
-    for (int32_t g : keep) kept[g] = 1;
-    // Experts of the other groups drop out (-inf for sigmoid, 0 probability for softmax, as
-    // transformers masks them).
-    const float drop = hp.gating == Gating::kSigmoid ? -INFINITY : 0.f;
-    for (int e = 0; e < n_expert; ++e) {
-      if (!kept[e / per]) choice[e] = drop;
-    }
-  }
-  TopK(choice, k, sel);
-  float s = 0.f;
-  for (int j = 0; j < k; ++j) {
-    wts[j] = p[sel[j]];
-    s += wts[j];
-  }
-  if (hp.norm_topk_prob) {
-    if (hp.gating == Gating::kSigmoid) s += 1e-20f;
-    for (int j = 0; j < k; ++j) wts[j] /= s;
-  }
-  if (hp.routed_scale != 1.f) {
-    for (int j = 0; j < k; ++j) wts[j] *= hp.routed_scale;
-  }
-}
 
 // RoPE frequencies of a head of `dim` rotated dimensions: theta^(-2i/dim), or with YaRN the blend of
 // interpolated (/ factor) and original frequencies over the correction range, as transformers'
@@ -378,74 +343,140 @@ Matrix RowsOf(const Matrix &m, int64_t r0, int64_t n) {
   return v;
 }
 
-// y (T, w.cols) = x (T, w.rows) · w: the transposed product, each row decoded once and accumulated
-// in row order.
-void MatMulTransposed(const Matrix &w, const float *x, int64_t T, float *y) {
-  std::vector<float> row(w.cols);
-  std::fill(y, y + T * w.cols, 0.f);
-  for (int64_t r = 0; r < w.rows; ++r) {
-    w.codec->dequantize(w.row(r), row.data(), w.cols);
-    for (int64_t t = 0; t < T; ++t) {
-      const float xv = x[t * w.rows + r];
-      float *yt = y + t * w.cols;
-      for (int64_t c = 0; c < w.cols; ++c) yt[c] += xv * row[c];
-    }
+// Hands out 256-byte aligned pieces of one buffer; with no buffer it only adds up the sizes, so the
+// same Lay() call both plans the workspace and carves it.
+class Carver {
+ public:
+  explicit Carver(void *base) : base_(static_cast<char *>(base)) {}
+  template <typename T>
+  T *Take(int64_t n) {
+    off_ = (off_ + 255) & ~size_t{255};
+    T *p = base_ == nullptr ? nullptr : reinterpret_cast<T *>(base_ + off_);
+    off_ += static_cast<size_t>(n) * sizeof(T);
+    return p;
+  }
+  size_t used() const { return off_; }
+
+ private:
+  char *base_;
+  size_t off_ = 0;
+};
+
+// The activations of one forward pass over T tokens with n_out output rows, all in backend memory.
+// Attention buffers are sized for T tokens and reused by each sequence in turn.
+struct Scratch {
+  int32_t *tok = nullptr, *pos = nullptr;   // (T) token ids, (T) positions, uploaded together
+  float *x = nullptr, *h = nullptr, *o = nullptr;  // (T, D) residual stream, normed input, block output
+  // grouped-query attention
+  float *q = nullptr, *k = nullptr, *v = nullptr, *att = nullptr;
+  // latent attention
+  float *qa = nullptr, *kva = nullptr, *c = nullptr, *kpe = nullptr, *qpe = nullptr, *qlat = nullptr;
+  float *qn = nullptr, *ql = nullptr, *ah = nullptr, *oh = nullptr, *ov = nullptr;
+  // experts
+  float *router = nullptr, *wts = nullptr, *xg = nullptr, *yg = nullptr, *sh = nullptr, *shg = nullptr;
+  int32_t *idx = nullptr;                   // (2, T * K) gather rows, then each slot's grouped row
+  // output head
+  float *xo = nullptr, *logits = nullptr;
+};
+
+size_t Lay(const HParams &hp, int64_t T, int64_t n_out, void *base, Scratch *s) {
+  Carver c(base);
+  const int64_t D = hp.n_embd, K = hp.n_expert_used;
+  s->tok = c.Take<int32_t>(2 * T);
+  s->pos = s->tok == nullptr ? nullptr : s->tok + T;
+  s->x = c.Take<float>(T * D);
+  s->h = c.Take<float>(T * D);
+  s->o = c.Take<float>(T * D);
+  if (hp.mla) {
+    const int64_t H = hp.n_head, R = hp.kv_lora_rank, ROPE = hp.qk_rope_dim, W = R + ROPE;
+    s->q = c.Take<float>(T * H * hp.head_dim);
+    s->qa = c.Take<float>(T * std::max(hp.q_lora_rank, 1));
+    s->kva = c.Take<float>(T * W);
+    s->c = c.Take<float>(T * R);
+    s->kpe = c.Take<float>(T * ROPE);
+    s->qpe = c.Take<float>(T * H * ROPE);
+    s->qlat = c.Take<float>(T * H * W);
+    s->qn = c.Take<float>(T * hp.qk_nope_dim);
+    s->ql = c.Take<float>(T * R);
+    s->att = c.Take<float>(T * H * R);
+    s->ah = c.Take<float>(T * R);
+    s->oh = c.Take<float>(T * hp.v_head_dim);
+    s->ov = c.Take<float>(T * H * hp.v_head_dim);
+  } else {
+    s->q = c.Take<float>(T * hp.q_dim());
+    s->k = c.Take<float>(T * hp.kv_dim());
+    s->v = c.Take<float>(T * hp.kv_dim());
+    s->att = c.Take<float>(T * hp.q_dim());
+  }
+  if (hp.n_expert > 0) {
+    s->router = c.Take<float>(T * hp.n_expert);
+    s->wts = c.Take<float>(T * K);
+    s->xg = c.Take<float>(T * K * D);
+    s->yg = c.Take<float>(T * K * D);
+    s->idx = c.Take<int32_t>(2 * T * K);
+  }
+  s->sh = c.Take<float>(T * D);
+  s->shg = c.Take<float>(T);
+  s->xo = c.Take<float>(n_out * D);
+  s->logits = c.Take<float>(n_out * hp.n_vocab);
+  return c.used();
+}
+
+// Writes width floats at column col of the k (or v) rows of positions [pos0, pos0 + T) from src
+// (T rows of src_stride): one copy per run of positions inside one block.
+void WriteKvRows(Backend &be, const KvView &kv, bool values, int pos0, int64_t T, const float *src,
+                 int64_t src_stride, int64_t col, int64_t width) {
+  for (int64_t t = 0; t < T;) {
+    const int pos = pos0 + static_cast<int>(t);
+    const int64_t run = std::min<int64_t>(T - t, kKvBlockTokens - pos % kKvBlockTokens);
+    float *dst = (values ? kv.v_row(pos) : kv.k_row(pos)) + col;
+    be.CopyRows(dst, values ? kv.v_width : kv.k_width, src + t * src_stride, src_stride, run, width);
+    t += run;
   }
 }
 
-// x (n_tok, n) += bias, per row.
-void AddBias(float *x, int64_t n_tok, int64_t n, const Vec &bias) {
-  const float *b = bias.values.data();
-  for (int64_t t = 0; t < n_tok; ++t)
-    for (int64_t i = 0; i < n; ++i) x[t * n + i] += b[i];
-}
+// Self-attention of layer l over T new tokens of one sequence at positions pos0..pos0+T-1 (pos, in
+// backend memory): h (T, D) is the normalised layer input, o (T, D) receives the output
+// projection. The tokens' K/V rows are written into the sequence's cache first.
+void LatentAttention(const HParams &hp, const LayerWeights &L, int l, Backend &be, KvCache &kv, const float *h,
+                     int64_t T, int pos0, const int32_t *pos, const Scratch &S, float *o);
 
-// Self-attention of layer l over T new tokens of one sequence at positions pos0..pos0+T-1:
-// h (T, D) is the normalised layer input, o (T, D) receives the output projection. The tokens'
-// K/V rows are written into the sequence's cache first.
-void LatentAttention(const HParams &hp, const LayerWeights &L, int l, Backend &be, KvCache &kv,
-                     const float *h, int64_t T, int pos0, float *o);
-
-void SelfAttention(const HParams &hp, const LayerWeights &L, int l, Backend &be, KvCache &kv,
-                   const float *h, int64_t T, int pos0, float *o) {
+void SelfAttention(const HParams &hp, const LayerWeights &L, int l, Backend &be, KvCache &kv, const float *h,
+                   int64_t T, int pos0, const int32_t *pos, const Scratch &S, float *o) {
   if (hp.mla) {
-    LatentAttention(hp, L, l, be, kv, h, T, pos0, o);
+    LatentAttention(hp, L, l, be, kv, h, T, pos0, pos, S, o);
     return;
   }
   const int64_t D = hp.n_embd, QD = hp.q_dim(), KVD = hp.kv_dim();
-  std::vector<float> q(T * QD), k(T * KVD), v(T * KVD), att(T * QD);
-  std::vector<int32_t> pos(T);
-  for (int64_t t = 0; t < T; ++t) pos[t] = pos0 + static_cast<int32_t>(t);
-  be.MatMul(L.wq, h, T, q.data());  // q (T, n_head * head_dim)
-  be.MatMul(L.wk, h, T, k.data());  // k (T, n_head_kv * head_dim)
-  be.MatMul(L.wv, h, T, v.data());  // v (T, n_head_kv * head_dim)
+  float *q = S.q, *k = S.k, *v = S.v, *att = S.att;
+  be.MatMul(L.wq, h, T, q);  // q (T, n_head * head_dim)
+  be.MatMul(L.wk, h, T, k);  // k (T, n_head_kv * head_dim)
+  be.MatMul(L.wv, h, T, v);  // v (T, n_head_kv * head_dim)
   if (hp.attn_bias) {
-    AddBias(q.data(), T, QD, L.bq);
-    AddBias(k.data(), T, KVD, L.bk);
-    AddBias(v.data(), T, KVD, L.bv);
+    be.AddBias(q, T, QD, L.bq.values.data());
+    be.AddBias(k, T, KVD, L.bk.values.data());
+    be.AddBias(v, T, KVD, L.bv.values.data());
   }
   if (hp.qk_norm && hp.qk_norm_full) {  // OLMoE: one norm over the whole projection
-    be.RmsNorm(q.data(), L.q_norm.values.data(), T, QD, hp.rms_eps, q.data());
-    be.RmsNorm(k.data(), L.k_norm.values.data(), T, KVD, hp.rms_eps, k.data());
+    be.RmsNorm(q, L.q_norm.values.data(), T, QD, hp.rms_eps, q);
+    be.RmsNorm(k, L.k_norm.values.data(), T, KVD, hp.rms_eps, k);
   } else if (hp.qk_norm) {
-    be.RmsNorm(q.data(), L.q_norm.values.data(), T * hp.n_head, hp.head_dim, hp.rms_eps, q.data());
-    be.RmsNorm(k.data(), L.k_norm.values.data(), T * hp.n_head_kv, hp.head_dim, hp.rms_eps, k.data());
+    be.RmsNorm(q, L.q_norm.values.data(), T * hp.n_head, hp.head_dim, hp.rms_eps, q);
+    be.RmsNorm(k, L.k_norm.values.data(), T * hp.n_head_kv, hp.head_dim, hp.rms_eps, k);
   }
   const std::vector<float> inv_freq = RopeFrequencies(hp, hp.head_dim);
   const RopeParams rp = RopeParamsFor(hp, inv_freq);
-  be.Rope(q.data(), T, hp.n_head, hp.head_dim, pos.data(), hp.rope_theta, hp.rope_style, rp);
-  be.Rope(k.data(), T, hp.n_head_kv, hp.head_dim, pos.data(), hp.rope_theta, hp.rope_style, rp);
+  be.Rope(q, T, hp.n_head, hp.head_dim, pos, hp.rope_theta, hp.rope_style, rp);
+  be.Rope(k, T, hp.n_head_kv, hp.head_dim, pos, hp.rope_theta, hp.rope_style, rp);
   KvView cache = kv.layer(l);
-  for (int64_t t = 0; t < T; ++t) {
-    std::copy(k.begin() + t * KVD, k.begin() + (t + 1) * KVD, cache.k_row(pos0 + static_cast<int>(t)));
-    std::copy(v.begin() + t * KVD, v.begin() + (t + 1) * KVD, cache.v_row(pos0 + static_cast<int>(t)));
-  }
+  WriteKvRows(be, cache, false, pos0, T, k, KVD, 0, KVD);
+  WriteKvRows(be, cache, true, pos0, T, v, KVD, 0, KVD);
   AttentionParams ap;
   ap.scale = hp.attn_scale;
   if (L.sinks.tensor != nullptr) ap.sinks = L.sinks.values.data();
-  be.Attention(q.data(), cache, T, pos0, hp.n_head, hp.n_head_kv, hp.head_dim, kv.WindowFor(hp, l), att.data(), ap);
-  be.MatMul(L.wo, att.data(), T, o);  // o (T, D)
-  if (hp.attn_out_bias) AddBias(o, T, D, L.bo);
+  be.Attention(q, cache, T, pos0, hp.n_head, hp.n_head_kv, hp.head_dim, kv.WindowFor(hp, l), att, ap);
+  be.MatMul(L.wo, att, T, o);  // o (T, D)
+  if (hp.attn_out_bias) be.AddBias(o, T, D, L.bo.values.data());
 }
 
 // Multi-head latent attention (DeepSeek-V2/V3) of layer l over T new tokens of one sequence, in the
@@ -453,108 +484,99 @@ void SelfAttention(const HParams &hp, const LayerWeights &L, int l, Backend &be,
 // rotated shared RoPE key (qk_rope_dim); each head's query is taken into the latent space
 // (q_nope · W_UK[h]), attention runs over the latent rows as one shared key/value head, and the
 // result leaves the latent space through W_UV[h]. Never expands per-head keys or values.
-void LatentAttention(const HParams &hp, const LayerWeights &L, int l, Backend &be, KvCache &kv,
-                     const float *h, int64_t T, int pos0, float *o) {
+void LatentAttention(const HParams &hp, const LayerWeights &L, int l, Backend &be, KvCache &kv, const float *h,
+                     int64_t T, int pos0, const int32_t *pos, const Scratch &S, float *o) {
   const int64_t H = hp.n_head, QK = hp.head_dim, NOPE = hp.qk_nope_dim, ROPE = hp.qk_rope_dim;
   const int64_t R = hp.kv_lora_rank, V = hp.v_head_dim, W = R + ROPE;
-  std::vector<int32_t> pos(T);
-  for (int64_t t = 0; t < T; ++t) pos[t] = pos0 + static_cast<int32_t>(t);
   // q (T, H, QK): per head qk_nope_dim plain dims then qk_rope_dim rotated ones.
-  std::vector<float> q(T * H * QK);
+  float *q = S.q;
   if (hp.q_lora_rank > 0) {
-    std::vector<float> qa(T * hp.q_lora_rank);
-    be.MatMul(L.wq_a, h, T, qa.data());  // (T, q_lora_rank)
-    be.RmsNorm(qa.data(), L.q_a_norm.values.data(), T, hp.q_lora_rank, hp.lora_norm_eps, qa.data());
-    be.MatMul(L.wq_b, qa.data(), T, q.data());
+    be.MatMul(L.wq_a, h, T, S.qa);  // (T, q_lora_rank)
+    be.RmsNorm(S.qa, L.q_a_norm.values.data(), T, hp.q_lora_rank, hp.lora_norm_eps, S.qa);
+    be.MatMul(L.wq_b, S.qa, T, q);
   } else {
-    be.MatMul(L.wq, h, T, q.data());
+    be.MatMul(L.wq, h, T, q);
   }
-  // kva (T, kv_lora_rank + qk_rope_dim): the latent then the shared RoPE key.
-  std::vector<float> kva(T * W), kpe(T * ROPE), qpe(T * H * ROPE);
-  be.MatMul(L.wkv_a, h, T, kva.data());
-  for (int64_t t = 0; t < T; ++t) {
-    be.RmsNorm(kva.data() + t * W, L.kv_a_norm.values.data(), 1, R, hp.lora_norm_eps, kva.data() + t * W);
-    std::copy(kva.begin() + t * W + R, kva.begin() + (t + 1) * W, kpe.begin() + t * ROPE);
-    for (int64_t hh = 0; hh < H; ++hh) {
-      const float *src = q.data() + (t * H + hh) * QK + NOPE;
-      std::copy(src, src + ROPE, qpe.begin() + (t * H + hh) * ROPE);
-    }
-  }
+  // kva (T, kv_lora_rank + qk_rope_dim): the latent then the shared RoPE key. c (T, R) the
+  // normalised latent, kpe (T, ROPE) the key, qpe (T, H, ROPE) the queries' rotated parts.
+  be.MatMul(L.wkv_a, h, T, S.kva);
+  be.CopyRows(S.c, R, S.kva, W, T, R);
+  be.RmsNorm(S.c, L.kv_a_norm.values.data(), T, R, hp.lora_norm_eps, S.c);
+  be.CopyRows(S.kpe, ROPE, S.kva + R, W, T, ROPE);
+  be.CopyRows(S.qpe, ROPE, q + NOPE, QK, T * H, ROPE);
   const std::vector<float> inv_freq = RopeFrequencies(hp, static_cast<int>(ROPE));
   const RopeParams rp = RopeParamsFor(hp, inv_freq);
-  be.Rope(kpe.data(), T, 1, static_cast<int>(ROPE), pos.data(), hp.rope_theta, hp.rope_style, rp);
-  be.Rope(qpe.data(), T, static_cast<int>(H), static_cast<int>(ROPE), pos.data(), hp.rope_theta, hp.rope_style, rp);
+  be.Rope(S.kpe, T, 1, static_cast<int>(ROPE), pos, hp.rope_theta, hp.rope_style, rp);
+  be.Rope(S.qpe, T, static_cast<int>(H), static_cast<int>(ROPE), pos, hp.rope_theta, hp.rope_style, rp);
   KvView cache = kv.layer(l);
-  for (int64_t t = 0; t < T; ++t) {
-    float *row = cache.k_row(pos0 + static_cast<int>(t));
-    std::copy(kva.begin() + t * W, kva.begin() + t * W + R, row);
-    std::copy(kpe.begin() + t * ROPE, kpe.begin() + (t + 1) * ROPE, row + R);
-  }
+  WriteKvRows(be, cache, false, pos0, T, S.c, R, 0, R);
+  WriteKvRows(be, cache, false, pos0, T, S.kpe, ROPE, R, ROPE);
   // qlat (T, H, R + ROPE) = [q_nope[h] · W_UK[h] | q_pe[h]]
   const bool fused = L.wkv_b.tensor != nullptr;
-  std::vector<float> qlat(T * H * W), qn(T * NOPE), ql(T * R);
   for (int64_t hh = 0; hh < H; ++hh) {
-    for (int64_t t = 0; t < T; ++t) {
-      const float *src = q.data() + (t * H + hh) * QK;
-      std::copy(src, src + NOPE, qn.begin() + t * NOPE);
-    }
+    be.CopyRows(S.qn, NOPE, q + hh * QK, H * QK, T, NOPE);  // qn (T, NOPE)
     if (fused) {  // W_UK[h] is (qk_nope_dim, R): rows [h (NOPE + V), + NOPE) of kv_b
-      MatMulTransposed(RowsOf(L.wkv_b, hh * (NOPE + V), NOPE), qn.data(), T, ql.data());
+      be.MatMulInputMajor(RowsOf(L.wkv_b, hh * (NOPE + V), NOPE), S.qn, T, S.ql);
     } else {      // k_b holds W_UK[h] transposed, (R, qk_nope_dim)
-      be.MatMul(RowsOf(L.wk_b, hh * R, R), qn.data(), T, ql.data());
+      be.MatMul(RowsOf(L.wk_b, hh * R, R), S.qn, T, S.ql);
     }
-    for (int64_t t = 0; t < T; ++t) {
-      float *dst = qlat.data() + (t * H + hh) * W;
-      std::copy(ql.begin() + t * R, ql.begin() + (t + 1) * R, dst);
-      std::copy(qpe.begin() + (t * H + hh) * ROPE, qpe.begin() + (t * H + hh + 1) * ROPE, dst + R);
-    }
+    be.CopyRows(S.qlat + hh * W, H * W, S.ql, R, T, R);
+    be.CopyRows(S.qlat + hh * W + R, H * W, S.qpe + hh * ROPE, H * ROPE, T, ROPE);
   }
   // att (T, H, R): each head's softmax-weighted sum of latents
-  std::vector<float> att(T * H * R), ah(T * R), oh(T * V), ov(T * H * V);
   AttentionParams ap;
   ap.scale = hp.attn_scale;
   ap.latent = true;
   ap.v_dim = static_cast<int>(R);
-  be.Attention(qlat.data(), cache, T, pos0, static_cast<int>(H), 1, static_cast<int>(W), kv.WindowFor(hp, l), att.data(), ap);
+  be.Attention(S.qlat, cache, T, pos0, static_cast<int>(H), 1, static_cast<int>(W), kv.WindowFor(hp, l), S.att, ap);
   for (int64_t hh = 0; hh < H; ++hh) {
-    for (int64_t t = 0; t < T; ++t) {
-      const float *src = att.data() + (t * H + hh) * R;
-      std::copy(src, src + R, ah.begin() + t * R);
-    }
+    be.CopyRows(S.ah, R, S.att + hh * R, H * R, T, R);  // ah (T, R)
     // W_UV[h] (V, R): rows [h (NOPE + V) + NOPE, + V) of kv_b, or slice h of v_b
     const Matrix wuv = fused ? RowsOf(L.wkv_b, hh * (NOPE + V) + NOPE, V) : RowsOf(L.wv_b, hh * V, V);
-    be.MatMul(wuv, ah.data(), T, oh.data());  // (T, V)
-    for (int64_t t = 0; t < T; ++t) std::copy(oh.begin() + t * V, oh.begin() + (t + 1) * V, ov.begin() + (t * H + hh) * V);
+    be.MatMul(wuv, S.ah, T, S.oh);  // (T, V)
+    be.CopyRows(S.ov + hh * V, H * V, S.oh, V, T, V);
   }
-  be.MatMul(L.wo, ov.data(), T, o);  // o (T, D)
+  be.MatMul(L.wo, S.ov, T, o);  // o (T, D)
 }
 
 // The feed-forward part of layer l for T tokens (of any sequences): h (T, D) normalised input ->
-// o (T, D). A dense layer runs its MLP; a MoE layer routes each token, runs the distinct selected
-// experts once each over the tokens that chose them, sums each token's slots in slot order, and
-// adds the shared expert(s).
-absl::Status FeedForward(const HParams &hp, const LayerWeights &L, int l, Backend &be,
-                         ExpertSource *source, const float *h, int64_t T, float *o) {
+// o (T, D). A dense layer runs its MLP; a MoE layer routes each token, gathers the tokens of each
+// distinct selected expert into one contiguous group (expert by expert, ascending), runs each
+// expert once over its group, sums each token's slots in slot order, and adds the shared
+// expert(s). The host sees the selections (one download per layer) to group tokens and to drive
+// the ExpertSource; the activations stay in backend memory.
+absl::Status FeedForward(const HParams &hp, const LayerWeights &L, int l, Backend &be, ExpertSource *source,
+                         const float *h, int64_t T, const Scratch &S, float *o) {
   const int64_t D = hp.n_embd, K = hp.n_expert_used;
   if (hp.is_dense(l)) {
     be.ExpertFfn(L.dense, h, T, o);
     return absl::OkStatus();
   }
-  std::vector<float> router(T * hp.n_expert), slots(T * K * D), wts(T * K), xg, yg;
   std::vector<int32_t> sel(T * K);
-  be.MatMul(L.router, h, T, router.data());  // router (T, n_expert)
-  if (L.router_bias.tensor != nullptr) AddBias(router.data(), T, hp.n_expert, L.router_bias);
-  for (int64_t t = 0; t < T; ++t) {
-    Route(hp, router.data() + t * hp.n_expert, L.expert_select_bias, sel.data() + t * K, wts.data() + t * K);
-  }
+  be.MatMul(L.router, h, T, S.router);  // router (T, n_expert)
+  if (L.router_bias.tensor != nullptr) be.AddBias(S.router, T, hp.n_expert, L.router_bias.values.data());
+  be.Route(RouteParamsFor(hp, L.expert_select_bias), S.router, T, sel.data(), S.wts);
+  STRATA_RETURN_IF_ERROR(be.TakeError());
   if (source != nullptr) source->OnRoute(l, h, T, sel.data(), static_cast<int>(K));
   // Group tokens by expert so each expert's weights are fetched and used once per batch.
   std::vector<std::vector<int64_t>> members(hp.n_expert);  // indices into sel (t * K + slot)
   for (int64_t i = 0; i < T * K; ++i) members[sel[i]].push_back(i);
   std::vector<int32_t> used;
+  // idx: [0, T K) the token of each grouped row, [T K, 2 T K) the grouped row of each slot.
+  std::vector<int32_t> idx(2 * T * K);
+  std::vector<int64_t> first;  // grouped row of each used expert's first token
+  int64_t row = 0;
   for (int e = 0; e < hp.n_expert; ++e) {
-    if (!members[e].empty()) used.push_back(e);
+    if (members[e].empty()) continue;
+    used.push_back(e);
+    first.push_back(row);
+    for (int64_t i : members[e]) {
+      idx[row] = static_cast<int32_t>(i / K);
+      idx[T * K + i] = static_cast<int32_t>(row);
+      ++row;
+    }
   }
+  first.push_back(row);
   std::vector<const ExpertWeights *> ew(used.size());
   if (source != nullptr) {
     absl::Status st = source->Acquire(l, used, &ew);
@@ -562,48 +584,32 @@ absl::Status FeedForward(const HParams &hp, const LayerWeights &L, int l, Backen
   } else {
     for (size_t u = 0; u < used.size(); ++u) ew[u] = &L.experts[used[u]];
   }
+  be.Upload(S.idx, idx.data(), idx.size() * sizeof(int32_t));
+  be.GatherRows(h, D, S.idx, T * K, S.xg);  // xg (T K, D): the tokens of each expert in turn
   for (size_t u = 0; u < used.size(); ++u) {
-    const std::vector<int64_t> &mem = members[used[u]];
-    const int64_t n = static_cast<int64_t>(mem.size());
-    xg.resize(n * D);
-    yg.resize(n * D);
-    for (int64_t m = 0; m < n; ++m) {
-      const int64_t t = mem[m] / K;
-      std::copy(h + t * D, h + (t + 1) * D, xg.begin() + m * D);
-    }
-    be.ExpertFfn(*ew[u], xg.data(), n, yg.data());
-    for (int64_t m = 0; m < n; ++m) {
-      std::copy(yg.begin() + m * D, yg.begin() + (m + 1) * D, slots.begin() + mem[m] * D);
-    }
+    be.ExpertFfn(*ew[u], S.xg + first[u] * D, first[u + 1] - first[u], S.yg + first[u] * D);
   }
   if (source != nullptr) source->Release(l, used);
   // o (T, D) = sum over slots of weight * expert output.
-  for (int64_t t = 0; t < T; ++t) {
-    std::fill(o + t * D, o + (t + 1) * D, 0.f);
-    for (int64_t j = 0; j < K; ++j) {
-      const float wt = wts[t * K + j];
-      const float *y = slots.data() + (t * K + j) * D;
-      for (int64_t d = 0; d < D; ++d) o[t * D + d] += wt * y[d];
-    }
-  }
+  be.WeightedRowSum(S.yg, S.idx + T * K, S.wts, T, static_cast<int>(K), D, o);
   // --- shared expert(s): resident, every token ---
   if (L.shared.present()) {
-    std::vector<float> sh(T * D), shg;
-    be.ExpertFfn(L.shared, h, T, sh.data());
+    be.ExpertFfn(L.shared, h, T, S.sh);
     if (L.shared_gate.tensor != nullptr) {
-      shg.resize(T);
-      be.MatMul(L.shared_gate, h, T, shg.data());  // (T, 1)
-      for (int64_t t = 0; t < T; ++t) {
-        const float g = 1.0f / (1.0f + std::exp(-shg[t]));
-        for (int64_t d = 0; d < D; ++d) sh[t * D + d] *= g;
-      }
+      be.MatMul(L.shared_gate, h, T, S.shg);  // (T, 1)
+      be.SigmoidScaleRows(S.sh, S.shg, T, D);
     }
-    for (int64_t i = 0; i < T * D; ++i) o[i] += sh[i];
+    be.Add(o, S.sh, T * D);
   }
   return absl::OkStatus();
 }
 
 }  // namespace
+
+size_t ForwardWorkspaceBytes(const HParams &hp, int64_t n_tok, int64_t n_out) {
+  Scratch s;
+  return Lay(hp, n_tok, n_out, nullptr, &s);
+}
 
 absl::Status Forward(const HParams &hp, const ModelWeights &w, Backend &be, const ForwardArgs &a,
                      std::vector<std::vector<float>> *logits) {
@@ -635,37 +641,59 @@ absl::Status Forward(const HParams &hp, const ModelWeights &w, Backend &be, cons
   // their mask.
   for (const SequenceArgs &q : a.seqs) STRATA_RETURN_IF_ERROR(q.kv->Prepare(q.pos0, q.tokens, q.n_tok));
   const int64_t T = row0[n_seq], D = hp.n_embd;
-  std::vector<int32_t> tokens(T);
-  for (size_t s = 0; s < n_seq; ++s) std::copy(a.seqs[s].tokens, a.seqs[s].tokens + a.seqs[s].n_tok, tokens.begin() + row0[s]);
-  std::vector<float> x(T * D), h(T * D), o(T * D);
-  be.GetRows(w.tok_embd, tokens.data(), T, x.data());  // x (T, D): every sequence's rows in order
+  int64_t n_out = 0;
+  for (size_t s = 0; s < n_seq; ++s) n_out += a.seqs[s].all_logits ? a.seqs[s].n_tok : 1;
+
+  // --- workspace: the caller's when it is large enough, else one for this call ---
+  const size_t ws_bytes = ForwardWorkspaceBytes(hp, T, n_out);
+  std::unique_ptr<Buffer> own;
+  std::unique_ptr<Buffer> *ws = a.workspace != nullptr ? a.workspace : &own;
+  if (*ws == nullptr || (*ws)->bytes() < ws_bytes) {
+    ws->reset();
+    STRATA_ASSIGN_OR_RETURN(*ws, be.Allocate(ws_bytes));
+  }
+  Scratch S;
+  Lay(hp, T, n_out, (*ws)->data(), &S);
+
+  // tokens then positions of every sequence in order, in one upload
+  std::vector<int32_t> tok_pos(2 * T);
+  for (size_t s = 0; s < n_seq; ++s) {
+    const SequenceArgs &q = a.seqs[s];
+    std::copy(q.tokens, q.tokens + q.n_tok, tok_pos.begin() + row0[s]);
+    for (int64_t t = 0; t < q.n_tok; ++t) tok_pos[T + row0[s] + t] = q.pos0 + static_cast<int32_t>(t);
+  }
+  be.Upload(S.tok, tok_pos.data(), tok_pos.size() * sizeof(int32_t));
+  be.GetRows(w.tok_embd, S.tok, T, S.x);  // x (T, D): every sequence's rows in order
 
   for (int l = 0; l < hp.n_layer; ++l) {
     const LayerWeights &L = w.layers[l];
-    be.RmsNorm(x.data(), L.attn_norm.values.data(), T, D, hp.rms_eps, h.data());
+    be.RmsNorm(S.x, L.attn_norm.values.data(), T, D, hp.rms_eps, S.h);
     for (size_t s = 0; s < n_seq; ++s) {  // attention: each sequence over its own cache
       const SequenceArgs &q = a.seqs[s];
-      SelfAttention(hp, L, l, be, *q.kv, h.data() + row0[s] * D, q.n_tok, q.pos0, o.data() + row0[s] * D);
+      SelfAttention(hp, L, l, be, *q.kv, S.h + row0[s] * D, q.n_tok, q.pos0, S.pos + row0[s], S,
+                    S.o + row0[s] * D);
     }
-    for (int64_t i = 0; i < T * D; ++i) x[i] += o[i];
-    be.RmsNorm(x.data(), L.ffn_norm.values.data(), T, D, hp.rms_eps, h.data());
-    STRATA_RETURN_IF_ERROR(FeedForward(hp, L, l, be, a.experts, h.data(), T, o.data()));  // all tokens at once
-    for (int64_t i = 0; i < T * D; ++i) x[i] += o[i];
+    be.Add(S.x, S.o, T * D);
+    be.RmsNorm(S.x, L.ffn_norm.values.data(), T, D, hp.rms_eps, S.h);
+    STRATA_RETURN_IF_ERROR(FeedForward(hp, L, l, be, a.experts, S.h, T, S, S.o));  // all tokens at once
+    be.Add(S.x, S.o, T * D);
+    STRATA_RETURN_IF_ERROR(be.TakeError());
   }
 
   // --- output head: the rows each sequence wants, gathered into one matrix ---
-  std::vector<int64_t> out_rows;
-  for (size_t s = 0; s < n_seq; ++s) {
-    const int64_t first = a.seqs[s].all_logits ? row0[s] : row0[s + 1] - 1;
-    for (int64_t r = first; r < row0[s + 1]; ++r) out_rows.push_back(r);
-  }
-  const int64_t n_out = static_cast<int64_t>(out_rows.size());
-  std::vector<float> xo(n_out * D), all(n_out * hp.n_vocab);
-  for (int64_t i = 0; i < n_out; ++i) std::copy(x.begin() + out_rows[i] * D, x.begin() + (out_rows[i] + 1) * D, xo.begin() + i * D);
-  be.RmsNorm(xo.data(), w.output_norm.values.data(), n_out, D, hp.rms_eps, h.data());
-  be.MatMul(w.output, h.data(), n_out, all.data());  // (n_out, n_vocab)
-  logits->resize(n_seq);
   int64_t done = 0;
+  for (size_t s = 0; s < n_seq; ++s) {
+    const int64_t n = a.seqs[s].all_logits ? a.seqs[s].n_tok : 1;
+    be.CopyRows(S.xo + done * D, D, S.x + (row0[s + 1] - n) * D, D, n, D);
+    done += n;
+  }
+  be.RmsNorm(S.xo, w.output_norm.values.data(), n_out, D, hp.rms_eps, S.h);
+  be.MatMul(w.output, S.h, n_out, S.logits);  // (n_out, n_vocab)
+  std::vector<float> all(n_out * hp.n_vocab);
+  be.Download(all.data(), S.logits, all.size() * sizeof(float));
+  STRATA_RETURN_IF_ERROR(be.TakeError());
+  logits->resize(n_seq);
+  done = 0;
   for (size_t s = 0; s < n_seq; ++s) {
     const int64_t n = a.seqs[s].all_logits ? a.seqs[s].n_tok : 1;
     (*logits)[s].assign(all.begin() + done * hp.n_vocab, all.begin() + (done + n) * hp.n_vocab);

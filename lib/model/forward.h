@@ -4,6 +4,7 @@
 #pragma once
 
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -48,8 +49,10 @@ class KvCache {
   ~KvCache();
   KvCache(const KvCache &) = delete;
   KvCache &operator=(const KvCache &) = delete;
-  // Sets the shape; allocates nothing. `budget` (nullable) must outlive the cache.
-  absl::Status Init(const HParams &hp, int n_ctx, KvBudget *budget = nullptr);
+  // Sets the shape; allocates nothing. `budget` (nullable) must outlive the cache. Blocks come from
+  // `be` (nullable: host memory), so they live where that backend computes; spill and snapshot
+  // copies go through its Download / Upload.
+  absl::Status Init(const HParams &hp, int n_ctx, KvBudget *budget = nullptr, Backend *be = nullptr);
   // Attention mask: window > 0 limits every layer to the last `window` positions (combined with a
   // model's own per-layer window by taking the smaller); a position holding one of `blocked` is
   // never a key for another position's query.
@@ -99,15 +102,20 @@ class KvCache {
   }
 
  private:
-  absl::Status AddBlocks(int n, std::vector<std::unique_ptr<float[]>> *out);
-  void Adopt(std::vector<std::unique_ptr<float[]>> *blocks);
+  absl::Status AddBlocks(int n, std::vector<std::unique_ptr<Buffer>> *out);
+  void Adopt(std::vector<std::unique_ptr<Buffer>> *blocks);
+  // Block memory <-> host, through the backend when there is one.
+  void ToHost(void *dst, const void *src, size_t bytes) const;
+  void FromHost(void *dst, const void *src, size_t bytes) const;
+  static float *Data(const std::unique_ptr<Buffer> &b) { return static_cast<float *>(b->data()); }
   void FreeAll();
   int n_ctx_ = 0;
   int n_layer_ = 0;
   Widths w_;
   KvBudget *budget_ = nullptr;
+  Backend *be_ = nullptr;
   // blocks_[b]: (n_layer, [k (kKvBlockTokens, w.k) | v (kKvBlockTokens, w.v)]) floats.
-  std::vector<std::unique_ptr<float[]>> blocks_;
+  std::vector<std::unique_ptr<Buffer>> blocks_;
   std::vector<std::vector<float *>> k_tab_, v_tab_;  // per layer, per block
   std::vector<uint8_t> masked_;
   int window_ = 0;
@@ -125,7 +133,7 @@ class KvCache {
 class ExpertSource {
  public:
   virtual ~ExpertSource() = default;
-  // `h` (n_tok, n_embd): the normalised input of layer l's experts; `selected` (n_tok * k) the
+  // `h` (n_tok, n_embd): the normalised input of layer l's experts, in the backend's memory; `selected` (n_tok * k) the
   // expert ids chosen for each token.
   virtual void OnRoute(int layer, const float *h, int64_t n_tok, const int32_t *selected, int k) {}
   // out[i] receives the weights of experts[i], valid until Release(layer, experts). On failure
@@ -151,7 +159,13 @@ struct SequenceArgs {
 struct ForwardArgs {
   std::vector<SequenceArgs> seqs;
   ExpertSource *experts = nullptr;   // nullptr: the resident weights in `w`
+  // Caller-owned activation workspace in the backend's memory, replaced by a larger one when it
+  // holds fewer than ForwardWorkspaceBytes; nullptr: one for this call only.
+  std::unique_ptr<Buffer> *workspace = nullptr;
 };
+
+// Bytes of backend memory a forward pass over n_tok tokens with n_out rows of logits needs.
+size_t ForwardWorkspaceBytes(const HParams &hp, int64_t n_tok, int64_t n_out);
 
 // Runs the sequences through the model, writing their K/V into their caches and the logits of
 // sequence i into (*logits)[i] ((all_logits ? n_tok : 1) x n_vocab). Requires pos0 + n_tok <=

@@ -122,6 +122,8 @@ class WeightStore {
   // nullptr) for the expert cache to stream.
   absl::Status Load(const ModelFile &mf, ModelWeights &w, bool routed_experts = true);
   uint64_t resident_bytes() const { return size_; }
+  // The host arena every resident view points into (a device backend copies it whole).
+  const uint8_t *arena() const { return arena_; }
 
  private:
   uint8_t *arena_ = nullptr;

@@ -12,6 +12,10 @@
 #include "nlohmann/json.hpp"
 
 #include "backends/cpu/cpu_backend.h"
+#ifdef STRATA_HAVE_CUDA
+#include "backends/cuda/cuda_backend.h"
+#include "backends/cuda/device.h"
+#endif
 #include "lib/model/pack.h"
 #include "lib/runtime/snapshot.h"
 
@@ -81,10 +85,12 @@ std::string LoadChatTemplate(const model::ModelFile &mf) {
 
 absl::StatusOr<std::unique_ptr<Context>> Context::Open(const ContextOptions &o) {
   if (o.model_path.empty()) return Errorf(MOE_ERR_INVALID_ARGUMENT, "no model path given");
+#ifndef STRATA_HAVE_CUDA
   if (o.backend == MOE_BACKEND_CUDA) {
     return Errorf(MOE_ERR_UNSUPPORTED_BACKEND, "the CUDA backend is not available in this build");
   }
-  if (o.backend != MOE_BACKEND_AUTO && o.backend != MOE_BACKEND_CPU) {
+#endif
+  if (o.backend != MOE_BACKEND_AUTO && o.backend != MOE_BACKEND_CPU && o.backend != MOE_BACKEND_CUDA) {
     return Errorf(MOE_ERR_INVALID_ARGUMENT, "unknown backend %d", o.backend);
   }
   if (o.n_ctx < 0 || o.n_threads < 0 || o.max_sessions < 0) {
@@ -120,8 +126,37 @@ absl::StatusOr<std::unique_ptr<Context>> Context::Open(const ContextOptions &o) 
   // Experts stream when the plan's RAM tier cannot hold them all.
   const bool streaming = ctx->plan_.ram_expert_slots < ctx->plan_.n_routed_experts;
   STRATA_RETURN_IF_ERROR(ctx->store_.Load(*ctx->file_, ctx->weights_, /*routed_experts=*/!streaming));
-  ctx->backend_ = std::make_unique<cpu::CpuBackend>(
-      o.n_threads, o.cpu_q8_activations ? cpu::MatMulMode::kQ8Activations : cpu::MatMulMode::kExact);
+#ifdef STRATA_HAVE_CUDA
+  // CUDA computes from VRAM copies of weights resident in host memory: its VRAM tier fills expert
+  // slots from RAM, not yet from the RAM cache's streamed slots, so with streaming AUTO falls back to
+  // the CPU.
+  const bool cuda = o.backend == MOE_BACKEND_CUDA || (o.backend == MOE_BACKEND_AUTO && cuda::DeviceCount() > 0 && !streaming);
+  if (cuda) {
+    if (streaming) {
+      return Errorf(MOE_ERR_UNSUPPORTED_BACKEND,
+                    "the CUDA backend needs every expert resident: %d of %d fit the RAM budget",
+                    ctx->plan_.ram_expert_slots, ctx->plan_.n_routed_experts);
+    }
+    // The VRAM budget: non-routed weights, KV and workspace first, then the routed experts; what is
+    // left for them decides whether they are all resident or run from VRAM slots (0 = auto: all).
+    uint64_t expert_vram = UINT64_MAX;
+    if (o.vram_budget_bytes > 0) {
+      const uint64_t fixed = ctx->plan_.non_routed_bytes + ctx->plan_.kv_bytes + ctx->plan_.workspace_bytes;
+      expert_vram = o.vram_budget_bytes > fixed ? o.vram_budget_bytes - fixed : 0;
+    }
+    STRATA_ASSIGN_OR_RETURN(std::unique_ptr<cuda::CudaBackend> be,
+                            cuda::CudaBackend::Create(ctx->weights_, ctx->store_.arena(), ctx->store_.resident_bytes(),
+                                                      expert_vram, ctx->hp_.n_expert_used));
+    ctx->plan_.vram_budget_bytes = o.vram_budget_bytes;
+    ctx->plan_.vram_expert_slots =
+        be->expert_slots() > 0 ? static_cast<uint32_t>(be->expert_slots()) : ctx->plan_.n_routed_experts;
+    ctx->backend_ = std::move(be);
+  }
+#endif
+  if (ctx->backend_ == nullptr) {
+    ctx->backend_ = std::make_unique<cpu::CpuBackend>(
+        o.n_threads, o.cpu_q8_activations ? cpu::MatMulMode::kQ8Activations : cpu::MatMulMode::kExact);
+  }
   ctx->table_ = std::make_unique<store::ExpertTable>(ctx->weights_);
   ctx->resident_layer_hits_.assign(ctx->hp_.n_layer, 0);
   ctx->expert_counts_.assign(static_cast<size_t>(ctx->hp_.n_layer) * ctx->hp_.n_expert, 0);
@@ -178,7 +213,7 @@ absl::StatusOr<Session *> Context::OpenSession(const SessionOptions &o) {
   }
   auto s = std::unique_ptr<Session>(new Session(this, o));
   s->n_ctx_ = o.n_ctx > 0 ? o.n_ctx : n_ctx_;
-  STRATA_RETURN_IF_ERROR(s->kv_.Init(hp_, s->n_ctx_, kv_budget_.get()));
+  STRATA_RETURN_IF_ERROR(s->kv_.Init(hp_, s->n_ctx_, kv_budget_.get(), backend_.get()));
   s->kv_.SetMask(o.window, o.blocked_tokens);
   std::lock_guard<std::mutex> lk(mu_);
   sessions_.push_back(std::move(s));
@@ -395,6 +430,7 @@ absl::Status Context::StepLocked(int cap, bool *ran) {
     }
     counting.layer_major = cache_ != nullptr && pass_tok >= prefill_layer_min_;
     a.experts = &counting;
+    a.workspace = &workspace_;
     std::vector<std::vector<float>> logits;
     // On failure no session is committed: the KV rows written at positions >= n_past are not part
     // of any session and are overwritten by the retry.

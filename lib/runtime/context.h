@@ -216,6 +216,7 @@ class Context {
   model::ModelWeights weights_;
   model::WeightStore store_;
   std::unique_ptr<model::Backend> backend_;
+  std::unique_ptr<model::Buffer> workspace_;  // the forward pass's activations, grown on demand
   store::CachePlan plan_;
   std::unique_ptr<text::Tokenizer> tokenizer_;
   std::string chat_template_;

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -17,7 +18,14 @@
 
 namespace strata::testing {
 
-inline const std::string kGolden = std::string(STRATA_SOURCE_DIR) + "/tests/golden/";
+// The fixtures: $STRATA_GOLDEN_DIR when set (test binaries run away from the source tree, e.g. on the
+// GPU machine), else the source tree's tests/golden.
+inline std::string GoldenDir() {
+  const char *env = std::getenv("STRATA_GOLDEN_DIR");
+  if (env != nullptr && *env != '\0') return std::string(env) + "/";
+  return std::string(STRATA_SOURCE_DIR) + "/tests/golden/";
+}
+inline const std::string kGolden = GoldenDir();
 
 template <typename T>
 inline std::vector<T> ReadBinary(const std::string &path) {
@@ -44,15 +52,26 @@ inline double NormalizedMaxError(const std::vector<float> &a, const std::vector<
 
 // Runs `tokens` through a fresh session: the first `prefill` as one batch, then one at a time.
 // Returns the logits of every position, (n_tokens, n_vocab).
-inline std::vector<float> TeacherForced(const std::string &model, const std::vector<int32_t> &tokens, size_t prefill) {
+// With a vram_budget, *vram_slots (when given) receives the plan's VRAM expert slots.
+inline std::vector<float> TeacherForced(const std::string &model, const std::vector<int32_t> &tokens, size_t prefill,
+                                        int32_t backend = MOE_BACKEND_CPU, uint64_t vram_budget = 0,
+                                        uint32_t *vram_slots = nullptr, uint32_t *n_routed = nullptr) {
   moe_params p;
   moe_params_init(&p);
   p.model_path = model.c_str();
-  p.backend = MOE_BACKEND_CPU;
+  p.backend = backend;
+  p.vram_budget_bytes = vram_budget;
   p.n_threads = 2;
   moe_ctx *ctx = nullptr;
   INFO(model << ": " << moe_last_error());
   REQUIRE(moe_ctx_open(&p, &ctx) == MOE_OK);
+  if (vram_slots != nullptr || n_routed != nullptr) {
+    moe_cache_plan plan;
+    moe_cache_plan_init(&plan);
+    REQUIRE(moe_ctx_plan(ctx, &plan) == MOE_OK);
+    if (vram_slots != nullptr) *vram_slots = plan.vram_expert_slots;
+    if (n_routed != nullptr) *n_routed = plan.n_routed_experts;
+  }
   moe_session_params sp;
   moe_session_params_init(&sp);
   sp.logits_all = 1;

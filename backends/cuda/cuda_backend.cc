@@ -1,0 +1,573 @@
+// CudaBackend: weight adoption (one copy of the host arena, float32 copies of matrices without a
+// device kernel, one packed buffer of vectors), pointer resolution from host weight addresses to
+// device ones, and each Backend operation as kernel-layer launches on one stream.
+#include "backends/cuda/cuda_backend.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "backends/cuda/cuda_status.h"
+#include "backends/cuda/device.h"
+#include "lib/quant/codec.h"
+
+namespace strata::cuda {
+namespace {
+
+// Device memory handed to the forward pass (activations, KV caches), zero-filled.
+class VramBuffer final : public model::Buffer {
+ public:
+  explicit VramBuffer(DeviceBuffer b) : b_(std::move(b)) {
+    data_ = b_.data();
+    bytes_ = b_.size();
+  }
+
+ private:
+  DeviceBuffer b_;
+};
+
+template <typename F>
+void ForEachExpert(const model::LayerWeights &L, F &&f) {
+  for (const auto &e : L.experts) f(e);
+  f(L.dense);
+  f(L.shared);
+}
+
+// Every matrix and vector of the model, for adoption.
+template <typename FM, typename FV>
+void ForEachWeight(const model::ModelWeights &w, FM &&fm, FV &&fv) {
+  fm(w.tok_embd);
+  fm(w.output);
+  fv(w.output_norm);
+  for (const auto &L : w.layers) {
+    for (const model::Matrix *m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.wq_a, &L.wq_b, &L.wkv_a, &L.wkv_b, &L.wk_b,
+                                   &L.wv_b, &L.router, &L.shared_gate}) {
+      fm(*m);
+    }
+    for (const model::Vec *v : {&L.attn_norm, &L.bq, &L.bk, &L.bv, &L.bo, &L.q_norm, &L.k_norm, &L.sinks,
+                                &L.q_a_norm, &L.kv_a_norm, &L.ffn_norm, &L.router_bias, &L.expert_select_bias}) {
+      fv(*v);
+    }
+    ForEachExpert(L, [&](const model::ExpertWeights &e) {
+      fm(e.gate);
+      fm(e.up);
+      fm(e.down);
+      fv(e.gate_bias);
+      fv(e.up_bias);
+      fv(e.down_bias);
+    });
+  }
+}
+
+size_t Align(size_t n) { return (n + 255) & ~size_t{255}; }
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const model::ModelWeights &w, const uint8_t *arena,
+                                                                 size_t arena_bytes, uint64_t expert_vram_bytes,
+                                                                 int n_min_slots) {
+  if (DeviceCount() <= 0) return Errorf(MOE_ERR_UNSUPPORTED_BACKEND, "no CUDA device");
+  auto be = std::unique_ptr<CudaBackend>(new CudaBackend());
+  STRATA_ASSIGN_OR_RETURN(be->stream_, Stream::Create());
+  STRATA_ASSIGN_OR_RETURN(be->copy_stream_, Stream::Create());
+  STRATA_ASSIGN_OR_RETURN(be->up_done_, Event::Create());
+  STRATA_ASSIGN_OR_RETURN(be->blas_, Blas::Create(Blas::Compute::kF32));
+  STRATA_RETURN_IF_ERROR(be->Adopt(w, arena, arena_bytes, expert_vram_bytes, n_min_slots));
+  return be;
+}
+
+CudaBackend::~CudaBackend() {
+  // Work still queued may use the buffers about to be freed.
+  if (copy_stream_.get() != nullptr) (void)copy_stream_.Synchronize();
+  if (stream_.get() != nullptr) (void)stream_.Synchronize();
+}
+
+// The kernels read a matrix in its codec when they have one and accept its shape (checked at a
+// 256-byte aligned address, as every device copy starts); float32 needs no conversion (cuBLASLt
+// takes any shape). Everything else is converted: exact, as the host dequantizer defines values.
+bool CudaBackend::NeedsConversion(const model::Matrix &m) {
+  if (m.codec->id == quant::TypeId::kF32 && m.row_bytes == static_cast<uint64_t>(m.cols) * 4) return false;
+  const DeviceMatrix dm{m.codec->id, reinterpret_cast<const void *>(uintptr_t{256}), m.rows, m.cols, m.row_bytes};
+  return !(HasDeviceCodec(m.codec->id) && CheckMatrix(dm).ok());
+}
+
+uint64_t CudaBackend::DeviceBytes(const model::Matrix &m) {
+  return NeedsConversion(m) ? static_cast<uint64_t>(m.rows * m.cols) * sizeof(float) : m.nbytes();
+}
+
+namespace {
+
+// Writes m's device form (its bytes, or float32 rows) to dst.
+void HostForm(const model::Matrix &m, uint8_t *dst, bool convert) {
+  if (!convert) {
+    std::memcpy(dst, m.data, m.nbytes());
+    return;
+  }
+  float *out = reinterpret_cast<float *>(dst);
+  for (int64_t r = 0; r < m.rows; ++r) m.codec->dequantize(m.row(r), out + r * m.cols, m.cols);
+}
+
+}  // namespace
+
+absl::Status CudaBackend::Adopt(const model::ModelWeights &w, const uint8_t *arena, size_t arena_bytes,
+                                uint64_t expert_vram_bytes, int n_min_slots) {
+  host_arena_ = arena;
+  arena_bytes_ = arena_bytes;
+  // Routed experts: all resident when they fit expert_vram_bytes, else they get slots.
+  uint64_t all_experts = 0, expert_max = 0, n_routed = 0;
+  for (const auto &L : w.layers) {
+    for (const auto &e : L.experts) {
+      uint64_t b = 0;
+      for (const model::Matrix *m : {&e.gate, &e.up, &e.down}) {
+        if (m->tensor != nullptr && m->data != nullptr) b += Align(DeviceBytes(*m));
+      }
+      all_experts += b;
+      expert_max = std::max(expert_max, b);
+      ++n_routed;
+    }
+  }
+  const bool tiered = expert_vram_bytes < all_experts && n_routed > 0;
+  std::unordered_map<const uint8_t *, bool> routed;
+  if (tiered) {
+    for (const auto &L : w.layers)
+      for (const auto &e : L.experts)
+        for (const model::Matrix *m : {&e.gate, &e.up, &e.down}) routed[m->data] = true;
+  }
+  absl::Status st;
+  std::vector<const model::Matrix *> resident;
+  size_t total = 0;
+  auto on_matrix = [&](const model::Matrix &m) {
+    if (m.tensor == nullptr || m.data == nullptr || m.rows <= 0) return;
+    if (m.data < arena || m.data + m.nbytes() > arena + arena_bytes) {
+      st.Update(Errorf(MOE_ERR_UNSUPPORTED_BACKEND, "%s is not in the resident weights", m.name));
+      return;
+    }
+    if (routed.count(m.data) != 0 || regions_.count(m.data) != 0) return;  // a slot's, or seen (tied)
+    regions_[m.data] = Region{m.nbytes(), m.row_bytes, m.cols, NeedsConversion(m), nullptr};
+    resident.push_back(&m);
+    total += Align(DeviceBytes(m));
+  };
+  std::vector<const model::Vec *> vecs;
+  size_t vec_floats = 0;
+  auto on_vec = [&](const model::Vec &v) {
+    if (v.tensor == nullptr || v.values.empty()) return;
+    vecs.push_back(&v);
+    vec_floats += Align(v.values.size() * sizeof(float)) / sizeof(float);
+  };
+  ForEachWeight(w, on_matrix, on_vec);
+  STRATA_RETURN_IF_ERROR(st);
+  STRATA_ASSIGN_OR_RETURN(weight_buf_, DeviceBuffer::Allocate(total));
+  size_t off = 0;
+  std::vector<uint8_t> tmp;
+  for (const model::Matrix *m : resident) {
+    Region &r = regions_[m->data];
+    r.dev = weight_buf_.as<uint8_t>() + off;
+    const uint64_t bytes = DeviceBytes(*m);
+    if (r.converted) {
+      tmp.resize(bytes);
+      HostForm(*m, tmp.data(), true);
+      STRATA_CUDA_RETURN_IF_ERROR(cudaMemcpy(r.dev, tmp.data(), bytes, cudaMemcpyHostToDevice));
+    } else {
+      STRATA_CUDA_RETURN_IF_ERROR(cudaMemcpy(r.dev, m->data, bytes, cudaMemcpyHostToDevice));
+    }
+    off += Align(bytes);
+  }
+  std::vector<float> packed(vec_floats, 0.f);
+  STRATA_ASSIGN_OR_RETURN(vec_buf_, DeviceBuffer::Allocate(vec_floats * sizeof(float)));
+  off = 0;
+  for (const model::Vec *v : vecs) {
+    std::copy(v->values.begin(), v->values.end(), packed.begin() + off);
+    vecs_[v->values.data()] = DeviceVec{static_cast<int64_t>(v->values.size()), vec_buf_.as<float>() + off};
+    off += Align(v->values.size() * sizeof(float)) / sizeof(float);
+  }
+  if (!packed.empty()) {
+    STRATA_CUDA_RETURN_IF_ERROR(
+        cudaMemcpy(vec_buf_.data(), packed.data(), packed.size() * sizeof(float), cudaMemcpyHostToDevice));
+  }
+  weight_bytes_ = total + vec_floats * sizeof(float);
+  if (tiered) {
+    // Fixed slots of the largest expert's device size, allocated once: no allocation in steady state.
+    slot_bytes_ = expert_max;
+    const uint64_t n = std::clamp<uint64_t>(expert_vram_bytes / slot_bytes_, std::max(n_min_slots, 1), n_routed);
+    STRATA_ASSIGN_OR_RETURN(slot_buf_, DeviceBuffer::Allocate(n * slot_bytes_));
+    slots_.resize(n);
+    for (Slot &sl : slots_) {
+      STRATA_ASSIGN_OR_RETURN(sl.used, Event::Create());
+    }
+    for (int i = 0; i < 2; ++i) {
+      STRATA_ASSIGN_OR_RETURN(staging_[i], PinnedBuffer::Allocate(slot_bytes_));
+      STRATA_ASSIGN_OR_RETURN(staged_[i], Event::Create());
+    }
+    weight_bytes_ += n * slot_bytes_;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<CudaBackend::Slot *> CudaBackend::SlotFor(const model::ExpertWeights &e) {
+  const uint8_t *key = e.gate.data;
+  auto hit = slot_of_.find(key);
+  if (hit != slot_of_.end()) {
+    Slot &sl = slots_[hit->second];
+    sl.last_use = ++use_clock_;
+    return &sl;
+  }
+  // The least recently used slot (an empty one first).
+  int v = 0;
+  for (int i = 1; i < static_cast<int>(slots_.size()); ++i) {
+    if (slots_[i].last_use < slots_[v].last_use) v = i;
+  }
+  Slot &sl = slots_[v];
+  if (sl.key != nullptr) {
+    slot_of_.erase(sl.key);
+    for (const uint8_t *p : sl.parts) in_slots_.erase(p);
+  }
+  sl.key = nullptr;
+  sl.parts.clear();
+  // Stage the expert's device form (gate | up | down, each 256-aligned) in pinned memory. The
+  // staging buffer is reused every other fill: wait until its previous copy has left it.
+  const int si = next_staging_;
+  next_staging_ ^= 1;
+  STRATA_RETURN_IF_ERROR(staged_[si].Synchronize());
+  uint8_t *stage = staging_[si].as<uint8_t>();
+  uint8_t *dev = slot_buf_.as<uint8_t>() + static_cast<uint64_t>(v) * slot_bytes_;
+  uint64_t off = 0;
+  std::vector<std::pair<const uint8_t *, Region>> parts;
+  for (const model::Matrix *m : {&e.gate, &e.up, &e.down}) {
+    if (m->tensor == nullptr || m->data == nullptr) continue;
+    const bool convert = NeedsConversion(*m);
+    HostForm(*m, stage + off, convert);
+    parts.emplace_back(m->data, Region{m->nbytes(), m->row_bytes, m->cols, convert, dev + off});
+    off += Align(DeviceBytes(*m));
+  }
+  // The copy waits for the last computation that read the slot; the compute stream waits for the copy.
+  STRATA_RETURN_IF_ERROR(copy_stream_.Wait(sl.used.get()));
+  STRATA_RETURN_IF_ERROR(CopyAsync(dev, stage, off, copy_stream_.get()));
+  STRATA_RETURN_IF_ERROR(staged_[si].Record(copy_stream_.get()));
+  STRATA_RETURN_IF_ERROR(stream_.Wait(staged_[si].get()));
+  for (auto &[p, r] : parts) {
+    in_slots_[p] = r;
+    sl.parts.push_back(p);
+  }
+  sl.key = key;
+  sl.last_use = ++use_clock_;
+  slot_of_[key] = v;
+  ++fills_;
+  fill_bytes_ += off;
+  return &sl;
+}
+
+absl::StatusOr<DeviceMatrix> CudaBackend::Resolve(const model::Matrix &w) const {
+  if (w.data == nullptr) return Errorf(MOE_ERR_UNSUPPORTED_BACKEND, "%s has no resident bytes", w.name);
+  const uint8_t *start = nullptr;
+  const Region *r = nullptr;
+  auto slot = in_slots_.find(w.data);
+  if (slot != in_slots_.end()) {
+    start = slot->first;
+    r = &slot->second;
+  } else {
+    auto it = regions_.upper_bound(w.data);
+    if (it != regions_.begin()) {
+      --it;
+      if (w.data < it->first + it->second.bytes) {
+        start = it->first;
+        r = &it->second;
+      }
+    }
+  }
+  if (r == nullptr) {
+    return Errorf(MOE_ERR_UNSUPPORTED_BACKEND, "%s is not on the device (experts from the RAM cache need the VRAM tier)",
+                  w.name);
+  }
+  const uint64_t off = static_cast<uint64_t>(w.data - start);
+  if (!r->converted) return DeviceMatrix{w.codec->id, r->dev + off, w.rows, w.cols, w.row_bytes};
+  if (off % r->host_row_bytes != 0 || w.cols != r->cols) {
+    return Errorf(MOE_ERR_INTERNAL, "%s is not a row range of a converted matrix", w.name);
+  }
+  const int64_t row = static_cast<int64_t>(off / r->host_row_bytes);
+  return DeviceMatrix{quant::TypeId::kF32, r->dev + row * r->cols * sizeof(float), w.rows, w.cols,
+                      static_cast<uint64_t>(r->cols) * 4};
+}
+
+absl::StatusOr<const float *> CudaBackend::Resolve(const float *host_vec) const {
+  if (host_vec == nullptr) return static_cast<const float *>(nullptr);
+  auto it = vecs_.upper_bound(host_vec);
+  if (it != vecs_.begin()) {
+    --it;
+    if (host_vec < it->first + it->second.n) return it->second.dev + (host_vec - it->first);
+  }
+  return Errorf(MOE_ERR_INTERNAL, "a weight vector is not on the device");
+}
+
+absl::StatusOr<void *> CudaBackend::Grow(DeviceBuffer &b, size_t bytes) {
+  if (b.size() < bytes) {
+    STRATA_RETURN_IF_ERROR(stream_.Synchronize());  // queued work may still read the old buffer
+    b.Reset();
+    STRATA_ASSIGN_OR_RETURN(b, DeviceBuffer::Allocate(Align(bytes)));
+  }
+  return b.data();
+}
+
+absl::StatusOr<void *> CudaBackend::GrowPinned(PinnedBuffer &b, size_t bytes) {
+  if (b.size() < bytes) {
+    STRATA_RETURN_IF_ERROR(stream_.Synchronize());  // a queued copy may still read the old buffer
+    b.Reset();
+    STRATA_ASSIGN_OR_RETURN(b, PinnedBuffer::Allocate(Align(bytes)));
+  }
+  return b.data();
+}
+
+// ---- memory ----
+
+absl::StatusOr<std::unique_ptr<model::Buffer>> CudaBackend::Allocate(size_t bytes) {
+  STRATA_ASSIGN_OR_RETURN(DeviceBuffer b, DeviceBuffer::Allocate(std::max<size_t>(bytes, 1)));
+  STRATA_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(b.data(), 0, b.size(), stream_.get()));
+  STRATA_RETURN_IF_ERROR(stream_.Synchronize());
+  return std::unique_ptr<model::Buffer>(new VramBuffer(std::move(b)));
+}
+
+// Through a pinned bounce buffer: the caller may free `src` at once, and the copy is a true
+// asynchronous DMA. The buffer is rewritten only after the previous upload has left it.
+void CudaBackend::Upload(void *dst, const void *src, size_t bytes) {
+  if (!err_.ok() || bytes == 0) return;
+  if (!Note(up_done_.Synchronize())) return;
+  auto io = GrowPinned(up_io_, bytes);
+  if (!Note(io.status())) return;
+  std::memcpy(*io, src, bytes);
+  if (Note(CopyAsync(dst, *io, bytes, stream_.get()))) Note(up_done_.Record(stream_.get()));
+}
+
+void CudaBackend::Download(void *dst, const void *src, size_t bytes) {
+  if (!err_.ok() || bytes == 0) return;
+  auto io = GrowPinned(down_io_, bytes);
+  if (!Note(io.status()) || !Note(CopyAsync(*io, src, bytes, stream_.get())) || !Note(stream_.Synchronize())) return;
+  std::memcpy(dst, *io, bytes);
+}
+
+absl::Status CudaBackend::TakeError() {
+  absl::Status s = std::move(err_);
+  err_ = absl::OkStatus();
+  return s;
+}
+
+// ---- element-wise ----
+
+void CudaBackend::CopyRows(float *dst, int64_t dst_stride, const float *src, int64_t src_stride, int64_t rows,
+                           int64_t width) {
+  if (!err_.ok() || rows <= 0 || width <= 0) return;
+  const cudaError_t e =
+      cudaMemcpy2DAsync(dst, dst_stride * sizeof(float), src, src_stride * sizeof(float), width * sizeof(float), rows,
+                        cudaMemcpyDeviceToDevice, stream_.get());
+  Note(CudaStatus(e, "cudaMemcpy2DAsync", __FILE__, __LINE__));
+}
+
+void CudaBackend::Add(float *x, const float *y, int64_t n) {
+  if (err_.ok()) Note(cuda::Add(x, y, n, stream_.get()));
+}
+
+void CudaBackend::AddBias(float *x, int64_t n_rows, int64_t n, const float *bias) {
+  if (!err_.ok()) return;
+  auto b = Resolve(bias);
+  if (Note(b.status())) Note(cuda::AddBias(x, n_rows, n, *b, stream_.get()));
+}
+
+void CudaBackend::SigmoidScaleRows(float *x, const float *g, int64_t n_rows, int64_t n) {
+  if (err_.ok()) Note(cuda::SigmoidScaleRows(x, g, n_rows, n, stream_.get()));
+}
+
+void CudaBackend::GatherRows(const float *src, int64_t width, const int32_t *idx, int64_t n, float *dst) {
+  if (err_.ok()) Note(cuda::GatherRows(src, width, idx, n, dst, stream_.get()));
+}
+
+void CudaBackend::WeightedRowSum(const float *rows, const int32_t *idx, const float *wts, int64_t n_tok, int k,
+                                 int64_t width, float *out) {
+  if (err_.ok()) Note(cuda::WeightedRowSum(rows, idx, wts, n_tok, k, width, out, stream_.get()));
+}
+
+void CudaBackend::Route(const model::RouteParams &p, const float *logits, int64_t n_tok, int32_t *sel_host,
+                        float *wts) {
+  if (!err_.ok() || n_tok <= 0) return;
+  RouteArgs a;
+  a.gating = p.gating == model::Gating::kSoftmax ? 0 : p.gating == model::Gating::kSoftmaxSelected ? 1 : 2;
+  a.n_expert = p.n_expert;
+  a.k = p.k;
+  a.n_group = std::max(p.n_group, 1);
+  a.topk_group = p.n_group > 1 ? p.topk_group : 1;
+  a.norm_topk_prob = p.norm_topk_prob;
+  a.routed_scale = p.routed_scale;
+  auto bias = Resolve(p.select_bias);
+  if (!Note(bias.status())) return;
+  a.select_bias = *bias;
+  const size_t bytes = static_cast<size_t>(n_tok) * p.k * sizeof(int32_t);
+  auto sel = Grow(sel_dev_, bytes);
+  if (!Note(sel.status())) return;
+  if (!Note(cuda::Route(a, logits, n_tok, static_cast<int32_t *>(*sel), wts, stream_.get()))) return;
+  // The host needs the selections now (grouping, the expert source): one small copy per layer.
+  Download(sel_host, *sel, bytes);
+}
+
+// ---- compute ----
+
+absl::Status CudaBackend::MatMulDevice(const DeviceMatrix &w, const float *x, int64_t n_tok, float *y) {
+  if (CheckMatrix(w).ok()) {
+    const size_t bytes = Blas::MatMulWorkspaceBytes(w, n_tok);
+    STRATA_ASSIGN_OR_RETURN(void *ws, Grow(mm_ws_, bytes));
+    return blas_.MatMul(w, x, n_tok, y, Workspace{ws, mm_ws_.size()}, stream_.get());
+  }
+  if (w.type == quant::TypeId::kF32 && w.row_bytes == static_cast<uint64_t>(w.cols) * 4) {
+    // A float32 shape the GEMV kernels reject (cols not a multiple of 32): cuBLASLt takes any.
+    STRATA_ASSIGN_OR_RETURN(void *ws, Grow(mm_ws_, Blas::kLtWorkspaceBytes));
+    return blas_.Sgemm(static_cast<const float *>(w.data), w.rows, w.cols, x, n_tok, y,
+                       Workspace{ws, mm_ws_.size()}, stream_.get());
+  }
+  return Errorf(MOE_ERR_UNSUPPORTED_TYPE, "no device product for a (%d, %d) matrix of type %d", w.rows, w.cols,
+                static_cast<int>(w.type));
+}
+
+void CudaBackend::MatMul(const model::Matrix &w, const float *x, int64_t n_tok, float *y) {
+  if (!err_.ok() || n_tok <= 0 || w.rows <= 0) return;
+  auto dm = Resolve(w);
+  if (Note(dm.status())) Note(MatMulDevice(*dm, x, n_tok, y));
+}
+
+void CudaBackend::MatMulInputMajor(const model::Matrix &w, const float *x, int64_t n_tok, float *y) {
+  if (!err_.ok() || n_tok <= 0) return;
+  auto dm = Resolve(w);
+  if (!Note(dm.status())) return;
+  const float *dense = static_cast<const float *>(dm->data);
+  if (dm->type != quant::TypeId::kF32 || dm->row_bytes != static_cast<uint64_t>(dm->cols) * 4) {
+    auto ws = Grow(deq_ws_, static_cast<size_t>(dm->rows * dm->cols) * sizeof(float));
+    if (!Note(ws.status()) || !Note(Dequantize(*dm, static_cast<float *>(*ws), stream_.get()))) return;
+    dense = static_cast<const float *>(*ws);
+  }
+  Note(MatMulInputMajorF32(dense, dm->rows, dm->cols, x, n_tok, y, stream_.get()));
+}
+
+void CudaBackend::GetRows(const model::Matrix &w, const int32_t *ids, int64_t n, float *out) {
+  if (!err_.ok() || n <= 0) return;
+  auto dm = Resolve(w);
+  if (!Note(dm.status())) return;
+  if (dm->type == quant::TypeId::kF32 && dm->row_bytes == static_cast<uint64_t>(dm->cols) * 4) {
+    Note(cuda::GatherRows(static_cast<const float *>(dm->data), dm->cols, ids, n, out, stream_.get()));
+  } else {
+    Note(cuda::GetRows(*dm, ids, n, out, stream_.get()));
+  }
+}
+
+void CudaBackend::RmsNorm(const float *x, const float *weight, int64_t n_rows, int64_t n, float eps, float *y) {
+  if (!err_.ok()) return;
+  auto wd = Resolve(weight);
+  if (Note(wd.status())) Note(cuda::RmsNorm(x, *wd, n_rows, n, eps, y, stream_.get()));
+}
+
+void CudaBackend::Rope(float *x, int64_t n_tok, int n_heads, int head_dim, const int32_t *pos, float theta,
+                       model::RopeStyle style, const model::RopeParams &p) {
+  if (!err_.ok()) return;
+  // The table as the CPU backend forms it, passed to the kernel by value.
+  const int half = head_dim / 2;
+  std::vector<float> inv(std::max(half, 1));
+  for (int i = 0; i < half; ++i) {
+    inv[i] = p.inv_freq != nullptr
+                 ? p.inv_freq[i]
+                 : 1.0f / std::pow(theta, static_cast<float>(2 * i) / static_cast<float>(head_dim));
+  }
+  Note(RopeWithTable(x, n_tok, n_heads, head_dim, pos, inv.data(), p.mscale, style, stream_.get()));
+}
+
+absl::Status CudaBackend::AttentionImpl(const float *q, const model::KvView &kv, int64_t n_tok, int pos0, int n_head,
+                                        int n_head_kv, int head_dim, int window, float *out,
+                                        const model::AttentionParams &p) {
+  // The cache's block tables and mask live on the host (the KvCache owns them); one upload per
+  // call brings [k table | v table | mask] to the device. The block contents are device memory.
+  const int n_blocks = (kv.n_ctx + model::kKvBlockTokens - 1) / model::kKvBlockTokens;
+  const size_t tab = static_cast<size_t>(n_blocks) * sizeof(float *);
+  const size_t mask = kv.masked != nullptr ? static_cast<size_t>(kv.n_ctx) : 0;
+  std::vector<uint8_t> host(2 * tab + mask);
+  std::memcpy(host.data(), kv.k_blocks, tab);
+  if (kv.v_width > 0) std::memcpy(host.data() + tab, kv.v_blocks, tab);
+  if (mask > 0) std::memcpy(host.data() + 2 * tab, kv.masked, mask);
+  STRATA_ASSIGN_OR_RETURN(void *dev, Grow(kv_tab_, host.size()));
+  Upload(dev, host.data(), host.size());
+  STRATA_RETURN_IF_ERROR(TakeError());
+  uint8_t *d = static_cast<uint8_t *>(dev);
+  AttentionExtArgs a;
+  a.k_blocks = reinterpret_cast<const float *const *>(d);
+  a.v_blocks = reinterpret_cast<const float *const *>(d + tab);
+  a.masked = mask > 0 ? d + 2 * tab : nullptr;
+  a.block_tokens = model::kKvBlockTokens;
+  a.k_stride = kv.k_width;
+  a.v_stride = kv.v_width;
+  a.pos0 = pos0;
+  a.n_head = n_head;
+  a.n_head_kv = n_head_kv;
+  a.head_dim = head_dim;
+  a.v_dim = p.latent ? p.v_dim : head_dim;
+  a.window = window;
+  a.latent = p.latent;
+  a.scale = p.scale != 0.f ? p.scale : 1.0f / std::sqrt(static_cast<float>(head_dim));
+  STRATA_ASSIGN_OR_RETURN(a.sinks, Resolve(p.sinks));
+  return AttentionExt(q, a, n_tok, out, stream_.get());
+}
+
+void CudaBackend::Attention(const float *q, const model::KvView &kv, int64_t n_tok, int pos0, int n_head,
+                            int n_head_kv, int head_dim, int window, float *out, const model::AttentionParams &p) {
+  if (err_.ok()) Note(AttentionImpl(q, kv, n_tok, pos0, n_head, n_head_kv, head_dim, window, out, p));
+}
+
+absl::Status CudaBackend::ExpertFfnImpl(const model::ExpertWeights &e, const float *x, int64_t n_tok, float *y) {
+  const bool biased = e.gate_bias.tensor != nullptr || e.up_bias.tensor != nullptr || e.down_bias.tensor != nullptr;
+  if (!e.input_major && !biased && e.swiglu_limit == 0.f) {
+    STRATA_ASSIGN_OR_RETURN(DeviceMatrix g, Resolve(e.gate));
+    STRATA_ASSIGN_OR_RETURN(DeviceMatrix u, Resolve(e.up));
+    STRATA_ASSIGN_OR_RETURN(DeviceMatrix d, Resolve(e.down));
+    if (CheckMatrix(g).ok() && CheckMatrix(u).ok() && CheckMatrix(d).ok()) {
+      const DeviceExpert de{g, u, d};
+      STRATA_ASSIGN_OR_RETURN(void *ws, Grow(ffn_ws_, ExpertFfnWorkspaceBytes(de, n_tok)));
+      return cuda::ExpertFfn(blas_, de, x, n_tok, y, Workspace{ws, ffn_ws_.size()}, stream_.get());
+    }
+  }
+  // Composed: products, biases and the activation as separate launches (the CPU backend's steps).
+  const int64_t n_ff = e.input_major ? e.down.rows : e.gate.rows;
+  const int64_t act = n_tok * n_ff;
+  const size_t a_floats = Align(act * sizeof(float)) / sizeof(float);
+  // g (2 act: room for the interleaved gate/up of an input-major expert), u (act), h (act)
+  STRATA_ASSIGN_OR_RETURN(void *ws, Grow(ffn_ws_, 4 * a_floats * sizeof(float)));
+  float *g = static_cast<float *>(ws);
+  float *u = g + 2 * a_floats;
+  float *h = u + a_floats;
+  if (e.input_major) {
+    // gu (n_tok, 2 n_ff) = x · gate_up, gate and up in alternating columns; bias before the split.
+    MatMulInputMajor(e.gate, x, n_tok, g);
+    if (e.gate_bias.tensor != nullptr) AddBias(g, n_tok, 2 * n_ff, e.gate_bias.values.data());
+    STRATA_RETURN_IF_ERROR(TakeError());
+    STRATA_RETURN_IF_ERROR(GatedAct(g, g + 1, 2 * n_ff, 2, n_tok, n_ff, e.swiglu_limit, h, stream_.get()));
+    MatMulInputMajor(e.down, h, n_tok, y);
+  } else {
+    MatMul(e.gate, x, n_tok, g);
+    MatMul(e.up, x, n_tok, u);
+    if (e.gate_bias.tensor != nullptr) AddBias(g, n_tok, n_ff, e.gate_bias.values.data());
+    if (e.up_bias.tensor != nullptr) AddBias(u, n_tok, n_ff, e.up_bias.values.data());
+    STRATA_RETURN_IF_ERROR(TakeError());
+    STRATA_RETURN_IF_ERROR(GatedAct(g, u, n_ff, 1, n_tok, n_ff, e.swiglu_limit, h, stream_.get()));
+    MatMul(e.down, h, n_tok, y);
+  }
+  const int64_t n_embd = e.input_major ? e.gate.rows : e.down.rows;
+  if (e.down_bias.tensor != nullptr) AddBias(y, n_tok, n_embd, e.down_bias.values.data());
+  return TakeError();
+}
+
+void CudaBackend::ExpertFfn(const model::ExpertWeights &e, const float *x, int64_t n_tok, float *y) {
+  if (!err_.ok() || n_tok <= 0) return;
+  // A routed expert of the VRAM tier: bring it into a slot, compute, mark the slot read.
+  Slot *slot = nullptr;
+  if (!slots_.empty() && e.gate.data != nullptr && regions_.count(e.gate.data) == 0) {
+    auto s = SlotFor(e);
+    if (!Note(s.status())) return;
+    slot = *s;
+  }
+  Note(ExpertFfnImpl(e, x, n_tok, y));
+  if (slot != nullptr) Note(slot->used.Record(stream_.get()));
+}
+
+}  // namespace strata::cuda

@@ -1,0 +1,405 @@
+// Device kernels the forward pass needs beyond the kernel layer's core set: the family options
+// (RoPE with a frequency table and YaRN scale, attention with sinks / windows / latent values / a
+// set scale, the routing variants, expert biases and gpt-oss's clamped SwiGLU, input-major
+// products) and the element-wise glue (residual adds, gathers, weighted slot sums). Each forms
+// its results with the CPU backend's float32 operations in the same order where it can
+// (transcendentals in double, rounded once, as glibc's float functions round).
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "backends/cuda/cuda_status.h"
+#include "backends/cuda/kernels.h"
+
+namespace strata::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+int Blocks(int64_t n) { return static_cast<int>((n + kThreads - 1) / kThreads); }
+
+__device__ __forceinline__ float ExpF(float x) { return static_cast<float>(exp(static_cast<double>(x))); }
+
+// ---- element-wise ----
+
+__global__ void AddKernel(float *x, const float *y, int64_t n) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) x[i] = __fadd_rn(x[i], y[i]);
+}
+
+__global__ void AddBiasKernel(float *x, int64_t n_rows, int64_t n, const float *bias) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n_rows * n) x[i] = __fadd_rn(x[i], bias[i % n]);
+}
+
+__global__ void SigmoidScaleRowsKernel(float *x, const float *g, int64_t n_rows, int64_t n) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n_rows * n) return;
+  const float s = __fdiv_rn(1.0f, __fadd_rn(1.0f, ExpF(-g[i / n])));
+  x[i] = __fmul_rn(x[i], s);
+}
+
+__global__ void GatherRowsKernel(const float *src, int64_t width, const int32_t *idx, int64_t n, float *dst) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n * width) return;
+  const int64_t r = i / width, c = i % width;
+  dst[i] = src[static_cast<int64_t>(idx[r]) * width + c];
+}
+
+__global__ void WeightedRowSumKernel(const float *rows, const int32_t *idx, const float *wts, int64_t n_tok, int k,
+                                     int64_t width, float *out) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n_tok * width) return;
+  const int64_t t = i / width, d = i % width;
+  float acc = 0.f;
+  for (int j = 0; j < k; ++j) {
+    acc = __fadd_rn(acc, __fmul_rn(wts[t * k + j], rows[static_cast<int64_t>(idx[t * k + j]) * width + d]));
+  }
+  out[i] = acc;
+}
+
+// h = act(gate, up) per (token, f): gate element (t, f) at g[t * g_row + f * step], up likewise, so
+// the same kernel reads separate gate/up outputs (step 1) or interleaved gate/up columns (step 2).
+__global__ void GatedActKernel(const float *g, const float *u, int64_t row, int step, int64_t n_tok, int64_t n_ff,
+                               float limit, float *h) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n_tok * n_ff) return;
+  const int64_t t = i / n_ff, f = i % n_ff;
+  const float a0 = g[t * row + f * step], b0 = u[t * row + f * step];
+  if (limit > 0.f) {
+    const float a = fminf(a0, limit);
+    const float b = fminf(fmaxf(b0, -limit), limit);
+    const float sig = __fdiv_rn(a, __fadd_rn(1.0f, ExpF(__fmul_rn(-1.702f, a))));
+    h[i] = __fmul_rn(__fadd_rn(b, 1.0f), sig);
+  } else {
+    const float silu = __fdiv_rn(a0, __fadd_rn(1.0f, ExpF(-a0)));
+    h[i] = __fmul_rn(silu, b0);
+  }
+}
+
+// y (n_tok, cols) = x (n_tok, rows) · w (rows, cols): one thread per output, rows accumulated in
+// order as the CPU does.
+__global__ void InputMajorKernel(const float *w, int64_t rows, int64_t cols, const float *x, int64_t n_tok,
+                                 float *y) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n_tok * cols) return;
+  const int64_t t = i / cols, c = i % cols;
+  float acc = 0.f;
+  for (int64_t r = 0; r < rows; ++r) acc = __fadd_rn(acc, __fmul_rn(x[t * rows + r], w[r * cols + c]));
+  y[i] = acc;
+}
+
+// ---- RoPE with a frequency table ----
+
+struct RopeTable {
+  float inv_freq[kRopeMaxHalf];
+};
+
+__global__ void RopeTableKernel(float *x, int64_t n_tok, int n_heads, int head_dim, const int32_t *pos,
+                                RopeTable table, float mscale, bool neox) {
+  const int half = head_dim / 2;
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= n_tok * n_heads * half) return;
+  const int i = static_cast<int>(idx % half);
+  const int64_t th = idx / half;
+  const int64_t t = th / n_heads;
+  const float angle = __fmul_rn(static_cast<float>(pos[t]), table.inv_freq[i]);
+  float c = static_cast<float>(cos(static_cast<double>(angle)));
+  float s = static_cast<float>(sin(static_cast<double>(angle)));
+  if (mscale != 1.f) {
+    c = __fmul_rn(c, mscale);
+    s = __fmul_rn(s, mscale);
+  }
+  float *v = x + th * head_dim;
+  const int i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
+  const float x0 = v[i0], x1 = v[i1];
+  v[i0] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
+  v[i1] = __fadd_rn(__fmul_rn(x1, c), __fmul_rn(x0, s));
+}
+
+// ---- attention with the family options ----
+
+__device__ float BlockReduceSum(float v, float *red) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  __syncthreads();
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
+  __syncthreads();
+  float r = (threadIdx.x & 31) < (blockDim.x >> 5) ? red[threadIdx.x & 31] : 0.f;
+  for (int o = 16; o > 0; o >>= 1) r += __shfl_xor_sync(0xffffffffu, r, o);
+  return r;
+}
+__device__ float BlockReduceMax(float v, float *red) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  __syncthreads();
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
+  __syncthreads();
+  float r = (threadIdx.x & 31) < (blockDim.x >> 5) ? red[threadIdx.x & 31] : -INFINITY;
+  for (int o = 16; o > 0; o >>= 1) r = fmaxf(r, __shfl_xor_sync(0xffffffffu, r, o));
+  return r;
+}
+
+// One block per (token, head): the query in shared memory, then one score per visible key (a
+// thread per key), softmax with the optional sink logit, and one output element per thread.
+__global__ void AttentionExtKernel(const float *q, AttentionExtArgs a, float *out) {
+  extern __shared__ float sm[];
+  __shared__ float red[32];
+  const int64_t t = blockIdx.x / a.n_head;
+  const int h = static_cast<int>(blockIdx.x % a.n_head);
+  const int kvh = h / (a.n_head / a.n_head_kv);
+  const int pos = a.pos0 + static_cast<int>(t);
+  const int first = a.window > 0 ? max(0, pos - a.window + 1) : 0;
+  const int n = pos + 1 - first;
+  float *qs = sm;                  // (head_dim)
+  float *sc = sm + a.head_dim;     // (n)
+  const float *qh = q + (t * a.n_head + h) * a.head_dim;
+  for (int d = threadIdx.x; d < a.head_dim; d += blockDim.x) qs[d] = qh[d];
+  __syncthreads();
+  float mx = -INFINITY;
+  for (int j = threadIdx.x; j < n; j += blockDim.x) {
+    const int row = first + j;
+    // A masked position takes no part: its weight becomes exp(-inf) = 0.
+    if (row != pos && a.masked != nullptr && a.masked[row] != 0) {
+      sc[j] = -INFINITY;
+      continue;
+    }
+    const float *kj = a.k_blocks[row / a.block_tokens] + static_cast<int64_t>(row % a.block_tokens) * a.k_stride +
+                      static_cast<int64_t>(kvh) * a.head_dim;
+    float dot = 0.f;
+    for (int d = 0; d < a.head_dim; ++d) dot = fmaf(qs[d], kj[d], dot);
+    const float s = __fmul_rn(dot, a.scale);
+    sc[j] = s;
+    mx = fmaxf(mx, s);
+  }
+  mx = BlockReduceMax(mx, red);
+  const float sink = a.sinks != nullptr ? a.sinks[h] : -INFINITY;
+  mx = fmaxf(mx, sink);
+  float sum = 0.f;
+  for (int j = threadIdx.x; j < n; j += blockDim.x) {
+    const float e = ExpF(sc[j] - mx);
+    sc[j] = e;
+    sum += e;
+  }
+  sum = BlockReduceSum(sum, red);
+  if (a.sinks != nullptr) sum += ExpF(sink - mx);
+  const float inv = 1.0f / sum;
+  __syncthreads();
+  float *o = out + (t * a.n_head + h) * a.v_dim;
+  for (int d = threadIdx.x; d < a.v_dim; d += blockDim.x) {
+    float acc = 0.f;
+    for (int j = 0; j < n; ++j) {
+      const int row = first + j;
+      const int64_t in_block = row % a.block_tokens;
+      const float *vj = a.latent ? a.k_blocks[row / a.block_tokens] + in_block * a.k_stride
+                                 : a.v_blocks[row / a.block_tokens] + in_block * a.v_stride +
+                                       static_cast<int64_t>(kvh) * a.head_dim;
+      acc = fmaf(__fmul_rn(sc[j], inv), vj[d], acc);
+    }
+    o[d] = acc;
+  }
+}
+
+// ---- routing ----
+
+// k largest of v[0..n) (ties to the lower index) into out, by repeated argmax.
+__device__ void TopKDev(const float *v, int n, int k, int32_t *out) {
+  for (int j = 0; j < k; ++j) {
+    int best = -1;
+    for (int i = 0; i < n; ++i) {
+      bool taken = false;
+      for (int m = 0; m < j; ++m) taken = taken || out[m] == i;
+      if (taken) continue;
+      if (best < 0 || v[i] > v[best]) best = i;
+    }
+    out[j] = best;
+  }
+}
+
+// One thread per token, the host RouteToken's steps in its order (see lib/model/routing.h).
+__global__ void RouteKernel(RouteArgs p, const float *logits, int64_t n_tok, int32_t *sel, float *wts) {
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (t >= n_tok) return;
+  float pr[kRouteMaxExperts], choice[kRouteMaxExperts];
+  const int n_expert = p.n_expert, k = p.k;
+  const float *l = logits + t * n_expert;
+  int32_t *s = sel + t * k;
+  float *w = wts + t * k;
+  for (int e = 0; e < n_expert; ++e) pr[e] = l[e];
+  if (p.gating == 1) {  // softmax over the selected
+    TopKDev(pr, n_expert, k, s);
+    const float mx = pr[s[0]];
+    float sum = 0.f;
+    for (int j = 0; j < k; ++j) {
+      w[j] = ExpF(pr[s[j]] - mx);
+      sum = __fadd_rn(sum, w[j]);
+    }
+    for (int j = 0; j < k; ++j) w[j] = __fdiv_rn(w[j], sum);
+    return;
+  }
+  if (p.gating == 2) {
+    for (int e = 0; e < n_expert; ++e) pr[e] = __fdiv_rn(1.0f, __fadd_rn(1.0f, ExpF(-pr[e])));
+  } else {
+    float mx = -INFINITY;
+    for (int e = 0; e < n_expert; ++e) mx = fmaxf(mx, pr[e]);
+    float sum = 0.f;
+    for (int e = 0; e < n_expert; ++e) {
+      pr[e] = ExpF(pr[e] - mx);
+      sum = __fadd_rn(sum, pr[e]);
+    }
+    for (int e = 0; e < n_expert; ++e) pr[e] = __fdiv_rn(pr[e], sum);
+  }
+  for (int e = 0; e < n_expert; ++e) choice[e] = pr[e];
+  if (p.gating == 2 && p.select_bias != nullptr) {
+    for (int e = 0; e < n_expert; ++e) choice[e] = __fadd_rn(choice[e], p.select_bias[e]);
+  }
+  if (p.n_group > 1) {
+    const int per = n_expert / p.n_group;
+    float group[kRouteMaxExperts];
+    for (int g = 0; g < p.n_group; ++g) {
+      float b0 = -INFINITY, b1 = -INFINITY;
+      for (int e = g * per; e < (g + 1) * per; ++e) {
+        const float v = choice[e];
+        if (v > b0) {
+          b1 = b0;
+          b0 = v;
+        } else if (v > b1) {
+          b1 = v;
+        }
+      }
+      group[g] = p.gating == 2 ? __fadd_rn(b0, b1) : b0;
+    }
+    int32_t keep[kRouteMaxExperts];
+    TopKDev(group, p.n_group, p.topk_group, keep);
+    const float drop = p.gating == 2 ? -INFINITY : 0.f;
+    for (int e = 0; e < n_expert; ++e) {
+      bool kept = false;
+      for (int m = 0; m < p.topk_group; ++m) kept = kept || keep[m] == e / per;
+      if (!kept) choice[e] = drop;
+    }
+  }
+  TopKDev(choice, n_expert, k, s);
+  float sum = 0.f;
+  for (int j = 0; j < k; ++j) {
+    w[j] = pr[s[j]];
+    sum = __fadd_rn(sum, w[j]);
+  }
+  if (p.norm_topk_prob) {
+    if (p.gating == 2) sum = __fadd_rn(sum, 1e-20f);
+    for (int j = 0; j < k; ++j) w[j] = __fdiv_rn(w[j], sum);
+  }
+  if (p.routed_scale != 1.f) {
+    for (int j = 0; j < k; ++j) w[j] = __fmul_rn(w[j], p.routed_scale);
+  }
+}
+
+}  // namespace
+
+absl::Status Add(float *x, const float *y, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return absl::OkStatus();
+  AddKernel<<<Blocks(n), kThreads, 0, stream>>>(x, y, n);
+  STRATA_CUDA_RETURN_IF_LAUNCH_FAILED();
+  return absl::OkStatus();
+}
+
+absl::Status AddBias(float *x, int64_t n_rows, int64_t n, const float *bias, cudaStream_t stream) {
+  if (n_rows * n <= 0) return absl::OkStatus();
+  AddBiasKernel<<<Blocks(n_rows * n), kThreads, 0, stream>>>(x, n_rows, n, bias);
+  STRATA_CUDA_RETURN_IF_LAUNCH_FAILED();
+  return absl::OkStatus();
+}
+
+absl::Status SigmoidScaleRows(float *x, const float *g, int64_t n_rows, int64_t n, cudaStream_t stream) {
+  if (n_rows * n <= 0) return absl::OkStatus();
+  SigmoidScaleRowsKernel<<<Blocks(n_rows * n), kThreads, 0, stream>>>(x, g, n_rows, n);
+  STRATA_CUDA_RETURN_IF_LAUNCH_FAILED();
+  return absl::OkStatus();
+}
+
+absl::Status GatherRows(const float *src, int64_t width, const int32_t *idx, int64_t n, float *dst,
+                        cudaStream_t stream) {
+  if (n * width <= 0) return absl::OkStatus();
+  GatherRowsKernel<<<Blocks(n * width), kThreads, 0, stream>>>(src, width, idx, n, dst);
+  STRATA_CUDA_RETURN_IF_LAUNCH_FAILED();
+  return absl::OkStatus();
+}
+
+absl::Status WeightedRowSum(const float *rows, const int32_t *idx, const float *wts, int64_t n_tok, int k,
+                            int64_t width, float *out, cudaStream_t stream) {
+  if (n_tok * width <= 0) return absl::OkStatus();
+  WeightedRowSumKernel<<<Blocks(n_tok * width), kThreads, 0, stream>>>(rows, idx, wts, n_tok, k, width, out);
+  STRATA_CUDA_RETURN_IF_LAUNCH_FAILED();
+  return absl::OkStatus();
+}
+
+absl::Status GatedAct(const float *g, const float *u, int64_t row, int step, int64_t n_tok, int64_t n_ff,
+                      float limit, float *h, cudaStream_t stream) {
+  if (n_tok * n_ff <= 0) return absl::OkStatus();
+  GatedActKernel<<<Blocks(n_tok * n_ff), kThreads, 0, stream>>>(g, u, row, step, n_tok, n_ff, limit, h);
+  STRATA_CUDA_RETURN_IF_LAUNCH_FAILED();
+  return absl::OkStatus();
+}
+
+absl::Status MatMulInputMajorF32(const float *w, int64_t rows, int64_t cols, const float *x, int64_t n_tok, float *y,
+                                 cudaStream_t stream) {
+  if (n_tok * cols <= 0) return absl::OkStatus();
+  InputMajorKernel<<<Blocks(n_tok * cols), kThreads, 0, stream>>>(w, rows, cols, x, n_tok, y);
+  STRATA_CUDA_RETURN_IF_LAUNCH_FAILED();
+  return absl::OkStatus();
+}
+
+absl::Status RopeWithTable(float *x, int64_t n_tok, int n_heads, int head_dim, const int32_t *pos,
+                           const float *inv_freq, float mscale, model::RopeStyle style, cudaStream_t stream) {
+  const int half = head_dim / 2;
+  if (head_dim % 2 != 0 || half > kRopeMaxHalf) {
+    return Errorf(MOE_ERR_INVALID_ARGUMENT, "RoPE over head_dim %d (even, at most %d)", head_dim, 2 * kRopeMaxHalf);
+  }
+  const int64_t n = n_tok * n_heads * half;
+  if (n <= 0) return absl::OkStatus();
+  RopeTable table;
+  std::copy(inv_freq, inv_freq + half, table.inv_freq);
+  RopeTableKernel<<<Blocks(n), kThreads, 0, stream>>>(x, n_tok, n_heads, head_dim, pos, table, mscale,
+                                                        style == model::RopeStyle::kNeox);
+  STRATA_CUDA_RETURN_IF_LAUNCH_FAILED();
+  return absl::OkStatus();
+}
+
+absl::Status AttentionExt(const float *q, const AttentionExtArgs &a, int64_t n_tok, float *out, cudaStream_t stream) {
+  if (a.n_head_kv <= 0 || a.n_head % a.n_head_kv != 0 || a.head_dim <= 0 || a.v_dim <= 0 || a.block_tokens <= 0) {
+    return Errorf(MOE_ERR_INVALID_ARGUMENT, "attention over %d heads, %d KV heads, head_dim %d", a.n_head,
+                  a.n_head_kv, a.head_dim);
+  }
+  if (n_tok <= 0) return absl::OkStatus();
+  const int last = a.pos0 + static_cast<int>(n_tok) - 1;
+  const int n_keys = a.window > 0 ? std::min(a.window, last + 1) : last + 1;
+  const size_t smem = (static_cast<size_t>(n_keys) + a.head_dim) * sizeof(float);
+  int dev = 0, max_smem = 0;
+  STRATA_CUDA_RETURN_IF_ERROR(cudaGetDevice(&dev));
+  STRATA_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  if (smem + 32 * sizeof(float) > static_cast<size_t>(max_smem)) {
+    return Errorf(MOE_ERR_UNSUPPORTED, "attention over %d keys exceeds the %d bytes of shared memory", n_keys,
+                  max_smem);
+  }
+  if (smem > 48 * 1024) {
+    STRATA_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(AttentionExtKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                     static_cast<int>(smem)));
+  }
+  AttentionExtKernel<<<static_cast<unsigned>(n_tok * a.n_head), kThreads, smem, stream>>>(q, a, out);
+  STRATA_CUDA_RETURN_IF_LAUNCH_FAILED();
+  return absl::OkStatus();
+}
+
+absl::Status Route(const RouteArgs &p, const float *logits, int64_t n_tok, int32_t *sel, float *wts,
+                   cudaStream_t stream) {
+  if (p.n_expert <= 0 || p.n_expert > kRouteMaxExperts || p.k <= 0 || p.k > p.n_expert || p.n_group <= 0 ||
+      p.n_expert % p.n_group != 0 || p.topk_group <= 0 || p.topk_group > p.n_group) {
+    return Errorf(MOE_ERR_INVALID_ARGUMENT, "routing %d experts (at most %d) to %d in %d groups", p.n_expert,
+                  kRouteMaxExperts, p.k, p.n_group);
+  }
+  if (n_tok <= 0) return absl::OkStatus();
+  RouteKernel<<<Blocks(n_tok), kThreads, 0, stream>>>(p, logits, n_tok, sel, wts);
+  STRATA_CUDA_RETURN_IF_LAUNCH_FAILED();
+  return absl::OkStatus();
+}
+
+}  // namespace strata::cuda

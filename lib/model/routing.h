@@ -1,0 +1,24 @@
+// Routing arithmetic on the host: router logits of one token -> selected experts and their weights,
+// as transformers computes them in float32. The CPU backend's Route runs it per token; device
+// backends are tested against it.
+#pragma once
+
+#include <cstdint>
+
+#include "lib/model/backend.h"
+
+namespace strata::model {
+
+// logits (p.n_expert) -> sel (p.k) expert ids and wts (p.k) weights:
+//  kSoftmax: softmax over all experts, top-k (within the topk_group best groups by their best
+//    expert when n_group > 1, DeepSeek-V2), optional renormalisation;
+//  kSigmoid: sigmoid scores; the selection ranks score + select_bias within the topk_group groups
+//    whose two best biased scores sum highest (DeepSeek-V3); the weights are the unbiased scores;
+//  kSoftmaxSelected: top-k of the logits, softmax over those k (gpt-oss).
+// Ties go to the lower index. The weights are finally multiplied by routed_scale.
+void RouteToken(const RouteParams &p, const float *logits, int32_t *sel, float *wts);
+
+// The RouteParams of a layer's router.
+RouteParams RouteParamsFor(const HParams &hp, const Vec &select_bias);
+
+}  // namespace strata::model

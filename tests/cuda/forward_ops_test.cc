@@ -1,0 +1,237 @@
+// The forward pass's family kernels (backends/cuda/forward_ops.cu) against the CPU reference
+// (CpuBackend, lib/model/routing) on fresh random inputs, outputs poisoned with NaN first.
+// Tolerances: adds, gathers and in-order weighted sums use the CPU's IEEE float operations and are
+// bit-identical; ops with a transcendental (sigmoid, SwiGLU, RoPE's cos / sin) evaluate it in double
+// and round once, which may differ from glibc's float function by an ulp: 1e-6 relative L2;
+// attention dots differ from the CPU's 8-lane sums only in order: 1e-5 relative L2; routing picks
+// the same experts (random logits have no near-ties) with weights within 1e-6.
+#include <algorithm>
+#include <cmath>
+
+#include "backends/cpu/cpu_backend.h"
+#include "backends/cuda/cuda_status.h"
+#include "lib/model/routing.h"
+#include "tests/cuda/cuda_test_util.h"
+
+namespace strata::cuda {
+namespace {
+
+using test::Download;
+using test::HaveGpu;
+using test::Poisoned;
+using test::RandomFloats;
+using test::RelL2;
+using test::Upload;
+
+DeviceBuffer UploadInts(const std::vector<int32_t> &v) { return Upload(v); }
+
+}  // namespace
+
+TEST_CASE("Element-wise glue is bit-identical to the CPU backend", "[gpu]") {
+  if (!HaveGpu()) return;
+  auto rng = test::Rng();
+  cpu::CpuBackend cpu(1);
+  const int64_t n_rows = 7, n = 96, k = 3;
+  std::vector<float> x = RandomFloats(rng, n_rows * n), y = RandomFloats(rng, n_rows * n), b = RandomFloats(rng, n);
+  std::vector<float> g = RandomFloats(rng, n_rows, -6.f, 6.f);
+  {  // Add, AddBias, SigmoidScaleRows in sequence on one buffer
+    std::vector<float> ref = x;
+    cpu.Add(ref.data(), y.data(), n_rows * n);
+    cpu.AddBias(ref.data(), n_rows, n, b.data());
+    DeviceBuffer dx = Upload(x), dy = Upload(y), db = Upload(b), dg = Upload(g);
+    REQUIRE(Add(dx.as<float>(), dy.as<float>(), n_rows * n, nullptr).ok());
+    REQUIRE(AddBias(dx.as<float>(), n_rows, n, db.as<float>(), nullptr).ok());
+    CHECK(Download<float>(dx, n_rows * n) == ref);
+    cpu.SigmoidScaleRows(ref.data(), g.data(), n_rows, n);
+    REQUIRE(SigmoidScaleRows(dx.as<float>(), dg.as<float>(), n_rows, n, nullptr).ok());
+    CHECK(RelL2(Download<float>(dx, n_rows * n), ref) <= 1e-6);
+  }
+  {  // GatherRows, WeightedRowSum
+    std::vector<int32_t> gather(n_rows * k), slot(n_rows * k);
+    std::uniform_int_distribution<int> pick(0, n_rows - 1), any(0, n_rows * k - 1);
+    for (auto &i : gather) i = pick(rng);
+    for (auto &i : slot) i = any(rng);
+    std::vector<float> wts = RandomFloats(rng, n_rows * k, 0.f, 1.f);
+    std::vector<float> ref_g(n_rows * k * n), ref_s(n_rows * n);
+    cpu.GatherRows(x.data(), n, gather.data(), n_rows * k, ref_g.data());
+    cpu.WeightedRowSum(ref_g.data(), slot.data(), wts.data(), n_rows, static_cast<int>(k), n, ref_s.data());
+    DeviceBuffer dx = Upload(x), di = UploadInts(gather), ds = UploadInts(slot), dw = Upload(wts);
+    DeviceBuffer dg = Poisoned(n_rows * k * n), dout = Poisoned(n_rows * n);
+    REQUIRE(GatherRows(dx.as<float>(), n, di.as<int32_t>(), n_rows * k, dg.as<float>(), nullptr).ok());
+    REQUIRE(WeightedRowSum(dg.as<float>(), ds.as<int32_t>(), dw.as<float>(), n_rows, static_cast<int>(k), n,
+                           dout.as<float>(), nullptr)
+                .ok());
+    CHECK(Download<float>(dg, n_rows * k * n) == ref_g);
+    CHECK(Download<float>(dout, n_rows * n) == ref_s);
+  }
+}
+
+TEST_CASE("Gated activations and input-major products match the CPU backend's expert FFN", "[gpu]") {
+  if (!HaveGpu()) return;
+  auto rng = test::Rng();
+  cpu::CpuBackend cpu(1);
+  const int64_t n_tok = 5, n_embd = 64, n_ff = 32;
+  for (float limit : {0.f, 7.f}) {
+    INFO("swiglu limit " << limit);
+    // An input-major expert: gate_up (n_embd, 2 n_ff) interleaved, its bias, down (n_ff, n_embd).
+    std::vector<float> gu = RandomFloats(rng, n_embd * 2 * n_ff, -0.5f, 0.5f), down = RandomFloats(rng, n_ff * n_embd);
+    std::vector<float> gb = RandomFloats(rng, 2 * n_ff), x = RandomFloats(rng, n_tok * n_embd, -3.f, 3.f);
+    std::vector<uint8_t> gu_bytes(gu.size() * 4), down_bytes(down.size() * 4);
+    std::memcpy(gu_bytes.data(), gu.data(), gu_bytes.size());
+    std::memcpy(down_bytes.data(), down.data(), down_bytes.size());
+    model::TensorRef ref_tensor;
+    model::ExpertWeights e;
+    e.input_major = true;
+    e.swiglu_limit = limit;
+    e.gate.tensor = &ref_tensor;
+    e.gate.codec = quant::FindCodec(quant::TypeId::kF32);
+    e.gate.rows = n_embd;
+    e.gate.cols = 2 * n_ff;
+    e.gate.row_bytes = 2 * n_ff * 4;
+    e.gate.data = gu_bytes.data();
+    e.down = e.gate;
+    e.down.rows = n_ff;
+    e.down.cols = n_embd;
+    e.down.row_bytes = n_embd * 4;
+    e.down.data = down_bytes.data();
+    e.gate_bias.tensor = &ref_tensor;
+    e.gate_bias.values = gb;
+    std::vector<float> ref(n_tok * n_embd);
+    cpu.ExpertFfn(e, x.data(), n_tok, ref.data());
+    DeviceBuffer dgu = Upload(gu), ddown = Upload(down), dgb = Upload(gb), dx = Upload(x);
+    DeviceBuffer dt = Poisoned(n_tok * 2 * n_ff), dh = Poisoned(n_tok * n_ff), dy = Poisoned(n_tok * n_embd);
+    REQUIRE(MatMulInputMajorF32(dgu.as<float>(), n_embd, 2 * n_ff, dx.as<float>(), n_tok, dt.as<float>(), nullptr).ok());
+    REQUIRE(AddBias(dt.as<float>(), n_tok, 2 * n_ff, dgb.as<float>(), nullptr).ok());
+    REQUIRE(GatedAct(dt.as<float>(), dt.as<float>() + 1, 2 * n_ff, 2, n_tok, n_ff, limit, dh.as<float>(), nullptr).ok());
+    REQUIRE(MatMulInputMajorF32(ddown.as<float>(), n_ff, n_embd, dh.as<float>(), n_tok, dy.as<float>(), nullptr).ok());
+    CHECK(RelL2(Download<float>(dy, n_tok * n_embd), ref) <= 1e-6);
+  }
+}
+
+TEST_CASE("RoPE with a frequency table and YaRN scale matches the CPU backend", "[gpu]") {
+  if (!HaveGpu()) return;
+  auto rng = test::Rng();
+  cpu::CpuBackend cpu(1);
+  const int64_t n_tok = 9;
+  const int n_heads = 3, head_dim = 64;
+  for (auto style : {model::RopeStyle::kNormal, model::RopeStyle::kNeox}) {
+    std::vector<float> inv = RandomFloats(rng, head_dim / 2, 0.001f, 1.f), x = RandomFloats(rng, n_tok * n_heads * head_dim);
+    std::vector<int32_t> pos(n_tok);
+    for (int64_t t = 0; t < n_tok; ++t) pos[t] = static_cast<int32_t>(100 + 37 * t);
+    model::RopeParams p;
+    p.inv_freq = inv.data();
+    p.mscale = 1.2f;
+    std::vector<float> ref = x;
+    cpu.Rope(ref.data(), n_tok, n_heads, head_dim, pos.data(), 10000.f, style, p);
+    DeviceBuffer dx = Upload(x), dp = UploadInts(pos);
+    REQUIRE(RopeWithTable(dx.as<float>(), n_tok, n_heads, head_dim, dp.as<int32_t>(), inv.data(), p.mscale, style,
+                          nullptr)
+                .ok());
+    CHECK(RelL2(Download<float>(dx, ref.size()), ref) <= 1e-6);
+  }
+}
+
+TEST_CASE("Attention over block tables with masks, sinks, windows, latent values and a set scale matches the CPU backend",
+          "[gpu]") {
+  if (!HaveGpu()) return;
+  auto rng = test::Rng();
+  cpu::CpuBackend cpu(1);
+  struct Case { bool latent, sinks; int window; float scale; };
+  for (Case c : {Case{false, true, 0, 0.f}, Case{false, true, 5, 0.f}, Case{false, false, 0, 0.37f},
+                 Case{true, false, 0, 0.21f}}) {
+    INFO("latent " << c.latent << " sinks " << c.sinks << " window " << c.window << " scale " << c.scale);
+    const int n_head = 4, n_head_kv = c.latent ? 1 : 2, head_dim = c.latent ? 40 : 24, v_dim = c.latent ? 32 : head_dim;
+    const int pos0 = 11, n_ctx = 32;
+    const int64_t n_tok = 6;
+    const int k_width = n_head_kv * head_dim, v_width = c.latent ? 0 : k_width;
+    std::vector<float> k = RandomFloats(rng, n_ctx * k_width), v = RandomFloats(rng, std::max(1, n_ctx * v_width));
+    std::vector<float> q = RandomFloats(rng, n_tok * n_head * head_dim), sinks = RandomFloats(rng, n_head);
+    model::AttentionParams p;
+    p.scale = c.scale;
+    p.latent = c.latent;
+    p.v_dim = v_dim;
+    if (c.sinks) p.sinks = sinks.data();
+    std::vector<float> ref(n_tok * n_head * v_dim);
+    // Blocks of 8 positions, every third position before pos0 masked (blocked tokens).
+    std::vector<uint8_t> masked(n_ctx, 0);
+    for (int p0 = 1; p0 < pos0; p0 += 3) masked[p0] = 1;
+    const int bt = 8;
+    // The CPU reads the same rows through kKvBlockTokens blocks of contiguous memory.
+    model::ContiguousKv ckv(k.data(), v.data(), n_ctx, k_width, v_width);
+    model::KvView view = ckv.view();
+    view.masked = masked.data();
+    cpu.Attention(q.data(), view, n_tok, pos0, n_head, n_head_kv, head_dim, c.window, ref.data(), p);
+    DeviceBuffer dk = Upload(k), dv = Upload(v), dq = Upload(q), ds = Upload(sinks), dout = Poisoned(ref.size());
+    DeviceBuffer dm = Upload(masked);
+    std::vector<const float *> dkb, dvb;
+    for (int p0 = 0; p0 < n_ctx; p0 += bt) {
+      dkb.push_back(dk.as<float>() + static_cast<int64_t>(p0) * k_width);
+      dvb.push_back(dv.as<float>() + static_cast<int64_t>(p0) * v_width);
+    }
+    DeviceBuffer dkt = Upload(dkb), dvt = Upload(dvb);
+    AttentionExtArgs a;
+    a.k_blocks = dkt.as<const float *>();
+    a.v_blocks = dvt.as<const float *>();
+    a.block_tokens = bt;
+    a.masked = dm.as<uint8_t>();
+    a.k_stride = k_width;
+    a.v_stride = v_width;
+    a.pos0 = pos0;
+    a.n_head = n_head;
+    a.n_head_kv = n_head_kv;
+    a.head_dim = head_dim;
+    a.v_dim = v_dim;
+    a.window = c.window;
+    a.latent = c.latent;
+    a.scale = c.scale != 0.f ? c.scale : 1.0f / std::sqrt(static_cast<float>(head_dim));
+    a.sinks = c.sinks ? ds.as<float>() : nullptr;
+    REQUIRE(AttentionExt(dq.as<float>(), a, n_tok, dout.as<float>(), nullptr).ok());
+    CHECK(RelL2(Download<float>(dout, ref.size()), ref) <= 1e-5);
+  }
+}
+
+TEST_CASE("Every routing variant matches the host routing", "[gpu]") {
+  if (!HaveGpu()) return;
+  auto rng = test::Rng();
+  struct Case { model::Gating gating; int n_expert, k, n_group, topk_group; bool norm; float scale; bool bias; };
+  for (Case c : {Case{model::Gating::kSoftmax, 64, 8, 1, 1, true, 1.f, false},
+                 Case{model::Gating::kSoftmax, 16, 4, 4, 2, false, 1.5f, false},
+                 Case{model::Gating::kSoftmaxSelected, 32, 4, 1, 1, false, 1.f, false},
+                 Case{model::Gating::kSigmoid, 64, 6, 8, 3, true, 2.5f, true},
+                 Case{model::Gating::kSigmoid, 256, 8, 8, 4, true, 2.5f, true}}) {
+    INFO("gating " << static_cast<int>(c.gating) << " experts " << c.n_expert << " groups " << c.n_group);
+    const int64_t n_tok = 11;
+    std::vector<float> logits = RandomFloats(rng, n_tok * c.n_expert, -4.f, 4.f), bias = RandomFloats(rng, c.n_expert);
+    model::RouteParams p;
+    p.gating = c.gating;
+    p.n_expert = c.n_expert;
+    p.k = c.k;
+    p.n_group = c.n_group;
+    p.topk_group = c.topk_group;
+    p.norm_topk_prob = c.norm;
+    p.routed_scale = c.scale;
+    p.select_bias = c.bias ? bias.data() : nullptr;
+    std::vector<int32_t> ref_sel(n_tok * c.k);
+    std::vector<float> ref_w(n_tok * c.k);
+    for (int64_t t = 0; t < n_tok; ++t) {
+      model::RouteToken(p, logits.data() + t * c.n_expert, ref_sel.data() + t * c.k, ref_w.data() + t * c.k);
+    }
+    DeviceBuffer dl = Upload(logits), db = Upload(bias), dw = Poisoned(n_tok * c.k);
+    auto ds = DeviceBuffer::Allocate(n_tok * c.k * sizeof(int32_t));
+    REQUIRE(ds.ok());
+    RouteArgs a;
+    a.gating = static_cast<int>(c.gating);
+    a.n_expert = c.n_expert;
+    a.k = c.k;
+    a.n_group = c.n_group;
+    a.topk_group = c.topk_group;
+    a.norm_topk_prob = c.norm;
+    a.routed_scale = c.scale;
+    a.select_bias = c.bias ? db.as<float>() : nullptr;
+    REQUIRE(Route(a, dl.as<float>(), n_tok, ds->as<int32_t>(), dw.as<float>(), nullptr).ok());
+    CHECK(Download<int32_t>(*ds, n_tok * c.k) == ref_sel);
+    CHECK(RelL2(Download<float>(dw, n_tok * c.k), ref_w) <= 1e-6);
+  }
+}
+
+}  // namespace strata::cuda
