@@ -82,6 +82,7 @@ CudaBackend::~CudaBackend() {
   // Work still queued may use the buffers about to be freed.
   if (copy_stream_.get() != nullptr) (void)copy_stream_.Synchronize();
   if (stream_.get() != nullptr) (void)stream_.Synchronize();
+  if (arena_registered_) (void)cudaHostUnregister(const_cast<uint8_t *>(host_arena_));
 }
 
 // The kernels read a matrix in its codec when they have one and accept its shape (checked at a
@@ -200,6 +201,15 @@ absl::Status CudaBackend::Adopt(const model::ModelWeights &w, const uint8_t *are
       STRATA_ASSIGN_OR_RETURN(staging_[i], PinnedBuffer::Allocate(slot_bytes_));
       STRATA_ASSIGN_OR_RETURN(staged_[i], Event::Create());
     }
+    STRATA_ASSIGN_OR_RETURN(filled_, Event::Create());
+    // Page-lock the arena so misses are copied by DMA from where they lie. Best effort: a host that
+    // refuses (memory limits) keeps the staged path, with the same bytes either way.
+    if (arena_bytes > 0 &&
+        cudaHostRegister(const_cast<uint8_t *>(arena), arena_bytes, cudaHostRegisterDefault) == cudaSuccess) {
+      arena_registered_ = true;
+    } else {
+      (void)cudaGetLastError();  // clear the refusal
+    }
     weight_bytes_ += n * slot_bytes_;
   }
   return absl::OkStatus();
@@ -225,13 +235,38 @@ absl::StatusOr<CudaBackend::Slot *> CudaBackend::SlotFor(const model::ExpertWeig
   }
   sl.key = nullptr;
   sl.parts.clear();
+  uint8_t *dev = slot_buf_.as<uint8_t>() + static_cast<uint64_t>(v) * slot_bytes_;
+  bool direct = arena_registered_;
+  for (const model::Matrix *m : {&e.gate, &e.up, &e.down}) {
+    if (m->tensor != nullptr && m->data != nullptr && NeedsConversion(*m)) direct = false;
+  }
+  if (direct) {
+    // The parts go by DMA from the page-locked arena, after the last computation that read the
+    // slot; the compute stream waits for them.
+    STRATA_RETURN_IF_ERROR(copy_stream_.Wait(sl.used.get()));
+    uint64_t off = 0;
+    for (const model::Matrix *m : {&e.gate, &e.up, &e.down}) {
+      if (m->tensor == nullptr || m->data == nullptr) continue;
+      STRATA_RETURN_IF_ERROR(CopyAsync(dev + off, m->data, m->nbytes(), copy_stream_.get()));
+      in_slots_[m->data] = Region{m->nbytes(), m->row_bytes, m->cols, false, dev + off};
+      sl.parts.push_back(m->data);
+      off += Align(m->nbytes());
+    }
+    STRATA_RETURN_IF_ERROR(filled_.Record(copy_stream_.get()));
+    STRATA_RETURN_IF_ERROR(stream_.Wait(filled_.get()));
+    sl.key = key;
+    sl.last_use = ++use_clock_;
+    slot_of_[key] = v;
+    ++fills_;
+    fill_bytes_ += off;
+    return &sl;
+  }
   // Stage the expert's device form (gate | up | down, each 256-aligned) in pinned memory. The
   // staging buffer is reused every other fill: wait until its previous copy has left it.
   const int si = next_staging_;
   next_staging_ ^= 1;
   STRATA_RETURN_IF_ERROR(staged_[si].Synchronize());
   uint8_t *stage = staging_[si].as<uint8_t>();
-  uint8_t *dev = slot_buf_.as<uint8_t>() + static_cast<uint64_t>(v) * slot_bytes_;
   uint64_t off = 0;
   std::vector<std::pair<const uint8_t *, Region>> parts;
   for (const model::Matrix *m : {&e.gate, &e.up, &e.down}) {

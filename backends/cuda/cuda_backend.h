@@ -132,6 +132,10 @@ class CudaBackend final : public model::Backend {
   PinnedBuffer staging_[2];
   Event staged_[2];                                  // copy from staging_[i] done
   int next_staging_ = 0;
+  // With the VRAM tier, the host arena is registered with the driver (page-locked) when it allows:
+  // a slot fill of unconverted bytes is then DMA straight from the arena, no staging copy.
+  bool arena_registered_ = false;
+  Event filled_;                                     // the last direct fill's copies are done
   std::map<const float *, DeviceVec> vecs_;         // keyed by host values.data()
   DeviceBuffer mm_ws_, ffn_ws_, deq_ws_, sel_dev_, kv_tab_;
   size_t weight_bytes_ = 0;
