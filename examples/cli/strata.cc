@@ -753,11 +753,12 @@ int CmdBench(const Args &a) {
     }
     forced = *t;
   }
-  for (int32_t t : prompt) {
-    if (t >= n_vocab) Die("token id " + std::to_string(t) + " is outside the vocabulary of " + std::to_string(n_vocab));
-  }
-  for (int32_t t : forced) {
-    if (t >= n_vocab) Die("token id " + std::to_string(t) + " is outside the vocabulary of " + std::to_string(n_vocab));
+  // Checked here: each session below takes its own rotation of these ids modulo the vocabulary,
+  // which would otherwise turn a bad id into a valid one silently.
+  for (const auto *ids : {&prompt, &forced}) {
+    for (int32_t t : *ids) {
+      if (t >= n_vocab) Die("token id " + std::to_string(t) + " is outside the vocabulary of " + std::to_string(n_vocab));
+    }
   }
   const int64_t n_decode = forced.empty() ? a.n_predict : static_cast<int64_t>(forced.size());
   // Each session gets its own prompt (a rotation of the first: same length, different routing).

@@ -32,7 +32,7 @@ class EvictionPolicy {
 // when it was made is scored when its layer routes (a hit if the layer selected it), issued or not,
 // so a gate that closed opens again once predictions improve. A useless prefetch costs a read the
 // disk could have spent on a needed expert and evicts a cached one, so below `min_precision` the
-// cache stops issuing them. The counts halve every 16 decode tokens; a prior of a few hits lets
+// cache stops issuing them. The counts halve every 16 decode steps; a prior of a few hits lets
 // prediction start enabled.
 class PrefetchGate {
  public:
