@@ -1,54 +1,26 @@
 // Matrix products on the device: dequantize-GEMV (one warp per output row, lanes decoding adjacent
-// groups of 8 weights and dotting them with up to 8 tokens), dequantization and GetRows, and cuBLASLt
-// GEMMs for batches. Per (row, token) the GEMV adds in a fixed order whatever the batch size.
+// groups of 8 weights and dotting them with up to 8 tokens; the row dot lives in gemv.cuh, shared
+// with the grouped expert kernels), dequantization and GetRows, and cuBLASLt GEMMs for batches. Per
+// (row, token) the GEMV adds in a fixed order whatever the batch size.
 #include <cuda_runtime.h>
 
 #include <memory>
 
 #include "backends/cuda/codecs.cuh"
 #include "backends/cuda/cuda_status.h"
+#include "backends/cuda/gemv.cuh"
 #include "backends/cuda/kernels.h"
 
 namespace strata::cuda {
 namespace {
 
-constexpr int kGemvWarps = 8;  // rows per block: the warps of a block share x through L1
+using dev::kGemvWarps;
+using dev::RowDot;
+using dev::WarpSum;
 
 template <class C>
 int AlignOf() {
   return C::kAlign;
-}
-
-// Adds row · x[t] into acc[t] for NT tokens (x rows `cols` apart). The row is walked in groups of
-// 8 elements, lane `lane` taking groups lane, lane + 32, ...: neighbouring lanes read neighbouring
-// bytes, so each load instruction of the warp covers one contiguous span of the row (coalesced).
-// Each lane's partial sums are combined by WarpSum in a fixed butterfly order.
-template <class C, int NT>
-__device__ __forceinline__ void RowDot(const uint8_t *row, const float *x, int64_t cols, int lane, float (&acc)[NT]) {
-  const int64_t n_groups = cols / dev::kGroupElems;
-#pragma unroll 2
-  for (int64_t gi = lane; gi < n_groups; gi += 32) {
-    const typename C::Item item = C::Prepare(row, gi / dev::kGroupsPerItem);
-    const int g = static_cast<int>(gi % dev::kGroupsPerItem);
-    float w[8];
-    C::Group(item, g, w);
-    const float *xg = x + gi * dev::kGroupElems;
-#pragma unroll
-    for (int t = 0; t < NT; ++t) {
-      const float4 a = __ldg(reinterpret_cast<const float4 *>(xg + t * cols));
-      const float4 b = __ldg(reinterpret_cast<const float4 *>(xg + t * cols + 4));
-      float s = acc[t];
-      s = fmaf(w[0], a.x, s); s = fmaf(w[1], a.y, s); s = fmaf(w[2], a.z, s); s = fmaf(w[3], a.w, s);
-      s = fmaf(w[4], b.x, s); s = fmaf(w[5], b.y, s); s = fmaf(w[6], b.z, s); s = fmaf(w[7], b.w, s);
-      acc[t] = s;
-    }
-  }
-}
-
-__device__ __forceinline__ float WarpSum(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
 }
 
 // y (NT, rows) = x (NT, cols) · wᵀ; y rows `rows` apart.
@@ -87,8 +59,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32) GemvSwiGluKernel(const uint8_
 #pragma unroll
   for (int t = 0; t < NT; ++t) {
     const float g = WarpSum(ag[t]), u = WarpSum(au[t]);
-    // As the CPU backend: (a / (1 + exp(-a))) * u, exp in double so it rounds as glibc's expf does.
-    if (lane == 0) h[t * rows + r] = (g / (1.0f + static_cast<float>(exp(-static_cast<double>(g))))) * u;
+    if (lane == 0) h[t * rows + r] = dev::SiluMul(g, u);
   }
 }
 
