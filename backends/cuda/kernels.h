@@ -165,6 +165,69 @@ absl::Status ExpertFfn(const Blas &blas, const DeviceExpert &e, const float *x, 
 absl::Status GemvSwiGlu(const DeviceMatrix &gate, const DeviceMatrix &up, const float *x, int64_t n_tok,
                         float *h, cudaStream_t stream);
 
+// ---- Grouped experts (grouped.cu) -----------------------------------------------------------------
+
+// A MoE layer's routed experts in three launches that the host never has to look into: GroupByExpert
+// turns the routing selections into a grouping plan on the device, then GroupedSwiGlu and
+// GroupedGemv run every group of rows through its expert's matrices. The grouped kernels launch a
+// grid of (row blocks, n_max) blocks, n_max the most groups there can be; a block whose group index
+// is at or past the plan's group count exits at once, so the host needs neither the selections nor
+// the number of distinct experts. Per (row, token) the results are bit-identical to GemvSwiGlu and
+// Gemv on that expert alone: the same row dot (gemv.cuh), with a group's tokens taken in chunks of
+// 8, 4, 2 and 1. Weights are read once per chunk of 8 tokens of a group.
+
+// n_max: the most groups n_tok tokens of k selections over n_expert experts form, min(n_tok k,
+// n_expert); 0 for no tokens.
+int64_t GroupMaxGroups(int64_t n_tok, int k, int n_expert);
+// int32 entries of a grouping plan: 2 + 2 n_max.
+int64_t GroupPlanInts(int64_t n_tok, int k, int n_expert);
+
+// Groups the selections sel (n_tok, k) (device; sel[t k + j] is the expert of token t's slot j) by
+// expert, as the forward pass's FeedForward does on the host: groups in ascending expert id, within
+// a group the selections i = t k + j ascending. With n = n_tok k and n_max = GroupMaxGroups(...),
+// writes (device arrays):
+//   idx (2 n): idx[r] = token of grouped row r (r < n); idx[n + i] = grouped row of selection i.
+//   plan (GroupPlanInts): plan[0] = n_groups; plan[1 + g] = expert of group g; plan[1 + n_max + g]
+//       = first grouped row of group g for g <= n_groups, so group g is rows [plan[1 + n_max + g],
+//       plan[2 + n_max + g]) and plan[1 + n_max + n_groups] = n. Entries past n_groups are unspecified.
+// One block, deterministic. A selection outside [0, n_expert) (a routing bug) joins no group: its
+// idx[n + i] is -1 and the grouped rows end that many short of n (idx past them unspecified); the
+// kernel stays in bounds. 1 <= n_expert <= kRouteMaxExperts, k >= 1, n at most 2^30. No workspace.
+absl::Status GroupByExpert(const int32_t *sel, int64_t n_tok, int k, int n_expert, int32_t *idx, int32_t *plan,
+                           cudaStream_t stream);
+
+// Every routed expert of a layer, for the grouped kernels: gate[e], up[e], down[e] (device arrays of
+// n_expert pointers, e.g. rebuilt when an expert moves) are expert e's matrices, each an address the
+// device can read: VRAM, or page-locked host memory mapped for the device (zero-copy, read over the
+// link as the kernel runs). Every expert has the codec, shape and row_bytes of the *_shape matrices,
+// whose data field is unused; each expert's address must be aligned as CheckMatrix requires of data
+// (256-byte aligned always is). gate, up (n_ff, n_embd) of one codec and row_bytes; down (n_embd, n_ff).
+struct GroupedExperts {
+  const void *const *gate = nullptr;
+  const void *const *up = nullptr;
+  const void *const *down = nullptr;
+  DeviceMatrix gate_shape, up_shape, down_shape;
+  int n_expert = 0;
+};
+
+// MOE_ERR_UNSUPPORTED_TYPE for a codec without device kernels; MOE_ERR_INVALID_ARGUMENT for null
+// tables, n_expert < 1, gate and up not of one codec, shape and row_bytes (not fusable), down not
+// (n_embd, n_ff), or a shape CheckMatrix refuses. Reads no device memory.
+absl::Status CheckGroupedExperts(const GroupedExperts &e);
+
+// hg (n, n_ff) = for each group g < plan[0], rows [first[g], first[g + 1]) of silu(gate x) * up x
+// with expert plan[1 + g]'s gate and up, x = xg (n, n_embd), the grouped input rows. plan and n_max
+// as GroupByExpert made them; n_max <= e.n_expert and <= 65535. Rows outside every group are not
+// written.
+absl::Status GroupedSwiGlu(const GroupedExperts &e, const int32_t *plan, int n_max, const float *xg, float *hg,
+                           cudaStream_t stream);
+
+// y (n, shape.rows) = for each group g < plan[0], rows [first[g], first[g + 1]) of x (n, shape.cols)
+// · wᵀ with w = tab[plan[1 + g]] (device array of pointers, each matrix of `shape`; data unused):
+// the down projection of the grouped experts. n_max <= 65535.
+absl::Status GroupedGemv(const void *const *tab, const DeviceMatrix &shape, const int32_t *plan, int n_max,
+                         const float *x, float *y, cudaStream_t stream);
+
 // ---- Family options and element-wise glue of the forward pass (forward_ops.cu) -----------------
 
 // x (n) += y (n)

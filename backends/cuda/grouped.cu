@@ -1,0 +1,312 @@
+// Grouped experts: the grouping of routing selections by expert, made on the device in one block,
+// and the GEMV kernels that run every group of a plan through its expert in one launch. A group's
+// rows go through the shared row dot of gemv.cuh in chunks of 8, 4, 2, 1 tokens, so each (row,
+// token) result is the same bits as GemvSwiGlu / Gemv on that expert alone.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <type_traits>
+
+#include "backends/cuda/codecs.cuh"
+#include "backends/cuda/cuda_status.h"
+#include "backends/cuda/gemv.cuh"
+#include "backends/cuda/kernels.h"
+
+namespace strata::cuda {
+namespace {
+
+using dev::kGemvWarps;
+using dev::RowDot;
+using dev::WarpSum;
+
+// ---- Grouping ------------------------------------------------------------------------------------
+
+constexpr int kGroupThreads = 512;
+constexpr int kGroupWarps = kGroupThreads / 32;
+constexpr int kScanWarps = kRouteMaxExperts / 32;  // warps that hold one expert per thread
+constexpr int64_t kGroupMaxSelections = int64_t{1} << 30;
+static_assert(kRouteMaxExperts % 32 == 0 && kRouteMaxExperts <= kGroupThreads, "one thread per expert");
+
+// Warp w takes the selections of segment w, [w seg, (w + 1) seg), 32 at a time. (1) Each warp counts
+// its segment's selections of every expert; (2) a thread per expert turns the counts into the first
+// grouped row of each (warp, expert) pair: the expert's first row (a scan over experts) plus the
+// counts of the earlier segments; (3) each warp walks its segment again, placing selection i at its
+// (warp, expert) cursor plus the number of lanes before it with the same expert (__match_any_sync).
+// Segments in order, lanes in order: the placement is stable, and no atomics make it deterministic.
+// Per step, only the highest lane of each set of equal experts updates the shared count.
+__global__ void __launch_bounds__(kGroupThreads)
+    GroupByExpertKernel(const int32_t *__restrict__ sel, int n, int k, int n_expert, int n_max,
+                        int32_t *__restrict__ idx, int32_t *__restrict__ plan) {
+  __shared__ int cnt[kGroupWarps][kRouteMaxExperts];  // (1) counts, then (2) cursors
+  __shared__ int warp_sum[kScanWarps][2];             // rows and groups of each scan warp's experts
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const unsigned lanes_before = (1u << lane) - 1u;
+  for (int i = threadIdx.x; i < kGroupWarps * kRouteMaxExperts; i += kGroupThreads) (&cnt[0][0])[i] = 0;
+  __syncthreads();
+  const int seg = ((n + kGroupWarps - 1) / kGroupWarps + 31) / 32 * 32;
+  const int i0 = min(n, warp * seg), i1 = min(n, i0 + seg);
+  // -1 for a lane past the segment or an expert out of range: such lanes only match each other.
+  auto expert_of = [&](int i) {
+    if (i >= i1) return -1;
+    const int e = sel[i];
+    return e >= 0 && e < n_expert ? e : -1;
+  };
+
+  for (int base = i0; base < i1; base += 32) {  // (1)
+    const int e = expert_of(base + lane);
+    const unsigned peers = __match_any_sync(0xffffffffu, e);
+    if (e >= 0 && lane == 31 - __clz(peers)) cnt[warp][e] += __popc(peers);
+    __syncwarp();
+  }
+  __syncthreads();
+
+  // (2) Thread e: its expert's rows in each segment become cursors relative to the expert's first row.
+  const int e = threadIdx.x;
+  int rows = 0;
+  if (e < n_expert) {
+    for (int w = 0; w < kGroupWarps; ++w) {
+      const int c = cnt[w][e];
+      cnt[w][e] = rows;
+      rows += c;
+    }
+  }
+  // Inclusive scans over experts of the rows and of the used experts (groups).
+  int rows_incl = rows, groups_incl = rows > 0 ? 1 : 0;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int r = __shfl_up_sync(0xffffffffu, rows_incl, o), g = __shfl_up_sync(0xffffffffu, groups_incl, o);
+    if (lane >= o) {
+      rows_incl += r;
+      groups_incl += g;
+    }
+  }
+  if (warp < kScanWarps && lane == 31) {
+    warp_sum[warp][0] = rows_incl;
+    warp_sum[warp][1] = groups_incl;
+  }
+  __syncthreads();
+  if (warp < kScanWarps) {
+    for (int w = 0; w < warp; ++w) {
+      rows_incl += warp_sum[w][0];
+      groups_incl += warp_sum[w][1];
+    }
+    const int first = rows_incl - rows;
+    if (rows > 0) {
+      plan[1 + groups_incl - 1] = e;
+      plan[1 + n_max + groups_incl - 1] = first;
+      for (int w = 0; w < kGroupWarps; ++w) cnt[w][e] += first;
+    }
+    if (e == kRouteMaxExperts - 1) {  // the last thread's inclusive sums cover every expert
+      plan[0] = groups_incl;
+      plan[1 + n_max + groups_incl] = rows_incl;
+    }
+  }
+  __syncthreads();
+
+  for (int base = i0; base < i1; base += 32) {  // (3)
+    const int i = base + lane;
+    const int ex = expert_of(i);
+    const unsigned peers = __match_any_sync(0xffffffffu, ex);
+    const int row = ex >= 0 ? cnt[warp][ex] + __popc(peers & lanes_before) : -1;
+    __syncwarp();
+    if (ex >= 0 && lane == 31 - __clz(peers)) cnt[warp][ex] += __popc(peers);
+    __syncwarp();
+    if (i < i1) {
+      idx[n + i] = row;
+      if (row >= 0) idx[row] = i / k;
+    }
+  }
+}
+
+// ---- Grouped GEMV ----------------------------------------------------------------------------------
+
+// h (NT, rows) row r = silu(gate row r · x) * (up row r · x) for NT tokens; as GemvSwiGluKernel.
+template <class C, int NT>
+__device__ __forceinline__ void SwiGluChunk(const uint8_t *wg, const uint8_t *wu, int64_t r, int64_t rows,
+                                            int64_t cols, const float *x, float *h, int lane) {
+  float ag[NT], au[NT];
+#pragma unroll
+  for (int t = 0; t < NT; ++t) ag[t] = au[t] = 0.f;
+  RowDot<C, NT>(wg, x, cols, lane, ag);
+  RowDot<C, NT>(wu, x, cols, lane, au);
+#pragma unroll
+  for (int t = 0; t < NT; ++t) {
+    const float g = WarpSum(ag[t]), u = WarpSum(au[t]);
+    if (lane == 0) h[t * rows + r] = dev::SiluMul(g, u);
+  }
+}
+
+// y (NT, rows) row r = w row r · x for NT tokens; as GemvKernel.
+template <class C, int NT>
+__device__ __forceinline__ void GemvChunk(const uint8_t *w, int64_t r, int64_t rows, int64_t cols, const float *x,
+                                          float *y, int lane) {
+  float acc[NT];
+#pragma unroll
+  for (int t = 0; t < NT; ++t) acc[t] = 0.f;
+  RowDot<C, NT>(w, x, cols, lane, acc);
+#pragma unroll
+  for (int t = 0; t < NT; ++t) {
+    const float s = WarpSum(acc[t]);
+    if (lane == 0) y[t * rows + r] = s;
+  }
+}
+
+// Calls chunk(nt, t) for the tokens [t0, t1) in chunks of 8, 4, 2 and 1 (as Gemv splits a batch).
+template <class F>
+__device__ __forceinline__ void ForChunks(int64_t t0, int64_t t1, F &&chunk) {
+  for (int64_t t = t0; t < t1;) {
+    const int64_t left = t1 - t;
+    if (left >= 8) {
+      chunk(std::integral_constant<int, 8>(), t);
+      t += 8;
+    } else if (left >= 4) {
+      chunk(std::integral_constant<int, 4>(), t);
+      t += 4;
+    } else if (left >= 2) {
+      chunk(std::integral_constant<int, 2>(), t);
+      t += 2;
+    } else {
+      chunk(std::integral_constant<int, 1>(), t);
+      t += 1;
+    }
+  }
+}
+
+// Block (x, g): rows [x kGemvWarps, (x + 1) kGemvWarps) of group g's expert over the group's tokens.
+template <class C>
+__global__ void __launch_bounds__(kGemvWarps * 32)
+    GroupedSwiGluKernel(const void *const *__restrict__ gate, const void *const *__restrict__ up, uint64_t row_bytes,
+                        int64_t rows, int64_t cols, const int32_t *__restrict__ plan, int n_max,
+                        const float *__restrict__ x, float *__restrict__ h) {
+  const int g = static_cast<int>(blockIdx.y);
+  if (g >= plan[0]) return;
+  const int lane = threadIdx.x & 31;
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * kGemvWarps + (threadIdx.x >> 5);
+  if (r >= rows) return;
+  const int e = plan[1 + g];
+  const uint8_t *wg = static_cast<const uint8_t *>(gate[e]) + r * row_bytes;
+  const uint8_t *wu = static_cast<const uint8_t *>(up[e]) + r * row_bytes;
+  ForChunks(plan[1 + n_max + g], plan[2 + n_max + g], [&](auto nt, int64_t t) {
+    SwiGluChunk<C, decltype(nt)::value>(wg, wu, r, rows, cols, x + t * cols, h + t * rows, lane);
+  });
+}
+
+template <class C>
+__global__ void __launch_bounds__(kGemvWarps * 32)
+    GroupedGemvKernel(const void *const *__restrict__ tab, uint64_t row_bytes, int64_t rows, int64_t cols,
+                      const int32_t *__restrict__ plan, int n_max, const float *__restrict__ x,
+                      float *__restrict__ y) {
+  const int g = static_cast<int>(blockIdx.y);
+  if (g >= plan[0]) return;
+  const int lane = threadIdx.x & 31;
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * kGemvWarps + (threadIdx.x >> 5);
+  if (r >= rows) return;
+  const uint8_t *w = static_cast<const uint8_t *>(tab[plan[1 + g]]) + r * row_bytes;
+  ForChunks(plan[1 + n_max + g], plan[2 + n_max + g], [&](auto nt, int64_t t) {
+    GemvChunk<C, decltype(nt)::value>(w, r, rows, cols, x + t * cols, y + t * rows, lane);
+  });
+}
+
+// ---- Validation ------------------------------------------------------------------------------------
+
+constexpr int kMaxGridY = 65535;
+
+bool Aligned(const void *p, size_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; }
+
+// The shape with a 256-byte-aligned stand-in address, so CheckMatrix checks all but the address.
+DeviceMatrix Shape(const DeviceMatrix &m) {
+  DeviceMatrix s = m;
+  s.data = reinterpret_cast<const void *>(uintptr_t{256});
+  return s;
+}
+
+absl::Status CheckPlanArgs(const int32_t *plan, int n_max, const float *x, const float *y, const char *what) {
+  if (n_max < 0 || n_max > kMaxGridY) {
+    return Errorf(MOE_ERR_INVALID_ARGUMENT, "%s over at most %d groups: between 0 and %d", what, n_max, kMaxGridY);
+  }
+  if (n_max == 0) return absl::OkStatus();
+  if (plan == nullptr) return Errorf(MOE_ERR_INVALID_ARGUMENT, "%s plan is null", what);
+  if (x == nullptr || !Aligned(x, 16)) return Errorf(MOE_ERR_INVALID_ARGUMENT, "%s input null or not 16-byte aligned", what);
+  if (y == nullptr) return Errorf(MOE_ERR_INVALID_ARGUMENT, "%s output is null", what);
+  return absl::OkStatus();
+}
+
+unsigned RowBlocks(int64_t rows) { return static_cast<unsigned>((rows + kGemvWarps - 1) / kGemvWarps); }
+
+}  // namespace
+
+int64_t GroupMaxGroups(int64_t n_tok, int k, int n_expert) {
+  return std::max<int64_t>(0, std::min<int64_t>(n_tok * k, n_expert));
+}
+
+int64_t GroupPlanInts(int64_t n_tok, int k, int n_expert) { return 2 + 2 * GroupMaxGroups(n_tok, k, n_expert); }
+
+absl::Status GroupByExpert(const int32_t *sel, int64_t n_tok, int k, int n_expert, int32_t *idx, int32_t *plan,
+                           cudaStream_t stream) {
+  if (n_expert < 1 || n_expert > kRouteMaxExperts) {
+    return Errorf(MOE_ERR_INVALID_ARGUMENT, "grouping over %d experts: between 1 and %d", n_expert, kRouteMaxExperts);
+  }
+  if (k < 1 || n_tok < 0 || n_tok > kGroupMaxSelections / k) {
+    return Errorf(MOE_ERR_INVALID_ARGUMENT, "grouping %d tokens of %d selections: at most %d selections", n_tok, k,
+                  kGroupMaxSelections);
+  }
+  if (n_tok == 0) return absl::OkStatus();
+  if (sel == nullptr || idx == nullptr || plan == nullptr) {
+    return Errorf(MOE_ERR_INVALID_ARGUMENT, "grouping: selections, idx or plan is null");
+  }
+  const int n = static_cast<int>(n_tok * k);
+  GroupByExpertKernel<<<1, kGroupThreads, 0, stream>>>(sel, n, k, n_expert,
+                                                       static_cast<int>(GroupMaxGroups(n_tok, k, n_expert)), idx, plan);
+  STRATA_CUDA_RETURN_IF_LAUNCH_FAILED();
+  return absl::OkStatus();
+}
+
+absl::Status CheckGroupedExperts(const GroupedExperts &e) {
+  if (e.gate == nullptr || e.up == nullptr || e.down == nullptr) {
+    return Errorf(MOE_ERR_INVALID_ARGUMENT, "grouped experts: a pointer table is null");
+  }
+  if (e.n_expert < 1) return Errorf(MOE_ERR_INVALID_ARGUMENT, "grouped experts: %d experts", e.n_expert);
+  const DeviceMatrix &g = e.gate_shape, &u = e.up_shape, &d = e.down_shape;
+  STRATA_RETURN_IF_ERROR(CheckMatrix(Shape(g)));
+  STRATA_RETURN_IF_ERROR(CheckMatrix(Shape(u)));
+  STRATA_RETURN_IF_ERROR(CheckMatrix(Shape(d)));
+  if (g.type != u.type || g.rows != u.rows || g.cols != u.cols || g.row_bytes != u.row_bytes) {
+    return Errorf(MOE_ERR_INVALID_ARGUMENT, "grouped experts need gate and up of one codec and shape (fused SwiGLU)");
+  }
+  if (d.rows != g.cols || d.cols != g.rows) {
+    return Errorf(MOE_ERR_INVALID_ARGUMENT, "grouped experts: gate %dx%d needs down %dx%d, not %dx%d", g.rows, g.cols,
+                  g.cols, g.rows, d.rows, d.cols);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GroupedSwiGlu(const GroupedExperts &e, const int32_t *plan, int n_max, const float *xg, float *hg,
+                           cudaStream_t stream) {
+  STRATA_RETURN_IF_ERROR(CheckGroupedExperts(e));
+  STRATA_RETURN_IF_ERROR(CheckPlanArgs(plan, n_max, xg, hg, "grouped SwiGLU"));
+  if (n_max > e.n_expert) {
+    return Errorf(MOE_ERR_INVALID_ARGUMENT, "grouped SwiGLU: %d groups of %d experts", n_max, e.n_expert);
+  }
+  const DeviceMatrix &g = e.gate_shape;
+  if (n_max == 0 || g.rows == 0) return absl::OkStatus();
+  const dim3 grid(RowBlocks(g.rows), static_cast<unsigned>(n_max));
+  STRATA_CUDA_DISPATCH_CODEC(g.type, GroupedSwiGluKernel<C><<<grid, kGemvWarps * 32, 0, stream>>>(
+                                         e.gate, e.up, g.row_bytes, g.rows, g.cols, plan, n_max, xg, hg));
+  STRATA_CUDA_RETURN_IF_LAUNCH_FAILED();
+  return absl::OkStatus();
+}
+
+absl::Status GroupedGemv(const void *const *tab, const DeviceMatrix &shape, const int32_t *plan, int n_max,
+                         const float *x, float *y, cudaStream_t stream) {
+  STRATA_RETURN_IF_ERROR(CheckMatrix(Shape(shape)));
+  STRATA_RETURN_IF_ERROR(CheckPlanArgs(plan, n_max, x, y, "grouped GEMV"));
+  if (n_max == 0 || shape.rows == 0) return absl::OkStatus();
+  if (tab == nullptr) return Errorf(MOE_ERR_INVALID_ARGUMENT, "grouped GEMV: the pointer table is null");
+  const dim3 grid(RowBlocks(shape.rows), static_cast<unsigned>(n_max));
+  STRATA_CUDA_DISPATCH_CODEC(shape.type, GroupedGemvKernel<C><<<grid, kGemvWarps * 32, 0, stream>>>(
+                                             tab, shape.row_bytes, shape.rows, shape.cols, plan, n_max, x, y));
+  STRATA_CUDA_RETURN_IF_LAUNCH_FAILED();
+  return absl::OkStatus();
+}
+
+}  // namespace strata::cuda
