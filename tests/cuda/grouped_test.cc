@@ -1,0 +1,461 @@
+// Grouped experts against the path they replace: GroupByExpert against the host grouping of the
+// forward pass's FeedForward, and GroupedSwiGlu + GroupedGemv against GemvSwiGlu + Gemv run expert
+// by expert on the same groups, bit for bit (memcmp), with weights in VRAM and in mapped host
+// memory. Fresh random inputs every run (the seed is reported); outputs poisoned with NaN first.
+#include <algorithm>
+#include <numeric>
+#include <sstream>
+#include <string>
+
+#include "backends/cuda/cuda_status.h"
+#include "tests/cuda/cuda_test_util.h"
+
+namespace strata::cuda {
+namespace {
+
+using quant::TypeId;
+using test::Download;
+using test::HaveGpu;
+using test::Poisoned;
+using test::RandomFloats;
+using test::RandomMatrix;
+using test::Upload;
+
+// The grouping FeedForward makes on the host (lib/model/forward.cc), in GroupByExpert's layout.
+struct HostGroups {
+  std::vector<int32_t> idx;     // (2 n): token of each grouped row, then grouped row of each selection
+  std::vector<int32_t> expert;  // expert of each group, ascending
+  std::vector<int32_t> first;   // first grouped row of each group, then n
+};
+
+HostGroups ReferenceGroups(const std::vector<int32_t> &sel, int k, int n_expert) {
+  const int64_t n = static_cast<int64_t>(sel.size());
+  std::vector<std::vector<int64_t>> members(n_expert);
+  for (int64_t i = 0; i < n; ++i) members[sel[i]].push_back(i);
+  HostGroups h;
+  h.idx.assign(2 * n, -1);
+  int32_t row = 0;
+  for (int e = 0; e < n_expert; ++e) {
+    if (members[e].empty()) continue;
+    h.expert.push_back(e);
+    h.first.push_back(row);
+    for (int64_t i : members[e]) {
+      h.idx[row] = static_cast<int32_t>(i / k);
+      h.idx[n + i] = row;
+      ++row;
+    }
+  }
+  h.first.push_back(row);
+  return h;
+}
+
+// "" when a and b are equal, else where they first differ (so a failure names the entry, not two
+// printed arrays of thousands of values).
+std::string FirstDifference(const std::vector<int32_t> &got, const std::vector<int32_t> &want, const char *what) {
+  if (got.size() != want.size()) return std::string(what) + ": sizes differ";
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (got[i] != want[i]) {
+      std::ostringstream os;
+      os << what << "[" << i << "] is " << got[i] << ", expected " << want[i];
+      return os.str();
+    }
+  }
+  return "";
+}
+
+// The first float that differs in its bits, with both values; "" when all match.
+std::string FirstBitDifference(const std::vector<float> &got, const std::vector<float> &want, int64_t width,
+                               const char *what) {
+  if (got.size() != want.size()) return std::string(what) + ": sizes differ";
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (std::memcmp(&got[i], &want[i], sizeof(float)) != 0) {
+      std::ostringstream os;
+      os.precision(9);
+      os << what << " row " << i / width << " column " << i % width << " is " << got[i] << ", per-expert path gave "
+         << want[i];
+      return os.str();
+    }
+  }
+  return "";
+}
+
+// The plan's defined entries: group count, experts of the groups, first rows (n_groups + 1).
+struct DevicePlan {
+  int32_t n_groups = 0;
+  std::vector<int32_t> expert, first;
+};
+
+DevicePlan ReadPlan(const DeviceBuffer &plan, int64_t n_max) {
+  const std::vector<int32_t> p = Download<int32_t>(plan, 2 + 2 * n_max);
+  DevicePlan d;
+  d.n_groups = p[0];
+  REQUIRE(d.n_groups >= 0);
+  REQUIRE(d.n_groups <= n_max);
+  d.expert.assign(p.begin() + 1, p.begin() + 1 + d.n_groups);
+  d.first.assign(p.begin() + 1 + n_max, p.begin() + 2 + n_max + d.n_groups);
+  return d;
+}
+
+// int32 device memory filled with -1.
+DeviceBuffer PoisonedInts(size_t n) {
+  auto b = DeviceBuffer::Allocate(n * sizeof(int32_t));
+  REQUIRE(b.ok());
+  REQUIRE(cudaMemset(b->data(), 0xff, n * sizeof(int32_t)) == cudaSuccess);
+  return std::move(b).value();
+}
+
+// Runs GroupByExpert on sel and checks idx and the plan against the host grouping.
+void CheckGrouping(const std::vector<int32_t> &sel, int64_t n_tok, int k, int n_expert) {
+  const int64_t n = n_tok * k, n_max = GroupMaxGroups(n_tok, k, n_expert);
+  REQUIRE(static_cast<int64_t>(sel.size()) == n);
+  REQUIRE(GroupPlanInts(n_tok, k, n_expert) == 2 + 2 * n_max);
+  const HostGroups ref = ReferenceGroups(sel, k, n_expert);
+  DeviceBuffer dsel = Upload(sel), idx = PoisonedInts(2 * n), plan = PoisonedInts(GroupPlanInts(n_tok, k, n_expert));
+  REQUIRE(GroupByExpert(dsel.as<int32_t>(), n_tok, k, n_expert, idx.as<int32_t>(), plan.as<int32_t>(), nullptr).ok());
+  const DevicePlan p = ReadPlan(plan, n_max);
+  CHECK(p.n_groups == static_cast<int32_t>(ref.expert.size()));
+  CHECK(FirstDifference(p.expert, ref.expert, "plan expert") == "");
+  CHECK(FirstDifference(p.first, ref.first, "plan first row") == "");
+  CHECK(FirstDifference(Download<int32_t>(idx, 2 * n), ref.idx, "idx") == "");
+}
+
+// k distinct experts per token, uniformly random (what a top-k router yields).
+std::vector<int32_t> DistinctSelections(std::mt19937 &rng, int64_t n_tok, int k, int n_expert) {
+  std::vector<int32_t> all(n_expert), sel;
+  std::iota(all.begin(), all.end(), 0);
+  for (int64_t t = 0; t < n_tok; ++t) {
+    std::shuffle(all.begin(), all.end(), rng);
+    sel.insert(sel.end(), all.begin(), all.begin() + k);
+  }
+  return sel;
+}
+
+TEST_CASE("GroupByExpert groups as the forward pass does on the host", "[gpu][grouped]") {
+  if (!HaveGpu()) return;
+  auto rng = test::Rng();
+  struct Case { int64_t n_tok; int k, n_expert; };
+  for (Case c : {Case{1, 8, 128}, Case{16, 8, 128}, Case{600, 8, 64}, Case{1, 1, 1}, Case{3, 2, 256}, Case{64, 8, 256},
+                 Case{512, 8, 128}, Case{37, 4, 8}, Case{1000, 10, 200}}) {
+    INFO("n_tok " << c.n_tok << ", k " << c.k << ", " << c.n_expert << " experts, distinct per token");
+    CheckGrouping(DistinctSelections(rng, c.n_tok, c.k, c.n_expert), c.n_tok, c.k, c.n_expert);
+  }
+  // Skewed: most selections go to one expert (groups far longer than a warp's 32), and a token may
+  // name an expert twice; the grouping is defined all the same.
+  for (Case c : {Case{64, 8, 128}, Case{600, 8, 64}, Case{2048, 2, 256}, Case{5, 8, 128}}) {
+    INFO("n_tok " << c.n_tok << ", k " << c.k << ", " << c.n_expert << " experts, skewed");
+    std::uniform_int_distribution<int32_t> any(0, c.n_expert - 1), pct(0, 99);
+    const int32_t hot = any(rng);
+    std::vector<int32_t> sel(c.n_tok * c.k);
+    for (auto &e : sel) e = pct(rng) < 85 ? hot : any(rng);
+    CheckGrouping(sel, c.n_tok, c.k, c.n_expert);
+  }
+  {
+    INFO("every selection to the last expert");
+    CheckGrouping(std::vector<int32_t>(300 * 8, 255), 300, 8, 256);
+  }
+}
+
+TEST_CASE("GroupByExpert drops selections outside the experts without writing out of bounds", "[gpu][grouped]") {
+  if (!HaveGpu()) return;
+  const int64_t n_tok = 4;
+  const int k = 2, n_expert = 4;
+  const std::vector<int32_t> sel = {3, 7, -1, 1, 3, 0, 4, 1};  // 7, -1 and 4 are out of range
+  DeviceBuffer dsel = Upload(sel), idx = PoisonedInts(2 * 8), plan = PoisonedInts(GroupPlanInts(n_tok, k, n_expert));
+  REQUIRE(GroupByExpert(dsel.as<int32_t>(), n_tok, k, n_expert, idx.as<int32_t>(), plan.as<int32_t>(), nullptr).ok());
+  const DevicePlan p = ReadPlan(plan, GroupMaxGroups(n_tok, k, n_expert));
+  CHECK(p.expert == std::vector<int32_t>{0, 1, 3});
+  CHECK(p.first == std::vector<int32_t>{0, 1, 3, 5});
+  const std::vector<int32_t> got = Download<int32_t>(idx, 16);
+  CHECK(std::vector<int32_t>(got.begin(), got.begin() + 5) == std::vector<int32_t>{2, 1, 3, 0, 2});
+  CHECK(std::vector<int32_t>(got.begin() + 8, got.end()) == std::vector<int32_t>{3, -1, -1, 1, 4, 0, -1, 2});
+}
+
+// n_expert experts' matrices in device memory (optionally some in mapped host memory) and the
+// device pointer tables of GroupedExperts.
+struct Experts {
+  int64_t n_embd = 0, n_ff = 0;
+  TypeId gate_type{}, down_type{};
+  uint64_t rb_in = 0, rb_out = 0;
+  std::vector<std::vector<uint8_t>> gate, up, down;  // host bytes per expert
+
+  void Randomize(std::mt19937 &rng, int n_expert) {
+    for (int e = 0; e < n_expert; ++e) {
+      gate.push_back(RandomMatrix(rng, gate_type, n_ff, n_embd, &rb_in));
+      up.push_back(RandomMatrix(rng, gate_type, n_ff, n_embd, &rb_in));
+      down.push_back(RandomMatrix(rng, down_type, n_embd, n_ff, &rb_out));
+    }
+  }
+  int n_expert() const { return static_cast<int>(gate.size()); }
+  DeviceMatrix GateShape() const { return {gate_type, nullptr, n_ff, n_embd, rb_in}; }
+  DeviceMatrix DownShape() const { return {down_type, nullptr, n_embd, n_ff, rb_out}; }
+};
+
+// Where the weights live for one run: each expert's three matrices in VRAM, or (mapped[e]) in
+// page-locked host memory the kernels read over the link.
+struct Placement {
+  std::vector<DeviceBuffer> vram;
+  std::vector<PinnedBuffer> host;
+  std::vector<const void *> gate, up, down;  // device-usable addresses per expert
+  DeviceBuffer gate_tab, up_tab, down_tab;
+
+  const void *Place(const std::vector<uint8_t> &bytes, bool mapped) {
+    if (!mapped) {
+      vram.push_back(Upload(bytes));
+      return vram.back().data();
+    }
+    auto b = PinnedBuffer::Allocate(bytes.size(), cudaHostAllocMapped);
+    REQUIRE(b.ok());
+    std::memcpy(b->data(), bytes.data(), bytes.size());
+    void *dev = nullptr;
+    REQUIRE(cudaHostGetDevicePointer(&dev, b->data(), 0) == cudaSuccess);
+    host.push_back(std::move(b).value());
+    return dev;
+  }
+
+  Placement(const Experts &x, const std::vector<bool> &mapped) {
+    for (int e = 0; e < x.n_expert(); ++e) {
+      gate.push_back(Place(x.gate[e], mapped[e]));
+      up.push_back(Place(x.up[e], mapped[e]));
+      down.push_back(Place(x.down[e], mapped[e]));
+    }
+    gate_tab = Upload(gate);
+    up_tab = Upload(up);
+    down_tab = Upload(down);
+  }
+
+  GroupedExperts Grouped(const Experts &x) const {
+    GroupedExperts g;
+    g.gate = static_cast<const void *const *>(gate_tab.data());
+    g.up = static_cast<const void *const *>(up_tab.data());
+    g.down = static_cast<const void *const *>(down_tab.data());
+    g.gate_shape = g.up_shape = x.GateShape();
+    g.down_shape = x.DownShape();
+    g.n_expert = x.n_expert();
+    return g;
+  }
+};
+
+// One MoE layer's routed experts over sel, grouped on the device: h (n, n_ff) and y (n, n_embd) as
+// the grouped kernels produce them, plus the device buffers the per-expert path reuses.
+struct GroupedRun {
+  std::vector<float> h, y;
+};
+
+GroupedRun RunGrouped(const Experts &x, const Placement &pl, const DeviceBuffer &dsel, int64_t n_tok, int k,
+                      const DeviceBuffer &dx, DeviceBuffer *xg_out) {
+  const int64_t n = n_tok * k;
+  const int n_max = static_cast<int>(GroupMaxGroups(n_tok, k, x.n_expert()));
+  DeviceBuffer idx = PoisonedInts(2 * n), plan = PoisonedInts(GroupPlanInts(n_tok, k, x.n_expert()));
+  REQUIRE(GroupByExpert(dsel.as<int32_t>(), n_tok, k, x.n_expert(), idx.as<int32_t>(), plan.as<int32_t>(), nullptr).ok());
+  DeviceBuffer xg = Poisoned(n * x.n_embd), hg = Poisoned(n * x.n_ff), yg = Poisoned(n * x.n_embd);
+  REQUIRE(GatherRows(dx.as<float>(), x.n_embd, idx.as<int32_t>(), n, xg.as<float>(), nullptr).ok());
+  const GroupedExperts ge = pl.Grouped(x);
+  REQUIRE(CheckGroupedExperts(ge).ok());
+  REQUIRE(GroupedSwiGlu(ge, plan.as<int32_t>(), n_max, xg.as<float>(), hg.as<float>(), nullptr).ok());
+  REQUIRE(GroupedGemv(ge.down, ge.down_shape, plan.as<int32_t>(), n_max, hg.as<float>(), yg.as<float>(), nullptr).ok());
+  GroupedRun r{Download<float>(hg, n * x.n_ff), Download<float>(yg, n * x.n_embd)};
+  if (xg_out != nullptr) *xg_out = std::move(xg);
+  return r;
+}
+
+// The path grouping replaces: GemvSwiGlu + Gemv once per group on that group's rows of xg.
+GroupedRun RunPerExpert(const Experts &x, const Placement &pl, const HostGroups &groups, const DeviceBuffer &xg,
+                        int64_t n) {
+  DeviceBuffer hg = Poisoned(n * x.n_ff), yg = Poisoned(n * x.n_embd);
+  for (size_t g = 0; g < groups.expert.size(); ++g) {
+    const int e = groups.expert[g];
+    const int64_t r0 = groups.first[g], cnt = groups.first[g + 1] - r0;
+    const DeviceMatrix gate{x.gate_type, pl.gate[e], x.n_ff, x.n_embd, x.rb_in};
+    const DeviceMatrix up{x.gate_type, pl.up[e], x.n_ff, x.n_embd, x.rb_in};
+    const DeviceMatrix down{x.down_type, pl.down[e], x.n_embd, x.n_ff, x.rb_out};
+    REQUIRE(GemvSwiGlu(gate, up, xg.as<float>() + r0 * x.n_embd, cnt, hg.as<float>() + r0 * x.n_ff, nullptr).ok());
+    REQUIRE(Gemv(down, hg.as<float>() + r0 * x.n_ff, cnt, yg.as<float>() + r0 * x.n_embd, nullptr).ok());
+  }
+  return {Download<float>(hg, n * x.n_ff), Download<float>(yg, n * x.n_embd)};
+}
+
+// Selections over n_expert experts whose groups have the given sizes (one expert each, the rest
+// unused), in a random order; the total must be a multiple of k.
+std::vector<int32_t> SelectionsWithGroupSizes(std::mt19937 &rng, const std::vector<int> &sizes, int n_expert) {
+  std::vector<int32_t> experts(n_expert);
+  std::iota(experts.begin(), experts.end(), 0);
+  std::shuffle(experts.begin(), experts.end(), rng);
+  std::vector<int32_t> sel;
+  for (size_t g = 0; g < sizes.size(); ++g) sel.insert(sel.end(), sizes[g], experts[g]);
+  std::shuffle(sel.begin(), sel.end(), rng);
+  return sel;
+}
+
+struct CodecCase {
+  TypeId gate, down;
+  int64_t n_embd, n_ff;
+};
+
+TEST_CASE("Grouped SwiGLU and down GEMV are bit-identical to the per-expert GEMVs", "[gpu][grouped]") {
+  if (!HaveGpu()) return;
+  auto rng = test::Rng();
+  // Shapes valid for each codec (K-quants and IQ4_XS need columns in 256s); Q4_K/Q6_K is the mix
+  // of a Q4_K_M file.
+  const CodecCase cases[] = {
+      {TypeId::kQ4_K, TypeId::kQ4_K, 2048, 768}, {TypeId::kQ4_K, TypeId::kQ6_K, 1024, 512},
+      {TypeId::kQ6_K, TypeId::kQ6_K, 512, 256},  {TypeId::kQ8_0, TypeId::kQ8_0, 768, 352},
+      {TypeId::kMXFP4, TypeId::kMXFP4, 1024, 160}, {TypeId::kIQ4_XS, TypeId::kIQ4_XS, 1536, 256},
+      {TypeId::kF16, TypeId::kF16, 512, 224},    {TypeId::kF32, TypeId::kF32, 256, 128},
+      {TypeId::kBF16, TypeId::kBF16, 384, 192},
+  };
+  // Groups of 1, 3, 8 and 13 tokens (13 = 8 + 4 + 1 chunks, 3 = 2 + 1) and another 1 for an even total.
+  const std::vector<int> sizes = {1, 3, 8, 13, 1};
+  const int k = 2, n_expert = 12;
+  const int64_t n = std::accumulate(sizes.begin(), sizes.end(), int64_t{0}), n_tok = n / k;
+  for (const CodecCase &c : cases) {
+    INFO(quant::TypeName(static_cast<uint32_t>(c.gate)) << " gate/up, " << quant::TypeName(static_cast<uint32_t>(c.down))
+                                                        << " down, n_embd " << c.n_embd << ", n_ff " << c.n_ff);
+    Experts x;
+    x.n_embd = c.n_embd;
+    x.n_ff = c.n_ff;
+    x.gate_type = c.gate;
+    x.down_type = c.down;
+    x.Randomize(rng, n_expert);
+    const std::vector<int32_t> sel = SelectionsWithGroupSizes(rng, sizes, n_expert);
+    const HostGroups groups = ReferenceGroups(sel, k, n_expert);
+    DeviceBuffer dsel = Upload(sel), dx = Upload(RandomFloats(rng, n_tok * c.n_embd, -2.f, 2.f));
+    const Placement vram(x, std::vector<bool>(n_expert, false));
+    DeviceBuffer xg;
+    const GroupedRun got = RunGrouped(x, vram, dsel, n_tok, k, dx, &xg);
+    const GroupedRun want = RunPerExpert(x, vram, groups, xg, n);
+    CHECK(FirstBitDifference(got.h, want.h, c.n_ff, "SwiGLU output") == "");
+    CHECK(FirstBitDifference(got.y, want.y, c.n_embd, "down output") == "");
+  }
+}
+
+TEST_CASE("Grouped experts over a decode and a batch of routed tokens match the per-expert GEMVs", "[gpu][grouped]") {
+  if (!HaveGpu()) return;
+  auto rng = test::Rng();
+  // Qwen3-30B-A3B's expert shape, 8 of 64 experts per token: one token, a batch of 16 (groups of
+  // mixed sizes), 40 tokens (groups past 8 tokens).
+  Experts x;
+  x.n_embd = 2048;
+  x.n_ff = 768;
+  x.gate_type = TypeId::kQ4_K;
+  x.down_type = TypeId::kQ6_K;
+  const int n_expert = 64, k = 8;
+  x.Randomize(rng, n_expert);
+  const Placement vram(x, std::vector<bool>(n_expert, false));
+  for (int64_t n_tok : {1, 16, 40}) {
+    INFO("n_tok " << n_tok);
+    const std::vector<int32_t> sel = DistinctSelections(rng, n_tok, k, n_expert);
+    DeviceBuffer dsel = Upload(sel), dx = Upload(RandomFloats(rng, n_tok * x.n_embd, -2.f, 2.f));
+    DeviceBuffer xg;
+    const GroupedRun got = RunGrouped(x, vram, dsel, n_tok, k, dx, &xg);
+    const GroupedRun want = RunPerExpert(x, vram, ReferenceGroups(sel, k, n_expert), xg, n_tok * k);
+    CHECK(FirstBitDifference(got.h, want.h, x.n_ff, "SwiGLU output") == "");
+    CHECK(FirstBitDifference(got.y, want.y, x.n_embd, "down output") == "");
+  }
+}
+
+TEST_CASE("Grouped experts read weights in mapped host memory as they read VRAM", "[gpu][grouped]") {
+  if (!HaveGpu()) return;
+  int can_map = 0;
+  REQUIRE(cudaDeviceGetAttribute(&can_map, cudaDevAttrCanMapHostMemory, 0) == cudaSuccess);
+  if (can_map == 0) {
+    WARN("device cannot map host memory: zero-copy test skipped");
+    return;
+  }
+  auto rng = test::Rng();
+  const CodecCase cases[] = {{TypeId::kQ4_K, TypeId::kQ6_K, 2048, 768}, {TypeId::kMXFP4, TypeId::kMXFP4, 1024, 320}};
+  const int n_expert = 16, k = 4;
+  const int64_t n_tok = 9;
+  for (const CodecCase &c : cases) {
+    INFO(quant::TypeName(static_cast<uint32_t>(c.gate)) << " gate/up, " << quant::TypeName(static_cast<uint32_t>(c.down))
+                                                        << " down");
+    Experts x;
+    x.n_embd = c.n_embd;
+    x.n_ff = c.n_ff;
+    x.gate_type = c.gate;
+    x.down_type = c.down;
+    x.Randomize(rng, n_expert);
+    std::vector<bool> mixed(n_expert), all_host(n_expert, true);
+    for (int e = 0; e < n_expert; ++e) mixed[e] = e % 3 != 0;  // two thirds on the host
+    const Placement vram(x, std::vector<bool>(n_expert, false)), part(x, mixed), host(x, all_host);
+    const std::vector<int32_t> sel = DistinctSelections(rng, n_tok, k, n_expert);
+    DeviceBuffer dsel = Upload(sel), dx = Upload(RandomFloats(rng, n_tok * c.n_embd, -2.f, 2.f));
+    const GroupedRun want = RunGrouped(x, vram, dsel, n_tok, k, dx, nullptr);
+    for (const Placement *pl : {&part, &host}) {
+      INFO((pl == &part ? "two thirds of the experts" : "every expert") << " in mapped host memory");
+      const GroupedRun got = RunGrouped(x, *pl, dsel, n_tok, k, dx, nullptr);
+      CHECK(FirstBitDifference(got.h, want.h, c.n_ff, "SwiGLU output") == "");
+      CHECK(FirstBitDifference(got.y, want.y, c.n_embd, "down output") == "");
+    }
+  }
+}
+
+TEST_CASE("Grouped launchers refuse bad arguments with a Status", "[gpu][grouped]") {
+  // Validation reads no device memory and launches nothing, so this runs without a GPU too.
+  const auto invalid = [](const absl::Status &s) { return StatusToMoe(s) == MOE_ERR_INVALID_ARGUMENT; };
+  const void *const *tab = reinterpret_cast<const void *const *>(uintptr_t{4096});
+  const int32_t *ptr32 = reinterpret_cast<const int32_t *>(uintptr_t{4096});
+  int32_t *out32 = reinterpret_cast<int32_t *>(uintptr_t{8192});
+  const float *xf = reinterpret_cast<const float *>(uintptr_t{4096});
+  float *yf = reinterpret_cast<float *>(uintptr_t{8192});
+
+  CHECK(invalid(GroupByExpert(ptr32, 4, 8, 0, out32, out32, nullptr)));
+  CHECK(invalid(GroupByExpert(ptr32, 4, 8, kRouteMaxExperts + 1, out32, out32, nullptr)));
+  CHECK(invalid(GroupByExpert(ptr32, 4, 0, 128, out32, out32, nullptr)));
+  CHECK(invalid(GroupByExpert(ptr32, -1, 8, 128, out32, out32, nullptr)));
+  CHECK(invalid(GroupByExpert(ptr32, int64_t{1} << 28, 8, 128, out32, out32, nullptr)));  // 2^31 selections
+  CHECK(invalid(GroupByExpert(nullptr, 4, 8, 128, out32, out32, nullptr)));
+  CHECK(GroupByExpert(nullptr, 0, 8, 128, nullptr, nullptr, nullptr).ok());  // no tokens: nothing to do
+  CHECK(GroupMaxGroups(1, 8, 128) == 8);
+  CHECK(GroupMaxGroups(16, 8, 128) == 128);
+  CHECK(GroupMaxGroups(0, 8, 128) == 0);
+  CHECK(GroupPlanInts(16, 8, 128) == 258);
+
+  GroupedExperts ge;
+  ge.gate = ge.up = ge.down = tab;
+  ge.gate_shape = ge.up_shape = {TypeId::kQ4_K, nullptr, 768, 2048, 1152};
+  ge.down_shape = {TypeId::kQ6_K, nullptr, 2048, 768, 630};
+  ge.n_expert = 128;
+  REQUIRE(CheckGroupedExperts(ge).ok());
+  {
+    GroupedExperts b = ge;
+    b.up_shape.type = TypeId::kQ8_0;  // not fusable with a Q4_K gate
+    b.up_shape.row_bytes = 2176;
+    CHECK(invalid(CheckGroupedExperts(b)));
+  }
+  {
+    GroupedExperts b = ge;
+    b.down_shape = {TypeId::kQ6_K, nullptr, 768, 2048, 1680};  // down must be (n_embd, n_ff)
+    CHECK(invalid(CheckGroupedExperts(b)));
+  }
+  {
+    GroupedExperts b = ge;
+    b.gate_shape.type = b.up_shape.type = TypeId::kQ2_K;
+    b.gate_shape.row_bytes = b.up_shape.row_bytes = 672;
+    CHECK(StatusToMoe(CheckGroupedExperts(b)) == MOE_ERR_UNSUPPORTED_TYPE);
+  }
+  {
+    GroupedExperts b = ge;
+    b.gate_shape.row_bytes = b.up_shape.row_bytes = 1156;  // Q4_K rows must stay 8-byte aligned
+    CHECK(invalid(CheckGroupedExperts(b)));
+  }
+  {
+    GroupedExperts b = ge;
+    b.down = nullptr;
+    CHECK(invalid(CheckGroupedExperts(b)));
+    b = ge;
+    b.n_expert = 0;
+    CHECK(invalid(CheckGroupedExperts(b)));
+  }
+  CHECK(invalid(GroupedSwiGlu(ge, ptr32, 129, xf, yf, nullptr)));    // more groups than experts
+  CHECK(invalid(GroupedSwiGlu(ge, ptr32, -1, xf, yf, nullptr)));
+  CHECK(invalid(GroupedSwiGlu(ge, nullptr, 8, xf, yf, nullptr)));
+  CHECK(invalid(GroupedSwiGlu(ge, ptr32, 8, xf + 1, yf, nullptr)));  // input not 16-byte aligned
+  CHECK(invalid(GroupedSwiGlu(ge, ptr32, 8, xf, nullptr, nullptr)));
+  CHECK(GroupedSwiGlu(ge, nullptr, 0, nullptr, nullptr, nullptr).ok());  // no groups: nothing to do
+  CHECK(invalid(GroupedGemv(nullptr, ge.down_shape, ptr32, 8, xf, yf, nullptr)));
+  CHECK(invalid(GroupedGemv(tab, ge.down_shape, ptr32, 70000, xf, yf, nullptr)));
+  CHECK(invalid(GroupedGemv(tab, {TypeId::kQ6_K, nullptr, 2048, 700, 630}, ptr32, 8, xf, yf, nullptr)));
+}
+
+}  // namespace
+}  // namespace strata::cuda
