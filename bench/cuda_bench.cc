@@ -1,11 +1,14 @@
 // CUDA kernel throughput on the GPU machine: the device-to-device copy bandwidth (the HBM ceiling),
 // then the decode GEMV per codec (weight bytes streamed per second, 1 and 8 tokens), one SwiGLU
-// expert of Qwen3-30B-A3B's shape at batch 1, and the cuBLASLt GEMM of a 512-token prefill.
+// expert of Qwen3-30B-A3B's shape at batch 1, a MoE layer's routed experts per expert and grouped
+// (weights in VRAM and in mapped host memory), and the cuBLASLt GEMM of a 512-token prefill.
 // Usage: cuda_bench [weight MiB per matrix, default 1024]. Prints a table; exits 0 without a GPU.
 #include <cuda_runtime.h>
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <random>
 #include <vector>
 
 #include "backends/cuda/device.h"
@@ -43,6 +46,156 @@ float TimeMs(cudaStream_t s, int reps, F &&f) {
   BENCH_CHECK(b.Record(s));
   BENCH_CHECK(b.Synchronize());
   return Must(Event::ElapsedMs(a, b), "elapsed") / reps;
+}
+
+// Routed experts of one MoE layer of Qwen3-30B-A3B (128 experts of n_embd 2048, n_ff 768, Q4_K; 8
+// per token) for 1 and 16 tokens: the per-expert launches of today's forward pass (GemvSwiGlu + Gemv
+// per selected expert; once the launches alone, once with the selection download, host sync and host
+// grouping that precede them) against GroupByExpert + GroupedSwiGlu + GroupedGemv; then the grouped
+// path with every expert in mapped host memory (zero-copy: the kernels read the link). 8 layers'
+// weights are cycled so they come from HBM (or the link), not L2. GB/s counts the bytes of the
+// distinct experts selected, each read once.
+struct ExpertGroup {
+  int expert;
+  int64_t first, n;
+};
+
+// The forward pass's host grouping: groups in ascending expert id, rows in selection order.
+std::vector<ExpertGroup> GroupOnHost(const int32_t *sel, int64_t n, int n_expert) {
+  std::vector<int64_t> count(n_expert, 0);
+  for (int64_t i = 0; i < n; ++i) ++count[sel[i]];
+  std::vector<ExpertGroup> groups;
+  int64_t row = 0;
+  for (int e = 0; e < n_expert; ++e) {
+    if (count[e] == 0) continue;
+    groups.push_back({e, row, count[e]});
+    row += count[e];
+  }
+  return groups;
+}
+
+void GroupedExpertsBench(cudaStream_t s) {
+  constexpr int64_t kEmbd = 2048, kFf = 768;
+  constexpr int kExperts = 128, kK = 8, kLayers = 8;
+  const quant::TypeId q4k = quant::TypeId::kQ4_K;
+  const quant::Codec *c = quant::FindCodec(q4k);
+  const uint64_t rb_in = kEmbd / 256 * c->block_bytes, rb_out = kFf / 256 * c->block_bytes;
+  const uint64_t per = 2 * rb_in * kFf + rb_out * kEmbd;  // one expert: gate | up | down
+  const size_t layer_bytes = per * kExperts, all_bytes = layer_bytes * kLayers;
+  DeviceBuffer vram = Must(DeviceBuffer::Allocate(all_bytes), "alloc");
+  if (cudaMemset(vram.data(), 0x3c, all_bytes) != cudaSuccess) std::exit(1);
+  PinnedBuffer host = Must(PinnedBuffer::Allocate(all_bytes, cudaHostAllocMapped), "mapped host alloc");
+  std::memset(host.data(), 0x3c, all_bytes);
+  void *host_dev = nullptr;
+  if (cudaHostGetDevicePointer(&host_dev, host.data(), 0) != cudaSuccess) std::exit(1);
+
+  // The link's copy bandwidth from page-locked memory: the ceiling for zero-copy reads.
+  const size_t link_bytes = size_t{256} << 20;
+  DeviceBuffer link_dst = Must(DeviceBuffer::Allocate(link_bytes), "alloc");
+  const float link_ms = TimeMs(s, 10, [&] { BENCH_CHECK(CopyAsync(link_dst.data(), host.data(), link_bytes, s)); });
+  const double link = link_bytes / (link_ms * 1e-3) / 1e9;
+  link_dst.Reset();
+
+  // Address tables: (layer, gate/up/down, expert) -> the expert's matrix, for weights at `base`.
+  auto tables = [&](const uint8_t *base) {
+    std::vector<const void *> tab(kLayers * 3 * kExperts);
+    for (int l = 0; l < kLayers; ++l) {
+      for (int e = 0; e < kExperts; ++e) {
+        const uint8_t *p = base + l * layer_bytes + e * per;
+        tab[(l * 3 + 0) * kExperts + e] = p;
+        tab[(l * 3 + 1) * kExperts + e] = p + rb_in * kFf;
+        tab[(l * 3 + 2) * kExperts + e] = p + 2 * rb_in * kFf;
+      }
+    }
+    DeviceBuffer d = Must(DeviceBuffer::Allocate(tab.size() * sizeof(void *)), "alloc");
+    if (cudaMemcpy(d.data(), tab.data(), tab.size() * sizeof(void *), cudaMemcpyHostToDevice) != cudaSuccess) std::exit(1);
+    return d;
+  };
+  DeviceBuffer vram_tab = tables(vram.as<uint8_t>()), host_tab = tables(static_cast<const uint8_t *>(host_dev));
+  auto grouped = [&](const DeviceBuffer &tab, int l) {
+    const auto *t = static_cast<const void *const *>(tab.data());
+    GroupedExperts ge;
+    ge.gate = t + (l * 3 + 0) * kExperts;
+    ge.up = t + (l * 3 + 1) * kExperts;
+    ge.down = t + (l * 3 + 2) * kExperts;
+    ge.gate_shape = ge.up_shape = {q4k, nullptr, kFf, kEmbd, rb_in};
+    ge.down_shape = {q4k, nullptr, kEmbd, kFf, rb_out};
+    ge.n_expert = kExperts;
+    return ge;
+  };
+
+  std::mt19937 rng(1234);
+  std::printf("\nMoE layer, Qwen3-30B-A3B routed experts (Q4_K 2048x768, 8 of 128 per token); link copy %.1f GB/s\n",
+              link);
+  std::printf("%-46s %6s %8s %10s %8s\n", "path", "tokens", "experts", "us/layer", "GB/s");
+  for (int64_t n_tok : {1, 16}) {
+    const int64_t n = n_tok * kK;
+    const int n_max = static_cast<int>(GroupMaxGroups(n_tok, kK, kExperts));
+    // Random distinct selections per token, per layer.
+    std::vector<int32_t> sel(kLayers * n);
+    std::vector<std::vector<ExpertGroup>> groups(kLayers);
+    double mean_bytes = 0, mean_experts = 0;
+    std::vector<int32_t> ids(kExperts);
+    for (int e = 0; e < kExperts; ++e) ids[e] = e;
+    for (int l = 0; l < kLayers; ++l) {
+      for (int64_t t = 0; t < n_tok; ++t) {
+        std::shuffle(ids.begin(), ids.end(), rng);
+        std::copy(ids.begin(), ids.begin() + kK, sel.begin() + l * n + t * kK);
+      }
+      groups[l] = GroupOnHost(sel.data() + l * n, n, kExperts);
+      mean_experts += static_cast<double>(groups[l].size()) / kLayers;
+      mean_bytes += static_cast<double>(groups[l].size()) * per / kLayers;
+    }
+    DeviceBuffer dsel = Must(DeviceBuffer::Allocate(sel.size() * sizeof(int32_t)), "alloc");
+    if (cudaMemcpy(dsel.data(), sel.data(), sel.size() * sizeof(int32_t), cudaMemcpyHostToDevice) != cudaSuccess) std::exit(1);
+    PinnedBuffer sel_host = Must(PinnedBuffer::Allocate(n * sizeof(int32_t)), "pinned alloc");
+    DeviceBuffer xg = Must(DeviceBuffer::Allocate(n * kEmbd * sizeof(float)), "alloc");
+    DeviceBuffer hg = Must(DeviceBuffer::Allocate(n * kFf * sizeof(float)), "alloc");
+    DeviceBuffer yg = Must(DeviceBuffer::Allocate(n * kEmbd * sizeof(float)), "alloc");
+    DeviceBuffer idx = Must(DeviceBuffer::Allocate(2 * n * sizeof(int32_t)), "alloc");
+    DeviceBuffer plan = Must(DeviceBuffer::Allocate(GroupPlanInts(n_tok, kK, kExperts) * sizeof(int32_t)), "alloc");
+    if (cudaMemset(xg.data(), 0, n * kEmbd * sizeof(float)) != cudaSuccess) std::exit(1);
+
+    int layer = 0;
+    auto launch_per_expert = [&](int l, const std::vector<ExpertGroup> &gs) {
+      for (const ExpertGroup &g : gs) {
+        const uint8_t *p = vram.as<uint8_t>() + l * layer_bytes + g.expert * per;
+        const DeviceMatrix gate{q4k, p, kFf, kEmbd, rb_in}, up{q4k, p + rb_in * kFf, kFf, kEmbd, rb_in},
+            down{q4k, p + 2 * rb_in * kFf, kEmbd, kFf, rb_out};
+        BENCH_CHECK(GemvSwiGlu(gate, up, xg.as<float>() + g.first * kEmbd, g.n, hg.as<float>() + g.first * kFf, s));
+        BENCH_CHECK(Gemv(down, hg.as<float>() + g.first * kFf, g.n, yg.as<float>() + g.first * kEmbd, s));
+      }
+    };
+    auto launch_grouped = [&](const DeviceBuffer &tab, int l) {
+      const GroupedExperts ge = grouped(tab, l);
+      BENCH_CHECK(GroupByExpert(dsel.as<int32_t>() + l * n, n_tok, kK, kExperts, idx.as<int32_t>(), plan.as<int32_t>(), s));
+      BENCH_CHECK(GroupedSwiGlu(ge, plan.as<int32_t>(), n_max, xg.as<float>(), hg.as<float>(), s));
+      BENCH_CHECK(GroupedGemv(ge.down, ge.down_shape, plan.as<int32_t>(), n_max, hg.as<float>(), yg.as<float>(), s));
+    };
+    const int reps = 4 * kLayers;
+    const float ms_launch = TimeMs(s, reps, [&] {
+      const int l = layer++ % kLayers;
+      launch_per_expert(l, groups[l]);
+    });
+    const float ms_sync = TimeMs(s, reps, [&] {
+      const int l = layer++ % kLayers;
+      BENCH_CHECK(CopyAsync(sel_host.data(), dsel.as<int32_t>() + l * n, n * sizeof(int32_t), s));
+      if (cudaStreamSynchronize(s) != cudaSuccess) std::exit(1);
+      launch_per_expert(l, GroupOnHost(sel_host.as<int32_t>(), n, kExperts));
+    });
+    const float ms_grouped = TimeMs(s, reps, [&] { launch_grouped(vram_tab, layer++ % kLayers); });
+    const float ms_zero_copy = TimeMs(s, kLayers, [&] { launch_grouped(host_tab, layer++ % kLayers); });
+    auto row = [&](const char *path, float ms) {
+      const double gbs = mean_bytes / (ms * 1e-3) / 1e9;
+      std::printf("%-46s %6lld %8.1f %10.1f %8.0f\n", path, static_cast<long long>(n_tok), mean_experts, ms * 1e3, gbs);
+    };
+    row("per expert: launches only", ms_launch);
+    row("per expert: selection download, sync, launches", ms_sync);
+    row("grouped: GroupByExpert + 2 grouped launches", ms_grouped);
+    row("grouped, weights in mapped host memory", ms_zero_copy);
+    std::printf("%-46s %6s %8s %10s %7.0f%%\n", "  zero-copy GB/s as a share of the link copy", "", "", "",
+                100.0 * mean_bytes / (ms_zero_copy * 1e-3) / 1e9 / link);
+  }
 }
 
 int Main(int argc, char **argv) {
@@ -119,6 +272,8 @@ int Main(int argc, char **argv) {
     std::printf("\nQ4_K expert 2048x768 SwiGLU, batch 1: %.2f us/expert, %.0f GB/s\n", ms * 1e3 / n_exp,
                 per * n_exp / (ms * 1e-3) / 1e9);
   }
+
+  GroupedExpertsBench(s);
 
   // Prefill: a 512-token cuBLASLt GEMM against a 4096 x 4096 float matrix.
   {
