@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -70,15 +72,43 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const model::Mo
                                                                  int n_min_slots) {
   if (DeviceCount() <= 0) return Errorf(MOE_ERR_UNSUPPORTED_BACKEND, "no CUDA device");
   auto be = std::unique_ptr<CudaBackend>(new CudaBackend());
+  const char *prof = std::getenv("STRATA_CUDA_PROFILE");
+  be->profile_ = prof != nullptr && prof[0] == '1';
   STRATA_ASSIGN_OR_RETURN(be->stream_, Stream::Create());
   STRATA_ASSIGN_OR_RETURN(be->copy_stream_, Stream::Create());
   STRATA_ASSIGN_OR_RETURN(be->up_done_, Event::Create());
   STRATA_ASSIGN_OR_RETURN(be->blas_, Blas::Create(Blas::Compute::kF32));
+  STRATA_ASSIGN_OR_RETURN(be->ring_, PinnedBuffer::Allocate(kRingSegment * kRingSegments));
+  for (Event &e : be->ring_done_) {
+    STRATA_ASSIGN_OR_RETURN(e, Event::Create());
+  }
   STRATA_RETURN_IF_ERROR(be->Adopt(w, arena, arena_bytes, expert_vram_bytes, n_min_slots));
+  STRATA_RETURN_IF_ERROR(be->BuildTables(w));
   return be;
 }
 
+CudaBackend::Profile::Profile(CudaBackend *be, const char *op) : be_(be->profile_ ? be : nullptr), op_(op) {
+  if (be_ != nullptr && be_->profile_depth_++ == 0) t0_ = std::chrono::steady_clock::now();
+}
+
+CudaBackend::Profile::~Profile() {
+  if (be_ == nullptr || --be_->profile_depth_ > 0) return;  // only the outermost operation is timed
+  (void)be_->stream_.Synchronize();
+  auto &row = be_->profile_table_[op_];
+  row.first += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+  ++row.second;
+}
+
 CudaBackend::~CudaBackend() {
+  if (profile_ && !profile_table_.empty()) {
+    std::vector<std::pair<std::string, std::pair<double, uint64_t>>> rows(profile_table_.begin(), profile_table_.end());
+    std::sort(rows.begin(), rows.end(), [](auto &a, auto &b) { return a.second.first > b.second.first; });
+    std::fprintf(stderr, "cuda profile: operation, calls, total s, us per call\n");
+    for (auto &[op, r] : rows) {
+      std::fprintf(stderr, "  %-16s %10llu %10.4f %10.2f\n", op.c_str(), static_cast<unsigned long long>(r.second),
+                   r.first, 1e6 * r.first / std::max<uint64_t>(r.second, 1));
+    }
+  }
   // Work still queued may use the buffers about to be freed.
   if (copy_stream_.get() != nullptr) (void)copy_stream_.Synchronize();
   if (stream_.get() != nullptr) (void)stream_.Synchronize();
@@ -196,17 +226,24 @@ absl::Status CudaBackend::Adopt(const model::ModelWeights &w, const uint8_t *are
     slots_.resize(n);
     for (Slot &sl : slots_) {
       STRATA_ASSIGN_OR_RETURN(sl.used, Event::Create());
+      STRATA_ASSIGN_OR_RETURN(sl.fill, Event::Create());
     }
     for (int i = 0; i < 2; ++i) {
       STRATA_ASSIGN_OR_RETURN(staging_[i], PinnedBuffer::Allocate(slot_bytes_));
       STRATA_ASSIGN_OR_RETURN(staged_[i], Event::Create());
     }
-    STRATA_ASSIGN_OR_RETURN(filled_, Event::Create());
-    // Page-lock the arena so misses are copied by DMA from where they lie. Best effort: a host that
-    // refuses (memory limits) keeps the staged path, with the same bytes either way.
+    // Page-lock the arena so misses are copied by DMA from where they lie, and map it so kernels
+    // can read experts in place (zero-copy). Best effort: a host that refuses (memory limits) keeps
+    // the staged path and per-layer routing on the host, with the same bytes either way.
     if (arena_bytes > 0 &&
-        cudaHostRegister(const_cast<uint8_t *>(arena), arena_bytes, cudaHostRegisterDefault) == cudaSuccess) {
+        cudaHostRegister(const_cast<uint8_t *>(arena), arena_bytes, cudaHostRegisterMapped) == cudaSuccess) {
       arena_registered_ = true;
+      void *dev = nullptr;
+      if (cudaHostGetDevicePointer(&dev, const_cast<uint8_t *>(arena), 0) == cudaSuccess) {
+        arena_dev_ = static_cast<const uint8_t *>(dev);
+      } else {
+        (void)cudaGetLastError();
+      }
     } else {
       (void)cudaGetLastError();  // clear the refusal
     }
@@ -221,6 +258,7 @@ absl::StatusOr<CudaBackend::Slot *> CudaBackend::SlotFor(const model::ExpertWeig
   if (hit != slot_of_.end()) {
     Slot &sl = slots_[hit->second];
     sl.last_use = ++use_clock_;
+    if (!sl.in_table) STRATA_RETURN_IF_ERROR(stream_.Wait(sl.fill.get()));  // a promotion still in flight
     return &sl;
   }
   // The least recently used slot (an empty one first).
@@ -228,23 +266,44 @@ absl::StatusOr<CudaBackend::Slot *> CudaBackend::SlotFor(const model::ExpertWeig
   for (int i = 1; i < static_cast<int>(slots_.size()); ++i) {
     if (slots_[i].last_use < slots_[v].last_use) v = i;
   }
+  auto id = expert_id_.find(key);
+  if (id == expert_id_.end()) return Errorf(MOE_ERR_INTERNAL, "%s is not a routed expert", e.gate.name);
+  STRATA_RETURN_IF_ERROR(Evict(v));
+  STRATA_RETURN_IF_ERROR(Fill(v, e, id->second.first, id->second.second));
   Slot &sl = slots_[v];
-  if (sl.key != nullptr) {
-    slot_of_.erase(sl.key);
-    for (const uint8_t *p : sl.parts) in_slots_.erase(p);
-  }
+  STRATA_RETURN_IF_ERROR(stream_.Wait(sl.fill.get()));  // the computation waits for the copy
+  const Region &g = in_slots_[e.gate.data], &u = in_slots_[e.up.data], &d = in_slots_[e.down.data];
+  SetTable(sl.layer, sl.expert, g.dev, u.dev, d.dev);
+  sl.in_table = true;
+  return &sl;
+}
+
+absl::Status CudaBackend::Evict(int v) {
+  Slot &sl = slots_[v];
+  if (sl.key == nullptr) return absl::OkStatus();
+  if (sl.in_table) HostTable(sl.layer, sl.expert);  // later reads go to the host bytes
+  pending_fills_.erase(std::remove(pending_fills_.begin(), pending_fills_.end(), v), pending_fills_.end());
+  slot_of_.erase(sl.key);
+  for (const uint8_t *p : sl.parts) in_slots_.erase(p);
   sl.key = nullptr;
   sl.parts.clear();
+  sl.in_table = false;
+  sl.layer = sl.expert = -1;
+  // Every computation queued so far (and the table switch) precedes the refill.
+  return sl.used.Record(stream_.get());
+}
+
+absl::Status CudaBackend::Fill(int v, const model::ExpertWeights &e, int l, int x) {
+  Slot &sl = slots_[v];
   uint8_t *dev = slot_buf_.as<uint8_t>() + static_cast<uint64_t>(v) * slot_bytes_;
   bool direct = arena_registered_;
   for (const model::Matrix *m : {&e.gate, &e.up, &e.down}) {
     if (m->tensor != nullptr && m->data != nullptr && NeedsConversion(*m)) direct = false;
   }
+  uint64_t off = 0;
   if (direct) {
-    // The parts go by DMA from the page-locked arena, after the last computation that read the
-    // slot; the compute stream waits for them.
+    // The parts go by DMA from the page-locked arena, after the last computation that read the slot.
     STRATA_RETURN_IF_ERROR(copy_stream_.Wait(sl.used.get()));
-    uint64_t off = 0;
     for (const model::Matrix *m : {&e.gate, &e.up, &e.down}) {
       if (m->tensor == nullptr || m->data == nullptr) continue;
       STRATA_RETURN_IF_ERROR(CopyAsync(dev + off, m->data, m->nbytes(), copy_stream_.get()));
@@ -252,45 +311,52 @@ absl::StatusOr<CudaBackend::Slot *> CudaBackend::SlotFor(const model::ExpertWeig
       sl.parts.push_back(m->data);
       off += Align(m->nbytes());
     }
-    STRATA_RETURN_IF_ERROR(filled_.Record(copy_stream_.get()));
-    STRATA_RETURN_IF_ERROR(stream_.Wait(filled_.get()));
-    sl.key = key;
-    sl.last_use = ++use_clock_;
-    slot_of_[key] = v;
-    ++fills_;
-    fill_bytes_ += off;
-    return &sl;
+  } else {
+    // Stage the expert's device form (gate | up | down, each 256-aligned) in pinned memory. The
+    // staging buffer is reused every other fill: wait until its previous copy has left it.
+    const int si = next_staging_;
+    next_staging_ ^= 1;
+    STRATA_RETURN_IF_ERROR(staged_[si].Synchronize());
+    uint8_t *stage = staging_[si].as<uint8_t>();
+    for (const model::Matrix *m : {&e.gate, &e.up, &e.down}) {
+      if (m->tensor == nullptr || m->data == nullptr) continue;
+      const bool convert = NeedsConversion(*m);
+      HostForm(*m, stage + off, convert);
+      in_slots_[m->data] = Region{m->nbytes(), m->row_bytes, m->cols, convert, dev + off};
+      sl.parts.push_back(m->data);
+      off += Align(DeviceBytes(*m));
+    }
+    STRATA_RETURN_IF_ERROR(copy_stream_.Wait(sl.used.get()));
+    STRATA_RETURN_IF_ERROR(CopyAsync(dev, stage, off, copy_stream_.get()));
+    STRATA_RETURN_IF_ERROR(staged_[si].Record(copy_stream_.get()));
   }
-  // Stage the expert's device form (gate | up | down, each 256-aligned) in pinned memory. The
-  // staging buffer is reused every other fill: wait until its previous copy has left it.
-  const int si = next_staging_;
-  next_staging_ ^= 1;
-  STRATA_RETURN_IF_ERROR(staged_[si].Synchronize());
-  uint8_t *stage = staging_[si].as<uint8_t>();
-  uint64_t off = 0;
-  std::vector<std::pair<const uint8_t *, Region>> parts;
-  for (const model::Matrix *m : {&e.gate, &e.up, &e.down}) {
-    if (m->tensor == nullptr || m->data == nullptr) continue;
-    const bool convert = NeedsConversion(*m);
-    HostForm(*m, stage + off, convert);
-    parts.emplace_back(m->data, Region{m->nbytes(), m->row_bytes, m->cols, convert, dev + off});
-    off += Align(DeviceBytes(*m));
-  }
-  // The copy waits for the last computation that read the slot; the compute stream waits for the copy.
-  STRATA_RETURN_IF_ERROR(copy_stream_.Wait(sl.used.get()));
-  STRATA_RETURN_IF_ERROR(CopyAsync(dev, stage, off, copy_stream_.get()));
-  STRATA_RETURN_IF_ERROR(staged_[si].Record(copy_stream_.get()));
-  STRATA_RETURN_IF_ERROR(stream_.Wait(staged_[si].get()));
-  for (auto &[p, r] : parts) {
-    in_slots_[p] = r;
-    sl.parts.push_back(p);
-  }
-  sl.key = key;
+  STRATA_RETURN_IF_ERROR(sl.fill.Record(copy_stream_.get()));
+  sl.key = e.gate.data;
+  sl.layer = l;
+  sl.expert = x;
+  sl.in_table = false;
   sl.last_use = ++use_clock_;
-  slot_of_[key] = v;
+  slot_of_[sl.key] = v;
   ++fills_;
   fill_bytes_ += off;
-  return &sl;
+  return absl::OkStatus();
+}
+
+void CudaBackend::SetTable(int l, int x, const void *gate, const void *up, const void *down) {
+  if (l < 0 || l >= static_cast<int>(tables_.size()) || !tables_[l].ok) return;
+  const LayerTable &t = tables_[l];
+  auto **tab = tab_dev_.as<const void *>() + t.tab_off;
+  const int n = t.ge.n_expert;
+  Upload(&tab[x], &gate, sizeof gate);
+  Upload(&tab[n + x], &up, sizeof up);
+  Upload(&tab[2 * n + x], &down, sizeof down);
+}
+
+void CudaBackend::HostTable(int l, int x) {
+  if (l < 0 || l >= static_cast<int>(tables_.size()) || !tables_[l].ok || arena_dev_ == nullptr) return;
+  const model::ExpertWeights &e = w_->layers[l].experts[x];
+  auto mapped = [&](const model::Matrix &m) -> const void * { return arena_dev_ + (m.data - host_arena_); };
+  SetTable(l, x, mapped(e.gate), mapped(e.up), mapped(e.down));
 }
 
 absl::StatusOr<DeviceMatrix> CudaBackend::Resolve(const model::Matrix &w) const {
@@ -362,10 +428,27 @@ absl::StatusOr<std::unique_ptr<model::Buffer>> CudaBackend::Allocate(size_t byte
   return std::unique_ptr<model::Buffer>(new VramBuffer(std::move(b)));
 }
 
-// Through a pinned bounce buffer: the caller may free `src` at once, and the copy is a true
-// asynchronous DMA. The buffer is rewritten only after the previous upload has left it.
+// Through pinned memory: the caller may free `src` at once, and the copy is a true asynchronous
+// DMA. Small uploads (inputs, block tables, table entries) go through the ring: a segment is
+// rewritten only after the copies of its previous lap are done, so the host rarely waits. Larger
+// ones use a bounce buffer rewritten after the previous upload has left it.
 void CudaBackend::Upload(void *dst, const void *src, size_t bytes) {
+  Profile prof(this, "Upload");
   if (!err_.ok() || bytes == 0) return;
+  if (bytes <= kRingSegment) {
+    size_t off = (ring_off_ + 15) & ~size_t{15};
+    if (off + bytes > (ring_seg_ + 1) * kRingSegment) {  // on to the next segment
+      if (!Note(ring_done_[ring_seg_].Record(stream_.get()))) return;
+      ring_seg_ = (ring_seg_ + 1) % kRingSegments;
+      if (!Note(ring_done_[ring_seg_].Synchronize())) return;
+      off = ring_seg_ * kRingSegment;
+    }
+    uint8_t *p = ring_.as<uint8_t>() + off;
+    std::memcpy(p, src, bytes);
+    ring_off_ = off + bytes;
+    Note(CopyAsync(dst, p, bytes, stream_.get()));
+    return;
+  }
   if (!Note(up_done_.Synchronize())) return;
   auto io = GrowPinned(up_io_, bytes);
   if (!Note(io.status())) return;
@@ -374,6 +457,7 @@ void CudaBackend::Upload(void *dst, const void *src, size_t bytes) {
 }
 
 void CudaBackend::Download(void *dst, const void *src, size_t bytes) {
+  Profile prof(this, "Download");
   if (!err_.ok() || bytes == 0) return;
   auto io = GrowPinned(down_io_, bytes);
   if (!Note(io.status()) || !Note(CopyAsync(*io, src, bytes, stream_.get())) || !Note(stream_.Synchronize())) return;
@@ -390,6 +474,7 @@ absl::Status CudaBackend::TakeError() {
 
 void CudaBackend::CopyRows(float *dst, int64_t dst_stride, const float *src, int64_t src_stride, int64_t rows,
                            int64_t width) {
+  Profile prof(this, "CopyRows");
   if (!err_.ok() || rows <= 0 || width <= 0) return;
   const cudaError_t e =
       cudaMemcpy2DAsync(dst, dst_stride * sizeof(float), src, src_stride * sizeof(float), width * sizeof(float), rows,
@@ -398,10 +483,12 @@ void CudaBackend::CopyRows(float *dst, int64_t dst_stride, const float *src, int
 }
 
 void CudaBackend::Add(float *x, const float *y, int64_t n) {
+  Profile prof(this, "Add");
   if (err_.ok()) Note(cuda::Add(x, y, n, stream_.get()));
 }
 
 void CudaBackend::AddBias(float *x, int64_t n_rows, int64_t n, const float *bias) {
+  Profile prof(this, "AddBias");
   if (!err_.ok()) return;
   auto b = Resolve(bias);
   if (Note(b.status())) Note(cuda::AddBias(x, n_rows, n, *b, stream_.get()));
@@ -412,17 +499,17 @@ void CudaBackend::SigmoidScaleRows(float *x, const float *g, int64_t n_rows, int
 }
 
 void CudaBackend::GatherRows(const float *src, int64_t width, const int32_t *idx, int64_t n, float *dst) {
+  Profile prof(this, "GatherRows");
   if (err_.ok()) Note(cuda::GatherRows(src, width, idx, n, dst, stream_.get()));
 }
 
 void CudaBackend::WeightedRowSum(const float *rows, const int32_t *idx, const float *wts, int64_t n_tok, int k,
                                  int64_t width, float *out) {
+  Profile prof(this, "WeightedRowSum");
   if (err_.ok()) Note(cuda::WeightedRowSum(rows, idx, wts, n_tok, k, width, out, stream_.get()));
 }
 
-void CudaBackend::Route(const model::RouteParams &p, const float *logits, int64_t n_tok, int32_t *sel_host,
-                        float *wts) {
-  if (!err_.ok() || n_tok <= 0) return;
+absl::StatusOr<RouteArgs> CudaBackend::ToRouteArgs(const model::RouteParams &p) const {
   RouteArgs a;
   a.gating = p.gating == model::Gating::kSoftmax ? 0 : p.gating == model::Gating::kSoftmaxSelected ? 1 : 2;
   a.n_expert = p.n_expert;
@@ -431,9 +518,17 @@ void CudaBackend::Route(const model::RouteParams &p, const float *logits, int64_
   a.topk_group = p.n_group > 1 ? p.topk_group : 1;
   a.norm_topk_prob = p.norm_topk_prob;
   a.routed_scale = p.routed_scale;
-  auto bias = Resolve(p.select_bias);
-  if (!Note(bias.status())) return;
-  a.select_bias = *bias;
+  STRATA_ASSIGN_OR_RETURN(a.select_bias, Resolve(p.select_bias));
+  return a;
+}
+
+void CudaBackend::Route(const model::RouteParams &p, const float *logits, int64_t n_tok, int32_t *sel_host,
+                        float *wts) {
+  Profile prof(this, "Route");
+  if (!err_.ok() || n_tok <= 0) return;
+  auto ra = ToRouteArgs(p);
+  if (!Note(ra.status())) return;
+  const RouteArgs &a = *ra;
   const size_t bytes = static_cast<size_t>(n_tok) * p.k * sizeof(int32_t);
   auto sel = Grow(sel_dev_, bytes);
   if (!Note(sel.status())) return;
@@ -461,6 +556,7 @@ absl::Status CudaBackend::MatMulDevice(const DeviceMatrix &w, const float *x, in
 }
 
 void CudaBackend::MatMul(const model::Matrix &w, const float *x, int64_t n_tok, float *y) {
+  Profile prof(this, "MatMul");
   if (!err_.ok() || n_tok <= 0 || w.rows <= 0) return;
   auto dm = Resolve(w);
   if (Note(dm.status())) Note(MatMulDevice(*dm, x, n_tok, y));
@@ -480,6 +576,7 @@ void CudaBackend::MatMulInputMajor(const model::Matrix &w, const float *x, int64
 }
 
 void CudaBackend::GetRows(const model::Matrix &w, const int32_t *ids, int64_t n, float *out) {
+  Profile prof(this, "GetRows");
   if (!err_.ok() || n <= 0) return;
   auto dm = Resolve(w);
   if (!Note(dm.status())) return;
@@ -491,6 +588,7 @@ void CudaBackend::GetRows(const model::Matrix &w, const int32_t *ids, int64_t n,
 }
 
 void CudaBackend::RmsNorm(const float *x, const float *weight, int64_t n_rows, int64_t n, float eps, float *y) {
+  Profile prof(this, "RmsNorm");
   if (!err_.ok()) return;
   auto wd = Resolve(weight);
   if (Note(wd.status())) Note(cuda::RmsNorm(x, *wd, n_rows, n, eps, y, stream_.get()));
@@ -498,6 +596,7 @@ void CudaBackend::RmsNorm(const float *x, const float *weight, int64_t n_rows, i
 
 void CudaBackend::Rope(float *x, int64_t n_tok, int n_heads, int head_dim, const int32_t *pos, float theta,
                        model::RopeStyle style, const model::RopeParams &p) {
+  Profile prof(this, "Rope");
   if (!err_.ok()) return;
   // The table as the CPU backend forms it, passed to the kernel by value.
   const int half = head_dim / 2;
@@ -547,6 +646,7 @@ absl::Status CudaBackend::AttentionImpl(const float *q, const model::KvView &kv,
 
 void CudaBackend::Attention(const float *q, const model::KvView &kv, int64_t n_tok, int pos0, int n_head,
                             int n_head_kv, int head_dim, int window, float *out, const model::AttentionParams &p) {
+  Profile prof(this, "Attention");
   if (err_.ok()) Note(AttentionImpl(q, kv, n_tok, pos0, n_head, n_head_kv, head_dim, window, out, p));
 }
 
@@ -593,6 +693,7 @@ absl::Status CudaBackend::ExpertFfnImpl(const model::ExpertWeights &e, const flo
 }
 
 void CudaBackend::ExpertFfn(const model::ExpertWeights &e, const float *x, int64_t n_tok, float *y) {
+  Profile prof(this, "ExpertFfn");
   if (!err_.ok() || n_tok <= 0) return;
   // A routed expert of the VRAM tier: bring it into a slot, compute, mark the slot read.
   Slot *slot = nullptr;
@@ -603,6 +704,209 @@ void CudaBackend::ExpertFfn(const model::ExpertWeights &e, const float *x, int64
   }
   Note(ExpertFfnImpl(e, x, n_tok, y));
   if (slot != nullptr) Note(slot->used.Record(stream_.get()));
+}
+
+}  // namespace strata::cuda
+
+namespace strata::cuda {
+
+absl::Status CudaBackend::BuildTables(const model::ModelWeights &w) {
+  w_ = &w;
+  tables_.clear();
+  tables_.resize(w.layers.size());
+  std::vector<const void *> host;
+  for (size_t l = 0; l < w.layers.size(); ++l) {
+    const auto &ex = w.layers[l].experts;
+    for (size_t x = 0; x < ex.size(); ++x) expert_id_[ex[x].gate.data] = {static_cast<int>(l), static_cast<int>(x)};
+    if (ex.empty()) continue;
+    LayerTable &t = tables_[l];
+    const model::ExpertWeights &e0 = ex[0];
+    auto shape = [](const model::Matrix &m) {
+      return DeviceMatrix{m.codec->id, reinterpret_cast<const void *>(uintptr_t{256}), m.rows, m.cols, m.row_bytes};
+    };
+    auto same = [](const model::Matrix &a, const model::Matrix &b) {
+      return a.tensor != nullptr && a.data != nullptr && a.codec == b.codec && a.rows == b.rows && a.cols == b.cols &&
+             a.row_bytes == b.row_bytes && !NeedsConversion(a);
+    };
+    bool ok = true;
+    std::vector<const void *> g(ex.size()), u(ex.size()), d(ex.size());
+    for (size_t x = 0; x < ex.size() && ok; ++x) {
+      const model::ExpertWeights &e = ex[x];
+      ok = !e.input_major && e.swiglu_limit == 0.f && e.gate_bias.tensor == nullptr && e.up_bias.tensor == nullptr &&
+           e.down_bias.tensor == nullptr && same(e.gate, e0.gate) && same(e.up, e0.up) && same(e.down, e0.down);
+      if (!ok) break;
+      const model::Matrix *parts[3] = {&e.gate, &e.up, &e.down};
+      std::vector<const void *> *cols[3] = {&g, &u, &d};
+      for (int m = 0; m < 3 && ok; ++m) {
+        const void *addr = nullptr;
+        if (regions_.count(e.gate.data) != 0 || slots_.empty()) {
+          auto dm = Resolve(*parts[m]);
+          ok = dm.ok();
+          if (ok) addr = dm->data;
+        } else if (arena_dev_ != nullptr) {
+          addr = arena_dev_ + (parts[m]->data - host_arena_);
+        } else {
+          ok = false;
+        }
+        if (ok) {
+          DeviceMatrix dm = shape(*parts[m]);
+          dm.data = addr;
+          ok = CheckMatrix(dm).ok();  // mapped host bytes must meet the codec's alignment too
+        }
+        (*cols[m])[x] = addr;
+      }
+    }
+    t.ge.gate_shape = shape(e0.gate);
+    t.ge.up_shape = shape(e0.up);
+    t.ge.down_shape = shape(e0.down);
+    t.ge.n_expert = static_cast<int>(ex.size());
+    {  // the check reads no device memory: stand-in table addresses until the tables exist
+      GroupedExperts probe = t.ge;
+      probe.gate = probe.up = probe.down = reinterpret_cast<const void *const *>(uintptr_t{256});
+      ok = ok && CheckGroupedExperts(probe).ok() && t.ge.n_expert <= kRouteMaxExperts;
+    }
+    if (!ok) continue;
+    t.ok = true;
+    t.n_ff = static_cast<int>(e0.gate.rows);
+    t.heat.assign(ex.size(), 0);
+    STRATA_ASSIGN_OR_RETURN(t.hist_done, Event::Create());
+    t.tab_off = host.size();
+    host.insert(host.end(), g.begin(), g.end());
+    host.insert(host.end(), u.begin(), u.end());
+    host.insert(host.end(), d.begin(), d.end());
+  }
+  if (host.empty()) return absl::OkStatus();
+  STRATA_ASSIGN_OR_RETURN(tab_dev_, DeviceBuffer::Allocate(host.size() * sizeof(void *)));
+  STRATA_CUDA_RETURN_IF_ERROR(cudaMemcpy(tab_dev_.data(), host.data(), host.size() * sizeof(void *), cudaMemcpyHostToDevice));
+  for (LayerTable &t : tables_) {
+    if (!t.ok) continue;
+    auto **base = tab_dev_.as<const void *>() + t.tab_off;
+    t.ge.gate = base;
+    t.ge.up = base + t.ge.n_expert;
+    t.ge.down = base + 2 * t.ge.n_expert;
+  }
+  if (!slots_.empty()) {
+    STRATA_ASSIGN_OR_RETURN(hist_, PinnedBuffer::Allocate(w.layers.size() * kDeviceRouteMaxRows * sizeof(int32_t)));
+  }
+  return absl::OkStatus();
+}
+
+model::DeviceTierStats CudaBackend::tier_stats() const {
+  model::DeviceTierStats st;
+  st.slots = static_cast<uint32_t>(slots_.size());
+  st.table_layers = static_cast<uint32_t>(table_layers());
+  st.fills = fills_;
+  st.fill_bytes = fill_bytes_;
+  st.zero_copy = zero_copy_uses_;
+  st.promotions = promotions_;
+  return st;
+}
+
+int CudaBackend::table_layers() const {
+  return static_cast<int>(std::count_if(tables_.begin(), tables_.end(), [](const LayerTable &t) { return t.ok; }));
+}
+
+absl::Status CudaBackend::UpdateTier(int l) {
+  // Promotions whose copies are done enter their tables.
+  for (size_t i = 0; i < pending_fills_.size();) {
+    Slot &sl = slots_[pending_fills_[i]];
+    STRATA_ASSIGN_OR_RETURN(bool done, sl.fill.Done());
+    if (!done) {
+      ++i;
+      continue;
+    }
+    const model::ExpertWeights &e = w_->layers[sl.layer].experts[sl.expert];
+    SetTable(sl.layer, sl.expert, in_slots_[e.gate.data].dev, in_slots_[e.up.data].dev, in_slots_[e.down.data].dev);
+    sl.in_table = true;
+    pending_fills_.erase(pending_fills_.begin() + i);
+  }
+  LayerTable &t = tables_[l];
+  if (t.hist_rows == 0) return absl::OkStatus();
+  STRATA_ASSIGN_OR_RETURN(bool done, t.hist_done.Done());
+  if (!done) return absl::OkStatus();  // the next call looks again
+  const int32_t *sel = hist_.as<int32_t>() + static_cast<size_t>(l) * kDeviceRouteMaxRows;
+  const int64_t rows = t.hist_rows;
+  t.hist_rows = 0;
+  if (++t.uses % 16 == 0) {
+    for (uint32_t &h : t.heat) h >>= 1;
+  }
+  const int n = t.ge.n_expert;
+  std::vector<char> seen(n, 0);
+  int best = -1;
+  for (int64_t i = 0; i < rows; ++i) {
+    const int x = sel[i];
+    if (x < 0 || x >= n) return Errorf(MOE_ERR_INTERNAL, "layer %d routed to expert %d of %d", l, x, n);
+    ++t.heat[x];
+    if (seen[x]) continue;
+    seen[x] = 1;
+    const model::ExpertWeights &e = w_->layers[l].experts[x];
+    auto in = slot_of_.find(e.gate.data);
+    if (in != slot_of_.end() && slots_[in->second].in_table) continue;
+    ++zero_copy_uses_;  // read over the link
+    fill_credit_ += static_cast<double>(slot_bytes_) / 8;
+    if (in == slot_of_.end() && (best < 0 || t.heat[x] > t.heat[best])) best = x;
+  }
+  fill_credit_ = std::min(fill_credit_, 4.0 * static_cast<double>(slot_bytes_));
+  if (best < 0 || fill_credit_ < static_cast<double>(slot_bytes_)) return absl::OkStatus();
+  // The victim: an empty slot, else the coldest settled one; it must be clearly colder than `best`.
+  int v = -1;
+  uint32_t v_heat = 0;
+  for (int i = 0; i < static_cast<int>(slots_.size()); ++i) {
+    const Slot &sl = slots_[i];
+    if (sl.key == nullptr) {
+      v = i;
+      v_heat = 0;
+      break;
+    }
+    if (!sl.in_table) continue;
+    const uint32_t h = tables_[sl.layer].heat.empty() ? 0 : tables_[sl.layer].heat[sl.expert];
+    if (v < 0 || h < v_heat) {
+      v = i;
+      v_heat = h;
+    }
+  }
+  if (v < 0 || (slots_[v].key != nullptr && t.heat[best] < v_heat + 2)) return absl::OkStatus();
+  STRATA_RETURN_IF_ERROR(Evict(v));
+  STRATA_RETURN_IF_ERROR(Fill(v, w_->layers[l].experts[best], l, best));
+  pending_fills_.push_back(v);
+  fill_credit_ -= static_cast<double>(slot_bytes_);
+  ++promotions_;
+  return absl::OkStatus();
+}
+
+bool CudaBackend::RoutedExperts(const model::RoutedExpertsArgs &a) {
+  Profile prof(this, "RoutedExperts");
+  if (!err_.ok() || a.layer < 0 || a.layer >= static_cast<int>(tables_.size())) return false;
+  LayerTable &t = tables_[a.layer];
+  const int k = a.route.k;
+  const int64_t rows = a.n_tok * k;
+  if (!t.ok || rows <= 0 || rows > kDeviceRouteMaxRows || a.route.n_expert != t.ge.n_expert) return false;
+  const bool tiered = !slots_.empty();
+  if (tiered && !Note(UpdateTier(a.layer))) return true;
+  auto ra = ToRouteArgs(a.route);
+  if (!Note(ra.status())) return true;
+  const int n_expert = t.ge.n_expert;
+  const int n_max = static_cast<int>(std::min<int64_t>(rows, n_expert));
+  const int64_t n_embd = t.ge.gate_shape.cols;
+  cudaStream_t s = stream_.get();
+  auto plan = Grow(plan_buf_, GroupPlanInts(a.n_tok, k, n_expert) * sizeof(int32_t));
+  auto hg = Grow(grouped_ws_, static_cast<size_t>(rows) * t.n_ff * sizeof(float));
+  if (!Note(plan.status()) || !Note(hg.status())) return true;
+  int32_t *pl = static_cast<int32_t *>(*plan);
+  float *h = static_cast<float *>(*hg);
+  if (!Note(cuda::Route(*ra, a.logits, a.n_tok, a.sel, a.wts, s)) ||
+      !Note(GroupByExpert(a.sel, a.n_tok, k, n_expert, a.idx, pl, s)) ||
+      !Note(cuda::GatherRows(a.h, n_embd, a.idx, rows, a.xg, s)) ||
+      !Note(GroupedSwiGlu(t.ge, pl, n_max, a.xg, h, s)) ||
+      !Note(GroupedGemv(t.ge.down, t.ge.down_shape, pl, n_max, h, a.yg, s)) ||
+      !Note(cuda::WeightedRowSum(a.yg, a.idx + rows, a.wts, a.n_tok, k, n_embd, a.out, s))) {
+    return true;
+  }
+  if (tiered) {  // the selections come back for the tier's hotness
+    int32_t *dst = hist_.as<int32_t>() + static_cast<size_t>(a.layer) * kDeviceRouteMaxRows;
+    if (Note(CopyAsync(dst, a.sel, rows * sizeof(int32_t), s)) && Note(t.hist_done.Record(s))) t.hist_rows = rows;
+  }
+  return true;
 }
 
 }  // namespace strata::cuda

@@ -5,13 +5,23 @@
 // Download (logits) wait for it. Errors are kept (the first one) and returned by TakeError.
 //
 // VRAM expert tier: when the routed experts do not all fit the budget, they stay in host RAM and
-// run from a fixed set of VRAM slots (allocated once; LRU), each filled on a copy stream through
-// pinned staging buffers when an expert is needed. Events order a slot's refill after the last
-// computation that read it and the computation after the copy. The bytes are the same, so results
-// are bit-identical at any budget.
+// run from a fixed set of VRAM slots (allocated once). The host arena is page-locked and mapped
+// for the device when the driver allows, and then:
+//  - decode batches route on the device (RoutedExperts): each layer has a device table of every
+//    expert's address — its slot when it holds one, else its host bytes, read by the kernels over
+//    PCIe (zero-copy) — so no step waits for the host between layers. The selections come back
+//    after the layer; experts used often (route hotness, halved every 16 uses of the layer) take the
+//    slot of the coldest resident expert, filled on a copy stream within a byte credit of 1/8 of
+//    the bytes read over the link, and the table switches to the slot once the copy is done;
+//  - other batches (prefill, families the grouped kernels do not cover) bring each expert into a
+//    slot on demand (LRU), the compute stream waiting for the copy.
+// Events order a slot's refill after the last computation that read it. The bytes are the same
+// everywhere, so results are bit-identical at any budget.
 #pragma once
 
+#include <chrono>
 #include <map>
+#include <string>
 #include <memory>
 #include <unordered_map>
 #include <vector>
@@ -63,6 +73,12 @@ class CudaBackend final : public model::Backend {
   void Attention(const float *q, const model::KvView &kv, int64_t n_tok, int pos0, int n_head, int n_head_kv,
                  int head_dim, int window, float *out, const model::AttentionParams &p) override;
   void ExpertFfn(const model::ExpertWeights &e, const float *x, int64_t n_tok, float *y) override;
+  bool RoutedExperts(const model::RoutedExpertsArgs &a) override;
+  model::DeviceTierStats tier_stats() const override;
+
+  // Largest batch (tokens x experts per token) RoutedExperts takes; larger ones (prefill) use the
+  // host path, whose products switch to cuBLASLt GEMMs.
+  static constexpr int64_t kDeviceRouteMaxRows = 512;
 
   // Bytes of VRAM the weights took at creation (expert slots included).
   size_t weight_bytes() const { return weight_bytes_; }
@@ -71,6 +87,11 @@ class CudaBackend final : public model::Backend {
   // Slot fills so far and the bytes they copied host -> device.
   uint64_t expert_fills() const { return fills_; }
   uint64_t expert_fill_bytes() const { return fill_bytes_; }
+  // Layers whose routed experts run from device tables (RoutedExperts); expert uses read over the
+  // link from mapped host memory (zero-copy) and slot promotions made from route hotness.
+  int table_layers() const;
+  uint64_t zero_copy_uses() const { return zero_copy_uses_; }
+  uint64_t promotions() const { return promotions_; }
 
  private:
   CudaBackend() = default;
@@ -84,9 +105,23 @@ class CudaBackend final : public model::Backend {
   };
   struct Slot {
     const uint8_t *key = nullptr;   // the host gate bytes of the expert it holds
+    int layer = -1, expert = -1;
     std::vector<const uint8_t *> parts;
     uint64_t last_use = 0;
     Event used;                     // recorded after each computation that reads the slot
+    Event fill;                     // the last fill's copies are done
+    bool in_table = false;          // the layer's device table points at the slot
+  };
+  // A layer's routed experts as device tables (gate, up and down addresses of every expert).
+  struct LayerTable {
+    bool ok = false;
+    GroupedExperts ge;
+    int n_ff = 0;
+    size_t tab_off = 0;             // index of its first entry in tab_dev_
+    std::vector<uint32_t> heat;     // route hotness per expert
+    uint32_t uses = 0;              // RoutedExperts calls, for the decay
+    int64_t hist_rows = 0;          // selections of the last call in hist_ (0: none pending)
+    Event hist_done;
   };
   struct DeviceVec {
     int64_t n = 0;
@@ -99,7 +134,24 @@ class CudaBackend final : public model::Backend {
   static uint64_t DeviceBytes(const model::Matrix &m);
   // The slot holding e, filled from host memory first when it holds another expert.
   absl::StatusOr<Slot *> SlotFor(const model::ExpertWeights &e);
+  // Empties slot v: its expert's table entries go back to the host bytes (ordered on the compute
+  // stream) and the slot's `used` event is recorded after them.
+  absl::Status Evict(int v);
+  // Queues the copy of e (layer l, expert x) into slot v on the copy stream, after the slot's last
+  // use; records slot.fill. `direct`: from the page-locked arena, else through staging.
+  absl::Status Fill(int v, const model::ExpertWeights &e, int l, int x);
+  // Points layer l's table entries for expert x at `parts` (gate, up, down device addresses), on
+  // the compute stream.
+  void SetTable(int l, int x, const void *gate, const void *up, const void *down);
+  // The mapped host addresses of expert x of layer l (zero-copy).
+  void HostTable(int l, int x);
+  // Builds the per-layer device tables after adoption.
+  absl::Status BuildTables(const model::ModelWeights &w);
+  // Before layer l's RoutedExperts: finished promotions enter the tables; the last call's selections
+  // update hotness and may start promotions.
+  absl::Status UpdateTier(int l);
   absl::StatusOr<DeviceMatrix> Resolve(const model::Matrix &w) const;
+  absl::StatusOr<RouteArgs> ToRouteArgs(const model::RouteParams &p) const;
   absl::StatusOr<const float *> Resolve(const float *host_vec) const;
   absl::Status MatMulDevice(const DeviceMatrix &w, const float *x, int64_t n_tok, float *y);
   absl::Status ExpertFfnImpl(const model::ExpertWeights &e, const float *x, int64_t n_tok, float *y);
@@ -108,6 +160,22 @@ class CudaBackend final : public model::Backend {
   // A device scratch buffer of at least `bytes`, grown (after the stream drains) when smaller.
   absl::StatusOr<void *> Grow(DeviceBuffer &b, size_t bytes);
   absl::StatusOr<void *> GrowPinned(PinnedBuffer &b, size_t bytes);
+  // STRATA_CUDA_PROFILE=1 (a diagnostic, not for production): each outermost operation waits for
+  // the device, and its wall time is added to a table printed to stderr when the backend is
+  // destroyed — where a step's time goes, launch and execution together.
+  class Profile {
+   public:
+    Profile(CudaBackend *be, const char *op);
+    ~Profile();
+
+   private:
+    CudaBackend *be_;
+    const char *op_;
+    std::chrono::steady_clock::time_point t0_;
+  };
+  bool profile_ = false;
+  int profile_depth_ = 0;
+  std::map<std::string, std::pair<double, uint64_t>> profile_table_;
   bool Note(absl::Status s) {
     if (!s.ok() && err_.ok()) err_ = std::move(s);
     return err_.ok();
@@ -121,6 +189,7 @@ class CudaBackend final : public model::Backend {
   std::map<const uint8_t *, Region> regions_;        // resident matrices, keyed by host start
   std::unordered_map<const uint8_t *, Region> in_slots_;  // matrices of experts now in slots
   std::unordered_map<const uint8_t *, int> slot_of_;  // host gate bytes -> slot
+  std::unordered_map<const uint8_t *, std::pair<int, int>> expert_id_;  // host gate bytes -> (layer, expert)
   std::vector<Slot> slots_;
   uint64_t slot_bytes_ = 0, use_clock_ = 0, fills_ = 0, fill_bytes_ = 0;
   // Pinned bounce buffers for the forward pass's small transfers (inputs, expert groups, routing
@@ -135,8 +204,23 @@ class CudaBackend final : public model::Backend {
   // With the VRAM tier, the host arena is registered with the driver (page-locked) when it allows:
   // a slot fill of unconverted bytes is then DMA straight from the arena, no staging copy.
   bool arena_registered_ = false;
-  Event filled_;                                     // the last direct fill's copies are done
   std::map<const float *, DeviceVec> vecs_;         // keyed by host values.data()
+  // Device tables for RoutedExperts: per layer [gate x n_expert | up x n_expert | down x n_expert].
+  const model::ModelWeights *w_ = nullptr;
+  std::vector<LayerTable> tables_;
+  DeviceBuffer tab_dev_, plan_buf_, grouped_ws_;
+  const uint8_t *arena_dev_ = nullptr;               // the arena's device address when mapped
+  PinnedBuffer hist_;                                // (n_layer, kDeviceRouteMaxRows) last selections
+  std::vector<int> pending_fills_;                   // slots filled but not yet in their table
+  double fill_credit_ = 0;                           // bytes promotions may still copy
+  uint64_t zero_copy_uses_ = 0, promotions_ = 0;
+  // Upload ring: pinned segments reused once the copies from their previous lap are done.
+  static constexpr size_t kRingSegment = size_t{256} << 10;
+  static constexpr int kRingSegments = 16;
+  PinnedBuffer ring_;
+  Event ring_done_[kRingSegments];
+  int ring_seg_ = 0;
+  size_t ring_off_ = 0;
   DeviceBuffer mm_ws_, ffn_ws_, deq_ws_, sel_dev_, kv_tab_;
   size_t weight_bytes_ = 0;
   absl::Status err_;

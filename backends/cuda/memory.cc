@@ -129,6 +129,16 @@ absl::Status Event::Synchronize() const {
   return absl::OkStatus();
 }
 
+absl::StatusOr<bool> Event::Done() const {
+  const cudaError_t e = cudaEventQuery(e_);
+  if (e == cudaErrorNotReady) {
+    (void)cudaGetLastError();  // not an error: clear it
+    return false;
+  }
+  STRATA_CUDA_RETURN_IF_ERROR(e);
+  return true;
+}
+
 absl::StatusOr<float> Event::ElapsedMs(const Event &start, const Event &end) {
   float ms = 0.f;
   STRATA_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, start.e_, end.e_));

@@ -104,6 +104,8 @@ class Event {
   cudaEvent_t get() const { return e_; }
   absl::Status Record(cudaStream_t stream) const;
   absl::Status Synchronize() const;
+  // Whether the work before the event's last record has finished (true for a never-recorded event).
+  absl::StatusOr<bool> Done() const;
   // Milliseconds between two completed timing events.
   static absl::StatusOr<float> ElapsedMs(const Event &start, const Event &end);
   void Reset();

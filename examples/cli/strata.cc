@@ -304,14 +304,19 @@ std::string StatsJson(moe_ctx *ctx) {
                 "{\"streaming\":%u,\"expert_hits\":%llu,\"expert_misses\":%llu,\"bytes_read\":%llu,"
                 "\"io_wait_s\":%.6f,\"prefetch_issued\":%llu,\"prefetch_useful\":%llu,\"evictions\":%llu,"
                 "\"cache_slots\":%u,\"cache_slot_bytes\":%llu,\"memory_locked\":%u,\"load_errors\":%llu,"
-                "\"prefetch_skipped\":%llu,\"prefetch_precision\":%.4f}",
+                "\"prefetch_skipped\":%llu,\"prefetch_precision\":%.4f,\"vram_expert_slots\":%u,"
+                "\"vram_device_layers\":%u,\"vram_fills\":%llu,\"vram_fill_bytes\":%llu,\"vram_zero_copy\":%llu,"
+                "\"vram_promotions\":%llu}",
                 st.streaming, static_cast<unsigned long long>(st.expert_hits),
                 static_cast<unsigned long long>(st.expert_misses), static_cast<unsigned long long>(st.bytes_read),
                 st.io_wait_s, static_cast<unsigned long long>(st.prefetch_issued),
                 static_cast<unsigned long long>(st.prefetch_useful), static_cast<unsigned long long>(st.evictions),
                 st.cache_slots, static_cast<unsigned long long>(st.cache_slot_bytes), st.memory_locked,
                 static_cast<unsigned long long>(st.load_errors),
-                static_cast<unsigned long long>(st.prefetch_skipped), st.prefetch_precision);
+                static_cast<unsigned long long>(st.prefetch_skipped), st.prefetch_precision, st.vram_expert_slots,
+                st.vram_device_layers, static_cast<unsigned long long>(st.vram_fills),
+                static_cast<unsigned long long>(st.vram_fill_bytes), static_cast<unsigned long long>(st.vram_zero_copy),
+                static_cast<unsigned long long>(st.vram_promotions));
   return buf;
 }
 
@@ -817,11 +822,17 @@ int CmdBench(const Args &a) {
   const int64_t n_tok = n * static_cast<int64_t>(n_sess);  // decode tokens of all sessions
   const double bytes_per_tok = n_tok > 0 ? static_cast<double>(dec.bytes_read) / n_tok : 0.0;
   const size_t n_prefill = prompt.size() * n_sess;
+  // Bytes over the host-device link per decode token: slot fills plus experts the GPU read in place.
+  const double link_per_tok =
+      n_tok > 0 ? (static_cast<double>(dec.vram_fill_bytes) +
+                   static_cast<double>(dec.vram_zero_copy) * static_cast<double>(dec.cache_slot_bytes)) / n_tok
+                : 0.0;
   if (a.json) {
     std::printf("{\"model\":\"%s\",\"sessions\":%zu,\"load_s\":%.3f,\"ram_budget_bytes\":%llu,\"ram_expert_slots\":%u,"
                 "\"routed_experts\":%u,\"prefill_tokens\":%zu,\"prefill_tok_s\":%.3f,\"decode_tokens\":%lld,"
                 "\"decode_tok_s\":%.3f,\"decode_hit_rate\":%.4f,\"decode_bytes_read_per_token\":%.0f,"
-                "\"decode_io_wait_s\":%.4f,\"prefill_bytes_read\":%llu,\"prefill_hit_rate\":%.4f,\"stats\":%s}\n",
+                "\"decode_io_wait_s\":%.4f,\"prefill_bytes_read\":%llu,\"prefill_hit_rate\":%.4f,"
+                "\"decode_link_bytes_per_token\":%.0f,\"stats\":%s}\n",
                 model.c_str(), n_sess, secs(t0, t1), static_cast<unsigned long long>(plan.ram_budget_bytes),
                 plan.ram_expert_slots, plan.n_routed_experts, n_prefill, n_prefill / pre_s,
                 static_cast<long long>(n_tok), n_tok / dec_s, hit_rate, bytes_per_tok, dec.io_wait_s,
@@ -829,7 +840,7 @@ int CmdBench(const Args &a) {
                 prefill.expert_hits + prefill.expert_misses
                     ? static_cast<double>(prefill.expert_hits) / (prefill.expert_hits + prefill.expert_misses)
                     : 1.0,
-                StatsJson(ctx.c).c_str());
+                link_per_tok, StatsJson(ctx.c).c_str());
   } else {
     std::printf("model            %s\n", model.c_str());
     std::printf("load             %.2f s\n", secs(t0, t1));
@@ -848,6 +859,13 @@ int CmdBench(const Args &a) {
                 static_cast<unsigned long long>(dec.prefetch_issued),
                 static_cast<unsigned long long>(dec.prefetch_useful),
                 static_cast<unsigned long long>(dec.prefetch_skipped), 100 * dec.prefetch_precision);
+    if (dec.vram_device_layers > 0 || dec.vram_expert_slots > 0) {
+      std::printf("VRAM tier        %u slots, %u layers routed on the GPU, %.2f MiB/token over the link "
+                  "(%llu fills, %llu promotions, %llu zero-copy uses)\n",
+                  dec.vram_expert_slots, dec.vram_device_layers, link_per_tok / 1048576.0,
+                  static_cast<unsigned long long>(dec.vram_fills), static_cast<unsigned long long>(dec.vram_promotions),
+                  static_cast<unsigned long long>(dec.vram_zero_copy));
+    }
   }
   PrintStatsIf(a, ctx.c);
   return 0;

@@ -280,6 +280,13 @@ typedef struct moe_stats {
    * measured share of predictions of non-resident experts that their layer then selected. */
   uint64_t prefetch_skipped;
   double prefetch_precision;
+  /* Since 0.3: the CUDA backend's VRAM expert tier. */
+  uint32_t vram_expert_slots;  /* experts the VRAM slots hold (0: every routed expert in VRAM, or no GPU) */
+  uint32_t vram_device_layers; /* MoE layers routed and grouped on the GPU (no host wait per layer) */
+  uint64_t vram_fills;         /* experts copied into VRAM slots */
+  uint64_t vram_fill_bytes;
+  uint64_t vram_zero_copy;     /* expert uses the GPU read from page-locked RAM over the link */
+  uint64_t vram_promotions;    /* fills started by route hotness */
 } moe_stats;
 
 static inline void moe_stats_init(moe_stats *p) {

@@ -379,6 +379,12 @@ moe_status moe_ctx_stats(const moe_ctx *ctx, moe_stats *out) {
     st.direct_reads = cs.cache.direct_reads;
     st.prefetch_skipped = cs.cache.prefetch_skipped;
     st.prefetch_precision = cs.cache.prefetch_precision;
+    st.vram_expert_slots = cs.device.slots;
+    st.vram_device_layers = cs.device.table_layers;
+    st.vram_fills = cs.device.fills;
+    st.vram_fill_bytes = cs.device.fill_bytes;
+    st.vram_zero_copy = cs.device.zero_copy;
+    st.vram_promotions = cs.device.promotions;
     std::memcpy(out, &st, std::min<size_t>(out->struct_size, sizeof st));
     return MOE_OK;
   });

@@ -112,6 +112,32 @@ class Buffer {
   size_t bytes_ = 0;
 };
 
+// The routed-expert block of a MoE layer run entirely in backend memory (Backend::RoutedExperts).
+struct RoutedExpertsArgs {
+  int layer = 0;
+  const LayerWeights *weights = nullptr;  // the layer's experts (their host addresses name them)
+  RouteParams route;
+  const float *logits = nullptr;  // (n_tok, n_expert) router output
+  const float *h = nullptr;       // (n_tok, n_embd) normalised input
+  int64_t n_tok = 0;
+  // Backend memory the forward pass lends: sel (n_tok, k) receives the selections (read back after
+  // the pass for accounting); wts (n_tok, k), xg and yg (n_tok k, n_embd), idx (2 n_tok k) scratch.
+  int32_t *sel = nullptr;
+  float *wts = nullptr, *xg = nullptr, *yg = nullptr;
+  int32_t *idx = nullptr;
+  float *out = nullptr;           // (n_tok, n_embd)
+};
+
+// What a device backend's expert tier has done since it was made (zeros without one).
+struct DeviceTierStats {
+  uint32_t slots = 0;          // expert slots in device memory (0: every routed expert resident)
+  uint32_t table_layers = 0;   // MoE layers whose experts are routed and grouped on the device
+  uint64_t fills = 0;          // experts copied into slots
+  uint64_t fill_bytes = 0;
+  uint64_t zero_copy = 0;      // expert uses read by the kernels from host memory over the link
+  uint64_t promotions = 0;     // fills started by route hotness
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -179,6 +205,14 @@ class Backend {
   // group of tokens; act is silu(g) * u, or gpt-oss's clamped form when e.swiglu_limit > 0; an
   // input-major expert (e.input_major) is computed from its fused gate/up block.
   virtual void ExpertFfn(const ExpertWeights &e, const float *x, int64_t n_tok, float *y) = 0;
+
+  // Optional: routes, groups and runs a.layer's routed experts without the host seeing the
+  // selections (a device backend avoids one wait per layer), with the numbers of the host path
+  // (Route, grouping by expert, ExpertFfn per group, WeightedRowSum); a.sel keeps the selections.
+  // Returns false, having queued nothing, when the backend cannot run this layer or batch that way.
+  virtual bool RoutedExperts(const RoutedExpertsArgs &a) { return false; }
+
+  virtual DeviceTierStats tier_stats() const { return {}; }
 };
 
 }  // namespace strata::model

@@ -375,6 +375,7 @@ struct Scratch {
   // experts
   float *router = nullptr, *wts = nullptr, *xg = nullptr, *yg = nullptr, *sh = nullptr, *shg = nullptr;
   int32_t *idx = nullptr;                   // (2, T * K) gather rows, then each slot's grouped row
+  int32_t *sel = nullptr;                   // (n_layer, T * K) selections routed in backend memory
   // output head
   float *xo = nullptr, *logits = nullptr;
 };
@@ -414,6 +415,7 @@ size_t Lay(const HParams &hp, int64_t T, int64_t n_out, void *base, Scratch *s) 
     s->xg = c.Take<float>(T * K * D);
     s->yg = c.Take<float>(T * K * D);
     s->idx = c.Take<int32_t>(2 * T * K);
+    s->sel = c.Take<int32_t>(static_cast<int64_t>(hp.n_layer) * T * K);
   }
   s->sh = c.Take<float>(T * D);
   s->shg = c.Take<float>(T);
@@ -435,18 +437,27 @@ void WriteKvRows(Backend &be, const KvView &kv, bool values, int pos0, int64_t T
   }
 }
 
-// Self-attention of layer l over T new tokens of one sequence at positions pos0..pos0+T-1 (pos, in
-// backend memory): h (T, D) is the normalised layer input, o (T, D) receives the output
-// projection. The tokens' K/V rows are written into the sequence's cache first.
-void LatentAttention(const HParams &hp, const LayerWeights &L, int l, Backend &be, KvCache &kv, const float *h,
-                     int64_t T, int pos0, const int32_t *pos, const Scratch &S, float *o);
+// The rows of one sequence in the batch: rows [row0, row0 + n) at positions pos0.. of its cache.
+struct SeqRows {
+  KvCache *kv = nullptr;
+  int64_t row0 = 0, n = 0;
+  int pos0 = 0;
+};
 
-void SelfAttention(const HParams &hp, const LayerWeights &L, int l, Backend &be, KvCache &kv, const float *h,
-                   int64_t T, int pos0, const int32_t *pos, const Scratch &S, float *o) {
+// Self-attention of layer l over the T new rows of every sequence (positions in S.pos, backend
+// memory): h (T, D) is the normalised layer input, o (T, D) receives the output projection. The
+// projections, norms and rotations run over all T rows at once; each sequence then writes its K/V
+// rows into its own cache and attends over it.
+void LatentAttention(const HParams &hp, const LayerWeights &L, int l, Backend &be, const std::vector<SeqRows> &seqs,
+                     const float *h, int64_t T, const Scratch &S, float *o);
+
+void SelfAttention(const HParams &hp, const LayerWeights &L, int l, Backend &be, const std::vector<SeqRows> &seqs,
+                   const float *h, int64_t T, const Scratch &S, float *o) {
   if (hp.mla) {
-    LatentAttention(hp, L, l, be, kv, h, T, pos0, pos, S, o);
+    LatentAttention(hp, L, l, be, seqs, h, T, S, o);
     return;
   }
+  const int32_t *pos = S.pos;
   const int64_t D = hp.n_embd, QD = hp.q_dim(), KVD = hp.kv_dim();
   float *q = S.q, *k = S.k, *v = S.v, *att = S.att;
   be.MatMul(L.wq, h, T, q);  // q (T, n_head * head_dim)
@@ -468,13 +479,16 @@ void SelfAttention(const HParams &hp, const LayerWeights &L, int l, Backend &be,
   const RopeParams rp = RopeParamsFor(hp, inv_freq);
   be.Rope(q, T, hp.n_head, hp.head_dim, pos, hp.rope_theta, hp.rope_style, rp);
   be.Rope(k, T, hp.n_head_kv, hp.head_dim, pos, hp.rope_theta, hp.rope_style, rp);
-  KvView cache = kv.layer(l);
-  WriteKvRows(be, cache, false, pos0, T, k, KVD, 0, KVD);
-  WriteKvRows(be, cache, true, pos0, T, v, KVD, 0, KVD);
   AttentionParams ap;
   ap.scale = hp.attn_scale;
   if (L.sinks.tensor != nullptr) ap.sinks = L.sinks.values.data();
-  be.Attention(q, cache, T, pos0, hp.n_head, hp.n_head_kv, hp.head_dim, kv.WindowFor(hp, l), att, ap);
+  for (const SeqRows &sq : seqs) {
+    KvView cache = sq.kv->layer(l);
+    WriteKvRows(be, cache, false, sq.pos0, sq.n, k + sq.row0 * KVD, KVD, 0, KVD);
+    WriteKvRows(be, cache, true, sq.pos0, sq.n, v + sq.row0 * KVD, KVD, 0, KVD);
+    be.Attention(q + sq.row0 * QD, cache, sq.n, sq.pos0, hp.n_head, hp.n_head_kv, hp.head_dim,
+                 sq.kv->WindowFor(hp, l), att + sq.row0 * QD, ap);
+  }
   be.MatMul(L.wo, att, T, o);  // o (T, D)
   if (hp.attn_out_bias) be.AddBias(o, T, D, L.bo.values.data());
 }
@@ -484,8 +498,9 @@ void SelfAttention(const HParams &hp, const LayerWeights &L, int l, Backend &be,
 // rotated shared RoPE key (qk_rope_dim); each head's query is taken into the latent space
 // (q_nope · W_UK[h]), attention runs over the latent rows as one shared key/value head, and the
 // result leaves the latent space through W_UV[h]. Never expands per-head keys or values.
-void LatentAttention(const HParams &hp, const LayerWeights &L, int l, Backend &be, KvCache &kv, const float *h,
-                     int64_t T, int pos0, const int32_t *pos, const Scratch &S, float *o) {
+void LatentAttention(const HParams &hp, const LayerWeights &L, int l, Backend &be, const std::vector<SeqRows> &seqs,
+                     const float *h, int64_t T, const Scratch &S, float *o) {
+  const int32_t *pos = S.pos;
   const int64_t H = hp.n_head, QK = hp.head_dim, NOPE = hp.qk_nope_dim, ROPE = hp.qk_rope_dim;
   const int64_t R = hp.kv_lora_rank, V = hp.v_head_dim, W = R + ROPE;
   // q (T, H, QK): per head qk_nope_dim plain dims then qk_rope_dim rotated ones.
@@ -508,9 +523,11 @@ void LatentAttention(const HParams &hp, const LayerWeights &L, int l, Backend &b
   const RopeParams rp = RopeParamsFor(hp, inv_freq);
   be.Rope(S.kpe, T, 1, static_cast<int>(ROPE), pos, hp.rope_theta, hp.rope_style, rp);
   be.Rope(S.qpe, T, static_cast<int>(H), static_cast<int>(ROPE), pos, hp.rope_theta, hp.rope_style, rp);
-  KvView cache = kv.layer(l);
-  WriteKvRows(be, cache, false, pos0, T, S.c, R, 0, R);
-  WriteKvRows(be, cache, false, pos0, T, S.kpe, ROPE, R, ROPE);
+  for (const SeqRows &sq : seqs) {
+    KvView cache = sq.kv->layer(l);
+    WriteKvRows(be, cache, false, sq.pos0, sq.n, S.c + sq.row0 * R, R, 0, R);
+    WriteKvRows(be, cache, false, sq.pos0, sq.n, S.kpe + sq.row0 * ROPE, ROPE, R, ROPE);
+  }
   // qlat (T, H, R + ROPE) = [q_nope[h] · W_UK[h] | q_pe[h]]
   const bool fused = L.wkv_b.tensor != nullptr;
   for (int64_t hh = 0; hh < H; ++hh) {
@@ -528,7 +545,10 @@ void LatentAttention(const HParams &hp, const LayerWeights &L, int l, Backend &b
   ap.scale = hp.attn_scale;
   ap.latent = true;
   ap.v_dim = static_cast<int>(R);
-  be.Attention(S.qlat, cache, T, pos0, static_cast<int>(H), 1, static_cast<int>(W), kv.WindowFor(hp, l), S.att, ap);
+  for (const SeqRows &sq : seqs) {
+    be.Attention(S.qlat + sq.row0 * H * W, sq.kv->layer(l), sq.n, sq.pos0, static_cast<int>(H), 1,
+                 static_cast<int>(W), sq.kv->WindowFor(hp, l), S.att + sq.row0 * H * R, ap);
+  }
   for (int64_t hh = 0; hh < H; ++hh) {
     be.CopyRows(S.ah, R, S.att + hh * R, H * R, T, R);  // ah (T, R)
     // W_UV[h] (V, R): rows [h (NOPE + V) + NOPE, + V) of kv_b, or slice h of v_b
@@ -544,17 +564,42 @@ void LatentAttention(const HParams &hp, const LayerWeights &L, int l, Backend &b
 // distinct selected expert into one contiguous group (expert by expert, ascending), runs each
 // expert once over its group, sums each token's slots in slot order, and adds the shared
 // expert(s). The host sees the selections (one download per layer) to group tokens and to drive
-// the ExpertSource; the activations stay in backend memory.
+// the ExpertSource; the activations stay in backend memory. When the source hands out resident
+// weights and the backend can route and group by itself (RoutedExperts), the host sees nothing
+// during the pass: *on_backend is set and the selections stay in S.sel for the accounting after it.
+void AddShared(const HParams &hp, const LayerWeights &L, Backend &be, const float *h, int64_t T, const Scratch &S,
+               float *o);
+
 absl::Status FeedForward(const HParams &hp, const LayerWeights &L, int l, Backend &be, ExpertSource *source,
-                         const float *h, int64_t T, const Scratch &S, float *o) {
+                         const float *h, int64_t T, const Scratch &S, float *o, bool *on_backend) {
   const int64_t D = hp.n_embd, K = hp.n_expert_used;
   if (hp.is_dense(l)) {
     be.ExpertFfn(L.dense, h, T, o);
     return absl::OkStatus();
   }
-  std::vector<int32_t> sel(T * K);
   be.MatMul(L.router, h, T, S.router);  // router (T, n_expert)
   if (L.router_bias.tensor != nullptr) be.AddBias(S.router, T, hp.n_expert, L.router_bias.values.data());
+  if (source == nullptr || source->resident()) {
+    RoutedExpertsArgs ra;
+    ra.layer = l;
+    ra.weights = &L;
+    ra.route = RouteParamsFor(hp, L.expert_select_bias);
+    ra.logits = S.router;
+    ra.h = h;
+    ra.n_tok = T;
+    ra.sel = S.sel + static_cast<int64_t>(l) * T * K;
+    ra.wts = S.wts;
+    ra.xg = S.xg;
+    ra.yg = S.yg;
+    ra.idx = S.idx;
+    ra.out = o;
+    if (be.RoutedExperts(ra)) {
+      *on_backend = true;
+      AddShared(hp, L, be, h, T, S, o);
+      return absl::OkStatus();
+    }
+  }
+  std::vector<int32_t> sel(T * K);
   be.Route(RouteParamsFor(hp, L.expert_select_bias), S.router, T, sel.data(), S.wts);
   STRATA_RETURN_IF_ERROR(be.TakeError());
   if (source != nullptr) source->OnRoute(l, h, T, sel.data(), static_cast<int>(K));
@@ -592,7 +637,14 @@ absl::Status FeedForward(const HParams &hp, const LayerWeights &L, int l, Backen
   if (source != nullptr) source->Release(l, used);
   // o (T, D) = sum over slots of weight * expert output.
   be.WeightedRowSum(S.yg, S.idx + T * K, S.wts, T, static_cast<int>(K), D, o);
-  // --- shared expert(s): resident, every token ---
+  AddShared(hp, L, be, h, T, S, o);
+  return absl::OkStatus();
+}
+
+// o (T, D) += the shared expert(s) over every token (resident), gated when the family gates them.
+void AddShared(const HParams &hp, const LayerWeights &L, Backend &be, const float *h, int64_t T, const Scratch &S,
+               float *o) {
+  const int64_t D = hp.n_embd;
   if (L.shared.present()) {
     be.ExpertFfn(L.shared, h, T, S.sh);
     if (L.shared_gate.tensor != nullptr) {
@@ -600,6 +652,38 @@ absl::Status FeedForward(const HParams &hp, const LayerWeights &L, int l, Backen
       be.SigmoidScaleRows(S.sh, S.shg, T, D);
     }
     be.Add(o, S.sh, T * D);
+  }
+}
+
+// The accounting of layers whose experts were routed in backend memory: the source hears of each
+// layer's selections and uses, in layer order, as the host path would have told it during the pass.
+absl::Status ReportRouted(const HParams &hp, Backend &be, ExpertSource *source,
+                          const std::vector<char> &routed, const Scratch &S, int64_t T) {
+  if (source == nullptr || std::none_of(routed.begin(), routed.end(), [](char r) { return r != 0; })) {
+    return absl::OkStatus();
+  }
+  const int64_t K = hp.n_expert_used;
+  std::vector<int32_t> sel(static_cast<size_t>(hp.n_layer) * T * K);
+  be.Download(sel.data(), S.sel, sel.size() * sizeof(int32_t));
+  STRATA_RETURN_IF_ERROR(be.TakeError());
+  std::vector<const ExpertWeights *> ew;
+  for (int l = 0; l < hp.n_layer; ++l) {
+    if (!routed[l]) continue;
+    const int32_t *ls = sel.data() + static_cast<int64_t>(l) * T * K;
+    source->OnRoute(l, nullptr, T, ls, static_cast<int>(K));
+    std::vector<char> seen(hp.n_expert, 0);
+    for (int64_t i = 0; i < T * K; ++i) {
+      if (ls[i] < 0 || ls[i] >= hp.n_expert) {
+        return Errorf(MOE_ERR_INTERNAL, "layer %d routed to expert %d of %d", l, ls[i], hp.n_expert);
+      }
+      seen[ls[i]] = 1;
+    }
+    std::vector<int32_t> used;
+    for (int e = 0; e < hp.n_expert; ++e) {
+      if (seen[e]) used.push_back(e);
+    }
+    STRATA_RETURN_IF_ERROR(source->Acquire(l, used, &ew));
+    source->Release(l, used);
   }
   return absl::OkStatus();
 }
@@ -665,17 +749,20 @@ absl::Status Forward(const HParams &hp, const ModelWeights &w, Backend &be, cons
   be.Upload(S.tok, tok_pos.data(), tok_pos.size() * sizeof(int32_t));
   be.GetRows(w.tok_embd, S.tok, T, S.x);  // x (T, D): every sequence's rows in order
 
+  std::vector<SeqRows> seq_rows;
+  for (size_t s = 0; s < n_seq; ++s) {
+    seq_rows.push_back(SeqRows{a.seqs[s].kv, row0[s], a.seqs[s].n_tok, a.seqs[s].pos0});
+  }
+  std::vector<char> routed_on_backend(hp.n_layer, 0);
   for (int l = 0; l < hp.n_layer; ++l) {
     const LayerWeights &L = w.layers[l];
     be.RmsNorm(S.x, L.attn_norm.values.data(), T, D, hp.rms_eps, S.h);
-    for (size_t s = 0; s < n_seq; ++s) {  // attention: each sequence over its own cache
-      const SequenceArgs &q = a.seqs[s];
-      SelfAttention(hp, L, l, be, *q.kv, S.h + row0[s] * D, q.n_tok, q.pos0, S.pos + row0[s], S,
-                    S.o + row0[s] * D);
-    }
+    SelfAttention(hp, L, l, be, seq_rows, S.h, T, S, S.o);
     be.Add(S.x, S.o, T * D);
     be.RmsNorm(S.x, L.ffn_norm.values.data(), T, D, hp.rms_eps, S.h);
-    STRATA_RETURN_IF_ERROR(FeedForward(hp, L, l, be, a.experts, S.h, T, S, S.o));  // all tokens at once
+    bool routed = false;
+    STRATA_RETURN_IF_ERROR(FeedForward(hp, L, l, be, a.experts, S.h, T, S, S.o, &routed));  // all tokens at once
+    routed_on_backend[l] = routed;
     be.Add(S.x, S.o, T * D);
     STRATA_RETURN_IF_ERROR(be.TakeError());
   }
@@ -692,6 +779,7 @@ absl::Status Forward(const HParams &hp, const ModelWeights &w, Backend &be, cons
   std::vector<float> all(n_out * hp.n_vocab);
   be.Download(all.data(), S.logits, all.size() * sizeof(float));
   STRATA_RETURN_IF_ERROR(be.TakeError());
+  STRATA_RETURN_IF_ERROR(ReportRouted(hp, be, a.experts, routed_on_backend, S, T));
   logits->resize(n_seq);
   done = 0;
   for (size_t s = 0; s < n_seq; ++s) {

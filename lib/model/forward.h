@@ -135,7 +135,12 @@ class ExpertSource {
   virtual ~ExpertSource() = default;
   // `h` (n_tok, n_embd): the normalised input of layer l's experts, in the backend's memory; `selected` (n_tok * k) the
   // expert ids chosen for each token.
+  // `h` is null when the selections were made in backend memory and are reported after the pass
+  // (only for a resident() source).
   virtual void OnRoute(int layer, const float *h, int64_t n_tok, const int32_t *selected, int k) {}
+  // True when Acquire hands out the layer's own resident weights and cannot fail: the forward pass
+  // may then run experts before asking and report OnRoute / Acquire / Release after the pass.
+  virtual bool resident() const { return false; }
   // out[i] receives the weights of experts[i], valid until Release(layer, experts). On failure
   // nothing stays acquired and Release is not called.
   virtual absl::Status Acquire(int layer, const std::vector<int32_t> &experts,

@@ -248,6 +248,7 @@ class CountingExperts final : public model::ExpertSource {
     return absl::OkStatus();
   }
   void Release(int layer, const std::vector<int32_t> &experts) override { inner_->Release(layer, experts); }
+  bool resident() const override { return !layer_major && inner_->resident(); }
 
  private:
   model::ExpertSource *inner_;
@@ -271,6 +272,7 @@ class ResidentExperts final : public model::ExpertSource {
     return absl::OkStatus();
   }
   void Release(int, const std::vector<int32_t> &) override {}
+  bool resident() const override { return true; }
 
  private:
   const model::ModelWeights &w_;
@@ -510,6 +512,12 @@ ContextStats Context::Stats() const {
     st.cache.n_slots = plan_.n_routed_experts;
     st.cache.slot_bytes = table_->slot_bytes();
   }
+  std::lock_guard<std::mutex> lk(const_cast<std::mutex &>(mu_));
+  st.device = backend_->tier_stats();
+  st.device.fills -= device_base_.fills;
+  st.device.fill_bytes -= device_base_.fill_bytes;
+  st.device.zero_copy -= device_base_.zero_copy;
+  st.device.promotions -= device_base_.promotions;
   return st;
 }
 
@@ -524,6 +532,7 @@ void Context::ResetStats() {
   std::fill(expert_counts_.begin(), expert_counts_.end(), 0);
   resident_hits_ = 0;
   std::fill(resident_layer_hits_.begin(), resident_layer_hits_.end(), 0);
+  device_base_ = backend_->tier_stats();
 }
 
 absl::Status Session::Feed(const int32_t *tokens, size_t n) {

@@ -61,6 +61,7 @@ inline constexpr int kDefaultPrefillLayerMin = 1 << 30;
 struct ContextStats {
   bool streaming = false;        // routed experts stream from the file through the RAM cache
   store::CacheStats cache;       // hits are RAM-tier hits; misses were read from the file
+  model::DeviceTierStats device; // the device backend's VRAM tier (counters since the last reset)
 };
 
 struct SessionOptions {
@@ -216,6 +217,7 @@ class Context {
   model::ModelWeights weights_;
   model::WeightStore store_;
   std::unique_ptr<model::Backend> backend_;
+  model::DeviceTierStats device_base_;  // the backend's counters at the last reset
   std::unique_ptr<model::Buffer> workspace_;  // the forward pass's activations, grown on demand
   store::CachePlan plan_;
   std::unique_ptr<text::Tokenizer> tokenizer_;

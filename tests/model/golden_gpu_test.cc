@@ -78,6 +78,42 @@ TEST_CASE("CUDA backend: the VRAM expert tier is bit-identical to all-resident a
   }
 }
 
+// Decode batches route and group on the GPU (no host wait per layer) for every family the grouped
+// kernels cover; with a VRAM budget too small for the experts, the kernels read the missing ones
+// from page-locked host RAM over the link and route hotness promotes experts into slots while the
+// steps run, and none of it may change a bit of the logits.
+TEST_CASE("CUDA backend: GPU-side routing, zero-copy reads and promotions keep the logits bit-identical",
+          "[gpu][golden]") {
+  if (strata::cuda::DeviceCount() <= 0) {
+    WARN("no CUDA device: GPU test skipped");
+    return;
+  }
+  // GGUF files: their tensors are 32-byte aligned, as the kernels' vector loads need of host bytes
+  // read in place (a checkpoint whose experts are not falls back to slot fills, still bit-identical).
+  for (const char *rel : {"qwen3moe_mixed/model-mixed.gguf", "mixtral_f32/model-q8_0.gguf", "olmoe_f32/model-f32.gguf",
+                          "qwen2moe_f32/model-f32.gguf", "deepseek3_f32/model-f32.gguf"}) {
+    const std::string model = kGolden + rel;
+    const std::string dir = model.substr(0, model.find('/', kGolden.size()) + 1);
+    const auto tokens = ReadBinary<int32_t>(dir + "tokens.bin");
+    moe_stats all_st, tier_st;
+    uint32_t slots = 0, n_routed = 0;
+    const auto all = TeacherForced(model, tokens, 1, MOE_BACKEND_CUDA, 0, nullptr, nullptr, &all_st);
+    INFO(rel);
+    CHECK(all_st.vram_device_layers > 0);
+    CHECK(all_st.vram_expert_slots == 0);
+    CHECK(all_st.vram_zero_copy == 0);
+    const auto tier = TeacherForced(model, tokens, 1, MOE_BACKEND_CUDA, uint64_t{1} << 20, &slots, &n_routed, &tier_st);
+    INFO(slots << " of " << n_routed << " experts in slots; zero-copy uses " << tier_st.vram_zero_copy
+                << ", promotions " << tier_st.vram_promotions << ", fills " << tier_st.vram_fills);
+    CHECK(tier_st.vram_device_layers == all_st.vram_device_layers);
+    if (slots < n_routed) {
+      CHECK(tier_st.vram_zero_copy > 0);
+      CHECK(tier_st.vram_promotions > 0);
+    }
+    CHECK(tier == all);
+  }
+}
+
 // Steady-state decode allocates nothing on the device or in pinned memory: the workspace, KV caches,
 // scratch buffers and expert slots are sized before, and reused by every step (the property a
 // CUDA Graph of the decode step will need).

@@ -55,7 +55,8 @@ inline double NormalizedMaxError(const std::vector<float> &a, const std::vector<
 // With a vram_budget, *vram_slots (when given) receives the plan's VRAM expert slots.
 inline std::vector<float> TeacherForced(const std::string &model, const std::vector<int32_t> &tokens, size_t prefill,
                                         int32_t backend = MOE_BACKEND_CPU, uint64_t vram_budget = 0,
-                                        uint32_t *vram_slots = nullptr, uint32_t *n_routed = nullptr) {
+                                        uint32_t *vram_slots = nullptr, uint32_t *n_routed = nullptr,
+                                        moe_stats *stats = nullptr) {
   moe_params p;
   moe_params_init(&p);
   p.model_path = model.c_str();
@@ -97,6 +98,10 @@ inline std::vector<float> TeacherForced(const std::string &model, const std::vec
   };
   if (prefill > 0) run(prefill);
   while (done < tokens.size()) run(1);
+  if (stats != nullptr) {
+    moe_stats_init(stats);
+    REQUIRE(moe_ctx_stats(ctx, stats) == MOE_OK);
+  }
   moe_session_close(s);
   moe_ctx_close(ctx);
   return out;

@@ -1,0 +1,220 @@
+#!/usr/bin/env python3
+"""Decode and prefill on the GPU: Strata's CUDA backend at several VRAM budgets against llama.cpp
+built for CUDA, in the same run, on the same GGUF.
+
+For each VRAM budget:
+  1. `strata bench --backend cuda --vram-budget B --json`: prefill of --prefill tokens, then
+     --decode teacher-forced one-token steps; the VRAM tier holds what the budget leaves for
+     experts, the rest is read from page-locked RAM (see backends/cuda/cuda_backend.h).
+  2. llama.cpp (the `llama_cpp` package built for CUDA from the llama-cpp-python source
+     distribution), every layer offloaded, with the routed experts of the first N layers kept in
+     host RAM and computed by the CPU (llama.cpp's --n-cpu-moe N: the buffer-type override
+     `blk.<i>.ffn_(up|down|gate)_exps` -> CPU for i < N). N is chosen so llama.cpp keeps about the
+     same number of experts in VRAM as Strata's tier holds at that budget.
+  3. The roofline of a decode token: the expert bytes that crossed the link over the measured
+     pinned host-to-device bandwidth, plus the bytes read in VRAM (weights a token touches) over
+     the measured device copy bandwidth.
+
+Run on the GPU machine (torch measures the two bandwidths):
+    python3 bench/gpu_bench.py --strata build/examples/strata --model /tmp/q30.gguf \
+        --budgets 4G,8G,16G,0 --prefill 512 --decode 64 [--llama-lib DIR] [--json-out F]
+"""
+import argparse
+import ctypes
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+
+def size_of(s):
+    s = s.strip().upper()
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    if s and s[-1] in mult:
+        return int(float(s[:-1]) * mult[s[-1]])
+    return int(s)
+
+
+def bandwidths():
+    """Pinned host->device and device->device copy rates in bytes/s (torch, median of 10)."""
+    import torch
+
+    n = 1 << 30
+    host = torch.empty(n, dtype=torch.uint8).pin_memory()
+    dev = torch.empty(n, dtype=torch.uint8, device="cuda")
+    dev2 = torch.empty(n, dtype=torch.uint8, device="cuda")
+
+    def timed(fn):
+        fn()
+        torch.cuda.synchronize()
+        ts = []
+        for _ in range(10):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            b.synchronize()
+            ts.append(a.elapsed_time(b) / 1e3)
+        return sorted(ts)[len(ts) // 2]
+
+    h2d = n / timed(lambda: dev.copy_(host, non_blocking=True))
+    d2d = 2 * n / timed(lambda: dev2.copy_(dev))  # bytes read and written
+    del host, dev, dev2
+    torch.cuda.empty_cache()
+    return h2d, d2d
+
+
+def model_bytes(strata, model):
+    """(bytes a decode token reads outside the routed experts, bytes of one routed expert, layers,
+    experts per layer, experts per token) from `strata inspect`."""
+    out = subprocess.run([strata, "inspect", model], check=True, capture_output=True, text=True).stdout
+    m = re.search(r"experts (\d+) \((\d+) used per token\)", out)
+    n_expert, k = int(m.group(1)), int(m.group(2))
+    n_layer = int(re.search(r"layers (\d+)", out).group(1))
+    other = 0
+    expert = 0
+    embd_row = 0
+    for line in out.splitlines():
+        f = line.split()
+        if len(f) < 3 or not f[-1].isdigit() or "." not in f[0]:
+            continue
+        name, b = f[0], int(f[-1])
+        if "_exps." in name:
+            expert += b // n_expert
+        elif name.startswith("token_embd"):
+            rows = int(line.split("x")[-1].split()[0]) if "x" in line else 1
+            embd_row = b // max(rows, 1)  # a token reads one row
+        else:
+            other += b
+    expert //= n_layer  # the sum over layers of gate + up + down per expert -> one expert
+    return other + embd_row, expert, n_layer, n_expert, k
+
+
+def run_strata(strata, model, budget, prefill, decode, ram_budget):
+    tokens = ",".join(str(1000 + 37 * i) for i in range(prefill))
+    forced = ",".join(str(2000 + 53 * i) for i in range(decode))
+    cmd = [strata, "bench", "--model", model, "--backend", "cuda", "--ram-budget", ram_budget, "--vram-budget",
+           str(budget), "--tokens", tokens, "--decode-tokens", forced, "--n-ctx", str(prefill + decode + 16), "--json"]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def run_llama(lib_dir, model, n_cpu_moe, prefill, decode, threads):
+    if lib_dir:
+        os.environ["LLAMA_CPP_LIB_PATH"] = lib_dir
+    import llama_cpp as L
+
+    L.llama_backend_init()
+    mp = L.llama_model_default_params()
+    mp.n_gpu_layers = 999
+    keep = []
+    if n_cpu_moe > 0:
+        here = os.path.dirname(L.__file__)
+        lib = lib_dir or os.path.join(here, "lib")
+        cpu = ctypes.CDLL(os.path.join(lib, "libggml-cpu.so"))
+        cpu.ggml_backend_cpu_buffer_type.restype = ctypes.c_void_p
+        buft = cpu.ggml_backend_cpu_buffer_type()
+
+        class Override(ctypes.Structure):
+            _fields_ = [("pattern", ctypes.c_char_p), ("buft", ctypes.c_void_p)]
+
+        arr = (Override * (n_cpu_moe + 1))()
+        for i in range(n_cpu_moe):
+            pat = ("blk\\.%d\\.ffn_(up|down|gate)_exps" % i).encode()
+            keep.append(pat)
+            arr[i].pattern = pat
+            arr[i].buft = buft
+        keep.append(arr)
+        mp.tensor_buft_overrides = ctypes.addressof(arr)
+    t0 = time.time()
+    mdl = L.llama_model_load_from_file(model.encode(), mp)
+    if not mdl:
+        raise RuntimeError("llama.cpp could not load " + model)
+    cp = L.llama_context_default_params()
+    cp.n_ctx = prefill + decode + 16
+    cp.n_batch = max(prefill, 1)
+    cp.n_ubatch = min(512, max(prefill, 1))
+    cp.n_threads = threads
+    cp.n_threads_batch = threads
+    ctx = L.llama_init_from_model(mdl, cp)
+    load_s = time.time() - t0
+    toks = (L.llama_token * prefill)(*[1000 + 37 * i for i in range(prefill)])
+    t1 = time.time()
+    if L.llama_decode(ctx, L.llama_batch_get_one(toks, prefill)) != 0:
+        raise RuntimeError("llama_decode failed on the prompt")
+    L.llama_synchronize(ctx)
+    t2 = time.time()
+    one = (L.llama_token * 1)()
+    for i in range(decode):
+        one[0] = 2000 + 53 * i
+        if L.llama_decode(ctx, L.llama_batch_get_one(one, 1)) != 0:
+            raise RuntimeError("llama_decode failed at step %d" % i)
+        L.llama_synchronize(ctx)
+    t3 = time.time()
+    L.llama_free(ctx)
+    L.llama_model_free(mdl)
+    return {"load_s": load_s, "prefill_tok_s": prefill / (t2 - t1), "decode_tok_s": decode / (t3 - t2),
+            "n_cpu_moe": n_cpu_moe}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--strata", required=True)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--budgets", default="4G,8G,16G,0", help="VRAM budgets; 0 = unlimited")
+    ap.add_argument("--prefill", type=int, default=512)
+    ap.add_argument("--decode", type=int, default=64)
+    ap.add_argument("--ram-budget", default="60G")
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--llama-lib", default="", help="directory of libllama.so (default: the package's)")
+    ap.add_argument("--skip-llama", action="store_true")
+    ap.add_argument("--json-out", default="")
+    a = ap.parse_args()
+
+    h2d, d2d = bandwidths()
+    other, expert, n_layer, n_expert, k = model_bytes(a.strata, a.model)
+    res = {"model": a.model, "h2d_bytes_s": h2d, "d2d_bytes_s": d2d, "expert_bytes": expert,
+           "token_bytes": other + n_layer * k * expert, "runs": []}
+    print(f"link {h2d / 1e9:.1f} GB/s, device copy {d2d / 1e12:.2f} TB/s; a decode token reads "
+          f"{res['token_bytes'] / 2**20:.0f} MiB ({n_layer} layers x {k} experts of {expert / 2**20:.2f} MiB)",
+          flush=True)
+    for b in a.budgets.split(","):
+        budget = size_of(b)
+        s = run_strata(a.strata, a.model, budget, a.prefill, a.decode, a.ram_budget)
+        st = s["stats"]
+        slots = st["vram_expert_slots"] or n_layer * n_expert
+        link = s["decode_link_bytes_per_token"]
+        zero_copy_bytes = (st["vram_zero_copy"] * expert) / max(1, a.decode)
+        roof_s = link / h2d + max(0.0, res["token_bytes"] - zero_copy_bytes) / d2d
+        run = {"budget": b, "strata": s, "vram_expert_slots": slots, "link_bytes_per_token": link,
+               "roofline_tok_s": 1.0 / roof_s}
+        if not a.skip_llama:
+            n_cpu = n_layer - min(n_layer, slots // n_expert)
+            try:
+                run["llama"] = run_llama(a.llama_lib, a.model, n_cpu, a.prefill, a.decode, a.threads)
+            except Exception as e:  # report and go on: the Strata figures stand on their own
+                run["llama_error"] = str(e)
+        res["runs"].append(run)
+        print(json.dumps(run), flush=True)
+
+    print()
+    print(f"{'VRAM':>6} {'experts in VRAM':>16} {'prefill tok/s':>14} {'decode tok/s':>13} {'link MiB/tok':>13} "
+          f"{'roofline':>9} {'of roof':>8} {'llama.cpp':>10} {'n-cpu-moe':>9} {'llama pre':>10} {'vs llama':>9}")
+    for r in res["runs"]:
+        s = r["strata"]
+        l = r.get("llama")
+        vs = f"{s['decode_tok_s'] / l['decode_tok_s']:.2f}x" if l else "-"
+        print(f"{r['budget']:>6} {r['vram_expert_slots']:>16} {s['prefill_tok_s']:>14.1f} {s['decode_tok_s']:>13.2f} "
+              f"{r['link_bytes_per_token'] / 2**20:>13.1f} {r['roofline_tok_s']:>9.1f} "
+              f"{100 * s['decode_tok_s'] / r['roofline_tok_s']:>7.0f}% "
+              f"{(l['decode_tok_s'] if l else float('nan')):>10.2f} {(l['n_cpu_moe'] if l else -1):>9} "
+              f"{(l['prefill_tok_s'] if l else float('nan')):>10.1f} {vs:>9}")
+    if a.json_out:
+        with open(a.json_out, "w") as f:
+            json.dump(res, f, indent=1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
