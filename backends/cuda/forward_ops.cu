@@ -140,41 +140,65 @@ __device__ float BlockReduceMax(float v, float *red) {
   return r;
 }
 
-// One block per (token, head): the query in shared memory, then one score per visible key (a
-// thread per key), softmax with the optional sink logit, and one output element per thread.
-__global__ void AttentionExtKernel(const float *q, AttentionExtArgs a, float *out) {
+// Values per lane of the attention output: v_dim up to 32 * kAttnMaxVPerLane.
+constexpr int kAttnMaxVPerLane = 16;
+constexpr int kAttnWarps = kThreads / 32;
+constexpr int kAttnUnroll = 4;  // keys a warp works on at once
+
+// One block per (token, head): the query in shared memory; scores with a warp per key (lanes split
+// the head dimension, coalesced, combined by shuffles); softmax with the optional sink logit; then
+// each warp sums its share of the keys (every kAttnWarps-th), lanes owning output elements, and the
+// warps' partial outputs are added in warp order.
+__global__ void __launch_bounds__(kThreads) AttentionExtKernel(const float *q, AttentionExtArgs a, float *out) {
   extern __shared__ float sm[];
   __shared__ float red[32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t t = blockIdx.x / a.n_head;
   const int h = static_cast<int>(blockIdx.x % a.n_head);
   const int kvh = h / (a.n_head / a.n_head_kv);
   const int pos = a.pos0 + static_cast<int>(t);
   const int first = a.window > 0 ? max(0, pos - a.window + 1) : 0;
   const int n = pos + 1 - first;
-  float *qs = sm;                  // (head_dim)
-  float *sc = sm + a.head_dim;     // (n)
+  float *qs = sm;                    // (head_dim)
+  float *part = sm + a.head_dim;     // (kAttnWarps, v_dim) partial outputs
+  float *sc = part + kAttnWarps * a.v_dim;  // (n)
   const float *qh = q + (t * a.n_head + h) * a.head_dim;
   for (int d = threadIdx.x; d < a.head_dim; d += blockDim.x) qs[d] = qh[d];
   __syncthreads();
+  // Scores, kAttnUnroll keys per warp at a time so their loads are in flight together.
   float mx = -INFINITY;
-  for (int j = threadIdx.x; j < n; j += blockDim.x) {
-    const int row = first + j;
-    // A masked position takes no part: its weight becomes exp(-inf) = 0.
-    if (row != pos && a.masked != nullptr && a.masked[row] != 0) {
-      sc[j] = -INFINITY;
-      continue;
+  for (int j0 = warp * kAttnUnroll; j0 < n; j0 += kAttnWarps * kAttnUnroll) {
+    float dot[kAttnUnroll];
+    const float *kj[kAttnUnroll];
+#pragma unroll
+    for (int u = 0; u < kAttnUnroll; ++u) {
+      const int row = first + min(j0 + u, n - 1);
+      kj[u] = a.k_blocks[row / a.block_tokens] + static_cast<int64_t>(row % a.block_tokens) * a.k_stride +
+              static_cast<int64_t>(kvh) * a.head_dim;
+      dot[u] = 0.f;
     }
-    const float *kj = a.k_blocks[row / a.block_tokens] + static_cast<int64_t>(row % a.block_tokens) * a.k_stride +
-                      static_cast<int64_t>(kvh) * a.head_dim;
-    float dot = 0.f;
-    for (int d = 0; d < a.head_dim; ++d) dot = fmaf(qs[d], kj[d], dot);
-    const float s = __fmul_rn(dot, a.scale);
-    sc[j] = s;
-    mx = fmaxf(mx, s);
+    for (int d = lane; d < a.head_dim; d += 32) {
+      const float qd = qs[d];
+#pragma unroll
+      for (int u = 0; u < kAttnUnroll; ++u) dot[u] = fmaf(qd, kj[u][d], dot[u]);
+    }
+#pragma unroll
+    for (int u = 0; u < kAttnUnroll; ++u) {
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) dot[u] += __shfl_xor_sync(0xffffffffu, dot[u], o);
+      const int j = j0 + u, row = first + j;
+      if (j >= n) break;
+      // A masked position takes no part: its weight becomes exp(-inf) = 0.
+      const bool masked = row != pos && a.masked != nullptr && a.masked[row] != 0;
+      const float sv = masked ? -INFINITY : __fmul_rn(dot[u], a.scale);
+      if (lane == 0) sc[j] = sv;
+      mx = fmaxf(mx, sv);
+    }
   }
   mx = BlockReduceMax(mx, red);
   const float sink = a.sinks != nullptr ? a.sinks[h] : -INFINITY;
   mx = fmaxf(mx, sink);
+  __syncthreads();  // every score written
   float sum = 0.f;
   for (int j = threadIdx.x; j < n; j += blockDim.x) {
     const float e = ExpF(sc[j] - mx);
@@ -185,103 +209,186 @@ __global__ void AttentionExtKernel(const float *q, AttentionExtArgs a, float *ou
   if (a.sinks != nullptr) sum += ExpF(sink - mx);
   const float inv = 1.0f / sum;
   __syncthreads();
-  float *o = out + (t * a.n_head + h) * a.v_dim;
-  for (int d = threadIdx.x; d < a.v_dim; d += blockDim.x) {
-    float acc = 0.f;
-    for (int j = 0; j < n; ++j) {
+  float acc[kAttnMaxVPerLane];
+#pragma unroll
+  for (int m = 0; m < kAttnMaxVPerLane; ++m) acc[m] = 0.f;
+  for (int j0 = warp * kAttnUnroll; j0 < n; j0 += kAttnWarps * kAttnUnroll) {
+#pragma unroll
+    for (int u = 0; u < kAttnUnroll; ++u) {
+      const int j = j0 + u;
+      if (j >= n) break;
       const int row = first + j;
       const int64_t in_block = row % a.block_tokens;
       const float *vj = a.latent ? a.k_blocks[row / a.block_tokens] + in_block * a.k_stride
                                  : a.v_blocks[row / a.block_tokens] + in_block * a.v_stride +
                                        static_cast<int64_t>(kvh) * a.head_dim;
-      acc = fmaf(__fmul_rn(sc[j], inv), vj[d], acc);
+      const float p = __fmul_rn(sc[j], inv);
+#pragma unroll
+      for (int m = 0; m < kAttnMaxVPerLane; ++m) {
+        const int d = lane + 32 * m;
+        if (d < a.v_dim) acc[m] = fmaf(p, vj[d], acc[m]);
+      }
     }
-    o[d] = acc;
+  }
+#pragma unroll
+  for (int m = 0; m < kAttnMaxVPerLane; ++m) {
+    const int d = lane + 32 * m;
+    if (d < a.v_dim) part[warp * a.v_dim + d] = acc[m];
+  }
+  __syncthreads();
+  float *o = out + (t * a.n_head + h) * a.v_dim;
+  for (int d = threadIdx.x; d < a.v_dim; d += blockDim.x) {
+    float r = 0.f;
+    for (int w = 0; w < kAttnWarps; ++w) r += part[w * a.v_dim + d];
+    o[d] = r;
   }
 }
 
 // ---- routing ----
 
-// k largest of v[0..n) (ties to the lower index) into out, by repeated argmax.
+// k largest of v[0..n) (ties to the lower index) into out, by repeated argmax. Chosen indices are
+// kept as a bit set in the thread's own memory: `out` may be global memory, never read back here.
 __device__ void TopKDev(const float *v, int n, int k, int32_t *out) {
+  uint32_t taken[kRouteMaxExperts / 32];
+  for (int w = 0; w < kRouteMaxExperts / 32; ++w) taken[w] = 0u;
   for (int j = 0; j < k; ++j) {
     int best = -1;
+    float bv = 0.f;
     for (int i = 0; i < n; ++i) {
-      bool taken = false;
-      for (int m = 0; m < j; ++m) taken = taken || out[m] == i;
-      if (taken) continue;
-      if (best < 0 || v[i] > v[best]) best = i;
+      if ((taken[i >> 5] >> (i & 31)) & 1u) continue;
+      const float x = v[i];
+      if (best < 0 || x > bv) {
+        best = i;
+        bv = x;
+      }
     }
+    taken[best >> 5] |= 1u << (best & 31);
     out[j] = best;
   }
 }
 
-// One thread per token, the host RouteToken's steps in its order (see lib/model/routing.h).
-__global__ void RouteKernel(RouteArgs p, const float *logits, int64_t n_tok, int32_t *sel, float *wts) {
-  const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+// The k largest of v[0..n) (shared memory; ties to the lower index) into out, by k warp-wide
+// argmax rounds: each lane scans its own elements (lane, lane + 32, ...) and the lanes' bests are
+// combined by value, then index — the argmax the host's ascending scan finds (for values that are
+// not NaN). Every lane returns with out written.
+__device__ void WarpTopK(const float *v, int n, int k, int lane, int32_t *out) {
+  uint32_t taken = 0;  // bit m: element lane + 32 m already chosen
+  for (int j = 0; j < k; ++j) {
+    int bi = -1;
+    float bv = 0.f;
+    for (int m = 0, i = lane; i < n; ++m, i += 32) {
+      if ((taken >> m) & 1u) continue;
+      const float x = v[i];
+      if (bi < 0 || x > bv) {
+        bi = i;
+        bv = x;
+      }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+      const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+      if (oi >= 0 && (bi < 0 || ov > bv || (ov == bv && oi < bi))) {
+        bi = oi;
+        bv = ov;
+      }
+    }
+    if ((bi & 31) == lane) taken |= 1u << (bi >> 5);
+    if (lane == 0) out[j] = bi;
+  }
+  __syncwarp();
+}
+
+constexpr int kRouteWarps = 4;
+
+// One warp per token, the host RouteToken's steps in its order (see lib/model/routing.h): the
+// element-wise steps spread over the lanes, every sum taken by lane 0 in expert order (so it
+// rounds as the host's does), top-k by warp argmax.
+__global__ void __launch_bounds__(kRouteWarps * 32) RouteKernel(RouteArgs p, const float *logits, int64_t n_tok,
+                                                                int32_t *sel, float *wts) {
+  __shared__ float s_pr[kRouteWarps][kRouteMaxExperts], s_choice[kRouteWarps][kRouteMaxExperts];
+  __shared__ int32_t s_sel[kRouteWarps][kRouteMaxExperts];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * kRouteWarps + warp;
   if (t >= n_tok) return;
-  float pr[kRouteMaxExperts], choice[kRouteMaxExperts];
+  float *pr = s_pr[warp], *choice = s_choice[warp];
+  int32_t *ss = s_sel[warp];
   const int n_expert = p.n_expert, k = p.k;
   const float *l = logits + t * n_expert;
   int32_t *s = sel + t * k;
   float *w = wts + t * k;
-  for (int e = 0; e < n_expert; ++e) pr[e] = l[e];
+  for (int e = lane; e < n_expert; e += 32) pr[e] = l[e];
+  __syncwarp();
   if (p.gating == 1) {  // softmax over the selected
-    TopKDev(pr, n_expert, k, s);
-    const float mx = pr[s[0]];
-    float sum = 0.f;
-    for (int j = 0; j < k; ++j) {
-      w[j] = ExpF(pr[s[j]] - mx);
-      sum = __fadd_rn(sum, w[j]);
+    WarpTopK(pr, n_expert, k, lane, ss);
+    if (lane == 0) {
+      const float mx = pr[ss[0]];
+      float sum = 0.f;
+      for (int j = 0; j < k; ++j) {
+        w[j] = ExpF(pr[ss[j]] - mx);
+        sum = __fadd_rn(sum, w[j]);
+      }
+      for (int j = 0; j < k; ++j) {
+        w[j] = __fdiv_rn(w[j], sum);
+        s[j] = ss[j];
+      }
     }
-    for (int j = 0; j < k; ++j) w[j] = __fdiv_rn(w[j], sum);
     return;
   }
   if (p.gating == 2) {
-    for (int e = 0; e < n_expert; ++e) pr[e] = __fdiv_rn(1.0f, __fadd_rn(1.0f, ExpF(-pr[e])));
+    for (int e = lane; e < n_expert; e += 32) pr[e] = __fdiv_rn(1.0f, __fadd_rn(1.0f, ExpF(-pr[e])));
   } else {
     float mx = -INFINITY;
-    for (int e = 0; e < n_expert; ++e) mx = fmaxf(mx, pr[e]);
+    for (int e = lane; e < n_expert; e += 32) mx = fmaxf(mx, pr[e]);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    for (int e = lane; e < n_expert; e += 32) pr[e] = ExpF(pr[e] - mx);
+    __syncwarp();
     float sum = 0.f;
-    for (int e = 0; e < n_expert; ++e) {
-      pr[e] = ExpF(pr[e] - mx);
-      sum = __fadd_rn(sum, pr[e]);
+    if (lane == 0) {
+      for (int e = 0; e < n_expert; ++e) sum = __fadd_rn(sum, pr[e]);
     }
-    for (int e = 0; e < n_expert; ++e) pr[e] = __fdiv_rn(pr[e], sum);
+    sum = __shfl_sync(0xffffffffu, sum, 0);
+    for (int e = lane; e < n_expert; e += 32) pr[e] = __fdiv_rn(pr[e], sum);
   }
-  for (int e = 0; e < n_expert; ++e) choice[e] = pr[e];
-  if (p.gating == 2 && p.select_bias != nullptr) {
-    for (int e = 0; e < n_expert; ++e) choice[e] = __fadd_rn(choice[e], p.select_bias[e]);
+  for (int e = lane; e < n_expert; e += 32) {
+    choice[e] = p.gating == 2 && p.select_bias != nullptr ? __fadd_rn(pr[e], p.select_bias[e]) : pr[e];
   }
-  if (p.n_group > 1) {
-    const int per = n_expert / p.n_group;
-    float group[kRouteMaxExperts];
-    for (int g = 0; g < p.n_group; ++g) {
-      float b0 = -INFINITY, b1 = -INFINITY;
-      for (int e = g * per; e < (g + 1) * per; ++e) {
-        const float v = choice[e];
-        if (v > b0) {
-          b1 = b0;
-          b0 = v;
-        } else if (v > b1) {
-          b1 = v;
+  __syncwarp();
+  if (p.n_group > 1) {  // group-limited selection (DeepSeek-V3): lane 0, groups are few
+    if (lane == 0) {
+      const int per = n_expert / p.n_group;
+      float group[kRouteMaxExperts];
+      for (int g = 0; g < p.n_group; ++g) {
+        float b0 = -INFINITY, b1 = -INFINITY;
+        for (int e = g * per; e < (g + 1) * per; ++e) {
+          const float v = choice[e];
+          if (v > b0) {
+            b1 = b0;
+            b0 = v;
+          } else if (v > b1) {
+            b1 = v;
+          }
         }
+        group[g] = p.gating == 2 ? __fadd_rn(b0, b1) : b0;
       }
-      group[g] = p.gating == 2 ? __fadd_rn(b0, b1) : b0;
+      int32_t keep[kRouteMaxExperts];
+      TopKDev(group, p.n_group, p.topk_group, keep);
+      const float drop = p.gating == 2 ? -INFINITY : 0.f;
+      for (int e = 0; e < n_expert; ++e) {
+        bool kept = false;
+        for (int m = 0; m < p.topk_group; ++m) kept = kept || keep[m] == e / per;
+        if (!kept) choice[e] = drop;
+      }
     }
-    int32_t keep[kRouteMaxExperts];
-    TopKDev(group, p.n_group, p.topk_group, keep);
-    const float drop = p.gating == 2 ? -INFINITY : 0.f;
-    for (int e = 0; e < n_expert; ++e) {
-      bool kept = false;
-      for (int m = 0; m < p.topk_group; ++m) kept = kept || keep[m] == e / per;
-      if (!kept) choice[e] = drop;
-    }
+    __syncwarp();
   }
-  TopKDev(choice, n_expert, k, s);
+  WarpTopK(choice, n_expert, k, lane, ss);
+  if (lane != 0) return;
   float sum = 0.f;
   for (int j = 0; j < k; ++j) {
-    w[j] = pr[s[j]];
+    w[j] = pr[ss[j]];
+    s[j] = ss[j];
     sum = __fadd_rn(sum, w[j]);
   }
   if (p.norm_topk_prob) {
@@ -372,10 +479,21 @@ absl::Status AttentionExt(const float *q, const AttentionExtArgs &a, int64_t n_t
   if (n_tok <= 0) return absl::OkStatus();
   const int last = a.pos0 + static_cast<int>(n_tok) - 1;
   const int n_keys = a.window > 0 ? std::min(a.window, last + 1) : last + 1;
-  const size_t smem = (static_cast<size_t>(n_keys) + a.head_dim) * sizeof(float);
-  int dev = 0, max_smem = 0;
-  STRATA_CUDA_RETURN_IF_ERROR(cudaGetDevice(&dev));
-  STRATA_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  if (a.v_dim > 32 * kAttnMaxVPerLane) {
+    return Errorf(MOE_ERR_UNSUPPORTED, "attention values of %d floats (at most %d)", a.v_dim, 32 * kAttnMaxVPerLane);
+  }
+  const size_t smem =
+      (static_cast<size_t>(n_keys) + a.head_dim + static_cast<size_t>(kAttnWarps) * a.v_dim) * sizeof(float);
+  // The device's opt-in shared memory limit, read once (the kernels run on one device per process).
+  static int max_smem = [] {
+    int dev = 0, v = 48 * 1024;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
+      (void)cudaGetLastError();
+      v = 48 * 1024;
+    }
+    return v;
+  }();
   if (smem + 32 * sizeof(float) > static_cast<size_t>(max_smem)) {
     return Errorf(MOE_ERR_UNSUPPORTED, "attention over %d keys exceeds the %d bytes of shared memory", n_keys,
                   max_smem);
@@ -397,7 +515,8 @@ absl::Status Route(const RouteArgs &p, const float *logits, int64_t n_tok, int32
                   kRouteMaxExperts, p.k, p.n_group);
   }
   if (n_tok <= 0) return absl::OkStatus();
-  RouteKernel<<<Blocks(n_tok), kThreads, 0, stream>>>(p, logits, n_tok, sel, wts);
+  const int64_t blocks = (n_tok + kRouteWarps - 1) / kRouteWarps;
+  RouteKernel<<<static_cast<unsigned>(blocks), kRouteWarps * 32, 0, stream>>>(p, logits, n_tok, sel, wts);
   STRATA_CUDA_RETURN_IF_LAUNCH_FAILED();
   return absl::OkStatus();
 }

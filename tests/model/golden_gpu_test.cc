@@ -88,10 +88,12 @@ TEST_CASE("CUDA backend: GPU-side routing, zero-copy reads and promotions keep t
     WARN("no CUDA device: GPU test skipped");
     return;
   }
-  // GGUF files: their tensors are 32-byte aligned, as the kernels' vector loads need of host bytes
-  // read in place (a checkpoint whose experts are not falls back to slot fills, still bit-identical).
-  for (const char *rel : {"qwen3moe_mixed/model-mixed.gguf", "mixtral_f32/model-q8_0.gguf", "olmoe_f32/model-f32.gguf",
-                          "qwen2moe_f32/model-f32.gguf", "deepseek3_f32/model-f32.gguf"}) {
+  // GGUF files (their tensors are 32-byte aligned, as the kernels' vector loads need of host bytes
+  // read in place) whose layers hold experts of one codec and kernel-ready shapes; the others (a
+  // checkpoint's unaligned bytes, per-expert codecs, the tiny DeepSeek fixtures' 16-wide rows) take
+  // the host path, which the test above holds bit-identical too.
+  for (const char *rel : {"qwen3moe_f32/model-q8_0.gguf", "mixtral_f32/model-q8_0.gguf", "olmoe_f32/model-f32.gguf",
+                          "qwen2moe_f32/model-f32.gguf"}) {
     const std::string model = kGolden + rel;
     const std::string dir = model.substr(0, model.find('/', kGolden.size()) + 1);
     const auto tokens = ReadBinary<int32_t>(dir + "tokens.bin");
