@@ -93,6 +93,24 @@ void CpuBackend::Route(const model::RouteParams &p, const float *logits, int64_t
   for (int64_t t = 0; t < n_tok; ++t) model::RouteToken(p, logits + t * p.n_expert, sel_host + t * p.k, wts + t * p.k);
 }
 
+// Host memory is the backend's memory: route, group and run the experts in place, the host path's
+// operations in its order (so the numbers are the same), the selections left in a.sel.
+bool CpuBackend::RoutedExperts(const model::RoutedExpertsArgs &a) {
+  const int k = a.route.k;
+  const int64_t n = a.n_tok * k;
+  if (a.weights == nullptr || n <= 0 || a.n_embd <= 0) return false;
+  Route(a.route, a.logits, a.n_tok, a.sel, a.wts);
+  const model::ExpertGroups g = model::GroupByExpert(a.sel, a.n_tok, k, a.route.n_expert);
+  std::copy(g.idx.begin(), g.idx.end(), a.idx);
+  GatherRows(a.h, a.n_embd, a.idx, n, a.xg);
+  for (size_t u = 0; u < g.used.size(); ++u) {
+    ExpertFfn(a.weights->experts[g.used[u]], a.xg + g.first[u] * a.n_embd, g.first[u + 1] - g.first[u],
+              a.yg + g.first[u] * a.n_embd);
+  }
+  WeightedRowSum(a.yg, a.idx + n, a.wts, a.n_tok, k, a.n_embd, a.out);
+  return true;
+}
+
 void CpuBackend::MatMulInputMajor(const model::Matrix &w, const float *x, int64_t n_tok, float *y) {
   std::vector<float> row(w.cols);
   MatMulInputMajor(w, x, n_tok, y, row.data());

@@ -51,6 +51,7 @@ class CpuBackend final : public model::Backend {
   void Attention(const float *q, const model::KvView &kv, int64_t n_tok, int pos0, int n_head, int n_head_kv,
                  int head_dim, int window, float *out, const model::AttentionParams &p) override;
   void ExpertFfn(const model::ExpertWeights &e, const float *x, int64_t n_tok, float *y) override;
+  bool RoutedExperts(const model::RoutedExpertsArgs &a) override;
 
   ThreadPool &pool() { return pool_; }
   MatMulMode matmul_mode() const { return mode_; }

@@ -125,6 +125,7 @@ struct RoutedExpertsArgs {
   int32_t *sel = nullptr;
   float *wts = nullptr, *xg = nullptr, *yg = nullptr;
   int32_t *idx = nullptr;
+  int64_t n_embd = 0;
   float *out = nullptr;           // (n_tok, n_embd)
 };
 

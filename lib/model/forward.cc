@@ -592,6 +592,7 @@ absl::Status FeedForward(const HParams &hp, const LayerWeights &L, int l, Backen
     ra.xg = S.xg;
     ra.yg = S.yg;
     ra.idx = S.idx;
+    ra.n_embd = D;
     ra.out = o;
     if (be.RoutedExperts(ra)) {
       *on_backend = true;
@@ -604,24 +605,9 @@ absl::Status FeedForward(const HParams &hp, const LayerWeights &L, int l, Backen
   STRATA_RETURN_IF_ERROR(be.TakeError());
   if (source != nullptr) source->OnRoute(l, h, T, sel.data(), static_cast<int>(K));
   // Group tokens by expert so each expert's weights are fetched and used once per batch.
-  std::vector<std::vector<int64_t>> members(hp.n_expert);  // indices into sel (t * K + slot)
-  for (int64_t i = 0; i < T * K; ++i) members[sel[i]].push_back(i);
-  std::vector<int32_t> used;
-  // idx: [0, T K) the token of each grouped row, [T K, 2 T K) the grouped row of each slot.
-  std::vector<int32_t> idx(2 * T * K);
-  std::vector<int64_t> first;  // grouped row of each used expert's first token
-  int64_t row = 0;
-  for (int e = 0; e < hp.n_expert; ++e) {
-    if (members[e].empty()) continue;
-    used.push_back(e);
-    first.push_back(row);
-    for (int64_t i : members[e]) {
-      idx[row] = static_cast<int32_t>(i / K);
-      idx[T * K + i] = static_cast<int32_t>(row);
-      ++row;
-    }
-  }
-  first.push_back(row);
+  const ExpertGroups groups = GroupByExpert(sel.data(), T, static_cast<int>(K), hp.n_expert);
+  const std::vector<int32_t> &used = groups.used, &idx = groups.idx;
+  const std::vector<int64_t> &first = groups.first;
   std::vector<const ExpertWeights *> ew(used.size());
   if (source != nullptr) {
     absl::Status st = source->Acquire(l, used, &ew);

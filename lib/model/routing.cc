@@ -85,6 +85,27 @@ void RouteToken(const RouteParams &rp, const float *logits, int32_t *sel, float 
 }
 
 
+ExpertGroups GroupByExpert(const int32_t *sel, int64_t n_tok, int k, int n_expert) {
+  const int64_t n = n_tok * k;
+  std::vector<std::vector<int64_t>> members(n_expert);  // indices into sel (t * k + slot)
+  for (int64_t i = 0; i < n; ++i) members[sel[i]].push_back(i);
+  ExpertGroups g;
+  g.idx.resize(2 * n);
+  int64_t row = 0;
+  for (int e = 0; e < n_expert; ++e) {
+    if (members[e].empty()) continue;
+    g.used.push_back(e);
+    g.first.push_back(row);
+    for (int64_t i : members[e]) {
+      g.idx[row] = static_cast<int32_t>(i / k);
+      g.idx[n + i] = static_cast<int32_t>(row);
+      ++row;
+    }
+  }
+  g.first.push_back(row);
+  return g;
+}
+
 RouteParams RouteParamsFor(const HParams &hp, const Vec &select_bias) {
   RouteParams p;
   p.gating = hp.gating;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "lib/model/backend.h"
 
@@ -17,6 +18,17 @@ namespace strata::model {
 //  kSoftmaxSelected: top-k of the logits, softmax over those k (gpt-oss).
 // Ties go to the lower index. The weights are finally multiplied by routed_scale.
 void RouteToken(const RouteParams &p, const float *logits, int32_t *sel, float *wts);
+
+// Tokens grouped by selected expert, as every backend runs a MoE layer: the distinct experts of
+// sel (n_tok, k) ascending in `used`, group u being grouped rows [first[u], first[u + 1]); within a
+// group the selections i = t k + j ascending. idx (2 n_tok k): idx[r] = token of grouped row r,
+// idx[n_tok k + i] = grouped row of selection i. Selections must lie in [0, n_expert).
+struct ExpertGroups {
+  std::vector<int32_t> used;
+  std::vector<int64_t> first;
+  std::vector<int32_t> idx;
+};
+ExpertGroups GroupByExpert(const int32_t *sel, int64_t n_tok, int k, int n_expert);
 
 // The RouteParams of a layer's router.
 RouteParams RouteParamsFor(const HParams &hp, const Vec &select_bias);

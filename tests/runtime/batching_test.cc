@@ -564,3 +564,72 @@ TEST_CASE("host threads feed their sessions while another thread steps", "[batch
   CheckSame(got, ref);
   moe_ctx_close(ctx);
 }
+
+// With every expert resident the backend routes and runs a layer's experts by itself
+// (Backend::RoutedExperts) and the forward pass reports the selections after the pass: per layer,
+// every token's k selections are counted and each distinct expert of the step is one hit, as the
+// host path counted them during the pass; and the streaming cache (which needs the selections
+// during the pass) counts the same selections for the same input.
+TEST_CASE("expert uses routed in the backend are reported after the pass", "[batching]") {
+  const std::string model = kGolden + "qwen3moe_f32/model-q8_0.gguf";
+  const uint64_t seed = std::random_device{}();
+  INFO("seed " << seed);
+  std::mt19937_64 rng(seed);
+  std::vector<std::vector<int32_t>> inputs(3);
+  size_t n_tok = 0;
+  for (auto &in : inputs) {
+    in.resize(2 + rng() % 9);
+    for (auto &t : in) t = static_cast<int32_t>(rng() % 256);
+    n_tok += in.size();
+  }
+  auto run = [&](uint64_t ram_budget, std::vector<uint64_t> *counts, std::vector<uint64_t> *hits, moe_stats *st) {
+    moe_ctx *ctx = Open(model, CtxOptions{ram_budget, 0, 0, 0});
+    moe_cache_plan plan;
+    moe_cache_plan_init(&plan);
+    REQUIRE(moe_ctx_plan(ctx, &plan) == MOE_OK);
+    const uint32_t n_experts = moe_expert_table_n_experts(moe_ctx_experts(ctx));
+    std::vector<moe_session *> ss;
+    for (const auto &in : inputs) {
+      ss.push_back(OpenSession(ctx));
+      REQUIRE(moe_session_feed(ss.back(), in.data(), in.size()) == MOE_OK);
+    }
+    REQUIRE(moe_ctx_step(ctx, nullptr) == MOE_OK);  // one pass over every session's input
+    counts->assign(static_cast<size_t>(plan.n_layers) * n_experts, 0);
+    size_t n = 0;
+    REQUIRE(moe_ctx_expert_counts(ctx, counts->data(), counts->size(), &n) == MOE_OK);
+    hits->assign(plan.n_layers, 0);
+    for (uint32_t l = 0; l < plan.n_layers; ++l) {
+      uint64_t h = 0, m = 0;
+      REQUIRE(moe_ctx_layer_stats(ctx, l, &h, &m) == MOE_OK);
+      (*hits)[l] = h + m;
+    }
+    moe_stats_init(st);
+    REQUIRE(moe_ctx_stats(ctx, st) == MOE_OK);
+    moe_ctx_close(ctx);
+    return n_experts;
+  };
+  std::vector<uint64_t> counts, uses, cache_counts, cache_uses;
+  moe_stats st, cache_st;
+  const uint32_t n_experts = run(0, &counts, &uses, &st);
+  REQUIRE(st.streaming == 0);
+  uint64_t k = 0, total_uses = 0;
+  for (size_t l = 0; l < uses.size(); ++l) {
+    uint64_t sum = 0, distinct = 0;
+    for (uint32_t e = 0; e < n_experts; ++e) {
+      sum += counts[l * n_experts + e];
+      distinct += counts[l * n_experts + e] > 0 ? 1 : 0;
+    }
+    if (sum == 0) continue;  // a dense layer
+    REQUIRE(sum % n_tok == 0);
+    if (k == 0) k = sum / n_tok;
+    CHECK(sum == k * n_tok);   // every token's k selections
+    CHECK(uses[l] == distinct);  // one use per distinct expert of the pass
+    total_uses += uses[l];
+  }
+  CHECK(k > 0);
+  CHECK(st.expert_hits == total_uses);
+  run(1, &cache_counts, &cache_uses, &cache_st);  // the minimum budget: the cache routes on the host
+  REQUIRE(cache_st.streaming == 1);
+  CHECK(cache_counts == counts);
+  CHECK(cache_uses == uses);
+}
