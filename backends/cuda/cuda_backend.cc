@@ -594,6 +594,34 @@ void CudaBackend::RmsNorm(const float *x, const float *weight, int64_t n_rows, i
   if (Note(wd.status())) Note(cuda::RmsNorm(x, *wd, n_rows, n, eps, y, stream_.get()));
 }
 
+void CudaBackend::AddRmsNorm(float *x, const float *add, const float *weight, int64_t n_rows, int64_t n, float eps,
+                             float *y) {
+  Profile prof(this, "AddRmsNorm");
+  if (!err_.ok()) return;
+  auto wd = Resolve(weight);
+  if (Note(wd.status())) Note(cuda::AddRmsNorm(x, add, *wd, n_rows, n, eps, y, stream_.get()));
+}
+
+// One GEMV launch for matrices of one codec and width on the GEMV path; otherwise one MatMul each.
+void CudaBackend::MatMulMany(const model::Matrix *const *ws, float *const *ys, int n, const float *x, int64_t n_tok) {
+  Profile prof(this, "MatMulMany");
+  if (!err_.ok()) return;
+  bool one = n >= 1 && n <= kGemvManyMax && Blas::Choose(n_tok, Blas::Path::kAuto) == Blas::Path::kGemv;
+  DeviceMatrix dm[kGemvManyMax];
+  for (int i = 0; i < n && one; ++i) {
+    auto r = Resolve(*ws[i]);
+    one = r.ok() && CheckMatrix(*r).ok();
+    if (!one) break;
+    dm[i] = *r;
+    one = dm[i].type == dm[0].type && dm[i].cols == dm[0].cols;
+  }
+  if (!one) {
+    model::Backend::MatMulMany(ws, ys, n, x, n_tok);
+    return;
+  }
+  Note(GemvMany(dm, ys, n, x, n_tok, stream_.get()));
+}
+
 void CudaBackend::Rope(float *x, int64_t n_tok, int n_heads, int head_dim, const int32_t *pos, float theta,
                        model::RopeStyle style, const model::RopeParams &p) {
   Profile prof(this, "Rope");
@@ -641,7 +669,17 @@ absl::Status CudaBackend::AttentionImpl(const float *q, const model::KvView &kv,
   a.latent = p.latent;
   a.scale = p.scale != 0.f ? p.scale : 1.0f / std::sqrt(static_cast<float>(head_dim));
   STRATA_ASSIGN_OR_RETURN(a.sinks, Resolve(p.sinks));
-  return AttentionExt(q, a, n_tok, out, stream_.get());
+  // Scratch for the split path, sized for the cache's last position so a growing context does not
+  // reallocate it during decode.
+  AttentionExtArgs longest = a;
+  longest.pos0 = std::max(a.pos0, kv.n_ctx - static_cast<int>(n_tok));
+  const size_t split = AttentionExtWorkspaceBytes(longest, n_tok);
+  Workspace ws;
+  if (split > 0) {
+    STRATA_ASSIGN_OR_RETURN(void *p, Grow(attn_ws_, split));
+    ws = Workspace{p, attn_ws_.size()};
+  }
+  return AttentionExt(q, a, n_tok, out, stream_.get(), ws);
 }
 
 void CudaBackend::Attention(const float *q, const model::KvView &kv, int64_t n_tok, int pos0, int n_head,

@@ -66,6 +66,9 @@ class CudaBackend final : public model::Backend {
   void MatMulInputMajor(const model::Matrix &w, const float *x, int64_t n_tok, float *y) override;
   void GetRows(const model::Matrix &w, const int32_t *ids, int64_t n, float *out) override;
   void RmsNorm(const float *x, const float *weight, int64_t n_rows, int64_t n, float eps, float *y) override;
+  void AddRmsNorm(float *x, const float *add, const float *weight, int64_t n_rows, int64_t n, float eps,
+                  float *y) override;
+  void MatMulMany(const model::Matrix *const *ws, float *const *ys, int n, const float *x, int64_t n_tok) override;
   using model::Backend::Attention;
   using model::Backend::Rope;
   void Rope(float *x, int64_t n_tok, int n_heads, int head_dim, const int32_t *pos, float theta,
@@ -208,7 +211,7 @@ class CudaBackend final : public model::Backend {
   // Device tables for RoutedExperts: per layer [gate x n_expert | up x n_expert | down x n_expert].
   const model::ModelWeights *w_ = nullptr;
   std::vector<LayerTable> tables_;
-  DeviceBuffer tab_dev_, plan_buf_, grouped_ws_;
+  DeviceBuffer tab_dev_, plan_buf_, grouped_ws_, attn_ws_;
   const uint8_t *arena_dev_ = nullptr;               // the arena's device address when mapped
   PinnedBuffer hist_;                                // (n_layer, kDeviceRouteMaxRows) last selections
   std::vector<int> pending_fills_;                   // slots filled but not yet in their table

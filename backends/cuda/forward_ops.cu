@@ -142,6 +142,7 @@ __device__ float BlockReduceMax(float v, float *red) {
 
 // Values per lane of the attention output: v_dim up to 32 * kAttnMaxVPerLane.
 constexpr int kAttnMaxVPerLane = 16;
+constexpr int kAttnMaxHeadDim = 1024;  // query floats the split kernel holds
 constexpr int kAttnWarps = kThreads / 32;
 constexpr int kAttnUnroll = 4;  // keys a warp works on at once
 
@@ -241,6 +242,118 @@ __global__ void __launch_bounds__(kThreads) AttentionExtKernel(const float *q, A
     float r = 0.f;
     for (int w = 0; w < kAttnWarps; ++w) r += part[w * a.v_dim + d];
     o[d] = r;
+  }
+}
+
+// Split attention, phase 1: block (token x head, chunk s) over keys [s kAttnChunk, (s + 1)
+// kAttnChunk) of the visible range: its max score m, l = sum of exp(score - m) and the unnormalised
+// output sum of exp(score - m) v, into part[(th * n_split + s) * (v_dim + 2)] as (m, l, out...). A
+// chunk past the visible range, or wholly masked, writes m = -inf, l = 0.
+__global__ void __launch_bounds__(kThreads) AttentionSplitKernel(const float *q, AttentionExtArgs a, int n_split,
+                                                                 float *part) {
+  __shared__ float qs_sm[kAttnMaxHeadDim];
+  __shared__ float sc[kAttnChunk];
+  __shared__ float red[32];
+  extern __shared__ float sm[];  // (kAttnWarps, v_dim) partial outputs
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t th = blockIdx.x;
+  const int64_t t = th / a.n_head;
+  const int h = static_cast<int>(th % a.n_head);
+  const int kvh = h / (a.n_head / a.n_head_kv);
+  const int pos = a.pos0 + static_cast<int>(t);
+  const int first = a.window > 0 ? max(0, pos - a.window + 1) : 0;
+  const int n = pos + 1 - first;
+  const int j0 = static_cast<int>(blockIdx.y) * kAttnChunk, j1 = min(n, j0 + kAttnChunk);
+  float *dst = part + (th * n_split + blockIdx.y) * (a.v_dim + 2);
+  if (j0 >= n) {
+    if (threadIdx.x == 0) {
+      dst[0] = -INFINITY;
+      dst[1] = 0.f;
+    }
+    return;
+  }
+  const float *qh = q + (t * a.n_head + h) * a.head_dim;
+  for (int d = threadIdx.x; d < a.head_dim; d += blockDim.x) qs_sm[d] = qh[d];
+  __syncthreads();
+  float mx = -INFINITY;
+  for (int j = j0 + warp; j < j1; j += kAttnWarps) {
+    const int row = first + j;
+    const float *kj = a.k_blocks[row / a.block_tokens] + static_cast<int64_t>(row % a.block_tokens) * a.k_stride +
+                      static_cast<int64_t>(kvh) * a.head_dim;
+    float dot = 0.f;
+    for (int d = lane; d < a.head_dim; d += 32) dot = fmaf(qs_sm[d], kj[d], dot);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+    const bool masked = row != pos && a.masked != nullptr && a.masked[row] != 0;
+    const float sv = masked ? -INFINITY : __fmul_rn(dot, a.scale);
+    if (lane == 0) sc[j - j0] = sv;
+    mx = fmaxf(mx, sv);
+  }
+  mx = BlockReduceMax(mx, red);
+  __syncthreads();
+  float sum = 0.f;
+  for (int j = threadIdx.x; j < j1 - j0; j += blockDim.x) {
+    const float e = mx == -INFINITY ? 0.f : ExpF(sc[j] - mx);
+    sc[j] = e;
+    sum += e;
+  }
+  sum = BlockReduceSum(sum, red);
+  __syncthreads();
+  float acc[kAttnMaxVPerLane];
+#pragma unroll
+  for (int m = 0; m < kAttnMaxVPerLane; ++m) acc[m] = 0.f;
+  for (int j = j0 + warp; j < j1; j += kAttnWarps) {
+    const int row = first + j;
+    const int64_t in_block = row % a.block_tokens;
+    const float *vj = a.latent ? a.k_blocks[row / a.block_tokens] + in_block * a.k_stride
+                               : a.v_blocks[row / a.block_tokens] + in_block * a.v_stride +
+                                     static_cast<int64_t>(kvh) * a.head_dim;
+    const float p = sc[j - j0];
+#pragma unroll
+    for (int m = 0; m < kAttnMaxVPerLane; ++m) {
+      const int d = lane + 32 * m;
+      if (d < a.v_dim) acc[m] = fmaf(p, vj[d], acc[m]);
+    }
+  }
+#pragma unroll
+  for (int m = 0; m < kAttnMaxVPerLane; ++m) {
+    const int d = lane + 32 * m;
+    if (d < a.v_dim) sm[warp * a.v_dim + d] = acc[m];
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    dst[0] = mx;
+    dst[1] = sum;
+  }
+  for (int d = threadIdx.x; d < a.v_dim; d += blockDim.x) {
+    float r = 0.f;
+    for (int w = 0; w < kAttnWarps; ++w) r += sm[w * a.v_dim + d];
+    dst[2 + d] = r;
+  }
+}
+
+// Split attention, phase 2: one block per (token, head) combines its chunks in order with the
+// optional sink logit: out = sum_s exp(m_s - M) out_s / (sum_s exp(m_s - M) l_s + exp(sink - M)).
+__global__ void AttentionCombineKernel(const float *part, AttentionExtArgs a, int n_split, float *out) {
+  const int64_t th = blockIdx.x;
+  const int h = static_cast<int>(th % a.n_head);
+  const float *src = part + th * n_split * (a.v_dim + 2);
+  float mx = a.sinks != nullptr ? a.sinks[h] : -INFINITY;
+  for (int s = 0; s < n_split; ++s) mx = fmaxf(mx, src[s * (a.v_dim + 2)]);
+  float l = a.sinks != nullptr ? ExpF(a.sinks[h] - mx) : 0.f;
+  for (int s = 0; s < n_split; ++s) {
+    const float ms = src[s * (a.v_dim + 2)];
+    if (ms != -INFINITY) l += ExpF(ms - mx) * src[s * (a.v_dim + 2) + 1];
+  }
+  const float inv = 1.0f / l;
+  float *o = out + th * a.v_dim;
+  for (int d = threadIdx.x; d < a.v_dim; d += blockDim.x) {
+    float r = 0.f;
+    for (int s = 0; s < n_split; ++s) {
+      const float ms = src[s * (a.v_dim + 2)];
+      if (ms != -INFINITY) r = fmaf(ExpF(ms - mx), src[s * (a.v_dim + 2) + 2 + d], r);
+    }
+    o[d] = r * inv;
   }
 }
 
@@ -471,12 +584,41 @@ absl::Status RopeWithTable(float *x, int64_t n_tok, int n_heads, int head_dim, c
   return absl::OkStatus();
 }
 
-absl::Status AttentionExt(const float *q, const AttentionExtArgs &a, int64_t n_tok, float *out, cudaStream_t stream) {
+namespace {
+
+// Chunks of the split path for this call, or 0 for one pass: worth it when the (token, head) blocks
+// are too few to fill the device and the keys span several chunks.
+int AttentionSplits(const AttentionExtArgs &a, int64_t n_tok) {
+  if (n_tok <= 0 || n_tok * a.n_head >= 256 || a.head_dim > kAttnMaxHeadDim || a.v_dim > 32 * kAttnMaxVPerLane) return 0;
+  const int last = a.pos0 + static_cast<int>(n_tok) - 1;
+  const int n_keys = a.window > 0 ? std::min(a.window, last + 1) : last + 1;
+  const int n = (n_keys + kAttnChunk - 1) / kAttnChunk;
+  return n > 1 ? n : 0;
+}
+
+}  // namespace
+
+size_t AttentionExtWorkspaceBytes(const AttentionExtArgs &a, int64_t n_tok) {
+  const int n = AttentionSplits(a, n_tok);
+  return n == 0 ? 0 : static_cast<size_t>(n_tok) * a.n_head * n * (a.v_dim + 2) * sizeof(float);
+}
+
+absl::Status AttentionExt(const float *q, const AttentionExtArgs &a, int64_t n_tok, float *out, cudaStream_t stream,
+                          Workspace ws) {
   if (a.n_head_kv <= 0 || a.n_head % a.n_head_kv != 0 || a.head_dim <= 0 || a.v_dim <= 0 || a.block_tokens <= 0) {
     return Errorf(MOE_ERR_INVALID_ARGUMENT, "attention over %d heads, %d KV heads, head_dim %d", a.n_head,
                   a.n_head_kv, a.head_dim);
   }
   if (n_tok <= 0) return absl::OkStatus();
+  if (const int n_split = AttentionSplits(a, n_tok);
+      n_split > 0 && ws.data != nullptr && ws.bytes >= AttentionExtWorkspaceBytes(a, n_tok)) {
+    float *part = static_cast<float *>(ws.data);
+    const dim3 grid(static_cast<unsigned>(n_tok * a.n_head), static_cast<unsigned>(n_split));
+    AttentionSplitKernel<<<grid, kThreads, kAttnWarps * a.v_dim * sizeof(float), stream>>>(q, a, n_split, part);
+    AttentionCombineKernel<<<static_cast<unsigned>(n_tok * a.n_head), 128, 0, stream>>>(part, a, n_split, out);
+    STRATA_CUDA_RETURN_IF_LAUNCH_FAILED();
+    return absl::OkStatus();
+  }
   const int last = a.pos0 + static_cast<int>(n_tok) - 1;
   const int n_keys = a.window > 0 ? std::min(a.window, last + 1) : last + 1;
   if (a.v_dim > 32 * kAttnMaxVPerLane) {

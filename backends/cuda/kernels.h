@@ -51,6 +51,13 @@ constexpr int64_t kGemvMaxTokens = 8;
 // float32; a (row, token) result does not depend on n_tok. No workspace.
 absl::Status Gemv(const DeviceMatrix &w, const float *x, int64_t n_tok, float *y, cudaStream_t stream);
 
+// ys[m] (n_tok, ws[m].rows) = x (n_tok, cols) · ws[m]ᵀ for n <= kGemvManyMax matrices of one codec
+// and column count (the attention projections of one input) in one launch per token chunk;
+// per (row, token) bit-identical to Gemv on each matrix.
+constexpr int kGemvManyMax = 4;
+absl::Status GemvMany(const DeviceMatrix *ws, float *const *ys, int n, const float *x, int64_t n_tok,
+                      cudaStream_t stream);
+
 // out (rows, cols) = the dequantized w, bit-identical to quant::Codec::dequantize.
 absl::Status Dequantize(const DeviceMatrix &w, float *out, cudaStream_t stream);
 
@@ -104,6 +111,11 @@ class Blas {
 };
 
 // ---- Element-wise and per-row operations ---------------------------------------------------------
+
+// x (n_rows, n) += add, then y = RmsNorm(x): the residual add and the next norm in one launch,
+// bit-identical to Add followed by RmsNorm.
+absl::Status AddRmsNorm(float *x, const float *add, const float *weight, int64_t n_rows, int64_t n, float eps, float *y,
+                        cudaStream_t stream);
 
 // y (n_rows, n) = x / rms(x) * weight per row (weight (n) on the device); y may alias x.
 absl::Status RmsNorm(const float *x, const float *weight, int64_t n_rows, int64_t n, float eps, float *y,
@@ -278,7 +290,14 @@ struct AttentionExtArgs {
   const uint8_t *masked = nullptr; // (positions), optional
   bool latent = false;
 };
-absl::Status AttentionExt(const float *q, const AttentionExtArgs &a, int64_t n_tok, float *out, cudaStream_t stream);
+// With few (token, head) blocks and many keys (decode over a long context), the keys are split into
+// chunks of kAttnChunk, each chunk's softmax numerator and denominator computed by its own block
+// into `ws`, and a second launch combines the chunks in order (flash-decoding); the split needs
+// AttentionExtWorkspaceBytes of ws, and without it the call runs in one pass.
+constexpr int kAttnChunk = 64;
+size_t AttentionExtWorkspaceBytes(const AttentionExtArgs &a, int64_t n_tok);
+absl::Status AttentionExt(const float *q, const AttentionExtArgs &a, int64_t n_tok, float *out, cudaStream_t stream,
+                          Workspace ws = {});
 
 // Every routing variant of lib/model/routing.h, one thread per token: logits (n_tok, n_expert) ->
 // sel (n_tok, k) and wts (n_tok, k). gating: 0 softmax, 1 softmax over the selected, 2 sigmoid.

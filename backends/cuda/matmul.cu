@@ -4,6 +4,7 @@
 // (row, token) the GEMV adds in a fixed order whatever the batch size.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <memory>
 
 #include "backends/cuda/codecs.cuh"
@@ -94,6 +95,33 @@ absl::Status CheckActivations(const float *p, const char *what) {
   if (p == nullptr) return Errorf(MOE_ERR_INVALID_ARGUMENT, "%s is null", what);
   if (!Aligned(p, 16)) return Errorf(MOE_ERR_INVALID_ARGUMENT, "%s is not 16-byte aligned", what);
   return absl::OkStatus();
+}
+
+// Up to kGemvManyMax matrices of one codec and column count over one input, by value.
+struct ManyArgs {
+  const uint8_t *w[kGemvManyMax];
+  uint64_t row_bytes[kGemvManyMax];
+  int64_t rows[kGemvManyMax];
+  float *y[kGemvManyMax];
+};
+
+// Block (b, m): rows [b kGemvWarps, + kGemvWarps) of matrix m, as GemvKernel computes them.
+template <class C, int NT>
+__global__ void __launch_bounds__(kGemvWarps * 32) GemvManyKernel(ManyArgs a, int64_t cols, const float *__restrict__ x,
+                                                                  int64_t x_stride, int64_t t0) {
+  const int m = blockIdx.y;
+  const int lane = threadIdx.x & 31;
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * kGemvWarps + (threadIdx.x >> 5);
+  if (r >= a.rows[m]) return;
+  float acc[NT];
+#pragma unroll
+  for (int t = 0; t < NT; ++t) acc[t] = 0.f;
+  RowDot<C, NT>(a.w[m] + r * a.row_bytes[m], x + t0 * x_stride, cols, lane, acc);
+#pragma unroll
+  for (int t = 0; t < NT; ++t) {
+    const float s = WarpSum(acc[t]);
+    if (lane == 0) a.y[m][(t0 + t) * a.rows[m] + r] = s;
+  }
 }
 
 template <class C, int NT>
@@ -196,6 +224,40 @@ absl::Status GemvSwiGlu(const DeviceMatrix &gate, const DeviceMatrix &up, const 
       case 4: LaunchGemvSwiGlu<C, 4>(gate, up, xt, ht, stream); break;
       case 2: LaunchGemvSwiGlu<C, 2>(gate, up, xt, ht, stream); break;
       default: LaunchGemvSwiGlu<C, 1>(gate, up, xt, ht, stream); break;
+    }
+  }));
+  STRATA_CUDA_RETURN_IF_LAUNCH_FAILED();
+  return absl::OkStatus();
+}
+
+absl::Status GemvMany(const DeviceMatrix *ws, float *const *ys, int n, const float *x, int64_t n_tok,
+                      cudaStream_t stream) {
+  if (n <= 0 || n > kGemvManyMax) return Errorf(MOE_ERR_INVALID_ARGUMENT, "GemvMany over %d matrices", n);
+  if (n_tok < 0) return Errorf(MOE_ERR_INVALID_ARGUMENT, "GEMV over %d tokens", n_tok);
+  ManyArgs a{};
+  int64_t max_rows = 0;
+  for (int m = 0; m < n; ++m) {
+    STRATA_RETURN_IF_ERROR(CheckMatrix(ws[m]));
+    if (ws[m].type != ws[0].type || ws[m].cols != ws[0].cols) {
+      return Errorf(MOE_ERR_INVALID_ARGUMENT, "GemvMany needs matrices of one codec and column count");
+    }
+    if (ys[m] == nullptr) return Errorf(MOE_ERR_INVALID_ARGUMENT, "GEMV output is null");
+    a.w[m] = static_cast<const uint8_t *>(ws[m].data);
+    a.row_bytes[m] = ws[m].row_bytes;
+    a.rows[m] = ws[m].rows;
+    a.y[m] = ys[m];
+    max_rows = std::max(max_rows, ws[m].rows);
+  }
+  if (n_tok == 0 || max_rows == 0) return absl::OkStatus();
+  STRATA_RETURN_IF_ERROR(CheckActivations(x, "GEMV input"));
+  const int64_t cols = ws[0].cols;
+  const dim3 grid(static_cast<unsigned>((max_rows + kGemvWarps - 1) / kGemvWarps), static_cast<unsigned>(n));
+  STRATA_CUDA_DISPATCH_CODEC(ws[0].type, ForTokenChunks(n_tok, [&](int nt, int64_t t0) {
+    switch (nt) {
+      case 8: GemvManyKernel<C, 8><<<grid, kGemvWarps * 32, 0, stream>>>(a, cols, x, cols, t0); break;
+      case 4: GemvManyKernel<C, 4><<<grid, kGemvWarps * 32, 0, stream>>>(a, cols, x, cols, t0); break;
+      case 2: GemvManyKernel<C, 2><<<grid, kGemvWarps * 32, 0, stream>>>(a, cols, x, cols, t0); break;
+      default: GemvManyKernel<C, 1><<<grid, kGemvWarps * 32, 0, stream>>>(a, cols, x, cols, t0); break;
     }
   }));
   STRATA_CUDA_RETURN_IF_LAUNCH_FAILED();

@@ -48,6 +48,23 @@ __global__ void RmsNormKernel(const float *x, const float *weight, int64_t n, fl
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) yr[i] = weight[i] * (xr[i] * inv);
 }
 
+// RmsNormKernel after x += add; each thread adds the elements it then squares, so no barrier.
+__global__ void AddRmsNormKernel(float *x, const float *add, const float *weight, int64_t n, float eps, float *y) {
+  __shared__ float red[32];
+  float *xr = x + blockIdx.x * n;
+  const float *ar = add + blockIdx.x * n;
+  float *yr = y + blockIdx.x * n;
+  float ss = 0.f;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    const float v = __fadd_rn(xr[i], ar[i]);
+    xr[i] = v;
+    ss = fmaf(v, v, ss);
+  }
+  ss = BlockReduce<false>(ss, red);
+  const float inv = 1.0f / sqrtf(ss / static_cast<float>(n) + eps);
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) yr[i] = weight[i] * (xr[i] * inv);
+}
+
 // One thread per (token, head, pair i < head_dim / 2).
 __global__ void RopeKernel(float *x, int64_t n_tok, int n_heads, int head_dim, const int32_t *pos, float theta,
                            bool neox) {
@@ -157,6 +174,20 @@ absl::Status RmsNorm(const float *x, const float *weight, int64_t n_rows, int64_
   if (n_rows == 0) return absl::OkStatus();
   if (x == nullptr || weight == nullptr || y == nullptr) return Errorf(MOE_ERR_INVALID_ARGUMENT, "RMSNorm pointer is null");
   RmsNormKernel<<<static_cast<unsigned>(n_rows), kRowThreads, 0, stream>>>(x, weight, n, eps, y);
+  STRATA_CUDA_RETURN_IF_LAUNCH_FAILED();
+  return absl::OkStatus();
+}
+
+absl::Status AddRmsNorm(float *x, const float *add, const float *weight, int64_t n_rows, int64_t n, float eps, float *y,
+                        cudaStream_t stream) {
+  if (n_rows < 0 || n <= 0 || n_rows > 0x7fffffff) {
+    return Errorf(MOE_ERR_INVALID_ARGUMENT, "RMSNorm of %d rows of %d", n_rows, n);
+  }
+  if (n_rows == 0) return absl::OkStatus();
+  if (x == nullptr || add == nullptr || weight == nullptr || y == nullptr) {
+    return Errorf(MOE_ERR_INVALID_ARGUMENT, "RMSNorm pointer is null");
+  }
+  AddRmsNormKernel<<<static_cast<unsigned>(n_rows), kRowThreads, 0, stream>>>(x, add, weight, n, eps, y);
   STRATA_CUDA_RETURN_IF_LAUNCH_FAILED();
   return absl::OkStatus();
 }

@@ -186,6 +186,18 @@ class Backend {
   // y (n_rows, n) = x / rms(x) * weight, per row; y may alias x
   virtual void RmsNorm(const float *x, const float *weight, int64_t n_rows, int64_t n, float eps,
                        float *y) = 0;
+  // x (n_rows, n) += add, then y = RmsNorm(x): a residual add and the next norm (one launch on a
+  // device), with the numbers of Add then RmsNorm.
+  virtual void AddRmsNorm(float *x, const float *add, const float *weight, int64_t n_rows, int64_t n, float eps,
+                          float *y) {
+    Add(x, add, n_rows * n);
+    RmsNorm(x, weight, n_rows, n, eps, y);
+  }
+  // ys[i] (n_tok, ws[i]->rows) = x · ws[i]ᵀ for n matrices over one input (attention projections;
+  // one launch on a device), with the numbers of MatMul on each.
+  virtual void MatMulMany(const Matrix *const *ws, float *const *ys, int n, const float *x, int64_t n_tok) {
+    for (int i = 0; i < n; ++i) MatMul(*ws[i], x, n_tok, ys[i]);
+  }
   // Rotates x (n_tok, n_heads, head_dim) in place; token t is at position pos[t] (backend memory).
   virtual void Rope(float *x, int64_t n_tok, int n_heads, int head_dim, const int32_t *pos, float theta,
                     RopeStyle style, const RopeParams &p) = 0;

@@ -460,9 +460,10 @@ void SelfAttention(const HParams &hp, const LayerWeights &L, int l, Backend &be,
   const int32_t *pos = S.pos;
   const int64_t D = hp.n_embd, QD = hp.q_dim(), KVD = hp.kv_dim();
   float *q = S.q, *k = S.k, *v = S.v, *att = S.att;
-  be.MatMul(L.wq, h, T, q);  // q (T, n_head * head_dim)
-  be.MatMul(L.wk, h, T, k);  // k (T, n_head_kv * head_dim)
-  be.MatMul(L.wv, h, T, v);  // v (T, n_head_kv * head_dim)
+  // q (T, n_head * head_dim), k and v (T, n_head_kv * head_dim)
+  const Matrix *qkv[3] = {&L.wq, &L.wk, &L.wv};
+  float *const qkv_out[3] = {q, k, v};
+  be.MatMulMany(qkv, qkv_out, 3, h, T);
   if (hp.attn_bias) {
     be.AddBias(q, T, QD, L.bq.values.data());
     be.AddBias(k, T, KVD, L.bk.values.data());
@@ -740,16 +741,20 @@ absl::Status Forward(const HParams &hp, const ModelWeights &w, Backend &be, cons
     seq_rows.push_back(SeqRows{a.seqs[s].kv, row0[s], a.seqs[s].n_tok, a.seqs[s].pos0});
   }
   std::vector<char> routed_on_backend(hp.n_layer, 0);
+  // Each residual add is fused with the norm that follows it (the next block's input).
+  be.RmsNorm(S.x, w.layers[0].attn_norm.values.data(), T, D, hp.rms_eps, S.h);
   for (int l = 0; l < hp.n_layer; ++l) {
     const LayerWeights &L = w.layers[l];
-    be.RmsNorm(S.x, L.attn_norm.values.data(), T, D, hp.rms_eps, S.h);
     SelfAttention(hp, L, l, be, seq_rows, S.h, T, S, S.o);
-    be.Add(S.x, S.o, T * D);
-    be.RmsNorm(S.x, L.ffn_norm.values.data(), T, D, hp.rms_eps, S.h);
+    be.AddRmsNorm(S.x, S.o, L.ffn_norm.values.data(), T, D, hp.rms_eps, S.h);
     bool routed = false;
     STRATA_RETURN_IF_ERROR(FeedForward(hp, L, l, be, a.experts, S.h, T, S, S.o, &routed));  // all tokens at once
     routed_on_backend[l] = routed;
-    be.Add(S.x, S.o, T * D);
+    if (l + 1 < hp.n_layer) {
+      be.AddRmsNorm(S.x, S.o, w.layers[l + 1].attn_norm.values.data(), T, D, hp.rms_eps, S.h);
+    } else {
+      be.Add(S.x, S.o, T * D);
+    }
     STRATA_RETURN_IF_ERROR(be.TakeError());
   }
 

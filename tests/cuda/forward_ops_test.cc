@@ -136,13 +136,18 @@ TEST_CASE("Attention over block tables with masks, sinks, windows, latent values
   if (!HaveGpu()) return;
   auto rng = test::Rng();
   cpu::CpuBackend cpu(1);
-  struct Case { bool latent, sinks; int window; float scale; };
-  for (Case c : {Case{false, true, 0, 0.f}, Case{false, true, 5, 0.f}, Case{false, false, 0, 0.37f},
-                 Case{true, false, 0, 0.21f}}) {
-    INFO("latent " << c.latent << " sinks " << c.sinks << " window " << c.window << " scale " << c.scale);
+  // pos0, n_tok, n_ctx: a short prefill chunk (one pass), and decode over long contexts, whose keys
+  // are split over blocks in chunks of kAttnChunk and combined (with masks, windows, sinks, latent).
+  struct Case { bool latent, sinks; int window; float scale; int pos0, n_tok, n_ctx; };
+  for (Case c : {Case{false, true, 0, 0.f, 11, 6, 32}, Case{false, true, 5, 0.f, 11, 6, 32},
+                 Case{false, false, 0, 0.37f, 11, 6, 32}, Case{true, false, 0, 0.21f, 11, 6, 32},
+                 Case{false, true, 0, 0.f, 300, 1, 320}, Case{false, false, 100, 0.f, 300, 2, 320},
+                 Case{true, true, 0, 0.21f, 250, 1, 256}, Case{false, false, 0, 0.f, 127, 1, 128}}) {
+    INFO("latent " << c.latent << " sinks " << c.sinks << " window " << c.window << " scale " << c.scale << " pos0 "
+                   << c.pos0 << " tokens " << c.n_tok);
     const int n_head = 4, n_head_kv = c.latent ? 1 : 2, head_dim = c.latent ? 40 : 24, v_dim = c.latent ? 32 : head_dim;
-    const int pos0 = 11, n_ctx = 32;
-    const int64_t n_tok = 6;
+    const int pos0 = c.pos0, n_ctx = c.n_ctx;
+    const int64_t n_tok = c.n_tok;
     const int k_width = n_head_kv * head_dim, v_width = c.latent ? 0 : k_width;
     std::vector<float> k = RandomFloats(rng, n_ctx * k_width), v = RandomFloats(rng, std::max(1, n_ctx * v_width));
     std::vector<float> q = RandomFloats(rng, n_tok * n_head * head_dim), sinks = RandomFloats(rng, n_head);
@@ -185,7 +190,10 @@ TEST_CASE("Attention over block tables with masks, sinks, windows, latent values
     a.latent = c.latent;
     a.scale = c.scale != 0.f ? c.scale : 1.0f / std::sqrt(static_cast<float>(head_dim));
     a.sinks = c.sinks ? ds.as<float>() : nullptr;
-    REQUIRE(AttentionExt(dq.as<float>(), a, n_tok, dout.as<float>(), nullptr).ok());
+    const size_t ws_bytes = AttentionExtWorkspaceBytes(a, n_tok);
+    CHECK((ws_bytes > 0) == (pos0 + n_tok > kAttnChunk));  // the long cases take the split path
+    DeviceBuffer dws = Poisoned(std::max<size_t>(ws_bytes / sizeof(float), 1));
+    REQUIRE(AttentionExt(dq.as<float>(), a, n_tok, dout.as<float>(), nullptr, Workspace{dws.data(), ws_bytes}).ok());
     CHECK(RelL2(Download<float>(dout, ref.size()), ref) <= 1e-5);
   }
 }
