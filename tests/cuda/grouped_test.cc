@@ -8,6 +8,7 @@
 #include <string>
 
 #include "backends/cuda/cuda_status.h"
+#include "lib/model/routing.h"
 #include "tests/cuda/cuda_test_util.h"
 
 namespace strata::cuda {
@@ -28,24 +29,15 @@ struct HostGroups {
   std::vector<int32_t> first;   // first grouped row of each group, then n
 };
 
+// The grouping the forward pass and the CPU backend use (model::GroupByExpert), as the device's
+// reference; selections must be in range.
 HostGroups ReferenceGroups(const std::vector<int32_t> &sel, int k, int n_expert) {
   const int64_t n = static_cast<int64_t>(sel.size());
-  std::vector<std::vector<int64_t>> members(n_expert);
-  for (int64_t i = 0; i < n; ++i) members[sel[i]].push_back(i);
+  const model::ExpertGroups g = model::GroupByExpert(sel.data(), n / k, k, n_expert);
   HostGroups h;
-  h.idx.assign(2 * n, -1);
-  int32_t row = 0;
-  for (int e = 0; e < n_expert; ++e) {
-    if (members[e].empty()) continue;
-    h.expert.push_back(e);
-    h.first.push_back(row);
-    for (int64_t i : members[e]) {
-      h.idx[row] = static_cast<int32_t>(i / k);
-      h.idx[n + i] = row;
-      ++row;
-    }
-  }
-  h.first.push_back(row);
+  h.idx = g.idx;
+  h.expert = g.used;
+  h.first.assign(g.first.begin(), g.first.end());
   return h;
 }
 

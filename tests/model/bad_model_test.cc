@@ -126,6 +126,48 @@ struct GgufCase {
   const char *mention;  // the message must contain this
 };
 
+// A Hugging Face checkpoint whose config.json is edited (the safetensors copied beside it).
+struct ConfigCase {
+  const char *name;
+  const char *golden;  // case dir (its hf/ checkpoint)
+  std::function<void(nlohmann::json &)> edit;
+  moe_status want;
+  const char *mention;
+};
+
+// Opening `path` fails with `want` and a message that contains `mention`.
+void ExpectRefused(const std::string &path, const char *name, moe_status want, const char *mention) {
+  std::string msg;
+  moe_status st = OpenStatus(path, &msg);
+  INFO(name << ": " << moe_status_string(st) << ": " << msg);
+  CHECK(st == want);
+  CHECK(msg.find(mention) != std::string::npos);
+}
+
+// Each case's golden `file` rewritten with its edit is refused as the case says.
+void ExpectGgufRefused(const std::vector<GgufCase> &cases, const char *file, TempDir &tmp) {
+  for (const auto &c : cases) {
+    const std::string dst = tmp.File("bad.gguf");
+    Rewrite(kGolden + c.golden + "/" + file, dst, c.edit);
+    ExpectRefused(dst, c.name, c.want, c.mention);
+  }
+}
+
+// Each case's checkpoint with its config.json edited is refused as the case says.
+void ExpectConfigRefused(const std::vector<ConfigCase> &cases, TempDir &tmp) {
+  for (const auto &c : cases) {
+    const std::string src = kGolden + c.golden + "/hf";
+    const std::string dir = tmp.File(std::string("cfg_") + std::to_string(&c - cases.data()));
+    std::filesystem::create_directories(dir);
+    std::filesystem::copy_file(src + "/model.safetensors", dir + "/model.safetensors");
+    std::ifstream in(src + "/config.json");
+    nlohmann::json cfg = nlohmann::json::parse(in);
+    c.edit(cfg);
+    std::ofstream(dir + "/config.json") << cfg.dump(2);
+    ExpectRefused(dir, c.name, c.want, c.mention);
+  }
+}
+
 }  // namespace
 
 TEST_CASE("GGUF models whose metadata disagrees with their tensors are refused", "[model][bad-input]") {
@@ -168,16 +210,7 @@ TEST_CASE("GGUF models whose metadata disagrees with their tensors are refused",
        MOE_ERR_UNSUPPORTED, "yarn"},
   };
   TempDir tmp;
-  for (const auto &c : cases) {
-    const std::string src = kGolden + c.golden + "/model-q8_0.gguf";
-    const std::string dst = tmp.File("bad.gguf");
-    Rewrite(src, dst, c.edit);
-    std::string msg;
-    moe_status st = OpenStatus(dst, &msg);
-    INFO(c.name << ": " << moe_status_string(st) << ": " << msg);
-    CHECK(st == c.want);
-    CHECK(msg.find(c.mention) != std::string::npos);
-  }
+  ExpectGgufRefused(cases, "model-q8_0.gguf", tmp);
   // The unedited rewrite opens: the cases above fail for their edit alone.
   Rewrite(kGolden + "qwen3moe_f32/model-q8_0.gguf", tmp.File("ok.gguf"), {});
   std::string msg;
@@ -185,13 +218,13 @@ TEST_CASE("GGUF models whose metadata disagrees with their tensors are refused",
 }
 
 TEST_CASE("HF checkpoints with a bad config.json are refused", "[model][bad-input]") {
-  struct ConfigCase {
+  struct QwenCase {
     const char *name;
     std::function<void(nlohmann::json &)> edit;
     moe_status want;
     const char *mention;
   };
-  const std::vector<ConfigCase> cases = {
+  const std::vector<QwenCase> qwen = {
       {"unknown model_type", [](auto &c) { c["model_type"] = "bert"; }, MOE_ERR_UNSUPPORTED_ARCH, "bert"},
       {"no model_type", [](auto &c) { c.erase("model_type"); }, MOE_ERR_FORMAT_CONFIG, "model_type"},
       {"no hidden_size", [](auto &c) { c.erase("hidden_size"); }, MOE_ERR_FORMAT_HPARAMS, "hidden_size"},
@@ -207,22 +240,11 @@ TEST_CASE("HF checkpoints with a bad config.json are refused", "[model][bad-inpu
       {"unsupported activation", [](auto &c) { c["hidden_act"] = "gelu"; }, MOE_ERR_UNSUPPORTED, "gelu"},
       {"vocab disagrees", [](auto &c) { c["vocab_size"] = 1000; }, MOE_ERR_FORMAT_HPARAMS, "embed_tokens"},
   };
+  std::vector<ConfigCase> cases;
+  for (const auto &q : qwen) cases.push_back({q.name, "qwen3moe_f32", q.edit, q.want, q.mention});
   TempDir tmp;
+  ExpectConfigRefused(cases, tmp);
   const std::string src = kGolden + "qwen3moe_f32/hf";
-  for (const auto &c : cases) {
-    const std::string dir = tmp.File(std::string("ck_") + std::to_string(&c - cases.data()));
-    std::filesystem::create_directories(dir);
-    std::filesystem::copy_file(src + "/model.safetensors", dir + "/model.safetensors");
-    std::ifstream in(src + "/config.json");
-    nlohmann::json cfg = nlohmann::json::parse(in);
-    c.edit(cfg);
-    std::ofstream(dir + "/config.json") << cfg.dump(2);
-    std::string msg;
-    moe_status st = OpenStatus(dir, &msg);
-    INFO(c.name << ": " << moe_status_string(st) << ": " << msg);
-    CHECK(st == c.want);
-    CHECK(msg.find(c.mention) != std::string::npos);
-  }
   // Not JSON at all.
   const std::string dir = tmp.File("notjson");
   std::filesystem::create_directories(dir);
@@ -299,16 +321,7 @@ TEST_CASE("malformed DeepSeek and gpt-oss files are refused with the reason", "[
        MOE_ERR_FORMAT_HPARAMS, "ffn_gate_exps"},
   };
   TempDir tmp;
-  for (const auto &c : cases) {
-    const std::string src = kGolden + c.golden + "/model-f32.gguf";
-    const std::string dst = tmp.File("bad.gguf");
-    Rewrite(src, dst, c.edit);
-    std::string msg;
-    moe_status st = OpenStatus(dst, &msg);
-    INFO(c.name << ": " << moe_status_string(st) << ": " << msg);
-    CHECK(st == c.want);
-    CHECK(msg.find(c.mention) != std::string::npos);
-  }
+  ExpectGgufRefused(cases, "model-f32.gguf", tmp);
   for (const char *g : {"deepseek2_f32", "deepseek2lite_f32", "deepseek3_f32", "gptoss_f32"}) {
     Rewrite(kGolden + g + "/model-f32.gguf", tmp.File("ok.gguf"), {});
     std::string msg;
@@ -316,13 +329,6 @@ TEST_CASE("malformed DeepSeek and gpt-oss files are refused with the reason", "[
     CHECK(OpenStatus(tmp.File("ok.gguf"), &msg) == MOE_OK);
   }
   // HF configs of the same families.
-  struct ConfigCase {
-    const char *name;
-    const char *golden;
-    std::function<void(nlohmann::json &)> edit;
-    moe_status want;
-    const char *mention;
-  };
   const std::vector<ConfigCase> cfg_cases = {
       {"kv LoRA rank disagrees", "deepseek3_f32", [](auto &c) { c["kv_lora_rank"] = 16; }, MOE_ERR_FORMAT_HPARAMS,
        "kv_a_proj_with_mqa"},
@@ -337,19 +343,6 @@ TEST_CASE("malformed DeepSeek and gpt-oss files are refused with the reason", "[
       {"layer types of another length", "gptoss_f32", [](auto &c) { c["layer_types"].push_back("full_attention"); },
        MOE_ERR_FORMAT_HPARAMS, "layer_types"},
   };
-  for (const auto &c : cfg_cases) {
-    const std::string src = kGolden + c.golden + "/hf";
-    const std::string dir = tmp.File(std::string("fam_") + std::to_string(&c - cfg_cases.data()));
-    std::filesystem::create_directories(dir);
-    std::filesystem::copy_file(src + "/model.safetensors", dir + "/model.safetensors");
-    std::ifstream in(src + "/config.json");
-    nlohmann::json cfg = nlohmann::json::parse(in);
-    c.edit(cfg);
-    std::ofstream(dir + "/config.json") << cfg.dump(2);
-    std::string msg;
-    moe_status st = OpenStatus(dir, &msg);
-    INFO(c.name << ": " << moe_status_string(st) << ": " << msg);
-    CHECK(st == c.want);
-    CHECK(msg.find(c.mention) != std::string::npos);
-  }
+  TempDir cfg_tmp;
+  ExpectConfigRefused(cfg_cases, cfg_tmp);
 }

@@ -250,24 +250,35 @@ TEST_CASE("a failing read fails the step, names the tensor, and leaves the conte
   moe_ctx_close(ctx);
 }
 
-TEST_CASE("a replaced model file is detected", "[store][faults]") {
+// A copy of a golden model in a temporary directory, opened at the minimum RAM budget, with one
+// session that has run a step over `first`; the tests then change the file under it.
+struct RunningCopy {
   strata::format::testing::TempDir tmp;
-  const std::string path = tmp.File("m.gguf");
-  std::filesystem::copy_file(kGolden + "qwen3moe_f32/model-q8_0.gguf", path);
-  moe_ctx *ctx = Open(path, 1);
+  std::string path;
+  moe_ctx *ctx = nullptr;
   moe_session *s = nullptr;
-  REQUIRE(moe_session_open(ctx, nullptr, &s) == MOE_OK);
-  const int32_t t[] = {1, 2, 3};
-  REQUIRE(moe_session_feed(s, t, 3) == MOE_OK);
-  REQUIRE(moe_ctx_step(ctx, nullptr) == MOE_OK);
+  explicit RunningCopy(const std::vector<int32_t> &first) : path(tmp.File("m.gguf")) {
+    std::filesystem::copy_file(kGolden + "qwen3moe_f32/model-q8_0.gguf", path);
+    ctx = Open(path, 1);
+    REQUIRE(moe_session_open(ctx, nullptr, &s) == MOE_OK);
+    REQUIRE(moe_session_feed(s, first.data(), first.size()) == MOE_OK);
+    REQUIRE(moe_ctx_step(ctx, nullptr) == MOE_OK);
+  }
+  ~RunningCopy() {
+    moe_session_close(s);
+    moe_ctx_close(ctx);
+  }
+};
+
+TEST_CASE("a replaced model file is detected", "[store][faults]") {
+  RunningCopy run({1, 2, 3});
   // Replace the file by rename, as a download or a re-pack would.
-  std::filesystem::copy_file(kGolden + "qwen3moe_f32/model-q8_0.gguf", path + ".new");
-  std::filesystem::rename(path + ".new", path);
-  REQUIRE(moe_session_feed(s, t, 1) == MOE_OK);
-  CHECK(moe_ctx_step(ctx, nullptr) == MOE_ERR_IO_CHANGED);
+  std::filesystem::copy_file(kGolden + "qwen3moe_f32/model-q8_0.gguf", run.path + ".new");
+  std::filesystem::rename(run.path + ".new", run.path);
+  const int32_t t = 1;
+  REQUIRE(moe_session_feed(run.s, &t, 1) == MOE_OK);
+  CHECK(moe_ctx_step(run.ctx, nullptr) == MOE_ERR_IO_CHANGED);
   CHECK(std::string(moe_last_error()).find("m.gguf") != std::string::npos);
-  moe_session_close(s);
-  moe_ctx_close(ctx);
 }
 
 TEST_CASE("expert table through the C ABI", "[store][capi]") {
@@ -343,19 +354,10 @@ TEST_CASE("packed files stream past the page cache with identical numbers", "[st
 }
 
 TEST_CASE("a model file truncated under a running context is detected", "[store][faults]") {
-  strata::format::testing::TempDir tmp;
-  const std::string path = tmp.File("m.gguf");
-  std::filesystem::copy_file(kGolden + "qwen3moe_f32/model-q8_0.gguf", path);
-  moe_ctx *ctx = Open(path, 1);
-  moe_session *s = nullptr;
-  REQUIRE(moe_session_open(ctx, nullptr, &s) == MOE_OK);
-  const int32_t t[] = {5, 6, 7};
-  REQUIRE(moe_session_feed(s, t, 3) == MOE_OK);
-  REQUIRE(moe_ctx_step(ctx, nullptr) == MOE_OK);
-  std::filesystem::resize_file(path, std::filesystem::file_size(path) / 2);
-  REQUIRE(moe_session_feed(s, t, 1) == MOE_OK);
-  CHECK(moe_ctx_step(ctx, nullptr) == MOE_ERR_IO_CHANGED);
-  CHECK(moe_session_n_past(s) == 3);
-  moe_session_close(s);
-  moe_ctx_close(ctx);
+  RunningCopy run({5, 6, 7});
+  std::filesystem::resize_file(run.path, std::filesystem::file_size(run.path) / 2);
+  const int32_t t = 5;
+  REQUIRE(moe_session_feed(run.s, &t, 1) == MOE_OK);
+  CHECK(moe_ctx_step(run.ctx, nullptr) == MOE_ERR_IO_CHANGED);
+  CHECK(moe_session_n_past(run.s) == 3);
 }
