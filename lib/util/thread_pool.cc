@@ -1,7 +1,15 @@
-// ThreadPool: workers wait for a generation counter to move, take their chunk, and report done.
+// ThreadPool: workers wait for a generation counter to move (spinning, then sleeping), take their
+// chunk, and count themselves done; the last one wakes the caller if it went to sleep.
 #include "lib/util/thread_pool.h"
 
 #include <algorithm>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define STRATA_CPU_PAUSE() _mm_pause()
+#else
+#define STRATA_CPU_PAUSE() std::this_thread::yield()
+#endif
 
 namespace strata {
 
@@ -15,6 +23,7 @@ ThreadPool::~ThreadPool() {
   {
     std::lock_guard<std::mutex> lk(mu_);
     stop_ = true;
+    generation_.fetch_add(1, std::memory_order_release);
   }
   cv_work_.notify_all();
   for (auto &t : workers_) t.join();
@@ -31,41 +40,51 @@ void ThreadPool::ParallelFor(int64_t n, int64_t min_chunk,
   }
   std::lock_guard<std::mutex> call(call_mu_);
   int64_t chunk = (n + chunks - 1) / chunks;
+  bool wake;
   {
+    // Under mu_ so a worker about to sleep either sees the new generation or is counted in sleepers_.
     std::lock_guard<std::mutex> lk(mu_);
     job_ = &fn;
     job_n_ = n;
     job_chunk_ = chunk;
     job_chunks_ = chunks;
-    pending_ = chunks - 1;
-    ++generation_;
+    pending_.store(n_threads_ - 1, std::memory_order_relaxed);
+    generation_.fetch_add(1, std::memory_order_release);
+    wake = sleepers_ > 0;
   }
-  cv_work_.notify_all();
+  if (wake) cv_work_.notify_all();
   fn(0, std::min(n, chunk), 0);
-  std::unique_lock<std::mutex> lk(mu_);
-  cv_done_.wait(lk, [this] { return pending_ == 0; });
-  job_ = nullptr;
+  for (int i = 0; i < kSpinIterations && pending_.load(std::memory_order_acquire) != 0; ++i) STRATA_CPU_PAUSE();
+  if (pending_.load(std::memory_order_acquire) != 0) {
+    std::unique_lock<std::mutex> lk(mu_);
+    cv_done_.wait(lk, [this] { return pending_.load(std::memory_order_acquire) == 0; });
+  }
 }
 
 void ThreadPool::WorkerLoop(int index) {
   uint64_t seen = 0;
   for (;;) {
-    const std::function<void(int64_t, int64_t, int)> *job;
-    int64_t begin, end;
+    for (int i = 0; i < kSpinIterations && generation_.load(std::memory_order_acquire) == seen; ++i) {
+      STRATA_CPU_PAUSE();
+    }
     {
       std::unique_lock<std::mutex> lk(mu_);
-      cv_work_.wait(lk, [&] { return stop_ || generation_ != seen; });
+      if (generation_.load(std::memory_order_acquire) == seen && !stop_) {
+        ++sleepers_;
+        cv_work_.wait(lk, [&] { return stop_ || generation_.load(std::memory_order_acquire) != seen; });
+        --sleepers_;
+      }
       if (stop_) return;
-      seen = generation_;
-      if (index >= job_chunks_) continue;
-      job = job_;
-      begin = job_chunk_ * index;
-      end = std::min(job_n_, begin + job_chunk_);
     }
-    if (begin < end) (*job)(begin, end, index);
-    {
+    seen = generation_.load(std::memory_order_acquire);
+    if (index < job_chunks_) {
+      const int64_t begin = job_chunk_ * index, end = std::min(job_n_, begin + job_chunk_);
+      if (begin < end) (*job_)(begin, end, index);
+    }
+    // Every worker reports, the idle ones too: the caller waits for all before the next job.
+    if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
       std::lock_guard<std::mutex> lk(mu_);
-      if (--pending_ == 0) cv_done_.notify_one();
+      cv_done_.notify_one();
     }
   }
 }

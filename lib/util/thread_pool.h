@@ -1,8 +1,13 @@
 // A fixed pool of worker threads for data-parallel loops. ParallelFor splits [0, n) into contiguous
 // chunks, runs them on the workers and the caller, and returns when all are done. Chunk boundaries
 // depend only on n and the pool size, so results that are computed per index are reproducible.
+//
+// A decode step makes hundreds of short ParallelFor calls, so waking sleeping threads through the
+// kernel each time would cost as much as the work: workers and the caller first spin on atomics
+// for a bounded time (kSpinIterations pauses, ~0.1 ms) and only then sleep on a condition variable.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -23,6 +28,9 @@ class ThreadPool {
   // fn(begin, end, thread_index) over [0, n) in at most size() chunks of at least min_chunk.
   void ParallelFor(int64_t n, int64_t min_chunk, const std::function<void(int64_t, int64_t, int)> &fn);
 
+  // Pauses a waiting thread spins before it sleeps.
+  static constexpr int kSpinIterations = 2000;
+
  private:
   void WorkerLoop(int index);
 
@@ -30,12 +38,14 @@ class ThreadPool {
   std::vector<std::thread> workers_;
   std::mutex mu_;
   std::condition_variable cv_work_, cv_done_;
+  // The job: written before generation_ moves (release), read after it is seen (acquire).
   const std::function<void(int64_t, int64_t, int)> *job_ = nullptr;
   int64_t job_n_ = 0, job_chunk_ = 0;
   int job_chunks_ = 0;
-  uint64_t generation_ = 0;
-  int pending_ = 0;
-  bool stop_ = false;
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<int> pending_{0};
+  int sleepers_ = 0;  // workers waiting on cv_work_ (under mu_)
+  bool stop_ = false; // under mu_
   std::mutex call_mu_;  // one ParallelFor at a time
 };
 
