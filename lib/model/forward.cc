@@ -611,15 +611,28 @@ absl::Status FeedForward(const HParams &hp, const LayerWeights &L, int l, Backen
   const std::vector<int64_t> &first = groups.first;
   std::vector<const ExpertWeights *> ew(used.size());
   if (source != nullptr) {
-    absl::Status st = source->Acquire(l, used, &ew);
+    // Experts still being read come back null: the others run first, overlapping those reads.
+    absl::Status st = source->AcquireAsync(l, used, &ew);
     if (!st.ok()) return Annotate(st, absl::StrFormat("layer %d experts", l));
   } else {
     for (size_t u = 0; u < used.size(); ++u) ew[u] = &L.experts[used[u]];
   }
   be.Upload(S.idx, idx.data(), idx.size() * sizeof(int32_t));
   be.GatherRows(h, D, S.idx, T * K, S.xg);  // xg (T K, D): the tokens of each expert in turn
-  for (size_t u = 0; u < used.size(); ++u) {
-    be.ExpertFfn(*ew[u], S.xg + first[u] * D, first[u + 1] - first[u], S.yg + first[u] * D);
+  // Each expert writes its own rows of yg, so the order they run in does not change a number.
+  for (int pass = 0; pass < 2; ++pass) {
+    for (size_t u = 0; u < used.size(); ++u) {
+      if ((ew[u] == nullptr) != (pass == 1)) continue;
+      if (pass == 1) {
+        absl::StatusOr<const ExpertWeights *> w = source->Await(l, used[u]);
+        if (!w.ok()) {
+          source->Release(l, used);
+          return Annotate(w.status(), absl::StrFormat("layer %d experts", l));
+        }
+        ew[u] = *w;
+      }
+      be.ExpertFfn(*ew[u], S.xg + first[u] * D, first[u + 1] - first[u], S.yg + first[u] * D);
+    }
   }
   if (source != nullptr) source->Release(l, used);
   // o (T, D) = sum over slots of weight * expert output.

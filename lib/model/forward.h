@@ -146,6 +146,17 @@ class ExpertSource {
   virtual absl::Status Acquire(int layer, const std::vector<int32_t> &experts,
                                std::vector<const ExpertWeights *> *out) = 0;
   virtual void Release(int layer, const std::vector<int32_t> &experts) = 0;
+  // For sources that load experts: Acquire without waiting for loads in flight — out[i] is null for
+  // an expert still loading, and Await(layer, experts[i]) waits for it — so the caller can compute
+  // the ready experts while the rest are read. Release follows either way, also after a failed
+  // Await. Default: Acquire (everything ready at once).
+  virtual absl::Status AcquireAsync(int layer, const std::vector<int32_t> &experts,
+                                    std::vector<const ExpertWeights *> *out) {
+    return Acquire(layer, experts, out);
+  }
+  virtual absl::StatusOr<const ExpertWeights *> Await(int layer, int32_t expert) {
+    return Errorf(MOE_ERR_INTERNAL, "expert %d of layer %d is not being loaded", expert, layer);
+  }
 };
 
 // One sequence of a batch: its KV cache and the new tokens at positions pos0..pos0+n_tok-1.

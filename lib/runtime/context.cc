@@ -248,6 +248,15 @@ class CountingExperts final : public model::ExpertSource {
     return absl::OkStatus();
   }
   void Release(int layer, const std::vector<int32_t> &experts) override { inner_->Release(layer, experts); }
+  absl::Status AcquireAsync(int layer, const std::vector<int32_t> &experts,
+                            std::vector<const model::ExpertWeights *> *out) override {
+    STRATA_RETURN_IF_ERROR(inner_->AcquireAsync(layer, experts, out));
+    if (layer_major && cache_ != nullptr && layer + 1 < n_layer_) cache_->PrefetchLayer(layer + 1);
+    return absl::OkStatus();
+  }
+  absl::StatusOr<const model::ExpertWeights *> Await(int layer, int32_t expert) override {
+    return inner_->Await(layer, expert);
+  }
   bool resident() const override { return !layer_major && inner_->resident(); }
 
  private:

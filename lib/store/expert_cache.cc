@@ -320,6 +320,38 @@ void ExpertCache::StartPredictedLocked() {
 absl::Status ExpertCache::Acquire(int layer, const std::vector<int32_t> &experts,
                                   std::vector<const model::ExpertWeights *> *out) {
   std::unique_lock<std::mutex> lk(mu_);
+  return AcquireLocked(lk, layer, experts, out, /*wait=*/true);
+}
+
+absl::Status ExpertCache::AcquireAsync(int layer, const std::vector<int32_t> &experts,
+                                       std::vector<const model::ExpertWeights *> *out) {
+  std::unique_lock<std::mutex> lk(mu_);
+  return AcquireLocked(lk, layer, experts, out, /*wait=*/false);
+}
+
+absl::StatusOr<const model::ExpertWeights *> ExpertCache::Await(int layer, int32_t expert) {
+  std::unique_lock<std::mutex> lk(mu_);
+  const uint32_t key = table_.Key(layer, expert);
+  auto loading = [&] {
+    const int s = key_slot_[key];
+    return s >= 0 && slots_[s].state == SlotState::kLoading;
+  };
+  if (loading()) {
+    const auto t0 = std::chrono::steady_clock::now();
+    cv_done_.wait(lk, [&] { return !loading(); });
+    stats_.io_wait_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  const int s = key_slot_[key];
+  if (s < 0 || slots_[s].state != SlotState::kReady || slots_[s].key != key) {
+    if (!key_error_[key].ok()) return key_error_[key];
+    return Errorf(MOE_ERR_INTERNAL, "expert %d of layer %d was not loaded", expert, layer);
+  }
+  return &slots_[s].views;
+}
+
+absl::Status ExpertCache::AcquireLocked(std::unique_lock<std::mutex> &lk, int layer,
+                                        const std::vector<int32_t> &experts,
+                                        std::vector<const model::ExpertWeights *> *out, bool wait) {
   std::vector<int> pinned;
   pinned.reserve(experts.size());
   for (int32_t e : experts) protected_[table_.Key(layer, e)] = 1;
@@ -369,14 +401,15 @@ absl::Status ExpertCache::Acquire(int layer, const std::vector<int32_t> &experts
     policy_->OnUse(key, ++tick_);
   }
   if (predicted_layer_ == layer) StartPredictedLocked();
-  // Wait for the loads still in flight (ours and predicted ones we now need).
+  // Wait for the loads still in flight (ours and predicted ones we now need), unless the caller
+  // awaits them one by one.
   auto all_done = [&] {
     for (int s : pinned) {
       if (slots_[s].state == SlotState::kLoading) return false;
     }
     return true;
   };
-  if (!all_done()) {
+  if (wait && !all_done()) {
     const auto t0 = std::chrono::steady_clock::now();
     cv_done_.wait(lk, all_done);
     stats_.io_wait_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -385,6 +418,10 @@ absl::Status ExpertCache::Acquire(int layer, const std::vector<int32_t> &experts
   for (size_t i = 0; i < experts.size(); ++i) {
     const uint32_t key = table_.Key(layer, experts[i]);
     const Slot &sl = slots_[pinned[i]];
+    if (!wait && sl.state == SlotState::kLoading && sl.key == key) {
+      (*out)[i] = nullptr;  // the caller awaits it
+      continue;
+    }
     if (sl.state != SlotState::kReady || sl.key != key) {
       absl::Status st = key_error_[key].ok() ? Errorf(MOE_ERR_INTERNAL, "expert %d of layer %d was not loaded",
                                                        experts[i], layer)
@@ -394,17 +431,26 @@ absl::Status ExpertCache::Acquire(int layer, const std::vector<int32_t> &experts
     }
     (*out)[i] = &sl.views;
   }
+  acquired_layer_ = layer;
+  acquired_slots_ = std::move(pinned);
   return absl::OkStatus();
 }
 
 void ExpertCache::Release(int layer, const std::vector<int32_t> &experts) {
   std::lock_guard<std::mutex> lk(mu_);
-  for (int32_t e : experts) {
-    const uint32_t key = table_.Key(layer, e);
-    const int s = key_slot_[key];
-    if (s >= 0 && slots_[s].pins > 0) --slots_[s].pins;
-    protected_[key] = 0;
+  if (acquired_layer_ == layer) {
+    for (int s : acquired_slots_) {
+      if (slots_[s].pins > 0) --slots_[s].pins;
+    }
+  } else {
+    for (int32_t e : experts) {
+      const int s = key_slot_[table_.Key(layer, e)];
+      if (s >= 0 && slots_[s].pins > 0) --slots_[s].pins;
+    }
   }
+  acquired_layer_ = -1;
+  acquired_slots_.clear();
+  for (int32_t e : experts) protected_[table_.Key(layer, e)] = 0;
 }
 
 void ExpertCache::OnDecodeToken() {

@@ -70,6 +70,9 @@ class ExpertCache final : public model::ExpertSource {
   absl::Status Acquire(int layer, const std::vector<int32_t> &experts,
                        std::vector<const model::ExpertWeights *> *out) override;
   void Release(int layer, const std::vector<int32_t> &experts) override;
+  absl::Status AcquireAsync(int layer, const std::vector<int32_t> &experts,
+                            std::vector<const model::ExpertWeights *> *out) override;
+  absl::StatusOr<const model::ExpertWeights *> Await(int layer, int32_t expert) override;
 
   void OnDecodeToken();
   void OnNewPrompt();
@@ -118,6 +121,9 @@ class ExpertCache final : public model::ExpertSource {
   void IoLoopWith(void *ring);
   // Reads one expert into its slot; `ring` is the calling I/O thread's io_uring (or nullptr).
   absl::Status ReadExpert(uint32_t key, uint8_t *dst, void *ring, bool *direct);
+  // Acquire's body; with wait false, experts still loading are left null in out.
+  absl::Status AcquireLocked(std::unique_lock<std::mutex> &lk, int layer, const std::vector<int32_t> &experts,
+                             std::vector<const model::ExpertWeights *> *out, bool wait);
   absl::Status ReadDirect(int fd, uint64_t offset, uint8_t *dst, uint64_t len, uint64_t need, void *ring);
 
   const ExpertTable &table_;
@@ -146,6 +152,10 @@ class ExpertCache final : public model::ExpertSource {
   std::vector<float> predict_logits_;
   std::vector<std::pair<int, std::vector<int32_t>>> predicted_;  // (distance, experts) from OnRoute
   int predicted_layer_ = -1;
+  // The slots pinned by the acquisition in progress (layer, slots), unpinned by Release by index: a
+  // slot whose load failed no longer maps its key.
+  int acquired_layer_ = -1;
+  std::vector<int> acquired_slots_;
   // Per layer: keys predicted for it that were not resident when predicted, scored at its routing.
   std::vector<std::vector<uint32_t>> pending_predictions_;
   std::unique_ptr<PrefetchGate> gate_;

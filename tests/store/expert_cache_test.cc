@@ -228,6 +228,9 @@ TEST_CASE("a failing read fails the step, names the tensor, and leaves the conte
     CHECK(err.find("ffn_") != std::string::npos);
     CHECK(err.find("model-f32.gguf") != std::string::npos);
     CHECK(moe_session_n_past(s) == 0);  // nothing consumed
+    // The step returned at its first failed expert; the reads it had queued may still be running
+    // (and failing). Let them finish before the fault changes, so the next failure is the next step's.
+    REQUIRE(moe_ctx_wait_loads(ctx) == MOE_OK);
     // Failing once: the step fails again, then succeeds once reads work.
     g_fail_after = -1;
     g_fail_once = true;
