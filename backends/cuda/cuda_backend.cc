@@ -805,7 +805,6 @@ absl::Status CudaBackend::BuildTables(const model::ModelWeights &w) {
     }
     if (!ok) continue;
     t.ok = true;
-    t.n_ff = static_cast<int>(e0.gate.rows);
     t.heat.assign(ex.size(), 0);
     STRATA_ASSIGN_OR_RETURN(t.hist_done, Event::Create());
     t.tab_off = host.size();
@@ -832,16 +831,13 @@ absl::Status CudaBackend::BuildTables(const model::ModelWeights &w) {
 model::DeviceTierStats CudaBackend::tier_stats() const {
   model::DeviceTierStats st;
   st.slots = static_cast<uint32_t>(slots_.size());
-  st.table_layers = static_cast<uint32_t>(table_layers());
+  st.table_layers = static_cast<uint32_t>(
+      std::count_if(tables_.begin(), tables_.end(), [](const LayerTable &t) { return t.ok; }));
   st.fills = fills_;
   st.fill_bytes = fill_bytes_;
   st.zero_copy = zero_copy_uses_;
   st.promotions = promotions_;
   return st;
-}
-
-int CudaBackend::table_layers() const {
-  return static_cast<int>(std::count_if(tables_.begin(), tables_.end(), [](const LayerTable &t) { return t.ok; }));
 }
 
 absl::Status CudaBackend::UpdateTier(int l) {
@@ -928,7 +924,7 @@ bool CudaBackend::RoutedExperts(const model::RoutedExpertsArgs &a) {
   const int64_t n_embd = t.ge.gate_shape.cols;
   cudaStream_t s = stream_.get();
   auto plan = Grow(plan_buf_, GroupPlanInts(a.n_tok, k, n_expert) * sizeof(int32_t));
-  auto hg = Grow(grouped_ws_, static_cast<size_t>(rows) * t.n_ff * sizeof(float));
+  auto hg = Grow(grouped_ws_, static_cast<size_t>(rows) * t.ge.gate_shape.rows * sizeof(float));
   if (!Note(plan.status()) || !Note(hg.status())) return true;
   int32_t *pl = static_cast<int32_t *>(*plan);
   float *h = static_cast<float *>(*hg);

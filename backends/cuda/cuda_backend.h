@@ -87,14 +87,6 @@ class CudaBackend final : public model::Backend {
   size_t weight_bytes() const { return weight_bytes_; }
   // Expert slots of the VRAM tier; 0 when every expert is resident.
   int expert_slots() const { return static_cast<int>(slots_.size()); }
-  // Slot fills so far and the bytes they copied host -> device.
-  uint64_t expert_fills() const { return fills_; }
-  uint64_t expert_fill_bytes() const { return fill_bytes_; }
-  // Layers whose routed experts run from device tables (RoutedExperts); expert uses read over the
-  // link from mapped host memory (zero-copy) and slot promotions made from route hotness.
-  int table_layers() const;
-  uint64_t zero_copy_uses() const { return zero_copy_uses_; }
-  uint64_t promotions() const { return promotions_; }
 
  private:
   CudaBackend() = default;
@@ -119,7 +111,6 @@ class CudaBackend final : public model::Backend {
   struct LayerTable {
     bool ok = false;
     GroupedExperts ge;
-    int n_ff = 0;
     size_t tab_off = 0;             // index of its first entry in tab_dev_
     std::vector<uint32_t> heat;     // route hotness per expert
     uint32_t uses = 0;              // RoutedExperts calls, for the decay
