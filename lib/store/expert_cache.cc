@@ -438,14 +438,10 @@ absl::Status ExpertCache::AcquireLocked(std::unique_lock<std::mutex> &lk, int la
 
 void ExpertCache::Release(int layer, const std::vector<int32_t> &experts) {
   std::lock_guard<std::mutex> lk(mu_);
+  // Only what the acquisition of this layer pinned (a failed Acquire unpinned its own and left none).
   if (acquired_layer_ == layer) {
     for (int s : acquired_slots_) {
       if (slots_[s].pins > 0) --slots_[s].pins;
-    }
-  } else {
-    for (int32_t e : experts) {
-      const int s = key_slot_[table_.Key(layer, e)];
-      if (s >= 0 && slots_[s].pins > 0) --slots_[s].pins;
     }
   }
   acquired_layer_ = -1;
