@@ -172,6 +172,17 @@ moe_status CheckPlanOut(moe_cache_plan *out) {
   return MOE_OK;
 }
 
+// A handle for a session the context just opened (or loaded), listed on the context for close.
+moe_status AddSession(moe_ctx *ctx, strata::runtime::Session *impl, moe_session **out) {
+  auto *h = new moe_session();
+  h->ctx = ctx;
+  h->impl = impl;
+  std::lock_guard<std::mutex> lk(ctx->mu);
+  ctx->sessions.push_back(h);
+  *out = h;
+  return MOE_OK;
+}
+
 }  // namespace
 
 extern "C" {
@@ -447,13 +458,7 @@ moe_status moe_session_open(moe_ctx *ctx, const moe_session_params *p, moe_sessi
     if (moe_status st = ToSessionOptions(sp, &o); st != MOE_OK) return st;
     auto s = ctx->impl->OpenSession(o);
     if (!s.ok()) return FromStatus(s.status());
-    auto *h = new moe_session();
-    h->ctx = ctx;
-    h->impl = *s;
-    std::lock_guard<std::mutex> lk(ctx->mu);
-    ctx->sessions.push_back(h);
-    *out = h;
-    return MOE_OK;
+    return AddSession(ctx, *s, out);
   });
 }
 
@@ -608,13 +613,7 @@ moe_status moe_session_load(moe_ctx *ctx, const char *path, const moe_session_pa
     }
     auto s = ctx->impl->LoadSession(path, p != nullptr ? &o : nullptr);
     if (!s.ok()) return FromStatus(s.status());
-    auto *h = new moe_session();
-    h->ctx = ctx;
-    h->impl = *s;
-    std::lock_guard<std::mutex> lk(ctx->mu);
-    ctx->sessions.push_back(h);
-    *out = h;
-    return MOE_OK;
+    return AddSession(ctx, *s, out);
   });
 }
 
