@@ -74,6 +74,8 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const model::Mo
   auto be = std::unique_ptr<CudaBackend>(new CudaBackend());
   const char *prof = std::getenv("STRATA_CUDA_PROFILE");
   be->profile_ = prof != nullptr && prof[0] == '1';
+  const char *graphs = std::getenv("STRATA_CUDA_GRAPHS");
+  be->use_graphs_ = graphs == nullptr || graphs[0] != '0';
   STRATA_ASSIGN_OR_RETURN(be->stream_, Stream::Create());
   STRATA_ASSIGN_OR_RETURN(be->copy_stream_, Stream::Create());
   STRATA_ASSIGN_OR_RETURN(be->up_done_, Event::Create());
@@ -253,6 +255,7 @@ absl::Status CudaBackend::Adopt(const model::ModelWeights &w, const uint8_t *are
 }
 
 absl::StatusOr<CudaBackend::Slot *> CudaBackend::SlotFor(const model::ExpertWeights &e) {
+  HostRoundTrip("an expert fetched into a slot");
   const uint8_t *key = e.gate.data;
   auto hit = slot_of_.find(key);
   if (hit != slot_of_.end()) {
@@ -403,6 +406,9 @@ absl::StatusOr<const float *> CudaBackend::Resolve(const float *host_vec) const 
 
 absl::StatusOr<void *> CudaBackend::Grow(DeviceBuffer &b, size_t bytes) {
   if (b.size() < bytes) {
+    HostRoundTrip("a scratch buffer growing");
+    graphs_.clear();  // recorded steps use the old address
+    clean_.clear();
     STRATA_RETURN_IF_ERROR(stream_.Synchronize());  // queued work may still read the old buffer
     b.Reset();
     STRATA_ASSIGN_OR_RETURN(b, DeviceBuffer::Allocate(Align(bytes)));
@@ -412,6 +418,7 @@ absl::StatusOr<void *> CudaBackend::Grow(DeviceBuffer &b, size_t bytes) {
 
 absl::StatusOr<void *> CudaBackend::GrowPinned(PinnedBuffer &b, size_t bytes) {
   if (b.size() < bytes) {
+    HostRoundTrip("a pinned buffer growing");
     STRATA_RETURN_IF_ERROR(stream_.Synchronize());  // a queued copy may still read the old buffer
     b.Reset();
     STRATA_ASSIGN_OR_RETURN(b, PinnedBuffer::Allocate(Align(bytes)));
@@ -435,6 +442,7 @@ absl::StatusOr<std::unique_ptr<model::Buffer>> CudaBackend::Allocate(size_t byte
 void CudaBackend::Upload(void *dst, const void *src, size_t bytes) {
   Profile prof(this, "Upload");
   if (!err_.ok() || bytes == 0) return;
+  HostRoundTrip("an upload");
   if (bytes <= kRingSegment) {
     size_t off = (ring_off_ + 15) & ~size_t{15};
     if (off + bytes > (ring_seg_ + 1) * kRingSegment) {  // on to the next segment
@@ -459,6 +467,7 @@ void CudaBackend::Upload(void *dst, const void *src, size_t bytes) {
 void CudaBackend::Download(void *dst, const void *src, size_t bytes) {
   Profile prof(this, "Download");
   if (!err_.ok() || bytes == 0) return;
+  HostRoundTrip("a download");
   auto io = GrowPinned(down_io_, bytes);
   if (!Note(io.status()) || !Note(CopyAsync(*io, src, bytes, stream_.get())) || !Note(stream_.Synchronize())) return;
   std::memcpy(dst, *io, bytes);
@@ -837,6 +846,8 @@ model::DeviceTierStats CudaBackend::tier_stats() const {
   st.fill_bytes = fill_bytes_;
   st.zero_copy = zero_copy_uses_;
   st.promotions = promotions_;
+  st.graph_captures = graph_captures_;
+  st.graph_replays = graph_replays_;
   return st;
 }
 
@@ -916,7 +927,8 @@ bool CudaBackend::RoutedExperts(const model::RoutedExpertsArgs &a) {
   const int64_t rows = a.n_tok * k;
   if (!t.ok || rows <= 0 || rows > kDeviceRouteMaxRows || a.route.n_expert != t.ge.n_expert) return false;
   const bool tiered = !slots_.empty();
-  if (tiered && !Note(UpdateTier(a.layer))) return true;
+  // Inside a step bracket the tier was updated by BeginStep, for every layer.
+  if (tiered && bracket_ == Bracket::kNone && !Note(UpdateTier(a.layer))) return true;
   auto ra = ToRouteArgs(a.route);
   if (!Note(ra.status())) return true;
   const int n_expert = t.ge.n_expert;
@@ -938,9 +950,110 @@ bool CudaBackend::RoutedExperts(const model::RoutedExpertsArgs &a) {
   }
   if (tiered) {  // the selections come back for the tier's hotness
     int32_t *dst = hist_.as<int32_t>() + static_cast<size_t>(a.layer) * kDeviceRouteMaxRows;
-    if (Note(CopyAsync(dst, a.sel, rows * sizeof(int32_t), s)) && Note(t.hist_done.Record(s))) t.hist_rows = rows;
+    if (!Note(CopyAsync(dst, a.sel, rows * sizeof(int32_t), s))) return true;
+    if (bracket_ != Bracket::kNone) {
+      step_hist_.emplace_back(a.layer, rows);  // the tier hears of it after the step
+    } else if (Note(t.hist_done.Record(s))) {
+      t.hist_rows = rows;
+    }
   }
   return true;
+}
+
+void CudaBackend::FinishHist(const std::vector<std::pair<int, int64_t>> &hist) {
+  for (const auto &[l, rows] : hist) {
+    if (Note(tables_[l].hist_done.Record(stream_.get()))) tables_[l].hist_rows = rows;
+  }
+}
+
+void CudaBackend::HostRoundTrip(const char *what) {
+  if (bracket_ == Bracket::kWatch) step_clean_ = false;
+  if (bracket_ == Bracket::kCapture) Note(Errorf(MOE_ERR_INTERNAL, "%s inside a recorded decode step", what));
+}
+
+model::Backend::StepMode CudaBackend::BeginStep(const model::StepKey &key) {
+  if (!err_.ok() || !use_graphs_ || profile_ || bracket_ != Bracket::kNone) return StepMode::kEager;
+  // Promotions and the last step's selections reach the tables before the step, for every layer.
+  if (!slots_.empty()) {
+    for (size_t l = 0; l < tables_.size(); ++l) {
+      if (tables_[l].ok && !Note(UpdateTier(static_cast<int>(l)))) return StepMode::kEager;
+    }
+  }
+  step_key_ = key;
+  step_hist_.clear();
+  if (auto g = graphs_.find(key); g != graphs_.end()) {
+    if (Note(g->second.exec.Launch(stream_.get()))) {
+      ++graph_replays_;
+      FinishHist(g->second.hist);
+    }
+    return StepMode::kReplay;
+  }
+  if (clean_.count(key) != 0 && refused_.count(key) == 0 && Graph::BeginCapture(stream_.get()).ok()) {
+    bracket_ = Bracket::kCapture;
+    return StepMode::kCapture;
+  }
+  (void)cudaGetLastError();
+  bracket_ = Bracket::kWatch;
+  step_clean_ = true;
+  return StepMode::kEager;
+}
+
+absl::Status CudaBackend::EndStep() {
+  const Bracket b = bracket_;
+  bracket_ = Bracket::kNone;
+  if (b == Bracket::kWatch) {
+    if (step_clean_ && err_.ok()) clean_.insert(step_key_);
+    FinishHist(step_hist_);
+    return absl::OkStatus();
+  }
+  if (b != Bracket::kCapture) return absl::OkStatus();
+  absl::StatusOr<Graph> g = Graph::EndCapture(stream_.get());
+  if (!g.ok() || !err_.ok()) {
+    // Nothing ran: the caller runs the step again outside a bracket. This key is not recorded again.
+    absl::Status why = !err_.ok() ? err_ : g.status();
+    err_ = absl::OkStatus();
+    refused_.insert(step_key_);
+    step_hist_.clear();
+    return Annotate(why, "recording a decode step");
+  }
+  if (graphs_.size() >= kMaxGraphs) graphs_.erase(graphs_.begin());
+  StepGraph &sg = graphs_[step_key_];
+  sg.exec = std::move(*g);
+  sg.hist = step_hist_;
+  ++graph_captures_;
+  STRATA_RETURN_IF_ERROR(sg.exec.Launch(stream_.get()));
+  FinishHist(step_hist_);
+  return absl::OkStatus();
+}
+
+void CudaBackend::WriteKvRows(const model::KvRowRef *rows, const model::KvRowRef *, int64_t n, const float *k,
+                              const float *v, int k_width, int v_width) {
+  Profile prof(this, "WriteKvRows");
+  if (err_.ok()) Note(cuda::WriteKvRows(rows, n, k, v, k_width, v_width, model::kKvBlockTokens, stream_.get()));
+}
+
+void CudaBackend::AttentionRows(const float *q, const model::KvRowRef *rows, const model::KvRowRef *, int64_t n,
+                                int max_keys, int n_head, int n_head_kv, int head_dim, int k_width, int v_width,
+                                float *out, const model::AttentionParams &p) {
+  Profile prof(this, "AttentionRows");
+  if (!err_.ok() || n <= 0) return;
+  AttentionExtArgs a;
+  a.block_tokens = model::kKvBlockTokens;
+  a.k_stride = k_width;
+  a.v_stride = v_width;
+  a.n_head = n_head;
+  a.n_head_kv = n_head_kv;
+  a.head_dim = head_dim;
+  a.v_dim = p.latent ? p.v_dim : head_dim;
+  a.latent = p.latent;
+  a.scale = p.scale != 0.f ? p.scale : 1.0f / std::sqrt(static_cast<float>(head_dim));
+  a.rows = rows;
+  a.max_keys = max_keys;
+  auto sinks = Resolve(p.sinks);
+  if (!Note(sinks.status())) return;
+  a.sinks = *sinks;
+  auto ws = Grow(attn_ws_, std::max<size_t>(AttentionExtWorkspaceBytes(a, n), 1));
+  if (Note(ws.status())) Note(AttentionExt(q, a, n, out, stream_.get(), Workspace{*ws, attn_ws_.size()}));
 }
 
 }  // namespace strata::cuda

@@ -23,6 +23,7 @@
 #include <map>
 #include <string>
 #include <memory>
+#include <set>
 #include <unordered_map>
 #include <vector>
 
@@ -77,6 +78,13 @@ class CudaBackend final : public model::Backend {
                  int head_dim, int window, float *out, const model::AttentionParams &p) override;
   void ExpertFfn(const model::ExpertWeights &e, const float *x, int64_t n_tok, float *y) override;
   bool RoutedExperts(const model::RoutedExpertsArgs &a) override;
+  void WriteKvRows(const model::KvRowRef *rows, const model::KvRowRef *rows_host, int64_t n, const float *k,
+                   const float *v, int k_width, int v_width) override;
+  void AttentionRows(const float *q, const model::KvRowRef *rows, const model::KvRowRef *rows_host, int64_t n,
+                     int max_keys, int n_head, int n_head_kv, int head_dim, int k_width, int v_width, float *out,
+                     const model::AttentionParams &p) override;
+  StepMode BeginStep(const model::StepKey &key) override;
+  absl::Status EndStep() override;
   model::DeviceTierStats tier_stats() const override;
 
   // Largest batch (tokens x experts per token) RoutedExperts takes; larger ones (prefill) use the
@@ -167,6 +175,30 @@ class CudaBackend final : public model::Backend {
     const char *op_;
     std::chrono::steady_clock::time_point t0_;
   };
+  // Decode-step graphs. A step is first run under watch (kWatch): when nothing in it needed the
+  // host (an upload, a download, a wait, a buffer growing), its key is marked clean; the next step
+  // of that key is recorded (kCapture) and run from the graph, and later ones replay it. A scratch
+  // buffer that grows moves, so every graph is dropped then. With the VRAM tier, promotions enter
+  // the tables between steps (BeginStep) and each layer's selections reach the tier after the step.
+  enum class Bracket { kNone, kWatch, kCapture };
+  // An operation that needs the host mid-step: a watched step is not clean; inside a recording
+  // it is an error (the recording fails and the step runs again outside it).
+  void HostRoundTrip(const char *what);
+  // The layers' selections copied during the step: the tier reads them once the step is done.
+  void FinishHist(const std::vector<std::pair<int, int64_t>> &hist);
+  struct StepGraph {
+    Graph exec;
+    std::vector<std::pair<int, int64_t>> hist;  // (layer, rows) of the selections it copies back
+  };
+  static constexpr size_t kMaxGraphs = 64;
+  bool use_graphs_ = true;  // STRATA_CUDA_GRAPHS=0 turns them off (every step eager)
+  std::map<model::StepKey, StepGraph> graphs_;
+  std::set<model::StepKey> clean_, refused_;
+  Bracket bracket_ = Bracket::kNone;
+  bool step_clean_ = false;
+  model::StepKey step_key_;
+  std::vector<std::pair<int, int64_t>> step_hist_;
+  uint64_t graph_captures_ = 0, graph_replays_ = 0;
   bool profile_ = false;
   int profile_depth_ = 0;
   std::map<std::string, std::pair<double, uint64_t>> profile_table_;

@@ -146,6 +146,21 @@ constexpr int kAttnMaxHeadDim = 1024;  // query floats the split kernel holds
 constexpr int kAttnWarps = kThreads / 32;
 constexpr int kAttnUnroll = 4;  // keys a warp works on at once
 
+// Where query token t's keys are: the call's block tables at position pos0 + t, or its own KvRowRef.
+struct AttnRowView {
+  const float *const *kb;
+  const float *const *vb;
+  const uint8_t *masked;
+  int pos, window;
+};
+__device__ AttnRowView RowOf(const AttentionExtArgs &a, int64_t t) {
+  if (a.rows != nullptr) {
+    const model::KvRowRef r = a.rows[t];
+    return AttnRowView{r.k_blocks, r.v_blocks, r.masked, r.pos, r.window};
+  }
+  return AttnRowView{a.k_blocks, a.v_blocks, a.masked, a.pos0 + static_cast<int>(t), a.window};
+}
+
 // One block per (token, head): the query in shared memory; scores with a warp per key (lanes split
 // the head dimension, coalesced, combined by shuffles); softmax with the optional sink logit; then
 // each warp sums its share of the keys (every kAttnWarps-th), lanes owning output elements, and the
@@ -157,8 +172,9 @@ __global__ void __launch_bounds__(kThreads) AttentionExtKernel(const float *q, A
   const int64_t t = blockIdx.x / a.n_head;
   const int h = static_cast<int>(blockIdx.x % a.n_head);
   const int kvh = h / (a.n_head / a.n_head_kv);
-  const int pos = a.pos0 + static_cast<int>(t);
-  const int first = a.window > 0 ? max(0, pos - a.window + 1) : 0;
+  const AttnRowView rv = RowOf(a, t);
+  const int pos = rv.pos;
+  const int first = rv.window > 0 ? max(0, pos - rv.window + 1) : 0;
   const int n = pos + 1 - first;
   float *qs = sm;                    // (head_dim)
   float *part = sm + a.head_dim;     // (kAttnWarps, v_dim) partial outputs
@@ -174,7 +190,7 @@ __global__ void __launch_bounds__(kThreads) AttentionExtKernel(const float *q, A
 #pragma unroll
     for (int u = 0; u < kAttnUnroll; ++u) {
       const int row = first + min(j0 + u, n - 1);
-      kj[u] = a.k_blocks[row / a.block_tokens] + static_cast<int64_t>(row % a.block_tokens) * a.k_stride +
+      kj[u] = rv.kb[row / a.block_tokens] + static_cast<int64_t>(row % a.block_tokens) * a.k_stride +
               static_cast<int64_t>(kvh) * a.head_dim;
       dot[u] = 0.f;
     }
@@ -190,7 +206,7 @@ __global__ void __launch_bounds__(kThreads) AttentionExtKernel(const float *q, A
       const int j = j0 + u, row = first + j;
       if (j >= n) break;
       // A masked position takes no part: its weight becomes exp(-inf) = 0.
-      const bool masked = row != pos && a.masked != nullptr && a.masked[row] != 0;
+      const bool masked = row != pos && rv.masked != nullptr && rv.masked[row] != 0;
       const float sv = masked ? -INFINITY : __fmul_rn(dot[u], a.scale);
       if (lane == 0) sc[j] = sv;
       mx = fmaxf(mx, sv);
@@ -220,8 +236,8 @@ __global__ void __launch_bounds__(kThreads) AttentionExtKernel(const float *q, A
       if (j >= n) break;
       const int row = first + j;
       const int64_t in_block = row % a.block_tokens;
-      const float *vj = a.latent ? a.k_blocks[row / a.block_tokens] + in_block * a.k_stride
-                                 : a.v_blocks[row / a.block_tokens] + in_block * a.v_stride +
+      const float *vj = a.latent ? rv.kb[row / a.block_tokens] + in_block * a.k_stride
+                                 : rv.vb[row / a.block_tokens] + in_block * a.v_stride +
                                        static_cast<int64_t>(kvh) * a.head_dim;
       const float p = __fmul_rn(sc[j], inv);
 #pragma unroll
@@ -260,8 +276,9 @@ __global__ void __launch_bounds__(kThreads) AttentionSplitKernel(const float *q,
   const int64_t t = th / a.n_head;
   const int h = static_cast<int>(th % a.n_head);
   const int kvh = h / (a.n_head / a.n_head_kv);
-  const int pos = a.pos0 + static_cast<int>(t);
-  const int first = a.window > 0 ? max(0, pos - a.window + 1) : 0;
+  const AttnRowView rv = RowOf(a, t);
+  const int pos = rv.pos;
+  const int first = rv.window > 0 ? max(0, pos - rv.window + 1) : 0;
   const int n = pos + 1 - first;
   const int j0 = static_cast<int>(blockIdx.y) * kAttnChunk, j1 = min(n, j0 + kAttnChunk);
   float *dst = part + (th * n_split + blockIdx.y) * (a.v_dim + 2);
@@ -278,13 +295,13 @@ __global__ void __launch_bounds__(kThreads) AttentionSplitKernel(const float *q,
   float mx = -INFINITY;
   for (int j = j0 + warp; j < j1; j += kAttnWarps) {
     const int row = first + j;
-    const float *kj = a.k_blocks[row / a.block_tokens] + static_cast<int64_t>(row % a.block_tokens) * a.k_stride +
+    const float *kj = rv.kb[row / a.block_tokens] + static_cast<int64_t>(row % a.block_tokens) * a.k_stride +
                       static_cast<int64_t>(kvh) * a.head_dim;
     float dot = 0.f;
     for (int d = lane; d < a.head_dim; d += 32) dot = fmaf(qs_sm[d], kj[d], dot);
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
-    const bool masked = row != pos && a.masked != nullptr && a.masked[row] != 0;
+    const bool masked = row != pos && rv.masked != nullptr && rv.masked[row] != 0;
     const float sv = masked ? -INFINITY : __fmul_rn(dot, a.scale);
     if (lane == 0) sc[j - j0] = sv;
     mx = fmaxf(mx, sv);
@@ -305,8 +322,8 @@ __global__ void __launch_bounds__(kThreads) AttentionSplitKernel(const float *q,
   for (int j = j0 + warp; j < j1; j += kAttnWarps) {
     const int row = first + j;
     const int64_t in_block = row % a.block_tokens;
-    const float *vj = a.latent ? a.k_blocks[row / a.block_tokens] + in_block * a.k_stride
-                               : a.v_blocks[row / a.block_tokens] + in_block * a.v_stride +
+    const float *vj = a.latent ? rv.kb[row / a.block_tokens] + in_block * a.k_stride
+                               : rv.vb[row / a.block_tokens] + in_block * a.v_stride +
                                      static_cast<int64_t>(kvh) * a.head_dim;
     const float p = sc[j - j0];
 #pragma unroll
@@ -355,6 +372,19 @@ __global__ void AttentionCombineKernel(const float *part, AttentionExtArgs a, in
     }
     o[d] = r * inv;
   }
+}
+
+// Block (row t, k or v): the row's key (blockIdx.y 0) or value at its position through its tables.
+__global__ void WriteKvRowsKernel(const model::KvRowRef *rows, const float *k, const float *v, int k_width,
+                                  int v_width, int block_tokens) {
+  const int64_t t = blockIdx.x;
+  const model::KvRowRef r = rows[t];
+  const bool values = blockIdx.y == 1;
+  const int width = values ? v_width : k_width;
+  float *const *tab = values ? r.v_blocks : r.k_blocks;
+  float *dst = tab[r.pos / block_tokens] + static_cast<int64_t>(r.pos % block_tokens) * width;
+  const float *src = (values ? v : k) + t * width;
+  for (int d = threadIdx.x; d < width; d += blockDim.x) dst[d] = src[d];
 }
 
 // ---- routing ----
@@ -589,7 +619,9 @@ namespace {
 // Chunks of the split path for this call, or 0 for one pass: worth it when the (token, head) blocks
 // are too few to fill the device and the keys span several chunks.
 int AttentionSplits(const AttentionExtArgs &a, int64_t n_tok) {
-  if (n_tok <= 0 || n_tok * a.n_head >= 256 || a.head_dim > kAttnMaxHeadDim || a.v_dim > 32 * kAttnMaxVPerLane) return 0;
+  if (n_tok <= 0 || a.head_dim > kAttnMaxHeadDim || a.v_dim > 32 * kAttnMaxVPerLane) return 0;
+  if (a.rows != nullptr) return std::max(1, (a.max_keys + kAttnChunk - 1) / kAttnChunk);
+  if (n_tok * a.n_head >= 256) return 0;
   const int last = a.pos0 + static_cast<int>(n_tok) - 1;
   const int n_keys = a.window > 0 ? std::min(a.window, last + 1) : last + 1;
   const int n = (n_keys + kAttnChunk - 1) / kAttnChunk;
@@ -610,8 +642,14 @@ absl::Status AttentionExt(const float *q, const AttentionExtArgs &a, int64_t n_t
                   a.n_head_kv, a.head_dim);
   }
   if (n_tok <= 0) return absl::OkStatus();
-  if (const int n_split = AttentionSplits(a, n_tok);
-      n_split > 0 && ws.data != nullptr && ws.bytes >= AttentionExtWorkspaceBytes(a, n_tok)) {
+  const int n_split = AttentionSplits(a, n_tok);
+  if (a.rows != nullptr && (n_split == 0 || a.max_keys <= 0 || ws.data == nullptr ||
+                            ws.bytes < AttentionExtWorkspaceBytes(a, n_tok))) {
+    return Errorf(MOE_ERR_INVALID_ARGUMENT,
+                  "attention over rows needs max_keys > 0, head_dim <= %d, v_dim <= %d and the split workspace",
+                  kAttnMaxHeadDim, 32 * kAttnMaxVPerLane);
+  }
+  if (n_split > 0 && ws.data != nullptr && ws.bytes >= AttentionExtWorkspaceBytes(a, n_tok)) {
     float *part = static_cast<float *>(ws.data);
     const dim3 grid(static_cast<unsigned>(n_tok * a.n_head), static_cast<unsigned>(n_split));
     AttentionSplitKernel<<<grid, kThreads, kAttnWarps * a.v_dim * sizeof(float), stream>>>(q, a, n_split, part);
@@ -645,6 +683,18 @@ absl::Status AttentionExt(const float *q, const AttentionExtArgs &a, int64_t n_t
                                                      static_cast<int>(smem)));
   }
   AttentionExtKernel<<<static_cast<unsigned>(n_tok * a.n_head), kThreads, smem, stream>>>(q, a, out);
+  STRATA_CUDA_RETURN_IF_LAUNCH_FAILED();
+  return absl::OkStatus();
+}
+
+absl::Status WriteKvRows(const model::KvRowRef *rows, int64_t n, const float *k, const float *v, int k_width,
+                         int v_width, int block_tokens, cudaStream_t stream) {
+  if (n < 0 || k_width <= 0 || v_width < 0 || block_tokens <= 0 || n > INT32_MAX) {
+    return Errorf(MOE_ERR_INVALID_ARGUMENT, "KV rows: %d rows of widths %d and %d", n, k_width, v_width);
+  }
+  if (n == 0) return absl::OkStatus();
+  const dim3 grid(static_cast<unsigned>(n), v_width > 0 ? 2u : 1u);
+  WriteKvRowsKernel<<<grid, 128, 0, stream>>>(rows, k, v, k_width, v_width, block_tokens);
   STRATA_CUDA_RETURN_IF_LAUNCH_FAILED();
   return absl::OkStatus();
 }

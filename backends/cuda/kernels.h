@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "lib/model/backend.h"
 #include "lib/model/hparams.h"
 #include "lib/quant/codec.h"
 #include "lib/util/status.h"
@@ -289,6 +290,11 @@ struct AttentionExtArgs {
   const float *sinks = nullptr;    // (n_head), optional
   const uint8_t *masked = nullptr; // (positions), optional
   bool latent = false;
+  // Rows mode: query token t's position, tables, mask and window come from rows[t] (device array);
+  // pos0, the tables, mask and window above are unused. Always split, into max_keys / kAttnChunk
+  // chunks (rounded up): max_keys must bound every row's visible positions, and ws is required.
+  const model::KvRowRef *rows = nullptr;
+  int max_keys = 0;
 };
 // With few (token, head) blocks and many keys (decode over a long context), the keys are split into
 // chunks of kAttnChunk, each chunk's softmax numerator and denominator computed by its own block
@@ -298,6 +304,11 @@ constexpr int kAttnChunk = 64;
 size_t AttentionExtWorkspaceBytes(const AttentionExtArgs &a, int64_t n_tok);
 absl::Status AttentionExt(const float *q, const AttentionExtArgs &a, int64_t n_tok, float *out, cudaStream_t stream,
                           Workspace ws = {});
+
+// Writes row t of k (n, k_width) and v (n, v_width) at rows[t].pos through rows[t]'s block tables
+// (blocks of block_tokens rows; v_width 0: keys only). One launch for every session of a step.
+absl::Status WriteKvRows(const model::KvRowRef *rows, int64_t n, const float *k, const float *v, int k_width,
+                         int v_width, int block_tokens, cudaStream_t stream);
 
 // Every routing variant of lib/model/routing.h, one thread per token: logits (n_tok, n_expert) ->
 // sel (n_tok, k) and wts (n_tok, k). gating: 0 softmax, 1 softmax over the selected, 2 sigmoid.

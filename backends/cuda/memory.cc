@@ -150,6 +150,48 @@ void Event::Reset() {
   e_ = nullptr;
 }
 
+Graph &Graph::operator=(Graph &&o) noexcept {
+  if (this != &o) {
+    Reset();
+    exec_ = std::exchange(o.exec_, nullptr);
+  }
+  return *this;
+}
+
+absl::Status Graph::BeginCapture(cudaStream_t stream) {
+  STRATA_CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Graph> Graph::EndCapture(cudaStream_t stream) {
+  cudaGraph_t graph = nullptr;
+  const cudaError_t e = cudaStreamEndCapture(stream, &graph);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    return CudaStatus(e, "cudaStreamEndCapture", __FILE__, __LINE__);
+  }
+  Graph g;
+  const cudaError_t ie = cudaGraphInstantiate(&g.exec_, graph, 0);
+  cudaGraphDestroy(graph);
+  if (ie != cudaSuccess) {
+    (void)cudaGetLastError();
+    g.exec_ = nullptr;
+    return CudaStatus(ie, "cudaGraphInstantiate", __FILE__, __LINE__);
+  }
+  return g;
+}
+
+absl::Status Graph::Launch(cudaStream_t stream) const {
+  STRATA_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(exec_, stream));
+  return absl::OkStatus();
+}
+
+void Graph::Reset() {
+  if (exec_ != nullptr) cudaGraphExecDestroy(exec_);
+  exec_ = nullptr;
+}
+
 absl::Status CopyAsync(void *dst, const void *src, size_t bytes, cudaStream_t stream) {
   if (bytes == 0) return absl::OkStatus();
   STRATA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream));

@@ -114,6 +114,29 @@ class Event {
   cudaEvent_t e_ = nullptr;
 };
 
+// Work recorded from a stream and instantiated (cudaGraphExec_t): replayed with one launch.
+class Graph {
+ public:
+  Graph() = default;
+  ~Graph() { Reset(); }
+  Graph(Graph &&o) noexcept : exec_(std::exchange(o.exec_, nullptr)) {}
+  Graph &operator=(Graph &&o) noexcept;
+  Graph(const Graph &) = delete;
+  Graph &operator=(const Graph &) = delete;
+
+  // Starts recording the work queued on `stream` (which then runs nothing) until EndCapture. Only
+  // this thread's unsafe calls (allocations, waits) are refused meanwhile.
+  static absl::Status BeginCapture(cudaStream_t stream);
+  // Ends the recording begun on `stream` and instantiates it. An error when anything queued or
+  // called during the recording could not be recorded; the stream records nothing afterwards.
+  static absl::StatusOr<Graph> EndCapture(cudaStream_t stream);
+  absl::Status Launch(cudaStream_t stream) const;
+  void Reset();
+
+ private:
+  cudaGraphExec_t exec_ = nullptr;
+};
+
 // Asynchronous copies on `stream` (cudaMemcpyDefault: the direction follows from the pointers).
 absl::Status CopyAsync(void *dst, const void *src, size_t bytes, cudaStream_t stream);
 

@@ -306,7 +306,7 @@ std::string StatsJson(moe_ctx *ctx) {
                 "\"cache_slots\":%u,\"cache_slot_bytes\":%llu,\"memory_locked\":%u,\"load_errors\":%llu,"
                 "\"prefetch_skipped\":%llu,\"prefetch_precision\":%.4f,\"vram_expert_slots\":%u,"
                 "\"vram_device_layers\":%u,\"vram_fills\":%llu,\"vram_fill_bytes\":%llu,\"vram_zero_copy\":%llu,"
-                "\"vram_promotions\":%llu}",
+                "\"vram_promotions\":%llu,\"gpu_graph_captures\":%llu,\"gpu_graph_replays\":%llu}",
                 st.streaming, static_cast<unsigned long long>(st.expert_hits),
                 static_cast<unsigned long long>(st.expert_misses), static_cast<unsigned long long>(st.bytes_read),
                 st.io_wait_s, static_cast<unsigned long long>(st.prefetch_issued),
@@ -316,7 +316,9 @@ std::string StatsJson(moe_ctx *ctx) {
                 static_cast<unsigned long long>(st.prefetch_skipped), st.prefetch_precision, st.vram_expert_slots,
                 st.vram_device_layers, static_cast<unsigned long long>(st.vram_fills),
                 static_cast<unsigned long long>(st.vram_fill_bytes), static_cast<unsigned long long>(st.vram_zero_copy),
-                static_cast<unsigned long long>(st.vram_promotions));
+                static_cast<unsigned long long>(st.vram_promotions),
+                static_cast<unsigned long long>(st.gpu_graph_captures),
+                static_cast<unsigned long long>(st.gpu_graph_replays));
   return buf;
 }
 
@@ -865,6 +867,11 @@ int CmdBench(const Args &a) {
                   dec.vram_expert_slots, dec.vram_device_layers, link_per_tok / 1048576.0,
                   static_cast<unsigned long long>(dec.vram_fills), static_cast<unsigned long long>(dec.vram_promotions),
                   static_cast<unsigned long long>(dec.vram_zero_copy));
+    }
+    if (dec.gpu_graph_replays > 0 || dec.gpu_graph_captures > 0) {
+      std::printf("CUDA graphs      %llu decode steps recorded, %llu replayed\n",
+                  static_cast<unsigned long long>(dec.gpu_graph_captures),
+                  static_cast<unsigned long long>(dec.gpu_graph_replays));
     }
   }
   PrintStatsIf(a, ctx.c);

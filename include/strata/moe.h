@@ -287,6 +287,9 @@ typedef struct moe_stats {
   uint64_t vram_fill_bytes;
   uint64_t vram_zero_copy;     /* expert uses the GPU read from page-locked RAM over the link */
   uint64_t vram_promotions;    /* fills started by route hotness */
+  /* Since 0.3: decode steps the CUDA backend recorded as graphs, and steps replayed from one. */
+  uint64_t gpu_graph_captures;
+  uint64_t gpu_graph_replays;
 } moe_stats;
 
 static inline void moe_stats_init(moe_stats *p) {

@@ -396,6 +396,8 @@ moe_status moe_ctx_stats(const moe_ctx *ctx, moe_stats *out) {
     st.vram_fill_bytes = cs.device.fill_bytes;
     st.vram_zero_copy = cs.device.zero_copy;
     st.vram_promotions = cs.device.promotions;
+    st.gpu_graph_captures = cs.device.graph_captures;
+    st.gpu_graph_replays = cs.device.graph_replays;
     std::memcpy(out, &st, std::min<size_t>(out->struct_size, sizeof st));
     return MOE_OK;
   });

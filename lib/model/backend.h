@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <memory>
 #include <string_view>
+#include <tuple>
 #include <vector>
 
 #include "lib/model/hparams.h"
@@ -69,6 +70,19 @@ class ContiguousKv {
  private:
   std::vector<float *> k_blocks_, v_blocks_;
   KvView view_;
+};
+
+// One query row of a decode step at one layer, as the backend reads it from its own memory: the
+// row's position, where its session's K/V rows of that layer are (block tables in backend memory,
+// laid out as KvView's), the session's mask (nullable) and the layer's window. A forward pass over
+// several sessions hands one per row to WriteKvRows and AttentionRows, so every session of a step
+// is served by one call, and a device backend can replay the step's work with new rows.
+struct KvRowRef {
+  float *const *k_blocks = nullptr;
+  float *const *v_blocks = nullptr;  // unused when v_width is 0
+  const uint8_t *masked = nullptr;
+  int32_t pos = 0;
+  int32_t window = 0;                // 0 = unlimited
 };
 
 // Frequencies of a RoPE call. inv_freq (head_dim / 2 values) replaces theta^(-2i / head_dim) when set
@@ -137,6 +151,21 @@ struct DeviceTierStats {
   uint64_t fill_bytes = 0;
   uint64_t zero_copy = 0;      // expert uses read by the kernels from host memory over the link
   uint64_t promotions = 0;     // fills started by route hotness
+  uint64_t graph_captures = 0;   // decode steps recorded as graphs
+  uint64_t graph_replays = 0;    // decode steps run from a recorded graph
+};
+
+// What the launches of a decode step depend on besides the contents of backend memory: two steps
+// with equal keys issue the same work with the same arguments (Backend::BeginStep).
+struct StepKey {
+  int64_t n_tok = 0, n_out = 0;    // rows in, rows of logits out
+  const void *workspace = nullptr; // the forward pass's activations
+  int max_keys = 0;                // bound of the rows' visible positions
+  bool resident = true;            // the experts come from the resident weights
+  bool operator<(const StepKey &o) const {
+    return std::tie(n_tok, n_out, workspace, max_keys, resident) <
+           std::tie(o.n_tok, o.n_out, o.workspace, o.max_keys, o.resident);
+  }
 };
 
 class Backend {
@@ -214,6 +243,17 @@ class Backend {
                  int head_dim, int window, float *out) {
     Attention(q, kv, n_tok, pos0, n_head, n_head_kv, head_dim, window, out, AttentionParams{});
   }
+  // Rows given as KvRowRefs (rows in backend memory; rows_host the same descriptors in host memory,
+  // whose block tables a host-memory backend reads): writes row t's key k (n, k_width) and value v
+  // (n, v_width) at its position, then attends each query row of q (n, n_head, head_dim) over its
+  // session's positions up to its own -> out (n, n_head, head_dim or v_dim), with the numbers of
+  // Attention on that row alone. max_keys bounds the visible positions of every row (a device
+  // backend sizes its launch by it, not by the rows' contents). Defaults: the per-row host loop.
+  virtual void WriteKvRows(const KvRowRef *rows, const KvRowRef *rows_host, int64_t n, const float *k,
+                           const float *v, int k_width, int v_width);
+  virtual void AttentionRows(const float *q, const KvRowRef *rows, const KvRowRef *rows_host, int64_t n, int max_keys,
+                             int n_head, int n_head_kv, int head_dim, int k_width, int v_width, float *out,
+                             const AttentionParams &p);
   // y (n_tok, n_embd) = down(act(gate x + gate_bias, up x + up_bias)) + down_bias for one expert over a
   // group of tokens; act is silu(g) * u, or gpt-oss's clamped form when e.swiglu_limit > 0; an
   // input-major expert (e.input_major) is computed from its fused gate/up block.
@@ -226,6 +266,18 @@ class Backend {
   virtual bool RoutedExperts(const RoutedExpertsArgs &a) { return false; }
 
   virtual DeviceTierStats tier_stats() const { return {}; }
+  // Optional: a decode step's device work as a replayable graph. The forward pass brackets the work
+  // of a step whose inputs are all in backend memory (uploaded before BeginStep, results read
+  // after EndStep) with BeginStep(key) / EndStep(); `key` names everything the work's launches
+  // depend on besides that memory (StepKey). kEager: run the
+  // work as usual (the backend may watch whether it could be captured); kCapture: issue it as usual,
+  // the backend records it instead of running it, and EndStep runs it (an EndStep error means
+  // nothing ran: the caller runs the work again outside a bracket); kReplay: the work already ran
+  // (queued): skip it and call nothing else before reading the results.
+  enum class StepMode { kEager, kCapture, kReplay };
+  virtual StepMode BeginStep(const StepKey &key) { return StepMode::kEager; }
+  virtual absl::Status EndStep() { return absl::OkStatus(); }
+
 };
 
 }  // namespace strata::model

@@ -74,7 +74,48 @@ absl::Status KvCache::Init(const HParams &hp, int n_ctx, KvBudget *budget, Backe
   be_ = be;
   k_tab_.assign(n_layer_, {});
   v_tab_.assign(n_layer_, {});
+  dev_.reset();
+  max_blocks_ = (n_ctx + kKvBlockTokens - 1) / kKvBlockTokens;
+  if (be != nullptr) {
+    const size_t bytes = static_cast<size_t>(2) * n_layer_ * max_blocks_ * sizeof(float *) + n_ctx;
+    absl::StatusOr<std::unique_ptr<Buffer>> b = be->Allocate(bytes);
+    if (!b.ok()) return Errorf(MOE_ERR_NO_MEMORY, "cannot allocate the %u bytes of a KV cache's block tables", bytes);
+    dev_ = std::move(*b);  // zero-filled: no blocks, nothing masked
+    dev_mask_sent_.assign(n_ctx, 0);
+    dev_tab_dirty_ = dev_mask_any_ = false;
+  }
   return absl::OkStatus();
+}
+
+absl::Status KvCache::SyncDevice() {
+  if (dev_ == nullptr) return absl::OkStatus();
+  if (dev_tab_dirty_) {
+    std::vector<float *> tab(static_cast<size_t>(2) * n_layer_ * max_blocks_, nullptr);
+    for (int l = 0; l < n_layer_; ++l) {
+      std::copy(k_tab_[l].begin(), k_tab_[l].end(), tab.begin() + static_cast<size_t>(2 * l) * max_blocks_);
+      std::copy(v_tab_[l].begin(), v_tab_[l].end(), tab.begin() + static_cast<size_t>(2 * l + 1) * max_blocks_);
+    }
+    be_->Upload(dev_->data(), tab.data(), tab.size() * sizeof(float *));
+    dev_tab_dirty_ = false;
+  }
+  // The mask: positions past the blocks count as unmasked (their bytes are rewritten by Prepare
+  // before any query can see them).
+  const size_t n = std::min(masked_.size(), dev_mask_sent_.size());
+  size_t lo = n, hi = 0;
+  bool any = false;
+  for (size_t p = 0; p < n; ++p) {
+    any = any || masked_[p] != 0;
+    if (masked_[p] != dev_mask_sent_[p]) {
+      lo = std::min(lo, p);
+      hi = p + 1;
+    }
+  }
+  if (lo < hi) {
+    be_->Upload(DevMask() + lo, masked_.data() + lo, hi - lo);
+    std::copy(masked_.begin() + lo, masked_.begin() + hi, dev_mask_sent_.begin() + lo);
+  }
+  dev_mask_any_ = any;
+  return be_->TakeError();
 }
 
 void KvCache::SetMask(int window, std::vector<int32_t> blocked) {
@@ -127,6 +168,7 @@ void KvCache::Adopt(std::vector<std::unique_ptr<Buffer>> *blocks) {
   }
   blocks->clear();
   masked_.resize(capacity(), 0);
+  dev_tab_dirty_ = true;
 }
 
 absl::Status KvCache::Reserve(int n) {
@@ -164,6 +206,7 @@ void KvCache::Trim(int n) {
   for (auto &t : k_tab_) t.resize(keep);
   for (auto &t : v_tab_) t.resize(keep);
   masked_.resize(capacity());
+  dev_tab_dirty_ = true;
 }
 
 absl::Status KvCache::Spill(const std::string &dir, int n) {
@@ -366,6 +409,7 @@ class Carver {
 // Attention buffers are sized for T tokens and reused by each sequence in turn.
 struct Scratch {
   int32_t *tok = nullptr, *pos = nullptr;   // (T) token ids, (T) positions, uploaded together
+  KvRowRef *rows = nullptr;                 // (n_layer, T) decode rows, uploaded with them
   float *x = nullptr, *h = nullptr, *o = nullptr;  // (T, D) residual stream, normed input, block output
   // grouped-query attention
   float *q = nullptr, *k = nullptr, *v = nullptr, *att = nullptr;
@@ -385,6 +429,7 @@ size_t Lay(const HParams &hp, int64_t T, int64_t n_out, void *base, Scratch *s) 
   const int64_t D = hp.n_embd, K = hp.n_expert_used;
   s->tok = c.Take<int32_t>(2 * T);
   s->pos = s->tok == nullptr ? nullptr : s->tok + T;
+  s->rows = c.Take<KvRowRef>(static_cast<int64_t>(hp.n_layer) * T);
   s->x = c.Take<float>(T * D);
   s->h = c.Take<float>(T * D);
   s->o = c.Take<float>(T * D);
@@ -444,6 +489,13 @@ struct SeqRows {
   int pos0 = 0;
 };
 
+// A decode step's rows as KvRowRefs (one row per sequence): layer l's are dev + l T in backend
+// memory and host + l T on the host; max_keys bounds every row's visible positions.
+struct DecodeRows {
+  const KvRowRef *dev = nullptr, *host = nullptr;
+  int max_keys = 0;
+};
+
 // Self-attention of layer l over the T new rows of every sequence (positions in S.pos, backend
 // memory): h (T, D) is the normalised layer input, o (T, D) receives the output projection. The
 // projections, norms and rotations run over all T rows at once; each sequence then writes its K/V
@@ -452,7 +504,7 @@ void LatentAttention(const HParams &hp, const LayerWeights &L, int l, Backend &b
                      const float *h, int64_t T, const Scratch &S, float *o);
 
 void SelfAttention(const HParams &hp, const LayerWeights &L, int l, Backend &be, const std::vector<SeqRows> &seqs,
-                   const float *h, int64_t T, const Scratch &S, float *o) {
+                   const DecodeRows &rows, const float *h, int64_t T, const Scratch &S, float *o) {
   if (hp.mla) {
     LatentAttention(hp, L, l, be, seqs, h, T, S, o);
     return;
@@ -483,12 +535,19 @@ void SelfAttention(const HParams &hp, const LayerWeights &L, int l, Backend &be,
   AttentionParams ap;
   ap.scale = hp.attn_scale;
   if (L.sinks.tensor != nullptr) ap.sinks = L.sinks.values.data();
-  for (const SeqRows &sq : seqs) {
-    KvView cache = sq.kv->layer(l);
-    WriteKvRows(be, cache, false, sq.pos0, sq.n, k + sq.row0 * KVD, KVD, 0, KVD);
-    WriteKvRows(be, cache, true, sq.pos0, sq.n, v + sq.row0 * KVD, KVD, 0, KVD);
-    be.Attention(q + sq.row0 * QD, cache, sq.n, sq.pos0, hp.n_head, hp.n_head_kv, hp.head_dim,
-                 sq.kv->WindowFor(hp, l), att + sq.row0 * QD, ap);
+  if (rows.dev != nullptr) {  // a decode step: every sequence in one call each
+    const KvRowRef *rd = rows.dev + static_cast<int64_t>(l) * T, *rh = rows.host + static_cast<int64_t>(l) * T;
+    const int kvd = static_cast<int>(KVD);
+    be.WriteKvRows(rd, rh, T, k, v, kvd, kvd);
+    be.AttentionRows(q, rd, rh, T, rows.max_keys, hp.n_head, hp.n_head_kv, hp.head_dim, kvd, kvd, att, ap);
+  } else {
+    for (const SeqRows &sq : seqs) {
+      KvView cache = sq.kv->layer(l);
+      WriteKvRows(be, cache, false, sq.pos0, sq.n, k + sq.row0 * KVD, KVD, 0, KVD);
+      WriteKvRows(be, cache, true, sq.pos0, sq.n, v + sq.row0 * KVD, KVD, 0, KVD);
+      be.Attention(q + sq.row0 * QD, cache, sq.n, sq.pos0, hp.n_head, hp.n_head_kv, hp.head_dim,
+                   sq.kv->WindowFor(hp, l), att + sq.row0 * QD, ap);
+    }
   }
   be.MatMul(L.wo, att, T, o);  // o (T, D)
   if (hp.attn_out_bias) be.AddBias(o, T, D, L.bo.values.data());
@@ -739,53 +798,104 @@ absl::Status Forward(const HParams &hp, const ModelWeights &w, Backend &be, cons
   Scratch S;
   Lay(hp, T, n_out, (*ws)->data(), &S);
 
-  // tokens then positions of every sequence in order, in one upload
-  std::vector<int32_t> tok_pos(2 * T);
+  // A decode step (one new token per sequence, grouped-query attention, caches whose tables are in
+  // backend memory) attends through KvRowRefs: each layer's K/V writes and attention serve every
+  // sequence in one call, and nothing the step's launches take changes from one step to the next
+  // but memory contents, so a backend may replay the step as a graph.
+  bool decode = !hp.mla && a.workspace != nullptr;
+  int max_pos = 0;
+  for (const SequenceArgs &q : a.seqs) {
+    decode = decode && q.n_tok == 1 && q.kv->has_device_table();
+    max_pos = std::max(max_pos, q.pos0);
+  }
+  // tokens then positions of every sequence in order (then a decode step's rows), in one upload
+  const size_t rows_off = static_cast<size_t>(reinterpret_cast<char *>(S.rows) - reinterpret_cast<char *>(S.tok));
+  const size_t n_rows = decode ? static_cast<size_t>(hp.n_layer) * T : 0;
+  std::vector<char> inputs(decode ? rows_off + n_rows * sizeof(KvRowRef) : 2 * T * sizeof(int32_t));
+  int32_t *tok_pos = reinterpret_cast<int32_t *>(inputs.data());
   for (size_t s = 0; s < n_seq; ++s) {
     const SequenceArgs &q = a.seqs[s];
-    std::copy(q.tokens, q.tokens + q.n_tok, tok_pos.begin() + row0[s]);
+    std::copy(q.tokens, q.tokens + q.n_tok, tok_pos + row0[s]);
     for (int64_t t = 0; t < q.n_tok; ++t) tok_pos[T + row0[s] + t] = q.pos0 + static_cast<int32_t>(t);
   }
-  be.Upload(S.tok, tok_pos.data(), tok_pos.size() * sizeof(int32_t));
-  be.GetRows(w.tok_embd, S.tok, T, S.x);  // x (T, D): every sequence's rows in order
+  DecodeRows rows;
+  if (decode) {
+    KvRowRef *rh = reinterpret_cast<KvRowRef *>(inputs.data() + rows_off);
+    for (size_t s = 0; s < n_seq; ++s) {
+      KvCache &kv = *a.seqs[s].kv;
+      STRATA_RETURN_IF_ERROR(kv.SyncDevice());
+      for (int l = 0; l < hp.n_layer; ++l) {
+        rh[static_cast<int64_t>(l) * T + row0[s]] =
+            KvRowRef{kv.device_k_table(l), kv.device_v_table(l), kv.device_mask(), a.seqs[s].pos0, kv.WindowFor(hp, l)};
+      }
+    }
+    rows.dev = S.rows;
+    rows.host = rh;
+    // Launch bounds by powers of two, so a growing context changes them (and the step) rarely.
+    rows.max_keys = 256;
+    while (rows.max_keys < max_pos + 1) rows.max_keys *= 2;
+  }
+  be.Upload(S.tok, inputs.data(), inputs.size());
 
   std::vector<SeqRows> seq_rows;
   for (size_t s = 0; s < n_seq; ++s) {
     seq_rows.push_back(SeqRows{a.seqs[s].kv, row0[s], a.seqs[s].n_tok, a.seqs[s].pos0});
   }
   std::vector<char> routed_on_backend(hp.n_layer, 0);
-  // Each residual add is fused with the norm that follows it (the next block's input).
-  be.RmsNorm(S.x, w.layers[0].attn_norm.values.data(), T, D, hp.rms_eps, S.h);
-  for (int l = 0; l < hp.n_layer; ++l) {
-    const LayerWeights &L = w.layers[l];
-    SelfAttention(hp, L, l, be, seq_rows, S.h, T, S, S.o);
-    be.AddRmsNorm(S.x, S.o, L.ffn_norm.values.data(), T, D, hp.rms_eps, S.h);
-    bool routed = false;
-    STRATA_RETURN_IF_ERROR(FeedForward(hp, L, l, be, a.experts, S.h, T, S, S.o, &routed));  // all tokens at once
-    routed_on_backend[l] = routed;
-    if (l + 1 < hp.n_layer) {
-      be.AddRmsNorm(S.x, S.o, w.layers[l + 1].attn_norm.values.data(), T, D, hp.rms_eps, S.h);
-    } else {
-      be.Add(S.x, S.o, T * D);
+  // The step's device work, from the embeddings to the logits.
+  auto run = [&]() -> absl::Status {
+    be.GetRows(w.tok_embd, S.tok, T, S.x);  // x (T, D): every sequence's rows in order
+    // Each residual add is fused with the norm that follows it (the next block's input).
+    be.RmsNorm(S.x, w.layers[0].attn_norm.values.data(), T, D, hp.rms_eps, S.h);
+    for (int l = 0; l < hp.n_layer; ++l) {
+      const LayerWeights &L = w.layers[l];
+      SelfAttention(hp, L, l, be, seq_rows, rows, S.h, T, S, S.o);
+      be.AddRmsNorm(S.x, S.o, L.ffn_norm.values.data(), T, D, hp.rms_eps, S.h);
+      bool routed = false;
+      STRATA_RETURN_IF_ERROR(FeedForward(hp, L, l, be, a.experts, S.h, T, S, S.o, &routed));  // all tokens at once
+      routed_on_backend[l] = routed;
+      if (l + 1 < hp.n_layer) {
+        be.AddRmsNorm(S.x, S.o, w.layers[l + 1].attn_norm.values.data(), T, D, hp.rms_eps, S.h);
+      } else {
+        be.Add(S.x, S.o, T * D);
+      }
+      STRATA_RETURN_IF_ERROR(be.TakeError());
     }
-    STRATA_RETURN_IF_ERROR(be.TakeError());
+    // --- output head: the rows each sequence wants, gathered into one matrix ---
+    int64_t done = 0;
+    for (size_t s = 0; s < n_seq; ++s) {
+      const int64_t n = a.seqs[s].all_logits ? a.seqs[s].n_tok : 1;
+      be.CopyRows(S.xo + done * D, D, S.x + (row0[s + 1] - n) * D, D, n, D);
+      done += n;
+    }
+    be.RmsNorm(S.xo, w.output_norm.values.data(), n_out, D, hp.rms_eps, S.h);
+    be.MatMul(w.output, S.h, n_out, S.logits);  // (n_out, n_vocab)
+    return be.TakeError();
+  };
+  const StepKey key{T, n_out, (*ws)->data(), rows.max_keys, a.experts == nullptr || a.experts->resident()};
+  const Backend::StepMode mode = decode ? be.BeginStep(key) : Backend::StepMode::kEager;
+  if (mode == Backend::StepMode::kReplay) {
+    // Replayed only after a run of the same step went without a host round trip: every MoE layer
+    // routed in backend memory.
+    for (int l = 0; l < hp.n_layer; ++l) routed_on_backend[l] = hp.n_expert > 0 && !hp.is_dense(l);
+  } else {
+    absl::Status st = run();
+    absl::Status end = decode ? be.EndStep() : absl::OkStatus();
+    if (mode == Backend::StepMode::kCapture && !(st.ok() && end.ok())) {
+      (void)be.TakeError();  // the recording failed and nothing ran: run the step as usual
+      std::fill(routed_on_backend.begin(), routed_on_backend.end(), 0);
+      STRATA_RETURN_IF_ERROR(run());
+    } else {
+      STRATA_RETURN_IF_ERROR(st);
+      STRATA_RETURN_IF_ERROR(end);
+    }
   }
-
-  // --- output head: the rows each sequence wants, gathered into one matrix ---
-  int64_t done = 0;
-  for (size_t s = 0; s < n_seq; ++s) {
-    const int64_t n = a.seqs[s].all_logits ? a.seqs[s].n_tok : 1;
-    be.CopyRows(S.xo + done * D, D, S.x + (row0[s + 1] - n) * D, D, n, D);
-    done += n;
-  }
-  be.RmsNorm(S.xo, w.output_norm.values.data(), n_out, D, hp.rms_eps, S.h);
-  be.MatMul(w.output, S.h, n_out, S.logits);  // (n_out, n_vocab)
   std::vector<float> all(n_out * hp.n_vocab);
   be.Download(all.data(), S.logits, all.size() * sizeof(float));
   STRATA_RETURN_IF_ERROR(be.TakeError());
   STRATA_RETURN_IF_ERROR(ReportRouted(hp, be, a.experts, routed_on_backend, S, T));
   logits->resize(n_seq);
-  done = 0;
+  int64_t done = 0;
   for (size_t s = 0; s < n_seq; ++s) {
     const int64_t n = a.seqs[s].all_logits ? a.seqs[s].n_tok : 1;
     (*logits)[s].assign(all.begin() + done * hp.n_vocab, all.begin() + (done + n) * hp.n_vocab);

@@ -73,6 +73,15 @@ class KvCache {
   KvView layer(int l) {
     return KvView{k_tab_[l].data(), v_tab_[l].data(), capacity(), w_.k, w_.v, masked_.data()};
   }
+  // With a backend, the block tables and the mask also live in its memory, for KvRowRefs (a decode
+  // step reads them there, so one call serves every session). SyncDevice brings that copy up to
+  // date: the tables when blocks came or went, the mask where it differs from what was sent.
+  bool has_device_table() const { return dev_ != nullptr; }
+  absl::Status SyncDevice();
+  float *const *device_k_table(int l) const { return DevTable() + static_cast<size_t>(2 * l) * max_blocks_; }
+  float *const *device_v_table(int l) const { return DevTable() + static_cast<size_t>(2 * l + 1) * max_blocks_; }
+  // The mask in backend memory, or null while no position the blocks cover is masked.
+  const uint8_t *device_mask() const { return dev_mask_any_ ? DevMask() : nullptr; }
   int n_ctx() const { return n_ctx_; }
   Widths widths() const { return w_; }
   int n_blocks() const { return static_cast<int>(blocks_.size()); }
@@ -109,6 +118,10 @@ class KvCache {
   void FromHost(void *dst, const void *src, size_t bytes) const;
   static float *Data(const std::unique_ptr<Buffer> &b) { return static_cast<float *>(b->data()); }
   void FreeAll();
+  float *const *DevTable() const { return static_cast<float *const *>(dev_->data()); }
+  uint8_t *DevMask() const {
+    return static_cast<uint8_t *>(dev_->data()) + static_cast<size_t>(2) * n_layer_ * max_blocks_ * sizeof(float *);
+  }
   int n_ctx_ = 0;
   int n_layer_ = 0;
   Widths w_;
@@ -120,6 +133,12 @@ class KvCache {
   std::vector<uint8_t> masked_;
   int window_ = 0;
   std::vector<int32_t> blocked_;  // sorted, unique
+  // The backend's copy: per layer [k table | v table] of max_blocks_ block addresses, then n_ctx_
+  // mask bytes; dev_mask_sent_ what its mask holds, dev_tab_dirty_ when the tables changed since.
+  std::unique_ptr<Buffer> dev_;
+  int max_blocks_ = 0;
+  bool dev_tab_dirty_ = false, dev_mask_any_ = false;
+  std::vector<uint8_t> dev_mask_sent_;
   int spill_fd_ = -1;
   int spill_blocks_ = 0;
   uint32_t spill_crc_ = 0;

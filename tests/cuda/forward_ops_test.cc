@@ -198,6 +198,87 @@ TEST_CASE("Attention over block tables with masks, sinks, windows, latent values
   }
 }
 
+// Rows mode (a decode step of several sessions): each row its own position, tables, window and
+// mask; K/V rows written through the tables first. Against the CPU's attention on each row alone.
+TEST_CASE("Attention and K/V writes over per-row references match the CPU backend row by row", "[gpu]") {
+  if (!HaveGpu()) return;
+  auto rng = test::Rng();
+  cpu::CpuBackend cpu(1);
+  const int n_head = 4, n_head_kv = 2, head_dim = 32, bt = 8, n_ctx = 320;
+  const int k_width = n_head_kv * head_dim;
+  // Two caches (sessions); rows: (cache, position, window, masked).
+  struct Row { int cache, pos, window; bool masked; };
+  const Row rows[] = {{0, 0, 0, false}, {1, 300, 0, true}, {0, 77, 16, true}, {1, 130, 0, false}, {0, 5, 3, false}};
+  const int64_t n = std::size(rows);
+  std::vector<float> k[2], v[2];
+  DeviceBuffer dk[2], dv[2], dkt[2], dvt[2];
+  std::vector<uint8_t> masked(n_ctx, 0);
+  for (int p0 = 1; p0 < n_ctx; p0 += 3) masked[p0] = 1;
+  DeviceBuffer dm = Upload(masked);
+  for (int c = 0; c < 2; ++c) {
+    k[c] = RandomFloats(rng, n_ctx * k_width);
+    v[c] = RandomFloats(rng, n_ctx * k_width);
+    dk[c] = Upload(k[c]);
+    dv[c] = Upload(v[c]);
+    std::vector<float *> kb, vb;
+    for (int p0 = 0; p0 < n_ctx; p0 += bt) {
+      kb.push_back(dk[c].as<float>() + static_cast<int64_t>(p0) * k_width);
+      vb.push_back(dv[c].as<float>() + static_cast<int64_t>(p0) * k_width);
+    }
+    dkt[c] = Upload(kb);
+    dvt[c] = Upload(vb);
+  }
+  // The rows' own K/V (fresh), written by WriteKvRows on the device and by hand on the host.
+  const std::vector<float> nk = RandomFloats(rng, n * k_width), nv = RandomFloats(rng, n * k_width);
+  std::vector<model::KvRowRef> refs;
+  for (int64_t t = 0; t < n; ++t) {
+    const Row &r = rows[t];
+    refs.push_back(model::KvRowRef{dkt[r.cache].as<float *>(), dvt[r.cache].as<float *>(),
+                                   r.masked ? dm.as<uint8_t>() : nullptr, r.pos, r.window});
+    std::copy(nk.begin() + t * k_width, nk.begin() + (t + 1) * k_width, k[r.cache].begin() + r.pos * k_width);
+    std::copy(nv.begin() + t * k_width, nv.begin() + (t + 1) * k_width, v[r.cache].begin() + r.pos * k_width);
+  }
+  DeviceBuffer drefs = Upload(refs), dnk = Upload(nk), dnv = Upload(nv);
+  REQUIRE(WriteKvRows(drefs.as<model::KvRowRef>(), n, dnk.as<float>(), dnv.as<float>(), k_width, k_width, bt, nullptr)
+              .ok());
+  for (int c = 0; c < 2; ++c) {
+    CHECK(Download<float>(dk[c], k[c].size()) == k[c]);
+    CHECK(Download<float>(dv[c], v[c].size()) == v[c]);
+  }
+  const std::vector<float> q = RandomFloats(rng, n * n_head * head_dim), sinks = RandomFloats(rng, n_head);
+  for (bool with_sinks : {false, true}) {
+    INFO("sinks " << with_sinks);
+    model::AttentionParams p;
+    if (with_sinks) p.sinks = sinks.data();
+    std::vector<float> ref(n * n_head * head_dim);
+    for (int64_t t = 0; t < n; ++t) {
+      const Row &r = rows[t];
+      model::ContiguousKv ckv(k[r.cache].data(), v[r.cache].data(), n_ctx, k_width, k_width);
+      model::KvView view = ckv.view();
+      view.masked = r.masked ? masked.data() : nullptr;
+      cpu.Attention(q.data() + t * n_head * head_dim, view, 1, r.pos, n_head, n_head_kv, head_dim, r.window,
+                    ref.data() + t * n_head * head_dim, p);
+    }
+    DeviceBuffer dq = Upload(q), ds = Upload(sinks), dout = Poisoned(ref.size());
+    AttentionExtArgs a;
+    a.block_tokens = bt;
+    a.k_stride = a.v_stride = k_width;
+    a.n_head = n_head;
+    a.n_head_kv = n_head_kv;
+    a.head_dim = a.v_dim = head_dim;
+    a.scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+    a.sinks = with_sinks ? ds.as<float>() : nullptr;
+    a.rows = drefs.as<model::KvRowRef>();
+    a.max_keys = 512;
+    const size_t ws_bytes = AttentionExtWorkspaceBytes(a, n);
+    CHECK(ws_bytes == static_cast<size_t>(n) * n_head * (512 / kAttnChunk) * (head_dim + 2) * sizeof(float));
+    CHECK_FALSE(AttentionExt(dq.as<float>(), a, n, dout.as<float>(), nullptr, Workspace{}).ok());  // needs ws
+    DeviceBuffer dws = Poisoned(ws_bytes / sizeof(float));
+    REQUIRE(AttentionExt(dq.as<float>(), a, n, dout.as<float>(), nullptr, Workspace{dws.data(), ws_bytes}).ok());
+    CHECK(RelL2(Download<float>(dout, ref.size()), ref) <= 1e-5);
+  }
+}
+
 TEST_CASE("Every routing variant matches the host routing", "[gpu]") {
   if (!HaveGpu()) return;
   auto rng = test::Rng();

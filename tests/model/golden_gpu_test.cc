@@ -4,7 +4,9 @@
 // (max |gpu - cpu| / max |cpu|). Skips without a GPU.
 #include <catch2/catch.hpp>
 
+#include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "backends/cuda/memory.h"
 #include "tests/cuda/cuda_test_util.h"
@@ -107,11 +109,12 @@ TEST_CASE("CUDA backend: GPU-side routing, zero-copy reads and promotions keep t
 }
 
 // Steady-state decode allocates nothing on the device or in pinned memory: the workspace, KV caches,
-// scratch buffers and expert slots are sized before, and reused by every step (the property a
-// CUDA Graph of the decode step will need).
+// scratch buffers and expert slots are sized before, and reused by every step, eager or replayed
+// from a CUDA graph.
 TEST_CASE("CUDA backend: decode steps after warm-up make no allocation", "[gpu][golden]") {
   if (!strata::cuda::test::HaveGpu()) return;
-  for (const char *rel : {"qwen3moe_mixed/model-mixed.gguf", "deepseek3_f32/hf", "gptoss_f32/model-mxfp4.gguf"}) {
+  for (const char *rel : {"qwen3moe_mixed/model-mixed.gguf", "deepseek3_f32/hf", "gptoss_f32/model-mxfp4.gguf",
+                          "qwen3moe_f32/model-q8_0.gguf"}) {
     for (uint64_t budget : {uint64_t{0}, uint64_t{1}}) {
       INFO(rel << " VRAM budget " << budget);
       const std::string model = kGolden + rel;
@@ -139,8 +142,124 @@ TEST_CASE("CUDA backend: decode steps after warm-up make no allocation", "[gpu][
       const uint64_t before = strata::cuda::AllocationCount();
       for (size_t i = 11; i < tokens.size(); ++i) step(tokens.data() + i, 1);
       CHECK(strata::cuda::AllocationCount() == before);
+      moe_stats st;
+      moe_stats_init(&st);
+      REQUIRE(moe_ctx_stats(ctx, &st) == MOE_OK);
+      // A family routed on the GPU runs these steps from a CUDA graph (the others run them eagerly).
+      if (std::string(rel) == "qwen3moe_f32/model-q8_0.gguf") CHECK(st.gpu_graph_replays >= tokens.size() - 11);
       moe_session_close(s);
       moe_ctx_close(ctx);
     }
+  }
+}
+
+namespace {
+
+// GGUF goldens whose MoE layers route on the GPU (see the routing test above): their decode steps
+// need no host round trip, so they are recorded as CUDA graphs.
+const char *const kGraphModels[] = {"qwen3moe_f32/model-q8_0.gguf", "mixtral_f32/model-q8_0.gguf",
+                                    "olmoe_f32/model-f32.gguf", "qwen2moe_f32/model-f32.gguf"};
+
+// Sets STRATA_CUDA_GRAPHS for the contexts opened in its lifetime (the backend reads it at creation).
+class GraphsOff {
+ public:
+  GraphsOff() { setenv("STRATA_CUDA_GRAPHS", "0", 1); }
+  ~GraphsOff() { unsetenv("STRATA_CUDA_GRAPHS"); }
+};
+
+// Three sessions with their own masks, teacher-forced together: prompts of 1, 3 and 5 tokens, then
+// every session one token per moe_ctx_step (batches of three rows at different positions). Returns
+// each session's logits of every decode step, concatenated, and the context's stats.
+std::vector<float> ThreeSessions(const std::string &model, const std::vector<int32_t> &tokens, moe_stats *st) {
+  moe_params p;
+  moe_params_init(&p);
+  p.model_path = model.c_str();
+  p.backend = MOE_BACKEND_CUDA;
+  p.n_threads = 2;
+  moe_ctx *ctx = nullptr;
+  INFO(model << ": " << moe_last_error());
+  REQUIRE(moe_ctx_open(&p, &ctx) == MOE_OK);
+  const int32_t blocked[] = {tokens[2], tokens[7]};
+  moe_session *s[3] = {};
+  const size_t prompt[3] = {1, 3, 5};
+  for (int i = 0; i < 3; ++i) {
+    moe_session_params sp;
+    moe_session_params_init(&sp);
+    if (i == 1) sp.attn_window = 4;
+    if (i == 2) {
+      sp.blocked_tokens = blocked;
+      sp.n_blocked_tokens = 2;
+    }
+    REQUIRE(moe_session_open(ctx, &sp, &s[i]) == MOE_OK);
+    REQUIRE(moe_session_feed(s[i], tokens.data() + i, prompt[i]) == MOE_OK);
+  }
+  uint32_t pending = 0;
+  REQUIRE(moe_ctx_step(ctx, &pending) == MOE_OK);
+  REQUIRE(pending == 0);
+  const int32_t n_vocab = moe_ctx_vocab_size(ctx);
+  std::vector<float> out;
+  for (size_t step = 0; step + 6 + 2 < tokens.size(); ++step) {
+    for (int i = 0; i < 3; ++i) REQUIRE(moe_session_feed(s[i], &tokens[i + prompt[i] + step], 1) == MOE_OK);
+    REQUIRE(moe_ctx_step(ctx, &pending) == MOE_OK);
+    REQUIRE(pending == 0);
+    for (int i = 0; i < 3; ++i) {
+      const float *row = nullptr;
+      int32_t nv = 0;
+      REQUIRE(moe_session_logits(s[i], &row, &nv) == MOE_OK);
+      REQUIRE(nv == n_vocab);
+      out.insert(out.end(), row, row + n_vocab);
+    }
+  }
+  moe_stats_init(st);
+  REQUIRE(moe_ctx_stats(ctx, st) == MOE_OK);
+  for (moe_session *x : s) moe_session_close(x);
+  moe_ctx_close(ctx);
+  return out;
+}
+
+}  // namespace
+
+// The decode step as a CUDA graph: recorded once a step of its shape has run without a host round
+// trip, then replayed; every logit is bit-identical to eager steps (STRATA_CUDA_GRAPHS=0), with every
+// expert in VRAM and with the VRAM tier (zero-copy reads, promotions between steps), and the
+// replays allocate nothing.
+TEST_CASE("CUDA backend: decode steps replay from a CUDA graph, bit-identical to eager steps", "[gpu][golden]") {
+  if (!strata::cuda::test::HaveGpu()) return;
+  for (const char *rel : kGraphModels) {
+    const std::string model = kGolden + rel;
+    const std::string dir = model.substr(0, model.find('/', kGolden.size()) + 1);
+    const auto tokens = ReadBinary<int32_t>(dir + "tokens.bin");
+    for (uint64_t budget : {uint64_t{0}, uint64_t{1} << 20}) {
+      INFO(rel << " VRAM budget " << budget);
+      moe_stats eager_st, graph_st;
+      std::vector<float> eager;
+      {
+        GraphsOff off;
+        eager = TeacherForced(model, tokens, 1, MOE_BACKEND_CUDA, budget, nullptr, nullptr, &eager_st);
+      }
+      const auto graphed = TeacherForced(model, tokens, 1, MOE_BACKEND_CUDA, budget, nullptr, nullptr, &graph_st);
+      INFO("captures " << graph_st.gpu_graph_captures << ", replays " << graph_st.gpu_graph_replays
+                       << ", zero-copy " << graph_st.vram_zero_copy << ", promotions " << graph_st.vram_promotions);
+      CHECK(eager_st.gpu_graph_captures == 0);
+      CHECK(eager_st.gpu_graph_replays == 0);
+      // Step 1 runs watched, step 2 is recorded, every later one replays.
+      CHECK(graph_st.gpu_graph_captures == 1);
+      CHECK(graph_st.gpu_graph_replays == tokens.size() - 2);
+      if (budget != 0) CHECK(graph_st.vram_zero_copy > 0);
+      CHECK(graphed == eager);
+    }
+    moe_stats eager_st, graph_st;
+    std::vector<float> eager;
+    {
+      GraphsOff off;
+      eager = ThreeSessions(model, tokens, &eager_st);
+    }
+    const auto graphed = ThreeSessions(model, tokens, &graph_st);
+    INFO(rel << " three sessions: captures " << graph_st.gpu_graph_captures << ", replays "
+             << graph_st.gpu_graph_replays);
+    const uint64_t steps = tokens.size() - 8;  // batches of three decode rows
+    CHECK(graph_st.gpu_graph_captures == 1);
+    CHECK(graph_st.gpu_graph_replays == steps - 2);
+    CHECK(graphed == eager);
   }
 }

@@ -319,6 +319,7 @@ TEST_CASE("masks: a sliding window limits what a position can depend on", "[kv][
     REQUIRE(moe_ctx_step(ctx.c, nullptr) == MOE_OK);
     const float *l = nullptr;
     REQUIRE(moe_session_logits(s, &l, nullptr) == MOE_OK);
+    INFO("position " << i);
     REQUIRE(std::memcmp(l, la.data() + static_cast<size_t>(i) * kVocab, kVocab * sizeof(float)) == 0);
   }
   moe_session_close(s);
