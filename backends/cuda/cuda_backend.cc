@@ -631,11 +631,10 @@ void CudaBackend::MatMulMany(const model::Matrix *const *ws, float *const *ys, i
   Note(GemvMany(dm, ys, n, x, n_tok, stream_.get()));
 }
 
-void CudaBackend::Rope(float *x, int64_t n_tok, int n_heads, int head_dim, const int32_t *pos, float theta,
-                       model::RopeStyle style, const model::RopeParams &p) {
-  Profile prof(this, "Rope");
-  if (!err_.ok()) return;
-  // The table as the CPU backend forms it, passed to the kernel by value.
+namespace {
+
+// The inverse frequencies of a RoPE call as the CPU backend forms them (passed to kernels by value).
+std::vector<float> RopeInvFreq(int head_dim, float theta, const model::RopeParams &p) {
   const int half = head_dim / 2;
   std::vector<float> inv(std::max(half, 1));
   for (int i = 0; i < half; ++i) {
@@ -643,7 +642,29 @@ void CudaBackend::Rope(float *x, int64_t n_tok, int n_heads, int head_dim, const
                  ? p.inv_freq[i]
                  : 1.0f / std::pow(theta, static_cast<float>(2 * i) / static_cast<float>(head_dim));
   }
+  return inv;
+}
+
+}  // namespace
+
+void CudaBackend::Rope(float *x, int64_t n_tok, int n_heads, int head_dim, const int32_t *pos, float theta,
+                       model::RopeStyle style, const model::RopeParams &p) {
+  Profile prof(this, "Rope");
+  if (!err_.ok()) return;
+  const std::vector<float> inv = RopeInvFreq(head_dim, theta, p);
   Note(RopeWithTable(x, n_tok, n_heads, head_dim, pos, inv.data(), p.mscale, style, stream_.get()));
+}
+
+void CudaBackend::NormRope(float *q, float *k, int64_t n_tok, int n_head, int n_head_kv, int head_dim,
+                           const float *q_norm, const float *k_norm, float eps, const int32_t *pos, float theta,
+                           model::RopeStyle style, const model::RopeParams &p) {
+  Profile prof(this, "NormRope");
+  if (!err_.ok()) return;
+  auto qw = Resolve(q_norm), kw = Resolve(k_norm);
+  if (!Note(qw.status()) || !Note(kw.status())) return;
+  const std::vector<float> inv = RopeInvFreq(head_dim, theta, p);
+  Note(cuda::NormRope(q, k, n_tok, n_head, n_head_kv, head_dim, *qw, *kw, eps, pos, inv.data(), p.mscale, style,
+                      stream_.get()));
 }
 
 absl::Status CudaBackend::AttentionImpl(const float *q, const model::KvView &kv, int64_t n_tok, int pos0, int n_head,

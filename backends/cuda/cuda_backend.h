@@ -74,6 +74,9 @@ class CudaBackend final : public model::Backend {
   using model::Backend::Rope;
   void Rope(float *x, int64_t n_tok, int n_heads, int head_dim, const int32_t *pos, float theta,
             model::RopeStyle style, const model::RopeParams &p) override;
+  void NormRope(float *q, float *k, int64_t n_tok, int n_head, int n_head_kv, int head_dim, const float *q_norm,
+                const float *k_norm, float eps, const int32_t *pos, float theta, model::RopeStyle style,
+                const model::RopeParams &p) override;
   void Attention(const float *q, const model::KvView &kv, int64_t n_tok, int pos0, int n_head, int n_head_kv,
                  int head_dim, int window, float *out, const model::AttentionParams &p) override;
   void ExpertFfn(const model::ExpertWeights &e, const float *x, int64_t n_tok, float *y) override;

@@ -12,6 +12,7 @@
 
 #include "backends/cuda/cuda_status.h"
 #include "backends/cuda/kernels.h"
+#include "backends/cuda/rows.cuh"
 
 namespace strata::cuda {
 namespace {
@@ -97,6 +98,22 @@ struct RopeTable {
   float inv_freq[kRopeMaxHalf];
 };
 
+// Pair i of a head row at position p: reads in, writes out (which may alias in).
+__device__ __forceinline__ void RopePair(const float *in, float *out, int i, int half, int32_t p, const RopeTable &table,
+                                         float mscale, bool neox) {
+  const float angle = __fmul_rn(static_cast<float>(p), table.inv_freq[i]);
+  float c = static_cast<float>(cos(static_cast<double>(angle)));
+  float s = static_cast<float>(sin(static_cast<double>(angle)));
+  if (mscale != 1.f) {
+    c = __fmul_rn(c, mscale);
+    s = __fmul_rn(s, mscale);
+  }
+  const int i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
+  const float x0 = in[i0], x1 = in[i1];
+  out[i0] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
+  out[i1] = __fadd_rn(__fmul_rn(x1, c), __fmul_rn(x0, s));
+}
+
 __global__ void RopeTableKernel(float *x, int64_t n_tok, int n_heads, int head_dim, const int32_t *pos,
                                 RopeTable table, float mscale, bool neox) {
   const int half = head_dim / 2;
@@ -105,18 +122,26 @@ __global__ void RopeTableKernel(float *x, int64_t n_tok, int n_heads, int head_d
   const int i = static_cast<int>(idx % half);
   const int64_t th = idx / half;
   const int64_t t = th / n_heads;
-  const float angle = __fmul_rn(static_cast<float>(pos[t]), table.inv_freq[i]);
-  float c = static_cast<float>(cos(static_cast<double>(angle)));
-  float s = static_cast<float>(sin(static_cast<double>(angle)));
-  if (mscale != 1.f) {
-    c = __fmul_rn(c, mscale);
-    s = __fmul_rn(s, mscale);
-  }
   float *v = x + th * head_dim;
-  const int i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
-  const float x0 = v[i0], x1 = v[i1];
-  v[i0] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
-  v[i1] = __fadd_rn(__fmul_rn(x1, c), __fmul_rn(x0, s));
+  RopePair(v, v, i, half, pos[t], table, mscale, neox);
+}
+
+// Block b < n_tok n_head: query row b (token b / n_head), else key row b - n_tok n_head: the row
+// normalised (dev::NormRow, as RmsNormKernel) into shared memory, then rotated back into place.
+__global__ void NormRopeKernel(float *q, float *k, int64_t n_tok, int n_head, int n_head_kv, int head_dim,
+                               const float *q_weight, const float *k_weight, float eps, const int32_t *pos,
+                               RopeTable table, float mscale, bool neox) {
+  extern __shared__ float row[];  // (head_dim)
+  __shared__ float red[32];
+  const int64_t b = blockIdx.x, nq = n_tok * n_head;
+  const bool is_q = b < nq;
+  const int64_t r = is_q ? b : b - nq;
+  float *x = (is_q ? q : k) + r * head_dim;
+  dev::NormRow(x, nullptr, is_q ? q_weight : k_weight, head_dim, eps, row, red);
+  __syncthreads();
+  const int half = head_dim / 2;
+  const int32_t p = pos[r / (is_q ? n_head : n_head_kv)];
+  for (int i = threadIdx.x; i < half; i += blockDim.x) RopePair(row, x, i, half, p, table, mscale, neox);
 }
 
 // ---- attention with the family options ----
@@ -610,6 +635,25 @@ absl::Status RopeWithTable(float *x, int64_t n_tok, int n_heads, int head_dim, c
   std::copy(inv_freq, inv_freq + half, table.inv_freq);
   RopeTableKernel<<<Blocks(n), kThreads, 0, stream>>>(x, n_tok, n_heads, head_dim, pos, table, mscale,
                                                         style == model::RopeStyle::kNeox);
+  STRATA_CUDA_RETURN_IF_LAUNCH_FAILED();
+  return absl::OkStatus();
+}
+
+absl::Status NormRope(float *q, float *k, int64_t n_tok, int n_head, int n_head_kv, int head_dim,
+                      const float *q_weight, const float *k_weight, float eps, const int32_t *pos, const float *inv_freq,
+                      float mscale, model::RopeStyle style, cudaStream_t stream) {
+  const int half = head_dim / 2;
+  if (head_dim <= 0 || head_dim % 2 != 0 || half > kRopeMaxHalf || n_head <= 0 || n_head_kv <= 0 || n_tok < 0) {
+    return Errorf(MOE_ERR_INVALID_ARGUMENT, "q/k norm and RoPE over %d tokens, %d + %d heads of %d", n_tok, n_head,
+                  n_head_kv, head_dim);
+  }
+  const int64_t blocks = n_tok * (n_head + n_head_kv);
+  if (blocks == 0) return absl::OkStatus();
+  RopeTable table;
+  std::copy(inv_freq, inv_freq + half, table.inv_freq);
+  NormRopeKernel<<<static_cast<unsigned>(blocks), dev::RowThreads(head_dim), head_dim * sizeof(float), stream>>>(
+      q, k, n_tok, n_head, n_head_kv, head_dim, q_weight, k_weight, eps, pos, table, mscale,
+      style == model::RopeStyle::kNeox);
   STRATA_CUDA_RETURN_IF_LAUNCH_FAILED();
   return absl::OkStatus();
 }

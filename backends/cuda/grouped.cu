@@ -120,34 +120,24 @@ __global__ void __launch_bounds__(kGroupThreads)
 
 // ---- Grouped GEMV ----------------------------------------------------------------------------------
 
-// h (NT, rows) row r = silu(gate row r · x) * (up row r · x) for NT tokens; as GemvSwiGluKernel.
+// y (NT, rows) rows r and r + 1 (when r + 1 < rows) = w rows · x for NT tokens (w at row r); as
+// GemvKernel on each row.
 template <class C, int NT>
-__device__ __forceinline__ void SwiGluChunk(const uint8_t *wg, const uint8_t *wu, int64_t r, int64_t rows,
-                                            int64_t cols, const float *x, float *h, int lane) {
-  float ag[NT], au[NT];
+__device__ __forceinline__ void GemvChunk2(const uint8_t *w, uint64_t row_bytes, int64_t r, int64_t rows, int64_t cols,
+                                           const float *x, float *y, int lane) {
+  float acc[2][NT];
 #pragma unroll
-  for (int t = 0; t < NT; ++t) ag[t] = au[t] = 0.f;
-  RowDot<C, NT>(wg, x, cols, lane, ag);
-  RowDot<C, NT>(wu, x, cols, lane, au);
+  for (int t = 0; t < NT; ++t) acc[0][t] = acc[1][t] = 0.f;
+  const bool pair = r + 1 < rows;
+  const uint8_t *const rows2[2] = {w, pair ? w + row_bytes : w};  // a lone last row is read twice
+  dev::RowDots<C, NT, 2>(rows2, x, cols, lane, acc);
 #pragma unroll
   for (int t = 0; t < NT; ++t) {
-    const float g = WarpSum(ag[t]), u = WarpSum(au[t]);
-    if (lane == 0) h[t * rows + r] = dev::SiluMul(g, u);
-  }
-}
-
-// y (NT, rows) row r = w row r · x for NT tokens; as GemvKernel.
-template <class C, int NT>
-__device__ __forceinline__ void GemvChunk(const uint8_t *w, int64_t r, int64_t rows, int64_t cols, const float *x,
-                                          float *y, int lane) {
-  float acc[NT];
-#pragma unroll
-  for (int t = 0; t < NT; ++t) acc[t] = 0.f;
-  RowDot<C, NT>(w, x, cols, lane, acc);
-#pragma unroll
-  for (int t = 0; t < NT; ++t) {
-    const float s = WarpSum(acc[t]);
-    if (lane == 0) y[t * rows + r] = s;
+    const float s0 = WarpSum(acc[0][t]), s1 = WarpSum(acc[1][t]);
+    if (lane == 0) {
+      y[t * rows + r] = s0;
+      if (pair) y[t * rows + r + 1] = s1;
+    }
   }
 }
 
@@ -172,7 +162,8 @@ __device__ __forceinline__ void ForChunks(int64_t t0, int64_t t1, F &&chunk) {
   }
 }
 
-// Block (x, g): rows [x kGemvWarps, (x + 1) kGemvWarps) of group g's expert over the group's tokens.
+// Block (x, g): rows [x kGemvWarps, (x + 1) kGemvWarps) of group g's expert over the group's tokens
+// (the down projection: twice as many rows, two a warp).
 template <class C>
 __global__ void __launch_bounds__(kGemvWarps * 32)
     GroupedSwiGluKernel(const void *const *__restrict__ gate, const void *const *__restrict__ up, uint64_t row_bytes,
@@ -187,7 +178,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
   const uint8_t *wg = static_cast<const uint8_t *>(gate[e]) + r * row_bytes;
   const uint8_t *wu = static_cast<const uint8_t *>(up[e]) + r * row_bytes;
   ForChunks(plan[1 + n_max + g], plan[2 + n_max + g], [&](auto nt, int64_t t) {
-    SwiGluChunk<C, decltype(nt)::value>(wg, wu, r, rows, cols, x + t * cols, h + t * rows, lane);
+    dev::SwiGluRow<C, decltype(nt)::value>(wg, wu, r, rows, cols, x + t * cols, h + t * rows, lane);
   });
 }
 
@@ -199,11 +190,11 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
   const int g = static_cast<int>(blockIdx.y);
   if (g >= plan[0]) return;
   const int lane = threadIdx.x & 31;
-  const int64_t r = static_cast<int64_t>(blockIdx.x) * kGemvWarps + (threadIdx.x >> 5);
+  const int64_t r = (static_cast<int64_t>(blockIdx.x) * kGemvWarps + (threadIdx.x >> 5)) * 2;  // two rows a warp
   if (r >= rows) return;
   const uint8_t *w = static_cast<const uint8_t *>(tab[plan[1 + g]]) + r * row_bytes;
   ForChunks(plan[1 + n_max + g], plan[2 + n_max + g], [&](auto nt, int64_t t) {
-    GemvChunk<C, decltype(nt)::value>(w, r, rows, cols, x + t * cols, y + t * rows, lane);
+    GemvChunk2<C, decltype(nt)::value>(w, row_bytes, r, rows, cols, x + t * cols, y + t * rows, lane);
   });
 }
 
@@ -302,7 +293,7 @@ absl::Status GroupedGemv(const void *const *tab, const DeviceMatrix &shape, cons
   STRATA_RETURN_IF_ERROR(CheckPlanArgs(plan, n_max, x, y, "grouped GEMV"));
   if (n_max == 0 || shape.rows == 0) return absl::OkStatus();
   if (tab == nullptr) return Errorf(MOE_ERR_INVALID_ARGUMENT, "grouped GEMV: the pointer table is null");
-  const dim3 grid(RowBlocks(shape.rows), static_cast<unsigned>(n_max));
+  const dim3 grid(RowBlocks((shape.rows + 1) / 2), static_cast<unsigned>(n_max));
   STRATA_CUDA_DISPATCH_CODEC(shape.type, GroupedGemvKernel<C><<<grid, kGemvWarps * 32, 0, stream>>>(
                                              tab, shape.row_bytes, shape.rows, shape.cols, plan, n_max, x, y));
   STRATA_CUDA_RETURN_IF_LAUNCH_FAILED();

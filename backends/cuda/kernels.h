@@ -87,11 +87,13 @@ class Blas {
   // Workspace MatMul needs for this matrix and batch on `path`: cuBLASLt's scratch plus, for a
   // non-F32 codec on the GEMM path, the dequantized matrix. 0 on the GEMV path.
   static size_t MatMulWorkspaceBytes(const DeviceMatrix &w, int64_t n_tok, Path path = Path::kAuto);
-  // Which path kAuto takes: GEMV up to kGemvMaxTokens tokens (weights read once, exact decode),
-  // otherwise dequantize into the workspace and one cuBLASLt GEMM.
+  // Which path kAuto takes: GEMV up to kGemvBatchTokens tokens (weights read once per
+  // kGemvMaxTokens, exact decode: a few sessions' decode step), otherwise dequantize into the
+  // workspace and one cuBLASLt GEMM (dequantizing costs about what two GEMV passes do).
+  static constexpr int64_t kGemvBatchTokens = 16;
   static Path Choose(int64_t n_tok, Path path) {
     if (path != Path::kAuto) return path;
-    return n_tok <= kGemvMaxTokens ? Path::kGemv : Path::kGemm;
+    return n_tok <= kGemvBatchTokens ? Path::kGemv : Path::kGemm;
   }
 
   // y (n_tok, w.rows) = x (n_tok, w.cols) · wᵀ. MOE_ERR_INVALID_ARGUMENT when ws is smaller than
@@ -271,6 +273,13 @@ absl::Status MatMulInputMajorF32(const float *w, int64_t rows, int64_t cols, con
 constexpr int kRopeMaxHalf = 256;
 absl::Status RopeWithTable(float *x, int64_t n_tok, int n_heads, int head_dim, const int32_t *pos,
                            const float *inv_freq, float mscale, model::RopeStyle style, cudaStream_t stream);
+
+// Qwen3's per-head q/k norm then RoPE in one launch: each head row of q (n_tok, n_head, head_dim) and
+// k (n_tok, n_head_kv, head_dim) normalised by q_weight / k_weight (head_dim, device) as RmsNorm
+// does, then rotated as RopeWithTable does (token t at pos[t]); bit-identical to those calls.
+absl::Status NormRope(float *q, float *k, int64_t n_tok, int n_head, int n_head_kv, int head_dim,
+                      const float *q_weight, const float *k_weight, float eps, const int32_t *pos, const float *inv_freq,
+                      float mscale, model::RopeStyle style, cudaStream_t stream);
 
 // Attention with every family option over a block table: position p's key row is at
 // k_blocks[p / block_tokens] + (p % block_tokens) * k_stride, plus kv_head * head_dim; values the

@@ -52,16 +52,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32) GemvSwiGluKernel(const uint8_
   const int lane = threadIdx.x & 31;
   const int64_t r = static_cast<int64_t>(blockIdx.x) * kGemvWarps + (threadIdx.x >> 5);
   if (r >= rows) return;
-  float ag[NT], au[NT];
-#pragma unroll
-  for (int t = 0; t < NT; ++t) ag[t] = au[t] = 0.f;
-  RowDot<C, NT>(wg + r * row_bytes, x, cols, lane, ag);
-  RowDot<C, NT>(wu + r * row_bytes, x, cols, lane, au);
-#pragma unroll
-  for (int t = 0; t < NT; ++t) {
-    const float g = WarpSum(ag[t]), u = WarpSum(au[t]);
-    if (lane == 0) h[t * rows + r] = dev::SiluMul(g, u);
-  }
+  dev::SwiGluRow<C, NT>(wg + r * row_bytes, wu + r * row_bytes, r, rows, cols, x, h, lane);
 }
 
 // out rows: row ids[i] (or i when ids is null) of w, dequantized; one thread per 32-element item.

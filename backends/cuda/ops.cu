@@ -7,11 +7,11 @@
 
 #include "backends/cuda/cuda_status.h"
 #include "backends/cuda/kernels.h"
+#include "backends/cuda/rows.cuh"
 
 namespace strata::cuda {
 namespace {
 
-constexpr int kRowThreads = 256;
 
 __device__ __forceinline__ float WarpSum(float v) {
 #pragma unroll
@@ -38,31 +38,13 @@ __device__ float BlockReduce(float v, float *red) {
 
 __global__ void RmsNormKernel(const float *x, const float *weight, int64_t n, float eps, float *y) {
   __shared__ float red[32];
-  const float *xr = x + blockIdx.x * n;
-  float *yr = y + blockIdx.x * n;
-  float ss = 0.f;
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) ss = fmaf(xr[i], xr[i], ss);
-  ss = BlockReduce<false>(ss, red);
-  // As transformers does in float32 (and the CPU backend): x * rsqrt(mean(x^2) + eps) * weight.
-  const float inv = 1.0f / sqrtf(ss / static_cast<float>(n) + eps);
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) yr[i] = weight[i] * (xr[i] * inv);
+  dev::NormRow(const_cast<float *>(x) + blockIdx.x * n, nullptr, weight, n, eps, y + blockIdx.x * n, red);
 }
 
-// RmsNormKernel after x += add; each thread adds the elements it then squares, so no barrier.
+// RmsNormKernel after x += add (x written back).
 __global__ void AddRmsNormKernel(float *x, const float *add, const float *weight, int64_t n, float eps, float *y) {
   __shared__ float red[32];
-  float *xr = x + blockIdx.x * n;
-  const float *ar = add + blockIdx.x * n;
-  float *yr = y + blockIdx.x * n;
-  float ss = 0.f;
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-    const float v = __fadd_rn(xr[i], ar[i]);
-    xr[i] = v;
-    ss = fmaf(v, v, ss);
-  }
-  ss = BlockReduce<false>(ss, red);
-  const float inv = 1.0f / sqrtf(ss / static_cast<float>(n) + eps);
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) yr[i] = weight[i] * (xr[i] * inv);
+  dev::NormRow(x + blockIdx.x * n, add + blockIdx.x * n, weight, n, eps, y + blockIdx.x * n, red);
 }
 
 // One thread per (token, head, pair i < head_dim / 2).
@@ -173,7 +155,7 @@ absl::Status RmsNorm(const float *x, const float *weight, int64_t n_rows, int64_
   }
   if (n_rows == 0) return absl::OkStatus();
   if (x == nullptr || weight == nullptr || y == nullptr) return Errorf(MOE_ERR_INVALID_ARGUMENT, "RMSNorm pointer is null");
-  RmsNormKernel<<<static_cast<unsigned>(n_rows), kRowThreads, 0, stream>>>(x, weight, n, eps, y);
+  RmsNormKernel<<<static_cast<unsigned>(n_rows), dev::RowThreads(n), 0, stream>>>(x, weight, n, eps, y);
   STRATA_CUDA_RETURN_IF_LAUNCH_FAILED();
   return absl::OkStatus();
 }
@@ -187,7 +169,7 @@ absl::Status AddRmsNorm(float *x, const float *add, const float *weight, int64_t
   if (x == nullptr || add == nullptr || weight == nullptr || y == nullptr) {
     return Errorf(MOE_ERR_INVALID_ARGUMENT, "RMSNorm pointer is null");
   }
-  AddRmsNormKernel<<<static_cast<unsigned>(n_rows), kRowThreads, 0, stream>>>(x, add, weight, n, eps, y);
+  AddRmsNormKernel<<<static_cast<unsigned>(n_rows), dev::RowThreads(n), 0, stream>>>(x, add, weight, n, eps, y);
   STRATA_CUDA_RETURN_IF_LAUNCH_FAILED();
   return absl::OkStatus();
 }

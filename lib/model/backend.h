@@ -233,6 +233,17 @@ class Backend {
   void Rope(float *x, int64_t n_tok, int n_heads, int head_dim, const int32_t *pos, float theta, RopeStyle style) {
     Rope(x, n_tok, n_heads, head_dim, pos, theta, style, RopeParams{});
   }
+  // Per-head q/k norm then RoPE (Qwen3): q (n_tok, n_head, head_dim) and k (n_tok, n_head_kv,
+  // head_dim) head rows normalised by q_norm / k_norm (head_dim, weight pointers), then rotated;
+  // one launch on a device, with the numbers of RmsNorm on each then Rope on each.
+  virtual void NormRope(float *q, float *k, int64_t n_tok, int n_head, int n_head_kv, int head_dim, const float *q_norm,
+                        const float *k_norm, float eps, const int32_t *pos, float theta, RopeStyle style,
+                        const RopeParams &p) {
+    RmsNorm(q, q_norm, n_tok * n_head, head_dim, eps, q);
+    RmsNorm(k, k_norm, n_tok * n_head_kv, head_dim, eps, k);
+    Rope(q, n_tok, n_head, head_dim, pos, theta, style, p);
+    Rope(k, n_tok, n_head_kv, head_dim, pos, theta, style, p);
+  }
   // Causal attention for n_tok new tokens at positions pos0..pos0+n_tok-1, whose K/V rows are already
   // in kv. q (n_tok, n_head, head_dim) -> out (n_tok, n_head, head_dim, or v_dim when p.latent).
   // window 0 = unlimited, else position p attends to p - window + 1 .. p; positions kv.is_masked()

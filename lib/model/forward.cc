@@ -521,17 +521,19 @@ void SelfAttention(const HParams &hp, const LayerWeights &L, int l, Backend &be,
     be.AddBias(k, T, KVD, L.bk.values.data());
     be.AddBias(v, T, KVD, L.bv.values.data());
   }
-  if (hp.qk_norm && hp.qk_norm_full) {  // OLMoE: one norm over the whole projection
-    be.RmsNorm(q, L.q_norm.values.data(), T, QD, hp.rms_eps, q);
-    be.RmsNorm(k, L.k_norm.values.data(), T, KVD, hp.rms_eps, k);
-  } else if (hp.qk_norm) {
-    be.RmsNorm(q, L.q_norm.values.data(), T * hp.n_head, hp.head_dim, hp.rms_eps, q);
-    be.RmsNorm(k, L.k_norm.values.data(), T * hp.n_head_kv, hp.head_dim, hp.rms_eps, k);
-  }
   const std::vector<float> inv_freq = RopeFrequencies(hp, hp.head_dim);
   const RopeParams rp = RopeParamsFor(hp, inv_freq);
-  be.Rope(q, T, hp.n_head, hp.head_dim, pos, hp.rope_theta, hp.rope_style, rp);
-  be.Rope(k, T, hp.n_head_kv, hp.head_dim, pos, hp.rope_theta, hp.rope_style, rp);
+  if (hp.qk_norm && !hp.qk_norm_full) {  // Qwen3: a norm per head, then the rotation
+    be.NormRope(q, k, T, hp.n_head, hp.n_head_kv, hp.head_dim, L.q_norm.values.data(), L.k_norm.values.data(),
+                hp.rms_eps, pos, hp.rope_theta, hp.rope_style, rp);
+  } else {
+    if (hp.qk_norm) {  // OLMoE: one norm over the whole projection
+      be.RmsNorm(q, L.q_norm.values.data(), T, QD, hp.rms_eps, q);
+      be.RmsNorm(k, L.k_norm.values.data(), T, KVD, hp.rms_eps, k);
+    }
+    be.Rope(q, T, hp.n_head, hp.head_dim, pos, hp.rope_theta, hp.rope_style, rp);
+    be.Rope(k, T, hp.n_head_kv, hp.head_dim, pos, hp.rope_theta, hp.rope_style, rp);
+  }
   AttentionParams ap;
   ap.scale = hp.attn_scale;
   if (L.sinks.tensor != nullptr) ap.sinks = L.sinks.values.data();

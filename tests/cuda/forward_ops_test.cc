@@ -108,6 +108,42 @@ TEST_CASE("Gated activations and input-major products match the CPU backend's ex
   }
 }
 
+// The fused q/k norm + RoPE (Qwen3's attention input) against the separate launches it replaces:
+// bit-identical, for query and key heads of different counts, both styles, at scattered positions.
+TEST_CASE("Fused q/k norm and RoPE is bit-identical to RmsNorm then RoPE", "[gpu]") {
+  if (!HaveGpu()) return;
+  auto rng = test::Rng();
+  const int64_t n_tok = 5;
+  const int n_head = 6, n_head_kv = 2;
+  for (int head_dim : {64, 128}) {
+    for (auto style : {model::RopeStyle::kNormal, model::RopeStyle::kNeox}) {
+      INFO("head_dim " << head_dim << " style " << static_cast<int>(style));
+      const std::vector<float> q = RandomFloats(rng, n_tok * n_head * head_dim, -3.f, 3.f),
+                               k = RandomFloats(rng, n_tok * n_head_kv * head_dim, -3.f, 3.f),
+                               qw = RandomFloats(rng, head_dim, 0.5f, 1.5f), kw = RandomFloats(rng, head_dim, 0.5f, 1.5f),
+                               inv = RandomFloats(rng, head_dim / 2, 0.001f, 1.f);
+      std::vector<int32_t> pos(n_tok);
+      for (int64_t t = 0; t < n_tok; ++t) pos[t] = static_cast<int32_t>(rng() % 5000);
+      DeviceBuffer dq = Upload(q), dk = Upload(k), dqw = Upload(qw), dkw = Upload(kw), dp = UploadInts(pos);
+      REQUIRE(RmsNorm(dq.as<float>(), dqw.as<float>(), n_tok * n_head, head_dim, 1e-6f, dq.as<float>(), nullptr).ok());
+      REQUIRE(RmsNorm(dk.as<float>(), dkw.as<float>(), n_tok * n_head_kv, head_dim, 1e-6f, dk.as<float>(), nullptr).ok());
+      REQUIRE(RopeWithTable(dq.as<float>(), n_tok, n_head, head_dim, dp.as<int32_t>(), inv.data(), 1.f, style, nullptr)
+                  .ok());
+      REQUIRE(RopeWithTable(dk.as<float>(), n_tok, n_head_kv, head_dim, dp.as<int32_t>(), inv.data(), 1.f, style,
+                            nullptr)
+                  .ok());
+      DeviceBuffer fq = Upload(q), fk = Upload(k);
+      REQUIRE(NormRope(fq.as<float>(), fk.as<float>(), n_tok, n_head, n_head_kv, head_dim, dqw.as<float>(),
+                       dkw.as<float>(), 1e-6f, dp.as<int32_t>(), inv.data(), 1.f, style, nullptr)
+                  .ok());
+      const auto sq = Download<float>(dq, q.size()), sk = Download<float>(dk, k.size());
+      CHECK(Download<float>(fq, q.size()) == sq);
+      CHECK(Download<float>(fk, k.size()) == sk);
+      CHECK(sq != q);  // the rows did change
+    }
+  }
+}
+
 TEST_CASE("RoPE with a frequency table and YaRN scale matches the CPU backend", "[gpu]") {
   if (!HaveGpu()) return;
   auto rng = test::Rng();

@@ -196,7 +196,7 @@ TEST_CASE("RMSNorm matches the CPU backend", "[gpu]") {
   if (!HaveGpu()) return;
   auto rng = test::Rng();
   cpu::CpuBackend cpu_be(2);
-  for (int64_t n : {64, 2048, 5000}) {
+  for (int64_t n : {64, 128, 2048, 5000, 9000}) {  // 9000: past the register path (8 per thread)
     const int64_t n_rows = 7;
     std::vector<float> x = RandomFloats(rng, n_rows * n, -3.f, 3.f), wt = RandomFloats(rng, n, 0.5f, 1.5f);
     std::vector<float> ref(n_rows * n);
