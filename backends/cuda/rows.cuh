@@ -42,12 +42,13 @@ __device__ __forceinline__ void NormRow(float *x, const float *add, const float 
   const int tid = threadIdx.x, bd = blockDim.x;
   float ss = 0.f;
   if (n <= static_cast<int64_t>(kRowMaxPer) * bd) {
-    // Every load first (one round trip), then the squares in element order.
-    float v[kRowMaxPer];
+    // Every load first, the weights' too (one round trip), then the squares in element order.
+    float v[kRowMaxPer], wv[kRowMaxPer];
 #pragma unroll
     for (int m = 0; m < kRowMaxPer; ++m) {
       const int64_t i = tid + static_cast<int64_t>(m) * bd;
       v[m] = i < n ? x[i] : 0.f;
+      wv[m] = i < n ? weight[i] : 0.f;
       if (add != nullptr && i < n) v[m] = __fadd_rn(v[m], add[i]);
     }
 #pragma unroll
@@ -62,7 +63,7 @@ __device__ __forceinline__ void NormRow(float *x, const float *add, const float 
       const int64_t i = tid + static_cast<int64_t>(m) * bd;
       if (i >= n) continue;
       if (add != nullptr) x[i] = v[m];
-      y[i] = weight[i] * (v[m] * inv);
+      y[i] = wv[m] * (v[m] * inv);
     }
     return;
   }
