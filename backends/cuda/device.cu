@@ -3,6 +3,8 @@
 
 #include <cuda_runtime.h>
 
+#include "lib/util/numa.h"
+
 namespace strata::cuda {
 
 int DeviceCount() {
@@ -12,6 +14,15 @@ int DeviceCount() {
     return 0;
   }
   return n;
+}
+
+int DeviceNumaNode(int device) {
+  char bus_id[32] = {};
+  if (cudaDeviceGetPCIBusId(bus_id, sizeof bus_id, device) != cudaSuccess) {
+    cudaGetLastError();
+    return -1;
+  }
+  return numa::PciDeviceNode(bus_id);
 }
 
 }  // namespace strata::cuda

@@ -306,7 +306,7 @@ std::string StatsJson(moe_ctx *ctx) {
                 "\"cache_slots\":%u,\"cache_slot_bytes\":%llu,\"memory_locked\":%u,\"load_errors\":%llu,"
                 "\"prefetch_skipped\":%llu,\"prefetch_precision\":%.4f,\"vram_expert_slots\":%u,"
                 "\"vram_device_layers\":%u,\"vram_fills\":%llu,\"vram_fill_bytes\":%llu,\"vram_zero_copy\":%llu,"
-                "\"vram_promotions\":%llu,\"gpu_graph_captures\":%llu,\"gpu_graph_replays\":%llu}",
+                "\"vram_promotions\":%llu,\"gpu_graph_captures\":%llu,\"gpu_graph_replays\":%llu,\"numa_node\":%d}",
                 st.streaming, static_cast<unsigned long long>(st.expert_hits),
                 static_cast<unsigned long long>(st.expert_misses), static_cast<unsigned long long>(st.bytes_read),
                 st.io_wait_s, static_cast<unsigned long long>(st.prefetch_issued),
@@ -318,7 +318,7 @@ std::string StatsJson(moe_ctx *ctx) {
                 static_cast<unsigned long long>(st.vram_fill_bytes), static_cast<unsigned long long>(st.vram_zero_copy),
                 static_cast<unsigned long long>(st.vram_promotions),
                 static_cast<unsigned long long>(st.gpu_graph_captures),
-                static_cast<unsigned long long>(st.gpu_graph_replays));
+                static_cast<unsigned long long>(st.gpu_graph_replays), st.numa_node);
   return buf;
 }
 

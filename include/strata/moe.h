@@ -290,6 +290,9 @@ typedef struct moe_stats {
   /* Since 0.3: decode steps the CUDA backend recorded as graphs, and steps replayed from one. */
   uint64_t gpu_graph_captures;
   uint64_t gpu_graph_replays;
+  /* Since 0.3: on a host of several NUMA nodes, the node the weights and the GPU's pinned buffers
+   * were placed on (the GPU's); -1 when nothing was placed (one node, no GPU, or the node unknown). */
+  int32_t numa_node;
 } moe_stats;
 
 static inline void moe_stats_init(moe_stats *p) {

@@ -398,6 +398,7 @@ moe_status moe_ctx_stats(const moe_ctx *ctx, moe_stats *out) {
     st.vram_promotions = cs.device.promotions;
     st.gpu_graph_captures = cs.device.graph_captures;
     st.gpu_graph_replays = cs.device.graph_replays;
+    st.numa_node = cs.numa_node;
     std::memcpy(out, &st, std::min<size_t>(out->struct_size, sizeof st));
     return MOE_OK;
   });

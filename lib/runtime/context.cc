@@ -18,6 +18,7 @@
 #endif
 #include "lib/model/pack.h"
 #include "lib/runtime/snapshot.h"
+#include "lib/util/numa.h"
 
 namespace strata::runtime {
 
@@ -125,13 +126,25 @@ absl::StatusOr<std::unique_ptr<Context>> Context::Open(const ContextOptions &o) 
   }
   // Experts stream when the plan's RAM tier cannot hold them all.
   const bool streaming = ctx->plan_.ram_expert_slots < ctx->plan_.n_routed_experts;
-  STRATA_RETURN_IF_ERROR(ctx->store_.Load(*ctx->file_, ctx->weights_, /*routed_experts=*/!streaming));
 #ifdef STRATA_HAVE_CUDA
   // CUDA computes from VRAM copies of weights resident in host memory: its VRAM tier fills expert
   // slots from RAM, not yet from the RAM cache's streamed slots, so with streaming AUTO falls back to
   // the CPU.
   const bool cuda = o.backend == MOE_BACKEND_CUDA || (o.backend == MOE_BACKEND_AUTO && cuda::DeviceCount() > 0 && !streaming);
+  // On a host of several NUMA nodes, the weights (which the GPU copies and reads in place over PCIe)
+  // and the backend's pinned buffers are first touched on the GPU's node.
+  const int gpu_node = cuda ? cuda::DeviceNumaNode() : -1;
+#else
+  const int gpu_node = -1;
+#endif
+  {
+    numa::ScopedNodeBinding bind(gpu_node);
+    STRATA_RETURN_IF_ERROR(ctx->store_.Load(*ctx->file_, ctx->weights_, /*routed_experts=*/!streaming));
+    if (bind.bound()) ctx->numa_node_ = gpu_node;
+  }
+#ifdef STRATA_HAVE_CUDA
   if (cuda) {
+    numa::ScopedNodeBinding bind(gpu_node);
     if (streaming) {
       return Errorf(MOE_ERR_UNSUPPORTED_BACKEND,
                     "the CUDA backend needs every expert resident: %d of %d fit the RAM budget",
@@ -527,6 +540,9 @@ ContextStats Context::Stats() const {
   st.device.fill_bytes -= device_base_.fill_bytes;
   st.device.zero_copy -= device_base_.zero_copy;
   st.device.promotions -= device_base_.promotions;
+  st.device.graph_captures -= device_base_.graph_captures;
+  st.device.graph_replays -= device_base_.graph_replays;
+  st.numa_node = numa_node_;
   return st;
 }
 

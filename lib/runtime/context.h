@@ -62,6 +62,7 @@ struct ContextStats {
   bool streaming = false;        // routed experts stream from the file through the RAM cache
   store::CacheStats cache;       // hits are RAM-tier hits; misses were read from the file
   model::DeviceTierStats device; // the device backend's VRAM tier (counters since the last reset)
+  int numa_node = -1;            // where the weights and pinned buffers were placed (the GPU's node), or -1
 };
 
 struct SessionOptions {
@@ -218,6 +219,7 @@ class Context {
   model::WeightStore store_;
   std::unique_ptr<model::Backend> backend_;
   model::DeviceTierStats device_base_;  // the backend's counters at the last reset
+  int numa_node_ = -1;                  // ContextStats::numa_node
   std::unique_ptr<model::Buffer> workspace_;  // the forward pass's activations, grown on demand
   store::CachePlan plan_;
   std::unique_ptr<text::Tokenizer> tokenizer_;
