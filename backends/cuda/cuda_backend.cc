@@ -255,7 +255,7 @@ absl::Status CudaBackend::Adopt(const model::ModelWeights &w, const uint8_t *are
 }
 
 absl::StatusOr<CudaBackend::Slot *> CudaBackend::SlotFor(const model::ExpertWeights &e) {
-  HostRoundTrip("an expert fetched into a slot");
+  STRATA_RETURN_IF_ERROR(HostRoundTrip("an expert fetched into a slot"));
   const uint8_t *key = e.gate.data;
   auto hit = slot_of_.find(key);
   if (hit != slot_of_.end()) {
@@ -406,7 +406,7 @@ absl::StatusOr<const float *> CudaBackend::Resolve(const float *host_vec) const 
 
 absl::StatusOr<void *> CudaBackend::Grow(DeviceBuffer &b, size_t bytes) {
   if (b.size() < bytes) {
-    HostRoundTrip("a scratch buffer growing");
+    STRATA_RETURN_IF_ERROR(HostRoundTrip("a scratch buffer growing"));
     graphs_.clear();  // recorded steps use the old address
     clean_.clear();
     STRATA_RETURN_IF_ERROR(stream_.Synchronize());  // queued work may still read the old buffer
@@ -418,7 +418,7 @@ absl::StatusOr<void *> CudaBackend::Grow(DeviceBuffer &b, size_t bytes) {
 
 absl::StatusOr<void *> CudaBackend::GrowPinned(PinnedBuffer &b, size_t bytes) {
   if (b.size() < bytes) {
-    HostRoundTrip("a pinned buffer growing");
+    STRATA_RETURN_IF_ERROR(HostRoundTrip("a pinned buffer growing"));
     STRATA_RETURN_IF_ERROR(stream_.Synchronize());  // a queued copy may still read the old buffer
     b.Reset();
     STRATA_ASSIGN_OR_RETURN(b, PinnedBuffer::Allocate(Align(bytes)));
@@ -442,7 +442,7 @@ absl::StatusOr<std::unique_ptr<model::Buffer>> CudaBackend::Allocate(size_t byte
 void CudaBackend::Upload(void *dst, const void *src, size_t bytes) {
   Profile prof(this, "Upload");
   if (!err_.ok() || bytes == 0) return;
-  HostRoundTrip("an upload");
+  if (!Note(HostRoundTrip("an upload"))) return;
   if (bytes <= kRingSegment) {
     size_t off = (ring_off_ + 15) & ~size_t{15};
     if (off + bytes > (ring_seg_ + 1) * kRingSegment) {  // on to the next segment
@@ -467,7 +467,7 @@ void CudaBackend::Upload(void *dst, const void *src, size_t bytes) {
 void CudaBackend::Download(void *dst, const void *src, size_t bytes) {
   Profile prof(this, "Download");
   if (!err_.ok() || bytes == 0) return;
-  HostRoundTrip("a download");
+  if (!Note(HostRoundTrip("a download"))) return;
   auto io = GrowPinned(down_io_, bytes);
   if (!Note(io.status()) || !Note(CopyAsync(*io, src, bytes, stream_.get())) || !Note(stream_.Synchronize())) return;
   std::memcpy(dst, *io, bytes);
@@ -987,9 +987,10 @@ void CudaBackend::FinishHist(const std::vector<std::pair<int, int64_t>> &hist) {
   }
 }
 
-void CudaBackend::HostRoundTrip(const char *what) {
+absl::Status CudaBackend::HostRoundTrip(const char *what) {
   if (bracket_ == Bracket::kWatch) step_clean_ = false;
-  if (bracket_ == Bracket::kCapture) Note(Errorf(MOE_ERR_INTERNAL, "%s inside a recorded decode step", what));
+  if (bracket_ == Bracket::kCapture) return Errorf(MOE_ERR_INTERNAL, "%s inside a recorded decode step", what);
+  return absl::OkStatus();
 }
 
 model::Backend::StepMode CudaBackend::BeginStep(const model::StepKey &key) {

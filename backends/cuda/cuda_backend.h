@@ -185,8 +185,9 @@ class CudaBackend final : public model::Backend {
   // the tables between steps (BeginStep) and each layer's selections reach the tier after the step.
   enum class Bracket { kNone, kWatch, kCapture };
   // An operation that needs the host mid-step: a watched step is not clean; inside a recording
-  // it is an error (the recording fails and the step runs again outside it).
-  void HostRoundTrip(const char *what);
+  // it is an error, which the caller returns or notes (the recording then fails and the step runs
+  // again outside it).
+  absl::Status HostRoundTrip(const char *what);
   // The layers' selections copied during the step: the tier reads them once the step is done.
   void FinishHist(const std::vector<std::pair<int, int64_t>> &hist);
   struct StepGraph {
