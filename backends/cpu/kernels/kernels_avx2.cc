@@ -86,12 +86,15 @@ inline void StoreExact(__m256 (*acc)[2], float *out) {
 }
 
 // Float formats: any n. Tail elements (n % 16) go through masked loads into their lanes.
+// w: the row's bytes, elem_bytes per element (for the prefetch).
 template <int NT, typename Load8>
-void ExactFloatFormat(const float *x, int64_t x_stride, int64_t n, Load8 &&load8, float *out) {
+void ExactFloatFormat(const uint8_t *w, int elem_bytes, const float *x, int64_t x_stride, int64_t n, Load8 &&load8,
+                      float *out) {
   __m256 acc[NT][2];
   for (int t = 0; t < NT; ++t) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
   const int64_t n16 = n & ~int64_t{15};
   ExactLoop<NT>(x, x_stride, n16, [&](int64_t i, __m256 *w0, __m256 *w1) {
+    if ((i * elem_bytes) % 64 == 0) Prefetch(w + i * elem_bytes);  // a line of the stream ahead
     *w0 = load8(i);
     *w1 = load8(i + 8);
   }, acc);
@@ -113,7 +116,7 @@ void ExactFloatFormat(const float *x, int64_t x_stride, int64_t n, Load8 &&load8
 void DotF32(const Codec &, const void *row, const float *x, int64_t xs, int n_tok, int64_t n, float *out) {
   const auto *w = static_cast<const uint8_t *>(row);
   ForTokens(n_tok, [&](auto nt) {
-    ExactFloatFormat<decltype(nt)::value>(x, xs, n, [&](int64_t i) {
+    ExactFloatFormat<decltype(nt)::value>(w, 4, x, xs, n, [&](int64_t i) {
       if (n - i >= 8) return _mm256_loadu_ps(reinterpret_cast<const float *>(w + 4 * i));
       float v;
       std::memcpy(&v, w + 4 * i, 4);
@@ -125,7 +128,7 @@ void DotF32(const Codec &, const void *row, const float *x, int64_t xs, int n_to
 void DotF16(const Codec &, const void *row, const float *x, int64_t xs, int n_tok, int64_t n, float *out) {
   const auto *w = static_cast<const uint8_t *>(row);
   ForTokens(n_tok, [&](auto nt) {
-    ExactFloatFormat<decltype(nt)::value>(x, xs, n, [&](int64_t i) {
+    ExactFloatFormat<decltype(nt)::value>(w, 2, x, xs, n, [&](int64_t i) {
       if (n - i >= 8) return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(w + 2 * i)));
       return _mm256_set1_ps(LoadHalf(w + 2 * i));
     }, out);
@@ -135,7 +138,7 @@ void DotF16(const Codec &, const void *row, const float *x, int64_t xs, int n_to
 void DotBF16(const Codec &, const void *row, const float *x, int64_t xs, int n_tok, int64_t n, float *out) {
   const auto *w = static_cast<const uint8_t *>(row);
   ForTokens(n_tok, [&](auto nt) {
-    ExactFloatFormat<decltype(nt)::value>(x, xs, n, [&](int64_t i) {
+    ExactFloatFormat<decltype(nt)::value>(w, 2, x, xs, n, [&](int64_t i) {
       if (n - i >= 8) {
         const __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i *>(w + 2 * i)));
         return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
@@ -159,6 +162,7 @@ void DotQ8_0Float(const Codec &, const void *row, const float *x, int64_t xs, in
     for (int t = 0; t < NT; ++t) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
     ExactLoop<NT>(x, xs, n, [&](int64_t i, __m256 *w0, __m256 *w1) {
       const uint8_t *b = base + (i / 32) * 34;
+      if (i % 64 == 0) Prefetch(b);  // 68 bytes a pair of blocks: about a line
       const __m256 d = _mm256_set1_ps(LoadHalf(b));
       const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i *>(b + 2 + (i % 32)));
       *w0 = _mm256_mul_ps(I8ToPs(q), d);
@@ -177,6 +181,7 @@ void DotQ4_0Float(const Codec &, const void *row, const float *x, int64_t xs, in
     for (int t = 0; t < NT; ++t) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
     ExactLoop<NT>(x, xs, n, [&](int64_t i, __m256 *w0, __m256 *w1) {
       const uint8_t *b = base + (i / 32) * 18;
+      if (i % 128 == 0) Prefetch(b);  // 72 bytes a four blocks: about a line
       const __m256 d = _mm256_set1_ps(LoadHalf(b));
       __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i *>(b + 2));
       if (i % 32) q = _mm_srli_epi16(q, 4);
@@ -208,22 +213,32 @@ void DotQ4_KFloat(const Codec &, const void *row, const float *x, int64_t xs, in
     constexpr int NT = decltype(nt)::value;
     __m256 acc[NT][2];
     for (int t = 0; t < NT; ++t) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
+    const __m256i m4 = _mm256_set1_epi32(0x0f);
     for (int64_t s = 0; s < n; s += 256) {
       const uint8_t *b = base + (s / 256) * 144;
+      for (int l = 0; l < 144; l += 64) Prefetch(b + l);
       const float d = LoadHalf(b), dmin = LoadHalf(b + 2);
       uint8_t sm[16];
       KScalesMins(b + 4, sm);
-      for (int j = 0; j < 8; ++j) {
-        const __m256 dl = _mm256_set1_ps(d * static_cast<float>(sm[j]));
-        const __m256 ml = _mm256_set1_ps(dmin * static_cast<float>(sm[8 + j]));
-        const uint8_t *qs = b + 16 + 32 * (j / 2);
-        ExactLoop<NT>(x + s + 32 * j, xs, 32, [&](int64_t i, __m256 *w0, __m256 *w1) {
-          __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i *>(qs + i));
-          if (j % 2) v = _mm_srli_epi16(v, 4);
-          v = _mm_and_si128(v, _mm_set1_epi8(0x0f));
-          *w0 = _mm256_sub_ps(_mm256_mul_ps(dl, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v))), ml);
-          *w1 = _mm256_sub_ps(_mm256_mul_ps(dl, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(v, 8)))), ml);
-        }, acc);
+      // Sub-blocks 2p and 2p + 1 are the low and high nibbles of the same 32 bytes: widen each
+      // 8 bytes once, then feed sub-block 2p's 32 weights before 2p + 1's (element order per lane).
+      for (int p = 0; p < 4; ++p) {
+        const uint8_t *qs = b + 16 + 32 * p;
+        __m256i q[4];
+        for (int c = 0; c < 4; ++c) q[c] = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(qs + 8 * c)));
+        for (int h = 0; h < 2; ++h) {
+          const int j = 2 * p + h;
+          const __m256 dl = _mm256_set1_ps(d * static_cast<float>(sm[j]));
+          const __m256 ml = _mm256_set1_ps(dmin * static_cast<float>(sm[8 + j]));
+          const float *xj = x + s + 32 * j;
+          for (int c = 0; c < 4; ++c) {
+            const __m256i v = h == 0 ? _mm256_and_si256(q[c], m4) : _mm256_srli_epi32(q[c], 4);
+            const __m256 w = _mm256_sub_ps(_mm256_mul_ps(dl, _mm256_cvtepi32_ps(v)), ml);
+            for (int t = 0; t < NT; ++t) {
+              acc[t][c & 1] = _mm256_fmadd_ps(w, _mm256_loadu_ps(xj + t * xs + 8 * c), acc[t][c & 1]);
+            }
+          }
+        }
       }
     }
     StoreExact<NT>(acc, out);
@@ -249,6 +264,7 @@ void DotQ6_KFloat(const Codec &, const void *row, const float *x, int64_t xs, in
     for (int t = 0; t < NT; ++t) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
     for (int64_t s = 0; s < n; s += 256) {
       const uint8_t *b = base + (s / 256) * 210;
+      for (int l = 0; l < 210; l += 64) Prefetch(b + l);
       const auto *sc = reinterpret_cast<const int8_t *>(b + 192);
       const float d = LoadHalf(b + 208);
       for (int h = 0; h < 2; ++h) {
