@@ -448,6 +448,73 @@ void DotMXFP4Q8(const Codec &, const void *row, const void *xq, int64_t xqs, int
   });
 }
 
+// ---- exact-mode kernels of the level-table codecs (after the tables they share with q8 mode) ----
+
+// 16 weights of a 32-element table block: element j < 16 is the low nibble of qs[j], j + 16 the
+// high one (high: elements 16..31); w = d * level[q], one rounding, as the codecs dequantize.
+inline void TableWeights16(const int8_t *table, const uint8_t *qs, bool high, __m256 d, __m256 *w0, __m256 *w1) {
+  __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i *>(qs));
+  if (high) q = _mm_srli_epi16(q, 4);
+  q = _mm_and_si128(q, _mm_set1_epi8(0x0f));
+  q = _mm_shuffle_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i *>(table)), q);
+  *w0 = _mm256_mul_ps(d, I8ToPs(q));
+  *w1 = _mm256_mul_ps(d, I8ToPs(_mm_srli_si128(q, 8)));
+}
+
+// IQ4_NL (18 bytes / 32): f16 d | qs[16]. MXFP4 (17 bytes / 32): e8m0 e | qs[16].
+template <int kBlockBytes, int kQsOffset, typename Scale>
+void ExactTable32(const int8_t *table, const uint8_t *base, const float *x, int64_t xs, int n_tok, int64_t n,
+                  Scale &&scale, float *out) {
+  ForTokens(n_tok, [&](auto nt) {
+    constexpr int NT = decltype(nt)::value;
+    __m256 acc[NT][2];
+    for (int t = 0; t < NT; ++t) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
+    ExactLoop<NT>(x, xs, n, [&](int64_t i, __m256 *w0, __m256 *w1) {
+      const uint8_t *b = base + (i / 32) * kBlockBytes;
+      if (i % 128 == 0) Prefetch(b);  // about a line every four blocks
+      TableWeights16(table, b + kQsOffset, i % 32 != 0, _mm256_set1_ps(scale(b)), w0, w1);
+    }, acc);
+    StoreExact<NT>(acc, out);
+  });
+}
+
+void DotIQ4_NLFloat(const Codec &, const void *row, const float *x, int64_t xs, int n_tok, int64_t n, float *out) {
+  ExactTable32<18, 2>(kIq4Levels, static_cast<const uint8_t *>(row), x, xs, n_tok, n,
+                      [](const uint8_t *b) { return LoadHalf(b); }, out);
+}
+
+void DotMXFP4Float(const Codec &, const void *row, const float *x, int64_t xs, int n_tok, int64_t n, float *out) {
+  ExactTable32<17, 1>(kMxfp4Levels, static_cast<const uint8_t *>(row), x, xs, n_tok, n,
+                      [](const uint8_t *b) { return Mxfp4Scale(b[0]); }, out);
+}
+
+// IQ4_XS (136 bytes / 256): f16 d | u16 scales_h | u8 scales_l[4] | qs[128]; sub-block j of 32 has
+// the 6-bit scale (scales_l nibble j | scales_h bits 2j..2j+1 << 4) - 32 and qs[16 j ..]; w = (d *
+// scale) * level[q].
+void DotIQ4_XSFloat(const Codec &, const void *row, const float *x, int64_t xs, int n_tok, int64_t n, float *out) {
+  const auto *base = static_cast<const uint8_t *>(row);
+  ForTokens(n_tok, [&](auto nt) {
+    constexpr int NT = decltype(nt)::value;
+    __m256 acc[NT][2];
+    for (int t = 0; t < NT; ++t) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
+    for (int64_t s = 0; s < n; s += 256) {
+      const uint8_t *b = base + (s / 256) * 136;
+      for (int l = 0; l < 136; l += 64) Prefetch(b + l);
+      const float d = LoadHalf(b);
+      uint16_t scales_h;
+      std::memcpy(&scales_h, b + 2, 2);
+      for (int j = 0; j < 8; ++j) {
+        const int lo = (b[4 + j / 2] >> (4 * (j % 2))) & 0x0f, hi = (scales_h >> (2 * j)) & 3;
+        const __m256 dl = _mm256_set1_ps(d * static_cast<float>((lo | (hi << 4)) - 32));
+        ExactLoop<NT>(x + s + 32 * j, xs, 32, [&](int64_t i, __m256 *w0, __m256 *w1) {
+          TableWeights16(kIq4Levels, b + 8 + 16 * j, i != 0, dl, w0, w1);
+        }, acc);
+      }
+    }
+    StoreExact<NT>(acc, out);
+  });
+}
+
 // Q4_1 / Q5_1: w = d * c + m with unsigned codes: acc += (d_w d_x) * dot(c, q) + (m d_x) * sum(q).
 template <int NT, typename Codes>
 void Q8Unsigned32(const uint8_t *base, int64_t block_bytes, const void *xq, int64_t xqs, int64_t n,
@@ -677,8 +744,9 @@ bool FindAvx2RowKernels(const Codec &codec, RowKernels *k) {
     case TypeId::kQ4_K: f = &DotQ4_KFloat; q = &DotQ4_KQ8; break;
     case TypeId::kQ5_K: q = &DotQ5_KQ8; break;
     case TypeId::kQ6_K: f = &DotQ6_KFloat; q = &DotQ6_KQ8; break;
-    case TypeId::kIQ4_NL: q = &DotIQ4_NLQ8; break;
-    case TypeId::kMXFP4: q = &DotMXFP4Q8; break;
+    case TypeId::kIQ4_NL: f = &DotIQ4_NLFloat; q = &DotIQ4_NLQ8; break;
+    case TypeId::kIQ4_XS: f = &DotIQ4_XSFloat; break;
+    case TypeId::kMXFP4: f = &DotMXFP4Float; q = &DotMXFP4Q8; break;
     default: break;
   }
   if (f != nullptr) {
