@@ -1038,12 +1038,16 @@ absl::Status CudaBackend::EndStep() {
     step_hist_.clear();
     return Annotate(why, "recording a decode step");
   }
+  if (absl::Status launched = g->Launch(stream_.get()); !launched.ok()) {
+    refused_.insert(step_key_);  // as above: the caller runs the step outside a bracket
+    step_hist_.clear();
+    return Annotate(launched, "launching a recorded decode step");
+  }
   if (graphs_.size() >= kMaxGraphs) graphs_.erase(graphs_.begin());
   StepGraph &sg = graphs_[step_key_];
   sg.exec = std::move(*g);
   sg.hist = step_hist_;
   ++graph_captures_;
-  STRATA_RETURN_IF_ERROR(sg.exec.Launch(stream_.get()));
   FinishHist(step_hist_);
   return absl::OkStatus();
 }
