@@ -193,6 +193,25 @@ void DotQ4_0Float(const Codec &, const void *row, const float *x, int64_t xs, in
   });
 }
 
+// Exact-mode skeleton of the 256-element super-block codecs: per-token accumulators, then the
+// blocks of kBytes in order, each prefetched ahead, body(nt, b, s, acc) feeding block b (elements
+// s .. s + 255) into acc; nt carries the token count as a type.
+template <int kBytes, typename Body>
+void ExactSuperBlocks(const void *row, int n_tok, int64_t n, float *out, Body &&body) {
+  const auto *base = static_cast<const uint8_t *>(row);
+  ForTokens(n_tok, [&](auto nt) {
+    constexpr int NT = decltype(nt)::value;
+    __m256 acc[NT][2];
+    for (int t = 0; t < NT; ++t) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
+    for (int64_t s = 0; s < n; s += 256) {
+      const uint8_t *b = base + (s / 256) * kBytes;
+      for (int l = 0; l < kBytes; l += 64) Prefetch(b + l);
+      body(nt, b, s, acc);
+    }
+    StoreExact<NT>(acc, out);
+  });
+}
+
 // Q4_K/Q5_K: the eight 6-bit scales (bytes 0..7) and mins (bytes 8..15) of a 12-byte field.
 inline void KScalesMins(const uint8_t *s, uint8_t out[16]) {
   uint32_t u[4];
@@ -208,40 +227,32 @@ inline void KScalesMins(const uint8_t *s, uint8_t out[16]) {
 
 // Q4_K (144 bytes / 256): sub-block j of 32: w = (d * sc_j) * q - dmin * m_j.
 void DotQ4_KFloat(const Codec &, const void *row, const float *x, int64_t xs, int n_tok, int64_t n, float *out) {
-  const auto *base = static_cast<const uint8_t *>(row);
-  ForTokens(n_tok, [&](auto nt) {
+  const __m256i m4 = _mm256_set1_epi32(0x0f);
+  ExactSuperBlocks<144>(row, n_tok, n, out, [&](auto nt, const uint8_t *b, int64_t s, __m256 (*acc)[2]) {
     constexpr int NT = decltype(nt)::value;
-    __m256 acc[NT][2];
-    for (int t = 0; t < NT; ++t) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
-    const __m256i m4 = _mm256_set1_epi32(0x0f);
-    for (int64_t s = 0; s < n; s += 256) {
-      const uint8_t *b = base + (s / 256) * 144;
-      for (int l = 0; l < 144; l += 64) Prefetch(b + l);
-      const float d = LoadHalf(b), dmin = LoadHalf(b + 2);
-      uint8_t sm[16];
-      KScalesMins(b + 4, sm);
-      // Sub-blocks 2p and 2p + 1 are the low and high nibbles of the same 32 bytes: widen each
-      // 8 bytes once, then feed sub-block 2p's 32 weights before 2p + 1's (element order per lane).
-      for (int p = 0; p < 4; ++p) {
-        const uint8_t *qs = b + 16 + 32 * p;
-        __m256i q[4];
-        for (int c = 0; c < 4; ++c) q[c] = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(qs + 8 * c)));
-        for (int h = 0; h < 2; ++h) {
-          const int j = 2 * p + h;
-          const __m256 dl = _mm256_set1_ps(d * static_cast<float>(sm[j]));
-          const __m256 ml = _mm256_set1_ps(dmin * static_cast<float>(sm[8 + j]));
-          const float *xj = x + s + 32 * j;
-          for (int c = 0; c < 4; ++c) {
-            const __m256i v = h == 0 ? _mm256_and_si256(q[c], m4) : _mm256_srli_epi32(q[c], 4);
-            const __m256 w = _mm256_sub_ps(_mm256_mul_ps(dl, _mm256_cvtepi32_ps(v)), ml);
-            for (int t = 0; t < NT; ++t) {
-              acc[t][c & 1] = _mm256_fmadd_ps(w, _mm256_loadu_ps(xj + t * xs + 8 * c), acc[t][c & 1]);
-            }
+    const float d = LoadHalf(b), dmin = LoadHalf(b + 2);
+    uint8_t sm[16];
+    KScalesMins(b + 4, sm);
+    // Sub-blocks 2p and 2p + 1 are the low and high nibbles of the same 32 bytes: widen each 8
+    // bytes once, then feed sub-block 2p's 32 weights before 2p + 1's (element order per lane).
+    for (int p = 0; p < 4; ++p) {
+      const uint8_t *qs = b + 16 + 32 * p;
+      __m256i q[4];
+      for (int c = 0; c < 4; ++c) q[c] = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(qs + 8 * c)));
+      for (int h = 0; h < 2; ++h) {
+        const int j = 2 * p + h;
+        const __m256 dl = _mm256_set1_ps(d * static_cast<float>(sm[j]));
+        const __m256 ml = _mm256_set1_ps(dmin * static_cast<float>(sm[8 + j]));
+        const float *xj = x + s + 32 * j;
+        for (int c = 0; c < 4; ++c) {
+          const __m256i v = h == 0 ? _mm256_and_si256(q[c], m4) : _mm256_srli_epi32(q[c], 4);
+          const __m256 w = _mm256_sub_ps(_mm256_mul_ps(dl, _mm256_cvtepi32_ps(v)), ml);
+          for (int t = 0; t < NT; ++t) {
+            acc[t][c & 1] = _mm256_fmadd_ps(w, _mm256_loadu_ps(xj + t * xs + 8 * c), acc[t][c & 1]);
           }
         }
       }
     }
-    StoreExact<NT>(acc, out);
   });
 }
 
@@ -257,34 +268,26 @@ inline __m256i Q6Codes(const uint8_t *ql, const uint8_t *qh, int k) {
 
 // Q6_K (210 bytes / 256): sub-block s of 16: w = (d * scale_s) * (q - 32).
 void DotQ6_KFloat(const Codec &, const void *row, const float *x, int64_t xs, int n_tok, int64_t n, float *out) {
-  const auto *base = static_cast<const uint8_t *>(row);
-  ForTokens(n_tok, [&](auto nt) {
+  ExactSuperBlocks<210>(row, n_tok, n, out, [&](auto nt, const uint8_t *b, int64_t s, __m256 (*acc)[2]) {
     constexpr int NT = decltype(nt)::value;
-    __m256 acc[NT][2];
-    for (int t = 0; t < NT; ++t) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
-    for (int64_t s = 0; s < n; s += 256) {
-      const uint8_t *b = base + (s / 256) * 210;
-      for (int l = 0; l < 210; l += 64) Prefetch(b + l);
-      const auto *sc = reinterpret_cast<const int8_t *>(b + 192);
-      const float d = LoadHalf(b + 208);
-      for (int h = 0; h < 2; ++h) {
-        for (int k = 0; k < 4; ++k) {
-          alignas(32) int8_t q[32];
-          _mm256_store_si256(reinterpret_cast<__m256i *>(q),
-                             _mm256_sub_epi8(Q6Codes(b + 64 * h, b + 128 + 32 * h, k), _mm256_set1_epi8(32)));
-          const int sub = 8 * h + 2 * k;
-          const __m256 d0 = _mm256_set1_ps(d * static_cast<float>(sc[sub]));
-          const __m256 d1 = _mm256_set1_ps(d * static_cast<float>(sc[sub + 1]));
-          ExactLoop<NT>(x + s + 128 * h + 32 * k, xs, 32, [&](int64_t i, __m256 *w0, __m256 *w1) {
-            const __m256 dl = i == 0 ? d0 : d1;
-            const __m128i v = _mm_load_si128(reinterpret_cast<const __m128i *>(q + i));
-            *w0 = _mm256_mul_ps(dl, I8ToPs(v));
-            *w1 = _mm256_mul_ps(dl, I8ToPs(_mm_srli_si128(v, 8)));
-          }, acc);
-        }
+    const auto *sc = reinterpret_cast<const int8_t *>(b + 192);
+    const float d = LoadHalf(b + 208);
+    for (int h = 0; h < 2; ++h) {
+      for (int k = 0; k < 4; ++k) {
+        alignas(32) int8_t q[32];
+        _mm256_store_si256(reinterpret_cast<__m256i *>(q),
+                           _mm256_sub_epi8(Q6Codes(b + 64 * h, b + 128 + 32 * h, k), _mm256_set1_epi8(32)));
+        const int sub = 8 * h + 2 * k;
+        const __m256 d0 = _mm256_set1_ps(d * static_cast<float>(sc[sub]));
+        const __m256 d1 = _mm256_set1_ps(d * static_cast<float>(sc[sub + 1]));
+        ExactLoop<NT>(x + s + 128 * h + 32 * k, xs, 32, [&](int64_t i, __m256 *w0, __m256 *w1) {
+          const __m256 dl = i == 0 ? d0 : d1;
+          const __m128i v = _mm_load_si128(reinterpret_cast<const __m128i *>(q + i));
+          *w0 = _mm256_mul_ps(dl, I8ToPs(v));
+          *w1 = _mm256_mul_ps(dl, I8ToPs(_mm_srli_si128(v, 8)));
+        }, acc);
       }
     }
-    StoreExact<NT>(acc, out);
   });
 }
 
@@ -492,26 +495,18 @@ void DotMXFP4Float(const Codec &, const void *row, const float *x, int64_t xs, i
 // the 6-bit scale (scales_l nibble j | scales_h bits 2j..2j+1 << 4) - 32 and qs[16 j ..]; w = (d *
 // scale) * level[q].
 void DotIQ4_XSFloat(const Codec &, const void *row, const float *x, int64_t xs, int n_tok, int64_t n, float *out) {
-  const auto *base = static_cast<const uint8_t *>(row);
-  ForTokens(n_tok, [&](auto nt) {
+  ExactSuperBlocks<136>(row, n_tok, n, out, [&](auto nt, const uint8_t *b, int64_t s, __m256 (*acc)[2]) {
     constexpr int NT = decltype(nt)::value;
-    __m256 acc[NT][2];
-    for (int t = 0; t < NT; ++t) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
-    for (int64_t s = 0; s < n; s += 256) {
-      const uint8_t *b = base + (s / 256) * 136;
-      for (int l = 0; l < 136; l += 64) Prefetch(b + l);
-      const float d = LoadHalf(b);
-      uint16_t scales_h;
-      std::memcpy(&scales_h, b + 2, 2);
-      for (int j = 0; j < 8; ++j) {
-        const int lo = (b[4 + j / 2] >> (4 * (j % 2))) & 0x0f, hi = (scales_h >> (2 * j)) & 3;
-        const __m256 dl = _mm256_set1_ps(d * static_cast<float>((lo | (hi << 4)) - 32));
-        ExactLoop<NT>(x + s + 32 * j, xs, 32, [&](int64_t i, __m256 *w0, __m256 *w1) {
-          TableWeights16(kIq4Levels, b + 8 + 16 * j, i != 0, dl, w0, w1);
-        }, acc);
-      }
+    const float d = LoadHalf(b);
+    uint16_t scales_h;
+    std::memcpy(&scales_h, b + 2, 2);
+    for (int j = 0; j < 8; ++j) {
+      const int lo = (b[4 + j / 2] >> (4 * (j % 2))) & 0x0f, hi = (scales_h >> (2 * j)) & 3;
+      const __m256 dl = _mm256_set1_ps(d * static_cast<float>((lo | (hi << 4)) - 32));
+      ExactLoop<NT>(x + s + 32 * j, xs, 32, [&](int64_t i, __m256 *w0, __m256 *w1) {
+        TableWeights16(kIq4Levels, b + 8 + 16 * j, i != 0, dl, w0, w1);
+      }, acc);
     }
-    StoreExact<NT>(acc, out);
   });
 }
 
