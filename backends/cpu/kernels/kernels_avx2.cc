@@ -291,10 +291,11 @@ void DotQ6_KFloat(const Codec &, const void *row, const float *x, int64_t xs, in
   });
 }
 
-// Any codec: dequantize 256 elements through the codec into L1, then the same FMA loop. For a
-// codec with a fused kernel this gives bit-identical results (the tests check it).
-void DotFloatViaCodec(const Codec &codec, const void *row, const float *x, int64_t xs, int n_tok, int64_t n,
-                      float *out) {
+// Any codec: dequantize up to 256 elements into L1 (dequant(src, w, len)), then the same FMA loop.
+// For a codec with a fused kernel this gives bit-identical results (the tests check it).
+template <typename Dequant>
+void DotFloatVia(const Codec &codec, const void *row, const float *x, int64_t xs, int n_tok, int64_t n, float *out,
+                 Dequant &&dequant) {
   const auto *base = static_cast<const uint8_t *>(row);
   ForTokens(n_tok, [&](auto nt) {
     constexpr int NT = decltype(nt)::value;
@@ -303,7 +304,7 @@ void DotFloatViaCodec(const Codec &codec, const void *row, const float *x, int64
     alignas(32) float w[256 + 16];
     for (int64_t s = 0; s < n; s += 256) {
       const int64_t len = std::min<int64_t>(256, n - s);
-      codec.dequantize(base + (s / codec.block_elems) * codec.block_bytes, w, len);
+      dequant(base + (s / codec.block_elems) * codec.block_bytes, w, len);
       const int64_t len16 = len & ~int64_t{15};
       ExactLoop<NT>(x + s, xs, len16, [&](int64_t i, __m256 *w0, __m256 *w1) {
         *w0 = _mm256_load_ps(w + i);
@@ -323,6 +324,94 @@ void DotFloatViaCodec(const Codec &codec, const void *row, const float *x, int64
     }
     StoreExact<NT>(acc, out);
   });
+}
+
+void DotFloatViaCodec(const Codec &codec, const void *row, const float *x, int64_t xs, int n_tok, int64_t n,
+                      float *out) {
+  DotFloatVia(codec, row, x, xs, n_tok, n, out,
+              [&](const uint8_t *src, float *w, int64_t len) { codec.dequantize(src, w, len); });
+}
+
+// ---- AVX2 dequantizers of one 256-element super block, bit-identical to the codecs' ----
+// (lib/quant/codecs_k.cc has the layouts.) Each 8 weights: codes widened to int32, converted, then
+// the codec's own multiply and subtract, each rounded.
+
+inline void Store8(float *w, __m256i codes, __m256 dl) { _mm256_store_ps(w, _mm256_mul_ps(dl, _mm256_cvtepi32_ps(codes))); }
+inline void Store8(float *w, __m256i codes, __m256 dl, __m256 ml) {
+  _mm256_store_ps(w, _mm256_sub_ps(_mm256_mul_ps(dl, _mm256_cvtepi32_ps(codes)), ml));
+}
+// Bytes 8c .. 8c + 7 of v, widened.
+inline __m256i Widen8(__m256i v, int c) {
+  const __m128i half = c < 2 ? _mm256_castsi256_si128(v) : _mm256_extracti128_si256(v, 1);
+  return _mm256_cvtepi8_epi32(c % 2 == 0 ? half : _mm_srli_si128(half, 8));
+}
+
+// Q2_K (84 bytes): u8 scales[16] | u8 qs[64] | f16 d | f16 dmin; element 128h + 32k + l has code
+// bits 2k.. of qs[32h + l], sub-block e / 16 with scale (low nibble) and min (high nibble).
+void DequantQ2_K(const uint8_t *b, float *w) {
+  const float d = LoadHalf(b + 80), dmin = LoadHalf(b + 82);
+  for (int h = 0; h < 2; ++h) {
+    const __m256i qs = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(b + 16 + 32 * h));
+    for (int k = 0; k < 4; ++k) {
+      const __m256i q = _mm256_and_si256(_mm256_srli_epi16(qs, 2 * k), _mm256_set1_epi8(3));
+      const int e0 = 128 * h + 32 * k;
+      for (int c = 0; c < 4; ++c) {
+        const uint8_t sc = b[(e0 + 8 * c) / 16];
+        Store8(w + e0 + 8 * c, Widen8(q, c), _mm256_set1_ps(d * static_cast<float>(sc & 0x0f)),
+               _mm256_set1_ps(dmin * static_cast<float>(sc >> 4)));
+      }
+    }
+  }
+}
+
+// Q3_K (110 bytes): u8 hmask[32] | u8 qs[64] | u8 scales[12] | f16 d; low two bits as Q2_K, the
+// third bit of element 32b + l is bit b of hmask[l] (clear: minus 4); sixteen 6-bit scales, +32.
+void DequantQ3_K(const uint8_t *b, float *w) {
+  const float d = LoadHalf(b + 108);
+  const uint8_t *s = b + 96;
+  float dl[16];
+  for (int i = 0; i < 16; ++i) {
+    const int lo = i < 8 ? (s[i] & 0x0f) : (s[i - 8] >> 4);
+    const int hi = (s[8 + i % 4] >> (2 * (i / 4))) & 3;
+    dl[i] = d * static_cast<float>((lo | (hi << 4)) - 32);
+  }
+  const __m256i hmask = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(b));
+  for (int h = 0; h < 2; ++h) {
+    const __m256i qs = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(b + 32 + 32 * h));
+    for (int k = 0; k < 4; ++k) {
+      const int bit = 4 * h + k;  // e / 32
+      const __m256i lo = _mm256_and_si256(_mm256_srli_epi16(qs, 2 * k), _mm256_set1_epi8(3));
+      const __m256i hb = _mm256_and_si256(_mm256_srli_epi16(hmask, bit), _mm256_set1_epi8(1));
+      // lo - 4 when the bit is clear: lo - 4 + 4 * bit
+      const __m256i q = _mm256_add_epi8(_mm256_sub_epi8(lo, _mm256_set1_epi8(4)), _mm256_slli_epi16(hb, 2));
+      const int e0 = 32 * bit;
+      for (int c = 0; c < 4; ++c) Store8(w + e0 + 8 * c, Widen8(q, c), _mm256_set1_ps(dl[(e0 + 8 * c) / 16]));
+    }
+  }
+}
+
+// Q5_K (176 bytes): f16 d | f16 dmin | u8 scales[12] | u8 qh[32] | u8 qs[128]; as Q4_K with a fifth
+// code bit: element 32j + l takes bit j of qh[l].
+void DequantQ5_K(const uint8_t *b, float *w) {
+  const float d = LoadHalf(b), dmin = LoadHalf(b + 2);
+  uint8_t sm[16];
+  KScalesMins(b + 4, sm);
+  const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(b + 16));
+  for (int j = 0; j < 8; ++j) {
+    const __m256i qs = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(b + 48 + 32 * (j / 2)));
+    const __m256i lo = _mm256_and_si256(j % 2 ? _mm256_srli_epi16(qs, 4) : qs, _mm256_set1_epi8(0x0f));
+    const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(qh, j), _mm256_set1_epi8(1));
+    const __m256i q = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));  // 0..31: no carry between bytes
+    const __m256 dl = _mm256_set1_ps(d * static_cast<float>(sm[j]));
+    const __m256 ml = _mm256_set1_ps(dmin * static_cast<float>(sm[8 + j]));
+    for (int c = 0; c < 4; ++c) Store8(w + 32 * j + 8 * c, Widen8(q, c), dl, ml);
+  }
+}
+
+template <void (*Block)(const uint8_t *, float *)>
+void DotFloatViaBlock(const Codec &codec, const void *row, const float *x, int64_t xs, int n_tok, int64_t n,
+                      float *out) {
+  DotFloatVia(codec, row, x, xs, n_tok, n, out, [](const uint8_t *src, float *w, int64_t) { Block(src, w); });
 }
 
 // ============================ q8 mode ============================
@@ -675,8 +764,9 @@ void DotQ6_KQ8(const Codec &, const void *row, const void *xq, int64_t xqs, int 
 }
 
 // Any codec in q8 mode: weights through the codec, activations as d * q floats, FMA in 16 lanes.
-void DotQ8ViaCodec(const Codec &codec, const void *row, const void *xq, int64_t xqs, int n_tok, int64_t n,
-                   float *out) {
+template <typename Dequant>
+void DotQ8Via(const Codec &codec, const void *row, const void *xq, int64_t xqs, int n_tok, int64_t n, float *out,
+              Dequant &&dequant) {
   const auto *base = static_cast<const uint8_t *>(row);
   const bool big = codec.block_elems == 256;
   ForTokens(n_tok, [&](auto nt) {
@@ -686,7 +776,7 @@ void DotQ8ViaCodec(const Codec &codec, const void *row, const void *xq, int64_t 
     alignas(32) float w[256];
     for (int64_t s = 0; s < n; s += 256) {
       const int64_t len = std::min<int64_t>(256, n - s);
-      codec.dequantize(base + (s / codec.block_elems) * codec.block_bytes, w, len);
+      dequant(base + (s / codec.block_elems) * codec.block_bytes, w, len);
       for (int64_t i = 0; i < len; i += 32) {
         const int64_t e = s + i;
         for (int t = 0; t < NT; ++t) {
@@ -716,6 +806,18 @@ void DotQ8ViaCodec(const Codec &codec, const void *row, const void *xq, int64_t 
   });
 }
 
+void DotQ8ViaCodec(const Codec &codec, const void *row, const void *xq, int64_t xqs, int n_tok, int64_t n,
+                   float *out) {
+  DotQ8Via(codec, row, xq, xqs, n_tok, n, out,
+           [&](const uint8_t *src, float *w, int64_t len) { codec.dequantize(src, w, len); });
+}
+
+template <void (*Block)(const uint8_t *, float *)>
+void DotQ8ViaBlock(const Codec &codec, const void *row, const void *xq, int64_t xqs, int n_tok, int64_t n,
+                   float *out) {
+  DotQ8Via(codec, row, xq, xqs, n_tok, n, out, [](const uint8_t *src, float *w, int64_t) { Block(src, w); });
+}
+
 }  // namespace
 
 bool FindAvx2RowKernels(const Codec &codec, RowKernels *k) {
@@ -725,8 +827,10 @@ bool FindAvx2RowKernels(const Codec &codec, RowKernels *k) {
     k->dot_q8 = &DotQ8ViaCodec;
     k->integer_q8 = false;
   }
-  DotFloatFn f = nullptr;
-  DotQ8Fn q = nullptr;
+  DotFloatFn f = nullptr;   // fused: decodes in registers
+  DotFloatFn fb = nullptr;  // through the AVX2 block dequantizer
+  DotQ8Fn q = nullptr;      // integer dot products
+  DotQ8Fn qb = nullptr;     // q8 through the AVX2 block dequantizer
   switch (codec.id) {
     case TypeId::kF32: f = &DotF32; break;
     case TypeId::kF16: f = &DotF16; break;
@@ -736,8 +840,10 @@ bool FindAvx2RowKernels(const Codec &codec, RowKernels *k) {
     case TypeId::kQ4_1: q = &DotQ4_1Q8; break;
     case TypeId::kQ5_0: q = &DotQ5_0Q8; break;
     case TypeId::kQ5_1: q = &DotQ5_1Q8; break;
+    case TypeId::kQ2_K: fb = &DotFloatViaBlock<&DequantQ2_K>; qb = &DotQ8ViaBlock<&DequantQ2_K>; break;
+    case TypeId::kQ3_K: fb = &DotFloatViaBlock<&DequantQ3_K>; qb = &DotQ8ViaBlock<&DequantQ3_K>; break;
     case TypeId::kQ4_K: f = &DotQ4_KFloat; q = &DotQ4_KQ8; break;
-    case TypeId::kQ5_K: q = &DotQ5_KQ8; break;
+    case TypeId::kQ5_K: fb = &DotFloatViaBlock<&DequantQ5_K>; q = &DotQ5_KQ8; break;
     case TypeId::kQ6_K: f = &DotQ6_KFloat; q = &DotQ6_KQ8; break;
     case TypeId::kIQ4_NL: f = &DotIQ4_NLFloat; q = &DotIQ4_NLQ8; break;
     case TypeId::kIQ4_XS: f = &DotIQ4_XSFloat; break;
@@ -747,10 +853,16 @@ bool FindAvx2RowKernels(const Codec &codec, RowKernels *k) {
   if (f != nullptr) {
     k->dot_float = f;
     k->fused_float = true;
+  } else if (fb != nullptr) {
+    k->dot_float = fb;
   }
-  if (q != nullptr && k->act != ActFormat::kNone) {
-    k->dot_q8 = q;
-    k->integer_q8 = true;
+  if (k->act != ActFormat::kNone) {
+    if (q != nullptr) {
+      k->dot_q8 = q;
+      k->integer_q8 = true;
+    } else if (qb != nullptr) {
+      k->dot_q8 = qb;
+    }
   }
   return true;
 }
