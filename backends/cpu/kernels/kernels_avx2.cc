@@ -763,6 +763,81 @@ void DotQ6_KQ8(const Codec &, const void *row, const void *xq, int64_t xqs, int 
   ForTokens(n_tok, [&](auto nt) { Q8K6<decltype(nt)::value>(static_cast<const uint8_t *>(row), xq, xqs, n, out); });
 }
 
+// Q2_K / Q3_K: unsigned codes c of elements 128h + 32k + l (l < 32) against the activation codes,
+// weighted per sub-block of 16 by its scale. Q2_K: d sum(sc c q) - dmin sum(m bsum). Q3_K (codes
+// q = c - 4, c = low two bits | third bit << 2): d (sum(sc c q) - 4 sum(sc bsum)).
+template <int NT, bool kQ3>
+void Q8K23(const uint8_t *base, const void *xq, int64_t xqs, int64_t n, float *out) {
+  constexpr int kBytes = kQ3 ? 110 : 84;
+  __m256 acc[NT], accm[NT];
+  const ActBlock256 *a[NT];
+  for (int t = 0; t < NT; ++t) {
+    acc[t] = accm[t] = _mm256_setzero_ps();
+    a[t] = Act256<NT>(xq, xqs, t);
+  }
+  const __m256i m3 = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1);
+  const int64_t nb = n / 256;
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t *p = base + kBytes * b;
+    for (int l = 0; l < kBytes; l += 64) Prefetch(p + l);
+    alignas(16) int8_t sc[16];
+    alignas(16) uint8_t mn[16] = {};
+    float d, dmin = 0.f;
+    if (kQ3) {
+      d = LoadHalf(p + 108);
+      const uint8_t *s = p + 96;
+      for (int i = 0; i < 16; ++i) {
+        const int lo = i < 8 ? (s[i] & 0x0f) : (s[i - 8] >> 4), hi = (s[8 + i % 4] >> (2 * (i / 4))) & 3;
+        sc[i] = static_cast<int8_t>((lo | (hi << 4)) - 32);
+      }
+    } else {
+      d = LoadHalf(p + 80);
+      dmin = LoadHalf(p + 82);
+      for (int i = 0; i < 16; ++i) {
+        sc[i] = static_cast<int8_t>(p[i] & 0x0f);
+        mn[i] = static_cast<uint8_t>(p[i] >> 4);
+      }
+    }
+    const __m128i sc8 = _mm_load_si128(reinterpret_cast<const __m128i *>(sc));
+    const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
+    __m256i sumi[NT];
+    for (int t = 0; t < NT; ++t) {
+      const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(a[t][b].bsums));
+      sumi[t] = kQ3 ? _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(_mm256_madd_epi16(bs, sc16), 2))
+                    : _mm256_setzero_si256();
+      if (!kQ3) {
+        const __m256i mins = _mm256_cvtepu8_epi16(_mm_load_si128(reinterpret_cast<const __m128i *>(mn)));
+        accm[t] = _mm256_fmadd_ps(_mm256_set1_ps(dmin * a[t][b].d), _mm256_cvtepi32_ps(_mm256_madd_epi16(bs, mins)),
+                                  accm[t]);
+      }
+    }
+    const __m256i hmask = kQ3 ? _mm256_loadu_si256(reinterpret_cast<const __m256i *>(p)) : _mm256_setzero_si256();
+    for (int h = 0; h < 2; ++h) {
+      const __m256i qs = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(p + (kQ3 ? 32 : 16) + 32 * h));
+      for (int k = 0; k < 4; ++k) {
+        __m256i c = _mm256_and_si256(_mm256_srli_epi16(qs, 2 * k), m3);
+        if (kQ3) c = _mm256_or_si256(c, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hmask, 4 * h + k), one), 2));
+        const __m256i s = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, PairShuffle(8 * h + 2 * k)));
+        for (int t = 0; t < NT; ++t) {
+          const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(a[t][b].q + 128 * h + 32 * k));
+          sumi[t] = _mm256_add_epi32(sumi[t], _mm256_madd_epi16(_mm256_maddubs_epi16(c, q), s));
+        }
+      }
+    }
+    for (int t = 0; t < NT; ++t) {
+      acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * a[t][b].d), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
+    }
+  }
+  for (int t = 0; t < NT; ++t) out[t] = Reduce8(acc[t]) - Reduce8(accm[t]);
+}
+
+void DotQ2_KQ8(const Codec &, const void *row, const void *xq, int64_t xqs, int n_tok, int64_t n, float *out) {
+  ForTokens(n_tok, [&](auto nt) { Q8K23<decltype(nt)::value, false>(static_cast<const uint8_t *>(row), xq, xqs, n, out); });
+}
+void DotQ3_KQ8(const Codec &, const void *row, const void *xq, int64_t xqs, int n_tok, int64_t n, float *out) {
+  ForTokens(n_tok, [&](auto nt) { Q8K23<decltype(nt)::value, true>(static_cast<const uint8_t *>(row), xq, xqs, n, out); });
+}
+
 // Any codec in q8 mode: weights through the codec, activations as d * q floats, FMA in 16 lanes.
 template <typename Dequant>
 void DotQ8Via(const Codec &codec, const void *row, const void *xq, int64_t xqs, int n_tok, int64_t n, float *out,
@@ -840,8 +915,8 @@ bool FindAvx2RowKernels(const Codec &codec, RowKernels *k) {
     case TypeId::kQ4_1: q = &DotQ4_1Q8; break;
     case TypeId::kQ5_0: q = &DotQ5_0Q8; break;
     case TypeId::kQ5_1: q = &DotQ5_1Q8; break;
-    case TypeId::kQ2_K: fb = &DotFloatViaBlock<&DequantQ2_K>; qb = &DotQ8ViaBlock<&DequantQ2_K>; break;
-    case TypeId::kQ3_K: fb = &DotFloatViaBlock<&DequantQ3_K>; qb = &DotQ8ViaBlock<&DequantQ3_K>; break;
+    case TypeId::kQ2_K: fb = &DotFloatViaBlock<&DequantQ2_K>; q = &DotQ2_KQ8; break;
+    case TypeId::kQ3_K: fb = &DotFloatViaBlock<&DequantQ3_K>; q = &DotQ3_KQ8; break;
     case TypeId::kQ4_K: f = &DotQ4_KFloat; q = &DotQ4_KQ8; break;
     case TypeId::kQ5_K: fb = &DotFloatViaBlock<&DequantQ5_K>; q = &DotQ5_KQ8; break;
     case TypeId::kQ6_K: f = &DotQ6_KFloat; q = &DotQ6_KQ8; break;
