@@ -524,6 +524,39 @@ void DotIQ4_NLQ8(const Codec &, const void *row, const void *xq, int64_t xqs, in
   });
 }
 
+// IQ4_XS in q8 mode: per 256-element block, each sub-block j of 32 a signed-code integer dot
+// (as IQ4_NL) weighted by its own scale d * (scale_j - 32).
+void DotIQ4_XSQ8(const Codec &, const void *row, const void *xq, int64_t xqs, int n_tok, int64_t n, float *out) {
+  const auto *base = static_cast<const uint8_t *>(row);
+  ForTokens(n_tok, [&](auto nt) {
+    constexpr int NT = decltype(nt)::value;
+    __m256 acc[NT];
+    const ActBlock256 *a[NT];
+    for (int t = 0; t < NT; ++t) {
+      acc[t] = _mm256_setzero_ps();
+      a[t] = Act256<NT>(xq, xqs, t);
+    }
+    for (int64_t b = 0; b < n / 256; ++b) {
+      const uint8_t *p = base + 136 * b;
+      for (int l = 0; l < 136; l += 64) Prefetch(p + l);
+      const float d = LoadHalf(p);
+      uint16_t scales_h;
+      std::memcpy(&scales_h, p + 2, 2);
+      for (int j = 0; j < 8; ++j) {
+        const int lo = (p[4 + j / 2] >> (4 * (j % 2))) & 0x0f, hi = (scales_h >> (2 * j)) & 3;
+        const float dl = d * static_cast<float>((lo | (hi << 4)) - 32);
+        const __m256i c = Lookup16(kIq4Levels, Nibbles32(p + 8 + 16 * j));
+        const __m256i c_abs = _mm256_sign_epi8(c, c);
+        for (int t = 0; t < NT; ++t) {
+          const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(a[t][b].q + 32 * j));
+          acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(DotS8S8(c_abs, c, q)), _mm256_set1_ps(dl * a[t][b].d), acc[t]);
+        }
+      }
+    }
+    for (int t = 0; t < NT; ++t) out[t] = Reduce8(acc[t]);
+  });
+}
+
 inline float Mxfp4Scale(uint8_t e) {
   const uint32_t bits = e < 2 ? (0x00200000u << e) : (static_cast<uint32_t>(e) - 1u) << 23;
   float f;
@@ -921,7 +954,7 @@ bool FindAvx2RowKernels(const Codec &codec, RowKernels *k) {
     case TypeId::kQ5_K: fb = &DotFloatViaBlock<&DequantQ5_K>; q = &DotQ5_KQ8; break;
     case TypeId::kQ6_K: f = &DotQ6_KFloat; q = &DotQ6_KQ8; break;
     case TypeId::kIQ4_NL: f = &DotIQ4_NLFloat; q = &DotIQ4_NLQ8; break;
-    case TypeId::kIQ4_XS: f = &DotIQ4_XSFloat; break;
+    case TypeId::kIQ4_XS: f = &DotIQ4_XSFloat; q = &DotIQ4_XSQ8; break;
     case TypeId::kMXFP4: f = &DotMXFP4Float; q = &DotMXFP4Q8; break;
     default: break;
   }
