@@ -492,6 +492,60 @@ inline __m256i Q5HighBits(uint32_t qh) {
   return _mm256_and_si256(v, _mm256_set1_epi8(0x10));
 }
 
+// 32-element legacy blocks in exact mode: codes(b) gives block b's 32 codes in element order (from
+// the q8 kernels' decoders); w = d * code, plus the block's min when kMin (the product rounded, then
+// the min added), as the codecs dequantize.
+template <int kBlockBytes, bool kMin, typename Codes>
+void ExactLegacy32(const uint8_t *base, const float *x, int64_t xs, int n_tok, int64_t n, Codes &&codes, float *out) {
+  ForTokens(n_tok, [&](auto nt) {
+    constexpr int NT = decltype(nt)::value;
+    __m256 acc[NT][2];
+    for (int t = 0; t < NT; ++t) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
+    __m256i c = _mm256_setzero_si256();  // the current block's codes (ExactLoop walks i in order)
+    ExactLoop<NT>(x, xs, n, [&](int64_t i, __m256 *w0, __m256 *w1) {
+      const uint8_t *b = base + (i / 32) * kBlockBytes;
+      if (i % 32 == 0) {
+        if (i % 128 == 0) Prefetch(b);
+        c = codes(b);
+      }
+      const __m128i h = i % 32 != 0 ? _mm256_extracti128_si256(c, 1) : _mm256_castsi256_si128(c);
+      const __m256 d = _mm256_set1_ps(LoadHalf(b));
+      __m256 p0 = _mm256_mul_ps(d, I8ToPs(h)), p1 = _mm256_mul_ps(d, I8ToPs(_mm_srli_si128(h, 8)));
+      if (kMin) {
+        const __m256 m = _mm256_set1_ps(LoadHalf(b + 2));
+        p0 = _mm256_add_ps(p0, m);
+        p1 = _mm256_add_ps(p1, m);
+      }
+      *w0 = p0;
+      *w1 = p1;
+    }, acc);
+    StoreExact<NT>(acc, out);
+  });
+}
+
+inline uint32_t LoadU32(const uint8_t *p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+// Q4_1 (20 bytes / 32): f16 d | f16 m | qs[16]. Q5_0 (22): f16 d | u32 qh | qs[16], code - 16.
+// Q5_1 (24): f16 d | f16 m | u32 qh | qs[16].
+void DotQ4_1Float(const Codec &, const void *row, const float *x, int64_t xs, int n_tok, int64_t n, float *out) {
+  ExactLegacy32<20, true>(static_cast<const uint8_t *>(row), x, xs, n_tok, n,
+                          [](const uint8_t *b) { return Nibbles32(b + 4); }, out);
+}
+void DotQ5_0Float(const Codec &, const void *row, const float *x, int64_t xs, int n_tok, int64_t n, float *out) {
+  ExactLegacy32<22, false>(static_cast<const uint8_t *>(row), x, xs, n_tok, n, [](const uint8_t *b) {
+    return _mm256_sub_epi8(_mm256_or_si256(Nibbles32(b + 6), Q5HighBits(LoadU32(b + 2))), _mm256_set1_epi8(16));
+  }, out);
+}
+void DotQ5_1Float(const Codec &, const void *row, const float *x, int64_t xs, int n_tok, int64_t n, float *out) {
+  ExactLegacy32<24, true>(static_cast<const uint8_t *>(row), x, xs, n_tok, n, [](const uint8_t *b) {
+    return _mm256_or_si256(Nibbles32(b + 8), Q5HighBits(LoadU32(b + 4)));
+  }, out);
+}
+
 void DotQ5_0Q8(const Codec &, const void *row, const void *xq, int64_t xqs, int n_tok, int64_t n, float *out) {
   const auto *base = static_cast<const uint8_t *>(row);
   ForTokens(n_tok, [&](auto nt) {
@@ -945,9 +999,9 @@ bool FindAvx2RowKernels(const Codec &codec, RowKernels *k) {
     case TypeId::kBF16: f = &DotBF16; break;
     case TypeId::kQ8_0: f = &DotQ8_0Float; q = &DotQ8_0Q8; break;
     case TypeId::kQ4_0: f = &DotQ4_0Float; q = &DotQ4_0Q8; break;
-    case TypeId::kQ4_1: q = &DotQ4_1Q8; break;
-    case TypeId::kQ5_0: q = &DotQ5_0Q8; break;
-    case TypeId::kQ5_1: q = &DotQ5_1Q8; break;
+    case TypeId::kQ4_1: f = &DotQ4_1Float; q = &DotQ4_1Q8; break;
+    case TypeId::kQ5_0: f = &DotQ5_0Float; q = &DotQ5_0Q8; break;
+    case TypeId::kQ5_1: f = &DotQ5_1Float; q = &DotQ5_1Q8; break;
     case TypeId::kQ2_K: fb = &DotFloatViaBlock<&DequantQ2_K>; q = &DotQ2_KQ8; break;
     case TypeId::kQ3_K: fb = &DotFloatViaBlock<&DequantQ3_K>; q = &DotQ3_KQ8; break;
     case TypeId::kQ4_K: f = &DotQ4_KFloat; q = &DotQ4_KQ8; break;
