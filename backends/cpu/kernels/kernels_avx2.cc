@@ -808,6 +808,18 @@ inline __m128i PairShuffle(int i) {
                       static_cast<char>(i));
 }
 
+// sumi[t] += the dot of the 32 codes c of elements 128h + 32k .. + 31 with token t's activation
+// codes, each 16 weighted by its sub-block's scale (int8 sc8[8h + 2k], sc8[8h + 2k + 1]).
+template <int NT>
+inline void AddScaledCodes32(__m256i c, __m128i sc8, int h, int k, const ActBlock256 *const *a, int64_t b,
+                             __m256i *sumi) {
+  const __m256i s = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, PairShuffle(8 * h + 2 * k)));
+  for (int t = 0; t < NT; ++t) {
+    const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(a[t][b].q + 128 * h + 32 * k));
+    sumi[t] = _mm256_add_epi32(sumi[t], _mm256_madd_epi16(_mm256_maddubs_epi16(c, q), s));
+  }
+}
+
 // Q6_K: sum = d d_x * (sum_s scale_s dot_s(c, q) - 32 sum_s scale_s bsum_s), c in 0..63.
 template <int NT>
 void Q8K6(const uint8_t *base, const void *xq, int64_t xqs, int64_t n, float *out) {
@@ -831,12 +843,7 @@ void Q8K6(const uint8_t *base, const void *xq, int64_t xqs, int64_t n, float *ou
     }
     for (int h = 0; h < 2; ++h) {
       for (int k = 0; k < 4; ++k) {
-        const __m256i c = Q6Codes(p + 64 * h, p + 128 + 32 * h, k);
-        const __m256i s = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, PairShuffle(8 * h + 2 * k)));
-        for (int t = 0; t < NT; ++t) {
-          const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(a[t][b].q + 128 * h + 32 * k));
-          sumi[t] = _mm256_add_epi32(sumi[t], _mm256_madd_epi16(_mm256_maddubs_epi16(c, q), s));
-        }
+        AddScaledCodes32<NT>(Q6Codes(p + 64 * h, p + 128 + 32 * h, k), sc8, h, k, a, b, sumi);
       }
     }
     for (int t = 0; t < NT; ++t) {
@@ -904,11 +911,7 @@ void Q8K23(const uint8_t *base, const void *xq, int64_t xqs, int64_t n, float *o
       for (int k = 0; k < 4; ++k) {
         __m256i c = _mm256_and_si256(_mm256_srli_epi16(qs, 2 * k), m3);
         if (kQ3) c = _mm256_or_si256(c, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hmask, 4 * h + k), one), 2));
-        const __m256i s = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, PairShuffle(8 * h + 2 * k)));
-        for (int t = 0; t < NT; ++t) {
-          const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(a[t][b].q + 128 * h + 32 * k));
-          sumi[t] = _mm256_add_epi32(sumi[t], _mm256_madd_epi16(_mm256_maddubs_epi16(c, q), s));
-        }
+        AddScaledCodes32<NT>(c, sc8, h, k, a, b, sumi);
       }
     }
     for (int t = 0; t < NT; ++t) {
