@@ -51,6 +51,7 @@ void KvCache::FreeAll() {
   for (auto &t : k_tab_) t.clear();
   for (auto &t : v_tab_) t.clear();
   masked_.clear();
+  mask_nonzero_ = 0;
   if (spill_fd_ >= 0) close(spill_fd_);
   spill_fd_ = -1;
   spill_blocks_ = 0;
@@ -83,6 +84,8 @@ absl::Status KvCache::Init(const HParams &hp, int n_ctx, KvBudget *budget, Backe
     dev_ = std::move(*b);  // zero-filled: no blocks, nothing masked
     dev_mask_sent_.assign(n_ctx, 0);
     dev_tab_dirty_ = dev_mask_any_ = false;
+    mask_dirty_lo_ = SIZE_MAX;
+    mask_dirty_hi_ = 0;
   }
   return absl::OkStatus();
 }
@@ -98,13 +101,12 @@ absl::Status KvCache::SyncDevice() {
     be_->Upload(dev_->data(), tab.data(), tab.size() * sizeof(float *));
     dev_tab_dirty_ = false;
   }
-  // The mask: positions past the blocks count as unmasked (their bytes are rewritten by Prepare
-  // before any query can see them).
-  const size_t n = std::min(masked_.size(), dev_mask_sent_.size());
-  size_t lo = n, hi = 0;
-  bool any = false;
-  for (size_t p = 0; p < n; ++p) {
-    any = any || masked_[p] != 0;
+  // The mask: only positions that changed since the last sync are looked at, and only the bytes that
+  // differ from what was sent go up. Positions past the blocks count as unmasked (Adopt marks them
+  // changed when blocks come back).
+  const size_t end = std::min({mask_dirty_hi_, masked_.size(), dev_mask_sent_.size()});
+  size_t lo = end, hi = 0;
+  for (size_t p = mask_dirty_lo_; p < end; ++p) {
     if (masked_[p] != dev_mask_sent_[p]) {
       lo = std::min(lo, p);
       hi = p + 1;
@@ -114,8 +116,19 @@ absl::Status KvCache::SyncDevice() {
     be_->Upload(DevMask() + lo, masked_.data() + lo, hi - lo);
     std::copy(masked_.begin() + lo, masked_.begin() + hi, dev_mask_sent_.begin() + lo);
   }
-  dev_mask_any_ = any;
+  mask_dirty_lo_ = SIZE_MAX;
+  mask_dirty_hi_ = 0;
+  dev_mask_any_ = mask_nonzero_ > 0;
   return be_->TakeError();
+}
+
+void KvCache::MaskChanged(size_t lo, size_t hi) {
+  mask_dirty_lo_ = std::min(mask_dirty_lo_, lo);
+  mask_dirty_hi_ = std::max(mask_dirty_hi_, hi);
+}
+
+void KvCache::RecountMask() {
+  mask_nonzero_ = std::count_if(masked_.begin(), masked_.end(), [](uint8_t m) { return m != 0; });
 }
 
 void KvCache::SetMask(int window, std::vector<int32_t> blocked) {
@@ -167,7 +180,9 @@ void KvCache::Adopt(std::vector<std::unique_ptr<Buffer>> *blocks) {
     blocks_.push_back(std::move(b));
   }
   blocks->clear();
+  const size_t had = masked_.size();
   masked_.resize(capacity(), 0);
+  MaskChanged(had, masked_.size());
   dev_tab_dirty_ = true;
 }
 
@@ -192,8 +207,12 @@ absl::Status KvCache::Prepare(int pos0, const int32_t *tokens, int64_t n) {
   }
   STRATA_RETURN_IF_ERROR(Reserve(static_cast<int>(pos0 + n)));
   for (int64_t t = 0; t < n; ++t) {
-    masked_[pos0 + t] = std::binary_search(blocked_.begin(), blocked_.end(), tokens[t]) ? 1 : 0;
+    uint8_t &m = masked_[pos0 + t];
+    mask_nonzero_ -= m != 0;
+    m = std::binary_search(blocked_.begin(), blocked_.end(), tokens[t]) ? 1 : 0;
+    mask_nonzero_ += m != 0;
   }
+  MaskChanged(pos0, pos0 + n);
   return absl::OkStatus();
 }
 
@@ -206,6 +225,7 @@ void KvCache::Trim(int n) {
   for (auto &t : k_tab_) t.resize(keep);
   for (auto &t : v_tab_) t.resize(keep);
   masked_.resize(capacity());
+  RecountMask();
   dev_tab_dirty_ = true;
 }
 
@@ -241,6 +261,7 @@ absl::Status KvCache::Spill(const std::string &dir, int n) {
   std::vector<uint8_t> mask(masked_.begin(), masked_.begin() + keep * kKvBlockTokens);
   FreeAll();
   masked_ = std::move(mask);  // the mask stays in RAM (one byte per position)
+  RecountMask();
   spill_fd_ = fd;
   spill_blocks_ = keep;
   spill_crc_ = crc;
@@ -280,6 +301,7 @@ absl::Status KvCache::Unspill() {
   spill_blocks_ = 0;
   Adopt(&fresh);
   std::copy(mask.begin(), mask.begin() + std::min(mask.size(), masked_.size()), masked_.begin());
+  RecountMask();
   return absl::OkStatus();
 }
 

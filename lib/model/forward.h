@@ -118,6 +118,9 @@ class KvCache {
   void FromHost(void *dst, const void *src, size_t bytes) const;
   static float *Data(const std::unique_ptr<Buffer> &b) { return static_cast<float *>(b->data()); }
   void FreeAll();
+  // Positions [lo, hi) of masked_ may differ from the backend's copy.
+  void MaskChanged(size_t lo, size_t hi);
+  void RecountMask();
   float *const *DevTable() const { return static_cast<float *const *>(dev_->data()); }
   uint8_t *DevMask() const {
     return static_cast<uint8_t *>(dev_->data()) + static_cast<size_t>(2) * n_layer_ * max_blocks_ * sizeof(float *);
@@ -139,6 +142,8 @@ class KvCache {
   int max_blocks_ = 0;
   bool dev_tab_dirty_ = false, dev_mask_any_ = false;
   std::vector<uint8_t> dev_mask_sent_;
+  size_t mask_dirty_lo_ = SIZE_MAX, mask_dirty_hi_ = 0;  // MaskChanged's range since the last sync
+  int64_t mask_nonzero_ = 0;                               // masked positions in masked_
   int spill_fd_ = -1;
   int spill_blocks_ = 0;
   uint32_t spill_crc_ = 0;
