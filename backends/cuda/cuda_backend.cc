@@ -667,6 +667,22 @@ void CudaBackend::NormRope(float *q, float *k, int64_t n_tok, int n_head, int n_
                       stream_.get()));
 }
 
+absl::StatusOr<AttentionExtArgs> CudaBackend::AttentionArgs(int n_head, int n_head_kv, int head_dim, int k_width,
+                                                             int v_width, const model::AttentionParams &p) const {
+  AttentionExtArgs a;
+  a.block_tokens = model::kKvBlockTokens;
+  a.k_stride = k_width;
+  a.v_stride = v_width;
+  a.n_head = n_head;
+  a.n_head_kv = n_head_kv;
+  a.head_dim = head_dim;
+  a.v_dim = p.latent ? p.v_dim : head_dim;
+  a.latent = p.latent;
+  a.scale = p.scale != 0.f ? p.scale : 1.0f / std::sqrt(static_cast<float>(head_dim));
+  STRATA_ASSIGN_OR_RETURN(a.sinks, Resolve(p.sinks));
+  return a;
+}
+
 absl::Status CudaBackend::AttentionImpl(const float *q, const model::KvView &kv, int64_t n_tok, int pos0, int n_head,
                                         int n_head_kv, int head_dim, int window, float *out,
                                         const model::AttentionParams &p) {
@@ -683,22 +699,12 @@ absl::Status CudaBackend::AttentionImpl(const float *q, const model::KvView &kv,
   Upload(dev, host.data(), host.size());
   STRATA_RETURN_IF_ERROR(TakeError());
   uint8_t *d = static_cast<uint8_t *>(dev);
-  AttentionExtArgs a;
+  STRATA_ASSIGN_OR_RETURN(AttentionExtArgs a, AttentionArgs(n_head, n_head_kv, head_dim, kv.k_width, kv.v_width, p));
   a.k_blocks = reinterpret_cast<const float *const *>(d);
   a.v_blocks = reinterpret_cast<const float *const *>(d + tab);
   a.masked = mask > 0 ? d + 2 * tab : nullptr;
-  a.block_tokens = model::kKvBlockTokens;
-  a.k_stride = kv.k_width;
-  a.v_stride = kv.v_width;
   a.pos0 = pos0;
-  a.n_head = n_head;
-  a.n_head_kv = n_head_kv;
-  a.head_dim = head_dim;
-  a.v_dim = p.latent ? p.v_dim : head_dim;
   a.window = window;
-  a.latent = p.latent;
-  a.scale = p.scale != 0.f ? p.scale : 1.0f / std::sqrt(static_cast<float>(head_dim));
-  STRATA_ASSIGN_OR_RETURN(a.sinks, Resolve(p.sinks));
   // Scratch for the split path, sized for the cache's last position so a growing context does not
   // reallocate it during decode.
   AttentionExtArgs longest = a;
@@ -1063,21 +1069,11 @@ void CudaBackend::AttentionRows(const float *q, const model::KvRowRef *rows, con
                                 float *out, const model::AttentionParams &p) {
   Profile prof(this, "AttentionRows");
   if (!err_.ok() || n <= 0) return;
-  AttentionExtArgs a;
-  a.block_tokens = model::kKvBlockTokens;
-  a.k_stride = k_width;
-  a.v_stride = v_width;
-  a.n_head = n_head;
-  a.n_head_kv = n_head_kv;
-  a.head_dim = head_dim;
-  a.v_dim = p.latent ? p.v_dim : head_dim;
-  a.latent = p.latent;
-  a.scale = p.scale != 0.f ? p.scale : 1.0f / std::sqrt(static_cast<float>(head_dim));
+  auto args = AttentionArgs(n_head, n_head_kv, head_dim, k_width, v_width, p);
+  if (!Note(args.status())) return;
+  AttentionExtArgs a = *args;
   a.rows = rows;
   a.max_keys = max_keys;
-  auto sinks = Resolve(p.sinks);
-  if (!Note(sinks.status())) return;
-  a.sinks = *sinks;
   auto ws = Grow(attn_ws_, std::max<size_t>(AttentionExtWorkspaceBytes(a, n), 1));
   if (Note(ws.status())) Note(AttentionExt(q, a, n, out, stream_.get(), Workspace{*ws, attn_ws_.size()}));
 }

@@ -160,6 +160,10 @@ class CudaBackend final : public model::Backend {
   absl::StatusOr<const float *> Resolve(const float *host_vec) const;
   absl::Status MatMulDevice(const DeviceMatrix &w, const float *x, int64_t n_tok, float *y);
   absl::Status ExpertFfnImpl(const model::ExpertWeights &e, const float *x, int64_t n_tok, float *y);
+  // The shape and family options of an attention call over kKvBlockTokens blocks (where the keys are
+  // and which positions attend are the caller's to set).
+  absl::StatusOr<AttentionExtArgs> AttentionArgs(int n_head, int n_head_kv, int head_dim, int k_width, int v_width,
+                                                 const model::AttentionParams &p) const;
   absl::Status AttentionImpl(const float *q, const model::KvView &kv, int64_t n_tok, int pos0, int n_head,
                              int n_head_kv, int head_dim, int window, float *out, const model::AttentionParams &p);
   // A device scratch buffer of at least `bytes`, grown (after the stream drains) when smaller.
