@@ -523,39 +523,35 @@ void ExactLegacy32(const uint8_t *base, const float *x, int64_t xs, int n_tok, i
   });
 }
 
+// The 32 codes of a legacy block in element order, shared by the exact and q8 kernels. Q4_1 (20
+// bytes): f16 d | f16 m | qs[16]. Q5_0 (22): f16 d | u32 qh | qs[16], codes - 16. Q5_1 (24): f16 d |
+// f16 m | u32 qh | qs[16].
 inline uint32_t LoadU32(const uint8_t *p) {
   uint32_t v;
   std::memcpy(&v, p, 4);
   return v;
 }
+inline __m256i Q4_1Codes(const uint8_t *b) { return Nibbles32(b + 4); }
+inline __m256i Q5_0Codes(const uint8_t *b) {
+  return _mm256_sub_epi8(_mm256_or_si256(Nibbles32(b + 6), Q5HighBits(LoadU32(b + 2))), _mm256_set1_epi8(16));
+}
+inline __m256i Q5_1Codes(const uint8_t *b) { return _mm256_or_si256(Nibbles32(b + 8), Q5HighBits(LoadU32(b + 4))); }
 
-// Q4_1 (20 bytes / 32): f16 d | f16 m | qs[16]. Q5_0 (22): f16 d | u32 qh | qs[16], code - 16.
-// Q5_1 (24): f16 d | f16 m | u32 qh | qs[16].
 void DotQ4_1Float(const Codec &, const void *row, const float *x, int64_t xs, int n_tok, int64_t n, float *out) {
-  ExactLegacy32<20, true>(static_cast<const uint8_t *>(row), x, xs, n_tok, n,
-                          [](const uint8_t *b) { return Nibbles32(b + 4); }, out);
+  ExactLegacy32<20, true>(static_cast<const uint8_t *>(row), x, xs, n_tok, n, [](const uint8_t *b) { return Q4_1Codes(b); }, out);
 }
 void DotQ5_0Float(const Codec &, const void *row, const float *x, int64_t xs, int n_tok, int64_t n, float *out) {
-  ExactLegacy32<22, false>(static_cast<const uint8_t *>(row), x, xs, n_tok, n, [](const uint8_t *b) {
-    return _mm256_sub_epi8(_mm256_or_si256(Nibbles32(b + 6), Q5HighBits(LoadU32(b + 2))), _mm256_set1_epi8(16));
-  }, out);
+  ExactLegacy32<22, false>(static_cast<const uint8_t *>(row), x, xs, n_tok, n, [](const uint8_t *b) { return Q5_0Codes(b); }, out);
 }
 void DotQ5_1Float(const Codec &, const void *row, const float *x, int64_t xs, int n_tok, int64_t n, float *out) {
-  ExactLegacy32<24, true>(static_cast<const uint8_t *>(row), x, xs, n_tok, n, [](const uint8_t *b) {
-    return _mm256_or_si256(Nibbles32(b + 8), Q5HighBits(LoadU32(b + 4)));
-  }, out);
+  ExactLegacy32<24, true>(static_cast<const uint8_t *>(row), x, xs, n_tok, n, [](const uint8_t *b) { return Q5_1Codes(b); }, out);
 }
 
 void DotQ5_0Q8(const Codec &, const void *row, const void *xq, int64_t xqs, int n_tok, int64_t n, float *out) {
   const auto *base = static_cast<const uint8_t *>(row);
   ForTokens(n_tok, [&](auto nt) {
     Q8Signed32<decltype(nt)::value>(base, 22, xq, xqs, n,
-        [&](int64_t b) {
-          const uint8_t *p = base + 22 * b;
-          uint32_t qh;
-          std::memcpy(&qh, p + 2, 4);
-          return _mm256_sub_epi8(_mm256_or_si256(Nibbles32(p + 6), Q5HighBits(qh)), _mm256_set1_epi8(16));
-        },
+        [&](int64_t b) { return Q5_0Codes(base + 22 * b); },
         [&](int64_t b) { return LoadHalf(base + 22 * b); }, out);
   });
 }
@@ -716,19 +712,14 @@ void Q8Unsigned32(const uint8_t *base, int64_t block_bytes, const void *xq, int6
 void DotQ4_1Q8(const Codec &, const void *row, const void *xq, int64_t xqs, int n_tok, int64_t n, float *out) {
   const auto *base = static_cast<const uint8_t *>(row);
   ForTokens(n_tok, [&](auto nt) {
-    Q8Unsigned32<decltype(nt)::value>(base, 20, xq, xqs, n, [](const uint8_t *p) { return Nibbles32(p + 4); },
-                                      out);
+    Q8Unsigned32<decltype(nt)::value>(base, 20, xq, xqs, n, [](const uint8_t *b) { return Q4_1Codes(b); }, out);
   });
 }
 
 void DotQ5_1Q8(const Codec &, const void *row, const void *xq, int64_t xqs, int n_tok, int64_t n, float *out) {
   const auto *base = static_cast<const uint8_t *>(row);
   ForTokens(n_tok, [&](auto nt) {
-    Q8Unsigned32<decltype(nt)::value>(base, 24, xq, xqs, n, [](const uint8_t *p) {
-      uint32_t qh;
-      std::memcpy(&qh, p + 4, 4);
-      return _mm256_or_si256(Nibbles32(p + 8), Q5HighBits(qh));
-    }, out);
+    Q8Unsigned32<decltype(nt)::value>(base, 24, xq, xqs, n, [](const uint8_t *b) { return Q5_1Codes(b); }, out);
   });
 }
 
