@@ -169,8 +169,8 @@ void GroupedExpertsBench(cudaStream_t s) {
     auto launch_grouped = [&](const DeviceBuffer &tab, int l) {
       const GroupedExperts ge = grouped(tab, l);
       BENCH_CHECK(GroupByExpert(dsel.as<int32_t>() + l * n, n_tok, kK, kExperts, idx.as<int32_t>(), plan.as<int32_t>(), s));
-      BENCH_CHECK(GroupedSwiGlu(ge, plan.as<int32_t>(), n_max, xg.as<float>(), hg.as<float>(), s));
-      BENCH_CHECK(GroupedGemv(ge.down, ge.down_shape, plan.as<int32_t>(), n_max, hg.as<float>(), yg.as<float>(), s));
+      BENCH_CHECK(GroupedSwiGlu(ge, plan.as<int32_t>(), n_max, xg.as<float>(), hg.as<float>(), s, n_tok));
+      BENCH_CHECK(GroupedGemv(ge.down, ge.down_shape, plan.as<int32_t>(), n_max, hg.as<float>(), yg.as<float>(), s, n_tok));
     };
     const int reps = 4 * kLayers;
     const float ms_launch = TimeMs(s, reps, [&] {

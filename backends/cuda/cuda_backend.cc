@@ -970,8 +970,8 @@ bool CudaBackend::RoutedExperts(const model::RoutedExpertsArgs &a) {
   if (!Note(cuda::Route(*ra, a.logits, a.n_tok, a.sel, a.wts, s)) ||
       !Note(GroupByExpert(a.sel, a.n_tok, k, n_expert, a.idx, pl, s)) ||
       !Note(cuda::GatherRows(a.h, n_embd, a.idx, rows, a.xg, s)) ||
-      !Note(GroupedSwiGlu(t.ge, pl, n_max, a.xg, h, s)) ||
-      !Note(GroupedGemv(t.ge.down, t.ge.down_shape, pl, n_max, h, a.yg, s)) ||
+      !Note(GroupedSwiGlu(t.ge, pl, n_max, a.xg, h, s, a.n_tok)) ||
+      !Note(GroupedGemv(t.ge.down, t.ge.down_shape, pl, n_max, h, a.yg, s, a.n_tok)) ||
       !Note(cuda::WeightedRowSum(a.yg, a.idx + rows, a.wts, a.n_tok, k, n_embd, a.out, s))) {
     return true;
   }

@@ -1,31 +1,188 @@
 // The dequantize-GEMV building blocks shared by the per-matrix kernels (matmul.cu) and the grouped
-// expert kernels (grouped.cu): one warp per output row, a fixed per-lane order of fused
-// multiply-adds and a fixed butterfly across lanes, so a (row, token) result is the same bits
-// whichever kernel, batch or chunk of tokens it is computed in.
+// expert kernels (grouped.cu): a team of warps per kGemvRows output rows, the columns split over the
+// team's warps as GemvTeamWarps (kernels.h) sets from the codec and the row length alone, a fixed
+// per-lane order of fused multiply-adds, a fixed butterfly across lanes and the warps' sums added in
+// warp order, so a (row, token) result is the same bits whichever kernel, batch or chunk of tokens
+// it is computed in.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "backends/cuda/codecs.cuh"
 
 namespace strata::cuda::dev {
 
-constexpr int kGemvWarps = 8;  // rows per block: the warps of a block share x through L1
+constexpr int kGemvWarps = 8;  // warps per block: the warps of a block share x through L1
+
+// The warps that share a set of rows: a row's columns are split over them (warp w of W takes every
+// W-th stretch of 32 lanes' work), and their partial sums meet in shared memory in warp order.
+// Small decode matrices need it: a warp per row alone keeps too few loads in flight.
+struct Team {
+  int lane;    // lane in the warp
+  int warp;    // warp in the team
+  int warps;   // warps in the team: 1, 2, 4 or 8
+  float *red;  // the team's shared scratch: warps x kTeamRedFloats
+};
+constexpr int kTeamRedFloats = 16;  // partial sums a warp hands over at once
+
+// The calling thread's team when the block's warps form teams of `warps` (a divisor of the block's
+// warp count); red: the block's scratch, kGemvWarps x kTeamRedFloats floats.
+__device__ __forceinline__ Team BlockTeam(int warps, float *red) {
+  const int wb = static_cast<int>(threadIdx.x >> 5);
+  return {static_cast<int>(threadIdx.x & 31), wb % warps, warps, red + (wb - wb % warps) * kTeamRedFloats};
+}
+
+// The calling thread's team among the teams of every block along x.
+__device__ __forceinline__ int64_t TeamIndex(int warps) {
+  return (static_cast<int64_t>(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5)) / warps;
+}
+
+// The exact float of byte k of v less `bias` (an integer below 256; k a compile-time constant): the
+// byte as the low mantissa bits of 2^23, less 2^23 + bias (a permute and an add instead of a
+// quarter-rate integer conversion).
+__device__ __forceinline__ float ByteAsFloat(uint32_t v, int k, float bias = 0.0f) {
+  return __int_as_float(static_cast<int>(__byte_perm(v, 0x4b000000u, 0x7540u | k))) - (8388608.0f + bias);
+}
+
+// Q4_K rows, float x: lane l of team warp w takes the 16 code bytes 16 (l % 8).. of super-blocks
+// l / 8 + 4 w, then 4 W further each time (one 16-byte load for the header, one for the codes):
+// 16 weights of sub-block 2c (low nibbles) and the same 16 positions of sub-block 2c + 1 (high
+// nibbles), c = (l % 8) / 2. Each sub-block's scale and offset factor out of its dot: (d sc) Σ q x -
+// (dmin m) Σ x, so a weight costs a permute, an add and one fused multiply-add per token. Rows must
+// be 16-byte aligned.
+template <int NT, int R>
+__device__ __forceinline__ void RowDotsQ4K(const uint8_t *const (&rows)[R], const float *x, int64_t cols,
+                                           const Team &tm, float (&acc)[R][NT]) {
+  const int64_t n_sb = cols / 256;
+  const int part = tm.lane & 7, c = part >> 1;
+  const int e0 = 64 * c + 16 * (part & 1);  // the lane's first element in sub-block 2c; 2c + 1 at +32
+#pragma unroll(R * NT <= 2 ? 2 : 1)
+  for (int64_t sb = (tm.lane >> 3) + 4 * tm.warp; sb < n_sb; sb += 4 * tm.warps) {
+    uint4 q[R];
+    float dl[R][2], ml[R][2];
+#pragma unroll
+    for (int m = 0; m < R; ++m) {
+      const uint8_t *b = rows[m] + sb * 144;
+      const uint4 h = __ldg(reinterpret_cast<const uint4 *>(b));
+      q[m] = __ldg(reinterpret_cast<const uint4 *>(b + 16) + part);
+      // Scales of sub-blocks j = 2c, 2c + 1 (lib/quant: 6-bit sc and m, packed over 12 bytes).
+      const float d = HalfBits(static_cast<uint16_t>(h.x & 0xffffu)), dmin = HalfBits(static_cast<uint16_t>(h.x >> 16));
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int sh = 8 * ((2 * c + i) & 3);
+        const uint32_t y = (h.y >> sh) & 0xffu, z = (h.z >> sh) & 0xffu, w = (h.w >> sh) & 0xffu;
+        const uint32_t sc = c < 2 ? y & 63u : (w & 15u) | ((y >> 6) << 4);
+        const uint32_t mn = c < 2 ? z & 63u : (w >> 4) | ((z >> 6) << 4);
+        dl[m][i] = __fmul_rn(d, static_cast<float>(sc));
+        ml[m][i] = __fmul_rn(dmin, static_cast<float>(mn));
+      }
+    }
+    const float *xs = x + sb * 256 + e0;
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+      float xa[16], xb[16];
+#pragma unroll
+      for (int v = 0; v < 4; ++v) {
+        const float4 a = __ldg(reinterpret_cast<const float4 *>(xs + t * cols) + v);
+        const float4 b = __ldg(reinterpret_cast<const float4 *>(xs + t * cols + 32) + v);
+        xa[4 * v] = a.x; xa[4 * v + 1] = a.y; xa[4 * v + 2] = a.z; xa[4 * v + 3] = a.w;
+        xb[4 * v] = b.x; xb[4 * v + 1] = b.y; xb[4 * v + 2] = b.z; xb[4 * v + 3] = b.w;
+      }
+      float sa = 0.f, sb2 = 0.f;
+#pragma unroll
+      for (int k = 0; k < 16; ++k) {
+        sa = __fadd_rn(sa, xa[k]);
+        sb2 = __fadd_rn(sb2, xb[k]);
+      }
+#pragma unroll
+      for (int m = 0; m < R; ++m) {
+        const uint32_t words[4] = {q[m].x, q[m].y, q[m].z, q[m].w};
+        float pa = 0.f, pb = 0.f;
+#pragma unroll
+        for (int v = 0; v < 4; ++v) {
+          const uint32_t lo = words[v] & 0x0f0f0f0fu, hi = (words[v] >> 4) & 0x0f0f0f0fu;
+#pragma unroll
+          for (int k = 0; k < 4; ++k) {
+            pa = fmaf(ByteAsFloat(lo, k), xa[4 * v + k], pa);
+            pb = fmaf(ByteAsFloat(hi, k), xb[4 * v + k], pb);
+          }
+        }
+        float s = acc[m][t];
+        s = fmaf(dl[m][0], pa, s);
+        s = fmaf(-ml[m][0], sa, s);
+        s = fmaf(dl[m][1], pb, s);
+        s = fmaf(-ml[m][1], sb2, s);
+        acc[m][t] = s;
+      }
+    }
+  }
+}
+
+// Q8_0 rows, float x: lanes walk groups of 8 weights as RowDots does; a group's dot is formed with
+// integer codes (a permute and an add a weight) and scaled by its block's d once.
+template <int NT, int R>
+__device__ __forceinline__ void RowDotsQ8_0(const uint8_t *const (&rows)[R], const float *x, int64_t cols,
+                                            const Team &tm, float (&acc)[R][NT]) {
+  const int64_t n_groups = cols / kGroupElems;
+#pragma unroll(NT * R <= 2 ? 4 : 2)
+  for (int64_t gi = tm.warp * 32 + tm.lane; gi < n_groups; gi += 32 * tm.warps) {
+    float w[R][8], d[R];
+#pragma unroll
+    for (int m = 0; m < R; ++m) {
+      const uint8_t *b = rows[m] + (gi >> 2) * 34;
+      d[m] = HalfBits(LoadU16(b));
+      const uint2 v = Load8Unaligned(b + 2 + 8 * (gi & 3));
+      const uint32_t u0 = v.x ^ 0x80808080u, u1 = v.y ^ 0x80808080u;  // q + 128, as unsigned bytes
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        w[m][k] = ByteAsFloat(u0, k, 128.0f);
+        w[m][k + 4] = ByteAsFloat(u1, k, 128.0f);
+      }
+    }
+    const float *xg = x + gi * kGroupElems;
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+      const float4 a = __ldg(reinterpret_cast<const float4 *>(xg + t * cols));
+      const float4 b = __ldg(reinterpret_cast<const float4 *>(xg + t * cols + 4));
+#pragma unroll
+      for (int m = 0; m < R; ++m) {
+        float p = w[m][0] * a.x;
+        p = fmaf(w[m][1], a.y, p); p = fmaf(w[m][2], a.z, p); p = fmaf(w[m][3], a.w, p);
+        p = fmaf(w[m][4], b.x, p); p = fmaf(w[m][5], b.y, p); p = fmaf(w[m][6], b.z, p); p = fmaf(w[m][7], b.w, p);
+        acc[m][t] = fmaf(d[m], p, acc[m][t]);
+      }
+    }
+  }
+}
 
 // Adds row[m] · x[t] into acc[m][t] for R rows of the same shape and NT tokens (x rows `cols`
-// apart). Each row is walked in groups of 8 elements, lane `lane` taking groups lane, lane + 32,
-// ...: neighbouring lanes read neighbouring bytes, so each load instruction of the warp covers one
+// apart). Q4_K and Q8_0 take their own walks above (Q4_K rows not 16-byte aligned take this one).
+// Each row is walked in groups of 8 elements, lane l of team warp w taking groups 32 w + l, then
+// 32 W further each time: neighbouring lanes read neighbouring bytes, so each load instruction of the warp covers one
 // contiguous span of a row (coalesced). The R rows are walked together so their loads are in flight
 // at once; a (row, token) sum is formed in the same order for every R and NT.
 template <class C, int NT, int R>
-__device__ __forceinline__ void RowDots(const uint8_t *const (&rows)[R], const float *x, int64_t cols, int lane,
+__device__ __forceinline__ void RowDots(const uint8_t *const (&rows)[R], const float *x, int64_t cols, const Team &tm,
                                         float (&acc)[R][NT]) {
+  if constexpr (std::is_same_v<C, Q8_0>) {
+    RowDotsQ8_0<NT, R>(rows, x, cols, tm, acc);
+    return;
+  } else if constexpr (std::is_same_v<C, Q4_K>) {
+    bool aligned = true;
+#pragma unroll
+    for (int m = 0; m < R; ++m) aligned = aligned && (reinterpret_cast<uintptr_t>(rows[m]) & 15u) == 0;
+    if (aligned) {
+      RowDotsQ4K<NT, R>(rows, x, cols, tm, acc);
+      return;
+    }
+  }
   const int64_t n_groups = cols / kGroupElems;
   // More groups in flight where few tokens and rows leave registers to spare (decode).
 #pragma unroll(NT * R <= 2 ? 4 : 2)
-  for (int64_t gi = lane; gi < n_groups; gi += 32) {
+  for (int64_t gi = tm.warp * 32 + tm.lane; gi < n_groups; gi += 32 * tm.warps) {
     const int g = static_cast<int>(gi % kGroupsPerItem);
     float w[R][8];
 #pragma unroll
@@ -49,18 +206,77 @@ __device__ __forceinline__ void RowDots(const uint8_t *const (&rows)[R], const f
   }
 }
 
-// One row: RowDots over R = 1.
-template <class C, int NT>
-__device__ __forceinline__ void RowDot(const uint8_t *row, const float *x, int64_t cols, int lane, float (&acc)[NT]) {
-  const uint8_t *const rows[1] = {row};
-  RowDots<C, NT, 1>(rows, x, cols, lane, reinterpret_cast<float(&)[1][NT]>(acc));
-}
-
 // Combines the lanes' partial sums in a fixed butterfly order (every lane gets the total).
 __device__ __forceinline__ float WarpSum(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
+}
+
+// The team's totals of v[i] (N <= kTeamRedFloats), valid on lane 0 of team warp 0: each warp's lanes
+// in the butterfly, then the warps' sums in warp order. With several warps a team it synchronises
+// the block, so every warp of the block must call it alike.
+template <int N>
+__device__ __forceinline__ void TeamSums(float (&v)[N], const Team &tm) {
+  static_assert(N <= kTeamRedFloats, "team scratch too small");
+#pragma unroll
+  for (int i = 0; i < N; ++i) v[i] = WarpSum(v[i]);
+  if (tm.warps == 1) return;
+  if (tm.lane == 0) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) tm.red[tm.warp * kTeamRedFloats + i] = v[i];
+  }
+  __syncthreads();
+  if (tm.warp == 0 && tm.lane == 0) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      float s = tm.red[i];
+      for (int w = 1; w < tm.warps; ++w) s += tm.red[w * kTeamRedFloats + i];
+      v[i] = s;
+    }
+  }
+  __syncthreads();  // the scratch is written again by the next call
+}
+
+// Rows a GEMV warp computes together. Every row needs all of x, read from L1 (4 bytes a weight per
+// token: seven times a Q4_K weight's bytes); walking rows together reads each x load once for all
+// of them, which is what bounds the rate of a quantized GEMV.
+constexpr int kGemvRows = 4;
+
+// Rows RowDots walks at once for NT tokens: all kGemvRows for one token; for more, whose x values
+// fill the registers, fewer (a row's sum is the same bits either way).
+template <int NT>
+constexpr int RowsAtOnce() {
+  return NT >= 4 ? 1 : NT == 2 ? 2 : kGemvRows;
+}
+
+// y rows r0 .. r0 + kGemvRows - 1 (those below `rows`) = rows of w · x for NT tokens (x rows `cols`
+// apart, y rows `y_stride` apart). Rows past the end read the last row again and are not written.
+template <class C, int NT>
+__device__ __forceinline__ void GemvRows(const uint8_t *w, uint64_t row_bytes, int64_t r0, int64_t rows, int64_t cols,
+                                         const float *x, float *y, int64_t y_stride, const Team &tm) {
+  constexpr int RB = RowsAtOnce<NT>();
+#pragma unroll 1
+  for (int b = 0; b < kGemvRows; b += RB) {
+    const uint8_t *rp[RB];
+    float acc[RB][NT];
+#pragma unroll
+    for (int m = 0; m < RB; ++m) {
+      rp[m] = w + min(r0 + b + m, rows - 1) * row_bytes;
+#pragma unroll
+      for (int t = 0; t < NT; ++t) acc[m][t] = 0.f;
+    }
+    RowDots<C, NT, RB>(rp, x, cols, tm, acc);
+    TeamSums(reinterpret_cast<float(&)[RB * NT]>(acc), tm);
+    if (tm.warp != 0 || tm.lane != 0) continue;
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+#pragma unroll
+      for (int m = 0; m < RB; ++m) {
+        if (r0 + b + m < rows) y[t * y_stride + r0 + b + m] = acc[m][t];
+      }
+    }
+  }
 }
 
 // silu(g) * u as the CPU backend forms it: (g / (1 + exp(-g))) * u, exp in double so it rounds as
@@ -69,20 +285,41 @@ __device__ __forceinline__ float SiluMul(float g, float u) {
   return (g / (1.0f + static_cast<float>(exp(-static_cast<double>(g))))) * u;
 }
 
-// h (NT, rows) row r = silu(gate row r · x) * (up row r · x) for NT tokens, gate and up rows read
-// together: the fused first half of an expert (GemvSwiGluKernel and the grouped kernels).
+// Rows an expert SwiGLU warp computes together: kGemvRows / 2 rows of gate and of up.
+constexpr int kSwiGluRows = kGemvRows / 2;
+
+// h (NT, rows) rows r0 .. r0 + kSwiGluRows - 1 (those below `rows`) = silu(gate row · x) * (up row ·
+// x) for NT tokens, gate and up rows read together: the fused first half of an expert
+// (GemvSwiGluKernel and the grouped kernels).
 template <class C, int NT>
-__device__ __forceinline__ void SwiGluRow(const uint8_t *wg, const uint8_t *wu, int64_t r, int64_t rows, int64_t cols,
-                                          const float *x, float *h, int lane) {
-  float acc[2][NT];
+__device__ __forceinline__ void SwiGluRows(const uint8_t *wg, const uint8_t *wu, uint64_t row_bytes, int64_t r0,
+                                           int64_t rows, int64_t cols, const float *x, float *h, const Team &tm) {
+  constexpr int RB = RowsAtOnce<NT>() < 2 ? 2 : RowsAtOnce<NT>(), PB = RB / 2;  // matrix rows, output rows at once
+#pragma unroll 1
+  for (int b = 0; b < kSwiGluRows; b += PB) {
+    const uint8_t *rp[RB];
+    float acc[RB][NT];
 #pragma unroll
-  for (int t = 0; t < NT; ++t) acc[0][t] = acc[1][t] = 0.f;
-  const uint8_t *const rows2[2] = {wg, wu};
-  RowDots<C, NT, 2>(rows2, x, cols, lane, acc);
+    for (int i = 0; i < PB; ++i) {
+      const int64_t r = min(r0 + b + i, rows - 1);
+      rp[2 * i] = wg + r * row_bytes;
+      rp[2 * i + 1] = wu + r * row_bytes;
+    }
 #pragma unroll
-  for (int t = 0; t < NT; ++t) {
-    const float g = WarpSum(acc[0][t]), u = WarpSum(acc[1][t]);
-    if (lane == 0) h[t * rows + r] = SiluMul(g, u);
+    for (int m = 0; m < RB; ++m) {
+#pragma unroll
+      for (int t = 0; t < NT; ++t) acc[m][t] = 0.f;
+    }
+    RowDots<C, NT, RB>(rp, x, cols, tm, acc);
+    TeamSums(reinterpret_cast<float(&)[RB * NT]>(acc), tm);
+    if (tm.warp != 0 || tm.lane != 0) continue;
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+#pragma unroll
+      for (int i = 0; i < PB; ++i) {
+        if (r0 + b + i < rows) h[t * rows + r0 + b + i] = SiluMul(acc[2 * i][t], acc[2 * i + 1][t]);
+      }
+    }
   }
 }
 

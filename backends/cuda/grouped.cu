@@ -16,8 +16,6 @@ namespace strata::cuda {
 namespace {
 
 using dev::kGemvWarps;
-using dev::RowDot;
-using dev::WarpSum;
 
 // ---- Grouping ------------------------------------------------------------------------------------
 
@@ -120,41 +118,21 @@ __global__ void __launch_bounds__(kGroupThreads)
 
 // ---- Grouped GEMV ----------------------------------------------------------------------------------
 
-// y (NT, rows) rows r and r + 1 (when r + 1 < rows) = w rows · x for NT tokens (w at row r); as
-// GemvKernel on each row.
-template <class C, int NT>
-__device__ __forceinline__ void GemvChunk2(const uint8_t *w, uint64_t row_bytes, int64_t r, int64_t rows, int64_t cols,
-                                           const float *x, float *y, int lane) {
-  float acc[2][NT];
-#pragma unroll
-  for (int t = 0; t < NT; ++t) acc[0][t] = acc[1][t] = 0.f;
-  const bool pair = r + 1 < rows;
-  const uint8_t *const rows2[2] = {w, pair ? w + row_bytes : w};  // a lone last row is read twice
-  dev::RowDots<C, NT, 2>(rows2, x, cols, lane, acc);
-#pragma unroll
-  for (int t = 0; t < NT; ++t) {
-    const float s0 = WarpSum(acc[0][t]), s1 = WarpSum(acc[1][t]);
-    if (lane == 0) {
-      y[t * rows + r] = s0;
-      if (pair) y[t * rows + r + 1] = s1;
-    }
-  }
-}
-
-// Calls chunk(nt, t) for the tokens [t0, t1) in chunks of 8, 4, 2 and 1 (as Gemv splits a batch).
-template <class F>
+// Calls chunk(nt, t) for the tokens [t0, t1) in chunks of 8, 4, 2 and 1 (as Gemv splits a batch),
+// none over kMaxNT tokens.
+template <int kMaxNT, class F>
 __device__ __forceinline__ void ForChunks(int64_t t0, int64_t t1, F &&chunk) {
   for (int64_t t = t0; t < t1;) {
     const int64_t left = t1 - t;
-    if (left >= 8) {
-      chunk(std::integral_constant<int, 8>(), t);
-      t += 8;
-    } else if (left >= 4) {
-      chunk(std::integral_constant<int, 4>(), t);
-      t += 4;
-    } else if (left >= 2) {
-      chunk(std::integral_constant<int, 2>(), t);
-      t += 2;
+    if (kMaxNT >= 8 && left >= 8) {
+      chunk(std::integral_constant<int, (kMaxNT >= 8 ? 8 : 1)>(), t);
+      t += kMaxNT >= 8 ? 8 : 1;
+    } else if (kMaxNT >= 4 && left >= 4) {
+      chunk(std::integral_constant<int, (kMaxNT >= 4 ? 4 : 1)>(), t);
+      t += kMaxNT >= 4 ? 4 : 1;
+    } else if (kMaxNT >= 2 && left >= 2) {
+      chunk(std::integral_constant<int, (kMaxNT >= 2 ? 2 : 1)>(), t);
+      t += kMaxNT >= 2 ? 2 : 1;
     } else {
       chunk(std::integral_constant<int, 1>(), t);
       t += 1;
@@ -162,39 +140,38 @@ __device__ __forceinline__ void ForChunks(int64_t t0, int64_t t1, F &&chunk) {
   }
 }
 
-// Block (x, g): rows [x kGemvWarps, (x + 1) kGemvWarps) of group g's expert over the group's tokens
-// (the down projection: twice as many rows, two a warp).
-template <class C>
-__global__ void __launch_bounds__(kGemvWarps * 32)
+// Block (x, g): the rows of group g's expert that block x of GemvSwiGluKernel (GemvKernel for the
+// down projection) computes at kGemvWarps warps a block, over the group's tokens.
+template <class C, int kMaxNT>
+__global__ void __launch_bounds__(kGemvWarps * 32, 2)
     GroupedSwiGluKernel(const void *const *__restrict__ gate, const void *const *__restrict__ up, uint64_t row_bytes,
                         int64_t rows, int64_t cols, const int32_t *__restrict__ plan, int n_max,
-                        const float *__restrict__ x, float *__restrict__ h) {
+                        const float *__restrict__ x, float *__restrict__ h, int team_warps) {
+  __shared__ float red[kGemvWarps * dev::kTeamRedFloats];
   const int g = static_cast<int>(blockIdx.y);
-  if (g >= plan[0]) return;
-  const int lane = threadIdx.x & 31;
-  const int64_t r = static_cast<int64_t>(blockIdx.x) * kGemvWarps + (threadIdx.x >> 5);
-  if (r >= rows) return;
+  if (g >= plan[0]) return;  // block-uniform
+  const dev::Team tm = dev::BlockTeam(team_warps, red);
+  const int64_t r0 = dev::TeamIndex(team_warps) * dev::kSwiGluRows;
   const int e = plan[1 + g];
-  const uint8_t *wg = static_cast<const uint8_t *>(gate[e]) + r * row_bytes;
-  const uint8_t *wu = static_cast<const uint8_t *>(up[e]) + r * row_bytes;
-  ForChunks(plan[1 + n_max + g], plan[2 + n_max + g], [&](auto nt, int64_t t) {
-    dev::SwiGluRow<C, decltype(nt)::value>(wg, wu, r, rows, cols, x + t * cols, h + t * rows, lane);
+  const auto *wg = static_cast<const uint8_t *>(gate[e]), *wu = static_cast<const uint8_t *>(up[e]);
+  ForChunks<kMaxNT>(plan[1 + n_max + g], plan[2 + n_max + g], [&](auto nt, int64_t t) {
+    dev::SwiGluRows<C, decltype(nt)::value>(wg, wu, row_bytes, r0, rows, cols, x + t * cols, h + t * rows, tm);
   });
 }
 
-template <class C>
-__global__ void __launch_bounds__(kGemvWarps * 32)
+template <class C, int kMaxNT>
+__global__ void __launch_bounds__(kGemvWarps * 32, 2)
     GroupedGemvKernel(const void *const *__restrict__ tab, uint64_t row_bytes, int64_t rows, int64_t cols,
                       const int32_t *__restrict__ plan, int n_max, const float *__restrict__ x,
-                      float *__restrict__ y) {
+                      float *__restrict__ y, int team_warps) {
+  __shared__ float red[kGemvWarps * dev::kTeamRedFloats];
   const int g = static_cast<int>(blockIdx.y);
-  if (g >= plan[0]) return;
-  const int lane = threadIdx.x & 31;
-  const int64_t r = (static_cast<int64_t>(blockIdx.x) * kGemvWarps + (threadIdx.x >> 5)) * 2;  // two rows a warp
-  if (r >= rows) return;
-  const uint8_t *w = static_cast<const uint8_t *>(tab[plan[1 + g]]) + r * row_bytes;
-  ForChunks(plan[1 + n_max + g], plan[2 + n_max + g], [&](auto nt, int64_t t) {
-    GemvChunk2<C, decltype(nt)::value>(w, row_bytes, r, rows, cols, x + t * cols, y + t * rows, lane);
+  if (g >= plan[0]) return;  // block-uniform
+  const dev::Team tm = dev::BlockTeam(team_warps, red);
+  const int64_t r0 = dev::TeamIndex(team_warps) * dev::kGemvRows;
+  const auto *w = static_cast<const uint8_t *>(tab[plan[1 + g]]);
+  ForChunks<kMaxNT>(plan[1 + n_max + g], plan[2 + n_max + g], [&](auto nt, int64_t t) {
+    dev::GemvRows<C, decltype(nt)::value>(w, row_bytes, r0, rows, cols, x + t * cols, y + t * rows, rows, tm);
   });
 }
 
@@ -222,7 +199,27 @@ absl::Status CheckPlanArgs(const int32_t *plan, int n_max, const float *x, const
   return absl::OkStatus();
 }
 
-unsigned RowBlocks(int64_t rows) { return static_cast<unsigned>((rows + kGemvWarps - 1) / kGemvWarps); }
+// Calls run(integral_constant n) with n the largest chunk a group of at most n_tok tokens is taken
+// in (8 when n_tok is unknown, < 0): a one-token step then runs kernels holding only the one-token
+// row dot, whose registers leave room for more warps than the 8-token one's.
+template <class F>
+void WithMaxChunk(int64_t n_tok, F &&run) {
+  if (n_tok < 0 || n_tok >= 8) {
+    run(std::integral_constant<int, 8>());
+  } else if (n_tok >= 4) {
+    run(std::integral_constant<int, 4>());
+  } else if (n_tok >= 2) {
+    run(std::integral_constant<int, 2>());
+  } else {
+    run(std::integral_constant<int, 1>());
+  }
+}
+
+// Blocks of kGemvWarps warps over `rows`, `per_team` rows a team of team_warps warps.
+unsigned RowBlocks(int64_t rows, int per_team, int team_warps) {
+  const int64_t per_block = int64_t{kGemvWarps} / team_warps * per_team;
+  return static_cast<unsigned>((rows + per_block - 1) / per_block);
+}
 
 }  // namespace
 
@@ -272,7 +269,7 @@ absl::Status CheckGroupedExperts(const GroupedExperts &e) {
 }
 
 absl::Status GroupedSwiGlu(const GroupedExperts &e, const int32_t *plan, int n_max, const float *xg, float *hg,
-                           cudaStream_t stream) {
+                           cudaStream_t stream, int64_t n_tok) {
   STRATA_RETURN_IF_ERROR(CheckGroupedExperts(e));
   STRATA_RETURN_IF_ERROR(CheckPlanArgs(plan, n_max, xg, hg, "grouped SwiGLU"));
   if (n_max > e.n_expert) {
@@ -280,22 +277,34 @@ absl::Status GroupedSwiGlu(const GroupedExperts &e, const int32_t *plan, int n_m
   }
   const DeviceMatrix &g = e.gate_shape;
   if (n_max == 0 || g.rows == 0) return absl::OkStatus();
-  const dim3 grid(RowBlocks(g.rows), static_cast<unsigned>(n_max));
-  STRATA_CUDA_DISPATCH_CODEC(g.type, GroupedSwiGluKernel<C><<<grid, kGemvWarps * 32, 0, stream>>>(
-                                         e.gate, e.up, g.row_bytes, g.rows, g.cols, plan, n_max, xg, hg));
+  const int tw = GemvTeamWarps(g.type, g.cols);
+  const dim3 grid(RowBlocks(g.rows, dev::kSwiGluRows, tw), static_cast<unsigned>(n_max));
+  STRATA_CUDA_DISPATCH_CODEC(g.type, {
+    const auto run = [&](auto nt) {
+      GroupedSwiGluKernel<C, decltype(nt)::value><<<grid, kGemvWarps * 32, 0, stream>>>(
+          e.gate, e.up, g.row_bytes, g.rows, g.cols, plan, n_max, xg, hg, tw);
+    };
+    WithMaxChunk(n_tok, run);
+  });
   STRATA_CUDA_RETURN_IF_LAUNCH_FAILED();
   return absl::OkStatus();
 }
 
 absl::Status GroupedGemv(const void *const *tab, const DeviceMatrix &shape, const int32_t *plan, int n_max,
-                         const float *x, float *y, cudaStream_t stream) {
+                         const float *x, float *y, cudaStream_t stream, int64_t n_tok) {
   STRATA_RETURN_IF_ERROR(CheckMatrix(Shape(shape)));
   STRATA_RETURN_IF_ERROR(CheckPlanArgs(plan, n_max, x, y, "grouped GEMV"));
   if (n_max == 0 || shape.rows == 0) return absl::OkStatus();
   if (tab == nullptr) return Errorf(MOE_ERR_INVALID_ARGUMENT, "grouped GEMV: the pointer table is null");
-  const dim3 grid(RowBlocks((shape.rows + 1) / 2), static_cast<unsigned>(n_max));
-  STRATA_CUDA_DISPATCH_CODEC(shape.type, GroupedGemvKernel<C><<<grid, kGemvWarps * 32, 0, stream>>>(
-                                             tab, shape.row_bytes, shape.rows, shape.cols, plan, n_max, x, y));
+  const int tw = GemvTeamWarps(shape.type, shape.cols);
+  const dim3 grid(RowBlocks(shape.rows, dev::kGemvRows, tw), static_cast<unsigned>(n_max));
+  STRATA_CUDA_DISPATCH_CODEC(shape.type, {
+    const auto run = [&](auto nt) {
+      GroupedGemvKernel<C, decltype(nt)::value><<<grid, kGemvWarps * 32, 0, stream>>>(
+          tab, shape.row_bytes, shape.rows, shape.cols, plan, n_max, x, y, tw);
+    };
+    WithMaxChunk(n_tok, run);
+  });
   STRATA_CUDA_RETURN_IF_LAUNCH_FAILED();
   return absl::OkStatus();
 }

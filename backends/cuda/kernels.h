@@ -38,6 +38,12 @@ struct Workspace {
 // Codecs with device kernels: F32, F16, BF16, Q8_0, Q4_K, Q6_K, IQ4_XS, MXFP4.
 bool HasDeviceCodec(quant::TypeId type);
 
+// Warps that split each row of a GEMV of this codec and row length (1, 2, 4 or 8): enough that a
+// row's loads are in flight at once, with two or more steps of work a lane. Every GEMV kernel, the
+// grouped ones too, splits a row so, which keeps a (row, token) result the same bits in all of them.
+// The environment variable STRATA_CUDA_GEMV_SPLIT caps it (1: no split; for measuring).
+int GemvTeamWarps(quant::TypeId type, int64_t cols);
+
 // Checks that w can be used by the kernels: a device codec, cols a multiple of 32 and of the block,
 // row_bytes matching, data and row_bytes aligned as the codec's loads need.
 absl::Status CheckMatrix(const DeviceMatrix &w);
@@ -48,8 +54,9 @@ absl::Status CheckMatrix(const DeviceMatrix &w);
 constexpr int64_t kGemvMaxTokens = 8;
 
 // y (n_tok, w.rows) = x (n_tok, w.cols) · wᵀ with the dequantize-GEMV kernels (decode, small
-// batches). Each weight is decoded exactly as quant::Codec::dequantize does and multiplied in
-// float32; a (row, token) result does not depend on n_tok. No workspace.
+// batches). Each weight is decoded as quant::Codec::dequantize does and the products summed in
+// float32 (Q8_0 and Q4_K factor a block's scale out of its sum: d Σ q x, (d sc) Σ q x - (dmin m)
+// Σ x); a (row, token) result does not depend on n_tok. No workspace.
 absl::Status Gemv(const DeviceMatrix &w, const float *x, int64_t n_tok, float *y, cudaStream_t stream);
 
 // ys[m] (n_tok, ws[m].rows) = x (n_tok, cols) · ws[m]ᵀ for n <= kGemvManyMax matrices of one codec
@@ -233,15 +240,16 @@ absl::Status CheckGroupedExperts(const GroupedExperts &e);
 // hg (n, n_ff) = for each group g < plan[0], rows [first[g], first[g + 1]) of silu(gate x) * up x
 // with expert plan[1 + g]'s gate and up, x = xg (n, n_embd), the grouped input rows. plan and n_max
 // as GroupByExpert made them; n_max <= e.n_expert and <= 65535. Rows outside every group are not
-// written.
+// written. n_tok, when known (>= 0), is the number of tokens grouped: no group holds more rows (a
+// token selects an expert once), so kernels sized for that many run; the results do not depend on it.
 absl::Status GroupedSwiGlu(const GroupedExperts &e, const int32_t *plan, int n_max, const float *xg, float *hg,
-                           cudaStream_t stream);
+                           cudaStream_t stream, int64_t n_tok = -1);
 
 // y (n, shape.rows) = for each group g < plan[0], rows [first[g], first[g + 1]) of x (n, shape.cols)
 // · wᵀ with w = tab[plan[1 + g]] (device array of pointers, each matrix of `shape`; data unused):
-// the down projection of the grouped experts. n_max <= 65535.
+// the down projection of the grouped experts. n_max <= 65535; n_tok as for GroupedSwiGlu.
 absl::Status GroupedGemv(const void *const *tab, const DeviceMatrix &shape, const int32_t *plan, int n_max,
-                         const float *x, float *y, cudaStream_t stream);
+                         const float *x, float *y, cudaStream_t stream, int64_t n_tok = -1);
 
 // ---- Family options and element-wise glue of the forward pass (forward_ops.cu) -----------------
 

@@ -1,10 +1,12 @@
-// Matrix products on the device: dequantize-GEMV (one warp per output row, lanes decoding adjacent
-// groups of 8 weights and dotting them with up to 8 tokens; the row dot lives in gemv.cuh, shared
+// Matrix products on the device: dequantize-GEMV (a warp per kGemvRows output rows, lanes decoding
+// adjacent weights and dotting them with up to 8 tokens; the row dot lives in gemv.cuh, shared
 // with the grouped expert kernels), dequantization and GetRows, and cuBLASLt GEMMs for batches. Per
 // (row, token) the GEMV adds in a fixed order whatever the batch size.
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
 #include <memory>
 
 #include "backends/cuda/codecs.cuh"
@@ -16,43 +18,34 @@ namespace strata::cuda {
 namespace {
 
 using dev::kGemvWarps;
-using dev::RowDot;
-using dev::WarpSum;
 
 template <class C>
 int AlignOf() {
   return C::kAlign;
 }
 
-// y (NT, rows) = x (NT, cols) · wᵀ; y rows `rows` apart.
+// y (NT, rows) = x (NT, cols) · wᵀ; y rows `rows` apart. Teams of team_warps warps take kGemvRows
+// rows each.
 template <class C, int NT>
 __global__ void __launch_bounds__(kGemvWarps * 32) GemvKernel(const uint8_t *__restrict__ w, uint64_t row_bytes,
                                                               int64_t rows, int64_t cols, const float *__restrict__ x,
-                                                              float *__restrict__ y) {
-  const int lane = threadIdx.x & 31;
-  const int64_t r = static_cast<int64_t>(blockIdx.x) * kGemvWarps + (threadIdx.x >> 5);
-  if (r >= rows) return;
-  float acc[NT];
-#pragma unroll
-  for (int t = 0; t < NT; ++t) acc[t] = 0.f;
-  RowDot<C, NT>(w + r * row_bytes, x, cols, lane, acc);
-#pragma unroll
-  for (int t = 0; t < NT; ++t) {
-    const float s = WarpSum(acc[t]);
-    if (lane == 0) y[t * rows + r] = s;
-  }
+                                                              float *__restrict__ y, int team_warps) {
+  __shared__ float red[kGemvWarps * dev::kTeamRedFloats];
+  const int64_t r0 = dev::TeamIndex(team_warps) * dev::kGemvRows;
+  dev::GemvRows<C, NT>(w, row_bytes, r0, rows, cols, x, y, rows, dev::BlockTeam(team_warps, red));
 }
 
-// h (NT, rows) = silu(gate · x) * (up · x): both matrices of one row read by the same warp.
+// h (NT, rows) = silu(gate · x) * (up · x): both matrices of a row read by the same warp; kSwiGluRows
+// rows a team.
 template <class C, int NT>
 __global__ void __launch_bounds__(kGemvWarps * 32) GemvSwiGluKernel(const uint8_t *__restrict__ wg,
                                                                     const uint8_t *__restrict__ wu, uint64_t row_bytes,
                                                                     int64_t rows, int64_t cols,
-                                                                    const float *__restrict__ x, float *__restrict__ h) {
-  const int lane = threadIdx.x & 31;
-  const int64_t r = static_cast<int64_t>(blockIdx.x) * kGemvWarps + (threadIdx.x >> 5);
-  if (r >= rows) return;
-  dev::SwiGluRow<C, NT>(wg + r * row_bytes, wu + r * row_bytes, r, rows, cols, x, h, lane);
+                                                                    const float *__restrict__ x, float *__restrict__ h,
+                                                                    int team_warps) {
+  __shared__ float red[kGemvWarps * dev::kTeamRedFloats];
+  const int64_t r0 = dev::TeamIndex(team_warps) * dev::kSwiGluRows;
+  dev::SwiGluRows<C, NT>(wg, wu, row_bytes, r0, rows, cols, x, h, dev::BlockTeam(team_warps, red));
 }
 
 // out rows: row ids[i] (or i when ids is null) of w, dequantized; one thread per 32-element item.
@@ -96,38 +89,59 @@ struct ManyArgs {
   float *y[kGemvManyMax];
 };
 
-// Block (b, m): rows [b kGemvWarps, + kGemvWarps) of matrix m, as GemvKernel computes them.
+// Block (b, m): the rows of matrix m that block b of GemvKernel would compute.
+// The table is read in place (__grid_constant__): indexed by blockIdx.y, a by-value copy would be
+// made in every thread's local memory first.
 template <class C, int NT>
-__global__ void __launch_bounds__(kGemvWarps * 32) GemvManyKernel(ManyArgs a, int64_t cols, const float *__restrict__ x,
-                                                                  int64_t x_stride, int64_t t0) {
+__global__ void __launch_bounds__(kGemvWarps * 32)
+    GemvManyKernel(const __grid_constant__ ManyArgs a, int64_t cols, const float *__restrict__ x, int64_t x_stride,
+                   int64_t t0, int team_warps) {
+  __shared__ float red[kGemvWarps * dev::kTeamRedFloats];
   const int m = blockIdx.y;
-  const int lane = threadIdx.x & 31;
-  const int64_t r = static_cast<int64_t>(blockIdx.x) * kGemvWarps + (threadIdx.x >> 5);
-  if (r >= a.rows[m]) return;
-  float acc[NT];
-#pragma unroll
-  for (int t = 0; t < NT; ++t) acc[t] = 0.f;
-  RowDot<C, NT>(a.w[m] + r * a.row_bytes[m], x + t0 * x_stride, cols, lane, acc);
-#pragma unroll
-  for (int t = 0; t < NT; ++t) {
-    const float s = WarpSum(acc[t]);
-    if (lane == 0) a.y[m][(t0 + t) * a.rows[m] + r] = s;
+  const int64_t r0 = dev::TeamIndex(team_warps) * dev::kGemvRows;
+  const int64_t block_r0 = static_cast<int64_t>(blockIdx.x) * (blockDim.x >> 5) / team_warps * dev::kGemvRows;
+  if (block_r0 >= a.rows[m]) return;  // the whole block is past this matrix (block-uniform: no team waits on it)
+  dev::GemvRows<C, NT>(a.w[m], a.row_bytes[m], r0, a.rows[m], cols, x + t0 * x_stride, a.y[m] + t0 * a.rows[m],
+                       a.rows[m], dev::BlockTeam(team_warps, red));
+}
+
+// Launch shape of a GEMV over `rows` rows, `per_team` rows a team of team_warps warps: blocks of
+// kGemvWarps warps, halved (down to one team) while that leaves fewer than two blocks per
+// multiprocessor (a 128-row router then spreads over more blocks). What a team computes, and its
+// bits, do not depend on it.
+struct GemvGrid {
+  unsigned blocks, threads;
+};
+GemvGrid GemvGridFor(int64_t rows, int per_team, int team_warps) {
+  static std::atomic<int> sm_count[64];  // per device; 0 = not asked yet
+  int dev = 0, n_sm = 0, warps = kGemvWarps;
+  if (cudaGetDevice(&dev) == cudaSuccess && dev >= 0 && dev < 64) {
+    n_sm = sm_count[dev].load(std::memory_order_relaxed);
+    if (n_sm == 0 && cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess && n_sm > 0) {
+      sm_count[dev].store(n_sm, std::memory_order_relaxed);
+    }
   }
+  const int64_t teams = (rows + per_team - 1) / per_team;
+  auto blocks = [&](int w) { return (teams + w / team_warps - 1) / (w / team_warps); };
+  while (warps > team_warps && blocks(warps) < 2 * static_cast<int64_t>(n_sm)) warps /= 2;
+  return {static_cast<unsigned>(blocks(warps)), static_cast<unsigned>(warps) * 32};
 }
 
 template <class C, int NT>
 void LaunchGemv(const DeviceMatrix &w, const float *x, float *y, cudaStream_t s) {
-  const unsigned blocks = static_cast<unsigned>((w.rows + kGemvWarps - 1) / kGemvWarps);
-  GemvKernel<C, NT><<<blocks, kGemvWarps * 32, 0, s>>>(static_cast<const uint8_t *>(w.data), w.row_bytes, w.rows,
-                                                       w.cols, x, y);
+  const int tw = GemvTeamWarps(w.type, w.cols);
+  const GemvGrid g = GemvGridFor(w.rows, dev::kGemvRows, tw);
+  GemvKernel<C, NT><<<g.blocks, g.threads, 0, s>>>(static_cast<const uint8_t *>(w.data), w.row_bytes, w.rows, w.cols,
+                                                   x, y, tw);
 }
 
 template <class C, int NT>
 void LaunchGemvSwiGlu(const DeviceMatrix &g, const DeviceMatrix &u, const float *x, float *h, cudaStream_t s) {
-  const unsigned blocks = static_cast<unsigned>((g.rows + kGemvWarps - 1) / kGemvWarps);
-  GemvSwiGluKernel<C, NT><<<blocks, kGemvWarps * 32, 0, s>>>(static_cast<const uint8_t *>(g.data),
-                                                             static_cast<const uint8_t *>(u.data), g.row_bytes, g.rows,
-                                                             g.cols, x, h);
+  const int tw = GemvTeamWarps(g.type, g.cols);
+  const GemvGrid gr = GemvGridFor(g.rows, dev::kSwiGluRows, tw);
+  GemvSwiGluKernel<C, NT><<<gr.blocks, gr.threads, 0, s>>>(
+      static_cast<const uint8_t *>(g.data), static_cast<const uint8_t *>(u.data), g.row_bytes, g.rows, g.cols, x, h,
+      tw);
 }
 
 // Splits n_tok into chunks of 8, 4, 2, 1 tokens; `launch(nt, t0)` queues one chunk.
@@ -151,6 +165,19 @@ using LtPtr = std::unique_ptr<T, LtDeleter>;
 size_t RoundUp(size_t n, size_t a) { return (n + a - 1) / a * a; }
 
 }  // namespace
+
+int GemvTeamWarps(quant::TypeId type, int64_t cols) {
+  // A warp covers 32 x 8 elements of a row per step (Q4_K: 4 super-blocks); keep >= 2 steps a lane.
+  const int64_t per_step = type == quant::TypeId::kQ4_K ? 1024 : 32 * dev::kGroupElems;
+  const int64_t steps = (cols + per_step - 1) / per_step;
+  static const int cap = [] {
+    const char *e = std::getenv("STRATA_CUDA_GEMV_SPLIT");
+    return e != nullptr ? std::max(1, std::atoi(e)) : kGemvWarps;
+  }();
+  int w = 1;
+  while (w < cap && 4 * w <= steps) w *= 2;
+  return w;
+}
 
 bool HasDeviceCodec(quant::TypeId type) { return STRATA_CUDA_DISPATCH_CODEC(type, (void)sizeof(C)); }
 
@@ -242,13 +269,16 @@ absl::Status GemvMany(const DeviceMatrix *ws, float *const *ys, int n, const flo
   if (n_tok == 0 || max_rows == 0) return absl::OkStatus();
   STRATA_RETURN_IF_ERROR(CheckActivations(x, "GEMV input"));
   const int64_t cols = ws[0].cols;
-  const dim3 grid(static_cast<unsigned>((max_rows + kGemvWarps - 1) / kGemvWarps), static_cast<unsigned>(n));
+  const int tw = GemvTeamWarps(ws[0].type, cols);
+  const GemvGrid g = GemvGridFor(max_rows, dev::kGemvRows, tw);
+  const dim3 grid(g.blocks, static_cast<unsigned>(n));
+  const unsigned threads = g.threads;
   STRATA_CUDA_DISPATCH_CODEC(ws[0].type, ForTokenChunks(n_tok, [&](int nt, int64_t t0) {
     switch (nt) {
-      case 8: GemvManyKernel<C, 8><<<grid, kGemvWarps * 32, 0, stream>>>(a, cols, x, cols, t0); break;
-      case 4: GemvManyKernel<C, 4><<<grid, kGemvWarps * 32, 0, stream>>>(a, cols, x, cols, t0); break;
-      case 2: GemvManyKernel<C, 2><<<grid, kGemvWarps * 32, 0, stream>>>(a, cols, x, cols, t0); break;
-      default: GemvManyKernel<C, 1><<<grid, kGemvWarps * 32, 0, stream>>>(a, cols, x, cols, t0); break;
+      case 8: GemvManyKernel<C, 8><<<grid, threads, 0, stream>>>(a, cols, x, cols, t0, tw); break;
+      case 4: GemvManyKernel<C, 4><<<grid, threads, 0, stream>>>(a, cols, x, cols, t0, tw); break;
+      case 2: GemvManyKernel<C, 2><<<grid, threads, 0, stream>>>(a, cols, x, cols, t0, tw); break;
+      default: GemvManyKernel<C, 1><<<grid, threads, 0, stream>>>(a, cols, x, cols, t0, tw); break;
     }
   }));
   STRATA_CUDA_RETURN_IF_LAUNCH_FAILED();

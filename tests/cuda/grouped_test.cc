@@ -243,9 +243,16 @@ GroupedRun RunGrouped(const Experts &x, const Placement &pl, const DeviceBuffer 
   REQUIRE(GatherRows(dx.as<float>(), x.n_embd, idx.as<int32_t>(), n, xg.as<float>(), nullptr).ok());
   const GroupedExperts ge = pl.Grouped(x);
   REQUIRE(CheckGroupedExperts(ge).ok());
-  REQUIRE(GroupedSwiGlu(ge, plan.as<int32_t>(), n_max, xg.as<float>(), hg.as<float>(), nullptr).ok());
-  REQUIRE(GroupedGemv(ge.down, ge.down_shape, plan.as<int32_t>(), n_max, hg.as<float>(), yg.as<float>(), nullptr).ok());
+  REQUIRE(GroupedSwiGlu(ge, plan.as<int32_t>(), n_max, xg.as<float>(), hg.as<float>(), nullptr, n_tok).ok());
+  REQUIRE(GroupedGemv(ge.down, ge.down_shape, plan.as<int32_t>(), n_max, hg.as<float>(), yg.as<float>(), nullptr,
+                      n_tok).ok());
   GroupedRun r{Download<float>(hg, n * x.n_ff), Download<float>(yg, n * x.n_embd)};
+  // Kernels sized for any number of tokens (n_tok unknown) give the same bits.
+  DeviceBuffer hg8 = Poisoned(n * x.n_ff), yg8 = Poisoned(n * x.n_embd);
+  REQUIRE(GroupedSwiGlu(ge, plan.as<int32_t>(), n_max, xg.as<float>(), hg8.as<float>(), nullptr).ok());
+  REQUIRE(GroupedGemv(ge.down, ge.down_shape, plan.as<int32_t>(), n_max, hg.as<float>(), yg8.as<float>(), nullptr).ok());
+  CHECK(Download<float>(hg8, n * x.n_ff) == r.h);
+  CHECK(Download<float>(yg8, n * x.n_embd) == r.y);
   if (xg_out != nullptr) *xg_out = std::move(xg);
   return r;
 }
