@@ -317,17 +317,34 @@ __global__ void __launch_bounds__(kThreads) AttentionSplitKernel(const float *q,
   const float *qh = q + (t * a.n_head + h) * a.head_dim;
   for (int d = threadIdx.x; d < a.head_dim; d += blockDim.x) qs_sm[d] = qh[d];
   __syncthreads();
-  float mx = -INFINITY;
-  for (int j = j0 + warp; j < j1; j += kAttnWarps) {
-    const int row = first + j;
-    const float *kj = rv.kb[row / a.block_tokens] + static_cast<int64_t>(row % a.block_tokens) * a.k_stride +
-                      static_cast<int64_t>(kvh) * a.head_dim;
-    float dot = 0.f;
-    for (int d = lane; d < a.head_dim; d += 32) dot = fmaf(qs_sm[d], kj[d], dot);
+  // Warp w takes keys j0 + w + kAttnWarps u, u < kKeysPerWarp, all at once: every key's loads are
+  // in flight together (a key's dot still runs over d in order, so its bits do not change).
+  constexpr int kKeysPerWarp = kAttnChunk / kAttnWarps;
+  const float *kj[kKeysPerWarp];
+  float dot[kKeysPerWarp];
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+  for (int u = 0; u < kKeysPerWarp; ++u) {
+    const int row = first + min(j0 + warp + kAttnWarps * u, j1 - 1);  // past the chunk: read again, unused
+    kj[u] = rv.kb[row / a.block_tokens] + static_cast<int64_t>(row % a.block_tokens) * a.k_stride +
+            static_cast<int64_t>(kvh) * a.head_dim;
+    dot[u] = 0.f;
+  }
+#pragma unroll 4
+  for (int d = lane; d < a.head_dim; d += 32) {
+    const float qd = qs_sm[d];
+#pragma unroll
+    for (int u = 0; u < kKeysPerWarp; ++u) dot[u] = fmaf(qd, kj[u][d], dot[u]);
+  }
+  float mx = -INFINITY;
+#pragma unroll
+  for (int u = 0; u < kKeysPerWarp; ++u) {
+    const int j = j0 + warp + kAttnWarps * u;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) dot[u] += __shfl_xor_sync(0xffffffffu, dot[u], o);
+    if (j >= j1) continue;
+    const int row = first + j;
     const bool masked = row != pos && rv.masked != nullptr && rv.masked[row] != 0;
-    const float sv = masked ? -INFINITY : __fmul_rn(dot, a.scale);
+    const float sv = masked ? -INFINITY : __fmul_rn(dot[u], a.scale);
     if (lane == 0) sc[j - j0] = sv;
     mx = fmaxf(mx, sv);
   }
@@ -341,26 +358,28 @@ __global__ void __launch_bounds__(kThreads) AttentionSplitKernel(const float *q,
   }
   sum = BlockReduceSum(sum, red);
   __syncthreads();
-  float acc[kAttnMaxVPerLane];
+  // The warp's keys again, values of all of them in flight at once, added in key order.
+  const float *vj[kKeysPerWarp];
+  float p[kKeysPerWarp];
 #pragma unroll
-  for (int m = 0; m < kAttnMaxVPerLane; ++m) acc[m] = 0.f;
-  for (int j = j0 + warp; j < j1; j += kAttnWarps) {
-    const int row = first + j;
+  for (int u = 0; u < kKeysPerWarp; ++u) {
+    const int j = min(j0 + warp + kAttnWarps * u, j1 - 1), row = first + j;
     const int64_t in_block = row % a.block_tokens;
-    const float *vj = a.latent ? rv.kb[row / a.block_tokens] + in_block * a.k_stride
-                               : rv.vb[row / a.block_tokens] + in_block * a.v_stride +
-                                     static_cast<int64_t>(kvh) * a.head_dim;
-    const float p = sc[j - j0];
-#pragma unroll
-    for (int m = 0; m < kAttnMaxVPerLane; ++m) {
-      const int d = lane + 32 * m;
-      if (d < a.v_dim) acc[m] = fmaf(p, vj[d], acc[m]);
-    }
+    vj[u] = a.latent ? rv.kb[row / a.block_tokens] + in_block * a.k_stride
+                     : rv.vb[row / a.block_tokens] + in_block * a.v_stride + static_cast<int64_t>(kvh) * a.head_dim;
+    p[u] = sc[j - j0];
   }
+  const int n_mine = j1 - j0 > warp ? (j1 - j0 - warp + kAttnWarps - 1) / kAttnWarps : 0;  // the warp's keys
 #pragma unroll
   for (int m = 0; m < kAttnMaxVPerLane; ++m) {
     const int d = lane + 32 * m;
-    if (d < a.v_dim) sm[warp * a.v_dim + d] = acc[m];
+    if (d >= a.v_dim) break;
+    float acc = 0.f;
+#pragma unroll
+    for (int u = 0; u < kKeysPerWarp; ++u) {
+      if (u < n_mine) acc = fmaf(p[u], vj[u][d], acc);
+    }
+    sm[warp * a.v_dim + d] = acc;
   }
   __syncthreads();
   if (threadIdx.x == 0) {
