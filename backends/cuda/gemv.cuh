@@ -159,9 +159,10 @@ __device__ __forceinline__ void RowDotsQ8_0(const uint8_t *const (&rows)[R], con
 }
 
 // Adds row[m] · x[t] into acc[m][t] for R rows of the same shape and NT tokens (x rows `cols`
-// apart). Q4_K and Q8_0 take their own walks above (Q4_K rows not 16-byte aligned take this one).
-// Each row is walked in groups of 8 elements, lane l of team warp w taking groups 32 w + l, then
-// 32 W further each time: neighbouring lanes read neighbouring bytes, so each load instruction of the warp covers one
+// apart). Q4_K and Q8_0 take their own walks above (Q4_K rows not 16-byte aligned take this one;
+// Q8_0's differs from it only in scaling a group's dot by d once). Each row is walked in groups of
+// 8 elements, lane l of team warp w taking groups 32 w + l, then 32 W further each time:
+// neighbouring lanes read neighbouring bytes, so each load instruction of the warp covers one
 // contiguous span of a row (coalesced). The R rows are walked together so their loads are in flight
 // at once; a (row, token) sum is formed in the same order for every R and NT.
 template <class C, int NT, int R>
@@ -250,6 +251,21 @@ constexpr int RowsAtOnce() {
   return NT >= 4 ? 1 : NT == 2 ? 2 : kGemvRows;
 }
 
+// Zeroes acc, adds rows[m] · x[t] into it over the team (RowDots, TeamSums); true on the one thread
+// (lane 0 of team warp 0) that then holds the totals.
+template <class C, int NT, int R>
+__device__ __forceinline__ bool TeamRowDots(const uint8_t *const (&rows)[R], const float *x, int64_t cols,
+                                            const Team &tm, float (&acc)[R][NT]) {
+#pragma unroll
+  for (int m = 0; m < R; ++m) {
+#pragma unroll
+    for (int t = 0; t < NT; ++t) acc[m][t] = 0.f;
+  }
+  RowDots<C, NT, R>(rows, x, cols, tm, acc);
+  TeamSums(reinterpret_cast<float(&)[R * NT]>(acc), tm);
+  return tm.warp == 0 && tm.lane == 0;
+}
+
 // y rows r0 .. r0 + kGemvRows - 1 (those below `rows`) = rows of w · x for NT tokens (x rows `cols`
 // apart, y rows `y_stride` apart). Rows past the end read the last row again and are not written.
 template <class C, int NT>
@@ -259,16 +275,10 @@ __device__ __forceinline__ void GemvRows(const uint8_t *w, uint64_t row_bytes, i
 #pragma unroll 1
   for (int b = 0; b < kGemvRows; b += RB) {
     const uint8_t *rp[RB];
+#pragma unroll
+    for (int m = 0; m < RB; ++m) rp[m] = w + min(r0 + b + m, rows - 1) * row_bytes;
     float acc[RB][NT];
-#pragma unroll
-    for (int m = 0; m < RB; ++m) {
-      rp[m] = w + min(r0 + b + m, rows - 1) * row_bytes;
-#pragma unroll
-      for (int t = 0; t < NT; ++t) acc[m][t] = 0.f;
-    }
-    RowDots<C, NT, RB>(rp, x, cols, tm, acc);
-    TeamSums(reinterpret_cast<float(&)[RB * NT]>(acc), tm);
-    if (tm.warp != 0 || tm.lane != 0) continue;
+    if (!TeamRowDots<C, NT, RB>(rp, x, cols, tm, acc)) continue;
 #pragma unroll
     for (int t = 0; t < NT; ++t) {
 #pragma unroll
@@ -298,21 +308,14 @@ __device__ __forceinline__ void SwiGluRows(const uint8_t *wg, const uint8_t *wu,
 #pragma unroll 1
   for (int b = 0; b < kSwiGluRows; b += PB) {
     const uint8_t *rp[RB];
-    float acc[RB][NT];
 #pragma unroll
     for (int i = 0; i < PB; ++i) {
       const int64_t r = min(r0 + b + i, rows - 1);
       rp[2 * i] = wg + r * row_bytes;
       rp[2 * i + 1] = wu + r * row_bytes;
     }
-#pragma unroll
-    for (int m = 0; m < RB; ++m) {
-#pragma unroll
-      for (int t = 0; t < NT; ++t) acc[m][t] = 0.f;
-    }
-    RowDots<C, NT, RB>(rp, x, cols, tm, acc);
-    TeamSums(reinterpret_cast<float(&)[RB * NT]>(acc), tm);
-    if (tm.warp != 0 || tm.lane != 0) continue;
+    float acc[RB][NT];
+    if (!TeamRowDots<C, NT, RB>(rp, x, cols, tm, acc)) continue;
 #pragma unroll
     for (int t = 0; t < NT; ++t) {
 #pragma unroll
