@@ -103,10 +103,9 @@ bool CpuBackend::RoutedExperts(const model::RoutedExpertsArgs &a) {
   const model::ExpertGroups g = model::GroupByExpert(a.sel, a.n_tok, k, a.route.n_expert);
   std::copy(g.idx.begin(), g.idx.end(), a.idx);
   GatherRows(a.h, a.n_embd, a.idx, n, a.xg);
-  for (size_t u = 0; u < g.used.size(); ++u) {
-    ExpertFfn(a.weights->experts[g.used[u]], a.xg + g.first[u] * a.n_embd, g.first[u + 1] - g.first[u],
-              a.yg + g.first[u] * a.n_embd);
-  }
+  std::vector<const model::ExpertWeights *> ew(g.used.size());
+  for (size_t u = 0; u < g.used.size(); ++u) ew[u] = &a.weights->experts[g.used[u]];
+  ExpertsFfn(ew.data(), static_cast<int>(ew.size()), g.first.data(), a.xg, a.yg, a.n_embd);
   WeightedRowSum(a.yg, a.idx + n, a.wts, a.n_tok, k, a.n_embd, a.out);
   return true;
 }
@@ -119,41 +118,158 @@ void CpuBackend::MatMulInputMajor(const model::Matrix &w, const float *x, int64_
 CpuBackend::CpuBackend(int n_threads, MatMulMode mode, kernels::Isa isa)
     : pool_(n_threads), mode_(mode), isa_(isa == kernels::Isa::kAvx2 ? kernels::BestIsa() : isa) {}
 
-void CpuBackend::MatMul(const model::Matrix &w, const float *x, int64_t n_tok, float *y) {
-  const int64_t rows = w.rows, cols = w.cols;
-  if (rows <= 0 || n_tok <= 0) return;
-  const quant::Codec &codec = *w.codec;
-  const kernels::RowKernels k = kernels::FindRowKernels(codec, isa_);
-  const bool q8 = mode_ == MatMulMode::kQ8Activations && k.dot_q8 != nullptr;
-  // q8 mode: each token's activations are quantized once here, by one scalar routine, so a token
-  // gets the same codes alone or in a batch.
-  std::vector<uint8_t> xq;
-  const int64_t xq_stride = q8 ? kernels::ActRowBytes(k.act, cols) : 0;
-  if (q8) {
-    xq.resize(static_cast<size_t>(xq_stride * n_tok));
-    pool_.ParallelFor(n_tok, 8, [&](int64_t t0, int64_t t1, int) {
-      for (int64_t t = t0; t < t1; ++t) {
-        kernels::QuantizeActivations(k.act, x + t * cols, cols, xq.data() + t * xq_stride);
-      }
-    });
+CpuBackend::MatOp CpuBackend::PrepareMatOp(const model::Matrix &w, const float *x, int64_t n_tok, float *y) const {
+  MatOp op;
+  op.w = &w;
+  op.k = kernels::FindRowKernels(*w.codec, isa_);
+  op.q8 = mode_ == MatMulMode::kQ8Activations && op.k.dot_q8 != nullptr;
+  op.x = x;
+  op.n_tok = n_tok;
+  op.y = y;
+  op.xq_stride = op.q8 ? kernels::ActRowBytes(op.k.act, w.cols) : 0;
+  return op;
+}
+
+// q8 mode: each token's activations are quantized once, by one scalar routine, so a token gets the
+// same codes alone or in a batch.
+void CpuBackend::QuantizeRows(const MatOp &op, int64_t t0, int64_t t1) {
+  for (int64_t t = t0; t < t1; ++t) {
+    kernels::QuantizeActivations(op.k.act, op.x + t * op.w->cols, op.w->cols, op.xq + t * op.xq_stride);
   }
-  // Enough rows per chunk that waking threads pays off.
-  const int64_t min_chunk = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, cols * n_tok));
-  pool_.ParallelFor(rows, min_chunk, [&](int64_t r0, int64_t r1, int) {
-    float out[kernels::kMaxTokens];
-    for (int64_t r = r0; r < r1; ++r) {
-      const uint8_t *row = w.row(r);
-      for (int64_t t0 = 0; t0 < n_tok; t0 += kernels::kMaxTokens) {
-        const int nt = static_cast<int>(std::min<int64_t>(kernels::kMaxTokens, n_tok - t0));
-        if (q8) {
-          k.dot_q8(codec, row, xq.data() + t0 * xq_stride, xq_stride, nt, cols, out);
-        } else {
-          k.dot_float(codec, row, x + t0 * cols, cols, nt, cols, out);
-        }
-        for (int t = 0; t < nt; ++t) y[(t0 + t) * rows + r] = out[t];
+}
+
+void CpuBackend::RunRow(const MatOp &op, int64_t r) {
+  const model::Matrix &w = *op.w;
+  const int64_t rows = w.rows, cols = w.cols;
+  float out[kernels::kMaxTokens];
+  const uint8_t *row = w.row(r);
+  for (int64_t t0 = 0; t0 < op.n_tok; t0 += kernels::kMaxTokens) {
+    const int nt = static_cast<int>(std::min<int64_t>(kernels::kMaxTokens, op.n_tok - t0));
+    if (op.q8) {
+      op.k.dot_q8(*w.codec, row, op.xq + t0 * op.xq_stride, op.xq_stride, nt, cols, out);
+    } else {
+      op.k.dot_float(*w.codec, row, op.x + t0 * cols, cols, nt, cols, out);
+    }
+    for (int t = 0; t < nt; ++t) op.y[(t0 + t) * rows + r] = out[t];
+  }
+}
+
+// Enough rows per chunk that waking threads pays off.
+int64_t CpuBackend::MinRowChunk(int64_t cols, int64_t n_tok) {
+  return std::max<int64_t>(1, 16384 / std::max<int64_t>(1, cols * n_tok));
+}
+
+void CpuBackend::MatMul(const model::Matrix &w, const float *x, int64_t n_tok, float *y) {
+  if (w.rows <= 0 || n_tok <= 0) return;
+  MatOp op = PrepareMatOp(w, x, n_tok, y);
+  std::vector<uint8_t> xq;
+  if (op.q8) {
+    xq.resize(static_cast<size_t>(op.xq_stride * n_tok));
+    op.xq = xq.data();
+    pool_.ParallelFor(n_tok, 8, [&](int64_t t0, int64_t t1, int) { QuantizeRows(op, t0, t1); });
+  }
+  pool_.ParallelFor(w.rows, MinRowChunk(w.cols, n_tok), [&](int64_t r0, int64_t r1, int) {
+    for (int64_t r = r0; r < r1; ++r) RunRow(op, r);
+  });
+}
+
+// Every expert's gate and up rows in one parallel loop, the SwiGLU, then every down row in one
+// more: the operations ExpertFfn runs per expert, each row by RunRow as MatMul runs it (the same
+// bits), in two loops a layer instead of two or three per expert.
+void CpuBackend::ExpertsFfn(const model::ExpertWeights *const *ew, int n, const int64_t *first, const float *xg,
+                            float *yg, int64_t width) {
+  std::vector<int> fused;
+  for (int u = 0; u < n; ++u) {
+    if (ew[u] == nullptr || first[u + 1] <= first[u]) continue;
+    if (ew[u]->input_major) {  // gpt-oss's layout keeps its own path
+      ExpertFfn(*ew[u], xg + first[u] * width, first[u + 1] - first[u], yg + first[u] * width);
+    } else {
+      fused.push_back(u);
+    }
+  }
+  if (fused.empty()) return;
+  // Per fused expert: its gate, up and down operations; h holds gate then up outputs.
+  const size_t m = fused.size();
+  std::vector<MatOp> ops(3 * m);
+  std::vector<size_t> h_at(m + 1, 0);
+  for (size_t i = 0; i < m; ++i) {
+    const model::ExpertWeights &e = *ew[fused[i]];
+    h_at[i + 1] = h_at[i] + static_cast<size_t>(2 * (first[fused[i] + 1] - first[fused[i]]) * e.gate.rows);
+  }
+  std::vector<float> h(h_at[m]);
+  size_t xq_bytes = 0;
+  for (size_t i = 0; i < m; ++i) {
+    const int u = fused[i];
+    const model::ExpertWeights &e = *ew[u];
+    const int64_t nt = first[u + 1] - first[u], n_ff = e.gate.rows;
+    float *g = h.data() + h_at[i], *up = g + nt * n_ff;
+    ops[3 * i] = PrepareMatOp(e.gate, xg + first[u] * width, nt, g);
+    ops[3 * i + 1] = PrepareMatOp(e.up, xg + first[u] * width, nt, up);
+    ops[3 * i + 2] = PrepareMatOp(e.down, g, nt, yg + first[u] * width);
+    for (int j = 0; j < 3; ++j) xq_bytes += static_cast<size_t>(ops[3 * i + j].xq_stride * nt);
+  }
+  std::vector<uint8_t> xq(xq_bytes);
+  size_t at = 0;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    MatOp &op = ops[i];
+    const MatOp &gate = ops[i - i % 3];
+    if (i % 3 == 1 && op.q8 && gate.q8 && op.k.act == gate.k.act) {
+      op.xq = gate.xq;  // up reads gate's input: quantized once
+      op.xq_shared = true;
+      continue;
+    }
+    op.xq = xq.data() + at;
+    at += static_cast<size_t>(op.xq_stride * op.n_tok);
+  }
+  // The part p of a flattened range that item i falls in: start[p] <= i < start[p + 1].
+  auto part_of = [](const std::vector<int64_t> &start, int64_t i) {
+    return static_cast<size_t>(std::upper_bound(start.begin(), start.end(), i) - start.begin()) - 1;
+  };
+  // Runs every row of the operations `which` (0 gate, 1 up, 2 down) of every expert in one parallel loop.
+  auto run_phase = [&](std::initializer_list<int> which) {
+    std::vector<const MatOp *> list;
+    std::vector<int64_t> start{0};
+    int64_t max_cols_tok = 1;
+    for (size_t i = 0; i < m; ++i) {
+      for (int j : which) {
+        const MatOp &op = ops[3 * i + j];
+        list.push_back(&op);
+        start.push_back(start.back() + op.w->rows);
+        max_cols_tok = std::max(max_cols_tok, op.w->cols * op.n_tok);
       }
     }
-  });
+    // Activations first: every quantized token row of the phase in one parallel loop.
+    std::vector<const MatOp *> qlist;
+    std::vector<int64_t> qstart{0};
+    for (const MatOp *op : list) {
+      if (!op->q8 || op->xq_shared) continue;
+      qlist.push_back(op);
+      qstart.push_back(qstart.back() + op->n_tok);
+    }
+    if (qstart.back() > 0) {
+      pool_.ParallelFor(qstart.back(), 8, [&](int64_t i0, int64_t i1, int) {
+        for (int64_t i = i0; i < i1; ++i) {
+          const size_t o = part_of(qstart, i);
+          QuantizeRows(*qlist[o], i - qstart[o], i - qstart[o] + 1);
+        }
+      });
+    }
+    pool_.ParallelFor(start.back(), MinRowChunk(max_cols_tok, 1), [&](int64_t i0, int64_t i1, int) {
+      size_t o = part_of(start, i0);
+      for (int64_t i = i0; i < i1; ++i) {
+        while (i >= start[o + 1]) ++o;
+        RunRow(*list[o], i - start[o]);
+      }
+    });
+  };
+  run_phase({0, 1});
+  for (size_t i = 0; i < m; ++i) {
+    const model::ExpertWeights &e = *ew[fused[i]];
+    const int64_t nt = ops[3 * i].n_tok;
+    GateUpActivation(e, h.data() + h_at[i], h.data() + h_at[i] + nt * e.gate.rows, nt, e.gate.rows, false);
+  }
+  run_phase({2});
+  for (size_t i = 0; i < m; ++i) AddDownBias(*ew[fused[i]], ops[3 * i + 2].y, ops[3 * i].n_tok, width);
 }
 
 void CpuBackend::GetRows(const model::Matrix &w, const int32_t *ids, int64_t n, float *out) {
@@ -281,6 +397,22 @@ void CpuBackend::ExpertFfn(const model::ExpertWeights &e, const float *x, int64_
   } else {
     MatMul(e.gate, x, n_tok, g.data());
     MatMul(e.up, x, n_tok, u.data());
+  }
+  GateUpActivation(e, g.data(), u.data(), n_tok, n_ff, e.input_major);
+  if (e.input_major) {
+    std::vector<float> row(n_embd);
+    MatMulInputMajor(e.down, g.data(), n_tok, y, row.data());
+  } else {
+    MatMul(e.down, g.data(), n_tok, y);
+  }
+  AddDownBias(e, y, n_tok, n_embd);
+}
+
+// g (n_tok, n_ff) = act(gate + gate bias, up + up bias), the biases added here unless the caller
+// already did: silu(g) * u, or gpt-oss's clamped form.
+void CpuBackend::GateUpActivation(const model::ExpertWeights &e, float *g, float *u, int64_t n_tok, int64_t n_ff,
+                                  bool biases_added) {
+  if (!biases_added) {
     for (int64_t t = 0; t < n_tok; ++t) {
       for (int64_t f = 0; f < n_ff; ++f) {
         if (e.gate_bias.tensor != nullptr) g[t * n_ff + f] += e.gate_bias.values[f];
@@ -300,16 +432,12 @@ void CpuBackend::ExpertFfn(const model::ExpertWeights &e, const float *x, int64_
       g[i] = (a / (1.0f + std::exp(-a))) * u[i];
     }
   }
-  if (e.input_major) {
-    std::vector<float> row(n_embd);
-    MatMulInputMajor(e.down, g.data(), n_tok, y, row.data());
-  } else {
-    MatMul(e.down, g.data(), n_tok, y);
-  }
-  if (e.down_bias.tensor != nullptr) {
-    for (int64_t t = 0; t < n_tok; ++t)
-      for (int64_t d = 0; d < n_embd; ++d) y[t * n_embd + d] += e.down_bias.values[d];
-  }
+}
+
+void CpuBackend::AddDownBias(const model::ExpertWeights &e, float *y, int64_t n_tok, int64_t n_embd) {
+  if (e.down_bias.tensor == nullptr) return;
+  for (int64_t t = 0; t < n_tok; ++t)
+    for (int64_t d = 0; d < n_embd; ++d) y[t * n_embd + d] += e.down_bias.values[d];
 }
 
 // y (n_tok, w.cols) = x (n_tok, w.rows) · w for an input-major matrix: each row is decoded once and

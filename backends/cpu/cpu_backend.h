@@ -51,6 +51,8 @@ class CpuBackend final : public model::Backend {
   void Attention(const float *q, const model::KvView &kv, int64_t n_tok, int pos0, int n_head, int n_head_kv,
                  int head_dim, int window, float *out, const model::AttentionParams &p) override;
   void ExpertFfn(const model::ExpertWeights &e, const float *x, int64_t n_tok, float *y) override;
+  void ExpertsFfn(const model::ExpertWeights *const *ew, int n, const int64_t *first, const float *xg, float *yg,
+                  int64_t width) override;
   bool RoutedExperts(const model::RoutedExpertsArgs &a) override;
 
   ThreadPool &pool() { return pool_; }
@@ -61,6 +63,27 @@ class CpuBackend final : public model::Backend {
 
  private:
   void MatMulInputMajor(const model::Matrix &w, const float *x, int64_t n_tok, float *y, float *row);
+
+  // One MatMul: y (n_tok, w.rows) = x (n_tok, w.cols) · wᵀ with the kernels and activation mode it
+  // runs; xq holds the quantized activations in q8 mode (xq_stride bytes a token).
+  struct MatOp {
+    const model::Matrix *w = nullptr;
+    kernels::RowKernels k{};
+    bool q8 = false;
+    bool xq_shared = false;  // xq is another operation's (the same input), quantized there
+    const float *x = nullptr;
+    uint8_t *xq = nullptr;
+    int64_t xq_stride = 0, n_tok = 0;
+    float *y = nullptr;
+  };
+  MatOp PrepareMatOp(const model::Matrix &w, const float *x, int64_t n_tok, float *y) const;
+  static void QuantizeRows(const MatOp &op, int64_t t0, int64_t t1);
+  static void RunRow(const MatOp &op, int64_t r);  // output row r for every token
+  static int64_t MinRowChunk(int64_t cols, int64_t n_tok);
+  static void GateUpActivation(const model::ExpertWeights &e, float *g, float *u, int64_t n_tok, int64_t n_ff,
+                               bool biases_added);
+  static void AddDownBias(const model::ExpertWeights &e, float *y, int64_t n_tok, int64_t n_embd);
+
   ThreadPool pool_;
   MatMulMode mode_;
   kernels::Isa isa_;

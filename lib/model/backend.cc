@@ -3,6 +3,13 @@
 
 namespace strata::model {
 
+void Backend::ExpertsFfn(const ExpertWeights *const *ew, int n, const int64_t *first, const float *xg, float *yg,
+                         int64_t width) {
+  for (int u = 0; u < n; ++u) {
+    if (ew[u] != nullptr) ExpertFfn(*ew[u], xg + first[u] * width, first[u + 1] - first[u], yg + first[u] * width);
+  }
+}
+
 void Backend::WriteKvRows(const KvRowRef *, const KvRowRef *rows_host, int64_t n, const float *k, const float *v,
                           int k_width, int v_width) {
   for (int64_t t = 0; t < n; ++t) {

@@ -269,6 +269,12 @@ class Backend {
   // group of tokens; act is silu(g) * u, or gpt-oss's clamped form when e.swiglu_limit > 0; an
   // input-major expert (e.input_major) is computed from its fused gate/up block.
   virtual void ExpertFfn(const ExpertWeights &e, const float *x, int64_t n_tok, float *y) = 0;
+  // Experts ew[0..n) over their groups of gathered rows: expert u on rows [first[u], first[u + 1])
+  // of xg into the same rows of yg (rows `width` floats), as ExpertFfn on each group; a null ew[u]
+  // is skipped. The groups are disjoint, so a backend may run them together. Default: ExpertFfn on
+  // each in turn.
+  virtual void ExpertsFfn(const ExpertWeights *const *ew, int n, const int64_t *first, const float *xg, float *yg,
+                          int64_t width);
 
   // Optional: routes, groups and runs a.layer's routed experts without the host seeing the
   // selections (a device backend avoids one wait per layer), with the numbers of the host path

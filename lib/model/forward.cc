@@ -702,20 +702,17 @@ absl::Status FeedForward(const HParams &hp, const LayerWeights &L, int l, Backen
   }
   be.Upload(S.idx, idx.data(), idx.size() * sizeof(int32_t));
   be.GatherRows(h, D, S.idx, T * K, S.xg);  // xg (T K, D): the tokens of each expert in turn
-  // Each expert writes its own rows of yg, so the order they run in does not change a number.
-  for (int pass = 0; pass < 2; ++pass) {
-    for (size_t u = 0; u < used.size(); ++u) {
-      if ((ew[u] == nullptr) != (pass == 1)) continue;
-      if (pass == 1) {
-        absl::StatusOr<const ExpertWeights *> w = source->Await(l, used[u]);
-        if (!w.ok()) {
-          source->Release(l, used);
-          return Annotate(w.status(), absl::StrFormat("layer %d experts", l));
-        }
-        ew[u] = *w;
-      }
-      be.ExpertFfn(*ew[u], S.xg + first[u] * D, first[u + 1] - first[u], S.yg + first[u] * D);
+  // Each expert writes its own rows of yg, so the order they run in does not change a number: the
+  // ready ones together, then each missing one as its read completes.
+  be.ExpertsFfn(ew.data(), static_cast<int>(used.size()), first.data(), S.xg, S.yg, D);
+  for (size_t u = 0; u < used.size(); ++u) {
+    if (ew[u] != nullptr) continue;
+    absl::StatusOr<const ExpertWeights *> w = source->Await(l, used[u]);
+    if (!w.ok()) {
+      source->Release(l, used);
+      return Annotate(w.status(), absl::StrFormat("layer %d experts", l));
     }
+    be.ExpertFfn(**w, S.xg + first[u] * D, first[u + 1] - first[u], S.yg + first[u] * D);
   }
   if (source != nullptr) source->Release(l, used);
   // o (T, D) = sum over slots of weight * expert output.

@@ -345,4 +345,77 @@ TEST_CASE("MatMul: a token's row equals its solo result, in a batch of 8 and und
 }
 
 }  // namespace
+
+// ---- Experts of a layer together ----
+
+TEST_CASE("ExpertsFfn equals ExpertFfn on each group bit for bit, and writes no other row", "[cpu][kernels]") {
+  std::mt19937 rng(4242);
+  const int64_t d = 512, ff = 256;
+  const std::vector<int64_t> first = {0, 3, 4, 4, 9, 11, 13};  // group 2 empty
+  const int n = static_cast<int>(first.size()) - 1;
+  std::vector<std::vector<uint8_t>> store(3 * n);
+  std::vector<model::ExpertWeights> experts(n);
+  model::TensorRef present;  // biases count as present when they name a tensor
+  auto random_vec = [&](int64_t len) {
+    model::Vec v;
+    v.tensor = &present;
+    v.n = len;
+    v.values = RandomActs(len, rng);
+    return v;
+  };
+  const TypeId gate_up[] = {TypeId::kQ4_K, TypeId::kQ8_0, TypeId::kQ4_K, TypeId::kQ6_K, TypeId::kIQ4_XS, TypeId::kF32};
+  const TypeId down[] = {TypeId::kQ4_K, TypeId::kQ6_K, TypeId::kQ8_0, TypeId::kQ6_K, TypeId::kQ4_K, TypeId::kF32};
+  for (int u = 0; u < n; ++u) {
+    model::ExpertWeights &e = experts[u];
+    const Codec &cg = *quant::FindCodec(gate_up[u]), &cd = *quant::FindCodec(down[u]);
+    if (u == 5) {  // gpt-oss's input-major layout: gate holds gate/up interleaved, (d, 2 ff); down (ff, d)
+      e.input_major = true;
+      e.gate = MakeMatrix(cg, d, 2 * ff, store[3 * u], rng);
+      e.down = MakeMatrix(cd, ff, d, store[3 * u + 2], rng);
+      e.gate_bias = random_vec(2 * ff);
+      e.swiglu_limit = 7.f;
+      continue;
+    }
+    e.gate = MakeMatrix(cg, ff, d, store[3 * u], rng);
+    e.up = MakeMatrix(cg, ff, d, store[3 * u + 1], rng);
+    e.down = MakeMatrix(cd, d, ff, store[3 * u + 2], rng);
+    if (u == 4) {  // biases and the clamped SwiGLU on the row-major path
+      e.gate_bias = random_vec(ff);
+      e.up_bias = random_vec(ff);
+      e.down_bias = random_vec(d);
+      e.swiglu_limit = 7.f;
+    }
+  }
+  std::vector<float> xg;
+  for (int64_t r = 0; r < first.back(); ++r) {
+    const auto xr = RandomActs(d, rng);
+    xg.insert(xg.end(), xr.begin(), xr.end());
+  }
+  std::vector<const model::ExpertWeights *> ew(n);
+  for (int u = 0; u < n; ++u) ew[u] = &experts[u];
+  ew[1] = nullptr;  // still loading: skipped
+  for (Isa isa : Isas()) {
+    for (MatMulMode mode : {MatMulMode::kExact, MatMulMode::kQ8Activations}) {
+      INFO("isa=" << static_cast<int>(isa) << " mode=" << static_cast<int>(mode));
+      CpuBackend be(2, mode, isa);
+      std::vector<float> got(first.back() * d, NAN), want(first.back() * d, NAN);
+      be.ExpertsFfn(ew.data(), n, first.data(), xg.data(), got.data(), d);
+      for (int u = 0; u < n; ++u) {
+        if (ew[u] == nullptr) continue;
+        be.ExpertFfn(*ew[u], xg.data() + first[u] * d, first[u + 1] - first[u], want.data() + first[u] * d);
+      }
+      for (int u = 0; u < n; ++u) {
+        INFO("expert " << u);
+        const size_t at = first[u] * d, len = (first[u + 1] - first[u]) * d;
+        if (ew[u] == nullptr) {
+          for (size_t i = 0; i < len; ++i) REQUIRE(std::isnan(got[at + i]));  // not written
+          continue;
+        }
+        for (size_t i = 0; i < len; ++i) REQUIRE(std::isfinite(got[at + i]));
+        CHECK(std::memcmp(got.data() + at, want.data() + at, len * sizeof(float)) == 0);
+      }
+    }
+  }
+}
+
 }  // namespace strata::cpu
