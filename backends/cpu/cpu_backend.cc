@@ -159,18 +159,89 @@ int64_t CpuBackend::MinRowChunk(int64_t cols, int64_t n_tok) {
   return std::max<int64_t>(1, 16384 / std::max<int64_t>(1, cols * n_tok));
 }
 
+namespace {
+
+// The part p of a flattened range that item i falls in: start[p] <= i < start[p + 1].
+size_t PartOf(const std::vector<int64_t> &start, int64_t i) {
+  return static_cast<size_t>(std::upper_bound(start.begin(), start.end(), i) - start.begin()) - 1;
+}
+
+}  // namespace
+
+// Gives each operation its quantized-activation space in `store`; an operation whose input and
+// activation format match an earlier one's (in q8 mode) shares that one's codes instead.
+void CpuBackend::PlaceActivations(const std::vector<MatOp *> &ops, std::vector<uint8_t> *store) {
+  size_t bytes = 0;
+  for (const MatOp *op : ops) bytes += static_cast<size_t>(op->xq_stride * op->n_tok);
+  store->resize(bytes);
+  size_t at = 0;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    MatOp &op = *ops[i];
+    if (!op.q8) continue;
+    for (size_t j = 0; j < i && !op.xq_shared; ++j) {
+      const MatOp &o = *ops[j];
+      if (o.q8 && !o.xq_shared && o.x == op.x && o.n_tok == op.n_tok && o.k.act == op.k.act &&
+          o.w->cols == op.w->cols) {
+        op.xq = o.xq;
+        op.xq_shared = true;
+      }
+    }
+    if (op.xq_shared) continue;
+    op.xq = store->data() + at;
+    at += static_cast<size_t>(op.xq_stride * op.n_tok);
+  }
+}
+
+// Quantizes the operations' activations (q8 mode), then runs every output row of all of them in one
+// parallel loop.
+void CpuBackend::RunOps(const std::vector<MatOp *> &ops) {
+  std::vector<const MatOp *> qlist;
+  std::vector<int64_t> qstart{0}, start{0};
+  int64_t max_cols_tok = 1;
+  for (const MatOp *op : ops) {
+    start.push_back(start.back() + op->w->rows);
+    max_cols_tok = std::max(max_cols_tok, op->w->cols * op->n_tok);
+    if (!op->q8 || op->xq_shared) continue;
+    qlist.push_back(op);
+    qstart.push_back(qstart.back() + op->n_tok);
+  }
+  if (qstart.back() > 0) {
+    pool_.ParallelFor(qstart.back(), 8, [&](int64_t i0, int64_t i1, int) {
+      for (int64_t i = i0; i < i1; ++i) {
+        const size_t o = PartOf(qstart, i);
+        QuantizeRows(*qlist[o], i - qstart[o], i - qstart[o] + 1);
+      }
+    });
+  }
+  if (start.back() == 0) return;
+  pool_.ParallelFor(start.back(), MinRowChunk(max_cols_tok, 1), [&](int64_t i0, int64_t i1, int) {
+    size_t o = PartOf(start, i0);
+    for (int64_t i = i0; i < i1; ++i) {
+      while (i >= start[o + 1]) ++o;
+      RunRow(*ops[o], i - start[o]);
+    }
+  });
+}
+
 void CpuBackend::MatMul(const model::Matrix &w, const float *x, int64_t n_tok, float *y) {
   if (w.rows <= 0 || n_tok <= 0) return;
   MatOp op = PrepareMatOp(w, x, n_tok, y);
   std::vector<uint8_t> xq;
-  if (op.q8) {
-    xq.resize(static_cast<size_t>(op.xq_stride * n_tok));
-    op.xq = xq.data();
-    pool_.ParallelFor(n_tok, 8, [&](int64_t t0, int64_t t1, int) { QuantizeRows(op, t0, t1); });
-  }
-  pool_.ParallelFor(w.rows, MinRowChunk(w.cols, n_tok), [&](int64_t r0, int64_t r1, int) {
-    for (int64_t r = r0; r < r1; ++r) RunRow(op, r);
-  });
+  PlaceActivations({&op}, &xq);
+  RunOps({&op});
+}
+
+// The attention projections over one input: its activations quantized once, one parallel loop.
+void CpuBackend::MatMulMany(const model::Matrix *const *ws, float *const *ys, int n, const float *x, int64_t n_tok) {
+  if (n_tok <= 0) return;
+  std::vector<MatOp> ops;
+  ops.reserve(n);
+  for (int i = 0; i < n; ++i) ops.push_back(PrepareMatOp(*ws[i], x, n_tok, ys[i]));
+  std::vector<MatOp *> list;
+  for (MatOp &op : ops) list.push_back(&op);
+  std::vector<uint8_t> xq;
+  PlaceActivations(list, &xq);
+  RunOps(list);
 }
 
 // Every expert's gate and up rows in one parallel loop, the SwiGLU, then every down row in one
@@ -197,7 +268,6 @@ void CpuBackend::ExpertsFfn(const model::ExpertWeights *const *ew, int n, const 
     h_at[i + 1] = h_at[i] + static_cast<size_t>(2 * (first[fused[i] + 1] - first[fused[i]]) * e.gate.rows);
   }
   std::vector<float> h(h_at[m]);
-  size_t xq_bytes = 0;
   for (size_t i = 0; i < m; ++i) {
     const int u = fused[i];
     const model::ExpertWeights &e = *ew[u];
@@ -206,69 +276,23 @@ void CpuBackend::ExpertsFfn(const model::ExpertWeights *const *ew, int n, const 
     ops[3 * i] = PrepareMatOp(e.gate, xg + first[u] * width, nt, g);
     ops[3 * i + 1] = PrepareMatOp(e.up, xg + first[u] * width, nt, up);
     ops[3 * i + 2] = PrepareMatOp(e.down, g, nt, yg + first[u] * width);
-    for (int j = 0; j < 3; ++j) xq_bytes += static_cast<size_t>(ops[3 * i + j].xq_stride * nt);
   }
-  std::vector<uint8_t> xq(xq_bytes);
-  size_t at = 0;
-  for (size_t i = 0; i < ops.size(); ++i) {
-    MatOp &op = ops[i];
-    const MatOp &gate = ops[i - i % 3];
-    if (i % 3 == 1 && op.q8 && gate.q8 && op.k.act == gate.k.act) {
-      op.xq = gate.xq;  // up reads gate's input: quantized once
-      op.xq_shared = true;
-      continue;
-    }
-    op.xq = xq.data() + at;
-    at += static_cast<size_t>(op.xq_stride * op.n_tok);
+  std::vector<MatOp *> gate_up, down;
+  for (size_t i = 0; i < m; ++i) {
+    gate_up.push_back(&ops[3 * i]);
+    gate_up.push_back(&ops[3 * i + 1]);  // up shares gate's quantized input
+    down.push_back(&ops[3 * i + 2]);
   }
-  // The part p of a flattened range that item i falls in: start[p] <= i < start[p + 1].
-  auto part_of = [](const std::vector<int64_t> &start, int64_t i) {
-    return static_cast<size_t>(std::upper_bound(start.begin(), start.end(), i) - start.begin()) - 1;
-  };
-  // Runs every row of the operations `which` (0 gate, 1 up, 2 down) of every expert in one parallel loop.
-  auto run_phase = [&](std::initializer_list<int> which) {
-    std::vector<const MatOp *> list;
-    std::vector<int64_t> start{0};
-    int64_t max_cols_tok = 1;
-    for (size_t i = 0; i < m; ++i) {
-      for (int j : which) {
-        const MatOp &op = ops[3 * i + j];
-        list.push_back(&op);
-        start.push_back(start.back() + op.w->rows);
-        max_cols_tok = std::max(max_cols_tok, op.w->cols * op.n_tok);
-      }
-    }
-    // Activations first: every quantized token row of the phase in one parallel loop.
-    std::vector<const MatOp *> qlist;
-    std::vector<int64_t> qstart{0};
-    for (const MatOp *op : list) {
-      if (!op->q8 || op->xq_shared) continue;
-      qlist.push_back(op);
-      qstart.push_back(qstart.back() + op->n_tok);
-    }
-    if (qstart.back() > 0) {
-      pool_.ParallelFor(qstart.back(), 8, [&](int64_t i0, int64_t i1, int) {
-        for (int64_t i = i0; i < i1; ++i) {
-          const size_t o = part_of(qstart, i);
-          QuantizeRows(*qlist[o], i - qstart[o], i - qstart[o] + 1);
-        }
-      });
-    }
-    pool_.ParallelFor(start.back(), MinRowChunk(max_cols_tok, 1), [&](int64_t i0, int64_t i1, int) {
-      size_t o = part_of(start, i0);
-      for (int64_t i = i0; i < i1; ++i) {
-        while (i >= start[o + 1]) ++o;
-        RunRow(*list[o], i - start[o]);
-      }
-    });
-  };
-  run_phase({0, 1});
+  std::vector<uint8_t> xq_gate_up, xq_down;
+  PlaceActivations(gate_up, &xq_gate_up);
+  PlaceActivations(down, &xq_down);
+  RunOps(gate_up);
   for (size_t i = 0; i < m; ++i) {
     const model::ExpertWeights &e = *ew[fused[i]];
     const int64_t nt = ops[3 * i].n_tok;
     GateUpActivation(e, h.data() + h_at[i], h.data() + h_at[i] + nt * e.gate.rows, nt, e.gate.rows, false);
   }
-  run_phase({2});
+  RunOps(down);
   for (size_t i = 0; i < m; ++i) AddDownBias(*ew[fused[i]], ops[3 * i + 2].y, ops[3 * i].n_tok, width);
 }
 

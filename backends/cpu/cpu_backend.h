@@ -4,6 +4,7 @@
 #pragma once
 
 #include <memory>
+#include <vector>
 
 #include "backends/cpu/kernels/kernels.h"
 #include "lib/model/backend.h"
@@ -42,6 +43,7 @@ class CpuBackend final : public model::Backend {
   void MatMulInputMajor(const model::Matrix &w, const float *x, int64_t n_tok, float *y) override;
 
   void MatMul(const model::Matrix &w, const float *x, int64_t n_tok, float *y) override;
+  void MatMulMany(const model::Matrix *const *ws, float *const *ys, int n, const float *x, int64_t n_tok) override;
   void GetRows(const model::Matrix &w, const int32_t *ids, int64_t n, float *out) override;
   void RmsNorm(const float *x, const float *weight, int64_t n_rows, int64_t n, float eps, float *y) override;
   using model::Backend::Attention;
@@ -78,6 +80,8 @@ class CpuBackend final : public model::Backend {
   };
   MatOp PrepareMatOp(const model::Matrix &w, const float *x, int64_t n_tok, float *y) const;
   static void QuantizeRows(const MatOp &op, int64_t t0, int64_t t1);
+  static void PlaceActivations(const std::vector<MatOp *> &ops, std::vector<uint8_t> *store);
+  void RunOps(const std::vector<MatOp *> &ops);
   static void RunRow(const MatOp &op, int64_t r);  // output row r for every token
   static int64_t MinRowChunk(int64_t cols, int64_t n_tok);
   static void GateUpActivation(const model::ExpertWeights &e, float *g, float *u, int64_t n_tok, int64_t n_ff,

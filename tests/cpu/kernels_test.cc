@@ -346,6 +346,45 @@ TEST_CASE("MatMul: a token's row equals its solo result, in a batch of 8 and und
 
 }  // namespace
 
+TEST_CASE("MatMulMany equals MatMul on each matrix bit for bit", "[cpu][kernels]") {
+  std::mt19937 rng(777);
+  const int64_t cols = 512, n_tok = 3;
+  std::vector<float> x;
+  for (int t = 0; t < n_tok; ++t) {
+    const auto xt = RandomActs(cols, rng);
+    x.insert(x.end(), xt.begin(), xt.end());
+  }
+  // Q8_0 twice (one set of codes shared), then codecs of other activation formats and a float one.
+  const TypeId types[] = {TypeId::kQ8_0, TypeId::kQ8_0, TypeId::kQ4_K, TypeId::kQ6_K, TypeId::kF16};
+  const int64_t rows[] = {70, 9, 33, 64, 17};
+  const int n = 5;
+  std::vector<std::vector<uint8_t>> store(n);
+  std::vector<model::Matrix> ms;
+  for (int i = 0; i < n; ++i) ms.push_back(MakeMatrix(*quant::FindCodec(types[i]), rows[i], cols, store[i], rng));
+  for (Isa isa : Isas()) {
+    for (MatMulMode mode : {MatMulMode::kExact, MatMulMode::kQ8Activations}) {
+      INFO("isa=" << static_cast<int>(isa) << " mode=" << static_cast<int>(mode));
+      CpuBackend be(2, mode, isa);
+      std::vector<std::vector<float>> got(n), want(n);
+      std::vector<const model::Matrix *> ws;
+      std::vector<float *> ys;
+      for (int i = 0; i < n; ++i) {
+        got[i].assign(rows[i] * n_tok, NAN);
+        want[i].assign(rows[i] * n_tok, NAN);
+        ws.push_back(&ms[i]);
+        ys.push_back(got[i].data());
+        be.MatMul(ms[i], x.data(), n_tok, want[i].data());
+      }
+      be.MatMulMany(ws.data(), ys.data(), n, x.data(), n_tok);
+      for (int i = 0; i < n; ++i) {
+        INFO("matrix " << i);
+        for (float v : got[i]) REQUIRE(std::isfinite(v));
+        CHECK(std::memcmp(got[i].data(), want[i].data(), got[i].size() * sizeof(float)) == 0);
+      }
+    }
+  }
+}
+
 // ---- Experts of a layer together ----
 
 TEST_CASE("ExpertsFfn equals ExpertFfn on each group bit for bit, and writes no other row", "[cpu][kernels]") {
