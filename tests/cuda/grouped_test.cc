@@ -301,6 +301,9 @@ TEST_CASE("Grouped SwiGLU and down GEMV are bit-identical to the per-expert GEMV
       {TypeId::kMXFP4, TypeId::kMXFP4, 1024, 160}, {TypeId::kIQ4_XS, TypeId::kIQ4_XS, 1536, 256},
       {TypeId::kF16, TypeId::kF16, 512, 224},    {TypeId::kF32, TypeId::kF32, 256, 128},
       {TypeId::kBF16, TypeId::kBF16, 384, 192},
+      // Rows split over warps (GemvTeamWarps): 2 warps for MXFP4 at 1024 and IQ4_XS at 1536 columns
+      // above, 4 here, 8 for the down projection of 4096 columns.
+      {TypeId::kQ8_0, TypeId::kQ8_0, 2048, 512}, {TypeId::kF32, TypeId::kF16, 256, 4096},
   };
   // Groups of 1, 3, 8 and 13 tokens (13 = 8 + 4 + 1 chunks, 3 = 2 + 1) and another 1 for an even total.
   const std::vector<int> sizes = {1, 3, 8, 13, 1};
