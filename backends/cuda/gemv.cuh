@@ -121,57 +121,16 @@ __device__ __forceinline__ void RowDotsQ4K(const uint8_t *const (&rows)[R], cons
   }
 }
 
-// Q8_0 rows, float x: lanes walk groups of 8 weights as RowDots does; a group's dot is formed with
-// integer codes (a permute and an add a weight) and scaled by its block's d once.
-template <int NT, int R>
-__device__ __forceinline__ void RowDotsQ8_0(const uint8_t *const (&rows)[R], const float *x, int64_t cols,
-                                            const Team &tm, float (&acc)[R][NT]) {
-  const int64_t n_groups = cols / kGroupElems;
-#pragma unroll(NT * R <= 2 ? 4 : 2)
-  for (int64_t gi = tm.warp * 32 + tm.lane; gi < n_groups; gi += 32 * tm.warps) {
-    float w[R][8], d[R];
-#pragma unroll
-    for (int m = 0; m < R; ++m) {
-      const uint8_t *b = rows[m] + (gi >> 2) * 34;
-      d[m] = HalfBits(LoadU16(b));
-      const uint2 v = Load8Unaligned(b + 2 + 8 * (gi & 3));
-      const uint32_t u0 = v.x ^ 0x80808080u, u1 = v.y ^ 0x80808080u;  // q + 128, as unsigned bytes
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        w[m][k] = ByteAsFloat(u0, k, 128.0f);
-        w[m][k + 4] = ByteAsFloat(u1, k, 128.0f);
-      }
-    }
-    const float *xg = x + gi * kGroupElems;
-#pragma unroll
-    for (int t = 0; t < NT; ++t) {
-      const float4 a = __ldg(reinterpret_cast<const float4 *>(xg + t * cols));
-      const float4 b = __ldg(reinterpret_cast<const float4 *>(xg + t * cols + 4));
-#pragma unroll
-      for (int m = 0; m < R; ++m) {
-        float p = w[m][0] * a.x;
-        p = fmaf(w[m][1], a.y, p); p = fmaf(w[m][2], a.z, p); p = fmaf(w[m][3], a.w, p);
-        p = fmaf(w[m][4], b.x, p); p = fmaf(w[m][5], b.y, p); p = fmaf(w[m][6], b.z, p); p = fmaf(w[m][7], b.w, p);
-        acc[m][t] = fmaf(d[m], p, acc[m][t]);
-      }
-    }
-  }
-}
-
 // Adds row[m] · x[t] into acc[m][t] for R rows of the same shape and NT tokens (x rows `cols`
-// apart). Q4_K and Q8_0 take their own walks above (Q4_K rows not 16-byte aligned take this one;
-// Q8_0's differs from it only in scaling a group's dot by d once). Each row is walked in groups of
-// 8 elements, lane l of team warp w taking groups 32 w + l, then 32 W further each time:
+// apart). Q4_K takes its own walk above (rows not 16-byte aligned take this one). Each row is
+// walked in groups of 8 elements, lane l of team warp w taking groups 32 w + l, then 32 W further each time:
 // neighbouring lanes read neighbouring bytes, so each load instruction of the warp covers one
 // contiguous span of a row (coalesced). The R rows are walked together so their loads are in flight
 // at once; a (row, token) sum is formed in the same order for every R and NT.
 template <class C, int NT, int R>
 __device__ __forceinline__ void RowDots(const uint8_t *const (&rows)[R], const float *x, int64_t cols, const Team &tm,
                                         float (&acc)[R][NT]) {
-  if constexpr (std::is_same_v<C, Q8_0>) {
-    RowDotsQ8_0<NT, R>(rows, x, cols, tm, acc);
-    return;
-  } else if constexpr (std::is_same_v<C, Q4_K>) {
+  if constexpr (std::is_same_v<C, Q4_K>) {
     bool aligned = true;
 #pragma unroll
     for (int m = 0; m < R; ++m) aligned = aligned && (reinterpret_cast<uintptr_t>(rows[m]) & 15u) == 0;
@@ -184,12 +143,27 @@ __device__ __forceinline__ void RowDots(const uint8_t *const (&rows)[R], const f
   // More groups in flight where few tokens and rows leave registers to spare (decode).
 #pragma unroll(NT * R <= 2 ? 4 : 2)
   for (int64_t gi = tm.warp * 32 + tm.lane; gi < n_groups; gi += 32 * tm.warps) {
+    // Q8_0: the codes as integer-valued floats (a permute and an add a weight), each group's dot
+    // scaled by its block's d once. Other codecs: the weights decoded as lib/quant does.
+    constexpr bool kQ8 = std::is_same_v<C, Q8_0>;
     const int g = static_cast<int>(gi % kGroupsPerItem);
-    float w[R][8];
+    float w[R][8], d[R];
 #pragma unroll
     for (int m = 0; m < R; ++m) {
-      const typename C::Item item = C::Prepare(rows[m], gi / kGroupsPerItem);
-      C::Group(item, g, w[m]);
+      if constexpr (kQ8) {
+        const uint8_t *b = rows[m] + (gi >> 2) * 34;
+        d[m] = HalfBits(LoadU16(b));
+        const uint2 v = Load8Unaligned(b + 2 + 8 * (gi & 3));
+        const uint32_t u0 = v.x ^ 0x80808080u, u1 = v.y ^ 0x80808080u;  // q + 128, as unsigned bytes
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          w[m][k] = ByteAsFloat(u0, k, 128.0f);
+          w[m][k + 4] = ByteAsFloat(u1, k, 128.0f);
+        }
+      } else {
+        const typename C::Item item = C::Prepare(rows[m], gi / kGroupsPerItem);
+        C::Group(item, g, w[m]);
+      }
     }
     const float *xg = x + gi * kGroupElems;
 #pragma unroll
@@ -198,10 +172,17 @@ __device__ __forceinline__ void RowDots(const uint8_t *const (&rows)[R], const f
       const float4 b = __ldg(reinterpret_cast<const float4 *>(xg + t * cols + 4));
 #pragma unroll
       for (int m = 0; m < R; ++m) {
-        float s = acc[m][t];
-        s = fmaf(w[m][0], a.x, s); s = fmaf(w[m][1], a.y, s); s = fmaf(w[m][2], a.z, s); s = fmaf(w[m][3], a.w, s);
-        s = fmaf(w[m][4], b.x, s); s = fmaf(w[m][5], b.y, s); s = fmaf(w[m][6], b.z, s); s = fmaf(w[m][7], b.w, s);
-        acc[m][t] = s;
+        if constexpr (kQ8) {
+          float p = w[m][0] * a.x;
+          p = fmaf(w[m][1], a.y, p); p = fmaf(w[m][2], a.z, p); p = fmaf(w[m][3], a.w, p);
+          p = fmaf(w[m][4], b.x, p); p = fmaf(w[m][5], b.y, p); p = fmaf(w[m][6], b.z, p); p = fmaf(w[m][7], b.w, p);
+          acc[m][t] = fmaf(d[m], p, acc[m][t]);
+        } else {
+          float s = acc[m][t];
+          s = fmaf(w[m][0], a.x, s); s = fmaf(w[m][1], a.y, s); s = fmaf(w[m][2], a.z, s); s = fmaf(w[m][3], a.w, s);
+          s = fmaf(w[m][4], b.x, s); s = fmaf(w[m][5], b.y, s); s = fmaf(w[m][6], b.z, s); s = fmaf(w[m][7], b.w, s);
+          acc[m][t] = s;
+        }
       }
     }
   }

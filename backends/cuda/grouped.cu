@@ -124,19 +124,29 @@ template <int kMaxNT, class F>
 __device__ __forceinline__ void ForChunks(int64_t t0, int64_t t1, F &&chunk) {
   for (int64_t t = t0; t < t1;) {
     const int64_t left = t1 - t;
-    if (kMaxNT >= 8 && left >= 8) {
-      chunk(std::integral_constant<int, (kMaxNT >= 8 ? 8 : 1)>(), t);
-      t += kMaxNT >= 8 ? 8 : 1;
-    } else if (kMaxNT >= 4 && left >= 4) {
-      chunk(std::integral_constant<int, (kMaxNT >= 4 ? 4 : 1)>(), t);
-      t += kMaxNT >= 4 ? 4 : 1;
-    } else if (kMaxNT >= 2 && left >= 2) {
-      chunk(std::integral_constant<int, (kMaxNT >= 2 ? 2 : 1)>(), t);
-      t += kMaxNT >= 2 ? 2 : 1;
-    } else {
-      chunk(std::integral_constant<int, 1>(), t);
-      t += 1;
+    if constexpr (kMaxNT >= 8) {
+      if (left >= 8) {
+        chunk(std::integral_constant<int, 8>(), t);
+        t += 8;
+        continue;
+      }
     }
+    if constexpr (kMaxNT >= 4) {
+      if (left >= 4) {
+        chunk(std::integral_constant<int, 4>(), t);
+        t += 4;
+        continue;
+      }
+    }
+    if constexpr (kMaxNT >= 2) {
+      if (left >= 2) {
+        chunk(std::integral_constant<int, 2>(), t);
+        t += 2;
+        continue;
+      }
+    }
+    chunk(std::integral_constant<int, 1>(), t);
+    t += 1;
   }
 }
 
