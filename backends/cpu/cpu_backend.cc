@@ -154,11 +154,6 @@ void CpuBackend::RunRow(const MatOp &op, int64_t r) {
   }
 }
 
-// Enough rows per chunk that waking threads pays off.
-int64_t CpuBackend::MinRowChunk(int64_t cols, int64_t n_tok) {
-  return std::max<int64_t>(1, 16384 / std::max<int64_t>(1, cols * n_tok));
-}
-
 namespace {
 
 // The part p of a flattened range that item i falls in: start[p] <= i < start[p + 1].
@@ -197,7 +192,7 @@ void CpuBackend::PlaceActivations(const std::vector<MatOp *> &ops, std::vector<u
 void CpuBackend::RunOps(const std::vector<MatOp *> &ops) {
   std::vector<const MatOp *> qlist;
   std::vector<int64_t> qstart{0}, start{0};
-  int64_t max_cols_tok = 1;
+  int64_t max_cols_tok = 1;  // the most multiply-adds a row takes
   for (const MatOp *op : ops) {
     start.push_back(start.back() + op->w->rows);
     max_cols_tok = std::max(max_cols_tok, op->w->cols * op->n_tok);
@@ -214,7 +209,9 @@ void CpuBackend::RunOps(const std::vector<MatOp *> &ops) {
     });
   }
   if (start.back() == 0) return;
-  pool_.ParallelFor(start.back(), MinRowChunk(max_cols_tok, 1), [&](int64_t i0, int64_t i1, int) {
+  // Enough rows per chunk that waking threads pays off.
+  const int64_t min_chunk = std::max<int64_t>(1, 16384 / max_cols_tok);
+  pool_.ParallelFor(start.back(), min_chunk, [&](int64_t i0, int64_t i1, int) {
     size_t o = PartOf(start, i0);
     for (int64_t i = i0; i < i1; ++i) {
       while (i >= start[o + 1]) ++o;

@@ -83,7 +83,6 @@ class CpuBackend final : public model::Backend {
   static void PlaceActivations(const std::vector<MatOp *> &ops, std::vector<uint8_t> *store);
   void RunOps(const std::vector<MatOp *> &ops);
   static void RunRow(const MatOp &op, int64_t r);  // output row r for every token
-  static int64_t MinRowChunk(int64_t cols, int64_t n_tok);
   static void GateUpActivation(const model::ExpertWeights &e, float *g, float *u, int64_t n_tok, int64_t n_ff,
                                bool biases_added);
   static void AddDownBias(const model::ExpertWeights &e, float *y, int64_t n_tok, int64_t n_embd);
