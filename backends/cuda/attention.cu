@@ -6,6 +6,7 @@
 
 #include "backends/cuda/cuda_status.h"
 #include "backends/cuda/kernels.h"
+#include "backends/cuda/launch.cuh"
 
 namespace strata::cuda {
 namespace {
@@ -40,6 +41,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32) AttnDecodeKernel(const floa
                                                                       const float *__restrict__ kc,
                                                                       const float *__restrict__ vc, AttnShape sh,
                                                                       float *__restrict__ out) {
+  dev::AwaitPrior();
   constexpr int HD = 32 * DPL;
   __shared__ float s_m[kDecodeWarps], s_l[kDecodeWarps];
   __shared__ float s_o[kDecodeWarps][HD];
@@ -102,6 +104,7 @@ __global__ void __launch_bounds__(kPrefillWarps * 32) AttnPrefillKernel(const fl
                                                                         const float *__restrict__ kc,
                                                                         const float *__restrict__ vc, AttnShape sh,
                                                                         float *__restrict__ out) {
+  dev::AwaitPrior();
   constexpr int HD = 32 * DPL;
   constexpr int KS = HD + 1;  // padded K rows: lane-indexed rows fall in distinct banks
   extern __shared__ float smem[];
@@ -241,7 +244,7 @@ absl::Status LaunchPrefill(const float *q, const DeviceKv &kv, const AttnShape &
   STRATA_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(AttnPrefillKernel<DPL>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                    static_cast<int>(smem)));
   const dim3 grid((sh.n_tok + kTileQ - 1) / kTileQ, n_head);
-  AttnPrefillKernel<DPL><<<grid, kPrefillWarps * 32, smem, stream>>>(q, kv.k, kv.v, sh, out);
+  Launch(AttnPrefillKernel<DPL>, grid, kPrefillWarps * 32, smem, stream, q, kv.k, kv.v, sh, out);
   STRATA_CUDA_RETURN_IF_LAUNCH_FAILED();
   return absl::OkStatus();
 }
@@ -255,7 +258,7 @@ absl::Status AttentionDecode(const float *q, const DeviceKv &kv, int64_t n_tok, 
   const AttnShape sh = Shape(n_tok, pos0, n_head, n_head_kv, head_dim, window);
   const dim3 grid(n_head, static_cast<unsigned>(n_tok));
   STRATA_ATTN_DISPATCH_DPL(head_dim / 32,
-                           AttnDecodeKernel<D><<<grid, kDecodeWarps * 32, 0, stream>>>(q, kv.k, kv.v, sh, out));
+                           Launch(AttnDecodeKernel<D>, grid, kDecodeWarps * 32, 0, stream, q, kv.k, kv.v, sh, out));
   STRATA_CUDA_RETURN_IF_LAUNCH_FAILED();
   return absl::OkStatus();
 }

@@ -3,6 +3,8 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdlib>
+
 #include "lib/util/numa.h"
 
 namespace strata::cuda {
@@ -23,6 +25,21 @@ int DeviceNumaNode(int device) {
     return -1;
   }
   return numa::PciDeviceNode(bus_id);
+}
+
+bool EarlyLaunch() {
+  static const bool on = [] {
+    const char *e = std::getenv("STRATA_CUDA_PDL");
+    if (e != nullptr && e[0] == '0') return false;
+    int dev = 0, major = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+      cudaGetLastError();
+      return false;
+    }
+    return major >= 9;
+  }();
+  return on;
 }
 
 }  // namespace strata::cuda

@@ -6,6 +6,11 @@ namespace strata::cuda {
 // Number of usable CUDA devices; 0 when there is no driver, no device, or an error.
 int DeviceCount();
 
+// Whether kernels are launched to start early (launch.cuh): on a GPU of compute capability 9.0 or
+// later unless the environment variable STRATA_CUDA_PDL is 0 (for measuring). Decided once per
+// process.
+bool EarlyLaunch();
+
 // The host NUMA node the device hangs off (lib/util/numa.h); -1 when unknown.
 int DeviceNumaNode(int device = 0);
 

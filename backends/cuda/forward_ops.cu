@@ -12,6 +12,7 @@
 
 #include "backends/cuda/cuda_status.h"
 #include "backends/cuda/kernels.h"
+#include "backends/cuda/launch.cuh"
 #include "backends/cuda/rows.cuh"
 
 namespace strata::cuda {
@@ -26,16 +27,19 @@ __device__ __forceinline__ float ExpF(float x) { return static_cast<float>(exp(s
 // ---- element-wise ----
 
 __global__ void AddKernel(float *x, const float *y, int64_t n) {
+  dev::AwaitPrior();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) x[i] = __fadd_rn(x[i], y[i]);
 }
 
 __global__ void AddBiasKernel(float *x, int64_t n_rows, int64_t n, const float *bias) {
+  dev::AwaitPrior();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n_rows * n) x[i] = __fadd_rn(x[i], bias[i % n]);
 }
 
 __global__ void SigmoidScaleRowsKernel(float *x, const float *g, int64_t n_rows, int64_t n) {
+  dev::AwaitPrior();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n_rows * n) return;
   const float s = __fdiv_rn(1.0f, __fadd_rn(1.0f, ExpF(-g[i / n])));
@@ -43,6 +47,7 @@ __global__ void SigmoidScaleRowsKernel(float *x, const float *g, int64_t n_rows,
 }
 
 __global__ void GatherRowsKernel(const float *src, int64_t width, const int32_t *idx, int64_t n, float *dst) {
+  dev::AwaitPrior();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n * width) return;
   const int64_t r = i / width, c = i % width;
@@ -51,6 +56,7 @@ __global__ void GatherRowsKernel(const float *src, int64_t width, const int32_t 
 
 __global__ void WeightedRowSumKernel(const float *rows, const int32_t *idx, const float *wts, int64_t n_tok, int k,
                                      int64_t width, float *out) {
+  dev::AwaitPrior();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n_tok * width) return;
   const int64_t t = i / width, d = i % width;
@@ -65,6 +71,7 @@ __global__ void WeightedRowSumKernel(const float *rows, const int32_t *idx, cons
 // the same kernel reads separate gate/up outputs (step 1) or interleaved gate/up columns (step 2).
 __global__ void GatedActKernel(const float *g, const float *u, int64_t row, int step, int64_t n_tok, int64_t n_ff,
                                float limit, float *h) {
+  dev::AwaitPrior();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n_tok * n_ff) return;
   const int64_t t = i / n_ff, f = i % n_ff;
@@ -84,6 +91,7 @@ __global__ void GatedActKernel(const float *g, const float *u, int64_t row, int 
 // order as the CPU does.
 __global__ void InputMajorKernel(const float *w, int64_t rows, int64_t cols, const float *x, int64_t n_tok,
                                  float *y) {
+  dev::AwaitPrior();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n_tok * cols) return;
   const int64_t t = i / cols, c = i % cols;
@@ -116,6 +124,7 @@ __device__ __forceinline__ void RopePair(const float *in, float *out, int i, int
 
 __global__ void RopeTableKernel(float *x, int64_t n_tok, int n_heads, int head_dim, const int32_t *pos,
                                 RopeTable table, float mscale, bool neox) {
+  dev::AwaitPrior();
   const int half = head_dim / 2;
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= n_tok * n_heads * half) return;
@@ -131,6 +140,7 @@ __global__ void RopeTableKernel(float *x, int64_t n_tok, int n_heads, int head_d
 __global__ void NormRopeKernel(float *q, float *k, int64_t n_tok, int n_head, int n_head_kv, int head_dim,
                                const float *q_weight, const float *k_weight, float eps, const int32_t *pos,
                                RopeTable table, float mscale, bool neox) {
+  dev::AwaitPrior();
   extern __shared__ float row[];  // (head_dim)
   __shared__ float red[32];
   const int64_t b = blockIdx.x, nq = n_tok * n_head;
@@ -191,6 +201,7 @@ __device__ AttnRowView RowOf(const AttentionExtArgs &a, int64_t t) {
 // each warp sums its share of the keys (every kAttnWarps-th), lanes owning output elements, and the
 // warps' partial outputs are added in warp order.
 __global__ void __launch_bounds__(kThreads) AttentionExtKernel(const float *q, AttentionExtArgs a, float *out) {
+  dev::AwaitPrior();
   extern __shared__ float sm[];
   __shared__ float red[32];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -292,6 +303,7 @@ __global__ void __launch_bounds__(kThreads) AttentionExtKernel(const float *q, A
 // chunk past the visible range, or wholly masked, writes m = -inf, l = 0.
 __global__ void __launch_bounds__(kThreads) AttentionSplitKernel(const float *q, AttentionExtArgs a, int n_split,
                                                                  float *part) {
+  dev::AwaitPrior();
   __shared__ float qs_sm[kAttnMaxHeadDim];
   __shared__ float sc[kAttnChunk];
   __shared__ float red[32];
@@ -396,6 +408,7 @@ __global__ void __launch_bounds__(kThreads) AttentionSplitKernel(const float *q,
 // Split attention, phase 2: one block per (token, head) combines its chunks in order with the
 // optional sink logit: out = sum_s exp(m_s - M) out_s / (sum_s exp(m_s - M) l_s + exp(sink - M)).
 __global__ void AttentionCombineKernel(const float *part, AttentionExtArgs a, int n_split, float *out) {
+  dev::AwaitPrior();
   const int64_t th = blockIdx.x;
   const int h = static_cast<int>(th % a.n_head);
   const float *src = part + th * n_split * (a.v_dim + 2);
@@ -421,6 +434,7 @@ __global__ void AttentionCombineKernel(const float *part, AttentionExtArgs a, in
 // Block (row t, k or v): the row's key (blockIdx.y 0) or value at its position through its tables.
 __global__ void WriteKvRowsKernel(const model::KvRowRef *rows, const float *k, const float *v, int k_width,
                                   int v_width, int block_tokens) {
+  dev::AwaitPrior();
   const int64_t t = blockIdx.x;
   const model::KvRowRef r = rows[t];
   const bool values = blockIdx.y == 1;
@@ -493,6 +507,7 @@ constexpr int kRouteWarps = 4;
 // rounds as the host's does), top-k by warp argmax.
 __global__ void __launch_bounds__(kRouteWarps * 32) RouteKernel(RouteArgs p, const float *logits, int64_t n_tok,
                                                                 int32_t *sel, float *wts) {
+  dev::AwaitPrior();
   __shared__ float s_pr[kRouteWarps][kRouteMaxExperts], s_choice[kRouteWarps][kRouteMaxExperts];
   __shared__ int32_t s_sel[kRouteWarps][kRouteMaxExperts];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -591,21 +606,21 @@ __global__ void __launch_bounds__(kRouteWarps * 32) RouteKernel(RouteArgs p, con
 
 absl::Status Add(float *x, const float *y, int64_t n, cudaStream_t stream) {
   if (n <= 0) return absl::OkStatus();
-  AddKernel<<<Blocks(n), kThreads, 0, stream>>>(x, y, n);
+  Launch(AddKernel, Blocks(n), kThreads, 0, stream, x, y, n);
   STRATA_CUDA_RETURN_IF_LAUNCH_FAILED();
   return absl::OkStatus();
 }
 
 absl::Status AddBias(float *x, int64_t n_rows, int64_t n, const float *bias, cudaStream_t stream) {
   if (n_rows * n <= 0) return absl::OkStatus();
-  AddBiasKernel<<<Blocks(n_rows * n), kThreads, 0, stream>>>(x, n_rows, n, bias);
+  Launch(AddBiasKernel, Blocks(n_rows * n), kThreads, 0, stream, x, n_rows, n, bias);
   STRATA_CUDA_RETURN_IF_LAUNCH_FAILED();
   return absl::OkStatus();
 }
 
 absl::Status SigmoidScaleRows(float *x, const float *g, int64_t n_rows, int64_t n, cudaStream_t stream) {
   if (n_rows * n <= 0) return absl::OkStatus();
-  SigmoidScaleRowsKernel<<<Blocks(n_rows * n), kThreads, 0, stream>>>(x, g, n_rows, n);
+  Launch(SigmoidScaleRowsKernel, Blocks(n_rows * n), kThreads, 0, stream, x, g, n_rows, n);
   STRATA_CUDA_RETURN_IF_LAUNCH_FAILED();
   return absl::OkStatus();
 }
@@ -613,7 +628,7 @@ absl::Status SigmoidScaleRows(float *x, const float *g, int64_t n_rows, int64_t 
 absl::Status GatherRows(const float *src, int64_t width, const int32_t *idx, int64_t n, float *dst,
                         cudaStream_t stream) {
   if (n * width <= 0) return absl::OkStatus();
-  GatherRowsKernel<<<Blocks(n * width), kThreads, 0, stream>>>(src, width, idx, n, dst);
+  Launch(GatherRowsKernel, Blocks(n * width), kThreads, 0, stream, src, width, idx, n, dst);
   STRATA_CUDA_RETURN_IF_LAUNCH_FAILED();
   return absl::OkStatus();
 }
@@ -621,7 +636,7 @@ absl::Status GatherRows(const float *src, int64_t width, const int32_t *idx, int
 absl::Status WeightedRowSum(const float *rows, const int32_t *idx, const float *wts, int64_t n_tok, int k,
                             int64_t width, float *out, cudaStream_t stream) {
   if (n_tok * width <= 0) return absl::OkStatus();
-  WeightedRowSumKernel<<<Blocks(n_tok * width), kThreads, 0, stream>>>(rows, idx, wts, n_tok, k, width, out);
+  Launch(WeightedRowSumKernel, Blocks(n_tok * width), kThreads, 0, stream, rows, idx, wts, n_tok, k, width, out);
   STRATA_CUDA_RETURN_IF_LAUNCH_FAILED();
   return absl::OkStatus();
 }
@@ -629,7 +644,7 @@ absl::Status WeightedRowSum(const float *rows, const int32_t *idx, const float *
 absl::Status GatedAct(const float *g, const float *u, int64_t row, int step, int64_t n_tok, int64_t n_ff,
                       float limit, float *h, cudaStream_t stream) {
   if (n_tok * n_ff <= 0) return absl::OkStatus();
-  GatedActKernel<<<Blocks(n_tok * n_ff), kThreads, 0, stream>>>(g, u, row, step, n_tok, n_ff, limit, h);
+  Launch(GatedActKernel, Blocks(n_tok * n_ff), kThreads, 0, stream, g, u, row, step, n_tok, n_ff, limit, h);
   STRATA_CUDA_RETURN_IF_LAUNCH_FAILED();
   return absl::OkStatus();
 }
@@ -637,7 +652,7 @@ absl::Status GatedAct(const float *g, const float *u, int64_t row, int step, int
 absl::Status MatMulInputMajorF32(const float *w, int64_t rows, int64_t cols, const float *x, int64_t n_tok, float *y,
                                  cudaStream_t stream) {
   if (n_tok * cols <= 0) return absl::OkStatus();
-  InputMajorKernel<<<Blocks(n_tok * cols), kThreads, 0, stream>>>(w, rows, cols, x, n_tok, y);
+  Launch(InputMajorKernel, Blocks(n_tok * cols), kThreads, 0, stream, w, rows, cols, x, n_tok, y);
   STRATA_CUDA_RETURN_IF_LAUNCH_FAILED();
   return absl::OkStatus();
 }
@@ -652,8 +667,8 @@ absl::Status RopeWithTable(float *x, int64_t n_tok, int n_heads, int head_dim, c
   if (n <= 0) return absl::OkStatus();
   RopeTable table;
   std::copy(inv_freq, inv_freq + half, table.inv_freq);
-  RopeTableKernel<<<Blocks(n), kThreads, 0, stream>>>(x, n_tok, n_heads, head_dim, pos, table, mscale,
-                                                        style == model::RopeStyle::kNeox);
+  Launch(RopeTableKernel, Blocks(n), kThreads, 0, stream, x, n_tok, n_heads, head_dim, pos, table, mscale,
+         style == model::RopeStyle::kNeox);
   STRATA_CUDA_RETURN_IF_LAUNCH_FAILED();
   return absl::OkStatus();
 }
@@ -670,9 +685,9 @@ absl::Status NormRope(float *q, float *k, int64_t n_tok, int n_head, int n_head_
   if (blocks == 0) return absl::OkStatus();
   RopeTable table;
   std::copy(inv_freq, inv_freq + half, table.inv_freq);
-  NormRopeKernel<<<static_cast<unsigned>(blocks), dev::RowThreads(head_dim), head_dim * sizeof(float), stream>>>(
-      q, k, n_tok, n_head, n_head_kv, head_dim, q_weight, k_weight, eps, pos, table, mscale,
-      style == model::RopeStyle::kNeox);
+  Launch(NormRopeKernel, static_cast<unsigned>(blocks), dev::RowThreads(head_dim), head_dim * sizeof(float), stream, q,
+         k, n_tok, n_head, n_head_kv, head_dim, q_weight, k_weight, eps, pos, table, mscale,
+         style == model::RopeStyle::kNeox);
   STRATA_CUDA_RETURN_IF_LAUNCH_FAILED();
   return absl::OkStatus();
 }
@@ -715,8 +730,8 @@ absl::Status AttentionExt(const float *q, const AttentionExtArgs &a, int64_t n_t
   if (n_split > 0 && ws.data != nullptr && ws.bytes >= AttentionExtWorkspaceBytes(a, n_tok)) {
     float *part = static_cast<float *>(ws.data);
     const dim3 grid(static_cast<unsigned>(n_tok * a.n_head), static_cast<unsigned>(n_split));
-    AttentionSplitKernel<<<grid, kThreads, kAttnWarps * a.v_dim * sizeof(float), stream>>>(q, a, n_split, part);
-    AttentionCombineKernel<<<static_cast<unsigned>(n_tok * a.n_head), 128, 0, stream>>>(part, a, n_split, out);
+    Launch(AttentionSplitKernel, grid, kThreads, kAttnWarps * a.v_dim * sizeof(float), stream, q, a, n_split, part);
+    Launch(AttentionCombineKernel, static_cast<unsigned>(n_tok * a.n_head), 128, 0, stream, part, a, n_split, out);
     STRATA_CUDA_RETURN_IF_LAUNCH_FAILED();
     return absl::OkStatus();
   }
@@ -745,7 +760,7 @@ absl::Status AttentionExt(const float *q, const AttentionExtArgs &a, int64_t n_t
     STRATA_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(AttentionExtKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                      static_cast<int>(smem)));
   }
-  AttentionExtKernel<<<static_cast<unsigned>(n_tok * a.n_head), kThreads, smem, stream>>>(q, a, out);
+  Launch(AttentionExtKernel, static_cast<unsigned>(n_tok * a.n_head), kThreads, smem, stream, q, a, out);
   STRATA_CUDA_RETURN_IF_LAUNCH_FAILED();
   return absl::OkStatus();
 }
@@ -757,7 +772,7 @@ absl::Status WriteKvRows(const model::KvRowRef *rows, int64_t n, const float *k,
   }
   if (n == 0) return absl::OkStatus();
   const dim3 grid(static_cast<unsigned>(n), v_width > 0 ? 2u : 1u);
-  WriteKvRowsKernel<<<grid, 128, 0, stream>>>(rows, k, v, k_width, v_width, block_tokens);
+  Launch(WriteKvRowsKernel, grid, 128, 0, stream, rows, k, v, k_width, v_width, block_tokens);
   STRATA_CUDA_RETURN_IF_LAUNCH_FAILED();
   return absl::OkStatus();
 }
@@ -771,7 +786,7 @@ absl::Status Route(const RouteArgs &p, const float *logits, int64_t n_tok, int32
   }
   if (n_tok <= 0) return absl::OkStatus();
   const int64_t blocks = (n_tok + kRouteWarps - 1) / kRouteWarps;
-  RouteKernel<<<static_cast<unsigned>(blocks), kRouteWarps * 32, 0, stream>>>(p, logits, n_tok, sel, wts);
+  Launch(RouteKernel, static_cast<unsigned>(blocks), kRouteWarps * 32, 0, stream, p, logits, n_tok, sel, wts);
   STRATA_CUDA_RETURN_IF_LAUNCH_FAILED();
   return absl::OkStatus();
 }

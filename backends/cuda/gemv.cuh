@@ -1,6 +1,6 @@
 // The dequantize-GEMV building blocks shared by the per-matrix kernels (matmul.cu) and the grouped
 // expert kernels (grouped.cu): a team of warps per kGemvRows output rows, the columns split over the
-// team's warps as GemvTeamWarps (kernels.h) sets from the codec and the row length alone, a fixed
+// team's warps as GemvTeamWarps (kernels.h) sets from the codec and the matrix shape alone, a fixed
 // per-lane order of fused multiply-adds, a fixed butterfly across lanes and the warps' sums added in
 // warp order, so a (row, token) result is the same bits whichever kernel, batch or chunk of tokens
 // it is computed in.
@@ -230,6 +230,25 @@ constexpr int kGemvRows = 4;
 template <int NT>
 constexpr int RowsAtOnce() {
   return NT >= 4 ? 1 : NT == 2 ? 2 : kGemvRows;
+}
+
+// Asks for the team's weight bytes [p, p + n) to be brought into L2, a 128-byte line a lane at a
+// time (a hint: no value, no fault). The GEMV kernels call it before dev::AwaitPrior (launch.cuh),
+// so a kernel started early fetches its weights while the kernel before it runs: no kernel writes
+// weights, and a kernel with a copy or an event before it does not start early.
+__device__ __forceinline__ void PrefetchL2(const uint8_t *p, uint64_t n, const Team &tm) {
+  const uintptr_t first = reinterpret_cast<uintptr_t>(p) & ~uintptr_t{127};
+  const uintptr_t end = reinterpret_cast<uintptr_t>(p) + n;
+  for (uintptr_t a = first + 128 * static_cast<uintptr_t>(tm.warp * 32 + tm.lane); a < end;
+       a += 128 * static_cast<uintptr_t>(tm.warps * 32)) {
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
+  }
+}
+
+// The team's rows r0 .. r0 + n - 1 (those below `rows`) of w, prefetched (PrefetchL2).
+__device__ __forceinline__ void PrefetchRows(const uint8_t *w, uint64_t row_bytes, int64_t r0, int n, int64_t rows,
+                                             const Team &tm) {
+  if (r0 < rows) PrefetchL2(w + r0 * row_bytes, static_cast<uint64_t>(min(r0 + n, rows) - r0) * row_bytes, tm);
 }
 
 // Zeroes acc, adds rows[m] · x[t] into it over the team (RowDots, TeamSums); true on the one thread

@@ -11,6 +11,7 @@
 #include "backends/cuda/cuda_status.h"
 #include "backends/cuda/gemv.cuh"
 #include "backends/cuda/kernels.h"
+#include "backends/cuda/launch.cuh"
 
 namespace strata::cuda {
 namespace {
@@ -35,6 +36,7 @@ static_assert(kRouteMaxExperts % 32 == 0 && kRouteMaxExperts <= kGroupThreads, "
 __global__ void __launch_bounds__(kGroupThreads)
     GroupByExpertKernel(const int32_t *__restrict__ sel, int n, int k, int n_expert, int n_max,
                         int32_t *__restrict__ idx, int32_t *__restrict__ plan) {
+  dev::AwaitPrior();
   __shared__ int cnt[kGroupWarps][kRouteMaxExperts];  // (1) counts, then (2) cursors
   __shared__ int warp_sum[kScanWarps][2];             // rows and groups of each scan warp's experts
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -157,6 +159,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 2)
     GroupedSwiGluKernel(const void *const *__restrict__ gate, const void *const *__restrict__ up, uint64_t row_bytes,
                         int64_t rows, int64_t cols, const int32_t *__restrict__ plan, int n_max,
                         const float *__restrict__ x, float *__restrict__ h, int team_warps) {
+  dev::AwaitPrior();
   __shared__ float red[kGemvWarps * dev::kTeamRedFloats];
   const int g = static_cast<int>(blockIdx.y);
   if (g >= plan[0]) return;  // block-uniform
@@ -174,6 +177,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 2)
     GroupedGemvKernel(const void *const *__restrict__ tab, uint64_t row_bytes, int64_t rows, int64_t cols,
                       const int32_t *__restrict__ plan, int n_max, const float *__restrict__ x,
                       float *__restrict__ y, int team_warps) {
+  dev::AwaitPrior();
   __shared__ float red[kGemvWarps * dev::kTeamRedFloats];
   const int g = static_cast<int>(blockIdx.y);
   if (g >= plan[0]) return;  // block-uniform
@@ -253,8 +257,8 @@ absl::Status GroupByExpert(const int32_t *sel, int64_t n_tok, int k, int n_exper
     return Errorf(MOE_ERR_INVALID_ARGUMENT, "grouping: selections, idx or plan is null");
   }
   const int n = static_cast<int>(n_tok * k);
-  GroupByExpertKernel<<<1, kGroupThreads, 0, stream>>>(sel, n, k, n_expert,
-                                                       static_cast<int>(GroupMaxGroups(n_tok, k, n_expert)), idx, plan);
+  Launch(GroupByExpertKernel, 1, kGroupThreads, 0, stream, sel, n, k, n_expert,
+         static_cast<int>(GroupMaxGroups(n_tok, k, n_expert)), idx, plan);
   STRATA_CUDA_RETURN_IF_LAUNCH_FAILED();
   return absl::OkStatus();
 }
@@ -287,12 +291,12 @@ absl::Status GroupedSwiGlu(const GroupedExperts &e, const int32_t *plan, int n_m
   }
   const DeviceMatrix &g = e.gate_shape;
   if (n_max == 0 || g.rows == 0) return absl::OkStatus();
-  const int tw = GemvTeamWarps(g.type, g.cols);
+  const int tw = GemvTeamWarps(g.type, g.cols, g.rows);
   const dim3 grid(RowBlocks(g.rows, dev::kSwiGluRows, tw), static_cast<unsigned>(n_max));
   STRATA_CUDA_DISPATCH_CODEC(g.type, {
     const auto run = [&](auto nt) {
-      GroupedSwiGluKernel<C, decltype(nt)::value><<<grid, kGemvWarps * 32, 0, stream>>>(
-          e.gate, e.up, g.row_bytes, g.rows, g.cols, plan, n_max, xg, hg, tw);
+      Launch(GroupedSwiGluKernel<C, decltype(nt)::value>, grid, kGemvWarps * 32, 0, stream, e.gate, e.up, g.row_bytes,
+             g.rows, g.cols, plan, n_max, xg, hg, tw);
     };
     WithMaxChunk(n_tok, run);
   });
@@ -306,12 +310,12 @@ absl::Status GroupedGemv(const void *const *tab, const DeviceMatrix &shape, cons
   STRATA_RETURN_IF_ERROR(CheckPlanArgs(plan, n_max, x, y, "grouped GEMV"));
   if (n_max == 0 || shape.rows == 0) return absl::OkStatus();
   if (tab == nullptr) return Errorf(MOE_ERR_INVALID_ARGUMENT, "grouped GEMV: the pointer table is null");
-  const int tw = GemvTeamWarps(shape.type, shape.cols);
+  const int tw = GemvTeamWarps(shape.type, shape.cols, shape.rows);
   const dim3 grid(RowBlocks(shape.rows, dev::kGemvRows, tw), static_cast<unsigned>(n_max));
   STRATA_CUDA_DISPATCH_CODEC(shape.type, {
     const auto run = [&](auto nt) {
-      GroupedGemvKernel<C, decltype(nt)::value><<<grid, kGemvWarps * 32, 0, stream>>>(
-          tab, shape.row_bytes, shape.rows, shape.cols, plan, n_max, x, y, tw);
+      Launch(GroupedGemvKernel<C, decltype(nt)::value>, grid, kGemvWarps * 32, 0, stream, tab, shape.row_bytes,
+             shape.rows, shape.cols, plan, n_max, x, y, tw);
     };
     WithMaxChunk(n_tok, run);
   });

@@ -38,11 +38,14 @@ struct Workspace {
 // Codecs with device kernels: F32, F16, BF16, Q8_0, Q4_K, Q6_K, IQ4_XS, MXFP4.
 bool HasDeviceCodec(quant::TypeId type);
 
-// Warps that split each row of a GEMV of this codec and row length (1, 2, 4 or 8): enough that a
-// row's loads are in flight at once, with two or more steps of work a lane. Every GEMV kernel, the
-// grouped ones too, splits a row so, which keeps a (row, token) result the same bits in all of them.
-// The environment variable STRATA_CUDA_GEMV_SPLIT caps it (1: no split; for measuring).
-int GemvTeamWarps(quant::TypeId type, int64_t cols);
+// Warps that split each row of a GEMV of this codec and matrix shape (1, 2, 4 or 8): enough that a
+// row's loads are in flight at once, with two or more steps of work a lane; none for a matrix of
+// kGemvWholeRows rows or more, whose rows alone fill the GPU (an output head: the split would only
+// add its reduction). Every GEMV kernel, the grouped ones too, splits a matrix's rows so, which
+// keeps a (row, token) result the same bits in all of them. The environment variable
+// STRATA_CUDA_GEMV_SPLIT caps it (1: no split; for measuring).
+constexpr int64_t kGemvWholeRows = 32768;
+int GemvTeamWarps(quant::TypeId type, int64_t cols, int64_t rows);
 
 // Checks that w can be used by the kernels: a device codec, cols a multiple of 32 and of the block,
 // row_bytes matching, data and row_bytes aligned as the codec's loads need.

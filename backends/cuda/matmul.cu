@@ -13,6 +13,7 @@
 #include "backends/cuda/cuda_status.h"
 #include "backends/cuda/gemv.cuh"
 #include "backends/cuda/kernels.h"
+#include "backends/cuda/launch.cuh"
 
 namespace strata::cuda {
 namespace {
@@ -31,8 +32,11 @@ __global__ void __launch_bounds__(kGemvWarps * 32) GemvKernel(const uint8_t *__r
                                                               int64_t rows, int64_t cols, const float *__restrict__ x,
                                                               float *__restrict__ y, int team_warps) {
   __shared__ float red[kGemvWarps * dev::kTeamRedFloats];
+  const dev::Team tm = dev::BlockTeam(team_warps, red);
   const int64_t r0 = dev::TeamIndex(team_warps) * dev::kGemvRows;
-  dev::GemvRows<C, NT>(w, row_bytes, r0, rows, cols, x, y, rows, dev::BlockTeam(team_warps, red));
+  dev::PrefetchRows(w, row_bytes, r0, dev::kGemvRows, rows, tm);
+  dev::AwaitPrior();
+  dev::GemvRows<C, NT>(w, row_bytes, r0, rows, cols, x, y, rows, tm);
 }
 
 // h (NT, rows) = silu(gate · x) * (up · x): both matrices of a row read by the same warp; kSwiGluRows
@@ -44,14 +48,19 @@ __global__ void __launch_bounds__(kGemvWarps * 32) GemvSwiGluKernel(const uint8_
                                                                     const float *__restrict__ x, float *__restrict__ h,
                                                                     int team_warps) {
   __shared__ float red[kGemvWarps * dev::kTeamRedFloats];
+  const dev::Team tm = dev::BlockTeam(team_warps, red);
   const int64_t r0 = dev::TeamIndex(team_warps) * dev::kSwiGluRows;
-  dev::SwiGluRows<C, NT>(wg, wu, row_bytes, r0, rows, cols, x, h, dev::BlockTeam(team_warps, red));
+  dev::PrefetchRows(wg, row_bytes, r0, dev::kSwiGluRows, rows, tm);
+  dev::PrefetchRows(wu, row_bytes, r0, dev::kSwiGluRows, rows, tm);
+  dev::AwaitPrior();
+  dev::SwiGluRows<C, NT>(wg, wu, row_bytes, r0, rows, cols, x, h, tm);
 }
 
 // out rows: row ids[i] (or i when ids is null) of w, dequantized; one thread per 32-element item.
 template <class C>
 __global__ void DequantKernel(const uint8_t *__restrict__ w, uint64_t row_bytes, int64_t src_rows, int64_t cols,
                               const int32_t *__restrict__ ids, int64_t n_rows, float *__restrict__ out) {
+  dev::AwaitPrior();
   const int64_t n_items = cols / dev::kItemElems;
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= n_rows * n_items) return;
@@ -101,8 +110,11 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
   const int64_t r0 = dev::TeamIndex(team_warps) * dev::kGemvRows;
   const int64_t block_r0 = static_cast<int64_t>(blockIdx.x) * (blockDim.x >> 5) / team_warps * dev::kGemvRows;
   if (block_r0 >= a.rows[m]) return;  // the whole block is past this matrix (block-uniform: no team waits on it)
+  const dev::Team tm = dev::BlockTeam(team_warps, red);
+  dev::PrefetchRows(a.w[m], a.row_bytes[m], r0, dev::kGemvRows, a.rows[m], tm);
+  dev::AwaitPrior();
   dev::GemvRows<C, NT>(a.w[m], a.row_bytes[m], r0, a.rows[m], cols, x + t0 * x_stride, a.y[m] + t0 * a.rows[m],
-                       a.rows[m], dev::BlockTeam(team_warps, red));
+                       a.rows[m], tm);
 }
 
 // Launch shape of a GEMV over `rows` rows, `per_team` rows a team of team_warps warps: blocks of
@@ -129,19 +141,18 @@ GemvGrid GemvGridFor(int64_t rows, int per_team, int team_warps) {
 
 template <class C, int NT>
 void LaunchGemv(const DeviceMatrix &w, const float *x, float *y, cudaStream_t s) {
-  const int tw = GemvTeamWarps(w.type, w.cols);
+  const int tw = GemvTeamWarps(w.type, w.cols, w.rows);
   const GemvGrid g = GemvGridFor(w.rows, dev::kGemvRows, tw);
-  GemvKernel<C, NT><<<g.blocks, g.threads, 0, s>>>(static_cast<const uint8_t *>(w.data), w.row_bytes, w.rows, w.cols,
-                                                   x, y, tw);
+  Launch(GemvKernel<C, NT>, g.blocks, g.threads, 0, s, static_cast<const uint8_t *>(w.data), w.row_bytes, w.rows,
+         w.cols, x, y, tw);
 }
 
 template <class C, int NT>
 void LaunchGemvSwiGlu(const DeviceMatrix &g, const DeviceMatrix &u, const float *x, float *h, cudaStream_t s) {
-  const int tw = GemvTeamWarps(g.type, g.cols);
+  const int tw = GemvTeamWarps(g.type, g.cols, g.rows);
   const GemvGrid gr = GemvGridFor(g.rows, dev::kSwiGluRows, tw);
-  GemvSwiGluKernel<C, NT><<<gr.blocks, gr.threads, 0, s>>>(
-      static_cast<const uint8_t *>(g.data), static_cast<const uint8_t *>(u.data), g.row_bytes, g.rows, g.cols, x, h,
-      tw);
+  Launch(GemvSwiGluKernel<C, NT>, gr.blocks, gr.threads, 0, s, static_cast<const uint8_t *>(g.data),
+         static_cast<const uint8_t *>(u.data), g.row_bytes, g.rows, g.cols, x, h, tw);
 }
 
 // Splits n_tok into chunks of 8, 4, 2, 1 tokens; `launch(nt, t0)` queues one chunk.
@@ -166,7 +177,8 @@ size_t RoundUp(size_t n, size_t a) { return (n + a - 1) / a * a; }
 
 }  // namespace
 
-int GemvTeamWarps(quant::TypeId type, int64_t cols) {
+int GemvTeamWarps(quant::TypeId type, int64_t cols, int64_t rows) {
+  if (rows >= kGemvWholeRows) return 1;
   // A warp covers 32 x 8 elements of a row per step (Q4_K: 4 super-blocks); keep >= 2 steps a lane.
   const int64_t per_step = type == quant::TypeId::kQ4_K ? 1024 : 32 * dev::kGroupElems;
   const int64_t steps = (cols + per_step - 1) / per_step;
@@ -269,17 +281,14 @@ absl::Status GemvMany(const DeviceMatrix *ws, float *const *ys, int n, const flo
   if (n_tok == 0 || max_rows == 0) return absl::OkStatus();
   STRATA_RETURN_IF_ERROR(CheckActivations(x, "GEMV input"));
   const int64_t cols = ws[0].cols;
-  const int tw = GemvTeamWarps(ws[0].type, cols);
+  const int tw = GemvTeamWarps(ws[0].type, cols, max_rows);
   const GemvGrid g = GemvGridFor(max_rows, dev::kGemvRows, tw);
   const dim3 grid(g.blocks, static_cast<unsigned>(n));
   const unsigned threads = g.threads;
   STRATA_CUDA_DISPATCH_CODEC(ws[0].type, ForTokenChunks(n_tok, [&](int nt, int64_t t0) {
-    switch (nt) {
-      case 8: GemvManyKernel<C, 8><<<grid, threads, 0, stream>>>(a, cols, x, cols, t0, tw); break;
-      case 4: GemvManyKernel<C, 4><<<grid, threads, 0, stream>>>(a, cols, x, cols, t0, tw); break;
-      case 2: GemvManyKernel<C, 2><<<grid, threads, 0, stream>>>(a, cols, x, cols, t0, tw); break;
-      default: GemvManyKernel<C, 1><<<grid, threads, 0, stream>>>(a, cols, x, cols, t0, tw); break;
-    }
+    auto *kernel = nt == 8 ? GemvManyKernel<C, 8> : nt == 4 ? GemvManyKernel<C, 4> : nt == 2 ? GemvManyKernel<C, 2>
+                                                                                           : GemvManyKernel<C, 1>;
+    Launch(kernel, grid, threads, 0, stream, a, cols, x, cols, t0, tw);
   }));
   STRATA_CUDA_RETURN_IF_LAUNCH_FAILED();
   return absl::OkStatus();
@@ -296,8 +305,9 @@ absl::Status LaunchDequant(const DeviceMatrix &w, const int32_t *ids, int64_t n,
   const int threads = 256;
   const int64_t blocks = (total + threads - 1) / threads;
   if (blocks > 0x7fffffff) return Errorf(MOE_ERR_INVALID_ARGUMENT, "dequantizing %d x %d is too large", n, w.cols);
-  STRATA_CUDA_DISPATCH_CODEC(w.type, DequantKernel<C><<<static_cast<unsigned>(blocks), threads, 0, stream>>>(
-                                         static_cast<const uint8_t *>(w.data), w.row_bytes, w.rows, w.cols, ids, n, out));
+  STRATA_CUDA_DISPATCH_CODEC(w.type,
+                             Launch(DequantKernel<C>, static_cast<unsigned>(blocks), threads, 0, stream,
+                                    static_cast<const uint8_t *>(w.data), w.row_bytes, w.rows, w.cols, ids, n, out));
   STRATA_CUDA_RETURN_IF_LAUNCH_FAILED();
   return absl::OkStatus();
 }

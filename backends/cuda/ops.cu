@@ -7,6 +7,7 @@
 
 #include "backends/cuda/cuda_status.h"
 #include "backends/cuda/kernels.h"
+#include "backends/cuda/launch.cuh"
 #include "backends/cuda/rows.cuh"
 
 namespace strata::cuda {
@@ -37,12 +38,14 @@ __device__ float BlockReduce(float v, float *red) {
 }
 
 __global__ void RmsNormKernel(const float *x, const float *weight, int64_t n, float eps, float *y) {
+  dev::AwaitPrior();
   __shared__ float red[32];
   dev::NormRow(const_cast<float *>(x) + blockIdx.x * n, nullptr, weight, n, eps, y + blockIdx.x * n, red);
 }
 
 // RmsNormKernel after x += add (x written back).
 __global__ void AddRmsNormKernel(float *x, const float *add, const float *weight, int64_t n, float eps, float *y) {
+  dev::AwaitPrior();
   __shared__ float red[32];
   dev::NormRow(x + blockIdx.x * n, add + blockIdx.x * n, weight, n, eps, y + blockIdx.x * n, red);
 }
@@ -50,6 +53,7 @@ __global__ void AddRmsNormKernel(float *x, const float *add, const float *weight
 // One thread per (token, head, pair i < head_dim / 2).
 __global__ void RopeKernel(float *x, int64_t n_tok, int n_heads, int head_dim, const int32_t *pos, float theta,
                            bool neox) {
+  dev::AwaitPrior();
   const int half = head_dim / 2;
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= n_tok * n_heads * half) return;
@@ -71,6 +75,7 @@ __global__ void RopeKernel(float *x, int64_t n_tok, int n_heads, int head_dim, c
 
 // One block per token; p (n_expert) in shared memory.
 __global__ void SoftmaxTopKKernel(const float *logits, int n_expert, int k, bool renorm, int32_t *sel, float *wts) {
+  dev::AwaitPrior();
   extern __shared__ float p[];
   __shared__ float red[32];
   __shared__ float best_v[32];
@@ -138,6 +143,7 @@ __global__ void SoftmaxTopKKernel(const float *logits, int n_expert, int k, bool
 }
 
 __global__ void SwiGluKernel(const float *g, const float *u, int64_t n, float *h) {
+  dev::AwaitPrior();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
   const float a = g[i];
@@ -155,7 +161,7 @@ absl::Status RmsNorm(const float *x, const float *weight, int64_t n_rows, int64_
   }
   if (n_rows == 0) return absl::OkStatus();
   if (x == nullptr || weight == nullptr || y == nullptr) return Errorf(MOE_ERR_INVALID_ARGUMENT, "RMSNorm pointer is null");
-  RmsNormKernel<<<static_cast<unsigned>(n_rows), dev::RowThreads(n), 0, stream>>>(x, weight, n, eps, y);
+  Launch(RmsNormKernel, static_cast<unsigned>(n_rows), dev::RowThreads(n), 0, stream, x, weight, n, eps, y);
   STRATA_CUDA_RETURN_IF_LAUNCH_FAILED();
   return absl::OkStatus();
 }
@@ -169,7 +175,7 @@ absl::Status AddRmsNorm(float *x, const float *add, const float *weight, int64_t
   if (x == nullptr || add == nullptr || weight == nullptr || y == nullptr) {
     return Errorf(MOE_ERR_INVALID_ARGUMENT, "RMSNorm pointer is null");
   }
-  AddRmsNormKernel<<<static_cast<unsigned>(n_rows), dev::RowThreads(n), 0, stream>>>(x, add, weight, n, eps, y);
+  Launch(AddRmsNormKernel, static_cast<unsigned>(n_rows), dev::RowThreads(n), 0, stream, x, add, weight, n, eps, y);
   STRATA_CUDA_RETURN_IF_LAUNCH_FAILED();
   return absl::OkStatus();
 }
@@ -182,8 +188,8 @@ absl::Status Rope(float *x, int64_t n_tok, int n_heads, int head_dim, const int3
   if (n_tok == 0) return absl::OkStatus();
   if (x == nullptr || pos == nullptr) return Errorf(MOE_ERR_INVALID_ARGUMENT, "RoPE pointer is null");
   const int64_t n = n_tok * n_heads * (head_dim / 2);
-  RopeKernel<<<Blocks(n, 256), 256, 0, stream>>>(x, n_tok, n_heads, head_dim, pos, theta,
-                                                 style == model::RopeStyle::kNeox);
+  Launch(RopeKernel, Blocks(n, 256), 256, 0, stream, x, n_tok, n_heads, head_dim, pos, theta,
+         style == model::RopeStyle::kNeox);
   STRATA_CUDA_RETURN_IF_LAUNCH_FAILED();
   return absl::OkStatus();
 }
@@ -197,8 +203,8 @@ absl::Status SoftmaxTopK(const float *logits, int64_t n_tok, int n_expert, int k
   if (logits == nullptr || sel == nullptr || wts == nullptr) {
     return Errorf(MOE_ERR_INVALID_ARGUMENT, "routing pointer is null");
   }
-  SoftmaxTopKKernel<<<static_cast<unsigned>(n_tok), 128, n_expert * sizeof(float), stream>>>(logits, n_expert, k,
-                                                                                            renorm, sel, wts);
+  Launch(SoftmaxTopKKernel, static_cast<unsigned>(n_tok), 128, n_expert * sizeof(float), stream, logits, n_expert, k,
+         renorm, sel, wts);
   STRATA_CUDA_RETURN_IF_LAUNCH_FAILED();
   return absl::OkStatus();
 }
@@ -207,7 +213,7 @@ absl::Status SwiGlu(const float *g, const float *u, int64_t n, float *h, cudaStr
   if (n < 0) return Errorf(MOE_ERR_INVALID_ARGUMENT, "SwiGLU over %d elements", n);
   if (n == 0) return absl::OkStatus();
   if (g == nullptr || u == nullptr || h == nullptr) return Errorf(MOE_ERR_INVALID_ARGUMENT, "SwiGLU pointer is null");
-  SwiGluKernel<<<Blocks(n, 256), 256, 0, stream>>>(g, u, n, h);
+  Launch(SwiGluKernel, Blocks(n, 256), 256, 0, stream, g, u, n, h);
   STRATA_CUDA_RETURN_IF_LAUNCH_FAILED();
   return absl::OkStatus();
 }
