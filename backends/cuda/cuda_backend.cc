@@ -3,6 +3,8 @@
 // device ones, and each Backend operation as kernel-layer launches on one stream.
 #include "backends/cuda/cuda_backend.h"
 
+#include <cuda_profiler_api.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -76,6 +78,8 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const model::Mo
   be->profile_ = prof != nullptr && prof[0] == '1';
   const char *graphs = std::getenv("STRATA_CUDA_GRAPHS");
   be->use_graphs_ = graphs == nullptr || graphs[0] != '0';
+  const char *mark = std::getenv("STRATA_CUDA_PROFILER_STEP");
+  be->profiler_step_ = mark != nullptr ? std::atoll(mark) : -1;
   STRATA_ASSIGN_OR_RETURN(be->stream_, Stream::Create());
   STRATA_ASSIGN_OR_RETURN(be->copy_stream_, Stream::Create());
   STRATA_ASSIGN_OR_RETURN(be->up_done_, Event::Create());
@@ -1000,6 +1004,10 @@ absl::Status CudaBackend::HostRoundTrip(const char *what) {
 }
 
 model::Backend::StepMode CudaBackend::BeginStep(const model::StepKey &key) {
+  if (steps_++ == profiler_step_) {
+    (void)cudaProfilerStart();
+    std::fprintf(stderr, "strata: profiler on for step %lld\n", static_cast<long long>(profiler_step_));
+  }
   if (!err_.ok() || !use_graphs_ || profile_ || bracket_ != Bracket::kNone) return StepMode::kEager;
   // Promotions and the last step's selections reach the tables before the step, for every layer.
   if (!slots_.empty()) {
@@ -1027,6 +1035,7 @@ model::Backend::StepMode CudaBackend::BeginStep(const model::StepKey &key) {
 }
 
 absl::Status CudaBackend::EndStep() {
+  if (steps_ - 1 == profiler_step_) (void)cudaProfilerStop();
   const Bracket b = bracket_;
   bracket_ = Bracket::kNone;
   if (b == Bracket::kWatch) {

@@ -208,6 +208,9 @@ class CudaBackend final : public model::Backend {
   std::vector<std::pair<int, int64_t>> step_hist_;
   uint64_t graph_captures_ = 0, graph_replays_ = 0;
   bool profile_ = false;
+  // STRATA_CUDA_PROFILER_STEP=N (a diagnostic): the profiler API brackets the N-th step (counted
+  // from 0 over BeginStep calls), so `ncu --profile-from-start off` sees that step's kernels alone.
+  int64_t profiler_step_ = -1, steps_ = 0;
   int profile_depth_ = 0;
   std::map<std::string, std::pair<double, uint64_t>> profile_table_;
   bool Note(absl::Status s) {

@@ -180,6 +180,7 @@ constexpr int kAttnMaxVPerLane = 16;
 constexpr int kAttnMaxHeadDim = 1024;  // query floats the split kernel holds
 constexpr int kAttnWarps = kThreads / 32;
 constexpr int kAttnUnroll = 4;  // keys a warp works on at once
+constexpr int kAttnMaxSplits = 6144;  // chunks of the split path
 
 // Where query token t's keys are: the call's block tables at position pos0 + t, or its own KvRowRef.
 struct AttnRowView {
@@ -300,9 +301,13 @@ __global__ void __launch_bounds__(kThreads) AttentionExtKernel(const float *q, A
 // Split attention, phase 1: block (token x head, chunk s) over keys [s kAttnChunk, (s + 1)
 // kAttnChunk) of the visible range: its max score m, l = sum of exp(score - m) and the unnormalised
 // output sum of exp(score - m) v, into part[(th * n_split + s) * (v_dim + 2)] as (m, l, out...). A
-// chunk past the visible range, or wholly masked, writes m = -inf, l = 0.
+// chunk past the visible range, or wholly masked, writes m = -inf, l = 0. With one chunk and no
+// sink logit (`direct`), the block writes the output itself, the same bits the combine would.
+//
+// Decode attention is a chain of dependent memory round trips, so each stage issues all of its loads
+// before using any: a warp's keys' block tables, mask bytes and key rows together, then its values.
 __global__ void __launch_bounds__(kThreads) AttentionSplitKernel(const float *q, AttentionExtArgs a, int n_split,
-                                                                 float *part) {
+                                                                 float *part, float *out, bool direct) {
   dev::AwaitPrior();
   __shared__ float qs_sm[kAttnMaxHeadDim];
   __shared__ float sc[kAttnChunk];
@@ -326,21 +331,26 @@ __global__ void __launch_bounds__(kThreads) AttentionSplitKernel(const float *q,
     }
     return;
   }
+  // Warp w takes keys j0 + w + kAttnWarps u, u < kKeysPerWarp (past the chunk: the last key read
+  // again, unused). A key's dot still runs over d in order, so its bits do not depend on the schedule.
+  constexpr int kKeysPerWarp = kAttnChunk / kAttnWarps;
+  const float *kj[kKeysPerWarp], *vj[kKeysPerWarp];
+  bool masked[kKeysPerWarp];
+#pragma unroll
+  for (int u = 0; u < kKeysPerWarp; ++u) {
+    const int row = first + min(j0 + warp + kAttnWarps * u, j1 - 1);
+    const int64_t blk = row / a.block_tokens, in_block = row % a.block_tokens;
+    kj[u] = rv.kb[blk] + in_block * a.k_stride + static_cast<int64_t>(kvh) * a.head_dim;
+    vj[u] = a.latent ? rv.kb[blk] + in_block * a.k_stride
+                     : rv.vb[blk] + in_block * a.v_stride + static_cast<int64_t>(kvh) * a.head_dim;
+    masked[u] = row != pos && rv.masked != nullptr && rv.masked[row] != 0;
+  }
   const float *qh = q + (t * a.n_head + h) * a.head_dim;
   for (int d = threadIdx.x; d < a.head_dim; d += blockDim.x) qs_sm[d] = qh[d];
   __syncthreads();
-  // Warp w takes keys j0 + w + kAttnWarps u, u < kKeysPerWarp, all at once: every key's loads are
-  // in flight together (a key's dot still runs over d in order, so its bits do not change).
-  constexpr int kKeysPerWarp = kAttnChunk / kAttnWarps;
-  const float *kj[kKeysPerWarp];
   float dot[kKeysPerWarp];
 #pragma unroll
-  for (int u = 0; u < kKeysPerWarp; ++u) {
-    const int row = first + min(j0 + warp + kAttnWarps * u, j1 - 1);  // past the chunk: read again, unused
-    kj[u] = rv.kb[row / a.block_tokens] + static_cast<int64_t>(row % a.block_tokens) * a.k_stride +
-            static_cast<int64_t>(kvh) * a.head_dim;
-    dot[u] = 0.f;
-  }
+  for (int u = 0; u < kKeysPerWarp; ++u) dot[u] = 0.f;
 #pragma unroll 4
   for (int d = lane; d < a.head_dim; d += 32) {
     const float qd = qs_sm[d];
@@ -354,9 +364,7 @@ __global__ void __launch_bounds__(kThreads) AttentionSplitKernel(const float *q,
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) dot[u] += __shfl_xor_sync(0xffffffffu, dot[u], o);
     if (j >= j1) continue;
-    const int row = first + j;
-    const bool masked = row != pos && rv.masked != nullptr && rv.masked[row] != 0;
-    const float sv = masked ? -INFINITY : __fmul_rn(dot[u], a.scale);
+    const float sv = masked[u] ? -INFINITY : __fmul_rn(dot[u], a.scale);
     if (lane == 0) sc[j - j0] = sv;
     mx = fmaxf(mx, sv);
   }
@@ -370,30 +378,43 @@ __global__ void __launch_bounds__(kThreads) AttentionSplitKernel(const float *q,
   }
   sum = BlockReduceSum(sum, red);
   __syncthreads();
-  // The warp's keys again, values of all of them in flight at once, added in key order.
-  const float *vj[kKeysPerWarp];
+  // The warp's values, kVChunk output elements a lane of all its keys loaded at once, then added in
+  // key order.
+  constexpr int kVChunk = 4;
   float p[kKeysPerWarp];
 #pragma unroll
-  for (int u = 0; u < kKeysPerWarp; ++u) {
-    const int j = min(j0 + warp + kAttnWarps * u, j1 - 1), row = first + j;
-    const int64_t in_block = row % a.block_tokens;
-    vj[u] = a.latent ? rv.kb[row / a.block_tokens] + in_block * a.k_stride
-                     : rv.vb[row / a.block_tokens] + in_block * a.v_stride + static_cast<int64_t>(kvh) * a.head_dim;
-    p[u] = sc[j - j0];
-  }
+  for (int u = 0; u < kKeysPerWarp; ++u) p[u] = sc[min(j0 + warp + kAttnWarps * u, j1 - 1) - j0];
   const int n_mine = j1 - j0 > warp ? (j1 - j0 - warp + kAttnWarps - 1) / kAttnWarps : 0;  // the warp's keys
+  for (int m0 = 0; m0 < kAttnMaxVPerLane && lane + 32 * m0 < a.v_dim; m0 += kVChunk) {
+    float v[kVChunk][kKeysPerWarp];
 #pragma unroll
-  for (int m = 0; m < kAttnMaxVPerLane; ++m) {
-    const int d = lane + 32 * m;
-    if (d >= a.v_dim) break;
-    float acc = 0.f;
+    for (int i = 0; i < kVChunk; ++i) {
+      const int d = lane + 32 * (m0 + i);
 #pragma unroll
-    for (int u = 0; u < kKeysPerWarp; ++u) {
-      if (u < n_mine) acc = fmaf(p[u], vj[u][d], acc);
+      for (int u = 0; u < kKeysPerWarp; ++u) v[i][u] = d < a.v_dim ? vj[u][d] : 0.f;
     }
-    sm[warp * a.v_dim + d] = acc;
+#pragma unroll
+    for (int i = 0; i < kVChunk; ++i) {
+      const int d = lane + 32 * (m0 + i);
+      float acc = 0.f;
+#pragma unroll
+      for (int u = 0; u < kKeysPerWarp; ++u) {
+        if (u < n_mine) acc = fmaf(p[u], v[i][u], acc);
+      }
+      if (d < a.v_dim) sm[warp * a.v_dim + d] = acc;
+    }
   }
   __syncthreads();
+  if (direct) {  // one chunk: the combine's arithmetic with a single term (exp(0) = 1)
+    const float inv = 1.0f / sum;
+    float *o = out + th * a.v_dim;
+    for (int d = threadIdx.x; d < a.v_dim; d += blockDim.x) {
+      float r = 0.f;
+      for (int w = 0; w < kAttnWarps; ++w) r += sm[w * a.v_dim + d];
+      o[d] = r * inv;
+    }
+    return;
+  }
   if (threadIdx.x == 0) {
     dst[0] = mx;
     dst[1] = sum;
@@ -407,25 +428,43 @@ __global__ void __launch_bounds__(kThreads) AttentionSplitKernel(const float *q,
 
 // Split attention, phase 2: one block per (token, head) combines its chunks in order with the
 // optional sink logit: out = sum_s exp(m_s - M) out_s / (sum_s exp(m_s - M) l_s + exp(sink - M)).
+// The chunks' (m, l) are read by one thread each and their weights kept in shared memory, so each
+// output element's loads over the chunks are independent and in flight together.
 __global__ void AttentionCombineKernel(const float *part, AttentionExtArgs a, int n_split, float *out) {
   dev::AwaitPrior();
+  extern __shared__ float cw[];  // (n_split) exp(m_s - M), then (n_split) m_s
+  __shared__ float red[32];
+  __shared__ float s_inv;
+  float *cm = cw + n_split;
   const int64_t th = blockIdx.x;
   const int h = static_cast<int>(th % a.n_head);
-  const float *src = part + th * n_split * (a.v_dim + 2);
-  float mx = a.sinks != nullptr ? a.sinks[h] : -INFINITY;
-  for (int s = 0; s < n_split; ++s) mx = fmaxf(mx, src[s * (a.v_dim + 2)]);
-  float l = a.sinks != nullptr ? ExpF(a.sinks[h] - mx) : 0.f;
-  for (int s = 0; s < n_split; ++s) {
-    const float ms = src[s * (a.v_dim + 2)];
-    if (ms != -INFINITY) l += ExpF(ms - mx) * src[s * (a.v_dim + 2) + 1];
+  const int64_t stride = a.v_dim + 2;
+  const float *src = part + th * n_split * stride;
+  float mx = -INFINITY;
+  for (int s = threadIdx.x; s < n_split; s += blockDim.x) {
+    cm[s] = src[s * stride];
+    mx = fmaxf(mx, cm[s]);
   }
-  const float inv = 1.0f / l;
+  mx = BlockReduceMax(mx, red);
+  if (a.sinks != nullptr) mx = fmaxf(mx, a.sinks[h]);
+  for (int s = threadIdx.x; s < n_split; s += blockDim.x) cw[s] = cm[s] == -INFINITY ? 0.f : ExpF(cm[s] - mx);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float l = a.sinks != nullptr ? ExpF(a.sinks[h] - mx) : 0.f;
+    for (int s = 0; s < n_split; ++s) {
+      if (cm[s] != -INFINITY) l += cw[s] * src[s * stride + 1];
+    }
+    s_inv = 1.0f / l;
+  }
+  __syncthreads();
+  const float inv = s_inv;
   float *o = out + th * a.v_dim;
   for (int d = threadIdx.x; d < a.v_dim; d += blockDim.x) {
     float r = 0.f;
+#pragma unroll 8
     for (int s = 0; s < n_split; ++s) {
-      const float ms = src[s * (a.v_dim + 2)];
-      if (ms != -INFINITY) r = fmaf(ExpF(ms - mx), src[s * (a.v_dim + 2) + 2 + d], r);
+      const float x = src[s * stride + 2 + d];
+      if (cm[s] != -INFINITY) r = fmaf(cw[s], x, r);
     }
     o[d] = r * inv;
   }
@@ -473,16 +512,21 @@ __device__ void TopKDev(const float *v, int n, int k, int32_t *out) {
 // combined by value, then index — the argmax the host's ascending scan finds (for values that are
 // not NaN). Every lane returns with out written.
 __device__ void WarpTopK(const float *v, int n, int k, int lane, int32_t *out) {
+  constexpr int kPerLane = kRouteMaxExperts / 32;
+  float mine[kPerLane];  // the lane's elements, read once
+#pragma unroll
+  for (int m = 0; m < kPerLane; ++m) mine[m] = lane + 32 * m < n ? v[lane + 32 * m] : 0.f;
   uint32_t taken = 0;  // bit m: element lane + 32 m already chosen
   for (int j = 0; j < k; ++j) {
     int bi = -1;
     float bv = 0.f;
-    for (int m = 0, i = lane; i < n; ++m, i += 32) {
-      if ((taken >> m) & 1u) continue;
-      const float x = v[i];
-      if (bi < 0 || x > bv) {
+#pragma unroll
+    for (int m = 0; m < kPerLane; ++m) {
+      const int i = lane + 32 * m;
+      if (i >= n || ((taken >> m) & 1u)) continue;
+      if (bi < 0 || mine[m] > bv) {
         bi = i;
-        bv = x;
+        bv = mine[m];
       }
     }
 #pragma unroll
@@ -548,6 +592,7 @@ __global__ void __launch_bounds__(kRouteWarps * 32) RouteKernel(RouteArgs p, con
     __syncwarp();
     float sum = 0.f;
     if (lane == 0) {
+#pragma unroll 16
       for (int e = 0; e < n_expert; ++e) sum = __fadd_rn(sum, pr[e]);
     }
     sum = __shfl_sync(0xffffffffu, sum, 0);
@@ -721,6 +766,10 @@ absl::Status AttentionExt(const float *q, const AttentionExtArgs &a, int64_t n_t
   }
   if (n_tok <= 0) return absl::OkStatus();
   const int n_split = AttentionSplits(a, n_tok);
+  if (n_split > kAttnMaxSplits) {  // the combine keeps two floats a chunk in 48 KiB of shared memory
+    return Errorf(MOE_ERR_UNSUPPORTED, "attention over %d keys (at most %d)", n_split * kAttnChunk,
+                  kAttnMaxSplits * kAttnChunk);
+  }
   if (a.rows != nullptr && (n_split == 0 || a.max_keys <= 0 || ws.data == nullptr ||
                             ws.bytes < AttentionExtWorkspaceBytes(a, n_tok))) {
     return Errorf(MOE_ERR_INVALID_ARGUMENT,
@@ -730,8 +779,13 @@ absl::Status AttentionExt(const float *q, const AttentionExtArgs &a, int64_t n_t
   if (n_split > 0 && ws.data != nullptr && ws.bytes >= AttentionExtWorkspaceBytes(a, n_tok)) {
     float *part = static_cast<float *>(ws.data);
     const dim3 grid(static_cast<unsigned>(n_tok * a.n_head), static_cast<unsigned>(n_split));
-    Launch(AttentionSplitKernel, grid, kThreads, kAttnWarps * a.v_dim * sizeof(float), stream, q, a, n_split, part);
-    Launch(AttentionCombineKernel, static_cast<unsigned>(n_tok * a.n_head), 128, 0, stream, part, a, n_split, out);
+    const bool direct = n_split == 1 && a.sinks == nullptr;
+    Launch(AttentionSplitKernel, grid, kThreads, kAttnWarps * a.v_dim * sizeof(float), stream, q, a, n_split, part,
+           out, direct);
+    if (!direct) {
+      Launch(AttentionCombineKernel, static_cast<unsigned>(n_tok * a.n_head), 128, 2 * n_split * sizeof(float), stream,
+             part, a, n_split, out);
+    }
     STRATA_CUDA_RETURN_IF_LAUNCH_FAILED();
     return absl::OkStatus();
   }

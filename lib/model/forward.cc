@@ -853,7 +853,7 @@ absl::Status Forward(const HParams &hp, const ModelWeights &w, Backend &be, cons
     rows.dev = S.rows;
     rows.host = rh;
     // Launch bounds by powers of two, so a growing context changes them (and the step) rarely.
-    rows.max_keys = 256;
+    rows.max_keys = 64;
     while (rows.max_keys < max_pos + 1) rows.max_keys *= 2;
   }
   be.Upload(S.tok, inputs.data(), inputs.size());

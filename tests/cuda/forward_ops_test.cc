@@ -311,7 +311,33 @@ TEST_CASE("Attention and K/V writes over per-row references match the CPU backen
     CHECK_FALSE(AttentionExt(dq.as<float>(), a, n, dout.as<float>(), nullptr, Workspace{}).ok());  // needs ws
     DeviceBuffer dws = Poisoned(ws_bytes / sizeof(float));
     REQUIRE(AttentionExt(dq.as<float>(), a, n, dout.as<float>(), nullptr, Workspace{dws.data(), ws_bytes}).ok());
-    CHECK(RelL2(Download<float>(dout, ref.size()), ref) <= 1e-5);
+    const std::vector<float> got = Download<float>(dout, ref.size());
+    CHECK(RelL2(got, ref) <= 1e-5);
+
+    // Rows that see at most 64 keys under max_keys 64: one chunk, written directly without a sink
+    // (combined with one): the same bits as the 8-chunk run above, whose other chunks are empty.
+    const int64_t few[] = {0, 2, 4};
+    std::vector<model::KvRowRef> refs64;
+    std::vector<float> q64;
+    for (int64_t t : few) {
+      refs64.push_back(refs[t]);
+      q64.insert(q64.end(), q.begin() + t * n_head * head_dim, q.begin() + (t + 1) * n_head * head_dim);
+    }
+    DeviceBuffer drefs64 = Upload(refs64), dq64 = Upload(q64), dout64 = Poisoned(q64.size());
+    a.rows = drefs64.as<model::KvRowRef>();
+    a.max_keys = 64;
+    const size_t ws64 = AttentionExtWorkspaceBytes(a, std::size(few));
+    DeviceBuffer dws64 = Poisoned(ws64 / sizeof(float));
+    REQUIRE(AttentionExt(dq64.as<float>(), a, std::size(few), dout64.as<float>(), nullptr, Workspace{dws64.data(), ws64})
+                .ok());
+    const std::vector<float> got64 = Download<float>(dout64, q64.size());
+    for (size_t i = 0; i < std::size(few); ++i) {
+      INFO("row " << few[i]);
+      const auto row = got.begin() + few[i] * n_head * head_dim;
+      const std::vector<float> want(row, row + n_head * head_dim);
+      const std::vector<float> have(got64.begin() + i * n_head * head_dim, got64.begin() + (i + 1) * n_head * head_dim);
+      CHECK(have == want);
+    }
   }
 }
 
