@@ -59,7 +59,7 @@ __device__ __forceinline__ void RowDotsQ4K(const uint8_t *const (&rows)[R], cons
   const int64_t n_sb = cols / 256;
   const int part = tm.lane & 7, c = part >> 1;
   const int e0 = 64 * c + 16 * (part & 1);  // the lane's first element in sub-block 2c; 2c + 1 at +32
-#pragma unroll(R * NT <= 2 ? 2 : 1)
+#pragma unroll(NT == 1 || R * NT <= 2 ? 2 : 1)
   for (int64_t sb = (tm.lane >> 3) + 4 * tm.warp; sb < n_sb; sb += 4 * tm.warps) {
     uint4 q[R];
     float dl[R][2], ml[R][2];
