@@ -78,6 +78,7 @@ std::atomic<PreadFn> g_pread{nullptr};
 }  // namespace
 
 PreadFn SetPreadForTesting(PreadFn fn) { return g_pread.exchange(fn); }
+PreadFn PreadForTesting() { return g_pread.load(std::memory_order_relaxed); }
 
 absl::Status File::ReadAt(uint64_t offset, void *dst, uint64_t n) const {
   STRATA_RETURN_IF_ERROR(CheckRange(path_, size_, offset, n));

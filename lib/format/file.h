@@ -66,6 +66,8 @@ class MemorySource final : public Source {
 // (nullptr restores pread). Returns the previous function. Not for production use.
 using PreadFn = ssize_t (*)(int fd, void *buf, size_t count, off_t offset);
 PreadFn SetPreadForTesting(PreadFn fn);
+// The function set by SetPreadForTesting, or nullptr: readers past File (O_DIRECT) call it too.
+PreadFn PreadForTesting();
 
 // Reads a whole (small) file into a string: config.json, index files. Refuses files over max_bytes.
 absl::StatusOr<std::string> ReadSmallFile(const std::string &path, uint64_t max_bytes);

@@ -107,20 +107,21 @@ int ExpertCache::StartLoadLocked(uint32_t key, int priority, bool prefetch) {
   sl.prefetched = prefetch;
   key_slot_[key] = victim;
   key_error_[key] = absl::OkStatus();
-  inflight_bytes_ += table_.slot_bytes();
+  if (prefetch) prefetch_inflight_bytes_ += table_.slot_bytes();
   ++loading_;
-  queue_.push(Request{priority, seq_++, victim});
+  queue_.push(Request{priority, seq_++, victim, prefetch});
   cv_io_.notify_one();
   return victim;
 }
 
-absl::Status ExpertCache::ReadDirect(int fd, uint64_t offset, uint8_t *dst, uint64_t len, uint64_t need,
-                                     void *ring) {
+absl::Status ExpertCache::ReadDirect(const format::File &f, int fd, uint64_t offset, uint8_t *dst, uint64_t len,
+                                     uint64_t need, void *ring) {
+  const format::PreadFn hook = format::PreadForTesting();
   uint64_t done = 0;
   while (done < need) {
     ssize_t got;
 #ifdef STRATA_HAVE_URING
-    if (ring != nullptr) {
+    if (ring != nullptr && hook == nullptr) {
       auto *r = static_cast<io_uring *>(ring);
       io_uring_sqe *sqe = io_uring_get_sqe(r);
       io_uring_prep_read(sqe, fd, dst + done, static_cast<unsigned>(std::min<uint64_t>(len - done, 1u << 30)),
@@ -141,7 +142,9 @@ absl::Status ExpertCache::ReadDirect(int fd, uint64_t offset, uint8_t *dst, uint
     } else
 #endif
     {
-      got = ::pread(fd, dst + done, len - done, static_cast<off_t>(offset + done));
+      const size_t want = static_cast<size_t>(len - done);
+      got = hook != nullptr ? hook(fd, dst + done, want, static_cast<off_t>(offset + done))
+                            : ::pread(fd, dst + done, want, static_cast<off_t>(offset + done));
     }
     if (got < 0) {
       if (errno == EINTR || errno == EAGAIN) continue;
@@ -152,11 +155,10 @@ absl::Status ExpertCache::ReadDirect(int fd, uint64_t offset, uint8_t *dst, uint
       return Errorf(MOE_ERR_IO_CHANGED, "the file ended at offset %u, before the expert's %u bytes", offset + done,
                     need);
     }
-    // A direct read moves whole blocks; a short one (at the end of the file) continues aligned.
     done += static_cast<uint64_t>(got);
-    if (done < need && done % 4096 != 0) {
-      return Errorf(MOE_ERR_IO_READ, "direct read stopped at unaligned offset %u", offset + done);
-    }
+    // A direct read moves whole blocks, so a short one normally ends at the end of the file. One that
+    // stops elsewhere cannot continue unaligned: the rest goes through the page cache.
+    if (done < need && done % kDirectBlock != 0) return f.ReadAt(offset + done, dst + done, need - done);
   }
   return absl::OkStatus();
 }
@@ -164,32 +166,45 @@ absl::Status ExpertCache::ReadDirect(int fd, uint64_t offset, uint8_t *dst, uint
 absl::Status ExpertCache::ReadExpert(uint32_t key, uint8_t *dst, void *ring, bool *direct) {
   const ExpertEntry &en = table_.entry(table_.LayerOf(key), table_.ExpertOf(key));
   *direct = false;
+  const format::File &f0 = file_.file(en.part[0].file_index);
   const int dfd = en.single_read ? direct_fds_[en.part[0].file_index] : -1;
-  const uint64_t aligned_len = (en.slot_bytes + 4095) & ~uint64_t{4095};
-  if (dfd >= 0 && en.read_offset % 4096 == 0 && aligned_len <= table_.slot_bytes()) {
-    absl::Status st = ReadDirect(dfd, en.read_offset, dst, aligned_len, en.slot_bytes, ring);
+  const uint64_t aligned_len = (en.slot_bytes + kDirectBlock - 1) / kDirectBlock * kDirectBlock;
+  if (dfd >= 0 && en.read_offset % kDirectBlock == 0 && aligned_len <= table_.slot_bytes()) {
+    absl::Status st = ReadDirect(f0, dfd, en.read_offset, dst, aligned_len, en.slot_bytes, ring);
     if (!st.ok()) {
       return Annotate(st, absl::StrCat("reading expert tensors '", en.weights->gate.name, "', '", en.weights->up.name,
-                                       "', '", en.weights->down.name, "' of '",
-                                       file_.file(en.part[0].file_index).name(), "'"));
+                                       "', '", en.weights->down.name, "' of '", f0.name(), "'"));
     }
     *direct = true;
     return absl::OkStatus();
   }
   if (en.single_read) {
-    absl::Status st = file_.file(en.part[0].file_index).ReadAt(en.read_offset, dst, en.slot_bytes);
+    absl::Status st = f0.ReadAt(en.read_offset, dst, en.slot_bytes);
     if (!st.ok()) {
       return Annotate(st, absl::StrCat("reading expert tensors '", en.weights->gate.name, "', '",
                                        en.weights->up.name, "', '", en.weights->down.name, "'"));
     }
     return absl::OkStatus();
   }
+  // Part by part (each expert's slice of the stacked gate, up and down tensors): past the page cache
+  // when every part's file allows it, reading the 4 KiB blocks around the part into its region.
   const model::Matrix *m[3] = {&en.weights->gate, &en.weights->up, &en.weights->down};
+  bool all_direct = true;
+  for (const ExpertPart &part : en.part) all_direct = all_direct && direct_fds_[part.file_index] >= 0;
   for (int p = 0; p < 3; ++p) {
     const ExpertPart &part = en.part[p];
-    absl::Status st = file_.file(part.file_index).ReadAt(part.file_offset, dst + part.slot_offset, part.bytes);
-    if (!st.ok()) return Annotate(st, absl::StrCat("reading expert tensor '", m[p]->name, "'"));
+    const format::File &f = file_.file(part.file_index);
+    absl::Status st;
+    if (all_direct) {
+      const uint64_t head = part.file_offset % kDirectBlock, need = head + part.bytes;
+      st = ReadDirect(f, direct_fds_[part.file_index], part.file_offset - head, dst + part.slot_offset - head,
+                      (need + kDirectBlock - 1) / kDirectBlock * kDirectBlock, need, ring);
+    } else {
+      st = f.ReadAt(part.file_offset, dst + part.slot_offset, part.bytes);
+    }
+    if (!st.ok()) return Annotate(st, absl::StrCat("reading expert tensor '", m[p]->name, "' of '", f.name(), "'"));
   }
+  *direct = all_direct;
   return absl::OkStatus();
 }
 
@@ -222,7 +237,7 @@ void ExpertCache::IoLoopWith(void *ring) {
     absl::Status st = ReadExpert(key, dst, ring, &direct);
     lk.lock();
     if (st.ok() && direct) ++stats_.direct_reads;
-    inflight_bytes_ -= table_.slot_bytes();
+    if (r.prefetch) prefetch_inflight_bytes_ -= table_.slot_bytes();
     --loading_;
     if (st.ok()) {
       const ExpertEntry &en = table_.entry(table_.LayerOf(key), table_.ExpertOf(key));
@@ -307,7 +322,7 @@ void ExpertCache::StartPredictedLocked() {
         ++stats_.prefetch_skipped;
         continue;
       }
-      if (inflight_bytes_ + table_.slot_bytes() > opts_.max_inflight_bytes ||
+      if (prefetch_inflight_bytes_ + table_.slot_bytes() > opts_.max_inflight_bytes ||
           StartLoadLocked(key, d, /*prefetch=*/true) < 0) {
         issuing = false;  // out of room: the rest are scored but not loaded
         continue;

@@ -28,7 +28,8 @@ struct CacheOptions {
   PolicyKind policy = PolicyKind::kHotness;
   int prefetch_distance = 1;         // layers ahead to predict; 0 = no prediction
   int n_io_threads = 2;
-  uint64_t max_inflight_bytes = 0;   // bound on predicted loads in flight; 0 = 4 slots
+  uint64_t max_inflight_bytes = 0;   // bound on predicted loads in flight (demand loads are not
+                                     // counted); 0 = 4 slots
   // Predicted loads are issued while the measured share of predictions that the routing then
   // used stays at or above this (PrefetchGate); 0 issues every prediction.
   double prefetch_min_precision = 0.5;
@@ -105,6 +106,7 @@ class ExpertCache final : public model::ExpertSource {
     int priority;   // 0 = needed now; d = predicted d layers ahead
     uint64_t seq;
     int slot;
+    bool prefetch;  // a predicted load: counted in prefetch_inflight_bytes_ until read
     bool operator<(const Request &o) const {
       return priority != o.priority ? priority > o.priority : seq > o.seq;
     }
@@ -124,7 +126,8 @@ class ExpertCache final : public model::ExpertSource {
   // Acquire's body; with wait false, experts still loading are left null in out.
   absl::Status AcquireLocked(std::unique_lock<std::mutex> &lk, int layer, const std::vector<int32_t> &experts,
                              std::vector<const model::ExpertWeights *> *out, bool wait);
-  absl::Status ReadDirect(int fd, uint64_t offset, uint8_t *dst, uint64_t len, uint64_t need, void *ring);
+  absl::Status ReadDirect(const format::File &f, int fd, uint64_t offset, uint8_t *dst, uint64_t len, uint64_t need,
+                          void *ring);
 
   const ExpertTable &table_;
   const model::ModelFile &file_;
@@ -141,7 +144,7 @@ class ExpertCache final : public model::ExpertSource {
   std::vector<absl::Status> key_error_;  // last load failure per key, reported to the waiter
   std::priority_queue<Request> queue_;
   uint64_t seq_ = 0, tick_ = 0;
-  uint64_t inflight_bytes_ = 0;
+  uint64_t prefetch_inflight_bytes_ = 0;  // predicted loads queued or being read
   int loading_ = 0;
   bool stop_ = false;
   CacheStats stats_;

@@ -20,13 +20,17 @@ ExpertTable::ExpertTable(const model::ModelWeights &w) {
       ExpertEntry &en = entries_[Key(l, e)];
       en.weights = &ew;
       const model::Matrix *m[3] = {&ew.gate, &ew.up, &ew.down};
+      // Read part by part, each part gets a 4 KiB-aligned region of the slot and lands in it at
+      // its file offset's place within a 4 KiB block, so an O_DIRECT read of the aligned blocks
+      // around it (whatever the file's tensor alignment) fills the region in place.
       uint64_t packed = 0;
       for (int p = 0; p < 3; ++p) {
         en.part[p].file_index = m[p]->tensor->file_index;
         en.part[p].file_offset = m[p]->file_offset();
         en.part[p].bytes = m[p]->nbytes();
-        en.part[p].slot_offset = packed;
-        packed += (m[p]->nbytes() + 63) & ~uint64_t{63};
+        const uint64_t head = en.part[p].file_offset % kDirectBlock;
+        en.part[p].slot_offset = packed + head;
+        packed += (head + m[p]->nbytes() + kDirectBlock - 1) / kDirectBlock * kDirectBlock;
       }
       en.bytes = ew.nbytes();
       // One read when the parts are in one file, in order, and the gaps between them are small
@@ -48,7 +52,7 @@ ExpertTable::ExpertTable(const model::ModelWeights &w) {
     }
     slot_bytes_ = std::max(slot_bytes_, layer_slot_bytes_[l]);
   }
-  slot_bytes_ = (slot_bytes_ + 4095) & ~uint64_t{4095};
+  slot_bytes_ = (slot_bytes_ + kDirectBlock - 1) / kDirectBlock * kDirectBlock;
 }
 
 }  // namespace strata::store

@@ -11,11 +11,15 @@
 
 namespace strata::store {
 
+// The block O_DIRECT reads are aligned to (offset, length and memory).
+constexpr uint64_t kDirectBlock = 4096;
+
 struct ExpertPart {
   int file_index = 0;
   uint64_t file_offset = 0;
   uint64_t bytes = 0;
-  uint64_t slot_offset = 0;  // where the part lands in a slot
+  uint64_t slot_offset = 0;  // where the part lands in a slot (its file offset's place in a 4 KiB block,
+                             // unless the three are read as one)
 };
 
 struct ExpertEntry {
