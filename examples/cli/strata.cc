@@ -91,6 +91,7 @@ struct Args {
   std::string prompts;
   // pack
   std::string experts_type = "q4_k", attention_type = "q8_0", boost_type = "q6_k";
+  std::string routing = "concentrated";
   std::string boost_layers, hotlist;
   // synth
   std::string shape, codec = "q4_k";
@@ -136,8 +137,9 @@ const char kUsage[] =
     "           routers F32; each expert's gate|up|down contiguous and 4 KiB-aligned; with --hotlist\n"
     "           (lines 'layer expert count', hottest first) the hottest experts come first\n"
     "  synth    --shape qwen3-30b-a3b|olmoe-1b-7b|mixtral-8x7b|tiny --out FILE [--codec q4_k]\n"
-    "           [--attention q8_0] [--layers N] [--seed S] [--sparse]   a GGUF with the shape's real tensors,\n"
-    "           metadata and a byte-level BPE tokenizer, and random weights (experts in --codec)\n"
+    "           [--attention q8_0] [--layers N] [--seed S] [--sparse] [--routing concentrated|spread]\n"
+    "           a GGUF with the shape's real tensors, metadata and a byte-level BPE tokenizer, and random\n"
+    "           weights (experts in --codec); spread routing: tokens pick varied experts, as trained models do\n"
     "\n"
     "common options: --backend cpu|cuda|auto  --ram-budget SIZE  --vram-budget SIZE  --threads N\n"
     "                --n-ctx N  --max-sessions N  --kv-budget SIZE (KV of all sessions; default\n"
@@ -228,6 +230,7 @@ Args ParseArgs(int argc, char **argv) {
     else if (f == "--lock-memory") a.lock_memory = size();
     else if (f == "--q8-activations") a.q8_activations = true;
     else if (f == "--sparse") a.sparse = true;
+    else if (f == "--routing") a.routing = value();
     else if (f == "--json") a.json = true;
     else if (f == "--sweep") a.sweep = true;
     else if (f == "--policy") {
@@ -1153,6 +1156,7 @@ int CmdSynth(const Args &a) {
   o.layers = static_cast<int>(a.layers);
   o.seed = a.seed;
   o.sparse = a.sparse;
+  o.routing = a.routing;
   o.progress = isatty(STDERR_FILENO) != 0;
   const std::string temp = a.out + ".tmp." + std::to_string(getpid());
   if (temp.size() < sizeof g_pack_temp) {

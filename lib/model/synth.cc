@@ -68,6 +68,7 @@ class Rng {
 constexpr int64_t kUnitElems = 256;
 constexpr uint64_t kPoolUnits = 509;
 constexpr float kMatrixStd = 0.02f;
+constexpr float kSpreadEmbdStd = 1.0f, kSpreadOutStd = 0.002f;  // token_embd and attn_output, "spread" routing
 constexpr uint64_t kChunkBytes = uint64_t{8} << 20;
 
 struct Pool {
@@ -75,10 +76,10 @@ struct Pool {
   std::vector<uint8_t> bytes;  // kPoolUnits units
 };
 
-Pool MakePool(const quant::Codec &c, uint64_t seed) {
+Pool MakePool(const quant::Codec &c, float std_dev, uint64_t seed) {
   Rng rng(Mix(seed, 0x706F6F6C0000ull + static_cast<uint64_t>(c.id)));
   std::vector<float> vals(kPoolUnits * kUnitElems);
-  for (float &v : vals) v = kMatrixStd * rng.Normal();
+  for (float &v : vals) v = std_dev * rng.Normal();
   Pool p;
   p.unit_bytes = static_cast<uint64_t>(kUnitElems / c.block_elems * c.block_bytes);
   p.bytes.resize(p.unit_bytes * kPoolUnits);
@@ -96,10 +97,11 @@ struct Tensor {
   int n_dims = 1;
   int64_t ne[4] = {1, 1, 1, 1};
   Fill fill = Fill::kNorm;
+  float std_dev = kMatrixStd;  // of a pooled matrix's values
   bool expert = false;
 };
 
-std::vector<Tensor> PlanTensors(const SynthShape &s, TypeId experts, TypeId attention) {
+std::vector<Tensor> PlanTensors(const SynthShape &s, TypeId experts, TypeId attention, bool spread) {
   std::vector<Tensor> t;
   auto vec = [&](std::string name, int64_t n) {
     Tensor x;
@@ -123,6 +125,7 @@ std::vector<Tensor> PlanTensors(const SynthShape &s, TypeId experts, TypeId atte
   const int64_t q_dim = int64_t{s.n_head} * s.head_dim, kv_dim = int64_t{s.n_head_kv} * s.head_dim;
   const bool olmoe = s.arch == "olmoe", qwen = s.arch == "qwen3moe";
   mat("token_embd.weight", s.n_vocab, s.n_embd, attention, Fill::kPool);                  // (n_vocab, n_embd)
+  if (spread) t.back().std_dev = kSpreadEmbdStd;
   for (int l = 0; l < s.n_layer; ++l) {
     auto n = [l](const char *what) { return absl::StrFormat("blk.%d.%s.weight", l, what); };
     vec(n("attn_norm"), s.n_embd);
@@ -130,6 +133,7 @@ std::vector<Tensor> PlanTensors(const SynthShape &s, TypeId experts, TypeId atte
     mat(n("attn_k"), kv_dim, s.n_embd, attention, Fill::kPool);                             // (kv_dim, n_embd)
     mat(n("attn_v"), kv_dim, s.n_embd, attention, Fill::kPool);                             // (kv_dim, n_embd)
     mat(n("attn_output"), s.n_embd, q_dim, attention, Fill::kPool);                         // (n_embd, q_dim)
+    if (spread) t.back().std_dev = kSpreadOutStd;
     if (qwen) {  // per-head RMS norms
       vec(n("attn_q_norm"), s.head_dim);
       vec(n("attn_k_norm"), s.head_dim);
@@ -164,7 +168,7 @@ absl::StatusOr<TypeId> ParseCodec(const std::string &name, const char *what) {
 
 // Streams one tensor's `nbytes` into the writer through `buf`.
 absl::Status WriteTensor(const Tensor &t, uint64_t index, uint64_t nbytes, int n_embd, uint64_t seed,
-                         const std::map<TypeId, Pool> &pools, std::vector<uint8_t> &buf, format::GgufWriter &w) {
+                         const std::map<std::pair<TypeId, float>, Pool> &pools, std::vector<uint8_t> &buf, format::GgufWriter &w) {
   const uint64_t key = Mix(seed, index + 1);
   if (t.fill != Fill::kPool) {
     Rng rng(key);
@@ -179,7 +183,7 @@ absl::Status WriteTensor(const Tensor &t, uint64_t index, uint64_t nbytes, int n
     }
     return absl::OkStatus();
   }
-  const Pool &pool = pools.at(t.type);
+  const Pool &pool = pools.at({t.type, t.std_dev});
   const uint64_t ub = pool.unit_bytes;
   const uint64_t units_per_chunk = std::max<uint64_t>(1, kChunkBytes / ub);
   buf.resize(units_per_chunk * ub);
@@ -344,9 +348,12 @@ absl::StatusOr<Resolved> Resolve(const SynthOptions &o) {
     }
     s.n_layer = o.layers;
   }
+  if (o.routing != "concentrated" && o.routing != "spread") {
+    return Errorf(MOE_ERR_INVALID_ARGUMENT, "unknown routing '%s' (known: concentrated, spread)", o.routing);
+  }
   STRATA_ASSIGN_OR_RETURN(r.experts, ParseCodec(o.experts, "--codec"));
   STRATA_ASSIGN_OR_RETURN(const TypeId attention, ParseCodec(o.attention, "--attention"));
-  r.tensors = PlanTensors(s, r.experts, attention);
+  r.tensors = PlanTensors(s, r.experts, attention, o.routing == "spread");
   for (const Tensor &t : r.tensors) {
     const quant::Codec &c = *quant::FindCodec(t.type);
     if (t.ne[0] % c.block_elems != 0) {
@@ -416,16 +423,17 @@ absl::StatusOr<SynthReport> Synthesize(const SynthOptions &o, const std::string 
 
   w.SetValue("strata.synth.shape", format::GgufString(s.name));
   w.SetValue("strata.synth.seed", format::GgufUint64(o.seed));
+  w.SetValue("strata.synth.routing", format::GgufString(o.routing));
   w.SetValue("strata.synth.pool_units", format::GgufUint32(static_cast<uint32_t>(kPoolUnits)));
 
   for (const Tensor &t : tensors) {
     auto added = w.AddTensor(t.name, static_cast<uint32_t>(t.type), t.n_dims, t.ne);
     if (!added.ok()) return Annotate(added.status(), absl::StrCat("synthesizing '", out, "'"));
   }
-  std::map<TypeId, Pool> pools;
+  std::map<std::pair<TypeId, float>, Pool> pools;
   for (const Tensor &t : tensors) {
-    if (t.fill == Fill::kPool && !pools.count(t.type)) {
-      pools.emplace(t.type, MakePool(*quant::FindCodec(t.type), o.seed));
+    if (t.fill == Fill::kPool && !pools.count({t.type, t.std_dev})) {
+      pools.emplace(std::make_pair(t.type, t.std_dev), MakePool(*quant::FindCodec(t.type), t.std_dev, o.seed));
     }
   }
   STRATA_RETURN_IF_ERROR(w.Begin());
