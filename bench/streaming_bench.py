@@ -4,11 +4,13 @@ reading the same GGUF through mmap, under the same free memory, next to the disk
 
 Steps, all in one run:
   1. the routed-expert bytes of the model (from `strata plan`);
-  2. the file's sequential read bandwidth with O_DIRECT (the disk, not the page cache);
+  2. the file's read bandwidth with O_DIRECT (the disk, not the page cache): the best of 1, 2 and 4
+     parallel sequential streams;
   3. a helper process locks RAM so that only --free-gib stays available (page cache held down);
   4. Strata: `strata bench` at a RAM budget of --budget-frac of the routed expert bytes;
   5. llama.cpp (the `llama_cpp` package, built from the llama-cpp-python source distribution):
-     the same prompt tokens and decode length, mmap, same threads;
+     the same prompt tokens and decode length, same threads, its weights read through the mmap
+     (its CPU repacking, which copies the weights into anonymous memory, off unless --llama-repack);
   6. a table: tokens/s of each, the ratio, and the roofline = read bandwidth / expert bytes Strata
      missed per token (experts that were not resident when the token needed them: demand misses plus
      the prefetched loads that were used; wasted prefetches do not lower the roofline).
@@ -16,7 +18,8 @@ Decode input, --decode: `generated` feeds each engine its own greedy/sampled tok
 model tends to repeat a few tokens, so consecutive steps select the same experts); `random` feeds both
 engines the same uniformly drawn token ids one per step (no repetition: the cold-cache case); `both`
 (default) runs each.
-Page caches are dropped before each engine when the kernel allows it.
+Page caches are dropped before each engine when the kernel allows it. The run stops if the locked
+memory's process dies (the OOM killer takes the largest process when an engine outgrows the free RAM).
 
 usage: bench/streaming_bench.py --strata build/examples/strata --model F.gguf [--free-gib 3]
        [--budget-frac 0.25] [--prompt-tokens 8] [-n 32] [--threads 2] [--decode both|generated|random]
@@ -65,20 +68,49 @@ def hog(nbytes, ready):
         time.sleep(3600)
 
 
-def read_bandwidth(path, nbytes=1 << 30):
-    """Sequential O_DIRECT read of the file's middle, in GB/s."""
-    size = os.path.getsize(path)
-    start = (size // 2) & ~((4 << 20) - 1)
-    nbytes = min(nbytes, size - start) & ~((4 << 20) - 1)
+def read_stream(path, start, nbytes, out, i):
     fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
     buf = mmap.mmap(-1, 4 << 20)
-    t0 = time.perf_counter()
     done = 0
     while done < nbytes:
-        done += os.preadv(fd, [buf], start + done)
-    dt = time.perf_counter() - t0
+        got = os.preadv(fd, [buf], start + done)
+        if got <= 0:
+            break
+        done += got
     os.close(fd)
-    return nbytes / dt / 1e9
+    out[i] = done
+
+
+def read_bandwidth(path, nbytes=1 << 30):
+    """The file's O_DIRECT read rate in GB/s from its middle: the best of 1, 2 and 4 streams over
+    neighbouring parts (a disk serving reads in parallel can be faster than one stream shows, and an
+    engine with several I/O threads can use that)."""
+    import threading
+    size = os.path.getsize(path)
+    start = (size // 2 - nbytes // 2) & ~((4 << 20) - 1)
+    nbytes = min(nbytes, size - start) & ~((16 << 20) - 1)
+    best = 0.0
+    for n in (1, 2, 4):
+        drop_caches()
+        part = nbytes // n
+        out = [0] * n
+        threads = [threading.Thread(target=read_stream, args=(path, start + i * part, part, out, i)) for i in range(n)]
+        t0 = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        best = max(best, sum(out) / (time.perf_counter() - t0) / 1e9)
+    return best
+
+
+def hog_alive(p, after):
+    """The locked memory must outlive every engine's run: the kernel's OOM killer picks the largest
+    process, the hog, when an engine allocates beyond what is free, and the runs after it would
+    then see all of RAM."""
+    if not p.is_alive():
+        sys.exit(f"the memory hog died during {after} (killed for memory: see dmesg); that engine needed "
+                 "more than the free RAM, and later runs would no longer be held down")
 
 
 def routed_expert_bytes(strata, model):
@@ -104,8 +136,21 @@ def run_strata(strata, model, budget, prompt, forced, n, threads, extra):
     return r
 
 
-def run_llama(model, prompt, forced, n, threads, seed=42):
-    from llama_cpp import Llama  # built from the llama-cpp-python sdist
+def run_llama(model, prompt, forced, n, threads, seed=42, repack=False):
+    import llama_cpp.llama_cpp as lc  # built from the llama-cpp-python sdist
+    from llama_cpp import Llama
+    if not repack:
+        # llama.cpp's CPU backend by default copies every weight it can into a repacked layout in
+        # anonymous memory at load ("extra buffer types"): a second copy of the model that never
+        # reads through the mmap and needs more RAM than the run leaves. Off: weights stay in the mmap.
+        default_params = lc.llama_model_default_params
+
+        def no_repack():
+            p = default_params()
+            p.use_extra_bufts = False
+            return p
+
+        lc.llama_model_default_params = no_repack
     t0 = time.perf_counter()
     llm = Llama(model_path=model, n_ctx=len(prompt) + n + 16, n_threads=threads, n_threads_batch=threads,
                 use_mmap=True, use_mlock=False, n_gpu_layers=0, verbose=False, seed=seed)
@@ -117,7 +162,10 @@ def run_llama(model, prompt, forced, n, threads, seed=42):
         tok = forced[i] if forced else int(llm.scores[llm.n_tokens - 1].argmax())
         llm.eval([tok])
     t3 = time.perf_counter()
-    return {"load_s": load_s, "prefill_tok_s": len(prompt) / (t2 - t1), "decode_tok_s": n / (t3 - t2)}
+    with open("/proc/self/status") as f:
+        rss = {k: int(v.split()[0]) * 1024 for k, v in (l.split(":", 1) for l in f) if k in ("RssAnon", "RssFile")}
+    return {"load_s": load_s, "prefill_tok_s": len(prompt) / (t2 - t1), "decode_tok_s": n / (t3 - t2),
+            "repack": repack, "rss_anon_bytes": rss.get("RssAnon"), "rss_file_bytes": rss.get("RssFile")}
 
 
 def vocab_size(strata, model):
@@ -135,6 +183,8 @@ def main():
     ap.add_argument("-n", type=int, default=32)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--skip-llama", action="store_true")
+    ap.add_argument("--llama-repack", action="store_true",
+                    help="let llama.cpp copy weights into its repacked CPU layout (a second copy in RAM)")
     ap.add_argument("--decode", choices=("both", "generated", "random"), default="both")
     ap.add_argument("--seed", type=int, default=42)
     ap.add_argument("--strata-args", default="", help="extra options for strata bench, e.g. '--prefetch 2'")
@@ -172,9 +222,12 @@ def main():
                 results["runs"][f"{mode}/{name}"] = run_strata(a.strata, a.model, budget, prompt, forced, a.n,
                                                                a.threads,
                                                                extra + ["--n-ctx", "256"] + a.strata_args.split())
+                hog_alive(p, f"{mode}/{name}")
             if not a.skip_llama:
                 drop_caches()
-                results["runs"][f"{mode}/llama_cpp"] = run_llama(a.model, prompt, forced, a.n, a.threads, a.seed)
+                results["runs"][f"{mode}/llama_cpp"] = run_llama(a.model, prompt, forced, a.n, a.threads, a.seed,
+                                                                 a.llama_repack)
+                hog_alive(p, f"{mode}/llama_cpp")
     finally:
         p.kill()
 
@@ -195,7 +248,9 @@ def main():
                   f"{r['decode_bytes_read_per_token'] / 2**20:>14.1f}{missed / 2**20:>16.1f}"
                   f"{roof:>10.2f}{r['decode_tok_s'] / roof:>9.0%}{ratio:>10}")
         if llama:
-            print(f"{mode:<12}{'llama.cpp mmap':<16}{llama['decode_tok_s']:>8.2f}")
+            print(f"{mode:<12}{'llama.cpp mmap':<16}{llama['decode_tok_s']:>8.2f}   (resident: "
+                  f"{(llama['rss_anon_bytes'] or 0) / 2**30:.2f} GiB anonymous, "
+                  f"{(llama['rss_file_bytes'] or 0) / 2**30:.2f} GiB of the file)")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(results, f, indent=1)
