@@ -59,6 +59,19 @@ void Synth(const SynthOptions &o, const std::string &out) {
   REQUIRE(r->file_bytes == std::filesystem::file_size(out));
 }
 
+// `path` opened through the C ABI on the CPU backend with two threads.
+moe_ctx *OpenOnCpu(const std::string &path) {
+  moe_params mp;
+  moe_params_init(&mp);
+  mp.model_path = path.c_str();
+  mp.backend = MOE_BACKEND_CPU;
+  mp.n_threads = 2;
+  moe_ctx *ctx = nullptr;
+  INFO(moe_last_error());
+  REQUIRE(moe_ctx_open(&mp, &ctx) == MOE_OK);
+  return ctx;
+}
+
 void CheckShape(const strata::format::GgufFile &g, const std::string &name, uint32_t type,
                 std::vector<int64_t> ne) {
   INFO(name);
@@ -178,14 +191,7 @@ TEST_CASE("synth tiny: llama.cpp metadata, names and shapes; runs through the C 
   const std::string odd = "Grüße, 世界!\n\t\x01 the model";
   CHECK((*tok)->Decode((*tok)->Encode(odd, false)).value() == odd);
 
-  moe_params mp;
-  moe_params_init(&mp);
-  mp.model_path = path.c_str();
-  mp.backend = MOE_BACKEND_CPU;
-  mp.n_threads = 2;
-  moe_ctx *ctx = nullptr;
-  INFO(moe_last_error());
-  REQUIRE(moe_ctx_open(&mp, &ctx) == MOE_OK);
+  moe_ctx *ctx = OpenOnCpu(path);
   CHECK(moe_ctx_vocab_size(ctx) == 512);
   int32_t ids[16];
   size_t n_ids = 0;
@@ -238,17 +244,12 @@ TEST_CASE("synth is deterministic per seed", "[synth]") {
   CHECK(a.compare(t->offset, per, a, t->offset + per, per) != 0);
 }
 
+namespace {
+
 // The busiest quarter of each layer's experts: its share of the layer's selections, averaged over
 // the layers, after running `runs` through the model (teacher-forced, one session each).
 double BusiestQuarterShare(const std::string &path, const std::vector<std::vector<int32_t>> &runs) {
-  moe_params mp;
-  moe_params_init(&mp);
-  mp.model_path = path.c_str();
-  mp.backend = MOE_BACKEND_CPU;
-  mp.n_threads = 2;
-  moe_ctx *ctx = nullptr;
-  INFO(moe_last_error());
-  REQUIRE(moe_ctx_open(&mp, &ctx) == MOE_OK);
+  moe_ctx *ctx = OpenOnCpu(path);
   for (const auto &run : runs) {
     moe_session *s = nullptr;
     REQUIRE(moe_session_open(ctx, nullptr, &s) == MOE_OK);
@@ -277,6 +278,8 @@ double BusiestQuarterShare(const std::string &path, const std::vector<std::vecto
   }
   return sum / double(n / n_exp);
 }
+
+}  // namespace
 
 TEST_CASE("synth routing: spread routing picks varied experts, the default concentrates", "[synth]") {
   TempDir dir;
