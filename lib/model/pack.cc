@@ -73,7 +73,7 @@ void WriteHfMetadata(const ModelFile &mf, const HParams &hp, format::GgufWriter 
   if (auto it = mf.config().find("intermediate_size"); it != mf.config().end() && it->is_number_unsigned()) {
     dense_ff = it->get<int64_t>();
   }
-  WriteLlamaCppHParams(qwen ? "qwen3moe" : "llama", name, hp, dense_ff, w);
+  WriteLlamaCppHParams(qwen ? "qwen3moe" : hp.arch == Arch::kOlmoe ? "olmoe" : "llama", name, hp, dense_ff, w);
 }
 
 // ---- planning --------------------------------------------------------------------------------
@@ -337,7 +337,7 @@ absl::StatusOr<PackReport> Pack(const std::string &in, const std::string &out, c
 
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<ModelFile> mf, ModelFile::Open(in));
   STRATA_ASSIGN_OR_RETURN(HParams hp, ReadHParams(*mf));
-  if (hp.arch != Arch::kQwen3Moe && hp.arch != Arch::kMixtral) {
+  if (hp.arch != Arch::kQwen3Moe && hp.arch != Arch::kMixtral && hp.arch != Arch::kOlmoe) {
     return Errorf(MOE_ERR_UNSUPPORTED, "pack does not handle architecture '%s' yet", hp.arch_name);
   }
   STRATA_ASSIGN_OR_RETURN(ModelWeights w, BindWeights(*mf, hp));

@@ -183,6 +183,41 @@ TEST_CASE("pack q8_0: goldens from HF and GGUF run within bounds, experts aligne
   }
 }
 
+// OLMoE (q/k norms over the whole projection, no renormalised top-k): packed in F32 from the HF
+// checkpoint and from the GGUF, the same model — every key of the golden GGUF, experts aligned and
+// contiguous, logits as the golden's (transformers) within the engine's own bound.
+TEST_CASE("pack of OLMoE from HF and GGUF keeps the model", "[pack]") {
+  const std::string dir = kGolden + "olmoe_f32/";
+  strata::model::PackOptions o;
+  o.experts = o.attention = TypeId::kF32;
+  o.verbose = false;
+  const auto golden = Parse(dir + "model-f32.gguf");
+  const auto tokens = ReadBinary<int32_t>(dir + "tokens.bin");
+  const auto ref = ReadBinary<float>(dir + "logits.bin");
+  for (const char *input : {"hf", "model-f32.gguf"}) {
+    INFO(input);
+    TempDir tmp;
+    Packed p = PackOrFail(dir + input, tmp.File("packed.gguf"), o);
+    const auto g = Parse(p.path);
+    CHECK(g.GetString("general.architecture").value() == "olmoe");
+    for (const auto &[key, value] : golden.kv) {
+      if (key == "general.name" || key == "general.file_type") continue;
+      INFO("key " << key);
+      const auto *v = g.Find(key);
+      REQUIRE(v != nullptr);
+      CHECK(v->type == value.type);
+      CHECK(v->u == value.u);
+      CHECK(v->f == value.f);
+      CHECK(v->s == value.s);
+    }
+    CheckLayout(g, golden.GetUint("olmoe.block_count").value(), golden.GetUint("olmoe.expert_count").value());
+    const auto got = TeacherForced(p.path, tokens, tokens.size());
+    const double e = NormalizedMaxError(got, ref);
+    INFO("vs logits.bin " << e);
+    CHECK(e < 1e-4);
+  }
+}
+
 TEST_CASE("pack with q4_k experts on 64/32 goldens falls back to Q8_0 and says so", "[pack]") {
   TempDir tmp;
   const std::string dir = kGolden + "qwen3moe_f32/";
