@@ -77,7 +77,14 @@ struct Pool {
 };
 
 Pool MakePool(const quant::Codec &c, float std_dev, uint64_t seed) {
-  Rng rng(Mix(seed, 0x706F6F6C0000ull + static_cast<uint64_t>(c.id)));
+  // Pools of another scale draw other values (not the default pool scaled).
+  uint64_t stream = Mix(seed, 0x706F6F6C0000ull + static_cast<uint64_t>(c.id));
+  if (std_dev != kMatrixStd) {
+    uint32_t bits;
+    std::memcpy(&bits, &std_dev, sizeof bits);
+    stream = Mix(stream, bits);
+  }
+  Rng rng(stream);
   std::vector<float> vals(kPoolUnits * kUnitElems);
   for (float &v : vals) v = std_dev * rng.Normal();
   Pool p;
@@ -167,8 +174,10 @@ absl::StatusOr<TypeId> ParseCodec(const std::string &name, const char *what) {
 // ---- writing ---------------------------------------------------------------------------------
 
 // Streams one tensor's `nbytes` into the writer through `buf`.
+using Pools = std::map<std::pair<TypeId, float>, Pool>;  // by codec and scale
+
 absl::Status WriteTensor(const Tensor &t, uint64_t index, uint64_t nbytes, int n_embd, uint64_t seed,
-                         const std::map<std::pair<TypeId, float>, Pool> &pools, std::vector<uint8_t> &buf, format::GgufWriter &w) {
+                         const Pools &pools, std::vector<uint8_t> &buf, format::GgufWriter &w) {
   const uint64_t key = Mix(seed, index + 1);
   if (t.fill != Fill::kPool) {
     Rng rng(key);
@@ -430,7 +439,7 @@ absl::StatusOr<SynthReport> Synthesize(const SynthOptions &o, const std::string 
     auto added = w.AddTensor(t.name, static_cast<uint32_t>(t.type), t.n_dims, t.ne);
     if (!added.ok()) return Annotate(added.status(), absl::StrCat("synthesizing '", out, "'"));
   }
-  std::map<std::pair<TypeId, float>, Pool> pools;
+  Pools pools;
   for (const Tensor &t : tensors) {
     if (t.fill == Fill::kPool && !pools.count({t.type, t.std_dev})) {
       pools.emplace(std::make_pair(t.type, t.std_dev), MakePool(*quant::FindCodec(t.type), t.std_dev, o.seed));
