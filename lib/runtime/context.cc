@@ -84,6 +84,11 @@ std::string LoadChatTemplate(const model::ModelFile &mf) {
   return "(a chat_template in tokenizer_config.json that is neither a string nor a list with a default)";
 }
 
+int DefaultPrefillLayerMin(int n_expert, int n_expert_used) {
+  if (n_expert <= 0 || n_expert_used <= 0) return kNoLayerMajor;
+  return (4 * n_expert + n_expert_used - 1) / n_expert_used;
+}
+
 absl::StatusOr<std::unique_ptr<Context>> Context::Open(const ContextOptions &o) {
   if (o.model_path.empty()) return Errorf(MOE_ERR_INVALID_ARGUMENT, "no model path given");
 #ifndef STRATA_HAVE_CUDA
@@ -103,10 +108,11 @@ absl::StatusOr<std::unique_ptr<Context>> Context::Open(const ContextOptions &o) 
   auto ctx = std::unique_ptr<Context>(new Context());
   if (o.max_batch_tokens > 0) ctx->max_batch_tokens_ = o.max_batch_tokens;
   if (o.prefill_token_max > 0) ctx->prefill_token_max_ = o.prefill_token_max;
-  if (o.prefill_layer_min > 0) ctx->prefill_layer_min_ = o.prefill_layer_min;
   STRATA_ASSIGN_OR_RETURN(Described d, Describe(o.model_path));
   ctx->file_ = std::move(d.file);
   ctx->hp_ = d.hp;
+  ctx->prefill_layer_min_ = o.prefill_layer_min > 0 ? o.prefill_layer_min
+                                                    : DefaultPrefillLayerMin(d.hp.n_expert, d.hp.n_expert_used);
   ctx->weights_ = std::move(d.weights);
   store::PlanInputs in = PlanInputsFor(o, ctx->hp_);
   ctx->n_ctx_ = in.n_ctx;

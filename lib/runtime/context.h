@@ -43,7 +43,7 @@ struct ContextOptions {
   std::string kv_spill_dir;         // where idle sessions' KV may be evicted; "" = no disk eviction
   // Continuous batching: at most this many tokens (of all sessions) per forward pass; 0 = default.
   int max_batch_tokens = 0;
-  // Prefill modes by input length (0 = the measured defaults below; see bench/README.md): a
+  // Prefill modes by input length (0 = the defaults below; see bench/README.md): a
   // session's input of at most prefill_token_max tokens runs token by token; a pass of at least
   // prefill_layer_min tokens streams whole layers (layer-major); between, selected experts only.
   int prefill_token_max = 0;
@@ -51,11 +51,18 @@ struct ContextOptions {
 };
 
 // Measured on the CPU backend (bench/README.md, "prefill modes"): batched selected-expert prefill
-// beat token by token from 2 tokens up and layer-major at every length tried, so by default neither
-// of those runs; the cut-offs stay settable for backends and disks where they pay.
+// beats token by token from 2 tokens up, so token by token is off by default. Layer-major prefill
+// pays once a pass would touch nearly every expert of a layer anyway: DefaultPrefillLayerMin.
 inline constexpr int kDefaultMaxBatchTokens = 512;
 inline constexpr int kDefaultPrefillTokenMax = 1;
-inline constexpr int kDefaultPrefillLayerMin = 1 << 30;
+inline constexpr int kNoLayerMajor = 1 << 30;
+
+// The pass size from which prefill streams whole layers: T k >= 4 E tokens (E experts, k a token),
+// where a pass routed evenly touches 1 - (1 - k/E)^T >= 98% of a layer's experts, so reading whole
+// layers ahead costs hardly more bytes than the selected experts and overlaps them with compute.
+// Measured on Qwen3-30B-A3B with spread routing (128 experts, top-8): selected-expert prefill wins
+// at 32 tokens, layer-major from 64 (this rule: 64). kNoLayerMajor for a model without experts.
+int DefaultPrefillLayerMin(int n_expert, int n_expert_used);
 
 // What the expert tiers did since open (or the last reset).
 struct ContextStats {
@@ -239,7 +246,7 @@ class Context {
   absl::Status WithKvRoom(Session *s, const std::function<absl::Status()> &fn);
   int max_batch_tokens_ = kDefaultMaxBatchTokens;
   int prefill_token_max_ = kDefaultPrefillTokenMax;
-  int prefill_layer_min_ = kDefaultPrefillLayerMin;
+  int prefill_layer_min_ = kNoLayerMajor;
   size_t rr_next_ = 0;          // round-robin: the session index served first by the next step
   double us_per_token_ = 0;     // measured cost of a token in a pass (moving average), for StepFor
   std::mutex mu_;  // guards sessions_ and serialises Step

@@ -9,14 +9,17 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cmath>
 #include <cstring>
 #include <random>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "include/strata/moe.h"
 #include "lib/format/file.h"
+#include "lib/runtime/context.h"
 #include "tests/model/golden_util.h"
 
 namespace {
@@ -287,7 +290,11 @@ TEST_CASE("prefill modes give bit-identical logits", "[batching]") {
     const char *name;
     uint32_t token_max, layer_min;
   };
-  const Mode modes[] = {{"token by token", 100000, 100000}, {"selected experts", 1, 100000}, {"layer-major", 1, 1}};
+  // 0, 0: the defaults, which on this model (8 experts, 2 a token) are layer-major from 16 tokens.
+  const Mode modes[] = {{"token by token", 100000, 100000},
+                        {"selected experts", 1, 100000},
+                        {"layer-major", 1, 1},
+                        {"defaults", 0, 0}};
   // The minimum budget (one layer's experts), and one layer more, where layer-major can read ahead.
   moe_ctx *probe = Open(model, CtxOptions{1, 0, 0, 0});
   moe_cache_plan plan;
@@ -331,6 +338,21 @@ TEST_CASE("prefill modes give bit-identical logits", "[batching]") {
       if (md.layer_min == 1 && budget != 1) CHECK(st.prefetch_issued > 0);  // whole next layers requested
       moe_ctx_close(ctx);
     }
+  }
+}
+
+TEST_CASE("layer-major prefill starts where an evenly routed pass touches ~98% of a layer's experts", "[batching]") {
+  using strata::runtime::DefaultPrefillLayerMin;
+  CHECK(DefaultPrefillLayerMin(128, 8) == 64);  // Qwen3-30B-A3B: measured between 32 and 64 tokens
+  CHECK(DefaultPrefillLayerMin(64, 8) == 32);   // OLMoE-1B-7B
+  CHECK(DefaultPrefillLayerMin(8, 2) == 16);    // Mixtral-8x7B
+  CHECK(DefaultPrefillLayerMin(256, 8) == 128); // DeepSeek-V3
+  CHECK(DefaultPrefillLayerMin(0, 0) == strata::runtime::kNoLayerMajor);
+  for (const auto &[e, k] : {std::pair{128, 8}, {64, 8}, {8, 2}, {256, 8}, {32, 4}}) {
+    const int t = DefaultPrefillLayerMin(e, k);
+    INFO(e << " experts, " << k << " a token: " << t << " tokens");
+    CHECK(1.0 - std::pow(1.0 - double(k) / e, t) >= 0.98);
+    CHECK(1.0 - std::pow(1.0 - double(k) / e, t / 2) < 0.98);  // and not much later than that
   }
 }
 
