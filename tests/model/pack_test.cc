@@ -93,6 +93,21 @@ Packed PackOrFail(const std::string &in, const std::string &out, const PackOptio
   return {out, *r};
 }
 
+// Every key of `golden` but the name and file type is in `g` with the same type and value.
+void CheckSameMetadata(const strata::format::GgufFile &g, const strata::format::GgufFile &golden) {
+  for (const auto &[key, value] : golden.kv) {
+    if (key == "general.name" || key == "general.file_type") continue;
+    INFO("key " << key);
+    const auto *v = g.Find(key);
+    REQUIRE(v != nullptr);
+    CHECK(v->type == value.type);
+    CHECK(v->u == value.u);
+    CHECK(v->i == value.i);
+    CHECK(v->f == value.f);
+    CHECK(v->s == value.s);
+  }
+}
+
 PackOptions AllQ8() {
   PackOptions o;
   o.experts = TypeId::kQ8_0;
@@ -150,17 +165,7 @@ TEST_CASE("pack q8_0: goldens from HF and GGUF run within bounds, experts aligne
     // The metadata describes the same model: every key of the golden GGUF (written by llama.cpp's
     // gguf package) is there with the same value, whether packed from it or from the HF checkpoint.
     const auto golden = Parse(dir + "model-f32.gguf");
-    for (const auto &[key, value] : golden.kv) {
-      if (key == "general.name" || key == "general.file_type") continue;
-      INFO("key " << key);
-      const auto *v = g.Find(key);
-      REQUIRE(v != nullptr);
-      CHECK(v->type == value.type);
-      CHECK(v->u == value.u);
-      CHECK(v->i == value.i);
-      CHECK(v->f == value.f);
-      CHECK(v->s == value.s);
-    }
+    CheckSameMetadata(g, golden);
     CHECK(g.GetUint("general.file_type").value() == 7);
     const auto order = CheckLayout(g, c.n_layer, 8);
     for (size_t i = 1; i < order.size(); ++i) CHECK(order[i - 1] < order[i]);  // layer, then expert id
@@ -200,16 +205,7 @@ TEST_CASE("pack of OLMoE from HF and GGUF keeps the model", "[pack]") {
     Packed p = PackOrFail(dir + input, tmp.File("packed.gguf"), o);
     const auto g = Parse(p.path);
     CHECK(g.GetString("general.architecture").value() == "olmoe");
-    for (const auto &[key, value] : golden.kv) {
-      if (key == "general.name" || key == "general.file_type") continue;
-      INFO("key " << key);
-      const auto *v = g.Find(key);
-      REQUIRE(v != nullptr);
-      CHECK(v->type == value.type);
-      CHECK(v->u == value.u);
-      CHECK(v->f == value.f);
-      CHECK(v->s == value.s);
-    }
+    CheckSameMetadata(g, golden);
     CheckLayout(g, golden.GetUint("olmoe.block_count").value(), golden.GetUint("olmoe.expert_count").value());
     const auto got = TeacherForced(p.path, tokens, tokens.size());
     const double e = NormalizedMaxError(got, ref);
