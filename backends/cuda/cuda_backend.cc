@@ -1004,6 +1004,8 @@ absl::Status CudaBackend::HostRoundTrip(const char *what) {
 }
 
 model::Backend::StepMode CudaBackend::BeginStep(const model::StepKey &key) {
+  // A replayed step queues its graph here and has no EndStep: the bracket closes at the next step.
+  if (profiler_step_ >= 0 && steps_ == profiler_step_ + 1) (void)cudaProfilerStop();
   if (steps_++ == profiler_step_) {
     (void)cudaProfilerStart();
     std::fprintf(stderr, "strata: profiler on for step %lld\n", static_cast<long long>(profiler_step_));
