@@ -139,18 +139,21 @@ def run_strata(strata, model, budget, prompt, forced, n, threads, extra):
 def run_llama(model, prompt, forced, n, threads, seed=42, repack=False):
     import llama_cpp.llama_cpp as lc  # built from the llama-cpp-python sdist
     from llama_cpp import Llama
-    if not repack:
-        # llama.cpp's CPU backend by default copies every weight it can into a repacked layout in
-        # anonymous memory at load ("extra buffer types"): a second copy of the model that never
-        # reads through the mmap and needs more RAM than the run leaves. Off: weights stay in the mmap.
-        default_params = lc.llama_model_default_params
+    # llama.cpp's CPU backend by default copies every weight it can into a repacked layout in
+    # anonymous memory at load ("extra buffer types"): a second copy of the model that never reads
+    # through the mmap and needs more RAM than the run leaves. Off: weights stay in the mmap. The
+    # binding reads its defaults from this function, so it is wrapped once and asked each time.
+    if not hasattr(lc, "strata_default_params"):
+        lc.strata_default_params = lc.llama_model_default_params
+        lc.strata_repack = True
 
-        def no_repack():
-            p = default_params()
-            p.use_extra_bufts = False
+        def default_params():
+            p = lc.strata_default_params()
+            p.use_extra_bufts = lc.strata_repack
             return p
 
-        lc.llama_model_default_params = no_repack
+        lc.llama_model_default_params = default_params
+    lc.strata_repack = repack
     t0 = time.perf_counter()
     llm = Llama(model_path=model, n_ctx=len(prompt) + n + 16, n_threads=threads, n_threads_batch=threads,
                 use_mmap=True, use_mlock=False, n_gpu_layers=0, verbose=False, seed=seed)
