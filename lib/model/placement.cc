@@ -1,0 +1,97 @@
+#include "lib/model/placement.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace strata::model {
+
+double LinkSeconds(const ColdExpert &e, const PlacementRates &r) {
+  if (r.link_bytes_s <= 0) return INFINITY;
+  const int64_t reads = std::max<int64_t>(1, (e.tokens + 7) / 8);
+  return static_cast<double>(e.bytes) * static_cast<double>(reads) / r.link_bytes_s;
+}
+
+double CpuSeconds(const ColdExpert &e, const PlacementRates &r) {
+  if (r.cpu_bytes_s <= 0) return INFINITY;
+  const double extra = r.cpu_token_share * static_cast<double>(std::max<int64_t>(0, e.tokens - 1));
+  return static_cast<double>(e.bytes) / r.cpu_bytes_s * (1.0 + extra);
+}
+
+std::vector<int> ChooseCpuExperts(std::vector<ColdExpert> cold, const PlacementRates &r) {
+  std::vector<int> out;
+  if (cold.empty() || r.cpu_bytes_s <= 0) return out;
+  if (r.link_bytes_s <= 0) {  // no link: the CPU takes them all
+    for (const ColdExpert &e : cold) out.push_back(e.expert);
+    std::sort(out.begin(), out.end());
+    return out;
+  }
+  std::stable_sort(cold.begin(), cold.end(), [&](const ColdExpert &a, const ColdExpert &b) {
+    const double ra = CpuSeconds(a, r) / LinkSeconds(a, r), rb = CpuSeconds(b, r) / LinkSeconds(b, r);
+    return ra != rb ? ra < rb : a.expert < b.expert;
+  });
+  double link = 0;
+  for (const ColdExpert &e : cold) link += LinkSeconds(e, r);
+  double cpu = r.cpu_fixed_s;
+  for (const ColdExpert &e : cold) {
+    const double c = cpu + CpuSeconds(e, r), l = link - LinkSeconds(e, r);
+    if (std::max(c, l) >= std::max(out.empty() ? 0.0 : cpu, link)) break;
+    out.push_back(e.expert);
+    cpu = c;
+    link = l;
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+void CpuCostFit::Add(double x, double secs) {
+  if (!(x > 0) || !(secs > 0) || !std::isfinite(x) || !std::isfinite(secs)) return;
+  w_ = decay_ * w_ + 1;
+  x_ = decay_ * x_ + x;
+  y_ = decay_ * y_ + secs;
+  xx_ = decay_ * xx_ + x * x;
+  xy_ = decay_ * xy_ + x * secs;
+  const double mx = x_ / w_, my = y_ / w_;
+  const double var = xx_ / w_ - mx * mx, cov = xy_ / w_ - mx * my;
+  if (var > 0.01 * mx * mx && cov > 0) {  // sizes spread enough to separate the two terms
+    const double slope = cov / var;
+    fixed_ = my - slope * mx;
+    if (fixed_ < 0) {
+      fixed_ = 0;
+      rate_ = mx / my;
+    } else {
+      rate_ = 1 / slope;
+    }
+  } else if (my > fixed_) {
+    rate_ = mx / (my - fixed_);
+  }
+}
+
+double HybridSavingSeconds(double cold_bytes, uint64_t expert_bytes, const PlacementRates &r) {
+  if (cold_bytes <= 0 || expert_bytes == 0 || r.cpu_bytes_s <= 0 || r.link_bytes_s <= 0) return 0;
+  // Whole experts of one token, as many as the bytes make (the last one partial).
+  std::vector<ColdExpert> cold;
+  double left = cold_bytes;
+  for (int x = 0; left > 0 && x < 4096; ++x) {
+    const uint64_t b = static_cast<uint64_t>(std::min<double>(left, static_cast<double>(expert_bytes)));
+    if (b == 0) break;
+    cold.push_back({x, 1, b});
+    left -= static_cast<double>(b);
+  }
+  double link_all = 0;
+  for (const ColdExpert &e : cold) link_all += LinkSeconds(e, r);
+  const std::vector<int> cpu = ChooseCpuExperts(cold, r);
+  if (cpu.empty()) return 0;
+  double c = r.cpu_fixed_s, l = 0;
+  size_t j = 0;
+  for (const ColdExpert &e : cold) {
+    if (j < cpu.size() && cpu[j] == e.expert) {
+      c += CpuSeconds(e, r);
+      ++j;
+    } else {
+      l += LinkSeconds(e, r);
+    }
+  }
+  return link_all - std::max(c, l);
+}
+
+}  // namespace strata::model

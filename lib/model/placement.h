@@ -1,0 +1,61 @@
+// Hybrid placement: where a routed expert that is not in the device's memory runs. The device can
+// read it from page-locked host RAM over the link (PCIe) as its kernels run, or the CPU can compute
+// it where it lies and send back one row per token. Both go on at once, so a layer's cold experts
+// are split between them to end together: the CPU takes those it is cheapest for (fewest tokens),
+// until adding one more would make it the later of the two.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace strata::model {
+
+// Measured rates of the two ways to run a cold expert.
+struct PlacementRates {
+  double link_bytes_s = 0;     // bytes/s the device reads host memory at (0: the link is not used)
+  double cpu_bytes_s = 0;      // expert bytes/s the CPU computes one token over (0: no CPU compute)
+  // Extra CPU time of each further token of an expert, as a share of the one-token time: a CPU
+  // expert of t tokens costs bytes / cpu_bytes_s * (1 + cpu_token_share * (t - 1)).
+  double cpu_token_share = 0;
+  double cpu_fixed_s = 0;      // a CPU job's start and return (host round trip), paid once a layer
+};
+
+// A routed expert a layer selected that is not in device memory.
+struct ColdExpert {
+  int expert = 0;
+  int64_t tokens = 0;  // tokens of the batch routed to it
+  uint64_t bytes = 0;  // its gate, up and down bytes
+};
+
+// Seconds the link takes for e: the device's grouped kernels read an expert's weights once per
+// chunk of up to 8 of its tokens.
+double LinkSeconds(const ColdExpert &e, const PlacementRates &r);
+double CpuSeconds(const ColdExpert &e, const PlacementRates &r);
+
+// The experts (ids, ascending) the CPU computes: cold experts in order of CPU over link time (ties to
+// the lower id) are moved to the CPU while that lowers the later of the CPU's time (cpu_fixed_s
+// plus its experts) and the link's (the rest). Deterministic for given inputs.
+std::vector<int> ChooseCpuExperts(std::vector<ColdExpert> cold, const PlacementRates &r);
+
+// The CPU's cost of a job, fitted online: seconds = fixed + x / rate, x the job's one-token-
+// equivalent bytes (sum of bytes (1 + cpu_token_share (t - 1))), by least squares over the jobs
+// seen, older ones weighing less (each new job multiplies the old weights by `decay`). While the
+// jobs' sizes barely vary the terms cannot be told apart: the rate is then fitted through the last
+// fixed cost (0 at first).
+class CpuCostFit {
+ public:
+  explicit CpuCostFit(double decay = 0.98) : decay_(decay) {}
+  void Add(double x, double secs);
+  double rate() const { return rate_; }    // bytes/s; 0 until fitted
+  double fixed() const { return fixed_; }  // seconds
+
+ private:
+  double decay_, w_ = 0, x_ = 0, y_ = 0, xx_ = 0, xy_ = 0;
+  double rate_ = 0, fixed_ = 0;
+};
+
+// Seconds a layer saves per call by splitting `cold_bytes` of one-token experts (each of
+// `expert_bytes`) between the link and the CPU, against the link alone; <= 0 when it does not pay.
+double HybridSavingSeconds(double cold_bytes, uint64_t expert_bytes, const PlacementRates &r);
+
+}  // namespace strata::model

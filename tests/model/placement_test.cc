@@ -1,0 +1,158 @@
+// The hybrid placement cost model (lib/model/placement.h): which cold experts the CPU computes while
+// the device reads the others over the link. Checked against exhaustive search on random layers.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "lib/model/placement.h"
+
+namespace {
+
+using namespace strata::model;
+
+// The later of the CPU's and the link's time when the CPU computes `cpu` (ids) of `cold`.
+double Makespan(const std::vector<ColdExpert> &cold, const std::vector<int> &cpu, const PlacementRates &r) {
+  double c = cpu.empty() ? 0 : r.cpu_fixed_s, l = 0;
+  for (const ColdExpert &e : cold) {
+    if (std::find(cpu.begin(), cpu.end(), e.expert) != cpu.end()) {
+      c += CpuSeconds(e, r);
+    } else {
+      l += LinkSeconds(e, r);
+    }
+  }
+  return std::max(c, l);
+}
+
+}  // namespace
+
+TEST_CASE("placement: equal one-token experts split in the ratio of the two rates", "[placement]") {
+  PlacementRates r;
+  r.link_bytes_s = 50e9;
+  r.cpu_bytes_s = 25e9;
+  std::vector<ColdExpert> cold;
+  for (int x = 0; x < 12; ++x) cold.push_back({100 - x * 3, 1, 3u << 20});
+  // The CPU at half the link's rate ends with the link when it takes a third: 4 of 12.
+  const std::vector<int> cpu = ChooseCpuExperts(cold, r);
+  REQUIRE(cpu.size() == 4);
+  CHECK(std::is_sorted(cpu.begin(), cpu.end()));
+  // Equal costs: the lowest ids, whatever the input order.
+  CHECK(cpu == std::vector<int>{67, 70, 73, 76});
+  std::reverse(cold.begin(), cold.end());
+  CHECK(ChooseCpuExperts(cold, r) == cpu);
+}
+
+TEST_CASE("placement: the CPU takes experts of few tokens, the link those of many", "[placement]") {
+  PlacementRates r;
+  r.link_bytes_s = 50e9;
+  r.cpu_bytes_s = 40e9;
+  r.cpu_token_share = 0.3;
+  // Expert 5 has 8 tokens (one read over the link, 3.1x the CPU time), the others one each.
+  const std::vector<ColdExpert> cold = {{5, 8, 3u << 20}, {9, 1, 3u << 20}, {2, 1, 3u << 20}, {7, 1, 3u << 20}};
+  const std::vector<int> cpu = ChooseCpuExperts(cold, r);
+  REQUIRE(!cpu.empty());
+  CHECK(std::find(cpu.begin(), cpu.end(), 5) == cpu.end());
+  // Seventeen tokens: the link reads it three times (chunks of 8).
+  CHECK(LinkSeconds({0, 17, 1000}, r) == Approx(3 * 1000 / 50e9));
+  CHECK(CpuSeconds({0, 17, 1000}, r) == Approx(1000 / 40e9 * (1 + 0.3 * 16)));
+}
+
+TEST_CASE("placement: no CPU, no link, or a round trip that costs more than it saves", "[placement]") {
+  const std::vector<ColdExpert> cold = {{1, 1, 1u << 20}, {4, 1, 1u << 20}};
+  PlacementRates r;
+  r.link_bytes_s = 50e9;
+  CHECK(ChooseCpuExperts(cold, r).empty());  // no CPU rate measured
+  r.cpu_bytes_s = 30e9;
+  r.link_bytes_s = 0;
+  CHECK(ChooseCpuExperts(cold, r) == std::vector<int>{1, 4});
+  r.link_bytes_s = 50e9;
+  CHECK(ChooseCpuExperts(cold, r).size() == 1);
+  r.cpu_fixed_s = 1e-3;  // 1 ms against 42 us of link time
+  CHECK(ChooseCpuExperts(cold, r).empty());
+  CHECK(ChooseCpuExperts({}, r).empty());
+}
+
+TEST_CASE("placement: the choice is within one expert of the best split, never worse than the link alone",
+          "[placement]") {
+  std::mt19937 rng(std::random_device{}());
+  for (int trial = 0; trial < 300; ++trial) {
+    PlacementRates r;
+    r.link_bytes_s = std::uniform_real_distribution<double>(10e9, 60e9)(rng);
+    r.cpu_bytes_s = std::uniform_real_distribution<double>(5e9, 60e9)(rng);
+    r.cpu_token_share = std::uniform_real_distribution<double>(0, 0.5)(rng);
+    r.cpu_fixed_s = std::uniform_real_distribution<double>(0, 50e-6)(rng);
+    const int n = std::uniform_int_distribution<int>(1, 10)(rng);
+    std::vector<ColdExpert> cold;
+    double biggest = r.cpu_fixed_s;
+    for (int i = 0; i < n; ++i) {
+      ColdExpert e{i * 2 + 1, std::uniform_int_distribution<int64_t>(1, 20)(rng),
+                   std::uniform_int_distribution<uint64_t>(1 << 16, 8 << 20)(rng)};
+      biggest = std::max({biggest, CpuSeconds(e, r), LinkSeconds(e, r)});
+      cold.push_back(e);
+    }
+    double best = Makespan(cold, {}, r);
+    for (int mask = 1; mask < (1 << n); ++mask) {
+      std::vector<int> ids;
+      for (int i = 0; i < n; ++i) {
+        if (mask & (1 << i)) ids.push_back(cold[i].expert);
+      }
+      best = std::min(best, Makespan(cold, ids, r));
+    }
+    const double link_only = Makespan(cold, {}, r);
+    const double got = Makespan(cold, ChooseCpuExperts(cold, r), r);
+    INFO("trial " << trial << ": chosen " << got << " s, best " << best << " s, link alone " << link_only << " s");
+    CHECK(got <= link_only * (1 + 1e-12));
+    CHECK(got <= best + biggest + 1e-15);
+  }
+}
+
+TEST_CASE("placement: a layer's saving from its cold bytes", "[placement]") {
+  PlacementRates r;
+  r.link_bytes_s = 50e9;
+  r.cpu_bytes_s = 25e9;
+  const uint64_t expert = 3u << 20;
+  // Twelve one-token experts: the link alone takes 12 e / L, split 8 e / L.
+  CHECK(HybridSavingSeconds(12.0 * expert, expert, r) == Approx(4.0 * expert / 50e9));
+  CHECK(HybridSavingSeconds(0, expert, r) == 0);
+  r.cpu_fixed_s = 1.0;
+  CHECK(HybridSavingSeconds(12.0 * expert, expert, r) == 0);
+  r.cpu_fixed_s = 0;
+  r.cpu_bytes_s = 0;
+  CHECK(HybridSavingSeconds(12.0 * expert, expert, r) == 0);
+}
+
+TEST_CASE("placement: the CPU cost fit recovers a fixed cost and a rate", "[placement]") {
+  std::mt19937 rng(std::random_device{}());
+  const double rate = std::uniform_real_distribution<double>(10e9, 50e9)(rng);
+  const double fixed = std::uniform_real_distribution<double>(5e-6, 80e-6)(rng);
+  INFO("rate " << rate << ", fixed " << fixed);
+  CpuCostFit fit;
+  CHECK(fit.rate() == 0);
+  for (int i = 0; i < 200; ++i) {
+    const double x = std::uniform_real_distribution<double>(1e6, 20e6)(rng);
+    const double noise = std::uniform_real_distribution<double>(0.97, 1.03)(rng);
+    fit.Add(x, (fixed + x / rate) * noise);
+  }
+  CHECK(fit.rate() == Approx(rate).epsilon(0.1));
+  CHECK(fit.fixed() == Approx(fixed).margin(0.15 * fixed + 5e-6));
+  // The CPU slows down (another load on the memory): the fit follows within a few hundred jobs.
+  CpuCostFit one = fit;
+  for (int i = 0; i < 400; ++i) {
+    const double x = std::uniform_real_distribution<double>(1e6, 20e6)(rng);
+    one.Add(x, fixed + x / (rate / 2));
+  }
+  CHECK(one.rate() == Approx(rate / 2).epsilon(0.1));
+  CHECK(one.fixed() == Approx(fixed).margin(0.15 * fixed + 5e-6));
+  // Jobs of one size cannot separate the terms: all of it is rate, until sizes vary.
+  CpuCostFit same;
+  for (int i = 0; i < 10; ++i) same.Add(4e6, fixed + 4e6 / rate);
+  CHECK(same.fixed() == 0);
+  CHECK(same.rate() == Approx(4e6 / (fixed + 4e6 / rate)));
+  // Nonsense is ignored.
+  one.Add(-1, 1);
+  one.Add(1e6, 0);
+  one.Add(NAN, 1);
+  CHECK(std::isfinite(one.rate()));
+}
