@@ -115,8 +115,8 @@ void CpuBackend::MatMulInputMajor(const model::Matrix &w, const float *x, int64_
   MatMulInputMajor(w, x, n_tok, y, row.data());
 }
 
-CpuBackend::CpuBackend(int n_threads, MatMulMode mode, kernels::Isa isa)
-    : pool_(n_threads), mode_(mode), isa_(isa == kernels::Isa::kAvx2 ? kernels::BestIsa() : isa) {}
+CpuBackend::CpuBackend(int n_threads, MatMulMode mode, kernels::Isa isa, int pool_spin)
+    : pool_(n_threads, pool_spin), mode_(mode), isa_(isa == kernels::Isa::kAvx2 ? kernels::BestIsa() : isa) {}
 
 CpuBackend::MatOp CpuBackend::PrepareMatOp(const model::Matrix &w, const float *x, int64_t n_tok, float *y) const {
   MatOp op;

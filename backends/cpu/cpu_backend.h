@@ -22,8 +22,9 @@ enum class MatMulMode { kExact, kQ8Activations };
 class CpuBackend final : public model::Backend {
  public:
   // isa: which kernels to run; defaults to the best this machine supports (tests force kScalar).
+  // pool_spin: how long idle pool threads spin before sleeping (ThreadPool).
   explicit CpuBackend(int n_threads, MatMulMode mode = MatMulMode::kExact,
-                      kernels::Isa isa = kernels::BestIsa());
+                      kernels::Isa isa = kernels::BestIsa(), int pool_spin = ThreadPool::kSpinIterations);
   std::string_view name() const override { return "cpu"; }
 
   // Memory is host memory: Upload and Download are plain copies.

@@ -13,7 +13,7 @@
 
 namespace strata {
 
-ThreadPool::ThreadPool(int n_threads) {
+ThreadPool::ThreadPool(int n_threads, int spin) : spin_(std::max(0, spin)) {
   if (n_threads <= 0) n_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   n_threads_ = n_threads;
   for (int i = 1; i < n_threads_; ++i) workers_.emplace_back([this, i] { WorkerLoop(i); });
@@ -54,7 +54,7 @@ void ThreadPool::ParallelFor(int64_t n, int64_t min_chunk,
   }
   if (wake) cv_work_.notify_all();
   fn(0, std::min(n, chunk), 0);
-  for (int i = 0; i < kSpinIterations && pending_.load(std::memory_order_acquire) != 0; ++i) STRATA_CPU_PAUSE();
+  for (int i = 0; i < spin_ && pending_.load(std::memory_order_acquire) != 0; ++i) STRATA_CPU_PAUSE();
   if (pending_.load(std::memory_order_acquire) != 0) {
     std::unique_lock<std::mutex> lk(mu_);
     cv_done_.wait(lk, [this] { return pending_.load(std::memory_order_acquire) == 0; });
@@ -64,7 +64,7 @@ void ThreadPool::ParallelFor(int64_t n, int64_t min_chunk,
 void ThreadPool::WorkerLoop(int index) {
   uint64_t seen = 0;
   for (;;) {
-    for (int i = 0; i < kSpinIterations && generation_.load(std::memory_order_acquire) == seen; ++i) {
+    for (int i = 0; i < spin_ && generation_.load(std::memory_order_acquire) == seen; ++i) {
       STRATA_CPU_PAUSE();
     }
     {

@@ -19,7 +19,9 @@ namespace strata {
 
 class ThreadPool {
  public:
-  explicit ThreadPool(int n_threads);  // n_threads <= 0: one per hardware thread
+  // n_threads <= 0: one per hardware thread. spin: pauses a waiting thread spins before it sleeps
+  // (longer for pools fed at a steady pace, whose workers should not sleep between calls).
+  explicit ThreadPool(int n_threads, int spin = kSpinIterations);
   ~ThreadPool();
   ThreadPool(const ThreadPool &) = delete;
   ThreadPool &operator=(const ThreadPool &) = delete;
@@ -35,6 +37,7 @@ class ThreadPool {
   void WorkerLoop(int index);
 
   int n_threads_;
+  int spin_;
   std::vector<std::thread> workers_;
   std::mutex mu_;
   std::condition_variable cv_work_, cv_done_;
