@@ -158,14 +158,16 @@ template <class C, int kMaxNT>
 __global__ void __launch_bounds__(kGemvWarps * 32, 2)
     GroupedSwiGluKernel(const void *const *__restrict__ gate, const void *const *__restrict__ up, uint64_t row_bytes,
                         int64_t rows, int64_t cols, const int32_t *__restrict__ plan, int n_max,
-                        const float *__restrict__ x, float *__restrict__ h, int team_warps) {
+                        const float *__restrict__ x, float *__restrict__ h, int team_warps,
+                        const uint8_t *__restrict__ skip) {
   dev::AwaitPrior();
   __shared__ float red[kGemvWarps * dev::kTeamRedFloats];
   const int g = static_cast<int>(blockIdx.y);
   if (g >= plan[0]) return;  // block-uniform
+  const int e = plan[1 + g];
+  if (skip != nullptr && skip[e] != 0) return;
   const dev::Team tm = dev::BlockTeam(team_warps, red);
   const int64_t r0 = dev::TeamIndex(team_warps) * dev::kSwiGluRows;
-  const int e = plan[1 + g];
   const auto *wg = static_cast<const uint8_t *>(gate[e]), *wu = static_cast<const uint8_t *>(up[e]);
   ForChunks<kMaxNT>(plan[1 + n_max + g], plan[2 + n_max + g], [&](auto nt, int64_t t) {
     dev::SwiGluRows<C, decltype(nt)::value>(wg, wu, row_bytes, r0, rows, cols, x + t * cols, h + t * rows, tm);
@@ -176,17 +178,32 @@ template <class C, int kMaxNT>
 __global__ void __launch_bounds__(kGemvWarps * 32, 2)
     GroupedGemvKernel(const void *const *__restrict__ tab, uint64_t row_bytes, int64_t rows, int64_t cols,
                       const int32_t *__restrict__ plan, int n_max, const float *__restrict__ x,
-                      float *__restrict__ y, int team_warps) {
+                      float *__restrict__ y, int team_warps, const uint8_t *__restrict__ skip) {
   dev::AwaitPrior();
   __shared__ float red[kGemvWarps * dev::kTeamRedFloats];
   const int g = static_cast<int>(blockIdx.y);
   if (g >= plan[0]) return;  // block-uniform
+  const int e = plan[1 + g];
+  if (skip != nullptr && skip[e] != 0) return;
   const dev::Team tm = dev::BlockTeam(team_warps, red);
   const int64_t r0 = dev::TeamIndex(team_warps) * dev::kGemvRows;
-  const auto *w = static_cast<const uint8_t *>(tab[plan[1 + g]]);
+  const auto *w = static_cast<const uint8_t *>(tab[e]);
   ForChunks<kMaxNT>(plan[1 + n_max + g], plan[2 + n_max + g], [&](auto nt, int64_t t) {
     dev::GemvRows<C, decltype(nt)::value>(w, row_bytes, r0, rows, cols, x + t * cols, y + t * rows, rows, tm);
   });
+}
+
+// Block (x, g): group g's rows, when its expert is skipped, copied from src to dst.
+__global__ void CopySkippedGroupsKernel(const int32_t *__restrict__ plan, int n_max, const uint8_t *__restrict__ skip,
+                                        const float *__restrict__ src, float *__restrict__ dst, int64_t width) {
+  dev::AwaitPrior();
+  const int g = static_cast<int>(blockIdx.y);
+  if (g >= plan[0] || skip[plan[1 + g]] == 0) return;  // block-uniform
+  const int64_t r0 = plan[1 + n_max + g], r1 = plan[2 + n_max + g];
+  const int64_t n = (r1 - r0) * width, base = r0 * width;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    dst[base + i] = src[base + i];
+  }
 }
 
 // ---- Validation ------------------------------------------------------------------------------------
@@ -283,7 +300,7 @@ absl::Status CheckGroupedExperts(const GroupedExperts &e) {
 }
 
 absl::Status GroupedSwiGlu(const GroupedExperts &e, const int32_t *plan, int n_max, const float *xg, float *hg,
-                           cudaStream_t stream, int64_t n_tok) {
+                           cudaStream_t stream, int64_t n_tok, const uint8_t *skip) {
   STRATA_RETURN_IF_ERROR(CheckGroupedExperts(e));
   STRATA_RETURN_IF_ERROR(CheckPlanArgs(plan, n_max, xg, hg, "grouped SwiGLU"));
   if (n_max > e.n_expert) {
@@ -296,7 +313,7 @@ absl::Status GroupedSwiGlu(const GroupedExperts &e, const int32_t *plan, int n_m
   STRATA_CUDA_DISPATCH_CODEC(g.type, {
     const auto run = [&](auto nt) {
       Launch(GroupedSwiGluKernel<C, decltype(nt)::value>, grid, kGemvWarps * 32, 0, stream, e.gate, e.up, g.row_bytes,
-             g.rows, g.cols, plan, n_max, xg, hg, tw);
+             g.rows, g.cols, plan, n_max, xg, hg, tw, skip);
     };
     WithMaxChunk(n_tok, run);
   });
@@ -305,7 +322,7 @@ absl::Status GroupedSwiGlu(const GroupedExperts &e, const int32_t *plan, int n_m
 }
 
 absl::Status GroupedGemv(const void *const *tab, const DeviceMatrix &shape, const int32_t *plan, int n_max,
-                         const float *x, float *y, cudaStream_t stream, int64_t n_tok) {
+                         const float *x, float *y, cudaStream_t stream, int64_t n_tok, const uint8_t *skip) {
   STRATA_RETURN_IF_ERROR(CheckMatrix(Shape(shape)));
   STRATA_RETURN_IF_ERROR(CheckPlanArgs(plan, n_max, x, y, "grouped GEMV"));
   if (n_max == 0 || shape.rows == 0) return absl::OkStatus();
@@ -315,10 +332,26 @@ absl::Status GroupedGemv(const void *const *tab, const DeviceMatrix &shape, cons
   STRATA_CUDA_DISPATCH_CODEC(shape.type, {
     const auto run = [&](auto nt) {
       Launch(GroupedGemvKernel<C, decltype(nt)::value>, grid, kGemvWarps * 32, 0, stream, tab, shape.row_bytes,
-             shape.rows, shape.cols, plan, n_max, x, y, tw);
+             shape.rows, shape.cols, plan, n_max, x, y, tw, skip);
     };
     WithMaxChunk(n_tok, run);
   });
+  STRATA_CUDA_RETURN_IF_LAUNCH_FAILED();
+  return absl::OkStatus();
+}
+
+absl::Status CopySkippedGroups(const int32_t *plan, int n_max, const uint8_t *skip, const float *src, float *dst,
+                               int64_t width, cudaStream_t stream) {
+  if (n_max < 0 || n_max > kMaxGridY || width < 0) {
+    return Errorf(MOE_ERR_INVALID_ARGUMENT, "copying skipped groups: %d groups of width %lld", n_max,
+                  static_cast<long long>(width));
+  }
+  if (n_max == 0 || width == 0) return absl::OkStatus();
+  if (plan == nullptr || skip == nullptr || src == nullptr || dst == nullptr) {
+    return Errorf(MOE_ERR_INVALID_ARGUMENT, "copying skipped groups: a null plan, mask or buffer");
+  }
+  const dim3 grid(static_cast<unsigned>(std::min<int64_t>((width + 255) / 256, 16)), static_cast<unsigned>(n_max));
+  Launch(CopySkippedGroupsKernel, grid, 256, 0, stream, plan, n_max, skip, src, dst, width);
   STRATA_CUDA_RETURN_IF_LAUNCH_FAILED();
   return absl::OkStatus();
 }

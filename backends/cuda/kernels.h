@@ -245,14 +245,23 @@ absl::Status CheckGroupedExperts(const GroupedExperts &e);
 // as GroupByExpert made them; n_max <= e.n_expert and <= 65535. Rows outside every group are not
 // written. n_tok, when known (>= 0), is the number of tokens grouped: no group holds more rows (a
 // token selects an expert once), so kernels sized for that many run; the results do not depend on it.
+// skip (device, n_expert flags, optional): a group whose expert's flag is set is not run (its rows
+// are not written): another processor computes it (CopySkippedGroups brings its rows in).
 absl::Status GroupedSwiGlu(const GroupedExperts &e, const int32_t *plan, int n_max, const float *xg, float *hg,
-                           cudaStream_t stream, int64_t n_tok = -1);
+                           cudaStream_t stream, int64_t n_tok = -1, const uint8_t *skip = nullptr);
 
 // y (n, shape.rows) = for each group g < plan[0], rows [first[g], first[g + 1]) of x (n, shape.cols)
 // · wᵀ with w = tab[plan[1 + g]] (device array of pointers, each matrix of `shape`; data unused):
-// the down projection of the grouped experts. n_max <= 65535; n_tok as for GroupedSwiGlu.
+// the down projection of the grouped experts. n_max <= 65535; n_tok and skip as for GroupedSwiGlu.
 absl::Status GroupedGemv(const void *const *tab, const DeviceMatrix &shape, const int32_t *plan, int n_max,
-                         const float *x, float *y, cudaStream_t stream, int64_t n_tok = -1);
+                         const float *x, float *y, cudaStream_t stream, int64_t n_tok = -1,
+                         const uint8_t *skip = nullptr);
+
+// For each group g < plan[0] whose expert's skip flag is set: rows [first[g], first[g + 1]) of dst
+// (n, width) = those of src, which may be page-locked host memory mapped for the device (the rows
+// the CPU computed). Other rows are left as they are.
+absl::Status CopySkippedGroups(const int32_t *plan, int n_max, const uint8_t *skip, const float *src, float *dst,
+                               int64_t width, cudaStream_t stream);
 
 // ---- Family options and element-wise glue of the forward pass (forward_ops.cu) -----------------
 

@@ -3,6 +3,8 @@
 // by expert on the same groups, bit for bit (memcmp), with weights in VRAM and in mapped host
 // memory. Fresh random inputs every run (the seed is reported); outputs poisoned with NaN first.
 #include <algorithm>
+#include <cmath>
+#include <cstring>
 #include <numeric>
 #include <sstream>
 #include <string>
@@ -328,6 +330,70 @@ TEST_CASE("Grouped SwiGLU and down GEMV are bit-identical to the per-expert GEMV
     CHECK(FirstBitDifference(got.h, want.h, c.n_ff, "SwiGLU output") == "");
     CHECK(FirstBitDifference(got.y, want.y, c.n_embd, "down output") == "");
   }
+}
+
+// Hybrid placement's half on the device: groups whose expert is flagged are not run (their rows keep
+// the poison), the others give the bits of the unflagged run, and CopySkippedGroups brings exactly
+// the flagged groups' rows in from page-locked host memory read in place.
+TEST_CASE("Grouped kernels skip flagged experts and CopySkippedGroups fills their rows from host memory",
+          "[gpu][grouped]") {
+  if (!HaveGpu()) return;
+  auto rng = test::Rng();
+  Experts x;
+  x.n_embd = 768;
+  x.n_ff = 352;
+  x.gate_type = TypeId::kQ8_0;
+  x.down_type = TypeId::kQ8_0;
+  const int k = 2, n_expert = 12;
+  x.Randomize(rng, n_expert);
+  const std::vector<int> sizes = {1, 3, 8, 13, 1};
+  const int64_t n = 26, n_tok = n / k;
+  const std::vector<int32_t> sel = SelectionsWithGroupSizes(rng, sizes, n_expert);
+  const HostGroups groups = ReferenceGroups(sel, k, n_expert);
+  DeviceBuffer dsel = Upload(sel), dx = Upload(RandomFloats(rng, n_tok * x.n_embd, -2.f, 2.f));
+  const Placement vram(x, std::vector<bool>(n_expert, false));
+  DeviceBuffer xg;
+  const GroupedRun all = RunGrouped(x, vram, dsel, n_tok, k, dx, &xg);
+  // Flag every other used expert, starting at a random one of the first two.
+  std::vector<uint8_t> skip(n_expert, 0);
+  const size_t start = std::uniform_int_distribution<size_t>(0, 1)(rng);
+  for (size_t g = start; g < groups.expert.size(); g += 2) skip[groups.expert[g]] = 1;
+  const int n_max = static_cast<int>(GroupMaxGroups(n_tok, k, n_expert));
+  DeviceBuffer idx = PoisonedInts(2 * n), plan = PoisonedInts(GroupPlanInts(n_tok, k, n_expert)), dskip = Upload(skip);
+  REQUIRE(GroupByExpert(dsel.as<int32_t>(), n_tok, k, n_expert, idx.as<int32_t>(), plan.as<int32_t>(), nullptr).ok());
+  DeviceBuffer hg = Poisoned(n * x.n_ff), yg = Poisoned(n * x.n_embd);
+  const GroupedExperts ge = vram.Grouped(x);
+  REQUIRE(GroupedSwiGlu(ge, plan.as<int32_t>(), n_max, xg.as<float>(), hg.as<float>(), nullptr, n_tok,
+                        dskip.as<uint8_t>()).ok());
+  REQUIRE(GroupedGemv(ge.down, ge.down_shape, plan.as<int32_t>(), n_max, hg.as<float>(), yg.as<float>(), nullptr,
+                      n_tok, dskip.as<uint8_t>()).ok());
+  const std::vector<float> y = Download<float>(yg, n * x.n_embd);
+  auto group_rows = [&](size_t g, const std::vector<float> &v) {
+    return std::vector<float>(v.begin() + groups.first[g] * x.n_embd, v.begin() + groups.first[g + 1] * x.n_embd);
+  };
+  for (size_t g = 0; g < groups.expert.size(); ++g) {
+    INFO("group " << g << " (expert " << groups.expert[g] << ", skipped " << int(skip[groups.expert[g]]) << ")");
+    const std::vector<float> got = group_rows(g, y);
+    if (skip[groups.expert[g]]) {
+      CHECK(std::all_of(got.begin(), got.end(), [](float f) { return std::isnan(f); }));
+    } else {
+      CHECK(std::memcmp(got.data(), group_rows(g, all.y).data(), got.size() * sizeof(float)) == 0);
+    }
+  }
+  auto pinned = PinnedBuffer::Allocate(n * x.n_embd * sizeof(float), cudaHostAllocMapped);
+  REQUIRE(pinned.ok());
+  const std::vector<float> host_rows = RandomFloats(rng, n * x.n_embd, -3.f, 3.f);
+  std::memcpy(pinned->data(), host_rows.data(), host_rows.size() * sizeof(float));
+  REQUIRE(CopySkippedGroups(plan.as<int32_t>(), n_max, dskip.as<uint8_t>(), pinned->as<float>(), yg.as<float>(),
+                            x.n_embd, nullptr).ok());
+  const std::vector<float> merged = Download<float>(yg, n * x.n_embd);
+  for (size_t g = 0; g < groups.expert.size(); ++g) {
+    INFO("group " << g << " after the copy");
+    const std::vector<float> want = group_rows(g, skip[groups.expert[g]] ? host_rows : all.y);
+    CHECK(std::memcmp(group_rows(g, merged).data(), want.data(), want.size() * sizeof(float)) == 0);
+  }
+  CHECK(!CopySkippedGroups(plan.as<int32_t>(), n_max, nullptr, pinned->as<float>(), yg.as<float>(), x.n_embd,
+                           nullptr).ok());
 }
 
 TEST_CASE("Grouped experts over a decode and a batch of routed tokens match the per-expert GEMVs", "[gpu][grouped]") {
