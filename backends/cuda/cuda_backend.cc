@@ -71,7 +71,7 @@ size_t Align(size_t n) { return (n + 255) & ~size_t{255}; }
 
 absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const model::ModelWeights &w, const uint8_t *arena,
                                                                  size_t arena_bytes, uint64_t expert_vram_bytes,
-                                                                 int n_min_slots) {
+                                                                 int n_min_slots, const CpuExpertOptions &cpu) {
   if (DeviceCount() <= 0) return Errorf(MOE_ERR_UNSUPPORTED_BACKEND, "no CUDA device");
   auto be = std::unique_ptr<CudaBackend>(new CudaBackend());
   const char *prof = std::getenv("STRATA_CUDA_PROFILE");
@@ -90,7 +90,58 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const model::Mo
   }
   STRATA_RETURN_IF_ERROR(be->Adopt(w, arena, arena_bytes, expert_vram_bytes, n_min_slots));
   STRATA_RETURN_IF_ERROR(be->BuildTables(w));
+  const bool any_table =
+      std::any_of(be->tables_.begin(), be->tables_.end(), [](const LayerTable &t) { return t.ok; });
+  if (cpu.mode != CpuExpertMode::kOff && !be->slots_.empty() && be->arena_dev_ != nullptr && any_table) {
+    int n_expert_max = 0;
+    for (const LayerTable &t : be->tables_) n_expert_max = std::max(n_expert_max, t.ge.n_expert);
+    STRATA_ASSIGN_OR_RETURN(double link, be->MeasureLink());
+    STRATA_ASSIGN_OR_RETURN(be->skip_dev_, DeviceBuffer::Allocate(n_expert_max));
+    STRATA_ASSIGN_OR_RETURN(be->cpu_experts_,
+                            CpuExperts::Create(w, cpu, kDeviceRouteMaxRows, n_expert_max, arena, be->arena_dev_,
+                                               arena_bytes, link, be->stream_.get()));
+  }
   return be;
+}
+
+absl::StatusOr<double> CudaBackend::MeasureLink() {
+  const size_t bytes = std::min<size_t>({slot_buf_.size(), arena_bytes_, size_t{256} << 20});
+  if (bytes == 0 || !arena_registered_) return 0.0;
+  STRATA_ASSIGN_OR_RETURN(Event a, Event::Create(/*timing=*/true));
+  STRATA_ASSIGN_OR_RETURN(Event b, Event::Create(/*timing=*/true));
+  float best = 0;
+  for (int rep = 0; rep < 3; ++rep) {
+    STRATA_RETURN_IF_ERROR(a.Record(stream_.get()));
+    STRATA_RETURN_IF_ERROR(CopyAsync(slot_buf_.data(), host_arena_, bytes, stream_.get()));
+    STRATA_RETURN_IF_ERROR(b.Record(stream_.get()));
+    STRATA_RETURN_IF_ERROR(b.Synchronize());
+    STRATA_ASSIGN_OR_RETURN(float ms, Event::ElapsedMs(a, b));
+    if (ms > 0 && (best == 0 || ms < best)) best = ms;
+  }
+  return best > 0 ? static_cast<double>(bytes) / (best * 1e-3) : 0.0;
+}
+
+void CudaBackend::UpdateHybrid() {
+  if (cpu_experts_ == nullptr) return;
+  const model::PlacementRates r = cpu_experts_->rates();
+  const double rt = cpu_experts_->round_trip_s();
+  bool changed = false;
+  for (LayerTable &t : tables_) {
+    if (!t.ok) continue;
+    bool on = true;
+    if (cpu_experts_->mode() != CpuExpertMode::kAlways) {
+      const double saving = model::HybridSavingSeconds(t.cold_bytes, slot_bytes_, r);
+      on = saving > (t.hybrid ? 0.5 : 1.0) * rt;  // hysteresis: a layer does not flip back and forth
+    }
+    if (on != t.hybrid) {
+      t.hybrid = on;
+      changed = true;
+    }
+  }
+  if (changed) {  // the recorded steps queue the old paths
+    graphs_.clear();
+    clean_.clear();
+  }
 }
 
 CudaBackend::Profile::Profile(CudaBackend *be, const char *op) : be_(be->profile_ ? be : nullptr), op_(op) {
@@ -875,7 +926,10 @@ model::DeviceTierStats CudaBackend::tier_stats() const {
       std::count_if(tables_.begin(), tables_.end(), [](const LayerTable &t) { return t.ok; }));
   st.fills = fills_;
   st.fill_bytes = fill_bytes_;
-  st.zero_copy = zero_copy_uses_;
+  st.cpu_experts = cpu_experts_ != nullptr ? cpu_experts_->uses() : 0;
+  st.zero_copy = zero_copy_uses_ - std::min(zero_copy_uses_, st.cpu_experts);
+  st.cpu_layers = static_cast<uint32_t>(
+      std::count_if(tables_.begin(), tables_.end(), [](const LayerTable &t) { return t.ok && t.hybrid; }));
   st.promotions = promotions_;
   st.graph_captures = graph_captures_;
   st.graph_replays = graph_replays_;
@@ -908,7 +962,7 @@ absl::Status CudaBackend::UpdateTier(int l) {
   }
   const int n = t.ge.n_expert;
   std::vector<char> seen(n, 0);
-  int best = -1;
+  int best = -1, cold = 0;
   for (int64_t i = 0; i < rows; ++i) {
     const int x = sel[i];
     if (x < 0 || x >= n) return Errorf(MOE_ERR_INTERNAL, "layer %d routed to expert %d of %d", l, x, n);
@@ -918,10 +972,12 @@ absl::Status CudaBackend::UpdateTier(int l) {
     const model::ExpertWeights &e = w_->layers[l].experts[x];
     auto in = slot_of_.find(e.gate.data);
     if (in != slot_of_.end() && slots_[in->second].in_table) continue;
-    ++zero_copy_uses_;  // read over the link
+    ++zero_copy_uses_;  // read over the link (or computed by the CPU, counted there)
+    ++cold;
     fill_credit_ += static_cast<double>(slot_bytes_) / 8;
     if (in == slot_of_.end() && (best < 0 || t.heat[x] > t.heat[best])) best = x;
   }
+  t.cold_bytes = 0.75 * t.cold_bytes + 0.25 * static_cast<double>(cold) * static_cast<double>(slot_bytes_);
   fill_credit_ = std::min(fill_credit_, 4.0 * static_cast<double>(slot_bytes_));
   if (best < 0 || fill_credit_ < static_cast<double>(slot_bytes_)) return absl::OkStatus();
   // The victim: an empty slot, else the coldest settled one; it must be clearly colder than `best`.
@@ -959,7 +1015,10 @@ bool CudaBackend::RoutedExperts(const model::RoutedExpertsArgs &a) {
   if (!t.ok || rows <= 0 || rows > kDeviceRouteMaxRows || a.route.n_expert != t.ge.n_expert) return false;
   const bool tiered = !slots_.empty();
   // Inside a step bracket the tier was updated by BeginStep, for every layer.
-  if (tiered && bracket_ == Bracket::kNone && !Note(UpdateTier(a.layer))) return true;
+  if (tiered && bracket_ == Bracket::kNone) {
+    if (!Note(UpdateTier(a.layer))) return true;
+    UpdateHybrid();
+  }
   auto ra = ToRouteArgs(a.route);
   if (!Note(ra.status())) return true;
   const int n_expert = t.ge.n_expert;
@@ -971,11 +1030,17 @@ bool CudaBackend::RoutedExperts(const model::RoutedExpertsArgs &a) {
   if (!Note(plan.status()) || !Note(hg.status())) return true;
   int32_t *pl = static_cast<int32_t *>(*plan);
   float *h = static_cast<float *>(*hg);
+  // On the hybrid path the CPU takes some cold experts: the device skips their groups.
+  const bool hybrid = tiered && t.hybrid && cpu_experts_ != nullptr;
+  const uint8_t *skip = hybrid ? skip_dev_.as<uint8_t>() : nullptr;
   if (!Note(cuda::Route(*ra, a.logits, a.n_tok, a.sel, a.wts, s)) ||
+      (hybrid && !Note(cpu_experts_->Start(a.layer, a.n_tok, k, n_expert, a.sel, a.h, t.ge.gate,
+                                           skip_dev_.as<uint8_t>(), s))) ||
       !Note(GroupByExpert(a.sel, a.n_tok, k, n_expert, a.idx, pl, s)) ||
       !Note(cuda::GatherRows(a.h, n_embd, a.idx, rows, a.xg, s)) ||
-      !Note(GroupedSwiGlu(t.ge, pl, n_max, a.xg, h, s, a.n_tok)) ||
-      !Note(GroupedGemv(t.ge.down, t.ge.down_shape, pl, n_max, h, a.yg, s, a.n_tok)) ||
+      !Note(GroupedSwiGlu(t.ge, pl, n_max, a.xg, h, s, a.n_tok, skip)) ||
+      !Note(GroupedGemv(t.ge.down, t.ge.down_shape, pl, n_max, h, a.yg, s, a.n_tok, skip)) ||
+      (hybrid && !Note(cpu_experts_->Finish(pl, n_max, skip, a.yg, s))) ||
       !Note(cuda::WeightedRowSum(a.yg, a.idx + rows, a.wts, a.n_tok, k, n_embd, a.out, s))) {
     return true;
   }
@@ -1016,6 +1081,7 @@ model::Backend::StepMode CudaBackend::BeginStep(const model::StepKey &key) {
     for (size_t l = 0; l < tables_.size(); ++l) {
       if (tables_[l].ok && !Note(UpdateTier(static_cast<int>(l)))) return StepMode::kEager;
     }
+    UpdateHybrid();
   }
   step_key_ = key;
   step_hist_.clear();

@@ -17,6 +17,14 @@
 //    slot on demand (LRU), the compute stream waiting for the copy.
 // Events order a slot's refill after the last computation that read it. The bytes are the same
 // everywhere, so results are bit-identical at any budget.
+//
+// Hybrid placement (cpu_experts.h): in a decode layer whose experts are mostly read over the link,
+// the CPU computes a share of the cold experts from host RAM while the device reads the rest; the
+// cost model (lib/model/placement.h) is fed by the link's copy rate measured at creation and the
+// CPU's expert rate measured then and on every job. A layer takes this path while the bytes it
+// would save (from the layer's cold bytes per call, averaged) outweigh the round trip it adds.
+// Results then are those of the CPU backend for those experts (CpuExpertMode::kOff keeps them
+// bit-identical at any budget).
 #pragma once
 
 #include <chrono>
@@ -27,6 +35,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "backends/cuda/cpu_experts.h"
 #include "backends/cuda/kernels.h"
 #include "backends/cuda/memory.h"
 #include "lib/model/backend.h"
@@ -41,9 +50,10 @@ class CudaBackend final : public model::Backend {
   // (its host addresses are the keys by which the forward pass names weights).
   // expert_vram_bytes: VRAM for routed experts; when it holds fewer than all of them they run from
   // max(bytes / slot size, n_min_slots) slots (see above). UINT64_MAX: every expert resident.
+  // cpu: whether and how the CPU computes cold experts (only with a VRAM tier and a mapped arena).
   static absl::StatusOr<std::unique_ptr<CudaBackend>> Create(const model::ModelWeights &w, const uint8_t *arena,
                                                              size_t arena_bytes, uint64_t expert_vram_bytes = UINT64_MAX,
-                                                             int n_min_slots = 1);
+                                                             int n_min_slots = 1, const CpuExpertOptions &cpu = {});
   ~CudaBackend() override;
   std::string_view name() const override { return "cuda"; }
 
@@ -127,6 +137,8 @@ class CudaBackend final : public model::Backend {
     uint32_t uses = 0;              // RoutedExperts calls, for the decay
     int64_t hist_rows = 0;          // selections of the last call in hist_ (0: none pending)
     Event hist_done;
+    double cold_bytes = 0;          // bytes of experts read over the link per call (moving average)
+    bool hybrid = false;            // the CPU computes a share of the cold experts (CpuExperts)
   };
   struct DeviceVec {
     int64_t n = 0;
@@ -152,6 +164,10 @@ class CudaBackend final : public model::Backend {
   void HostTable(int l, int x);
   // Builds the per-layer device tables after adoption.
   absl::Status BuildTables(const model::ModelWeights &w);
+  // The link's rate: a copy from the page-locked arena into the slots, timed (bytes/s).
+  absl::StatusOr<double> MeasureLink();
+  // Between steps: which layers take the hybrid path. A change drops the recorded graphs.
+  void UpdateHybrid();
   // Before layer l's RoutedExperts: finished promotions enter the tables; the last call's selections
   // update hotness and may start promotions.
   absl::Status UpdateTier(int l);
@@ -251,6 +267,8 @@ class CudaBackend final : public model::Backend {
   std::vector<int> pending_fills_;                   // slots filled but not yet in their table
   double fill_credit_ = 0;                           // bytes promotions may still copy
   uint64_t zero_copy_uses_ = 0, promotions_ = 0;
+  std::unique_ptr<CpuExperts> cpu_experts_;          // hybrid placement (null: off)
+  DeviceBuffer skip_dev_;                            // the experts of a layer the CPU computes
   // Upload ring: pinned segments reused once the copies from their previous lap are done.
   static constexpr size_t kRingSegment = size_t{256} << 10;
   static constexpr int kRingSegments = 16;

@@ -16,6 +16,9 @@ const char *BaseName(const char *file) {
 
 absl::Status CudaStatus(cudaError_t err, const char *expr, const char *file, int line) {
   if (err == cudaSuccess) return absl::OkStatus();
+  // The failed call also left err as the thread's last error: it is reported here, so it must not
+  // be blamed on a later launch (a sticky error stays regardless).
+  (void)cudaGetLastError();
   moe_status code = MOE_ERR_BACKEND;
   switch (err) {
     case cudaErrorMemoryAllocation:

@@ -83,6 +83,7 @@ struct Args {
   std::vector<std::string> argv;  // as given, for sweeps that re-run the command
   uint64_t lock_memory = 0;
   bool q8_activations = false;
+  int cpu_experts = MOE_CPU_EXPERTS_AUTO;
   bool sparse = false;
   // sessions and KV
   int64_t max_sessions = 1;
@@ -148,6 +149,9 @@ const char kUsage[] =
     "expert cache:   --policy lru|lfu|hot  --prefetch N (layers ahead)  --io-threads N\n"
     "                --hotlist FILE [--hotlist-max N] (preload)  --stats (JSON line on stderr)\n"
     "CPU kernels:    --q8-activations  8-bit activations, integer dot products (faster)\n"
+    "GPU tier:       --cpu-experts auto|off|always  who runs experts the VRAM tier misses in decode:\n"
+    "                auto (default) splits them between the link and the CPU by measured rates;\n"
+    "                off reads them all over the link (bit-identical at any --vram-budget)\n"
     "testing aid:    --lock-memory SIZE  pins SIZE of RAM first, so the run sees a smaller machine\n"
     "PATH is a GGUF file or a Hugging Face checkpoint directory.\n";
 
@@ -229,6 +233,13 @@ Args ParseArgs(int argc, char **argv) {
     else if (f == "--stats") a.stats = true;
     else if (f == "--lock-memory") a.lock_memory = size();
     else if (f == "--q8-activations") a.q8_activations = true;
+    else if (f == "--cpu-experts") {
+      std::string v = value();
+      if (v == "auto") a.cpu_experts = MOE_CPU_EXPERTS_AUTO;
+      else if (v == "off") a.cpu_experts = MOE_CPU_EXPERTS_OFF;
+      else if (v == "always") a.cpu_experts = MOE_CPU_EXPERTS_ALWAYS;
+      else Die("--cpu-experts must be auto, off or always, got '" + v + "'");
+    }
     else if (f == "--sparse") a.sparse = true;
     else if (f == "--routing") a.routing = value();
     else if (f == "--json") a.json = true;
@@ -287,6 +298,7 @@ moe_params ContextParams(const Args &a, const std::string &model) {
   p.hotlist_path = a.hotlist.empty() || a.command == "pack" ? nullptr : a.hotlist.c_str();
   p.hotlist_max_experts = static_cast<uint32_t>(a.hotlist_max);
   p.cpu_q8_activations = a.q8_activations ? 1 : 0;
+  p.cpu_experts = a.cpu_experts;
   // bench --sessions N runs N sessions: the KV budget is sized for at least that many.
   p.max_sessions = static_cast<uint32_t>(std::max(a.max_sessions, a.sessions));
   p.kv_budget_bytes = a.kv_budget;
@@ -309,7 +321,8 @@ std::string StatsJson(moe_ctx *ctx) {
                 "\"cache_slots\":%u,\"cache_slot_bytes\":%llu,\"memory_locked\":%u,\"load_errors\":%llu,"
                 "\"prefetch_skipped\":%llu,\"prefetch_precision\":%.4f,\"vram_expert_slots\":%u,"
                 "\"vram_device_layers\":%u,\"vram_fills\":%llu,\"vram_fill_bytes\":%llu,\"vram_zero_copy\":%llu,"
-                "\"vram_promotions\":%llu,\"gpu_graph_captures\":%llu,\"gpu_graph_replays\":%llu,\"numa_node\":%d}",
+                "\"vram_promotions\":%llu,\"gpu_graph_captures\":%llu,\"gpu_graph_replays\":%llu,\"numa_node\":%d,"
+                "\"vram_cpu_layers\":%u,\"vram_cpu_experts\":%llu}",
                 st.streaming, static_cast<unsigned long long>(st.expert_hits),
                 static_cast<unsigned long long>(st.expert_misses), static_cast<unsigned long long>(st.bytes_read),
                 st.io_wait_s, static_cast<unsigned long long>(st.prefetch_issued),
@@ -321,7 +334,8 @@ std::string StatsJson(moe_ctx *ctx) {
                 static_cast<unsigned long long>(st.vram_fill_bytes), static_cast<unsigned long long>(st.vram_zero_copy),
                 static_cast<unsigned long long>(st.vram_promotions),
                 static_cast<unsigned long long>(st.gpu_graph_captures),
-                static_cast<unsigned long long>(st.gpu_graph_replays), st.numa_node);
+                static_cast<unsigned long long>(st.gpu_graph_replays), st.numa_node, st.vram_cpu_layers,
+                static_cast<unsigned long long>(st.vram_cpu_experts));
   return buf;
 }
 
@@ -866,10 +880,11 @@ int CmdBench(const Args &a) {
                 static_cast<unsigned long long>(dec.prefetch_skipped), 100 * dec.prefetch_precision);
     if (dec.vram_device_layers > 0 || dec.vram_expert_slots > 0) {
       std::printf("VRAM tier        %u slots, %u layers routed on the GPU, %.2f MiB/token over the link "
-                  "(%llu fills, %llu promotions, %llu zero-copy uses)\n",
+                  "(%llu fills, %llu promotions, %llu zero-copy uses), %llu expert uses on the CPU (%u layers)\n",
                   dec.vram_expert_slots, dec.vram_device_layers, link_per_tok / 1048576.0,
                   static_cast<unsigned long long>(dec.vram_fills), static_cast<unsigned long long>(dec.vram_promotions),
-                  static_cast<unsigned long long>(dec.vram_zero_copy));
+                  static_cast<unsigned long long>(dec.vram_zero_copy),
+                  static_cast<unsigned long long>(dec.vram_cpu_experts), dec.vram_cpu_layers);
     }
     if (dec.gpu_graph_replays > 0 || dec.gpu_graph_captures > 0) {
       std::printf("CUDA graphs      %llu decode steps recorded, %llu replayed\n",

@@ -145,7 +145,19 @@ typedef struct moe_params {
                                  max_sessions x n_ctx positions, rounded up to whole blocks */
   const char *kv_spill_dir;   /* a directory for evicted sessions' KV (unlinked files, gone at exit);
                                  NULL (default) = no eviction to disk */
+  /* Since 0.4 (appended): hybrid placement on the CUDA backend with a VRAM tier. */
+  int32_t cpu_experts;        /* moe_cpu_experts; default MOE_CPU_EXPERTS_AUTO */
 } moe_params;
+
+/* Who runs a routed expert the VRAM tier does not hold, during decode (CUDA backend). */
+typedef enum moe_cpu_experts {
+  MOE_CPU_EXPERTS_AUTO = 0,  /* a cost model fed by the measured link and CPU rates splits each layer's
+                                cold experts between the GPU (reading them over the link) and the CPU
+                                (computing them from host RAM with n_threads - 2 threads and cpu_q8_activations),
+                                in layers where that saves more than the host round trip costs */
+  MOE_CPU_EXPERTS_OFF = 1,   /* always the GPU: results are bit-identical at any VRAM budget */
+  MOE_CPU_EXPERTS_ALWAYS = 2 /* every cold expert on the CPU (for tests and measurements) */
+} moe_cpu_experts;
 
 typedef enum moe_cache_policy {
   MOE_CACHE_LRU = 0,     /* evict the least recently used expert */
@@ -294,6 +306,9 @@ typedef struct moe_stats {
   /* Since 0.3: on a host of several NUMA nodes, the node the weights and the GPU's pinned buffers
    * were placed on (the GPU's); -1 when nothing was placed (one node, no GPU, or the node unknown). */
   int32_t numa_node;
+  /* Since 0.4: hybrid placement (moe_params.cpu_experts). vram_zero_copy excludes these uses. */
+  uint32_t vram_cpu_layers;    /* MoE layers now splitting their cold experts with the CPU */
+  uint64_t vram_cpu_experts;   /* expert uses the CPU computed from host RAM instead of the GPU */
 } moe_stats;
 
 static inline void moe_stats_init(moe_stats *p) {

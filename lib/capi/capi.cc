@@ -100,6 +100,7 @@ strata::runtime::ContextOptions ToOptions(const moe_params &p) {
   o.prefill_layer_min = static_cast<int>(std::min<uint32_t>(p.prefill_layer_min, 1u << 24));
   o.kv_budget_bytes = p.kv_budget_bytes;
   o.kv_spill_dir = p.kv_spill_dir != nullptr ? p.kv_spill_dir : "";
+  o.cpu_experts = p.cpu_experts;
   return o;
 }
 
@@ -243,6 +244,7 @@ void moe_params_fill_defaults(moe_params *p) {
   d.prefetch_distance = 1;
   d.n_io_threads = 2;
   d.direct_io = 1;
+  d.cpu_experts = MOE_CPU_EXPERTS_AUTO;
   std::memcpy(reinterpret_cast<char *>(p) + sizeof(uint32_t), reinterpret_cast<const char *>(&d) + sizeof(uint32_t),
               std::min<size_t>(p->struct_size, sizeof d) - sizeof(uint32_t));
 }
@@ -399,6 +401,8 @@ moe_status moe_ctx_stats(const moe_ctx *ctx, moe_stats *out) {
     st.gpu_graph_captures = cs.device.graph_captures;
     st.gpu_graph_replays = cs.device.graph_replays;
     st.numa_node = cs.numa_node;
+    st.vram_cpu_layers = cs.device.cpu_layers;
+    st.vram_cpu_experts = cs.device.cpu_experts;
     std::memcpy(out, &st, std::min<size_t>(out->struct_size, sizeof st));
     return MOE_OK;
   });

@@ -150,6 +150,8 @@ struct DeviceTierStats {
   uint64_t fills = 0;          // experts copied into slots
   uint64_t fill_bytes = 0;
   uint64_t zero_copy = 0;      // expert uses read by the kernels from host memory over the link
+  uint64_t cpu_experts = 0;    // expert uses computed by the CPU from host memory (hybrid placement)
+  uint32_t cpu_layers = 0;     // MoE layers now on the hybrid path
   uint64_t promotions = 0;     // fills started by route hotness
   uint64_t graph_captures = 0;   // decode steps recorded as graphs
   uint64_t graph_replays = 0;    // decode steps run from a recorded graph

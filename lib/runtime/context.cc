@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <thread>
 #include <unistd.h>
 
 #include <fstream>
@@ -102,6 +103,9 @@ absl::StatusOr<std::unique_ptr<Context>> Context::Open(const ContextOptions &o) 
   if (o.n_ctx < 0 || o.n_threads < 0 || o.max_sessions < 0) {
     return Errorf(MOE_ERR_INVALID_ARGUMENT, "negative n_ctx, n_threads or max_sessions");
   }
+  if (o.cpu_experts < MOE_CPU_EXPERTS_AUTO || o.cpu_experts > MOE_CPU_EXPERTS_ALWAYS) {
+    return Errorf(MOE_ERR_INVALID_ARGUMENT, "unknown cpu_experts %d (0 auto, 1 off, 2 always)", o.cpu_experts);
+  }
   if (o.max_batch_tokens < 0 || o.prefill_token_max < 0 || o.prefill_layer_min < 0) {
     return Errorf(MOE_ERR_INVALID_ARGUMENT, "negative max_batch_tokens, prefill_token_max or prefill_layer_min");
   }
@@ -156,6 +160,14 @@ absl::StatusOr<std::unique_ptr<Context>> Context::Open(const ContextOptions &o) 
                     "the CUDA backend needs every expert resident: %d of %d fit the RAM budget",
                     ctx->plan_.ram_expert_slots, ctx->plan_.n_routed_experts);
     }
+    cuda::CpuExpertOptions cpu_experts;
+    cpu_experts.mode = o.cpu_experts == MOE_CPU_EXPERTS_OFF      ? cuda::CpuExpertMode::kOff
+                       : o.cpu_experts == MOE_CPU_EXPERTS_ALWAYS ? cuda::CpuExpertMode::kAlways
+                                                                 : cuda::CpuExpertMode::kAuto;
+    // Two cores stay with the threads that drive the GPU (the step loop, the host functions).
+    const int cores = o.n_threads > 0 ? o.n_threads : static_cast<int>(std::thread::hardware_concurrency());
+    cpu_experts.n_threads = std::max(1, cores - 2);
+    cpu_experts.q8_activations = o.cpu_q8_activations;
     // The VRAM budget: non-routed weights, KV and workspace first, then the routed experts; what is
     // left for them decides whether they are all resident or run from VRAM slots (0 = auto: all).
     uint64_t expert_vram = UINT64_MAX;
@@ -165,7 +177,7 @@ absl::StatusOr<std::unique_ptr<Context>> Context::Open(const ContextOptions &o) 
     }
     STRATA_ASSIGN_OR_RETURN(std::unique_ptr<cuda::CudaBackend> be,
                             cuda::CudaBackend::Create(ctx->weights_, ctx->store_.arena(), ctx->store_.resident_bytes(),
-                                                      expert_vram, ctx->hp_.n_expert_used));
+                                                      expert_vram, ctx->hp_.n_expert_used, cpu_experts));
     ctx->plan_.vram_budget_bytes = o.vram_budget_bytes;
     ctx->plan_.vram_expert_slots =
         be->expert_slots() > 0 ? static_cast<uint32_t>(be->expert_slots()) : ctx->plan_.n_routed_experts;
@@ -545,6 +557,7 @@ ContextStats Context::Stats() const {
   st.device.fills -= device_base_.fills;
   st.device.fill_bytes -= device_base_.fill_bytes;
   st.device.zero_copy -= device_base_.zero_copy;
+  st.device.cpu_experts -= device_base_.cpu_experts;
   st.device.promotions -= device_base_.promotions;
   st.device.graph_captures -= device_base_.graph_captures;
   st.device.graph_replays -= device_base_.graph_replays;

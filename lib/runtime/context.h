@@ -41,6 +41,7 @@ struct ContextOptions {
   bool cpu_q8_activations = false;  // CPU MatMul mode kQ8Activations instead of kExact
   uint64_t kv_budget_bytes = 0;     // KV blocks all sessions may hold; 0 = the cache plan's KV line
   std::string kv_spill_dir;         // where idle sessions' KV may be evicted; "" = no disk eviction
+  int cpu_experts = 0;              // moe_cpu_experts: the CUDA backend's hybrid placement
   // Continuous batching: at most this many tokens (of all sessions) per forward pass; 0 = default.
   int max_batch_tokens = 0;
   // Prefill modes by input length (0 = the defaults below; see bench/README.md): a

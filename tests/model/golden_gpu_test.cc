@@ -6,6 +6,7 @@
 
 #include <cstdlib>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backends/cuda/memory.h"
@@ -108,6 +109,40 @@ TEST_CASE("CUDA backend: GPU-side routing, zero-copy reads and promotions keep t
   }
 }
 
+// Hybrid placement: with the cold experts of every decode layer computed by the CPU from host RAM
+// (MOE_CPU_EXPERTS_ALWAYS) while the GPU runs the rest, decode steps are still recorded and replayed
+// as CUDA graphs (copies and host functions inside), and the logits match the CPU backend's within
+// the tolerance of the GPU backend.
+TEST_CASE("CUDA backend: cold experts computed by the CPU match the CPU backend", "[gpu][golden]") {
+  if (!strata::cuda::test::HaveGpu()) return;
+  for (const char *rel : {"qwen3moe_f32/model-q8_0.gguf", "mixtral_f32/model-q8_0.gguf", "olmoe_f32/model-f32.gguf",
+                          "qwen2moe_f32/model-f32.gguf"}) {
+    const std::string model = kGolden + rel;
+    const std::string dir = model.substr(0, model.find('/', kGolden.size()) + 1);
+    const auto tokens = ReadBinary<int32_t>(dir + "tokens.bin");
+    const auto cpu = TeacherForced(model, tokens, 1, MOE_BACKEND_CPU);
+    for (int32_t mode : {MOE_CPU_EXPERTS_ALWAYS, MOE_CPU_EXPERTS_AUTO}) {
+      moe_stats st;
+      uint32_t slots = 0, n_routed = 0;
+      const auto gpu =
+          TeacherForced(model, tokens, 1, MOE_BACKEND_CUDA, uint64_t{1} << 20, &slots, &n_routed, &st, mode);
+      const double err = NormalizedMaxError(gpu, cpu);
+      INFO(rel << " mode " << mode << ": " << slots << " of " << n_routed << " experts in slots; CPU uses "
+               << st.vram_cpu_experts << " in " << st.vram_cpu_layers << " layers, zero-copy " << st.vram_zero_copy
+               << ", replays " << st.gpu_graph_replays << "; normalized max error " << err);
+      WARN("hybrid " << rel << " mode " << mode << ": CPU uses " << st.vram_cpu_experts << ", zero-copy "
+                     << st.vram_zero_copy << ", replays " << st.gpu_graph_replays << ", err " << err);
+      REQUIRE(slots < n_routed);
+      CHECK(err <= kTolerance);
+      if (mode == MOE_CPU_EXPERTS_ALWAYS) {
+        CHECK(st.vram_cpu_layers == st.vram_device_layers);
+        CHECK(st.vram_cpu_experts > 0);
+        CHECK(st.gpu_graph_replays + 3 >= tokens.size());
+      }
+    }
+  }
+}
+
 // Steady-state decode allocates nothing on the device or in pinned memory: the workspace, KV caches,
 // scratch buffers and expert slots are sized before, and reused by every step, eager or replayed
 // from a CUDA graph.
@@ -115,8 +150,9 @@ TEST_CASE("CUDA backend: decode steps after warm-up make no allocation", "[gpu][
   if (!strata::cuda::test::HaveGpu()) return;
   for (const char *rel : {"qwen3moe_mixed/model-mixed.gguf", "deepseek3_f32/hf", "gptoss_f32/model-mxfp4.gguf",
                           "qwen3moe_f32/model-q8_0.gguf"}) {
-    for (uint64_t budget : {uint64_t{0}, uint64_t{1}}) {
-      INFO(rel << " VRAM budget " << budget);
+    for (auto [budget, cpu_experts] : {std::pair<uint64_t, int32_t>{0, MOE_CPU_EXPERTS_OFF}, {1, MOE_CPU_EXPERTS_OFF},
+                                       {1, MOE_CPU_EXPERTS_ALWAYS}}) {
+      INFO(rel << " VRAM budget " << budget << " cpu_experts " << cpu_experts);
       const std::string model = kGolden + rel;
       const std::string dir = model.substr(0, model.find('/', kGolden.size()) + 1);
       const auto tokens = ReadBinary<int32_t>(dir + "tokens.bin");
@@ -125,6 +161,7 @@ TEST_CASE("CUDA backend: decode steps after warm-up make no allocation", "[gpu][
       p.model_path = model.c_str();
       p.backend = MOE_BACKEND_CUDA;
       p.vram_budget_bytes = budget;
+      p.cpu_experts = cpu_experts;
       moe_ctx *ctx = nullptr;
       REQUIRE(moe_ctx_open(&p, &ctx) == MOE_OK);
       moe_session_params sp;

@@ -1,0 +1,129 @@
+// Hybrid placement for the VRAM expert tier: routed experts the device does not hold, computed by
+// the CPU from host RAM while the device computes the rest (lib/model/placement.h decides which).
+//
+// Per MoE layer on this path, queued on the compute stream after the routing (all of it can be
+// recorded into the decode step's CUDA graph, as copies, host functions and kernels):
+//   1. the layer's selections, input rows and table of gate addresses are copied to pinned memory;
+//   2. a host function groups the selections as the device does, finds the cold experts (table
+//      address in the mapped host arena), picks the CPU's share by the cost model, writes their
+//      skip flags (copied to the device next) and hands the job to a worker thread; it returns at
+//      once, so the device runs its grouped kernels (skipping those experts) while the CPU works;
+//   3. a second host function waits for the job; the CPU's rows (in pinned memory mapped for the
+//      device) are copied into the grouped output, and the layer goes on as before.
+// The CPU computes with CpuBackend::ExpertsFfn (its kernels and activation mode), so results are
+// those of the CPU backend for those experts: close to the device's, not bit-identical.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include "backends/cpu/cpu_backend.h"
+#include "backends/cuda/memory.h"
+#include "lib/model/placement.h"
+#include "lib/model/weights.h"
+
+namespace strata::cuda {
+
+enum class CpuExpertMode {
+  kOff,     // cold experts are always read over the link (bit-identical at any budget)
+  kAuto,    // the cost model decides, per layer and per expert
+  kAlways,  // every cold expert of every tiered layer runs on the CPU (tests, measurements)
+};
+
+struct CpuExpertOptions {
+  CpuExpertMode mode = CpuExpertMode::kAuto;
+  int n_threads = 0;  // CPU threads computing the experts; 0 = one per core
+  bool q8_activations = false;
+};
+
+class CpuExperts {
+  using Clock = std::chrono::steady_clock;
+
+ public:
+  // max_rows: the most selections (tokens x k) of one call; n_expert_max: the most experts of a
+  // layer. arena / arena_dev: the host arena holding every expert and its device mapping. Measures
+  // the CPU's expert rate on the model's own experts and the host round trip on `stream`.
+  static absl::StatusOr<std::unique_ptr<CpuExperts>> Create(const model::ModelWeights &w, const CpuExpertOptions &o,
+                                                            int64_t max_rows, int n_expert_max,
+                                                            const uint8_t *arena, const uint8_t *arena_dev,
+                                                            size_t arena_bytes, double link_bytes_s,
+                                                            cudaStream_t stream);
+  ~CpuExperts();
+
+  // Steps 1 and 2 above for layer l: sel (n_tok, k) and h (n_tok, n_embd) on the device, gate_tab
+  // the layer's device table of gate addresses; skip_dev (n_expert bytes, device) receives the flags.
+  absl::Status Start(int l, int64_t n_tok, int k, int n_expert, const int32_t *sel, const float *h,
+                     const void *const *gate_tab, uint8_t *skip_dev, cudaStream_t stream);
+  // Step 3: after the grouped kernels, the CPU's rows into yg (plan and n_max of GroupByExpert).
+  absl::Status Finish(const int32_t *plan, int n_max, const uint8_t *skip_dev, float *yg, cudaStream_t stream);
+
+  CpuExpertMode mode() const { return mode_; }
+  model::PlacementRates rates() const;
+  // Seconds a layer on this path adds to the device's timeline (copies and host functions).
+  double round_trip_s() const { return round_trip_s_; }
+  uint64_t uses() const { return uses_.load(std::memory_order_relaxed); }  // expert uses computed here
+
+ private:
+  struct Call {  // one recorded call site: the host functions' argument
+    CpuExperts *self = nullptr;
+    int layer = 0, k = 0, n_expert = 0;
+    int64_t n_tok = 0;
+  };
+  CpuExperts() = default;
+  static void CUDART_CB DecideFn(void *call);
+  static void CUDART_CB WaitFn(void *self);
+  void Decide(const Call &c);
+  void DecideImpl(const Call &c);
+  void WorkerLoop();
+  absl::Status Calibrate(cudaStream_t stream);
+
+  const model::ModelWeights *w_ = nullptr;
+  CpuExpertMode mode_ = CpuExpertMode::kAuto;
+  std::unique_ptr<cpu::CpuBackend> cpu_;
+  const uint8_t *arena_dev_ = nullptr;
+  size_t arena_bytes_ = 0;
+  int64_t max_rows_ = 0, n_embd_ = 0;
+  int n_expert_max_ = 0;
+  std::map<std::tuple<int, int64_t, int>, std::unique_ptr<Call>> calls_;
+  // Pinned: the selections, input rows and gate addresses copied back; the skip flags; the rows
+  // the CPU computes (mapped, read by the device).
+  PinnedBuffer sel_, h_, tab_, skip_, y_;
+  float *y_dev_ = nullptr;
+  std::vector<float> xg_;  // the CPU's grouped input rows
+  // The job the worker runs: ExpertsFfn over the groups (null: the device's).
+  std::vector<const model::ExpertWeights *> job_ew_;
+  std::vector<int64_t> job_first_;
+  double job_x_ = 0;  // its one-token-equivalent bytes (CpuCostFit)
+  model::CpuCostFit fit_;  // the worker's (and Calibrate's) only
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::atomic<uint64_t> posted_{0}, done_{0};
+  bool stop_ = false;  // under mu_
+  std::thread worker_;
+  std::atomic<double> cpu_bytes_s_{0}, cpu_fixed_s_{0};
+  double link_bytes_s_ = 0, token_share_ = 0, round_trip_s_ = 0;
+  std::atomic<uint64_t> uses_{0};
+  // STRATA_CPU_EXPERTS_TRACE=1 (a diagnostic): where a hybrid layer's time goes, printed to stderr
+  // at destruction. Written by the host functions and the worker, read at the end.
+  bool trace_ = false;
+  struct Trace {
+    uint64_t calls = 0, jobs = 0;
+    double decide_s = 0;      // in the deciding host function
+    double device_s = 0;      // from its return to the waiting host function (the device's share)
+    double wait_s = 0;        // waiting for the CPU there
+    double between_s = 0;     // from a wait's return to the next layer's decision
+    Clock::time_point decided, waited;
+  } tr_;
+  std::atomic<double> job_s_{0};  // the worker's ExpertsFfn, summed
+};
+
+}  // namespace strata::cuda
