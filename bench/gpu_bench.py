@@ -11,9 +11,13 @@ For each VRAM budget:
      host RAM and computed by the CPU (llama.cpp's --n-cpu-moe N: the buffer-type override
      `blk.<i>.ffn_(up|down|gate)_exps` -> CPU for i < N). N is chosen so llama.cpp keeps about the
      same number of experts in VRAM as Strata's tier holds at that budget.
-  3. The roofline of a decode token: the expert bytes that crossed the link over the measured
+  3. The roofline of a decode token: the expert bytes missing from VRAM (those that crossed the
+     link, and those the CPU computed in host RAM under --cpu-experts auto) over the measured
      pinned host-to-device bandwidth, plus the bytes read in VRAM (weights a token touches) over
-     the measured device copy bandwidth.
+     the measured device copy bandwidth. With CPU experts a run can pass 100%: the CPU is a second
+     path to the cold experts besides the link.
+
+--cpu-experts auto,off runs Strata once per mode at each budget (hybrid placement on and off).
 
 Run on the GPU machine (torch measures the two bandwidths):
     python3 bench/gpu_bench.py --strata build/examples/strata --model /tmp/q30.gguf \
@@ -92,11 +96,12 @@ def model_bytes(strata, model):
     return other + embd_row, expert, n_layer, n_expert, k
 
 
-def run_strata(strata, model, budget, prefill, decode, ram_budget):
+def run_strata(strata, model, budget, prefill, decode, ram_budget, cpu_experts, threads):
     tokens = ",".join(str(1000 + 37 * i) for i in range(prefill))
     forced = ",".join(str(2000 + 53 * i) for i in range(decode))
     cmd = [strata, "bench", "--model", model, "--backend", "cuda", "--ram-budget", ram_budget, "--vram-budget",
-           str(budget), "--tokens", tokens, "--decode-tokens", forced, "--n-ctx", str(prefill + decode + 16), "--json"]
+           str(budget), "--tokens", tokens, "--decode-tokens", forced, "--n-ctx", str(prefill + decode + 16), "--json",
+           "--cpu-experts", cpu_experts, "--threads", str(threads), "--q8-activations"]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
@@ -170,6 +175,7 @@ def main():
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--llama-lib", default="", help="directory of libllama.so (default: the package's)")
     ap.add_argument("--skip-llama", action="store_true")
+    ap.add_argument("--cpu-experts", default="auto", help="Strata's modes to run, comma-separated: auto, off, always")
     ap.add_argument("--json-out", default="")
     a = ap.parse_args()
 
@@ -182,16 +188,20 @@ def main():
           flush=True)
     for b in a.budgets.split(","):
         budget = size_of(b)
-        s = run_strata(a.strata, a.model, budget, a.prefill, a.decode, a.ram_budget)
-        st = s["stats"]
-        slots = st["vram_expert_slots"] or n_layer * n_expert
-        link = s["decode_link_bytes_per_token"]
-        zero_copy_bytes = (st["vram_zero_copy"] * expert) / max(1, a.decode)
-        roof_s = link / h2d + max(0.0, res["token_bytes"] - zero_copy_bytes) / d2d
-        run = {"budget": b, "strata": s, "vram_expert_slots": slots, "link_bytes_per_token": link,
-               "roofline_tok_s": 1.0 / roof_s}
+        run = {"budget": b, "modes": {}}
+        for mode in a.cpu_experts.split(","):
+            s = run_strata(a.strata, a.model, budget, a.prefill, a.decode, a.ram_budget, mode, a.threads)
+            st = s["stats"]
+            link = s["decode_link_bytes_per_token"]
+            cpu_bytes = st.get("vram_cpu_experts", 0) * expert / max(1, a.decode)
+            zero_copy_bytes = st["vram_zero_copy"] * expert / max(1, a.decode)
+            missed = link + cpu_bytes
+            roof_s = missed / h2d + max(0.0, res["token_bytes"] - zero_copy_bytes - cpu_bytes) / d2d
+            run["modes"][mode] = {"strata": s, "link_bytes_per_token": link, "cpu_bytes_per_token": cpu_bytes,
+                                  "roofline_tok_s": 1.0 / roof_s}
+            run["vram_expert_slots"] = st["vram_expert_slots"] or n_layer * n_expert
         if not a.skip_llama:
-            n_cpu = n_layer - min(n_layer, slots // n_expert)
+            n_cpu = n_layer - min(n_layer, run["vram_expert_slots"] // n_expert)
             try:
                 run["llama"] = run_llama(a.llama_lib, a.model, n_cpu, a.prefill, a.decode, a.threads)
             except Exception as e:  # report and go on: the Strata figures stand on their own
@@ -200,17 +210,20 @@ def main():
         print(json.dumps(run), flush=True)
 
     print()
-    print(f"{'VRAM':>6} {'experts in VRAM':>16} {'prefill tok/s':>14} {'decode tok/s':>13} {'link MiB/tok':>13} "
-          f"{'roofline':>9} {'of roof':>8} {'llama.cpp':>10} {'n-cpu-moe':>9} {'llama pre':>10} {'vs llama':>9}")
+    print(f"{'VRAM':>6} {'experts in VRAM':>16} {'CPU experts':>11} {'prefill tok/s':>14} {'decode tok/s':>13} "
+          f"{'link MiB/tok':>13} {'CPU MiB/tok':>12} {'roofline':>9} {'of roof':>8} {'llama.cpp':>10} "
+          f"{'n-cpu-moe':>9} {'llama pre':>10} {'vs llama':>9}")
     for r in res["runs"]:
-        s = r["strata"]
         l = r.get("llama")
-        vs = f"{s['decode_tok_s'] / l['decode_tok_s']:.2f}x" if l else "-"
-        print(f"{r['budget']:>6} {r['vram_expert_slots']:>16} {s['prefill_tok_s']:>14.1f} {s['decode_tok_s']:>13.2f} "
-              f"{r['link_bytes_per_token'] / 2**20:>13.1f} {r['roofline_tok_s']:>9.1f} "
-              f"{100 * s['decode_tok_s'] / r['roofline_tok_s']:>7.0f}% "
-              f"{(l['decode_tok_s'] if l else float('nan')):>10.2f} {(l['n_cpu_moe'] if l else -1):>9} "
-              f"{(l['prefill_tok_s'] if l else float('nan')):>10.1f} {vs:>9}")
+        for mode, m in r["modes"].items():
+            s = m["strata"]
+            vs = f"{s['decode_tok_s'] / l['decode_tok_s']:.2f}x" if l else "-"
+            print(f"{r['budget']:>6} {r['vram_expert_slots']:>16} {mode:>11} {s['prefill_tok_s']:>14.1f} "
+                  f"{s['decode_tok_s']:>13.2f} {m['link_bytes_per_token'] / 2**20:>13.1f} "
+                  f"{m['cpu_bytes_per_token'] / 2**20:>12.1f} {m['roofline_tok_s']:>9.1f} "
+                  f"{100 * s['decode_tok_s'] / m['roofline_tok_s']:>7.0f}% "
+                  f"{(l['decode_tok_s'] if l else float('nan')):>10.2f} {(l['n_cpu_moe'] if l else -1):>9} "
+                  f"{(l['prefill_tok_s'] if l else float('nan')):>10.1f} {vs:>9}")
     if a.json_out:
         with open(a.json_out, "w") as f:
             json.dump(res, f, indent=1)
