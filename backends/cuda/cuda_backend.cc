@@ -15,6 +15,7 @@
 
 #include "backends/cuda/cuda_status.h"
 #include "backends/cuda/device.h"
+#include "lib/model/placement.h"
 #include "lib/quant/codec.h"
 
 namespace strata::cuda {
@@ -832,7 +833,62 @@ void CudaBackend::ExpertFfn(const model::ExpertWeights &e, const float *x, int64
     slot = *s;
   }
   Note(ExpertFfnImpl(e, x, n_tok, y));
-  if (slot != nullptr) Note(slot->used.Record(stream_.get()));
+  if (slot != nullptr) {
+    Note(slot->used.Record(stream_.get()));
+    // A batch on the host path (a prompt) counts into the route hotness the next step plans from.
+    LayerTable &t = tables_[slot->layer];
+    if (t.ok && slot->expert < static_cast<int>(t.heat.size())) {
+      t.heat[slot->expert] += static_cast<uint32_t>(std::min<int64_t>(n_tok, 1 << 20));
+      replan_ = true;
+    }
+  }
+}
+
+absl::Status CudaBackend::Replan() {
+  replan_ = false;
+  if (!arena_registered_) return absl::OkStatus();
+  // Every routed expert of the device-table layers by its heat; index = tab_off / 3 + expert.
+  std::vector<uint32_t> heat;
+  std::vector<std::pair<int, int>> id;
+  for (size_t l = 0; l < tables_.size(); ++l) {
+    const LayerTable &t = tables_[l];
+    if (!t.ok) continue;
+    for (int x = 0; x < t.ge.n_expert; ++x) {
+      heat.push_back(t.heat[x]);
+      id.emplace_back(static_cast<int>(l), x);
+    }
+  }
+  const std::vector<size_t> top = model::HottestExperts(heat, slots_.size());
+  std::vector<char> wanted(heat.size(), 0);
+  for (size_t i : top) wanted[i] = 1;
+  std::map<std::pair<int, int>, size_t> index;
+  for (size_t i = 0; i < id.size(); ++i) index[id[i]] = i;
+  // Victims: empty slots, then those holding experts outside the hottest set, coldest first.
+  std::vector<std::pair<uint32_t, int>> victims;
+  for (int v = 0; v < static_cast<int>(slots_.size()); ++v) {
+    const Slot &sl = slots_[v];
+    if (sl.key == nullptr) {
+      victims.emplace_back(0, v);
+      continue;
+    }
+    auto it = index.find({sl.layer, sl.expert});
+    if (it == index.end() || !wanted[it->second]) victims.emplace_back(it == index.end() ? 0 : heat[it->second], v);
+  }
+  std::sort(victims.begin(), victims.end());
+  size_t next = 0;
+  for (size_t i : top) {
+    if (next == victims.size()) break;
+    const auto [l, x] = id[i];
+    const model::ExpertWeights &e = w_->layers[l].experts[x];
+    if (slot_of_.count(e.gate.data) != 0) continue;  // already held
+    const int v = victims[next++].second;
+    STRATA_RETURN_IF_ERROR(Evict(v));
+    STRATA_RETURN_IF_ERROR(Fill(v, e, l, x));
+    pending_fills_.push_back(v);
+    ++promotions_;
+  }
+  ++replans_;
+  return absl::OkStatus();
 }
 
 }  // namespace strata::cuda
@@ -931,6 +987,7 @@ model::DeviceTierStats CudaBackend::tier_stats() const {
   st.cpu_layers = static_cast<uint32_t>(
       std::count_if(tables_.begin(), tables_.end(), [](const LayerTable &t) { return t.ok && t.hybrid; }));
   st.promotions = promotions_;
+  st.replans = replans_;
   st.graph_captures = graph_captures_;
   st.graph_replays = graph_replays_;
   return st;
@@ -1016,6 +1073,7 @@ bool CudaBackend::RoutedExperts(const model::RoutedExpertsArgs &a) {
   const bool tiered = !slots_.empty();
   // Inside a step bracket the tier was updated by BeginStep, for every layer.
   if (tiered && bracket_ == Bracket::kNone) {
+    if (replan_ && !Note(Replan())) return true;
     if (!Note(UpdateTier(a.layer))) return true;
     UpdateHybrid();
   }
@@ -1076,8 +1134,10 @@ model::Backend::StepMode CudaBackend::BeginStep(const model::StepKey &key) {
     std::fprintf(stderr, "strata: profiler on for step %lld\n", static_cast<long long>(profiler_step_));
   }
   if (!err_.ok() || !use_graphs_ || profile_ || bracket_ != Bracket::kNone) return StepMode::kEager;
-  // Promotions and the last step's selections reach the tables before the step, for every layer.
+  // Promotions and the last step's selections reach the tables before the step, for every layer;
+  // after a prompt the slots are first given to the experts it used most.
   if (!slots_.empty()) {
+    if (replan_ && !Note(Replan())) return StepMode::kEager;
     for (size_t l = 0; l < tables_.size(); ++l) {
       if (tables_[l].ok && !Note(UpdateTier(static_cast<int>(l)))) return StepMode::kEager;
     }

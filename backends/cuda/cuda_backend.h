@@ -168,6 +168,9 @@ class CudaBackend final : public model::Backend {
   absl::StatusOr<double> MeasureLink();
   // Between steps: which layers take the hybrid path. A change drops the recorded graphs.
   void UpdateHybrid();
+  // After host-path batches (a prompt) added to the route hotness: the hottest experts of every
+  // device-table layer take the slots (filled on the copy stream, entering the tables as they land).
+  absl::Status Replan();
   // Before layer l's RoutedExperts: finished promotions enter the tables; the last call's selections
   // update hotness and may start promotions.
   absl::Status UpdateTier(int l);
@@ -266,7 +269,8 @@ class CudaBackend final : public model::Backend {
   PinnedBuffer hist_;                                // (n_layer, kDeviceRouteMaxRows) last selections
   std::vector<int> pending_fills_;                   // slots filled but not yet in their table
   double fill_credit_ = 0;                           // bytes promotions may still copy
-  uint64_t zero_copy_uses_ = 0, promotions_ = 0;
+  uint64_t zero_copy_uses_ = 0, promotions_ = 0, replans_ = 0;
+  bool replan_ = false;                              // hotness grew on the host path since the last plan
   std::unique_ptr<CpuExperts> cpu_experts_;          // hybrid placement (null: off)
   DeviceBuffer skip_dev_;                            // the experts of a layer the CPU computes
   // Upload ring: pinned segments reused once the copies from their previous lap are done.

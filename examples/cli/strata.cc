@@ -322,7 +322,7 @@ std::string StatsJson(moe_ctx *ctx) {
                 "\"prefetch_skipped\":%llu,\"prefetch_precision\":%.4f,\"vram_expert_slots\":%u,"
                 "\"vram_device_layers\":%u,\"vram_fills\":%llu,\"vram_fill_bytes\":%llu,\"vram_zero_copy\":%llu,"
                 "\"vram_promotions\":%llu,\"gpu_graph_captures\":%llu,\"gpu_graph_replays\":%llu,\"numa_node\":%d,"
-                "\"vram_cpu_layers\":%u,\"vram_cpu_experts\":%llu}",
+                "\"vram_cpu_layers\":%u,\"vram_cpu_experts\":%llu,\"vram_replans\":%llu}",
                 st.streaming, static_cast<unsigned long long>(st.expert_hits),
                 static_cast<unsigned long long>(st.expert_misses), static_cast<unsigned long long>(st.bytes_read),
                 st.io_wait_s, static_cast<unsigned long long>(st.prefetch_issued),
@@ -335,7 +335,8 @@ std::string StatsJson(moe_ctx *ctx) {
                 static_cast<unsigned long long>(st.vram_promotions),
                 static_cast<unsigned long long>(st.gpu_graph_captures),
                 static_cast<unsigned long long>(st.gpu_graph_replays), st.numa_node, st.vram_cpu_layers,
-                static_cast<unsigned long long>(st.vram_cpu_experts));
+                static_cast<unsigned long long>(st.vram_cpu_experts),
+                static_cast<unsigned long long>(st.vram_replans));
   return buf;
 }
 

@@ -309,6 +309,7 @@ typedef struct moe_stats {
   /* Since 0.4: hybrid placement (moe_params.cpu_experts). vram_zero_copy excludes these uses. */
   uint32_t vram_cpu_layers;    /* MoE layers now splitting their cold experts with the CPU */
   uint64_t vram_cpu_experts;   /* expert uses the CPU computed from host RAM instead of the GPU */
+  uint64_t vram_replans;       /* times a prompt's route hotness re-planned the VRAM slots */
 } moe_stats;
 
 static inline void moe_stats_init(moe_stats *p) {

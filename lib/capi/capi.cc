@@ -403,6 +403,7 @@ moe_status moe_ctx_stats(const moe_ctx *ctx, moe_stats *out) {
     st.numa_node = cs.numa_node;
     st.vram_cpu_layers = cs.device.cpu_layers;
     st.vram_cpu_experts = cs.device.cpu_experts;
+    st.vram_replans = cs.device.replans;
     std::memcpy(out, &st, std::min<size_t>(out->struct_size, sizeof st));
     return MOE_OK;
   });

@@ -153,6 +153,7 @@ struct DeviceTierStats {
   uint64_t cpu_experts = 0;    // expert uses computed by the CPU from host memory (hybrid placement)
   uint32_t cpu_layers = 0;     // MoE layers now on the hybrid path
   uint64_t promotions = 0;     // fills started by route hotness
+  uint64_t replans = 0;        // times the slots were re-planned from a prompt's hotness
   uint64_t graph_captures = 0;   // decode steps recorded as graphs
   uint64_t graph_replays = 0;    // decode steps run from a recorded graph
 };

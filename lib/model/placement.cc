@@ -43,6 +43,20 @@ std::vector<int> ChooseCpuExperts(std::vector<ColdExpert> cold, const PlacementR
   return out;
 }
 
+std::vector<size_t> HottestExperts(const std::vector<uint32_t> &heat, size_t n) {
+  std::vector<size_t> idx;
+  for (size_t i = 0; i < heat.size(); ++i) {
+    if (heat[i] > 0) idx.push_back(i);
+  }
+  auto hotter = [&](size_t a, size_t b) { return heat[a] != heat[b] ? heat[a] > heat[b] : a < b; };
+  if (idx.size() > n) {
+    std::nth_element(idx.begin(), idx.begin() + static_cast<std::ptrdiff_t>(n), idx.end(), hotter);
+    idx.resize(n);
+  }
+  std::sort(idx.begin(), idx.end(), hotter);
+  return idx;
+}
+
 void CpuCostFit::Add(double x, double secs) {
   if (!(x > 0) || !(secs > 0) || !std::isfinite(x) || !std::isfinite(secs)) return;
   w_ = decay_ * w_ + 1;

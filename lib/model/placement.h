@@ -5,6 +5,7 @@
 // until adding one more would make it the later of the two.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -53,6 +54,10 @@ class CpuCostFit {
   double decay_, w_ = 0, x_ = 0, y_ = 0, xx_ = 0, xy_ = 0;
   double rate_ = 0, fixed_ = 0;
 };
+
+// The n entries of `heat` that should hold the tier's slots: the hottest first (ties to the lower
+// index), only entries with heat > 0.
+std::vector<size_t> HottestExperts(const std::vector<uint32_t> &heat, size_t n);
 
 // Seconds a layer saves per call by splitting `cold_bytes` of one-token experts (each of
 // `expert_bytes`) between the link and the CPU, against the link alone; <= 0 when it does not pay.

@@ -559,6 +559,7 @@ ContextStats Context::Stats() const {
   st.device.zero_copy -= device_base_.zero_copy;
   st.device.cpu_experts -= device_base_.cpu_experts;
   st.device.promotions -= device_base_.promotions;
+  st.device.replans -= device_base_.replans;
   st.device.graph_captures -= device_base_.graph_captures;
   st.device.graph_replays -= device_base_.graph_replays;
   st.numa_node = numa_node_;

@@ -22,6 +22,14 @@ using strata::testing::TeacherForced;
 
 constexpr double kTolerance = 1e-3;
 
+// GGUF goldens whose MoE layers route and group on the GPU (their tensors are 32-byte aligned, as
+// the kernels' vector loads need of host bytes read in place, and their layers hold experts of one
+// codec and kernel-ready shapes): their decode steps need no host round trip and are recorded as
+// CUDA graphs. The others (a checkpoint's unaligned bytes, per-expert codecs, the tiny DeepSeek
+// fixtures' 16-wide rows) take the host path.
+const char *const kGraphModels[] = {"qwen3moe_f32/model-q8_0.gguf", "mixtral_f32/model-q8_0.gguf",
+                                    "olmoe_f32/model-f32.gguf", "qwen2moe_f32/model-f32.gguf"};
+
 const char *const kModels[] = {
     "qwen3moe_f32/hf",           "qwen3moe_f32/model-f32.gguf",   "qwen3moe_f32/model-f16.gguf",
     "qwen3moe_f32/model-q8_0.gguf", "qwen3moe_bf16/hf",           "qwen3moe_bf16/model-bf16.gguf",
@@ -82,12 +90,8 @@ TEST_CASE("CUDA backend: the VRAM expert tier is bit-identical to all-resident a
 TEST_CASE("CUDA backend: GPU-side routing, zero-copy reads and promotions keep the logits bit-identical",
           "[gpu][golden]") {
   if (!strata::cuda::test::HaveGpu()) return;
-  // GGUF files (their tensors are 32-byte aligned, as the kernels' vector loads need of host bytes
-  // read in place) whose layers hold experts of one codec and kernel-ready shapes; the others (a
-  // checkpoint's unaligned bytes, per-expert codecs, the tiny DeepSeek fixtures' 16-wide rows) take
-  // the host path, which the test above holds bit-identical too.
-  for (const char *rel : {"qwen3moe_f32/model-q8_0.gguf", "mixtral_f32/model-q8_0.gguf", "olmoe_f32/model-f32.gguf",
-                          "qwen2moe_f32/model-f32.gguf"}) {
+  // The host path of the other goldens is held bit-identical by the test above.
+  for (const char *rel : kGraphModels) {
     const std::string model = kGolden + rel;
     const std::string dir = model.substr(0, model.find('/', kGolden.size()) + 1);
     const auto tokens = ReadBinary<int32_t>(dir + "tokens.bin");
@@ -109,14 +113,37 @@ TEST_CASE("CUDA backend: GPU-side routing, zero-copy reads and promotions keep t
   }
 }
 
+// After a prompt long enough for the host path (more selections than the device routes at once)
+// the VRAM tier gives its slots to the experts the prompt used most, filled on the copy stream
+// while decode goes on; the bytes are the same, so the logits stay bit-identical to all-resident.
+TEST_CASE("CUDA backend: a prompt's hotness re-plans the VRAM slots, bit-identical", "[gpu][golden]") {
+  if (!strata::cuda::test::HaveGpu()) return;
+  for (const char *rel : kGraphModels) {
+    const std::string model = kGolden + rel;
+    const std::string dir = model.substr(0, model.find('/', kGolden.size()) + 1);
+    const auto golden = ReadBinary<int32_t>(dir + "tokens.bin");
+    // 300 prompt tokens (600 selections of two experts) and 12 decode steps, from the golden ids.
+    std::vector<int32_t> tokens;
+    for (size_t i = 0; tokens.size() < 312; ++i) tokens.push_back(golden[(i * 7) % golden.size()]);
+    const auto all = TeacherForced(model, tokens, 300, MOE_BACKEND_CUDA);
+    moe_stats st;
+    uint32_t slots = 0, n_routed = 0;
+    const auto tier = TeacherForced(model, tokens, 300, MOE_BACKEND_CUDA, uint64_t{1} << 20, &slots, &n_routed, &st);
+    INFO(rel << ": " << slots << " of " << n_routed << " experts in slots; re-plans " << st.vram_replans
+             << ", promotions " << st.vram_promotions);
+    REQUIRE(slots < n_routed);
+    CHECK(st.vram_replans == 1);
+    CHECK(tier == all);
+  }
+}
+
 // Hybrid placement: with the cold experts of every decode layer computed by the CPU from host RAM
 // (MOE_CPU_EXPERTS_ALWAYS) while the GPU runs the rest, decode steps are still recorded and replayed
 // as CUDA graphs (copies and host functions inside), and the logits match the CPU backend's within
 // the tolerance of the GPU backend.
 TEST_CASE("CUDA backend: cold experts computed by the CPU match the CPU backend", "[gpu][golden]") {
   if (!strata::cuda::test::HaveGpu()) return;
-  for (const char *rel : {"qwen3moe_f32/model-q8_0.gguf", "mixtral_f32/model-q8_0.gguf", "olmoe_f32/model-f32.gguf",
-                          "qwen2moe_f32/model-f32.gguf"}) {
+  for (const char *rel : kGraphModels) {
     const std::string model = kGolden + rel;
     const std::string dir = model.substr(0, model.find('/', kGolden.size()) + 1);
     const auto tokens = ReadBinary<int32_t>(dir + "tokens.bin");
@@ -191,11 +218,6 @@ TEST_CASE("CUDA backend: decode steps after warm-up make no allocation", "[gpu][
 }
 
 namespace {
-
-// GGUF goldens whose MoE layers route on the GPU (see the routing test above): their decode steps
-// need no host round trip, so they are recorded as CUDA graphs.
-const char *const kGraphModels[] = {"qwen3moe_f32/model-q8_0.gguf", "mixtral_f32/model-q8_0.gguf",
-                                    "olmoe_f32/model-f32.gguf", "qwen2moe_f32/model-f32.gguf"};
 
 // Sets STRATA_CUDA_GRAPHS for the contexts opened in its lifetime (the backend reads it at creation).
 class GraphsOff {

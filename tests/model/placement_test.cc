@@ -156,3 +156,22 @@ TEST_CASE("placement: the CPU cost fit recovers a fixed cost and a rate", "[plac
   one.Add(NAN, 1);
   CHECK(std::isfinite(one.rate()));
 }
+
+TEST_CASE("placement: the hottest experts, ties to the lower index, none never used", "[placement]") {
+  CHECK(HottestExperts({0, 5, 2, 5, 9, 0, 1}, 3) == std::vector<size_t>{4, 1, 3});
+  CHECK(HottestExperts({0, 5, 2, 5, 9, 0, 1}, 10) == std::vector<size_t>{4, 1, 3, 2, 6});
+  CHECK(HottestExperts({0, 0}, 2).empty());
+  CHECK(HottestExperts({}, 4).empty());
+  std::mt19937 rng(std::random_device{}());
+  std::vector<uint32_t> heat(500);
+  for (uint32_t &h : heat) h = std::uniform_int_distribution<uint32_t>(0, 40)(rng);
+  const size_t n = std::uniform_int_distribution<size_t>(1, 499)(rng);
+  const std::vector<size_t> top = HottestExperts(heat, n);
+  std::vector<size_t> want;
+  for (size_t i = 0; i < heat.size(); ++i) {
+    if (heat[i] > 0) want.push_back(i);
+  }
+  std::stable_sort(want.begin(), want.end(), [&](size_t a, size_t b) { return heat[a] > heat[b]; });
+  if (want.size() > n) want.resize(n);
+  CHECK(top == want);
+}
