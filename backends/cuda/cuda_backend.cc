@@ -847,7 +847,7 @@ void CudaBackend::ExpertFfn(const model::ExpertWeights &e, const float *x, int64
 absl::Status CudaBackend::Replan() {
   replan_ = false;
   if (!arena_registered_) return absl::OkStatus();
-  // Every routed expert of the device-table layers by its heat; index = tab_off / 3 + expert.
+  // Every routed expert of the device-table layers, in one list with its heat.
   std::vector<uint32_t> heat;
   std::vector<std::pair<int, int>> id;
   for (size_t l = 0; l < tables_.size(); ++l) {

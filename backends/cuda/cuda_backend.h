@@ -14,7 +14,9 @@
 //    slot of the coldest resident expert, filled on a copy stream within a byte credit of 1/8 of
 //    the bytes read over the link, and the table switches to the slot once the copy is done;
 //  - other batches (prefill, families the grouped kernels do not cover) bring each expert into a
-//    slot on demand (LRU), the compute stream waiting for the copy.
+//    slot on demand (LRU), the compute stream waiting for the copy. Their tokens count into the
+//    route hotness, and the next step re-plans the slots (Replan): the hottest experts of every
+//    layer replace the coldest residents, filled on the copy stream while decode goes on.
 // Events order a slot's refill after the last computation that read it. The bytes are the same
 // everywhere, so results are bit-identical at any budget.
 //
