@@ -87,6 +87,22 @@ TEST_CASE("params: struct_size is honoured", "[capi]") {
   p.model_path = kModel.c_str();
   p.backend = 77;
   CHECK(moe_ctx_open(&p, &ctx) == MOE_ERR_INVALID_ARGUMENT);
+  // Hybrid placement: auto by default; a value outside the enum is refused by name.
+  moe_params_init(&p);
+  CHECK(p.cpu_experts == MOE_CPU_EXPERTS_AUTO);
+  p.model_path = kModel.c_str();
+  for (int32_t bad : {-1, 3, 1 << 20}) {
+    p.cpu_experts = bad;
+    CHECK(moe_ctx_open(&p, &ctx) == MOE_ERR_INVALID_ARGUMENT);
+    CHECK(std::string(moe_last_error()).find("cpu_experts") != std::string::npos);
+  }
+  // Without a GPU every mode runs the CPU backend.
+  for (int32_t mode : {MOE_CPU_EXPERTS_OFF, MOE_CPU_EXPERTS_ALWAYS}) {
+    p.cpu_experts = mode;
+    p.backend = MOE_BACKEND_CPU;
+    REQUIRE(moe_ctx_open(&p, &ctx) == MOE_OK);
+    moe_ctx_close(ctx);
+  }
 }
 
 TEST_CASE("sessions: state errors, vocabulary and context limits keep the session usable", "[capi]") {

@@ -115,6 +115,8 @@ TEST_CASE("strata argument errors", "[cli]") {
   ExpectError(Cli("run --ram-budget 12X"), "--ram-budget");
   ExpectError(Cli("run --vram-budget"), "--vram-budget");
   ExpectError(Cli("run --backend tpu"), "tpu");
+  ExpectError(Cli("run --cpu-experts sometimes"), "--cpu-experts");
+  ExpectError(Cli("run --cpu-experts"), "--cpu-experts");
   ExpectError(Cli("run --bogus"), "--bogus");
   ExpectError(Cli("run -n -3"), "-n");
   ExpectError(Cli("inspect"), "PATH");
