@@ -1,0 +1,52 @@
+// ThreadPool: every index of a ParallelFor runs exactly once, with chunks that depend only on n and
+// the pool size, whether the workers are spinning or asleep when the call comes (spin 0: they
+// always sleep; a long spin: they never do between close calls).
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "lib/util/thread_pool.h"
+
+namespace {
+
+using strata::ThreadPool;
+
+}  // namespace
+
+TEST_CASE("ThreadPool runs every index once, asleep or spinning", "[threads]") {
+  std::mt19937 rng(std::random_device{}());
+  for (int n_threads : {1, 2, 3, 5}) {
+    for (int spin : {0, ThreadPool::kSpinIterations, 50 * ThreadPool::kSpinIterations}) {
+      ThreadPool pool(n_threads, spin);
+      REQUIRE(pool.size() == n_threads);
+      for (int call = 0; call < 20; ++call) {
+        const int64_t n = std::uniform_int_distribution<int64_t>(0, 5000)(rng);
+        const int64_t min_chunk = std::uniform_int_distribution<int64_t>(1, 64)(rng);
+        std::vector<std::atomic<int>> hits(static_cast<size_t>(n));
+        std::vector<std::pair<int64_t, int64_t>> chunks(static_cast<size_t>(n_threads), {-1, -1});
+        std::atomic<int> bad_index{0};  // Catch's assertions are not for worker threads
+        pool.ParallelFor(n, min_chunk, [&](int64_t b, int64_t e, int t) {
+          if (t < 0 || t >= n_threads) {
+            bad_index.fetch_add(1);
+            return;
+          }
+          chunks[t] = {b, e};
+          for (int64_t i = b; i < e; ++i) hits[i].fetch_add(1);
+        });
+        INFO(n_threads << " threads, spin " << spin << ", n " << n << ", min chunk " << min_chunk);
+        REQUIRE(bad_index.load() == 0);
+        for (int64_t i = 0; i < n; ++i) REQUIRE(hits[i].load() == 1);
+        // The same call again gives the same chunks (results computed per index are reproducible).
+        std::vector<std::pair<int64_t, int64_t>> again(static_cast<size_t>(n_threads), {-1, -1});
+        pool.ParallelFor(n, min_chunk, [&](int64_t b, int64_t e, int t) { again[t] = {b, e}; });
+        CHECK(again == chunks);
+        // Now and then let the workers fall asleep before the next call.
+        if (call % 5 == 4) std::this_thread::sleep_for(std::chrono::milliseconds(3));
+      }
+    }
+  }
+}
