@@ -96,13 +96,24 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const model::Mo
   if (cpu.mode != CpuExpertMode::kOff && !be->slots_.empty() && be->arena_dev_ != nullptr && any_table) {
     int n_expert_max = 0;
     for (const LayerTable &t : be->tables_) n_expert_max = std::max(n_expert_max, t.ge.n_expert);
-    STRATA_ASSIGN_OR_RETURN(double link, be->MeasureLink());
-    STRATA_ASSIGN_OR_RETURN(be->skip_dev_, DeviceBuffer::Allocate(n_expert_max));
-    STRATA_ASSIGN_OR_RETURN(be->cpu_experts_,
-                            CpuExperts::Create(w, cpu, kDeviceRouteMaxRows, n_expert_max, arena, be->arena_dev_,
-                                               arena_bytes, link, be->stream_.get()));
+    absl::Status st = be->StartCpuExperts(w, cpu, n_expert_max);
+    // The path is an optimisation under auto: without it the GPU runs every miss, as with off.
+    if (!st.ok() && cpu.mode == CpuExpertMode::kAlways) return Annotate(st, "setting up CPU experts");
+    if (!st.ok()) {
+      std::fprintf(stderr, "strata: CPU experts off: %s\n", std::string(st.message()).c_str());
+      be->cpu_experts_.reset();
+    }
   }
   return be;
+}
+
+absl::Status CudaBackend::StartCpuExperts(const model::ModelWeights &w, const CpuExpertOptions &cpu,
+                                          int n_expert_max) {
+  STRATA_ASSIGN_OR_RETURN(double link, MeasureLink());
+  STRATA_ASSIGN_OR_RETURN(skip_dev_, DeviceBuffer::Allocate(n_expert_max));
+  STRATA_ASSIGN_OR_RETURN(cpu_experts_, CpuExperts::Create(w, cpu, kDeviceRouteMaxRows, n_expert_max, host_arena_,
+                                                           arena_dev_, arena_bytes_, link, stream_.get()));
+  return absl::OkStatus();
 }
 
 absl::StatusOr<double> CudaBackend::MeasureLink() {

@@ -166,6 +166,8 @@ class CudaBackend final : public model::Backend {
   void HostTable(int l, int x);
   // Builds the per-layer device tables after adoption.
   absl::Status BuildTables(const model::ModelWeights &w);
+  // Measures the link and creates the CPU experts (hybrid placement) with their device flags.
+  absl::Status StartCpuExperts(const model::ModelWeights &w, const CpuExpertOptions &cpu, int n_expert_max);
   // The link's rate: a copy from the page-locked arena into the slots, timed (bytes/s).
   absl::StatusOr<double> MeasureLink();
   // Between steps: which layers take the hybrid path. A change drops the recorded graphs.
