@@ -166,7 +166,23 @@ TEST_CASE("GroupByExpert drops selections outside the experts without writing ou
 
 // n_expert experts' matrices in device memory (optionally some in mapped host memory) and the
 // device pointer tables of GroupedExperts.
+struct CodecCase {
+  TypeId gate, down;
+  int64_t n_embd, n_ff;
+};
+
 struct Experts {
+  // n_expert experts of random rows in the shape and codecs of c.
+  static Experts Random(std::mt19937 &rng, const CodecCase &c, int n_expert) {
+    Experts e;
+    e.n_embd = c.n_embd;
+    e.n_ff = c.n_ff;
+    e.gate_type = c.gate;
+    e.down_type = c.down;
+    e.Randomize(rng, n_expert);
+    return e;
+  }
+
   int64_t n_embd = 0, n_ff = 0;
   TypeId gate_type{}, down_type{};
   uint64_t rb_in = 0, rb_out = 0;
@@ -287,11 +303,6 @@ std::vector<int32_t> SelectionsWithGroupSizes(std::mt19937 &rng, const std::vect
   return sel;
 }
 
-struct CodecCase {
-  TypeId gate, down;
-  int64_t n_embd, n_ff;
-};
-
 TEST_CASE("Grouped SwiGLU and down GEMV are bit-identical to the per-expert GEMVs", "[gpu][grouped]") {
   if (!HaveGpu()) return;
   auto rng = test::Rng();
@@ -314,12 +325,7 @@ TEST_CASE("Grouped SwiGLU and down GEMV are bit-identical to the per-expert GEMV
   for (const CodecCase &c : cases) {
     INFO(quant::TypeName(static_cast<uint32_t>(c.gate)) << " gate/up, " << quant::TypeName(static_cast<uint32_t>(c.down))
                                                         << " down, n_embd " << c.n_embd << ", n_ff " << c.n_ff);
-    Experts x;
-    x.n_embd = c.n_embd;
-    x.n_ff = c.n_ff;
-    x.gate_type = c.gate;
-    x.down_type = c.down;
-    x.Randomize(rng, n_expert);
+    Experts x = Experts::Random(rng, c, n_expert);
     const std::vector<int32_t> sel = SelectionsWithGroupSizes(rng, sizes, n_expert);
     const HostGroups groups = ReferenceGroups(sel, k, n_expert);
     DeviceBuffer dsel = Upload(sel), dx = Upload(RandomFloats(rng, n_tok * c.n_embd, -2.f, 2.f));
@@ -339,13 +345,8 @@ TEST_CASE("Grouped kernels skip flagged experts and CopySkippedGroups fills thei
           "[gpu][grouped]") {
   if (!HaveGpu()) return;
   auto rng = test::Rng();
-  Experts x;
-  x.n_embd = 768;
-  x.n_ff = 352;
-  x.gate_type = TypeId::kQ8_0;
-  x.down_type = TypeId::kQ8_0;
   const int k = 2, n_expert = 12;
-  x.Randomize(rng, n_expert);
+  Experts x = Experts::Random(rng, {TypeId::kQ8_0, TypeId::kQ8_0, 768, 352}, n_expert);
   const std::vector<int> sizes = {1, 3, 8, 13, 1};
   const int64_t n = 26, n_tok = n / k;
   const std::vector<int32_t> sel = SelectionsWithGroupSizes(rng, sizes, n_expert);
@@ -401,13 +402,8 @@ TEST_CASE("Grouped experts over a decode and a batch of routed tokens match the 
   auto rng = test::Rng();
   // Qwen3-30B-A3B's expert shape, 8 of 64 experts per token: one token, a batch of 16 (groups of
   // mixed sizes), 40 tokens (groups past 8 tokens).
-  Experts x;
-  x.n_embd = 2048;
-  x.n_ff = 768;
-  x.gate_type = TypeId::kQ4_K;
-  x.down_type = TypeId::kQ6_K;
   const int n_expert = 64, k = 8;
-  x.Randomize(rng, n_expert);
+  Experts x = Experts::Random(rng, {TypeId::kQ4_K, TypeId::kQ6_K, 2048, 768}, n_expert);
   const Placement vram(x, std::vector<bool>(n_expert, false));
   for (int64_t n_tok : {1, 16, 40}) {
     INFO("n_tok " << n_tok);
@@ -436,12 +432,7 @@ TEST_CASE("Grouped experts read weights in mapped host memory as they read VRAM"
   for (const CodecCase &c : cases) {
     INFO(quant::TypeName(static_cast<uint32_t>(c.gate)) << " gate/up, " << quant::TypeName(static_cast<uint32_t>(c.down))
                                                         << " down");
-    Experts x;
-    x.n_embd = c.n_embd;
-    x.n_ff = c.n_ff;
-    x.gate_type = c.gate;
-    x.down_type = c.down;
-    x.Randomize(rng, n_expert);
+    Experts x = Experts::Random(rng, c, n_expert);
     std::vector<bool> mixed(n_expert), all_host(n_expert, true);
     for (int e = 0; e < n_expert; ++e) mixed[e] = e % 3 != 0;  // two thirds on the host
     const Placement vram(x, std::vector<bool>(n_expert, false)), part(x, mixed), host(x, all_host);
