@@ -858,12 +858,14 @@ void CudaBackend::ExpertFfn(const model::ExpertWeights &e, const float *x, int64
 absl::Status CudaBackend::Replan() {
   replan_ = false;
   if (!arena_registered_) return absl::OkStatus();
-  // Every routed expert of the device-table layers, in one list with its heat.
+  // Every routed expert of the device-table layers in one list: layer l's expert x at first[l] + x.
   std::vector<uint32_t> heat;
   std::vector<std::pair<int, int>> id;
+  std::vector<size_t> first(tables_.size(), SIZE_MAX);
   for (size_t l = 0; l < tables_.size(); ++l) {
     const LayerTable &t = tables_[l];
     if (!t.ok) continue;
+    first[l] = heat.size();
     for (int x = 0; x < t.ge.n_expert; ++x) {
       heat.push_back(t.heat[x]);
       id.emplace_back(static_cast<int>(l), x);
@@ -872,18 +874,16 @@ absl::Status CudaBackend::Replan() {
   const std::vector<size_t> top = model::HottestExperts(heat, slots_.size());
   std::vector<char> wanted(heat.size(), 0);
   for (size_t i : top) wanted[i] = 1;
-  std::map<std::pair<int, int>, size_t> index;
-  for (size_t i = 0; i < id.size(); ++i) index[id[i]] = i;
   // Victims: empty slots, then those holding experts outside the hottest set, coldest first.
   std::vector<std::pair<uint32_t, int>> victims;
   for (int v = 0; v < static_cast<int>(slots_.size()); ++v) {
     const Slot &sl = slots_[v];
-    if (sl.key == nullptr) {
+    const size_t i = sl.key == nullptr ? SIZE_MAX : first[sl.layer];
+    if (i == SIZE_MAX) {  // empty, or an expert of a layer without a table
       victims.emplace_back(0, v);
-      continue;
+    } else if (!wanted[i + sl.expert]) {
+      victims.emplace_back(heat[i + sl.expert], v);
     }
-    auto it = index.find({sl.layer, sl.expert});
-    if (it == index.end() || !wanted[it->second]) victims.emplace_back(it == index.end() ? 0 : heat[it->second], v);
   }
   std::sort(victims.begin(), victims.end());
   size_t next = 0;
@@ -963,6 +963,7 @@ absl::Status CudaBackend::BuildTables(const model::ModelWeights &w) {
     }
     if (!ok) continue;
     t.ok = true;
+    if (first_table_layer_ < 0) first_table_layer_ = static_cast<int>(l);
     t.heat.assign(ex.size(), 0);
     STRATA_ASSIGN_OR_RETURN(t.hist_done, Event::Create());
     t.tab_off = host.size();
@@ -1086,7 +1087,7 @@ bool CudaBackend::RoutedExperts(const model::RoutedExpertsArgs &a) {
   if (tiered && bracket_ == Bracket::kNone) {
     if (replan_ && !Note(Replan())) return true;
     if (!Note(UpdateTier(a.layer))) return true;
-    UpdateHybrid();
+    if (a.layer == first_table_layer_) UpdateHybrid();  // once a step, before its first MoE layer
   }
   auto ra = ToRouteArgs(a.route);
   if (!Note(ra.status())) return true;

@@ -268,6 +268,7 @@ class CudaBackend final : public model::Backend {
   // Device tables for RoutedExperts: per layer [gate x n_expert | up x n_expert | down x n_expert].
   const model::ModelWeights *w_ = nullptr;
   std::vector<LayerTable> tables_;
+  int first_table_layer_ = -1;                       // the first layer with a device table
   DeviceBuffer tab_dev_, plan_buf_, grouped_ws_, attn_ws_;
   const uint8_t *arena_dev_ = nullptr;               // the arena's device address when mapped
   PinnedBuffer hist_;                                // (n_layer, kDeviceRouteMaxRows) last selections
