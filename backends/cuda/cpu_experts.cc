@@ -1,7 +1,5 @@
 #include "backends/cuda/cpu_experts.h"
 
-#include <immintrin.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -20,14 +18,12 @@ using Clock = std::chrono::steady_clock;
 
 double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
 
-uint64_t ExpertBytes(const model::ExpertWeights &e) { return e.gate.nbytes() + e.up.nbytes() + e.down.nbytes(); }
-
 // Spins on `done` (a few microseconds is the common case), then yields the core.
 template <typename F>
 void SpinUntil(F &&done) {
   for (int i = 0; !done(); ++i) {
     if (i < 4096) {
-      _mm_pause();
+      CpuPause();
     } else {
       std::this_thread::yield();
     }
@@ -131,7 +127,7 @@ absl::Status CpuExperts::Calibrate(cudaStream_t stream) {
     for (int i = 0; i < n; ++i) {
       ew.push_back(pick[next++ % pick.size()]);
       first.push_back(first.back() + t);
-      bytes += ExpertBytes(*ew.back());
+      bytes += ew.back()->nbytes();
     }
     const auto t0 = Clock::now();
     cpu_->ExpertsFfn(ew.data(), n, first.data(), x, y, n_embd_);
@@ -251,7 +247,7 @@ void CpuExperts::DecideImpl(const Call &c) {
     const int x = g.used[u];
     if (tab[x] < arena_dev_ || tab[x] >= arena_dev_ + arena_bytes_) continue;  // in VRAM
     if (experts[x].input_major) continue;
-    cold.push_back({x, g.first[u + 1] - g.first[u], ExpertBytes(experts[x])});
+    cold.push_back({x, g.first[u + 1] - g.first[u], experts[x].nbytes()});
   }
   std::vector<int> chosen;
   if (mode_ == CpuExpertMode::kAlways) {
@@ -276,7 +272,7 @@ void CpuExperts::DecideImpl(const Call &c) {
       std::memcpy(xg_.data() + row * n_embd_, h + static_cast<int64_t>(g.idx[row]) * n_embd_, n_embd_ * sizeof(float));
     }
     const int64_t tokens = g.first[u + 1] - g.first[u];
-    job_x_ += static_cast<double>(ExpertBytes(experts[x])) *
+    job_x_ += static_cast<double>(experts[x].nbytes()) *
               (1.0 + r.cpu_token_share * static_cast<double>(tokens - 1));
   }
   uses_.fetch_add(chosen.size(), std::memory_order_relaxed);
@@ -291,7 +287,9 @@ void CpuExperts::WorkerLoop() {
   uint64_t seen = 0;
   for (;;) {
     // Layers come every few hundred microseconds in decode: spin a while before sleeping.
-    for (int i = 0; i < 20000 && posted_.load(std::memory_order_acquire) == seen; ++i) _mm_pause();
+    for (int i = 0; i < 10 * ThreadPool::kSpinIterations && posted_.load(std::memory_order_acquire) == seen; ++i) {
+      CpuPause();
+    }
     {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait(lock, [&] { return stop_ || posted_.load(std::memory_order_acquire) != seen; });

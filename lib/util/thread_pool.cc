@@ -4,13 +4,6 @@
 
 #include <algorithm>
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#define STRATA_CPU_PAUSE() _mm_pause()
-#else
-#define STRATA_CPU_PAUSE() std::this_thread::yield()
-#endif
-
 namespace strata {
 
 ThreadPool::ThreadPool(int n_threads, int spin) : spin_(std::max(0, spin)) {
@@ -54,7 +47,7 @@ void ThreadPool::ParallelFor(int64_t n, int64_t min_chunk,
   }
   if (wake) cv_work_.notify_all();
   fn(0, std::min(n, chunk), 0);
-  for (int i = 0; i < spin_ && pending_.load(std::memory_order_acquire) != 0; ++i) STRATA_CPU_PAUSE();
+  for (int i = 0; i < spin_ && pending_.load(std::memory_order_acquire) != 0; ++i) CpuPause();
   if (pending_.load(std::memory_order_acquire) != 0) {
     std::unique_lock<std::mutex> lk(mu_);
     cv_done_.wait(lk, [this] { return pending_.load(std::memory_order_acquire) == 0; });
@@ -65,7 +58,7 @@ void ThreadPool::WorkerLoop(int index) {
   uint64_t seen = 0;
   for (;;) {
     for (int i = 0; i < spin_ && generation_.load(std::memory_order_acquire) == seen; ++i) {
-      STRATA_CPU_PAUSE();
+      CpuPause();
     }
     {
       std::unique_lock<std::mutex> lk(mu_);

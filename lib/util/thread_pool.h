@@ -15,7 +15,20 @@
 #include <thread>
 #include <vector>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
 namespace strata {
+
+// One wait of a spin loop: the CPU's pause hint (a yield where there is none).
+inline void CpuPause() {
+#if defined(__x86_64__) || defined(__i386__)
+  _mm_pause();
+#else
+  std::this_thread::yield();
+#endif
+}
 
 class ThreadPool {
  public:
