@@ -245,6 +245,36 @@ int Main(int argc, char **argv) {
                 bytes / (ms8 * 1e-3) / 1e9);
   }
 
+  // 8-bit activations (GemvQ8, integer dot products) against float activations (Gemv), on a matrix
+  // of `mib` MiB (HBM-bound) and on one 768 x 2048 expert matrix that stays in L2 across calls (the
+  // instruction-bound case of decode); the activations' quantization is timed on its own.
+  std::printf("\n%-7s %-14s %10s %10s %10s %10s %12s\n", "codec", "matrix", "float 1 us", "q8 1 us", "float 8 us",
+              "q8 8 us", "quantize us");
+  for (quant::TypeId t : {quant::TypeId::kQ8_0, quant::TypeId::kQ4_K}) {
+    const quant::Codec *c = quant::FindCodec(t);
+    for (int big = 1; big >= 0; --big) {
+      const int64_t mc = big ? cols : 2048;
+      const uint64_t rb = static_cast<uint64_t>(mc / c->block_elems * c->block_bytes);
+      const int64_t rows = big ? static_cast<int64_t>((mib << 20) / rb) : 768;
+      DeviceBuffer w = Must(DeviceBuffer::Allocate(rb * rows), "alloc");
+      if (cudaMemset(w.data(), 0x3c, rb * rows) != cudaSuccess) return 1;
+      DeviceBuffer y = Must(DeviceBuffer::Allocate(8 * rows * sizeof(float)), "alloc");
+      const Q8Act f = Q8ActFor(t);
+      DeviceBuffer xq = Must(DeviceBuffer::Allocate(8 * Q8ActRowBytes(f, mc)), "alloc");
+      BENCH_CHECK(QuantizeActivationsQ8(f, x.as<float>(), 8, mc, xq.data(), s));
+      const DeviceMatrix m{t, w.data(), rows, mc, rb};
+      const float f1 = TimeMs(s, 50, [&] { BENCH_CHECK(Gemv(m, x.as<float>(), 1, y.as<float>(), s)); });
+      const float q1 = TimeMs(s, 50, [&] { BENCH_CHECK(GemvQ8(m, xq.data(), 1, y.as<float>(), s)); });
+      const float f8 = TimeMs(s, 50, [&] { BENCH_CHECK(Gemv(m, x.as<float>(), 8, y.as<float>(), s)); });
+      const float q8 = TimeMs(s, 50, [&] { BENCH_CHECK(GemvQ8(m, xq.data(), 8, y.as<float>(), s)); });
+      const float qz = TimeMs(s, 50, [&] { BENCH_CHECK(QuantizeActivationsQ8(f, x.as<float>(), 8, mc, xq.data(), s)); });
+      char shape[32];
+      std::snprintf(shape, sizeof shape, "%lldx%lld", static_cast<long long>(rows), static_cast<long long>(mc));
+      std::printf("%-7s %-14s %10.1f %10.1f %10.1f %10.1f %12.1f\n", std::string(c->name).c_str(), shape, f1 * 1e3,
+                  q1 * 1e3, f8 * 1e3, q8 * 1e3, qz * 1e3);
+    }
+  }
+
   // One routed expert of Qwen3-30B-A3B (n_embd 2048, n_ff 768, Q4_K), batch 1, cycling through 256
   // experts so weights come from HBM, not L2.
   {

@@ -62,6 +62,22 @@ constexpr int64_t kGemvMaxTokens = 8;
 // Σ x); a (row, token) result does not depend on n_tok. No workspace.
 absl::Status Gemv(const DeviceMatrix &w, const float *x, int64_t n_tok, float *y, cudaStream_t stream);
 
+// ---- 8-bit activations (gemv_q8.cu) -----------------------------------------------------------------
+// x quantized once per call as the CPU backend's q8 mode does (backends/cpu/kernels/kernels.h): per
+// block d = amax / 127 and q = nearbyint(x * (127 / amax)) clamped to +-127; blocks of 32 (Q8_0
+// weights, with Σ q per block) or of 256 (Q4_K, with Σ q per 16 elements). A token's row holds its
+// codes, then its block scales, then its sums, padded to 16 bytes. Then integer dot products per
+// weight block (dp4a), scaled in float: the CPU's q8 results up to the order of float sums.
+enum class Q8Act { kNone, kBlock32, kBlock256 };
+Q8Act Q8ActFor(quant::TypeId type);  // kNone: no 8-bit-activation GEMV for the codec
+int64_t Q8ActRowBytes(Q8Act f, int64_t cols);
+// xq (n_tok rows of Q8ActRowBytes) from x (n_tok, cols); cols a multiple of the block.
+absl::Status QuantizeActivationsQ8(Q8Act f, const float *x, int64_t n_tok, int64_t cols, void *xq,
+                                   cudaStream_t stream);
+// y (n_tok, rows) = w · x, x as QuantizeActivationsQ8(Q8ActFor(w.type)) made it (16-byte aligned).
+// MOE_ERR_UNSUPPORTED_TYPE for a codec without the path; Q4_K rows must be 16-byte aligned.
+absl::Status GemvQ8(const DeviceMatrix &w, const void *xq, int64_t n_tok, float *y, cudaStream_t stream);
+
 // ys[m] (n_tok, ws[m].rows) = x (n_tok, cols) · ws[m]ᵀ for n <= kGemvManyMax matrices of one codec
 // and column count (the attention projections of one input) in one launch per token chunk;
 // per (row, token) bit-identical to Gemv on each matrix.
