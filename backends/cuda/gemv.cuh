@@ -289,6 +289,38 @@ __device__ __forceinline__ void GemvRows(const uint8_t *w, uint64_t row_bytes, i
   }
 }
 
+// Calls chunk(nt, t) for the tokens [t0, t1) in chunks of 8, 4, 2 and 1 (as Gemv splits a batch),
+// none over kMaxNT tokens.
+template <int kMaxNT, class F>
+__device__ __forceinline__ void ForChunks(int64_t t0, int64_t t1, F &&chunk) {
+  for (int64_t t = t0; t < t1;) {
+    const int64_t left = t1 - t;
+    if constexpr (kMaxNT >= 8) {
+      if (left >= 8) {
+        chunk(std::integral_constant<int, 8>(), t);
+        t += 8;
+        continue;
+      }
+    }
+    if constexpr (kMaxNT >= 4) {
+      if (left >= 4) {
+        chunk(std::integral_constant<int, 4>(), t);
+        t += 4;
+        continue;
+      }
+    }
+    if constexpr (kMaxNT >= 2) {
+      if (left >= 2) {
+        chunk(std::integral_constant<int, 2>(), t);
+        t += 2;
+        continue;
+      }
+    }
+    chunk(std::integral_constant<int, 1>(), t);
+    t += 1;
+  }
+}
+
 // silu(g) * u as the CPU backend forms it: (g / (1 + exp(-g))) * u, exp in double so it rounds as
 // glibc's expf does.
 __device__ __forceinline__ float SiluMul(float g, float u) {

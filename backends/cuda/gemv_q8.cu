@@ -181,33 +181,50 @@ __device__ __forceinline__ void RowDotsQ4_K(const uint8_t *const (&rows)[R], con
   }
 }
 
+template <TypeIdInt kType>
+constexpr int BlockOf() {
+  return kType == static_cast<TypeIdInt>(quant::TypeId::kQ8_0) ? 32 : 256;
+}
+
+// Zeroes acc, adds rows[m] · x[t] over the team, and sums the team (as TeamRowDots, gemv.cuh); true
+// on the thread that then holds the totals.
+template <TypeIdInt kType, int NT, int R>
+__device__ __forceinline__ bool TeamRowDotsQ8(const uint8_t *const (&rows)[R], const XRow (&x)[NT], int64_t cols,
+                                              const dev::Team &tm, float (&acc)[R][NT]) {
+#pragma unroll
+  for (int m = 0; m < R; ++m) {
+#pragma unroll
+    for (int t = 0; t < NT; ++t) acc[m][t] = 0.f;
+  }
+  if constexpr (BlockOf<kType>() == 32) {
+    RowDotsQ8_0<NT, R>(rows, x, cols, tm, acc);
+  } else {
+    RowDotsQ4_K<NT, R>(rows, x, cols, tm, acc);
+  }
+  dev::TeamSums(reinterpret_cast<float(&)[R * NT]>(acc), tm);
+  return tm.warp == 0 && tm.lane == 0;
+}
+
+template <TypeIdInt kType, int NT>
+__device__ __forceinline__ void RowsOf(const uint8_t *xq, int64_t xq_bytes, int64_t cols, XRow (&x)[NT]) {
+#pragma unroll
+  for (int t = 0; t < NT; ++t) x[t] = RowOf(xq, xq_bytes, cols, BlockOf<kType>(), t);
+}
+
 // y rows r0 .. r0 + kGemvRows - 1 (those below `rows`) for NT tokens, as GemvRows (gemv.cuh).
 template <TypeIdInt kType, int NT>
 __device__ __forceinline__ void GemvRowsQ8(const uint8_t *w, uint64_t row_bytes, int64_t r0, int64_t rows, int64_t cols,
                                            const uint8_t *xq, int64_t xq_bytes, float *y, const dev::Team &tm) {
   constexpr int RB = dev::RowsAtOnce<NT>();
-  constexpr int kBlock = kType == static_cast<TypeIdInt>(quant::TypeId::kQ8_0) ? 32 : 256;
   XRow x[NT];
-#pragma unroll
-  for (int t = 0; t < NT; ++t) x[t] = RowOf(xq, xq_bytes, cols, kBlock, t);
+  RowsOf<kType, NT>(xq, xq_bytes, cols, x);
 #pragma unroll 1
   for (int b = 0; b < kGemvRows; b += RB) {
     const uint8_t *rp[RB];
 #pragma unroll
     for (int m = 0; m < RB; ++m) rp[m] = w + min(r0 + b + m, rows - 1) * row_bytes;
     float acc[RB][NT];
-#pragma unroll
-    for (int m = 0; m < RB; ++m) {
-#pragma unroll
-      for (int t = 0; t < NT; ++t) acc[m][t] = 0.f;
-    }
-    if constexpr (kBlock == 32) {
-      RowDotsQ8_0<NT, RB>(rp, x, cols, tm, acc);
-    } else {
-      RowDotsQ4_K<NT, RB>(rp, x, cols, tm, acc);
-    }
-    dev::TeamSums(reinterpret_cast<float(&)[RB * NT]>(acc), tm);
-    if (tm.warp != 0 || tm.lane != 0) continue;
+    if (!TeamRowDotsQ8<kType, NT, RB>(rp, x, cols, tm, acc)) continue;
 #pragma unroll
     for (int t = 0; t < NT; ++t) {
 #pragma unroll
@@ -216,6 +233,78 @@ __device__ __forceinline__ void GemvRowsQ8(const uint8_t *w, uint64_t row_bytes,
       }
     }
   }
+}
+
+// h rows r0 .. r0 + kSwiGluRows - 1 = silu(gate · x) * (up · x), as SwiGluRows (gemv.cuh).
+template <TypeIdInt kType, int NT>
+__device__ __forceinline__ void SwiGluRowsQ8(const uint8_t *wg, const uint8_t *wu, uint64_t row_bytes, int64_t r0,
+                                             int64_t rows, int64_t cols, const uint8_t *xq, int64_t xq_bytes, float *h,
+                                             const dev::Team &tm) {
+  constexpr int RB = dev::RowsAtOnce<NT>() < 2 ? 2 : dev::RowsAtOnce<NT>(), PB = RB / 2;
+  XRow x[NT];
+  RowsOf<kType, NT>(xq, xq_bytes, cols, x);
+#pragma unroll 1
+  for (int b = 0; b < dev::kSwiGluRows; b += PB) {
+    const uint8_t *rp[RB];
+#pragma unroll
+    for (int i = 0; i < PB; ++i) {
+      const int64_t r = min(r0 + b + i, rows - 1);
+      rp[2 * i] = wg + r * row_bytes;
+      rp[2 * i + 1] = wu + r * row_bytes;
+    }
+    float acc[RB][NT];
+    if (!TeamRowDotsQ8<kType, NT, RB>(rp, x, cols, tm, acc)) continue;
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+#pragma unroll
+      for (int i = 0; i < PB; ++i) {
+        if (r0 + b + i < rows) h[t * rows + r0 + b + i] = dev::SiluMul(acc[2 * i][t], acc[2 * i + 1][t]);
+      }
+    }
+  }
+}
+
+// The grouped kernels of grouped.cu with 8-bit activations: block (x, g) computes group g's rows of
+// block x over the group's tokens (xq rows in grouped order), in chunks of 8, 4, 2 and 1.
+template <TypeIdInt kType, int kMaxNT>
+__global__ void __launch_bounds__(kGemvWarps * 32, 2)
+    GroupedSwiGluQ8Kernel(const void *const *__restrict__ gate, const void *const *__restrict__ up,
+                          uint64_t row_bytes, int64_t rows, int64_t cols, const int32_t *__restrict__ plan, int n_max,
+                          const uint8_t *xq, int64_t xq_bytes, float *__restrict__ h, int team_warps,
+                          const uint8_t *__restrict__ skip) {
+  dev::AwaitPrior();
+  __shared__ float red[kGemvWarps * dev::kTeamRedFloats];
+  const int g = static_cast<int>(blockIdx.y);
+  if (g >= plan[0]) return;  // block-uniform
+  const int e = plan[1 + g];
+  if (skip != nullptr && skip[e] != 0) return;
+  const dev::Team tm = dev::BlockTeam(team_warps, red);
+  const int64_t r0 = dev::TeamIndex(team_warps) * dev::kSwiGluRows;
+  const auto *wg = static_cast<const uint8_t *>(gate[e]), *wu = static_cast<const uint8_t *>(up[e]);
+  dev::ForChunks<kMaxNT>(plan[1 + n_max + g], plan[2 + n_max + g], [&](auto nt, int64_t t) {
+    SwiGluRowsQ8<kType, decltype(nt)::value>(wg, wu, row_bytes, r0, rows, cols, xq + t * xq_bytes, xq_bytes,
+                                             h + t * rows, tm);
+  });
+}
+
+template <TypeIdInt kType, int kMaxNT>
+__global__ void __launch_bounds__(kGemvWarps * 32, 2)
+    GroupedGemvQ8Kernel(const void *const *__restrict__ tab, uint64_t row_bytes, int64_t rows, int64_t cols,
+                        const int32_t *__restrict__ plan, int n_max, const uint8_t *xq, int64_t xq_bytes,
+                        float *__restrict__ y, int team_warps, const uint8_t *__restrict__ skip) {
+  dev::AwaitPrior();
+  __shared__ float red[kGemvWarps * dev::kTeamRedFloats];
+  const int g = static_cast<int>(blockIdx.y);
+  if (g >= plan[0]) return;  // block-uniform
+  const int e = plan[1 + g];
+  if (skip != nullptr && skip[e] != 0) return;
+  const dev::Team tm = dev::BlockTeam(team_warps, red);
+  const int64_t r0 = dev::TeamIndex(team_warps) * kGemvRows;
+  const auto *w = static_cast<const uint8_t *>(tab[e]);
+  dev::ForChunks<kMaxNT>(plan[1 + n_max + g], plan[2 + n_max + g], [&](auto nt, int64_t t) {
+    GemvRowsQ8<kType, decltype(nt)::value>(w, row_bytes, r0, rows, cols, xq + t * xq_bytes, xq_bytes, y + t * rows,
+                                           tm);
+  });
 }
 
 template <TypeIdInt kType, int NT>
@@ -240,7 +329,89 @@ void LaunchGemvQ8(const DeviceMatrix &w, const uint8_t *xq, int64_t xq_bytes, fl
          w.rows, w.cols, xq, xq_bytes, y, tw);
 }
 
+// Calls run(type constant) for the codec's kernels (a codec Q8ActFor accepts).
+template <class F>
+void WithQ8Type(quant::TypeId type, F &&run) {
+  if (type == quant::TypeId::kQ8_0) {
+    run(std::integral_constant<TypeIdInt, static_cast<TypeIdInt>(quant::TypeId::kQ8_0)>());
+  } else {
+    run(std::integral_constant<TypeIdInt, static_cast<TypeIdInt>(quant::TypeId::kQ4_K)>());
+  }
+}
+
+// Calls run(integral_constant nt) with the largest chunk a group of at most n_tok tokens takes (8
+// when unknown), as grouped.cu does.
+template <class F>
+void WithMaxChunkQ8(int64_t n_tok, F &&run) {
+  if (n_tok < 0 || n_tok >= 8) {
+    run(std::integral_constant<int, 8>());
+  } else if (n_tok >= 4) {
+    run(std::integral_constant<int, 4>());
+  } else if (n_tok >= 2) {
+    run(std::integral_constant<int, 2>());
+  } else {
+    run(std::integral_constant<int, 1>());
+  }
+}
+
+unsigned RowBlocksQ8(int64_t rows, int per_team, int team_warps) {
+  const int64_t per_block = int64_t{kGemvWarps} / team_warps * per_team;
+  return static_cast<unsigned>((rows + per_block - 1) / per_block);
+}
+
+absl::Status CheckQ8Grouped(const DeviceMatrix &shape, const int32_t *plan, int n_max, const void *xq, const void *y,
+                            const char *what) {
+  if (Q8ActFor(shape.type) == Q8Act::kNone) {
+    const std::string name(quant::TypeName(static_cast<uint32_t>(shape.type)));
+    return Errorf(MOE_ERR_UNSUPPORTED_TYPE, "no 8-bit-activation %s for %s", what, name.c_str());
+  }
+  if (n_max < 0 || n_max > 65535) return Errorf(MOE_ERR_INVALID_ARGUMENT, "%s over %d groups", what, n_max);
+  if (n_max > 0 && (plan == nullptr || xq == nullptr || y == nullptr || (reinterpret_cast<uintptr_t>(xq) & 15u) != 0)) {
+    return Errorf(MOE_ERR_INVALID_ARGUMENT, "%s: null or unaligned buffers", what);
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
+
+absl::Status GroupedSwiGluQ8(const GroupedExperts &e, const int32_t *plan, int n_max, const void *xq, float *hg,
+                             cudaStream_t stream, int64_t n_tok, const uint8_t *skip) {
+  STRATA_RETURN_IF_ERROR(CheckGroupedExperts(e));
+  STRATA_RETURN_IF_ERROR(CheckQ8Grouped(e.gate_shape, plan, n_max, xq, hg, "grouped SwiGLU"));
+  const DeviceMatrix &g = e.gate_shape;
+  if (n_max > e.n_expert) return Errorf(MOE_ERR_INVALID_ARGUMENT, "grouped SwiGLU: %d groups of %d experts", n_max, e.n_expert);
+  if (n_max == 0 || g.rows == 0) return absl::OkStatus();
+  const int tw = GemvTeamWarps(g.type, g.cols, g.rows);
+  const dim3 grid(RowBlocksQ8(g.rows, dev::kSwiGluRows, tw), static_cast<unsigned>(n_max));
+  const int64_t xb = Q8ActRowBytes(Q8ActFor(g.type), g.cols);
+  WithQ8Type(g.type, [&](auto type) {
+    WithMaxChunkQ8(n_tok, [&](auto nt) {
+      Launch(GroupedSwiGluQ8Kernel<decltype(type)::value, decltype(nt)::value>, grid, kGemvWarps * 32, 0, stream,
+             e.gate, e.up, g.row_bytes, g.rows, g.cols, plan, n_max, static_cast<const uint8_t *>(xq), xb, hg, tw,
+             skip);
+    });
+  });
+  STRATA_CUDA_RETURN_IF_LAUNCH_FAILED();
+  return absl::OkStatus();
+}
+
+absl::Status GroupedGemvQ8(const void *const *tab, const DeviceMatrix &shape, const int32_t *plan, int n_max,
+                           const void *xq, float *y, cudaStream_t stream, int64_t n_tok, const uint8_t *skip) {
+  STRATA_RETURN_IF_ERROR(CheckQ8Grouped(shape, plan, n_max, xq, y, "grouped GEMV"));
+  if (n_max == 0 || shape.rows == 0) return absl::OkStatus();
+  if (tab == nullptr) return Errorf(MOE_ERR_INVALID_ARGUMENT, "grouped GEMV: the pointer table is null");
+  const int tw = GemvTeamWarps(shape.type, shape.cols, shape.rows);
+  const dim3 grid(RowBlocksQ8(shape.rows, kGemvRows, tw), static_cast<unsigned>(n_max));
+  const int64_t xb = Q8ActRowBytes(Q8ActFor(shape.type), shape.cols);
+  WithQ8Type(shape.type, [&](auto type) {
+    WithMaxChunkQ8(n_tok, [&](auto nt) {
+      Launch(GroupedGemvQ8Kernel<decltype(type)::value, decltype(nt)::value>, grid, kGemvWarps * 32, 0, stream, tab,
+             shape.row_bytes, shape.rows, shape.cols, plan, n_max, static_cast<const uint8_t *>(xq), xb, y, tw, skip);
+    });
+  });
+  STRATA_CUDA_RETURN_IF_LAUNCH_FAILED();
+  return absl::OkStatus();
+}
 
 Q8Act Q8ActFor(quant::TypeId type) {
   switch (type) {
@@ -300,7 +471,7 @@ absl::Status GemvQ8(const DeviceMatrix &w, const void *xq, int64_t n_tok, float 
     const int nt = left >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1;
     const uint8_t *xt = x + t0 * rb;
     float *yt = y + t0 * w.rows;
-    auto run = [&](auto type) {
+    WithQ8Type(w.type, [&](auto type) {
       constexpr TypeIdInt kT = decltype(type)::value;
       switch (nt) {
         case 8: LaunchGemvQ8<kT, 8>(w, xt, rb, yt, stream); break;
@@ -308,12 +479,7 @@ absl::Status GemvQ8(const DeviceMatrix &w, const void *xq, int64_t n_tok, float 
         case 2: LaunchGemvQ8<kT, 2>(w, xt, rb, yt, stream); break;
         default: LaunchGemvQ8<kT, 1>(w, xt, rb, yt, stream); break;
       }
-    };
-    if (f == Q8Act::kBlock32) {
-      run(std::integral_constant<TypeIdInt, static_cast<TypeIdInt>(quant::TypeId::kQ8_0)>());
-    } else {
-      run(std::integral_constant<TypeIdInt, static_cast<TypeIdInt>(quant::TypeId::kQ4_K)>());
-    }
+    });
     t0 += nt;
   }
   STRATA_CUDA_RETURN_IF_LAUNCH_FAILED();

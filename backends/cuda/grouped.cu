@@ -120,38 +120,6 @@ __global__ void __launch_bounds__(kGroupThreads)
 
 // ---- Grouped GEMV ----------------------------------------------------------------------------------
 
-// Calls chunk(nt, t) for the tokens [t0, t1) in chunks of 8, 4, 2 and 1 (as Gemv splits a batch),
-// none over kMaxNT tokens.
-template <int kMaxNT, class F>
-__device__ __forceinline__ void ForChunks(int64_t t0, int64_t t1, F &&chunk) {
-  for (int64_t t = t0; t < t1;) {
-    const int64_t left = t1 - t;
-    if constexpr (kMaxNT >= 8) {
-      if (left >= 8) {
-        chunk(std::integral_constant<int, 8>(), t);
-        t += 8;
-        continue;
-      }
-    }
-    if constexpr (kMaxNT >= 4) {
-      if (left >= 4) {
-        chunk(std::integral_constant<int, 4>(), t);
-        t += 4;
-        continue;
-      }
-    }
-    if constexpr (kMaxNT >= 2) {
-      if (left >= 2) {
-        chunk(std::integral_constant<int, 2>(), t);
-        t += 2;
-        continue;
-      }
-    }
-    chunk(std::integral_constant<int, 1>(), t);
-    t += 1;
-  }
-}
-
 // Block (x, g): the rows of group g's expert that block x of GemvSwiGluKernel (GemvKernel for the
 // down projection) computes at kGemvWarps warps a block, over the group's tokens.
 template <class C, int kMaxNT>
@@ -169,7 +137,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 2)
   const dev::Team tm = dev::BlockTeam(team_warps, red);
   const int64_t r0 = dev::TeamIndex(team_warps) * dev::kSwiGluRows;
   const auto *wg = static_cast<const uint8_t *>(gate[e]), *wu = static_cast<const uint8_t *>(up[e]);
-  ForChunks<kMaxNT>(plan[1 + n_max + g], plan[2 + n_max + g], [&](auto nt, int64_t t) {
+  dev::ForChunks<kMaxNT>(plan[1 + n_max + g], plan[2 + n_max + g], [&](auto nt, int64_t t) {
     dev::SwiGluRows<C, decltype(nt)::value>(wg, wu, row_bytes, r0, rows, cols, x + t * cols, h + t * rows, tm);
   });
 }
@@ -188,7 +156,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 2)
   const dev::Team tm = dev::BlockTeam(team_warps, red);
   const int64_t r0 = dev::TeamIndex(team_warps) * dev::kGemvRows;
   const auto *w = static_cast<const uint8_t *>(tab[e]);
-  ForChunks<kMaxNT>(plan[1 + n_max + g], plan[2 + n_max + g], [&](auto nt, int64_t t) {
+  dev::ForChunks<kMaxNT>(plan[1 + n_max + g], plan[2 + n_max + g], [&](auto nt, int64_t t) {
     dev::GemvRows<C, decltype(nt)::value>(w, row_bytes, r0, rows, cols, x + t * cols, y + t * rows, rows, tm);
   });
 }

@@ -77,6 +77,14 @@ absl::Status QuantizeActivationsQ8(Q8Act f, const float *x, int64_t n_tok, int64
 // y (n_tok, rows) = w · x, x as QuantizeActivationsQ8(Q8ActFor(w.type)) made it (16-byte aligned).
 // MOE_ERR_UNSUPPORTED_TYPE for a codec without the path; Q4_K rows must be 16-byte aligned.
 absl::Status GemvQ8(const DeviceMatrix &w, const void *xq, int64_t n_tok, float *y, cudaStream_t stream);
+// GroupedSwiGlu and GroupedGemv (below) over activations quantized per grouped row (xq: n rows of
+// Q8ActRowBytes for the codec of gate / of the table's matrices), same plan, n_tok and skip.
+struct GroupedExperts;
+absl::Status GroupedSwiGluQ8(const GroupedExperts &e, const int32_t *plan, int n_max, const void *xq, float *hg,
+                             cudaStream_t stream, int64_t n_tok = -1, const uint8_t *skip = nullptr);
+absl::Status GroupedGemvQ8(const void *const *tab, const DeviceMatrix &shape, const int32_t *plan, int n_max,
+                           const void *xq, float *y, cudaStream_t stream, int64_t n_tok = -1,
+                           const uint8_t *skip = nullptr);
 
 // ys[m] (n_tok, ws[m].rows) = x (n_tok, cols) · ws[m]ᵀ for n <= kGemvManyMax matrices of one codec
 // and column count (the attention projections of one input) in one launch per token chunk;

@@ -1,10 +1,13 @@
 // 8-bit-activation GEMV (gemv_q8.cu) against the CPU backend's q8 mode: the quantized activations
 // byte for byte, and the products within float summation order (relative L2 1e-5), on fresh random
 // inputs with outputs poisoned first.
+#include <cmath>
 #include <cstring>
+#include <random>
 
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cpu/kernels/kernels.h"
+#include "lib/model/routing.h"
 #include "tests/cuda/cuda_test_util.h"
 
 namespace strata::cuda {
@@ -109,6 +112,88 @@ TEST_CASE("8-bit-activation GEMV matches the CPU backend's q8 mode", "[gpu][q8]"
       if (n_tok == 1) single = y;  // a token's result does not depend on its batch
       CHECK(std::memcmp(y.data(), single.data(), rows * sizeof(float)) == 0);
     }
+  }
+}
+
+// The grouped kernels with 8-bit activations, as a decode batch runs a MoE layer: grouping on the
+// device, gate/up SwiGLU over the quantized grouped rows, the SwiGLU output quantized again for the
+// down projection; each stage against the CPU backend's q8 mode on the same inputs.
+TEST_CASE("Grouped 8-bit-activation experts match the CPU backend's q8 mode", "[gpu][q8][grouped]") {
+  if (!HaveGpu()) return;
+  auto rng = test::Rng();
+  const int64_t n_embd = 2048, n_ff = 768, n_tok = 9;
+  const int k = 2, n_expert = 8;
+  cpu::CpuBackend cpu_be(2, cpu::MatMulMode::kQ8Activations);
+  for (TypeId type : {TypeId::kQ4_K, TypeId::kQ8_0}) {
+    INFO(quant::TypeName(static_cast<uint32_t>(type)));
+    uint64_t rb_in = 0, rb_out = 0;
+    std::vector<std::vector<uint8_t>> gate, up, down;
+    std::vector<DeviceBuffer> dev;
+    std::vector<const void *> tab(3 * n_expert);
+    for (int e = 0; e < n_expert; ++e) {
+      gate.push_back(RandomMatrix(rng, type, n_ff, n_embd, &rb_in));
+      up.push_back(RandomMatrix(rng, type, n_ff, n_embd, &rb_in));
+      down.push_back(RandomMatrix(rng, type, n_embd, n_ff, &rb_out));
+      for (const auto *m : {&gate.back(), &up.back(), &down.back()}) dev.push_back(Upload(*m));
+      tab[e] = dev[dev.size() - 3].data();
+      tab[n_expert + e] = dev[dev.size() - 2].data();
+      tab[2 * n_expert + e] = dev[dev.size() - 1].data();
+    }
+    DeviceBuffer dtab = Upload(tab);
+    GroupedExperts ge;
+    ge.gate = dtab.as<const void *>();
+    ge.up = ge.gate + n_expert;
+    ge.down = ge.gate + 2 * n_expert;
+    ge.gate_shape = {type, nullptr, n_ff, n_embd, rb_in};
+    ge.up_shape = ge.gate_shape;
+    ge.down_shape = {type, nullptr, n_embd, n_ff, rb_out};
+    ge.n_expert = n_expert;
+    // Two distinct experts a token.
+    std::vector<int32_t> sel;
+    for (int64_t t = 0; t < n_tok; ++t) {
+      const int a = std::uniform_int_distribution<int>(0, n_expert - 1)(rng);
+      sel.push_back(a);
+      sel.push_back((a + 1 + std::uniform_int_distribution<int>(0, n_expert - 2)(rng)) % n_expert);
+    }
+    const int64_t n = n_tok * k;
+    const int n_max = static_cast<int>(GroupMaxGroups(n_tok, k, n_expert));
+    const model::ExpertGroups groups = model::GroupByExpert(sel.data(), n_tok, k, n_expert);
+    std::vector<float> x = RandomFloats(rng, n_tok * n_embd, -2.f, 2.f);
+    DeviceBuffer dsel = Upload(sel), dx = Upload(x);
+    auto idx = DeviceBuffer::Allocate(2 * n * sizeof(int32_t));
+    auto plan = DeviceBuffer::Allocate(GroupPlanInts(n_tok, k, n_expert) * sizeof(int32_t));
+    REQUIRE((idx.ok() && plan.ok()));
+    REQUIRE(GroupByExpert(dsel.as<int32_t>(), n_tok, k, n_expert, idx->as<int32_t>(), plan->as<int32_t>(), nullptr).ok());
+    DeviceBuffer xg = Poisoned(n * n_embd), hg = Poisoned(n * n_ff), yg = Poisoned(n * n_embd);
+    REQUIRE(GatherRows(dx.as<float>(), n_embd, idx->as<int32_t>(), n, xg.as<float>(), nullptr).ok());
+    const Q8Act f = Q8ActFor(type);
+    auto xq = DeviceBuffer::Allocate(n * Q8ActRowBytes(f, n_embd));
+    auto hq = DeviceBuffer::Allocate(n * Q8ActRowBytes(f, n_ff));
+    REQUIRE((xq.ok() && hq.ok()));
+    REQUIRE(QuantizeActivationsQ8(f, xg.as<float>(), n, n_embd, xq->data(), nullptr).ok());
+    REQUIRE(GroupedSwiGluQ8(ge, plan->as<int32_t>(), n_max, xq->data(), hg.as<float>(), nullptr, n_tok).ok());
+    REQUIRE(QuantizeActivationsQ8(f, hg.as<float>(), n, n_ff, hq->data(), nullptr).ok());
+    REQUIRE(GroupedGemvQ8(ge.down, ge.down_shape, plan->as<int32_t>(), n_max, hq->data(), yg.as<float>(), nullptr,
+                          n_tok).ok());
+    const std::vector<float> xg_h = Download<float>(xg, n * n_embd), hg_h = Download<float>(hg, n * n_ff),
+                             yg_h = Download<float>(yg, n * n_embd);
+    std::vector<float> want_h(n * n_ff), want_y(n * n_embd), g(n_ff), u(n_ff);
+    for (size_t gi = 0; gi < groups.used.size(); ++gi) {
+      const int e = groups.used[gi];
+      const model::Matrix mg = HostMatrixOf(type, gate[e], n_ff, n_embd, rb_in),
+                          mu = HostMatrixOf(type, up[e], n_ff, n_embd, rb_in),
+                          md = HostMatrixOf(type, down[e], n_embd, n_ff, rb_out);
+      for (int64_t r = groups.first[gi]; r < groups.first[gi + 1]; ++r) {
+        cpu_be.MatMul(mg, xg_h.data() + r * n_embd, 1, g.data());
+        cpu_be.MatMul(mu, xg_h.data() + r * n_embd, 1, u.data());
+        for (int64_t i = 0; i < n_ff; ++i) {
+          want_h[r * n_ff + i] = (g[i] / (1.0f + static_cast<float>(std::exp(-static_cast<double>(g[i]))))) * u[i];
+        }
+        cpu_be.MatMul(md, hg_h.data() + r * n_ff, 1, want_y.data() + r * n_embd);  // the GPU's h as input
+      }
+    }
+    CHECK(RelL2(hg_h, want_h) <= 1e-5);
+    CHECK(RelL2(yg_h, want_y) <= 1e-5);
   }
 }
 
