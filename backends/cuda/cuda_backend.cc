@@ -72,7 +72,8 @@ size_t Align(size_t n) { return (n + 255) & ~size_t{255}; }
 
 absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const model::ModelWeights &w, const uint8_t *arena,
                                                                  size_t arena_bytes, uint64_t expert_vram_bytes,
-                                                                 int n_min_slots, const CpuExpertOptions &cpu) {
+                                                                 int n_min_slots, const CpuExpertOptions &cpu,
+                                                                 bool q8_activations) {
   if (DeviceCount() <= 0) return Errorf(MOE_ERR_UNSUPPORTED_BACKEND, "no CUDA device");
   auto be = std::unique_ptr<CudaBackend>(new CudaBackend());
   const char *prof = std::getenv("STRATA_CUDA_PROFILE");
@@ -81,6 +82,7 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const model::Mo
   be->use_graphs_ = graphs == nullptr || graphs[0] != '0';
   const char *mark = std::getenv("STRATA_CUDA_PROFILER_STEP");
   be->profiler_step_ = mark != nullptr ? std::atoll(mark) : -1;
+  be->q8_ = q8_activations;
   STRATA_ASSIGN_OR_RETURN(be->stream_, Stream::Create());
   STRATA_ASSIGN_OR_RETURN(be->copy_stream_, Stream::Create());
   STRATA_ASSIGN_OR_RETURN(be->up_done_, Event::Create());
@@ -615,8 +617,20 @@ void CudaBackend::Route(const model::RouteParams &p, const float *logits, int64_
 
 // ---- compute ----
 
+absl::StatusOr<bool> CudaBackend::MatMulQ8(const DeviceMatrix &w, const float *x, int64_t n_tok, float *y) {
+  const Q8Act f = Q8ActFor(w.type);
+  if (!q8_ || f == Q8Act::kNone || Blas::Choose(n_tok, Blas::Path::kAuto) != Blas::Path::kGemv) return false;
+  if (f == Q8Act::kBlock256 && (reinterpret_cast<uintptr_t>(w.data) & 15u) != 0) return false;
+  STRATA_ASSIGN_OR_RETURN(void *xq, Grow(q8_x_, static_cast<size_t>(n_tok * Q8ActRowBytes(f, w.cols))));
+  STRATA_RETURN_IF_ERROR(QuantizeActivationsQ8(f, x, n_tok, w.cols, xq, stream_.get()));
+  STRATA_RETURN_IF_ERROR(GemvQ8(w, xq, n_tok, y, stream_.get()));
+  return true;
+}
+
 absl::Status CudaBackend::MatMulDevice(const DeviceMatrix &w, const float *x, int64_t n_tok, float *y) {
   if (CheckMatrix(w).ok()) {
+    STRATA_ASSIGN_OR_RETURN(bool done, MatMulQ8(w, x, n_tok, y));
+    if (done) return absl::OkStatus();
     const size_t bytes = Blas::MatMulWorkspaceBytes(w, n_tok);
     STRATA_ASSIGN_OR_RETURN(void *ws, Grow(mm_ws_, bytes));
     return blas_.MatMul(w, x, n_tok, y, Workspace{ws, mm_ws_.size()}, stream_.get());
@@ -693,6 +707,14 @@ void CudaBackend::MatMulMany(const model::Matrix *const *ws, float *const *ys, i
   }
   if (!one) {
     model::Backend::MatMulMany(ws, ys, n, x, n_tok);
+    return;
+  }
+  if (q8_ && Q8ActFor(dm[0].type) != Q8Act::kNone) {  // one quantized input, a product each
+    for (int i = 0; i < n; ++i) {
+      auto done = MatMulQ8(dm[i], x, n_tok, ys[i]);
+      if (!Note(done.status())) return;
+      if (!*done) Note(MatMulDevice(dm[i], x, n_tok, ys[i]));
+    }
     return;
   }
   Note(GemvMany(dm, ys, n, x, n_tok, stream_.get()));
@@ -1108,8 +1130,7 @@ bool CudaBackend::RoutedExperts(const model::RoutedExpertsArgs &a) {
                                            skip_dev_.as<uint8_t>(), s))) ||
       !Note(GroupByExpert(a.sel, a.n_tok, k, n_expert, a.idx, pl, s)) ||
       !Note(cuda::GatherRows(a.h, n_embd, a.idx, rows, a.xg, s)) ||
-      !Note(GroupedSwiGlu(t.ge, pl, n_max, a.xg, h, s, a.n_tok, skip)) ||
-      !Note(GroupedGemv(t.ge.down, t.ge.down_shape, pl, n_max, h, a.yg, s, a.n_tok, skip)) ||
+      !Note(GroupedProducts(t.ge, pl, n_max, a.xg, h, a.yg, rows, a.n_tok, skip)) ||
       (hybrid && !Note(cpu_experts_->Finish(pl, n_max, skip, a.yg, s))) ||
       !Note(cuda::WeightedRowSum(a.yg, a.idx + rows, a.wts, a.n_tok, k, n_embd, a.out, s))) {
     return true;
@@ -1124,6 +1145,23 @@ bool CudaBackend::RoutedExperts(const model::RoutedExpertsArgs &a) {
     }
   }
   return true;
+}
+
+absl::Status CudaBackend::GroupedProducts(const GroupedExperts &ge, const int32_t *plan, int n_max, const float *xg,
+                                          float *h, float *yg, int64_t rows, int64_t n_tok, const uint8_t *skip) {
+  cudaStream_t s = stream_.get();
+  const Q8Act fi = Q8ActFor(ge.gate_shape.type), fd = Q8ActFor(ge.down_shape.type);
+  if (!q8_ || fi == Q8Act::kNone || fd == Q8Act::kNone) {
+    STRATA_RETURN_IF_ERROR(GroupedSwiGlu(ge, plan, n_max, xg, h, s, n_tok, skip));
+    return GroupedGemv(ge.down, ge.down_shape, plan, n_max, h, yg, s, n_tok, skip);
+  }
+  const int64_t n_embd = ge.gate_shape.cols, n_ff = ge.gate_shape.rows;
+  STRATA_ASSIGN_OR_RETURN(void *xq, Grow(q8_x_, static_cast<size_t>(rows * Q8ActRowBytes(fi, n_embd))));
+  STRATA_ASSIGN_OR_RETURN(void *hq, Grow(q8_h_, static_cast<size_t>(rows * Q8ActRowBytes(fd, n_ff))));
+  STRATA_RETURN_IF_ERROR(QuantizeActivationsQ8(fi, xg, rows, n_embd, xq, s));
+  STRATA_RETURN_IF_ERROR(GroupedSwiGluQ8(ge, plan, n_max, xq, h, s, n_tok, skip));
+  STRATA_RETURN_IF_ERROR(QuantizeActivationsQ8(fd, h, rows, n_ff, hq, s));
+  return GroupedGemvQ8(ge.down, ge.down_shape, plan, n_max, hq, yg, s, n_tok, skip);
 }
 
 void CudaBackend::FinishHist(const std::vector<std::pair<int, int64_t>> &hist) {

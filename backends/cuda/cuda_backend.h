@@ -55,7 +55,8 @@ class CudaBackend final : public model::Backend {
   // cpu: whether and how the CPU computes cold experts (only with a VRAM tier and a mapped arena).
   static absl::StatusOr<std::unique_ptr<CudaBackend>> Create(const model::ModelWeights &w, const uint8_t *arena,
                                                              size_t arena_bytes, uint64_t expert_vram_bytes = UINT64_MAX,
-                                                             int n_min_slots = 1, const CpuExpertOptions &cpu = {});
+                                                             int n_min_slots = 1, const CpuExpertOptions &cpu = {},
+                                                             bool q8_activations = false);
   ~CudaBackend() override;
   std::string_view name() const override { return "cuda"; }
 
@@ -286,6 +287,17 @@ class CudaBackend final : public model::Backend {
   int ring_seg_ = 0;
   size_t ring_off_ = 0;
   DeviceBuffer mm_ws_, ffn_ws_, deq_ws_, sel_dev_, kv_tab_;
+  // 8-bit activations (gemv_q8.cu) for decode products over Q8_0 / Q4_K weights: the quantized
+  // input of a product, and of the grouped down projection.
+  bool q8_ = false;
+  DeviceBuffer q8_x_, q8_h_;
+  // y = w · x through GemvQ8 when the product takes the GEMV path and w's codec has one; false when
+  // it does not apply (the caller runs the float product).
+  absl::StatusOr<bool> MatMulQ8(const DeviceMatrix &w, const float *x, int64_t n_tok, float *y);
+  // A routed-expert layer's grouped gate/up SwiGLU and down projection (8-bit activations where the
+  // option and the codecs allow), over `rows` grouped rows of n_tok tokens.
+  absl::Status GroupedProducts(const GroupedExperts &ge, const int32_t *plan, int n_max, const float *xg, float *h,
+                               float *yg, int64_t rows, int64_t n_tok, const uint8_t *skip);
   size_t weight_bytes_ = 0;
   absl::Status err_;
 };

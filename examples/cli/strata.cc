@@ -148,7 +148,8 @@ const char kUsage[] =
     "                (SIZE: 512M, 8G, or bytes)\n"
     "expert cache:   --policy lru|lfu|hot  --prefetch N (layers ahead)  --io-threads N\n"
     "                --hotlist FILE [--hotlist-max N] (preload)  --stats (JSON line on stderr)\n"
-    "CPU kernels:    --q8-activations  8-bit activations, integer dot products (faster)\n"
+    "kernels:        --q8-activations  8-bit activations, integer dot products (faster; on the GPU for\n"
+    "                Q8_0 and Q4_K decode products)\n"
     "GPU tier:       --cpu-experts auto|off|always  who runs experts the VRAM tier misses in decode:\n"
     "                auto (default) splits them between the link and the CPU by measured rates;\n"
     "                off reads them all over the link (bit-identical at any --vram-budget)\n"
@@ -298,6 +299,7 @@ moe_params ContextParams(const Args &a, const std::string &model) {
   p.hotlist_path = a.hotlist.empty() || a.command == "pack" ? nullptr : a.hotlist.c_str();
   p.hotlist_max_experts = static_cast<uint32_t>(a.hotlist_max);
   p.cpu_q8_activations = a.q8_activations ? 1 : 0;
+  p.gpu_q8_activations = a.q8_activations ? 1 : 0;
   p.cpu_experts = a.cpu_experts;
   // bench --sessions N runs N sessions: the KV budget is sized for at least that many.
   p.max_sessions = static_cast<uint32_t>(std::max(a.max_sessions, a.sessions));

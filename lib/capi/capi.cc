@@ -101,6 +101,7 @@ strata::runtime::ContextOptions ToOptions(const moe_params &p) {
   o.kv_budget_bytes = p.kv_budget_bytes;
   o.kv_spill_dir = p.kv_spill_dir != nullptr ? p.kv_spill_dir : "";
   o.cpu_experts = p.cpu_experts;
+  o.gpu_q8_activations = p.gpu_q8_activations != 0;
   return o;
 }
 

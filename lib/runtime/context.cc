@@ -177,7 +177,8 @@ absl::StatusOr<std::unique_ptr<Context>> Context::Open(const ContextOptions &o) 
     }
     STRATA_ASSIGN_OR_RETURN(std::unique_ptr<cuda::CudaBackend> be,
                             cuda::CudaBackend::Create(ctx->weights_, ctx->store_.arena(), ctx->store_.resident_bytes(),
-                                                      expert_vram, ctx->hp_.n_expert_used, cpu_experts));
+                                                      expert_vram, ctx->hp_.n_expert_used, cpu_experts,
+                                                      o.gpu_q8_activations));
     ctx->plan_.vram_budget_bytes = o.vram_budget_bytes;
     ctx->plan_.vram_expert_slots =
         be->expert_slots() > 0 ? static_cast<uint32_t>(be->expert_slots()) : ctx->plan_.n_routed_experts;

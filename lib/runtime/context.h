@@ -42,6 +42,7 @@ struct ContextOptions {
   uint64_t kv_budget_bytes = 0;     // KV blocks all sessions may hold; 0 = the cache plan's KV line
   std::string kv_spill_dir;         // where idle sessions' KV may be evicted; "" = no disk eviction
   int cpu_experts = 0;              // moe_cpu_experts: the CUDA backend's hybrid placement
+  bool gpu_q8_activations = false;  // the CUDA backend's decode GEMVs with 8-bit activations
   // Continuous batching: at most this many tokens (of all sessions) per forward pass; 0 = default.
   int max_batch_tokens = 0;
   // Prefill modes by input length (0 = the defaults below; see bench/README.md): a

@@ -6,6 +6,7 @@
 
 #include <cstdlib>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -170,6 +171,27 @@ TEST_CASE("CUDA backend: cold experts computed by the CPU match the CPU backend"
   }
 }
 
+// 8-bit activations on both backends: the GPU's integer-dot products (Q8_0 and Q4_K matrices)
+// quantize activations as the CPU's q8 mode does, so the logits agree as closely as the float modes.
+TEST_CASE("CUDA backend: 8-bit activations match the CPU backend's q8 mode", "[gpu][golden][q8]") {
+  if (!strata::cuda::test::HaveGpu()) return;
+  for (const char *rel : {"qwen3moe_f32/model-q8_0.gguf", "mixtral_f32/model-q8_0.gguf",
+                          "qwen3moe_mixed/model-mixed.gguf"}) {
+    const std::string model = kGolden + rel;
+    const std::string dir = model.substr(0, model.find('/', kGolden.size()) + 1);
+    const auto tokens = ReadBinary<int32_t>(dir + "tokens.bin");
+    for (size_t prefill : {size_t{12}, size_t{1}}) {
+      const auto cpu = TeacherForced(model, tokens, prefill, MOE_BACKEND_CPU, 0, nullptr, nullptr, nullptr,
+                                     MOE_CPU_EXPERTS_OFF, true);
+      const auto gpu = TeacherForced(model, tokens, prefill, MOE_BACKEND_CUDA, 0, nullptr, nullptr, nullptr,
+                                     MOE_CPU_EXPERTS_OFF, true);
+      const double err = NormalizedMaxError(gpu, cpu);
+      WARN("q8 gpu-vs-cpu " << rel << " prefill " << prefill << " err " << err);
+      CHECK(err <= kTolerance);
+    }
+  }
+}
+
 // Steady-state decode allocates nothing on the device or in pinned memory: the workspace, KV caches,
 // scratch buffers and expert slots are sized before, and reused by every step, eager or replayed
 // from a CUDA graph.
@@ -177,9 +199,10 @@ TEST_CASE("CUDA backend: decode steps after warm-up make no allocation", "[gpu][
   if (!strata::cuda::test::HaveGpu()) return;
   for (const char *rel : {"qwen3moe_mixed/model-mixed.gguf", "deepseek3_f32/hf", "gptoss_f32/model-mxfp4.gguf",
                           "qwen3moe_f32/model-q8_0.gguf"}) {
-    for (auto [budget, cpu_experts] : {std::pair<uint64_t, int32_t>{0, MOE_CPU_EXPERTS_OFF}, {1, MOE_CPU_EXPERTS_OFF},
-                                       {1, MOE_CPU_EXPERTS_ALWAYS}}) {
-      INFO(rel << " VRAM budget " << budget << " cpu_experts " << cpu_experts);
+    for (auto [budget, cpu_experts, q8] :
+         {std::tuple<uint64_t, int32_t, bool>{0, MOE_CPU_EXPERTS_OFF, false}, {1, MOE_CPU_EXPERTS_OFF, false},
+          {1, MOE_CPU_EXPERTS_ALWAYS, false}, {0, MOE_CPU_EXPERTS_OFF, true}}) {
+      INFO(rel << " VRAM budget " << budget << " cpu_experts " << cpu_experts << " q8 " << q8);
       const std::string model = kGolden + rel;
       const std::string dir = model.substr(0, model.find('/', kGolden.size()) + 1);
       const auto tokens = ReadBinary<int32_t>(dir + "tokens.bin");
@@ -189,6 +212,7 @@ TEST_CASE("CUDA backend: decode steps after warm-up make no allocation", "[gpu][
       p.backend = MOE_BACKEND_CUDA;
       p.vram_budget_bytes = budget;
       p.cpu_experts = cpu_experts;
+      p.gpu_q8_activations = q8 ? 1 : 0;
       moe_ctx *ctx = nullptr;
       REQUIRE(moe_ctx_open(&p, &ctx) == MOE_OK);
       moe_session_params sp;
