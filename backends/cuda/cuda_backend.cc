@@ -627,10 +627,31 @@ absl::StatusOr<bool> CudaBackend::MatMulQ8(const DeviceMatrix &w, const float *x
   return true;
 }
 
-absl::Status CudaBackend::MatMulDevice(const DeviceMatrix &w, const float *x, int64_t n_tok, float *y) {
-  if (CheckMatrix(w).ok()) {
+int CudaBackend::Q8Grid(quant::TypeId type) const {
+  if (!q8_) return 0;
+  const quant::Codec *c = quant::FindCodec(type);
+  return c != nullptr && (c->block_elems == 32 || c->block_elems == 256) ? static_cast<int>(c->block_elems) : 0;
+}
+
+absl::StatusOr<const float *> CudaBackend::GridInput(quant::TypeId type, const float *x, int64_t n_tok,
+                                                      int64_t cols) {
+  const int block = Q8Grid(type);
+  if (block == 0) return x;
+  STRATA_ASSIGN_OR_RETURN(void *r, Grow(q8_r_, static_cast<size_t>(n_tok * cols) * sizeof(float)));
+  STRATA_RETURN_IF_ERROR(RoundActivationsQ8(block, x, n_tok, cols, static_cast<float *>(r), stream_.get()));
+  return static_cast<const float *>(r);
+}
+
+absl::Status CudaBackend::MatMulDevice(const DeviceMatrix &w, const float *x, int64_t n_tok, float *y,
+                                       quant::TypeId host_type) {
+  const bool direct = CheckMatrix(w).ok();
+  if (direct) {
     STRATA_ASSIGN_OR_RETURN(bool done, MatMulQ8(w, x, n_tok, y));
     if (done) return absl::OkStatus();
+  }
+  // Converted matrices (float32 on the device) keep their file codec's grid.
+  STRATA_ASSIGN_OR_RETURN(x, GridInput(host_type, x, n_tok, w.cols));
+  if (direct) {
     const size_t bytes = Blas::MatMulWorkspaceBytes(w, n_tok);
     STRATA_ASSIGN_OR_RETURN(void *ws, Grow(mm_ws_, bytes));
     return blas_.MatMul(w, x, n_tok, y, Workspace{ws, mm_ws_.size()}, stream_.get());
@@ -649,7 +670,7 @@ void CudaBackend::MatMul(const model::Matrix &w, const float *x, int64_t n_tok, 
   Profile prof(this, "MatMul");
   if (!err_.ok() || n_tok <= 0 || w.rows <= 0) return;
   auto dm = Resolve(w);
-  if (Note(dm.status())) Note(MatMulDevice(*dm, x, n_tok, y));
+  if (Note(dm.status())) Note(MatMulDevice(*dm, x, n_tok, y, w.codec->id));
 }
 
 void CudaBackend::MatMulInputMajor(const model::Matrix &w, const float *x, int64_t n_tok, float *y) {
@@ -703,21 +724,27 @@ void CudaBackend::MatMulMany(const model::Matrix *const *ws, float *const *ys, i
     one = r.ok() && CheckMatrix(*r).ok();
     if (!one) break;
     dm[i] = *r;
-    one = dm[i].type == dm[0].type && dm[i].cols == dm[0].cols;
+    one = dm[i].type == dm[0].type && dm[i].cols == dm[0].cols && Q8Grid(ws[i]->codec->id) == Q8Grid(ws[0]->codec->id);
   }
   if (!one) {
     model::Backend::MatMulMany(ws, ys, n, x, n_tok);
     return;
   }
-  if (q8_ && Q8ActFor(dm[0].type) != Q8Act::kNone) {  // one quantized input, a product each
+  // 8-bit activations: integer dots over one quantized input, a launch a product, for several tokens;
+  // for one token the rounded input through the one launch of GemvMany costs fewer launches.
+  const Q8Act f = q8_ && n_tok >= 2 ? Q8ActFor(dm[0].type) : Q8Act::kNone;
+  bool aligned = true;
+  for (int i = 0; i < n; ++i) aligned = aligned && (reinterpret_cast<uintptr_t>(dm[i].data) & 15u) == 0;
+  if (f != Q8Act::kNone && (f == Q8Act::kBlock32 || aligned)) {
+    auto xq = Grow(q8_x_, static_cast<size_t>(n_tok * Q8ActRowBytes(f, dm[0].cols)));
+    if (!Note(xq.status()) || !Note(QuantizeActivationsQ8(f, x, n_tok, dm[0].cols, *xq, stream_.get()))) return;
     for (int i = 0; i < n; ++i) {
-      auto done = MatMulQ8(dm[i], x, n_tok, ys[i]);
-      if (!Note(done.status())) return;
-      if (!*done) Note(MatMulDevice(dm[i], x, n_tok, ys[i]));
+      if (!Note(GemvQ8(dm[i], *xq, n_tok, ys[i], stream_.get()))) return;
     }
     return;
   }
-  Note(GemvMany(dm, ys, n, x, n_tok, stream_.get()));
+  auto xr = GridInput(ws[0]->codec->id, x, n_tok, dm[0].cols);
+  if (Note(xr.status())) Note(GemvMany(dm, ys, n, *xr, n_tok, stream_.get()));
 }
 
 namespace {
@@ -815,7 +842,9 @@ void CudaBackend::Attention(const float *q, const model::KvView &kv, int64_t n_t
 
 absl::Status CudaBackend::ExpertFfnImpl(const model::ExpertWeights &e, const float *x, int64_t n_tok, float *y) {
   const bool biased = e.gate_bias.tensor != nullptr || e.up_bias.tensor != nullptr || e.down_bias.tensor != nullptr;
-  if (!e.input_major && !biased && e.swiglu_limit == 0.f) {
+  // 8-bit activations go through MatMul (codes or the rounded input per product), not the fused FFN.
+  const bool q8 = Q8Grid(e.gate.codec->id) != 0 || Q8Grid(e.up.codec->id) != 0 || Q8Grid(e.down.codec->id) != 0;
+  if (!e.input_major && !biased && e.swiglu_limit == 0.f && !q8) {
     STRATA_ASSIGN_OR_RETURN(DeviceMatrix g, Resolve(e.gate));
     STRATA_ASSIGN_OR_RETURN(DeviceMatrix u, Resolve(e.up));
     STRATA_ASSIGN_OR_RETURN(DeviceMatrix d, Resolve(e.down));
@@ -1150,18 +1179,28 @@ bool CudaBackend::RoutedExperts(const model::RoutedExpertsArgs &a) {
 absl::Status CudaBackend::GroupedProducts(const GroupedExperts &ge, const int32_t *plan, int n_max, const float *xg,
                                           float *h, float *yg, int64_t rows, int64_t n_tok, const uint8_t *skip) {
   cudaStream_t s = stream_.get();
-  const Q8Act fi = Q8ActFor(ge.gate_shape.type), fd = Q8ActFor(ge.down_shape.type);
-  if (!q8_ || fi == Q8Act::kNone || fd == Q8Act::kNone) {
-    STRATA_RETURN_IF_ERROR(GroupedSwiGlu(ge, plan, n_max, xg, h, s, n_tok, skip));
-    return GroupedGemv(ge.down, ge.down_shape, plan, n_max, h, yg, s, n_tok, skip);
-  }
+  const Q8Act fi = q8_ ? Q8ActFor(ge.gate_shape.type) : Q8Act::kNone;
+  const Q8Act fd = q8_ ? Q8ActFor(ge.down_shape.type) : Q8Act::kNone;
   const int64_t n_embd = ge.gate_shape.cols, n_ff = ge.gate_shape.rows;
-  STRATA_ASSIGN_OR_RETURN(void *xq, Grow(q8_x_, static_cast<size_t>(rows * Q8ActRowBytes(fi, n_embd))));
-  STRATA_ASSIGN_OR_RETURN(void *hq, Grow(q8_h_, static_cast<size_t>(rows * Q8ActRowBytes(fd, n_ff))));
-  STRATA_RETURN_IF_ERROR(QuantizeActivationsQ8(fi, xg, rows, n_embd, xq, s));
-  STRATA_RETURN_IF_ERROR(GroupedSwiGluQ8(ge, plan, n_max, xq, h, s, n_tok, skip));
-  STRATA_RETURN_IF_ERROR(QuantizeActivationsQ8(fd, h, rows, n_ff, hq, s));
-  return GroupedGemvQ8(ge.down, ge.down_shape, plan, n_max, hq, yg, s, n_tok, skip);
+  // Each stage on its own: a Q4_K gate/up with a Q6_K down (as Q4_K_M files mix them) dots codes in
+  // the first and rounds h for the second.
+  if (fi != Q8Act::kNone) {
+    STRATA_ASSIGN_OR_RETURN(void *xq, Grow(q8_x_, static_cast<size_t>(rows * Q8ActRowBytes(fi, n_embd))));
+    STRATA_RETURN_IF_ERROR(QuantizeActivationsQ8(fi, xg, rows, n_embd, xq, s));
+    STRATA_RETURN_IF_ERROR(GroupedSwiGluQ8(ge, plan, n_max, xq, h, s, n_tok, skip));
+  } else {
+    STRATA_ASSIGN_OR_RETURN(const float *xr, GridInput(ge.gate_shape.type, xg, rows, n_embd));
+    STRATA_RETURN_IF_ERROR(GroupedSwiGlu(ge, plan, n_max, xr, h, s, n_tok, skip));
+  }
+  if (fd != Q8Act::kNone) {
+    STRATA_ASSIGN_OR_RETURN(void *hq, Grow(q8_h_, static_cast<size_t>(rows * Q8ActRowBytes(fd, n_ff))));
+    STRATA_RETURN_IF_ERROR(QuantizeActivationsQ8(fd, h, rows, n_ff, hq, s));
+    return GroupedGemvQ8(ge.down, ge.down_shape, plan, n_max, hq, yg, s, n_tok, skip);
+  }
+  if (const int block = Q8Grid(ge.down_shape.type); block != 0) {  // h is scratch: rounded in place
+    STRATA_RETURN_IF_ERROR(RoundActivationsQ8(block, h, rows, n_ff, h, s));
+  }
+  return GroupedGemv(ge.down, ge.down_shape, plan, n_max, h, yg, s, n_tok, skip);
 }
 
 void CudaBackend::FinishHist(const std::vector<std::pair<int, int64_t>> &hist) {

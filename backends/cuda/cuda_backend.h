@@ -182,7 +182,8 @@ class CudaBackend final : public model::Backend {
   absl::StatusOr<DeviceMatrix> Resolve(const model::Matrix &w) const;
   absl::StatusOr<RouteArgs> ToRouteArgs(const model::RouteParams &p) const;
   absl::StatusOr<const float *> Resolve(const float *host_vec) const;
-  absl::Status MatMulDevice(const DeviceMatrix &w, const float *x, int64_t n_tok, float *y);
+  // host_type: the codec of the matrix in the file (w is float32 when converted), for 8-bit activations.
+  absl::Status MatMulDevice(const DeviceMatrix &w, const float *x, int64_t n_tok, float *y, quant::TypeId host_type);
   absl::Status ExpertFfnImpl(const model::ExpertWeights &e, const float *x, int64_t n_tok, float *y);
   // The shape and family options of an attention call over kKvBlockTokens blocks (where the keys are
   // and which positions attend are the caller's to set).
@@ -287,13 +288,20 @@ class CudaBackend final : public model::Backend {
   int ring_seg_ = 0;
   size_t ring_off_ = 0;
   DeviceBuffer mm_ws_, ffn_ws_, deq_ws_, sel_dev_, kv_tab_;
-  // 8-bit activations (gemv_q8.cu) for decode products over Q8_0 / Q4_K weights: the quantized
-  // input of a product, and of the grouped down projection.
+  // 8-bit activations (gemv_q8.cu), as the CPU backend's q8 mode: decode products over Q8_0 / Q4_K
+  // weights dot integer codes (the quantized input of a product, and of the grouped down
+  // projection); every other product over a block codec multiplies the float weights by its input
+  // rounded to the same grid (q8_r_), as the CPU's generic q8 dot does.
   bool q8_ = false;
-  DeviceBuffer q8_x_, q8_h_;
+  DeviceBuffer q8_x_, q8_h_, q8_r_;
   // y = w · x through GemvQ8 when the product takes the GEMV path and w's codec has one; false when
   // it does not apply (the caller runs the float product).
   absl::StatusOr<bool> MatMulQ8(const DeviceMatrix &w, const float *x, int64_t n_tok, float *y);
+  // The block (32 or 256) of the grid 8-bit activations round to for products over `type`; 0 when
+  // the option is off or the codec has no blocks (float weights).
+  int Q8Grid(quant::TypeId type) const;
+  // x, or x rounded to the q8 grid of `type` in q8_r_ (n_tok rows of cols).
+  absl::StatusOr<const float *> GridInput(quant::TypeId type, const float *x, int64_t n_tok, int64_t cols);
   // A routed-expert layer's grouped gate/up SwiGLU and down projection (8-bit activations where the
   // option and the codecs allow), over `rows` grouped rows of n_tok tokens.
   absl::Status GroupedProducts(const GroupedExperts &ge, const int32_t *plan, int n_max, const float *xg, float *h,

@@ -39,6 +39,32 @@ __device__ __forceinline__ XRow RowOf(const uint8_t *xq, int64_t row_bytes, int6
 
 // ---- Quantization -----------------------------------------------------------------------------------
 
+// The code and scale of element v in its block of kBlock (32: a warp; 256: the thread block), as lib's
+// QuantizeBlock: q = nearbyint(v * (127 / amax)) clamped to +-127, d = amax / 127 (0 for a zero block).
+// Every thread of a kBlock == 256 block must call it (a barrier).
+template <int kBlock>
+__device__ __forceinline__ void QuantizeOne(float v, float *warp_max, int *q, float *d) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  float amax = fabsf(v);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  if (kBlock == 256) {
+    if (lane == 0) warp_max[warp] = amax;
+    __syncthreads();
+    amax = warp_max[0];
+#pragma unroll
+    for (int w = 1; w < 8; ++w) amax = fmaxf(amax, warp_max[w]);
+  }
+  *q = 0;
+  *d = 0.f;
+  if (amax > 0.f) {
+    const float id = __fdiv_rn(127.f, amax);
+    const float rq = rintf(__fmul_rn(v, id));
+    *q = rq >= 127.f ? 127 : (rq <= -127.f ? -127 : static_cast<int>(rq));
+    *d = __fdiv_rn(amax, 127.f);
+  }
+}
+
 // Block (c, r): elements 256 c .. 256 c + 255 of row r, a thread an element. Block32: a warp a
 // block; block256: the whole thread block one block.
 template <int kBlock>
@@ -50,25 +76,9 @@ __global__ void __launch_bounds__(256) QuantizeQ8Kernel(const float *__restrict_
   const int64_t i = static_cast<int64_t>(blockIdx.x) * 256 + threadIdx.x;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   if (kBlock == 32 && static_cast<int64_t>(blockIdx.x) * 256 + 32 * warp >= cols) return;  // warp-uniform
-  const float v = i < cols ? x[r * cols + i] : 0.f;
-  float amax = fabsf(v);
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-  if (kBlock == 256) {
-    if (lane == 0) warp_max[warp] = amax;
-    __syncthreads();
-    amax = warp_max[0];
-#pragma unroll
-    for (int w = 1; w < 8; ++w) amax = fmaxf(amax, warp_max[w]);
-  }
-  int q = 0;
-  float d = 0.f;
-  if (amax > 0.f) {  // as lib's QuantizeBlock: q = nearbyint(x * (127 / amax)) clamped, d = amax / 127
-    const float id = __fdiv_rn(127.f, amax);
-    const float rq = rintf(__fmul_rn(v, id));
-    q = rq >= 127.f ? 127 : (rq <= -127.f ? -127 : static_cast<int>(rq));
-    d = __fdiv_rn(amax, 127.f);
-  }
+  int q;
+  float d;
+  QuantizeOne<kBlock>(i < cols ? x[r * cols + i] : 0.f, warp_max, &q, &d);
   const XRow row = RowOf(xq, row_bytes, cols, kBlock, r);
   if (i < cols) const_cast<int8_t *>(row.q)[i] = static_cast<int8_t>(q);
   if (kBlock == 32) {
@@ -86,6 +96,22 @@ __global__ void __launch_bounds__(256) QuantizeQ8Kernel(const float *__restrict_
     if ((lane & 15) == 0) static_cast<int16_t *>(const_cast<void *>(row.s))[i / 16] = static_cast<int16_t>(s);
     if (threadIdx.x == 0) const_cast<float *>(row.d)[i / 256] = d;
   }
+}
+
+// out = d q per element, the values the CPU's generic q8 dot multiplies weights by (same grid as
+// QuantizeQ8Kernel). out may be x: a thread reads its element before any thread writes.
+template <int kBlock>
+__global__ void __launch_bounds__(256) RoundQ8Kernel(const float *x, int64_t cols, float *out) {
+  dev::AwaitPrior();
+  __shared__ float warp_max[8];
+  const int64_t r = blockIdx.y;
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * 256 + threadIdx.x;
+  const int warp = threadIdx.x >> 5;
+  if (kBlock == 32 && static_cast<int64_t>(blockIdx.x) * 256 + 32 * warp >= cols) return;  // warp-uniform
+  int q;
+  float d;
+  QuantizeOne<kBlock>(i < cols ? x[r * cols + i] : 0.f, warp_max, &q, &d);
+  if (i < cols) out[r * cols + i] = __fmul_rn(d, static_cast<float>(q));
 }
 
 // ---- Row dots ------------------------------------------------------------------------------------------
@@ -444,6 +470,24 @@ absl::Status QuantizeActivationsQ8(Q8Act f, const float *x, int64_t n_tok, int64
     Launch(QuantizeQ8Kernel<32>, grid, 256, 0, stream, x, cols, out, rb);
   } else {
     Launch(QuantizeQ8Kernel<256>, grid, 256, 0, stream, x, cols, out, rb);
+  }
+  STRATA_CUDA_RETURN_IF_LAUNCH_FAILED();
+  return absl::OkStatus();
+}
+
+absl::Status RoundActivationsQ8(int block, const float *x, int64_t n_tok, int64_t cols, float *out,
+                                cudaStream_t stream) {
+  if ((block != 32 && block != 256) || n_tok < 0 || n_tok > 65535 || cols <= 0 || cols % block != 0) {
+    return Errorf(MOE_ERR_INVALID_ARGUMENT, "8-bit rounding of %lld x %lld (blocks of %d)",
+                  static_cast<long long>(n_tok), static_cast<long long>(cols), block);
+  }
+  if (n_tok == 0) return absl::OkStatus();
+  if (x == nullptr || out == nullptr) return Errorf(MOE_ERR_INVALID_ARGUMENT, "8-bit rounding: null buffer");
+  const dim3 grid(static_cast<unsigned>((cols + 255) / 256), static_cast<unsigned>(n_tok));
+  if (block == 32) {
+    Launch(RoundQ8Kernel<32>, grid, 256, 0, stream, x, cols, out);
+  } else {
+    Launch(RoundQ8Kernel<256>, grid, 256, 0, stream, x, cols, out);
   }
   STRATA_CUDA_RETURN_IF_LAUNCH_FAILED();
   return absl::OkStatus();

@@ -74,6 +74,11 @@ int64_t Q8ActRowBytes(Q8Act f, int64_t cols);
 // xq (n_tok rows of Q8ActRowBytes) from x (n_tok, cols); cols a multiple of the block.
 absl::Status QuantizeActivationsQ8(Q8Act f, const float *x, int64_t n_tok, int64_t cols, void *xq,
                                    cudaStream_t stream);
+// out (n_tok, cols) = x rounded to the same grid in place of the codes (d q per element; out may be x):
+// the activations the CPU's q8 mode gives codecs without an integer dot (its generic q8 dot
+// multiplies the float weights by them). block 32 or 256, cols a multiple of it.
+absl::Status RoundActivationsQ8(int block, const float *x, int64_t n_tok, int64_t cols, float *out,
+                                cudaStream_t stream);
 // y (n_tok, rows) = w · x, x as QuantizeActivationsQ8(Q8ActFor(w.type)) made it (16-byte aligned).
 // MOE_ERR_UNSUPPORTED_TYPE for a codec without the path; Q4_K rows must be 16-byte aligned.
 absl::Status GemvQ8(const DeviceMatrix &w, const void *xq, int64_t n_tok, float *y, cudaStream_t stream);

@@ -81,6 +81,49 @@ TEST_CASE("8-bit activations quantize as the CPU backend's q8 mode, byte for byt
   }
 }
 
+TEST_CASE("8-bit rounding gives the values the CPU's generic q8 dot multiplies by, bit for bit", "[gpu][q8]") {
+  if (!HaveGpu()) return;
+  auto rng = test::Rng();
+  const int64_t cols = 768, n_tok = 3;
+  std::vector<float> x = RandomFloats(rng, n_tok * cols, -5.f, 5.f);
+  for (int i = 0; i < 256; ++i) x[2 * cols + 256 + i] = 0.f;  // an all-zero block
+  x[cols + 3] = -60.f;
+  DeviceBuffer dx = Upload(x);
+  for (int block : {32, 256}) {
+    INFO("blocks of " << block);
+    const cpu::kernels::ActFormat cf = block == 32 ? cpu::kernels::ActFormat::kQ8Block32 : cpu::kernels::ActFormat::kQ8Block256;
+    std::vector<uint8_t> codes(cpu::kernels::ActRowBytes(cf, cols));
+    for (bool in_place : {false, true}) {
+      INFO((in_place ? "in place" : "to another buffer"));
+      DeviceBuffer src = Upload(x);
+      DeviceBuffer out = Poisoned(n_tok * cols);
+      float *dst = in_place ? src.as<float>() : out.as<float>();
+      REQUIRE(RoundActivationsQ8(block, src.as<float>(), n_tok, cols, dst, nullptr).ok());
+      const std::vector<float> got = Download<float>(in_place ? src : out, n_tok * cols);
+      int64_t mismatches = 0;
+      for (int64_t t = 0; t < n_tok; ++t) {
+        cpu::kernels::QuantizeActivations(cf, x.data() + t * cols, cols, codes.data());
+        for (int64_t e = 0; e < cols; ++e) {
+          float want;
+          if (block == 32) {
+            const auto &b = reinterpret_cast<const cpu::kernels::ActBlock32 *>(codes.data())[e / 32];
+            want = b.d * static_cast<float>(b.q[e % 32]);
+          } else {
+            const auto &b = reinterpret_cast<const cpu::kernels::ActBlock256 *>(codes.data())[e / 256];
+            want = b.d * static_cast<float>(b.q[e % 256]);
+          }
+          mismatches += std::memcmp(&want, &got[t * cols + e], 4) != 0;
+        }
+      }
+      CHECK(mismatches == 0);
+    }
+  }
+  float *none = nullptr;
+  CHECK(StatusToMoe(RoundActivationsQ8(64, dx.as<float>(), 1, cols, dx.as<float>(), nullptr)) == MOE_ERR_INVALID_ARGUMENT);
+  CHECK(StatusToMoe(RoundActivationsQ8(256, dx.as<float>(), 1, 100, dx.as<float>(), nullptr)) == MOE_ERR_INVALID_ARGUMENT);
+  CHECK(StatusToMoe(RoundActivationsQ8(32, dx.as<float>(), 1, cols, none, nullptr)) == MOE_ERR_INVALID_ARGUMENT);
+}
+
 TEST_CASE("8-bit-activation GEMV matches the CPU backend's q8 mode", "[gpu][q8]") {
   if (!HaveGpu()) return;
   auto rng = test::Rng();
