@@ -120,31 +120,62 @@ absl::Status CpuExperts::Calibrate(cudaStream_t stream) {
   // A job of n experts (the next ones picked, each read once where the model has enough) of t
   // tokens each; returns (seconds, bytes).
   size_t next = 0;
-  auto job = [&](int n, int64_t t) {
-    std::vector<const model::ExpertWeights *> ew;
+  // A slice of an expert: its first `ff` hidden units (gate and up rows, down columns: down keeps
+  // its row stride and reads the first blocks of each row), for jobs far smaller than an expert.
+  auto slice = [](const model::ExpertWeights &e, int64_t ff) {
+    model::ExpertWeights s = e;
+    s.gate.rows = s.up.rows = ff;
+    s.down.cols = ff;
+    const uint64_t down_row = static_cast<uint64_t>(ff / s.down.codec->block_elems) * s.down.codec->block_bytes;
+    return std::make_pair(s, s.gate.nbytes() + s.up.nbytes() + down_row * static_cast<uint64_t>(s.down.rows));
+  };
+  // Whole experts, and slices of 256 hidden units where the codecs allow: the sizes of the jobs
+  // spread over two orders of magnitude, so the fit tells the fixed cost from the rate whatever the
+  // expert's size (a one-expert job of Mixtral's 99 MB experts is mostly rate).
+  const model::ExpertWeights *e0 = pick.empty() ? nullptr : pick[0];
+  const int64_t ff = 256;
+  const bool sliceable = e0 != nullptr && e0->gate.rows > ff && ff % e0->down.codec->block_elems == 0 &&
+                         e0->gate_bias.tensor == nullptr && e0->up_bias.tensor == nullptr &&
+                         e0->swiglu_limit == 0.f;
+  auto job = [&](int n, int64_t t, bool sliced) {
+    std::vector<model::ExpertWeights> parts;
     std::vector<int64_t> first = {0};
     uint64_t bytes = 0;
+    parts.reserve(n);
     for (int i = 0; i < n; ++i) {
-      ew.push_back(pick[next++ % pick.size()]);
+      const model::ExpertWeights &e = *pick[next++ % pick.size()];
+      if (sliced) {
+        auto [s, b] = slice(e, ff);
+        parts.push_back(s);
+        bytes += b;
+      } else {
+        parts.push_back(e);
+        bytes += e.nbytes();
+      }
       first.push_back(first.back() + t);
-      bytes += ew.back()->nbytes();
     }
+    std::vector<const model::ExpertWeights *> ew;
+    for (const auto &p : parts) ew.push_back(&p);
     const auto t0 = Clock::now();
     cpu_->ExpertsFfn(ew.data(), n, first.data(), x, y, n_embd_);
     return std::make_pair(Seconds(t0, Clock::now()), static_cast<double>(bytes));
   };
   if (!pick.empty()) {
-    job(1, 1);  // wakes the pool
+    job(1, 1, false);  // wakes the pool
     for (int round = 0; round < 2; ++round) {
       for (int n = 1; n <= 4; ++n) {
-        const auto [secs, bytes] = job(n, 1);
-        fit_.Add(bytes, secs);
+        for (bool sliced : {false, true}) {
+          if (sliced && !sliceable) continue;
+          const auto [secs, bytes] = job(n, 1, sliced);
+          fit_.Add(bytes, secs);
+        }
       }
     }
+    fit_.HoldFixed();
     double share = 0;
     if (fit_.rate() > 0) {
       for (int i = 0; i < 3; ++i) {
-        const auto [secs, bytes] = job(1, 8);
+        const auto [secs, bytes] = job(1, 8, false);
         share += std::max(0.0, ((secs - fit_.fixed()) * fit_.rate() / bytes - 1.0) / 7.0) / 3;
       }
     }

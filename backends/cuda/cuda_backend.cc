@@ -137,15 +137,13 @@ absl::StatusOr<double> CudaBackend::MeasureLink() {
 
 void CudaBackend::UpdateHybrid() {
   if (cpu_experts_ == nullptr) return;
-  const model::PlacementRates r = cpu_experts_->rates();
   const double rt = cpu_experts_->round_trip_s();
   bool changed = false;
   for (LayerTable &t : tables_) {
     if (!t.ok) continue;
     bool on = true;
     if (cpu_experts_->mode() != CpuExpertMode::kAlways) {
-      const double saving = model::HybridSavingSeconds(t.cold_bytes, slot_bytes_, r);
-      on = saving > (t.hybrid ? 0.5 : 1.0) * rt;  // hysteresis: a layer does not flip back and forth
+      on = t.cpu_saving > (t.hybrid ? 0.5 : 1.0) * rt;  // hysteresis: a layer does not flip back and forth
     }
     if (on != t.hybrid) {
       t.hybrid = on;
@@ -1097,7 +1095,14 @@ absl::Status CudaBackend::UpdateTier(int l) {
     fill_credit_ += static_cast<double>(slot_bytes_) / 8;
     if (in == slot_of_.end() && (best < 0 || t.heat[x] > t.heat[best])) best = x;
   }
-  t.cold_bytes = 0.75 * t.cold_bytes + 0.25 * static_cast<double>(cold) * static_cast<double>(slot_bytes_);
+  if (cpu_experts_ != nullptr) {
+    // The saving of this call's cold experts, averaged: the saving at the average count would miss
+    // that a layer with one cold expert half the time gains whenever it has one (Mixtral's 99 MB
+    // experts: one is cheaper on the CPU than over the link).
+    const double saving = model::HybridSavingSeconds(static_cast<double>(cold) * static_cast<double>(slot_bytes_),
+                                                     slot_bytes_, cpu_experts_->rates());
+    t.cpu_saving = 0.75 * t.cpu_saving + 0.25 * saving;
+  }
   fill_credit_ = std::min(fill_credit_, 4.0 * static_cast<double>(slot_bytes_));
   if (best < 0 || fill_credit_ < static_cast<double>(slot_bytes_)) return absl::OkStatus();
   // The victim: an empty slot, else the coldest settled one; it must be clearly colder than `best`.

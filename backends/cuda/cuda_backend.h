@@ -140,7 +140,7 @@ class CudaBackend final : public model::Backend {
     uint32_t uses = 0;              // RoutedExperts calls, for the decay
     int64_t hist_rows = 0;          // selections of the last call in hist_ (0: none pending)
     Event hist_done;
-    double cold_bytes = 0;          // bytes of experts read over the link per call (moving average)
+    double cpu_saving = 0;          // seconds a call would save with the CPU's share (moving average)
     bool hybrid = false;            // the CPU computes a share of the cold experts (CpuExperts)
   };
   struct DeviceVec {

@@ -66,7 +66,7 @@ void CpuCostFit::Add(double x, double secs) {
   xy_ = decay_ * xy_ + x * secs;
   const double mx = x_ / w_, my = y_ / w_;
   const double var = xx_ / w_ - mx * mx, cov = xy_ / w_ - mx * my;
-  if (var > 0.01 * mx * mx && cov > 0) {  // sizes spread enough to separate the two terms
+  if (!hold_ && var > 0.01 * mx * mx && cov > 0) {  // sizes spread enough to separate the two terms
     const double slope = cov / var;
     fixed_ = my - slope * mx;
     if (fixed_ < 0) {

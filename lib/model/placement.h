@@ -47,12 +47,16 @@ class CpuCostFit {
  public:
   explicit CpuCostFit(double decay = 0.98) : decay_(decay) {}
   void Add(double x, double secs);
+  // From now on the fixed cost stays as fitted and samples move the rate alone: decode's jobs are
+  // mostly of one or two experts, too alike in size to keep the two terms apart.
+  void HoldFixed() { hold_ = true; }
   double rate() const { return rate_; }    // bytes/s; 0 until fitted
   double fixed() const { return fixed_; }  // seconds
 
  private:
   double decay_, w_ = 0, x_ = 0, y_ = 0, xx_ = 0, xy_ = 0;
   double rate_ = 0, fixed_ = 0;
+  bool hold_ = false;
 };
 
 // The n entries of `heat` that should hold the tier's slots: the hottest first (ties to the lower

@@ -150,6 +150,17 @@ TEST_CASE("placement: the CPU cost fit recovers a fixed cost and a rate", "[plac
   for (int i = 0; i < 10; ++i) same.Add(4e6, fixed + 4e6 / rate);
   CHECK(same.fixed() == 0);
   CHECK(same.rate() == Approx(4e6 / (fixed + 4e6 / rate)));
+  // With the fixed cost held, noisy jobs of one or two sizes move the rate and leave the fixed cost.
+  CpuCostFit held = fit;
+  held.HoldFixed();
+  const double was = held.fixed();
+  for (int i = 0; i < 400; ++i) {
+    const double x = (i % 2 + 1) * 10e6;
+    const double noise = std::uniform_real_distribution<double>(0.9, 1.1)(rng);
+    held.Add(x, (fixed + x / (rate / 3)) * noise);
+  }
+  CHECK(held.fixed() == was);
+  CHECK(held.rate() == Approx(rate / 3).epsilon(0.1));
   // Nonsense is ignored.
   one.Add(-1, 1);
   one.Add(1e6, 0);
