@@ -147,9 +147,11 @@ typedef struct moe_params {
                                  NULL (default) = no eviction to disk */
   /* Since 0.4 (appended): hybrid placement on the CUDA backend with a VRAM tier. */
   int32_t cpu_experts;        /* moe_cpu_experts; default MOE_CPU_EXPERTS_AUTO */
-  uint32_t gpu_q8_activations; /* 1: the CUDA backend's decode products over Q8_0 and Q4_K weights quantize
-                                 activations to 8-bit blocks as cpu_q8_activations does and use integer dot
-                                 products (faster); 0 (default): float activations */
+  uint32_t gpu_q8_activations; /* 1: the CUDA backend's products see activations quantized to 8-bit blocks
+                                 as cpu_q8_activations does (the same numbers up to float summation order):
+                                 integer dot products over Q8_0 and Q4_K weights on the GEMV path (faster,
+                                 most for batches of sessions), the rounded activations for every other
+                                 block codec; 0 (default): float activations */
 } moe_params;
 
 /* Who runs a routed expert the VRAM tier does not hold, during decode (CUDA backend). */
