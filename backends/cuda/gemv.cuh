@@ -359,3 +359,29 @@ __device__ __forceinline__ void SwiGluRows(const uint8_t *wg, const uint8_t *wu,
 }
 
 }  // namespace strata::cuda::dev
+
+namespace strata::cuda {
+
+// Calls run(integral_constant n) with n the largest chunk a group of at most n_tok tokens is taken
+// in (8 when n_tok is unknown, < 0): a one-token step then runs kernels holding only the one-token
+// row dot, whose registers leave room for more warps than the 8-token one's.
+template <class F>
+void WithMaxChunk(int64_t n_tok, F &&run) {
+  if (n_tok < 0 || n_tok >= 8) {
+    run(std::integral_constant<int, 8>());
+  } else if (n_tok >= 4) {
+    run(std::integral_constant<int, 4>());
+  } else if (n_tok >= 2) {
+    run(std::integral_constant<int, 2>());
+  } else {
+    run(std::integral_constant<int, 1>());
+  }
+}
+
+// Blocks of kGemvWarps warps over `rows`, `per_team` rows a team of team_warps warps.
+inline unsigned RowBlocks(int64_t rows, int per_team, int team_warps) {
+  const int64_t per_block = int64_t{dev::kGemvWarps} / team_warps * per_team;
+  return static_cast<unsigned>((rows + per_block - 1) / per_block);
+}
+
+}  // namespace strata::cuda

@@ -365,26 +365,6 @@ void WithQ8Type(quant::TypeId type, F &&run) {
   }
 }
 
-// Calls run(integral_constant nt) with the largest chunk a group of at most n_tok tokens takes (8
-// when unknown), as grouped.cu does.
-template <class F>
-void WithMaxChunkQ8(int64_t n_tok, F &&run) {
-  if (n_tok < 0 || n_tok >= 8) {
-    run(std::integral_constant<int, 8>());
-  } else if (n_tok >= 4) {
-    run(std::integral_constant<int, 4>());
-  } else if (n_tok >= 2) {
-    run(std::integral_constant<int, 2>());
-  } else {
-    run(std::integral_constant<int, 1>());
-  }
-}
-
-unsigned RowBlocksQ8(int64_t rows, int per_team, int team_warps) {
-  const int64_t per_block = int64_t{kGemvWarps} / team_warps * per_team;
-  return static_cast<unsigned>((rows + per_block - 1) / per_block);
-}
-
 absl::Status CheckQ8Grouped(const DeviceMatrix &shape, const int32_t *plan, int n_max, const void *xq, const void *y,
                             const char *what) {
   if (Q8ActFor(shape.type) == Q8Act::kNone) {
@@ -408,10 +388,10 @@ absl::Status GroupedSwiGluQ8(const GroupedExperts &e, const int32_t *plan, int n
   if (n_max > e.n_expert) return Errorf(MOE_ERR_INVALID_ARGUMENT, "grouped SwiGLU: %d groups of %d experts", n_max, e.n_expert);
   if (n_max == 0 || g.rows == 0) return absl::OkStatus();
   const int tw = GemvTeamWarps(g.type, g.cols, g.rows);
-  const dim3 grid(RowBlocksQ8(g.rows, dev::kSwiGluRows, tw), static_cast<unsigned>(n_max));
+  const dim3 grid(RowBlocks(g.rows, dev::kSwiGluRows, tw), static_cast<unsigned>(n_max));
   const int64_t xb = Q8ActRowBytes(Q8ActFor(g.type), g.cols);
   WithQ8Type(g.type, [&](auto type) {
-    WithMaxChunkQ8(n_tok, [&](auto nt) {
+    WithMaxChunk(n_tok, [&](auto nt) {
       Launch(GroupedSwiGluQ8Kernel<decltype(type)::value, decltype(nt)::value>, grid, kGemvWarps * 32, 0, stream,
              e.gate, e.up, g.row_bytes, g.rows, g.cols, plan, n_max, static_cast<const uint8_t *>(xq), xb, hg, tw,
              skip);
@@ -427,10 +407,10 @@ absl::Status GroupedGemvQ8(const void *const *tab, const DeviceMatrix &shape, co
   if (n_max == 0 || shape.rows == 0) return absl::OkStatus();
   if (tab == nullptr) return Errorf(MOE_ERR_INVALID_ARGUMENT, "grouped GEMV: the pointer table is null");
   const int tw = GemvTeamWarps(shape.type, shape.cols, shape.rows);
-  const dim3 grid(RowBlocksQ8(shape.rows, kGemvRows, tw), static_cast<unsigned>(n_max));
+  const dim3 grid(RowBlocks(shape.rows, kGemvRows, tw), static_cast<unsigned>(n_max));
   const int64_t xb = Q8ActRowBytes(Q8ActFor(shape.type), shape.cols);
   WithQ8Type(shape.type, [&](auto type) {
-    WithMaxChunkQ8(n_tok, [&](auto nt) {
+    WithMaxChunk(n_tok, [&](auto nt) {
       Launch(GroupedGemvQ8Kernel<decltype(type)::value, decltype(nt)::value>, grid, kGemvWarps * 32, 0, stream, tab,
              shape.row_bytes, shape.rows, shape.cols, plan, n_max, static_cast<const uint8_t *>(xq), xb, y, tw, skip);
     });
