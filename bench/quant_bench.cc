@@ -215,8 +215,117 @@ void BM_MatMul(benchmark::State &state) {
                  " b" + std::to_string(n_tok) + " t" + std::to_string(n_threads));
 }
 
+// ---- the routed experts of one token: what the hybrid placement's CPU share runs per layer ----
+
+// A pool of Q4_K experts (n_embd 2048, n_ff hidden units) of >= kMinWeightBytes: each call reads
+// experts nobody read since they left the LLC.
+struct ExpertPool {
+  int64_t n_ff = 0;
+  Buffer data;
+  std::vector<strata::model::ExpertWeights> experts;
+};
+
+const ExpertPool &ExpertsFor(int64_t n_ff) {
+  static std::unique_ptr<ExpertPool> cur;
+  if (cur && cur->n_ff == n_ff) return *cur;
+  cur.reset();
+  constexpr int64_t kEmbd = 2048;
+  const Codec &c = *strata::quant::FindCodec(TypeId::kQ4_K);
+  const int64_t in_row = kEmbd / c.block_elems * c.block_bytes, out_row = n_ff / c.block_elems * c.block_bytes;
+  const int64_t expert_bytes = 2 * n_ff * in_row + kEmbd * out_row;
+  const int64_t n = (kMinWeightBytes + expert_bytes - 1) / expert_bytes + 1;
+  auto pool = std::make_unique<ExpertPool>();
+  pool->n_ff = n_ff;
+  pool->data = Allocate(n * expert_bytes);
+  std::mt19937 rng(11);
+  std::vector<std::vector<uint8_t>> rows_in, rows_out;
+  for (int i = 0; i < 64; ++i) {
+    std::vector<uint8_t> a, b;
+    for (int64_t k = 0; k < kEmbd / c.block_elems; ++k) {
+      const auto blk = RandomRow(c, rng);
+      a.insert(a.end(), blk.begin(), blk.begin() + c.block_bytes);
+    }
+    for (int64_t k = 0; k < n_ff / c.block_elems; ++k) {
+      const auto blk = RandomRow(c, rng);
+      b.insert(b.end(), blk.begin(), blk.begin() + c.block_bytes);
+    }
+    rows_in.push_back(std::move(a));
+    rows_out.push_back(std::move(b));
+  }
+  auto matrix = [&](uint8_t *at, int64_t rows, int64_t cols, int64_t rb, bool in) {
+    for (int64_t r = 0; r < rows; ++r) std::memcpy(at + r * rb, (in ? rows_in : rows_out)[r % 64].data(), rb);
+    strata::model::Matrix m;
+    m.name = "expert";
+    m.codec = &c;
+    m.rows = rows;
+    m.cols = cols;
+    m.row_bytes = static_cast<uint64_t>(rb);
+    m.data = at;
+    return m;
+  };
+  for (int64_t e = 0; e < n; ++e) {
+    uint8_t *at = pool->data.get() + e * expert_bytes;
+    strata::model::ExpertWeights w;
+    w.gate = matrix(at, n_ff, kEmbd, in_row, true);
+    w.up = matrix(at + n_ff * in_row, n_ff, kEmbd, in_row, true);
+    w.down = matrix(at + 2 * n_ff * in_row, kEmbd, n_ff, out_row, false);
+    pool->experts.push_back(w);
+  }
+  cur = std::move(pool);
+  return *cur;
+}
+
+// args: n_ff, experts a call, threads. One token each (q8 mode, as the CPU share runs); us_at_bw is
+// a call's bytes at the measured read bandwidth: the time beyond it is the call's fixed cost (the
+// pool's two passes, quantizing the input) and any compute the memory does not hide.
+void BM_ExpertsFfn(benchmark::State &state) {
+  const int64_t n_ff = state.range(0);
+  const int n_exp = static_cast<int>(state.range(1));
+  const int n_threads = static_cast<int>(state.range(2));
+  const double bw = MeasuredBandwidth(n_threads);
+  const ExpertPool &pool = ExpertsFor(n_ff);
+  CpuBackend backend(n_threads, MatMulMode::kQ8Activations);
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> x(static_cast<size_t>(n_exp * 2048)), y(x.size());
+  for (auto &v : x) v = normal(rng);
+  std::vector<int64_t> first(n_exp + 1);
+  for (int i = 0; i <= n_exp; ++i) first[i] = i;
+  std::vector<const strata::model::ExpertWeights *> ew(n_exp);
+  size_t next = 0;
+  auto pick = [&] {
+    for (int i = 0; i < n_exp; ++i) ew[i] = &pool.experts[next++ % pool.experts.size()];
+  };
+  pick();
+  backend.ExpertsFfn(ew.data(), n_exp, first.data(), x.data(), y.data(), 2048);  // warm the pool
+  uint64_t bytes = 0;
+  for (auto _ : state) {
+    pick();
+    backend.ExpertsFfn(ew.data(), n_exp, first.data(), x.data(), y.data(), 2048);
+    benchmark::ClobberMemory();
+    for (const auto *e : ew) bytes += e->nbytes();
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(bytes));
+  state.counters["bytes_per_call"] = static_cast<double>(bytes) / std::max<int64_t>(1, state.iterations());
+  state.counters["us_at_bw"] = 1e6 * static_cast<double>(bytes) / std::max<int64_t>(1, state.iterations()) / bw;
+  state.SetLabel("Q4_K n_ff " + std::to_string(n_ff) + " x" + std::to_string(n_exp) + " t" + std::to_string(n_threads));
+}
+
 void RegisterAll() {
   benchmark::RegisterBenchmark("MemRead", BM_MemRead)->Arg(1)->Arg(2)->UseRealTime()->Unit(benchmark::kMillisecond);
+  for (int64_t n_ff : {256, 768}) {
+    for (int n : {1, 4}) {
+      for (int th = 1; th <= kMaxThreads; ++th) {
+        const std::string name = "ExpertsFfn/ff" + std::to_string(n_ff) + "/x" + std::to_string(n) + "/t" +
+                                 std::to_string(th);
+        benchmark::RegisterBenchmark(name.c_str(), BM_ExpertsFfn)
+            ->Args({n_ff, n, th})
+            ->UseRealTime()
+            ->Unit(benchmark::kMicrosecond)
+            ->MinTime(0.3);
+      }
+    }
+  }
   const TypeId kTypes[] = {TypeId::kQ8_0, TypeId::kQ4_K, TypeId::kQ6_K, TypeId::kQ4_0, TypeId::kF16,
                            TypeId::kBF16, TypeId::kF32, TypeId::kQ5_K, TypeId::kQ2_K, TypeId::kQ3_K,
                            TypeId::kQ5_0, TypeId::kQ5_1, TypeId::kQ4_1, TypeId::kIQ4_NL,
