@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/cpu/kernels/kernels.h"
 #include "backends/cuda/cuda_status.h"
 #include "backends/cuda/device.h"
 #include "lib/model/placement.h"
@@ -626,9 +627,12 @@ absl::StatusOr<bool> CudaBackend::MatMulQ8(const DeviceMatrix &w, const float *x
 }
 
 int CudaBackend::Q8Grid(quant::TypeId type) const {
-  if (!q8_) return 0;
-  const quant::Codec *c = quant::FindCodec(type);
-  return c != nullptr && (c->block_elems == 32 || c->block_elems == 256) ? static_cast<int>(c->block_elems) : 0;
+  const quant::Codec *c = q8_ ? quant::FindCodec(type) : nullptr;
+  switch (c != nullptr ? cpu::kernels::ActFormatOf(*c) : cpu::kernels::ActFormat::kNone) {
+    case cpu::kernels::ActFormat::kQ8Block32: return 32;
+    case cpu::kernels::ActFormat::kQ8Block256: return 256;
+    default: return 0;
+  }
 }
 
 absl::StatusOr<const float *> CudaBackend::GridInput(quant::TypeId type, const float *x, int64_t n_tok,

@@ -66,12 +66,6 @@ void DotQ8Generic(const Codec &codec, const void *row, const void *xq, int64_t x
   for (int t = 0; t < n_tok; ++t) out[t] = internal::Reduce16(acc[t]);
 }
 
-ActFormat ActFormatOf(const Codec &codec) {
-  if (codec.block_elems == 32) return ActFormat::kQ8Block32;
-  if (codec.block_elems == 256) return ActFormat::kQ8Block256;
-  return ActFormat::kNone;  // F32, F16, BF16: float weights gain nothing from 8-bit activations
-}
-
 // One block: d = amax / 127, q = round-to-nearest-even(x * 127 / amax), clamped to +-127 (the
 // product can round just past 127). All-zero blocks get d = 0 and q = 0.
 float QuantizeBlock(const float *x, int len, int8_t *q) {
@@ -90,6 +84,12 @@ float QuantizeBlock(const float *x, int len, int8_t *q) {
 }
 
 }  // namespace
+
+ActFormat ActFormatOf(const Codec &codec) {
+  if (codec.block_elems == 32) return ActFormat::kQ8Block32;
+  if (codec.block_elems == 256) return ActFormat::kQ8Block256;
+  return ActFormat::kNone;  // F32, F16, BF16: float weights gain nothing from 8-bit activations
+}
 
 Isa BestIsa() {
   static const Isa isa = [] {

@@ -37,6 +37,10 @@ struct ActBlock256 {
   int8_t q[256];
 };
 
+// The activation format of the q8 mode for weights of `codec` (by its block size). The CUDA
+// backend's 8-bit mode rounds to the same blocks.
+ActFormat ActFormatOf(const quant::Codec &codec);
+
 // Bytes of one token's quantized activations of n elements (n a multiple of the block).
 int64_t ActRowBytes(ActFormat f, int64_t n);
 // Quantizes one token's n activations into dst (ActRowBytes bytes). Plain scalar code, so the
