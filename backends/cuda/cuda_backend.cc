@@ -1163,12 +1163,15 @@ bool CudaBackend::RoutedExperts(const model::RoutedExpertsArgs &a) {
   // On the hybrid path the CPU takes some cold experts: the device skips their groups.
   const bool hybrid = tiered && t.hybrid && cpu_experts_ != nullptr;
   const uint8_t *skip = hybrid ? skip_dev_.as<uint8_t>() : nullptr;
+  // 8-bit gate/up products read the tokens' quantized rows through idx: no gathered copy of them.
+  const bool gate_q8 = q8_ && Q8ActFor(t.ge.gate_shape.type) != Q8Act::kNone;
   if (!Note(cuda::Route(*ra, a.logits, a.n_tok, a.sel, a.wts, s)) ||
       (hybrid && !Note(cpu_experts_->Start(a.layer, a.n_tok, k, n_expert, a.sel, a.h, t.ge.gate,
                                            skip_dev_.as<uint8_t>(), s))) ||
       !Note(GroupByExpert(a.sel, a.n_tok, k, n_expert, a.idx, pl, s)) ||
-      !Note(cuda::GatherRows(a.h, n_embd, a.idx, rows, a.xg, s)) ||
-      !Note(GroupedProducts(t.ge, pl, n_max, a.xg, h, a.yg, rows, a.n_tok, skip)) ||
+      (!gate_q8 && !Note(cuda::GatherRows(a.h, n_embd, a.idx, rows, a.xg, s))) ||
+      !Note(GroupedProducts(t.ge, pl, n_max, gate_q8 ? a.h : a.xg, gate_q8 ? a.idx : nullptr, h, a.yg, rows,
+                            a.n_tok, skip)) ||
       (hybrid && !Note(cpu_experts_->Finish(pl, n_max, skip, a.yg, s))) ||
       !Note(cuda::WeightedRowSum(a.yg, a.idx + rows, a.wts, a.n_tok, k, n_embd, a.out, s))) {
     return true;
@@ -1186,17 +1189,22 @@ bool CudaBackend::RoutedExperts(const model::RoutedExpertsArgs &a) {
 }
 
 absl::Status CudaBackend::GroupedProducts(const GroupedExperts &ge, const int32_t *plan, int n_max, const float *xg,
-                                          float *h, float *yg, int64_t rows, int64_t n_tok, const uint8_t *skip) {
+                                          const int32_t *tok, float *h, float *yg, int64_t rows, int64_t n_tok,
+                                          const uint8_t *skip) {
   cudaStream_t s = stream_.get();
   const Q8Act fi = q8_ ? Q8ActFor(ge.gate_shape.type) : Q8Act::kNone;
   const Q8Act fd = q8_ ? Q8ActFor(ge.down_shape.type) : Q8Act::kNone;
   const int64_t n_embd = ge.gate_shape.cols, n_ff = ge.gate_shape.rows;
   // Each stage on its own: a Q4_K gate/up with a Q6_K down (as Q4_K_M files mix them) dots codes in
   // the first and rounds h for the second.
+  if (tok != nullptr && fi == Q8Act::kNone) {
+    return Errorf(MOE_ERR_INTERNAL, "grouped products: token rows given for float activations");
+  }
   if (fi != Q8Act::kNone) {
+    const int64_t x_rows = tok != nullptr ? n_tok : rows;  // the tokens' rows, or the gathered ones
     STRATA_ASSIGN_OR_RETURN(void *xq, Grow(q8_x_, static_cast<size_t>(rows * Q8ActRowBytes(fi, n_embd))));
-    STRATA_RETURN_IF_ERROR(QuantizeActivationsQ8(fi, xg, rows, n_embd, xq, s));
-    STRATA_RETURN_IF_ERROR(GroupedSwiGluQ8(ge, plan, n_max, xq, h, s, n_tok, skip));
+    STRATA_RETURN_IF_ERROR(QuantizeActivationsQ8(fi, xg, x_rows, n_embd, xq, s));
+    STRATA_RETURN_IF_ERROR(GroupedSwiGluQ8(ge, plan, n_max, xq, h, s, n_tok, skip, tok));
   } else {
     STRATA_ASSIGN_OR_RETURN(const float *xr, GridInput(ge.gate_shape.type, xg, rows, n_embd));
     STRATA_RETURN_IF_ERROR(GroupedSwiGlu(ge, plan, n_max, xr, h, s, n_tok, skip));

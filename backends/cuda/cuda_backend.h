@@ -304,8 +304,11 @@ class CudaBackend final : public model::Backend {
   absl::StatusOr<const float *> GridInput(quant::TypeId type, const float *x, int64_t n_tok, int64_t cols);
   // A routed-expert layer's grouped gate/up SwiGLU and down projection (8-bit activations where the
   // option and the codecs allow), over `rows` grouped rows of n_tok tokens.
-  absl::Status GroupedProducts(const GroupedExperts &ge, const int32_t *plan, int n_max, const float *xg, float *h,
-                               float *yg, int64_t rows, int64_t n_tok, const uint8_t *skip);
+  // xg: the grouped input rows; or, with tok (GroupByExpert's idx; 8-bit gate/up codecs only), the
+  // tokens' rows, grouped row r reading row tok[r].
+  absl::Status GroupedProducts(const GroupedExperts &ge, const int32_t *plan, int n_max, const float *xg,
+                               const int32_t *tok, float *h, float *yg, int64_t rows, int64_t n_tok,
+                               const uint8_t *skip);
   size_t weight_bytes_ = 0;
   absl::Status err_;
 };

@@ -237,6 +237,14 @@ __device__ __forceinline__ void RowsOf(const uint8_t *xq, int64_t xq_bytes, int6
   for (int t = 0; t < NT; ++t) x[t] = RowOf(xq, xq_bytes, cols, BlockOf<kType>(), t);
 }
 
+// Rows t .. t + NT - 1 of a grouped input, read through tok (grouped row -> xq row) when given.
+template <TypeIdInt kType, int NT>
+__device__ __forceinline__ void GroupedRowsOf(const uint8_t *xq, int64_t xq_bytes, int64_t cols, int64_t t,
+                                              const int32_t *tok, XRow (&x)[NT]) {
+#pragma unroll
+  for (int i = 0; i < NT; ++i) x[i] = RowOf(xq, xq_bytes, cols, BlockOf<kType>(), tok != nullptr ? tok[t + i] : t + i);
+}
+
 // y rows r0 .. r0 + kGemvRows - 1 (those below `rows`) for NT tokens, as GemvRows (gemv.cuh).
 template <TypeIdInt kType, int NT>
 __device__ __forceinline__ void GemvRowsQ8(const uint8_t *w, uint64_t row_bytes, int64_t r0, int64_t rows, int64_t cols,
@@ -264,11 +272,9 @@ __device__ __forceinline__ void GemvRowsQ8(const uint8_t *w, uint64_t row_bytes,
 // h rows r0 .. r0 + kSwiGluRows - 1 = silu(gate · x) * (up · x), as SwiGluRows (gemv.cuh).
 template <TypeIdInt kType, int NT>
 __device__ __forceinline__ void SwiGluRowsQ8(const uint8_t *wg, const uint8_t *wu, uint64_t row_bytes, int64_t r0,
-                                             int64_t rows, int64_t cols, const uint8_t *xq, int64_t xq_bytes, float *h,
+                                             int64_t rows, int64_t cols, const XRow (&x)[NT], float *h,
                                              const dev::Team &tm) {
   constexpr int RB = dev::RowsAtOnce<NT>() < 2 ? 2 : dev::RowsAtOnce<NT>(), PB = RB / 2;
-  XRow x[NT];
-  RowsOf<kType, NT>(xq, xq_bytes, cols, x);
 #pragma unroll 1
   for (int b = 0; b < dev::kSwiGluRows; b += PB) {
     const uint8_t *rp[RB];
@@ -291,13 +297,14 @@ __device__ __forceinline__ void SwiGluRowsQ8(const uint8_t *wg, const uint8_t *w
 }
 
 // The grouped kernels of grouped.cu with 8-bit activations: block (x, g) computes group g's rows of
-// block x over the group's tokens (xq rows in grouped order), in chunks of 8, 4, 2 and 1.
+// block x over the group's tokens (xq rows in grouped order, or token rows read through tok), in
+// chunks of 8, 4, 2 and 1.
 template <TypeIdInt kType, int kMaxNT>
 __global__ void __launch_bounds__(kGemvWarps * 32, 2)
     GroupedSwiGluQ8Kernel(const void *const *__restrict__ gate, const void *const *__restrict__ up,
                           uint64_t row_bytes, int64_t rows, int64_t cols, const int32_t *__restrict__ plan, int n_max,
                           const uint8_t *xq, int64_t xq_bytes, float *__restrict__ h, int team_warps,
-                          const uint8_t *__restrict__ skip) {
+                          const uint8_t *__restrict__ skip, const int32_t *__restrict__ tok) {
   dev::AwaitPrior();
   __shared__ float red[kGemvWarps * dev::kTeamRedFloats];
   const int g = static_cast<int>(blockIdx.y);
@@ -308,8 +315,10 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 2)
   const int64_t r0 = dev::TeamIndex(team_warps) * dev::kSwiGluRows;
   const auto *wg = static_cast<const uint8_t *>(gate[e]), *wu = static_cast<const uint8_t *>(up[e]);
   dev::ForChunks<kMaxNT>(plan[1 + n_max + g], plan[2 + n_max + g], [&](auto nt, int64_t t) {
-    SwiGluRowsQ8<kType, decltype(nt)::value>(wg, wu, row_bytes, r0, rows, cols, xq + t * xq_bytes, xq_bytes,
-                                             h + t * rows, tm);
+    constexpr int kNT = decltype(nt)::value;
+    XRow x[kNT];
+    GroupedRowsOf<kType, kNT>(xq, xq_bytes, cols, t, tok, x);
+    SwiGluRowsQ8<kType, kNT>(wg, wu, row_bytes, r0, rows, cols, x, h + t * rows, tm);
   });
 }
 
@@ -381,7 +390,7 @@ absl::Status CheckQ8Grouped(const DeviceMatrix &shape, const int32_t *plan, int 
 }  // namespace
 
 absl::Status GroupedSwiGluQ8(const GroupedExperts &e, const int32_t *plan, int n_max, const void *xq, float *hg,
-                             cudaStream_t stream, int64_t n_tok, const uint8_t *skip) {
+                             cudaStream_t stream, int64_t n_tok, const uint8_t *skip, const int32_t *tok) {
   STRATA_RETURN_IF_ERROR(CheckGroupedExperts(e));
   STRATA_RETURN_IF_ERROR(CheckQ8Grouped(e.gate_shape, plan, n_max, xq, hg, "grouped SwiGLU"));
   const DeviceMatrix &g = e.gate_shape;
@@ -394,7 +403,7 @@ absl::Status GroupedSwiGluQ8(const GroupedExperts &e, const int32_t *plan, int n
     WithMaxChunk(n_tok, [&](auto nt) {
       Launch(GroupedSwiGluQ8Kernel<decltype(type)::value, decltype(nt)::value>, grid, kGemvWarps * 32, 0, stream,
              e.gate, e.up, g.row_bytes, g.rows, g.cols, plan, n_max, static_cast<const uint8_t *>(xq), xb, hg, tw,
-             skip);
+             skip, tok);
     });
   });
   STRATA_CUDA_RETURN_IF_LAUNCH_FAILED();

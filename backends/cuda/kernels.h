@@ -84,9 +84,12 @@ absl::Status RoundActivationsQ8(int block, const float *x, int64_t n_tok, int64_
 absl::Status GemvQ8(const DeviceMatrix &w, const void *xq, int64_t n_tok, float *y, cudaStream_t stream);
 // GroupedSwiGlu and GroupedGemv (below) over activations quantized per grouped row (xq: n rows of
 // Q8ActRowBytes for the codec of gate / of the table's matrices), same plan, n_tok and skip.
+// GroupedSwiGluQ8 with tok (GroupByExpert's idx) reads grouped row r from xq row tok[r] instead:
+// the tokens' rows quantized once, no gathered copy.
 struct GroupedExperts;
 absl::Status GroupedSwiGluQ8(const GroupedExperts &e, const int32_t *plan, int n_max, const void *xq, float *hg,
-                             cudaStream_t stream, int64_t n_tok = -1, const uint8_t *skip = nullptr);
+                             cudaStream_t stream, int64_t n_tok = -1, const uint8_t *skip = nullptr,
+                             const int32_t *tok = nullptr);
 absl::Status GroupedGemvQ8(const void *const *tab, const DeviceMatrix &shape, const int32_t *plan, int n_max,
                            const void *xq, float *y, cudaStream_t stream, int64_t n_tok = -1,
                            const uint8_t *skip = nullptr);

@@ -237,6 +237,16 @@ TEST_CASE("Grouped 8-bit-activation experts match the CPU backend's q8 mode", "[
     }
     CHECK(RelL2(hg_h, want_h) <= 1e-5);
     CHECK(RelL2(yg_h, want_y) <= 1e-5);
+    // The tokens' rows quantized once and read through idx: the same codes, so the same bits as
+    // over the gathered rows.
+    auto tq = DeviceBuffer::Allocate(n_tok * Q8ActRowBytes(f, n_embd));
+    REQUIRE(tq.ok());
+    DeviceBuffer hg2 = Poisoned(n * n_ff);
+    REQUIRE(QuantizeActivationsQ8(f, dx.as<float>(), n_tok, n_embd, tq->data(), nullptr).ok());
+    REQUIRE(GroupedSwiGluQ8(ge, plan->as<int32_t>(), n_max, tq->data(), hg2.as<float>(), nullptr, n_tok, nullptr,
+                            idx->as<int32_t>()).ok());
+    const std::vector<float> hg2_h = Download<float>(hg2, n * n_ff);
+    CHECK(std::memcmp(hg2_h.data(), hg_h.data(), hg_h.size() * sizeof(float)) == 0);
   }
 }
 
