@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <type_traits>
 
 #include "backends/cuda/codecs.cuh"
@@ -362,12 +363,26 @@ __device__ __forceinline__ void SwiGluRows(const uint8_t *wg, const uint8_t *wu,
 
 namespace strata::cuda {
 
+// STRATA_CUDA_GROUP_CHUNK=1|2|4: the grouped kernels' largest token chunk at most that (a group of
+// more tokens takes more chunks; each token's result is the same), to measure the chunk sizes
+// against sessions' small groups. 8 (the default) otherwise.
+inline int64_t GroupChunkCap() {
+  static const int64_t cap = [] {
+    const char *e = std::getenv("STRATA_CUDA_GROUP_CHUNK");
+    const int v = e != nullptr ? std::atoi(e) : 8;
+    return static_cast<int64_t>(v == 1 || v == 2 || v == 4 ? v : 8);
+  }();
+  return cap;
+}
+
 // Calls run(integral_constant n) with n the largest chunk a group of at most n_tok tokens is taken
 // in (8 when n_tok is unknown, < 0): a one-token step then runs kernels holding only the one-token
 // row dot, whose registers leave room for more warps than the 8-token one's.
 template <class F>
 void WithMaxChunk(int64_t n_tok, F &&run) {
-  if (n_tok < 0 || n_tok >= 8) {
+  const int64_t cap = GroupChunkCap();
+  if (n_tok < 0 || n_tok > cap) n_tok = cap;
+  if (n_tok >= 8) {
     run(std::integral_constant<int, 8>());
   } else if (n_tok >= 4) {
     run(std::integral_constant<int, 4>());

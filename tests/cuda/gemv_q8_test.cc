@@ -247,6 +247,14 @@ TEST_CASE("Grouped 8-bit-activation experts match the CPU backend's q8 mode", "[
                             idx->as<int32_t>()).ok());
     const std::vector<float> hg2_h = Download<float>(hg2, n * n_ff);
     CHECK(std::memcmp(hg2_h.data(), hg_h.data(), hg_h.size() * sizeof(float)) == 0);
+    // Kernels told to take one token at a time (groups of more take more chunks): the same bits.
+    DeviceBuffer hg1 = Poisoned(n * n_ff), yg1 = Poisoned(n * n_embd);
+    REQUIRE(GroupedSwiGluQ8(ge, plan->as<int32_t>(), n_max, xq->data(), hg1.as<float>(), nullptr, 1).ok());
+    REQUIRE(GroupedGemvQ8(ge.down, ge.down_shape, plan->as<int32_t>(), n_max, hq->data(), yg1.as<float>(), nullptr,
+                          1).ok());
+    const std::vector<float> hg1_h = Download<float>(hg1, n * n_ff), yg1_h = Download<float>(yg1, n * n_embd);
+    CHECK(std::memcmp(hg1_h.data(), hg_h.data(), hg_h.size() * sizeof(float)) == 0);
+    CHECK(std::memcmp(yg1_h.data(), yg_h.data(), yg_h.size() * sizeof(float)) == 0);
   }
 }
 

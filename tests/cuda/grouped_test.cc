@@ -271,6 +271,12 @@ GroupedRun RunGrouped(const Experts &x, const Placement &pl, const DeviceBuffer 
   REQUIRE(GroupedGemv(ge.down, ge.down_shape, plan.as<int32_t>(), n_max, hg.as<float>(), yg8.as<float>(), nullptr).ok());
   CHECK(Download<float>(hg8, n * x.n_ff) == r.h);
   CHECK(Download<float>(yg8, n * x.n_embd) == r.y);
+  // And kernels told to take one token at a time (a group of more takes more chunks): the same bits.
+  DeviceBuffer hg1 = Poisoned(n * x.n_ff), yg1 = Poisoned(n * x.n_embd);
+  REQUIRE(GroupedSwiGlu(ge, plan.as<int32_t>(), n_max, xg.as<float>(), hg1.as<float>(), nullptr, 1).ok());
+  REQUIRE(GroupedGemv(ge.down, ge.down_shape, plan.as<int32_t>(), n_max, hg.as<float>(), yg1.as<float>(), nullptr, 1).ok());
+  CHECK(Download<float>(hg1, n * x.n_ff) == r.h);
+  CHECK(Download<float>(yg1, n * x.n_embd) == r.y);
   if (xg_out != nullptr) *xg_out = std::move(xg);
   return r;
 }
