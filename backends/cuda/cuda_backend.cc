@@ -732,17 +732,15 @@ void CudaBackend::MatMulMany(const model::Matrix *const *ws, float *const *ys, i
     model::Backend::MatMulMany(ws, ys, n, x, n_tok);
     return;
   }
-  // 8-bit activations: integer dots over one quantized input, a launch a product, for several tokens;
-  // for one token the rounded input through the one launch of GemvMany costs fewer launches.
+  // 8-bit activations: integer dots over one quantized input, in one launch, for several tokens;
+  // for one token the rounded input through GemvMany costs a launch less (no quantizing).
   const Q8Act f = q8_ && n_tok >= 2 ? Q8ActFor(dm[0].type) : Q8Act::kNone;
   bool aligned = true;
   for (int i = 0; i < n; ++i) aligned = aligned && (reinterpret_cast<uintptr_t>(dm[i].data) & 15u) == 0;
   if (f != Q8Act::kNone && (f == Q8Act::kBlock32 || aligned)) {
     auto xq = Grow(q8_x_, static_cast<size_t>(n_tok * Q8ActRowBytes(f, dm[0].cols)));
     if (!Note(xq.status()) || !Note(QuantizeActivationsQ8(f, x, n_tok, dm[0].cols, *xq, stream_.get()))) return;
-    for (int i = 0; i < n; ++i) {
-      if (!Note(GemvQ8(dm[i], *xq, n_tok, ys[i], stream_.get()))) return;
-    }
+    Note(GemvManyQ8(dm, ys, n, *xq, n_tok, stream_.get()));
     return;
   }
   auto xr = GridInput(ws[0]->codec->id, x, n_tok, dm[0].cols);

@@ -364,6 +364,31 @@ void LaunchGemvQ8(const DeviceMatrix &w, const uint8_t *xq, int64_t xq_bytes, fl
          w.rows, w.cols, xq, xq_bytes, y, tw);
 }
 
+// Up to kGemvManyMax matrices of one codec and column count, by value (read in place: see
+// GemvManyKernel in matmul.cu).
+struct ManyQ8Args {
+  const uint8_t *w[kGemvManyMax];
+  uint64_t row_bytes[kGemvManyMax];
+  int64_t rows[kGemvManyMax];
+  float *y[kGemvManyMax];
+};
+
+// Block (b, m): the rows of matrix m that block b of GemvQ8Kernel would compute.
+template <TypeIdInt kType, int NT>
+__global__ void __launch_bounds__(kGemvWarps * 32)
+    GemvManyQ8Kernel(const __grid_constant__ ManyQ8Args a, int64_t cols, const uint8_t *xq, int64_t xq_bytes,
+                     int team_warps) {
+  __shared__ float red[kGemvWarps * dev::kTeamRedFloats];
+  const int m = blockIdx.y;
+  const int64_t block_r0 = static_cast<int64_t>(blockIdx.x) * kGemvWarps / team_warps * kGemvRows;
+  if (block_r0 >= a.rows[m]) return;  // block-uniform
+  const dev::Team tm = dev::BlockTeam(team_warps, red);
+  const int64_t r0 = dev::TeamIndex(team_warps) * kGemvRows;
+  dev::PrefetchRows(a.w[m], a.row_bytes[m], r0, kGemvRows, a.rows[m], tm);
+  dev::AwaitPrior();
+  GemvRowsQ8<kType, NT>(a.w[m], a.row_bytes[m], r0, a.rows[m], cols, xq, xq_bytes, a.y[m], tm);
+}
+
 // Calls run(type constant) for the codec's kernels (a codec Q8ActFor accepts).
 template <class F>
 void WithQ8Type(quant::TypeId type, F &&run) {
@@ -512,6 +537,66 @@ absl::Status GemvQ8(const DeviceMatrix &w, const void *xq, int64_t n_tok, float 
         case 2: LaunchGemvQ8<kT, 2>(w, xt, rb, yt, stream); break;
         default: LaunchGemvQ8<kT, 1>(w, xt, rb, yt, stream); break;
       }
+    });
+    t0 += nt;
+  }
+  STRATA_CUDA_RETURN_IF_LAUNCH_FAILED();
+  return absl::OkStatus();
+}
+
+absl::Status GemvManyQ8(const DeviceMatrix *ws, float *const *ys, int n, const void *xq, int64_t n_tok,
+                        cudaStream_t stream) {
+  if (n <= 0 || n > kGemvManyMax) return Errorf(MOE_ERR_INVALID_ARGUMENT, "GemvManyQ8 over %d matrices", n);
+  if (n_tok < 0) return Errorf(MOE_ERR_INVALID_ARGUMENT, "GEMV over %lld tokens", static_cast<long long>(n_tok));
+  ManyQ8Args a{};
+  int64_t max_rows = 0;
+  for (int m = 0; m < n; ++m) {
+    STRATA_RETURN_IF_ERROR(CheckMatrix(ws[m]));
+    if (ws[m].type != ws[0].type || ws[m].cols != ws[0].cols) {
+      return Errorf(MOE_ERR_INVALID_ARGUMENT, "GemvManyQ8 needs matrices of one codec and column count");
+    }
+    if (Q8ActFor(ws[m].type) == Q8Act::kNone) {
+      const std::string name(quant::TypeName(static_cast<uint32_t>(ws[m].type)));
+      return Errorf(MOE_ERR_UNSUPPORTED_TYPE, "no 8-bit-activation GEMV for %s", name.c_str());
+    }
+    if (Q8ActFor(ws[m].type) == Q8Act::kBlock256 && (reinterpret_cast<uintptr_t>(ws[m].data) & 15u) != 0) {
+      return Errorf(MOE_ERR_INVALID_ARGUMENT, "8-bit-activation Q4_K GEMV: rows must be 16-byte aligned");
+    }
+    if (ys[m] == nullptr) return Errorf(MOE_ERR_INVALID_ARGUMENT, "GEMV output is null");
+    a.w[m] = static_cast<const uint8_t *>(ws[m].data);
+    a.row_bytes[m] = ws[m].row_bytes;
+    a.rows[m] = ws[m].rows;
+    a.y[m] = ys[m];
+    max_rows = std::max(max_rows, ws[m].rows);
+  }
+  if (n_tok == 0 || max_rows == 0) return absl::OkStatus();
+  if (xq == nullptr || (reinterpret_cast<uintptr_t>(xq) & 15u) != 0) {
+    return Errorf(MOE_ERR_INVALID_ARGUMENT, "8-bit-activation GEMV: null or unaligned input");
+  }
+  const int64_t cols = ws[0].cols;
+  // The team split of each matrix as GemvQ8 sets it: one width, so one split for all.
+  const int tw = GemvTeamWarps(ws[0].type, cols, max_rows);
+  for (int m = 1; m < n; ++m) {
+    if (GemvTeamWarps(ws[m].type, cols, ws[m].rows) == tw) continue;
+    for (int k = 0; k < n; ++k) STRATA_RETURN_IF_ERROR(GemvQ8(ws[k], xq, n_tok, ys[k], stream));
+    return absl::OkStatus();  // matrices whose rows split differently: a launch each
+  }
+  const int64_t per_block = int64_t{kGemvWarps} / tw * kGemvRows;
+  const dim3 grid(static_cast<unsigned>((max_rows + per_block - 1) / per_block), static_cast<unsigned>(n));
+  const int64_t rb = Q8ActRowBytes(Q8ActFor(ws[0].type), cols);
+  const auto *x = static_cast<const uint8_t *>(xq);
+  for (int64_t t0 = 0; t0 < n_tok;) {
+    const int64_t left = n_tok - t0;
+    const int nt = left >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1;
+    ManyQ8Args at = a;
+    for (int m = 0; m < n; ++m) at.y[m] = a.y[m] + t0 * a.rows[m];
+    WithQ8Type(ws[0].type, [&](auto type) {
+      constexpr TypeIdInt kT = decltype(type)::value;
+      auto *kernel = nt == 8   ? GemvManyQ8Kernel<kT, 8>
+                     : nt == 4 ? GemvManyQ8Kernel<kT, 4>
+                     : nt == 2 ? GemvManyQ8Kernel<kT, 2>
+                               : GemvManyQ8Kernel<kT, 1>;
+      Launch(kernel, grid, kGemvWarps * 32, 0, stream, at, cols, x + t0 * rb, rb, tw);
     });
     t0 += nt;
   }

@@ -100,6 +100,11 @@ absl::Status GroupedGemvQ8(const void *const *tab, const DeviceMatrix &shape, co
 constexpr int kGemvManyMax = 4;
 absl::Status GemvMany(const DeviceMatrix *ws, float *const *ys, int n, const float *x, int64_t n_tok,
                       cudaStream_t stream);
+// GemvQ8 over n <= kGemvManyMax matrices of one codec and column count and one quantized input, in
+// one launch per token chunk (a launch a matrix where their row counts split them differently); per
+// (row, token) bit-identical to GemvQ8 on each matrix.
+absl::Status GemvManyQ8(const DeviceMatrix *ws, float *const *ys, int n, const void *xq, int64_t n_tok,
+                        cudaStream_t stream);
 
 // out (rows, cols) = the dequantized w, bit-identical to quant::Codec::dequantize.
 absl::Status Dequantize(const DeviceMatrix &w, float *out, cudaStream_t stream);

@@ -158,6 +158,65 @@ TEST_CASE("8-bit-activation GEMV matches the CPU backend's q8 mode", "[gpu][q8]"
   }
 }
 
+// The attention projections' one launch: three matrices of one codec and width (rows as q, k and v
+// of a small model) over one quantized input give GemvQ8's bits on each, at every token chunk.
+TEST_CASE("GemvManyQ8 gives each matrix GemvQ8's bits", "[gpu][q8]") {
+  if (!HaveGpu()) return;
+  auto rng = test::Rng();
+  const int64_t cols = 1024, n_rows[3] = {520, 72, 72};
+  for (TypeId type : {TypeId::kQ8_0, TypeId::kQ4_K}) {
+    INFO(quant::TypeName(static_cast<uint32_t>(type)));
+    const Q8Act f = Q8ActFor(type);
+    const int64_t max_tok = 13, xrb = Q8ActRowBytes(f, cols);
+    std::vector<float> x = RandomFloats(rng, max_tok * cols, -2.f, 2.f);
+    DeviceBuffer dx = Upload(x);
+    auto dq = DeviceBuffer::Allocate(max_tok * xrb);
+    REQUIRE(dq.ok());
+    REQUIRE(QuantizeActivationsQ8(f, dx.as<float>(), max_tok, cols, dq->data(), nullptr).ok());
+    std::vector<DeviceBuffer> dw;
+    DeviceMatrix ms[3];
+    for (int m = 0; m < 3; ++m) {
+      uint64_t rb = 0;
+      dw.push_back(Upload(RandomMatrix(rng, type, n_rows[m], cols, &rb)));
+      ms[m] = test::View(type, dw.back(), n_rows[m], cols, rb);
+    }
+    for (int64_t n_tok : {1, 2, 7, 13}) {
+      INFO("n_tok " << n_tok);
+      std::vector<DeviceBuffer> dy;
+      float *ys[3];
+      for (int m = 0; m < 3; ++m) {
+        dy.push_back(Poisoned(n_tok * n_rows[m]));
+        ys[m] = dy.back().as<float>();
+      }
+      REQUIRE(GemvManyQ8(ms, ys, 3, dq->data(), n_tok, nullptr).ok());
+      for (int m = 0; m < 3; ++m) {
+        DeviceBuffer one = Poisoned(n_tok * n_rows[m]);
+        REQUIRE(GemvQ8(ms[m], dq->data(), n_tok, one.as<float>(), nullptr).ok());
+        const auto a = Download<float>(dy[m], n_tok * n_rows[m]), b = Download<float>(one, n_tok * n_rows[m]);
+        for (float v : a) REQUIRE(std::isfinite(v));
+        CHECK(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+      }
+    }
+  }
+  // Refused: no matrices, too many, mixed codecs, a codec without the path, a null output.
+  auto buf = DeviceBuffer::Allocate(1 << 16);
+  REQUIRE(buf.ok());
+  auto *p = static_cast<uint8_t *>(buf->data());
+  float *y[kGemvManyMax + 1] = {};
+  for (auto &v : y) v = reinterpret_cast<float *>(p);
+  const DeviceMatrix q8{TypeId::kQ8_0, p, 4, 256, 272}, q4{TypeId::kQ4_K, p, 4, 256, 144},
+      f32{TypeId::kF32, p, 4, 256, 1024};
+  const DeviceMatrix many[kGemvManyMax + 1] = {q8, q8, q8, q8, q8};
+  CHECK(StatusToMoe(GemvManyQ8(many, y, 0, p, 1, nullptr)) == MOE_ERR_INVALID_ARGUMENT);
+  CHECK(StatusToMoe(GemvManyQ8(many, y, kGemvManyMax + 1, p, 1, nullptr)) == MOE_ERR_INVALID_ARGUMENT);
+  const DeviceMatrix mixed[2] = {q8, q4};
+  CHECK(StatusToMoe(GemvManyQ8(mixed, y, 2, p, 1, nullptr)) == MOE_ERR_INVALID_ARGUMENT);
+  const DeviceMatrix floats[2] = {f32, f32};
+  CHECK(StatusToMoe(GemvManyQ8(floats, y, 2, p, 1, nullptr)) == MOE_ERR_UNSUPPORTED_TYPE);
+  float *null_y[2] = {y[0], nullptr};
+  CHECK(StatusToMoe(GemvManyQ8(many, null_y, 2, p, 1, nullptr)) == MOE_ERR_INVALID_ARGUMENT);
+}
+
 // The grouped kernels with 8-bit activations, as a decode batch runs a MoE layer: grouping on the
 // device, gate/up SwiGLU over the quantized grouped rows, the SwiGLU output quantized again for the
 // down projection; each stage against the CPU backend's q8 mode on the same inputs.
