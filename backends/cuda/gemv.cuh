@@ -8,11 +8,13 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <type_traits>
 
 #include "backends/cuda/codecs.cuh"
+#include "backends/cuda/kernels.h"
 
 namespace strata::cuda::dev {
 
@@ -391,6 +393,38 @@ void WithMaxChunk(int64_t n_tok, F &&run) {
   } else {
     run(std::integral_constant<int, 1>());
   }
+}
+
+// Up to kGemvManyMax matrices of one codec and column count over one input, by value. Kernels read
+// it in place (__grid_constant__): indexed by blockIdx.y, a by-value copy would be made in every
+// thread's local memory first.
+struct ManyArgs {
+  const uint8_t *w[kGemvManyMax];
+  uint64_t row_bytes[kGemvManyMax];
+  int64_t rows[kGemvManyMax];
+  float *y[kGemvManyMax];
+};
+
+// The table of n checked matrices of one codec and column count and their outputs; *max_rows the
+// most rows of them.
+inline absl::Status FillManyArgs(const char *what, const DeviceMatrix *ws, float *const *ys, int n, ManyArgs *a,
+                                 int64_t *max_rows) {
+  if (n <= 0 || n > kGemvManyMax) return Errorf(MOE_ERR_INVALID_ARGUMENT, "%s over %d matrices", what, n);
+  *a = ManyArgs{};
+  *max_rows = 0;
+  for (int m = 0; m < n; ++m) {
+    STRATA_RETURN_IF_ERROR(CheckMatrix(ws[m]));
+    if (ws[m].type != ws[0].type || ws[m].cols != ws[0].cols) {
+      return Errorf(MOE_ERR_INVALID_ARGUMENT, "%s needs matrices of one codec and column count", what);
+    }
+    if (ys[m] == nullptr) return Errorf(MOE_ERR_INVALID_ARGUMENT, "GEMV output is null");
+    a->w[m] = static_cast<const uint8_t *>(ws[m].data);
+    a->row_bytes[m] = ws[m].row_bytes;
+    a->rows[m] = ws[m].rows;
+    a->y[m] = ys[m];
+    *max_rows = std::max(*max_rows, ws[m].rows);
+  }
+  return absl::OkStatus();
 }
 
 // Blocks of kGemvWarps warps over `rows`, `per_team` rows a team of team_warps warps.

@@ -364,19 +364,10 @@ void LaunchGemvQ8(const DeviceMatrix &w, const uint8_t *xq, int64_t xq_bytes, fl
          w.rows, w.cols, xq, xq_bytes, y, tw);
 }
 
-// Up to kGemvManyMax matrices of one codec and column count, by value (read in place: see
-// GemvManyKernel in matmul.cu).
-struct ManyQ8Args {
-  const uint8_t *w[kGemvManyMax];
-  uint64_t row_bytes[kGemvManyMax];
-  int64_t rows[kGemvManyMax];
-  float *y[kGemvManyMax];
-};
-
 // Block (b, m): the rows of matrix m that block b of GemvQ8Kernel would compute.
 template <TypeIdInt kType, int NT>
 __global__ void __launch_bounds__(kGemvWarps * 32)
-    GemvManyQ8Kernel(const __grid_constant__ ManyQ8Args a, int64_t cols, const uint8_t *xq, int64_t xq_bytes,
+    GemvManyQ8Kernel(const __grid_constant__ ManyArgs a, int64_t cols, const uint8_t *xq, int64_t xq_bytes,
                      int team_warps) {
   __shared__ float red[kGemvWarps * dev::kTeamRedFloats];
   const int m = blockIdx.y;
@@ -546,28 +537,18 @@ absl::Status GemvQ8(const DeviceMatrix &w, const void *xq, int64_t n_tok, float 
 
 absl::Status GemvManyQ8(const DeviceMatrix *ws, float *const *ys, int n, const void *xq, int64_t n_tok,
                         cudaStream_t stream) {
-  if (n <= 0 || n > kGemvManyMax) return Errorf(MOE_ERR_INVALID_ARGUMENT, "GemvManyQ8 over %d matrices", n);
   if (n_tok < 0) return Errorf(MOE_ERR_INVALID_ARGUMENT, "GEMV over %lld tokens", static_cast<long long>(n_tok));
-  ManyQ8Args a{};
+  ManyArgs a;
   int64_t max_rows = 0;
+  STRATA_RETURN_IF_ERROR(FillManyArgs("GemvManyQ8", ws, ys, n, &a, &max_rows));
+  if (Q8ActFor(ws[0].type) == Q8Act::kNone) {
+    const std::string name(quant::TypeName(static_cast<uint32_t>(ws[0].type)));
+    return Errorf(MOE_ERR_UNSUPPORTED_TYPE, "no 8-bit-activation GEMV for %s", name.c_str());
+  }
   for (int m = 0; m < n; ++m) {
-    STRATA_RETURN_IF_ERROR(CheckMatrix(ws[m]));
-    if (ws[m].type != ws[0].type || ws[m].cols != ws[0].cols) {
-      return Errorf(MOE_ERR_INVALID_ARGUMENT, "GemvManyQ8 needs matrices of one codec and column count");
-    }
-    if (Q8ActFor(ws[m].type) == Q8Act::kNone) {
-      const std::string name(quant::TypeName(static_cast<uint32_t>(ws[m].type)));
-      return Errorf(MOE_ERR_UNSUPPORTED_TYPE, "no 8-bit-activation GEMV for %s", name.c_str());
-    }
     if (Q8ActFor(ws[m].type) == Q8Act::kBlock256 && (reinterpret_cast<uintptr_t>(ws[m].data) & 15u) != 0) {
       return Errorf(MOE_ERR_INVALID_ARGUMENT, "8-bit-activation Q4_K GEMV: rows must be 16-byte aligned");
     }
-    if (ys[m] == nullptr) return Errorf(MOE_ERR_INVALID_ARGUMENT, "GEMV output is null");
-    a.w[m] = static_cast<const uint8_t *>(ws[m].data);
-    a.row_bytes[m] = ws[m].row_bytes;
-    a.rows[m] = ws[m].rows;
-    a.y[m] = ys[m];
-    max_rows = std::max(max_rows, ws[m].rows);
   }
   if (n_tok == 0 || max_rows == 0) return absl::OkStatus();
   if (xq == nullptr || (reinterpret_cast<uintptr_t>(xq) & 15u) != 0) {
@@ -588,7 +569,7 @@ absl::Status GemvManyQ8(const DeviceMatrix *ws, float *const *ys, int n, const v
   for (int64_t t0 = 0; t0 < n_tok;) {
     const int64_t left = n_tok - t0;
     const int nt = left >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1;
-    ManyQ8Args at = a;
+    ManyArgs at = a;
     for (int m = 0; m < n; ++m) at.y[m] = a.y[m] + t0 * a.rows[m];
     WithQ8Type(ws[0].type, [&](auto type) {
       constexpr TypeIdInt kT = decltype(type)::value;

@@ -90,17 +90,7 @@ absl::Status CheckActivations(const float *p, const char *what) {
   return absl::OkStatus();
 }
 
-// Up to kGemvManyMax matrices of one codec and column count over one input, by value.
-struct ManyArgs {
-  const uint8_t *w[kGemvManyMax];
-  uint64_t row_bytes[kGemvManyMax];
-  int64_t rows[kGemvManyMax];
-  float *y[kGemvManyMax];
-};
-
 // Block (b, m): the rows of matrix m that block b of GemvKernel would compute.
-// The table is read in place (__grid_constant__): indexed by blockIdx.y, a by-value copy would be
-// made in every thread's local memory first.
 template <class C, int NT>
 __global__ void __launch_bounds__(kGemvWarps * 32)
     GemvManyKernel(const __grid_constant__ ManyArgs a, int64_t cols, const float *__restrict__ x, int64_t x_stride,
@@ -262,22 +252,10 @@ absl::Status GemvSwiGlu(const DeviceMatrix &gate, const DeviceMatrix &up, const 
 
 absl::Status GemvMany(const DeviceMatrix *ws, float *const *ys, int n, const float *x, int64_t n_tok,
                       cudaStream_t stream) {
-  if (n <= 0 || n > kGemvManyMax) return Errorf(MOE_ERR_INVALID_ARGUMENT, "GemvMany over %d matrices", n);
   if (n_tok < 0) return Errorf(MOE_ERR_INVALID_ARGUMENT, "GEMV over %d tokens", n_tok);
-  ManyArgs a{};
+  ManyArgs a;
   int64_t max_rows = 0;
-  for (int m = 0; m < n; ++m) {
-    STRATA_RETURN_IF_ERROR(CheckMatrix(ws[m]));
-    if (ws[m].type != ws[0].type || ws[m].cols != ws[0].cols) {
-      return Errorf(MOE_ERR_INVALID_ARGUMENT, "GemvMany needs matrices of one codec and column count");
-    }
-    if (ys[m] == nullptr) return Errorf(MOE_ERR_INVALID_ARGUMENT, "GEMV output is null");
-    a.w[m] = static_cast<const uint8_t *>(ws[m].data);
-    a.row_bytes[m] = ws[m].row_bytes;
-    a.rows[m] = ws[m].rows;
-    a.y[m] = ys[m];
-    max_rows = std::max(max_rows, ws[m].rows);
-  }
+  STRATA_RETURN_IF_ERROR(FillManyArgs("GemvMany", ws, ys, n, &a, &max_rows));
   if (n_tok == 0 || max_rows == 0) return absl::OkStatus();
   STRATA_RETURN_IF_ERROR(CheckActivations(x, "GEMV input"));
   const int64_t cols = ws[0].cols;
