@@ -292,6 +292,22 @@ __device__ __forceinline__ void GemvRows(const uint8_t *w, uint64_t row_bytes, i
   }
 }
 
+// The group of a GroupByExpert plan that a grouped kernel's block serves (group blockIdx.y): its
+// expert and its grouped rows [t0, t1); e < 0 (nothing to do) past the plan's groups or for an
+// expert flagged in skip (the CPU computes it). Block-uniform. Read after dev::AwaitPrior: the
+// plan is written by the grouping kernel before it.
+struct PlanGroup {
+  int e;
+  int64_t t0, t1;
+};
+__device__ __forceinline__ PlanGroup GroupOfBlock(const int32_t *plan, int n_max, const uint8_t *skip) {
+  const int g = static_cast<int>(blockIdx.y);
+  if (g >= plan[0]) return {-1, 0, 0};
+  const int e = plan[1 + g];
+  if (skip != nullptr && skip[e] != 0) return {-1, 0, 0};
+  return {e, plan[1 + n_max + g], plan[2 + n_max + g]};
+}
+
 // Calls chunk(nt, t) for the tokens [t0, t1) in chunks of 8, 4, 2 and 1 (as Gemv splits a batch),
 // none over kMaxNT tokens.
 template <int kMaxNT, class F>

@@ -130,14 +130,12 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 2)
                         const uint8_t *__restrict__ skip) {
   dev::AwaitPrior();
   __shared__ float red[kGemvWarps * dev::kTeamRedFloats];
-  const int g = static_cast<int>(blockIdx.y);
-  if (g >= plan[0]) return;  // block-uniform
-  const int e = plan[1 + g];
-  if (skip != nullptr && skip[e] != 0) return;
+  const dev::PlanGroup pg = dev::GroupOfBlock(plan, n_max, skip);
+  if (pg.e < 0) return;  // block-uniform
   const dev::Team tm = dev::BlockTeam(team_warps, red);
   const int64_t r0 = dev::TeamIndex(team_warps) * dev::kSwiGluRows;
-  const auto *wg = static_cast<const uint8_t *>(gate[e]), *wu = static_cast<const uint8_t *>(up[e]);
-  dev::ForChunks<kMaxNT>(plan[1 + n_max + g], plan[2 + n_max + g], [&](auto nt, int64_t t) {
+  const auto *wg = static_cast<const uint8_t *>(gate[pg.e]), *wu = static_cast<const uint8_t *>(up[pg.e]);
+  dev::ForChunks<kMaxNT>(pg.t0, pg.t1, [&](auto nt, int64_t t) {
     dev::SwiGluRows<C, decltype(nt)::value>(wg, wu, row_bytes, r0, rows, cols, x + t * cols, h + t * rows, tm);
   });
 }
@@ -149,14 +147,12 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 2)
                       float *__restrict__ y, int team_warps, const uint8_t *__restrict__ skip) {
   dev::AwaitPrior();
   __shared__ float red[kGemvWarps * dev::kTeamRedFloats];
-  const int g = static_cast<int>(blockIdx.y);
-  if (g >= plan[0]) return;  // block-uniform
-  const int e = plan[1 + g];
-  if (skip != nullptr && skip[e] != 0) return;
+  const dev::PlanGroup pg = dev::GroupOfBlock(plan, n_max, skip);
+  if (pg.e < 0) return;  // block-uniform
   const dev::Team tm = dev::BlockTeam(team_warps, red);
   const int64_t r0 = dev::TeamIndex(team_warps) * dev::kGemvRows;
-  const auto *w = static_cast<const uint8_t *>(tab[e]);
-  dev::ForChunks<kMaxNT>(plan[1 + n_max + g], plan[2 + n_max + g], [&](auto nt, int64_t t) {
+  const auto *w = static_cast<const uint8_t *>(tab[pg.e]);
+  dev::ForChunks<kMaxNT>(pg.t0, pg.t1, [&](auto nt, int64_t t) {
     dev::GemvRows<C, decltype(nt)::value>(w, row_bytes, r0, rows, cols, x + t * cols, y + t * rows, rows, tm);
   });
 }
