@@ -1200,7 +1200,7 @@ absl::Status CudaBackend::GroupedProducts(const GroupedExperts &ge, const int32_
   }
   if (fi != Q8Act::kNone) {
     const int64_t x_rows = tok != nullptr ? n_tok : rows;  // the tokens' rows, or the gathered ones
-    STRATA_ASSIGN_OR_RETURN(void *xq, Grow(q8_x_, static_cast<size_t>(rows * Q8ActRowBytes(fi, n_embd))));
+    STRATA_ASSIGN_OR_RETURN(void *xq, Grow(q8_x_, static_cast<size_t>(x_rows * Q8ActRowBytes(fi, n_embd))));
     STRATA_RETURN_IF_ERROR(QuantizeActivationsQ8(fi, xg, x_rows, n_embd, xq, s));
     STRATA_RETURN_IF_ERROR(GroupedSwiGluQ8(ge, plan, n_max, xq, h, s, n_tok, skip, tok));
   } else {
