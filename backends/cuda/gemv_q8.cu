@@ -152,14 +152,15 @@ __device__ __forceinline__ void RowDotsQ8_0(const uint8_t *const (&rows)[R], con
 // Q4_K rows against block256 codes, the super-block walk of RowDotsQ4K (gemv.cuh): a lane's 16 code
 // bytes hold 16 weights of sub-block 2c (low nibbles) and the same positions of 2c + 1 (high); per
 // token, sc_2c Σ q x + sc_2c+1 Σ q x and m_2c bsum + m_2c+1 bsum are integers, scaled by d d_x and
-// dmin d_x.
+// dmin d_x. One token (or one row pair of two) keeps two super-block steps in flight, as the float
+// walk does: an expert's 2,048 columns are two steps a lane, each a memory round trip otherwise.
 template <int NT, int R>
 __device__ __forceinline__ void RowDotsQ4_K(const uint8_t *const (&rows)[R], const XRow (&x)[NT], int64_t cols,
                                             const dev::Team &tm, float (&acc)[R][NT]) {
   const int64_t n_sb = cols / 256;
   const int part = tm.lane & 7, c = part >> 1;
   const int e0 = 64 * c + 16 * (part & 1);
-#pragma unroll 1
+#pragma unroll(NT == 1 || R * NT <= 2 ? 2 : 1)
   for (int64_t sb = (tm.lane >> 3) + 4 * tm.warp; sb < n_sb; sb += 4 * tm.warps) {
     uint4 q[R];
     int sc[R][2], mn[R][2];
