@@ -269,14 +269,16 @@ __device__ __forceinline__ bool TeamRowDots(const uint8_t *const (&rows)[R], con
   return tm.warp == 0 && tm.lane == 0;
 }
 
-// y rows r0 .. r0 + kGemvRows - 1 (those below `rows`) = rows of w · x for NT tokens (x rows `cols`
-// apart, y rows `y_stride` apart). Rows past the end read the last row again and are not written.
-template <class C, int NT>
+// y rows r0 .. r0 + TR - 1 (those below `rows`) = rows of w · x for NT tokens (x rows `cols` apart,
+// y rows `y_stride` apart). Rows past the end read the last row again and are not written. TR (the
+// team's rows: kGemvRows, or 1 to spread a short matrix over more teams) changes no row's bits.
+template <class C, int NT, int TR = kGemvRows>
 __device__ __forceinline__ void GemvRows(const uint8_t *w, uint64_t row_bytes, int64_t r0, int64_t rows, int64_t cols,
                                          const float *x, float *y, int64_t y_stride, const Team &tm) {
-  constexpr int RB = RowsAtOnce<NT>();
+  static_assert(TR == 1 || TR == kGemvRows, "a team takes one row or kGemvRows");
+  constexpr int RB = RowsAtOnce<NT>() < TR ? RowsAtOnce<NT>() : TR;
 #pragma unroll 1
-  for (int b = 0; b < kGemvRows; b += RB) {
+  for (int b = 0; b < TR; b += RB) {
     const uint8_t *rp[RB];
 #pragma unroll
     for (int m = 0; m < RB; ++m) rp[m] = w + min(r0 + b + m, rows - 1) * row_bytes;

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <memory>
+#include <type_traits>
 
 #include "backends/cuda/codecs.cuh"
 #include "backends/cuda/cuda_status.h"
@@ -27,16 +28,16 @@ int AlignOf() {
 
 // y (NT, rows) = x (NT, cols) · wᵀ; y rows `rows` apart. Teams of team_warps warps take kGemvRows
 // rows each.
-template <class C, int NT>
+template <class C, int NT, int TR = dev::kGemvRows>
 __global__ void __launch_bounds__(kGemvWarps * 32) GemvKernel(const uint8_t *__restrict__ w, uint64_t row_bytes,
                                                               int64_t rows, int64_t cols, const float *__restrict__ x,
                                                               float *__restrict__ y, int team_warps) {
   __shared__ float red[kGemvWarps * dev::kTeamRedFloats];
   const dev::Team tm = dev::BlockTeam(team_warps, red);
-  const int64_t r0 = dev::TeamIndex(team_warps) * dev::kGemvRows;
-  dev::PrefetchRows(w, row_bytes, r0, dev::kGemvRows, rows, tm);
+  const int64_t r0 = dev::TeamIndex(team_warps) * TR;
+  dev::PrefetchRows(w, row_bytes, r0, TR, rows, tm);
   dev::AwaitPrior();
-  dev::GemvRows<C, NT>(w, row_bytes, r0, rows, cols, x, y, rows, tm);
+  dev::GemvRows<C, NT, TR>(w, row_bytes, r0, rows, cols, x, y, rows, tm);
 }
 
 // h (NT, rows) = silu(gate · x) * (up · x): both matrices of a row read by the same warp; kSwiGluRows
@@ -114,15 +115,21 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
 struct GemvGrid {
   unsigned blocks, threads;
 };
-GemvGrid GemvGridFor(int64_t rows, int per_team, int team_warps) {
+int SmCount() {
   static std::atomic<int> sm_count[64];  // per device; 0 = not asked yet
-  int dev = 0, n_sm = 0, warps = kGemvWarps;
+  int dev = 0, n_sm = 0;
   if (cudaGetDevice(&dev) == cudaSuccess && dev >= 0 && dev < 64) {
     n_sm = sm_count[dev].load(std::memory_order_relaxed);
     if (n_sm == 0 && cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess && n_sm > 0) {
       sm_count[dev].store(n_sm, std::memory_order_relaxed);
     }
   }
+  return n_sm;
+}
+
+GemvGrid GemvGridFor(int64_t rows, int per_team, int team_warps) {
+  const int n_sm = SmCount();
+  int warps = kGemvWarps;
   const int64_t teams = (rows + per_team - 1) / per_team;
   auto blocks = [&](int w) { return (teams + w / team_warps - 1) / (w / team_warps); };
   while (warps > team_warps && blocks(warps) < 2 * static_cast<int64_t>(n_sm)) warps /= 2;
@@ -132,6 +139,17 @@ GemvGrid GemvGridFor(int64_t rows, int per_team, int team_warps) {
 template <class C, int NT>
 void LaunchGemv(const DeviceMatrix &w, const float *x, float *y, cudaStream_t s) {
   const int tw = GemvTeamWarps(w.type, w.cols, w.rows);
+  // A float matrix too short to give every multiprocessor a team of kGemvRows rows (a router) takes
+  // a row a team for 4 or more tokens, whose walk goes one row at a time: its rows then run side by
+  // side instead of one after another in each team.
+  if constexpr (std::is_same_v<C, dev::F32> && dev::RowsAtOnce<NT>() == 1) {
+    if ((w.rows + dev::kGemvRows - 1) / dev::kGemvRows < SmCount()) {
+      const GemvGrid g = GemvGridFor(w.rows, 1, tw);
+      Launch(GemvKernel<C, NT, 1>, g.blocks, g.threads, 0, s, static_cast<const uint8_t *>(w.data), w.row_bytes,
+             w.rows, w.cols, x, y, tw);
+      return;
+    }
+  }
   const GemvGrid g = GemvGridFor(w.rows, dev::kGemvRows, tw);
   Launch(GemvKernel<C, NT>, g.blocks, g.threads, 0, s, static_cast<const uint8_t *>(w.data), w.row_bytes, w.rows,
          w.cols, x, y, tw);
