@@ -732,9 +732,9 @@ void CudaBackend::MatMulMany(const model::Matrix *const *ws, float *const *ys, i
     model::Backend::MatMulMany(ws, ys, n, x, n_tok);
     return;
   }
-  // 8-bit activations: integer dots over one quantized input, in one launch, for several tokens;
-  // for one token the rounded input through GemvMany costs a launch less (no quantizing).
-  const Q8Act f = q8_ && n_tok >= 2 ? Q8ActFor(dm[0].type) : Q8Act::kNone;
+  // 8-bit activations: integer dots over one quantized input, in one launch (the products of every
+  // other codec take the rounded input through GemvMany).
+  const Q8Act f = q8_ ? Q8ActFor(dm[0].type) : Q8Act::kNone;
   bool aligned = true;
   for (int i = 0; i < n; ++i) aligned = aligned && (reinterpret_cast<uintptr_t>(dm[i].data) & 15u) == 0;
   if (f != Q8Act::kNone && (f == Q8Act::kBlock32 || aligned)) {
