@@ -4,6 +4,7 @@
 // (max |gpu - cpu| / max |cpu|). Skips without a GPU.
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <cstdlib>
 #include <string>
 #include <tuple>
@@ -214,6 +215,68 @@ TEST_CASE("CUDA backend: 8-bit activations match the CPU backend's q8 mode", "[g
     // code, so q8 mode's discontinuity shows. Measured (H200): 0.011, 0.0033, 0.0068 against q8's own
     // distance from float of 0.118, 0.017, 0.090; a wrong expert or row moves it by that distance.
     CHECK(err <= 0.3 * q8_vs_f);
+  }
+}
+
+// Sessions decoding together: each token's products, norms, routing and attention are the same
+// kernels per row at any batch up to the GEMV path's 16 tokens, so a session's decode logits are the
+// same bits alone and stepped with three others (float and 8-bit activations; prompts run alone).
+TEST_CASE("CUDA backend: a session decodes the same bits alone and batched with others", "[gpu][golden][sessions]") {
+  if (!strata::cuda::test::HaveGpu()) return;
+  for (const char *rel : {"qwen3moe_f32/model-q8_0.gguf", "mixtral_f32/model-q8_0.gguf"}) {
+    const std::string model = kGolden + rel;
+    const std::string dir = model.substr(0, model.find('/', kGolden.size()) + 1);
+    const auto tokens = ReadBinary<int32_t>(dir + "tokens.bin");
+    for (bool q8 : {false, true}) {
+      INFO(rel << (q8 ? " q8" : " float"));
+      auto decode_of_first = [&](int n_sessions) {
+        moe_params p;
+        moe_params_init(&p);
+        p.model_path = model.c_str();
+        p.backend = MOE_BACKEND_CUDA;
+        p.cpu_q8_activations = q8 ? 1 : 0;
+        p.gpu_q8_activations = q8 ? 1 : 0;
+        p.n_threads = 2;
+        p.n_ctx = 64;
+        p.max_sessions = 4;
+        moe_ctx *ctx = nullptr;
+        INFO(moe_last_error());
+        REQUIRE(moe_ctx_open(&p, &ctx) == MOE_OK);
+        moe_session_params sp;
+        moe_session_params_init(&sp);
+        sp.logits_all = 1;
+        std::vector<moe_session *> ss(n_sessions);
+        for (int i = 0; i < n_sessions; ++i) {  // each prompt alone: 5 + i tokens from its own offset
+          REQUIRE(moe_session_open(ctx, &sp, &ss[i]) == MOE_OK);
+          std::vector<int32_t> prompt;
+          for (int j = 0; j < 5 + i; ++j) prompt.push_back(tokens[(3 * i + j) % tokens.size()]);
+          REQUIRE(moe_session_feed(ss[i], prompt.data(), prompt.size()) == MOE_OK);
+          REQUIRE(moe_ctx_step(ctx, nullptr) == MOE_OK);
+        }
+        std::vector<float> out;
+        for (int step = 0; step < 8; ++step) {  // every session one token a step, stepped together
+          for (int i = 0; i < n_sessions; ++i) {
+            const int32_t t = tokens[(7 * step + 5 * i + 1) % tokens.size()];
+            REQUIRE(moe_session_feed(ss[i], &t, 1) == MOE_OK);
+          }
+          uint32_t pending = 99;
+          REQUIRE(moe_ctx_step(ctx, &pending) == MOE_OK);
+          REQUIRE(pending == 0);
+          const float *rows;
+          int32_t nt, nv;
+          REQUIRE(moe_session_logits_all(ss[0], &rows, &nt, &nv) == MOE_OK);
+          REQUIRE(nt == 1);
+          out.insert(out.end(), rows, rows + nv);
+        }
+        for (moe_session *s : ss) moe_session_close(s);
+        moe_ctx_close(ctx);
+        return out;
+      };
+      const auto alone = decode_of_first(1), batched = decode_of_first(4);
+      REQUIRE(alone.size() == batched.size());
+      for (float v : alone) REQUIRE(std::isfinite(v));
+      CHECK(alone == batched);
+    }
   }
 }
 
