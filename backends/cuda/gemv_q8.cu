@@ -514,12 +514,13 @@ absl::Status GemvQ8(const DeviceMatrix &w, const void *xq, int64_t n_tok, float 
   const auto *x = static_cast<const uint8_t *>(xq);
   for (int64_t t0 = 0; t0 < n_tok;) {
     const int64_t left = n_tok - t0;
-    const int nt = left >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1;
+    const int nt = left >= 16 ? 16 : left >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1;
     const uint8_t *xt = x + t0 * rb;
     float *yt = y + t0 * w.rows;
     WithQ8Type(w.type, [&](auto type) {
       constexpr TypeIdInt kT = decltype(type)::value;
       switch (nt) {
+        case 16: LaunchGemvQ8<kT, 16>(w, xt, rb, yt, stream); break;
         case 8: LaunchGemvQ8<kT, 8>(w, xt, rb, yt, stream); break;
         case 4: LaunchGemvQ8<kT, 4>(w, xt, rb, yt, stream); break;
         case 2: LaunchGemvQ8<kT, 2>(w, xt, rb, yt, stream); break;
@@ -565,12 +566,13 @@ absl::Status GemvManyQ8(const DeviceMatrix *ws, float *const *ys, int n, const v
   const auto *x = static_cast<const uint8_t *>(xq);
   for (int64_t t0 = 0; t0 < n_tok;) {
     const int64_t left = n_tok - t0;
-    const int nt = left >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1;
+    const int nt = left >= 16 ? 16 : left >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1;
     ManyArgs at = a;
     for (int m = 0; m < n; ++m) at.y[m] = a.y[m] + t0 * a.rows[m];
     WithQ8Type(ws[0].type, [&](auto type) {
       constexpr TypeIdInt kT = decltype(type)::value;
-      auto *kernel = nt == 8   ? GemvManyQ8Kernel<kT, 8>
+      auto *kernel = nt == 16  ? GemvManyQ8Kernel<kT, 16>
+                     : nt == 8 ? GemvManyQ8Kernel<kT, 8>
                      : nt == 4 ? GemvManyQ8Kernel<kT, 4>
                      : nt == 2 ? GemvManyQ8Kernel<kT, 2>
                                : GemvManyQ8Kernel<kT, 1>;

@@ -79,7 +79,9 @@ absl::Status QuantizeActivationsQ8(Q8Act f, const float *x, int64_t n_tok, int64
 // multiplies the float weights by them). block 32 or 256, cols a multiple of it.
 absl::Status RoundActivationsQ8(int block, const float *x, int64_t n_tok, int64_t cols, float *out,
                                 cudaStream_t stream);
-// y (n_tok, rows) = w · x, x as QuantizeActivationsQ8(Q8ActFor(w.type)) made it (16-byte aligned).
+// y (n_tok, rows) = w · x, x as QuantizeActivationsQ8(Q8ActFor(w.type)) made it (16-byte aligned),
+// in token chunks of 16, 8, 4, 2 and 1 (each chunk reads the weights once; a token's bits do not
+// depend on its chunk).
 // MOE_ERR_UNSUPPORTED_TYPE for a codec without the path; Q4_K rows must be 16-byte aligned.
 absl::Status GemvQ8(const DeviceMatrix &w, const void *xq, int64_t n_tok, float *y, cudaStream_t stream);
 // GroupedSwiGlu and GroupedGemv (below) over activations quantized per grouped row (xq: n rows of

@@ -136,7 +136,7 @@ TEST_CASE("8-bit-activation GEMV matches the CPU backend's q8 mode", "[gpu][q8]"
     DeviceBuffer dw = Upload(w);
     const DeviceMatrix m = test::View(type, dw, rows, cols, rb);
     const Q8Act f = Q8ActFor(type);
-    const int64_t max_tok = 11, xrb = Q8ActRowBytes(f, cols);
+    const int64_t max_tok = 19, xrb = Q8ActRowBytes(f, cols);
     std::vector<float> x = RandomFloats(rng, max_tok * cols, -2.f, 2.f);
     DeviceBuffer dx = Upload(x);
     auto dq = DeviceBuffer::Allocate(max_tok * xrb);
@@ -146,7 +146,7 @@ TEST_CASE("8-bit-activation GEMV matches the CPU backend's q8 mode", "[gpu][q8]"
     const model::Matrix hm = HostMatrixOf(type, w, rows, cols, rb);
     cpu_be.MatMul(hm, x.data(), max_tok, ref.data());
     std::vector<float> single;
-    for (int64_t n_tok : {1, 3, 8, 11}) {
+    for (int64_t n_tok : {1, 3, 8, 11, 16, 19}) {  // every chunk size: 16, 8, 4, 2, 1
       INFO("n_tok " << n_tok);
       DeviceBuffer dy = Poisoned(n_tok * rows);
       REQUIRE(GemvQ8(m, dq->data(), n_tok, dy.as<float>(), nullptr).ok());
@@ -167,7 +167,7 @@ TEST_CASE("GemvManyQ8 gives each matrix GemvQ8's bits", "[gpu][q8]") {
   for (TypeId type : {TypeId::kQ8_0, TypeId::kQ4_K}) {
     INFO(quant::TypeName(static_cast<uint32_t>(type)));
     const Q8Act f = Q8ActFor(type);
-    const int64_t max_tok = 13, xrb = Q8ActRowBytes(f, cols);
+    const int64_t max_tok = 17, xrb = Q8ActRowBytes(f, cols);
     std::vector<float> x = RandomFloats(rng, max_tok * cols, -2.f, 2.f);
     DeviceBuffer dx = Upload(x);
     auto dq = DeviceBuffer::Allocate(max_tok * xrb);
@@ -180,7 +180,7 @@ TEST_CASE("GemvManyQ8 gives each matrix GemvQ8's bits", "[gpu][q8]") {
       dw.push_back(Upload(RandomMatrix(rng, type, n_rows[m], cols, &rb)));
       ms[m] = test::View(type, dw.back(), n_rows[m], cols, rb);
     }
-    for (int64_t n_tok : {1, 2, 7, 13}) {
+    for (int64_t n_tok : {1, 2, 7, 13, 17}) {
       INFO("n_tok " << n_tok);
       std::vector<DeviceBuffer> dy;
       float *ys[3];
