@@ -198,29 +198,44 @@ __device__ __forceinline__ float WarpSum(float v) {
   return v;
 }
 
-// The team's totals of v[i] (N <= kTeamRedFloats), valid on lane 0 of team warp 0: each warp's lanes
-// in the butterfly, then the warps' sums in warp order. With several warps a team it synchronises
-// the block, so every warp of the block must call it alike.
 template <int N>
-__device__ __forceinline__ void TeamSums(float (&v)[N], const Team &tm) {
-  static_assert(N <= kTeamRedFloats, "team scratch too small");
+constexpr int Log2Of() {
+  return N <= 1 ? 0 : 1 + Log2Of<N / 2>();
+}
+
+// The team's totals of v[i], N a power of two the scratch holds: lane i < N of team warp 0 returns
+// the total of v[i] (other lanes: unspecified). Each warp adds its lanes in WarpSum's butterfly --
+// lanes 16, 8, 4, 2, 1 apart, the same sums in the same order, so the same bits -- but hands half of
+// its values on at each of the first log2 N levels (each lane keeps the half its partner does not),
+// N - 1 shuffles instead of 5 N; then the warps' totals are added in warp order. With several warps
+// a team it synchronises the block, so every warp of the block must call it alike.
+template <int N>
+__device__ __forceinline__ float TeamTotals(float (&v)[N], const Team &tm) {
+  static_assert(N >= 1 && (N & (N - 1)) == 0 && N <= kTeamRedFloats, "a power of two the scratch holds");
+  constexpr int kLog = Log2Of<N>(), kShift = 5 - kLog;  // value k ends on lanes k << kShift ..
 #pragma unroll
-  for (int i = 0; i < N; ++i) v[i] = WarpSum(v[i]);
-  if (tm.warps == 1) return;
-  if (tm.lane == 0) {
+  for (int st = 0; st < kLog; ++st) {
+    const int o = 16 >> st, half = (N >> st) / 2;
+    const bool upper = (tm.lane & o) != 0;  // this lane keeps the upper half of its values
 #pragma unroll
-    for (int i = 0; i < N; ++i) tm.red[tm.warp * kTeamRedFloats + i] = v[i];
-  }
-  __syncthreads();
-  if (tm.warp == 0 && tm.lane == 0) {
-#pragma unroll
-    for (int i = 0; i < N; ++i) {
-      float s = tm.red[i];
-      for (int w = 1; w < tm.warps; ++w) s += tm.red[w * kTeamRedFloats + i];
-      v[i] = s;
+    for (int k = 0; k < half; ++k) {
+      const float keep = upper ? v[k + half] : v[k], pass = upper ? v[k] : v[k + half];
+      v[k] = keep + __shfl_xor_sync(0xffffffffu, pass, o);
     }
   }
+  float total = v[0];
+#pragma unroll
+  for (int st = kLog; st < 5; ++st) total += __shfl_xor_sync(0xffffffffu, total, 16 >> st);
+  if (tm.warps == 1) return __shfl_sync(0xffffffffu, total, (tm.lane % N) << kShift);
+  if ((tm.lane & ((1 << kShift) - 1)) == 0) tm.red[tm.warp * kTeamRedFloats + (tm.lane >> kShift)] = total;
+  __syncthreads();
+  float sum = 0.f;
+  if (tm.warp == 0 && tm.lane < N) {
+    sum = tm.red[tm.lane];
+    for (int w = 1; w < tm.warps; ++w) sum += tm.red[w * kTeamRedFloats + tm.lane];
+  }
   __syncthreads();  // the scratch is written again by the next call
+  return sum;
 }
 
 // Rows a GEMV warp computes together. Every row needs all of x, read from L1 (4 bytes a weight per
@@ -254,20 +269,33 @@ __device__ __forceinline__ void PrefetchRows(const uint8_t *w, uint64_t row_byte
   if (r0 < rows) PrefetchL2(w + r0 * row_bytes, static_cast<uint64_t>(min(r0 + n, rows) - r0) * row_bytes, tm);
 }
 
-// Zeroes acc, adds rows[m] · x[t] into it over the team (RowDots, TeamSums); true on the one thread
-// (lane 0 of team warp 0) that then holds the totals.
+// rows[m] · x[t] over the team (RowDots, TeamTotals): on lane m NT + t of team warp 0.
 template <class C, int NT, int R>
-__device__ __forceinline__ bool TeamRowDots(const uint8_t *const (&rows)[R], const float *x, int64_t cols,
-                                            const Team &tm, float (&acc)[R][NT]) {
+__device__ __forceinline__ float TeamRowDots(const uint8_t *const (&rows)[R], const float *x, int64_t cols,
+                                             const Team &tm) {
+  float acc[R][NT];
 #pragma unroll
   for (int m = 0; m < R; ++m) {
 #pragma unroll
     for (int t = 0; t < NT; ++t) acc[m][t] = 0.f;
   }
   RowDots<C, NT, R>(rows, x, cols, tm, acc);
-  TeamSums(reinterpret_cast<float(&)[R * NT]>(acc), tm);
-  return tm.warp == 0 && tm.lane == 0;
+  return TeamTotals(reinterpret_cast<float(&)[R * NT]>(acc), tm);
 }
+
+// Writes a team walk's totals (on lane m NT + t of team warp 0, as TeamRowDots leaves them): y row
+// r0 + m of token t, rows below `rows` only.
+template <int NT, int R>
+__device__ __forceinline__ void PutRows(float total, int64_t r0, int64_t rows, float *y, int64_t y_stride,
+                                        const Team &tm) {
+  const int m = tm.lane / NT, t = tm.lane % NT;
+  if (tm.warp == 0 && tm.lane < R * NT && r0 + m < rows) y[t * y_stride + r0 + m] = total;
+}
+
+// The SwiGLU of a walk over PB gate/up row pairs (gate of pair i in row 2 i, up in 2 i + 1): h row
+// r0 + i of token t = silu(gate) * up, rows below `rows` only.
+template <int NT, int PB>
+__device__ __forceinline__ void PutSwiGlu(float total, int64_t r0, int64_t rows, float *h, const Team &tm);
 
 // y rows r0 .. r0 + TR - 1 (those below `rows`) = rows of w · x for NT tokens (x rows `cols` apart,
 // y rows `y_stride` apart). Rows past the end read the last row again and are not written. TR (the
@@ -282,15 +310,7 @@ __device__ __forceinline__ void GemvRows(const uint8_t *w, uint64_t row_bytes, i
     const uint8_t *rp[RB];
 #pragma unroll
     for (int m = 0; m < RB; ++m) rp[m] = w + min(r0 + b + m, rows - 1) * row_bytes;
-    float acc[RB][NT];
-    if (!TeamRowDots<C, NT, RB>(rp, x, cols, tm, acc)) continue;
-#pragma unroll
-    for (int t = 0; t < NT; ++t) {
-#pragma unroll
-      for (int m = 0; m < RB; ++m) {
-        if (r0 + b + m < rows) y[t * y_stride + r0 + b + m] = acc[m][t];
-      }
-    }
+    PutRows<NT, RB>(TeamRowDots<C, NT, RB>(rp, x, cols, tm), r0 + b, rows, y, y_stride, tm);
   }
 }
 
@@ -348,6 +368,14 @@ __device__ __forceinline__ float SiluMul(float g, float u) {
   return (g / (1.0f + static_cast<float>(exp(-static_cast<double>(g))))) * u;
 }
 
+template <int NT, int PB>
+__device__ __forceinline__ void PutSwiGlu(float total, int64_t r0, int64_t rows, float *h, const Team &tm) {
+  const int i = tm.lane / NT, t = tm.lane % NT;  // the output this lane writes
+  const float g = __shfl_sync(0xffffffffu, total, 2 * i * NT + t);
+  const float u = __shfl_sync(0xffffffffu, total, (2 * i + 1) * NT + t);
+  if (tm.warp == 0 && tm.lane < PB * NT && r0 + i < rows) h[t * rows + r0 + i] = SiluMul(g, u);
+}
+
 // Rows an expert SwiGLU warp computes together: kGemvRows / 2 rows of gate and of up.
 constexpr int kSwiGluRows = kGemvRows / 2;
 
@@ -367,15 +395,7 @@ __device__ __forceinline__ void SwiGluRows(const uint8_t *wg, const uint8_t *wu,
       rp[2 * i] = wg + r * row_bytes;
       rp[2 * i + 1] = wu + r * row_bytes;
     }
-    float acc[RB][NT];
-    if (!TeamRowDots<C, NT, RB>(rp, x, cols, tm, acc)) continue;
-#pragma unroll
-    for (int t = 0; t < NT; ++t) {
-#pragma unroll
-      for (int i = 0; i < PB; ++i) {
-        if (r0 + b + i < rows) h[t * rows + r0 + b + i] = SiluMul(acc[2 * i][t], acc[2 * i + 1][t]);
-      }
-    }
+    PutSwiGlu<NT, PB>(TeamRowDots<C, NT, RB>(rp, x, cols, tm), r0 + b, rows, h, tm);
   }
 }
 

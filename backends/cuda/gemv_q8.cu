@@ -213,11 +213,11 @@ constexpr int BlockOf() {
   return kType == static_cast<TypeIdInt>(quant::TypeId::kQ8_0) ? 32 : 256;
 }
 
-// Zeroes acc, adds rows[m] · x[t] over the team, and sums the team (as TeamRowDots, gemv.cuh); true
-// on the thread that then holds the totals.
+// rows[m] · x[t] over the team (as TeamRowDots, gemv.cuh): on lane m NT + t of team warp 0.
 template <TypeIdInt kType, int NT, int R>
-__device__ __forceinline__ bool TeamRowDotsQ8(const uint8_t *const (&rows)[R], const XRow (&x)[NT], int64_t cols,
-                                              const dev::Team &tm, float (&acc)[R][NT]) {
+__device__ __forceinline__ float TeamRowDotsQ8(const uint8_t *const (&rows)[R], const XRow (&x)[NT], int64_t cols,
+                                               const dev::Team &tm) {
+  float acc[R][NT];
 #pragma unroll
   for (int m = 0; m < R; ++m) {
 #pragma unroll
@@ -228,8 +228,7 @@ __device__ __forceinline__ bool TeamRowDotsQ8(const uint8_t *const (&rows)[R], c
   } else {
     RowDotsQ4_K<NT, R>(rows, x, cols, tm, acc);
   }
-  dev::TeamSums(reinterpret_cast<float(&)[R * NT]>(acc), tm);
-  return tm.warp == 0 && tm.lane == 0;
+  return dev::TeamTotals(reinterpret_cast<float(&)[R * NT]>(acc), tm);
 }
 
 template <TypeIdInt kType, int NT>
@@ -258,15 +257,7 @@ __device__ __forceinline__ void GemvRowsQ8(const uint8_t *w, uint64_t row_bytes,
     const uint8_t *rp[RB];
 #pragma unroll
     for (int m = 0; m < RB; ++m) rp[m] = w + min(r0 + b + m, rows - 1) * row_bytes;
-    float acc[RB][NT];
-    if (!TeamRowDotsQ8<kType, NT, RB>(rp, x, cols, tm, acc)) continue;
-#pragma unroll
-    for (int t = 0; t < NT; ++t) {
-#pragma unroll
-      for (int m = 0; m < RB; ++m) {
-        if (r0 + b + m < rows) y[t * rows + r0 + b + m] = acc[m][t];
-      }
-    }
+    dev::PutRows<NT, RB>(TeamRowDotsQ8<kType, NT, RB>(rp, x, cols, tm), r0 + b, rows, y, rows, tm);
   }
 }
 
@@ -285,15 +276,7 @@ __device__ __forceinline__ void SwiGluRowsQ8(const uint8_t *wg, const uint8_t *w
       rp[2 * i] = wg + r * row_bytes;
       rp[2 * i + 1] = wu + r * row_bytes;
     }
-    float acc[RB][NT];
-    if (!TeamRowDotsQ8<kType, NT, RB>(rp, x, cols, tm, acc)) continue;
-#pragma unroll
-    for (int t = 0; t < NT; ++t) {
-#pragma unroll
-      for (int i = 0; i < PB; ++i) {
-        if (r0 + b + i < rows) h[t * rows + r0 + b + i] = dev::SiluMul(acc[2 * i][t], acc[2 * i + 1][t]);
-      }
-    }
+    dev::PutSwiGlu<NT, PB>(TeamRowDotsQ8<kType, NT, RB>(rp, x, cols, tm), r0 + b, rows, h, tm);
   }
 }
 
