@@ -7,6 +7,8 @@
 // float sums of block products.
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <string>
 #include <type_traits>
 
@@ -360,6 +362,182 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
   GemvRowsQ8<kType, NT>(a.w[m], a.row_bytes[m], r0, a.rows[m], cols, xq, xq_bytes, a.y[m], tm);
 }
 
+// ---- Q8_0 on the tensor cores ---------------------------------------------------------------------
+// Q8_0 rows against block32 codes with 8-bit matrix-multiply tiles (mma m16n8k32: 16 rows x 8 tokens
+// x one 32-element block, exact int32 sums). A block of kMmaWarps warps takes 16 rows; warp w walks
+// blocks w, w + kMmaWarps, ... of the columns, scales each tile's sums by d_w d_x in float and adds
+// them in that order; the warps' sums are then added in warp order. Each (row, token) result goes
+// through the same operations whatever the other tokens of the call, so a token's bits do not
+// depend on its batch, and the tensor cores take 8 tokens for the instructions of one.
+constexpr int kMmaRows = 16, kMmaWarps = 8, kMmaMaxTiles = 4;  // up to 32 tokens a launch
+
+// d[i] = Σ_k a(row, k) b(k, token) for the fragment layout of mma.m16n8k32.row.col.s8: lane (g, c)
+// = (lane / 4, lane % 4) holds a = {row g, row g + 8} x {k 4c..4c+3, k 16+4c..16+4c+3}, b = token g at
+// the same k, and d = {row g, row g + 8} x {token 2c, 2c + 1}. A fragment's k positions only need to
+// be the same ones in a and b, so lane c passes the 8 codes 8c..8c+7 of a block as its two k words.
+__device__ __forceinline__ void MmaS8(const uint32_t (&a)[4], uint2 b, int (&d)[4]) {
+  asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};"
+      : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b.x), "r"(b.y), "r"(0));
+}
+
+// Block (b, m): rows 16 b .. 16 b + 15 of matrix m for tokens 0 .. n_tok - 1 (n_tok <= 8 kTiles).
+template <int kTiles>
+__global__ void __launch_bounds__(kMmaWarps * 32)
+    MmaQ8_0Kernel(const __grid_constant__ ManyArgs a, int64_t cols, const uint8_t *xq, int64_t xq_bytes, int n_tok) {
+  __shared__ float red[kMmaWarps * kMmaRows * 8 * kTiles];
+  constexpr int kTok = 8 * kTiles;
+  const int m = blockIdx.y;
+  const int64_t rows = a.rows[m], r0 = static_cast<int64_t>(blockIdx.x) * kMmaRows;
+  if (r0 >= rows) return;  // block-uniform
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
+  const uint64_t rb = a.row_bytes[m];
+  dev::PrefetchL2(a.w[m] + r0 * rb, static_cast<uint64_t>(min(r0 + kMmaRows, rows) - r0) * rb,
+                  dev::Team{lane, warp, kMmaWarps, nullptr});
+  dev::AwaitPrior();
+  const uint8_t *wa = a.w[m] + min(r0 + g, rows - 1) * rb, *wb = a.w[m] + min(r0 + g + 8, rows - 1) * rb;
+  const int8_t *xb[kTiles];   // token 8 i + g's codes (the b fragment)
+  const float *xd[kTiles][2];  // tokens 8 i + 2c, 8 i + 2c + 1's scales (the d columns)
+#pragma unroll
+  for (int i = 0; i < kTiles; ++i) {
+    xb[i] = RowOf(xq, xq_bytes, cols, 32, min(8 * i + g, n_tok - 1)).q;
+    xd[i][0] = RowOf(xq, xq_bytes, cols, 32, min(8 * i + 2 * c, n_tok - 1)).d;
+    xd[i][1] = RowOf(xq, xq_bytes, cols, 32, min(8 * i + 2 * c + 1, n_tok - 1)).d;
+  }
+  float acc[kTiles][4] = {};
+  const int64_t nb = cols / 32;
+#pragma unroll 4
+  for (int64_t kb = warp; kb < nb; kb += kMmaWarps) {
+    const uint8_t *pa = wa + kb * 34, *pb = wb + kb * 34;
+    const float da = dev::HalfBits(dev::LoadU16(pa)), db = dev::HalfBits(dev::LoadU16(pb));
+    const uint2 qa = dev::Load8Unaligned(pa + 2 + 8 * c), qb = dev::Load8Unaligned(pb + 2 + 8 * c);
+    const uint32_t fa[4] = {qa.x, qb.x, qa.y, qb.y};
+#pragma unroll
+    for (int i = 0; i < kTiles; ++i) {
+      int s[4];
+      MmaS8(fa, __ldg(reinterpret_cast<const uint2 *>(xb[i] + kb * 32 + 8 * c)), s);
+      const float d0 = __ldg(xd[i][0] + kb), d1 = __ldg(xd[i][1] + kb);
+      acc[i][0] = fmaf(__fmul_rn(da, d0), static_cast<float>(s[0]), acc[i][0]);
+      acc[i][1] = fmaf(__fmul_rn(da, d1), static_cast<float>(s[1]), acc[i][1]);
+      acc[i][2] = fmaf(__fmul_rn(db, d0), static_cast<float>(s[2]), acc[i][2]);
+      acc[i][3] = fmaf(__fmul_rn(db, d1), static_cast<float>(s[3]), acc[i][3]);
+    }
+  }
+  // red[warp][token][row]
+#pragma unroll
+  for (int i = 0; i < kTiles; ++i) {
+    float *p = red + warp * kTok * kMmaRows + (8 * i + 2 * c) * kMmaRows + g;
+    p[0] = acc[i][0];
+    p[kMmaRows] = acc[i][1];
+    p[8] = acc[i][2];
+    p[kMmaRows + 8] = acc[i][3];
+  }
+  __syncthreads();
+  for (int j = threadIdx.x; j < kTok * kMmaRows; j += kMmaWarps * 32) {
+    const int t = j / kMmaRows, r = j % kMmaRows;
+    if (t >= n_tok || r0 + r >= rows) continue;
+    float v = red[j];
+#pragma unroll
+    for (int w = 1; w < kMmaWarps; ++w) v += red[w * kTok * kMmaRows + j];
+    a.y[m][t * rows + r0 + r] = v;
+  }
+}
+
+// 1 to kSmallTok tokens: MmaQ8_0Kernel's operations on dp4a, which read a row in coalesced sweeps
+// where the mma fragments read 16 rows 32 bytes at a time. Lane quad j of a warp (lanes 4j .. 4j + 3)
+// stands for the mma kernel's warp j: it takes blocks j, j + 8, ... of the row, sums each block's
+// integer dot over its four lanes (8 codes a lane, exact), scales and adds it as the mma kernel
+// does; the quads' sums are then added in quad order. The same operations in the same order, so the
+// same bits as a batch of any size; a warp walks 2 rows, 8 blocks of a row (272 bytes) at a time.
+constexpr int kSmallTok = 4, kSmallRows = 2;
+static_assert(kMmaWarps * kSmallRows == kMmaRows, "a block of either kernel takes the same rows");
+
+template <int NT>
+__global__ void __launch_bounds__(kMmaWarps * 32)
+    SmallQ8_0Kernel(const __grid_constant__ ManyArgs a, int64_t cols, const uint8_t *xq, int64_t xq_bytes, int n_tok) {
+  const int m = blockIdx.y;
+  const int64_t rows = a.rows[m], block_r0 = static_cast<int64_t>(blockIdx.x) * kMmaRows;
+  if (block_r0 >= rows) return;  // block-uniform
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, j = lane >> 2, c = lane & 3;
+  const uint64_t rb = a.row_bytes[m];
+  dev::PrefetchL2(a.w[m] + block_r0 * rb, static_cast<uint64_t>(min(block_r0 + kMmaRows, rows) - block_r0) * rb,
+                  dev::Team{lane, warp, kMmaWarps, nullptr});
+  dev::AwaitPrior();
+  const int64_t r0 = block_r0 + warp * kSmallRows;
+  if (r0 >= rows) return;  // warp-uniform
+  const uint8_t *wr[kSmallRows];
+#pragma unroll
+  for (int r = 0; r < kSmallRows; ++r) wr[r] = a.w[m] + min(r0 + r, rows - 1) * rb;
+  XRow x[NT];
+#pragma unroll
+  for (int t = 0; t < NT; ++t) x[t] = RowOf(xq, xq_bytes, cols, 32, min(t, n_tok - 1));
+  float acc[kSmallRows][NT] = {};
+  const int64_t nb = cols / 32;
+#pragma unroll 2
+  for (int64_t kb0 = 0; kb0 < nb; kb0 += kMmaWarps) {
+    const int64_t kb = kb0 + j;
+    const bool in = kb < nb;  // quad-uniform
+    uint2 q[kSmallRows];
+    float dw[kSmallRows];
+#pragma unroll
+    for (int r = 0; r < kSmallRows; ++r) {
+      const uint8_t *b = wr[r] + (in ? kb : 0) * 34;
+      dw[r] = dev::HalfBits(dev::LoadU16(b));
+      q[r] = dev::Load8Unaligned(b + 2 + 8 * c);
+    }
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+      const uint2 xv = __ldg(reinterpret_cast<const uint2 *>(x[t].q + (in ? kb : 0) * 32 + 8 * c));
+      const float dx = __ldg(x[t].d + (in ? kb : 0));
+#pragma unroll
+      for (int r = 0; r < kSmallRows; ++r) {
+        int s = Dp4a(q[r].y, xv.y, Dp4a(q[r].x, xv.x, 0));
+        s += __shfl_xor_sync(0xffffffffu, s, 1);
+        s += __shfl_xor_sync(0xffffffffu, s, 2);
+        if (in) acc[r][t] = fmaf(__fmul_rn(dw[r], dx), static_cast<float>(s), acc[r][t]);
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kSmallRows; ++r) {
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+      float v = __shfl_sync(0xffffffffu, acc[r][t], 0);
+#pragma unroll
+      for (int w = 1; w < kMmaWarps; ++w) v += __shfl_sync(0xffffffffu, acc[r][t], 4 * w);
+      if (lane == 0 && t < n_tok && r0 + r < rows) a.y[m][t * rows + r0 + r] = v;
+    }
+  }
+}
+
+// The Q8_0 products of a (n matrices) over n_tok tokens, in launches of up to 8 kMmaMaxTiles tokens
+// (SmallQ8_0Kernel for up to kSmallTok).
+void LaunchMmaQ8_0(const ManyArgs &a, int n, int64_t max_rows, int64_t cols, const uint8_t *xq, int64_t xq_bytes,
+                   int64_t n_tok, cudaStream_t s) {
+  const dim3 grid(static_cast<unsigned>((max_rows + kMmaRows - 1) / kMmaRows), static_cast<unsigned>(n));
+  for (int64_t t0 = 0; t0 < n_tok; t0 += 8 * kMmaMaxTiles) {
+    const int nt = static_cast<int>(std::min<int64_t>(n_tok - t0, 8 * kMmaMaxTiles));
+    ManyArgs at = a;
+    for (int k = 0; k < n; ++k) at.y[k] = a.y[k] + t0 * a.rows[k];
+    auto *kernel = nt > 16 ? MmaQ8_0Kernel<4>
+                   : nt > 8 ? MmaQ8_0Kernel<2>
+                   : nt > kSmallTok ? MmaQ8_0Kernel<1>
+                   : nt > 2 ? SmallQ8_0Kernel<4>
+                   : nt > 1 ? SmallQ8_0Kernel<2>
+                            : SmallQ8_0Kernel<1>;
+    Launch(kernel, grid, kMmaWarps * 32, 0, s, at, cols, xq + t0 * xq_bytes, xq_bytes, nt);
+  }
+}
+
+bool OnTensorCores(Q8Kernels k) {
+  if (k != Q8Kernels::kDefault) return k == Q8Kernels::kTensor;
+  static const bool on = [] {
+    const char *e = std::getenv("STRATA_CUDA_Q8_TENSOR");
+    return e != nullptr && std::atoi(e) == 1;
+  }();
+  return on;
+}
+
 // Calls run(type constant) for the codec's kernels (a codec Q8ActFor accepts).
 template <class F>
 void WithQ8Type(quant::TypeId type, F &&run) {
@@ -478,7 +656,8 @@ absl::Status RoundActivationsQ8(int block, const float *x, int64_t n_tok, int64_
   return absl::OkStatus();
 }
 
-absl::Status GemvQ8(const DeviceMatrix &w, const void *xq, int64_t n_tok, float *y, cudaStream_t stream) {
+absl::Status GemvQ8(const DeviceMatrix &w, const void *xq, int64_t n_tok, float *y, cudaStream_t stream,
+                    Q8Kernels k) {
   STRATA_RETURN_IF_ERROR(CheckMatrix(w));
   const Q8Act f = Q8ActFor(w.type);
   if (f == Q8Act::kNone) {
@@ -495,6 +674,16 @@ absl::Status GemvQ8(const DeviceMatrix &w, const void *xq, int64_t n_tok, float 
   }
   const int64_t rb = Q8ActRowBytes(f, w.cols);
   const auto *x = static_cast<const uint8_t *>(xq);
+  if (f == Q8Act::kBlock32 && OnTensorCores(k)) {
+    ManyArgs a{};
+    a.w[0] = static_cast<const uint8_t *>(w.data);
+    a.row_bytes[0] = w.row_bytes;
+    a.rows[0] = w.rows;
+    a.y[0] = y;
+    LaunchMmaQ8_0(a, 1, w.rows, w.cols, x, rb, n_tok, stream);
+    STRATA_CUDA_RETURN_IF_LAUNCH_FAILED();
+    return absl::OkStatus();
+  }
   for (int64_t t0 = 0; t0 < n_tok;) {
     const int64_t left = n_tok - t0;
     const int nt = left >= 16 ? 16 : left >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1;
@@ -517,7 +706,7 @@ absl::Status GemvQ8(const DeviceMatrix &w, const void *xq, int64_t n_tok, float 
 }
 
 absl::Status GemvManyQ8(const DeviceMatrix *ws, float *const *ys, int n, const void *xq, int64_t n_tok,
-                        cudaStream_t stream) {
+                        cudaStream_t stream, Q8Kernels k) {
   if (n_tok < 0) return Errorf(MOE_ERR_INVALID_ARGUMENT, "GEMV over %lld tokens", static_cast<long long>(n_tok));
   ManyArgs a;
   int64_t max_rows = 0;
@@ -536,11 +725,17 @@ absl::Status GemvManyQ8(const DeviceMatrix *ws, float *const *ys, int n, const v
     return Errorf(MOE_ERR_INVALID_ARGUMENT, "8-bit-activation GEMV: null or unaligned input");
   }
   const int64_t cols = ws[0].cols;
+  if (ws[0].type == quant::TypeId::kQ8_0 && OnTensorCores(k)) {
+    LaunchMmaQ8_0(a, n, max_rows, cols, static_cast<const uint8_t *>(xq), Q8ActRowBytes(Q8Act::kBlock32, cols), n_tok,
+                  stream);
+    STRATA_CUDA_RETURN_IF_LAUNCH_FAILED();
+    return absl::OkStatus();
+  }
   // The team split of each matrix as GemvQ8 sets it: one width, so one split for all.
   const int tw = GemvTeamWarps(ws[0].type, cols, max_rows);
   for (int m = 1; m < n; ++m) {
     if (GemvTeamWarps(ws[m].type, cols, ws[m].rows) == tw) continue;
-    for (int k = 0; k < n; ++k) STRATA_RETURN_IF_ERROR(GemvQ8(ws[k], xq, n_tok, ys[k], stream));
+    for (int i = 0; i < n; ++i) STRATA_RETURN_IF_ERROR(GemvQ8(ws[i], xq, n_tok, ys[i], stream, k));
     return absl::OkStatus();  // matrices whose rows split differently: a launch each
   }
   const int64_t per_block = int64_t{kGemvWarps} / tw * kGemvRows;

@@ -81,9 +81,17 @@ absl::Status RoundActivationsQ8(int block, const float *x, int64_t n_tok, int64_
                                 cudaStream_t stream);
 // y (n_tok, rows) = w · x, x as QuantizeActivationsQ8(Q8ActFor(w.type)) made it (16-byte aligned),
 // in token chunks of 16, 8, 4, 2 and 1 (each chunk reads the weights once; a token's bits do not
-// depend on its chunk).
+// depend on its chunk). Q8_0 may instead run on the tensor cores (Q8Kernels).
 // MOE_ERR_UNSUPPORTED_TYPE for a codec without the path; Q4_K rows must be 16-byte aligned.
-absl::Status GemvQ8(const DeviceMatrix &w, const void *xq, int64_t n_tok, float *y, cudaStream_t stream);
+//
+// Q8Kernels picks the kernels of Q8_0 products: dp4a GEMVs, or the tensor cores (8-bit mma tiles of
+// 16 rows x 8 tokens from 5 tokens, up to 32 a launch; the same operations on dp4a for 1-4 tokens).
+// Either way a token's bits do not depend on its batch; the two differ in float summation order.
+// kDefault is the GEMVs, or the tensor cores when STRATA_CUDA_Q8_TENSOR=1 (measured: faster for
+// batches of sessions, slower for one; bench/README.md).
+enum class Q8Kernels { kDefault, kGemv, kTensor };
+absl::Status GemvQ8(const DeviceMatrix &w, const void *xq, int64_t n_tok, float *y, cudaStream_t stream,
+                    Q8Kernels k = Q8Kernels::kDefault);
 // GroupedSwiGlu and GroupedGemv (below) over activations quantized per grouped row (xq: n rows of
 // Q8ActRowBytes for the codec of gate / of the table's matrices), same plan, n_tok and skip.
 // GroupedSwiGluQ8 with tok (GroupByExpert's idx) reads grouped row r from xq row tok[r] instead:
@@ -106,7 +114,7 @@ absl::Status GemvMany(const DeviceMatrix *ws, float *const *ys, int n, const flo
 // one launch per token chunk (a launch a matrix where their row counts split them differently); per
 // (row, token) bit-identical to GemvQ8 on each matrix.
 absl::Status GemvManyQ8(const DeviceMatrix *ws, float *const *ys, int n, const void *xq, int64_t n_tok,
-                        cudaStream_t stream);
+                        cudaStream_t stream, Q8Kernels k = Q8Kernels::kDefault);
 
 // out (rows, cols) = the dequantized w, bit-identical to quant::Codec::dequantize.
 absl::Status Dequantize(const DeviceMatrix &w, float *out, cudaStream_t stream);

@@ -136,7 +136,7 @@ TEST_CASE("8-bit-activation GEMV matches the CPU backend's q8 mode", "[gpu][q8]"
     DeviceBuffer dw = Upload(w);
     const DeviceMatrix m = test::View(type, dw, rows, cols, rb);
     const Q8Act f = Q8ActFor(type);
-    const int64_t max_tok = 19, xrb = Q8ActRowBytes(f, cols);
+    const int64_t max_tok = 40, xrb = Q8ActRowBytes(f, cols);
     std::vector<float> x = RandomFloats(rng, max_tok * cols, -2.f, 2.f);
     DeviceBuffer dx = Upload(x);
     auto dq = DeviceBuffer::Allocate(max_tok * xrb);
@@ -145,15 +145,20 @@ TEST_CASE("8-bit-activation GEMV matches the CPU backend's q8 mode", "[gpu][q8]"
     std::vector<float> ref(max_tok * rows);
     const model::Matrix hm = HostMatrixOf(type, w, rows, cols, rb);
     cpu_be.MatMul(hm, x.data(), max_tok, ref.data());
-    std::vector<float> single;
-    for (int64_t n_tok : {1, 3, 8, 11, 16, 19}) {  // every chunk size: 16, 8, 4, 2, 1
-      INFO("n_tok " << n_tok);
-      DeviceBuffer dy = Poisoned(n_tok * rows);
-      REQUIRE(GemvQ8(m, dq->data(), n_tok, dy.as<float>(), nullptr).ok());
-      const std::vector<float> y = Download<float>(dy, n_tok * rows);
-      CHECK(RelL2(y, std::vector<float>(ref.begin(), ref.begin() + n_tok * rows)) <= 1e-5);
-      if (n_tok == 1) single = y;  // a token's result does not depend on its batch
-      CHECK(std::memcmp(y.data(), single.data(), rows * sizeof(float)) == 0);
+    for (Q8Kernels kern : {Q8Kernels::kGemv, Q8Kernels::kTensor}) {
+      INFO("tensor cores " << (kern == Q8Kernels::kTensor));
+      std::vector<float> single;
+      // Every chunk size (GEMVs: 16, 8, 4, 2, 1; tensor cores: 32, 16, 8 and the 1-4-token dp4a
+      // kernel), full and part.
+      for (int64_t n_tok : {1, 3, 8, 11, 16, 19, 33, 40}) {
+        INFO("n_tok " << n_tok);
+        DeviceBuffer dy = Poisoned(n_tok * rows);
+        REQUIRE(GemvQ8(m, dq->data(), n_tok, dy.as<float>(), nullptr, kern).ok());
+        const std::vector<float> y = Download<float>(dy, n_tok * rows);
+        CHECK(RelL2(y, std::vector<float>(ref.begin(), ref.begin() + n_tok * rows)) <= 1e-5);
+        if (n_tok == 1) single = y;  // a token's result does not depend on its batch
+        CHECK(std::memcmp(y.data(), single.data(), rows * sizeof(float)) == 0);
+      }
     }
   }
 }
@@ -167,7 +172,7 @@ TEST_CASE("GemvManyQ8 gives each matrix GemvQ8's bits", "[gpu][q8]") {
   for (TypeId type : {TypeId::kQ8_0, TypeId::kQ4_K}) {
     INFO(quant::TypeName(static_cast<uint32_t>(type)));
     const Q8Act f = Q8ActFor(type);
-    const int64_t max_tok = 17, xrb = Q8ActRowBytes(f, cols);
+    const int64_t max_tok = 35, xrb = Q8ActRowBytes(f, cols);
     std::vector<float> x = RandomFloats(rng, max_tok * cols, -2.f, 2.f);
     DeviceBuffer dx = Upload(x);
     auto dq = DeviceBuffer::Allocate(max_tok * xrb);
@@ -180,21 +185,23 @@ TEST_CASE("GemvManyQ8 gives each matrix GemvQ8's bits", "[gpu][q8]") {
       dw.push_back(Upload(RandomMatrix(rng, type, n_rows[m], cols, &rb)));
       ms[m] = test::View(type, dw.back(), n_rows[m], cols, rb);
     }
-    for (int64_t n_tok : {1, 2, 7, 13, 17}) {
-      INFO("n_tok " << n_tok);
-      std::vector<DeviceBuffer> dy;
-      float *ys[3];
-      for (int m = 0; m < 3; ++m) {
-        dy.push_back(Poisoned(n_tok * n_rows[m]));
-        ys[m] = dy.back().as<float>();
-      }
-      REQUIRE(GemvManyQ8(ms, ys, 3, dq->data(), n_tok, nullptr).ok());
-      for (int m = 0; m < 3; ++m) {
-        DeviceBuffer one = Poisoned(n_tok * n_rows[m]);
-        REQUIRE(GemvQ8(ms[m], dq->data(), n_tok, one.as<float>(), nullptr).ok());
-        const auto a = Download<float>(dy[m], n_tok * n_rows[m]), b = Download<float>(one, n_tok * n_rows[m]);
-        for (float v : a) REQUIRE(std::isfinite(v));
-        CHECK(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+    for (int64_t n_tok : {1, 2, 7, 13, 17, 35}) {
+      for (Q8Kernels kern : {Q8Kernels::kGemv, Q8Kernels::kTensor}) {
+        INFO("n_tok " << n_tok << ", tensor cores " << (kern == Q8Kernels::kTensor));
+        std::vector<DeviceBuffer> dy;
+        float *ys[3];
+        for (int m = 0; m < 3; ++m) {
+          dy.push_back(Poisoned(n_tok * n_rows[m]));
+          ys[m] = dy.back().as<float>();
+        }
+        REQUIRE(GemvManyQ8(ms, ys, 3, dq->data(), n_tok, nullptr, kern).ok());
+        for (int m = 0; m < 3; ++m) {
+          DeviceBuffer one = Poisoned(n_tok * n_rows[m]);
+          REQUIRE(GemvQ8(ms[m], dq->data(), n_tok, one.as<float>(), nullptr, kern).ok());
+          const auto a = Download<float>(dy[m], n_tok * n_rows[m]), b = Download<float>(one, n_tok * n_rows[m]);
+          for (float v : a) REQUIRE(std::isfinite(v));
+          CHECK(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+        }
       }
     }
   }
