@@ -381,6 +381,20 @@ __device__ __forceinline__ void MmaS8(const uint32_t (&a)[4], uint2 b, int (&d)[
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b.x), "r"(b.y), "r"(0));
 }
 
+// A block of the tensor-core kernels takes rows r0 .. r0 + n - 1 of matrix m: false (block-uniform)
+// when none is below the matrix's row count, else their weights are prefetched and the kernel
+// before awaited.
+__device__ __forceinline__ bool EnterRows(const ManyArgs &a, int m, int64_t r0, int n) {
+  const int64_t rows = a.rows[m];
+  if (r0 >= rows) return false;
+  const uint64_t rb = a.row_bytes[m];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  dev::PrefetchL2(a.w[m] + r0 * rb, static_cast<uint64_t>(min(r0 + n, rows) - r0) * rb,
+                  dev::Team{lane, warp, kMmaWarps, nullptr});
+  dev::AwaitPrior();
+  return true;
+}
+
 // Block (b, m): rows 16 b .. 16 b + 15 of matrix m for tokens 0 .. n_tok - 1 (n_tok <= 8 kTiles).
 template <int kTiles>
 __global__ void __launch_bounds__(kMmaWarps * 32)
@@ -389,12 +403,9 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
   constexpr int kTok = 8 * kTiles;
   const int m = blockIdx.y;
   const int64_t rows = a.rows[m], r0 = static_cast<int64_t>(blockIdx.x) * kMmaRows;
-  if (r0 >= rows) return;  // block-uniform
+  if (!EnterRows(a, m, r0, kMmaRows)) return;  // block-uniform
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
   const uint64_t rb = a.row_bytes[m];
-  dev::PrefetchL2(a.w[m] + r0 * rb, static_cast<uint64_t>(min(r0 + kMmaRows, rows) - r0) * rb,
-                  dev::Team{lane, warp, kMmaWarps, nullptr});
-  dev::AwaitPrior();
   const uint8_t *wa = a.w[m] + min(r0 + g, rows - 1) * rb, *wb = a.w[m] + min(r0 + g + 8, rows - 1) * rb;
   const int8_t *xb[kTiles];   // token 8 i + g's codes (the b fragment)
   const float *xd[kTiles][2];  // tokens 8 i + 2c, 8 i + 2c + 1's scales (the d columns)
@@ -457,12 +468,9 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
     SmallQ8_0Kernel(const __grid_constant__ ManyArgs a, int64_t cols, const uint8_t *xq, int64_t xq_bytes, int n_tok) {
   const int m = blockIdx.y;
   const int64_t rows = a.rows[m], block_r0 = static_cast<int64_t>(blockIdx.x) * kMmaRows;
-  if (block_r0 >= rows) return;  // block-uniform
+  if (!EnterRows(a, m, block_r0, kMmaRows)) return;  // block-uniform
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, j = lane >> 2, c = lane & 3;
   const uint64_t rb = a.row_bytes[m];
-  dev::PrefetchL2(a.w[m] + block_r0 * rb, static_cast<uint64_t>(min(block_r0 + kMmaRows, rows) - block_r0) * rb,
-                  dev::Team{lane, warp, kMmaWarps, nullptr});
-  dev::AwaitPrior();
   const int64_t r0 = block_r0 + warp * kSmallRows;
   if (r0 >= rows) return;  // warp-uniform
   const uint8_t *wr[kSmallRows];
