@@ -33,6 +33,18 @@ model::Matrix HostMatrixOf(TypeId type, const std::vector<uint8_t> &bytes, int64
   return m;
 }
 
+// n_tok fresh random rows of cols values in [-2, 2) (kept in *x when given), quantized on the device
+// as format f.
+DeviceBuffer QuantizedInput(std::mt19937 &rng, Q8Act f, int64_t n_tok, int64_t cols, std::vector<float> *x = nullptr) {
+  const std::vector<float> v = RandomFloats(rng, n_tok * cols, -2.f, 2.f);
+  DeviceBuffer dx = Upload(v);
+  if (x != nullptr) *x = v;
+  auto dq = DeviceBuffer::Allocate(n_tok * Q8ActRowBytes(f, cols));
+  REQUIRE(dq.ok());
+  REQUIRE(QuantizeActivationsQ8(f, dx.as<float>(), n_tok, cols, dq->data(), nullptr).ok());
+  return std::move(*dq);
+}
+
 }  // namespace
 
 TEST_CASE("8-bit activations quantize as the CPU backend's q8 mode, byte for byte", "[gpu][q8]") {
@@ -138,13 +150,9 @@ TEST_CASE("8-bit-activation GEMV matches the CPU backend's q8 mode", "[gpu][q8]"
     std::vector<uint8_t> w = RandomMatrix(rng, type, rows, cols, &rb);
     DeviceBuffer dw = Upload(w);
     const DeviceMatrix m = test::View(type, dw, rows, cols, rb);
-    const Q8Act f = Q8ActFor(type);
-    const int64_t max_tok = 40, xrb = Q8ActRowBytes(f, cols);
-    std::vector<float> x = RandomFloats(rng, max_tok * cols, -2.f, 2.f);
-    DeviceBuffer dx = Upload(x);
-    auto dq = DeviceBuffer::Allocate(max_tok * xrb);
-    REQUIRE(dq.ok());
-    REQUIRE(QuantizeActivationsQ8(f, dx.as<float>(), max_tok, cols, dq->data(), nullptr).ok());
+    const int64_t max_tok = 40;
+    std::vector<float> x;
+    const DeviceBuffer dq = QuantizedInput(rng, Q8ActFor(type), max_tok, cols, &x);
     std::vector<float> ref(max_tok * rows);
     const model::Matrix hm = HostMatrixOf(type, w, rows, cols, rb);
     cpu_be.MatMul(hm, x.data(), max_tok, ref.data());
@@ -156,7 +164,7 @@ TEST_CASE("8-bit-activation GEMV matches the CPU backend's q8 mode", "[gpu][q8]"
       for (int64_t n_tok : {1, 3, 8, 11, 16, 19, 33, 40}) {
         INFO("n_tok " << n_tok);
         DeviceBuffer dy = Poisoned(n_tok * rows);
-        REQUIRE(GemvQ8(m, dq->data(), n_tok, dy.as<float>(), nullptr, kern).ok());
+        REQUIRE(GemvQ8(m, dq.data(), n_tok, dy.as<float>(), nullptr, kern).ok());
         const std::vector<float> y = Download<float>(dy, n_tok * rows);
         CHECK(RelL2(y, std::vector<float>(ref.begin(), ref.begin() + n_tok * rows)) <= 1e-5);
         if (n_tok == 1) single = y;  // a token's result does not depend on its batch
@@ -174,13 +182,7 @@ TEST_CASE("GemvManyQ8 gives each matrix GemvQ8's bits", "[gpu][q8]") {
   const int64_t cols = 1024, n_rows[3] = {520, 72, 72};
   for (TypeId type : {TypeId::kQ8_0, TypeId::kQ4_K}) {
     INFO(quant::TypeName(static_cast<uint32_t>(type)));
-    const Q8Act f = Q8ActFor(type);
-    const int64_t max_tok = 35, xrb = Q8ActRowBytes(f, cols);
-    std::vector<float> x = RandomFloats(rng, max_tok * cols, -2.f, 2.f);
-    DeviceBuffer dx = Upload(x);
-    auto dq = DeviceBuffer::Allocate(max_tok * xrb);
-    REQUIRE(dq.ok());
-    REQUIRE(QuantizeActivationsQ8(f, dx.as<float>(), max_tok, cols, dq->data(), nullptr).ok());
+    const DeviceBuffer dq = QuantizedInput(rng, Q8ActFor(type), 35, cols);
     std::vector<DeviceBuffer> dw;
     DeviceMatrix ms[3];
     for (int m = 0; m < 3; ++m) {
@@ -197,10 +199,10 @@ TEST_CASE("GemvManyQ8 gives each matrix GemvQ8's bits", "[gpu][q8]") {
           dy.push_back(Poisoned(n_tok * n_rows[m]));
           ys[m] = dy.back().as<float>();
         }
-        REQUIRE(GemvManyQ8(ms, ys, 3, dq->data(), n_tok, nullptr, kern).ok());
+        REQUIRE(GemvManyQ8(ms, ys, 3, dq.data(), n_tok, nullptr, kern).ok());
         for (int m = 0; m < 3; ++m) {
           DeviceBuffer one = Poisoned(n_tok * n_rows[m]);
-          REQUIRE(GemvQ8(ms[m], dq->data(), n_tok, one.as<float>(), nullptr, kern).ok());
+          REQUIRE(GemvQ8(ms[m], dq.data(), n_tok, one.as<float>(), nullptr, kern).ok());
           const auto a = Download<float>(dy[m], n_tok * n_rows[m]), b = Download<float>(one, n_tok * n_rows[m]);
           for (float v : a) REQUIRE(std::isfinite(v));
           CHECK(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
