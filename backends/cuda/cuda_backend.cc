@@ -619,7 +619,7 @@ void CudaBackend::Route(const model::RouteParams &p, const float *logits, int64_
 absl::StatusOr<bool> CudaBackend::MatMulQ8(const DeviceMatrix &w, const float *x, int64_t n_tok, float *y) {
   const Q8Act f = Q8ActFor(w.type);
   if (!q8_ || f == Q8Act::kNone || Blas::Choose(n_tok, Blas::Path::kAuto) != Blas::Path::kGemv) return false;
-  if (f == Q8Act::kBlock256 && (reinterpret_cast<uintptr_t>(w.data) & 15u) != 0) return false;
+  if (!Q8RowsAligned(w)) return false;
   STRATA_ASSIGN_OR_RETURN(void *xq, Grow(q8_x_, static_cast<size_t>(n_tok * Q8ActRowBytes(f, w.cols))));
   STRATA_RETURN_IF_ERROR(QuantizeActivationsQ8(f, x, n_tok, w.cols, xq, stream_.get()));
   STRATA_RETURN_IF_ERROR(GemvQ8(w, xq, n_tok, y, stream_.get()));
@@ -736,8 +736,8 @@ void CudaBackend::MatMulMany(const model::Matrix *const *ws, float *const *ys, i
   // other codec take the rounded input through GemvMany).
   const Q8Act f = q8_ ? Q8ActFor(dm[0].type) : Q8Act::kNone;
   bool aligned = true;
-  for (int i = 0; i < n; ++i) aligned = aligned && (reinterpret_cast<uintptr_t>(dm[i].data) & 15u) == 0;
-  if (f != Q8Act::kNone && (f == Q8Act::kBlock32 || aligned)) {
+  for (int i = 0; i < n; ++i) aligned = aligned && Q8RowsAligned(dm[i]);
+  if (f != Q8Act::kNone && aligned) {
     auto xq = Grow(q8_x_, static_cast<size_t>(n_tok * Q8ActRowBytes(f, dm[0].cols)));
     if (!Note(xq.status()) || !Note(QuantizeActivationsQ8(f, x, n_tok, dm[0].cols, *xq, stream_.get()))) return;
     Note(GemvManyQ8(dm, ys, n, *xq, n_tok, stream_.get()));

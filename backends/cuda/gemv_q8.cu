@@ -610,6 +610,10 @@ absl::Status GroupedGemvQ8(const void *const *tab, const DeviceMatrix &shape, co
   return absl::OkStatus();
 }
 
+bool Q8RowsAligned(const DeviceMatrix &w) {
+  return Q8ActFor(w.type) != Q8Act::kBlock256 || (reinterpret_cast<uintptr_t>(w.data) & 15u) == 0;
+}
+
 Q8Act Q8ActFor(quant::TypeId type) {
   switch (type) {
     case quant::TypeId::kQ8_0: return Q8Act::kBlock32;
@@ -677,7 +681,7 @@ absl::Status GemvQ8(const DeviceMatrix &w, const void *xq, int64_t n_tok, float 
   if (xq == nullptr || y == nullptr || (reinterpret_cast<uintptr_t>(xq) & 15u) != 0) {
     return Errorf(MOE_ERR_INVALID_ARGUMENT, "8-bit-activation GEMV: null or unaligned buffers");
   }
-  if (f == Q8Act::kBlock256 && (reinterpret_cast<uintptr_t>(w.data) & 15u) != 0) {
+  if (!Q8RowsAligned(w)) {
     return Errorf(MOE_ERR_INVALID_ARGUMENT, "8-bit-activation Q4_K GEMV: rows must be 16-byte aligned");
   }
   const int64_t rb = Q8ActRowBytes(f, w.cols);
@@ -724,7 +728,7 @@ absl::Status GemvManyQ8(const DeviceMatrix *ws, float *const *ys, int n, const v
     return Errorf(MOE_ERR_UNSUPPORTED_TYPE, "no 8-bit-activation GEMV for %s", name.c_str());
   }
   for (int m = 0; m < n; ++m) {
-    if (Q8ActFor(ws[m].type) == Q8Act::kBlock256 && (reinterpret_cast<uintptr_t>(ws[m].data) & 15u) != 0) {
+    if (!Q8RowsAligned(ws[m])) {
       return Errorf(MOE_ERR_INVALID_ARGUMENT, "8-bit-activation Q4_K GEMV: rows must be 16-byte aligned");
     }
   }

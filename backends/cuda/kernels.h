@@ -70,6 +70,8 @@ absl::Status Gemv(const DeviceMatrix &w, const float *x, int64_t n_tok, float *y
 // weight block (dp4a), scaled in float: the CPU's q8 results up to the order of float sums.
 enum class Q8Act { kNone, kBlock32, kBlock256 };
 Q8Act Q8ActFor(quant::TypeId type);  // kNone: no 8-bit-activation GEMV for the codec
+// Whether w's rows meet the 8-bit path's alignment (Q4_K rows 16-byte aligned; Q8_0 any).
+bool Q8RowsAligned(const DeviceMatrix &w);
 int64_t Q8ActRowBytes(Q8Act f, int64_t cols);
 // xq (n_tok rows of Q8ActRowBytes) from x (n_tok, cols); cols a multiple of the block.
 absl::Status QuantizeActivationsQ8(Q8Act f, const float *x, int64_t n_tok, int64_t cols, void *xq,
