@@ -292,11 +292,6 @@ __device__ __forceinline__ void PutRows(float total, int64_t r0, int64_t rows, f
   if (tm.warp == 0 && tm.lane < R * NT && r0 + m < rows) y[t * y_stride + r0 + m] = total;
 }
 
-// The SwiGLU of a walk over PB gate/up row pairs (gate of pair i in row 2 i, up in 2 i + 1): h row
-// r0 + i of token t = silu(gate) * up, rows below `rows` only.
-template <int NT, int PB>
-__device__ __forceinline__ void PutSwiGlu(float total, int64_t r0, int64_t rows, float *h, const Team &tm);
-
 // y rows r0 .. r0 + TR - 1 (those below `rows`) = rows of w · x for NT tokens (x rows `cols` apart,
 // y rows `y_stride` apart). Rows past the end read the last row again and are not written. TR (the
 // team's rows: kGemvRows, or 1 to spread a short matrix over more teams) changes no row's bits.
@@ -368,6 +363,9 @@ __device__ __forceinline__ float SiluMul(float g, float u) {
   return (g / (1.0f + static_cast<float>(exp(-static_cast<double>(g))))) * u;
 }
 
+// Writes the SwiGLU of a team walk over PB gate/up row pairs (gate of pair i in row 2 i, up in
+// 2 i + 1; totals as TeamRowDots leaves them): h row r0 + i of token t = silu(gate) * up, rows below
+// `rows` only.
 template <int NT, int PB>
 __device__ __forceinline__ void PutSwiGlu(float total, int64_t r0, int64_t rows, float *h, const Team &tm) {
   const int i = tm.lane / NT, t = tm.lane % NT;  // the output this lane writes
