@@ -459,16 +459,17 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
 // stands for the mma kernel's warp j: it takes blocks j, j + 8, ... of the row, sums each block's
 // integer dot over its four lanes (8 codes a lane, exact), scales and adds it as the mma kernel
 // does; the quads' sums are then added in quad order. The same operations in the same order, so the
-// same bits as a batch of any size; a warp walks 2 rows, 8 blocks of a row (272 bytes) at a time.
-constexpr int kSmallTok = 4, kSmallRows = 2;
-static_assert(kMmaWarps * kSmallRows == kMmaRows, "a block of either kernel takes the same rows");
+// same bits as a batch of any size. A warp walks one row, 8 blocks (272 bytes) at a time with up to
+// 8 such sweeps in flight: the sum chains fix how far a row's walk splits, so the small matrices
+// (k and v, 512 rows) get their parallelism from a block per 8 rows and loads issued ahead.
+constexpr int kSmallTok = 4, kSmallRows = 1, kSmallBlockRows = kMmaWarps * kSmallRows;
 
 template <int NT>
 __global__ void __launch_bounds__(kMmaWarps * 32)
     SmallQ8_0Kernel(const __grid_constant__ ManyArgs a, int64_t cols, const uint8_t *xq, int64_t xq_bytes, int n_tok) {
   const int m = blockIdx.y;
-  const int64_t rows = a.rows[m], block_r0 = static_cast<int64_t>(blockIdx.x) * kMmaRows;
-  if (!EnterRows(a, m, block_r0, kMmaRows)) return;  // block-uniform
+  const int64_t rows = a.rows[m], block_r0 = static_cast<int64_t>(blockIdx.x) * kSmallBlockRows;
+  if (!EnterRows(a, m, block_r0, kSmallBlockRows)) return;  // block-uniform
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, j = lane >> 2, c = lane & 3;
   const uint64_t rb = a.row_bytes[m];
   const int64_t r0 = block_r0 + warp * kSmallRows;
@@ -481,7 +482,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
   for (int t = 0; t < NT; ++t) x[t] = RowOf(xq, xq_bytes, cols, 32, min(t, n_tok - 1));
   float acc[kSmallRows][NT] = {};
   const int64_t nb = cols / 32;
-#pragma unroll 2
+#pragma unroll 8
   for (int64_t kb0 = 0; kb0 < nb; kb0 += kMmaWarps) {
     const int64_t kb = kb0 + j;
     const bool in = kb < nb;  // quad-uniform
@@ -523,6 +524,8 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
 void LaunchMmaQ8_0(const ManyArgs &a, int n, int64_t max_rows, int64_t cols, const uint8_t *xq, int64_t xq_bytes,
                    int64_t n_tok, cudaStream_t s) {
   const dim3 grid(static_cast<unsigned>((max_rows + kMmaRows - 1) / kMmaRows), static_cast<unsigned>(n));
+  const dim3 small_grid(static_cast<unsigned>((max_rows + kSmallBlockRows - 1) / kSmallBlockRows),
+                        static_cast<unsigned>(n));
   for (int64_t t0 = 0; t0 < n_tok; t0 += 8 * kMmaMaxTiles) {
     const int nt = static_cast<int>(std::min<int64_t>(n_tok - t0, 8 * kMmaMaxTiles));
     ManyArgs at = a;
@@ -533,7 +536,8 @@ void LaunchMmaQ8_0(const ManyArgs &a, int n, int64_t max_rows, int64_t cols, con
                    : nt > 2 ? SmallQ8_0Kernel<4>
                    : nt > 1 ? SmallQ8_0Kernel<2>
                             : SmallQ8_0Kernel<1>;
-    Launch(kernel, grid, kMmaWarps * 32, 0, s, at, cols, xq + t0 * xq_bytes, xq_bytes, nt);
+    Launch(kernel, nt > kSmallTok ? grid : small_grid, kMmaWarps * 32, 0, s, at, cols, xq + t0 * xq_bytes, xq_bytes,
+           nt);
   }
 }
 
