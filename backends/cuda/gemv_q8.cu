@@ -362,24 +362,181 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
   GemvRowsQ8<kType, NT>(a.w[m], a.row_bytes[m], r0, a.rows[m], cols, xq, xq_bytes, a.y[m], tm);
 }
 
-// ---- Q8_0 on the tensor cores ---------------------------------------------------------------------
-// Q8_0 rows against block32 codes with 8-bit matrix-multiply tiles (mma m16n8k32: 16 rows x 8 tokens
-// x one 32-element block, exact int32 sums). A block of kMmaWarps warps takes 16 rows; warp w walks
-// blocks w, w + kMmaWarps, ... of the columns, scales each tile's sums by d_w d_x in float and adds
-// them in that order; the warps' sums are then added in warp order. Each (row, token) result goes
-// through the same operations whatever the other tokens of the call, so a token's bits do not
-// depend on its batch, and the tensor cores take 8 tokens for the instructions of one.
+// ---- On the tensor cores -----------------------------------------------------------------------------
+// Q8_0 and Q4_K rows against 8-bit activation codes with 8-bit matrix-multiply tiles (mma m16n8k32:
+// 16 rows x 8 tokens x 32 columns, exact int32 sums). A block of kMmaWarps warps takes 16 rows; warp w
+// walks column steps w, w + kMmaWarps, ... (Q8_0: a 32-column block; Q4_K: a 256-column super-block),
+// turns each step's integer sums into float as the codec's scales say and adds them in that order;
+// the warps' sums are then added in warp order. Each (row, token) result goes through the same
+// operations whatever the other tokens of the call, so a token's bits do not depend on its batch,
+// and the tensor cores take 8 tokens for the instructions of one.
 constexpr int kMmaRows = 16, kMmaWarps = 8, kMmaMaxTiles = 4;  // up to 32 tokens a launch
 
 // d[i] = Σ_k a(row, k) b(k, token) for the fragment layout of mma.m16n8k32.row.col.s8: lane (g, c)
 // = (lane / 4, lane % 4) holds a = {row g, row g + 8} x {k 4c..4c+3, k 16+4c..16+4c+3}, b = token g at
 // the same k, and d = {row g, row g + 8} x {token 2c, 2c + 1}. A fragment's k positions only need to
-// be the same ones in a and b, so lane c passes the 8 codes 8c..8c+7 of a block as its two k words.
+// be the same ones in a and b, so lane c passes the 8 codes 8c..8c+7 of 32 columns as its two k words.
 __device__ __forceinline__ void MmaS8(const uint32_t (&a)[4], uint2 b, int (&d)[4]) {
   asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};"
       : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b.x), "r"(b.y), "r"(0));
 }
+
+// The activations lane (g, c) of a tile reads: token 8 i + g's codes (the b fragment) and tokens
+// 8 i + 2c, 8 i + 2c + 1 (the d columns: their scales and sums).
+template <int kTiles>
+struct TileX {
+  const int8_t *codes[kTiles];
+  XRow cols[kTiles][2];
+};
+
+// Q8_0 (34 bytes / 32: f16 d | 32 codes): a step is one block, d_w d_x Σ q x.
+struct TensorQ8_0 {
+  static constexpr int kBlock = 32, kStep = 32, kStepBytes = 34;
+
+  template <int kTiles>
+  __device__ static void Tile(const uint8_t *wa, const uint8_t *wb, int64_t kb, int c, const TileX<kTiles> &x,
+                              float (&acc)[kTiles][4]) {
+    const uint8_t *pa = wa + kb * 34, *pb = wb + kb * 34;
+    const float da = dev::HalfBits(dev::LoadU16(pa)), db = dev::HalfBits(dev::LoadU16(pb));
+    const uint2 qa = dev::Load8Unaligned(pa + 2 + 8 * c), qb = dev::Load8Unaligned(pb + 2 + 8 * c);
+    const uint32_t fa[4] = {qa.x, qb.x, qa.y, qb.y};
+#pragma unroll
+    for (int i = 0; i < kTiles; ++i) {
+      int s[4];
+      MmaS8(fa, __ldg(reinterpret_cast<const uint2 *>(x.codes[i] + kb * 32 + 8 * c)), s);
+      const float d0 = __ldg(x.cols[i][0].d + kb), d1 = __ldg(x.cols[i][1].d + kb);
+      acc[i][0] = fmaf(__fmul_rn(da, d0), static_cast<float>(s[0]), acc[i][0]);
+      acc[i][1] = fmaf(__fmul_rn(da, d1), static_cast<float>(s[1]), acc[i][1]);
+      acc[i][2] = fmaf(__fmul_rn(db, d0), static_cast<float>(s[2]), acc[i][2]);
+      acc[i][3] = fmaf(__fmul_rn(db, d1), static_cast<float>(s[3]), acc[i][3]);
+    }
+  }
+
+  // Lane c of a quad: its 8 codes of block kb of row w against NT tokens, the block's sum over the
+  // quad (exact), then Tile's float step. Every lane of the warp calls it (shuffles); in: kb is a
+  // block of the row (quad-uniform).
+  template <int NT>
+  __device__ static void Quad(const uint8_t *w, int64_t kb, bool in, int c, const XRow (&x)[NT], float (&acc)[NT]) {
+    const int64_t k = in ? kb : 0;
+    const uint8_t *b = w + k * 34;
+    const float dw = dev::HalfBits(dev::LoadU16(b));
+    const uint2 q = dev::Load8Unaligned(b + 2 + 8 * c);
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+      const uint2 xv = __ldg(reinterpret_cast<const uint2 *>(x[t].q + k * 32 + 8 * c));
+      const float dx = __ldg(x[t].d + k);
+      int s = Dp4a(q.y, xv.y, Dp4a(q.x, xv.x, 0));
+      s += __shfl_xor_sync(0xffffffffu, s, 1);
+      s += __shfl_xor_sync(0xffffffffu, s, 2);
+      if (in) acc[t] = fmaf(__fmul_rn(dw, dx), static_cast<float>(s), acc[t]);
+    }
+  }
+};
+
+// Q4_K (144 bytes / 256: f16 d | f16 dmin | 6-bit scales and mins of 8 sub-blocks | 128 nibble
+// bytes, byte i of qs[32 j ..] holding element i of sub-block 2j low and of 2j + 1 high): a step is
+// one super-block, d d_x Σ_s sc_s Σ q x - dmin d_x Σ_s m_s Σ x, both sums over sub-blocks integers
+// (the activations' sums per 16 elements give Σ x).
+struct TensorQ4_K {
+  static constexpr int kBlock = 256, kStep = 256, kStepBytes = 144;
+  static constexpr uint32_t kLow = 0x0f0f0f0fu;
+
+  __device__ static void ScalesMins(const uint4 &h, int (&sc)[8], int (&mn)[8]) {
+#pragma unroll
+    for (int s = 0; s < 8; ++s) {
+      const int sh = 8 * (s & 3);
+      const uint32_t y = (h.y >> sh) & 0xffu, z = (h.z >> sh) & 0xffu, w = (h.w >> sh) & 0xffu;
+      sc[s] = static_cast<int>(s < 4 ? y & 63u : (w & 15u) | ((y >> 6) << 4));
+      mn[s] = static_cast<int>(s < 4 ? z & 63u : (w >> 4) | ((z >> 6) << 4));
+    }
+  }
+  // Σ_s m_s Σ x over super-block sb of a token (sums: its int16 per 16 elements, 4-byte aligned).
+  __device__ static int Mins(const int (&mn)[8], const void *sums, int64_t sb) {
+    const auto *p = static_cast<const uint32_t *>(sums) + sb * 8;
+    int v = 0;
+#pragma unroll
+    for (int s = 0; s < 8; ++s) {
+      const uint32_t u = __ldg(p + s);
+      v += mn[s] * (static_cast<int>(static_cast<int16_t>(u & 0xffffu)) + static_cast<int>(static_cast<int16_t>(u >> 16)));
+    }
+    return v;
+  }
+  __device__ static void Step(float &acc, float d, float dmin, float dx, int dots, int mins) {
+    acc = fmaf(__fmul_rn(d, dx), static_cast<float>(dots), acc);
+    acc = fmaf(-__fmul_rn(dmin, dx), static_cast<float>(mins), acc);
+  }
+
+  template <int kTiles>
+  __device__ static void Tile(const uint8_t *wa, const uint8_t *wb, int64_t sb, int c, const TileX<kTiles> &x,
+                              float (&acc)[kTiles][4]) {
+    const uint8_t *pa = wa + sb * 144, *pb = wb + sb * 144;
+    const uint4 ha = __ldg(reinterpret_cast<const uint4 *>(pa)), hb = __ldg(reinterpret_cast<const uint4 *>(pb));
+    uint2 qa[4], qb[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      qa[j] = __ldg(reinterpret_cast<const uint2 *>(pa + 16 + 32 * j + 8 * c));
+      qb[j] = __ldg(reinterpret_cast<const uint2 *>(pb + 16 + 32 * j + 8 * c));
+    }
+    int sca[8], mna[8], scb[8], mnb[8];
+    ScalesMins(ha, sca, mna);
+    ScalesMins(hb, scb, mnb);
+    const float da = dev::HalfBits(static_cast<uint16_t>(ha.x & 0xffffu)), dma = dev::HalfBits(static_cast<uint16_t>(ha.x >> 16));
+    const float db = dev::HalfBits(static_cast<uint16_t>(hb.x & 0xffffu)), dmb = dev::HalfBits(static_cast<uint16_t>(hb.x >> 16));
+#pragma unroll
+    for (int i = 0; i < kTiles; ++i) {
+      int dots[4] = {};
+#pragma unroll
+      for (int s = 0; s < 8; ++s) {
+        const int j = s >> 1, sh = 4 * (s & 1);
+        const uint32_t fa[4] = {(qa[j].x >> sh) & kLow, (qb[j].x >> sh) & kLow, (qa[j].y >> sh) & kLow,
+                                (qb[j].y >> sh) & kLow};
+        int d[4];
+        MmaS8(fa, __ldg(reinterpret_cast<const uint2 *>(x.codes[i] + sb * 256 + 32 * s + 8 * c)), d);
+        dots[0] += sca[s] * d[0];
+        dots[1] += sca[s] * d[1];
+        dots[2] += scb[s] * d[2];
+        dots[3] += scb[s] * d[3];
+      }
+      const float d0 = __ldg(x.cols[i][0].d + sb), d1 = __ldg(x.cols[i][1].d + sb);
+      Step(acc[i][0], da, dma, d0, dots[0], Mins(mna, x.cols[i][0].s, sb));
+      Step(acc[i][1], da, dma, d1, dots[1], Mins(mna, x.cols[i][1].s, sb));
+      Step(acc[i][2], db, dmb, d0, dots[2], Mins(mnb, x.cols[i][0].s, sb));
+      Step(acc[i][3], db, dmb, d1, dots[3], Mins(mnb, x.cols[i][1].s, sb));
+    }
+  }
+
+  // Lane c of a quad: elements 8c .. 8c + 7 of each sub-block of super-block sb of row w, weighted by
+  // the sub-blocks' scales (an integer: summed over the quad it is Tile's dots exactly), then Tile's
+  // float step. Every lane of the warp calls it (shuffles); in: sb is a super-block of the row.
+  template <int NT>
+  __device__ static void Quad(const uint8_t *w, int64_t sb, bool in, int c, const XRow (&x)[NT], float (&acc)[NT]) {
+    const int64_t k = in ? sb : 0;
+    const uint8_t *p = w + k * 144;
+    const uint4 h = __ldg(reinterpret_cast<const uint4 *>(p));
+    uint2 q[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) q[j] = __ldg(reinterpret_cast<const uint2 *>(p + 16 + 32 * j + 8 * c));
+    int sc[8], mn[8];
+    ScalesMins(h, sc, mn);
+    const float d = dev::HalfBits(static_cast<uint16_t>(h.x & 0xffffu)), dmin = dev::HalfBits(static_cast<uint16_t>(h.x >> 16));
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+      const int8_t *xs = x[t].q + k * 256 + 8 * c;
+      int dots = 0;
+#pragma unroll
+      for (int s = 0; s < 8; ++s) {
+        const int j = s >> 1, sh = 4 * (s & 1);
+        const uint2 xv = __ldg(reinterpret_cast<const uint2 *>(xs + 32 * s));
+        dots += sc[s] * Dp4a((q[j].y >> sh) & kLow, xv.y, Dp4a((q[j].x >> sh) & kLow, xv.x, 0));
+      }
+      dots += __shfl_xor_sync(0xffffffffu, dots, 1);
+      dots += __shfl_xor_sync(0xffffffffu, dots, 2);
+      const int mins = Mins(mn, x[t].s, k);
+      if (in) Step(acc[t], d, dmin, __ldg(x[t].d + k), dots, mins);
+    }
+  }
+};
 
 // A block of the tensor-core kernels takes rows r0 .. r0 + n - 1 of matrix m: false (block-uniform)
 // when none is below the matrix's row count, else their weights are prefetched and the kernel
@@ -396,9 +553,9 @@ __device__ __forceinline__ bool EnterRows(const ManyArgs &a, int m, int64_t r0, 
 }
 
 // Block (b, m): rows 16 b .. 16 b + 15 of matrix m for tokens 0 .. n_tok - 1 (n_tok <= 8 kTiles).
-template <int kTiles>
+template <class C, int kTiles>
 __global__ void __launch_bounds__(kMmaWarps * 32)
-    MmaQ8_0Kernel(const __grid_constant__ ManyArgs a, int64_t cols, const uint8_t *xq, int64_t xq_bytes, int n_tok) {
+    MmaKernel(const __grid_constant__ ManyArgs a, int64_t cols, const uint8_t *xq, int64_t xq_bytes, int n_tok) {
   __shared__ float red[kMmaWarps * kMmaRows * 8 * kTiles];
   constexpr int kTok = 8 * kTiles;
   const int m = blockIdx.y;
@@ -407,33 +564,17 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
   const uint64_t rb = a.row_bytes[m];
   const uint8_t *wa = a.w[m] + min(r0 + g, rows - 1) * rb, *wb = a.w[m] + min(r0 + g + 8, rows - 1) * rb;
-  const int8_t *xb[kTiles];   // token 8 i + g's codes (the b fragment)
-  const float *xd[kTiles][2];  // tokens 8 i + 2c, 8 i + 2c + 1's scales (the d columns)
+  TileX<kTiles> x;
 #pragma unroll
   for (int i = 0; i < kTiles; ++i) {
-    xb[i] = RowOf(xq, xq_bytes, cols, 32, min(8 * i + g, n_tok - 1)).q;
-    xd[i][0] = RowOf(xq, xq_bytes, cols, 32, min(8 * i + 2 * c, n_tok - 1)).d;
-    xd[i][1] = RowOf(xq, xq_bytes, cols, 32, min(8 * i + 2 * c + 1, n_tok - 1)).d;
+    x.codes[i] = RowOf(xq, xq_bytes, cols, C::kBlock, min(8 * i + g, n_tok - 1)).q;
+    x.cols[i][0] = RowOf(xq, xq_bytes, cols, C::kBlock, min(8 * i + 2 * c, n_tok - 1));
+    x.cols[i][1] = RowOf(xq, xq_bytes, cols, C::kBlock, min(8 * i + 2 * c + 1, n_tok - 1));
   }
   float acc[kTiles][4] = {};
-  const int64_t nb = cols / 32;
-#pragma unroll 4
-  for (int64_t kb = warp; kb < nb; kb += kMmaWarps) {
-    const uint8_t *pa = wa + kb * 34, *pb = wb + kb * 34;
-    const float da = dev::HalfBits(dev::LoadU16(pa)), db = dev::HalfBits(dev::LoadU16(pb));
-    const uint2 qa = dev::Load8Unaligned(pa + 2 + 8 * c), qb = dev::Load8Unaligned(pb + 2 + 8 * c);
-    const uint32_t fa[4] = {qa.x, qb.x, qa.y, qb.y};
-#pragma unroll
-    for (int i = 0; i < kTiles; ++i) {
-      int s[4];
-      MmaS8(fa, __ldg(reinterpret_cast<const uint2 *>(xb[i] + kb * 32 + 8 * c)), s);
-      const float d0 = __ldg(xd[i][0] + kb), d1 = __ldg(xd[i][1] + kb);
-      acc[i][0] = fmaf(__fmul_rn(da, d0), static_cast<float>(s[0]), acc[i][0]);
-      acc[i][1] = fmaf(__fmul_rn(da, d1), static_cast<float>(s[1]), acc[i][1]);
-      acc[i][2] = fmaf(__fmul_rn(db, d0), static_cast<float>(s[2]), acc[i][2]);
-      acc[i][3] = fmaf(__fmul_rn(db, d1), static_cast<float>(s[3]), acc[i][3]);
-    }
-  }
+  const int64_t nb = cols / C::kStep;
+#pragma unroll(C::kStep == 32 ? 4 : 1)
+  for (int64_t kb = warp; kb < nb; kb += kMmaWarps) C::template Tile<kTiles>(wa, wb, kb, c, x, acc);
   // red[warp][token][row]
 #pragma unroll
   for (int i = 0; i < kTiles; ++i) {
@@ -454,75 +595,48 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
   }
 }
 
-// 1 to kSmallTok tokens: MmaQ8_0Kernel's operations on dp4a, which read a row in coalesced sweeps
-// where the mma fragments read 16 rows 32 bytes at a time. Lane quad j of a warp (lanes 4j .. 4j + 3)
-// stands for the mma kernel's warp j: it takes blocks j, j + 8, ... of the row, sums each block's
-// integer dot over its four lanes (8 codes a lane, exact), scales and adds it as the mma kernel
-// does; the quads' sums are then added in quad order. The same operations in the same order, so the
-// same bits as a batch of any size. A warp walks one row, 8 blocks (272 bytes) at a time with up to
-// 8 such sweeps in flight: the sum chains fix how far a row's walk splits, so the small matrices
-// (k and v, 512 rows) get their parallelism from a block per 8 rows and loads issued ahead.
-constexpr int kSmallTok = 4, kSmallRows = 1, kSmallBlockRows = kMmaWarps * kSmallRows;
+// 1 to kSmallTok tokens: MmaKernel's operations on dp4a, which read a row in coalesced sweeps where
+// the mma fragments read 16 rows 32 bytes at a time. Lane quad j of a warp (lanes 4j .. 4j + 3)
+// stands for the mma kernel's warp j: it takes steps j, j + 8, ... of the row, sums each step's
+// integers over its four lanes (exact), scales and adds them as the mma kernel does (C::Quad); the
+// quads' sums are then added in quad order. The same operations in the same order, so the same bits
+// as a batch of any size. A warp walks one row, 8 steps at a time (Q8_0: 272 bytes, Q4_K: 1,152)
+// with up to 8 such sweeps in flight: the sum chains fix how far a row's walk splits, so the small
+// matrices (k and v, 512 rows) get their parallelism from a block per 8 rows and loads issued ahead.
+constexpr int kSmallTok = 4, kSmallBlockRows = kMmaWarps;
 
-template <int NT>
+template <class C, int NT>
 __global__ void __launch_bounds__(kMmaWarps * 32)
-    SmallQ8_0Kernel(const __grid_constant__ ManyArgs a, int64_t cols, const uint8_t *xq, int64_t xq_bytes, int n_tok) {
+    SmallKernel(const __grid_constant__ ManyArgs a, int64_t cols, const uint8_t *xq, int64_t xq_bytes, int n_tok) {
   const int m = blockIdx.y;
   const int64_t rows = a.rows[m], block_r0 = static_cast<int64_t>(blockIdx.x) * kSmallBlockRows;
   if (!EnterRows(a, m, block_r0, kSmallBlockRows)) return;  // block-uniform
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, j = lane >> 2, c = lane & 3;
   const uint64_t rb = a.row_bytes[m];
-  const int64_t r0 = block_r0 + warp * kSmallRows;
-  if (r0 >= rows) return;  // warp-uniform
-  const uint8_t *wr[kSmallRows];
-#pragma unroll
-  for (int r = 0; r < kSmallRows; ++r) wr[r] = a.w[m] + min(r0 + r, rows - 1) * rb;
+  const int64_t r = block_r0 + warp;
+  if (r >= rows) return;  // warp-uniform
+  const uint8_t *wr = a.w[m] + r * rb;
   XRow x[NT];
 #pragma unroll
-  for (int t = 0; t < NT; ++t) x[t] = RowOf(xq, xq_bytes, cols, 32, min(t, n_tok - 1));
-  float acc[kSmallRows][NT] = {};
-  const int64_t nb = cols / 32;
-#pragma unroll 8
-  for (int64_t kb0 = 0; kb0 < nb; kb0 += kMmaWarps) {
-    const int64_t kb = kb0 + j;
-    const bool in = kb < nb;  // quad-uniform
-    uint2 q[kSmallRows];
-    float dw[kSmallRows];
+  for (int t = 0; t < NT; ++t) x[t] = RowOf(xq, xq_bytes, cols, C::kBlock, min(t, n_tok - 1));
+  float acc[NT] = {};
+  const int64_t nb = cols / C::kStep;
+#pragma unroll(C::kStep == 32 ? 8 : 2)
+  for (int64_t kb0 = 0; kb0 < nb; kb0 += kMmaWarps) C::template Quad<NT>(wr, kb0 + j, kb0 + j < nb, c, x, acc);
 #pragma unroll
-    for (int r = 0; r < kSmallRows; ++r) {
-      const uint8_t *b = wr[r] + (in ? kb : 0) * 34;
-      dw[r] = dev::HalfBits(dev::LoadU16(b));
-      q[r] = dev::Load8Unaligned(b + 2 + 8 * c);
-    }
+  for (int t = 0; t < NT; ++t) {
+    float v = __shfl_sync(0xffffffffu, acc[t], 0);
 #pragma unroll
-    for (int t = 0; t < NT; ++t) {
-      const uint2 xv = __ldg(reinterpret_cast<const uint2 *>(x[t].q + (in ? kb : 0) * 32 + 8 * c));
-      const float dx = __ldg(x[t].d + (in ? kb : 0));
-#pragma unroll
-      for (int r = 0; r < kSmallRows; ++r) {
-        int s = Dp4a(q[r].y, xv.y, Dp4a(q[r].x, xv.x, 0));
-        s += __shfl_xor_sync(0xffffffffu, s, 1);
-        s += __shfl_xor_sync(0xffffffffu, s, 2);
-        if (in) acc[r][t] = fmaf(__fmul_rn(dw[r], dx), static_cast<float>(s), acc[r][t]);
-      }
-    }
-  }
-#pragma unroll
-  for (int r = 0; r < kSmallRows; ++r) {
-#pragma unroll
-    for (int t = 0; t < NT; ++t) {
-      float v = __shfl_sync(0xffffffffu, acc[r][t], 0);
-#pragma unroll
-      for (int w = 1; w < kMmaWarps; ++w) v += __shfl_sync(0xffffffffu, acc[r][t], 4 * w);
-      if (lane == 0 && t < n_tok && r0 + r < rows) a.y[m][t * rows + r0 + r] = v;
-    }
+    for (int w = 1; w < kMmaWarps; ++w) v += __shfl_sync(0xffffffffu, acc[t], 4 * w);
+    if (lane == 0 && t < n_tok) a.y[m][t * rows + r] = v;
   }
 }
 
-// The Q8_0 products of a (n matrices) over n_tok tokens, in launches of up to 8 kMmaMaxTiles tokens
-// (SmallQ8_0Kernel for up to kSmallTok).
-void LaunchMmaQ8_0(const ManyArgs &a, int n, int64_t max_rows, int64_t cols, const uint8_t *xq, int64_t xq_bytes,
-                   int64_t n_tok, cudaStream_t s) {
+// The products of a (n matrices of codec C) over n_tok tokens, in launches of up to 8 kMmaMaxTiles
+// tokens (SmallKernel for up to kSmallTok).
+template <class C>
+void LaunchTensor(const ManyArgs &a, int n, int64_t max_rows, int64_t cols, const uint8_t *xq, int64_t xq_bytes,
+                  int64_t n_tok, cudaStream_t s) {
   const dim3 grid(static_cast<unsigned>((max_rows + kMmaRows - 1) / kMmaRows), static_cast<unsigned>(n));
   const dim3 small_grid(static_cast<unsigned>((max_rows + kSmallBlockRows - 1) / kSmallBlockRows),
                         static_cast<unsigned>(n));
@@ -530,14 +644,25 @@ void LaunchMmaQ8_0(const ManyArgs &a, int n, int64_t max_rows, int64_t cols, con
     const int nt = static_cast<int>(std::min<int64_t>(n_tok - t0, 8 * kMmaMaxTiles));
     ManyArgs at = a;
     for (int k = 0; k < n; ++k) at.y[k] = a.y[k] + t0 * a.rows[k];
-    auto *kernel = nt > 16 ? MmaQ8_0Kernel<4>
-                   : nt > 8 ? MmaQ8_0Kernel<2>
-                   : nt > kSmallTok ? MmaQ8_0Kernel<1>
-                   : nt > 2 ? SmallQ8_0Kernel<4>
-                   : nt > 1 ? SmallQ8_0Kernel<2>
-                            : SmallQ8_0Kernel<1>;
+    auto *kernel = nt > 16 ? MmaKernel<C, 4>
+                   : nt > 8 ? MmaKernel<C, 2>
+                   : nt > kSmallTok ? MmaKernel<C, 1>
+                   : nt > 2 ? SmallKernel<C, 4>
+                   : nt > 1 ? SmallKernel<C, 2>
+                            : SmallKernel<C, 1>;
     Launch(kernel, nt > kSmallTok ? grid : small_grid, kMmaWarps * 32, 0, s, at, cols, xq + t0 * xq_bytes, xq_bytes,
            nt);
+  }
+}
+
+// Q8_0 or Q4_K (a codec Q8ActFor accepts).
+void LaunchTensorQ8(quant::TypeId type, const ManyArgs &a, int n, int64_t max_rows, int64_t cols, const uint8_t *xq,
+                    int64_t n_tok, cudaStream_t s) {
+  const int64_t xb = Q8ActRowBytes(Q8ActFor(type), cols);
+  if (type == quant::TypeId::kQ8_0) {
+    LaunchTensor<TensorQ8_0>(a, n, max_rows, cols, xq, xb, n_tok, s);
+  } else {
+    LaunchTensor<TensorQ4_K>(a, n, max_rows, cols, xq, xb, n_tok, s);
   }
 }
 
@@ -690,13 +815,13 @@ absl::Status GemvQ8(const DeviceMatrix &w, const void *xq, int64_t n_tok, float 
   }
   const int64_t rb = Q8ActRowBytes(f, w.cols);
   const auto *x = static_cast<const uint8_t *>(xq);
-  if (f == Q8Act::kBlock32 && OnTensorCores(k)) {
+  if (OnTensorCores(k)) {
     ManyArgs a{};
     a.w[0] = static_cast<const uint8_t *>(w.data);
     a.row_bytes[0] = w.row_bytes;
     a.rows[0] = w.rows;
     a.y[0] = y;
-    LaunchMmaQ8_0(a, 1, w.rows, w.cols, x, rb, n_tok, stream);
+    LaunchTensorQ8(w.type, a, 1, w.rows, w.cols, x, n_tok, stream);
     STRATA_CUDA_RETURN_IF_LAUNCH_FAILED();
     return absl::OkStatus();
   }
@@ -741,9 +866,8 @@ absl::Status GemvManyQ8(const DeviceMatrix *ws, float *const *ys, int n, const v
     return Errorf(MOE_ERR_INVALID_ARGUMENT, "8-bit-activation GEMV: null or unaligned input");
   }
   const int64_t cols = ws[0].cols;
-  if (ws[0].type == quant::TypeId::kQ8_0 && OnTensorCores(k)) {
-    LaunchMmaQ8_0(a, n, max_rows, cols, static_cast<const uint8_t *>(xq), Q8ActRowBytes(Q8Act::kBlock32, cols), n_tok,
-                  stream);
+  if (OnTensorCores(k)) {
+    LaunchTensorQ8(ws[0].type, a, n, max_rows, cols, static_cast<const uint8_t *>(xq), n_tok, stream);
     STRATA_CUDA_RETURN_IF_LAUNCH_FAILED();
     return absl::OkStatus();
   }

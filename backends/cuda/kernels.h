@@ -83,11 +83,12 @@ absl::Status RoundActivationsQ8(int block, const float *x, int64_t n_tok, int64_
                                 cudaStream_t stream);
 // y (n_tok, rows) = w · x, x as QuantizeActivationsQ8(Q8ActFor(w.type)) made it (16-byte aligned),
 // in token chunks of 16, 8, 4, 2 and 1 (each chunk reads the weights once; a token's bits do not
-// depend on its chunk). Q8_0 may instead run on the tensor cores (Q8Kernels).
+// depend on its chunk); or on the tensor cores (Q8Kernels).
 // MOE_ERR_UNSUPPORTED_TYPE for a codec without the path; Q4_K rows must be 16-byte aligned.
 //
-// Q8Kernels picks the kernels of Q8_0 products: dp4a GEMVs, or the tensor cores (8-bit mma tiles of
-// 16 rows x 8 tokens from 5 tokens, up to 32 a launch; the same operations on dp4a for 1-4 tokens).
+// Q8Kernels picks the kernels of these products: dp4a GEMVs, or the tensor cores (8-bit mma tiles of
+// 16 rows x 8 tokens x 32 columns from 5 tokens, up to 32 tokens a launch; the same operations on
+// dp4a for 1-4 tokens).
 // Either way a token's bits do not depend on its batch; the two differ in float summation order.
 // kDefault is the GEMVs, or the tensor cores when STRATA_CUDA_Q8_TENSOR=1 (measured: faster for
 // batches of sessions, slower for one; bench/README.md).

@@ -142,8 +142,11 @@ TEST_CASE("8-bit-activation GEMV matches the CPU backend's q8 mode", "[gpu][q8]"
   auto rng = test::Rng();
   const int64_t rows = 301;
   cpu::CpuBackend cpu_be(2, cpu::MatMulMode::kQ8Activations);
-  // 2,880 columns (gpt-oss's width): 90 Q8_0 blocks, not a multiple of the 8 column walks.
-  const std::pair<TypeId, int64_t> shapes[] = {{TypeId::kQ8_0, 2048}, {TypeId::kQ4_K, 2048}, {TypeId::kQ8_0, 2880}};
+  // 2,880 columns (gpt-oss's width): 90 Q8_0 blocks, not a multiple of the 8 column walks; 768
+  // (an expert's down projection): 3 Q4_K super-blocks, fewer than the walks, and activation sums
+  // at a 4-byte (not 8-byte) offset.
+  const std::pair<TypeId, int64_t> shapes[] = {
+      {TypeId::kQ8_0, 2048}, {TypeId::kQ4_K, 2048}, {TypeId::kQ8_0, 2880}, {TypeId::kQ4_K, 768}};
   for (const auto &[type, cols] : shapes) {
     INFO(quant::TypeName(static_cast<uint32_t>(type)) << ", " << cols << " columns");
     uint64_t rb = 0;
