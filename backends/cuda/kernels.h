@@ -90,8 +90,9 @@ absl::Status RoundActivationsQ8(int block, const float *x, int64_t n_tok, int64_
 // 16 rows x 8 tokens x 32 columns from 5 tokens, up to 32 tokens a launch; the same operations on
 // dp4a for 1-4 tokens).
 // Either way a token's bits do not depend on its batch; the two differ in float summation order.
-// kDefault is the GEMVs, or the tensor cores when STRATA_CUDA_Q8_TENSOR=1 (measured: faster for
-// batches of sessions, slower for one; bench/README.md).
+// kDefault: Q4_K on the tensor cores, Q8_0 on the GEMVs (measured: Q4_K's tensor kernels level
+// with its GEMVs for one session and faster for batches; Q8_0's faster for batches, slower for one;
+// bench/README.md); STRATA_CUDA_Q8_TENSOR=1 or 0 puts both on the tensor cores or the GEMVs.
 enum class Q8Kernels { kDefault, kGemv, kTensor };
 absl::Status GemvQ8(const DeviceMatrix &w, const void *xq, int64_t n_tok, float *y, cudaStream_t stream,
                     Q8Kernels k = Q8Kernels::kDefault);

