@@ -392,7 +392,7 @@ struct TileX {
 
 // Q8_0 (34 bytes / 32: f16 d | 32 codes): a step is one block, d_w d_x Σ q x.
 struct TensorQ8_0 {
-  static constexpr int kBlock = 32, kStep = 32, kStepBytes = 34;
+  static constexpr int kBlock = 32, kStep = 32;
 
   template <int kTiles>
   __device__ static void Tile(const uint8_t *wa, const uint8_t *wb, int64_t kb, int c, const TileX<kTiles> &x,
@@ -439,7 +439,7 @@ struct TensorQ8_0 {
 // one super-block, d d_x Σ_s sc_s Σ q x - dmin d_x Σ_s m_s Σ x, both sums over sub-blocks integers
 // (the activations' sums per 16 elements give Σ x).
 struct TensorQ4_K {
-  static constexpr int kBlock = 256, kStep = 256, kStepBytes = 144;
+  static constexpr int kBlock = 256, kStep = 256;
   static constexpr uint32_t kLow = 0x0f0f0f0fu;
 
   __device__ static void ScalesMins(const uint4 &h, int (&sc)[8], int (&mn)[8]) {
