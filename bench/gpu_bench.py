@@ -26,13 +26,15 @@ Run on the GPU machine (torch measures the two bandwidths):
         --budgets 4G,8G,16G,0 --prefill 512 --decode 64 [--llama-lib DIR] [--json-out F]
 """
 import argparse
-import ctypes
 import json
 import os
 import re
 import subprocess
 import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from llama_peer import load_llama  # noqa: E402
 
 
 def size_of(s):
@@ -126,36 +128,8 @@ def run_strata(strata, model, budget, prefill, decode, ram_budget, cpu_experts, 
 
 
 def run_llama(lib_dir, model, n_cpu_moe, prefill, decode, threads):
-    if lib_dir:
-        os.environ["LLAMA_CPP_LIB_PATH"] = lib_dir
-    import llama_cpp as L
-
-    L.llama_backend_init()
-    mp = L.llama_model_default_params()
-    mp.n_gpu_layers = 999
-    keep = []
-    if n_cpu_moe > 0:
-        here = os.path.dirname(L.__file__)
-        lib = lib_dir or os.path.join(here, "lib")
-        cpu = ctypes.CDLL(os.path.join(lib, "libggml-cpu.so"))
-        cpu.ggml_backend_cpu_buffer_type.restype = ctypes.c_void_p
-        buft = cpu.ggml_backend_cpu_buffer_type()
-
-        class Override(ctypes.Structure):
-            _fields_ = [("pattern", ctypes.c_char_p), ("buft", ctypes.c_void_p)]
-
-        arr = (Override * (n_cpu_moe + 1))()
-        for i in range(n_cpu_moe):
-            pat = ("blk\\.%d\\.ffn_(up|down|gate)_exps" % i).encode()
-            keep.append(pat)
-            arr[i].pattern = pat
-            arr[i].buft = buft
-        keep.append(arr)
-        mp.tensor_buft_overrides = ctypes.addressof(arr)
     t0 = time.time()
-    mdl = L.llama_model_load_from_file(model.encode(), mp)
-    if not mdl:
-        raise RuntimeError("llama.cpp could not load " + model)
+    L, mdl = load_llama(model, lib_dir, n_gpu_layers=999, n_cpu_moe=n_cpu_moe)
     cp = L.llama_context_default_params()
     cp.n_ctx = prefill + decode + 16
     cp.n_batch = max(prefill, 1)

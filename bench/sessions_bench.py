@@ -21,6 +21,9 @@ import subprocess
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from llama_peer import load_llama  # noqa: E402
+
 MODES = {  # name -> (prefill_token_max, prefill_layer_min)
     "token-by-token": (1 << 20, 1 << 20),
     "selected": (1, 1 << 20),
@@ -48,16 +51,8 @@ def rotated(ids, i, n_vocab):
 def run_llama_sessions(args, n, prompt, forced):
     """llama.cpp decoding n sequences together: every sequence's prompt in one batch, then one batch
     of n tokens (one a sequence, logits for each) per step. Returns aggregate decode tok/s."""
-    if args.llama_lib:
-        os.environ["LLAMA_CPP_LIB_PATH"] = args.llama_lib
-    import llama_cpp as L
-
-    L.llama_backend_init()
-    mp = L.llama_model_default_params()
-    mp.n_gpu_layers = args.n_gpu_layers if args.n_gpu_layers >= 0 else (999 if args.backend == "cuda" else 0)
-    mdl = L.llama_model_load_from_file(args.model.encode(), mp)
-    if not mdl:
-        raise RuntimeError("llama.cpp could not load " + args.model)
+    n_gpu = args.n_gpu_layers if args.n_gpu_layers >= 0 else (999 if args.backend == "cuda" else 0)
+    L, mdl = load_llama(args.model, args.llama_lib, n_gpu_layers=n_gpu)
     n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(mdl))
     per_seq = len(prompt) + len(forced) + 8
     cp = L.llama_context_default_params()
