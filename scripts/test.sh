@@ -14,13 +14,16 @@ if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
   build/tests/strata_gpu_tests >/dev/null
 fi
 
-# libFuzzer: a second tree built with clang holds the parsers' fuzz targets (ASan + UBSan). Each
-# replays its seed corpus, then fuzzes briefly; new inputs go to a scratch directory, crash
-# reproducers to build-fuzz/artifacts/. A finding fails the script.
+# A second tree built with clang: the library and its unit tests (the tests run below, a compiler
+# other than the main tree's, without the CLI and the install), and the parsers' libFuzzer targets
+# (ASan + UBSan). Each fuzz target replays its seed corpus, then fuzzes briefly; new inputs go to a
+# scratch directory, crash reproducers to build-fuzz/artifacts/. A finding fails the script.
 CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DSTRATA_BUILD_FUZZ=ON -DSTRATA_BUILD_BENCH=OFF -DSTRATA_BUILD_EXAMPLES=OFF \
   -DSTRATA_ENABLE_CUDA=OFF -DSTRATA_INSTALL=OFF >/dev/null
-cmake --build build-fuzz --parallel "$(nproc)" --target gguf_fuzz safetensors_fuzz
+cmake --build build-fuzz --parallel "$(nproc)" --target gguf_fuzz safetensors_fuzz strata_tests
+ctest --test-dir build-fuzz --output-on-failure --label-exclude gpu --parallel "$(nproc)" --timeout 900 >build-fuzz/ctest.log ||
+  { tail -n 60 build-fuzz/ctest.log; echo "the clang tree's tests failed (build-fuzz/ctest.log)" >&2; exit 1; }
 mkdir -p build-fuzz/artifacts
 for target in gguf safetensors; do
   build-fuzz/tests/fuzz/${target}_fuzz -runs=0 "tests/fuzz/corpus/${target}"

@@ -7,6 +7,10 @@
 #include <cmath>
 #include <cstring>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+
 #include "backends/cpu/kernels/kernels_internal.h"
 
 namespace strata::cpu::kernels {
@@ -95,10 +99,10 @@ Isa BestIsa() {
   static const Isa isa = [] {
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-        __builtin_cpu_supports("f16c")) {
-      return Isa::kAvx2;
-    }
+    // F16C from CPUID leaf 1 (ECX bit 29): clang's __builtin_cpu_supports does not know "f16c".
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    const bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & (1u << 29)) != 0;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c) return Isa::kAvx2;
 #endif
     return Isa::kScalar;
   }();

@@ -57,12 +57,6 @@ inline __m256i DotU8S8(__m256i u, __m256i s) {
 constexpr int64_t kPrefetchAhead = 2048;
 inline void Prefetch(const uint8_t *p) { _mm_prefetch(reinterpret_cast<const char *>(p + kPrefetchAhead), _MM_HINT_T0); }
 
-// Mask of the first r < 8 lanes, for row tails of the float formats.
-inline __m256i TailMask(int64_t r) {
-  alignas(32) static const int32_t kMask[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
-  return _mm256_loadu_si256(reinterpret_cast<const __m256i *>(kMask + 8 - r));
-}
-
 // ============================ exact mode ============================
 // Shared loop of the float kernels: Decode(i, &lo, &hi) yields the weights of elements i..i+15
 // (bit-identical to the codec's dequantize); they are FMA'd into lane i % 16.
