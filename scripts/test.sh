@@ -21,7 +21,7 @@ fi
 CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DSTRATA_BUILD_FUZZ=ON -DSTRATA_BUILD_BENCH=OFF -DSTRATA_BUILD_EXAMPLES=OFF \
   -DSTRATA_ENABLE_CUDA=OFF -DSTRATA_INSTALL=OFF >/dev/null
-cmake --build build-fuzz --parallel "$(nproc)" --target gguf_fuzz safetensors_fuzz strata_tests
+cmake --build build-fuzz --parallel "$(nproc)" --target gguf_fuzz safetensors_fuzz strata_tests gguf_replay safetensors_replay
 ctest --test-dir build-fuzz --output-on-failure --label-exclude gpu --parallel "$(nproc)" --timeout 900 >build-fuzz/ctest.log ||
   { tail -n 60 build-fuzz/ctest.log; echo "the clang tree's tests failed (build-fuzz/ctest.log)" >&2; exit 1; }
 mkdir -p build-fuzz/artifacts
