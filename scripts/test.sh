@@ -26,10 +26,11 @@ ctest --test-dir build-fuzz --output-on-failure --label-exclude gpu --parallel "
   { tail -n 60 build-fuzz/ctest.log; echo "the clang tree's tests failed (build-fuzz/ctest.log)" >&2; exit 1; }
 mkdir -p build-fuzz/artifacts
 for target in gguf safetensors; do
-  build-fuzz/tests/fuzz/${target}_fuzz -runs=0 "tests/fuzz/corpus/${target}"
+  build-fuzz/tests/fuzz/${target}_fuzz -runs=0 "tests/fuzz/corpus/${target}" "tests/fuzz/found/${target}"
   scratch="$(mktemp -d)"
-  build-fuzz/tests/fuzz/${target}_fuzz -max_total_time=15 -max_len=4096 -rss_limit_mb=2048 \
-    -artifact_prefix=build-fuzz/artifacts/ -print_final_stats=1 "$scratch" "tests/fuzz/corpus/${target}"
+  build-fuzz/tests/fuzz/${target}_fuzz -max_total_time=15 -max_len=8192 -rss_limit_mb=2048 \
+    -artifact_prefix=build-fuzz/artifacts/ -print_final_stats=1 "$scratch" "tests/fuzz/corpus/${target}" \
+    "tests/fuzz/found/${target}"
   rm -rf "$scratch"
 done
 
