@@ -118,6 +118,15 @@ struct Q8_0 {
   }
 };
 
+// The 6-bit scale and min of sub-block j < 8 of a Q4_K super-block (lib/quant's packing over the 12
+// scale bytes), from the block's first 16 bytes h (x: f16 d | f16 dmin; y, z, w: the scale bytes).
+__device__ __forceinline__ void K4ScaleMin(const uint4 &h, int j, uint32_t *sc, uint32_t *mn) {
+  const int sh = 8 * (j & 3);
+  const uint32_t y = (h.y >> sh) & 0xffu, z = (h.z >> sh) & 0xffu, w = (h.w >> sh) & 0xffu;
+  *sc = j < 4 ? y & 63u : (w & 15u) | ((y >> 6) << 4);
+  *mn = j < 4 ? z & 63u : (w >> 4) | ((z >> 6) << 4);
+}
+
 // ---- Q4_K (144 bytes / 256): f16 d | f16 dmin | u8 scales[12] | u8 qs[128] ------------------------
 // Item j (sub-block of 32) reads nibble j % 2 of qs[32 (j / 2) ..]; x = (d * sc) * q - dmin * m.
 struct Q4_K {

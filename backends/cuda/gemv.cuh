@@ -75,10 +75,8 @@ __device__ __forceinline__ void RowDotsQ4K(const uint8_t *const (&rows)[R], cons
       const float d = HalfBits(static_cast<uint16_t>(h.x & 0xffffu)), dmin = HalfBits(static_cast<uint16_t>(h.x >> 16));
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
-        const int sh = 8 * ((2 * c + i) & 3);
-        const uint32_t y = (h.y >> sh) & 0xffu, z = (h.z >> sh) & 0xffu, w = (h.w >> sh) & 0xffu;
-        const uint32_t sc = c < 2 ? y & 63u : (w & 15u) | ((y >> 6) << 4);
-        const uint32_t mn = c < 2 ? z & 63u : (w >> 4) | ((z >> 6) << 4);
+        uint32_t sc, mn;
+        K4ScaleMin(h, 2 * c + i, &sc, &mn);
         dl[m][i] = __fmul_rn(d, static_cast<float>(sc));
         ml[m][i] = __fmul_rn(dmin, static_cast<float>(mn));
       }

@@ -176,10 +176,10 @@ __device__ __forceinline__ void RowDotsQ4_K(const uint8_t *const (&rows)[R], con
       dmin[m] = dev::HalfBits(static_cast<uint16_t>(h.x >> 16));
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
-        const int sh = 8 * ((2 * c + i) & 3);
-        const uint32_t y = (h.y >> sh) & 0xffu, z = (h.z >> sh) & 0xffu, w = (h.w >> sh) & 0xffu;
-        sc[m][i] = static_cast<int>(c < 2 ? y & 63u : (w & 15u) | ((y >> 6) << 4));
-        mn[m][i] = static_cast<int>(c < 2 ? z & 63u : (w >> 4) | ((z >> 6) << 4));
+        uint32_t s, n;
+        dev::K4ScaleMin(h, 2 * c + i, &s, &n);
+        sc[m][i] = static_cast<int>(s);
+        mn[m][i] = static_cast<int>(n);
       }
     }
 #pragma unroll
@@ -445,10 +445,10 @@ struct TensorQ4_K {
   __device__ static void ScalesMins(const uint4 &h, int (&sc)[8], int (&mn)[8]) {
 #pragma unroll
     for (int s = 0; s < 8; ++s) {
-      const int sh = 8 * (s & 3);
-      const uint32_t y = (h.y >> sh) & 0xffu, z = (h.z >> sh) & 0xffu, w = (h.w >> sh) & 0xffu;
-      sc[s] = static_cast<int>(s < 4 ? y & 63u : (w & 15u) | ((y >> 6) << 4));
-      mn[s] = static_cast<int>(s < 4 ? z & 63u : (w >> 4) | ((z >> 6) << 4));
+      uint32_t a, b;
+      dev::K4ScaleMin(h, s, &a, &b);
+      sc[s] = static_cast<int>(a);
+      mn[s] = static_cast<int>(b);
     }
   }
   // Σ_s m_s Σ x over super-block sb of a token (sums: its int16 per 16 elements, 4-byte aligned).
