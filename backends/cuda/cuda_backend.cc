@@ -541,6 +541,22 @@ void CudaBackend::Download(void *dst, const void *src, size_t bytes) {
   std::memcpy(dst, *io, bytes);
 }
 
+void CudaBackend::DownloadParts(const void *src, const DownloadPart *parts, size_t n) {
+  Profile prof(this, "DownloadParts");
+  size_t bytes = 0;
+  for (size_t i = 0; i < n; ++i) bytes += parts[i].bytes;
+  if (!err_.ok() || bytes == 0) return;
+  if (!Note(HostRoundTrip("a download"))) return;
+  // One transfer into the pinned buffer, then each part copied once to its place.
+  auto io = GrowPinned(down_io_, bytes);
+  if (!Note(io.status()) || !Note(CopyAsync(*io, src, bytes, stream_.get())) || !Note(stream_.Synchronize())) return;
+  const auto *p = static_cast<const uint8_t *>(*io);
+  for (size_t i = 0; i < n; ++i) {
+    std::memcpy(parts[i].dst, p, parts[i].bytes);
+    p += parts[i].bytes;
+  }
+}
+
 absl::Status CudaBackend::TakeError() {
   absl::Status s = std::move(err_);
   err_ = absl::OkStatus();

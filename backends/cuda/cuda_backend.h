@@ -63,6 +63,7 @@ class CudaBackend final : public model::Backend {
   absl::StatusOr<std::unique_ptr<model::Buffer>> Allocate(size_t bytes) override;
   void Upload(void *dst, const void *src, size_t bytes) override;
   void Download(void *dst, const void *src, size_t bytes) override;
+  void DownloadParts(const void *src, const DownloadPart *parts, size_t n) override;
   absl::Status TakeError() override;
 
   void CopyRows(float *dst, int64_t dst_stride, const float *src, int64_t src_stride, int64_t rows,

@@ -183,6 +183,20 @@ class Backend {
   virtual void Upload(void *dst, const void *src, size_t bytes) = 0;
   // dst (host) = src (backend memory); complete when the call returns.
   virtual void Download(void *dst, const void *src, size_t bytes) = 0;
+  // Consecutive pieces of src (backend memory) to their own host places: part i, parts[i].bytes
+  // long, starts where part i - 1 ends. Complete when the call returns. The default downloads each
+  // part; a backend with its own memory moves them in one transfer.
+  struct DownloadPart {
+    void *dst;
+    size_t bytes;
+  };
+  virtual void DownloadParts(const void *src, const DownloadPart *parts, size_t n) {
+    const auto *p = static_cast<const uint8_t *>(src);
+    for (size_t i = 0; i < n; ++i) {
+      Download(parts[i].dst, p, parts[i].bytes);
+      p += parts[i].bytes;
+    }
+  }
   // The first error since the last call (OkStatus when none); later work was skipped.
   virtual absl::Status TakeError() { return absl::OkStatus(); }
 

@@ -911,18 +911,23 @@ absl::Status Forward(const HParams &hp, const ModelWeights &w, Backend &be, cons
       STRATA_RETURN_IF_ERROR(end);
     }
   }
-  std::vector<float> all(n_out * hp.n_vocab);
-  be.Download(all.data(), S.logits, all.size() * sizeof(float));
-  STRATA_RETURN_IF_ERROR(be.TakeError());
-  STRATA_RETURN_IF_ERROR(ReportRouted(hp, be, a.experts, routed_on_backend, S, T));
+  // Each sequence's rows straight to where they are read: one transfer, one copy.
   logits->resize(n_seq);
-  int64_t done = 0;
+  std::vector<Backend::DownloadPart> parts(n_seq);
   for (size_t s = 0; s < n_seq; ++s) {
-    const int64_t n = a.seqs[s].all_logits ? a.seqs[s].n_tok : 1;
-    (*logits)[s].assign(all.begin() + done * hp.n_vocab, all.begin() + (done + n) * hp.n_vocab);
-    done += n;
+    const size_t n = static_cast<size_t>(a.seqs[s].all_logits ? a.seqs[s].n_tok : 1) * hp.n_vocab;
+    float *dst = a.seqs[s].logits_dst;
+    if (dst == nullptr) {
+      (*logits)[s].resize(n);
+      dst = (*logits)[s].data();
+    } else {
+      (*logits)[s].clear();
+    }
+    parts[s] = Backend::DownloadPart{dst, n * sizeof(float)};
   }
-  return absl::OkStatus();
+  be.DownloadParts(S.logits, parts.data(), parts.size());
+  STRATA_RETURN_IF_ERROR(be.TakeError());
+  return ReportRouted(hp, be, a.experts, routed_on_backend, S, T);
 }
 
 absl::Status Forward(const HParams &hp, const ModelWeights &w, Backend &be, KvCache &kv, const int32_t *tokens,

@@ -190,6 +190,10 @@ struct SequenceArgs {
   int64_t n_tok = 0;
   int pos0 = 0;                      // position of tokens[0]; the cache holds positions < pos0
   bool all_logits = false;           // logits for every token, else only the last
+  // When set, the sequence's logits rows go here (room for (all_logits ? n_tok : 1) x n_vocab
+  // floats) and its entry of Forward's logits stays empty: a caller keeping its own buffers from
+  // step to step has them written once, with no allocation.
+  float *logits_dst = nullptr;
 };
 
 // A forward pass over several sequences at once (continuous batching): embeddings, norms, routing
@@ -208,7 +212,7 @@ struct ForwardArgs {
 size_t ForwardWorkspaceBytes(const HParams &hp, int64_t n_tok, int64_t n_out);
 
 // Runs the sequences through the model, writing their K/V into their caches and the logits of
-// sequence i into (*logits)[i] ((all_logits ? n_tok : 1) x n_vocab). Requires pos0 + n_tok <=
+// sequence i into (*logits)[i] ((all_logits ? n_tok : 1) x n_vocab), or to its logits_dst. Requires pos0 + n_tok <=
 // kv->n_ctx() for each, and distinct caches. Arguments are checked before any cache is written; then
 // each cache gets the blocks its new positions need (MOE_ERR_LIMIT_KV when the budget refuses them)
 // and their mask. On a later failure (an expert load) the caches may hold rows at positions >= pos0,

@@ -374,8 +374,7 @@ absl::Status Context::StepLocked(int cap, bool *ran) {
     int pos0;
     bool token_by_token;  // a very short input: one token per pass
     bool new_input;       // the first chunk of the session's input (rows start afresh)
-    std::vector<float> logits;
-    int32_t rows = 0;
+    int32_t rows = 0;     // logits rows in the session's step_logits_
   };
   const size_t n_sess = sessions_.size();
   std::vector<size_t> want(n_sess, 0);
@@ -468,23 +467,25 @@ absl::Status Context::StepLocked(int cap, bool *ran) {
       } else {
         continue;
       }
+      // The pass's rows go after the chunk's earlier rows (every token's logits), else replace them.
+      const int32_t first = all ? c.rows : 0, n = all ? static_cast<int32_t>(a.seqs.back().n_tok) : 1;
+      std::vector<float> &dst = c.s->step_logits_;
+      const size_t need = static_cast<size_t>(first + n) * hp_.n_vocab;
+      if (dst.size() < need) dst.resize(need);
+      a.seqs.back().logits_dst = dst.data() + static_cast<size_t>(first) * hp_.n_vocab;
+      c.rows = first + n;
       in_pass.push_back(&c);
       pass_tok += a.seqs.back().n_tok;
     }
     counting.layer_major = cache_ != nullptr && pass_tok >= prefill_layer_min_;
     a.experts = &counting;
     a.workspace = &workspace_;
-    std::vector<std::vector<float>> logits;
+    std::vector<std::vector<float>> unused;  // every sequence has its logits_dst
     // On failure no session is committed: the KV rows written at positions >= n_past are not part
-    // of any session and are overwritten by the retry.
-    if (absl::Status st = model::Forward(hp_, weights_, *backend_, a, &logits); !st.ok()) {
+    // of any session and are overwritten by the retry, and step_logits_ is not read.
+    if (absl::Status st = model::Forward(hp_, weights_, *backend_, a, &unused); !st.ok()) {
       trim_all();
       return st;
-    }
-    for (size_t i = 0; i < in_pass.size(); ++i) {
-      Chunk &c = *in_pass[i];
-      if (!c.s->opts_.logits_all) c.logits.clear();
-      c.logits.insert(c.logits.end(), logits[i].begin(), logits[i].end());
     }
     n_tok += pass_tok;
     const bool decode = std::any_of(in_pass.begin(), in_pass.end(), [&](Chunk *c) {
@@ -503,13 +504,14 @@ absl::Status Context::StepLocked(int cap, bool *ran) {
     s.pending_.erase(s.pending_.begin(), s.pending_.begin() + c.tokens.size());
     s.n_past_ += static_cast<int>(c.tokens.size());
     s.history_.insert(s.history_.end(), c.tokens.begin(), c.tokens.end());
-    const int32_t rows = static_cast<int32_t>(c.logits.size() / hp_.n_vocab);
+    const size_t floats = static_cast<size_t>(c.rows) * hp_.n_vocab;
     if (s.opts_.logits_all && !c.new_input) {
-      s.logits_.insert(s.logits_.end(), c.logits.begin(), c.logits.end());
-      s.n_logit_rows_ += rows;
+      s.logits_.insert(s.logits_.end(), s.step_logits_.begin(), s.step_logits_.begin() + floats);
+      s.n_logit_rows_ += c.rows;
     } else {
-      s.logits_ = std::move(c.logits);
-      s.n_logit_rows_ = rows;
+      s.logits_.swap(s.step_logits_);
+      s.logits_.resize(floats);  // within its room: logits_ holds exactly its rows
+      s.n_logit_rows_ = c.rows;
     }
     s.rows_open_ = !s.pending_.empty();
   }

@@ -151,6 +151,9 @@ class Session {
   int n_past_ = 0;
   std::vector<int32_t> pending_;
   std::vector<float> logits_;   // (n_rows, n_vocab)
+  // The rows of the step in progress, swapped into logits_ when it commits: both buffers keep
+  // their room from step to step. Used only by the stepping thread (under the context's lock).
+  std::vector<float> step_logits_;
   int32_t n_logit_rows_ = 0;
   bool rows_open_ = false;        // the input of the last step is not all processed: rows accumulate
   std::vector<int32_t> history_;  // processed tokens, in order

@@ -439,6 +439,13 @@ TEST_CASE("a failed batch leaves every session as it was", "[batching][faults]")
   for (int k = 0, guard = 0; guard < 2000; ++guard) {
     std::vector<int32_t> past, queued;
     for (auto *s : ss) past.push_back(moe_session_n_past(s)), queued.push_back(moe_session_n_pending(s));
+    // The logits each session holds (none before its first step): a failed step keeps them.
+    std::vector<std::vector<float>> held(ss.size());
+    for (size_t i = 0; i < ss.size(); ++i) {
+      const float *l = nullptr;
+      int32_t nv = 0;
+      if (moe_session_logits(ss[i], &l, &nv) == MOE_OK) held[i].assign(l, l + nv);
+    }
     g_calls = 0;
     g_fail_at = k;
     uint32_t pending = 0;
@@ -449,6 +456,14 @@ TEST_CASE("a failed batch leaves every session as it was", "[batching][faults]")
       for (size_t i = 0; i < ss.size(); ++i) {
         CHECK(moe_session_n_past(ss[i]) == past[i]);
         CHECK(moe_session_n_pending(ss[i]) == queued[i]);
+        const float *l = nullptr;
+        int32_t nv = 0;
+        if (held[i].empty()) {
+          CHECK(moe_session_logits(ss[i], &l, &nv) != MOE_OK);
+        } else {
+          REQUIRE(moe_session_logits(ss[i], &l, &nv) == MOE_OK);
+          CHECK(std::memcmp(l, held[i].data(), held[i].size() * sizeof(float)) == 0);
+        }
       }
       k += 1 + static_cast<int>(rng() % 3);
       continue;
