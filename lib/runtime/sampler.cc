@@ -144,6 +144,12 @@ std::vector<int32_t> SortAll(const float *l, int32_t n) {
 
 }  // namespace
 
+int32_t Greedy(const float *logits, int32_t n_vocab) { return ArgMax(logits, n_vocab); }
+
+std::vector<int32_t> SampleCandidates(const float *logits, int32_t n_vocab, int32_t top_k) {
+  return top_k > 0 && top_k < n_vocab ? TopK(logits, n_vocab, top_k) : SortAll(logits, n_vocab);
+}
+
 int32_t Sample(const float *logits_in, int32_t n_vocab, const SamplerParams &p, Rng &rng,
                absl::Span<const int32_t> recent) {
   const float *logits = logits_in;
@@ -157,14 +163,8 @@ int32_t Sample(const float *logits_in, int32_t n_vocab, const SamplerParams &p, 
     logits = penalized.data();
   }
   if (p.temperature <= 0.f) return ArgMax(logits, n_vocab);
-  int32_t n = n_vocab;
-  std::vector<int32_t> idx;
-  if (p.top_k > 0 && p.top_k < n) {
-    idx = TopK(logits, n, p.top_k);
-    n = p.top_k;
-  } else {
-    idx = SortAll(logits, n);
-  }
+  const std::vector<int32_t> idx = SampleCandidates(logits, n_vocab, p.top_k);
+  int32_t n = static_cast<int32_t>(idx.size());
   // Probabilities in double so the same logits give the same draw everywhere.
   std::vector<double> prob(n);
   const double mx = logits[idx[0]];

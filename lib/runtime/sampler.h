@@ -47,6 +47,13 @@ void ApplyPenalties(float *logits, int32_t n_vocab, const SamplerParams &p, absl
 int32_t Sample(const float *logits, int32_t n_vocab, const SamplerParams &p, Rng &rng,
                absl::Span<const int32_t> recent = {});
 
+// The selections Sample makes, exposed for tests: the first index of the largest logit (as
+// std::max_element: a NaN is taken only when it comes first), and the candidates a draw is made
+// from, in order (higher logit first, the lower id first among equal logits; -0 and +0 equal): the
+// top_k first when 0 < top_k < n_vocab, else every id.
+int32_t Greedy(const float *logits, int32_t n_vocab);
+std::vector<int32_t> SampleCandidates(const float *logits, int32_t n_vocab, int32_t top_k);
+
 // Stop strings over streamed text. Push takes the next text and returns what may be shown: text
 // that cannot be the start of a stop string; the rest is held back until it is decided. When the
 // text reaches a stop string, Push returns the text before it, sets *stopped, and drops the rest.
