@@ -513,6 +513,8 @@ absl::Status Context::StepLocked(int cap, bool *ran) {
       s.logits_.resize(floats);  // within its room: logits_ holds exactly its rows
       s.n_logit_rows_ = c.rows;
     }
+    // A buffer far larger than this step needed (an earlier prompt's rows of every token) is let go.
+    if (s.step_logits_.capacity() > 2 * std::max<size_t>(floats, hp_.n_vocab)) std::vector<float>().swap(s.step_logits_);
     s.rows_open_ = !s.pending_.empty();
   }
   *ran = true;
