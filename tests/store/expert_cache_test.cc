@@ -77,6 +77,9 @@ RunResult Run(moe_ctx *ctx, const std::vector<int32_t> &tokens, size_t prefill) 
     done += n;
   }
   moe_session_close(s);
+  // Prefetches still reading when the last step returned are counted as issued but not yet as
+  // reads: the counters are read once every load has landed.
+  REQUIRE(moe_ctx_wait_loads(ctx) == MOE_OK);
   moe_stats_init(&r.stats);
   REQUIRE(moe_ctx_stats(ctx, &r.stats) == MOE_OK);
   return r;
