@@ -786,6 +786,9 @@ absl::Status Forward(const HParams &hp, const ModelWeights &w, Backend &be, cons
     if (q.kv == nullptr || q.n_tok <= 0 || q.tokens == nullptr) {
       return Errorf(MOE_ERR_INVALID_ARGUMENT, "sequence %u of the batch: no cache or %d tokens", s, q.n_tok);
     }
+    if (q.logits_dst == nullptr && logits == nullptr) {
+      return Errorf(MOE_ERR_INVALID_ARGUMENT, "sequence %u of the batch: nowhere to put its logits", s);
+    }
     if (q.pos0 < 0 || q.pos0 + q.n_tok > q.kv->n_ctx()) {
       return Errorf(MOE_ERR_LIMIT_CONTEXT, "positions %d..%d do not fit the context of %d tokens", q.pos0,
                     q.pos0 + q.n_tok - 1, q.kv->n_ctx());
@@ -912,7 +915,7 @@ absl::Status Forward(const HParams &hp, const ModelWeights &w, Backend &be, cons
     }
   }
   // Each sequence's rows straight to where they are read: one transfer, one copy.
-  logits->resize(n_seq);
+  if (logits != nullptr) logits->assign(n_seq, {});
   std::vector<Backend::DownloadPart> parts(n_seq);
   for (size_t s = 0; s < n_seq; ++s) {
     const size_t n = static_cast<size_t>(a.seqs[s].all_logits ? a.seqs[s].n_tok : 1) * hp.n_vocab;
@@ -920,8 +923,6 @@ absl::Status Forward(const HParams &hp, const ModelWeights &w, Backend &be, cons
     if (dst == nullptr) {
       (*logits)[s].resize(n);
       dst = (*logits)[s].data();
-    } else {
-      (*logits)[s].clear();
     }
     parts[s] = Backend::DownloadPart{dst, n * sizeof(float)};
   }

@@ -212,8 +212,8 @@ struct ForwardArgs {
 size_t ForwardWorkspaceBytes(const HParams &hp, int64_t n_tok, int64_t n_out);
 
 // Runs the sequences through the model, writing their K/V into their caches and the logits of
-// sequence i into (*logits)[i] ((all_logits ? n_tok : 1) x n_vocab), or to its logits_dst. Requires pos0 + n_tok <=
-// kv->n_ctx() for each, and distinct caches. Arguments are checked before any cache is written; then
+// sequence i to its logits_dst, else into (*logits)[i] ((all_logits ? n_tok : 1) x n_vocab; logits
+// may be null when every sequence has a logits_dst). Requires pos0 + n_tok <= kv->n_ctx() for each, and distinct caches. Arguments are checked before any cache is written; then
 // each cache gets the blocks its new positions need (MOE_ERR_LIMIT_KV when the budget refuses them)
 // and their mask. On a later failure (an expert load) the caches may hold rows at positions >= pos0,
 // which are not yet part of any sequence, so the sequences stay as they were; blocks taken for them

@@ -480,10 +480,9 @@ absl::Status Context::StepLocked(int cap, bool *ran) {
     counting.layer_major = cache_ != nullptr && pass_tok >= prefill_layer_min_;
     a.experts = &counting;
     a.workspace = &workspace_;
-    std::vector<std::vector<float>> unused;  // every sequence has its logits_dst
     // On failure no session is committed: the KV rows written at positions >= n_past are not part
     // of any session and are overwritten by the retry, and step_logits_ is not read.
-    if (absl::Status st = model::Forward(hp_, weights_, *backend_, a, &unused); !st.ok()) {
+    if (absl::Status st = model::Forward(hp_, weights_, *backend_, a, nullptr); !st.ok()) {
       trim_all();
       return st;
     }
@@ -514,7 +513,9 @@ absl::Status Context::StepLocked(int cap, bool *ran) {
       s.n_logit_rows_ = c.rows;
     }
     // A buffer far larger than this step needed (an earlier prompt's rows of every token) is let go.
-    if (s.step_logits_.capacity() > 2 * std::max<size_t>(floats, hp_.n_vocab)) std::vector<float>().swap(s.step_logits_);
+    if (s.step_logits_.capacity() > 2 * std::max<size_t>(floats, hp_.n_vocab)) {
+      std::vector<float>().swap(s.step_logits_);
+    }
     s.rows_open_ = !s.pending_.empty();
   }
   *ran = true;

@@ -6,6 +6,8 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <cmath>
+#include <cstring>
 #include <memory>
 #include <random>
 #include <string>
@@ -16,6 +18,7 @@
 #include "lib/model/hparams.h"
 #include "lib/model/model_file.h"
 #include "lib/model/weights.h"
+#include "lib/util/status.h"
 #include "tests/model/golden_util.h"
 
 namespace {
@@ -152,4 +155,39 @@ TEST_CASE("decode rows path: bit-identical to per-sequence attention, with masks
       }
     }
   }
+}
+
+TEST_CASE("forward writes each sequence's logits to its own destination or into the result", "[forward][sessions]") {
+  Loaded m;
+  Load(kGolden + "qwen3moe_f32/model-f32.gguf", &m);
+  strata::cpu::CpuBackend be(2);
+  Run into, own;
+  Open(m, be, 3, true, &into);
+  Open(m, be, 3, true, &own);
+  std::mt19937 rng(std::random_device{}());
+  std::uniform_int_distribution<int32_t> id(0, m.hp.n_vocab - 1);
+  const std::vector<std::vector<int32_t>> tok = {{id(rng), id(rng), id(rng)}, {id(rng)}, {id(rng), id(rng)}};
+  const std::vector<std::vector<float>> want = Step(m, be, &into, {0, 1, 2}, tok);
+  // Sequences 0 and 2 into poisoned buffers of their own (2 with every token's rows), 1 into the result.
+  const size_t nv = static_cast<size_t>(m.hp.n_vocab);
+  std::vector<float> d0(nv, std::nanf("")), d2(2 * nv, std::nanf(""));
+  ForwardArgs a;
+  for (int s = 0; s < 3; ++s) {
+    a.seqs.push_back(SequenceArgs{own.kv[s].get(), tok[s].data(), static_cast<int64_t>(tok[s].size()), 0, s == 2});
+  }
+  a.seqs[0].logits_dst = d0.data();
+  a.seqs[2].logits_dst = d2.data();
+  a.workspace = &own.ws;
+  // Nowhere to put sequence 1's rows: refused before anything runs.
+  CHECK(strata::StatusToMoe(Forward(m.hp, m.w, be, a, nullptr)) == MOE_ERR_INVALID_ARGUMENT);
+  std::vector<std::vector<float>> out;
+  REQUIRE(Forward(m.hp, m.w, be, a, &out).ok());
+  REQUIRE(out.size() == 3);
+  CHECK(out[0].empty());
+  CHECK(out[2].empty());
+  CHECK(std::memcmp(d0.data(), want[0].data(), nv * sizeof(float)) == 0);
+  CHECK(out[1] == want[1]);
+  // Sequence 2's last row is what the result-vector run gave (it asked for the last row only).
+  CHECK(std::memcmp(d2.data() + nv, want[2].data(), nv * sizeof(float)) == 0);
+  CHECK(!std::isnan(d2[0]));
 }
