@@ -533,16 +533,12 @@ void CudaBackend::Upload(void *dst, const void *src, size_t bytes) {
 }
 
 void CudaBackend::Download(void *dst, const void *src, size_t bytes) {
-  Profile prof(this, "Download");
-  if (!err_.ok() || bytes == 0) return;
-  if (!Note(HostRoundTrip("a download"))) return;
-  auto io = GrowPinned(down_io_, bytes);
-  if (!Note(io.status()) || !Note(CopyAsync(*io, src, bytes, stream_.get())) || !Note(stream_.Synchronize())) return;
-  std::memcpy(dst, *io, bytes);
+  const DownloadPart part{dst, bytes};
+  DownloadParts(src, &part, 1);
 }
 
 void CudaBackend::DownloadParts(const void *src, const DownloadPart *parts, size_t n) {
-  Profile prof(this, "DownloadParts");
+  Profile prof(this, "Download");
   size_t bytes = 0;
   for (size_t i = 0; i < n; ++i) bytes += parts[i].bytes;
   if (!err_.ok() || bytes == 0) return;
