@@ -58,11 +58,8 @@ void ApplyPenalties(float *logits, int32_t n_vocab, const SamplerParams &p, absl
   }
 }
 
-namespace {
-
-// The first index of the largest logit, as std::max_element gives it (a NaN is never taken unless
-// it comes first), in a loop the compiler can vectorize: 600 us -> ~100 us over a 152K vocabulary.
-int32_t ArgMax(const float *l, int32_t n) {
+// In a loop the compiler can vectorize (bench/sampler_bench: 263 -> ~95 us over 152K logits).
+int32_t Greedy(const float *l, int32_t n) {
   if (n <= 0 || std::isnan(l[0])) return 0;
   constexpr int kLanes = 16;
   float m[kLanes];
@@ -79,6 +76,8 @@ int32_t ArgMax(const float *l, int32_t n) {
   }
   return 0;
 }
+
+namespace {
 
 // The candidates' order: higher logit first, the lower id first among equal logits.
 struct ByLogit {
@@ -108,7 +107,8 @@ std::vector<int32_t> TopK(const float *l, int32_t n, int32_t k) {
 
 // Every id in ByLogit order: a stable radix sort of the ids (in id order) by an unsigned key whose
 // ascending order is the logits' descending order (-0 as +0: they tie), so equal logits keep the
-// lower id first. 23 ms -> ~2 ms over a 152K vocabulary against a comparison sort.
+// lower id first (bench/sampler_bench: Sample over every id 19.7 -> ~5 ms, the exponentials now
+// the larger part).
 std::vector<int32_t> SortAll(const float *l, int32_t n) {
   std::vector<uint32_t> key(n), key2(n);
   std::vector<int32_t> id(n), id2(n);
@@ -144,8 +144,6 @@ std::vector<int32_t> SortAll(const float *l, int32_t n) {
 
 }  // namespace
 
-int32_t Greedy(const float *logits, int32_t n_vocab) { return ArgMax(logits, n_vocab); }
-
 std::vector<int32_t> SampleCandidates(const float *logits, int32_t n_vocab, int32_t top_k) {
   return top_k > 0 && top_k < n_vocab ? TopK(logits, n_vocab, top_k) : SortAll(logits, n_vocab);
 }
@@ -162,7 +160,7 @@ int32_t Sample(const float *logits_in, int32_t n_vocab, const SamplerParams &p, 
     ApplyPenalties(penalized.data(), n_vocab, p, recent);
     logits = penalized.data();
   }
-  if (p.temperature <= 0.f) return ArgMax(logits, n_vocab);
+  if (p.temperature <= 0.f) return Greedy(logits, n_vocab);
   const std::vector<int32_t> idx = SampleCandidates(logits, n_vocab, p.top_k);
   int32_t n = static_cast<int32_t>(idx.size());
   // Probabilities in double so the same logits give the same draw everywhere.
