@@ -1205,6 +1205,9 @@ absl::Status CudaBackend::GroupedProducts(const GroupedExperts &ge, const int32_
   const Q8Act fi = q8_ ? Q8ActFor(ge.gate_shape.type) : Q8Act::kNone;
   const Q8Act fd = q8_ ? Q8ActFor(ge.down_shape.type) : Q8Act::kNone;
   const int64_t n_embd = ge.gate_shape.cols, n_ff = ge.gate_shape.rows;
+  const int k = n_tok > 0 ? static_cast<int>(rows / n_tok) : 0;
+  const int grid = k > 0 ? std::min(n_max, GroupGridGroups(n_tok, k, ge.n_expert)) : n_max;
+  const int64_t q8_chunk = k > 0 ? GroupChunkTokens(n_tok, k, ge.n_expert) : n_tok;
   // Each stage on its own: a Q4_K gate/up with a Q6_K down (as Q4_K_M files mix them) dots codes in
   // the first and rounds h for the second.
   if (tok != nullptr && fi == Q8Act::kNone) {
@@ -1214,20 +1217,20 @@ absl::Status CudaBackend::GroupedProducts(const GroupedExperts &ge, const int32_
     const int64_t x_rows = tok != nullptr ? n_tok : rows;  // the tokens' rows, or the gathered ones
     STRATA_ASSIGN_OR_RETURN(void *xq, Grow(q8_x_, static_cast<size_t>(x_rows * Q8ActRowBytes(fi, n_embd))));
     STRATA_RETURN_IF_ERROR(QuantizeActivationsQ8(fi, xg, x_rows, n_embd, xq, s));
-    STRATA_RETURN_IF_ERROR(GroupedSwiGluQ8(ge, plan, n_max, xq, h, s, n_tok, skip, tok));
+    STRATA_RETURN_IF_ERROR(GroupedSwiGluQ8(ge, plan, n_max, xq, h, s, q8_chunk, skip, tok, grid));
   } else {
     STRATA_ASSIGN_OR_RETURN(const float *xr, GridInput(ge.gate_shape.type, xg, rows, n_embd));
-    STRATA_RETURN_IF_ERROR(GroupedSwiGlu(ge, plan, n_max, xr, h, s, n_tok, skip));
+    STRATA_RETURN_IF_ERROR(GroupedSwiGlu(ge, plan, n_max, xr, h, s, n_tok, skip, grid));
   }
   if (fd != Q8Act::kNone) {
     STRATA_ASSIGN_OR_RETURN(void *hq, Grow(q8_h_, static_cast<size_t>(rows * Q8ActRowBytes(fd, n_ff))));
     STRATA_RETURN_IF_ERROR(QuantizeActivationsQ8(fd, h, rows, n_ff, hq, s));
-    return GroupedGemvQ8(ge.down, ge.down_shape, plan, n_max, hq, yg, s, n_tok, skip);
+    return GroupedGemvQ8(ge.down, ge.down_shape, plan, n_max, hq, yg, s, q8_chunk, skip, grid);
   }
   if (const int block = Q8Grid(ge.down_shape.type); block != 0) {  // h is scratch: rounded in place
     STRATA_RETURN_IF_ERROR(RoundActivationsQ8(block, h, rows, n_ff, h, s));
   }
-  return GroupedGemv(ge.down, ge.down_shape, plan, n_max, h, yg, s, n_tok, skip);
+  return GroupedGemv(ge.down, ge.down_shape, plan, n_max, h, yg, s, n_tok, skip, grid);
 }
 
 void CudaBackend::FinishHist(const std::vector<std::pair<int, int64_t>> &hist) {

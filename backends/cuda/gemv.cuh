@@ -20,6 +20,16 @@ namespace strata::cuda::dev {
 
 constexpr int kGemvWarps = 8;  // warps per block: the warps of a block share x through L1
 
+// Blocks of an 8-bit-activation grouped expert kernel a multiprocessor holds at once, by the
+// registers its launch bound leaves a thread (65,536 / (256 x blocks)), for kernels taking up to
+// kMaxNT tokens a chunk. The 2-token kernels fit 80 registers without spilling and run the groups of
+// 1-3 tokens that many sessions' decode forms: 16 sessions decode 5-8% faster with 3 blocks than with
+// 2 (H200, bench/README.md); the 1-token kernel spills at 80, the 4- and 8-token ones more.
+template <int kMaxNT>
+constexpr int GroupedQ8MinBlocks() {
+  return kMaxNT == 2 ? 3 : 2;
+}
+
 // The warps that share a set of rows: a row's columns are split over them (warp w of W takes every
 // W-th stretch of 32 lanes' work), and their partial sums meet in shared memory in warp order.
 // Small decode matrices need it: a warp per row alone keeps too few loads in flight.
@@ -307,20 +317,27 @@ __device__ __forceinline__ void GemvRows(const uint8_t *w, uint64_t row_bytes, i
   }
 }
 
-// The group of a GroupByExpert plan that a grouped kernel's block serves (group blockIdx.y): its
-// expert and its grouped rows [t0, t1); e < 0 (nothing to do) past the plan's groups or for an
-// expert flagged in skip (the CPU computes it). Block-uniform. Read after dev::AwaitPrior: the
-// plan is written by the grouping kernel before it.
+// A group of a GroupByExpert plan that a grouped kernel's block serves: its expert and its grouped
+// rows [t0, t1).
 struct PlanGroup {
   int e;
   int64_t t0, t1;
 };
-__device__ __forceinline__ PlanGroup GroupOfBlock(const int32_t *plan, int n_max, const uint8_t *skip) {
-  const int g = static_cast<int>(blockIdx.y);
-  if (g >= plan[0]) return {-1, 0, 0};
-  const int e = plan[1 + g];
-  if (skip != nullptr && skip[e] != 0) return {-1, 0, 0};
-  return {e, plan[1 + n_max + g], plan[2 + n_max + g]};
+
+// Calls body(group) for the groups of the plan that this block serves: g = blockIdx.y, then every
+// gridDim.y-th further, while g < plan[0] (a grid of fewer rows than n_max covers every group, a
+// block taking several), leaving out experts flagged in skip (the CPU computes them). Block-uniform.
+// The plan is read after dev::AwaitPrior (the grouping kernel before writes it); a group's four
+// plan entries are read at once (entries past plan[0] are in bounds, unspecified and unused), so a
+// block waits one round trip for its group where it waited two.
+template <class F>
+__device__ __forceinline__ void ForBlockGroups(const int32_t *plan, int n_max, const uint8_t *skip, F &&body) {
+  for (int g = static_cast<int>(blockIdx.y); g < n_max; g += static_cast<int>(gridDim.y)) {
+    const int n = plan[0], e = plan[1 + g], t0 = plan[1 + n_max + g], t1 = plan[2 + n_max + g];
+    if (g >= n) return;
+    if (skip != nullptr && skip[e] != 0) continue;
+    body(PlanGroup{e, t0, t1});
+  }
 }
 
 // Calls chunk(nt, t) for the tokens [t0, t1) in chunks of 8, 4, 2 and 1 (as Gemv splits a batch),

@@ -286,41 +286,41 @@ __device__ __forceinline__ void SwiGluRowsQ8(const uint8_t *wg, const uint8_t *w
 // block x over the group's tokens (xq rows in grouped order, or token rows read through tok), in
 // chunks of 8, 4, 2 and 1.
 template <TypeIdInt kType, int kMaxNT>
-__global__ void __launch_bounds__(kGemvWarps * 32, 2)
+__global__ void __launch_bounds__(kGemvWarps * 32, dev::GroupedQ8MinBlocks<kMaxNT>())
     GroupedSwiGluQ8Kernel(const void *const *__restrict__ gate, const void *const *__restrict__ up,
                           uint64_t row_bytes, int64_t rows, int64_t cols, const int32_t *__restrict__ plan, int n_max,
                           const uint8_t *xq, int64_t xq_bytes, float *__restrict__ h, int team_warps,
                           const uint8_t *__restrict__ skip, const int32_t *__restrict__ tok) {
   dev::AwaitPrior();
   __shared__ float red[kGemvWarps * dev::kTeamRedFloats];
-  const dev::PlanGroup pg = dev::GroupOfBlock(plan, n_max, skip);
-  if (pg.e < 0) return;  // block-uniform
   const dev::Team tm = dev::BlockTeam(team_warps, red);
   const int64_t r0 = dev::TeamIndex(team_warps) * dev::kSwiGluRows;
-  const auto *wg = static_cast<const uint8_t *>(gate[pg.e]), *wu = static_cast<const uint8_t *>(up[pg.e]);
-  dev::ForChunks<kMaxNT>(pg.t0, pg.t1, [&](auto nt, int64_t t) {
-    constexpr int kNT = decltype(nt)::value;
-    XRow x[kNT];
-    GroupedRowsOf<kType, kNT>(xq, xq_bytes, cols, t, tok, x);
-    SwiGluRowsQ8<kType, kNT>(wg, wu, row_bytes, r0, rows, cols, x, h + t * rows, tm);
+  dev::ForBlockGroups(plan, n_max, skip, [&](const dev::PlanGroup &pg) {
+    const auto *wg = static_cast<const uint8_t *>(gate[pg.e]), *wu = static_cast<const uint8_t *>(up[pg.e]);
+    dev::ForChunks<kMaxNT>(pg.t0, pg.t1, [&](auto nt, int64_t t) {
+      constexpr int kNT = decltype(nt)::value;
+      XRow x[kNT];
+      GroupedRowsOf<kType, kNT>(xq, xq_bytes, cols, t, tok, x);
+      SwiGluRowsQ8<kType, kNT>(wg, wu, row_bytes, r0, rows, cols, x, h + t * rows, tm);
+    });
   });
 }
 
 template <TypeIdInt kType, int kMaxNT>
-__global__ void __launch_bounds__(kGemvWarps * 32, 2)
+__global__ void __launch_bounds__(kGemvWarps * 32, dev::GroupedQ8MinBlocks<kMaxNT>())
     GroupedGemvQ8Kernel(const void *const *__restrict__ tab, uint64_t row_bytes, int64_t rows, int64_t cols,
                         const int32_t *__restrict__ plan, int n_max, const uint8_t *xq, int64_t xq_bytes,
                         float *__restrict__ y, int team_warps, const uint8_t *__restrict__ skip) {
   dev::AwaitPrior();
   __shared__ float red[kGemvWarps * dev::kTeamRedFloats];
-  const dev::PlanGroup pg = dev::GroupOfBlock(plan, n_max, skip);
-  if (pg.e < 0) return;  // block-uniform
   const dev::Team tm = dev::BlockTeam(team_warps, red);
   const int64_t r0 = dev::TeamIndex(team_warps) * kGemvRows;
-  const auto *w = static_cast<const uint8_t *>(tab[pg.e]);
-  dev::ForChunks<kMaxNT>(pg.t0, pg.t1, [&](auto nt, int64_t t) {
-    GemvRowsQ8<kType, decltype(nt)::value>(w, row_bytes, r0, rows, cols, xq + t * xq_bytes, xq_bytes, y + t * rows,
-                                           tm);
+  dev::ForBlockGroups(plan, n_max, skip, [&](const dev::PlanGroup &pg) {
+    const auto *w = static_cast<const uint8_t *>(tab[pg.e]);
+    dev::ForChunks<kMaxNT>(pg.t0, pg.t1, [&](auto nt, int64_t t) {
+      GemvRowsQ8<kType, decltype(nt)::value>(w, row_bytes, r0, rows, cols, xq + t * xq_bytes, xq_bytes,
+                                             y + t * rows, tm);
+    });
   });
 }
 
@@ -704,14 +704,15 @@ absl::Status CheckQ8Grouped(const DeviceMatrix &shape, const int32_t *plan, int 
 }  // namespace
 
 absl::Status GroupedSwiGluQ8(const GroupedExperts &e, const int32_t *plan, int n_max, const void *xq, float *hg,
-                             cudaStream_t stream, int64_t n_tok, const uint8_t *skip, const int32_t *tok) {
+                             cudaStream_t stream, int64_t n_tok, const uint8_t *skip, const int32_t *tok, int n_grid) {
   STRATA_RETURN_IF_ERROR(CheckGroupedExperts(e));
   STRATA_RETURN_IF_ERROR(CheckQ8Grouped(e.gate_shape, plan, n_max, xq, hg, "grouped SwiGLU"));
+  STRATA_RETURN_IF_ERROR(CheckGroupGrid(n_max, n_grid, "grouped SwiGLU"));
   const DeviceMatrix &g = e.gate_shape;
   if (n_max > e.n_expert) return Errorf(MOE_ERR_INVALID_ARGUMENT, "grouped SwiGLU: %d groups of %d experts", n_max, e.n_expert);
   if (n_max == 0 || g.rows == 0) return absl::OkStatus();
   const int tw = GemvTeamWarps(g.type, g.cols, g.rows);
-  const dim3 grid(RowBlocks(g.rows, dev::kSwiGluRows, tw), static_cast<unsigned>(n_max));
+  const dim3 grid(RowBlocks(g.rows, dev::kSwiGluRows, tw), static_cast<unsigned>(n_grid > 0 ? n_grid : n_max));
   const int64_t xb = Q8ActRowBytes(Q8ActFor(g.type), g.cols);
   WithQ8Type(g.type, [&](auto type) {
     WithMaxChunk(n_tok, [&](auto nt) {
@@ -725,12 +726,14 @@ absl::Status GroupedSwiGluQ8(const GroupedExperts &e, const int32_t *plan, int n
 }
 
 absl::Status GroupedGemvQ8(const void *const *tab, const DeviceMatrix &shape, const int32_t *plan, int n_max,
-                           const void *xq, float *y, cudaStream_t stream, int64_t n_tok, const uint8_t *skip) {
+                           const void *xq, float *y, cudaStream_t stream, int64_t n_tok, const uint8_t *skip,
+                           int n_grid) {
   STRATA_RETURN_IF_ERROR(CheckQ8Grouped(shape, plan, n_max, xq, y, "grouped GEMV"));
+  STRATA_RETURN_IF_ERROR(CheckGroupGrid(n_max, n_grid, "grouped GEMV"));
   if (n_max == 0 || shape.rows == 0) return absl::OkStatus();
   if (tab == nullptr) return Errorf(MOE_ERR_INVALID_ARGUMENT, "grouped GEMV: the pointer table is null");
   const int tw = GemvTeamWarps(shape.type, shape.cols, shape.rows);
-  const dim3 grid(RowBlocks(shape.rows, kGemvRows, tw), static_cast<unsigned>(n_max));
+  const dim3 grid(RowBlocks(shape.rows, kGemvRows, tw), static_cast<unsigned>(n_grid > 0 ? n_grid : n_max));
   const int64_t xb = Q8ActRowBytes(Q8ActFor(shape.type), shape.cols);
   WithQ8Type(shape.type, [&](auto type) {
     WithMaxChunk(n_tok, [&](auto nt) {

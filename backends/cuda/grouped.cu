@@ -5,6 +5,8 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstdlib>
 #include <type_traits>
 
 #include "backends/cuda/codecs.cuh"
@@ -130,13 +132,13 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 2)
                         const uint8_t *__restrict__ skip) {
   dev::AwaitPrior();
   __shared__ float red[kGemvWarps * dev::kTeamRedFloats];
-  const dev::PlanGroup pg = dev::GroupOfBlock(plan, n_max, skip);
-  if (pg.e < 0) return;  // block-uniform
   const dev::Team tm = dev::BlockTeam(team_warps, red);
   const int64_t r0 = dev::TeamIndex(team_warps) * dev::kSwiGluRows;
-  const auto *wg = static_cast<const uint8_t *>(gate[pg.e]), *wu = static_cast<const uint8_t *>(up[pg.e]);
-  dev::ForChunks<kMaxNT>(pg.t0, pg.t1, [&](auto nt, int64_t t) {
-    dev::SwiGluRows<C, decltype(nt)::value>(wg, wu, row_bytes, r0, rows, cols, x + t * cols, h + t * rows, tm);
+  dev::ForBlockGroups(plan, n_max, skip, [&](const dev::PlanGroup &pg) {
+    const auto *wg = static_cast<const uint8_t *>(gate[pg.e]), *wu = static_cast<const uint8_t *>(up[pg.e]);
+    dev::ForChunks<kMaxNT>(pg.t0, pg.t1, [&](auto nt, int64_t t) {
+      dev::SwiGluRows<C, decltype(nt)::value>(wg, wu, row_bytes, r0, rows, cols, x + t * cols, h + t * rows, tm);
+    });
   });
 }
 
@@ -147,13 +149,13 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 2)
                       float *__restrict__ y, int team_warps, const uint8_t *__restrict__ skip) {
   dev::AwaitPrior();
   __shared__ float red[kGemvWarps * dev::kTeamRedFloats];
-  const dev::PlanGroup pg = dev::GroupOfBlock(plan, n_max, skip);
-  if (pg.e < 0) return;  // block-uniform
   const dev::Team tm = dev::BlockTeam(team_warps, red);
   const int64_t r0 = dev::TeamIndex(team_warps) * dev::kGemvRows;
-  const auto *w = static_cast<const uint8_t *>(tab[pg.e]);
-  dev::ForChunks<kMaxNT>(pg.t0, pg.t1, [&](auto nt, int64_t t) {
-    dev::GemvRows<C, decltype(nt)::value>(w, row_bytes, r0, rows, cols, x + t * cols, y + t * rows, rows, tm);
+  dev::ForBlockGroups(plan, n_max, skip, [&](const dev::PlanGroup &pg) {
+    const auto *w = static_cast<const uint8_t *>(tab[pg.e]);
+    dev::ForChunks<kMaxNT>(pg.t0, pg.t1, [&](auto nt, int64_t t) {
+      dev::GemvRows<C, decltype(nt)::value>(w, row_bytes, r0, rows, cols, x + t * cols, y + t * rows, rows, tm);
+    });
   });
 }
 
@@ -195,6 +197,39 @@ absl::Status CheckPlanArgs(const int32_t *plan, int n_max, const float *x, const
 }
 
 }  // namespace
+
+absl::Status CheckGroupGrid(int n_max, int n_grid, const char *what) {
+  if (n_grid < 0 || n_grid > n_max) {
+    return Errorf(MOE_ERR_INVALID_ARGUMENT, "%s: a grid of %d rows of groups for %d groups", what, n_grid, n_max);
+  }
+  return absl::OkStatus();
+}
+
+// The distinct experts n_tok tokens of k different selections each reach, expected when every
+// expert is equally likely.
+static double ExpectedGroups(int64_t n_tok, int k, int n_expert) {
+  const double miss = std::pow(1.0 - static_cast<double>(k) / n_expert, static_cast<double>(n_tok));
+  return static_cast<double>(n_expert) * (1.0 - miss);
+}
+
+int GroupGridGroups(int64_t n_tok, int k, int n_expert) {
+  const int64_t n_max = GroupMaxGroups(n_tok, k, n_expert);
+  static const bool full = [] {
+    const char *e = std::getenv("STRATA_CUDA_GROUP_GRID");
+    return e != nullptr && std::atoi(e) == 0;
+  }();
+  if (full || n_max <= 0 || k <= 0 || k > n_expert) return static_cast<int>(n_max);
+  const double want = std::ceil(ExpectedGroups(n_tok, k, n_expert) * 1.05);
+  return static_cast<int>(std::clamp<int64_t>(static_cast<int64_t>(want), 1, n_max));
+}
+
+int GroupChunkTokens(int64_t n_tok, int k, int n_expert) {
+  if (n_tok <= 1 || k <= 0 || k > n_expert) return static_cast<int>(std::clamp<int64_t>(n_tok, 0, 8));
+  const double mean = static_cast<double>(n_tok) * k / ExpectedGroups(n_tok, k, n_expert);
+  int c = 2;
+  while (c < 8 && c < std::lround(mean)) c *= 2;
+  return static_cast<int>(std::min<int64_t>(c, n_tok));
+}
 
 int64_t GroupMaxGroups(int64_t n_tok, int k, int n_expert) {
   return std::max<int64_t>(0, std::min<int64_t>(n_tok * k, n_expert));
@@ -242,16 +277,17 @@ absl::Status CheckGroupedExperts(const GroupedExperts &e) {
 }
 
 absl::Status GroupedSwiGlu(const GroupedExperts &e, const int32_t *plan, int n_max, const float *xg, float *hg,
-                           cudaStream_t stream, int64_t n_tok, const uint8_t *skip) {
+                           cudaStream_t stream, int64_t n_tok, const uint8_t *skip, int n_grid) {
   STRATA_RETURN_IF_ERROR(CheckGroupedExperts(e));
   STRATA_RETURN_IF_ERROR(CheckPlanArgs(plan, n_max, xg, hg, "grouped SwiGLU"));
+  STRATA_RETURN_IF_ERROR(CheckGroupGrid(n_max, n_grid, "grouped SwiGLU"));
   if (n_max > e.n_expert) {
     return Errorf(MOE_ERR_INVALID_ARGUMENT, "grouped SwiGLU: %d groups of %d experts", n_max, e.n_expert);
   }
   const DeviceMatrix &g = e.gate_shape;
   if (n_max == 0 || g.rows == 0) return absl::OkStatus();
   const int tw = GemvTeamWarps(g.type, g.cols, g.rows);
-  const dim3 grid(RowBlocks(g.rows, dev::kSwiGluRows, tw), static_cast<unsigned>(n_max));
+  const dim3 grid(RowBlocks(g.rows, dev::kSwiGluRows, tw), static_cast<unsigned>(n_grid > 0 ? n_grid : n_max));
   STRATA_CUDA_DISPATCH_CODEC(g.type, {
     const auto run = [&](auto nt) {
       Launch(GroupedSwiGluKernel<C, decltype(nt)::value>, grid, kGemvWarps * 32, 0, stream, e.gate, e.up, g.row_bytes,
@@ -264,13 +300,15 @@ absl::Status GroupedSwiGlu(const GroupedExperts &e, const int32_t *plan, int n_m
 }
 
 absl::Status GroupedGemv(const void *const *tab, const DeviceMatrix &shape, const int32_t *plan, int n_max,
-                         const float *x, float *y, cudaStream_t stream, int64_t n_tok, const uint8_t *skip) {
+                         const float *x, float *y, cudaStream_t stream, int64_t n_tok, const uint8_t *skip,
+                         int n_grid) {
   STRATA_RETURN_IF_ERROR(CheckMatrix(Shape(shape)));
   STRATA_RETURN_IF_ERROR(CheckPlanArgs(plan, n_max, x, y, "grouped GEMV"));
+  STRATA_RETURN_IF_ERROR(CheckGroupGrid(n_max, n_grid, "grouped GEMV"));
   if (n_max == 0 || shape.rows == 0) return absl::OkStatus();
   if (tab == nullptr) return Errorf(MOE_ERR_INVALID_ARGUMENT, "grouped GEMV: the pointer table is null");
   const int tw = GemvTeamWarps(shape.type, shape.cols, shape.rows);
-  const dim3 grid(RowBlocks(shape.rows, dev::kGemvRows, tw), static_cast<unsigned>(n_max));
+  const dim3 grid(RowBlocks(shape.rows, dev::kGemvRows, tw), static_cast<unsigned>(n_grid > 0 ? n_grid : n_max));
   STRATA_CUDA_DISPATCH_CODEC(shape.type, {
     const auto run = [&](auto nt) {
       Launch(GroupedGemvKernel<C, decltype(nt)::value>, grid, kGemvWarps * 32, 0, stream, tab, shape.row_bytes,

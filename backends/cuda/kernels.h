@@ -97,16 +97,16 @@ enum class Q8Kernels { kDefault, kGemv, kTensor };
 absl::Status GemvQ8(const DeviceMatrix &w, const void *xq, int64_t n_tok, float *y, cudaStream_t stream,
                     Q8Kernels k = Q8Kernels::kDefault);
 // GroupedSwiGlu and GroupedGemv (below) over activations quantized per grouped row (xq: n rows of
-// Q8ActRowBytes for the codec of gate / of the table's matrices), same plan, n_tok and skip.
+// Q8ActRowBytes for the codec of gate / of the table's matrices), same plan, n_tok, skip and n_grid.
 // GroupedSwiGluQ8 with tok (GroupByExpert's idx) reads grouped row r from xq row tok[r] instead:
 // the tokens' rows quantized once, no gathered copy.
 struct GroupedExperts;
 absl::Status GroupedSwiGluQ8(const GroupedExperts &e, const int32_t *plan, int n_max, const void *xq, float *hg,
                              cudaStream_t stream, int64_t n_tok = -1, const uint8_t *skip = nullptr,
-                             const int32_t *tok = nullptr);
+                             const int32_t *tok = nullptr, int n_grid = 0);
 absl::Status GroupedGemvQ8(const void *const *tab, const DeviceMatrix &shape, const int32_t *plan, int n_max,
                            const void *xq, float *y, cudaStream_t stream, int64_t n_tok = -1,
-                           const uint8_t *skip = nullptr);
+                           const uint8_t *skip = nullptr, int n_grid = 0);
 
 // ys[m] (n_tok, ws[m].rows) = x (n_tok, cols) · ws[m]ᵀ for n <= kGemvManyMax matrices of one codec
 // and column count (the attention projections of one input) in one launch per token chunk;
@@ -257,6 +257,21 @@ absl::Status GemvSwiGlu(const DeviceMatrix &gate, const DeviceMatrix &up, const 
 int64_t GroupMaxGroups(int64_t n_tok, int k, int n_expert);
 // int32 entries of a grouping plan: 2 + 2 n_max.
 int64_t GroupPlanInts(int64_t n_tok, int k, int n_expert);
+// The rows of groups a grouped launch gives blocks to (its n_grid, below): the distinct experts
+// n_tok tokens of k different selections each are expected to reach when every expert is equally
+// likely, n_expert (1 - (1 - k / n_expert)^n_tok), rounded up with 5% to spare, at most n_max. A
+// grid row per possible group (n_max) leaves the rows past the groups formed to blocks that only
+// read the plan and leave: 16 tokens of 8 selections over 128 experts form ~82 groups of 128 possible.
+// STRATA_CUDA_GROUP_GRID=0 makes it n_max (a measuring knob).
+int GroupGridGroups(int64_t n_tok, int k, int n_expert);
+// The token chunk (1, 2, 4 or 8) for the 8-bit grouped launches of n_tok tokens (their n_tok
+// argument): the groups' expected mean size under the same uniform routing, rounded, taken up to a
+// power of two, at most n_tok (16 tokens of 8 over 128 experts: 1.6 a group, chunks of 2). A group of
+// more tokens takes several chunks; the bits do not change. The 2-token kernels hold more blocks a
+// multiprocessor than the 8-token ones (GroupedQ8MinBlocks, gemv.cuh).
+int GroupChunkTokens(int64_t n_tok, int k, int n_expert);
+// MOE_ERR_INVALID_ARGUMENT naming `what` unless 0 <= n_grid <= n_max.
+absl::Status CheckGroupGrid(int n_max, int n_grid, const char *what);
 
 // Groups the selections sel (n_tok, k) (device; sel[t k + j] is the expert of token t's slot j) by
 // expert, as the forward pass's FeedForward does on the host: groups in ascending expert id, within
@@ -294,19 +309,24 @@ absl::Status CheckGroupedExperts(const GroupedExperts &e);
 // hg (n, n_ff) = for each group g < plan[0], rows [first[g], first[g + 1]) of silu(gate x) * up x
 // with expert plan[1 + g]'s gate and up, x = xg (n, n_embd), the grouped input rows. plan and n_max
 // as GroupByExpert made them; n_max <= e.n_expert and <= 65535. Rows outside every group are not
-// written. n_tok, when known (>= 0), is the number of tokens grouped: no group holds more rows (a
-// token selects an expert once), so kernels sized for that many run; the results do not depend on it.
+// written. n_tok, when known (>= 0), sizes the kernels' token chunks: a group's rows are taken at most
+// that many at once. The number of tokens grouped is the largest that helps (a token selects an
+// expert once, so no group holds more rows); GroupChunkTokens may choose fewer. The results do not
+// depend on it.
 // skip (device, n_expert flags, optional): a group whose expert's flag is set is not run (its rows
 // are not written): another processor computes it (CopySkippedGroups brings its rows in).
+// n_grid (1 .. n_max; 0 for n_max): the rows of groups the grid has; the block of row y serves
+// groups y, y + n_grid, ... below plan[0]. The results do not depend on it.
 absl::Status GroupedSwiGlu(const GroupedExperts &e, const int32_t *plan, int n_max, const float *xg, float *hg,
-                           cudaStream_t stream, int64_t n_tok = -1, const uint8_t *skip = nullptr);
+                           cudaStream_t stream, int64_t n_tok = -1, const uint8_t *skip = nullptr, int n_grid = 0);
 
 // y (n, shape.rows) = for each group g < plan[0], rows [first[g], first[g + 1]) of x (n, shape.cols)
 // · wᵀ with w = tab[plan[1 + g]] (device array of pointers, each matrix of `shape`; data unused):
-// the down projection of the grouped experts. n_max <= 65535; n_tok and skip as for GroupedSwiGlu.
+// the down projection of the grouped experts. n_max <= 65535; n_tok, skip and n_grid as for
+// GroupedSwiGlu.
 absl::Status GroupedGemv(const void *const *tab, const DeviceMatrix &shape, const int32_t *plan, int n_max,
                          const float *x, float *y, cudaStream_t stream, int64_t n_tok = -1,
-                         const uint8_t *skip = nullptr);
+                         const uint8_t *skip = nullptr, int n_grid = 0);
 
 // For each group g < plan[0] whose expert's skip flag is set: rows [first[g], first[g + 1]) of dst
 // (n, width) = those of src, which may be page-locked host memory mapped for the device (the rows

@@ -329,6 +329,19 @@ TEST_CASE("Grouped 8-bit-activation experts match the CPU backend's q8 mode", "[
     const std::vector<float> hg1_h = Download<float>(hg1, n * n_ff), yg1_h = Download<float>(yg1, n * n_embd);
     CHECK(std::memcmp(hg1_h.data(), hg_h.data(), hg_h.size() * sizeof(float)) == 0);
     CHECK(std::memcmp(yg1_h.data(), yg_h.data(), yg_h.size() * sizeof(float)) == 0);
+    // A grid narrower than the groups (each block serving several, skipped ones among them): the
+    // same bits; a grid wider than n_max is refused.
+    const int n_grid = std::max(1, n_max / 3);
+    DeviceBuffer hg3 = Poisoned(n * n_ff), yg3 = Poisoned(n * n_embd);
+    REQUIRE(GroupedSwiGluQ8(ge, plan->as<int32_t>(), n_max, xq->data(), hg3.as<float>(), nullptr, n_tok, nullptr,
+                            nullptr, n_grid).ok());
+    REQUIRE(GroupedGemvQ8(ge.down, ge.down_shape, plan->as<int32_t>(), n_max, hq->data(), yg3.as<float>(), nullptr,
+                          n_tok, nullptr, n_grid).ok());
+    const std::vector<float> hg3_h = Download<float>(hg3, n * n_ff), yg3_h = Download<float>(yg3, n * n_embd);
+    CHECK(std::memcmp(hg3_h.data(), hg_h.data(), hg_h.size() * sizeof(float)) == 0);
+    CHECK(std::memcmp(yg3_h.data(), yg_h.data(), yg_h.size() * sizeof(float)) == 0);
+    CHECK(StatusToMoe(GroupedGemvQ8(ge.down, ge.down_shape, plan->as<int32_t>(), n_max, hq->data(), yg3.as<float>(),
+                                    nullptr, n_tok, nullptr, n_max + 1)) == MOE_ERR_INVALID_ARGUMENT);
   }
 }
 

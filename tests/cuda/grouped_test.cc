@@ -277,6 +277,15 @@ GroupedRun RunGrouped(const Experts &x, const Placement &pl, const DeviceBuffer 
   REQUIRE(GroupedGemv(ge.down, ge.down_shape, plan.as<int32_t>(), n_max, hg.as<float>(), yg1.as<float>(), nullptr, 1).ok());
   CHECK(Download<float>(hg1, n * x.n_ff) == r.h);
   CHECK(Download<float>(yg1, n * x.n_embd) == r.y);
+  // And a grid of fewer rows than groups, each block serving several: the same bits.
+  const int n_grid = std::max(1, n_max / 3);
+  DeviceBuffer hg3 = Poisoned(n * x.n_ff), yg3 = Poisoned(n * x.n_embd);
+  REQUIRE(GroupedSwiGlu(ge, plan.as<int32_t>(), n_max, xg.as<float>(), hg3.as<float>(), nullptr, n_tok, nullptr,
+                        n_grid).ok());
+  REQUIRE(GroupedGemv(ge.down, ge.down_shape, plan.as<int32_t>(), n_max, hg.as<float>(), yg3.as<float>(), nullptr,
+                      n_tok, nullptr, n_grid).ok());
+  CHECK(Download<float>(hg3, n * x.n_ff) == r.h);
+  CHECK(Download<float>(yg3, n * x.n_embd) == r.y);
   if (xg_out != nullptr) *xg_out = std::move(xg);
   return r;
 }
@@ -370,10 +379,11 @@ TEST_CASE("Grouped kernels skip flagged experts and CopySkippedGroups fills thei
   REQUIRE(GroupByExpert(dsel.as<int32_t>(), n_tok, k, n_expert, idx.as<int32_t>(), plan.as<int32_t>(), nullptr).ok());
   DeviceBuffer hg = Poisoned(n * x.n_ff), yg = Poisoned(n * x.n_embd);
   const GroupedExperts ge = vram.Grouped(x);
+  // Two rows of groups: each block walks every other group, skipped ones among them.
   REQUIRE(GroupedSwiGlu(ge, plan.as<int32_t>(), n_max, xg.as<float>(), hg.as<float>(), nullptr, n_tok,
-                        dskip.as<uint8_t>()).ok());
+                        dskip.as<uint8_t>(), 2).ok());
   REQUIRE(GroupedGemv(ge.down, ge.down_shape, plan.as<int32_t>(), n_max, hg.as<float>(), yg.as<float>(), nullptr,
-                      n_tok, dskip.as<uint8_t>()).ok());
+                      n_tok, dskip.as<uint8_t>(), 2).ok());
   const std::vector<float> y = Download<float>(yg, n * x.n_embd);
   auto group_rows = [&](size_t g, const std::vector<float> &v) {
     return std::vector<float>(v.begin() + groups.first[g] * x.n_embd, v.begin() + groups.first[g + 1] * x.n_embd);
@@ -452,6 +462,20 @@ TEST_CASE("Grouped experts read weights in mapped host memory as they read VRAM"
       CHECK(FirstBitDifference(got.y, want.y, c.n_embd, "down output") == "");
     }
   }
+}
+
+TEST_CASE("The grouped launches' grid covers the groups expected of uniform routing", "[gpu][grouped]") {
+  CHECK(GroupGridGroups(1, 8, 128) == 8);      // one token: every selection its own group
+  CHECK(GroupGridGroups(0, 8, 128) == 0);
+  CHECK(GroupGridGroups(16, 8, 128) == 87);  // 128 (1 - (120/128)^16) = 82.4 expected, 5% more
+  CHECK(GroupGridGroups(64, 8, 128) == 128);  // 125.9 expected, 5% more: every possible group
+  CHECK(GroupGridGroups(4, 2, 8) == 6);       // 8 (1 - (3/4)^4) = 5.5
+  // Chunks by the groups' expected size: 1 token, 1.6 (16 sessions), 4.1 (64), Mixtral's 4.0.
+  CHECK(GroupChunkTokens(1, 8, 128) == 1);
+  CHECK(GroupChunkTokens(16, 8, 128) == 2);
+  CHECK(GroupChunkTokens(64, 8, 128) == 4);
+  CHECK(GroupChunkTokens(16, 2, 8) == 4);
+  CHECK(GroupChunkTokens(3, 2, 8) == 2);
 }
 
 TEST_CASE("Grouped launchers refuse bad arguments with a Status", "[gpu][grouped]") {
