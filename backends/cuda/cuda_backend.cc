@@ -1175,13 +1175,25 @@ bool CudaBackend::RoutedExperts(const model::RoutedExpertsArgs &a) {
   const uint8_t *skip = hybrid ? skip_dev_.as<uint8_t>() : nullptr;
   // 8-bit gate/up products read the tokens' quantized rows through idx: no gathered copy of them.
   const bool gate_q8 = q8_ && Q8ActFor(t.ge.gate_shape.type) != Q8Act::kNone;
-  if (!Note(cuda::Route(*ra, a.logits, a.n_tok, a.sel, a.wts, s)) ||
-      (hybrid && !Note(cpu_experts_->Start(a.layer, a.n_tok, k, n_expert, a.sel, a.h, t.ge.gate,
-                                           skip_dev_.as<uint8_t>(), s))) ||
-      !Note(GroupByExpert(a.sel, a.n_tok, k, n_expert, a.idx, pl, s)) ||
-      (!gate_q8 && !Note(cuda::GatherRows(a.h, n_embd, a.idx, rows, a.xg, s))) ||
+  // A few tokens off the hybrid path: routing, grouping and quantizing their rows in one launch.
+  const void *xq = nullptr;
+  if (gate_q8 && !hybrid && a.n_tok <= kRouteGroupMaxTokens) {
+    const Q8Act f = Q8ActFor(t.ge.gate_shape.type);
+    auto buf = Grow(q8_x_, static_cast<size_t>(a.n_tok * Q8ActRowBytes(f, n_embd)));
+    if (!Note(buf.status()) ||
+        !Note(RouteGroupQuantize(*ra, a.logits, a.n_tok, a.sel, a.wts, a.idx, pl, f, a.h, n_embd, *buf, s))) {
+      return true;
+    }
+    xq = *buf;
+  } else if (!Note(cuda::Route(*ra, a.logits, a.n_tok, a.sel, a.wts, s)) ||
+             (hybrid && !Note(cpu_experts_->Start(a.layer, a.n_tok, k, n_expert, a.sel, a.h, t.ge.gate,
+                                                  skip_dev_.as<uint8_t>(), s))) ||
+             !Note(GroupByExpert(a.sel, a.n_tok, k, n_expert, a.idx, pl, s))) {
+    return true;
+  }
+  if ((!gate_q8 && !Note(cuda::GatherRows(a.h, n_embd, a.idx, rows, a.xg, s))) ||
       !Note(GroupedProducts(t.ge, pl, n_max, gate_q8 ? a.h : a.xg, gate_q8 ? a.idx : nullptr, h, a.yg, rows,
-                            a.n_tok, skip)) ||
+                            a.n_tok, skip, xq)) ||
       (hybrid && !Note(cpu_experts_->Finish(pl, n_max, skip, a.yg, s))) ||
       !Note(cuda::WeightedRowSum(a.yg, a.idx + rows, a.wts, a.n_tok, k, n_embd, a.out, s))) {
     return true;
@@ -1200,23 +1212,30 @@ bool CudaBackend::RoutedExperts(const model::RoutedExpertsArgs &a) {
 
 absl::Status CudaBackend::GroupedProducts(const GroupedExperts &ge, const int32_t *plan, int n_max, const float *xg,
                                           const int32_t *tok, float *h, float *yg, int64_t rows, int64_t n_tok,
-                                          const uint8_t *skip) {
+                                          const uint8_t *skip, const void *xq_ready) {
   cudaStream_t s = stream_.get();
   const Q8Act fi = q8_ ? Q8ActFor(ge.gate_shape.type) : Q8Act::kNone;
   const Q8Act fd = q8_ ? Q8ActFor(ge.down_shape.type) : Q8Act::kNone;
   const int64_t n_embd = ge.gate_shape.cols, n_ff = ge.gate_shape.rows;
   const int k = n_tok > 0 ? static_cast<int>(rows / n_tok) : 0;
   const int grid = k > 0 ? std::min(n_max, GroupGridGroups(n_tok, k, ge.n_expert)) : n_max;
-  const int64_t q8_chunk = k > 0 ? GroupChunkTokens(n_tok, k, ge.n_expert) : n_tok;
+  // Chunks sized by the expected group (GroupChunkTokens) take a group of more tokens in several
+  // passes over its weights: cheap from VRAM, not where an expert is read in place over the link,
+  // so with a VRAM tier a group goes in one pass as before.
+  const int64_t q8_chunk = k > 0 && slots_.empty() ? GroupChunkTokens(n_tok, k, ge.n_expert) : n_tok;
   // Each stage on its own: a Q4_K gate/up with a Q6_K down (as Q4_K_M files mix them) dots codes in
   // the first and rounds h for the second.
   if (tok != nullptr && fi == Q8Act::kNone) {
     return Errorf(MOE_ERR_INTERNAL, "grouped products: token rows given for float activations");
   }
   if (fi != Q8Act::kNone) {
-    const int64_t x_rows = tok != nullptr ? n_tok : rows;  // the tokens' rows, or the gathered ones
-    STRATA_ASSIGN_OR_RETURN(void *xq, Grow(q8_x_, static_cast<size_t>(x_rows * Q8ActRowBytes(fi, n_embd))));
-    STRATA_RETURN_IF_ERROR(QuantizeActivationsQ8(fi, xg, x_rows, n_embd, xq, s));
+    const void *xq = xq_ready;
+    if (xq == nullptr) {
+      const int64_t x_rows = tok != nullptr ? n_tok : rows;  // the tokens' rows, or the gathered ones
+      STRATA_ASSIGN_OR_RETURN(void *buf, Grow(q8_x_, static_cast<size_t>(x_rows * Q8ActRowBytes(fi, n_embd))));
+      STRATA_RETURN_IF_ERROR(QuantizeActivationsQ8(fi, xg, x_rows, n_embd, buf, s));
+      xq = buf;
+    }
     STRATA_RETURN_IF_ERROR(GroupedSwiGluQ8(ge, plan, n_max, xq, h, s, q8_chunk, skip, tok, grid));
   } else {
     STRATA_ASSIGN_OR_RETURN(const float *xr, GridInput(ge.gate_shape.type, xg, rows, n_embd));

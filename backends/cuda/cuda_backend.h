@@ -306,10 +306,11 @@ class CudaBackend final : public model::Backend {
   // A routed-expert layer's grouped gate/up SwiGLU and down projection (8-bit activations where the
   // option and the codecs allow), over `rows` grouped rows of n_tok tokens.
   // xg: the grouped input rows; or, with tok (GroupByExpert's idx; 8-bit gate/up codecs only), the
-  // tokens' rows, grouped row r reading row tok[r].
+  // tokens' rows, grouped row r reading row tok[r]. xq_ready (8-bit gate/up only, with tok): those
+  // rows already quantized (RouteGroupQuantize), or null to quantize xg here.
   absl::Status GroupedProducts(const GroupedExperts &ge, const int32_t *plan, int n_max, const float *xg,
                                const int32_t *tok, float *h, float *yg, int64_t rows, int64_t n_tok,
-                               const uint8_t *skip);
+                               const uint8_t *skip, const void *xq_ready = nullptr);
   size_t weight_bytes_ = 0;
   absl::Status err_;
 };

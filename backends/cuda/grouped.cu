@@ -14,6 +14,8 @@
 #include "backends/cuda/gemv.cuh"
 #include "backends/cuda/kernels.h"
 #include "backends/cuda/launch.cuh"
+#include "backends/cuda/q8act.cuh"
+#include "backends/cuda/route.cuh"
 
 namespace strata::cuda {
 namespace {
@@ -23,7 +25,6 @@ using dev::kGemvWarps;
 // ---- Grouping ------------------------------------------------------------------------------------
 
 constexpr int kGroupThreads = 512;
-constexpr int kGroupWarps = kGroupThreads / 32;
 constexpr int kScanWarps = kRouteMaxExperts / 32;  // warps that hold one expert per thread
 constexpr int64_t kGroupMaxSelections = int64_t{1} << 30;
 static_assert(kRouteMaxExperts % 32 == 0 && kRouteMaxExperts <= kGroupThreads, "one thread per expert");
@@ -35,10 +36,13 @@ static_assert(kRouteMaxExperts % 32 == 0 && kRouteMaxExperts <= kGroupThreads, "
 // (warp, expert) cursor plus the number of lanes before it with the same expert (__match_any_sync).
 // Segments in order, lanes in order: the placement is stable, and no atomics make it deterministic.
 // Per step, only the highest lane of each set of equal experts updates the shared count.
-__global__ void __launch_bounds__(kGroupThreads)
-    GroupByExpertKernel(const int32_t *__restrict__ sel, int n, int k, int n_expert, int n_max,
-                        int32_t *__restrict__ idx, int32_t *__restrict__ plan) {
-  dev::AwaitPrior();
+// The grouping on a block of kThreads threads (kGroupWarps segments: the placement does not depend
+// on their number). sel may have been written by this block before a barrier.
+template <int kThreads>
+__device__ __forceinline__ void GroupBlock(const int32_t *sel, int n, int k, int n_expert, int n_max, int32_t *idx,
+                                           int32_t *plan) {
+  constexpr int kGroupWarps = kThreads / 32, kGroupThreads = kThreads;
+  static_assert(kScanWarps <= kGroupWarps, "a thread per expert");
   __shared__ int cnt[kGroupWarps][kRouteMaxExperts];  // (1) counts, then (2) cursors
   __shared__ int warp_sum[kScanWarps][2];             // rows and groups of each scan warp's experts
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -118,6 +122,38 @@ __global__ void __launch_bounds__(kGroupThreads)
       if (row >= 0) idx[row] = i / k;
     }
   }
+}
+
+__global__ void __launch_bounds__(kGroupThreads)
+    GroupByExpertKernel(const int32_t *__restrict__ sel, int n, int k, int n_expert, int n_max,
+                        int32_t *__restrict__ idx, int32_t *__restrict__ plan) {
+  dev::AwaitPrior();
+  GroupBlock<kGroupThreads>(sel, n, k, n_expert, n_max, idx, plan);
+}
+
+constexpr int kFusedThreads = 256;
+static_assert(kRouteGroupMaxTokens <= kFusedThreads / 32, "a warp a token");
+
+// Block 0 routes the n_tok tokens (a warp each) and groups their selections (sel and wts written
+// before the barrier, read after it); block 1 + b quantizes stretch b % chunks of row b / chunks of h.
+template <int kBlock>
+__global__ void __launch_bounds__(kFusedThreads)
+    RouteGroupQuantizeKernel(RouteArgs p, const float *__restrict__ logits, int n_tok, int32_t *sel, float *wts,
+                             int32_t *__restrict__ idx, int32_t *__restrict__ plan, int n_max,
+                             const float *__restrict__ h, int64_t cols, uint8_t *xq, int64_t row_bytes) {
+  dev::AwaitPrior();
+  if (blockIdx.x > 0) {  // block-uniform
+    __shared__ float warp_max[8];
+    const int64_t chunks = (cols + 255) / 256, b = blockIdx.x - 1;
+    dev::QuantizeStretch<kBlock>(h, cols, xq, row_bytes, b / chunks, b % chunks, warp_max);
+    return;
+  }
+  __shared__ float s_pr[kRouteGroupMaxTokens][kRouteMaxExperts], s_choice[kRouteGroupMaxTokens][kRouteMaxExperts];
+  __shared__ int32_t s_sel[kRouteGroupMaxTokens][kRouteMaxExperts];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (warp < n_tok) dev::RouteWarpToken(p, logits, warp, sel, wts, s_pr[warp], s_choice[warp], s_sel[warp], lane);
+  __syncthreads();
+  GroupBlock<kFusedThreads>(sel, n_tok * p.k, p.k, p.n_expert, n_max, idx, plan);
 }
 
 // ---- Grouped GEMV ----------------------------------------------------------------------------------
@@ -253,6 +289,36 @@ absl::Status GroupByExpert(const int32_t *sel, int64_t n_tok, int k, int n_exper
   const int n = static_cast<int>(n_tok * k);
   Launch(GroupByExpertKernel, 1, kGroupThreads, 0, stream, sel, n, k, n_expert,
          static_cast<int>(GroupMaxGroups(n_tok, k, n_expert)), idx, plan);
+  STRATA_CUDA_RETURN_IF_LAUNCH_FAILED();
+  return absl::OkStatus();
+}
+
+absl::Status RouteGroupQuantize(const RouteArgs &p, const float *logits, int64_t n_tok, int32_t *sel, float *wts,
+                                int32_t *idx, int32_t *plan, Q8Act f, const float *h, int64_t cols, void *xq,
+                                cudaStream_t stream) {
+  STRATA_RETURN_IF_ERROR(CheckRouteArgs(p));
+  const int block = f == Q8Act::kBlock32 ? 32 : 256;
+  if (n_tok < 1 || n_tok > kRouteGroupMaxTokens || f == Q8Act::kNone || cols <= 0 || cols % block != 0) {
+    return Errorf(MOE_ERR_INVALID_ARGUMENT,
+                  "routing, grouping and quantizing %lld tokens (1 to %d) of %lld columns (blocks of %d)",
+                  static_cast<long long>(n_tok), kRouteGroupMaxTokens, static_cast<long long>(cols), block);
+  }
+  if (logits == nullptr || sel == nullptr || wts == nullptr || idx == nullptr || plan == nullptr || h == nullptr ||
+      xq == nullptr) {
+    return Errorf(MOE_ERR_INVALID_ARGUMENT, "routing, grouping and quantizing: a null buffer");
+  }
+  const int64_t blocks = 1 + (cols + 255) / 256 * n_tok;
+  const int n_max = static_cast<int>(GroupMaxGroups(n_tok, p.k, p.n_expert));
+  auto *out = static_cast<uint8_t *>(xq);
+  const int64_t rb = Q8ActRowBytes(f, cols);
+  const int nt = static_cast<int>(n_tok);
+  if (f == Q8Act::kBlock32) {
+    Launch(RouteGroupQuantizeKernel<32>, static_cast<unsigned>(blocks), kFusedThreads, 0, stream, p, logits, nt, sel,
+           wts, idx, plan, n_max, h, cols, out, rb);
+  } else {
+    Launch(RouteGroupQuantizeKernel<256>, static_cast<unsigned>(blocks), kFusedThreads, 0, stream, p, logits, nt,
+           sel, wts, idx, plan, n_max, h, cols, out, rb);
+  }
   STRATA_CUDA_RETURN_IF_LAUNCH_FAILED();
   return absl::OkStatus();
 }

@@ -7,6 +7,7 @@
 // the same experts (random logits have no near-ties) with weights within 1e-6.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cuda/cuda_status.h"
@@ -383,6 +384,78 @@ TEST_CASE("Every routing variant matches the host routing", "[gpu]") {
     CHECK(Download<int32_t>(*ds, n_tok * c.k) == ref_sel);
     CHECK(RelL2(Download<float>(dw, n_tok * c.k), ref_w) <= 1e-6);
   }
+}
+
+TEST_CASE("Routing, grouping and quantizing in one launch gives the bits of the three launches", "[gpu][grouped]") {
+  if (!HaveGpu()) return;
+  auto rng = test::Rng();
+  struct Case { model::Gating gating; int n_expert, k, n_group, topk_group; bool norm; float scale; bool bias; };
+  for (Case c : {Case{model::Gating::kSoftmax, 128, 8, 1, 1, true, 1.f, false},
+                 Case{model::Gating::kSoftmaxSelected, 32, 4, 1, 1, false, 1.f, false},
+                 Case{model::Gating::kSigmoid, 256, 8, 8, 4, true, 2.5f, true}}) {
+    for (int64_t n_tok : {1, 5, 8}) {
+      for (Q8Act f : {Q8Act::kBlock256, Q8Act::kBlock32}) {
+        INFO("gating " << static_cast<int>(c.gating) << " experts " << c.n_expert << " tokens " << n_tok
+                       << " block " << (f == Q8Act::kBlock32 ? 32 : 256));
+        const int64_t cols = 768, n = n_tok * c.k, n_max = GroupMaxGroups(n_tok, c.k, c.n_expert);
+        const int64_t xq_bytes = n_tok * Q8ActRowBytes(f, cols);
+        DeviceBuffer dl = Upload(RandomFloats(rng, n_tok * c.n_expert, -4.f, 4.f)),
+                     db = Upload(RandomFloats(rng, c.n_expert)), dh = Upload(RandomFloats(rng, n_tok * cols, -3.f, 3.f));
+        RouteArgs a;
+        a.gating = static_cast<int>(c.gating);
+        a.n_expert = c.n_expert;
+        a.k = c.k;
+        a.n_group = c.n_group;
+        a.topk_group = c.topk_group;
+        a.norm_topk_prob = c.norm;
+        a.routed_scale = c.scale;
+        a.select_bias = c.bias ? db.as<float>() : nullptr;
+        struct Out {
+          DeviceBuffer sel, wts, idx, plan, xq;
+        };
+        auto fresh = [&] {
+          return Out{Poisoned(n), Poisoned(n), Poisoned(2 * n), Poisoned(GroupPlanInts(n_tok, c.k, c.n_expert)),
+                     Poisoned((xq_bytes + 3) / 4)};
+        };
+        Out three = fresh(), one = fresh();
+        REQUIRE(Route(a, dl.as<float>(), n_tok, three.sel.as<int32_t>(), three.wts.as<float>(), nullptr).ok());
+        REQUIRE(GroupByExpert(three.sel.as<int32_t>(), n_tok, c.k, c.n_expert, three.idx.as<int32_t>(),
+                              three.plan.as<int32_t>(), nullptr).ok());
+        REQUIRE(QuantizeActivationsQ8(f, dh.as<float>(), n_tok, cols, three.xq.data(), nullptr).ok());
+        REQUIRE(RouteGroupQuantize(a, dl.as<float>(), n_tok, one.sel.as<int32_t>(), one.wts.as<float>(),
+                                   one.idx.as<int32_t>(), one.plan.as<int32_t>(), f, dh.as<float>(), cols,
+                                   one.xq.data(), nullptr).ok());
+        CHECK(Download<int32_t>(one.sel, n) == Download<int32_t>(three.sel, n));
+        const std::vector<float> w1 = Download<float>(one.wts, n), w3 = Download<float>(three.wts, n);
+        CHECK(std::memcmp(w1.data(), w3.data(), n * sizeof(float)) == 0);
+        CHECK(Download<int32_t>(one.idx, 2 * n) == Download<int32_t>(three.idx, 2 * n));
+        // The plan's specified entries: the count, the groups' experts and their first rows.
+        const std::vector<int32_t> p1 = Download<int32_t>(one.plan, 2 + 2 * n_max),
+                                   p3 = Download<int32_t>(three.plan, 2 + 2 * n_max);
+        REQUIRE(p1[0] == p3[0]);
+        REQUIRE(p1[0] >= 1);
+        for (int g = 0; g < p1[0]; ++g) CHECK(p1[1 + g] == p3[1 + g]);
+        for (int g = 0; g <= p1[0]; ++g) CHECK(p1[1 + n_max + g] == p3[1 + n_max + g]);
+        CHECK(Download<uint8_t>(one.xq, xq_bytes) == Download<uint8_t>(three.xq, xq_bytes));
+      }
+    }
+  }
+  // Refused: more tokens than one block routes, no 8-bit layout, columns off the block.
+  RouteArgs a;
+  a.n_expert = 8;
+  a.k = 2;
+  auto buf = DeviceBuffer::Allocate(1 << 16);
+  REQUIRE(buf.ok());
+  auto *f32 = buf->as<float>();
+  auto *i32 = buf->as<int32_t>();
+  CHECK(StatusToMoe(RouteGroupQuantize(a, f32, kRouteGroupMaxTokens + 1, i32, f32, i32, i32, Q8Act::kBlock256, f32,
+                                       256, buf->data(), nullptr)) == MOE_ERR_INVALID_ARGUMENT);
+  CHECK(StatusToMoe(RouteGroupQuantize(a, f32, 1, i32, f32, i32, i32, Q8Act::kNone, f32, 256, buf->data(),
+                                       nullptr)) == MOE_ERR_INVALID_ARGUMENT);
+  CHECK(StatusToMoe(RouteGroupQuantize(a, f32, 1, i32, f32, i32, i32, Q8Act::kBlock256, f32, 96, buf->data(),
+                                       nullptr)) == MOE_ERR_INVALID_ARGUMENT);
+  CHECK(StatusToMoe(RouteGroupQuantize(a, f32, 1, i32, f32, i32, i32, Q8Act::kBlock256, f32, 256, nullptr,
+                                       nullptr)) == MOE_ERR_INVALID_ARGUMENT);
 }
 
 }  // namespace strata::cuda
