@@ -1175,9 +1175,15 @@ bool CudaBackend::RoutedExperts(const model::RoutedExpertsArgs &a) {
   const uint8_t *skip = hybrid ? skip_dev_.as<uint8_t>() : nullptr;
   // 8-bit gate/up products read the tokens' quantized rows through idx: no gathered copy of them.
   const bool gate_q8 = q8_ && Q8ActFor(t.ge.gate_shape.type) != Q8Act::kNone;
-  // A few tokens off the hybrid path: routing, grouping and quantizing their rows in one launch.
+  // Up to 8 tokens off the hybrid path: routing, grouping and quantizing their rows in one launch
+  // (16 sessions measured no faster with it: a warp then routes two tokens in turn).
+  // STRATA_CUDA_FUSED_ROUTE=N moves the cap (0: never, at most kRouteGroupMaxTokens; a measuring knob).
+  static const int64_t fused_max = [] {
+    const char *e = std::getenv("STRATA_CUDA_FUSED_ROUTE");
+    return e != nullptr && *e != '\0' ? std::clamp<int64_t>(std::atoll(e), 0, kRouteGroupMaxTokens) : int64_t{8};
+  }();
   const void *xq = nullptr;
-  if (gate_q8 && !hybrid && a.n_tok <= kRouteGroupMaxTokens) {
+  if (gate_q8 && !hybrid && a.n_tok <= fused_max) {
     const Q8Act f = Q8ActFor(t.ge.gate_shape.type);
     auto buf = Grow(q8_x_, static_cast<size_t>(a.n_tok * Q8ActRowBytes(f, n_embd)));
     if (!Note(buf.status()) ||

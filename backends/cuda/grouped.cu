@@ -131,11 +131,12 @@ __global__ void __launch_bounds__(kGroupThreads)
   GroupBlock<kGroupThreads>(sel, n, k, n_expert, n_max, idx, plan);
 }
 
-constexpr int kFusedThreads = 256;
-static_assert(kRouteGroupMaxTokens <= kFusedThreads / 32, "a warp a token");
+constexpr int kFusedThreads = 256, kFusedWarps = kFusedThreads / 32;
+static_assert(kRouteGroupMaxTokens <= 2 * kFusedWarps, "at most two tokens a warp");
 
-// Block 0 routes the n_tok tokens (a warp each) and groups their selections (sel and wts written
-// before the barrier, read after it); block 1 + b quantizes stretch b % chunks of row b / chunks of h.
+// Block 0 routes the n_tok tokens (warp w tokens w and w + 8) and groups their selections (sel and
+// wts written before the barrier, read after it); block 1 + b quantizes stretch b % chunks of row
+// b / chunks of h.
 template <int kBlock>
 __global__ void __launch_bounds__(kFusedThreads)
     RouteGroupQuantizeKernel(RouteArgs p, const float *__restrict__ logits, int n_tok, int32_t *sel, float *wts,
@@ -148,10 +149,13 @@ __global__ void __launch_bounds__(kFusedThreads)
     dev::QuantizeStretch<kBlock>(h, cols, xq, row_bytes, b / chunks, b % chunks, warp_max);
     return;
   }
-  __shared__ float s_pr[kRouteGroupMaxTokens][kRouteMaxExperts], s_choice[kRouteGroupMaxTokens][kRouteMaxExperts];
-  __shared__ int32_t s_sel[kRouteGroupMaxTokens][kRouteMaxExperts];
+  __shared__ float s_pr[kFusedWarps][kRouteMaxExperts], s_choice[kFusedWarps][kRouteMaxExperts];
+  __shared__ int32_t s_sel[kFusedWarps][kRouteMaxExperts];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  if (warp < n_tok) dev::RouteWarpToken(p, logits, warp, sel, wts, s_pr[warp], s_choice[warp], s_sel[warp], lane);
+  for (int t = warp; t < n_tok; t += kFusedWarps) {
+    dev::RouteWarpToken(p, logits, t, sel, wts, s_pr[warp], s_choice[warp], s_sel[warp], lane);
+    __syncwarp();  // lane 0 may still read the scratch the next token overwrites
+  }
   __syncthreads();
   GroupBlock<kFusedThreads>(sel, n_tok * p.k, p.k, p.n_expert, n_max, idx, plan);
 }

@@ -426,11 +426,11 @@ absl::Status Route(const RouteArgs &p, const float *logits, int64_t n_tok, int32
 absl::Status CheckRouteArgs(const RouteArgs &p);
 
 // Route, GroupByExpert and QuantizeActivationsQ8(f, h, n_tok, cols, xq) in one launch, for a decode
-// step of 1 .. kRouteGroupMaxTokens tokens: one block routes (a warp a token) and groups, the others
-// quantize the tokens' rows of h, where three launches would each wait for the one before. The same
-// bits as the three; idx and plan as GroupByExpert writes them (n_max = GroupMaxGroups(n_tok, p.k,
-// p.n_expert)).
-constexpr int kRouteGroupMaxTokens = 8;
+// step of 1 .. kRouteGroupMaxTokens tokens: one block routes (a warp a token, two past 8 tokens) and
+// groups, the others quantize the tokens' rows of h, where three launches would each wait for the
+// one before. The same bits as the three; idx and plan as GroupByExpert writes them (n_max =
+// GroupMaxGroups(n_tok, p.k, p.n_expert)).
+constexpr int kRouteGroupMaxTokens = 16;
 absl::Status RouteGroupQuantize(const RouteArgs &p, const float *logits, int64_t n_tok, int32_t *sel, float *wts,
                                 int32_t *idx, int32_t *plan, Q8Act f, const float *h, int64_t cols, void *xq,
                                 cudaStream_t stream);

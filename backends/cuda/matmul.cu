@@ -26,18 +26,18 @@ int AlignOf() {
   return C::kAlign;
 }
 
-// y (NT, rows) = x (NT, cols) · wᵀ; y rows `rows` apart. Teams of team_warps warps take kGemvRows
-// rows each.
+// y (NT, rows) = x (NT, cols) · wᵀ for chunk blockIdx.y of NT tokens (x and y start that many
+// chunks further); y rows `rows` apart. Teams of team_warps warps take kGemvRows rows each.
 template <class C, int NT, int TR = dev::kGemvRows>
 __global__ void __launch_bounds__(kGemvWarps * 32) GemvKernel(const uint8_t *__restrict__ w, uint64_t row_bytes,
                                                               int64_t rows, int64_t cols, const float *__restrict__ x,
                                                               float *__restrict__ y, int team_warps) {
   __shared__ float red[kGemvWarps * dev::kTeamRedFloats];
   const dev::Team tm = dev::BlockTeam(team_warps, red);
-  const int64_t r0 = dev::TeamIndex(team_warps) * TR;
+  const int64_t r0 = dev::TeamIndex(team_warps) * TR, t0 = static_cast<int64_t>(blockIdx.y) * NT;
   dev::PrefetchRows(w, row_bytes, r0, TR, rows, tm);
   dev::AwaitPrior();
-  dev::GemvRows<C, NT, TR>(w, row_bytes, r0, rows, cols, x, y, rows, tm);
+  dev::GemvRows<C, NT, TR>(w, row_bytes, r0, rows, cols, x + t0 * cols, y + t0 * rows, rows, tm);
 }
 
 // h (NT, rows) = silu(gate · x) * (up · x): both matrices of a row read by the same warp; kSwiGluRows
@@ -136,8 +136,9 @@ GemvGrid GemvGridFor(int64_t rows, int per_team, int team_warps) {
   return {static_cast<unsigned>(blocks(warps)), static_cast<unsigned>(warps) * 32};
 }
 
+// `chunks` chunks of NT tokens in one launch (grid rows), each computed as a launch of its own.
 template <class C, int NT>
-void LaunchGemv(const DeviceMatrix &w, const float *x, float *y, cudaStream_t s) {
+void LaunchGemv(const DeviceMatrix &w, const float *x, float *y, cudaStream_t s, unsigned chunks = 1) {
   const int tw = GemvTeamWarps(w.type, w.cols, w.rows);
   // A float matrix too short to give every multiprocessor a team of kGemvRows rows (a router) takes
   // a row a team for 4 or more tokens, whose walk goes one row at a time: its rows then run side by
@@ -145,14 +146,14 @@ void LaunchGemv(const DeviceMatrix &w, const float *x, float *y, cudaStream_t s)
   if constexpr (std::is_same_v<C, dev::F32> && dev::RowsAtOnce<NT>() == 1) {
     if ((w.rows + dev::kGemvRows - 1) / dev::kGemvRows < SmCount()) {
       const GemvGrid g = GemvGridFor(w.rows, 1, tw);
-      Launch(GemvKernel<C, NT, 1>, g.blocks, g.threads, 0, s, static_cast<const uint8_t *>(w.data), w.row_bytes,
-             w.rows, w.cols, x, y, tw);
+      Launch(GemvKernel<C, NT, 1>, dim3(g.blocks, chunks), g.threads, 0, s, static_cast<const uint8_t *>(w.data),
+             w.row_bytes, w.rows, w.cols, x, y, tw);
       return;
     }
   }
   const GemvGrid g = GemvGridFor(w.rows, dev::kGemvRows, tw);
-  Launch(GemvKernel<C, NT>, g.blocks, g.threads, 0, s, static_cast<const uint8_t *>(w.data), w.row_bytes, w.rows,
-         w.cols, x, y, tw);
+  Launch(GemvKernel<C, NT>, dim3(g.blocks, chunks), g.threads, 0, s, static_cast<const uint8_t *>(w.data),
+         w.row_bytes, w.rows, w.cols, x, y, tw);
 }
 
 template <class C, int NT>
@@ -229,7 +230,16 @@ absl::Status Gemv(const DeviceMatrix &w, const float *x, int64_t n_tok, float *y
   if (n_tok == 0 || w.rows == 0) return absl::OkStatus();
   STRATA_RETURN_IF_ERROR(CheckActivations(x, "GEMV input"));
   if (y == nullptr) return Errorf(MOE_ERR_INVALID_ARGUMENT, "GEMV output is null");
-  STRATA_CUDA_DISPATCH_CODEC(w.type, ForTokenChunks(n_tok, [&](int nt, int64_t t0) {
+  // Every whole chunk of 8 tokens in one launch (a 16-session decode step's router: one launch, not
+  // two), the rest as ForTokenChunks splits it.
+  const int64_t n8 = std::min<int64_t>(n_tok / 8, 65535);
+  STRATA_CUDA_DISPATCH_CODEC(w.type, {
+    if (n8 > 0) LaunchGemv<C, 8>(w, x, y, stream, static_cast<unsigned>(n8));
+  });
+  const int64_t done = n8 * 8;
+  x += done * w.cols;
+  y += done * w.rows;
+  STRATA_CUDA_DISPATCH_CODEC(w.type, ForTokenChunks(n_tok - done, [&](int nt, int64_t t0) {
     const float *xt = x + t0 * w.cols;
     float *yt = y + t0 * w.rows;
     switch (nt) {

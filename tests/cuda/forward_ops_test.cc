@@ -393,7 +393,7 @@ TEST_CASE("Routing, grouping and quantizing in one launch gives the bits of the 
   for (Case c : {Case{model::Gating::kSoftmax, 128, 8, 1, 1, true, 1.f, false},
                  Case{model::Gating::kSoftmaxSelected, 32, 4, 1, 1, false, 1.f, false},
                  Case{model::Gating::kSigmoid, 256, 8, 8, 4, true, 2.5f, true}}) {
-    for (int64_t n_tok : {1, 5, 8}) {
+    for (int64_t n_tok : {1, 5, 8, 13, 16}) {
       for (Q8Act f : {Q8Act::kBlock256, Q8Act::kBlock32}) {
         INFO("gating " << static_cast<int>(c.gating) << " experts " << c.n_expert << " tokens " << n_tok
                        << " block " << (f == Q8Act::kBlock32 ? 32 : 256));

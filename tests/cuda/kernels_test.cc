@@ -137,12 +137,12 @@ TEST_CASE("GEMV matches the exact dot of the dequantized weights for every codec
     std::vector<uint8_t> w = RandomMatrix(rng, type, rows, cols, &rb);
     DeviceBuffer dw = Upload(w);
     const DeviceMatrix m = test::View(type, dw, rows, cols, rb);
-    const int64_t max_tok = 11;
+    const int64_t max_tok = 27;
     std::vector<float> x = RandomFloats(rng, max_tok * cols);
     DeviceBuffer dx = Upload(x);
     std::vector<float> ref = ReferenceMatMul(type, w, rows, cols, rb, x, max_tok);
     std::vector<float> single;
-    for (int64_t n_tok : {1, 3, 8, 11}) {
+    for (int64_t n_tok : {1, 3, 8, 11, 16, 27}) {
       INFO("n_tok " << n_tok);
       DeviceBuffer dy = Poisoned(n_tok * rows);
       REQUIRE(Gemv(m, dx.as<float>(), n_tok, dy.as<float>(), nullptr).ok());
@@ -152,6 +152,13 @@ TEST_CASE("GEMV matches the exact dot of the dequantized weights for every codec
       // A token's result does not depend on the batch it came in.
       if (n_tok == 1) single = y;
       CHECK(std::memcmp(y.data(), single.data(), rows * sizeof(float)) == 0);
+      // Whole chunks of 8 share one launch: each the bits of its own 8-token launch.
+      for (int64_t t0 = 8; t0 + 8 <= n_tok; t0 += 8) {
+        DeviceBuffer d8 = Poisoned(8 * rows);
+        REQUIRE(Gemv(m, dx.as<float>() + t0 * cols, 8, d8.as<float>(), nullptr).ok());
+        const std::vector<float> y8 = Download<float>(d8, 8 * rows);
+        CHECK(std::memcmp(y.data() + t0 * rows, y8.data(), y8.size() * sizeof(float)) == 0);
+      }
       if (n_tok == 3) {  // and agrees with the CPU backend
         std::vector<float> cy(n_tok * rows);
         model::Matrix hm = HostMatrix(type, w, rows, cols, rb);
