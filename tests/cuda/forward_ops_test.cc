@@ -26,6 +26,28 @@ using test::Upload;
 
 DeviceBuffer UploadInts(const std::vector<int32_t> &v) { return Upload(v); }
 
+// A routing variant of the tests below, and its device arguments (bias: the device copy of the
+// expert selection bias, used when the case has one).
+struct RouteCase {
+  model::Gating gating;
+  int n_expert, k, n_group, topk_group;
+  bool norm;
+  float scale;
+  bool bias;
+};
+RouteArgs DeviceRouteArgs(const RouteCase &c, const DeviceBuffer &bias) {
+  RouteArgs a;
+  a.gating = static_cast<int>(c.gating);
+  a.n_expert = c.n_expert;
+  a.k = c.k;
+  a.n_group = c.n_group;
+  a.topk_group = c.topk_group;
+  a.norm_topk_prob = c.norm;
+  a.routed_scale = c.scale;
+  a.select_bias = c.bias ? bias.as<float>() : nullptr;
+  return a;
+}
+
 }  // namespace
 
 TEST_CASE("Element-wise glue is bit-identical to the CPU backend", "[gpu]") {
@@ -345,12 +367,11 @@ TEST_CASE("Attention and K/V writes over per-row references match the CPU backen
 TEST_CASE("Every routing variant matches the host routing", "[gpu]") {
   if (!HaveGpu()) return;
   auto rng = test::Rng();
-  struct Case { model::Gating gating; int n_expert, k, n_group, topk_group; bool norm; float scale; bool bias; };
-  for (Case c : {Case{model::Gating::kSoftmax, 64, 8, 1, 1, true, 1.f, false},
-                 Case{model::Gating::kSoftmax, 16, 4, 4, 2, false, 1.5f, false},
-                 Case{model::Gating::kSoftmaxSelected, 32, 4, 1, 1, false, 1.f, false},
-                 Case{model::Gating::kSigmoid, 64, 6, 8, 3, true, 2.5f, true},
-                 Case{model::Gating::kSigmoid, 256, 8, 8, 4, true, 2.5f, true}}) {
+  for (RouteCase c : {RouteCase{model::Gating::kSoftmax, 64, 8, 1, 1, true, 1.f, false},
+                      RouteCase{model::Gating::kSoftmax, 16, 4, 4, 2, false, 1.5f, false},
+                      RouteCase{model::Gating::kSoftmaxSelected, 32, 4, 1, 1, false, 1.f, false},
+                      RouteCase{model::Gating::kSigmoid, 64, 6, 8, 3, true, 2.5f, true},
+                      RouteCase{model::Gating::kSigmoid, 256, 8, 8, 4, true, 2.5f, true}}) {
     INFO("gating " << static_cast<int>(c.gating) << " experts " << c.n_expert << " groups " << c.n_group);
     const int64_t n_tok = 11;
     std::vector<float> logits = RandomFloats(rng, n_tok * c.n_expert, -4.f, 4.f), bias = RandomFloats(rng, c.n_expert);
@@ -371,15 +392,7 @@ TEST_CASE("Every routing variant matches the host routing", "[gpu]") {
     DeviceBuffer dl = Upload(logits), db = Upload(bias), dw = Poisoned(n_tok * c.k);
     auto ds = DeviceBuffer::Allocate(n_tok * c.k * sizeof(int32_t));
     REQUIRE(ds.ok());
-    RouteArgs a;
-    a.gating = static_cast<int>(c.gating);
-    a.n_expert = c.n_expert;
-    a.k = c.k;
-    a.n_group = c.n_group;
-    a.topk_group = c.topk_group;
-    a.norm_topk_prob = c.norm;
-    a.routed_scale = c.scale;
-    a.select_bias = c.bias ? db.as<float>() : nullptr;
+    const RouteArgs a = DeviceRouteArgs(c, db);
     REQUIRE(Route(a, dl.as<float>(), n_tok, ds->as<int32_t>(), dw.as<float>(), nullptr).ok());
     CHECK(Download<int32_t>(*ds, n_tok * c.k) == ref_sel);
     CHECK(RelL2(Download<float>(dw, n_tok * c.k), ref_w) <= 1e-6);
@@ -389,10 +402,9 @@ TEST_CASE("Every routing variant matches the host routing", "[gpu]") {
 TEST_CASE("Routing, grouping and quantizing in one launch gives the bits of the three launches", "[gpu][grouped]") {
   if (!HaveGpu()) return;
   auto rng = test::Rng();
-  struct Case { model::Gating gating; int n_expert, k, n_group, topk_group; bool norm; float scale; bool bias; };
-  for (Case c : {Case{model::Gating::kSoftmax, 128, 8, 1, 1, true, 1.f, false},
-                 Case{model::Gating::kSoftmaxSelected, 32, 4, 1, 1, false, 1.f, false},
-                 Case{model::Gating::kSigmoid, 256, 8, 8, 4, true, 2.5f, true}}) {
+  for (RouteCase c : {RouteCase{model::Gating::kSoftmax, 128, 8, 1, 1, true, 1.f, false},
+                      RouteCase{model::Gating::kSoftmaxSelected, 32, 4, 1, 1, false, 1.f, false},
+                      RouteCase{model::Gating::kSigmoid, 256, 8, 8, 4, true, 2.5f, true}}) {
     for (int64_t n_tok : {1, 5, 8, 13, 16}) {
       for (Q8Act f : {Q8Act::kBlock256, Q8Act::kBlock32}) {
         INFO("gating " << static_cast<int>(c.gating) << " experts " << c.n_expert << " tokens " << n_tok
@@ -401,15 +413,7 @@ TEST_CASE("Routing, grouping and quantizing in one launch gives the bits of the 
         const int64_t xq_bytes = n_tok * Q8ActRowBytes(f, cols);
         DeviceBuffer dl = Upload(RandomFloats(rng, n_tok * c.n_expert, -4.f, 4.f)),
                      db = Upload(RandomFloats(rng, c.n_expert)), dh = Upload(RandomFloats(rng, n_tok * cols, -3.f, 3.f));
-        RouteArgs a;
-        a.gating = static_cast<int>(c.gating);
-        a.n_expert = c.n_expert;
-        a.k = c.k;
-        a.n_group = c.n_group;
-        a.topk_group = c.topk_group;
-        a.norm_topk_prob = c.norm;
-        a.routed_scale = c.scale;
-        a.select_bias = c.bias ? db.as<float>() : nullptr;
+        const RouteArgs a = DeviceRouteArgs(c, db);
         struct Out {
           DeviceBuffer sel, wts, idx, plan, xq;
         };
