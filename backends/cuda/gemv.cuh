@@ -23,8 +23,9 @@ constexpr int kGemvWarps = 8;  // warps per block: the warps of a block share x 
 // Blocks of an 8-bit-activation grouped expert kernel a multiprocessor holds at once, by the
 // registers its launch bound leaves a thread (65,536 / (256 x blocks)), for kernels taking up to
 // kMaxNT tokens a chunk. The 2-token kernels fit 80 registers without spilling and run the groups of
-// 1-3 tokens that many sessions' decode forms: 16 sessions decode 5-8% faster with 3 blocks than with
-// 2 (H200, bench/README.md); the 1-token kernel spills at 80, the 4- and 8-token ones more.
+// 1-3 tokens that many sessions' decode forms: 16 sessions decode 3-4% faster with 3 blocks than
+// with 2 at the same chunks (H200, bench/README.md); the 1-token kernel spills at 80, the 4- and
+// 8-token ones more.
 template <int kMaxNT>
 constexpr int GroupedQ8MinBlocks() {
   return kMaxNT == 2 ? 3 : 2;

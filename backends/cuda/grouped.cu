@@ -236,6 +236,13 @@ absl::Status CheckPlanArgs(const int32_t *plan, int n_max, const float *x, const
   return absl::OkStatus();
 }
 
+// The distinct experts n_tok tokens of k different selections each reach, expected when every
+// expert is equally likely.
+double ExpectedGroups(int64_t n_tok, int k, int n_expert) {
+  const double miss = std::pow(1.0 - static_cast<double>(k) / n_expert, static_cast<double>(n_tok));
+  return static_cast<double>(n_expert) * (1.0 - miss);
+}
+
 }  // namespace
 
 absl::Status CheckGroupGrid(int n_max, int n_grid, const char *what) {
@@ -243,13 +250,6 @@ absl::Status CheckGroupGrid(int n_max, int n_grid, const char *what) {
     return Errorf(MOE_ERR_INVALID_ARGUMENT, "%s: a grid of %d rows of groups for %d groups", what, n_grid, n_max);
   }
   return absl::OkStatus();
-}
-
-// The distinct experts n_tok tokens of k different selections each reach, expected when every
-// expert is equally likely.
-static double ExpectedGroups(int64_t n_tok, int k, int n_expert) {
-  const double miss = std::pow(1.0 - static_cast<double>(k) / n_expert, static_cast<double>(n_tok));
-  return static_cast<double>(n_expert) * (1.0 - miss);
 }
 
 int GroupGridGroups(int64_t n_tok, int k, int n_expert) {
