@@ -41,13 +41,13 @@ static_assert(kRouteMaxExperts % 32 == 0 && kRouteMaxExperts <= kGroupThreads, "
 template <int kThreads>
 __device__ __forceinline__ void GroupBlock(const int32_t *sel, int n, int k, int n_expert, int n_max, int32_t *idx,
                                            int32_t *plan) {
-  constexpr int kGroupWarps = kThreads / 32, kGroupThreads = kThreads;
+  constexpr int kGroupWarps = kThreads / 32;
   static_assert(kScanWarps <= kGroupWarps, "a thread per expert");
   __shared__ int cnt[kGroupWarps][kRouteMaxExperts];  // (1) counts, then (2) cursors
   __shared__ int warp_sum[kScanWarps][2];             // rows and groups of each scan warp's experts
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const unsigned lanes_before = (1u << lane) - 1u;
-  for (int i = threadIdx.x; i < kGroupWarps * kRouteMaxExperts; i += kGroupThreads) (&cnt[0][0])[i] = 0;
+  for (int i = threadIdx.x; i < kGroupWarps * kRouteMaxExperts; i += kThreads) (&cnt[0][0])[i] = 0;
   __syncthreads();
   const int seg = ((n + kGroupWarps - 1) / kGroupWarps + 31) / 32 * 32;
   const int i0 = min(n, warp * seg), i1 = min(n, i0 + seg);

@@ -230,25 +230,25 @@ absl::Status Gemv(const DeviceMatrix &w, const float *x, int64_t n_tok, float *y
   if (n_tok == 0 || w.rows == 0) return absl::OkStatus();
   STRATA_RETURN_IF_ERROR(CheckActivations(x, "GEMV input"));
   if (y == nullptr) return Errorf(MOE_ERR_INVALID_ARGUMENT, "GEMV output is null");
-  // Every whole chunk of 8 tokens in one launch (a 16-session decode step's router: one launch, not
-  // two), the rest as ForTokenChunks splits it.
-  const int64_t n8 = std::min<int64_t>(n_tok / 8, 65535);
   STRATA_CUDA_DISPATCH_CODEC(w.type, {
-    if (n8 > 0) LaunchGemv<C, 8>(w, x, y, stream, static_cast<unsigned>(n8));
-  });
-  const int64_t done = n8 * 8;
-  x += done * w.cols;
-  y += done * w.rows;
-  STRATA_CUDA_DISPATCH_CODEC(w.type, ForTokenChunks(n_tok - done, [&](int nt, int64_t t0) {
-    const float *xt = x + t0 * w.cols;
-    float *yt = y + t0 * w.rows;
-    switch (nt) {
-      case 8: LaunchGemv<C, 8>(w, xt, yt, stream); break;
-      case 4: LaunchGemv<C, 4>(w, xt, yt, stream); break;
-      case 2: LaunchGemv<C, 2>(w, xt, yt, stream); break;
-      default: LaunchGemv<C, 1>(w, xt, yt, stream); break;
+    // Whole chunks of 8 tokens share a launch (grid rows, up to 65,535 a launch): a 16-session
+    // decode step's router takes one launch, not two. The rest as ForTokenChunks splits it.
+    int64_t t0 = 0;
+    while (n_tok - t0 >= 8) {
+      const int64_t chunks = std::min<int64_t>((n_tok - t0) / 8, 65535);
+      LaunchGemv<C, 8>(w, x + t0 * w.cols, y + t0 * w.rows, stream, static_cast<unsigned>(chunks));
+      t0 += 8 * chunks;
     }
-  }));
+    ForTokenChunks(n_tok - t0, [&](int nt, int64_t t) {
+      const float *xt = x + (t0 + t) * w.cols;
+      float *yt = y + (t0 + t) * w.rows;
+      switch (nt) {  // fewer than 8 tokens are left: 4, 2 or 1
+        case 4: LaunchGemv<C, 4>(w, xt, yt, stream); break;
+        case 2: LaunchGemv<C, 2>(w, xt, yt, stream); break;
+        default: LaunchGemv<C, 1>(w, xt, yt, stream); break;
+      }
+    });
+  });
   STRATA_CUDA_RETURN_IF_LAUNCH_FAILED();
   return absl::OkStatus();
 }
