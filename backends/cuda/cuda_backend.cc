@@ -291,7 +291,14 @@ absl::Status CudaBackend::Adopt(const model::ModelWeights &w, const uint8_t *are
   if (tiered) {
     // Fixed slots of the largest expert's device size, allocated once: no allocation in steady state.
     slot_bytes_ = expert_max;
-    const uint64_t n = std::clamp<uint64_t>(expert_vram_bytes / slot_bytes_, std::max(n_min_slots, 1), n_routed);
+    // STRATA_CUDA_STAGE_EXPERTS=N: a decode layer's cold experts are copied into N slots of their
+    // own before the grouped products (StageColdExperts), taken from the budget's slots. Off by
+    // default: on the H200 it measured within 0-3% of reading them in place (bench/README.md).
+    const char *stage_env = std::getenv("STRATA_CUDA_STAGE_EXPERTS");
+    const int64_t stage_want = stage_env != nullptr ? std::atoll(stage_env) : 0;
+    const uint64_t n_stage = static_cast<uint64_t>(std::clamp<int64_t>(stage_want, 0, kRouteMaxExperts));
+    const uint64_t fit = expert_vram_bytes / slot_bytes_;
+    const uint64_t n = std::clamp<uint64_t>(fit > n_stage ? fit - n_stage : 0, std::max(n_min_slots, 1), n_routed);
     STRATA_ASSIGN_OR_RETURN(slot_buf_, DeviceBuffer::Allocate(n * slot_bytes_));
     slots_.resize(n);
     for (Slot &sl : slots_) {
@@ -318,6 +325,15 @@ absl::Status CudaBackend::Adopt(const model::ModelWeights &w, const uint8_t *are
       (void)cudaGetLastError();  // clear the refusal
     }
     weight_bytes_ += n * slot_bytes_;
+    if (arena_dev_ != nullptr && n_stage > 0) {
+      STRATA_ASSIGN_OR_RETURN(stage_buf_, DeviceBuffer::Allocate(n_stage * slot_bytes_));
+      stage_.slots = stage_buf_.as<uint8_t>();
+      stage_.n_slots = static_cast<int>(n_stage);
+      stage_.slot_bytes = slot_bytes_;
+      stage_.host_lo = reinterpret_cast<uintptr_t>(arena_dev_);
+      stage_.host_hi = stage_.host_lo + arena_bytes;
+      weight_bytes_ += n_stage * slot_bytes_;
+    }
   }
   return absl::OkStatus();
 }
@@ -1037,12 +1053,26 @@ absl::Status CudaBackend::BuildTables(const model::ModelWeights &w) {
   if (host.empty()) return absl::OkStatus();
   STRATA_ASSIGN_OR_RETURN(tab_dev_, DeviceBuffer::Allocate(host.size() * sizeof(void *)));
   STRATA_CUDA_RETURN_IF_ERROR(cudaMemcpy(tab_dev_.data(), host.data(), host.size() * sizeof(void *), cudaMemcpyHostToDevice));
+  int n_expert_max = 0;
   for (LayerTable &t : tables_) {
     if (!t.ok) continue;
     auto **base = tab_dev_.as<const void *>() + t.tab_off;
     t.ge.gate = base;
     t.ge.up = base + t.ge.n_expert;
     t.ge.down = base + 2 * t.ge.n_expert;
+    n_expert_max = std::max(n_expert_max, t.ge.n_expert);
+  }
+  if (stage_.n_slots > 0) {
+    const size_t tab_bytes = 3 * static_cast<size_t>(n_expert_max) * sizeof(void *);
+    STRATA_ASSIGN_OR_RETURN(stage_tab_, DeviceBuffer::Allocate(tab_bytes));
+    stage_.gate = stage_tab_.as<const void *>();
+    stage_.up = stage_.gate + n_expert_max;
+    stage_.down = stage_.up + n_expert_max;
+    for (LayerTable &t : tables_) {
+      const auto whole = [](const DeviceMatrix &m) { return static_cast<uint64_t>(m.rows) * m.row_bytes % 16 == 0; };
+      t.stage = t.ok && whole(t.ge.gate_shape) && whole(t.ge.up_shape) && whole(t.ge.down_shape) &&
+                ExpertStageSlotBytes(t.ge) <= stage_.slot_bytes;
+    }
   }
   if (!slots_.empty()) {
     STRATA_ASSIGN_OR_RETURN(hist_, PinnedBuffer::Allocate(w.layers.size() * kDeviceRouteMaxRows * sizeof(int32_t)));
@@ -1197,9 +1227,14 @@ bool CudaBackend::RoutedExperts(const model::RoutedExpertsArgs &a) {
              !Note(GroupByExpert(a.sel, a.n_tok, k, n_expert, a.idx, pl, s))) {
     return true;
   }
+  // Opt-in: cold experts copied into VRAM staging slots first (the products then read VRAM; a copy
+  // over every multiprocessor keeps the link busier than 16 tokens' products reading in place).
+  const bool stage = tiered && t.stage;
+  if (stage && !Note(StageColdExperts(t.ge, stage_, pl, n_max, skip, s))) return true;
+  const GroupedExperts ge = stage ? StagedExperts(t.ge, stage_) : t.ge;
   if ((!gate_q8 && !Note(cuda::GatherRows(a.h, n_embd, a.idx, rows, a.xg, s))) ||
-      !Note(GroupedProducts(t.ge, pl, n_max, gate_q8 ? a.h : a.xg, gate_q8 ? a.idx : nullptr, h, a.yg, rows,
-                            a.n_tok, skip, xq)) ||
+      !Note(GroupedProducts(ge, pl, n_max, gate_q8 ? a.h : a.xg, gate_q8 ? a.idx : nullptr, h, a.yg, rows, a.n_tok,
+                            skip, xq)) ||
       (hybrid && !Note(cpu_experts_->Finish(pl, n_max, skip, a.yg, s))) ||
       !Note(cuda::WeightedRowSum(a.yg, a.idx + rows, a.wts, a.n_tok, k, n_embd, a.out, s))) {
     return true;

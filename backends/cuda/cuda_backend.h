@@ -13,6 +13,8 @@
 //    after the layer; experts used often (route hotness, halved every 16 uses of the layer) take the
 //    slot of the coldest resident expert, filled on a copy stream within a byte credit of 1/8 of
 //    the bytes read over the link, and the table switches to the slot once the copy is done;
+//    with STRATA_CUDA_STAGE_EXPERTS=N (opt-in) a layer's first N cold experts are copied into
+//    staging slots (StageColdExperts) before the products instead of read in place;
 //  - other batches (prefill, families the grouped kernels do not cover) bring each expert into a
 //    slot on demand (LRU), the compute stream waiting for the copy. Their tokens count into the
 //    route hotness, and the next step re-plans the slots (Replan): the hottest experts of every
@@ -143,6 +145,7 @@ class CudaBackend final : public model::Backend {
     Event hist_done;
     double cpu_saving = 0;          // seconds a call would save with the CPU's share (moving average)
     bool hybrid = false;            // the CPU computes a share of the cold experts (CpuExperts)
+    bool stage = false;             // its cold experts are staged (StageColdExperts) before the products
   };
   struct DeviceVec {
     int64_t n = 0;
@@ -281,6 +284,10 @@ class CudaBackend final : public model::Backend {
   bool replan_ = false;                              // hotness grew on the host path since the last plan
   std::unique_ptr<CpuExperts> cpu_experts_;          // hybrid placement (null: off)
   DeviceBuffer skip_dev_;                            // the experts of a layer the CPU computes
+  // Staging slots for a decode layer's cold experts (StageColdExperts): copied in before the
+  // grouped kernels instead of read in place. stage_.n_slots 0: off (no mapped arena).
+  DeviceBuffer stage_buf_, stage_tab_;
+  ExpertStage stage_;
   // Upload ring: pinned segments reused once the copies from their previous lap are done.
   static constexpr size_t kRingSegment = size_t{256} << 10;
   static constexpr int kRingSegments = 16;

@@ -3,6 +3,7 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdlib>
 
 #include "lib/util/numa.h"
@@ -25,6 +26,18 @@ int DeviceNumaNode(int device) {
     return -1;
   }
   return numa::PciDeviceNode(bus_id);
+}
+
+int SmCount() {
+  static std::atomic<int> sm_count[64];  // per device; 0 = not asked yet
+  int dev = 0, n_sm = 0;
+  if (cudaGetDevice(&dev) == cudaSuccess && dev >= 0 && dev < 64) {
+    n_sm = sm_count[dev].load(std::memory_order_relaxed);
+    if (n_sm == 0 && cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess && n_sm > 0) {
+      sm_count[dev].store(n_sm, std::memory_order_relaxed);
+    }
+  }
+  return n_sm;
 }
 
 bool EarlyLaunch() {

@@ -11,6 +11,7 @@
 
 #include "backends/cuda/codecs.cuh"
 #include "backends/cuda/cuda_status.h"
+#include "backends/cuda/device.h"
 #include "backends/cuda/gemv.cuh"
 #include "backends/cuda/kernels.h"
 #include "backends/cuda/launch.cuh"
@@ -212,6 +213,105 @@ __global__ void CopySkippedGroupsKernel(const int32_t *__restrict__ plan, int n_
   }
 }
 
+// ---- Staging cold experts ---------------------------------------------------------------------------
+
+constexpr int kStageThreads = 512, kStageWarps = kStageThreads / 32, kStageInFlight = 4;
+static_assert(kRouteMaxExperts <= kStageThreads, "a thread per group");
+
+struct StageTables {
+  const void *const *from[3];
+  const void **to[3];
+  uint64_t units[3];  // 16-byte units of each matrix of an expert
+  uint64_t off[3];    // byte offsets of the matrices in a slot
+};
+
+// Every block finds the staged experts the same way (thread g takes group g; a block-wide ordered
+// count gives the cold groups their slots), block 0 writes the staged tables, and all blocks copy
+// the staged experts' bytes, 16 at a time, kStageInFlight loads in flight a thread.
+__global__ void __launch_bounds__(kStageThreads)
+    StageColdExpertsKernel(StageTables t, int n_expert, uint8_t *slots, int n_slots, uint64_t slot_bytes,
+                           uintptr_t host_lo, uintptr_t host_hi, const int32_t *__restrict__ plan, int n_max,
+                           const uint8_t *__restrict__ skip) {
+  dev::AwaitPrior();
+  __shared__ int s_slot[kRouteMaxExperts];     // slot of expert e, or -1
+  __shared__ const int4 *s_src[3][kRouteMaxExperts];  // the staged experts' matrices, by slot
+  __shared__ int s_warp[kStageWarps];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  if (tid < n_expert) s_slot[tid] = -1;
+  const int n_groups = min(max(plan[0], 0), n_max);
+  int e = -1;
+  bool cold = false;
+  if (tid < n_groups) {
+    e = plan[1 + tid];
+    if (e >= 0 && e < n_expert && (skip == nullptr || skip[e] == 0)) {
+      cold = true;
+      for (int m = 0; m < 3; ++m) {
+        const auto p = reinterpret_cast<uintptr_t>(t.from[m][e]);
+        cold = cold && p >= host_lo && p < host_hi && p % 16 == 0;
+      }
+    }
+  }
+  const unsigned ballot = __ballot_sync(0xffffffffu, cold);
+  if (lane == 0) s_warp[warp] = __popc(ballot);
+  __syncthreads();
+  int before = __popc(ballot & ((1u << lane) - 1u)), n_cold = 0;
+  for (int w = 0; w < kStageWarps; ++w) {
+    before += w < warp ? s_warp[w] : 0;
+    n_cold += s_warp[w];
+  }
+  if (cold && before < n_slots) {
+    s_slot[e] = before;
+    for (int m = 0; m < 3; ++m) s_src[m][before] = static_cast<const int4 *>(t.from[m][e]);
+  }
+  __syncthreads();
+  const int n_staged = min(n_cold, n_slots);
+  if (blockIdx.x == 0) {
+    for (int x = tid; x < n_expert; x += kStageThreads) {
+      const int j = s_slot[x];
+      for (int m = 0; m < 3; ++m) {
+        t.to[m][x] = j >= 0 ? static_cast<const void *>(slots + j * slot_bytes + t.off[m]) : t.from[m][x];
+      }
+    }
+  }
+  const uint64_t per_expert = t.units[0] + t.units[1] + t.units[2];
+  const uint64_t total = per_expert * static_cast<uint64_t>(n_staged);
+  const uint64_t stride = uint64_t{gridDim.x} * kStageThreads;
+  // Unit u of the staged bytes: slot u / per_expert, then the matrix its remainder falls in.
+  auto at = [&](uint64_t u, const int4 *&src, int4 *&dst) {
+    const uint64_t j = u / per_expert;
+    uint64_t r = u - j * per_expert;
+    int m = 0;
+    if (r >= t.units[0]) {
+      r -= t.units[0];
+      m = 1;
+      if (r >= t.units[1]) {
+        r -= t.units[1];
+        m = 2;
+      }
+    }
+    src = s_src[m][j] + r;
+    dst = reinterpret_cast<int4 *>(slots + j * slot_bytes + t.off[m]) + r;
+  };
+  for (uint64_t u0 = uint64_t{blockIdx.x} * kStageThreads + tid; u0 < total; u0 += kStageInFlight * stride) {
+    int4 v[kStageInFlight];
+    int4 *dst[kStageInFlight];
+#pragma unroll
+    for (int i = 0; i < kStageInFlight; ++i) {
+      const uint64_t u = u0 + i * stride;
+      dst[i] = nullptr;
+      if (u < total) {
+        const int4 *src;
+        at(u, src, dst[i]);
+        v[i] = *src;
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kStageInFlight; ++i) {
+      if (dst[i] != nullptr) *dst[i] = v[i];
+    }
+  }
+}
+
 // ---- Validation ------------------------------------------------------------------------------------
 
 constexpr int kMaxGridY = 65535;
@@ -388,6 +488,66 @@ absl::Status GroupedGemv(const void *const *tab, const DeviceMatrix &shape, cons
   });
   STRATA_CUDA_RETURN_IF_LAUNCH_FAILED();
   return absl::OkStatus();
+}
+
+uint64_t ExpertStageSlotBytes(const GroupedExperts &e) {
+  const auto bytes = [](const DeviceMatrix &m) {
+    return (static_cast<uint64_t>(m.rows) * m.row_bytes + 255) / 256 * 256;
+  };
+  return bytes(e.gate_shape) + bytes(e.up_shape) + bytes(e.down_shape);
+}
+
+absl::Status StageColdExperts(const GroupedExperts &from, const ExpertStage &stage, const int32_t *plan, int n_max,
+                              const uint8_t *skip, cudaStream_t stream) {
+  STRATA_RETURN_IF_ERROR(CheckGroupedExperts(from));
+  if (from.n_expert > kRouteMaxExperts || n_max < 0 || n_max > from.n_expert) {
+    return Errorf(MOE_ERR_INVALID_ARGUMENT, "staging experts: %d groups of %d experts (at most %d)", n_max,
+                  from.n_expert, kRouteMaxExperts);
+  }
+  if (stage.gate == nullptr || stage.up == nullptr || stage.down == nullptr) {
+    return Errorf(MOE_ERR_INVALID_ARGUMENT, "staging experts: a staged table is null");
+  }
+  if (stage.n_slots < 0 || (stage.n_slots > 0 && (stage.slots == nullptr || !Aligned(stage.slots, 256)))) {
+    return Errorf(MOE_ERR_INVALID_ARGUMENT, "staging experts: %d slots at %p (256-byte aligned)", stage.n_slots,
+                  static_cast<const void *>(stage.slots));
+  }
+  if (stage.slot_bytes % 256 != 0 || stage.slot_bytes < ExpertStageSlotBytes(from)) {
+    return Errorf(MOE_ERR_INVALID_ARGUMENT, "staging experts: slots of %llu bytes for experts of %llu",
+                  static_cast<unsigned long long>(stage.slot_bytes),
+                  static_cast<unsigned long long>(ExpertStageSlotBytes(from)));
+  }
+  StageTables t;
+  uint64_t off = 0;
+  const DeviceMatrix *shapes[3] = {&from.gate_shape, &from.up_shape, &from.down_shape};
+  const void *const *tabs[3] = {from.gate, from.up, from.down};
+  const void **to[3] = {stage.gate, stage.up, stage.down};
+  for (int m = 0; m < 3; ++m) {
+    const uint64_t bytes = static_cast<uint64_t>(shapes[m]->rows) * shapes[m]->row_bytes;
+    if (bytes % 16 != 0) {
+      return Errorf(MOE_ERR_INVALID_ARGUMENT, "staging experts: a matrix of %llu bytes (a multiple of 16 is needed)",
+                    static_cast<unsigned long long>(bytes));
+    }
+    t.from[m] = tabs[m];
+    t.to[m] = to[m];
+    t.units[m] = bytes / 16;
+    t.off[m] = off;
+    off += (bytes + 255) / 256 * 256;
+  }
+  if (n_max == 0) return absl::OkStatus();
+  if (plan == nullptr) return Errorf(MOE_ERR_INVALID_ARGUMENT, "staging experts: the plan is null");
+  const int blocks = std::max(1, 2 * SmCount());
+  Launch(StageColdExpertsKernel, blocks, kStageThreads, 0, stream, t, from.n_expert, stage.slots, stage.n_slots,
+         stage.slot_bytes, stage.host_lo, stage.host_hi, plan, n_max, skip);
+  STRATA_CUDA_RETURN_IF_LAUNCH_FAILED();
+  return absl::OkStatus();
+}
+
+GroupedExperts StagedExperts(const GroupedExperts &from, const ExpertStage &stage) {
+  GroupedExperts e = from;
+  e.gate = stage.gate;
+  e.up = stage.up;
+  e.down = stage.down;
+  return e;
 }
 
 absl::Status CopySkippedGroups(const int32_t *plan, int n_max, const uint8_t *skip, const float *src, float *dst,

@@ -328,6 +328,41 @@ absl::Status GroupedGemv(const void *const *tab, const DeviceMatrix &shape, cons
                          const float *x, float *y, cudaStream_t stream, int64_t n_tok = -1,
                          const uint8_t *skip = nullptr, int n_grid = 0);
 
+// VRAM staging slots for a layer's cold experts (the VRAM tier): StageColdExperts copies the
+// experts a plan needs that lie in mapped host memory into these slots, so the grouped kernels read
+// them from VRAM. On the H200 (cuda_bench) the copy and products take 86-87% of the link's copy
+// rate, the grouped kernels reading the same experts in place 85% for one token and 78% for 16.
+// Slot j holds gate | up | down at byte offsets 0, Align256(gate bytes), Align256(gate bytes) +
+// Align256(up bytes).
+struct ExpertStage {
+  uint8_t *slots = nullptr;  // n_slots x slot_bytes of VRAM, 256-byte aligned
+  int n_slots = 0;
+  uint64_t slot_bytes = 0;
+  // The staged tables (device arrays of n_expert pointers each), written by StageColdExperts.
+  const void **gate = nullptr, **up = nullptr, **down = nullptr;
+  // Device addresses of the mapped host memory: an expert whose three matrices lie in [host_lo,
+  // host_hi) is cold.
+  uintptr_t host_lo = 0, host_hi = 0;
+};
+
+// The bytes of a slot for experts of these shapes (gate | up | down, each 256-aligned).
+uint64_t ExpertStageSlotBytes(const GroupedExperts &e);
+
+// Of the groups g < plan[0], in group order, those whose expert is cold (all three matrices in the
+// mapped host range, 16-byte aligned) and not skipped (skip: n_expert flags, optional) take slots
+// 0, 1, ... of `stage`, at most n_slots of them, and their matrices are copied there by every block
+// of the launch. stage's tables receive from's tables with the staged experts' entries pointing at
+// their slots (every other entry as in from). Cold experts past n_slots stay where they are (the
+// grouped kernels read them over the link). The bytes are the same, so the grouped kernels give the
+// same bits through either table. plan and n_max as GroupByExpert made them (n_max <= n_expert).
+// MOE_ERR_INVALID_ARGUMENT for bad tables, slots too small or unaligned, or an expert matrix whose
+// bytes are not a multiple of 16. Reads no device memory before the launch.
+absl::Status StageColdExperts(const GroupedExperts &from, const ExpertStage &stage, const int32_t *plan, int n_max,
+                              const uint8_t *skip, cudaStream_t stream);
+
+// from with stage's tables: what the grouped kernels read after StageColdExperts.
+GroupedExperts StagedExperts(const GroupedExperts &from, const ExpertStage &stage);
+
 // For each group g < plan[0] whose expert's skip flag is set: rows [first[g], first[g + 1]) of dst
 // (n, width) = those of src, which may be page-locked host memory mapped for the device (the rows
 // the CPU computed). Other rows are left as they are.

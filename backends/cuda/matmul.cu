@@ -5,13 +5,13 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstdlib>
 #include <memory>
 #include <type_traits>
 
 #include "backends/cuda/codecs.cuh"
 #include "backends/cuda/cuda_status.h"
+#include "backends/cuda/device.h"
 #include "backends/cuda/gemv.cuh"
 #include "backends/cuda/kernels.h"
 #include "backends/cuda/launch.cuh"
@@ -115,18 +115,6 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
 struct GemvGrid {
   unsigned blocks, threads;
 };
-int SmCount() {
-  static std::atomic<int> sm_count[64];  // per device; 0 = not asked yet
-  int dev = 0, n_sm = 0;
-  if (cudaGetDevice(&dev) == cudaSuccess && dev >= 0 && dev < 64) {
-    n_sm = sm_count[dev].load(std::memory_order_relaxed);
-    if (n_sm == 0 && cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess && n_sm > 0) {
-      sm_count[dev].store(n_sm, std::memory_order_relaxed);
-    }
-  }
-  return n_sm;
-}
-
 GemvGrid GemvGridFor(int64_t rows, int per_team, int team_warps) {
   const int n_sm = SmCount();
   int warps = kGemvWarps;

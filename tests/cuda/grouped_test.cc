@@ -464,6 +464,166 @@ TEST_CASE("Grouped experts read weights in mapped host memory as they read VRAM"
   }
 }
 
+TEST_CASE("StageColdExperts copies the plan's cold experts into VRAM slots, and the products keep their bits",
+          "[gpu][grouped]") {
+  if (!HaveGpu()) return;
+  int can_map = 0;
+  REQUIRE(cudaDeviceGetAttribute(&can_map, cudaDevAttrCanMapHostMemory, 0) == cudaSuccess);
+  if (can_map == 0) {
+    WARN("device cannot map host memory: staging test skipped");
+    return;
+  }
+  auto rng = test::Rng();
+  const int n_expert = 16, k = 4;
+  const int64_t n_tok = 5;
+  const CodecCase c{TypeId::kQ4_K, TypeId::kQ6_K, 512, 256};
+  Experts x = Experts::Random(rng, c, n_expert);
+  const auto align = [](uint64_t b) { return (b + 255) / 256 * 256; };
+  const uint64_t sizes[3] = {x.gate[0].size(), x.up[0].size(), x.down[0].size()};
+  const uint64_t offs[3] = {0, align(sizes[0]), align(sizes[0]) + align(sizes[1])};
+  // Two thirds of the experts cold: in one mapped host arena (as the VRAM tier's), the rest in VRAM.
+  std::vector<bool> cold(n_expert);
+  for (int e = 0; e < n_expert; ++e) cold[e] = e % 3 != 0;
+  const uint64_t expert_bytes = offs[2] + align(sizes[2]);
+  auto arena = PinnedBuffer::Allocate(n_expert * expert_bytes, cudaHostAllocMapped);
+  REQUIRE(arena.ok());
+  void *arena_dev = nullptr;
+  REQUIRE(cudaHostGetDevicePointer(&arena_dev, arena->data(), 0) == cudaSuccess);
+  std::vector<DeviceBuffer> vram;
+  std::vector<const void *> tabs[3];
+  for (int e = 0; e < n_expert; ++e) {
+    const std::vector<uint8_t> *parts[3] = {&x.gate[e], &x.up[e], &x.down[e]};
+    for (int m = 0; m < 3; ++m) {
+      if (cold[e]) {
+        std::memcpy(arena->as<uint8_t>() + e * expert_bytes + offs[m], parts[m]->data(), sizes[m]);
+        tabs[m].push_back(static_cast<uint8_t *>(arena_dev) + e * expert_bytes + offs[m]);
+      } else {
+        vram.push_back(Upload(*parts[m]));
+        tabs[m].push_back(vram.back().data());
+      }
+    }
+  }
+  DeviceBuffer from_tab[3] = {Upload(tabs[0]), Upload(tabs[1]), Upload(tabs[2])};
+  GroupedExperts from;
+  from.gate = static_cast<const void *const *>(from_tab[0].data());
+  from.up = static_cast<const void *const *>(from_tab[1].data());
+  from.down = static_cast<const void *const *>(from_tab[2].data());
+  from.gate_shape = from.up_shape = x.GateShape();
+  from.down_shape = x.DownShape();
+  from.n_expert = n_expert;
+  REQUIRE(ExpertStageSlotBytes(from) == expert_bytes);
+
+  const std::vector<int32_t> sel = DistinctSelections(rng, n_tok, k, n_expert);
+  const int n_max = static_cast<int>(GroupMaxGroups(n_tok, k, n_expert));
+  const int64_t n = n_tok * k;
+  DeviceBuffer dsel = Upload(sel), idx = PoisonedInts(2 * n), plan = PoisonedInts(GroupPlanInts(n_tok, k, n_expert));
+  REQUIRE(GroupByExpert(dsel.as<int32_t>(), n_tok, k, n_expert, idx.as<int32_t>(), plan.as<int32_t>(), nullptr).ok());
+  const DevicePlan dp = ReadPlan(plan, n_max);
+  DeviceBuffer dx = Upload(RandomFloats(rng, n_tok * c.n_embd, -2.f, 2.f));
+  DeviceBuffer xg = Poisoned(n * x.n_embd);
+  REQUIRE(GatherRows(dx.as<float>(), x.n_embd, idx.as<int32_t>(), n, xg.as<float>(), nullptr).ok());
+  // The products straight from the mixed placement (cold experts read over the link).
+  const auto products = [&](const GroupedExperts &ge) {
+    DeviceBuffer hg = Poisoned(n * x.n_ff), yg = Poisoned(n * x.n_embd);
+    REQUIRE(GroupedSwiGlu(ge, plan.as<int32_t>(), n_max, xg.as<float>(), hg.as<float>(), nullptr, n_tok).ok());
+    REQUIRE(GroupedGemv(ge.down, ge.down_shape, plan.as<int32_t>(), n_max, hg.as<float>(), yg.as<float>(), nullptr,
+                        n_tok).ok());
+    return GroupedRun{Download<float>(hg, n * x.n_ff), Download<float>(yg, n * x.n_embd)};
+  };
+  const GroupedRun want = products(from);
+
+  std::vector<uint8_t> skip_host(n_expert, 0);
+  int n_cold_groups = 0;
+  for (int e : dp.expert) n_cold_groups += cold[e] ? 1 : 0;
+  REQUIRE(n_cold_groups >= 3);
+  // One cold expert the CPU takes (skipped: not staged), slots fewer than, equal to and more than
+  // the cold groups.
+  for (int e : dp.expert) {
+    if (cold[e]) {
+      skip_host[e] = 1;
+      break;
+    }
+  }
+  DeviceBuffer skip = Upload(skip_host);
+  struct Run { int n_slots; bool skip; };
+  for (Run r : {Run{2, false}, Run{n_cold_groups, false}, Run{n_cold_groups + 3, false}, Run{n_cold_groups, true}}) {
+    INFO(r.n_slots << " slots for " << n_cold_groups << " cold groups" << (r.skip ? ", one skipped" : ""));
+    DeviceBuffer slots = DeviceBuffer::Allocate(r.n_slots * expert_bytes).value();
+    REQUIRE(cudaMemset(slots.data(), 0xab, r.n_slots * expert_bytes) == cudaSuccess);
+    std::vector<const void *> poison(3 * n_expert, reinterpret_cast<const void *>(uintptr_t{0xdead0}));
+    DeviceBuffer to_tab = Upload(poison);
+    ExpertStage st;
+    st.slots = slots.as<uint8_t>();
+    st.n_slots = r.n_slots;
+    st.slot_bytes = expert_bytes;
+    st.gate = to_tab.as<const void *>();
+    st.up = st.gate + n_expert;
+    st.down = st.up + n_expert;
+    st.host_lo = reinterpret_cast<uintptr_t>(arena_dev);
+    st.host_hi = st.host_lo + n_expert * expert_bytes;
+    REQUIRE(StageColdExperts(from, st, plan.as<int32_t>(), n_max, r.skip ? skip.as<uint8_t>() : nullptr, nullptr).ok());
+    // Which experts take which slot: the cold, unskipped groups in group order.
+    std::vector<int> slot_of(n_expert, -1);
+    int next = 0;
+    for (int e : dp.expert) {
+      if (cold[e] && !(r.skip && skip_host[e]) && next < r.n_slots) slot_of[e] = next++;
+    }
+    const std::vector<const void *> got_tab = Download<const void *>(to_tab, 3 * n_expert);
+    const std::vector<uint8_t> got_slots = Download<uint8_t>(slots, r.n_slots * expert_bytes);
+    for (int e = 0; e < n_expert; ++e) {
+      const std::vector<uint8_t> *parts[3] = {&x.gate[e], &x.up[e], &x.down[e]};
+      for (int m = 0; m < 3; ++m) {
+        INFO("expert " << e << " matrix " << m << " slot " << slot_of[e]);
+        const void *want_ptr = tabs[m][e];
+        if (slot_of[e] >= 0) want_ptr = slots.as<uint8_t>() + slot_of[e] * expert_bytes + offs[m];
+        CHECK(got_tab[m * n_expert + e] == want_ptr);
+        if (slot_of[e] >= 0) {
+          CHECK(std::memcmp(got_slots.data() + slot_of[e] * expert_bytes + offs[m], parts[m]->data(), sizes[m]) == 0);
+        }
+      }
+    }
+    // Slots no expert took, and the padding after each matrix, keep their poison.
+    for (int j = next; j < r.n_slots; ++j) {
+      CHECK(std::all_of(got_slots.begin() + j * expert_bytes, got_slots.begin() + (j + 1) * expert_bytes,
+                        [](uint8_t b) { return b == 0xab; }));
+    }
+    for (int j = 0; j < next; ++j) {
+      const uint8_t *sl = got_slots.data() + j * expert_bytes;
+      CHECK(std::all_of(sl + sizes[0], sl + offs[1], [](uint8_t b) { return b == 0xab; }));
+    }
+    const GroupedRun got = products(StagedExperts(from, st));
+    CHECK(FirstBitDifference(got.h, want.h, c.n_ff, "SwiGLU output") == "");
+    CHECK(FirstBitDifference(got.y, want.y, c.n_embd, "down output") == "");
+  }
+
+  // Refusals: slots too small for an expert or unaligned, a negative count, a null plan or table, more
+  // groups than experts.
+  const auto invalid = [](const absl::Status &s) { return StatusToMoe(s) == MOE_ERR_INVALID_ARGUMENT; };
+  ExpertStage bad;
+  std::vector<const void *> none(3 * n_expert, nullptr);
+  DeviceBuffer bad_tab = Upload(none), bad_slots = DeviceBuffer::Allocate(2 * expert_bytes).value();
+  bad.gate = bad_tab.as<const void *>();
+  bad.up = bad.gate + n_expert;
+  bad.down = bad.up + n_expert;
+  bad.slots = bad_slots.as<uint8_t>();
+  bad.n_slots = 1;
+  bad.slot_bytes = expert_bytes - 256;
+  CHECK(invalid(StageColdExperts(from, bad, plan.as<int32_t>(), n_max, nullptr, nullptr)));
+  bad.slot_bytes = expert_bytes;
+  bad.slots = bad_slots.as<uint8_t>() + 16;
+  CHECK(invalid(StageColdExperts(from, bad, plan.as<int32_t>(), n_max, nullptr, nullptr)));
+  bad.slots = bad_slots.as<uint8_t>();
+  CHECK(invalid(StageColdExperts(from, bad, nullptr, n_max, nullptr, nullptr)));
+  CHECK(invalid(StageColdExperts(from, bad, plan.as<int32_t>(), n_expert + 1, nullptr, nullptr)));
+  bad.n_slots = -1;
+  CHECK(invalid(StageColdExperts(from, bad, plan.as<int32_t>(), n_max, nullptr, nullptr)));
+  bad.n_slots = 1;
+  bad.gate = nullptr;
+  CHECK(invalid(StageColdExperts(from, bad, plan.as<int32_t>(), n_max, nullptr, nullptr)));
+  bad.gate = bad_tab.as<const void *>();
+  CHECK(StageColdExperts(from, bad, plan.as<int32_t>(), 0, nullptr, nullptr).ok());  // no groups: nothing to do
+}
+
 TEST_CASE("The grouped launches' grid covers the groups expected of uniform routing", "[gpu][grouped]") {
   CHECK(GroupGridGroups(1, 8, 128) == 8);      // one token: every selection its own group
   CHECK(GroupGridGroups(0, 8, 128) == 0);

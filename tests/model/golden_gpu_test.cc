@@ -112,6 +112,18 @@ TEST_CASE("CUDA backend: GPU-side routing, zero-copy reads and promotions keep t
     CHECK(tier_st.vram_zero_copy > 0);
     CHECK(tier_st.vram_promotions > 0);
     CHECK(tier == all);
+    // With cold experts staged in VRAM slots before the products (fewer slots than a token's
+    // selections: the rest still read in place; then room for all), the same bits.
+    for (const char *n_stage : {"1", "16"}) {
+      REQUIRE(setenv("STRATA_CUDA_STAGE_EXPERTS", n_stage, 1) == 0);
+      moe_stats st;
+      const auto staged = TeacherForced(model, tokens, 1, MOE_BACKEND_CUDA, uint64_t{1} << 20, nullptr, nullptr, &st);
+      unsetenv("STRATA_CUDA_STAGE_EXPERTS");
+      INFO(n_stage << " staging slots; zero-copy uses " << st.vram_zero_copy << ", replays " << st.gpu_graph_replays);
+      CHECK(st.vram_zero_copy > 0);
+      CHECK(st.gpu_graph_replays > 0);
+      CHECK(staged == all);
+    }
   }
 }
 
