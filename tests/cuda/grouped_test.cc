@@ -433,14 +433,17 @@ TEST_CASE("Grouped experts over a decode and a batch of routed tokens match the 
   }
 }
 
-TEST_CASE("Grouped experts read weights in mapped host memory as they read VRAM", "[gpu][grouped]") {
-  if (!HaveGpu()) return;
+// Whether the device can read page-locked host memory in place; a test that needs it says why it
+// stops when not.
+bool CanMapHostMemory(const char *test) {
   int can_map = 0;
   REQUIRE(cudaDeviceGetAttribute(&can_map, cudaDevAttrCanMapHostMemory, 0) == cudaSuccess);
-  if (can_map == 0) {
-    WARN("device cannot map host memory: zero-copy test skipped");
-    return;
-  }
+  if (can_map == 0) WARN("device cannot map host memory: " << test << " test skipped");
+  return can_map != 0;
+}
+
+TEST_CASE("Grouped experts read weights in mapped host memory as they read VRAM", "[gpu][grouped]") {
+  if (!HaveGpu() || !CanMapHostMemory("zero-copy")) return;
   auto rng = test::Rng();
   const CodecCase cases[] = {{TypeId::kQ4_K, TypeId::kQ6_K, 2048, 768}, {TypeId::kMXFP4, TypeId::kMXFP4, 1024, 320}};
   const int n_expert = 16, k = 4;
@@ -466,13 +469,7 @@ TEST_CASE("Grouped experts read weights in mapped host memory as they read VRAM"
 
 TEST_CASE("StageColdExperts copies the plan's cold experts into VRAM slots, and the products keep their bits",
           "[gpu][grouped]") {
-  if (!HaveGpu()) return;
-  int can_map = 0;
-  REQUIRE(cudaDeviceGetAttribute(&can_map, cudaDevAttrCanMapHostMemory, 0) == cudaSuccess);
-  if (can_map == 0) {
-    WARN("device cannot map host memory: staging test skipped");
-    return;
-  }
+  if (!HaveGpu() || !CanMapHostMemory("staging")) return;
   auto rng = test::Rng();
   const int n_expert = 16, k = 4;
   const int64_t n_tok = 5;
