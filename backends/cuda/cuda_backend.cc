@@ -1068,11 +1068,7 @@ absl::Status CudaBackend::BuildTables(const model::ModelWeights &w) {
     stage_.gate = stage_tab_.as<const void *>();
     stage_.up = stage_.gate + n_expert_max;
     stage_.down = stage_.up + n_expert_max;
-    for (LayerTable &t : tables_) {
-      const auto whole = [](const DeviceMatrix &m) { return static_cast<uint64_t>(m.rows) * m.row_bytes % 16 == 0; };
-      t.stage = t.ok && whole(t.ge.gate_shape) && whole(t.ge.up_shape) && whole(t.ge.down_shape) &&
-                ExpertStageSlotBytes(t.ge) <= stage_.slot_bytes;
-    }
+    for (LayerTable &t : tables_) t.stage = t.ok && CheckExpertStage(t.ge, stage_).ok();
   }
   if (!slots_.empty()) {
     STRATA_ASSIGN_OR_RETURN(hist_, PinnedBuffer::Allocate(w.layers.size() * kDeviceRouteMaxRows * sizeof(int32_t)));

@@ -490,19 +490,37 @@ absl::Status GroupedGemv(const void *const *tab, const DeviceMatrix &shape, cons
   return absl::OkStatus();
 }
 
-uint64_t ExpertStageSlotBytes(const GroupedExperts &e) {
-  const auto bytes = [](const DeviceMatrix &m) {
-    return (static_cast<uint64_t>(m.rows) * m.row_bytes + 255) / 256 * 256;
-  };
-  return bytes(e.gate_shape) + bytes(e.up_shape) + bytes(e.down_shape);
+namespace {
+
+// A slot's layout for experts of from's shapes (gate | up | down, each 256-aligned) into t, from's
+// and stage's tables too; the slot's bytes. MOE_ERR_INVALID_ARGUMENT for a matrix not of whole
+// 16-byte units (the copy's unit).
+absl::StatusOr<uint64_t> StageLayout(const GroupedExperts &from, const ExpertStage &stage, StageTables *t) {
+  const DeviceMatrix *shapes[3] = {&from.gate_shape, &from.up_shape, &from.down_shape};
+  const void *const *tabs[3] = {from.gate, from.up, from.down};
+  const void **to[3] = {stage.gate, stage.up, stage.down};
+  uint64_t off = 0;
+  for (int m = 0; m < 3; ++m) {
+    const uint64_t bytes = static_cast<uint64_t>(shapes[m]->rows) * shapes[m]->row_bytes;
+    if (bytes % 16 != 0) {
+      return Errorf(MOE_ERR_INVALID_ARGUMENT, "staging experts: a matrix of %llu bytes (a multiple of 16 is needed)",
+                    static_cast<unsigned long long>(bytes));
+    }
+    t->from[m] = tabs[m];
+    t->to[m] = to[m];
+    t->units[m] = bytes / 16;
+    t->off[m] = off;
+    off += (bytes + 255) / 256 * 256;
+  }
+  return off;
 }
 
-absl::Status StageColdExperts(const GroupedExperts &from, const ExpertStage &stage, const int32_t *plan, int n_max,
-                              const uint8_t *skip, cudaStream_t stream) {
+// Every argument check of StageColdExperts but the plan's; fills t.
+absl::Status CheckStage(const GroupedExperts &from, const ExpertStage &stage, StageTables *t) {
   STRATA_RETURN_IF_ERROR(CheckGroupedExperts(from));
-  if (from.n_expert > kRouteMaxExperts || n_max < 0 || n_max > from.n_expert) {
-    return Errorf(MOE_ERR_INVALID_ARGUMENT, "staging experts: %d groups of %d experts (at most %d)", n_max,
-                  from.n_expert, kRouteMaxExperts);
+  if (from.n_expert > kRouteMaxExperts) {
+    return Errorf(MOE_ERR_INVALID_ARGUMENT, "staging experts of %d experts (at most %d)", from.n_expert,
+                  kRouteMaxExperts);
   }
   if (stage.gate == nullptr || stage.up == nullptr || stage.down == nullptr) {
     return Errorf(MOE_ERR_INVALID_ARGUMENT, "staging experts: a staged table is null");
@@ -511,27 +529,33 @@ absl::Status StageColdExperts(const GroupedExperts &from, const ExpertStage &sta
     return Errorf(MOE_ERR_INVALID_ARGUMENT, "staging experts: %d slots at %p (256-byte aligned)", stage.n_slots,
                   static_cast<const void *>(stage.slots));
   }
-  if (stage.slot_bytes % 256 != 0 || stage.slot_bytes < ExpertStageSlotBytes(from)) {
+  STRATA_ASSIGN_OR_RETURN(const uint64_t need, StageLayout(from, stage, t));
+  if (stage.slot_bytes % 256 != 0 || stage.slot_bytes < need) {
     return Errorf(MOE_ERR_INVALID_ARGUMENT, "staging experts: slots of %llu bytes for experts of %llu",
-                  static_cast<unsigned long long>(stage.slot_bytes),
-                  static_cast<unsigned long long>(ExpertStageSlotBytes(from)));
+                  static_cast<unsigned long long>(stage.slot_bytes), static_cast<unsigned long long>(need));
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+uint64_t ExpertStageSlotBytes(const GroupedExperts &e) {
   StageTables t;
-  uint64_t off = 0;
-  const DeviceMatrix *shapes[3] = {&from.gate_shape, &from.up_shape, &from.down_shape};
-  const void *const *tabs[3] = {from.gate, from.up, from.down};
-  const void **to[3] = {stage.gate, stage.up, stage.down};
-  for (int m = 0; m < 3; ++m) {
-    const uint64_t bytes = static_cast<uint64_t>(shapes[m]->rows) * shapes[m]->row_bytes;
-    if (bytes % 16 != 0) {
-      return Errorf(MOE_ERR_INVALID_ARGUMENT, "staging experts: a matrix of %llu bytes (a multiple of 16 is needed)",
-                    static_cast<unsigned long long>(bytes));
-    }
-    t.from[m] = tabs[m];
-    t.to[m] = to[m];
-    t.units[m] = bytes / 16;
-    t.off[m] = off;
-    off += (bytes + 255) / 256 * 256;
+  absl::StatusOr<uint64_t> bytes = StageLayout(e, ExpertStage{}, &t);
+  return bytes.ok() ? *bytes : 0;
+}
+
+absl::Status CheckExpertStage(const GroupedExperts &from, const ExpertStage &stage) {
+  StageTables t;
+  return CheckStage(from, stage, &t);
+}
+
+absl::Status StageColdExperts(const GroupedExperts &from, const ExpertStage &stage, const int32_t *plan, int n_max,
+                              const uint8_t *skip, cudaStream_t stream) {
+  StageTables t;
+  STRATA_RETURN_IF_ERROR(CheckStage(from, stage, &t));
+  if (n_max < 0 || n_max > from.n_expert) {
+    return Errorf(MOE_ERR_INVALID_ARGUMENT, "staging experts: %d groups of %d experts", n_max, from.n_expert);
   }
   if (n_max == 0) return absl::OkStatus();
   if (plan == nullptr) return Errorf(MOE_ERR_INVALID_ARGUMENT, "staging experts: the plan is null");

@@ -345,8 +345,12 @@ struct ExpertStage {
   uintptr_t host_lo = 0, host_hi = 0;
 };
 
-// The bytes of a slot for experts of these shapes (gate | up | down, each 256-aligned).
+// The bytes of a slot for experts of these shapes (gate | up | down, each 256-aligned); 0 for shapes
+// StageColdExperts cannot copy.
 uint64_t ExpertStageSlotBytes(const GroupedExperts &e);
+
+// StageColdExperts' checks of from and stage (all but the plan's); reads no device memory.
+absl::Status CheckExpertStage(const GroupedExperts &from, const ExpertStage &stage);
 
 // Of the groups g < plan[0], in group order, those whose expert is cold (all three matrices in the
 // mapped host range, 16-byte aligned) and not skipped (skip: n_expert flags, optional) take slots

@@ -558,6 +558,7 @@ TEST_CASE("StageColdExperts copies the plan's cold experts into VRAM slots, and 
     st.down = st.up + n_expert;
     st.host_lo = reinterpret_cast<uintptr_t>(arena_dev);
     st.host_hi = st.host_lo + n_expert * expert_bytes;
+    REQUIRE(CheckExpertStage(from, st).ok());
     REQUIRE(StageColdExperts(from, st, plan.as<int32_t>(), n_max, r.skip ? skip.as<uint8_t>() : nullptr, nullptr).ok());
     // Which experts take which slot: the cold, unskipped groups in group order.
     std::vector<int> slot_of(n_expert, -1);
@@ -606,6 +607,7 @@ TEST_CASE("StageColdExperts copies the plan's cold experts into VRAM slots, and 
   bad.n_slots = 1;
   bad.slot_bytes = expert_bytes - 256;
   CHECK(invalid(StageColdExperts(from, bad, plan.as<int32_t>(), n_max, nullptr, nullptr)));
+  CHECK(invalid(CheckExpertStage(from, bad)));  // what the backend asks before taking the path
   bad.slot_bytes = expert_bytes;
   bad.slots = bad_slots.as<uint8_t>() + 16;
   CHECK(invalid(StageColdExperts(from, bad, plan.as<int32_t>(), n_max, nullptr, nullptr)));
