@@ -48,7 +48,8 @@ class CpuCostFit {
   explicit CpuCostFit(double decay = 0.98) : decay_(decay) {}
   void Add(double x, double secs);
   // From now on the fixed cost stays as fitted and samples move the rate alone: decode's jobs are
-  // mostly of one or two experts, too alike in size to keep the two terms apart.
+  // mostly of one or two experts, too alike in size to keep the two terms apart. A job faster
+  // than the held fixed cost lowers it to half that job's time.
   void HoldFixed() { hold_ = true; }
   double rate() const { return rate_; }    // bytes/s; 0 until fitted
   double fixed() const { return fixed_; }  // seconds

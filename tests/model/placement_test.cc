@@ -161,6 +161,23 @@ TEST_CASE("placement: the CPU cost fit recovers a fixed cost and a rate", "[plac
   }
   CHECK(held.fixed() == was);
   CHECK(held.rate() == Approx(rate / 3).epsilon(0.1));
+  // A held fixed cost above what whole jobs take (calibration jobs that each waited ~1.3 ms for
+  // the pool, whatever their size) gives way to the jobs: the fit then predicts their time again.
+  CpuCostFit slow_start;
+  for (int i = 0; i < 60; ++i) {
+    const double x = std::uniform_real_distribution<double>(0.1e6, 10e6)(rng);
+    slow_start.Add(x, 1.3e-3 + x / 1e12);
+  }
+  slow_start.HoldFixed();
+  CHECK(slow_start.fixed() > 1e-3);
+  const double job_x = 12e6, job_s = fixed + job_x / rate;
+  for (int i = 0; i < 300; ++i) {
+    const double noise = std::uniform_real_distribution<double>(0.97, 1.03)(rng);
+    slow_start.Add(job_x, job_s * noise);
+  }
+  INFO("after decode's jobs: fixed " << slow_start.fixed() << ", rate " << slow_start.rate());
+  CHECK(slow_start.fixed() <= 0.5 * 1.03 * job_s);
+  CHECK(slow_start.fixed() + job_x / slow_start.rate() == Approx(job_s).epsilon(0.05));
   // Nonsense is ignored.
   one.Add(-1, 1);
   one.Add(1e6, 0);
