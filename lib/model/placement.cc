@@ -60,8 +60,8 @@ std::vector<size_t> HottestExperts(const std::vector<uint32_t> &heat, size_t n) 
 void CpuCostFit::Add(double x, double secs) {
   if (!(x > 0) || !(secs > 0) || !std::isfinite(x) || !std::isfinite(secs)) return;
   // A job's time bounds the fixed cost from above. A job faster than a held fixed cost shows the
-  // hold wrong (calibration jobs that each paid for waking the pool, say, against decode's jobs on
-  // a pool kept spinning): it drops to half that job's time, so the jobs move the rate again.
+  // hold wrong (one host's calibration took ~1.3 ms a job whatever its size, decode's jobs 0.47
+  // ms): it drops to half that job's time, so the jobs move the rate again.
   if (hold_ && secs <= fixed_) fixed_ = 0.5 * secs;
   w_ = decay_ * w_ + 1;
   x_ = decay_ * x_ + x;
