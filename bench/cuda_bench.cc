@@ -167,9 +167,14 @@ void GroupedExpertsBench(cudaStream_t s) {
         BENCH_CHECK(Gemv(down, hg.as<float>() + g.first * kFf, g.n, yg.as<float>() + g.first * kEmbd, s));
       }
     };
-    auto launch_grouped = [&](const DeviceBuffer &tab, int l) {
-      const GroupedExperts ge = grouped(tab, l);
+    // With `stage`, the layer's experts are copied into its slots first (StageColdExperts).
+    auto launch_grouped = [&](const DeviceBuffer &tab, int l, const ExpertStage *stage = nullptr) {
+      GroupedExperts ge = grouped(tab, l);
       BENCH_CHECK(GroupByExpert(dsel.as<int32_t>() + l * n, n_tok, kK, kExperts, idx.as<int32_t>(), plan.as<int32_t>(), s));
+      if (stage != nullptr) {
+        BENCH_CHECK(StageColdExperts(ge, *stage, plan.as<int32_t>(), n_max, nullptr, s));
+        ge = StagedExperts(ge, *stage);
+      }
       BENCH_CHECK(GroupedSwiGlu(ge, plan.as<int32_t>(), n_max, xg.as<float>(), hg.as<float>(), s, n_tok));
       BENCH_CHECK(GroupedGemv(ge.down, ge.down_shape, plan.as<int32_t>(), n_max, hg.as<float>(), yg.as<float>(), s, n_tok));
     };
@@ -199,15 +204,7 @@ void GroupedExpertsBench(cudaStream_t s) {
     stage.down = stage.up + kExperts;
     stage.host_lo = reinterpret_cast<uintptr_t>(host_dev);
     stage.host_hi = stage.host_lo + all_bytes;
-    const float ms_staged = TimeMs(s, kLayers, [&] {
-      const int l = layer++ % kLayers;
-      const GroupedExperts ge = grouped(host_tab, l);
-      BENCH_CHECK(GroupByExpert(dsel.as<int32_t>() + l * n, n_tok, kK, kExperts, idx.as<int32_t>(), plan.as<int32_t>(), s));
-      BENCH_CHECK(StageColdExperts(ge, stage, plan.as<int32_t>(), n_max, nullptr, s));
-      const GroupedExperts st = StagedExperts(ge, stage);
-      BENCH_CHECK(GroupedSwiGlu(st, plan.as<int32_t>(), n_max, xg.as<float>(), hg.as<float>(), s, n_tok));
-      BENCH_CHECK(GroupedGemv(st.down, st.down_shape, plan.as<int32_t>(), n_max, hg.as<float>(), yg.as<float>(), s, n_tok));
-    });
+    const float ms_staged = TimeMs(s, kLayers, [&] { launch_grouped(host_tab, layer++ % kLayers, &stage); });
     auto row = [&](const char *path, float ms) {
       const double gbs = mean_bytes / (ms * 1e-3) / 1e9;
       std::printf("%-46s %6lld %8.1f %10.1f %8.0f\n", path, static_cast<long long>(n_tok), mean_experts, ms * 1e3, gbs);
