@@ -4,7 +4,9 @@
 // StageColdExperts does; a chain of small VRAM-bound kernels standing for the layer's compute; the
 // two in one stream; and the copy for layer l + 1 on a second stream beside layer l's compute (what
 // a prefetch of the next layer's experts does), at three grid sizes; then the same by the copy
-// engines (cudaMemcpyAsync), which use no multiprocessor.
+// engines (cudaMemcpyAsync), which use no multiprocessor; and the copy engines alone reading an
+// mmap'd region registered with cudaHostRegister (as Strata page-locks a model file's experts in
+// place), an expert in one copy or in three (its gate, up and down lie apart in a GGUF file).
 // Usage: link_overlap_bench [kernels a layer, default 12] [MiB each reads, default 16]. Prints a
 // table; exits 0 without a GPU.
 #include <cuda_runtime.h>
@@ -15,6 +17,8 @@
 #include <cstdlib>
 #include <random>
 #include <vector>
+
+#include <sys/mman.h>
 
 namespace {
 
@@ -117,6 +121,17 @@ int main(int argc, char **argv) {
                                     cudaMemcpyHostToDevice, s));
     }
   };
+  // Three copies an expert (gate, up, down), from `base` (host memory with the same layout as `host`).
+  auto dma3 = [&](int l, const uint8_t *base, cudaStream_t s) {
+    const size_t part = kExpertBytes / 3;
+    for (int e = 0; e < kColdExperts; ++e) {
+      const uint8_t *src = base + (reinterpret_cast<const uint8_t *>(cold[l].src[e]) - host_dev);
+      for (int m = 0; m < 3; ++m) {
+        OVERLAP_CHECK(cudaMemcpyAsync(reinterpret_cast<uint8_t *>(dst) + e * kExpertBytes + m * part, src + m * part,
+                                      part, cudaMemcpyHostToDevice, s));
+      }
+    }
+  };
   auto compute = [&](int l, cudaStream_t s) {
     for (int k = 0; k < chain; ++k) ComputeKernel<<<4 * sms, 256, 0, s>>>(pool + ((l * chain + k) % 16) * n4, n4, sink);
   };
@@ -152,6 +167,99 @@ int main(int argc, char **argv) {
   row("copies by the copy engines alone", 0, token_ms([&] {
         for (int l = 0; l < kLayers; ++l) dma(l, main_s);
       }));
+  row("copy engines alone, 3 copies an expert", 0, token_ms([&] {
+        for (int l = 0; l < kLayers; ++l) dma3(l, host, main_s);
+      }));
+  // Experts alternating between two streams (so two copy engines may take them), joined per layer.
+  row("copy engines alone, 3 copies, two streams", 0, token_ms([&] {
+        const size_t part = kExpertBytes / 3;
+        for (int l = 0; l < kLayers; ++l) {
+          OVERLAP_CHECK(cudaEventRecord(fork, main_s));
+          OVERLAP_CHECK(cudaStreamWaitEvent(side_s, fork, 0));
+          for (int e = 0; e < kColdExperts; ++e) {
+            const uint8_t *src = host + (reinterpret_cast<const uint8_t *>(cold[l].src[e]) - host_dev);
+            for (int m = 0; m < 3; ++m) {
+              OVERLAP_CHECK(cudaMemcpyAsync(reinterpret_cast<uint8_t *>(dst) + e * kExpertBytes + m * part,
+                                            src + m * part, part, cudaMemcpyHostToDevice, e % 2 ? side_s : main_s));
+            }
+          }
+          OVERLAP_CHECK(cudaEventRecord(join, side_s));
+          OVERLAP_CHECK(cudaStreamWaitEvent(main_s, join, 0));
+        }
+      }));
+#if CUDART_VERSION >= 12080
+  // A layer's 15 copies in one call.
+  auto batch = [&](int l, cudaStream_t s, unsigned flags) {
+    const size_t part = kExpertBytes / 3;
+    void *dsts[3 * kColdExperts];
+    const void *srcs[3 * kColdExperts];
+    size_t sizes[3 * kColdExperts];
+    for (int e = 0; e < kColdExperts; ++e) {
+      const uint8_t *src = host + (reinterpret_cast<const uint8_t *>(cold[l].src[e]) - host_dev);
+      for (int m = 0; m < 3; ++m) {
+        dsts[3 * e + m] = reinterpret_cast<uint8_t *>(dst) + e * kExpertBytes + m * part;
+        srcs[3 * e + m] = src + m * part;
+        sizes[3 * e + m] = part;
+      }
+    }
+    cudaMemcpyAttributes a{};
+    a.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+    a.flags = flags;
+    size_t idx = 0;
+    OVERLAP_CHECK(cudaMemcpyBatchAsync(dsts, srcs, sizes, 3 * kColdExperts, &a, &idx, 1, s));
+  };
+  row("copy engines alone, 3 copies, batched", 0, token_ms([&] {
+        for (int l = 0; l < kLayers; ++l) batch(l, main_s, 0);
+      }));
+  row("batched copy of l + 1 beside compute of l", 0, token_ms([&] {
+        batch(0, main_s, 0);
+        for (int l = 0; l < kLayers; ++l) {
+          OVERLAP_CHECK(cudaEventRecord(fork, main_s));
+          OVERLAP_CHECK(cudaStreamWaitEvent(side_s, fork, 0));
+          if (l + 1 < kLayers) batch(l + 1, side_s, 0);
+          OVERLAP_CHECK(cudaEventRecord(join, side_s));
+          compute(l, main_s);
+          OVERLAP_CHECK(cudaStreamWaitEvent(main_s, join, 0));
+        }
+      }));
+#endif
+  row("3-copy copy of l + 1 beside compute of l", 0, token_ms([&] {
+        dma3(0, host, main_s);
+        for (int l = 0; l < kLayers; ++l) {
+          OVERLAP_CHECK(cudaEventRecord(fork, main_s));
+          OVERLAP_CHECK(cudaStreamWaitEvent(side_s, fork, 0));
+          if (l + 1 < kLayers) dma3(l + 1, host, side_s);
+          OVERLAP_CHECK(cudaEventRecord(join, side_s));
+          compute(l, main_s);
+          OVERLAP_CHECK(cudaStreamWaitEvent(main_s, join, 0));
+        }
+      }));
+  // The same offsets in anonymous mmap'd memory, page-locked by cudaHostRegister.
+  void *reg = mmap(nullptr, kHostBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (reg != MAP_FAILED) {
+    auto *r8 = static_cast<uint8_t *>(reg);
+    for (size_t i = 0; i < kHostBytes; i += 4096) r8[i] = static_cast<uint8_t>(rng());
+    if (cudaHostRegister(reg, kHostBytes, cudaHostRegisterMapped) == cudaSuccess) {
+      auto dma_reg = [&](int l, cudaStream_t s) {
+        for (int e = 0; e < kColdExperts; ++e) {
+          const uint8_t *src = r8 + (reinterpret_cast<const uint8_t *>(cold[l].src[e]) - host_dev);
+          OVERLAP_CHECK(cudaMemcpyAsync(reinterpret_cast<uint8_t *>(dst) + e * kExpertBytes, src, kExpertBytes,
+                                        cudaMemcpyHostToDevice, s));
+        }
+      };
+      row("copy engines alone, registered mmap", 0, token_ms([&] {
+            for (int l = 0; l < kLayers; ++l) dma_reg(l, main_s);
+          }));
+      row("copy engines alone, registered, 3 copies", 0, token_ms([&] {
+            for (int l = 0; l < kLayers; ++l) dma3(l, r8, main_s);
+          }));
+      OVERLAP_CHECK(cudaHostUnregister(reg));
+    } else {
+      (void)cudaGetLastError();
+      std::printf("cudaHostRegister refused %zu GiB: no registered rows\n", kHostBytes >> 30);
+    }
+    munmap(reg, kHostBytes);
+  }
   row("compute alone", 0, token_ms([&] {
         for (int l = 0; l < kLayers; ++l) compute(l, main_s);
       }));
