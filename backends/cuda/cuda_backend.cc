@@ -136,19 +136,33 @@ absl::StatusOr<double> CudaBackend::MeasureLink() {
   return best > 0 ? static_cast<double>(bytes) / (best * 1e-3) : 0.0;
 }
 
-void CudaBackend::UpdateHybrid() {
-  if (cpu_experts_ == nullptr) return;
-  const double rt = cpu_experts_->round_trip_s();
+void CudaBackend::UpdatePaths() {
   bool changed = false;
-  for (LayerTable &t : tables_) {
-    if (!t.ok) continue;
-    bool on = true;
-    if (cpu_experts_->mode() != CpuExpertMode::kAlways) {
-      on = t.cpu_saving > (t.hybrid ? 0.5 : 1.0) * rt;  // hysteresis: a layer does not flip back and forth
+  if (cpu_experts_ != nullptr) {
+    const double rt = cpu_experts_->round_trip_s();
+    for (LayerTable &t : tables_) {
+      if (!t.ok) continue;
+      bool on = true;
+      if (cpu_experts_->mode() != CpuExpertMode::kAlways) {
+        on = t.cpu_saving > (t.hybrid ? 0.5 : 1.0) * rt;  // hysteresis: a layer does not flip back and forth
+      }
+      if (on != t.hybrid) {
+        t.hybrid = on;
+        changed = true;
+      }
     }
-    if (on != t.hybrid) {
-      t.hybrid = on;
-      changed = true;
+  }
+  if (copier_ != nullptr) {
+    // The copy engines pay where a layer has a cold expert a call or more: its prediction and the
+    // wait cost a few microseconds, where a layer with hardly any cold expert reads them in place
+    // as fast (on the H200: 186 against 244 tok/s with concentrated routing, copying every layer).
+    for (LayerTable &t : tables_) {
+      if (!t.ok || !t.stage) continue;
+      const bool on = t.cold_avg >= (t.copies ? 0.5 : 1.0);
+      if (on != t.copies) {
+        t.copies = on;
+        changed = true;
+      }
     }
   }
   if (changed) {  // the recorded steps queue the old paths
@@ -295,10 +309,22 @@ absl::Status CudaBackend::Adopt(const model::ModelWeights &w, const uint8_t *are
     // own before the grouped products (StageColdExperts), taken from the budget's slots. Off by
     // default: on the H200 it measured within 0-3% of reading them in place (bench/README.md).
     const char *stage_env = std::getenv("STRATA_CUDA_STAGE_EXPERTS");
-    const int64_t stage_want = stage_env != nullptr ? std::atoll(stage_env) : 0;
+    // The same staging by the copy engines (ColdCopier), with two more sets of slots for the next
+    // layer's predicted experts: by default 8 slots a set (a batch-1 layer's cold experts:
+    // Qwen3-30B-A3B routes 8), fewer where the three sets would take more than an eighth of the
+    // budget (Mixtral's 99 MB experts), none under 1 or with STRATA_CUDA_STAGE_EXPERTS set.
+    // STRATA_CUDA_COLD_COPIES=N sets N; 0 turns the copier off.
+    const char *copies_env = std::getenv("STRATA_CUDA_COLD_COPIES");
+    const int64_t copies_want =
+        copies_env != nullptr ? std::atoll(copies_env)
+        : stage_env != nullptr ? 0
+                               : static_cast<int64_t>(std::min<uint64_t>(8, expert_vram_bytes / 8 / (3 * slot_bytes_)));
+    cold_copies_ = copies_want > 0;
+    const int64_t stage_want = cold_copies_ ? copies_want : stage_env != nullptr ? std::atoll(stage_env) : 0;
     const uint64_t n_stage = static_cast<uint64_t>(std::clamp<int64_t>(stage_want, 0, kRouteMaxExperts));
+    const uint64_t n_staging = n_stage * (cold_copies_ ? 3 : 1);
     const uint64_t fit = expert_vram_bytes / slot_bytes_;
-    const uint64_t n = std::clamp<uint64_t>(fit > n_stage ? fit - n_stage : 0, std::max(n_min_slots, 1), n_routed);
+    const uint64_t n = std::clamp<uint64_t>(fit > n_staging ? fit - n_staging : 0, std::max(n_min_slots, 1), n_routed);
     STRATA_ASSIGN_OR_RETURN(slot_buf_, DeviceBuffer::Allocate(n * slot_bytes_));
     slots_.resize(n);
     for (Slot &sl : slots_) {
@@ -326,13 +352,19 @@ absl::Status CudaBackend::Adopt(const model::ModelWeights &w, const uint8_t *are
     }
     weight_bytes_ += n * slot_bytes_;
     if (arena_dev_ != nullptr && n_stage > 0) {
-      STRATA_ASSIGN_OR_RETURN(stage_buf_, DeviceBuffer::Allocate(n_stage * slot_bytes_));
+      STRATA_ASSIGN_OR_RETURN(stage_buf_, DeviceBuffer::Allocate(n_staging * slot_bytes_));
       stage_.slots = stage_buf_.as<uint8_t>();
       stage_.n_slots = static_cast<int>(n_stage);
       stage_.slot_bytes = slot_bytes_;
       stage_.host_lo = reinterpret_cast<uintptr_t>(arena_dev_);
       stage_.host_hi = stage_.host_lo + arena_bytes;
-      weight_bytes_ += n_stage * slot_bytes_;
+      for (int p = 0; p < 2 && cold_copies_; ++p) {
+        pf_stage_[p] = stage_;
+        pf_stage_[p].slots = stage_.slots + (1 + p) * n_stage * slot_bytes_;
+      }
+      weight_bytes_ += n_staging * slot_bytes_;
+    } else {
+      cold_copies_ = false;
     }
   }
   return absl::OkStatus();
@@ -380,6 +412,14 @@ absl::Status CudaBackend::Evict(int v) {
   return sl.used.Record(stream_.get());
 }
 
+absl::Status CudaBackend::AfterLastUse(const Slot &sl) {
+  // With the copier the copy stream never waits for the compute stream on the device: a compute
+  // stream held by WaitColdCopies would then wait for copies queued behind that wait. The host
+  // waits instead (in decode the last use is a finished step's; in a prompt, the step so far).
+  if (copier_ != nullptr) return sl.used.Synchronize();
+  return copy_stream_.Wait(sl.used.get());
+}
+
 absl::Status CudaBackend::Fill(int v, const model::ExpertWeights &e, int l, int x) {
   Slot &sl = slots_[v];
   uint8_t *dev = slot_buf_.as<uint8_t>() + static_cast<uint64_t>(v) * slot_bytes_;
@@ -390,7 +430,7 @@ absl::Status CudaBackend::Fill(int v, const model::ExpertWeights &e, int l, int 
   uint64_t off = 0;
   if (direct) {
     // The parts go by DMA from the page-locked arena, after the last computation that read the slot.
-    STRATA_RETURN_IF_ERROR(copy_stream_.Wait(sl.used.get()));
+    STRATA_RETURN_IF_ERROR(AfterLastUse(sl));
     for (const model::Matrix *m : {&e.gate, &e.up, &e.down}) {
       if (m->tensor == nullptr || m->data == nullptr) continue;
       STRATA_RETURN_IF_ERROR(CopyAsync(dev + off, m->data, m->nbytes(), copy_stream_.get()));
@@ -413,7 +453,7 @@ absl::Status CudaBackend::Fill(int v, const model::ExpertWeights &e, int l, int 
       sl.parts.push_back(m->data);
       off += Align(DeviceBytes(*m));
     }
-    STRATA_RETURN_IF_ERROR(copy_stream_.Wait(sl.used.get()));
+    STRATA_RETURN_IF_ERROR(AfterLastUse(sl));
     STRATA_RETURN_IF_ERROR(CopyAsync(dev, stage, off, copy_stream_.get()));
     STRATA_RETURN_IF_ERROR(staged_[si].Record(copy_stream_.get()));
   }
@@ -562,6 +602,8 @@ void CudaBackend::DownloadParts(const void *src, const DownloadPart *parts, size
   // One transfer into the pinned buffer, then each part copied once to its place.
   auto io = GrowPinned(down_io_, bytes);
   if (!Note(io.status()) || !Note(CopyAsync(*io, src, bytes, stream_.get())) || !Note(stream_.Synchronize())) return;
+  // A layer that gave up waiting for its experts' copies read stale slots: the step fails.
+  if (copier_ != nullptr && !Note(copier_->status())) return;
   const auto *p = static_cast<const uint8_t *>(*io);
   for (size_t i = 0; i < n; ++i) {
     std::memcpy(parts[i].dst, p, parts[i].bytes);
@@ -1070,6 +1112,37 @@ absl::Status CudaBackend::BuildTables(const model::ModelWeights &w) {
     stage_.down = stage_.up + n_expert_max;
     for (LayerTable &t : tables_) t.stage = t.ok && CheckExpertStage(t.ge, stage_).ok();
   }
+  if (cold_copies_ && stage_.n_slots > 0) {
+    const size_t n_x = static_cast<size_t>(n_expert_max);
+    STRATA_ASSIGN_OR_RETURN(pf_tab_, DeviceBuffer::Allocate(2 * 3 * n_x * sizeof(void *)));
+    for (int p = 0; p < 2; ++p) {
+      pf_stage_[p].gate = pf_tab_.as<const void *>() + p * 3 * n_x;
+      pf_stage_[p].up = pf_stage_[p].gate + n_x;
+      pf_stage_[p].down = pf_stage_[p].up + n_x;
+    }
+    const size_t rows = kDeviceRouteMaxRows;
+    STRATA_ASSIGN_OR_RETURN(pf_logits_, DeviceBuffer::Allocate(rows * n_x * sizeof(float)));
+    STRATA_ASSIGN_OR_RETURN(pf_sel_, DeviceBuffer::Allocate(rows * sizeof(int32_t)));
+    STRATA_ASSIGN_OR_RETURN(pf_wts_, DeviceBuffer::Allocate(rows * sizeof(float)));
+    STRATA_ASSIGN_OR_RETURN(pf_idx_, DeviceBuffer::Allocate(2 * rows * sizeof(int32_t)));
+    STRATA_ASSIGN_OR_RETURN(pf_plan_, DeviceBuffer::Allocate((2 + 2 * n_x) * sizeof(int32_t)));
+    STRATA_ASSIGN_OR_RETURN(pf_counts_, DeviceBuffer::Allocate(4 * sizeof(unsigned long long)));
+    STRATA_CUDA_RETURN_IF_ERROR(cudaMemset(pf_counts_.data(), 0, 4 * sizeof(unsigned long long)));
+    pf_stage_[0].counts = pf_stage_[1].counts = pf_counts_.as<unsigned long long>();
+    STRATA_ASSIGN_OR_RETURN(copier_, ColdCopier::Create(host_arena_, arena_dev_, arena_bytes_, copy_stream_.get()));
+    // The copier's own kernels run once now, on an idle device (see RoutedExperts): an empty
+    // plan (it posts nothing) and a wait for nothing.
+    for (const LayerTable &t : tables_) {
+      if (!t.ok || !t.stage) continue;
+      cudaStream_t s = stream_.get();
+      STRATA_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(pf_plan_.data(), 0, pf_plan_.size(), s));
+      STRATA_RETURN_IF_ERROR(PlanColdCopies(t.ge, pf_stage_[0], pf_plan_.as<int32_t>(), 0, nullptr,
+                                            copier_->mailbox(), 0, false, s));
+      STRATA_RETURN_IF_ERROR(WaitColdCopies(copier_->mailbox(), s));
+      STRATA_RETURN_IF_ERROR(stream_.Synchronize());
+      break;
+    }
+  }
   if (!slots_.empty()) {
     STRATA_ASSIGN_OR_RETURN(hist_, PinnedBuffer::Allocate(w.layers.size() * kDeviceRouteMaxRows * sizeof(int32_t)));
   }
@@ -1089,6 +1162,15 @@ model::DeviceTierStats CudaBackend::tier_stats() const {
       std::count_if(tables_.begin(), tables_.end(), [](const LayerTable &t) { return t.ok && t.hybrid; }));
   st.promotions = promotions_;
   st.replans = replans_;
+  if (copier_ != nullptr) {
+    unsigned long long c[4] = {};
+    if (cudaMemcpy(c, pf_counts_.data(), sizeof c, cudaMemcpyDeviceToHost) == cudaSuccess) {
+      st.prefetched = c[0];
+      st.prefetch_used = c[3];
+    } else {
+      (void)cudaGetLastError();
+    }
+  }
   st.graph_captures = graph_captures_;
   st.graph_replays = graph_replays_;
   return st;
@@ -1135,6 +1217,7 @@ absl::Status CudaBackend::UpdateTier(int l) {
     fill_credit_ += static_cast<double>(slot_bytes_) / 8;
     if (in == slot_of_.end() && (best < 0 || t.heat[x] > t.heat[best])) best = x;
   }
+  t.cold_avg = 0.75 * t.cold_avg + 0.25 * cold;
   if (cpu_experts_ != nullptr) {
     // The saving of this call's cold experts, averaged: the saving at the average count would miss
     // that a layer with one cold expert half the time gains whenever it has one (Mixtral's 99 MB
@@ -1183,7 +1266,7 @@ bool CudaBackend::RoutedExperts(const model::RoutedExpertsArgs &a) {
   if (tiered && bracket_ == Bracket::kNone) {
     if (replan_ && !Note(Replan())) return true;
     if (!Note(UpdateTier(a.layer))) return true;
-    if (a.layer == first_table_layer_) UpdateHybrid();  // once a step, before its first MoE layer
+    if (a.layer == first_table_layer_) UpdatePaths();  // once a step, before its first MoE layer
   }
   auto ra = ToRouteArgs(a.route);
   if (!Note(ra.status())) return true;
@@ -1223,11 +1306,43 @@ bool CudaBackend::RoutedExperts(const model::RoutedExpertsArgs &a) {
              !Note(GroupByExpert(a.sel, a.n_tok, k, n_expert, a.idx, pl, s))) {
     return true;
   }
-  // Opt-in: cold experts copied into VRAM staging slots first (the products then read VRAM; a copy
-  // over every multiprocessor keeps the link busier than 16 tokens' products reading in place).
-  const bool stage = tiered && t.stage;
-  if (stage && !Note(StageColdExperts(t.ge, stage_, pl, n_max, skip, s))) return true;
-  const GroupedExperts ge = stage ? StagedExperts(t.ge, stage_) : t.ge;
+  // Cold experts copied into VRAM staging slots first, so the products read VRAM: by the copy
+  // engines (the copier, by default) in a layer with cold experts to copy, else by a kernel
+  // (STRATA_CUDA_STAGE_EXPERTS). A layer the copier leaves alone reads them in place.
+  const bool copies = tiered && t.stage && copier_ != nullptr && t.copies && bracket_ == Bracket::kCapture;
+  const bool stage = copies || (tiered && t.stage && copier_ == nullptr);
+  GroupedExperts from = t.ge;
+  // The copy engines only in a recorded step: its kernels all ran before, in the step shape's
+  // first (eager) run or at the copier's creation, so none is loaded lazily while a WaitColdCopies
+  // spins (loading a kernel waits for the device's work to drain, and the copies the wait waits for
+  // would wait for the drain). An eager step reads the experts in place: the same bytes, the same bits.
+  if (copies) {
+    // By the copy engines: this layer's cold experts (less those its prediction already copied),
+    // then the next layer's predicted ones, while the products wait only for the first.
+    ExpertStage urgent = stage_;
+    if (pf_layer_ == a.layer) {
+      const ExpertStage &ps = pf_stage_[pf_set_];
+      from = StagedExperts(t.ge, ps);
+      urgent.counts = pf_counts_.as<unsigned long long>() + 2;
+      urgent.hit_lo = reinterpret_cast<uintptr_t>(ps.slots);
+      urgent.hit_hi = urgent.hit_lo + static_cast<uintptr_t>(ps.n_slots) * ps.slot_bytes;
+    }
+    pf_layer_ = -1;
+    if (!Note(PlanColdCopies(from, urgent, pl, n_max, skip, copier_->mailbox(), a.layer, true, s))) return true;
+    // The next layer with routed experts (past dense ones) is the one predicted. In a recorded
+    // step the tier changed its tables before the step, so a prediction's tables stay true until
+    // that layer reads them.
+    int nl = a.layer + 1;
+    while (nl < static_cast<int>(tables_.size()) && !tables_[nl].ok) ++nl;
+    if (nl < static_cast<int>(tables_.size())) {
+      const LayerTable &tn = tables_[nl];
+      if (tn.stage && tn.copies && !tn.hybrid && !Note(PredictColdExperts(nl, a.h, a.n_tok, a.route))) return true;
+    }
+    if (!Note(WaitColdCopies(copier_->mailbox(), s))) return true;
+  } else if (stage && !Note(StageColdExperts(t.ge, stage_, pl, n_max, skip, s))) {
+    return true;
+  }
+  const GroupedExperts ge = stage ? StagedExperts(from, stage_) : t.ge;
   if ((!gate_q8 && !Note(cuda::GatherRows(a.h, n_embd, a.idx, rows, a.xg, s))) ||
       !Note(GroupedProducts(ge, pl, n_max, gate_q8 ? a.h : a.xg, gate_q8 ? a.idx : nullptr, h, a.yg, rows, a.n_tok,
                             skip, xq)) ||
@@ -1245,6 +1360,37 @@ bool CudaBackend::RoutedExperts(const model::RoutedExpertsArgs &a) {
     }
   }
   return true;
+}
+
+absl::Status CudaBackend::PredictColdExperts(int nl, const float *h, int64_t n_tok, const model::RouteParams &route) {
+  const LayerTable &tn = tables_[nl];
+  const model::LayerWeights &L = w_->layers[nl];
+  const int k = route.k;
+  if (n_tok <= 0 || k <= 0 || n_tok * k > kDeviceRouteMaxRows || L.router.tensor == nullptr) return absl::OkStatus();
+  absl::StatusOr<DeviceMatrix> router = Resolve(L.router);
+  if (!router.ok()) return absl::OkStatus();  // a router outside VRAM: no prediction
+  model::RouteParams rp = route;
+  rp.n_expert = tn.ge.n_expert;
+  rp.select_bias = L.expert_select_bias.tensor != nullptr ? L.expert_select_bias.values.data() : nullptr;
+  STRATA_ASSIGN_OR_RETURN(RouteArgs ra, ToRouteArgs(rp));
+  cudaStream_t s = stream_.get();
+  float *logits = pf_logits_.as<float>();
+  int32_t *sel = pf_sel_.as<int32_t>(), *plan = pf_plan_.as<int32_t>();
+  STRATA_RETURN_IF_ERROR(cuda::Gemv(*router, h, n_tok, logits, s));
+  if (L.router_bias.tensor != nullptr) {
+    STRATA_ASSIGN_OR_RETURN(const float *bias, Resolve(L.router_bias.values.data()));
+    STRATA_RETURN_IF_ERROR(cuda::AddBias(logits, n_tok, rp.n_expert, bias, s));
+  }
+  STRATA_RETURN_IF_ERROR(cuda::Route(ra, logits, n_tok, sel, pf_wts_.as<float>(), s));
+  STRATA_RETURN_IF_ERROR(GroupByExpert(sel, n_tok, k, rp.n_expert, pf_idx_.as<int32_t>(), plan, s));
+  const int n_max = static_cast<int>(GroupMaxGroups(n_tok, k, rp.n_expert));
+  // The other set than the one the current layer reads.
+  const int set = pf_set_ ^ 1;
+  STRATA_RETURN_IF_ERROR(
+      PlanColdCopies(tn.ge, pf_stage_[set], plan, n_max, nullptr, copier_->mailbox(), nl, false, s));
+  pf_set_ = set;
+  pf_layer_ = nl;
+  return absl::OkStatus();
 }
 
 absl::Status CudaBackend::GroupedProducts(const GroupedExperts &ge, const int32_t *plan, int n_max, const float *xg,
@@ -1308,6 +1454,8 @@ model::Backend::StepMode CudaBackend::BeginStep(const model::StepKey &key) {
     (void)cudaProfilerStart();
     std::fprintf(stderr, "strata: profiler on for step %lld\n", static_cast<long long>(profiler_step_));
   }
+  pf_layer_ = -1;  // a prediction is for the step that made it
+  if (copier_ != nullptr && err_.ok()) Note(copier_->status());
   if (!err_.ok() || !use_graphs_ || profile_ || bracket_ != Bracket::kNone) return StepMode::kEager;
   // Promotions and the last step's selections reach the tables before the step, for every layer;
   // after a prompt the slots are first given to the experts it used most.
@@ -1316,7 +1464,7 @@ model::Backend::StepMode CudaBackend::BeginStep(const model::StepKey &key) {
     for (size_t l = 0; l < tables_.size(); ++l) {
       if (tables_[l].ok && !Note(UpdateTier(static_cast<int>(l)))) return StepMode::kEager;
     }
-    UpdateHybrid();
+    UpdatePaths();
   }
   step_key_ = key;
   step_hist_.clear();

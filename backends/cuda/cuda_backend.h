@@ -14,7 +14,11 @@
 //    slot of the coldest resident expert, filled on a copy stream within a byte credit of 1/8 of
 //    the bytes read over the link, and the table switches to the slot once the copy is done;
 //    with STRATA_CUDA_STAGE_EXPERTS=N (opt-in) a layer's first N cold experts are copied into
-//    staging slots (StageColdExperts) before the products instead of read in place;
+//    staging slots (StageColdExperts) before the products instead of read in place; by default,
+//    in recorded steps and in layers with a cold expert a call or more, the copy engines move them
+//    (ColdCopier; STRATA_CUDA_COLD_COPIES=N sets the slots, 0 turns it off), and while layer l
+//    computes they already move layer l + 1's experts as its router predicts them from layer l's
+//    input (the prediction's slots are layer l + 1's first choice; what it missed follows);
 //  - other batches (prefill, families the grouped kernels do not cover) bring each expert into a
 //    slot on demand (LRU), the compute stream waiting for the copy. Their tokens count into the
 //    route hotness, and the next step re-plans the slots (Replan): the hottest experts of every
@@ -39,6 +43,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "backends/cuda/cold_copier.h"
 #include "backends/cuda/cpu_experts.h"
 #include "backends/cuda/kernels.h"
 #include "backends/cuda/memory.h"
@@ -146,6 +151,8 @@ class CudaBackend final : public model::Backend {
     double cpu_saving = 0;          // seconds a call would save with the CPU's share (moving average)
     bool hybrid = false;            // the CPU computes a share of the cold experts (CpuExperts)
     bool stage = false;             // its cold experts are staged (StageColdExperts) before the products
+    double cold_avg = 1;            // cold experts a decode call (moving average; the copier's until seen)
+    bool copies = true;             // its cold experts go by the copy engines (copier_), and are predicted
   };
   struct DeviceVec {
     int64_t n = 0;
@@ -175,8 +182,9 @@ class CudaBackend final : public model::Backend {
   absl::Status StartCpuExperts(const model::ModelWeights &w, const CpuExpertOptions &cpu, int n_expert_max);
   // The link's rate: a copy from the page-locked arena into the slots, timed (bytes/s).
   absl::StatusOr<double> MeasureLink();
-  // Between steps: which layers take the hybrid path. A change drops the recorded graphs.
-  void UpdateHybrid();
+  // Between steps: which layers take the hybrid path, and which have their cold experts copied by
+  // the copy engines. A change drops the recorded graphs.
+  void UpdatePaths();
   // After host-path batches (a prompt) added to the route hotness: the hottest experts of every
   // device-table layer take the slots (filled on the copy stream, entering the tables as they land).
   absl::Status Replan();
@@ -288,6 +296,23 @@ class CudaBackend final : public model::Backend {
   // grouped kernels instead of read in place. stage_.n_slots 0: off (no mapped arena).
   DeviceBuffer stage_buf_, stage_tab_;
   ExpertStage stage_;
+  // Cold experts by the copy engines (null: off, or no mapped arena): stage_ holds a layer's
+  // urgent copies, pf_stage_[pf_set_] the predicted ones of layer pf_layer_ (the sets alternate,
+  // so a prediction never lands in the set the current layer reads), N slots each.
+  std::unique_ptr<ColdCopier> copier_;
+  bool cold_copies_ = false;
+  ExpertStage pf_stage_[2];
+  DeviceBuffer pf_tab_, pf_logits_, pf_sel_, pf_wts_, pf_idx_, pf_plan_;
+  // Device counters: [0] experts copied on a prediction, [1] unused, [2] experts copied for their
+  // own layer after a prediction, [3] of a layer's groups, those its prediction had copied.
+  DeviceBuffer pf_counts_;
+  int pf_layer_ = -1;  // the layer whose predicted experts pf_stage_[pf_set_] holds (-1: none)
+  int pf_set_ = 0;
+  // Queues layer nl's routing of h (n_tok rows, an earlier layer's input) and a request for the
+  // predicted cold experts into the other set. No prediction where the router is not on the device.
+  absl::Status PredictColdExperts(int nl, const float *h, int64_t n_tok, const model::RouteParams &route);
+  // Orders the next copy into sl after the last computation that read it.
+  absl::Status AfterLastUse(const Slot &sl);
   // Upload ring: pinned segments reused once the copies from their previous lap are done.
   static constexpr size_t kRingSegment = size_t{256} << 10;
   static constexpr int kRingSegments = 16;

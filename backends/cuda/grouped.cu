@@ -225,24 +225,31 @@ struct StageTables {
   uint64_t off[3];    // byte offsets of the matrices in a slot
 };
 
-// Every block finds the staged experts the same way (thread g takes group g; a block-wide ordered
-// count gives the cold groups their slots), block 0 writes the staged tables, and all blocks copy
-// the staged experts' bytes, 16 at a time, kStageInFlight loads in flight a thread.
-__global__ void __launch_bounds__(kStageThreads)
-    StageColdExpertsKernel(StageTables t, int n_expert, uint8_t *slots, int n_slots, uint64_t slot_bytes,
-                           uintptr_t host_lo, uintptr_t host_hi, const int32_t *__restrict__ plan, int n_max,
-                           const uint8_t *__restrict__ skip) {
-  dev::AwaitPrior();
-  __shared__ int s_slot[kRouteMaxExperts];     // slot of expert e, or -1
-  __shared__ const int4 *s_src[3][kRouteMaxExperts];  // the staged experts' matrices, by slot
-  __shared__ int s_warp[kStageWarps];
+// What a staging kernel's blocks share: the slot of each expert (-1: none), each slot's matrices.
+struct StageShared {
+  int slot[kRouteMaxExperts];
+  const int4 *src[3][kRouteMaxExperts];
+  int warp[kStageWarps];
+};
+
+// The staged experts, found the same way by every block: thread g takes group g, a block-wide
+// ordered count gives the cold groups their slots. Block 0 writes the staged tables and counters.
+// Returns the experts staged (s.src[m][j] for j below it).
+__device__ int AssignColdSlots(const StageTables &t, int n_expert, uint8_t *slots, int n_slots, uint64_t slot_bytes,
+                               uintptr_t host_lo, uintptr_t host_hi, const int32_t *__restrict__ plan, int n_max,
+                               const uint8_t *__restrict__ skip, unsigned long long *counts, uintptr_t hit_lo,
+                               uintptr_t hit_hi, StageShared &s) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  if (tid < n_expert) s_slot[tid] = -1;
+  if (tid < n_expert) s.slot[tid] = -1;
   const int n_groups = min(max(plan[0], 0), n_max);
   int e = -1;
-  bool cold = false;
+  bool cold = false, hit = false;
   if (tid < n_groups) {
     e = plan[1 + tid];
+    if (e >= 0 && e < n_expert) {
+      const auto p = reinterpret_cast<uintptr_t>(t.from[0][e]);
+      hit = p >= hit_lo && p < hit_hi;
+    }
     if (e >= 0 && e < n_expert && (skip == nullptr || skip[e] == 0)) {
       cold = true;
       for (int m = 0; m < 3; ++m) {
@@ -252,27 +259,46 @@ __global__ void __launch_bounds__(kStageThreads)
     }
   }
   const unsigned ballot = __ballot_sync(0xffffffffu, cold);
-  if (lane == 0) s_warp[warp] = __popc(ballot);
+  if (lane == 0) s.warp[warp] = __popc(ballot);
   __syncthreads();
   int before = __popc(ballot & ((1u << lane) - 1u)), n_cold = 0;
   for (int w = 0; w < kStageWarps; ++w) {
-    before += w < warp ? s_warp[w] : 0;
-    n_cold += s_warp[w];
+    before += w < warp ? s.warp[w] : 0;
+    n_cold += s.warp[w];
   }
   if (cold && before < n_slots) {
-    s_slot[e] = before;
-    for (int m = 0; m < 3; ++m) s_src[m][before] = static_cast<const int4 *>(t.from[m][e]);
+    s.slot[e] = before;
+    for (int m = 0; m < 3; ++m) s.src[m][before] = static_cast<const int4 *>(t.from[m][e]);
   }
-  __syncthreads();
+  const int n_hits = __syncthreads_count(hit);  // also the barrier after the slots' assignment
   const int n_staged = min(n_cold, n_slots);
+  if (counts != nullptr && blockIdx.x == 0 && tid == 0) {
+    atomicAdd(&counts[0], static_cast<unsigned long long>(n_staged));
+    atomicAdd(&counts[1], static_cast<unsigned long long>(n_hits));
+  }
   if (blockIdx.x == 0) {
     for (int x = tid; x < n_expert; x += kStageThreads) {
-      const int j = s_slot[x];
+      const int j = s.slot[x];
       for (int m = 0; m < 3; ++m) {
         t.to[m][x] = j >= 0 ? static_cast<const void *>(slots + j * slot_bytes + t.off[m]) : t.from[m][x];
       }
     }
   }
+  return n_staged;
+}
+
+// Every block assigns the slots (AssignColdSlots), then all blocks copy the staged experts' bytes,
+// 16 at a time, kStageInFlight loads in flight a thread.
+__global__ void __launch_bounds__(kStageThreads)
+    StageColdExpertsKernel(StageTables t, int n_expert, uint8_t *slots, int n_slots, uint64_t slot_bytes,
+                           uintptr_t host_lo, uintptr_t host_hi, const int32_t *__restrict__ plan, int n_max,
+                           const uint8_t *__restrict__ skip, unsigned long long *counts, uintptr_t hit_lo,
+                           uintptr_t hit_hi) {
+  dev::AwaitPrior();
+  __shared__ StageShared s;
+  const int tid = threadIdx.x;
+  const int n_staged = AssignColdSlots(t, n_expert, slots, n_slots, slot_bytes, host_lo, host_hi, plan, n_max, skip,
+                                       counts, hit_lo, hit_hi, s);
   const uint64_t per_expert = t.units[0] + t.units[1] + t.units[2];
   const uint64_t total = per_expert * static_cast<uint64_t>(n_staged);
   const uint64_t stride = uint64_t{gridDim.x} * kStageThreads;
@@ -289,7 +315,7 @@ __global__ void __launch_bounds__(kStageThreads)
         m = 2;
       }
     }
-    src = s_src[m][j] + r;
+    src = s.src[m][j] + r;
     dst = reinterpret_cast<int4 *>(slots + j * slot_bytes + t.off[m]) + r;
   };
   for (uint64_t u0 = uint64_t{blockIdx.x} * kStageThreads + tid; u0 < total; u0 += kStageInFlight * stride) {
@@ -310,6 +336,75 @@ __global__ void __launch_bounds__(kStageThreads)
       if (dst[i] != nullptr) *dst[i] = v[i];
     }
   }
+}
+
+// One block: the slots as StageColdExperts assigns them, then the request for their copies in the
+// mailbox's ring (the body first, each thread's stores fenced for the host, then the number).
+__global__ void __launch_bounds__(kStageThreads)
+    PlanColdCopiesKernel(StageTables t, int n_expert, uint8_t *slots, int n_slots, uint64_t slot_bytes,
+                         uintptr_t host_lo, uintptr_t host_hi, const int32_t *__restrict__ plan, int n_max,
+                         const uint8_t *__restrict__ skip, unsigned long long *counts, uintptr_t hit_lo,
+                         uintptr_t hit_hi, ColdMailbox mb, int layer, bool urgent) {
+  dev::AwaitPrior();
+  __shared__ StageShared s;
+  const int tid = threadIdx.x;
+  const int n = AssignColdSlots(t, n_expert, slots, n_slots, slot_bytes, host_lo, host_hi, plan, n_max, skip, counts,
+                                hit_lo, hit_hi, s);
+  const uint32_t seq = *mb.next + 1;  // one block; the requests of a stream are posted in its order
+  if (n == 0) {
+    // Nothing to copy: no request. An urgent one's wait waits for those posted before (the
+    // layer's prediction), often landed already, so the layer costs no round trip to the host.
+    if (urgent && tid == 0) *mb.want = seq - 1;
+    return;
+  }
+  ColdRequest &r = mb.ring[seq % kColdRing];
+  for (int j = tid; j < n; j += kStageThreads) {
+    for (int m = 0; m < 3; ++m) r.src[j][m] = reinterpret_cast<uint64_t>(s.src[m][j]);
+  }
+  if (tid == 0) {
+    r.slots = reinterpret_cast<uint64_t>(slots);
+    r.slot_bytes = slot_bytes;
+    for (int m = 0; m < 3; ++m) {
+      r.off[m] = t.off[m];
+      r.bytes[m] = t.units[m] * 16;
+    }
+    r.n = n;
+    r.layer = layer;
+  }
+  __threadfence_system();
+  __syncthreads();
+  if (tid == 0) {
+    *reinterpret_cast<volatile uint32_t *>(&r.seq) = seq;
+    *mb.next = seq;
+    if (urgent) *mb.want = seq;
+  }
+}
+
+__device__ __forceinline__ uint64_t GlobalTimerNs() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+// One thread polls `done` (a few hundred nanoseconds apart) until it reaches `want`.
+__global__ void WaitColdCopiesKernel(ColdMailbox mb) {
+  dev::AwaitPriorOnly();
+  if (threadIdx.x != 0) return;
+  const uint32_t want = *reinterpret_cast<volatile const uint32_t *>(mb.want);
+  const uint64_t t0 = GlobalTimerNs();
+  while (static_cast<int32_t>(*reinterpret_cast<volatile const uint32_t *>(mb.done) - want) < 0) {
+    if (GlobalTimerNs() - t0 > mb.timeout_ns) {
+      // What the wait saw, for the copier's report: [1] the request waited for, [2] the last landed.
+      reinterpret_cast<volatile uint32_t *>(mb.timed_out)[1] = want;
+      reinterpret_cast<volatile uint32_t *>(mb.timed_out)[2] = *reinterpret_cast<volatile const uint32_t *>(mb.done);
+      __threadfence_system();
+      *reinterpret_cast<volatile uint32_t *>(mb.timed_out) = 1;
+      __threadfence_system();
+      return;
+    }
+    __nanosleep(200);
+  }
+  if (mb.waited_ns != nullptr) atomicAdd(mb.waited_ns, static_cast<unsigned long long>(GlobalTimerNs() - t0));
 }
 
 // ---- Validation ------------------------------------------------------------------------------------
@@ -551,7 +646,7 @@ absl::Status CheckExpertStage(const GroupedExperts &from, const ExpertStage &sta
 }
 
 absl::Status StageColdExperts(const GroupedExperts &from, const ExpertStage &stage, const int32_t *plan, int n_max,
-                              const uint8_t *skip, cudaStream_t stream) {
+                              const uint8_t *skip, cudaStream_t stream, int n_blocks) {
   StageTables t;
   STRATA_RETURN_IF_ERROR(CheckStage(from, stage, &t));
   if (n_max < 0 || n_max > from.n_expert) {
@@ -559,9 +654,40 @@ absl::Status StageColdExperts(const GroupedExperts &from, const ExpertStage &sta
   }
   if (n_max == 0) return absl::OkStatus();
   if (plan == nullptr) return Errorf(MOE_ERR_INVALID_ARGUMENT, "staging experts: the plan is null");
-  const int blocks = std::max(1, 2 * SmCount());
+  if (n_blocks < 0) return Errorf(MOE_ERR_INVALID_ARGUMENT, "staging experts over %d blocks", n_blocks);
+  const int blocks = n_blocks > 0 ? n_blocks : std::max(1, 2 * SmCount());
   Launch(StageColdExpertsKernel, blocks, kStageThreads, 0, stream, t, from.n_expert, stage.slots, stage.n_slots,
-         stage.slot_bytes, stage.host_lo, stage.host_hi, plan, n_max, skip);
+         stage.slot_bytes, stage.host_lo, stage.host_hi, plan, n_max, skip, stage.counts, stage.hit_lo,
+         stage.hit_hi);
+  STRATA_CUDA_RETURN_IF_LAUNCH_FAILED();
+  return absl::OkStatus();
+}
+
+absl::Status PlanColdCopies(const GroupedExperts &from, const ExpertStage &stage, const int32_t *plan, int n_max,
+                            const uint8_t *skip, const ColdMailbox &mb, int layer, bool urgent,
+                            cudaStream_t stream) {
+  StageTables t;
+  STRATA_RETURN_IF_ERROR(CheckStage(from, stage, &t));
+  if (n_max < 0 || n_max > from.n_expert) {
+    return Errorf(MOE_ERR_INVALID_ARGUMENT, "planning expert copies: %d groups of %d experts", n_max, from.n_expert);
+  }
+  if (plan == nullptr) return Errorf(MOE_ERR_INVALID_ARGUMENT, "planning expert copies: the plan is null");
+  if (mb.ring == nullptr || mb.next == nullptr || mb.done == nullptr || mb.want == nullptr || mb.timed_out == nullptr) {
+    return Errorf(MOE_ERR_INVALID_ARGUMENT, "planning expert copies: an incomplete mailbox");
+  }
+  // A request with no experts still goes out: an urgent one is what the next wait waits for.
+  Launch(PlanColdCopiesKernel, 1, kStageThreads, 0, stream, t, from.n_expert, stage.slots, stage.n_slots,
+         stage.slot_bytes, stage.host_lo, stage.host_hi, plan, n_max, skip, stage.counts, stage.hit_lo, stage.hit_hi,
+         mb, layer, urgent);
+  STRATA_CUDA_RETURN_IF_LAUNCH_FAILED();
+  return absl::OkStatus();
+}
+
+absl::Status WaitColdCopies(const ColdMailbox &mb, cudaStream_t stream) {
+  if (mb.done == nullptr || mb.want == nullptr || mb.timed_out == nullptr) {
+    return Errorf(MOE_ERR_INVALID_ARGUMENT, "waiting for expert copies: an incomplete mailbox");
+  }
+  Launch(WaitColdCopiesKernel, 1, 32, 0, stream, mb);
   STRATA_CUDA_RETURN_IF_LAUNCH_FAILED();
   return absl::OkStatus();
 }

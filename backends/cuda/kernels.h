@@ -273,6 +273,9 @@ int GroupChunkTokens(int64_t n_tok, int k, int n_expert);
 // MOE_ERR_INVALID_ARGUMENT naming `what` unless 0 <= n_grid <= n_max.
 absl::Status CheckGroupGrid(int n_max, int n_grid, const char *what);
 
+// The most experts a layer may have on the device paths (routing, grouping, staging).
+constexpr int kRouteMaxExperts = 256;
+
 // Groups the selections sel (n_tok, k) (device; sel[t k + j] is the expert of token t's slot j) by
 // expert, as the forward pass's FeedForward does on the host: groups in ascending expert id, within
 // a group the selections i = t k + j ascending. With n = n_tok k and n_max = GroupMaxGroups(...),
@@ -343,6 +346,10 @@ struct ExpertStage {
   // Device addresses of the mapped host memory: an expert whose three matrices lie in [host_lo,
   // host_hi) is cold.
   uintptr_t host_lo = 0, host_hi = 0;
+  // Optional device counters: counts[0] += experts a launch copies, counts[1] += groups whose expert
+  // already lies in [hit_lo, hit_hi) (e.g. staged ahead by a prefetch).
+  unsigned long long *counts = nullptr;
+  uintptr_t hit_lo = 0, hit_hi = 0;
 };
 
 // The bytes of a slot for experts of these shapes (gate | up | down, each 256-aligned); 0 for shapes
@@ -361,11 +368,54 @@ absl::Status CheckExpertStage(const GroupedExperts &from, const ExpertStage &sta
 // same bits through either table. plan and n_max as GroupByExpert made them (n_max <= n_expert).
 // MOE_ERR_INVALID_ARGUMENT for bad tables, slots too small or unaligned, or an expert matrix whose
 // bytes are not a multiple of 16. Reads no device memory before the launch.
+// n_blocks: the launch's blocks (0: two a multiprocessor; fewer leave room for kernels running
+// beside it on other streams).
 absl::Status StageColdExperts(const GroupedExperts &from, const ExpertStage &stage, const int32_t *plan, int n_max,
-                              const uint8_t *skip, cudaStream_t stream);
+                              const uint8_t *skip, cudaStream_t stream, int n_blocks = 0);
 
 // from with stage's tables: what the grouped kernels read after StageColdExperts.
 GroupedExperts StagedExperts(const GroupedExperts &from, const ExpertStage &stage);
+
+// Cold experts by the copy engines. On the H200 the copy engines move a layer's cold experts at the
+// link's rate while kernels run beside them at full speed, where kernels that read the link
+// (StageColdExperts, products reading in place) slow down beside other kernels
+// (bench/link_overlap_bench.cu). Copy engines are driven by the host, so: PlanColdCopies picks the
+// cold experts and their slots on the device exactly as StageColdExperts does, writes the staged
+// tables and posts a request to a mailbox in mapped host memory; a host thread (ColdCopier) issues
+// the copies and, after them on its stream, writes the request's number to `done`; WaitColdCopies
+// holds a stream until `done` reaches the last urgent request's number.
+constexpr int kColdRing = 16;  // requests in flight at most (a layer posts two and waits)
+struct ColdRequest {
+  uint64_t src[kRouteMaxExperts][3];  // device (mapped) addresses of expert j's gate, up, down
+  uint64_t slots = 0;                 // device address of slot 0; expert j goes to slot j
+  uint64_t slot_bytes = 0, off[3] = {}, bytes[3] = {};
+  int32_t n = 0;                      // experts to copy
+  int32_t layer = 0;
+  uint32_t seq = 0;                   // written last: 1, 2, ... (a request's number)
+};
+struct ColdMailbox {
+  ColdRequest *ring = nullptr;      // device address of kColdRing requests in mapped host memory
+  uint32_t *next = nullptr;         // device: the number of the last request posted
+  const uint32_t *done = nullptr;   // device: the number of the last request whose copies landed
+  uint32_t *want = nullptr;         // device: the request WaitColdCopies waits for
+  uint32_t *timed_out = nullptr;    // device address of 3 mapped host words: [0] set by a wait that gave up
+  uint64_t timeout_ns = 2000000000;  // how long a wait waits
+  unsigned long long *waited_ns = nullptr;  // device: the waits' summed time (kept where set)
+};
+
+// StageColdExperts' choice of slots and tables for from, stage, plan, n_max and skip (one block,
+// no copy), then a request for the chosen experts posted to mb (`urgent`: also the one the next
+// WaitColdCopies waits for). No request when none is cold; an urgent plan then has the next wait
+// wait for the requests posted before. stage.counts as in StageColdExperts. Errors as
+// StageColdExperts'.
+absl::Status PlanColdCopies(const GroupedExperts &from, const ExpertStage &stage, const int32_t *plan, int n_max,
+                            const uint8_t *skip, const ColdMailbox &mb, int layer, bool urgent,
+                            cudaStream_t stream);
+
+// Holds `stream` until mb's `done` reaches its `want` (every request posted before the last urgent
+// one has landed too: the copier serves them in order). A wait past mb.timeout_ns sets *timed_out
+// and lets the stream go on (ColdCopier::status() reports it).
+absl::Status WaitColdCopies(const ColdMailbox &mb, cudaStream_t stream);
 
 // For each group g < plan[0] whose expert's skip flag is set: rows [first[g], first[g + 1]) of dst
 // (n, width) = those of src, which may be page-locked host memory mapped for the device (the rows
@@ -451,7 +501,6 @@ absl::Status WriteKvRows(const model::KvRowRef *rows, int64_t n, const float *k,
 
 // Every routing variant of lib/model/routing.h, one thread per token: logits (n_tok, n_expert) ->
 // sel (n_tok, k) and wts (n_tok, k). gating: 0 softmax, 1 softmax over the selected, 2 sigmoid.
-constexpr int kRouteMaxExperts = 256;
 struct RouteArgs {
   int gating = 0;
   int n_expert = 0, k = 0, n_group = 1, topk_group = 1;

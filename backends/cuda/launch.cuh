@@ -47,5 +47,14 @@ __device__ __forceinline__ void AwaitPrior() {
 #endif
 }
 
+// AwaitPrior without letting the next kernel start early: for a kernel that may wait long (its
+// successor's blocks would sit on the multiprocessors all that time); the next one starts when it
+// ends.
+__device__ __forceinline__ void AwaitPriorOnly() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 }  // namespace dev
 }  // namespace strata::cuda

@@ -844,10 +844,15 @@ int CmdBench(const Args &a) {
   const int64_t n_tok = n * static_cast<int64_t>(n_sess);  // decode tokens of all sessions
   const double bytes_per_tok = n_tok > 0 ? static_cast<double>(dec.bytes_read) / n_tok : 0.0;
   const size_t n_prefill = prompt.size() * n_sess;
-  // Bytes over the host-device link per decode token: slot fills plus experts the GPU read in place.
+  // Bytes over the host-device link per decode token: slot fills, experts the GPU read in place (or
+  // staged), and the GPU's prefetches its layers did not use.
+  const double wasted = dec.vram_expert_slots > 0 && dec.streaming == 0 && dec.prefetch_issued > dec.prefetch_useful
+                            ? static_cast<double>(dec.prefetch_issued - dec.prefetch_useful)
+                            : 0.0;
   const double link_per_tok =
       n_tok > 0 ? (static_cast<double>(dec.vram_fill_bytes) +
-                   static_cast<double>(dec.vram_zero_copy) * static_cast<double>(dec.cache_slot_bytes)) / n_tok
+                   (static_cast<double>(dec.vram_zero_copy) + wasted) * static_cast<double>(dec.cache_slot_bytes)) /
+                      n_tok
                 : 0.0;
   if (a.json) {
     std::printf("{\"model\":\"%s\",\"sessions\":%zu,\"load_s\":%.3f,\"ram_budget_bytes\":%llu,\"ram_expert_slots\":%u,"

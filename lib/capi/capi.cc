@@ -405,6 +405,11 @@ moe_status moe_ctx_stats(const moe_ctx *ctx, moe_stats *out) {
     st.vram_cpu_layers = cs.device.cpu_layers;
     st.vram_cpu_experts = cs.device.cpu_experts;
     st.vram_replans = cs.device.replans;
+    if (!cs.streaming && cs.device.prefetched > 0) {  // the GPU's prefetch: the RAM tier's fields are idle
+      st.prefetch_issued = cs.device.prefetched;
+      st.prefetch_useful = cs.device.prefetch_used;
+      st.prefetch_precision = static_cast<double>(cs.device.prefetch_used) / static_cast<double>(cs.device.prefetched);
+    }
     std::memcpy(out, &st, std::min<size_t>(out->struct_size, sizeof st));
     return MOE_OK;
   });

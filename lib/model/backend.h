@@ -154,6 +154,8 @@ struct DeviceTierStats {
   uint32_t cpu_layers = 0;     // MoE layers now on the hybrid path
   uint64_t promotions = 0;     // fills started by route hotness
   uint64_t replans = 0;        // times the slots were re-planned from a prompt's hotness
+  uint64_t prefetched = 0;     // experts copied ahead of their layer on a prediction
+  uint64_t prefetch_used = 0;  // of those, selected by their layer
   uint64_t graph_captures = 0;   // decode steps recorded as graphs
   uint64_t graph_replays = 0;    // decode steps run from a recorded graph
 };

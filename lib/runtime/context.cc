@@ -566,6 +566,8 @@ ContextStats Context::Stats() const {
   st.device.cpu_experts -= device_base_.cpu_experts;
   st.device.promotions -= device_base_.promotions;
   st.device.replans -= device_base_.replans;
+  st.device.prefetched -= device_base_.prefetched;
+  st.device.prefetch_used -= device_base_.prefetch_used;
   st.device.graph_captures -= device_base_.graph_captures;
   st.device.graph_replays -= device_base_.graph_replays;
   st.numa_node = numa_node_;

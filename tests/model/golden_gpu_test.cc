@@ -124,6 +124,33 @@ TEST_CASE("CUDA backend: GPU-side routing, zero-copy reads and promotions keep t
       CHECK(st.gpu_graph_replays > 0);
       CHECK(staged == all);
     }
+    // The same staging by the copy engines, with the next layer's predicted experts copied ahead
+    // (graphs on: predictions inside the recorded steps; off: each layer's own copies only).
+    for (const char *n_slots : {"1", "16"}) {
+      for (const char *graphs : {"1", "0"}) {
+        REQUIRE(setenv("STRATA_CUDA_COLD_COPIES", n_slots, 1) == 0);
+        REQUIRE(setenv("STRATA_CUDA_GRAPHS", graphs, 1) == 0);
+        moe_stats st;
+        const auto copied = TeacherForced(model, tokens, 1, MOE_BACKEND_CUDA, uint64_t{1} << 20, nullptr, nullptr, &st);
+        unsetenv("STRATA_CUDA_COLD_COPIES");
+        unsetenv("STRATA_CUDA_GRAPHS");
+        INFO(n_slots << " slots a set by the copy engines, graphs " << graphs << "; zero-copy uses "
+                     << st.vram_zero_copy << ", predicted " << st.prefetch_issued << ", used " << st.prefetch_useful
+                     << ", replays " << st.gpu_graph_replays);
+        CHECK(st.vram_zero_copy > 0);
+        if (graphs[0] == '1') {
+          CHECK(st.gpu_graph_replays > 0);
+        }
+        if (graphs[0] == '1') {
+          CHECK(st.prefetch_issued > 0);
+          CHECK(st.prefetch_useful > 0);
+          CHECK(st.prefetch_useful <= st.prefetch_issued);
+        } else {
+          CHECK(st.prefetch_issued == 0);
+        }
+        CHECK(copied == all);
+      }
+    }
   }
 }
 
@@ -148,6 +175,14 @@ TEST_CASE("CUDA backend: a prompt's hotness re-plans the VRAM slots, bit-identic
     REQUIRE(slots < n_routed);
     CHECK(st.vram_replans == 1);
     CHECK(tier == all);
+    // The same with cold experts moved by the copy engines (the prompt's chunks on the device path
+    // too, then the re-plan's fills beside the copier's).
+    REQUIRE(setenv("STRATA_CUDA_COLD_COPIES", "8", 1) == 0);
+    moe_stats cst;
+    const auto copied = TeacherForced(model, tokens, 300, MOE_BACKEND_CUDA, uint64_t{1} << 20, nullptr, nullptr, &cst);
+    unsetenv("STRATA_CUDA_COLD_COPIES");
+    INFO("by the copy engines: predicted " << cst.prefetch_issued << ", used " << cst.prefetch_useful);
+    CHECK(copied == all);
   }
 }
 

@@ -1,0 +1,193 @@
+#include "backends/cuda/cold_copier.h"
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "backends/cuda/cuda_status.h"
+#include "lib/util/thread_pool.h"
+
+namespace strata::cuda {
+
+namespace {
+// The device counters: next, done and want (uint32), then the waits' summed nanoseconds (uint64).
+constexpr size_t kWaitedAt = 16, kCounterBytes = 24;
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ColdCopier>> ColdCopier::Create(const uint8_t *arena, const uint8_t *arena_dev,
+                                                                 size_t arena_bytes, cudaStream_t stream) {
+  if (arena == nullptr || arena_dev == nullptr || arena_bytes == 0 || stream == nullptr) {
+    return Errorf(MOE_ERR_INVALID_ARGUMENT, "expert copier: no mapped host arena or no stream");
+  }
+  std::unique_ptr<ColdCopier> c(new ColdCopier());
+  c->arena_ = arena;
+  c->arena_dev_ = arena_dev;
+  c->arena_bytes_ = arena_bytes;
+  STRATA_ASSIGN_OR_RETURN(c->ring_, PinnedBuffer::Allocate(kColdRing * sizeof(ColdRequest), cudaHostAllocMapped));
+  STRATA_ASSIGN_OR_RETURN(c->flags_, PinnedBuffer::Allocate(3 * sizeof(uint32_t), cudaHostAllocMapped));
+  STRATA_ASSIGN_OR_RETURN(c->numbers_, PinnedBuffer::Allocate(kColdRing * sizeof(uint32_t)));
+  STRATA_ASSIGN_OR_RETURN(c->counters_, DeviceBuffer::Allocate(kCounterBytes));
+  c->stream_ = stream;
+  std::memset(c->ring_.data(), 0, kColdRing * sizeof(ColdRequest));
+  std::memset(c->flags_.data(), 0, 3 * sizeof(uint32_t));
+  STRATA_CUDA_RETURN_IF_ERROR(cudaMemset(c->counters_.data(), 0, kCounterBytes));
+  void *ring_dev = nullptr, *flags_dev = nullptr;
+  STRATA_CUDA_RETURN_IF_ERROR(cudaHostGetDevicePointer(&ring_dev, c->ring_.data(), 0));
+  STRATA_CUDA_RETURN_IF_ERROR(cudaHostGetDevicePointer(&flags_dev, c->flags_.data(), 0));
+  uint32_t *ctr = c->counters_.as<uint32_t>();
+  c->mb_.ring = static_cast<ColdRequest *>(ring_dev);
+  c->mb_.next = ctr;
+  c->mb_.done = ctr + 1;
+  c->mb_.want = ctr + 2;
+  c->mb_.timed_out = static_cast<uint32_t *>(flags_dev);
+  if (const char *ms = std::getenv("STRATA_CUDA_COLD_WAIT_MS"); ms != nullptr && std::atoll(ms) > 0) {
+    c->mb_.timeout_ns = static_cast<uint64_t>(std::atoll(ms)) * 1000000;
+  }
+  const char *batch = std::getenv("STRATA_COLD_COPIES_BATCH");
+  c->batch_ = batch == nullptr || batch[0] != '0';
+  const char *trace = std::getenv("STRATA_COLD_COPIES_TRACE");
+  c->trace_ = trace != nullptr && trace[0] == '1';
+  if (c->trace_) {
+    c->mb_.waited_ns = reinterpret_cast<unsigned long long *>(c->counters_.as<uint8_t>() + kWaitedAt);
+    STRATA_ASSIGN_OR_RETURN(c->base_, Event::Create(true));
+    for (int i = 0; i < kColdRing; ++i) {
+      STRATA_ASSIGN_OR_RETURN(c->start_[i], Event::Create(true));
+      STRATA_ASSIGN_OR_RETURN(c->end_[i], Event::Create(true));
+    }
+  }
+  c->thread_ = std::thread([p = c.get()] { p->Loop(); });
+  return c;
+}
+
+ColdCopier::~ColdCopier() {
+  stop_.store(true, std::memory_order_relaxed);
+  if (thread_.joinable()) thread_.join();
+  (void)cudaStreamSynchronize(stream_);
+  (void)cudaGetLastError();
+  if (trace_) {
+    const uint32_t served = served_.load();
+    for (uint32_t q = retired_ + 1; q <= served; ++q) Retire(q);
+    unsigned long long waited = 0;
+    (void)cudaMemcpy(&waited, mb_.waited_ns, sizeof(waited), cudaMemcpyDeviceToHost);
+    (void)cudaGetLastError();
+    std::fprintf(stderr,
+                 "expert copies: %u requests, %llu experts, %.1f MiB; copy stream busy %.1f ms (%.1f GB/s), idle "
+                 "between requests %.1f ms; the compute stream waited %.1f ms\n",
+                 served, static_cast<unsigned long long>(copied_.load()), traced_bytes_ / 1048576.0, busy_ms_,
+                 busy_ms_ > 0 ? traced_bytes_ / (busy_ms_ * 1e6) : 0.0, idle_ms_, waited * 1e-6);
+  }
+}
+
+void ColdCopier::Retire(uint32_t seq) {
+  const int i = seq % kColdRing;
+  if (!end_[i].Synchronize().ok()) return;
+  absl::StatusOr<float> t0 = Event::ElapsedMs(base_, start_[i]), t1 = Event::ElapsedMs(base_, end_[i]);
+  if (t0.ok() && t1.ok()) {
+    busy_ms_ += *t1 - *t0;
+    if (seq > 1) idle_ms_ += *t0 - last_end_ms_;
+    last_end_ms_ = *t1;
+  }
+  traced_bytes_ += bytes_[i];
+  retired_ = seq;
+}
+
+absl::Status ColdCopier::status() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const uint32_t *f = flags_.as<uint32_t>();
+  if (err_.ok() && __atomic_load_n(f, __ATOMIC_ACQUIRE) != 0) {
+    return Errorf(MOE_ERR_INTERNAL,
+                  "expert copies: a layer waited more than %.1f s for its experts (request %u; %u had landed, %u "
+                  "served)",
+                  mb_.timeout_ns * 1e-9, f[1], f[2], served_.load(std::memory_order_relaxed));
+  }
+  return err_;
+}
+
+absl::Status ColdCopier::Serve(const ColdRequest &r, uint32_t seq) {
+  const uintptr_t lo = reinterpret_cast<uintptr_t>(arena_dev_);
+  if (r.n < 0 || r.n > kRouteMaxExperts) {
+    return Errorf(MOE_ERR_INTERNAL, "expert copies: request %u names %d experts", seq, r.n);
+  }
+  void *dsts[3 * kRouteMaxExperts];
+  const void *srcs[3 * kRouteMaxExperts];
+  size_t sizes[3 * kRouteMaxExperts];
+  int n = 0;
+  for (int j = 0; j < r.n; ++j) {
+    for (int m = 0; m < 3; ++m) {
+      const uint64_t src = r.src[j][m], bytes = r.bytes[m];
+      if (src < lo || bytes > arena_bytes_ || src - lo > arena_bytes_ - bytes) {
+        return Errorf(MOE_ERR_INTERNAL, "expert copies: request %u (layer %d) names memory outside the arena", seq,
+                      r.layer);
+      }
+      dsts[n] = reinterpret_cast<uint8_t *>(r.slots + static_cast<uint64_t>(j) * r.slot_bytes + r.off[m]);
+      srcs[n] = arena_ + (src - lo);
+      sizes[n] = bytes;
+      ++n;
+    }
+  }
+#if CUDART_VERSION >= 12080
+  if (batch_ && n > 0) {
+    // One call for the request's copies (the driver may spread them over its copy engines).
+    cudaMemcpyAttributes a{};
+    a.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+    size_t at = 0;
+    STRATA_CUDA_RETURN_IF_ERROR(cudaMemcpyBatchAsync(dsts, srcs, sizes, n, &a, &at, 1, stream_));
+    n = 0;
+  }
+#endif
+  for (int i = 0; i < n; ++i) {
+    STRATA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dsts[i], srcs[i], sizes[i], cudaMemcpyHostToDevice, stream_));
+  }
+  copied_.fetch_add(static_cast<uint64_t>(r.n), std::memory_order_relaxed);
+  if (trace_) bytes_[seq % kColdRing] = static_cast<uint64_t>(r.n) * (r.bytes[0] + r.bytes[1] + r.bytes[2]);
+  return absl::OkStatus();
+}
+
+void ColdCopier::Loop() {
+  using Clock = std::chrono::steady_clock;
+  auto *ring = ring_.as<ColdRequest>();
+  auto *numbers = numbers_.as<uint32_t>();
+  uint32_t want = 1;
+  Clock::time_point last = Clock::now();
+  for (int spins = 0; !stop_.load(std::memory_order_relaxed);) {
+    const ColdRequest &r = ring[want % kColdRing];
+    if (__atomic_load_n(&r.seq, __ATOMIC_ACQUIRE) != want) {
+      if (++spins < 1024) {
+        CpuPause();
+      } else if (Clock::now() - last < std::chrono::milliseconds(5)) {
+        spins = 0;
+      } else {
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+      }
+      continue;
+    }
+    spins = 0;
+    if (trace_) {
+      if (want > kColdRing) Retire(want - kColdRing);  // its events are about to be reused
+      bytes_[want % kColdRing] = 0;
+      if (want == 1) (void)base_.Record(stream_);
+      (void)start_[want % kColdRing].Record(stream_);
+    }
+    absl::Status st = Serve(r, want);
+    // The outcome is published before the number goes out: whoever sees the number land sees it.
+    if (!st.ok()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (err_.ok()) err_ = st;
+    }
+    served_.store(want, std::memory_order_release);
+    // The number goes out whatever happened, so no device wait is left hanging.
+    numbers[want % kColdRing] = want;
+    const cudaError_t ce = cudaMemcpyAsync(const_cast<uint32_t *>(mb_.done), numbers + want % kColdRing,
+                                           sizeof(uint32_t), cudaMemcpyHostToDevice, stream_);
+    if (ce != cudaSuccess) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (err_.ok()) err_ = Errorf(MOE_ERR_INTERNAL, "expert copies: %s", cudaGetErrorString(ce));
+    }
+    if (trace_) (void)end_[want % kColdRing].Record(stream_);
+    ++want;
+    last = Clock::now();
+  }
+}
+
+}  // namespace strata::cuda

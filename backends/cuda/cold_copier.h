@@ -1,0 +1,83 @@
+// The host half of moving cold experts by the copy engines (kernels.h, PlanColdCopies): a thread
+// that serves the device's requests in order. For request n it queues, on the given stream, one
+// cudaMemcpyAsync per matrix of each expert (from the page-locked host arena into the request's
+// VRAM slots), then a 4-byte copy of n into the device's `done` counter, which WaitColdCopies
+// polls. The copy engines then move the bytes while the compute stream runs the layer before.
+//
+// The stream must never wait on the device for work queued after a WaitColdCopies (the wait would
+// then wait for itself). It should be created next to the compute stream: the driver spreads
+// streams over a few hardware queues in the order they are created, and a stream sharing the
+// compute stream's queue would see its copies queued behind the compute stream's wait (measured:
+// copies never landed).
+//
+// The thread spins while requests come (a decode layer posts two every ~0.3 ms) and sleeps in
+// short naps after a few milliseconds without one, so an idle context costs no core.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "backends/cuda/kernels.h"
+#include "backends/cuda/memory.h"
+
+namespace strata::cuda {
+
+class ColdCopier {
+ public:
+  // arena (host) / arena_dev (its device mapping): the page-locked host memory every requested
+  // expert lies in, arena_bytes long. MOE_ERR_OUT_OF_MEMORY where the mailbox cannot be allocated.
+  static absl::StatusOr<std::unique_ptr<ColdCopier>> Create(const uint8_t *arena, const uint8_t *arena_dev,
+                                                            size_t arena_bytes, cudaStream_t stream);
+  ~ColdCopier();
+  ColdCopier(const ColdCopier &) = delete;
+  ColdCopier &operator=(const ColdCopier &) = delete;
+
+  const ColdMailbox &mailbox() const { return mb_; }
+  // OK, or the first failure: a copy the runtime refused, a request naming memory outside the
+  // arena (nothing is copied for it), or a device wait that gave up. Results of the steps since
+  // are not to be trusted.
+  absl::Status status() const;
+  uint64_t experts_copied() const { return copied_.load(std::memory_order_relaxed); }
+  uint32_t served() const { return served_.load(std::memory_order_acquire); }  // the last request served
+
+ private:
+  ColdCopier() = default;
+  void Loop();
+  void Retire(uint32_t seq);  // STRATA_COLD_COPIES_TRACE=1: adds request seq's timing events to the sums
+  absl::Status Serve(const ColdRequest &r, uint32_t seq);
+
+  const uint8_t *arena_ = nullptr, *arena_dev_ = nullptr;
+  size_t arena_bytes_ = 0;
+  PinnedBuffer ring_;     // kColdRing requests, mapped: written by the device
+  PinnedBuffer flags_;    // the timed-out flag and what the wait saw, mapped
+  PinnedBuffer numbers_;  // kColdRing request numbers, the sources of the copies into `done`
+  DeviceBuffer counters_;  // next, done, want
+  cudaStream_t stream_ = nullptr;
+  ColdMailbox mb_;
+  std::thread thread_;
+  std::atomic<bool> stop_{false};
+  std::atomic<uint64_t> copied_{0};
+  std::atomic<uint32_t> served_{0};  // the last request served
+  bool trace_ = false;
+  // A request's copies in one cudaMemcpyBatchAsync (54.5 GB/s on the H200 against 47.2 for one
+  // cudaMemcpyAsync a matrix: bench/link_overlap_bench); STRATA_COLD_COPIES_BATCH=0 copies one by one.
+  bool batch_ = true;
+  // STRATA_COLD_COPIES_TRACE=1: timing events around each request's copies on the stream, read a
+  // ring later (a request's start is when the stream reached it: the end of the one before, or
+  // later when the copier issued it later), and the device's summed waits, printed at the end.
+  Event base_, start_[kColdRing], end_[kColdRing];
+  uint64_t bytes_[kColdRing] = {};
+  uint32_t retired_ = 0;
+  double busy_ms_ = 0, idle_ms_ = 0, last_end_ms_ = 0;
+  uint64_t traced_bytes_ = 0;
+  mutable std::mutex mu_;
+  absl::Status err_;
+};
+
+}  // namespace strata::cuda
