@@ -156,9 +156,13 @@ void CudaBackend::UpdatePaths() {
     // The copy engines pay where a layer has a cold expert a call or more: its prediction and the
     // wait cost a few microseconds, where a layer with hardly any cold expert reads them in place
     // as fast (on the H200: 186 against 244 tok/s with concentrated routing, copying every layer).
+    // Not beside the CPU's share: while any layer is on the hybrid path every layer reads its cold
+    // experts in place, as before the copier (the two together have not been measured at full
+    // size; one such run on the H200 did not finish its 64 tokens in a minute).
+    const bool hybrid = std::any_of(tables_.begin(), tables_.end(), [](const LayerTable &t) { return t.ok && t.hybrid; });
     for (LayerTable &t : tables_) {
       if (!t.ok || !t.stage) continue;
-      const bool on = t.cold_avg >= (t.copies ? 0.5 : 1.0);
+      const bool on = !hybrid && t.cold_avg >= (t.copies ? 0.5 : 1.0);
       if (on != t.copies) {
         t.copies = on;
         changed = true;
