@@ -548,6 +548,19 @@ TEST_CASE("StageColdExperts copies the plan's cold experts into VRAM slots, and 
   auto copier = ColdCopier::Create(arena->as<uint8_t>(), static_cast<const uint8_t *>(arena_dev),
                                    n_expert * expert_bytes, copy_stream.get());
   REQUIRE(copier.ok());
+  // n_slots slots in `slots` and the staged tables in `tab` (3 x n_expert entries), over the arena.
+  const auto stage_of = [&](DeviceBuffer &slots, int n_slots, DeviceBuffer &tab) {
+    ExpertStage st;
+    st.slots = slots.as<uint8_t>();
+    st.n_slots = n_slots;
+    st.slot_bytes = expert_bytes;
+    st.gate = tab.as<const void *>();
+    st.up = st.gate + n_expert;
+    st.down = st.up + n_expert;
+    st.host_lo = reinterpret_cast<uintptr_t>(arena_dev);
+    st.host_hi = st.host_lo + n_expert * expert_bytes;
+    return st;
+  };
   struct Run { int n_slots; bool skip; bool copy_engines; };
   std::vector<Run> runs;
   for (bool ce : {false, true}) {
@@ -563,15 +576,7 @@ TEST_CASE("StageColdExperts copies the plan's cold experts into VRAM slots, and 
     REQUIRE(cudaMemset(slots.data(), 0xab, r.n_slots * expert_bytes) == cudaSuccess);
     std::vector<const void *> poison(3 * n_expert, reinterpret_cast<const void *>(uintptr_t{0xdead0}));
     DeviceBuffer to_tab = Upload(poison);
-    ExpertStage st;
-    st.slots = slots.as<uint8_t>();
-    st.n_slots = r.n_slots;
-    st.slot_bytes = expert_bytes;
-    st.gate = to_tab.as<const void *>();
-    st.up = st.gate + n_expert;
-    st.down = st.up + n_expert;
-    st.host_lo = reinterpret_cast<uintptr_t>(arena_dev);
-    st.host_hi = st.host_lo + n_expert * expert_bytes;
+    const ExpertStage st = stage_of(slots, r.n_slots, to_tab);
     REQUIRE(CheckExpertStage(from, st).ok());
     const uint8_t *skip_dev = r.skip ? skip.as<uint8_t>() : nullptr;
     if (r.copy_engines) {
@@ -616,11 +621,13 @@ TEST_CASE("StageColdExperts copies the plan's cold experts into VRAM slots, and 
     CHECK(FirstBitDifference(got.y, want.y, c.n_embd, "down output") == "");
   }
 
-  // A prediction copied ahead (two slots, as a prefetch of the next layer posts it), then the
-  // layer's own request from the prediction's tables: it copies only the cold groups the
-  // prediction did not hold, the products keep their bits, and the counters see both.
-  {
-    const int n_pred = 2;
+  // A prediction copied ahead (two slots, as a prefetch of the next layer posts it; then slots for
+  // every cold group), then the layer's own request from the prediction's tables: it copies only
+  // the cold groups the prediction did not hold, and posts no request (no round trip to the host)
+  // when it held them all, its wait then waiting for the prediction's copies alone. The products
+  // keep their bits, and the counters see both.
+  for (const int n_pred : {2, n_cold_groups}) {
+    INFO(n_pred << " predicted of " << n_cold_groups << " cold groups");
     DeviceBuffer pf_slots = DeviceBuffer::Allocate(n_pred * expert_bytes).value();
     DeviceBuffer slots = DeviceBuffer::Allocate(n_cold_groups * expert_bytes).value();
     REQUIRE(cudaMemset(pf_slots.data(), 0xab, n_pred * expert_bytes) == cudaSuccess);
@@ -629,80 +636,27 @@ TEST_CASE("StageColdExperts copies the plan's cold experts into VRAM slots, and 
     DeviceBuffer pf_tab = Upload(poison), to_tab = Upload(poison);
     std::vector<unsigned long long> zeros(4, 0);
     DeviceBuffer counts = Upload(zeros);
-    const auto stage_of = [&](DeviceBuffer &sl, int n_slots, DeviceBuffer &tab) {
-      ExpertStage st;
-      st.slots = sl.as<uint8_t>();
-      st.n_slots = n_slots;
-      st.slot_bytes = expert_bytes;
-      st.gate = tab.as<const void *>();
-      st.up = st.gate + n_expert;
-      st.down = st.up + n_expert;
-      st.host_lo = reinterpret_cast<uintptr_t>(arena_dev);
-      st.host_hi = st.host_lo + n_expert * expert_bytes;
-      return st;
-    };
     ExpertStage pf = stage_of(pf_slots, n_pred, pf_tab), urgent = stage_of(slots, n_cold_groups, to_tab);
     pf.counts = counts.as<unsigned long long>();
     urgent.counts = pf.counts + 2;
     urgent.hit_lo = reinterpret_cast<uintptr_t>(pf.slots);
     urgent.hit_hi = urgent.hit_lo + n_pred * expert_bytes;
     const ColdMailbox &mb = (*copier)->mailbox();
+    const uint32_t served_before = (*copier)->served();
+    const uint64_t copied_before = (*copier)->experts_copied();
     REQUIRE(PlanColdCopies(from, pf, plan.as<int32_t>(), n_max, nullptr, mb, 4, false, nullptr).ok());
     const GroupedExperts predicted = StagedExperts(from, pf);
     REQUIRE(PlanColdCopies(predicted, urgent, plan.as<int32_t>(), n_max, nullptr, mb, 4, true, nullptr).ok());
     REQUIRE(WaitColdCopies(mb, nullptr).ok());
+    const GroupedRun got = products(StagedExperts(predicted, urgent));
     REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
     REQUIRE((*copier)->status().ok());
+    CHECK((*copier)->served() == served_before + (n_pred < n_cold_groups ? 2 : 1));
+    CHECK((*copier)->experts_copied() == copied_before + static_cast<uint64_t>(n_cold_groups));
     const std::vector<unsigned long long> got_counts = Download<unsigned long long>(counts, 4);
     CHECK(got_counts[0] == static_cast<unsigned long long>(n_pred));
     CHECK(got_counts[2] == static_cast<unsigned long long>(n_cold_groups - n_pred));
     CHECK(got_counts[3] == static_cast<unsigned long long>(n_pred));
-    const GroupedRun got = products(StagedExperts(predicted, urgent));
-    CHECK(FirstBitDifference(got.h, want.h, c.n_ff, "SwiGLU output") == "");
-    CHECK(FirstBitDifference(got.y, want.y, c.n_embd, "down output") == "");
-  }
-  // A prediction holding every cold group: the layer's own plan has nothing to copy and posts no
-  // request (no round trip to the host); its wait waits for the prediction's copies alone.
-  {
-    DeviceBuffer pf_slots = DeviceBuffer::Allocate(n_cold_groups * expert_bytes).value();
-    DeviceBuffer slots = DeviceBuffer::Allocate(n_cold_groups * expert_bytes).value();
-    REQUIRE(cudaMemset(pf_slots.data(), 0xab, n_cold_groups * expert_bytes) == cudaSuccess);
-    REQUIRE(cudaMemset(slots.data(), 0xab, n_cold_groups * expert_bytes) == cudaSuccess);
-    std::vector<const void *> poison(3 * n_expert, reinterpret_cast<const void *>(uintptr_t{0xdead0}));
-    DeviceBuffer pf_tab = Upload(poison), to_tab = Upload(poison);
-    std::vector<unsigned long long> zeros(4, 0);
-    DeviceBuffer counts = Upload(zeros);
-    ExpertStage pf, urgent;
-    for (auto [st, sl, tab] : {std::tuple{&pf, &pf_slots, &pf_tab}, std::tuple{&urgent, &slots, &to_tab}}) {
-      st->slots = sl->as<uint8_t>();
-      st->n_slots = n_cold_groups;
-      st->slot_bytes = expert_bytes;
-      st->gate = tab->as<const void *>();
-      st->up = st->gate + n_expert;
-      st->down = st->up + n_expert;
-      st->host_lo = reinterpret_cast<uintptr_t>(arena_dev);
-      st->host_hi = st->host_lo + n_expert * expert_bytes;
-    }
-    pf.counts = counts.as<unsigned long long>();
-    urgent.counts = pf.counts + 2;
-    urgent.hit_lo = reinterpret_cast<uintptr_t>(pf.slots);
-    urgent.hit_hi = urgent.hit_lo + n_cold_groups * expert_bytes;
-    const ColdMailbox &mb = (*copier)->mailbox();
-    const uint32_t served_before = (*copier)->served();
-    const uint64_t copied_before = (*copier)->experts_copied();
-    REQUIRE(PlanColdCopies(from, pf, plan.as<int32_t>(), n_max, nullptr, mb, 5, false, nullptr).ok());
-    const GroupedExperts predicted = StagedExperts(from, pf);
-    REQUIRE(PlanColdCopies(predicted, urgent, plan.as<int32_t>(), n_max, nullptr, mb, 5, true, nullptr).ok());
-    REQUIRE(WaitColdCopies(mb, nullptr).ok());
-    const GroupedRun got = products(StagedExperts(predicted, urgent));
-    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
-    REQUIRE((*copier)->status().ok());
-    CHECK((*copier)->served() == served_before + 1);
-    CHECK((*copier)->experts_copied() == copied_before + static_cast<uint64_t>(n_cold_groups));
-    const std::vector<unsigned long long> got_counts = Download<unsigned long long>(counts, 4);
-    CHECK(got_counts[0] == static_cast<unsigned long long>(n_cold_groups));
-    CHECK(got_counts[2] == 0);
-    CHECK(got_counts[3] == static_cast<unsigned long long>(n_cold_groups));
     CHECK(FirstBitDifference(got.h, want.h, c.n_ff, "SwiGLU output") == "");
     CHECK(FirstBitDifference(got.y, want.y, c.n_embd, "down output") == "");
   }
@@ -715,15 +669,7 @@ TEST_CASE("StageColdExperts copies the plan's cold experts into VRAM slots, and 
     DeviceBuffer slots = DeviceBuffer::Allocate(n_cold_groups * expert_bytes).value();
     std::vector<const void *> poison(3 * n_expert, reinterpret_cast<const void *>(uintptr_t{0xdead0}));
     DeviceBuffer to_tab = Upload(poison);
-    ExpertStage st;
-    st.slots = slots.as<uint8_t>();
-    st.n_slots = n_cold_groups;
-    st.slot_bytes = expert_bytes;
-    st.gate = to_tab.as<const void *>();
-    st.up = st.gate + n_expert;
-    st.down = st.up + n_expert;
-    st.host_lo = reinterpret_cast<uintptr_t>(arena_dev);
-    st.host_hi = st.host_lo + n_expert * expert_bytes;
+    const ExpertStage st = stage_of(slots, n_cold_groups, to_tab);
     REQUIRE(PlanColdCopies(from, st, plan.as<int32_t>(), n_max, nullptr, (*small)->mailbox(), 0, true, nullptr).ok());
     REQUIRE(WaitColdCopies((*small)->mailbox(), nullptr).ok());
     REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
