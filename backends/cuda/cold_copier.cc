@@ -132,8 +132,14 @@ absl::Status ColdCopier::Serve(const ColdRequest &r, uint32_t seq) {
     cudaMemcpyAttributes a{};
     a.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
     size_t at = 0;
-    STRATA_CUDA_RETURN_IF_ERROR(cudaMemcpyBatchAsync(dsts, srcs, sizes, n, &a, &at, 1, stream_));
-    n = 0;
+    if (cudaMemcpyBatchAsync(dsts, srcs, sizes, n, &a, &at, 1, stream_) == cudaSuccess) {
+      n = 0;
+    } else {
+      // A driver older than the runtime (or one refusing the batch): one copy at a time from now
+      // on, this request's included (copying a matrix twice writes the same bytes).
+      (void)cudaGetLastError();
+      batch_ = false;
+    }
   }
 #endif
   for (int i = 0; i < n; ++i) {

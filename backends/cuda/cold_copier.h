@@ -66,7 +66,8 @@ class ColdCopier {
   std::atomic<uint32_t> served_{0};  // the last request served
   bool trace_ = false;
   // A request's copies in one cudaMemcpyBatchAsync (54.5 GB/s on the H200 against 47.2 for one
-  // cudaMemcpyAsync a matrix: bench/link_overlap_bench); STRATA_COLD_COPIES_BATCH=0 copies one by one.
+  // cudaMemcpyAsync a matrix: bench/link_overlap_bench); STRATA_COLD_COPIES_BATCH=0 copies one by
+  // one, as does a driver that refuses the batch. The copier's thread alone reads it after Create.
   bool batch_ = true;
   // STRATA_COLD_COPIES_TRACE=1: timing events around each request's copies on the stream, read a
   // ring later (a request's start is when the stream reached it: the end of the one before, or

@@ -126,30 +126,31 @@ TEST_CASE("CUDA backend: GPU-side routing, zero-copy reads and promotions keep t
     }
     // The same staging by the copy engines, with the next layer's predicted experts copied ahead
     // (graphs on: predictions inside the recorded steps; off: each layer's own copies only).
-    for (const char *n_slots : {"1", "16"}) {
-      for (const char *graphs : {"1", "0"}) {
-        REQUIRE(setenv("STRATA_CUDA_COLD_COPIES", n_slots, 1) == 0);
-        REQUIRE(setenv("STRATA_CUDA_GRAPHS", graphs, 1) == 0);
-        moe_stats st;
-        const auto copied = TeacherForced(model, tokens, 1, MOE_BACKEND_CUDA, uint64_t{1} << 20, nullptr, nullptr, &st);
-        unsetenv("STRATA_CUDA_COLD_COPIES");
-        unsetenv("STRATA_CUDA_GRAPHS");
-        INFO(n_slots << " slots a set by the copy engines, graphs " << graphs << "; zero-copy uses "
-                     << st.vram_zero_copy << ", predicted " << st.prefetch_issued << ", used " << st.prefetch_useful
-                     << ", replays " << st.gpu_graph_replays);
-        CHECK(st.vram_zero_copy > 0);
-        if (graphs[0] == '1') {
-          CHECK(st.gpu_graph_replays > 0);
-        }
-        if (graphs[0] == '1') {
-          CHECK(st.prefetch_issued > 0);
-          CHECK(st.prefetch_useful > 0);
-          CHECK(st.prefetch_useful <= st.prefetch_issued);
-        } else {
-          CHECK(st.prefetch_issued == 0);
-        }
-        CHECK(copied == all);
+    // Also one copy a matrix instead of a request's copies in one batch.
+    struct CopyRun { const char *n_slots, *graphs, *batch; };
+    for (const CopyRun r : {CopyRun{"1", "1", "1"}, CopyRun{"1", "0", "1"}, CopyRun{"16", "1", "1"},
+                            CopyRun{"16", "0", "1"}, CopyRun{"16", "1", "0"}}) {
+      REQUIRE(setenv("STRATA_CUDA_COLD_COPIES", r.n_slots, 1) == 0);
+      REQUIRE(setenv("STRATA_CUDA_GRAPHS", r.graphs, 1) == 0);
+      REQUIRE(setenv("STRATA_COLD_COPIES_BATCH", r.batch, 1) == 0);
+      moe_stats st;
+      const auto copied = TeacherForced(model, tokens, 1, MOE_BACKEND_CUDA, uint64_t{1} << 20, nullptr, nullptr, &st);
+      unsetenv("STRATA_CUDA_COLD_COPIES");
+      unsetenv("STRATA_CUDA_GRAPHS");
+      unsetenv("STRATA_COLD_COPIES_BATCH");
+      INFO(r.n_slots << " slots a set by the copy engines, graphs " << r.graphs << ", batched " << r.batch
+                     << "; zero-copy uses " << st.vram_zero_copy << ", predicted " << st.prefetch_issued
+                     << ", used " << st.prefetch_useful << ", replays " << st.gpu_graph_replays);
+      CHECK(st.vram_zero_copy > 0);
+      if (r.graphs[0] == '1') {
+        CHECK(st.gpu_graph_replays > 0);
+        CHECK(st.prefetch_issued > 0);
+        CHECK(st.prefetch_useful > 0);
+        CHECK(st.prefetch_useful <= st.prefetch_issued);
+      } else {
+        CHECK(st.prefetch_issued == 0);
       }
+      CHECK(copied == all);
     }
   }
 }
