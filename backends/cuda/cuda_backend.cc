@@ -197,9 +197,12 @@ CudaBackend::~CudaBackend() {
                    r.first, 1e6 * r.first / std::max<uint64_t>(r.second, 1));
     }
   }
-  // Work still queued may use the buffers about to be freed.
-  if (copy_stream_.get() != nullptr) (void)copy_stream_.Synchronize();
+  // Work still queued may use the buffers about to be freed. The compute stream first: its layers
+  // may still post requests to the copier, whose thread serves them until it is stopped; then no
+  // copy may read the arena once it is unregistered.
   if (stream_.get() != nullptr) (void)stream_.Synchronize();
+  copier_.reset();
+  if (copy_stream_.get() != nullptr) (void)copy_stream_.Synchronize();
   if (arena_registered_) (void)cudaHostUnregister(const_cast<uint8_t *>(host_arena_));
 }
 
