@@ -1,14 +1,18 @@
 // The host half of moving cold experts by the copy engines (kernels.h, PlanColdCopies): a thread
-// that serves the device's requests in order. For request n it queues, on the given stream, one
-// cudaMemcpyAsync per matrix of each expert (from the page-locked host arena into the request's
-// VRAM slots), then a 4-byte copy of n into the device's `done` counter, which WaitColdCopies
-// polls. The copy engines then move the bytes while the compute stream runs the layer before.
+// that serves the device's requests in order. For request n it queues, on the given stream, the
+// copies of each expert's matrices (from the page-locked host arena into the request's VRAM slots;
+// one cudaMemcpyBatchAsync where the driver takes it), then a 4-byte copy of n into the device's
+// `done` counter, which WaitColdCopies polls. The copy engines then move the bytes while the
+// compute stream runs the layer before.
 //
 // The stream must never wait on the device for work queued after a WaitColdCopies (the wait would
 // then wait for itself). It should be created next to the compute stream: the driver spreads
 // streams over a few hardware queues in the order they are created, and a stream sharing the
 // compute stream's queue would see its copies queued behind the compute stream's wait (measured:
-// copies never landed).
+// copies never landed). Many contexts in one process (more streams than the driver's queues,
+// CUDA_DEVICE_MAX_CONNECTIONS, 8 by default) can pair one context's copy stream with another's
+// compute stream that way; a wait then gives up after its timeout and the step fails with a
+// message (STRATA_CUDA_COLD_COPIES=0 avoids it; so does raising CUDA_DEVICE_MAX_CONNECTIONS).
 //
 // The thread spins while requests come (a decode layer posts two every ~0.3 ms) and sleeps in
 // short naps after a few milliseconds without one, so an idle context costs no core.
