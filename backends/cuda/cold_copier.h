@@ -9,10 +9,9 @@
 // then wait for itself). It should be created next to the compute stream: the driver spreads
 // streams over a few hardware queues in the order they are created, and a stream sharing the
 // compute stream's queue would see its copies queued behind the compute stream's wait (measured:
-// copies never landed). Many contexts in one process (more streams than the driver's queues,
-// CUDA_DEVICE_MAX_CONNECTIONS, 8 by default) can pair one context's copy stream with another's
-// compute stream that way; a wait then gives up after its timeout and the step fails with a
-// message (STRATA_CUDA_COLD_COPIES=0 avoids it; so does raising CUDA_DEVICE_MAX_CONNECTIONS).
+// copies never landed). Two contexts' streams can pair that way too (more streams than the
+// driver's queues, CUDA_DEVICE_MAX_CONNECTIONS, 8 by default), so the CUDA backend gives a copier
+// to one context of the process at a time; the others read their cold experts in place.
 //
 // The thread spins while requests come (a decode layer posts two every ~0.3 ms) and sleeps in
 // short naps after a few milliseconds without one, so an idle context costs no core.

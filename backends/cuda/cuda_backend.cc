@@ -6,6 +6,7 @@
 #include <cuda_profiler_api.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -21,6 +22,11 @@
 
 namespace strata::cuda {
 namespace {
+
+// One context in the process at a time moves cold experts by the copy engines: two contexts'
+// streams can share the driver's hardware queues, and a copy queued behind the other context's
+// WaitColdCopies would hold both (cold_copier.h). Later contexts read in place.
+std::atomic<bool> g_copier_claimed{false};
 
 // Device memory handed to the forward pass (activations, KV caches), zero-filled.
 class VramBuffer final : public model::Buffer {
@@ -202,6 +208,7 @@ CudaBackend::~CudaBackend() {
   // copy may read the arena once it is unregistered.
   if (stream_.get() != nullptr) (void)stream_.Synchronize();
   copier_.reset();
+  if (copier_claimed_) g_copier_claimed.store(false);
   if (copy_stream_.get() != nullptr) (void)copy_stream_.Synchronize();
   if (arena_registered_) (void)cudaHostUnregister(const_cast<uint8_t *>(host_arena_));
 }
@@ -326,7 +333,9 @@ absl::Status CudaBackend::Adopt(const model::ModelWeights &w, const uint8_t *are
         copies_env != nullptr ? std::atoll(copies_env)
         : stage_env != nullptr ? 0
                                : static_cast<int64_t>(std::min<uint64_t>(8, expert_vram_bytes / 8 / (3 * slot_bytes_)));
-    cold_copies_ = copies_want > 0;
+    bool unclaimed = false;
+    cold_copies_ = copies_want > 0 && g_copier_claimed.compare_exchange_strong(unclaimed, true);
+    copier_claimed_ = cold_copies_;
     const int64_t stage_want = cold_copies_ ? copies_want : stage_env != nullptr ? std::atoll(stage_env) : 0;
     const uint64_t n_stage = static_cast<uint64_t>(std::clamp<int64_t>(stage_want, 0, kRouteMaxExperts));
     const uint64_t n_staging = n_stage * (cold_copies_ ? 3 : 1);
@@ -372,6 +381,8 @@ absl::Status CudaBackend::Adopt(const model::ModelWeights &w, const uint8_t *are
       weight_bytes_ += n_staging * slot_bytes_;
     } else {
       cold_copies_ = false;
+      if (copier_claimed_) g_copier_claimed.store(false);
+      copier_claimed_ = false;
     }
   }
   return absl::OkStatus();

@@ -301,6 +301,7 @@ class CudaBackend final : public model::Backend {
   // so a prediction never lands in the set the current layer reads), N slots each.
   std::unique_ptr<ColdCopier> copier_;
   bool cold_copies_ = false;
+  bool copier_claimed_ = false;  // this context holds the process's one copier
   ExpertStage pf_stage_[2];
   DeviceBuffer pf_tab_, pf_logits_, pf_sel_, pf_wts_, pf_idx_, pf_plan_;
   // Device counters: [0] experts copied on a prediction, [1] unused, [2] experts copied for their

@@ -152,6 +152,28 @@ TEST_CASE("CUDA backend: GPU-side routing, zero-copy reads and promotions keep t
       }
       CHECK(copied == all);
     }
+    // One context of the process at a time has the copier: while another tiered context is open,
+    // a second reads its cold experts in place (no predictions), with the same bits.
+    REQUIRE(setenv("STRATA_CUDA_COLD_COPIES", "16", 1) == 0);
+    moe_params hp;
+    moe_params_init(&hp);
+    hp.model_path = model.c_str();
+    hp.backend = MOE_BACKEND_CUDA;
+    hp.vram_budget_bytes = uint64_t{1} << 20;
+    hp.n_threads = 2;
+    moe_ctx *holder = nullptr;
+    REQUIRE(moe_ctx_open(&hp, &holder) == MOE_OK);
+    moe_stats second;
+    const auto beside = TeacherForced(model, tokens, 1, MOE_BACKEND_CUDA, uint64_t{1} << 20, nullptr, nullptr, &second);
+    moe_ctx_close(holder);
+    moe_stats after;
+    const auto alone = TeacherForced(model, tokens, 1, MOE_BACKEND_CUDA, uint64_t{1} << 20, nullptr, nullptr, &after);
+    unsetenv("STRATA_CUDA_COLD_COPIES");
+    INFO("predicted beside another context " << second.prefetch_issued << ", after it closed " << after.prefetch_issued);
+    CHECK(second.prefetch_issued == 0);
+    CHECK(after.prefetch_issued > 0);
+    CHECK(beside == all);
+    CHECK(alone == all);
   }
 }
 
