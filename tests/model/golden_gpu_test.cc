@@ -160,6 +160,7 @@ TEST_CASE("CUDA backend: GPU-side routing, zero-copy reads and promotions keep t
     hp.model_path = model.c_str();
     hp.backend = MOE_BACKEND_CUDA;
     hp.vram_budget_bytes = uint64_t{1} << 20;
+    hp.cpu_experts = MOE_CPU_EXPERTS_OFF;
     hp.n_threads = 2;
     moe_ctx *holder = nullptr;
     REQUIRE(moe_ctx_open(&hp, &holder) == MOE_OK);
