@@ -1,14 +1,25 @@
-// ThreadPool: workers wait for a generation counter to move (spinning, then sleeping), take their
-// chunk, and count themselves done; the last one wakes the caller if it went to sleep.
+// ThreadPool: a call splits [0, n) into fixed chunks and publishes them under a generation; the
+// caller and the workers claim chunks one at a time (a compare-and-swap on the generation and the
+// next chunk's number) until none is left, and the caller returns when every chunk is done. A
+// worker that is late (asleep, or off its core) claims nothing and holds nobody up.
 #include "lib/util/thread_pool.h"
 
 #include <algorithm>
 
 namespace strata {
 
+namespace {
+
+// The claim word: the call's generation (32 bits), its chunk count and the next chunk (16 each).
+constexpr uint64_t Claim(uint32_t gen, uint32_t chunks, uint32_t next) {
+  return (uint64_t{gen} << 32) | (uint64_t{chunks} << 16) | next;
+}
+
+}  // namespace
+
 ThreadPool::ThreadPool(int n_threads, int spin) : spin_(std::max(0, spin)) {
   if (n_threads <= 0) n_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  n_threads_ = n_threads;
+  n_threads_ = std::min(n_threads, kMaxThreads);
   for (int i = 1; i < n_threads_; ++i) workers_.emplace_back([this, i] { WorkerLoop(i); });
 }
 
@@ -26,31 +37,52 @@ void ThreadPool::ParallelFor(int64_t n, int64_t min_chunk,
                              const std::function<void(int64_t, int64_t, int)> &fn) {
   if (n <= 0) return;
   min_chunk = std::max<int64_t>(1, min_chunk);
-  int chunks = static_cast<int>(std::min<int64_t>(n_threads_, (n + min_chunk - 1) / min_chunk));
-  if (chunks <= 1) {
+  int64_t chunks = std::min<int64_t>(int64_t{kChunksPerThread} * n_threads_, n / min_chunk);
+  if (n_threads_ <= 1 || chunks <= 1) {
     fn(0, n, 0);
     return;
   }
   std::lock_guard<std::mutex> call(call_mu_);
-  int64_t chunk = (n + chunks - 1) / chunks;
+  const int64_t chunk = (n + chunks - 1) / chunks;
+  chunks = (n + chunk - 1) / chunk;
+  Job job{&fn, n, chunk, static_cast<int>(chunks)};
+  uint32_t gen;
   bool wake;
   {
     // Under mu_ so a worker about to sleep either sees the new generation or is counted in sleepers_.
     std::lock_guard<std::mutex> lk(mu_);
-    job_ = &fn;
-    job_n_ = n;
-    job_chunk_ = chunk;
-    job_chunks_ = chunks;
-    pending_.store(n_threads_ - 1, std::memory_order_relaxed);
+    job_.store(&job, std::memory_order_relaxed);
+    done_.store(0, std::memory_order_relaxed);
+    gen = static_cast<uint32_t>(generation_.load(std::memory_order_relaxed) + 1);
+    claim_.store(Claim(gen, static_cast<uint32_t>(chunks), 0), std::memory_order_release);
     generation_.fetch_add(1, std::memory_order_release);
     wake = sleepers_ > 0;
   }
   if (wake) cv_work_.notify_all();
-  fn(0, std::min(n, chunk), 0);
-  for (int i = 0; i < spin_ && pending_.load(std::memory_order_acquire) != 0; ++i) CpuPause();
-  if (pending_.load(std::memory_order_acquire) != 0) {
+  RunChunks(gen, 0);
+  for (int i = 0; i < spin_ && done_.load(std::memory_order_acquire) != job.chunks; ++i) CpuPause();
+  if (done_.load(std::memory_order_acquire) != job.chunks) {
     std::unique_lock<std::mutex> lk(mu_);
-    cv_done_.wait(lk, [this] { return pending_.load(std::memory_order_acquire) == 0; });
+    cv_done_.wait(lk, [&] { return done_.load(std::memory_order_acquire) == job.chunks; });
+  }
+}
+
+void ThreadPool::RunChunks(uint32_t gen, int index) {
+  uint64_t c = claim_.load(std::memory_order_acquire);
+  for (;;) {
+    const uint32_t chunks = static_cast<uint32_t>(c >> 16) & 0xffff, next = static_cast<uint32_t>(c) & 0xffff;
+    if (static_cast<uint32_t>(c >> 32) != gen || next >= chunks) return;
+    if (!claim_.compare_exchange_weak(c, c + 1, std::memory_order_acq_rel, std::memory_order_acquire)) continue;
+    // Chunk `next` of this call is claimed and not done, so the call has not returned: its job holds.
+    const Job &job = *job_.load(std::memory_order_acquire);
+    const int64_t begin = job.chunk * next, end = std::min(job.n, begin + job.chunk);
+    (*job.fn)(begin, end, index);
+    // Nothing of the job is read past this count: the one that completes the call frees it.
+    if (done_.fetch_add(1, std::memory_order_acq_rel) + 1 == static_cast<int>(chunks)) {
+      std::lock_guard<std::mutex> lk(mu_);  // the caller may be about to sleep on cv_done_
+      cv_done_.notify_one();
+    }
+    c = claim_.load(std::memory_order_acquire);
   }
 }
 
@@ -70,15 +102,7 @@ void ThreadPool::WorkerLoop(int index) {
       if (stop_) return;
     }
     seen = generation_.load(std::memory_order_acquire);
-    if (index < job_chunks_) {
-      const int64_t begin = job_chunk_ * index, end = std::min(job_n_, begin + job_chunk_);
-      if (begin < end) (*job_)(begin, end, index);
-    }
-    // Every worker reports, the idle ones too: the caller waits for all before the next job.
-    if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-      std::lock_guard<std::mutex> lk(mu_);
-      cv_done_.notify_one();
-    }
+    RunChunks(static_cast<uint32_t>(seen), index);
   }
 }
 

@@ -1,6 +1,9 @@
 // A fixed pool of worker threads for data-parallel loops. ParallelFor splits [0, n) into contiguous
-// chunks, runs them on the workers and the caller, and returns when all are done. Chunk boundaries
-// depend only on n and the pool size, so results that are computed per index are reproducible.
+// chunks (a few per thread), which the caller and the workers take one at a time until none is
+// left, and returns when all are done. Chunk boundaries depend only on n and the pool size, so
+// results that are computed per index are reproducible; which thread runs a chunk does not matter.
+// A thread that is late to a call (asleep, or off its core because the host has more runnable
+// threads than cores) takes no chunk and delays nobody.
 //
 // A decode step makes hundreds of short ParallelFor calls, so waking sleeping threads through the
 // kernel each time would cost as much as the work: workers and the caller first spin on atomics
@@ -40,26 +43,37 @@ class ThreadPool {
   ThreadPool &operator=(const ThreadPool &) = delete;
 
   int size() const { return n_threads_; }
-  // fn(begin, end, thread_index) over [0, n) in at most size() chunks of at least min_chunk.
+  // fn(begin, end, thread_index) over [0, n) in at most kChunksPerThread * size() chunks of at least
+  // min_chunk; thread_index (in [0, size())) is the thread running that chunk.
   void ParallelFor(int64_t n, int64_t min_chunk, const std::function<void(int64_t, int64_t, int)> &fn);
 
   // Pauses a waiting thread spins before it sleeps.
   static constexpr int kSpinIterations = 2000;
+  static constexpr int kChunksPerThread = 4;
+  static constexpr int kMaxThreads = 4096;  // chunk numbers fit 16 bits
 
  private:
+  struct Job {
+    const std::function<void(int64_t, int64_t, int)> *fn;
+    int64_t n, chunk;
+    int chunks;
+  };
   void WorkerLoop(int index);
+  // Claims and runs chunks of call `gen` until none is left (or a later call has begun).
+  void RunChunks(uint32_t gen, int index);
 
   int n_threads_;
   int spin_;
   std::vector<std::thread> workers_;
   std::mutex mu_;
   std::condition_variable cv_work_, cv_done_;
-  // The job: written before generation_ moves (release), read after it is seen (acquire).
-  const std::function<void(int64_t, int64_t, int)> *job_ = nullptr;
-  int64_t job_n_ = 0, job_chunk_ = 0;
-  int job_chunks_ = 0;
+  // The call: its job (on the caller's stack), the claim word (generation, chunks, next chunk) and
+  // the chunks done. job_ and done_ are set before the claim word is published (release); a thread
+  // reads the job only after claiming a chunk, which keeps the call from returning.
+  std::atomic<const Job *> job_{nullptr};
+  std::atomic<uint64_t> claim_{0};
+  std::atomic<int> done_{0};
   std::atomic<uint64_t> generation_{0};
-  std::atomic<int> pending_{0};
   int sleepers_ = 0;  // workers waiting on cv_work_ (under mu_)
   bool stop_ = false; // under mu_
   std::mutex call_mu_;  // one ParallelFor at a time

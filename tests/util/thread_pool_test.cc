@@ -3,7 +3,9 @@
 // always sleep; a long spin: they never do between close calls).
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <atomic>
+#include <mutex>
 #include <chrono>
 #include <random>
 #include <thread>
@@ -27,22 +29,35 @@ TEST_CASE("ThreadPool runs every index once, asleep or spinning", "[threads]") {
         const int64_t n = std::uniform_int_distribution<int64_t>(0, 5000)(rng);
         const int64_t min_chunk = std::uniform_int_distribution<int64_t>(1, 64)(rng);
         std::vector<std::atomic<int>> hits(static_cast<size_t>(n));
-        std::vector<std::pair<int64_t, int64_t>> chunks(static_cast<size_t>(n_threads), {-1, -1});
+        std::mutex mu;
+        std::vector<std::pair<int64_t, int64_t>> chunks;
         std::atomic<int> bad_index{0};  // Catch's assertions are not for worker threads
         pool.ParallelFor(n, min_chunk, [&](int64_t b, int64_t e, int t) {
           if (t < 0 || t >= n_threads) {
             bad_index.fetch_add(1);
             return;
           }
-          chunks[t] = {b, e};
+          {
+            std::lock_guard<std::mutex> lk(mu);
+            chunks.push_back({b, e});
+          }
           for (int64_t i = b; i < e; ++i) hits[i].fetch_add(1);
         });
         INFO(n_threads << " threads, spin " << spin << ", n " << n << ", min chunk " << min_chunk);
         REQUIRE(bad_index.load() == 0);
         for (int64_t i = 0; i < n; ++i) REQUIRE(hits[i].load() == 1);
-        // The same call again gives the same chunks (results computed per index are reproducible).
-        std::vector<std::pair<int64_t, int64_t>> again(static_cast<size_t>(n_threads), {-1, -1});
-        pool.ParallelFor(n, min_chunk, [&](int64_t b, int64_t e, int t) { again[t] = {b, e}; });
+        // At most kChunksPerThread chunks a thread, each at least min_chunk long but the last.
+        std::sort(chunks.begin(), chunks.end());
+        CHECK(chunks.size() <= static_cast<size_t>(ThreadPool::kChunksPerThread * n_threads));
+        for (size_t c = 0; c + 1 < chunks.size(); ++c) CHECK(chunks[c].second - chunks[c].first >= min_chunk);
+        // The same call again gives the same chunks (results computed per index are reproducible),
+        // whichever thread runs each.
+        std::vector<std::pair<int64_t, int64_t>> again;
+        pool.ParallelFor(n, min_chunk, [&](int64_t b, int64_t e, int) {
+          std::lock_guard<std::mutex> lk(mu);
+          again.push_back({b, e});
+        });
+        std::sort(again.begin(), again.end());
         CHECK(again == chunks);
         // Now and then let the workers fall asleep before the next call.
         if (call % 5 == 4) std::this_thread::sleep_for(std::chrono::milliseconds(3));
