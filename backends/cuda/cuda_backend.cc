@@ -165,7 +165,13 @@ void CudaBackend::UpdatePaths() {
     // Not beside the CPU's share: while any layer is on the hybrid path every layer reads its cold
     // experts in place, as before the copier (the two together have not been measured at full
     // size; one such run on the H200 did not finish its 64 tokens in a minute).
-    const bool hybrid = std::any_of(tables_.begin(), tables_.end(), [](const LayerTable &t) { return t.ok && t.hybrid; });
+    // STRATA_CUDA_COPIES_BESIDE_CPU=1 lets them run together (a measuring knob).
+    static const bool beside = [] {
+      const char *e = std::getenv("STRATA_CUDA_COPIES_BESIDE_CPU");
+      return e != nullptr && e[0] == '1';
+    }();
+    const bool hybrid = !beside && std::any_of(tables_.begin(), tables_.end(),
+                                               [](const LayerTable &t) { return t.ok && t.hybrid; });
     for (LayerTable &t : tables_) {
       if (!t.ok || !t.stage) continue;
       const bool on = !hybrid && t.cold_avg >= (t.copies ? 0.5 : 1.0);
