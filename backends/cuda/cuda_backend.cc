@@ -331,14 +331,16 @@ absl::Status CudaBackend::Adopt(const model::ModelWeights &w, const uint8_t *are
     const char *stage_env = std::getenv("STRATA_CUDA_STAGE_EXPERTS");
     // The same staging by the copy engines (ColdCopier), with two more sets of slots for the next
     // layer's predicted experts: by default 8 slots a set (a batch-1 layer's cold experts:
-    // Qwen3-30B-A3B routes 8), fewer where the three sets would take more than an eighth of the
-    // budget (Mixtral's 99 MB experts), none under 1 or with STRATA_CUDA_STAGE_EXPERTS set.
+    // Qwen3-30B-A3B routes 8), fewer where the three sets would take more than a sixteenth of the
+    // budget, and none under 2 (Mixtral's 99 MB experts at 8 GiB, whose copier is not measured yet
+    // while its CPU share is: the slots would take experts from the cache) or with
+    // STRATA_CUDA_STAGE_EXPERTS set.
     // STRATA_CUDA_COLD_COPIES=N sets N; 0 turns the copier off.
     const char *copies_env = std::getenv("STRATA_CUDA_COLD_COPIES");
-    const int64_t copies_want =
-        copies_env != nullptr ? std::atoll(copies_env)
-        : stage_env != nullptr ? 0
-                               : static_cast<int64_t>(std::min<uint64_t>(8, expert_vram_bytes / 8 / (3 * slot_bytes_)));
+    const int64_t copies_fit = static_cast<int64_t>(std::min<uint64_t>(8, expert_vram_bytes / 16 / (3 * slot_bytes_)));
+    const int64_t copies_want = copies_env != nullptr ? std::atoll(copies_env)
+                                : stage_env != nullptr || copies_fit < 2 ? 0
+                                                                          : copies_fit;
     bool unclaimed = false;
     cold_copies_ = copies_want > 0 && g_copier_claimed.compare_exchange_strong(unclaimed, true);
     copier_claimed_ = cold_copies_;
