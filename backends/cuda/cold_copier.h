@@ -60,7 +60,7 @@ class ColdCopier {
   PinnedBuffer ring_;     // kColdRing requests, mapped: written by the device
   PinnedBuffer flags_;    // the timed-out flag and what the wait saw, mapped
   PinnedBuffer numbers_;  // kColdRing request numbers, the sources of the copies into `done`
-  DeviceBuffer counters_;  // next, done, want
+  DeviceBuffer counters_;  // next, done, want; the waits' summed nanoseconds (traced)
   cudaStream_t stream_ = nullptr;
   ColdMailbox mb_;
   std::thread thread_;

@@ -214,7 +214,7 @@ CudaBackend::~CudaBackend() {
   // copy may read the arena once it is unregistered.
   if (stream_.get() != nullptr) (void)stream_.Synchronize();
   copier_.reset();
-  if (copier_claimed_) g_copier_claimed.store(false);
+  if (cold_copies_) g_copier_claimed.store(false);
   if (copy_stream_.get() != nullptr) (void)copy_stream_.Synchronize();
   if (arena_registered_) (void)cudaHostUnregister(const_cast<uint8_t *>(host_arena_));
 }
@@ -343,7 +343,6 @@ absl::Status CudaBackend::Adopt(const model::ModelWeights &w, const uint8_t *are
                                                                           : copies_fit;
     bool unclaimed = false;
     cold_copies_ = copies_want > 0 && g_copier_claimed.compare_exchange_strong(unclaimed, true);
-    copier_claimed_ = cold_copies_;
     const int64_t stage_want = cold_copies_ ? copies_want : stage_env != nullptr ? std::atoll(stage_env) : 0;
     const uint64_t n_stage = static_cast<uint64_t>(std::clamp<int64_t>(stage_want, 0, kRouteMaxExperts));
     const uint64_t n_staging = n_stage * (cold_copies_ ? 3 : 1);
@@ -388,9 +387,8 @@ absl::Status CudaBackend::Adopt(const model::ModelWeights &w, const uint8_t *are
       }
       weight_bytes_ += n_staging * slot_bytes_;
     } else {
+      if (cold_copies_) g_copier_claimed.store(false);
       cold_copies_ = false;
-      if (copier_claimed_) g_copier_claimed.store(false);
-      copier_claimed_ = false;
     }
   }
   return absl::OkStatus();

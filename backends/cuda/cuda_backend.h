@@ -300,8 +300,7 @@ class CudaBackend final : public model::Backend {
   // urgent copies, pf_stage_[pf_set_] the predicted ones of layer pf_layer_ (the sets alternate,
   // so a prediction never lands in the set the current layer reads), N slots each.
   std::unique_ptr<ColdCopier> copier_;
-  bool cold_copies_ = false;
-  bool copier_claimed_ = false;  // this context holds the process's one copier
+  bool cold_copies_ = false;  // also: this context holds the process's one copier
   ExpertStage pf_stage_[2];
   DeviceBuffer pf_tab_, pf_logits_, pf_sel_, pf_wts_, pf_idx_, pf_plan_;
   // Device counters: [0] experts copied on a prediction, [1] unused, [2] experts copied for their

@@ -646,7 +646,7 @@ absl::Status CheckExpertStage(const GroupedExperts &from, const ExpertStage &sta
 }
 
 absl::Status StageColdExperts(const GroupedExperts &from, const ExpertStage &stage, const int32_t *plan, int n_max,
-                              const uint8_t *skip, cudaStream_t stream, int n_blocks) {
+                              const uint8_t *skip, cudaStream_t stream) {
   StageTables t;
   STRATA_RETURN_IF_ERROR(CheckStage(from, stage, &t));
   if (n_max < 0 || n_max > from.n_expert) {
@@ -654,9 +654,7 @@ absl::Status StageColdExperts(const GroupedExperts &from, const ExpertStage &sta
   }
   if (n_max == 0) return absl::OkStatus();
   if (plan == nullptr) return Errorf(MOE_ERR_INVALID_ARGUMENT, "staging experts: the plan is null");
-  if (n_blocks < 0) return Errorf(MOE_ERR_INVALID_ARGUMENT, "staging experts over %d blocks", n_blocks);
-  const int blocks = n_blocks > 0 ? n_blocks : std::max(1, 2 * SmCount());
-  Launch(StageColdExpertsKernel, blocks, kStageThreads, 0, stream, t, from.n_expert, stage.slots, stage.n_slots,
+  Launch(StageColdExpertsKernel, std::max(1, 2 * SmCount()), kStageThreads, 0, stream, t, from.n_expert, stage.slots, stage.n_slots,
          stage.slot_bytes, stage.host_lo, stage.host_hi, plan, n_max, skip, stage.counts, stage.hit_lo,
          stage.hit_hi);
   STRATA_CUDA_RETURN_IF_LAUNCH_FAILED();
@@ -675,7 +673,8 @@ absl::Status PlanColdCopies(const GroupedExperts &from, const ExpertStage &stage
   if (mb.ring == nullptr || mb.next == nullptr || mb.done == nullptr || mb.want == nullptr || mb.timed_out == nullptr) {
     return Errorf(MOE_ERR_INVALID_ARGUMENT, "planning expert copies: an incomplete mailbox");
   }
-  // A request with no experts still goes out: an urgent one is what the next wait waits for.
+  // The kernel posts no request when nothing is cold (an urgent plan then points the wait at the
+  // requests posted before).
   Launch(PlanColdCopiesKernel, 1, kStageThreads, 0, stream, t, from.n_expert, stage.slots, stage.n_slots,
          stage.slot_bytes, stage.host_lo, stage.host_hi, plan, n_max, skip, stage.counts, stage.hit_lo, stage.hit_hi,
          mb, layer, urgent);

@@ -368,10 +368,8 @@ absl::Status CheckExpertStage(const GroupedExperts &from, const ExpertStage &sta
 // same bits through either table. plan and n_max as GroupByExpert made them (n_max <= n_expert).
 // MOE_ERR_INVALID_ARGUMENT for bad tables, slots too small or unaligned, or an expert matrix whose
 // bytes are not a multiple of 16. Reads no device memory before the launch.
-// n_blocks: the launch's blocks (0: two a multiprocessor; fewer leave room for kernels running
-// beside it on other streams).
 absl::Status StageColdExperts(const GroupedExperts &from, const ExpertStage &stage, const int32_t *plan, int n_max,
-                              const uint8_t *skip, cudaStream_t stream, int n_blocks = 0);
+                              const uint8_t *skip, cudaStream_t stream);
 
 // from with stage's tables: what the grouped kernels read after StageColdExperts.
 GroupedExperts StagedExperts(const GroupedExperts &from, const ExpertStage &stage);
