@@ -71,6 +71,7 @@ class CpuExperts {
   // Seconds a layer on this path adds to the device's timeline (copies and host functions).
   double round_trip_s() const { return round_trip_s_; }
   uint64_t uses() const { return uses_.load(std::memory_order_relaxed); }  // expert uses computed here
+  bool tracing() const { return trace_; }  // STRATA_CPU_EXPERTS_TRACE=1
 
  private:
   struct Call {  // one recorded call site: the host functions' argument

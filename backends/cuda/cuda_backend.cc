@@ -112,6 +112,14 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const model::Mo
       std::fprintf(stderr, "strata: CPU experts off: %s\n", std::string(st.message()).c_str());
       be->cpu_experts_.reset();
     }
+    // With the copy engines on offer as well, auto times the two ways (model::RegimeProbe).
+    // STRATA_CUDA_REGIME_PROBE=0: the per-layer cost model alone, as without the copier (a
+    // measuring knob).
+    const char *probe = std::getenv("STRATA_CUDA_REGIME_PROBE");
+    if (be->cpu_experts_ != nullptr && be->copier_ != nullptr && cpu.mode == CpuExpertMode::kAuto &&
+        (probe == nullptr || probe[0] != '0')) {
+      be->regime_ = std::make_unique<model::RegimeProbe>();
+    }
   }
   return be;
 }
@@ -142,14 +150,20 @@ absl::StatusOr<double> CudaBackend::MeasureLink() {
   return best > 0 ? static_cast<double>(bytes) / (best * 1e-3) : 0.0;
 }
 
-void CudaBackend::UpdatePaths() {
+void CudaBackend::UpdatePaths(int64_t n_tok) {
   bool changed = false;
   if (cpu_experts_ != nullptr) {
     const double rt = cpu_experts_->round_trip_s();
+    // Under the probe's link regime no layer takes the CPU's share (the copier serves them all).
+    bool allow = true;
+    if (regime_ != nullptr) {
+      const double now = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+      allow = regime_->Step(n_tok, now) == model::RegimeProbe::Regime::kHybrid;
+    }
     for (LayerTable &t : tables_) {
       if (!t.ok) continue;
-      bool on = true;
-      if (cpu_experts_->mode() != CpuExpertMode::kAlways) {
+      bool on = allow;
+      if (allow && cpu_experts_->mode() != CpuExpertMode::kAlways) {
         on = t.cpu_saving > (t.hybrid ? 0.5 : 1.0) * rt;  // hysteresis: a layer does not flip back and forth
       }
       if (on != t.hybrid) {
@@ -200,6 +214,11 @@ CudaBackend::Profile::~Profile() {
 }
 
 CudaBackend::~CudaBackend() {
+  if (regime_ != nullptr && cpu_experts_ != nullptr && cpu_experts_->tracing()) {
+    std::fprintf(stderr, "cpu experts regime: %d probes, holding %s; last timed: link %.2f ms, hybrid %.2f ms a step\n",
+                 regime_->probes(), regime_->held() == model::RegimeProbe::Regime::kLink ? "link" : "hybrid",
+                 regime_->link_s() * 1e3, regime_->hybrid_s() * 1e3);
+  }
   if (profile_ && !profile_table_.empty()) {
     std::vector<std::pair<std::string, std::pair<double, uint64_t>>> rows(profile_table_.begin(), profile_table_.end());
     std::sort(rows.begin(), rows.end(), [](auto &a, auto &b) { return a.second.first > b.second.first; });
@@ -1290,7 +1309,7 @@ bool CudaBackend::RoutedExperts(const model::RoutedExpertsArgs &a) {
   if (tiered && bracket_ == Bracket::kNone) {
     if (replan_ && !Note(Replan())) return true;
     if (!Note(UpdateTier(a.layer))) return true;
-    if (a.layer == first_table_layer_) UpdatePaths();  // once a step, before its first MoE layer
+    if (a.layer == first_table_layer_) UpdatePaths(a.n_tok);  // once a step, before its first MoE layer
   }
   auto ra = ToRouteArgs(a.route);
   if (!Note(ra.status())) return true;
@@ -1488,7 +1507,7 @@ model::Backend::StepMode CudaBackend::BeginStep(const model::StepKey &key) {
     for (size_t l = 0; l < tables_.size(); ++l) {
       if (tables_[l].ok && !Note(UpdateTier(static_cast<int>(l)))) return StepMode::kEager;
     }
-    UpdatePaths();
+    UpdatePaths(key.n_tok);
   }
   step_key_ = key;
   step_hist_.clear();

@@ -48,6 +48,7 @@
 #include "backends/cuda/kernels.h"
 #include "backends/cuda/memory.h"
 #include "lib/model/backend.h"
+#include "lib/model/placement.h"
 
 namespace strata::cuda {
 
@@ -182,9 +183,9 @@ class CudaBackend final : public model::Backend {
   absl::Status StartCpuExperts(const model::ModelWeights &w, const CpuExpertOptions &cpu, int n_expert_max);
   // The link's rate: a copy from the page-locked arena into the slots, timed (bytes/s).
   absl::StatusOr<double> MeasureLink();
-  // Between steps: which layers take the hybrid path, and which have their cold experts copied by
-  // the copy engines. A change drops the recorded graphs.
-  void UpdatePaths();
+  // Between steps (the next has n_tok tokens): which layers take the hybrid path, and which have
+  // their cold experts copied by the copy engines. A change drops the recorded graphs.
+  void UpdatePaths(int64_t n_tok);
   // After host-path batches (a prompt) added to the route hotness: the hottest experts of every
   // device-table layer take the slots (filled on the copy stream, entering the tables as they land).
   absl::Status Replan();
@@ -291,6 +292,7 @@ class CudaBackend final : public model::Backend {
   uint64_t zero_copy_uses_ = 0, promotions_ = 0, replans_ = 0;
   bool replan_ = false;                              // hotness grew on the host path since the last plan
   std::unique_ptr<CpuExperts> cpu_experts_;          // hybrid placement (null: off)
+  std::unique_ptr<model::RegimeProbe> regime_;       // auto beside the copier: CPU share or copies, timed
   DeviceBuffer skip_dev_;                            // the experts of a layer the CPU computes
   // Staging slots for a decode layer's cold experts (StageColdExperts): copied in before the
   // grouped kernels instead of read in place. stage_.n_slots 0: off (no mapped arena).

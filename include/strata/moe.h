@@ -159,7 +159,10 @@ typedef enum moe_cpu_experts {
   MOE_CPU_EXPERTS_AUTO = 0,  /* a cost model fed by the measured link and CPU rates splits each layer's
                                 cold experts between the GPU (reading them over the link) and the CPU
                                 (computing them from host RAM with n_threads - 2 threads and cpu_q8_activations),
-                                in layers where that saves more than the host round trip costs */
+                                in layers where that saves more than the host round trip costs; where the
+                                copy engines also move cold experts into VRAM, the two ways are timed over a
+                                few decode steps of one batch size and the faster kept (timed again every
+                                1024 steps) */
   MOE_CPU_EXPERTS_OFF = 1,   /* always the GPU: results are bit-identical at any VRAM budget */
   MOE_CPU_EXPERTS_ALWAYS = 2 /* every cold expert on the CPU (for tests and measurements) */
 } moe_cpu_experts;

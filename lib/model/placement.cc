@@ -112,4 +112,63 @@ double HybridSavingSeconds(double cold_bytes, uint64_t expert_bytes, const Place
   return link_all - std::max(c, l);
 }
 
+namespace {
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n == 0 ? 0 : n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+}  // namespace
+
+void RegimeProbe::Restart(int64_t n_tok) {
+  phase_ = Phase::kLink;
+  shape_ = n_tok;
+  steps_ = 0;
+  times_.clear();
+}
+
+void RegimeProbe::Finish(Regime r) {
+  held_ = r;
+  phase_ = Phase::kHold;
+  steps_ = 0;
+  times_.clear();
+  ++probes_;
+}
+
+RegimeProbe::Regime RegimeProbe::Step(int64_t n_tok, double now_s) {
+  const double dt = now_s - last_t_;
+  const bool timed = have_last_ && dt >= 0;
+  have_last_ = true;
+  last_t_ = now_s;
+  if (phase_ == Phase::kHold) {
+    if (++steps_ <= o_.hold) return held_;
+    Restart(n_tok);
+  } else if (n_tok != shape_) {
+    Restart(n_tok);
+  } else {
+    // The step that just ended ran this phase's regime at the probe's shape (a step of another
+    // shape restarted the probe): it is a sample unless it is still settling.
+    if (timed && steps_ > o_.settle) times_.push_back(dt);
+    if (phase_ == Phase::kLink && static_cast<int>(times_.size()) >= o_.samples) {
+      link_s_ = Median(times_);
+      phase_ = Phase::kHybrid;
+      steps_ = 0;
+      times_.clear();
+    } else if (phase_ == Phase::kHybrid) {
+      const bool slower = times_.size() >= 2 && *std::min_element(times_.begin(), times_.end()) > 1.1 * link_s_;
+      if (slower || static_cast<int>(times_.size()) >= o_.samples) {
+        hybrid_s_ = Median(times_);
+        Finish(!slower && hybrid_s_ < (1.0 - o_.margin) * link_s_ ? Regime::kHybrid : Regime::kLink);
+        ++steps_;
+        return held_;
+      }
+    }
+  }
+  ++steps_;
+  return phase_ == Phase::kHybrid ? Regime::kHybrid : Regime::kLink;
+}
+
 }  // namespace strata::model
+

@@ -68,4 +68,53 @@ std::vector<size_t> HottestExperts(const std::vector<uint32_t> &heat, size_t n);
 // `expert_bytes`) between the link and the CPU, against the link alone; <= 0 when it does not pay.
 double HybridSavingSeconds(double cold_bytes, uint64_t expert_bytes, const PlacementRates &r);
 
+// Where a tier can copy its cold experts into device memory by the copy engines while the layers
+// compute, the CPU's share (ChooseCpuExperts, beside in-place reads) is a second way to serve them
+// rather than a saving on the link alone: the copies overlap the compute around them, which no
+// per-expert rate captures. So the two are timed: `samples` steps of one shape with every cold
+// expert over the link (kLink), then as many with the cost model's CPU share (kHybrid), the
+// first `settle` steps after each switch untimed (the paths change, a graph is recorded); the
+// faster by median step time holds for `hold` steps, then both are timed again. kHybrid must beat
+// kLink by `margin` (kLink's results are bit-identical to an unlimited budget's); a probe of
+// kHybrid ends early once its first two steps are both slower than kLink by a tenth. A step of
+// another shape (its token count) restarts a probe with kLink, so a probe never compares steps of
+// different sizes, and a batch whose size keeps changing stays on kLink.
+class RegimeProbe {
+ public:
+  enum class Regime { kLink, kHybrid };
+  struct Options {
+    int settle = 2;
+    int samples = 4;
+    int64_t hold = 1024;
+    double margin = 0.03;
+  };
+  RegimeProbe() : RegimeProbe(Options{}) {}
+  explicit RegimeProbe(const Options &o) : o_(o) {}
+
+  // At the start of a step of `n_tok` tokens, `now_s` seconds on a monotonic clock: the regime the
+  // step runs. The time since the previous call is the previous step's.
+  Regime Step(int64_t n_tok, double now_s);
+
+  Regime held() const { return held_; }  // the regime chosen by the last finished probe
+  double link_s() const { return link_s_; }      // its median step times (0: not measured)
+  double hybrid_s() const { return hybrid_s_; }
+  int probes() const { return probes_; }          // probes finished
+
+ private:
+  enum class Phase { kLink, kHybrid, kHold };
+  void Restart(int64_t n_tok);
+  void Finish(Regime r);
+
+  Options o_;
+  Phase phase_ = Phase::kLink;
+  int64_t shape_ = -1;  // the probe's step shape
+  int64_t steps_ = 0;   // steps of this phase (probe: of its shape)
+  std::vector<double> times_;
+  Regime held_ = Regime::kLink;
+  double link_s_ = 0, hybrid_s_ = 0;
+  int probes_ = 0;
+  bool have_last_ = false;
+  double last_t_ = 0;
+};
+
 }  // namespace strata::model

@@ -203,3 +203,105 @@ TEST_CASE("placement: the hottest experts, ties to the lower index, none never u
   if (want.size() > n) want.resize(n);
   CHECK(top == want);
 }
+
+namespace {
+
+// A decode loop around a RegimeProbe: a step in the link regime takes link_s, in the hybrid one
+// hybrid_s, each times a random factor in [1 - noise, 1 + noise]; the first two steps after the
+// regime changes take 40 times as long (a graph recorded, paths changed), which the probe must
+// not count.
+struct World {
+  double t = 0;
+  RegimeProbe::Regime last = RegimeProbe::Regime::kLink;
+  int since = 0;
+  std::mt19937 rng{std::random_device{}()};
+
+  // Runs `steps` steps of `n_tok` tokens; returns the regime of each.
+  std::vector<RegimeProbe::Regime> Drive(RegimeProbe &p, int steps, int64_t n_tok, double link_s, double hybrid_s,
+                                         double noise) {
+    std::vector<RegimeProbe::Regime> out;
+    std::uniform_real_distribution<double> f(1 - noise, 1 + noise);
+    for (int i = 0; i < steps; ++i) {
+      const RegimeProbe::Regime r = p.Step(n_tok, t);
+      since = r == last ? since + 1 : 0;
+      last = r;
+      t += (r == RegimeProbe::Regime::kLink ? link_s : hybrid_s) * f(rng) * (since < 2 ? 40 : 1);
+      out.push_back(r);
+    }
+    return out;
+  }
+};
+
+int64_t CountOf(const std::vector<RegimeProbe::Regime> &v, RegimeProbe::Regime r) {
+  return std::count(v.begin(), v.end(), r);
+}
+
+}  // namespace
+
+TEST_CASE("placement: the regime probe keeps the faster way by measured step time", "[placement]") {
+  using R = RegimeProbe::Regime;
+  std::mt19937 rng(std::random_device{}());
+  const double link = std::uniform_real_distribution<double>(5e-3, 30e-3)(rng);
+  INFO("link step " << link);
+  RegimeProbe::Options o;
+  o.hold = 100;
+  const int probe = o.settle + o.samples;  // steps of one regime's probe
+  {  // The CPU's share is much slower: the probe of it ends after its first two timed steps.
+    RegimeProbe p(o);
+    World w;
+    w.t = 1000;
+    const auto v = w.Drive(p, 60, 1, link, 1.6 * link, 0.05);
+    CHECK(p.probes() == 1);
+    CHECK(p.held() == R::kLink);
+    CHECK(p.link_s() == Approx(link).epsilon(0.06));
+    CHECK(p.hybrid_s() > 1.1 * link);
+    CHECK(CountOf(v, R::kHybrid) == 2 + 2);  // settle, then two timed steps
+    for (int i = 0; i < probe; ++i) CHECK(v[i] == R::kLink);  // the link's probe comes first
+    CHECK(v.back() == R::kLink);
+  }
+  {  // The CPU's share is faster: held after both probes, then measured again after `hold` steps.
+    RegimeProbe p(o);
+    World w;
+    const auto v = w.Drive(p, 2 * probe + 100, 1, link, 0.7 * link, 0.05);
+    CHECK(p.probes() == 1);
+    CHECK(p.held() == R::kHybrid);
+    CHECK(p.hybrid_s() == Approx(0.7 * link).epsilon(0.06));
+    CHECK(CountOf(v, R::kLink) == probe);
+    CHECK(v.back() == R::kHybrid);
+    // The hold ends: the link's probe comes first again.
+    CHECK(w.Drive(p, 1, 1, link, 0.7 * link, 0.05)[0] == R::kLink);
+  }
+  {  // Within the margin: the link (its results are the unlimited budget's bits).
+    RegimeProbe p(o);
+    World w;
+    w.Drive(p, 30, 4, link, 0.99 * link, 0.002);
+    CHECK(p.probes() == 1);
+    CHECK(p.held() == R::kLink);
+  }
+}
+
+TEST_CASE("placement: a step of another size restarts the regime probe on the link", "[placement]") {
+  using R = RegimeProbe::Regime;
+  RegimeProbe p;
+  World w;
+  // Into the CPU's probe, then a 512-token prompt: the probe starts over on the link.
+  auto v = w.Drive(p, 10, 1, 10e-3, 5e-3, 0.01);
+  CHECK(v.back() == R::kHybrid);
+  v = w.Drive(p, 1, 512, 10e-3, 5e-3, 0.01);
+  CHECK(v[0] == R::kLink);
+  CHECK(p.probes() == 0);
+  // A batch whose size changes every step never leaves the link, and never finishes a probe.
+  for (int i = 0; i < 200; ++i) {
+    v = w.Drive(p, 1, 1 + i % 3, 10e-3, 5e-3, 0.01);
+    REQUIRE(v[0] == R::kLink);
+  }
+  CHECK(p.probes() == 0);
+  // Settled sizes: the probe finishes and holds the faster.
+  v = w.Drive(p, 40, 16, 10e-3, 5e-3, 0.01);
+  CHECK(p.probes() == 1);
+  CHECK(p.held() == R::kHybrid);
+  CHECK(v.back() == R::kHybrid);
+  // While held, other sizes do not disturb the choice.
+  v = w.Drive(p, 5, 3, 10e-3, 5e-3, 0.01);
+  CHECK(CountOf(v, R::kHybrid) == 5);
+}
