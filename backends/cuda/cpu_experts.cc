@@ -18,18 +18,6 @@ using Clock = std::chrono::steady_clock;
 
 double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
 
-// Spins on `done` (a few microseconds is the common case), then yields the core.
-template <typename F>
-void SpinUntil(F &&done) {
-  for (int i = 0; !done(); ++i) {
-    if (i < 4096) {
-      CpuPause();
-    } else {
-      std::this_thread::yield();
-    }
-  }
-}
-
 void CUDART_CB NoOp(void *) {}
 
 }  // namespace
@@ -75,6 +63,9 @@ absl::StatusOr<std::unique_ptr<CpuExperts>> CpuExperts::Create(const model::Mode
   STRATA_RETURN_IF_ERROR(ce->Calibrate(stream));
   const char *trace = std::getenv("STRATA_CPU_EXPERTS_TRACE");
   ce->trace_ = trace != nullptr && trace[0] == '1';
+  if (const char *ms = std::getenv("STRATA_CPU_EXPERTS_WAIT_MS"); ms != nullptr && std::atoll(ms) > 0) {
+    ce->wait_limit_ = std::chrono::milliseconds(std::atoll(ms));
+  }
   ce->worker_ = std::thread([p = ce.get()] { p->WorkerLoop(); });
   return ce;
 }
@@ -199,6 +190,13 @@ absl::Status CpuExperts::Calibrate(cudaStream_t stream) {
   return absl::OkStatus();
 }
 
+absl::Status CpuExperts::TakeStatus() {
+  std::lock_guard<std::mutex> lock(mu_);
+  absl::Status s = std::move(err_);
+  err_ = absl::OkStatus();
+  return s;
+}
+
 model::PlacementRates CpuExperts::rates() const {
   model::PlacementRates r;
   r.link_bytes_s = link_bytes_s_;
@@ -240,8 +238,22 @@ void CUDART_CB CpuExperts::DecideFn(void *call) {
 
 void CUDART_CB CpuExperts::WaitFn(void *self) {
   auto *ce = static_cast<CpuExperts *>(self);
-  const Clock::time_point t0 = ce->trace_ ? Clock::now() : Clock::time_point{};
-  SpinUntil([&] { return ce->done_.load(std::memory_order_acquire) >= ce->posted_.load(std::memory_order_relaxed); });
+  if (ce->failed_.load(std::memory_order_relaxed)) return;  // no job was posted (see DecideImpl)
+  const Clock::time_point t0 = Clock::now();
+  const uint64_t posted = ce->posted_.load(std::memory_order_relaxed);
+  if (!SpinUntil([&] { return ce->done_.load(std::memory_order_acquire) >= posted; }, t0 + ce->wait_limit_)) {
+    // The device goes on without the CPU's rows: the step fails at its download (TakeStatus), and
+    // from now on no job is posted, so the device computes every expert itself.
+    ce->failed_.store(true, std::memory_order_relaxed);
+    std::lock_guard<std::mutex> lock(ce->mu_);
+    ce->err_ = Errorf(MOE_ERR_INTERNAL,
+                      "CPU experts: layer %d waited more than %.1f s for the CPU's job (%llu posted, %llu done, "
+                      "the worker %s); the CPU's share is off from now on",
+                      ce->job_layer_, std::chrono::duration<double>(ce->wait_limit_).count(),
+                      static_cast<unsigned long long>(posted),
+                      static_cast<unsigned long long>(ce->done_.load(std::memory_order_relaxed)),
+                      ce->working_.load(std::memory_order_relaxed) ? "inside the job" : "not running it");
+  }
   if (ce->trace_) {
     Trace &t = ce->tr_;
     t.waited = Clock::now();
@@ -265,6 +277,7 @@ void CpuExperts::Decide(const Call &c) {
 void CpuExperts::DecideImpl(const Call &c) {
   uint8_t *skip = skip_.as<uint8_t>();
   std::memset(skip, 0, c.n_expert);
+  if (failed_.load(std::memory_order_relaxed)) return;
   const int32_t *sel = sel_.as<int32_t>();
   const int64_t n = c.n_tok * c.k;
   for (int64_t i = 0; i < n; ++i) {
@@ -307,6 +320,7 @@ void CpuExperts::DecideImpl(const Call &c) {
               (1.0 + r.cpu_token_share * static_cast<double>(tokens - 1));
   }
   uses_.fetch_add(chosen.size(), std::memory_order_relaxed);
+  job_layer_ = c.layer;
   {
     std::lock_guard<std::mutex> lock(mu_);
     posted_.fetch_add(1, std::memory_order_release);
@@ -328,8 +342,10 @@ void CpuExperts::WorkerLoop() {
     }
     seen = posted_.load(std::memory_order_acquire);
     const auto t0 = Clock::now();
+    working_.store(true, std::memory_order_relaxed);
     cpu_->ExpertsFfn(job_ew_.data(), static_cast<int>(job_ew_.size()), job_first_.data(), xg_.data(),
                      y_.as<float>(), n_embd_);
+    working_.store(false, std::memory_order_relaxed);
     const double secs = Seconds(t0, Clock::now());
     job_s_.store(job_s_.load(std::memory_order_relaxed) + secs, std::memory_order_relaxed);
     fit_.Add(job_x_, secs);  // the cost model follows what the jobs take

@@ -66,6 +66,10 @@ class CpuExperts {
   // Step 3: after the grouped kernels, the CPU's rows into yg (plan and n_max of GroupByExpert).
   absl::Status Finish(const int32_t *plan, int n_max, const uint8_t *skip_dev, float *yg, cudaStream_t stream);
 
+  // A layer that waited longer than its limit for the CPU's job (STRATA_CPU_EXPERTS_WAIT_MS,
+  // default 10 s) read rows the CPU had not written: that error, once (the step fails); the CPU's
+  // share is then off for good and later steps run every expert on the device.
+  absl::Status TakeStatus();
   CpuExpertMode mode() const { return mode_; }
   model::PlacementRates rates() const;
   // Seconds a layer on this path adds to the device's timeline (copies and host functions).
@@ -109,6 +113,10 @@ class CpuExperts {
   std::condition_variable cv_;
   std::atomic<uint64_t> posted_{0}, done_{0};
   bool stop_ = false;  // under mu_
+  absl::Status err_;   // under mu_
+  std::atomic<bool> failed_{false}, working_{false};
+  int job_layer_ = -1;  // the layer of the last job posted
+  std::chrono::steady_clock::duration wait_limit_ = std::chrono::seconds(10);
   std::thread worker_;
   std::atomic<double> cpu_bytes_s_{0}, cpu_fixed_s_{0};
   double link_bytes_s_ = 0, token_share_ = 0, round_trip_s_ = 0;

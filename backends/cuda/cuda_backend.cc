@@ -647,6 +647,7 @@ void CudaBackend::DownloadParts(const void *src, const DownloadPart *parts, size
   if (!Note(io.status()) || !Note(CopyAsync(*io, src, bytes, stream_.get())) || !Note(stream_.Synchronize())) return;
   // A layer that gave up waiting for its experts' copies read stale slots: the step fails.
   if (copier_ != nullptr && !Note(copier_->status())) return;
+  if (cpu_experts_ != nullptr && !Note(cpu_experts_->TakeStatus())) return;
   const auto *p = static_cast<const uint8_t *>(*io);
   for (size_t i = 0; i < n; ++i) {
     std::memcpy(parts[i].dst, p, parts[i].bytes);

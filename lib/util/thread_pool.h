@@ -11,6 +11,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -31,6 +32,21 @@ inline void CpuPause() {
 #else
   std::this_thread::yield();
 #endif
+}
+
+// Spins on `done` (4,096 pauses: a few microseconds, the common case), then yields the core between
+// looks. Returns false if `deadline` passes before `done` holds (looked at once yielding begins).
+template <typename F>
+bool SpinUntil(F &&done, std::chrono::steady_clock::time_point deadline) {
+  for (int i = 0; !done(); ++i) {
+    if (i < 4096) {
+      CpuPause();
+      continue;
+    }
+    if (std::chrono::steady_clock::now() >= deadline) return done();
+    std::this_thread::yield();
+  }
+  return true;
 }
 
 class ThreadPool {
