@@ -130,9 +130,14 @@ void RegimeProbe::Restart(int64_t n_tok) {
 }
 
 void RegimeProbe::Finish(Regime r) {
+  if (verdicts_.size() >= o_.max_sizes && verdicts_.count(shape_) == 0) {
+    auto oldest = std::min_element(verdicts_.begin(), verdicts_.end(),
+                                   [](const auto &a, const auto &b) { return a.second.at < b.second.at; });
+    verdicts_.erase(oldest);
+  }
+  verdicts_[shape_] = Verdict{r, step_};
   held_ = r;
-  phase_ = Phase::kHold;
-  steps_ = 0;
+  phase_ = Phase::kNone;
   times_.clear();
   ++probes_;
 }
@@ -142,14 +147,16 @@ RegimeProbe::Regime RegimeProbe::Step(int64_t n_tok, double now_s) {
   const bool timed = have_last_ && dt >= 0;
   have_last_ = true;
   last_t_ = now_s;
-  if (phase_ == Phase::kHold) {
-    if (++steps_ <= o_.hold) return held_;
-    Restart(n_tok);
-  } else if (n_tok != shape_) {
+  ++step_;
+  if (auto v = verdicts_.find(n_tok); v != verdicts_.end() && step_ - v->second.at < o_.hold) {
+    phase_ = Phase::kNone;  // a probe of another size ends here
+    return v->second.regime;
+  }
+  if (phase_ == Phase::kNone || n_tok != shape_) {
     Restart(n_tok);
   } else {
-    // The step that just ended ran this phase's regime at the probe's shape (a step of another
-    // shape restarted the probe): it is a sample unless it is still settling.
+    // The step that just ended ran this phase's regime at the probe's size (a step of another
+    // size ended the probe): it is a sample unless it is still settling.
     if (timed && steps_ > o_.settle) times_.push_back(dt);
     if (phase_ == Phase::kLink && static_cast<int>(times_.size()) >= o_.samples) {
       link_s_ = Median(times_);
@@ -161,7 +168,6 @@ RegimeProbe::Regime RegimeProbe::Step(int64_t n_tok, double now_s) {
       if (slower || static_cast<int>(times_.size()) >= o_.samples) {
         hybrid_s_ = Median(times_);
         Finish(!slower && hybrid_s_ < (1.0 - o_.margin) * link_s_ ? Regime::kHybrid : Regime::kLink);
-        ++steps_;
         return held_;
       }
     }

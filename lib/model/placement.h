@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <vector>
 
 namespace strata::model {
@@ -71,14 +72,16 @@ double HybridSavingSeconds(double cold_bytes, uint64_t expert_bytes, const Place
 // Where a tier can copy its cold experts into device memory by the copy engines while the layers
 // compute, the CPU's share (ChooseCpuExperts, beside in-place reads) is a second way to serve them
 // rather than a saving on the link alone: the copies overlap the compute around them, which no
-// per-expert rate captures. So the two are timed: `samples` steps of one shape with every cold
-// expert over the link (kLink), then as many with the cost model's CPU share (kHybrid), the
-// first `settle` steps after each switch untimed (the paths change, a graph is recorded); the
-// faster by median step time holds for `hold` steps, then both are timed again. kHybrid must beat
-// kLink by `margin` (kLink's results are bit-identical to an unlimited budget's); a probe of
-// kHybrid ends early once its first two steps are both slower than kLink by a tenth. A step of
-// another shape (its token count) restarts a probe with kLink, so a probe never compares steps of
-// different sizes, and a batch whose size keeps changing stays on kLink.
+// per-expert rate captures. So the two are timed, per batch size (a step's token count): `samples`
+// steps with every cold expert over the link (kLink), then as many with the cost model's CPU share
+// (kHybrid), the first `settle` steps after each switch untimed (the paths change, a graph is
+// recorded). The faster by median step time is that size's verdict for the next `hold` steps (of
+// any size), after which the size is timed again. kHybrid must beat kLink by `margin` (kLink's
+// results are bit-identical to an unlimited budget's); a probe of kHybrid ends early once its
+// first two steps are both slower than kLink by a tenth. A step of another size ends a probe: a
+// size with a verdict runs it, one without starts its own probe (with kLink), so a batch whose
+// size changes before a probe ends stays on kLink, and batches moving between sizes already
+// timed (sessions joining and leaving) keep each size's verdict.
 class RegimeProbe {
  public:
   enum class Regime { kLink, kHybrid };
@@ -87,6 +90,7 @@ class RegimeProbe {
     int samples = 4;
     int64_t hold = 1024;
     double margin = 0.03;
+    size_t max_sizes = 64;  // verdicts kept (the oldest goes first)
   };
   RegimeProbe() : RegimeProbe(Options{}) {}
   explicit RegimeProbe(const Options &o) : o_(o) {}
@@ -95,21 +99,27 @@ class RegimeProbe {
   // step runs. The time since the previous call is the previous step's.
   Regime Step(int64_t n_tok, double now_s);
 
-  Regime held() const { return held_; }  // the regime chosen by the last finished probe
+  Regime held() const { return held_; }  // the verdict of the last finished probe
   double link_s() const { return link_s_; }      // its median step times (0: not measured)
   double hybrid_s() const { return hybrid_s_; }
   int probes() const { return probes_; }          // probes finished
 
  private:
-  enum class Phase { kLink, kHybrid, kHold };
+  enum class Phase { kNone, kLink, kHybrid };
+  struct Verdict {
+    Regime regime;
+    int64_t at;  // the step it was reached
+  };
   void Restart(int64_t n_tok);
   void Finish(Regime r);
 
   Options o_;
-  Phase phase_ = Phase::kLink;
-  int64_t shape_ = -1;  // the probe's step shape
-  int64_t steps_ = 0;   // steps of this phase (probe: of its shape)
+  Phase phase_ = Phase::kNone;  // the probe in progress (kNone: none)
+  int64_t shape_ = -1;          // its batch size
+  int64_t steps_ = 0;           // its steps in this phase
   std::vector<double> times_;
+  std::map<int64_t, Verdict> verdicts_;
+  int64_t step_ = 0;  // steps seen
   Regime held_ = Regime::kLink;
   double link_s_ = 0, hybrid_s_ = 0;
   int probes_ = 0;

@@ -280,7 +280,7 @@ TEST_CASE("placement: the regime probe keeps the faster way by measured step tim
   }
 }
 
-TEST_CASE("placement: a step of another size restarts the regime probe on the link", "[placement]") {
+TEST_CASE("placement: a step of another size ends a regime probe; each size keeps its verdict", "[placement]") {
   using R = RegimeProbe::Regime;
   RegimeProbe p;
   World w;
@@ -296,12 +296,38 @@ TEST_CASE("placement: a step of another size restarts the regime probe on the li
     REQUIRE(v[0] == R::kLink);
   }
   CHECK(p.probes() == 0);
-  // Settled sizes: the probe finishes and holds the faster.
-  v = w.Drive(p, 40, 16, 10e-3, 5e-3, 0.01);
+  // A settled size: the probe finishes and holds the faster (16 sessions: the CPU's share).
+  v = w.Drive(p, 40, 16, 200e-3, 120e-3, 0.01);
   CHECK(p.probes() == 1);
   CHECK(p.held() == R::kHybrid);
   CHECK(v.back() == R::kHybrid);
-  // While held, other sizes do not disturb the choice.
-  v = w.Drive(p, 5, 3, 10e-3, 5e-3, 0.01);
-  CHECK(CountOf(v, R::kHybrid) == 5);
+  // Another size has no verdict: its own probe, the link first; one session, where the link wins.
+  v = w.Drive(p, 40, 1, 10e-3, 15e-3, 0.01);
+  CHECK(v.front() == R::kLink);
+  CHECK(p.probes() == 2);
+  CHECK(p.held() == R::kLink);
+  CHECK(v.back() == R::kLink);
+  // Sessions joining and leaving: each size runs its verdict at once, no probe.
+  for (int i = 0; i < 20; ++i) {
+    const bool many = i % 2 == 0;
+    v = w.Drive(p, 3, many ? 16 : 1, many ? 200e-3 : 10e-3, many ? 120e-3 : 15e-3, 0.01);
+    REQUIRE(CountOf(v, many ? R::kHybrid : R::kLink) == 3);
+  }
+  CHECK(p.probes() == 2);
+}
+
+TEST_CASE("placement: the regime probe keeps a bounded number of verdicts, the newest", "[placement]") {
+  using R = RegimeProbe::Regime;
+  RegimeProbe::Options o;
+  o.max_sizes = 2;
+  RegimeProbe p(o);
+  World w;
+  w.Drive(p, 40, 1, 10e-3, 5e-3, 0.01);
+  w.Drive(p, 40, 2, 10e-3, 5e-3, 0.01);
+  CHECK(p.probes() == 2);
+  CHECK(w.Drive(p, 1, 1, 10e-3, 5e-3, 0.01)[0] == R::kHybrid);  // still known
+  w.Drive(p, 40, 3, 10e-3, 5e-3, 0.01);                          // a third: the oldest verdict (size 1) goes
+  CHECK(p.probes() == 3);
+  CHECK(w.Drive(p, 1, 2, 10e-3, 5e-3, 0.01)[0] == R::kHybrid);
+  CHECK(w.Drive(p, 1, 1, 10e-3, 5e-3, 0.01)[0] == R::kLink);    // timed again, the link first
 }
