@@ -392,6 +392,13 @@ __global__ void WaitColdCopiesKernel(ColdMailbox mb) {
   if (threadIdx.x != 0) return;
   const uint32_t want = *reinterpret_cast<volatile const uint32_t *>(mb.want);
   const uint64_t t0 = GlobalTimerNs();
+  // After one wait has given up, the step fails at its end whatever follows (ColdCopier::status):
+  // later waits do not wait again, so a step with copies that never land fails in one timeout,
+  // not in one a layer.
+  if (static_cast<int32_t>(*reinterpret_cast<volatile const uint32_t *>(mb.done) - want) < 0 &&
+      *reinterpret_cast<volatile const uint32_t *>(mb.timed_out) != 0) {
+    return;
+  }
   while (static_cast<int32_t>(*reinterpret_cast<volatile const uint32_t *>(mb.done) - want) < 0) {
     if (GlobalTimerNs() - t0 > mb.timeout_ns) {
       // What the wait saw, for the copier's report: [1] the request waited for, [2] the last landed.

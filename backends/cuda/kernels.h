@@ -412,7 +412,8 @@ absl::Status PlanColdCopies(const GroupedExperts &from, const ExpertStage &stage
 
 // Holds `stream` until mb's `done` reaches its `want` (every request posted before the last urgent
 // one has landed too: the copier serves them in order). A wait past mb.timeout_ns sets *timed_out
-// and lets the stream go on (ColdCopier::status() reports it).
+// and lets the stream go on (ColdCopier::status() reports it); once it is set, a wait that would
+// wait returns at once.
 absl::Status WaitColdCopies(const ColdMailbox &mb, cudaStream_t stream);
 
 // For each group g < plan[0] whose expert's skip flag is set: rows [first[g], first[g + 1]) of dst

@@ -3,6 +3,7 @@
 // by expert on the same groups, bit for bit (memcmp), with weights in VRAM and in mapped host
 // memory. Fresh random inputs every run (the seed is reported); outputs poisoned with NaN first.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <numeric>
@@ -674,6 +675,27 @@ TEST_CASE("StageColdExperts copies the plan's cold experts into VRAM slots, and 
     REQUIRE(WaitColdCopies((*small)->mailbox(), nullptr).ok());
     REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
     CHECK(StatusToMoe((*small)->status()) == MOE_ERR_INTERNAL);
+  }
+  // A wait for a request never posted gives up after its timeout and says so; once one has given
+  // up, the next wait that would wait returns at once (a step fails in one timeout, not one a layer).
+  {
+    auto lone = ColdCopier::Create(arena->as<uint8_t>(), static_cast<const uint8_t *>(arena_dev), expert_bytes,
+                                   copy_stream.get());
+    REQUIRE(lone.ok());
+    ColdMailbox mb = (*lone)->mailbox();
+    const uint32_t never = 1000;
+    REQUIRE(cudaMemcpy(mb.want, &never, sizeof(never), cudaMemcpyHostToDevice) == cudaSuccess);
+    mb.timeout_ns = 20000000;  // 20 ms
+    const auto t0 = std::chrono::steady_clock::now();
+    REQUIRE(WaitColdCopies(mb, nullptr).ok());
+    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+    const auto t1 = std::chrono::steady_clock::now();
+    CHECK(t1 - t0 >= std::chrono::milliseconds(20));
+    CHECK(StatusToMoe((*lone)->status()) == MOE_ERR_INTERNAL);
+    mb.timeout_ns = 30000000000;  // 30 s: not waited
+    for (int i = 0; i < 4; ++i) REQUIRE(WaitColdCopies(mb, nullptr).ok());
+    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+    CHECK(std::chrono::steady_clock::now() - t1 < std::chrono::seconds(2));
   }
 
   // Refusals: slots too small for an expert or unaligned, a negative count, a null plan or table, more
