@@ -34,7 +34,8 @@ const TypeId kAllTypes[] = {TypeId::kF32,  TypeId::kF16,  TypeId::kBF16, TypeId:
 
 std::vector<Isa> Isas() {
   std::vector<Isa> v = {Isa::kScalar};
-  if (kernels::BestIsa() == Isa::kAvx2) v.push_back(Isa::kAvx2);
+  if (kernels::BestIsa() != Isa::kScalar) v.push_back(Isa::kAvx2);
+  if (kernels::BestIsa() == Isa::kAvx512) v.push_back(Isa::kAvx512);
   return v;
 }
 
@@ -172,7 +173,7 @@ TEST_CASE("exact-mode kernels match float64 within (n/16 + 4) u sum|w x|, every 
 }
 
 TEST_CASE("fused AVX2 exact kernels equal dequantize-then-dot bit for bit", "[cpu][kernels]") {
-  if (kernels::BestIsa() != Isa::kAvx2) return;
+  if (kernels::BestIsa() == Isa::kScalar) return;
   // Same lanes, same FMA order, bit-identical weights: the fused kernel must equal the float32
   // formats' kernel applied to the codec's dequantized row.
   const Codec *f32 = quant::FindCodec(TypeId::kF32);
@@ -190,6 +191,37 @@ TEST_CASE("fused AVX2 exact kernels equal dequantize-then-dot bit for bit", "[cp
       rf.dot_float(*f32, w.data(), k.x.data(), n, 4, n, b);
       INFO(c->name << " n=" << n << " fused=" << rk.fused_float);
       CHECK(std::memcmp(a, b, sizeof a) == 0);
+    }
+  }
+}
+
+TEST_CASE("AVX-512 q8 kernels equal the AVX2 ones bit for bit, every codec", "[cpu][kernels]") {
+  if (kernels::BestIsa() != Isa::kAvx512) return;
+  std::mt19937 rng(std::random_device{}());
+  for (TypeId id : kAllTypes) {
+    const Codec *c = quant::FindCodec(id);
+    const kernels::RowKernels r2 = kernels::FindRowKernels(*c, Isa::kAvx2);
+    const kernels::RowKernels r5 = kernels::FindRowKernels(*c, Isa::kAvx512);
+    REQUIRE(r2.act == r5.act);
+    if (r2.act == ActFormat::kNone) continue;
+    for (int64_t n : Sizes(*c)) {
+      for (int rep = 0; rep < 4; ++rep) {
+        const Case k = MakeCase(*c, n, rng);
+        const int64_t stride = kernels::ActRowBytes(r2.act, n);
+        std::vector<uint8_t> xq(static_cast<size_t>(stride * kernels::kMaxTokens));
+        for (int t = 0; t < kernels::kMaxTokens; ++t) {
+          kernels::QuantizeActivations(r2.act, k.x.data() + t * n, n, xq.data() + t * stride);
+        }
+        for (int nt = 1; nt <= kernels::kMaxTokens; ++nt) {
+          float a[kernels::kMaxTokens + 1], b[kernels::kMaxTokens + 1];
+          for (int t = 0; t <= kernels::kMaxTokens; ++t) a[t] = b[t] = std::numeric_limits<float>::quiet_NaN();
+          r2.dot_q8(*c, k.row.data(), xq.data(), stride, nt, n, a);
+          r5.dot_q8(*c, k.row.data(), xq.data(), stride, nt, n, b);
+          INFO(c->name << " n=" << n << " nt=" << nt);
+          CHECK(std::isnan(b[nt]));
+          CHECK(std::memcmp(a, b, sizeof(float) * nt) == 0);
+        }
+      }
     }
   }
 }

@@ -102,7 +102,11 @@ Isa BestIsa() {
     // F16C from CPUID leaf 1 (ECX bit 29): clang's __builtin_cpu_supports does not know "f16c".
     unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
     const bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & (1u << 29)) != 0;
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c) return Isa::kAvx2;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c) {
+      const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                          __builtin_cpu_supports("avx512vl");
+      return avx512 ? Isa::kAvx512 : Isa::kAvx2;
+    }
 #endif
     return Isa::kScalar;
   }();
@@ -148,9 +152,9 @@ RowKernels FindRowKernels(const quant::Codec &codec, Isa isa) {
   k.fused_float = false;
   k.integer_q8 = false;
 #if defined(__x86_64__)
-  if (isa == Isa::kAvx2) {
+  if (isa == Isa::kAvx2 || isa == Isa::kAvx512) {
     RowKernels a = k;
-    if (internal::FindAvx2RowKernels(codec, &a)) k = a;
+    if (internal::FindAvx2RowKernels(codec, isa == Isa::kAvx512, &a)) k = a;
   }
 #endif
   return k;

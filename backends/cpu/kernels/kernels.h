@@ -12,8 +12,9 @@ namespace strata::cpu::kernels {
 // Tokens one kernel call handles: each weight block is decoded once and used for all of them.
 constexpr int kMaxTokens = 4;
 
-// The instruction set the kernels use; kAvx2 means AVX2 + FMA + F16C.
-enum class Isa { kScalar, kAvx2 };
+// The instruction set the kernels use; kAvx2 means AVX2 + FMA + F16C; kAvx512 the AVX2 kernels plus
+// AVX-512 (F, BW, VL) ones where written, with the same results bit for bit.
+enum class Isa { kScalar, kAvx2, kAvx512 };
 Isa BestIsa();  // what this machine supports, read once with __builtin_cpu_supports
 
 // Activation formats of the q8 mode, chosen per codec so that activation blocks line up with weight
@@ -66,7 +67,7 @@ struct RowKernels {
   bool integer_q8;       // dot_q8 uses integer SIMD dot products (false: a float fallback)
 };
 
-// The kernels for a codec on an ISA (kAvx2 only when BestIsa() says so). Never null: codecs without
+// The kernels for a codec on an ISA (kAvx2 or kAvx512 only when BestIsa() says so). Never null: codecs without
 // dedicated kernels get generic ones that dequantize 256 elements at a time through the codec.
 RowKernels FindRowKernels(const quant::Codec &codec, Isa isa);
 

@@ -772,6 +772,90 @@ void Q8K4(const uint8_t *base, const void *xq, int64_t xqs, int64_t n, float *ou
   for (int t = 0; t < NT; ++t) out[t] = Reduce8(acc[t]) - Reduce8(accm[t]);
 }
 
+// The same with AVX-512 for the integer part: a zmm holds a chunk's low nibbles (the sub-block
+// 2c) and its high ones (2c + 1), against the 64 activation bytes they meet, and the two
+// sub-blocks' scales. Lane j and j + 8 of the sums then hold what lane j of the AVX2 kernel sums
+// for the two halves; they are added (integers: exact) before the same float steps, so the
+// results equal Q8K4's bit for bit.
+#define STRATA_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
+// GCC 12's AVX-512 intrinsics start from an "undefined" register it then reports as uninitialized.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+template <int NT, int kBytes, bool kFifthBit>
+STRATA_AVX512 void Q8K4x512(const uint8_t *base, const void *xq, int64_t xqs, int64_t n, float *out) {
+  __m256 acc[NT], accm[NT];
+  const ActBlock256 *a[NT];
+  for (int t = 0; t < NT; ++t) {
+    acc[t] = accm[t] = _mm256_setzero_ps();
+    a[t] = Act256<NT>(xq, xqs, t);
+  }
+  const __m512i m4 = _mm512_set1_epi8(0x0f);
+  // Per 16-bit word: no shift for the low 256 bits, one nibble (or one bit of qh) for the high.
+  const __m512i nib = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
+  const __m512i bit = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(1), 1);
+  // vpermw indices: word 2c of the scales in the low 256 bits, 2c + 1 in the high.
+  __m512i pick[4];
+  for (int c = 0; c < 4; ++c) {
+    pick[c] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi16(static_cast<int16_t>(2 * c))),
+                                 _mm256_set1_epi16(static_cast<int16_t>(2 * c + 1)), 1);
+  }
+  const int64_t nb = n / 256;
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t *p = base + kBytes * b;
+    for (int l = 0; l < kBytes; l += 64) Prefetch(p + l);
+    const float d = LoadHalf(p), dmin = LoadHalf(p + 2);
+    alignas(16) uint8_t sm[16];
+    KScalesMins(p + 4, sm);
+    const __m128i smv = _mm_load_si128(reinterpret_cast<const __m128i *>(sm));
+    const __m256i mins = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(smv, smv));
+    const __m512i scales = _mm512_castsi128_si512(_mm_cvtepu8_epi16(smv));
+    const uint8_t *qs = p + (kFifthBit ? 48 : 16);
+    __m512i qh = kFifthBit ? _mm512_srlv_epi16(_mm512_broadcast_i64x4(_mm256_loadu_si256(
+                                                   reinterpret_cast<const __m256i *>(p + 16))),
+                                               bit)
+                           : _mm512_setzero_si512();
+    __m512i sumi[NT];
+    for (int t = 0; t < NT; ++t) sumi[t] = _mm512_setzero_si512();
+    for (int c = 0; c < 4; ++c) {
+      const __m512i v = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(qs + 32 * c)));
+      __m512i codes = _mm512_and_si512(_mm512_srlv_epi16(v, nib), m4);
+      if (kFifthBit) {
+        codes = _mm512_or_si512(codes, _mm512_slli_epi16(_mm512_and_si512(qh, _mm512_set1_epi8(1)), 4));
+        qh = _mm512_srli_epi16(qh, 2);
+      }
+      const __m512i sc = _mm512_permutexvar_epi16(pick[c], scales);
+      for (int t = 0; t < NT; ++t) {
+        const __m512i q = _mm512_loadu_si512(a[t][b].q + 64 * c);
+        sumi[t] = _mm512_add_epi32(sumi[t], _mm512_madd_epi16(_mm512_maddubs_epi16(codes, q), sc));
+      }
+    }
+    for (int t = 0; t < NT; ++t) {
+      const __m256i s8 = _mm256_add_epi32(_mm512_castsi512_si256(sumi[t]), _mm512_extracti64x4_epi64(sumi[t], 1));
+      const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(a[t][b].bsums));
+      const __m256i summ = _mm256_madd_epi16(bs, mins);
+      acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * a[t][b].d), _mm256_cvtepi32_ps(s8), acc[t]);
+      accm[t] = _mm256_fmadd_ps(_mm256_set1_ps(dmin * a[t][b].d), _mm256_cvtepi32_ps(summ), accm[t]);
+    }
+  }
+  for (int t = 0; t < NT; ++t) out[t] = Reduce8(acc[t]) - Reduce8(accm[t]);
+}
+
+STRATA_AVX512 void DotQ4_KQ8x512(const Codec &, const void *row, const void *xq, int64_t xqs, int n_tok, int64_t n,
+                                 float *out) {
+  ForTokens(n_tok, [&](auto nt) {
+    Q8K4x512<decltype(nt)::value, 144, false>(static_cast<const uint8_t *>(row), xq, xqs, n, out);
+  });
+}
+STRATA_AVX512 void DotQ5_KQ8x512(const Codec &, const void *row, const void *xq, int64_t xqs, int n_tok, int64_t n,
+                                 float *out) {
+  ForTokens(n_tok, [&](auto nt) {
+    Q8K4x512<decltype(nt)::value, 176, true>(static_cast<const uint8_t *>(row), xq, xqs, n, out);
+  });
+}
+#pragma GCC diagnostic pop
+#undef STRATA_AVX512
+
 void DotQ4_KQ8(const Codec &, const void *row, const void *xq, int64_t xqs, int n_tok, int64_t n, float *out) {
   ForTokens(n_tok, [&](auto nt) {
     Q8K4<decltype(nt)::value, 144, false>(static_cast<const uint8_t *>(row), xq, xqs, n, out);
@@ -970,7 +1054,7 @@ void DotQ8ViaBlock(const Codec &codec, const void *row, const void *xq, int64_t 
 
 }  // namespace
 
-bool FindAvx2RowKernels(const Codec &codec, RowKernels *k) {
+bool FindAvx2RowKernels(const Codec &codec, bool avx512, RowKernels *k) {
   k->dot_float = &DotFloatViaCodec;
   k->fused_float = false;
   if (k->act != ActFormat::kNone) {
@@ -992,8 +1076,8 @@ bool FindAvx2RowKernels(const Codec &codec, RowKernels *k) {
     case TypeId::kQ5_1: f = &DotQ5_1Float; q = &DotQ5_1Q8; break;
     case TypeId::kQ2_K: fb = &DotFloatViaBlock<&DequantQ2_K>; q = &DotQ2_KQ8; break;
     case TypeId::kQ3_K: fb = &DotFloatViaBlock<&DequantQ3_K>; q = &DotQ3_KQ8; break;
-    case TypeId::kQ4_K: f = &DotQ4_KFloat; q = &DotQ4_KQ8; break;
-    case TypeId::kQ5_K: fb = &DotFloatViaBlock<&DequantQ5_K>; q = &DotQ5_KQ8; break;
+    case TypeId::kQ4_K: f = &DotQ4_KFloat; q = avx512 ? &DotQ4_KQ8x512 : &DotQ4_KQ8; break;
+    case TypeId::kQ5_K: fb = &DotFloatViaBlock<&DequantQ5_K>; q = avx512 ? &DotQ5_KQ8x512 : &DotQ5_KQ8; break;
     case TypeId::kQ6_K: f = &DotQ6_KFloat; q = &DotQ6_KQ8; break;
     case TypeId::kIQ4_NL: f = &DotIQ4_NLFloat; q = &DotIQ4_NLQ8; break;
     case TypeId::kIQ4_XS: f = &DotIQ4_XSFloat; q = &DotIQ4_XSQ8; break;

@@ -17,8 +17,9 @@ inline float Reduce16(const float *lane) {
 }
 
 // Fills *k with the AVX2 kernels for codec; false when there are none (use the generic ones).
-// Defined in kernels_avx2.cc, the only file built with -mavx2 -mfma -mf16c; call it only when
-// BestIsa() == Isa::kAvx2.
-bool FindAvx2RowKernels(const quant::Codec &codec, RowKernels *k);
+// avx512: where an AVX-512 kernel exists, it instead (same results bit for bit). Defined in
+// kernels_avx2.cc, the only file built with -mavx2 -mfma -mf16c (its AVX-512 functions carry their
+// own target attribute); call it only when BestIsa() is kAvx2 (avx512 false) or kAvx512.
+bool FindAvx2RowKernels(const quant::Codec &codec, bool avx512, RowKernels *k);
 
 }  // namespace strata::cpu::kernels::internal
