@@ -719,6 +719,32 @@ void DotQ5_1Q8(const Codec &, const void *row, const void *xq, int64_t xqs, int 
 
 // Q4_K / Q5_K (256 elements, 8 sub-blocks of 32 with 6-bit scale sc_j and min m_j):
 // sum = d d_x * sum_j sc_j dot_j(c, q) - dmin d_x * sum_j m_j sum_j(q). Integer within a block.
+// A block's head (prefetched): d, dmin, the 8 scales then 8 mins as bytes, and the mins duplicated
+// per 16-element half, (m0, m0, m1, m1, ...) as int16, against the activations' bsums.
+struct KHead {
+  float d, dmin;
+  __m128i sm;
+  __m256i mins;
+};
+template <int kBytes>
+inline KHead ReadKHead(const uint8_t *p) {
+  for (int l = 0; l < kBytes; l += 64) Prefetch(p + l);
+  KHead h;
+  h.d = LoadHalf(p);
+  h.dmin = LoadHalf(p + 2);
+  alignas(16) uint8_t sm[16];
+  KScalesMins(p + 4, sm);
+  h.sm = _mm_load_si128(reinterpret_cast<const __m128i *>(sm));
+  h.mins = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(h.sm, h.sm));
+  return h;
+}
+// The block's integer sums for one token's activations (8 lanes) into its float accumulators.
+inline void AddKBlock(const KHead &h, const ActBlock256 &a, __m256i sumi, __m256 &acc, __m256 &accm) {
+  const __m256i summ = _mm256_madd_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(a.bsums)), h.mins);
+  acc = _mm256_fmadd_ps(_mm256_set1_ps(h.d * a.d), _mm256_cvtepi32_ps(sumi), acc);
+  accm = _mm256_fmadd_ps(_mm256_set1_ps(h.dmin * a.d), _mm256_cvtepi32_ps(summ), accm);
+}
+
 template <int NT, int kBytes, bool kFifthBit>
 void Q8K4(const uint8_t *base, const void *xq, int64_t xqs, int64_t n, float *out) {
   __m256 acc[NT], accm[NT];
@@ -731,14 +757,8 @@ void Q8K4(const uint8_t *base, const void *xq, int64_t xqs, int64_t n, float *ou
   const int64_t nb = n / 256;
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t *p = base + kBytes * b;
-    for (int l = 0; l < kBytes; l += 64) Prefetch(p + l);
-    const float d = LoadHalf(p), dmin = LoadHalf(p + 2);
-    alignas(16) uint8_t sm[16];
-    KScalesMins(p + 4, sm);
-    const __m128i smv = _mm_load_si128(reinterpret_cast<const __m128i *>(sm));
-    // mins duplicated per 16-element half: (m0, m0, m1, m1, ...) as int16, against bsums.
-    const __m256i mins = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(smv, smv));
-    const __m256i scales = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(smv));
+    const KHead h = ReadKHead<kBytes>(p);
+    const __m256i scales = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(h.sm));
     const uint8_t *qs = p + (kFifthBit ? 48 : 16);
     __m256i qh = kFifthBit ? _mm256_loadu_si256(reinterpret_cast<const __m256i *>(p + 16)) : _mm256_setzero_si256();
     __m256i sumi[NT];
@@ -762,12 +782,7 @@ void Q8K4(const uint8_t *base, const void *xq, int64_t xqs, int64_t n, float *ou
         sumi[t] = _mm256_add_epi32(sumi[t], _mm256_add_epi32(_mm256_madd_epi16(p_lo, s_lo), _mm256_madd_epi16(p_hi, s_hi)));
       }
     }
-    for (int t = 0; t < NT; ++t) {
-      const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(a[t][b].bsums));
-      const __m256i summ = _mm256_madd_epi16(bs, mins);
-      acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * a[t][b].d), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
-      accm[t] = _mm256_fmadd_ps(_mm256_set1_ps(dmin * a[t][b].d), _mm256_cvtepi32_ps(summ), accm[t]);
-    }
+    for (int t = 0; t < NT; ++t) AddKBlock(h, a[t][b], sumi[t], acc[t], accm[t]);
   }
   for (int t = 0; t < NT; ++t) out[t] = Reduce8(acc[t]) - Reduce8(accm[t]);
 }
@@ -803,13 +818,8 @@ STRATA_AVX512 void Q8K4x512(const uint8_t *base, const void *xq, int64_t xqs, in
   const int64_t nb = n / 256;
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t *p = base + kBytes * b;
-    for (int l = 0; l < kBytes; l += 64) Prefetch(p + l);
-    const float d = LoadHalf(p), dmin = LoadHalf(p + 2);
-    alignas(16) uint8_t sm[16];
-    KScalesMins(p + 4, sm);
-    const __m128i smv = _mm_load_si128(reinterpret_cast<const __m128i *>(sm));
-    const __m256i mins = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(smv, smv));
-    const __m512i scales = _mm512_castsi128_si512(_mm_cvtepu8_epi16(smv));
+    const KHead h = ReadKHead<kBytes>(p);
+    const __m512i scales = _mm512_castsi128_si512(_mm_cvtepu8_epi16(h.sm));
     const uint8_t *qs = p + (kFifthBit ? 48 : 16);
     __m512i qh = kFifthBit ? _mm512_srlv_epi16(_mm512_broadcast_i64x4(_mm256_loadu_si256(
                                                    reinterpret_cast<const __m256i *>(p + 16))),
@@ -832,10 +842,7 @@ STRATA_AVX512 void Q8K4x512(const uint8_t *base, const void *xq, int64_t xqs, in
     }
     for (int t = 0; t < NT; ++t) {
       const __m256i s8 = _mm256_add_epi32(_mm512_castsi512_si256(sumi[t]), _mm512_extracti64x4_epi64(sumi[t], 1));
-      const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(a[t][b].bsums));
-      const __m256i summ = _mm256_madd_epi16(bs, mins);
-      acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * a[t][b].d), _mm256_cvtepi32_ps(s8), acc[t]);
-      accm[t] = _mm256_fmadd_ps(_mm256_set1_ps(dmin * a[t][b].d), _mm256_cvtepi32_ps(summ), accm[t]);
+      AddKBlock(h, a[t][b], s8, acc[t], accm[t]);
     }
   }
   for (int t = 0; t < NT; ++t) out[t] = Reduce8(acc[t]) - Reduce8(accm[t]);
