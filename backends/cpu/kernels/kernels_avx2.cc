@@ -860,6 +860,71 @@ STRATA_AVX512 void DotQ5_KQ8x512(const Codec &, const void *row, const void *xq,
     Q8K4x512<decltype(nt)::value, 176, true>(static_cast<const uint8_t *>(row), xq, xqs, n, out);
   });
 }
+
+// Q6_K (see Q8K6 below) with a zmm for two of a half's four chunks of 32 codes: chunks 2j and
+// 2j + 1 (elements 128h + 64j .. + 63) come from the half's 64 low-bit bytes (low nibbles for j = 0,
+// high for j = 1) and its 32 high-bit bytes (shifted 4j and 4j + 2), and meet 64 contiguous
+// activation bytes; 128-bit lane i takes sub-block scale 8h + 4j + i. The two 256-bit halves then
+// hold what the AVX2 kernel adds into the same eight lanes, so their sum, after the same start
+// (-32 sum(scale bsum)), is its integer sum exactly, and the float steps are its own.
+template <int NT>
+STRATA_AVX512 void Q8K6x512(const uint8_t *base, const void *xq, int64_t xqs, int64_t n, float *out) {
+  __m256 acc[NT];
+  const ActBlock256 *a[NT];
+  for (int t = 0; t < NT; ++t) {
+    acc[t] = _mm256_setzero_ps();
+    a[t] = Act256<NT>(xq, xqs, t);
+  }
+  const __m512i m4 = _mm512_set1_epi8(0x0f), m2 = _mm512_set1_epi8(0x03);
+  __m512i qh_shift[2], pick[2][2];
+  for (int j = 0; j < 2; ++j) {
+    qh_shift[j] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi16(static_cast<int16_t>(4 * j))),
+                                     _mm256_set1_epi16(static_cast<int16_t>(4 * j + 2)), 1);
+    for (int h = 0; h < 2; ++h) {
+      alignas(64) int16_t idx[32];
+      for (int w = 0; w < 32; ++w) idx[w] = static_cast<int16_t>(8 * h + 4 * j + w / 8);
+      pick[h][j] = _mm512_load_si512(idx);
+    }
+  }
+  const int64_t nb = n / 256;
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t *p = base + 210 * b;
+    for (int l = 0; l < 210; l += 64) Prefetch(p + l);
+    const __m128i sc8 = _mm_loadu_si128(reinterpret_cast<const __m128i *>(p + 192));
+    const float d = LoadHalf(p + 208);
+    const __m512i sc16 = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(sc8));
+    __m512i sumi[NT];
+    for (int t = 0; t < NT; ++t) sumi[t] = _mm512_setzero_si512();
+    for (int h = 0; h < 2; ++h) {
+      const __m512i ql = _mm512_loadu_si512(p + 64 * h);
+      const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(p + 128 + 32 * h)));
+      for (int j = 0; j < 2; ++j) {
+        const __m512i lo = _mm512_and_si512(j == 0 ? ql : _mm512_srli_epi16(ql, 4), m4);
+        const __m512i hi = _mm512_and_si512(_mm512_srlv_epi16(qh, qh_shift[j]), m2);
+        const __m512i codes = _mm512_or_si512(lo, _mm512_slli_epi16(hi, 4));
+        const __m512i sc = _mm512_permutexvar_epi16(pick[h][j], sc16);
+        for (int t = 0; t < NT; ++t) {
+          const __m512i q = _mm512_loadu_si512(a[t][b].q + 128 * h + 64 * j);
+          sumi[t] = _mm512_add_epi32(sumi[t], _mm512_madd_epi16(_mm512_maddubs_epi16(codes, q), sc));
+        }
+      }
+    }
+    for (int t = 0; t < NT; ++t) {
+      const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(a[t][b].bsums));
+      const __m256i start = _mm256_sub_epi32(_mm256_setzero_si256(),
+                                             _mm256_slli_epi32(_mm256_madd_epi16(bs, _mm256_cvtepi8_epi16(sc8)), 5));
+      const __m256i s8 = _mm256_add_epi32(
+          start, _mm256_add_epi32(_mm512_castsi512_si256(sumi[t]), _mm512_extracti64x4_epi64(sumi[t], 1)));
+      acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * a[t][b].d), _mm256_cvtepi32_ps(s8), acc[t]);
+    }
+  }
+  for (int t = 0; t < NT; ++t) out[t] = Reduce8(acc[t]);
+}
+
+STRATA_AVX512 void DotQ6_KQ8x512(const Codec &, const void *row, const void *xq, int64_t xqs, int n_tok, int64_t n,
+                                 float *out) {
+  ForTokens(n_tok, [&](auto nt) { Q8K6x512<decltype(nt)::value>(static_cast<const uint8_t *>(row), xq, xqs, n, out); });
+}
 #pragma GCC diagnostic pop
 #undef STRATA_AVX512
 
@@ -1085,7 +1150,7 @@ bool FindAvx2RowKernels(const Codec &codec, bool avx512, RowKernels *k) {
     case TypeId::kQ3_K: fb = &DotFloatViaBlock<&DequantQ3_K>; q = &DotQ3_KQ8; break;
     case TypeId::kQ4_K: f = &DotQ4_KFloat; q = avx512 ? &DotQ4_KQ8x512 : &DotQ4_KQ8; break;
     case TypeId::kQ5_K: fb = &DotFloatViaBlock<&DequantQ5_K>; q = avx512 ? &DotQ5_KQ8x512 : &DotQ5_KQ8; break;
-    case TypeId::kQ6_K: f = &DotQ6_KFloat; q = &DotQ6_KQ8; break;
+    case TypeId::kQ6_K: f = &DotQ6_KFloat; q = avx512 ? &DotQ6_KQ8x512 : &DotQ6_KQ8; break;
     case TypeId::kIQ4_NL: f = &DotIQ4_NLFloat; q = &DotIQ4_NLQ8; break;
     case TypeId::kIQ4_XS: f = &DotIQ4_XSFloat; q = &DotIQ4_XSQ8; break;
     case TypeId::kMXFP4: f = &DotMXFP4Float; q = &DotMXFP4Q8; break;
