@@ -151,6 +151,19 @@ int main(int argc, char **argv) {
     std::sort(ms.begin(), ms.end());
     return ms[ms.size() / 2];
   };
+  // Layer l + 1's experts moved by `issue(l, stream)` on the side stream while layer l computes, the
+  // compute stream joining them before layer l + 1 (layer 0's moved first).
+  auto pipelined = [&](auto &&issue) {
+    issue(0, main_s);
+    for (int l = 0; l < kLayers; ++l) {
+      OVERLAP_CHECK(cudaEventRecord(fork, main_s));
+      OVERLAP_CHECK(cudaStreamWaitEvent(side_s, fork, 0));
+      if (l + 1 < kLayers) issue(l + 1, side_s);
+      OVERLAP_CHECK(cudaEventRecord(join, side_s));
+      compute(l, main_s);
+      OVERLAP_CHECK(cudaStreamWaitEvent(main_s, join, 0));
+    }
+  };
   const double token_bytes = static_cast<double>(kLayers) * kColdExperts * kExpertBytes;
   auto row = [&](const char *what, int blocks, float ms) {
     std::printf("%-48s %7d %9.2f %8.1f\n", what, blocks, ms, token_bytes / (ms * 1e-3) / 1e9);
@@ -212,27 +225,11 @@ int main(int argc, char **argv) {
         for (int l = 0; l < kLayers; ++l) batch(l, main_s, 0);
       }));
   row("batched copy of l + 1 beside compute of l", 0, token_ms([&] {
-        batch(0, main_s, 0);
-        for (int l = 0; l < kLayers; ++l) {
-          OVERLAP_CHECK(cudaEventRecord(fork, main_s));
-          OVERLAP_CHECK(cudaStreamWaitEvent(side_s, fork, 0));
-          if (l + 1 < kLayers) batch(l + 1, side_s, 0);
-          OVERLAP_CHECK(cudaEventRecord(join, side_s));
-          compute(l, main_s);
-          OVERLAP_CHECK(cudaStreamWaitEvent(main_s, join, 0));
-        }
+        pipelined([&](int l, cudaStream_t s) { batch(l, s, 0); });
       }));
 #endif
   row("3-copy copy of l + 1 beside compute of l", 0, token_ms([&] {
-        dma3(0, host, main_s);
-        for (int l = 0; l < kLayers; ++l) {
-          OVERLAP_CHECK(cudaEventRecord(fork, main_s));
-          OVERLAP_CHECK(cudaStreamWaitEvent(side_s, fork, 0));
-          if (l + 1 < kLayers) dma3(l + 1, host, side_s);
-          OVERLAP_CHECK(cudaEventRecord(join, side_s));
-          compute(l, main_s);
-          OVERLAP_CHECK(cudaStreamWaitEvent(main_s, join, 0));
-        }
+        pipelined([&](int l, cudaStream_t s) { dma3(l, host, s); });
       }));
   // The same offsets in anonymous mmap'd memory, page-locked by cudaHostRegister.
   void *reg = mmap(nullptr, kHostBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -271,27 +268,11 @@ int main(int argc, char **argv) {
       }));
   for (int blocks : {sms / 2, sms, 2 * sms}) {
     row("copy of l + 1 beside compute of l, joined", blocks, token_ms([&] {
-          copy(0, blocks, main_s);
-          for (int l = 0; l < kLayers; ++l) {
-            OVERLAP_CHECK(cudaEventRecord(fork, main_s));
-            OVERLAP_CHECK(cudaStreamWaitEvent(side_s, fork, 0));
-            if (l + 1 < kLayers) copy(l + 1, blocks, side_s);
-            OVERLAP_CHECK(cudaEventRecord(join, side_s));
-            compute(l, main_s);
-            OVERLAP_CHECK(cudaStreamWaitEvent(main_s, join, 0));
-          }
+          pipelined([&](int l, cudaStream_t s) { copy(l, blocks, s); });
         }));
   }
   row("copy-engine copy of l + 1 beside compute of l", 0, token_ms([&] {
-        dma(0, main_s);
-        for (int l = 0; l < kLayers; ++l) {
-          OVERLAP_CHECK(cudaEventRecord(fork, main_s));
-          OVERLAP_CHECK(cudaStreamWaitEvent(side_s, fork, 0));
-          if (l + 1 < kLayers) dma(l + 1, side_s);
-          OVERLAP_CHECK(cudaEventRecord(join, side_s));
-          compute(l, main_s);
-          OVERLAP_CHECK(cudaStreamWaitEvent(main_s, join, 0));
-        }
+        pipelined(dma);
       }));
   row("all copies beside all compute, no joins", sms / 2, token_ms([&] {
         OVERLAP_CHECK(cudaEventRecord(fork, main_s));
