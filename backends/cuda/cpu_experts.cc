@@ -191,6 +191,8 @@ absl::Status CpuExperts::Calibrate(cudaStream_t stream) {
 }
 
 absl::Status CpuExperts::TakeStatus() {
+  // Asked at every download: the lock only once a wait has given up (it sets both under mu_).
+  if (!failed_.load(std::memory_order_acquire)) return absl::OkStatus();
   std::lock_guard<std::mutex> lock(mu_);
   absl::Status s = std::move(err_);
   err_ = absl::OkStatus();
@@ -244,8 +246,8 @@ void CUDART_CB CpuExperts::WaitFn(void *self) {
   if (!SpinUntil([&] { return ce->done_.load(std::memory_order_acquire) >= posted; }, t0 + ce->wait_limit_)) {
     // The device goes on without the CPU's rows: the step fails at its download (TakeStatus), and
     // from now on no job is posted, so the device computes every expert itself.
-    ce->failed_.store(true, std::memory_order_relaxed);
     std::lock_guard<std::mutex> lock(ce->mu_);
+    ce->failed_.store(true, std::memory_order_release);
     ce->err_ = Errorf(MOE_ERR_INTERNAL,
                       "CPU experts: layer %d waited more than %.1f s for the CPU's job (%llu posted, %llu done, "
                       "the worker %s); the CPU's share is off from now on",
