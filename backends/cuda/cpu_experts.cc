@@ -18,7 +18,16 @@ using Clock = std::chrono::steady_clock;
 
 double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
 
-void CUDART_CB NoOp(void *) {}
+// The mapped words after the call record in box_: the answers ([0] decided, [1] done), then the
+// timed-out words (kernels.h, CpuCallBox).
+constexpr size_t kAnswerOff = (sizeof(CpuCall) + 15) / 16 * 16, kTimedOutOff = kAnswerOff + 16, kBoxBytes = kTimedOutOff + 16;
+
+template <typename T>
+absl::StatusOr<T *> DevicePointer(const PinnedBuffer &b) {
+  void *d = nullptr;
+  STRATA_CUDA_RETURN_IF_ERROR(cudaHostGetDevicePointer(&d, b.data(), 0));
+  return static_cast<T *>(d);
+}
 
 }  // namespace
 
@@ -46,55 +55,68 @@ absl::StatusOr<std::unique_ptr<CpuExperts>> CpuExperts::Create(const model::Mode
   }
   if (ce->n_embd_ <= 0) return Errorf(MOE_ERR_INVALID_ARGUMENT, "CPU experts: the model has no routed experts");
   const size_t rows_bytes = static_cast<size_t>(max_rows) * ce->n_embd_ * sizeof(float);
-  STRATA_ASSIGN_OR_RETURN(ce->sel_, PinnedBuffer::Allocate(max_rows * sizeof(int32_t)));
-  STRATA_ASSIGN_OR_RETURN(ce->h_, PinnedBuffer::Allocate(rows_bytes));
-  STRATA_ASSIGN_OR_RETURN(ce->tab_, PinnedBuffer::Allocate(n_expert_max * sizeof(void *)));
-  STRATA_ASSIGN_OR_RETURN(ce->skip_, PinnedBuffer::Allocate(n_expert_max));
+  STRATA_ASSIGN_OR_RETURN(ce->box_, PinnedBuffer::Allocate(kBoxBytes, cudaHostAllocMapped));
+  STRATA_ASSIGN_OR_RETURN(ce->sel_, PinnedBuffer::Allocate(max_rows * sizeof(int32_t), cudaHostAllocMapped));
+  STRATA_ASSIGN_OR_RETURN(ce->h_, PinnedBuffer::Allocate(rows_bytes, cudaHostAllocMapped));
+  STRATA_ASSIGN_OR_RETURN(ce->tab_, PinnedBuffer::Allocate(n_expert_max * sizeof(void *), cudaHostAllocMapped));
+  STRATA_ASSIGN_OR_RETURN(ce->skip_, PinnedBuffer::Allocate(n_expert_max, cudaHostAllocMapped));
   STRATA_ASSIGN_OR_RETURN(ce->y_, PinnedBuffer::Allocate(rows_bytes, cudaHostAllocMapped));
-  void *y_dev = nullptr;
-  STRATA_CUDA_RETURN_IF_ERROR(cudaHostGetDevicePointer(&y_dev, ce->y_.data(), 0));
-  ce->y_dev_ = static_cast<float *>(y_dev);
+  STRATA_ASSIGN_OR_RETURN(ce->counters_, DeviceBuffer::Allocate(32));
+  std::memset(ce->box_.data(), 0, kBoxBytes);
+  STRATA_CUDA_RETURN_IF_ERROR(cudaMemset(ce->counters_.data(), 0, 32));
+  CpuCallBox &b = ce->dev_box_;
+  STRATA_ASSIGN_OR_RETURN(uint8_t *box, DevicePointer<uint8_t>(ce->box_));
+  b.call = reinterpret_cast<CpuCall *>(box);
+  b.answer = reinterpret_cast<const uint32_t *>(box + kAnswerOff);
+  b.timed_out = reinterpret_cast<uint32_t *>(box + kTimedOutOff);
+  STRATA_ASSIGN_OR_RETURN(b.sel, DevicePointer<int32_t>(ce->sel_));
+  STRATA_ASSIGN_OR_RETURN(b.h, DevicePointer<float>(ce->h_));
+  STRATA_ASSIGN_OR_RETURN(b.tab, DevicePointer<const void *>(ce->tab_));
+  b.next = ce->counters_.as<uint32_t>();
+  b.waited_ns = reinterpret_cast<unsigned long long *>(ce->counters_.as<uint8_t>() + 16);
+  STRATA_ASSIGN_OR_RETURN(ce->skip_dev_, DevicePointer<const uint8_t>(ce->skip_));
+  STRATA_ASSIGN_OR_RETURN(ce->y_dev_, DevicePointer<float>(ce->y_));
   ce->xg_.assign(static_cast<size_t>(max_rows) * ce->n_embd_, 0.f);
   // Jobs come once a layer (a few hundred microseconds apart in decode): the pool's threads spin
   // through the gaps (~1 ms) rather than sleep and be woken for every job.
   ce->cpu_ = std::make_unique<cpu::CpuBackend>(
       o.n_threads, o.q8_activations ? cpu::MatMulMode::kQ8Activations : cpu::MatMulMode::kExact,
       cpu::kernels::BestIsa(), 10 * ThreadPool::kSpinIterations);
-  STRATA_RETURN_IF_ERROR(ce->Calibrate(stream));
+  STRATA_RETURN_IF_ERROR(ce->Calibrate());
   const char *trace = std::getenv("STRATA_CPU_EXPERTS_TRACE");
   ce->trace_ = trace != nullptr && trace[0] == '1';
   if (const char *ms = std::getenv("STRATA_CPU_EXPERTS_WAIT_MS"); ms != nullptr && std::atoll(ms) > 0) {
     ce->wait_limit_ = std::chrono::milliseconds(std::atoll(ms));
   }
+  ce->dev_box_.timeout_ns = static_cast<uint64_t>(std::chrono::nanoseconds(ce->wait_limit_).count());
   ce->worker_ = std::thread([p = ce.get()] { p->WorkerLoop(); });
+  STRATA_RETURN_IF_ERROR(ce->MeasureRoundTrip(stream));
   return ce;
 }
 
 CpuExperts::~CpuExperts() {
+  stop_.store(true, std::memory_order_relaxed);
+  if (worker_.joinable()) worker_.join();
   if (trace_ && tr_.calls > 0) {
+    unsigned long long waited[2] = {};
+    (void)cudaMemcpy(waited, dev_box_.waited_ns, sizeof(waited), cudaMemcpyDeviceToHost);
     const double c = static_cast<double>(tr_.calls), us = 1e6;
     std::fprintf(stderr,
-                 "cpu experts: %llu calls, %llu jobs; us per call: decide %.1f, device %.1f, wait %.1f, "
-                 "between %.1f; us per job %.1f; rates: link %.1f GB/s, CPU %.1f GB/s + %.1f us a job (token "
-                 "share %.2f), round trip %.1f us\n",
+                 "cpu experts: %llu calls, %llu jobs; us per call: decide %.1f, the device waiting for the decision "
+                 "%.1f and for the job %.1f, the worker idle between calls %.1f; us per job %.1f; rates: link %.1f "
+                 "GB/s, CPU %.1f GB/s + %.1f us a job (token share %.2f), round trip %.1f us\n",
                  static_cast<unsigned long long>(tr_.calls), static_cast<unsigned long long>(tr_.jobs),
-                 us * tr_.decide_s / c, us * tr_.device_s / c, us * tr_.wait_s / c, us * tr_.between_s / c,
-                 us * job_s_.load() / std::max<double>(1, static_cast<double>(tr_.jobs)), link_bytes_s_ / 1e9,
+                 us * tr_.decide_s / c, 1e-3 * static_cast<double>(waited[0]) / c,
+                 1e-3 * static_cast<double>(waited[1]) / c, us * tr_.between_s / c,
+                 us * tr_.job_s / std::max<double>(1, static_cast<double>(tr_.jobs)), link_bytes_s_ / 1e9,
                  cpu_bytes_s_.load() / 1e9, us * cpu_fixed_s_.load(), token_share_, us * round_trip_s_);
   }
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    stop_ = true;
-  }
-  cv_.notify_all();
-  if (worker_.joinable()) worker_.join();
 }
 
 // The CPU's cost on the model's own experts: jobs of 1 to 4 experts of one token, spread over the
 // layers (each read once where the model has enough, so from memory as in decode), fit a fixed
-// cost and a rate; jobs of eight tokens give the per-token share. Then the host round trip, as
-// the layer's copies and host functions queue it.
-absl::Status CpuExperts::Calibrate(cudaStream_t stream) {
+// cost and a rate; jobs of eight tokens give the per-token share.
+absl::Status CpuExperts::Calibrate() {
   std::vector<const model::ExpertWeights *> pick;
   for (size_t l = 0; l < w_->layers.size(); ++l) {
     const auto &ex = w_->layers[l].experts;
@@ -174,29 +196,50 @@ absl::Status CpuExperts::Calibrate(cudaStream_t stream) {
     cpu_bytes_s_ = fit_.rate();
     cpu_fixed_s_ = fit_.fixed();
   }
-  // The round trip: three copies back, a host function, a copy out, a host function.
-  STRATA_ASSIGN_OR_RETURN(DeviceBuffer dev, DeviceBuffer::Allocate(4096));
+  return absl::OkStatus();
+}
+
+// The round trip of a call the worker answers at once (layer -1: no job), as a layer queues it:
+// the call with one token's data, the wait for the decision (one flag copied), the wait for "done".
+absl::Status CpuExperts::MeasureRoundTrip(cudaStream_t stream) {
+  STRATA_ASSIGN_OR_RETURN(DeviceBuffer dev, DeviceBuffer::Allocate(256 + n_embd_ * sizeof(float)));
+  STRATA_CUDA_RETURN_IF_ERROR(cudaMemset(dev.data(), 0, dev.size()));
+  const auto *base = dev.as<uint8_t>();
+  CpuCall c;
+  c.layer = -1;
+  c.k = 1;
+  c.n_expert = 1;
+  c.n_tok = 1;
   double best = 1.0;
   for (int rep = 0; rep < 5; ++rep) {
     const auto t0 = Clock::now();
-    for (int c = 0; c < 3; ++c) STRATA_RETURN_IF_ERROR(CopyAsync(sel_.data(), dev.data(), sizeof(int32_t), stream));
-    STRATA_CUDA_RETURN_IF_ERROR(cudaLaunchHostFunc(stream, NoOp, nullptr));
-    STRATA_RETURN_IF_ERROR(CopyAsync(dev.data(), skip_.data(), 1, stream));
-    STRATA_CUDA_RETURN_IF_ERROR(cudaLaunchHostFunc(stream, NoOp, nullptr));
+    STRATA_RETURN_IF_ERROR(PostCpuCall(dev_box_, c, reinterpret_cast<const int32_t *>(base),
+                                       reinterpret_cast<const float *>(base + 256), n_embd_,
+                                       reinterpret_cast<const void *const *>(base + 64), stream));
+    STRATA_RETURN_IF_ERROR(WaitCpuCall(dev_box_, 0, skip_dev_, dev.as<uint8_t>() + 128, 1, stream));
+    STRATA_RETURN_IF_ERROR(WaitCpuCall(dev_box_, 1, nullptr, nullptr, 0, stream));
     STRATA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
     best = std::min(best, Seconds(t0, Clock::now()));
   }
+  STRATA_RETURN_IF_ERROR(TakeStatus());
+  STRATA_CUDA_RETURN_IF_ERROR(cudaMemset(dev_box_.waited_ns, 0, 2 * sizeof(unsigned long long)));  // not the model's
   round_trip_s_ = best;
   return absl::OkStatus();
 }
 
 absl::Status CpuExperts::TakeStatus() {
-  // Asked at every download: the lock only once a wait has given up (it sets both under mu_).
-  if (!failed_.load(std::memory_order_acquire)) return absl::OkStatus();
-  std::lock_guard<std::mutex> lock(mu_);
-  absl::Status s = std::move(err_);
-  err_ = absl::OkStatus();
-  return s;
+  // Asked at every download, the stream idle: one read of host memory unless a wait gave up.
+  volatile uint32_t *to = reinterpret_cast<volatile uint32_t *>(box_.as<uint8_t>() + kTimedOutOff);
+  if (to[0] == 0) return absl::OkStatus();
+  const uint32_t stage = to[1], call = to[2], seen = to[3];
+  failed_.store(true, std::memory_order_relaxed);
+  to[0] = 0;  // later waits wait again: the worker answers every call at once from now on
+  return Errorf(MOE_ERR_INTERNAL,
+                "CPU experts: the device waited more than %.1f s for the CPU to %s call %u (answered up to %u; "
+                "the worker %s, last at layer %d); the CPU's share is off from now on",
+                std::chrono::duration<double>(wait_limit_).count(), stage == 0 ? "decide" : "finish", call, seen,
+                working_.load(std::memory_order_relaxed) ? "inside a job" : "not in a job",
+                job_layer_.load(std::memory_order_relaxed));
 }
 
 model::PlacementRates CpuExperts::rates() const {
@@ -215,75 +258,36 @@ absl::Status CpuExperts::Start(int l, int64_t n_tok, int k, int n_expert, const 
     return Errorf(MOE_ERR_INVALID_ARGUMENT, "CPU experts: layer %d, %lld tokens of %d selections over %d experts", l,
                   static_cast<long long>(n_tok), k, n_expert);
   }
-  std::unique_ptr<Call> &c = calls_[{l, n_tok, k}];
-  if (c == nullptr) {
-    c = std::make_unique<Call>();
-    *c = Call{this, l, k, n_expert, n_tok};
-  }
-  STRATA_RETURN_IF_ERROR(CopyAsync(sel_.data(), sel, n_tok * k * sizeof(int32_t), stream));
-  STRATA_RETURN_IF_ERROR(CopyAsync(h_.data(), h, n_tok * n_embd_ * sizeof(float), stream));
-  STRATA_RETURN_IF_ERROR(CopyAsync(tab_.data(), gate_tab, n_expert * sizeof(void *), stream));
-  STRATA_CUDA_RETURN_IF_ERROR(cudaLaunchHostFunc(stream, DecideFn, c.get()));
-  return CopyAsync(skip_dev, skip_.data(), n_expert, stream);
+  CpuCall c;
+  c.layer = l;
+  c.k = k;
+  c.n_expert = n_expert;
+  c.n_tok = n_tok;
+  STRATA_RETURN_IF_ERROR(PostCpuCall(dev_box_, c, sel, h, n_embd_, gate_tab, stream));
+  return WaitCpuCall(dev_box_, 0, skip_dev_, skip_dev, n_expert, stream);
 }
 
 absl::Status CpuExperts::Finish(const int32_t *plan, int n_max, const uint8_t *skip_dev, float *yg,
                                 cudaStream_t stream) {
-  STRATA_CUDA_RETURN_IF_ERROR(cudaLaunchHostFunc(stream, WaitFn, this));
+  STRATA_RETURN_IF_ERROR(WaitCpuCall(dev_box_, 1, nullptr, nullptr, 0, stream));
   return CopySkippedGroups(plan, n_max, skip_dev, y_dev_, yg, n_embd_, stream);
 }
 
-void CUDART_CB CpuExperts::DecideFn(void *call) {
-  const Call *c = static_cast<const Call *>(call);
-  c->self->Decide(*c);
-}
-
-void CUDART_CB CpuExperts::WaitFn(void *self) {
-  auto *ce = static_cast<CpuExperts *>(self);
-  if (ce->failed_.load(std::memory_order_relaxed)) return;  // no job was posted (see DecideImpl)
-  const Clock::time_point t0 = Clock::now();
-  const uint64_t posted = ce->posted_.load(std::memory_order_relaxed);
-  if (!SpinUntil([&] { return ce->done_.load(std::memory_order_acquire) >= posted; }, t0 + ce->wait_limit_)) {
-    // The device goes on without the CPU's rows: the step fails at its download (TakeStatus), and
-    // from now on no job is posted, so the device computes every expert itself.
-    std::lock_guard<std::mutex> lock(ce->mu_);
-    ce->failed_.store(true, std::memory_order_release);
-    ce->err_ = Errorf(MOE_ERR_INTERNAL,
-                      "CPU experts: layer %d waited more than %.1f s for the CPU's job (%llu posted, %llu done, "
-                      "the worker %s); the CPU's share is off from now on",
-                      ce->job_layer_, std::chrono::duration<double>(ce->wait_limit_).count(),
-                      static_cast<unsigned long long>(posted),
-                      static_cast<unsigned long long>(ce->done_.load(std::memory_order_relaxed)),
-                      ce->working_.load(std::memory_order_relaxed) ? "inside the job" : "not running it");
-  }
-  if (ce->trace_) {
-    Trace &t = ce->tr_;
-    t.waited = Clock::now();
-    t.device_s += Seconds(t.decided, t0);
-    t.wait_s += Seconds(t0, t.waited);
-  }
-}
-
-void CpuExperts::Decide(const Call &c) {
-  if (!trace_) return DecideImpl(c);
-  const Clock::time_point t0 = Clock::now();
-  if (tr_.calls > 0) tr_.between_s += Seconds(tr_.waited, t0);
-  const uint64_t posted = posted_.load(std::memory_order_relaxed);
-  DecideImpl(c);
-  tr_.decided = Clock::now();
-  tr_.decide_s += Seconds(t0, tr_.decided);
-  ++tr_.calls;
-  if (posted_.load(std::memory_order_relaxed) != posted) ++tr_.jobs;
-}
-
-void CpuExperts::DecideImpl(const Call &c) {
+bool CpuExperts::Decide(const CpuCall &c) {
   uint8_t *skip = skip_.as<uint8_t>();
-  std::memset(skip, 0, c.n_expert);
-  if (failed_.load(std::memory_order_relaxed)) return;
+  std::memset(skip, 0, static_cast<size_t>(n_expert_max_));
+  job_layer_.store(c.layer, std::memory_order_relaxed);
+  if (failed_.load(std::memory_order_relaxed)) return false;
+  // Only what Start accepted reaches here; a call outside it (the round trip's layer -1) has no job.
+  if (c.layer < 0 || c.layer >= static_cast<int>(w_->layers.size()) || c.n_tok <= 0 || c.k <= 0 ||
+      c.n_tok * c.k > max_rows_ || c.n_expert <= 0 || c.n_expert > n_expert_max_ ||
+      c.n_expert != static_cast<int>(w_->layers[c.layer].experts.size())) {
+    return false;
+  }
   const int32_t *sel = sel_.as<int32_t>();
   const int64_t n = c.n_tok * c.k;
   for (int64_t i = 0; i < n; ++i) {
-    if (sel[i] < 0 || sel[i] >= c.n_expert) return;  // the device's grouping leaves it out; so does the CPU
+    if (sel[i] < 0 || sel[i] >= c.n_expert) return false;  // the device's grouping leaves it out; so does the CPU
   }
   const model::ExpertGroups g = model::GroupByExpert(sel, c.n_tok, c.k, c.n_expert);
   const auto *tab = tab_.as<const uint8_t *>();
@@ -301,7 +305,7 @@ void CpuExperts::DecideImpl(const Call &c) {
   } else {
     chosen = model::ChooseCpuExperts(cold, rates());
   }
-  if (chosen.empty()) return;
+  if (chosen.empty()) return false;
   const model::PlacementRates r = rates();
   job_ew_.assign(g.used.size(), nullptr);
   job_first_ = g.first;
@@ -322,38 +326,61 @@ void CpuExperts::DecideImpl(const Call &c) {
               (1.0 + r.cpu_token_share * static_cast<double>(tokens - 1));
   }
   uses_.fetch_add(chosen.size(), std::memory_order_relaxed);
-  job_layer_ = c.layer;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    posted_.fetch_add(1, std::memory_order_release);
-  }
-  cv_.notify_one();
+  return true;
 }
 
 void CpuExperts::WorkerLoop() {
-  uint64_t seen = 0;
-  for (;;) {
-    // Layers come every few hundred microseconds in decode: spin a while before sleeping.
-    for (int i = 0; i < 10 * ThreadPool::kSpinIterations && posted_.load(std::memory_order_acquire) == seen; ++i) {
-      CpuPause();
+  const volatile CpuCall *call = box_.as<CpuCall>();
+  uint32_t *answer = reinterpret_cast<uint32_t *>(box_.as<uint8_t>() + kAnswerOff);
+  uint32_t seen = 0;
+  Clock::time_point last = Clock::now();
+  // Layers call every few hundred microseconds in decode: spin while they come, nap after a few
+  // milliseconds without one, so an idle context costs no core.
+  for (int spins = 0; !stop_.load(std::memory_order_relaxed);) {
+    const uint32_t seq = __atomic_load_n(&const_cast<const CpuCall *>(call)->seq, __ATOMIC_ACQUIRE);
+    if (seq == seen) {
+      if (++spins < 1024) {
+        CpuPause();
+      } else if (Clock::now() - last < std::chrono::milliseconds(5)) {
+        spins = 0;
+      } else {
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+      }
+      continue;
     }
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return stop_ || posted_.load(std::memory_order_acquire) != seen; });
-      if (stop_) return;
+    spins = 0;
+    seen = seq;
+    CpuCall c;
+    c.layer = call->layer;
+    c.k = call->k;
+    c.n_expert = call->n_expert;
+    c.n_tok = call->n_tok;
+    const Clock::time_point t0 = Clock::now();
+    const bool traced = trace_ && c.layer >= 0;  // the round trip's calls are not the model's
+    if (traced && tr_.calls > 0) tr_.between_s += Seconds(last, t0);
+    const bool job = Decide(c);
+    __atomic_store_n(&answer[0], seen, __ATOMIC_RELEASE);
+    const Clock::time_point t1 = Clock::now();
+    if (job) {
+      working_.store(true, std::memory_order_relaxed);
+      cpu_->ExpertsFfn(job_ew_.data(), static_cast<int>(job_ew_.size()), job_first_.data(), xg_.data(),
+                       y_.as<float>(), n_embd_);
+      working_.store(false, std::memory_order_relaxed);
     }
-    seen = posted_.load(std::memory_order_acquire);
-    const auto t0 = Clock::now();
-    working_.store(true, std::memory_order_relaxed);
-    cpu_->ExpertsFfn(job_ew_.data(), static_cast<int>(job_ew_.size()), job_first_.data(), xg_.data(),
-                     y_.as<float>(), n_embd_);
-    working_.store(false, std::memory_order_relaxed);
-    const double secs = Seconds(t0, Clock::now());
-    job_s_.store(job_s_.load(std::memory_order_relaxed) + secs, std::memory_order_relaxed);
-    fit_.Add(job_x_, secs);  // the cost model follows what the jobs take
-    cpu_bytes_s_.store(fit_.rate(), std::memory_order_relaxed);
-    cpu_fixed_s_.store(fit_.fixed(), std::memory_order_relaxed);
-    done_.store(seen, std::memory_order_release);
+    __atomic_store_n(&answer[1], seen, __ATOMIC_RELEASE);
+    last = Clock::now();
+    if (job) {
+      const double secs = Seconds(t1, last);
+      fit_.Add(job_x_, secs);  // the cost model follows what the jobs take
+      cpu_bytes_s_.store(fit_.rate(), std::memory_order_relaxed);
+      cpu_fixed_s_.store(fit_.fixed(), std::memory_order_relaxed);
+    }
+    if (traced) {
+      ++tr_.calls;
+      tr_.jobs += job ? 1 : 0;
+      tr_.decide_s += Seconds(t0, t1);
+      if (job) tr_.job_s += Seconds(t1, last);
+    }
   }
 }
 

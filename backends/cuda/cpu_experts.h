@@ -2,14 +2,16 @@
 // the CPU from host RAM while the device computes the rest (lib/model/placement.h decides which).
 //
 // Per MoE layer on this path, queued on the compute stream after the routing (all of it can be
-// recorded into the decode step's CUDA graph, as copies, host functions and kernels):
-//   1. the layer's selections, input rows and table of gate addresses are copied to pinned memory;
-//   2. a host function groups the selections as the device does, finds the cold experts (table
-//      address in the mapped host arena), picks the CPU's share by the cost model, writes their
-//      skip flags (copied to the device next) and hands the job to a worker thread; it returns at
-//      once, so the device runs its grouped kernels (skipping those experts) while the CPU works;
-//   3. a second host function waits for the job; the CPU's rows (in pinned memory mapped for the
-//      device) are copied into the grouped output, and the layer goes on as before.
+// recorded into the decode step's CUDA graph: kernels only, no host function):
+//   1. a kernel writes the layer's selections, input rows and table of gate addresses to page-locked
+//      host memory mapped for the device, then the call (kernels.h, PostCpuCall);
+//   2. a worker thread polling for calls groups the selections as the device does, finds the cold
+//      experts (table address in the mapped host arena), picks the CPU's share by the cost model,
+//      writes their skip flags and answers "decided"; a kernel waiting for that answer copies the
+//      flags to the device, which runs its grouped kernels (skipping those experts) while the
+//      worker computes them;
+//   3. after the grouped kernels a kernel waits for the worker's "done"; the CPU's rows (in mapped
+//      memory) are copied into the grouped output, and the layer goes on as before.
 // The CPU computes with CpuBackend::ExpertsFfn (its kernels and activation mode), so results are
 // those of the CPU backend for those experts: close to the device's, not bit-identical.
 #pragma once
@@ -18,15 +20,12 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
-#include <map>
 #include <memory>
-#include <mutex>
 #include <thread>
-#include <tuple>
 #include <vector>
 
 #include "backends/cpu/cpu_backend.h"
+#include "backends/cuda/kernels.h"
 #include "backends/cuda/memory.h"
 #include "lib/model/placement.h"
 #include "lib/model/weights.h"
@@ -51,7 +50,7 @@ class CpuExperts {
  public:
   // max_rows: the most selections (tokens x k) of one call; n_expert_max: the most experts of a
   // layer. arena / arena_dev: the host arena holding every expert and its device mapping. Measures
-  // the CPU's expert rate on the model's own experts and the host round trip on `stream`.
+  // the CPU's expert rate on the model's own experts and the round trip of a call on `stream`.
   static absl::StatusOr<std::unique_ptr<CpuExperts>> Create(const model::ModelWeights &w, const CpuExpertOptions &o,
                                                             int64_t max_rows, int n_expert_max,
                                                             const uint8_t *arena, const uint8_t *arena_dev,
@@ -66,30 +65,25 @@ class CpuExperts {
   // Step 3: after the grouped kernels, the CPU's rows into yg (plan and n_max of GroupByExpert).
   absl::Status Finish(const int32_t *plan, int n_max, const uint8_t *skip_dev, float *yg, cudaStream_t stream);
 
-  // A layer that waited longer than its limit for the CPU's job (STRATA_CPU_EXPERTS_WAIT_MS,
-  // default 10 s) read rows the CPU had not written: that error, once (the step fails); the CPU's
-  // share is then off for good and later steps run every expert on the device.
+  // A layer that waited longer than its limit for the worker (STRATA_CPU_EXPERTS_WAIT_MS, default
+  // 10 s) went on without its answer: that error, once (the step fails); the CPU's share is then
+  // off for good (failed()), and the worker answers any later call at once with no job.
   absl::Status TakeStatus();
+  bool failed() const { return failed_.load(std::memory_order_relaxed); }
   CpuExpertMode mode() const { return mode_; }
   model::PlacementRates rates() const;
-  // Seconds a layer on this path adds to the device's timeline (copies and host functions).
+  // Seconds a layer on this path adds to the device's timeline (a call and its two answers).
   double round_trip_s() const { return round_trip_s_; }
   uint64_t uses() const { return uses_.load(std::memory_order_relaxed); }  // expert uses computed here
   bool tracing() const { return trace_; }  // STRATA_CPU_EXPERTS_TRACE=1
 
  private:
-  struct Call {  // one recorded call site: the host functions' argument
-    CpuExperts *self = nullptr;
-    int layer = 0, k = 0, n_expert = 0;
-    int64_t n_tok = 0;
-  };
   CpuExperts() = default;
-  static void CUDART_CB DecideFn(void *call);
-  static void CUDART_CB WaitFn(void *self);
-  void Decide(const Call &c);
-  void DecideImpl(const Call &c);
+  // The worker's handling of call c: the skip flags written; true when a job was set up for it.
+  bool Decide(const CpuCall &c);
   void WorkerLoop();
-  absl::Status Calibrate(cudaStream_t stream);
+  absl::Status Calibrate();
+  absl::Status MeasureRoundTrip(cudaStream_t stream);
 
   const model::ModelWeights *w_ = nullptr;
   CpuExpertMode mode_ = CpuExpertMode::kAuto;
@@ -98,10 +92,13 @@ class CpuExperts {
   size_t arena_bytes_ = 0;
   int64_t max_rows_ = 0, n_embd_ = 0;
   int n_expert_max_ = 0;
-  std::map<std::tuple<int, int64_t, int>, std::unique_ptr<Call>> calls_;
-  // Pinned: the selections, input rows and gate addresses copied back; the skip flags; the rows
-  // the CPU computes (mapped, read by the device).
-  PinnedBuffer sel_, h_, tab_, skip_, y_;
+  // Page-locked and mapped for the device: the call record, the answers and the timed-out words
+  // (box_); the selections, input rows and gate addresses the device writes; the skip flags and the
+  // rows the CPU computes, which it reads.
+  PinnedBuffer box_, sel_, h_, tab_, skip_, y_;
+  DeviceBuffer counters_;  // the calls' number, the waits' summed nanoseconds
+  CpuCallBox dev_box_;     // the device's view of all of it
+  const uint8_t *skip_dev_ = nullptr;  // skip_'s device address
   float *y_dev_ = nullptr;
   std::vector<float> xg_;  // the CPU's grouped input rows
   // The job the worker runs: ExpertsFfn over the groups (null: the device's).
@@ -109,30 +106,22 @@ class CpuExperts {
   std::vector<int64_t> job_first_;
   double job_x_ = 0;  // its one-token-equivalent bytes (CpuCostFit)
   model::CpuCostFit fit_;  // the worker's (and Calibrate's) only
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::atomic<uint64_t> posted_{0}, done_{0};
-  bool stop_ = false;  // under mu_
-  absl::Status err_;   // under mu_
-  std::atomic<bool> failed_{false}, working_{false};
-  int job_layer_ = -1;  // the layer of the last job posted
+  std::atomic<bool> stop_{false}, failed_{false}, working_{false};
+  std::atomic<int> job_layer_{-1};  // the layer of the last call decided
   std::chrono::steady_clock::duration wait_limit_ = std::chrono::seconds(10);
   std::thread worker_;
   std::atomic<double> cpu_bytes_s_{0}, cpu_fixed_s_{0};
   double link_bytes_s_ = 0, token_share_ = 0, round_trip_s_ = 0;
   std::atomic<uint64_t> uses_{0};
   // STRATA_CPU_EXPERTS_TRACE=1 (a diagnostic): where a hybrid layer's time goes, printed to stderr
-  // at destruction. Written by the host functions and the worker, read at the end.
+  // at destruction. Written by the worker, read at the end (with the device's waits).
   bool trace_ = false;
   struct Trace {
     uint64_t calls = 0, jobs = 0;
-    double decide_s = 0;      // in the deciding host function
-    double device_s = 0;      // from its return to the waiting host function (the device's share)
-    double wait_s = 0;        // waiting for the CPU there
-    double between_s = 0;     // from a wait's return to the next layer's decision
-    Clock::time_point decided, waited;
+    double decide_s = 0;   // deciding a call
+    double job_s = 0;      // the jobs' ExpertsFfn
+    double between_s = 0;  // from a call's "done" to the next call's arrival
   } tr_;
-  std::atomic<double> job_s_{0};  // the worker's ExpertsFfn, summed
 };
 
 }  // namespace strata::cuda

@@ -155,8 +155,8 @@ void CudaBackend::UpdatePaths(int64_t n_tok) {
   if (cpu_experts_ != nullptr) {
     const double rt = cpu_experts_->round_trip_s();
     // Under the probe's link regime no layer takes the CPU's share (the copier serves them all).
-    bool allow = true;
-    if (regime_ != nullptr) {
+    bool allow = !cpu_experts_->failed();  // after a wait for the CPU gave up, the device computes all
+    if (allow && regime_ != nullptr) {
       const double now = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
       allow = regime_->Step(n_tok, now) == model::RegimeProbe::Regime::kHybrid;
     }

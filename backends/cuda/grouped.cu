@@ -414,6 +414,74 @@ __global__ void WaitColdCopiesKernel(ColdMailbox mb) {
   if (mb.waited_ns != nullptr) atomicAdd(mb.waited_ns, static_cast<unsigned long long>(GlobalTimerNs() - t0));
 }
 
+// One block: the call's data, then (after every thread's writes are out) the call, its number last.
+__global__ void PostCpuCallKernel(CpuCallBox b, CpuCall c, const int32_t *__restrict__ sel,
+                                  const float *__restrict__ h, int64_t n_h, const void *const *__restrict__ tab) {
+  dev::AwaitPrior();
+  const int64_t n_sel = c.n_tok * c.k;
+  for (int64_t i = threadIdx.x; i < n_sel; i += blockDim.x) b.sel[i] = sel[i];
+  if (n_h % 4 == 0 && reinterpret_cast<uintptr_t>(h) % 16 == 0 && reinterpret_cast<uintptr_t>(b.h) % 16 == 0) {
+    const float4 *src = reinterpret_cast<const float4 *>(h);
+    float4 *dst = reinterpret_cast<float4 *>(b.h);
+    for (int64_t i = threadIdx.x; i < n_h / 4; i += blockDim.x) dst[i] = src[i];
+  } else {
+    for (int64_t i = threadIdx.x; i < n_h; i += blockDim.x) b.h[i] = h[i];
+  }
+  for (int i = threadIdx.x; i < c.n_expert; i += blockDim.x) b.tab[i] = tab[i];
+  __threadfence_system();
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  const uint32_t n = *b.next + 1;
+  *b.next = n;
+  volatile CpuCall *call = b.call;
+  call->layer = c.layer;
+  call->k = c.k;
+  call->n_expert = c.n_expert;
+  call->n_tok = c.n_tok;
+  __threadfence_system();
+  call->seq = n;
+  __threadfence_system();
+}
+
+// Thread 0 polls the answer; then the block copies the flags (all 0 after a wait that gave up).
+__global__ void WaitCpuCallKernel(CpuCallBox b, int stage, const uint8_t *skip_host, uint8_t *skip_dev, int n_skip) {
+  dev::AwaitPriorOnly();
+  __shared__ int answered;
+  if (threadIdx.x == 0) {
+    const uint32_t want = *reinterpret_cast<volatile const uint32_t *>(b.next);
+    volatile const uint32_t *ans = b.answer + stage;
+    volatile uint32_t *to = b.timed_out;
+    int ok = 1;
+    if (static_cast<int32_t>(*ans - want) < 0) {
+      if (to[0] != 0) {
+        ok = 0;  // a wait of this step has given up: the step fails, no second timeout
+      } else {
+        const uint64_t t0 = GlobalTimerNs();
+        while (static_cast<int32_t>(*ans - want) < 0) {
+          if (GlobalTimerNs() - t0 > b.timeout_ns) {
+            to[1] = static_cast<uint32_t>(stage);
+            to[2] = want;
+            to[3] = *ans;
+            __threadfence_system();
+            to[0] = 1;
+            __threadfence_system();
+            ok = 0;
+            break;
+          }
+          __nanosleep(100);
+        }
+        if (b.waited_ns != nullptr) atomicAdd(b.waited_ns + stage, static_cast<unsigned long long>(GlobalTimerNs() - t0));
+      }
+    }
+    __threadfence();  // the flags are read after the answer
+    answered = ok;
+  }
+  __syncthreads();
+  if (skip_dev == nullptr) return;
+  const volatile uint8_t *src = skip_host;
+  for (int i = threadIdx.x; i < n_skip; i += blockDim.x) skip_dev[i] = answered ? src[i] : 0;
+}
+
 // ---- Validation ------------------------------------------------------------------------------------
 
 constexpr int kMaxGridY = 65535;
@@ -718,6 +786,34 @@ absl::Status CopySkippedGroups(const int32_t *plan, int n_max, const uint8_t *sk
   }
   const dim3 grid(static_cast<unsigned>(std::min<int64_t>((width + 255) / 256, 16)), static_cast<unsigned>(n_max));
   Launch(CopySkippedGroupsKernel, grid, 256, 0, stream, plan, n_max, skip, src, dst, width);
+  STRATA_CUDA_RETURN_IF_LAUNCH_FAILED();
+  return absl::OkStatus();
+}
+
+absl::Status PostCpuCall(const CpuCallBox &b, const CpuCall &c, const int32_t *sel, const float *h, int64_t n_embd,
+                         const void *const *tab, cudaStream_t stream) {
+  if (b.call == nullptr || b.sel == nullptr || b.h == nullptr || b.tab == nullptr || b.next == nullptr) {
+    return Errorf(MOE_ERR_INVALID_ARGUMENT, "posting a CPU call: an incomplete box");
+  }
+  if (c.n_tok <= 0 || c.k <= 0 || c.n_expert <= 0 || n_embd <= 0 || sel == nullptr || h == nullptr ||
+      tab == nullptr) {
+    return Errorf(MOE_ERR_INVALID_ARGUMENT, "posting a CPU call: %lld tokens of %d over %d experts, width %lld",
+                  static_cast<long long>(c.n_tok), c.k, c.n_expert, static_cast<long long>(n_embd));
+  }
+  Launch(PostCpuCallKernel, 1, 1024, 0, stream, b, c, sel, h, c.n_tok * n_embd, tab);
+  STRATA_CUDA_RETURN_IF_LAUNCH_FAILED();
+  return absl::OkStatus();
+}
+
+absl::Status WaitCpuCall(const CpuCallBox &b, int stage, const uint8_t *skip_host, uint8_t *skip_dev, int n_skip,
+                         cudaStream_t stream) {
+  if (b.next == nullptr || b.answer == nullptr || b.timed_out == nullptr || stage < 0 || stage > 1) {
+    return Errorf(MOE_ERR_INVALID_ARGUMENT, "waiting for a CPU call: an incomplete box or stage %d", stage);
+  }
+  if (skip_dev != nullptr && (skip_host == nullptr || n_skip < 0)) {
+    return Errorf(MOE_ERR_INVALID_ARGUMENT, "waiting for a CPU call: %d flags from a null buffer", n_skip);
+  }
+  Launch(WaitCpuCallKernel, 1, 128, 0, stream, b, stage, skip_host, skip_dev, n_skip);
   STRATA_CUDA_RETURN_IF_LAUNCH_FAILED();
   return absl::OkStatus();
 }

@@ -422,6 +422,44 @@ absl::Status WaitColdCopies(const ColdMailbox &mb, cudaStream_t stream);
 absl::Status CopySkippedGroups(const int32_t *plan, int n_max, const uint8_t *skip, const float *src, float *dst,
                                int64_t width, cudaStream_t stream);
 
+// Calls to a host thread through mapped memory (CpuExperts): no host function in the stream. The
+// driver runs host functions on a thread of its own; a recorded step holding them saw the copier's
+// copies (ColdCopier) stall behind its waits, and each costs a round trip of ~40 us through that
+// thread. Here the device posts the call as the copier's requests are posted, and a kernel polls
+// the host thread's answer.
+struct CpuCall {
+  int32_t layer = 0, k = 0, n_expert = 0, pad = 0;
+  int64_t n_tok = 0;
+  uint32_t seq = 0;  // written last: 1, 2, ... (the call's number)
+};
+struct CpuCallBox {
+  CpuCall *call = nullptr;             // device address of the call record in mapped host memory
+  int32_t *sel = nullptr;              // device addresses of mapped host buffers: the call's selections,
+  float *h = nullptr;                  // input rows
+  const void **tab = nullptr;          // and table of gate addresses
+  uint32_t *next = nullptr;            // device: the number of the last call posted
+  const uint32_t *answer = nullptr;    // device address of 2 mapped words the host writes: [0] the last
+                                       // call decided (its skip flags written), [1] the last one done
+  uint32_t *timed_out = nullptr;       // device address of 4 mapped words: [0] set by a wait that gave
+                                       // up, [1] its stage, [2] the call it waited for, [3] the answer seen
+  uint64_t timeout_ns = 10000000000;   // how long a wait waits
+  unsigned long long *waited_ns = nullptr;  // device, 2 counters: the waits' summed time per stage (optional)
+};
+
+// Writes sel (n_tok * k), h (n_tok * n_embd) and tab (n_expert) of c to b's host buffers, then the
+// call (numbered one past *b.next) to b.call. MOE_ERR_INVALID_ARGUMENT for an incomplete box or
+// null inputs.
+absl::Status PostCpuCall(const CpuCallBox &b, const CpuCall &c, const int32_t *sel, const float *h, int64_t n_embd,
+                         const void *const *tab, cudaStream_t stream);
+
+// Holds `stream` until the host's answer[stage] reaches the last call posted (stage 0: decided,
+// 1: done), then, when skip_dev is given, copies n_skip flags from skip_host (a mapped host buffer's
+// device address) to skip_dev. A wait past b.timeout_ns sets b.timed_out and lets the stream go on
+// with every flag 0; once it is set, a wait that would wait returns at once, so a step fails in one
+// timeout (the host reports it and clears the flag).
+absl::Status WaitCpuCall(const CpuCallBox &b, int stage, const uint8_t *skip_host, uint8_t *skip_dev, int n_skip,
+                         cudaStream_t stream);
+
 // ---- Family options and element-wise glue of the forward pass (forward_ops.cu) -----------------
 
 // x (n) += y (n)

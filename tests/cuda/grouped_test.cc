@@ -9,6 +9,7 @@
 #include <numeric>
 #include <sstream>
 #include <string>
+#include <thread>
 
 #include "backends/cuda/cold_copier.h"
 #include "backends/cuda/cuda_status.h"
@@ -413,6 +414,161 @@ TEST_CASE("Grouped kernels skip flagged experts and CopySkippedGroups fills thei
   }
   CHECK(!CopySkippedGroups(plan.as<int32_t>(), n_max, nullptr, pinned->as<float>(), yg.as<float>(), x.n_embd,
                            nullptr).ok());
+}
+
+// A layer's call to the CPU's expert worker (cpu_experts.h) without host functions: the device
+// writes the call's data and then the call to mapped memory, and waits for the host thread's two
+// answers; a thread here plays the worker. Two calls (row widths that take the vector and the scalar
+// copy), fresh random data; then a call nobody answers.
+TEST_CASE("PostCpuCall and WaitCpuCall carry a call to a host thread and its answers back", "[gpu][grouped]") {
+  if (!HaveGpu()) return;
+  auto rng = test::Rng();
+  const int k = 8, n_expert = 128;
+  const int64_t n_tok = std::uniform_int_distribution<int>(1, 6)(rng);
+  const int64_t widths[2] = {2048, 1001};
+  auto mapped = [](size_t bytes) {
+    auto b = PinnedBuffer::Allocate(bytes, cudaHostAllocMapped);
+    REQUIRE(b.ok());
+    std::memset(b->data(), 0xee, bytes);  // poison: what the device writes must replace it
+    return std::move(b).value();
+  };
+  auto dev = [](const PinnedBuffer &b) {
+    void *d = nullptr;
+    REQUIRE(cudaHostGetDevicePointer(&d, b.data(), 0) == cudaSuccess);
+    return static_cast<uint8_t *>(d);
+  };
+  PinnedBuffer box = mapped(256), hsel = mapped(n_tok * k * 4), hh = mapped(n_tok * 2048 * 4),
+               htab = mapped(n_expert * 8), hskip = mapped(n_expert), hy = mapped(16);
+  std::memset(box.data(), 0, 256);
+  DeviceBuffer counters = DeviceBuffer::Allocate(32).value();
+  REQUIRE(cudaMemset(counters.data(), 0, 32) == cudaSuccess);
+  CpuCallBox b;
+  b.call = reinterpret_cast<CpuCall *>(dev(box));
+  b.answer = reinterpret_cast<const uint32_t *>(dev(box) + 128);
+  b.timed_out = reinterpret_cast<uint32_t *>(dev(box) + 144);
+  b.sel = reinterpret_cast<int32_t *>(dev(hsel));
+  b.h = reinterpret_cast<float *>(dev(hh));
+  b.tab = reinterpret_cast<const void **>(dev(htab));
+  b.next = counters.as<uint32_t>();
+  b.waited_ns = reinterpret_cast<unsigned long long *>(counters.as<uint8_t>() + 16);
+  auto *answer = reinterpret_cast<uint32_t *>(box.as<uint8_t>() + 128);
+  const auto *timed_out = reinterpret_cast<volatile const uint32_t *>(box.as<uint8_t>() + 144);
+
+  // What the host thread saw of each call, and the flags it answered with.
+  struct Seen {
+    CpuCall call;
+    std::vector<int32_t> sel;
+    std::vector<float> h;
+    std::vector<uint64_t> tab;
+    std::vector<uint8_t> skip;
+  };
+  std::vector<Seen> seen(2);
+  std::vector<std::vector<uint8_t>> flags(2, std::vector<uint8_t>(n_expert));
+  for (auto &f : flags)
+    for (uint8_t &v : f) v = static_cast<uint8_t>(std::uniform_int_distribution<int>(0, 1)(rng));
+  std::thread host([&] {
+    const volatile CpuCall *call = box.as<CpuCall>();
+    for (uint32_t want = 1; want <= 2; ++want) {
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+      while (__atomic_load_n(&const_cast<const CpuCall *>(call)->seq, __ATOMIC_ACQUIRE) != want) {
+        if (std::chrono::steady_clock::now() > deadline) return;
+      }
+      Seen &s = seen[want - 1];
+      s.call.layer = call->layer;
+      s.call.k = call->k;
+      s.call.n_expert = call->n_expert;
+      s.call.n_tok = call->n_tok;
+      s.call.seq = want;
+      s.sel.assign(hsel.as<int32_t>(), hsel.as<int32_t>() + n_tok * k);
+      s.h.assign(hh.as<float>(), hh.as<float>() + n_tok * widths[want - 1]);
+      s.tab.assign(htab.as<uint64_t>(), htab.as<uint64_t>() + n_expert);
+      std::memcpy(hskip.data(), flags[want - 1].data(), n_expert);
+      __atomic_store_n(&answer[0], want, __ATOMIC_RELEASE);
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));  // the device must wait for "done"
+      hy.as<uint32_t>()[0] = 7 * want;
+      __atomic_store_n(&answer[1], want, __ATOMIC_RELEASE);
+    }
+  });
+  std::vector<int32_t> sel(n_tok * k);
+  for (int32_t &v : sel) v = std::uniform_int_distribution<int32_t>(0, n_expert - 1)(rng);
+  std::vector<uint64_t> tab(n_expert);
+  for (uint64_t &v : tab) v = rng() * uint64_t{0x100000001};
+  DeviceBuffer dsel = Upload(sel), dtab = Upload(tab), dskip = DeviceBuffer::Allocate(n_expert).value(),
+               dy = DeviceBuffer::Allocate(16).value();
+  std::vector<std::vector<float>> hs;
+  for (int c = 0; c < 2; ++c) {
+    INFO("call " << c + 1 << ", rows of " << widths[c]);
+    hs.push_back(RandomFloats(rng, n_tok * widths[c], -3.f, 3.f));
+    DeviceBuffer dh = Upload(hs.back());
+    REQUIRE(cudaMemset(dskip.data(), 0x5a, n_expert) == cudaSuccess);
+    CpuCall call;
+    call.layer = 3 + c;
+    call.k = k;
+    call.n_expert = n_expert;
+    call.n_tok = n_tok;
+    const auto t0 = std::chrono::steady_clock::now();
+    REQUIRE(PostCpuCall(b, call, dsel.as<int32_t>(), dh.as<float>(), widths[c], dtab.as<const void *>(), nullptr).ok());
+    REQUIRE(WaitCpuCall(b, 0, dev(hskip), dskip.as<uint8_t>(), n_expert, nullptr).ok());
+    REQUIRE(WaitCpuCall(b, 1, nullptr, nullptr, 0, nullptr).ok());
+    REQUIRE(cudaMemcpyAsync(dy.data(), dev(hy), 4, cudaMemcpyDefault, nullptr) == cudaSuccess);
+    const std::vector<uint8_t> got_skip = Download<uint8_t>(dskip, n_expert);
+    CHECK(std::chrono::steady_clock::now() - t0 >= std::chrono::milliseconds(5));
+    CHECK(Download<uint32_t>(dy, 1)[0] == 7u * (c + 1));  // read after "done", not before
+    CHECK(got_skip == flags[c]);
+  }
+  host.join();
+  for (int c = 0; c < 2; ++c) {
+    INFO("call " << c + 1);
+    const Seen &s = seen[c];
+    CHECK(s.call.layer == 3 + c);
+    CHECK(s.call.k == k);
+    CHECK(s.call.n_expert == n_expert);
+    CHECK(s.call.n_tok == n_tok);
+    CHECK(s.sel == sel);
+    CHECK(s.tab == tab);
+    REQUIRE(s.h.size() == hs[c].size());
+    CHECK(std::memcmp(s.h.data(), hs[c].data(), s.h.size() * sizeof(float)) == 0);
+  }
+  CHECK(timed_out[0] == 0);
+
+  // A call nobody answers: the wait gives up after its timeout, says which call and stage, and
+  // lets the stream go on with every flag 0; later waits that would wait return at once.
+  b.timeout_ns = 20000000;  // 20 ms
+  DeviceBuffer dh = Upload(hs[0]);
+  REQUIRE(cudaMemset(dskip.data(), 0x5a, n_expert) == cudaSuccess);
+  CpuCall call;
+  call.k = k;
+  call.n_expert = n_expert;
+  call.n_tok = n_tok;
+  const auto t0 = std::chrono::steady_clock::now();
+  REQUIRE(PostCpuCall(b, call, dsel.as<int32_t>(), dh.as<float>(), 2048, dtab.as<const void *>(), nullptr).ok());
+  REQUIRE(WaitCpuCall(b, 0, dev(hskip), dskip.as<uint8_t>(), n_expert, nullptr).ok());
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  const auto t1 = std::chrono::steady_clock::now();
+  CHECK(t1 - t0 >= std::chrono::milliseconds(20));
+  CHECK(timed_out[0] == 1);
+  CHECK(timed_out[1] == 0);
+  CHECK(timed_out[2] == 3);
+  CHECK(timed_out[3] == 2);
+  const std::vector<uint8_t> zero_skip = Download<uint8_t>(dskip, n_expert);
+  CHECK(std::all_of(zero_skip.begin(), zero_skip.end(), [](uint8_t v) { return v == 0; }));
+  b.timeout_ns = 30000000000;  // 30 s: not waited
+  for (int i = 0; i < 4; ++i) REQUIRE(WaitCpuCall(b, i % 2, nullptr, nullptr, 0, nullptr).ok());
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  CHECK(std::chrono::steady_clock::now() - t1 < std::chrono::seconds(2));
+  const std::vector<unsigned long long> waited = Download<unsigned long long>(counters, 4);
+  CHECK(waited[2] >= 20000000ull);  // stage 0 waited the timeout (and the answered calls' decisions)
+  CHECK(waited[3] >= 8000000ull);  // stage 1 waited most of the two 5 ms sleeps
+
+  // Refusals: an incomplete box, a stage other than 0 and 1, flags without a source, no tokens.
+  const auto invalid = [](const absl::Status &st) { return StatusToMoe(st) == MOE_ERR_INVALID_ARGUMENT; };
+  CpuCallBox partial = b;
+  partial.h = nullptr;
+  CHECK(invalid(PostCpuCall(partial, call, dsel.as<int32_t>(), dh.as<float>(), 2048, dtab.as<const void *>(), nullptr)));
+  CHECK(invalid(WaitCpuCall(b, 2, nullptr, nullptr, 0, nullptr)));
+  CHECK(invalid(WaitCpuCall(b, 0, nullptr, dskip.as<uint8_t>(), n_expert, nullptr)));
+  call.n_tok = 0;
+  CHECK(invalid(PostCpuCall(b, call, dsel.as<int32_t>(), dh.as<float>(), 2048, dtab.as<const void *>(), nullptr)));
 }
 
 TEST_CASE("Grouped experts over a decode and a batch of routed tokens match the per-expert GEMVs", "[gpu][grouped]") {
