@@ -164,7 +164,7 @@ absl::StatusOr<std::unique_ptr<Context>> Context::Open(const ContextOptions &o) 
     cpu_experts.mode = o.cpu_experts == MOE_CPU_EXPERTS_OFF      ? cuda::CpuExpertMode::kOff
                        : o.cpu_experts == MOE_CPU_EXPERTS_ALWAYS ? cuda::CpuExpertMode::kAlways
                                                                  : cuda::CpuExpertMode::kAuto;
-    // Two cores stay with the threads that drive the GPU (the step loop, the host functions).
+    // Two cores stay with the threads that drive the GPU (the step loop, the copier).
     const int cores = o.n_threads > 0 ? o.n_threads : static_cast<int>(std::thread::hardware_concurrency());
     cpu_experts.n_threads = std::max(1, cores - 2);
     cpu_experts.q8_activations = o.cpu_q8_activations;

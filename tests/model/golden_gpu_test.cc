@@ -212,7 +212,7 @@ TEST_CASE("CUDA backend: a prompt's hotness re-plans the VRAM slots, bit-identic
 
 // Hybrid placement: with the cold experts of every decode layer computed by the CPU from host RAM
 // (MOE_CPU_EXPERTS_ALWAYS) while the GPU runs the rest, decode steps are still recorded and replayed
-// as CUDA graphs (copies and host functions inside), and the logits match the CPU backend's within
+// as CUDA graphs (the calls to the CPU inside), and the logits match the CPU backend's within
 // the tolerance of the GPU backend.
 TEST_CASE("CUDA backend: cold experts computed by the CPU match the CPU backend", "[gpu][golden]") {
   if (!strata::cuda::test::HaveGpu()) return;
