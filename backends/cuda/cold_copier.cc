@@ -151,24 +151,16 @@ absl::Status ColdCopier::Serve(const ColdRequest &r, uint32_t seq) {
 }
 
 void ColdCopier::Loop() {
-  using Clock = std::chrono::steady_clock;
   auto *ring = ring_.as<ColdRequest>();
   auto *numbers = numbers_.as<uint32_t>();
   uint32_t want = 1;
-  Clock::time_point last = Clock::now();
-  for (int spins = 0; !stop_.load(std::memory_order_relaxed);) {
+  BurstWait wait;
+  while (!stop_.load(std::memory_order_relaxed)) {
     const ColdRequest &r = ring[want % kColdRing];
     if (__atomic_load_n(&r.seq, __ATOMIC_ACQUIRE) != want) {
-      if (++spins < 1024) {
-        CpuPause();
-      } else if (Clock::now() - last < std::chrono::milliseconds(5)) {
-        spins = 0;
-      } else {
-        std::this_thread::sleep_for(std::chrono::microseconds(50));
-      }
+      wait.Idle();
       continue;
     }
-    spins = 0;
     if (trace_) {
       if (want > kColdRing) Retire(want - kColdRing);  // its events are about to be reused
       bytes_[want % kColdRing] = 0;
@@ -192,7 +184,7 @@ void ColdCopier::Loop() {
     }
     if (trace_) (void)end_[want % kColdRing].Record(stream_);
     ++want;
-    last = Clock::now();
+    wait.Worked();
   }
 }
 

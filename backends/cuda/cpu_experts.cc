@@ -10,6 +10,7 @@
 #include "backends/cuda/cuda_status.h"
 #include "backends/cuda/kernels.h"
 #include "lib/model/routing.h"
+#include "lib/util/thread_pool.h"
 
 namespace strata::cuda {
 namespace {
@@ -334,21 +335,13 @@ void CpuExperts::WorkerLoop() {
   uint32_t *answer = reinterpret_cast<uint32_t *>(box_.as<uint8_t>() + kAnswerOff);
   uint32_t seen = 0;
   Clock::time_point last = Clock::now();
-  // Layers call every few hundred microseconds in decode: spin while they come, nap after a few
-  // milliseconds without one, so an idle context costs no core.
-  for (int spins = 0; !stop_.load(std::memory_order_relaxed);) {
+  BurstWait wait;  // layers call every few hundred microseconds in decode, none between steps
+  while (!stop_.load(std::memory_order_relaxed)) {
     const uint32_t seq = __atomic_load_n(&const_cast<const CpuCall *>(call)->seq, __ATOMIC_ACQUIRE);
     if (seq == seen) {
-      if (++spins < 1024) {
-        CpuPause();
-      } else if (Clock::now() - last < std::chrono::milliseconds(5)) {
-        spins = 0;
-      } else {
-        std::this_thread::sleep_for(std::chrono::microseconds(50));
-      }
+      wait.Idle();
       continue;
     }
-    spins = 0;
     seen = seq;
     CpuCall c;
     c.layer = call->layer;
@@ -368,6 +361,7 @@ void CpuExperts::WorkerLoop() {
       working_.store(false, std::memory_order_relaxed);
     }
     __atomic_store_n(&answer[1], seen, __ATOMIC_RELEASE);
+    wait.Worked();
     last = Clock::now();
     if (job) {
       const double secs = Seconds(t1, last);

@@ -49,6 +49,41 @@ bool SpinUntil(F &&done, std::chrono::steady_clock::time_point deadline) {
   return true;
 }
 
+// The wait of a thread serving work that comes in bursts (a request a layer in decode, none while
+// the host is between steps): a look that finds no work spins while work came within `busy`, and
+// naps `nap` at a time after that, so an idle server costs no core. Idle() after each look that
+// found nothing, Worked() after serving.
+class BurstWait {
+ public:
+  explicit BurstWait(std::chrono::microseconds nap = std::chrono::microseconds(50),
+                     std::chrono::milliseconds busy = std::chrono::milliseconds(5))
+      : nap_(nap), busy_(busy), last_(std::chrono::steady_clock::now()) {}
+  void Idle() {
+    if (spins_ < kSpins) {
+      ++spins_;
+      CpuPause();
+    } else if (std::chrono::steady_clock::now() - last_ < busy_) {
+      spins_ = 0;  // the clock is read once every kSpins looks
+    } else {
+      std::this_thread::sleep_for(nap_);  // and every look naps until work comes
+      ++naps_;
+    }
+  }
+  void Worked() {
+    spins_ = 0;
+    last_ = std::chrono::steady_clock::now();
+  }
+  uint64_t naps() const { return naps_; }  // naps taken
+
+ private:
+  static constexpr int kSpins = 1024;
+  std::chrono::microseconds nap_;
+  std::chrono::milliseconds busy_;
+  std::chrono::steady_clock::time_point last_;
+  int spins_ = 0;
+  uint64_t naps_ = 0;
+};
+
 class ThreadPool {
  public:
   // n_threads <= 0: one per hardware thread. spin: pauses a waiting thread spins before it sleeps

@@ -92,3 +92,30 @@ TEST_CASE("SpinUntil returns when the condition holds, or false at its deadline"
   // Already true: no wait at all, whatever the deadline.
   CHECK(strata::SpinUntil([] { return true; }, t1));
 }
+
+TEST_CASE("BurstWait spins while work comes and naps once it has stopped", "[threads]") {
+  using Clock = std::chrono::steady_clock;
+  std::mt19937 rng(std::random_device{}());
+  const auto nap = std::chrono::microseconds(std::uniform_int_distribution<int>(100, 1000)(rng));
+  const auto busy = std::chrono::milliseconds(std::uniform_int_distribution<int>(100, 300)(rng));
+  strata::BurstWait wait(nap, busy);
+  // Right after work: looks spin.
+  wait.Worked();
+  const auto worked = Clock::now();
+  for (int i = 0; i < 1000; ++i) wait.Idle();
+  CHECK(wait.naps() == 0);
+  // The first nap comes once `busy` has passed without work, and from then on every look naps.
+  while (wait.naps() == 0) {
+    wait.Idle();
+    if (Clock::now() - worked > busy + std::chrono::seconds(10)) FAIL("no nap 10 s past busy");
+  }
+  CHECK(Clock::now() - worked >= busy);
+  auto t0 = Clock::now();
+  for (int i = 0; i < 3; ++i) wait.Idle();
+  CHECK(wait.naps() == 4);
+  CHECK(Clock::now() - t0 >= 3 * nap);
+  // Work again: spinning again.
+  wait.Worked();
+  for (int i = 0; i < 1000; ++i) wait.Idle();
+  CHECK(wait.naps() == 4);
+}
