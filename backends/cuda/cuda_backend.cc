@@ -1335,6 +1335,14 @@ bool CudaBackend::RoutedExperts(const model::RoutedExpertsArgs &a) {
     const char *e = std::getenv("STRATA_CUDA_FUSED_ROUTE");
     return e != nullptr && *e != '\0' ? std::clamp<int64_t>(std::atoll(e), 0, kRouteGroupMaxTokens) : int64_t{8};
   }();
+  // The copy engines only in a recorded step: its kernels all ran before, in the step shape's
+  // first (eager) run or at the copier's creation, so none is loaded lazily while a WaitColdCopies
+  // spins (loading a kernel waits for the device's work to drain, and the copies the wait waits for
+  // would wait for the drain). An eager step reads the experts in place: the same bytes, the same bits.
+  const bool copies = tiered && t.stage && copier_ != nullptr && t.copies && bracket_ == Bracket::kCapture;
+  // Experts a prediction copied ahead for this layer are the copier's: the CPU sees them resident.
+  const bool predicted = copies && pf_layer_ == a.layer;
+  const void *const *cpu_tab = predicted ? pf_stage_[pf_set_].gate : t.ge.gate;
   const void *xq = nullptr;
   if (gate_q8 && !hybrid && a.n_tok <= fused_max) {
     const Q8Act f = Q8ActFor(t.ge.gate_shape.type);
@@ -1345,7 +1353,7 @@ bool CudaBackend::RoutedExperts(const model::RoutedExpertsArgs &a) {
     }
     xq = *buf;
   } else if (!Note(cuda::Route(*ra, a.logits, a.n_tok, a.sel, a.wts, s)) ||
-             (hybrid && !Note(cpu_experts_->Start(a.layer, a.n_tok, k, n_expert, a.sel, a.h, t.ge.gate,
+             (hybrid && !Note(cpu_experts_->Start(a.layer, a.n_tok, k, n_expert, a.sel, a.h, cpu_tab,
                                                   skip_dev_.as<uint8_t>(), s))) ||
              !Note(GroupByExpert(a.sel, a.n_tok, k, n_expert, a.idx, pl, s))) {
     return true;
@@ -1353,18 +1361,13 @@ bool CudaBackend::RoutedExperts(const model::RoutedExpertsArgs &a) {
   // Cold experts copied into VRAM staging slots first, so the products read VRAM: by the copy
   // engines (the copier, by default) in a layer with cold experts to copy, else by a kernel
   // (STRATA_CUDA_STAGE_EXPERTS). A layer the copier leaves alone reads them in place.
-  const bool copies = tiered && t.stage && copier_ != nullptr && t.copies && bracket_ == Bracket::kCapture;
   const bool stage = copies || (tiered && t.stage && copier_ == nullptr);
   GroupedExperts from = t.ge;
-  // The copy engines only in a recorded step: its kernels all ran before, in the step shape's
-  // first (eager) run or at the copier's creation, so none is loaded lazily while a WaitColdCopies
-  // spins (loading a kernel waits for the device's work to drain, and the copies the wait waits for
-  // would wait for the drain). An eager step reads the experts in place: the same bytes, the same bits.
   if (copies) {
     // By the copy engines: this layer's cold experts (less those its prediction already copied),
     // then the next layer's predicted ones, while the products wait only for the first.
     ExpertStage urgent = stage_;
-    if (pf_layer_ == a.layer) {
+    if (predicted) {
       const ExpertStage &ps = pf_stage_[pf_set_];
       from = StagedExperts(t.ge, ps);
       urgent.counts = pf_counts_.as<unsigned long long>() + 2;
@@ -1380,10 +1383,18 @@ bool CudaBackend::RoutedExperts(const model::RoutedExpertsArgs &a) {
     while (nl < static_cast<int>(tables_.size()) && !tables_[nl].ok) ++nl;
     if (nl < static_cast<int>(tables_.size())) {
       const LayerTable &tn = tables_[nl];
-      // Not for a layer on the hybrid path: a prediction copied ahead would leave the CPU only the
-      // experts it missed (on the H200, spread routing, 8 GiB: the CPU then took 192 experts in 64
-      // steps, not 5,813, and the step was link-bound again, 62.7 against 69.6 tok/s).
-      if (tn.stage && tn.copies && !tn.hybrid && !Note(PredictColdExperts(nl, a.h, a.n_tok, a.route))) return true;
+      // A layer on the hybrid path gets at most STRATA_CUDA_PREDICT_HYBRID (default 0) predicted
+      // experts copied ahead, the CPU seeing them as resident: with every prediction copied the
+      // CPU was left only the experts it missed (on the H200, spread routing, 8 GiB: 192 experts
+      // in 64 steps, not 5,813) and the step was link-bound again (62.7 against 69.6 tok/s).
+      static const int predict_hybrid = [] {
+        const char *e = std::getenv("STRATA_CUDA_PREDICT_HYBRID");
+        return e != nullptr ? std::max(0, std::atoi(e)) : 0;
+      }();
+      const int n_pred = tn.hybrid ? predict_hybrid : pf_stage_[0].n_slots;
+      if (tn.stage && tn.copies && n_pred > 0 && !Note(PredictColdExperts(nl, a.h, a.n_tok, a.route, n_pred))) {
+        return true;
+      }
     }
     if (!Note(WaitColdCopies(copier_->mailbox(), s))) return true;
   } else if (stage && !Note(StageColdExperts(t.ge, stage_, pl, n_max, skip, s))) {
@@ -1409,7 +1420,8 @@ bool CudaBackend::RoutedExperts(const model::RoutedExpertsArgs &a) {
   return true;
 }
 
-absl::Status CudaBackend::PredictColdExperts(int nl, const float *h, int64_t n_tok, const model::RouteParams &route) {
+absl::Status CudaBackend::PredictColdExperts(int nl, const float *h, int64_t n_tok, const model::RouteParams &route,
+                                             int n_slots) {
   const LayerTable &tn = tables_[nl];
   const model::LayerWeights &L = w_->layers[nl];
   const int k = route.k;
@@ -1433,8 +1445,9 @@ absl::Status CudaBackend::PredictColdExperts(int nl, const float *h, int64_t n_t
   const int n_max = static_cast<int>(GroupMaxGroups(n_tok, k, rp.n_expert));
   // The other set than the one the current layer reads.
   const int set = pf_set_ ^ 1;
-  STRATA_RETURN_IF_ERROR(
-      PlanColdCopies(tn.ge, pf_stage_[set], plan, n_max, nullptr, copier_->mailbox(), nl, false, s));
+  ExpertStage st = pf_stage_[set];
+  st.n_slots = std::min(st.n_slots, n_slots);
+  STRATA_RETURN_IF_ERROR(PlanColdCopies(tn.ge, st, plan, n_max, nullptr, copier_->mailbox(), nl, false, s));
   pf_set_ = set;
   pf_layer_ = nl;
   return absl::OkStatus();

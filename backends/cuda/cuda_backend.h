@@ -311,8 +311,10 @@ class CudaBackend final : public model::Backend {
   int pf_layer_ = -1;  // the layer whose predicted experts pf_stage_[pf_set_] holds (-1: none)
   int pf_set_ = 0;
   // Queues layer nl's routing of h (n_tok rows, an earlier layer's input) and a request for the
-  // predicted cold experts into the other set. No prediction where the router is not on the device.
-  absl::Status PredictColdExperts(int nl, const float *h, int64_t n_tok, const model::RouteParams &route);
+  // predicted cold experts (at most n_slots, in group order) into the other set. No prediction where
+  // the router is not on the device.
+  absl::Status PredictColdExperts(int nl, const float *h, int64_t n_tok, const model::RouteParams &route,
+                                  int n_slots);
   // Orders the next copy into sl after the last computation that read it.
   absl::Status AfterLastUse(const Slot &sl);
   // Upload ring: pinned segments reused once the copies from their previous lap are done.
