@@ -10,6 +10,7 @@
 // for a bounded time (kSpinIterations pauses, ~0.1 ms) and only then sleep on a condition variable.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -50,14 +51,17 @@ bool SpinUntil(F &&done, std::chrono::steady_clock::time_point deadline) {
 }
 
 // The wait of a thread serving work that comes in bursts (a request a layer in decode, none while
-// the host is between steps): a look that finds no work spins while work came within `busy`, and
-// naps `nap` at a time after that, so an idle server costs no core. Idle() after each look that
-// found nothing, Worked() after serving.
+// the host is between steps): a look that finds no work spins while work came within `busy`; after
+// that it naps, `nap` at first and twice as long each time up to `max_nap`, so a short pause costs
+// little latency and a long one (an application waiting for its user) about 1,000 wakeups a second,
+// not a core. Idle() after each look that found nothing, Worked() after serving.
 class BurstWait {
  public:
   explicit BurstWait(std::chrono::microseconds nap = std::chrono::microseconds(50),
-                     std::chrono::milliseconds busy = std::chrono::milliseconds(5))
-      : nap_(nap), busy_(busy), last_(std::chrono::steady_clock::now()) {}
+                     std::chrono::milliseconds busy = std::chrono::milliseconds(5),
+                     std::chrono::microseconds max_nap = std::chrono::microseconds(1000))
+      : first_nap_(nap), nap_(nap), max_nap_(std::max(nap, max_nap)), busy_(busy),
+        last_(std::chrono::steady_clock::now()) {}
   void Idle() {
     if (spins_ < kSpins) {
       ++spins_;
@@ -66,18 +70,21 @@ class BurstWait {
       spins_ = 0;  // the clock is read once every kSpins looks
     } else {
       std::this_thread::sleep_for(nap_);  // and every look naps until work comes
+      nap_ = std::min(2 * nap_, max_nap_);
       ++naps_;
     }
   }
   void Worked() {
     spins_ = 0;
+    nap_ = first_nap_;
     last_ = std::chrono::steady_clock::now();
   }
-  uint64_t naps() const { return naps_; }  // naps taken
+  uint64_t naps() const { return naps_; }                // naps taken
+  std::chrono::microseconds next_nap() const { return nap_; }  // the next nap's length
 
  private:
   static constexpr int kSpins = 1024;
-  std::chrono::microseconds nap_;
+  std::chrono::microseconds first_nap_, nap_, max_nap_;
   std::chrono::milliseconds busy_;
   std::chrono::steady_clock::time_point last_;
   int spins_ = 0;

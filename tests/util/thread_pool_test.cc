@@ -93,29 +93,35 @@ TEST_CASE("SpinUntil returns when the condition holds, or false at its deadline"
   CHECK(strata::SpinUntil([] { return true; }, t1));
 }
 
-TEST_CASE("BurstWait spins while work comes and naps once it has stopped", "[threads]") {
+TEST_CASE("BurstWait spins while work comes and naps, longer and longer, once it has stopped", "[threads]") {
   using Clock = std::chrono::steady_clock;
+  using us = std::chrono::microseconds;
   std::mt19937 rng(std::random_device{}());
-  const auto nap = std::chrono::microseconds(std::uniform_int_distribution<int>(100, 1000)(rng));
+  const us nap(std::uniform_int_distribution<int>(100, 300)(rng));
+  const us max_nap = nap * std::uniform_int_distribution<int>(4, 6)(rng);  // reached after 3 naps
   const auto busy = std::chrono::milliseconds(std::uniform_int_distribution<int>(100, 300)(rng));
-  strata::BurstWait wait(nap, busy);
+  strata::BurstWait wait(nap, busy, max_nap);
   // Right after work: looks spin.
   wait.Worked();
   const auto worked = Clock::now();
   for (int i = 0; i < 1000; ++i) wait.Idle();
   CHECK(wait.naps() == 0);
-  // The first nap comes once `busy` has passed without work, and from then on every look naps.
+  // The first nap comes once `busy` has passed without work, and from then on every look naps,
+  // each twice as long as the one before up to max_nap.
   while (wait.naps() == 0) {
     wait.Idle();
     if (Clock::now() - worked > busy + std::chrono::seconds(10)) FAIL("no nap 10 s past busy");
   }
   CHECK(Clock::now() - worked >= busy);
-  auto t0 = Clock::now();
-  for (int i = 0; i < 3; ++i) wait.Idle();
-  CHECK(wait.naps() == 4);
-  CHECK(Clock::now() - t0 >= 3 * nap);
-  // Work again: spinning again.
+  CHECK(wait.next_nap() == 2 * nap);
+  const auto t0 = Clock::now();
+  for (int i = 0; i < 4; ++i) wait.Idle();
+  CHECK(wait.naps() == 5);
+  CHECK(Clock::now() - t0 >= 2 * nap + 4 * nap + max_nap + max_nap);
+  CHECK(wait.next_nap() == max_nap);
+  // Work again: spinning again, and the next nap is short again.
   wait.Worked();
+  CHECK(wait.next_nap() == nap);
   for (int i = 0; i < 1000; ++i) wait.Idle();
-  CHECK(wait.naps() == 4);
+  CHECK(wait.naps() == 5);
 }
