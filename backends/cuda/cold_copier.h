@@ -14,8 +14,8 @@
 // to one context of the process at a time; the others read their cold experts in place.
 //
 // The thread spins while requests come (a decode layer posts two every ~0.3 ms) and sleeps in
-// naps (50 us, doubling up to 1 ms: BurstWait) after a few milliseconds without one, so an idle
-// context costs no core.
+// naps (50 us, doubling up to 1 ms: BurstWait) after 50 ms without one, so an idle context costs
+// no core.
 #pragma once
 
 #include <atomic>

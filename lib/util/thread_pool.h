@@ -50,15 +50,16 @@ bool SpinUntil(F &&done, std::chrono::steady_clock::time_point deadline) {
   return true;
 }
 
-// The wait of a thread serving work that comes in bursts (a request a layer in decode, none while
-// the host is between steps): a look that finds no work spins while work came within `busy`; after
-// that it naps, `nap` at first and twice as long each time up to `max_nap`, so a short pause costs
-// little latency and a long one (an application waiting for its user) about 1,000 wakeups a second,
-// not a core. Idle() after each look that found nothing, Worked() after serving.
+// The wait of a thread serving work that comes in bursts (requests every layer or every few layers
+// of a decode step, none while the application waits for its user): a look that finds no work spins
+// while work came within `busy` (longer than a step, so a step with a single request waits for no
+// nap); after that it naps, `nap` at first and twice as long each time up to `max_nap`: a long
+// pause costs about 1,000 wakeups a second, not a core. Idle() after each look that found nothing,
+// Worked() after serving.
 class BurstWait {
  public:
   explicit BurstWait(std::chrono::microseconds nap = std::chrono::microseconds(50),
-                     std::chrono::milliseconds busy = std::chrono::milliseconds(5),
+                     std::chrono::milliseconds busy = std::chrono::milliseconds(50),
                      std::chrono::microseconds max_nap = std::chrono::microseconds(1000))
       : first_nap_(nap), nap_(nap), max_nap_(std::max(nap, max_nap)), busy_(busy),
         last_(std::chrono::steady_clock::now()) {}
