@@ -35,21 +35,6 @@ inline void CpuPause() {
 #endif
 }
 
-// Spins on `done` (4,096 pauses: a few microseconds, the common case), then yields the core between
-// looks. Returns false if `deadline` passes before `done` holds (looked at once yielding begins).
-template <typename F>
-bool SpinUntil(F &&done, std::chrono::steady_clock::time_point deadline) {
-  for (int i = 0; !done(); ++i) {
-    if (i < 4096) {
-      CpuPause();
-      continue;
-    }
-    if (std::chrono::steady_clock::now() >= deadline) return done();
-    std::this_thread::yield();
-  }
-  return true;
-}
-
 // The wait of a thread serving work that comes in bursts (requests every layer or every few layers
 // of a decode step, none while the application waits for its user): a look that finds no work spins
 // while work came within `busy` (longer than a step, so a step with a single request waits for no

@@ -66,33 +66,6 @@ TEST_CASE("ThreadPool runs every index once, asleep or spinning", "[threads]") {
   }
 }
 
-TEST_CASE("SpinUntil returns when the condition holds, or false at its deadline", "[threads]") {
-  using Clock = std::chrono::steady_clock;
-  std::mt19937 rng(std::random_device{}());
-  // Set by another thread after a random delay: seen, before a far deadline.
-  const auto delay = std::chrono::microseconds(std::uniform_int_distribution<int>(200, 5000)(rng));
-  std::atomic<bool> flag{false};
-  const auto t0 = Clock::now();
-  std::thread setter([&] {
-    std::this_thread::sleep_for(delay);
-    flag.store(true, std::memory_order_release);
-  });
-  CHECK(strata::SpinUntil([&] { return flag.load(std::memory_order_acquire); }, t0 + std::chrono::seconds(30)));
-  CHECK(Clock::now() - t0 >= delay);
-  setter.join();
-  // Never set: false once the deadline has passed, not long after it.
-  const auto wait = std::chrono::milliseconds(std::uniform_int_distribution<int>(5, 50)(rng));
-  const auto t1 = Clock::now();
-  int looks = 0;
-  CHECK_FALSE(strata::SpinUntil([&] { return ++looks < 0; }, t1 + wait));
-  const auto took = Clock::now() - t1;
-  CHECK(took >= wait);
-  CHECK(took < wait + std::chrono::seconds(2));
-  CHECK(looks > 4096);
-  // Already true: no wait at all, whatever the deadline.
-  CHECK(strata::SpinUntil([] { return true; }, t1));
-}
-
 TEST_CASE("BurstWait spins while work comes and naps, longer and longer, once it has stopped", "[threads]") {
   using Clock = std::chrono::steady_clock;
   using us = std::chrono::microseconds;
