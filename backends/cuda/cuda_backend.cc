@@ -1383,15 +1383,18 @@ bool CudaBackend::RoutedExperts(const model::RoutedExpertsArgs &a) {
     while (nl < static_cast<int>(tables_.size()) && !tables_[nl].ok) ++nl;
     if (nl < static_cast<int>(tables_.size())) {
       const LayerTable &tn = tables_[nl];
-      // A layer on the hybrid path gets at most STRATA_CUDA_PREDICT_HYBRID (default 0) predicted
-      // experts copied ahead, the CPU seeing them as resident: with every prediction copied the
-      // CPU was left only the experts it missed (on the H200, spread routing, 8 GiB: 192 experts
-      // in 64 steps, not 5,813) and the step was link-bound again (62.7 against 69.6 tok/s).
+      // A layer on the hybrid path gets at most STRATA_CUDA_PREDICT_HYBRID (default 2) predicted
+      // experts copied ahead, the CPU seeing them as resident, so the link works while the layers
+      // before compute and the CPU takes a share of the rest. On the H200, spread routing, 8 GiB,
+      // batch 1, the cost model alone (one loan of the machine, tok/s): none copied ahead 63.2-70.9
+      // (five runs), two 69.9-76.7 (four), three 66.7, four 65.2, five 63.1 (one each); with every
+      // prediction copied the CPU was left only the experts it missed (192 in 64 steps, not 5,813)
+      // and the step was link-bound again.
       static const int predict_hybrid = [] {
         const char *e = std::getenv("STRATA_CUDA_PREDICT_HYBRID");
-        return e != nullptr ? std::max(0, std::atoi(e)) : 0;
+        return e != nullptr && *e != '\0' ? std::max(0, std::atoi(e)) : 2;
       }();
-      const int n_pred = tn.hybrid ? predict_hybrid : pf_stage_[0].n_slots;
+      const int n_pred = tn.hybrid ? std::min(predict_hybrid, pf_stage_[0].n_slots) : pf_stage_[0].n_slots;
       if (tn.stage && tn.copies && n_pred > 0 && !Note(PredictColdExperts(nl, a.h, a.n_tok, a.route, n_pred))) {
         return true;
       }

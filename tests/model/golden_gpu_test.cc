@@ -231,7 +231,8 @@ TEST_CASE("CUDA backend: cold experts computed by the CPU match the CPU backend"
                << st.vram_cpu_experts << " in " << st.vram_cpu_layers << " layers, zero-copy " << st.vram_zero_copy
                << ", replays " << st.gpu_graph_replays << "; normalized max error " << err);
       WARN("hybrid " << rel << " mode " << mode << ": CPU uses " << st.vram_cpu_experts << ", zero-copy "
-                     << st.vram_zero_copy << ", replays " << st.gpu_graph_replays << ", err " << err);
+                     << st.vram_zero_copy << ", predicted " << st.prefetch_issued << " (" << st.prefetch_useful
+                     << " used), replays " << st.gpu_graph_replays << ", err " << err);
       REQUIRE(slots < n_routed);
       CHECK(err <= kTolerance);
       if (mode == MOE_CPU_EXPERTS_ALWAYS) {
