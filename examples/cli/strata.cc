@@ -743,6 +743,32 @@ int CmdSweep(const Args &a) {
   return 0;
 }
 
+// Decode step times: the median, the 90th percentile (nearest rank) and the slowest.
+struct StepTimes {
+  double p50_ms = 0, p90_ms = 0, max_ms = 0;
+};
+
+StepTimes SummarizeSteps(std::vector<double> ms) {
+  StepTimes t;
+  if (ms.empty()) return t;
+  std::sort(ms.begin(), ms.end());
+  const size_t n = ms.size();
+  t.p50_ms = n % 2 == 1 ? ms[n / 2] : 0.5 * (ms[n / 2 - 1] + ms[n / 2]);
+  t.p90_ms = ms[(9 * n + 9) / 10 - 1];
+  t.max_ms = ms.back();
+  return t;
+}
+
+std::string JsonArray(const std::vector<double> &v) {
+  std::string out = "[";
+  char buf[32];
+  for (size_t i = 0; i < v.size(); ++i) {
+    std::snprintf(buf, sizeof buf, "%s%.3f", i == 0 ? "" : ",", v[i]);
+    out += buf;
+  }
+  return out + "]";
+}
+
 int CmdBench(const Args &a) {
   if (a.sweep) return CmdSweep(a);
   const std::string model = a.model.empty() ? DemoModelPath() : a.model;
@@ -811,6 +837,9 @@ int CmdBench(const Args &a) {
   moe_ctx_stats(ctx.c, &prefill);
   moe_ctx_reset_stats(ctx.c);
   int64_t n = 0;  // decode steps; every session gets a token per step
+  std::vector<double> step_ms;  // each step's wall time, feeding the sessions included
+  step_ms.reserve(static_cast<size_t>(std::max<int64_t>(n_decode, 0)));
+  auto t_step = std::chrono::steady_clock::now();
   for (bool full = false; n < n_decode && !full; ++n) {
     for (size_t i = 0; i < ss.size(); ++i) {
       int32_t tok;
@@ -829,6 +858,9 @@ int CmdBench(const Args &a) {
     }
     if (full) break;
     if (moe_status st = StepAll(ctx.c); st != MOE_OK) Die(ApiError(st));
+    const auto now = std::chrono::steady_clock::now();
+    step_ms.push_back(std::chrono::duration<double, std::milli>(now - t_step).count());
+    t_step = now;
   }
   auto t4 = std::chrono::steady_clock::now();
   moe_stats dec;
@@ -844,6 +876,10 @@ int CmdBench(const Args &a) {
   const int64_t n_tok = n * static_cast<int64_t>(n_sess);  // decode tokens of all sessions
   const double bytes_per_tok = n_tok > 0 ? static_cast<double>(dec.bytes_read) / n_tok : 0.0;
   const size_t n_prefill = prompt.size() * n_sess;
+  // The median step is the rate of a long generation: the first steps (graphs recorded, a prompt's
+  // promotions still crossing the link, the CPU-share probe) weigh on a short run's average.
+  const StepTimes steps = SummarizeSteps(step_ms);
+  const double steady_tok_s = steps.p50_ms > 0 ? 1e3 * static_cast<double>(n_sess) / steps.p50_ms : 0.0;
   // Bytes over the host-device link per decode token: slot fills, experts the GPU read in place (or
   // staged), and the GPU's prefetches its layers did not use.
   const double wasted = dec.vram_expert_slots > 0 && dec.streaming == 0 && dec.prefetch_issued > dec.prefetch_useful
@@ -859,7 +895,8 @@ int CmdBench(const Args &a) {
                 "\"routed_experts\":%u,\"prefill_tokens\":%zu,\"prefill_tok_s\":%.3f,\"decode_tokens\":%lld,"
                 "\"decode_tok_s\":%.3f,\"decode_hit_rate\":%.4f,\"decode_bytes_read_per_token\":%.0f,"
                 "\"decode_io_wait_s\":%.4f,\"prefill_bytes_read\":%llu,\"prefill_hit_rate\":%.4f,"
-                "\"decode_link_bytes_per_token\":%.0f,\"stats\":%s}\n",
+                "\"decode_link_bytes_per_token\":%.0f,\"decode_step_ms_p50\":%.3f,\"decode_step_ms_p90\":%.3f,"
+                "\"decode_step_ms_max\":%.3f,\"decode_steady_tok_s\":%.3f,\"decode_step_ms\":%s,\"stats\":%s}\n",
                 model.c_str(), n_sess, secs(t0, t1), static_cast<unsigned long long>(plan.ram_budget_bytes),
                 plan.ram_expert_slots, plan.n_routed_experts, n_prefill, n_prefill / pre_s,
                 static_cast<long long>(n_tok), n_tok / dec_s, hit_rate, bytes_per_tok, dec.io_wait_s,
@@ -867,7 +904,8 @@ int CmdBench(const Args &a) {
                 prefill.expert_hits + prefill.expert_misses
                     ? static_cast<double>(prefill.expert_hits) / (prefill.expert_hits + prefill.expert_misses)
                     : 1.0,
-                link_per_tok, StatsJson(ctx.c).c_str());
+                link_per_tok, steps.p50_ms, steps.p90_ms, steps.max_ms, steady_tok_s, JsonArray(step_ms).c_str(),
+                StatsJson(ctx.c).c_str());
   } else {
     std::printf("model            %s\n", model.c_str());
     std::printf("load             %.2f s\n", secs(t0, t1));
@@ -878,6 +916,10 @@ int CmdBench(const Args &a) {
                 prefill.bytes_read / 1048576.0);
     std::printf("decode           %lld tokens (%lld steps), %.2f tok/s\n", static_cast<long long>(n_tok),
                 static_cast<long long>(n), n_tok / dec_s);
+    if (n > 0) {
+      std::printf("decode steps     %.2f ms median (%.2f tok/s steady), %.2f ms p90, %.2f ms slowest\n", steps.p50_ms,
+                  steady_tok_s, steps.p90_ms, steps.max_ms);
+    }
     std::printf("expert hit rate  %.1f%% (%llu hits, %llu misses)\n", 100 * hit_rate,
                 static_cast<unsigned long long>(dec.expert_hits), static_cast<unsigned long long>(dec.expert_misses));
     std::printf("read per token   %.2f MiB\n", bytes_per_tok / 1048576.0);

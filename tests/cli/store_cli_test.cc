@@ -72,6 +72,20 @@ TEST_CASE("bench reports decode speed, hit rate and bytes per token", "[cli][sto
   auto j = LastLineJson(r.out);
   CHECK(j["decode_tokens"] == 8);
   CHECK(j["decode_tok_s"].get<double>() > 0);
+  // One time a step, summarized by its median, 90th percentile and maximum.
+  const auto steps = j["decode_step_ms"].get<std::vector<double>>();
+  REQUIRE(steps.size() == 8);
+  std::vector<double> sorted = steps;
+  std::sort(sorted.begin(), sorted.end());
+  CHECK(sorted.front() > 0);
+  CHECK(j["decode_step_ms_max"].get<double>() == Approx(sorted.back()).margin(2e-3));
+  CHECK(j["decode_step_ms_p50"].get<double>() == Approx(0.5 * (sorted[3] + sorted[4])).margin(2e-3));
+  CHECK(j["decode_step_ms_p90"].get<double>() == Approx(sorted[7]).margin(2e-3));
+  CHECK(j["decode_steady_tok_s"].get<double>() == Approx(1e3 / j["decode_step_ms_p50"].get<double>()).epsilon(1e-2));
+  // The steps are the decode: their sum is its wall time, within the feeding between steps.
+  double sum = 0;
+  for (double ms : steps) sum += ms;
+  CHECK(8e3 / sum >= j["decode_tok_s"].get<double>() * 0.99);
   CHECK(j["ram_expert_slots"].get<uint32_t>() < j["routed_experts"].get<uint32_t>());
   CHECK(j["decode_hit_rate"].get<double>() >= 0.0);
   CHECK(j["decode_hit_rate"].get<double>() <= 1.0);
