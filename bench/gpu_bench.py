@@ -18,6 +18,8 @@ For each VRAM budget:
      second path to the cold experts besides the link; the "+CPU" roofline gives the cold bytes
      both paths at once, the link and the host's cores reading RAM at their measured rates (the
      bound for llama.cpp's --n-cpu-moe too).
+  4. Decode speed twice for both engines: the average over the run, and the steady rate of the
+     median step (a long generation's rate; a short run's average carries its first steps).
 
 --cpu-experts auto,off runs Strata once per mode at each budget (hybrid placement on and off).
 
@@ -29,6 +31,7 @@ import argparse
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import time
@@ -145,16 +148,21 @@ def run_llama(lib_dir, model, n_cpu_moe, prefill, decode, threads):
     L.llama_synchronize(ctx)
     t2 = time.time()
     one = (L.llama_token * 1)()
+    step_ms = []
     for i in range(decode):
         one[0] = 2000 + 53 * i
+        ts = time.perf_counter()
         if L.llama_decode(ctx, L.llama_batch_get_one(one, 1)) != 0:
             raise RuntimeError("llama_decode failed at step %d" % i)
         L.llama_synchronize(ctx)
+        step_ms.append(1e3 * (time.perf_counter() - ts))
     t3 = time.time()
     L.llama_free(ctx)
     L.llama_model_free(mdl)
+    p50 = statistics.median(step_ms) if step_ms else 0.0
     return {"load_s": load_s, "prefill_tok_s": prefill / (t2 - t1), "decode_tok_s": decode / (t3 - t2),
-            "n_cpu_moe": n_cpu_moe}
+            "decode_step_ms_p50": p50, "decode_steady_tok_s": 1e3 / p50 if p50 > 0 else 0.0,
+            "decode_step_ms": [round(x, 3) for x in step_ms], "n_cpu_moe": n_cpu_moe}
 
 
 def main():
@@ -212,19 +220,24 @@ def main():
     print(f"{'VRAM':>6} {'experts in VRAM':>16} {'CPU experts':>11} {'prefill tok/s':>14} {'decode tok/s':>13} "
           f"{'link MiB/tok':>13} {'CPU MiB/tok':>12} {'roofline':>9} {'of roof':>8} {'+CPU roof':>10} "
           f"{'of it':>6} {'llama.cpp':>10} "
-          f"{'n-cpu-moe':>9} {'llama pre':>10} {'vs llama':>9}")
+          f"{'n-cpu-moe':>9} {'llama pre':>10} {'vs llama':>9} {'steady':>8} {'llama steady':>13} {'vs llama':>9}")
     for r in res["runs"]:
         l = r.get("llama")
         for mode, m in r["modes"].items():
             s = m["strata"]
             vs = f"{s['decode_tok_s'] / l['decode_tok_s']:.2f}x" if l else "-"
+            # Steady: the median step (a long generation's rate), first steps left out of the average.
+            steady = s.get("decode_steady_tok_s", float("nan"))
+            l_steady = l.get("decode_steady_tok_s", float("nan")) if l else float("nan")
+            vs_steady = f"{steady / l_steady:.2f}x" if l and l_steady > 0 else "-"
             print(f"{r['budget']:>6} {r['vram_expert_slots']:>16} {mode:>11} {s['prefill_tok_s']:>14.1f} "
                   f"{s['decode_tok_s']:>13.2f} {m['link_bytes_per_token'] / 2**20:>13.1f} "
                   f"{m['cpu_bytes_per_token'] / 2**20:>12.1f} {m['roofline_tok_s']:>9.1f} "
                   f"{100 * s['decode_tok_s'] / m['roofline_tok_s']:>7.0f}% "
                   f"{m['roofline_with_cpu_tok_s']:>10.1f} {100 * s['decode_tok_s'] / m['roofline_with_cpu_tok_s']:>5.0f}% "
                   f"{(l['decode_tok_s'] if l else float('nan')):>10.2f} {(l['n_cpu_moe'] if l else -1):>9} "
-                  f"{(l['prefill_tok_s'] if l else float('nan')):>10.1f} {vs:>9}")
+                  f"{(l['prefill_tok_s'] if l else float('nan')):>10.1f} {vs:>9} {steady:>8.1f} {l_steady:>13.1f} "
+                  f"{vs_steady:>9}")
     if a.json_out:
         with open(a.json_out, "w") as f:
             json.dump(res, f, indent=1)
