@@ -161,8 +161,8 @@ typedef enum moe_cpu_experts {
                                 (computing them from host RAM with n_threads - 2 threads and cpu_q8_activations),
                                 in layers where that saves more than the host round trip costs; where the
                                 copy engines also move cold experts into VRAM, the two ways are timed over a
-                                few decode steps of each batch size and the faster kept for that size
-                                (timed again after 1024 steps) */
+                                few decode steps of each batch size and the faster kept for that size, the
+                                CPU's share where they are within 3% (timed again after 1024 steps) */
   MOE_CPU_EXPERTS_OFF = 1,   /* always the GPU: results are bit-identical at any VRAM budget */
   MOE_CPU_EXPERTS_ALWAYS = 2 /* every cold expert on the CPU (for tests and measurements) */
 } moe_cpu_experts;

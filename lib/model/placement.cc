@@ -167,7 +167,7 @@ RegimeProbe::Regime RegimeProbe::Step(int64_t n_tok, double now_s) {
       const bool slower = times_.size() >= 2 && *std::min_element(times_.begin(), times_.end()) > 1.1 * link_s_;
       if (slower || static_cast<int>(times_.size()) >= o_.samples) {
         hybrid_s_ = Median(times_);
-        Finish(!slower && hybrid_s_ < (1.0 - o_.margin) * link_s_ ? Regime::kHybrid : Regime::kLink);
+        Finish(!slower && hybrid_s_ <= (1.0 + o_.margin) * link_s_ ? Regime::kHybrid : Regime::kLink);
         return held_;
       }
     }

@@ -271,12 +271,22 @@ TEST_CASE("placement: the regime probe keeps the faster way by measured step tim
     // The hold ends: the link's probe comes first again.
     CHECK(w.Drive(p, 1, 1, link, 0.7 * link, 0.05)[0] == R::kLink);
   }
-  {  // Within the margin: the link (its results are the unlimited budget's bits).
+  {  // Within the margin, either side: the CPU's share, the cost model's choice.
+    for (double f : {0.99, 1.02}) {
+      RegimeProbe p(o);
+      World w;
+      w.Drive(p, 30, 4, link, f * link, 0.002);
+      CHECK(p.probes() == 1);
+      CHECK(p.held() == R::kHybrid);
+    }
+  }
+  {  // Slower than the margin, not by a tenth: the probe times all its steps, then the link.
     RegimeProbe p(o);
     World w;
-    w.Drive(p, 30, 4, link, 0.99 * link, 0.002);
+    const auto v = w.Drive(p, 30, 4, link, 1.06 * link, 0.002);
     CHECK(p.probes() == 1);
     CHECK(p.held() == R::kLink);
+    CHECK(CountOf(v, R::kHybrid) == probe);
   }
 }
 
