@@ -198,6 +198,7 @@ void CudaBackend::UpdatePaths(int64_t n_tok) {
   if (changed) {  // the recorded steps queue the old paths
     graphs_.clear();
     clean_.clear();
+    if (regime_ != nullptr) regime_->Disturbed();  // this step records again: no sample of either way
   }
 }
 
@@ -215,9 +216,11 @@ CudaBackend::Profile::~Profile() {
 
 CudaBackend::~CudaBackend() {
   if (regime_ != nullptr && cpu_experts_ != nullptr && cpu_experts_->tracing()) {
-    std::fprintf(stderr, "cpu experts regime: %d probes, holding %s; last timed: link %.2f ms, hybrid %.2f ms a step\n",
+    std::fprintf(stderr,
+                 "cpu experts regime: %d probes, holding %s; last timed: link %.2f ms, hybrid %.2f ms a step; "
+                 "%lld path changes inside probes (their steps untimed)\n",
                  regime_->probes(), regime_->held() == model::RegimeProbe::Regime::kLink ? "link" : "hybrid",
-                 regime_->link_s() * 1e3, regime_->hybrid_s() * 1e3);
+                 regime_->link_s() * 1e3, regime_->hybrid_s() * 1e3, static_cast<long long>(regime_->resettles()));
   }
   if (profile_ && !profile_table_.empty()) {
     std::vector<std::pair<std::string, std::pair<double, uint64_t>>> rows(profile_table_.begin(), profile_table_.end());

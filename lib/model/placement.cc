@@ -126,7 +126,16 @@ void RegimeProbe::Restart(int64_t n_tok) {
   phase_ = Phase::kLink;
   shape_ = n_tok;
   steps_ = 0;
+  resettles_ = 0;
   times_.clear();
+}
+
+void RegimeProbe::Disturbed() {
+  // A step that already settles (the first of a phase: the switch changed the paths) costs nothing.
+  if (phase_ == Phase::kNone || steps_ <= 1 || resettles_ >= o_.max_resettles) return;
+  ++resettles_;
+  ++resettles_total_;
+  steps_ = 1;  // as the first step after a switch: it and the next settle
 }
 
 void RegimeProbe::Finish(Regime r) {
@@ -162,6 +171,7 @@ RegimeProbe::Regime RegimeProbe::Step(int64_t n_tok, double now_s) {
       link_s_ = Median(times_);
       phase_ = Phase::kHybrid;
       steps_ = 0;
+      resettles_ = 0;
       times_.clear();
     } else if (phase_ == Phase::kHybrid) {
       const bool slower = times_.size() >= 2 && *std::min_element(times_.begin(), times_.end()) > 1.1 * link_s_;

@@ -92,6 +92,7 @@ class RegimeProbe {
     int samples = 4;
     int64_t hold = 1024;
     double margin = 0.03;
+    int max_resettles = 4;  // Disturbed steps kept out of a phase's samples
     size_t max_sizes = 64;  // verdicts kept (the oldest goes first)
   };
   RegimeProbe() : RegimeProbe(Options{}) {}
@@ -100,11 +101,17 @@ class RegimeProbe {
   // At the start of a step of `n_tok` tokens, `now_s` seconds on a monotonic clock: the regime the
   // step runs. The time since the previous call is the previous step's.
   Regime Step(int64_t n_tok, double now_s);
+  // The step Step just returned for changes its paths (a layer joins or leaves the CPU's share as
+  // the fitted rates move, its graph is recorded again): that step and the next are not samples,
+  // as after a switch. At most Options::max_resettles times a phase, so paths that keep changing
+  // cannot hold a probe open; the samples after that count as they come.
+  void Disturbed();
 
   Regime held() const { return held_; }  // the verdict of the last finished probe
   double link_s() const { return link_s_; }      // its median step times (0: not measured)
   double hybrid_s() const { return hybrid_s_; }
   int probes() const { return probes_; }          // probes finished
+  int64_t resettles() const { return resettles_total_; }  // steps Disturbed kept out of the samples
 
  private:
   enum class Phase { kNone, kLink, kHybrid };
@@ -125,6 +132,8 @@ class RegimeProbe {
   Regime held_ = Regime::kLink;
   double link_s_ = 0, hybrid_s_ = 0;
   int probes_ = 0;
+  int resettles_ = 0;  // in this phase
+  int64_t resettles_total_ = 0;
   bool have_last_ = false;
   double last_t_ = 0;
 };

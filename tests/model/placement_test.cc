@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <random>
 #include <vector>
 
@@ -209,11 +210,14 @@ namespace {
 // A decode loop around a RegimeProbe: a step in the link regime takes link_s, in the hybrid one
 // hybrid_s, each times a random factor in [1 - noise, 1 + noise]; the first two steps after the
 // regime changes take 40 times as long (a graph recorded, paths changed), which the probe must
-// not count.
+// not count. `change`, where set, says which hybrid steps (counted from 0 over the world's life)
+// change their paths as well: those are told to the probe and cost the same.
 struct World {
   double t = 0;
   RegimeProbe::Regime last = RegimeProbe::Regime::kLink;
   int since = 0;
+  int hybrid_steps = 0;
+  std::function<bool(int)> change;
   std::mt19937 rng{std::random_device{}()};
 
   // Runs `steps` steps of `n_tok` tokens; returns the regime of each.
@@ -225,6 +229,10 @@ struct World {
       const RegimeProbe::Regime r = p.Step(n_tok, t);
       since = r == last ? since + 1 : 0;
       last = r;
+      if (r == RegimeProbe::Regime::kHybrid && change && change(hybrid_steps++)) {
+        p.Disturbed();
+        since = 0;
+      }
       t += (r == RegimeProbe::Regime::kLink ? link_s : hybrid_s) * f(rng) * (since < 2 ? 40 : 1);
       out.push_back(r);
     }
@@ -287,6 +295,45 @@ TEST_CASE("placement: the regime probe keeps the faster way by measured step tim
     CHECK(p.probes() == 1);
     CHECK(p.held() == R::kLink);
     CHECK(CountOf(v, R::kHybrid) == probe);
+  }
+}
+
+TEST_CASE("placement: steps that change their paths inside a regime probe are not timed", "[placement]") {
+  using R = RegimeProbe::Regime;
+  std::mt19937 rng(std::random_device{}());
+  const double link = std::uniform_real_distribution<double>(5e-3, 30e-3)(rng);
+  INFO("link step " << link);
+  RegimeProbe::Options o;
+  {  // Two layers join the CPU's share during its probe (the fitted rate moves): still timed right.
+    RegimeProbe p(o);
+    World w;
+    w.change = [](int i) { return i == 3 || i == 7; };
+    const auto v = w.Drive(p, 40, 1, link, 0.7 * link, 0.01);
+    CHECK(p.probes() == 1);
+    CHECK(p.held() == R::kHybrid);
+    CHECK(p.hybrid_s() == Approx(0.7 * link).epsilon(0.02));
+    CHECK(p.resettles() == 2);
+    CHECK(CountOf(v, R::kHybrid) == 40 - (o.settle + o.samples));
+  }
+  {  // The first step of a phase already settles: telling the probe of it changes nothing.
+    RegimeProbe p(o);
+    World w;
+    w.change = [](int i) { return i == 0; };
+    w.Drive(p, 40, 1, link, 0.7 * link, 0.01);
+    CHECK(p.held() == R::kHybrid);
+    CHECK(p.resettles() == 0);
+  }
+  {  // Paths that change every step cannot hold the probe open: after max_resettles the slow
+     // steps count, and the link is kept.
+    RegimeProbe p(o);
+    World w;
+    w.change = [](int) { return true; };
+    const auto v = w.Drive(p, 60, 1, link, 0.7 * link, 0.01);
+    CHECK(p.probes() == 1);
+    CHECK(p.held() == R::kLink);
+    CHECK(p.resettles() == o.max_resettles);
+    CHECK(CountOf(v, R::kHybrid) <= o.settle + o.samples + 2 * o.max_resettles);
+    CHECK(v.back() == R::kLink);
   }
 }
 
