@@ -1025,7 +1025,13 @@ void CudaBackend::ExpertFfn(const model::ExpertWeights &e, const float *x, int64
 
 absl::Status CudaBackend::Replan() {
   replan_ = false;
-  if (!arena_registered_) return absl::OkStatus();
+  // STRATA_CUDA_REPLAN=0 keeps the slots as the prompt left them (a measuring knob: on the H200,
+  // spread routing, 8 GiB, the re-plan's ~2,160 promotions hold the first decode step ~100 ms).
+  static const bool replan = [] {
+    const char *e = std::getenv("STRATA_CUDA_REPLAN");
+    return e == nullptr || e[0] != '0';
+  }();
+  if (!arena_registered_ || !replan) return absl::OkStatus();
   // Every routed expert of the device-table layers in one list: layer l's expert x at first[l] + x.
   std::vector<uint32_t> heat;
   std::vector<std::pair<int, int>> id;
