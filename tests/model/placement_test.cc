@@ -244,12 +244,17 @@ int64_t CountOf(const std::vector<RegimeProbe::Regime> &v, RegimeProbe::Regime r
   return std::count(v.begin(), v.end(), r);
 }
 
+// A link step's time, fresh each run: 5 to 30 ms.
+double RandomLinkStep() {
+  std::mt19937 rng(std::random_device{}());
+  return std::uniform_real_distribution<double>(5e-3, 30e-3)(rng);
+}
+
 }  // namespace
 
 TEST_CASE("placement: the regime probe keeps the faster way by measured step time", "[placement]") {
   using R = RegimeProbe::Regime;
-  std::mt19937 rng(std::random_device{}());
-  const double link = std::uniform_real_distribution<double>(5e-3, 30e-3)(rng);
+  const double link = RandomLinkStep();
   INFO("link step " << link);
   RegimeProbe::Options o;
   o.hold = 100;
@@ -300,8 +305,7 @@ TEST_CASE("placement: the regime probe keeps the faster way by measured step tim
 
 TEST_CASE("placement: steps that change their paths inside a regime probe are not timed", "[placement]") {
   using R = RegimeProbe::Regime;
-  std::mt19937 rng(std::random_device{}());
-  const double link = std::uniform_real_distribution<double>(5e-3, 30e-3)(rng);
+  const double link = RandomLinkStep();
   INFO("link step " << link);
   RegimeProbe::Options o;
   {  // Two layers join the CPU's share during its probe (the fitted rate moves): still timed right.
