@@ -48,6 +48,12 @@ absl::StatusOr<std::unique_ptr<CpuExperts>> CpuExperts::Create(const model::Mode
   ce->max_rows_ = max_rows;
   ce->n_expert_max_ = n_expert_max;
   ce->link_bytes_s_ = link_bytes_s;
+  // The link side's latency a layer beyond its bytes, in microseconds (STRATA_CPU_EXPERTS_LINK_US,
+  // a measuring knob, default 0): on the H200 the device hardly waits for the CPU's job (1.5-2.4 us
+  // a call), so by the bytes alone the CPU ends early.
+  if (const char *us = std::getenv("STRATA_CPU_EXPERTS_LINK_US"); us != nullptr && std::atof(us) > 0) {
+    ce->link_fixed_s_ = 1e-6 * std::atof(us);
+  }
   for (const auto &L : w.layers) {
     if (!L.experts.empty()) {
       ce->n_embd_ = L.experts[0].gate.cols;
@@ -102,15 +108,17 @@ CpuExperts::~CpuExperts() {
     unsigned long long waited[2] = {};
     (void)cudaMemcpy(waited, dev_box_.waited_ns, sizeof(waited), cudaMemcpyDeviceToHost);
     const double c = static_cast<double>(tr_.calls), us = 1e6;
+    const double jobs = std::max<double>(1, static_cast<double>(tr_.jobs));
     std::fprintf(stderr,
                  "cpu experts: %llu calls, %llu jobs; us per call: decide %.1f, the device waiting for the decision "
-                 "%.1f and for the job %.1f, the worker idle between calls %.1f; us per job %.1f; rates: link %.1f "
-                 "GB/s, CPU %.1f GB/s + %.1f us a job (token share %.2f), round trip %.1f us\n",
+                 "%.1f, the worker idle between calls %.1f; us per job: the job %.1f, the device waiting for it "
+                 "%.1f; rates: link %.1f GB/s + %.1f us a layer, CPU %.1f GB/s + %.1f us a job (token share %.2f), "
+                 "round trip %.1f us\n",
                  static_cast<unsigned long long>(tr_.calls), static_cast<unsigned long long>(tr_.jobs),
-                 us * tr_.decide_s / c, 1e-3 * static_cast<double>(waited[0]) / c,
-                 1e-3 * static_cast<double>(waited[1]) / c, us * tr_.between_s / c,
-                 us * tr_.job_s / std::max<double>(1, static_cast<double>(tr_.jobs)), link_bytes_s_ / 1e9,
-                 cpu_bytes_s_.load() / 1e9, us * cpu_fixed_s_.load(), token_share_, us * round_trip_s_);
+                 us * tr_.decide_s / c, 1e-3 * static_cast<double>(waited[0]) / c, us * tr_.between_s / c,
+                 us * tr_.job_s / jobs, 1e-3 * static_cast<double>(waited[1]) / jobs, link_bytes_s_ / 1e9,
+                 us * link_fixed_s_, cpu_bytes_s_.load() / 1e9, us * cpu_fixed_s_.load(), token_share_,
+                 us * round_trip_s_);
   }
 }
 
@@ -249,6 +257,7 @@ model::PlacementRates CpuExperts::rates() const {
   r.cpu_bytes_s = cpu_bytes_s_.load(std::memory_order_relaxed);
   r.cpu_token_share = token_share_;
   r.cpu_fixed_s = cpu_fixed_s_.load(std::memory_order_relaxed);
+  r.link_fixed_s = link_fixed_s_;
   return r;
 }
 

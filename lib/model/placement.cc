@@ -29,11 +29,12 @@ std::vector<int> ChooseCpuExperts(std::vector<ColdExpert> cold, const PlacementR
     const double ra = CpuSeconds(a, r) / LinkSeconds(a, r), rb = CpuSeconds(b, r) / LinkSeconds(b, r);
     return ra != rb ? ra < rb : a.expert < b.expert;
   });
-  double link = 0;
+  double link = r.link_fixed_s;
   for (const ColdExpert &e : cold) link += LinkSeconds(e, r);
   double cpu = r.cpu_fixed_s;
   for (const ColdExpert &e : cold) {
-    const double c = cpu + CpuSeconds(e, r), l = link - LinkSeconds(e, r);
+    const bool last = out.size() + 1 == cold.size();
+    const double c = cpu + CpuSeconds(e, r), l = last ? 0.0 : link - LinkSeconds(e, r);
     if (std::max(c, l) >= std::max(out.empty() ? 0.0 : cpu, link)) break;
     out.push_back(e.expert);
     cpu = c;
@@ -95,11 +96,11 @@ double HybridSavingSeconds(double cold_bytes, uint64_t expert_bytes, const Place
     cold.push_back({x, 1, b});
     left -= static_cast<double>(b);
   }
-  double link_all = 0;
+  double link_all = r.link_fixed_s;
   for (const ColdExpert &e : cold) link_all += LinkSeconds(e, r);
   const std::vector<int> cpu = ChooseCpuExperts(cold, r);
   if (cpu.empty()) return 0;
-  double c = r.cpu_fixed_s, l = 0;
+  double c = r.cpu_fixed_s, l = cpu.size() < cold.size() ? r.link_fixed_s : 0.0;
   size_t j = 0;
   for (const ColdExpert &e : cold) {
     if (j < cpu.size() && cpu[j] == e.expert) {

@@ -20,6 +20,9 @@ struct PlacementRates {
   // expert of t tokens costs bytes / cpu_bytes_s * (1 + cpu_token_share * (t - 1)).
   double cpu_token_share = 0;
   double cpu_fixed_s = 0;      // a CPU job's start and return (host round trip), paid once a layer
+  // The link side's own latency in a layer that leaves it an expert, beyond its bytes: a copier's
+  // reaction to the request, the products after the last copy lands. Paid once a layer.
+  double link_fixed_s = 0;
 };
 
 // A routed expert a layer selected that is not in device memory.
@@ -36,7 +39,8 @@ double CpuSeconds(const ColdExpert &e, const PlacementRates &r);
 
 // The experts (ids, ascending) the CPU computes: cold experts in order of CPU over link time (ties to
 // the lower id) are moved to the CPU while that lowers the later of the CPU's time (cpu_fixed_s
-// plus its experts) and the link's (the rest). Deterministic for given inputs.
+// plus its experts) and the link's (link_fixed_s plus the rest, 0 when none is left).
+// Deterministic for given inputs.
 std::vector<int> ChooseCpuExperts(std::vector<ColdExpert> cold, const PlacementRates &r);
 
 // The CPU's cost of a job, fitted online: seconds = fixed + x / rate, x the job's one-token-

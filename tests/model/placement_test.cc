@@ -16,7 +16,7 @@ using namespace strata::model;
 
 // The later of the CPU's and the link's time when the CPU computes `cpu` (ids) of `cold`.
 double Makespan(const std::vector<ColdExpert> &cold, const std::vector<int> &cpu, const PlacementRates &r) {
-  double c = cpu.empty() ? 0 : r.cpu_fixed_s, l = 0;
+  double c = cpu.empty() ? 0 : r.cpu_fixed_s, l = cpu.size() < cold.size() ? r.link_fixed_s : 0;
   for (const ColdExpert &e : cold) {
     if (std::find(cpu.begin(), cpu.end(), e.expert) != cpu.end()) {
       c += CpuSeconds(e, r);
@@ -84,9 +84,10 @@ TEST_CASE("placement: the choice is within one expert of the best split, never w
     r.cpu_bytes_s = std::uniform_real_distribution<double>(5e9, 60e9)(rng);
     r.cpu_token_share = std::uniform_real_distribution<double>(0, 0.5)(rng);
     r.cpu_fixed_s = std::uniform_real_distribution<double>(0, 50e-6)(rng);
+    r.link_fixed_s = trial % 2 == 0 ? 0.0 : std::uniform_real_distribution<double>(0, 80e-6)(rng);
     const int n = std::uniform_int_distribution<int>(1, 10)(rng);
     std::vector<ColdExpert> cold;
-    double biggest = r.cpu_fixed_s;
+    double biggest = std::max(r.cpu_fixed_s, r.link_fixed_s);
     for (int i = 0; i < n; ++i) {
       ColdExpert e{i * 2 + 1, std::uniform_int_distribution<int64_t>(1, 20)(rng),
                    std::uniform_int_distribution<uint64_t>(1 << 16, 8 << 20)(rng)};
@@ -107,6 +108,30 @@ TEST_CASE("placement: the choice is within one expert of the best split, never w
     CHECK(got <= link_only * (1 + 1e-12));
     CHECK(got <= best + biggest + 1e-15);
   }
+}
+
+TEST_CASE("placement: the link's fixed cost moves experts to the CPU, all of them where it pays", "[placement]") {
+  PlacementRates r;
+  r.link_bytes_s = 50e9;
+  r.cpu_bytes_s = 50e9;
+  r.cpu_fixed_s = 60e-6;
+  const uint64_t expert = 2500000;  // 50 us a side
+  std::vector<ColdExpert> cold;
+  for (int x = 0; x < 5; ++x) cold.push_back({x, 1, expert});
+  // Bytes alone: CPU 60 + 50 k us against the link's 50 (5 - k): k = 2 (160 against 150 us).
+  CHECK(ChooseCpuExperts(cold, r).size() == 2);
+  // 80 us more on the link side: k = 3 (210 against 180 us beats 160 against 230 us).
+  r.link_fixed_s = 80e-6;
+  CHECK(ChooseCpuExperts(cold, r).size() == 3);
+  CHECK(Makespan(cold, ChooseCpuExperts(cold, r), r) == Approx(210e-6));
+  // Two experts, 30 us: one each (110 against 80 us) beats the link alone (130) and the CPU alone (160).
+  cold.resize(2);
+  r.link_fixed_s = 30e-6;
+  CHECK(ChooseCpuExperts(cold, r).size() == 1);
+  // A latency that dwarfs the bytes: both to the CPU, which frees the link of its fixed cost too.
+  r.link_fixed_s = 400e-6;
+  CHECK(ChooseCpuExperts(cold, r) == std::vector<int>{0, 1});
+  CHECK(HybridSavingSeconds(2.0 * expert, expert, r) == Approx(500e-6 - 160e-6));
 }
 
 TEST_CASE("placement: a layer's saving from its cold bytes", "[placement]") {
