@@ -51,11 +51,14 @@ class CpuExperts {
   // max_rows: the most selections (tokens x k) of one call; n_expert_max: the most experts of a
   // layer. arena / arena_dev: the host arena holding every expert and its device mapping. Measures
   // the CPU's expert rate on the model's own experts and the round trip of a call on `stream`.
+  // link_bytes_s / link_copy_s: the link's copy rate, and one expert's copy time beyond its bytes
+  // (the link side's latency a layer is that plus the round trip; STRATA_CPU_EXPERTS_LINK_US=N
+  // sets it instead, a measuring knob).
   static absl::StatusOr<std::unique_ptr<CpuExperts>> Create(const model::ModelWeights &w, const CpuExpertOptions &o,
                                                             int64_t max_rows, int n_expert_max,
                                                             const uint8_t *arena, const uint8_t *arena_dev,
                                                             size_t arena_bytes, double link_bytes_s,
-                                                            cudaStream_t stream);
+                                                            double link_copy_s, cudaStream_t stream);
   ~CpuExperts();
 
   // Steps 1 and 2 above for layer l: sel (n_tok, k) and h (n_tok, n_embd) on the device, gate_tab

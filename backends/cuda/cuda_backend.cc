@@ -127,9 +127,10 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const model::Mo
 absl::Status CudaBackend::StartCpuExperts(const model::ModelWeights &w, const CpuExpertOptions &cpu,
                                           int n_expert_max) {
   STRATA_ASSIGN_OR_RETURN(double link, MeasureLink());
+  STRATA_ASSIGN_OR_RETURN(double copy_s, MeasureCopyLatency(link));
   STRATA_ASSIGN_OR_RETURN(skip_dev_, DeviceBuffer::Allocate(n_expert_max));
   STRATA_ASSIGN_OR_RETURN(cpu_experts_, CpuExperts::Create(w, cpu, kDeviceRouteMaxRows, n_expert_max, host_arena_,
-                                                           arena_dev_, arena_bytes_, link, stream_.get()));
+                                                           arena_dev_, arena_bytes_, link, copy_s, stream_.get()));
   return absl::OkStatus();
 }
 
@@ -148,6 +149,21 @@ absl::StatusOr<double> CudaBackend::MeasureLink() {
     if (ms > 0 && (best == 0 || ms < best)) best = ms;
   }
   return best > 0 ? static_cast<double>(bytes) / (best * 1e-3) : 0.0;
+}
+
+absl::StatusOr<double> CudaBackend::MeasureCopyLatency(double link_bytes_s) {
+  // One slot's copy from the arena, timed by the host from the call to its end, less its bytes at
+  // the link's rate: the best of five.
+  const size_t bytes = std::min<size_t>({slot_buf_.size(), arena_bytes_, slot_bytes_});
+  if (bytes == 0 || !arena_registered_ || link_bytes_s <= 0) return 0.0;
+  double best = 1.0;
+  for (int rep = 0; rep < 5; ++rep) {
+    const auto t0 = std::chrono::steady_clock::now();
+    STRATA_RETURN_IF_ERROR(CopyAsync(slot_buf_.data(), host_arena_, bytes, stream_.get()));
+    STRATA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_.get()));
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return std::max(0.0, best - static_cast<double>(bytes) / link_bytes_s);
 }
 
 void CudaBackend::UpdatePaths(int64_t n_tok) {

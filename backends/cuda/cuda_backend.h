@@ -183,6 +183,7 @@ class CudaBackend final : public model::Backend {
   absl::Status StartCpuExperts(const model::ModelWeights &w, const CpuExpertOptions &cpu, int n_expert_max);
   // The link's rate: a copy from the page-locked arena into the slots, timed (bytes/s).
   absl::StatusOr<double> MeasureLink();
+  absl::StatusOr<double> MeasureCopyLatency(double link_bytes_s);  // one slot's copy beyond its bytes
   // Between steps (the next has n_tok tokens): which layers take the hybrid path, and which have
   // their cold experts copied by the copy engines. A change drops the recorded graphs.
   void UpdatePaths(int64_t n_tok);
