@@ -363,6 +363,10 @@ absl::Status CudaBackend::Adopt(const model::ModelWeights &w, const uint8_t *are
   if (tiered) {
     // Fixed slots of the largest expert's device size, allocated once: no allocation in steady state.
     slot_bytes_ = expert_max;
+    // STRATA_CUDA_PROMPT_VICTIM=lru: an expert a prompt fetches takes the least recently used slot
+    // rather than the coldest (PromptVictim; a measuring knob).
+    const char *victim_env = std::getenv("STRATA_CUDA_PROMPT_VICTIM");
+    prompt_lru_ = victim_env != nullptr && std::string(victim_env) == "lru";
     // STRATA_CUDA_STAGE_EXPERTS=N: a decode layer's cold experts are copied into N slots of their
     // own before the grouped products (StageColdExperts), taken from the budget's slots. Off by
     // default: on the H200 it measured within 0-3% of reading them in place (bench/README.md).
@@ -442,13 +446,9 @@ absl::StatusOr<CudaBackend::Slot *> CudaBackend::SlotFor(const model::ExpertWeig
     if (!sl.in_table) STRATA_RETURN_IF_ERROR(stream_.Wait(sl.fill.get()));  // a promotion still in flight
     return &sl;
   }
-  // The least recently used slot (an empty one first).
-  int v = 0;
-  for (int i = 1; i < static_cast<int>(slots_.size()); ++i) {
-    if (slots_[i].last_use < slots_[v].last_use) v = i;
-  }
   auto id = expert_id_.find(key);
   if (id == expert_id_.end()) return Errorf(MOE_ERR_INTERNAL, "%s is not a routed expert", e.gate.name);
+  const int v = PromptVictim(id->second.first);
   STRATA_RETURN_IF_ERROR(Evict(v));
   STRATA_RETURN_IF_ERROR(Fill(v, e, id->second.first, id->second.second));
   Slot &sl = slots_[v];
@@ -457,6 +457,36 @@ absl::StatusOr<CudaBackend::Slot *> CudaBackend::SlotFor(const model::ExpertWeig
   SetTable(sl.layer, sl.expert, g.dev, u.dev, d.dev);
   sl.in_table = true;
   return &sl;
+}
+
+int CudaBackend::PromptVictim(int layer) const {
+  // An empty slot, else the coldest by route hotness (the least recently used among equals), so
+  // that a prompt leaves the slots holding about the experts the re-plan after it wants: with
+  // least-recently-used alone it left the last layers' experts, and the re-plan's copies held the
+  // first decode step (on the H200, spread routing, 8 GiB: ~2,160 copies, 110 ms). Slots of the
+  // layer being computed are kept: its other experts may still be queued behind them, and the
+  // host would wait for those computations before refilling. With prompt_lru_, the least recently
+  // used slot.
+  int v = -1;
+  uint32_t v_heat = 0;
+  for (int i = 0; i < static_cast<int>(slots_.size()) && !prompt_lru_; ++i) {
+    const Slot &sl = slots_[i];
+    if (sl.key == nullptr) return i;
+    if (sl.layer == layer) continue;
+    const std::vector<uint32_t> *heat = sl.layer < static_cast<int>(tables_.size()) ? &tables_[sl.layer].heat : nullptr;
+    const uint32_t h = heat != nullptr && sl.expert < static_cast<int>(heat->size()) ? (*heat)[sl.expert] : 0;
+    if (v < 0 || h < v_heat || (h == v_heat && sl.last_use < slots_[v].last_use)) {
+      v = i;
+      v_heat = h;
+    }
+  }
+  if (v >= 0) return v;
+  // Every slot holds an expert of this layer (fewer slots than its experts in a call), or lru.
+  v = 0;
+  for (int i = 1; i < static_cast<int>(slots_.size()); ++i) {
+    if (slots_[i].last_use < slots_[v].last_use) v = i;
+  }
+  return v;
 }
 
 absl::Status CudaBackend::Evict(int v) {

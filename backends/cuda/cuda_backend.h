@@ -20,9 +20,10 @@
 //    computes they already move layer l + 1's experts as its router predicts them from layer l's
 //    input (the prediction's slots are layer l + 1's first choice; what it missed follows);
 //  - other batches (prefill, families the grouped kernels do not cover) bring each expert into a
-//    slot on demand (LRU), the compute stream waiting for the copy. Their tokens count into the
-//    route hotness, and the next step re-plans the slots (Replan): the hottest experts of every
-//    layer replace the coldest residents, filled on the copy stream while decode goes on.
+//    slot on demand, the compute stream waiting for the copy; it takes the slot of the coldest
+//    expert by route hotness outside the layer (PromptVictim). Their tokens count into the route
+//    hotness, and the next step re-plans the slots (Replan): the hottest experts of every layer
+//    replace the coldest residents, filled on the copy stream while decode goes on.
 // Events order a slot's refill after the last computation that read it. The bytes are the same
 // everywhere, so results are bit-identical at any budget.
 //
@@ -190,6 +191,7 @@ class CudaBackend final : public model::Backend {
   // After host-path batches (a prompt) added to the route hotness: the hottest experts of every
   // device-table layer take the slots (filled on the copy stream, entering the tables as they land).
   absl::Status Replan();
+  int PromptVictim(int layer) const;  // the slot an expert fetched in a prompt takes
   // Before layer l's RoutedExperts: finished promotions enter the tables; the last call's selections
   // update hotness and may start promotions.
   absl::Status UpdateTier(int l);
@@ -280,6 +282,7 @@ class CudaBackend final : public model::Backend {
   // With the VRAM tier, the host arena is registered with the driver (page-locked) when it allows:
   // a slot fill of unconverted bytes is then DMA straight from the arena, no staging copy.
   bool arena_registered_ = false;
+  bool prompt_lru_ = false;  // PromptVictim takes the least recently used slot (a measuring knob)
   std::map<const float *, DeviceVec> vecs_;         // keyed by host values.data()
   // Device tables for RoutedExperts: per layer [gate x n_expert | up x n_expert | down x n_expert].
   const model::ModelWeights *w_ = nullptr;

@@ -6,12 +6,15 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <random>
 #include <string>
 #include <tuple>
 #include <utility>
 #include <vector>
 
 #include "backends/cuda/memory.h"
+#include "lib/model/synth.h"
+#include "tests/format/format_test_util.h"
 #include "tests/cuda/cuda_test_util.h"
 #include "tests/model/golden_util.h"
 
@@ -208,6 +211,65 @@ TEST_CASE("CUDA backend: a prompt's hotness re-plans the VRAM slots, bit-identic
     INFO("by the copy engines: predicted " << cst.prefetch_issued << ", used " << cst.prefetch_useful);
     CHECK(copied == all);
   }
+}
+
+// A prompt leaves the slots holding about the experts the re-plan after it wants (PromptVictim): on
+// a synthetic model with spread routing (8 layers of 16 experts, a third to a half of them in
+// slots), the re-plan copies fewer than half the experts it copied after a prompt that gave each
+// fetch the least recently used slot (which leaves the last layers' experts), and the logits stay
+// bit-identical to all-resident. One decode step after the prompt: its promotions are the
+// re-plan's (a step's own route hotness earns none yet). Fresh random tokens each run.
+TEST_CASE("CUDA backend: a prompt keeps its hottest experts in the slots for the re-plan", "[gpu][golden]") {
+  if (!strata::cuda::test::HaveGpu()) return;
+  strata::format::testing::TempDir dir;
+  strata::model::SynthOptions o;
+  o.shape = "tiny";
+  o.layers = 8;
+  o.routing = "spread";
+  const std::string model = dir.File("tiny_spread.gguf");
+  REQUIRE(strata::model::Synthesize(o, model).ok());
+  // The smallest budget (in steps of 256 KiB) whose plan holds a third of the experts or more.
+  uint64_t budget = 0;
+  uint32_t slots = 0, n_routed = 0;
+  for (uint64_t b = uint64_t{256} << 10; b <= uint64_t{64} << 20 && budget == 0; b += uint64_t{256} << 10) {
+    moe_params p;
+    moe_params_init(&p);
+    p.model_path = model.c_str();
+    p.backend = MOE_BACKEND_CUDA;
+    p.vram_budget_bytes = b;
+    moe_ctx *ctx = nullptr;
+    if (moe_ctx_open(&p, &ctx) != MOE_OK) continue;  // too small for the resident weights
+    moe_cache_plan plan;
+    moe_cache_plan_init(&plan);
+    REQUIRE(moe_ctx_plan(ctx, &plan) == MOE_OK);
+    moe_ctx_close(ctx);
+    if (3 * plan.vram_expert_slots >= plan.n_routed_experts) {
+      budget = b;
+      slots = plan.vram_expert_slots;
+      n_routed = plan.n_routed_experts;
+    }
+  }
+  INFO("budget " << budget << ": " << slots << " of " << n_routed << " experts in slots");
+  REQUIRE(budget > 0);
+  REQUIRE(2 * slots <= n_routed);
+  const unsigned seed = std::random_device{}();
+  INFO("seed " << seed);
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int32_t> id(0, 511);
+  std::vector<int32_t> tokens(301);
+  for (int32_t &t : tokens) t = id(rng);
+  const auto all = TeacherForced(model, tokens, 300, MOE_BACKEND_CUDA);
+  moe_stats hot, lru;
+  const auto by_heat = TeacherForced(model, tokens, 300, MOE_BACKEND_CUDA, budget, nullptr, nullptr, &hot);
+  REQUIRE(setenv("STRATA_CUDA_PROMPT_VICTIM", "lru", 1) == 0);
+  const auto by_use = TeacherForced(model, tokens, 300, MOE_BACKEND_CUDA, budget, nullptr, nullptr, &lru);
+  unsetenv("STRATA_CUDA_PROMPT_VICTIM");
+  INFO("re-plan promotions " << hot.vram_promotions << " (least recently used: " << lru.vram_promotions << ")");
+  CHECK(hot.vram_replans == 1);
+  CHECK(lru.vram_replans == 1);
+  CHECK(2 * hot.vram_promotions < lru.vram_promotions);
+  CHECK(by_heat == all);
+  CHECK(by_use == all);
 }
 
 // Hybrid placement: with the cold experts of every decode layer computed by the CPU from host RAM
