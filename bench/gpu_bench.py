@@ -17,7 +17,8 @@ For each VRAM budget:
      the measured device copy bandwidth. With CPU experts a run can pass 100% of it: the CPU is a
      second path to the cold experts besides the link; the "+CPU" roofline gives the cold bytes
      both paths at once, the link and the host's cores reading RAM at their measured rates (the
-     bound for llama.cpp's --n-cpu-moe too).
+     bound for llama.cpp's --n-cpu-moe too); with --host-share-bench, at most what the host's RAM
+     gives the two together (bench/host_share_bench: they share it).
   4. Decode speed twice for both engines: the average over the run, and the steady rate of the
      median step (a long generation's rate; a short run's average carries its first steps).
 
@@ -92,6 +93,26 @@ def host_read_rate(threads, n=1 << 30):
             list(pool.map(np.sum, parts))
             best = max(best, n / (time.perf_counter() - t0))
     return best
+
+
+def host_shared_rate(bench, threads):
+    """Bytes/s the copy engines and `threads` cores read from page-locked RAM together, from
+    bench/host_share_bench's table (its "both: sum" column): on the H200's host ~105-115 GB/s, where
+    the two alone give ~55 and ~93. None without the binary."""
+    if not bench:
+        return None
+    out = subprocess.run([bench, str(threads)], check=True, capture_output=True, text=True).stdout
+    return parse_host_share(out, threads)
+
+
+def parse_host_share(out, threads):
+    """The "both: sum" of the row for `threads` in host_share_bench's output, in bytes/s (None if
+    the row is missing)."""
+    for line in out.splitlines():
+        f = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(f) == 7 and f[0] == str(threads):
+            return float(f[5]) * 1e9
+    return None
 
 
 def model_bytes(strata, model):
@@ -177,16 +198,24 @@ def main():
     ap.add_argument("--llama-lib", default="", help="directory of libllama.so (default: the package's)")
     ap.add_argument("--skip-llama", action="store_true")
     ap.add_argument("--cpu-experts", default="auto", help="Strata's modes to run, comma-separated: auto, off, always")
+    ap.add_argument("--host-share-bench", default="",
+                    help="build/bench/host_share_bench: the +CPU roofline then takes the copy engines' and the "
+                         "cores' reads of host RAM together at their measured shared rate")
     ap.add_argument("--json-out", default="")
     a = ap.parse_args()
 
     h2d, d2d = bandwidths()
     host = host_read_rate(a.threads)
+    shared = host_shared_rate(a.host_share_bench, a.threads)
+    # Both paths read the host's RAM: together they get what its memory gives, not the sum.
+    both = min(h2d + host, shared) if shared else h2d + host
     other, expert, n_layer, n_expert, k = model_bytes(a.strata, a.model)
     res = {"model": a.model, "h2d_bytes_s": h2d, "d2d_bytes_s": d2d, "host_read_bytes_s": host,
-           "expert_bytes": expert, "token_bytes": other + n_layer * k * expert, "runs": []}
+           "host_shared_bytes_s": shared, "expert_bytes": expert, "token_bytes": other + n_layer * k * expert,
+           "runs": []}
+    shared_text = f", both at once {shared / 1e9:.1f}" if shared else ""
     print(f"link {h2d / 1e9:.1f} GB/s, device copy {d2d / 1e12:.2f} TB/s, host read {host / 1e9:.1f} GB/s "
-          f"({a.threads} threads); a decode token reads "
+          f"({a.threads} threads{shared_text}); a decode token reads "
           f"{res['token_bytes'] / 2**20:.0f} MiB ({n_layer} layers x {k} experts of {expert / 2**20:.2f} MiB)",
           flush=True)
     for b in a.budgets.split(","):
@@ -202,8 +231,9 @@ def main():
             resident_s = max(0.0, res["token_bytes"] - zero_copy_bytes - cpu_bytes) / d2d
             roof_s = missed / h2d + resident_s
             # With the CPU computing cold experts beside the link, both paths at their full rates
-            # at once (the host's read rate measured above): a bound no split can pass.
-            roof_cpu_s = missed / (h2d + host) + resident_s
+            # at once (the host's read rate measured above, capped by the two's shared rate where
+            # measured): a bound no split can pass.
+            roof_cpu_s = missed / both + resident_s
             run["modes"][mode] = {"strata": s, "link_bytes_per_token": link, "cpu_bytes_per_token": cpu_bytes,
                                   "roofline_tok_s": 1.0 / roof_s, "roofline_with_cpu_tok_s": 1.0 / roof_cpu_s}
             run["vram_expert_slots"] = st["vram_expert_slots"] or n_layer * n_expert
