@@ -20,16 +20,9 @@
 #include <thread>
 #include <vector>
 
-namespace {
+#include "bench/probe_check.cuh"
 
-#define SHARE_CHECK(expr)                                                                     \
-  do {                                                                                        \
-    const cudaError_t err_ = (expr);                                                          \
-    if (err_ != cudaSuccess) {                                                                \
-      std::fprintf(stderr, "%s: %s\n", #expr, cudaGetErrorString(err_));                      \
-      std::exit(1);                                                                           \
-    }                                                                                         \
-  } while (0)
+namespace {
 
 constexpr size_t kCopyBytes = size_t{256} << 20;  // one copy
 constexpr size_t kCopyRegion = size_t{2} << 30;   // the copies cycle over it
@@ -46,8 +39,8 @@ uint64_t CopyLoop(const uint8_t *src, uint8_t *dst, cudaStream_t s, const std::a
   size_t at = 0;
   const Clock::time_point t0 = Clock::now();
   while (!stop->load(std::memory_order_relaxed)) {
-    SHARE_CHECK(cudaMemcpyAsync(dst, src + at, kCopyBytes, cudaMemcpyHostToDevice, s));
-    SHARE_CHECK(cudaStreamSynchronize(s));
+    PROBE_CHECK(cudaMemcpyAsync(dst, src + at, kCopyBytes, cudaMemcpyHostToDevice, s));
+    PROBE_CHECK(cudaStreamSynchronize(s));
     bytes += kCopyBytes;
     at = (at + kCopyBytes) % kCopyRegion;
   }
@@ -131,14 +124,14 @@ int main(int argc, char **argv) {
   }
   uint8_t *csrc = nullptr, *cdst = nullptr;
   uint64_t *rbuf = nullptr;
-  SHARE_CHECK(cudaHostAlloc(reinterpret_cast<void **>(&csrc), kCopyRegion, cudaHostAllocDefault));
-  SHARE_CHECK(cudaHostAlloc(reinterpret_cast<void **>(&rbuf), kReadRegion, cudaHostAllocDefault));
-  SHARE_CHECK(cudaMalloc(reinterpret_cast<void **>(&cdst), kCopyBytes));
+  PROBE_CHECK(cudaHostAlloc(reinterpret_cast<void **>(&csrc), kCopyRegion, cudaHostAllocDefault));
+  PROBE_CHECK(cudaHostAlloc(reinterpret_cast<void **>(&rbuf), kReadRegion, cudaHostAllocDefault));
+  PROBE_CHECK(cudaMalloc(reinterpret_cast<void **>(&cdst), kCopyBytes));
   // Fresh bytes, every page touched before timing.
   std::memset(csrc, 0x5a, kCopyRegion);
   for (size_t i = 0; i < kReadRegion / sizeof(uint64_t); ++i) rbuf[i] = i * 0x9e3779b97f4a7c15ull;
   cudaStream_t s;
-  SHARE_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  PROBE_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   (void)Run(true, 0, csrc, cdst, rbuf, s);  // warm-up
   const Rates link = Run(true, 0, csrc, cdst, rbuf, s);
   std::printf("host memory shared by the copy engines and %d hardware threads' reads (GB/s, ~%.0f s each)\n\n", hw,
@@ -152,9 +145,9 @@ int main(int argc, char **argv) {
     std::printf("| %d | %.1f | %.1f | %.1f | %.1f | %.1f | %.2f |\n", t, link.copy, cpu.read, both.copy, both.read,
                 sum, sum / std::max(link.copy, cpu.read));
   }
-  SHARE_CHECK(cudaStreamDestroy(s));
-  SHARE_CHECK(cudaFree(cdst));
-  SHARE_CHECK(cudaFreeHost(rbuf));
-  SHARE_CHECK(cudaFreeHost(csrc));
+  PROBE_CHECK(cudaStreamDestroy(s));
+  PROBE_CHECK(cudaFree(cdst));
+  PROBE_CHECK(cudaFreeHost(rbuf));
+  PROBE_CHECK(cudaFreeHost(csrc));
   return 0;
 }

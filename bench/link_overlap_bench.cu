@@ -20,16 +20,9 @@
 
 #include <sys/mman.h>
 
-namespace {
+#include "bench/probe_check.cuh"
 
-#define OVERLAP_CHECK(expr)                                                                   \
-  do {                                                                                        \
-    const cudaError_t err_ = (expr);                                                          \
-    if (err_ != cudaSuccess) {                                                                \
-      std::fprintf(stderr, "%s: %s\n", #expr, cudaGetErrorString(err_));                      \
-      std::exit(1);                                                                           \
-    }                                                                                         \
-  } while (0)
+namespace {
 
 constexpr int kLayers = 48, kColdExperts = 5, kCopyThreads = 512, kInFlight = 4;
 constexpr size_t kExpertBytes = 2666496;  // gate | up | down of one Qwen3-30B-A3B Q4_K expert
@@ -78,21 +71,21 @@ int main(int argc, char **argv) {
   const int chain = argc > 1 ? std::max(1, std::atoi(argv[1])) : 12;
   const size_t kernel_bytes = (argc > 2 ? std::max<size_t>(1, std::strtoull(argv[2], nullptr, 10)) : 16) << 20;
   int sms = 0;
-  OVERLAP_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  PROBE_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
 
   uint8_t *host = nullptr, *host_dev = nullptr;
-  OVERLAP_CHECK(cudaHostAlloc(reinterpret_cast<void **>(&host), kHostBytes, cudaHostAllocMapped));
+  PROBE_CHECK(cudaHostAlloc(reinterpret_cast<void **>(&host), kHostBytes, cudaHostAllocMapped));
   std::mt19937_64 rng(20261130);
   for (size_t i = 0; i < kHostBytes; i += 4096) host[i] = static_cast<uint8_t>(rng());  // touch every page
-  OVERLAP_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void **>(&host_dev), host, 0));
+  PROBE_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void **>(&host_dev), host, 0));
   int4 *dst = nullptr;
-  OVERLAP_CHECK(cudaMalloc(&dst, kColdExperts * kExpertBytes));
+  PROBE_CHECK(cudaMalloc(&dst, kColdExperts * kExpertBytes));
   const size_t pool_bytes = 16 * kernel_bytes, n4 = kernel_bytes / sizeof(float4);
   float4 *pool = nullptr;
   float *sink = nullptr;
-  OVERLAP_CHECK(cudaMalloc(&pool, pool_bytes));
-  OVERLAP_CHECK(cudaMemset(pool, 0x3c, pool_bytes));
-  OVERLAP_CHECK(cudaMalloc(&sink, sizeof(float)));
+  PROBE_CHECK(cudaMalloc(&pool, pool_bytes));
+  PROBE_CHECK(cudaMemset(pool, 0x3c, pool_bytes));
+  PROBE_CHECK(cudaMalloc(&sink, sizeof(float)));
 
   std::vector<Cold> cold(kLayers);
   std::uniform_int_distribution<size_t> pick(0, kHostBytes / kExpertBytes - 1);
@@ -102,13 +95,13 @@ int main(int argc, char **argv) {
   const size_t units = kExpertBytes / sizeof(int4);
 
   cudaStream_t main_s, side_s;
-  OVERLAP_CHECK(cudaStreamCreateWithFlags(&main_s, cudaStreamNonBlocking));
-  OVERLAP_CHECK(cudaStreamCreateWithFlags(&side_s, cudaStreamNonBlocking));
+  PROBE_CHECK(cudaStreamCreateWithFlags(&main_s, cudaStreamNonBlocking));
+  PROBE_CHECK(cudaStreamCreateWithFlags(&side_s, cudaStreamNonBlocking));
   cudaEvent_t fork, join, t0, t1;
-  OVERLAP_CHECK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
-  OVERLAP_CHECK(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
-  OVERLAP_CHECK(cudaEventCreate(&t0));
-  OVERLAP_CHECK(cudaEventCreate(&t1));
+  PROBE_CHECK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
+  PROBE_CHECK(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
+  PROBE_CHECK(cudaEventCreate(&t0));
+  PROBE_CHECK(cudaEventCreate(&t1));
 
   auto copy = [&](int l, int blocks, cudaStream_t s) {
     CopyColdKernel<<<blocks, kCopyThreads, 0, s>>>(cold[l], dst, units);
@@ -117,7 +110,7 @@ int main(int argc, char **argv) {
   auto dma = [&](int l, cudaStream_t s) {
     for (int e = 0; e < kColdExperts; ++e) {
       const uint8_t *src = host + (reinterpret_cast<const uint8_t *>(cold[l].src[e]) - host_dev);
-      OVERLAP_CHECK(cudaMemcpyAsync(reinterpret_cast<uint8_t *>(dst) + e * kExpertBytes, src, kExpertBytes,
+      PROBE_CHECK(cudaMemcpyAsync(reinterpret_cast<uint8_t *>(dst) + e * kExpertBytes, src, kExpertBytes,
                                     cudaMemcpyHostToDevice, s));
     }
   };
@@ -127,7 +120,7 @@ int main(int argc, char **argv) {
     for (int e = 0; e < kColdExperts; ++e) {
       const uint8_t *src = base + (reinterpret_cast<const uint8_t *>(cold[l].src[e]) - host_dev);
       for (int m = 0; m < 3; ++m) {
-        OVERLAP_CHECK(cudaMemcpyAsync(reinterpret_cast<uint8_t *>(dst) + e * kExpertBytes + m * part, src + m * part,
+        PROBE_CHECK(cudaMemcpyAsync(reinterpret_cast<uint8_t *>(dst) + e * kExpertBytes + m * part, src + m * part,
                                       part, cudaMemcpyHostToDevice, s));
       }
     }
@@ -139,13 +132,13 @@ int main(int argc, char **argv) {
   auto token_ms = [&](auto &&body) {
     std::vector<float> ms;
     for (int r = 0; r < 8; ++r) {
-      OVERLAP_CHECK(cudaEventRecord(t0, main_s));
+      PROBE_CHECK(cudaEventRecord(t0, main_s));
       body();
-      OVERLAP_CHECK(cudaEventRecord(t1, main_s));
-      OVERLAP_CHECK(cudaEventSynchronize(t1));
-      OVERLAP_CHECK(cudaGetLastError());
+      PROBE_CHECK(cudaEventRecord(t1, main_s));
+      PROBE_CHECK(cudaEventSynchronize(t1));
+      PROBE_CHECK(cudaGetLastError());
       float m = 0;
-      OVERLAP_CHECK(cudaEventElapsedTime(&m, t0, t1));
+      PROBE_CHECK(cudaEventElapsedTime(&m, t0, t1));
       if (r > 0) ms.push_back(m);  // the first is a warm-up
     }
     std::sort(ms.begin(), ms.end());
@@ -156,12 +149,12 @@ int main(int argc, char **argv) {
   auto pipelined = [&](auto &&issue) {
     issue(0, main_s);
     for (int l = 0; l < kLayers; ++l) {
-      OVERLAP_CHECK(cudaEventRecord(fork, main_s));
-      OVERLAP_CHECK(cudaStreamWaitEvent(side_s, fork, 0));
+      PROBE_CHECK(cudaEventRecord(fork, main_s));
+      PROBE_CHECK(cudaStreamWaitEvent(side_s, fork, 0));
       if (l + 1 < kLayers) issue(l + 1, side_s);
-      OVERLAP_CHECK(cudaEventRecord(join, side_s));
+      PROBE_CHECK(cudaEventRecord(join, side_s));
       compute(l, main_s);
-      OVERLAP_CHECK(cudaStreamWaitEvent(main_s, join, 0));
+      PROBE_CHECK(cudaStreamWaitEvent(main_s, join, 0));
     }
   };
   const double token_bytes = static_cast<double>(kLayers) * kColdExperts * kExpertBytes;
@@ -187,17 +180,17 @@ int main(int argc, char **argv) {
   row("copy engines alone, 3 copies, two streams", 0, token_ms([&] {
         const size_t part = kExpertBytes / 3;
         for (int l = 0; l < kLayers; ++l) {
-          OVERLAP_CHECK(cudaEventRecord(fork, main_s));
-          OVERLAP_CHECK(cudaStreamWaitEvent(side_s, fork, 0));
+          PROBE_CHECK(cudaEventRecord(fork, main_s));
+          PROBE_CHECK(cudaStreamWaitEvent(side_s, fork, 0));
           for (int e = 0; e < kColdExperts; ++e) {
             const uint8_t *src = host + (reinterpret_cast<const uint8_t *>(cold[l].src[e]) - host_dev);
             for (int m = 0; m < 3; ++m) {
-              OVERLAP_CHECK(cudaMemcpyAsync(reinterpret_cast<uint8_t *>(dst) + e * kExpertBytes + m * part,
+              PROBE_CHECK(cudaMemcpyAsync(reinterpret_cast<uint8_t *>(dst) + e * kExpertBytes + m * part,
                                             src + m * part, part, cudaMemcpyHostToDevice, e % 2 ? side_s : main_s));
             }
           }
-          OVERLAP_CHECK(cudaEventRecord(join, side_s));
-          OVERLAP_CHECK(cudaStreamWaitEvent(main_s, join, 0));
+          PROBE_CHECK(cudaEventRecord(join, side_s));
+          PROBE_CHECK(cudaStreamWaitEvent(main_s, join, 0));
         }
       }));
 #if CUDART_VERSION >= 12080
@@ -219,7 +212,7 @@ int main(int argc, char **argv) {
     a.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
     a.flags = flags;
     size_t idx = 0;
-    OVERLAP_CHECK(cudaMemcpyBatchAsync(dsts, srcs, sizes, 3 * kColdExperts, &a, &idx, 1, s));
+    PROBE_CHECK(cudaMemcpyBatchAsync(dsts, srcs, sizes, 3 * kColdExperts, &a, &idx, 1, s));
   };
   row("copy engines alone, 3 copies, batched", 0, token_ms([&] {
         for (int l = 0; l < kLayers; ++l) batch(l, main_s, 0);
@@ -240,7 +233,7 @@ int main(int argc, char **argv) {
       auto dma_reg = [&](int l, cudaStream_t s) {
         for (int e = 0; e < kColdExperts; ++e) {
           const uint8_t *src = r8 + (reinterpret_cast<const uint8_t *>(cold[l].src[e]) - host_dev);
-          OVERLAP_CHECK(cudaMemcpyAsync(reinterpret_cast<uint8_t *>(dst) + e * kExpertBytes, src, kExpertBytes,
+          PROBE_CHECK(cudaMemcpyAsync(reinterpret_cast<uint8_t *>(dst) + e * kExpertBytes, src, kExpertBytes,
                                         cudaMemcpyHostToDevice, s));
         }
       };
@@ -250,7 +243,7 @@ int main(int argc, char **argv) {
       row("copy engines alone, registered, 3 copies", 0, token_ms([&] {
             for (int l = 0; l < kLayers; ++l) dma3(l, r8, main_s);
           }));
-      OVERLAP_CHECK(cudaHostUnregister(reg));
+      PROBE_CHECK(cudaHostUnregister(reg));
     } else {
       (void)cudaGetLastError();
       std::printf("cudaHostRegister refused %zu GiB: no registered rows\n", kHostBytes >> 30);
@@ -275,16 +268,16 @@ int main(int argc, char **argv) {
         pipelined(dma);
       }));
   row("all copies beside all compute, no joins", sms / 2, token_ms([&] {
-        OVERLAP_CHECK(cudaEventRecord(fork, main_s));
-        OVERLAP_CHECK(cudaStreamWaitEvent(side_s, fork, 0));
+        PROBE_CHECK(cudaEventRecord(fork, main_s));
+        PROBE_CHECK(cudaStreamWaitEvent(side_s, fork, 0));
         for (int l = 0; l < kLayers; ++l) copy(l, sms / 2, side_s);
         for (int l = 0; l < kLayers; ++l) compute(l, main_s);
-        OVERLAP_CHECK(cudaEventRecord(join, side_s));
-        OVERLAP_CHECK(cudaStreamWaitEvent(main_s, join, 0));
+        PROBE_CHECK(cudaEventRecord(join, side_s));
+        PROBE_CHECK(cudaStreamWaitEvent(main_s, join, 0));
       }));
-  OVERLAP_CHECK(cudaFree(sink));
-  OVERLAP_CHECK(cudaFree(pool));
-  OVERLAP_CHECK(cudaFree(dst));
-  OVERLAP_CHECK(cudaFreeHost(host));
+  PROBE_CHECK(cudaFree(sink));
+  PROBE_CHECK(cudaFree(pool));
+  PROBE_CHECK(cudaFree(dst));
+  PROBE_CHECK(cudaFreeHost(host));
   return 0;
 }
