@@ -95,7 +95,7 @@ absl::StatusOr<std::unique_ptr<CpuExperts>> CpuExperts::Create(const model::Mode
   // The link side's latency a layer beyond its bytes: the request's round trip (the device asks, the
   // host answers) and a copy's own latency. Weighed without it, the link got too large a share: on
   // the H200 the device hardly waited for the CPU's job (1.5-2.4 us a call); 25-100 us set by hand
-  // gave 69-75 tok/s against 66-68 (spread routing, 8 GiB). Measured so on the H200: 24-27 us.
+  // gave 69-75 tok/s against 66-68 (spread routing, 8 GiB). Measured at open on the H200: 24-27 us.
   ce->link_fixed_s_ = ce->round_trip_s_ + std::max(0.0, link_copy_s);
   if (const char *us = std::getenv("STRATA_CPU_EXPERTS_LINK_US"); us != nullptr && us[0] != '\0') {
     ce->link_fixed_s_ = 1e-6 * std::max(0.0, std::atof(us));
