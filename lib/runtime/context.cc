@@ -38,6 +38,8 @@ store::PlanInputs Context::PlanInputsFor(const ContextOptions &o, const model::H
   in.n_ctx = o.n_ctx > 0 ? std::min(o.n_ctx, hp.n_ctx_train) : std::min(hp.n_ctx_train, 4096);
   in.max_sessions = std::max(1, o.max_sessions);
   in.kv_budget_bytes = o.kv_budget_bytes;
+  // The workspace is planned for the batches the context will run.
+  in.max_batch_tokens = o.max_batch_tokens > 0 ? o.max_batch_tokens : kDefaultMaxBatchTokens;
   return in;
 }
 
