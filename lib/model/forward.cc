@@ -446,7 +446,7 @@ struct Scratch {
   float *xo = nullptr, *logits = nullptr;
 };
 
-size_t Lay(const HParams &hp, int64_t T, int64_t n_out, void *base, Scratch *s) {
+size_t Lay(const HParams &hp, int64_t T, int64_t n_out, int64_t n_seq, void *base, Scratch *s) {
   Carver c(base);
   const int64_t D = hp.n_embd, K = hp.n_expert_used;
   s->tok = c.Take<int32_t>(2 * T);
@@ -487,7 +487,7 @@ size_t Lay(const HParams &hp, int64_t T, int64_t n_out, void *base, Scratch *s) 
   s->sh = c.Take<float>(T * D);
   s->shg = c.Take<float>(T);
   s->xo = c.Take<float>(n_out * D);
-  s->logits = c.Take<float>(n_out * hp.n_vocab);
+  s->logits = c.Take<float>(LogitsRowsHeld(n_out, n_seq) * hp.n_vocab);
   return c.used();
 }
 
@@ -770,9 +770,9 @@ absl::Status ReportRouted(const HParams &hp, Backend &be, ExpertSource *source,
 
 }  // namespace
 
-size_t ForwardWorkspaceBytes(const HParams &hp, int64_t n_tok, int64_t n_out) {
+size_t ForwardWorkspaceBytes(const HParams &hp, int64_t n_tok, int64_t n_out, int64_t n_seq) {
   Scratch s;
-  return Lay(hp, n_tok, n_out, nullptr, &s);
+  return Lay(hp, n_tok, n_out, n_seq, nullptr, &s);
 }
 
 absl::Status Forward(const HParams &hp, const ModelWeights &w, Backend &be, const ForwardArgs &a,
@@ -812,7 +812,8 @@ absl::Status Forward(const HParams &hp, const ModelWeights &w, Backend &be, cons
   for (size_t s = 0; s < n_seq; ++s) n_out += a.seqs[s].all_logits ? a.seqs[s].n_tok : 1;
 
   // --- workspace: the caller's when it is large enough, else one for this call ---
-  const size_t ws_bytes = ForwardWorkspaceBytes(hp, T, n_out);
+  const int64_t held = LogitsRowsHeld(n_out, static_cast<int64_t>(n_seq));  // < n_out: chunked
+  const size_t ws_bytes = ForwardWorkspaceBytes(hp, T, n_out, static_cast<int64_t>(n_seq));
   std::unique_ptr<Buffer> own;
   std::unique_ptr<Buffer> *ws = a.workspace != nullptr ? a.workspace : &own;
   if (*ws == nullptr || (*ws)->bytes() < ws_bytes) {
@@ -820,13 +821,13 @@ absl::Status Forward(const HParams &hp, const ModelWeights &w, Backend &be, cons
     STRATA_ASSIGN_OR_RETURN(*ws, be.Allocate(ws_bytes));
   }
   Scratch S;
-  Lay(hp, T, n_out, (*ws)->data(), &S);
+  Lay(hp, T, n_out, static_cast<int64_t>(n_seq), (*ws)->data(), &S);
 
   // A decode step (one new token per sequence, grouped-query attention, caches whose tables are in
   // backend memory) attends through KvRowRefs: each layer's K/V writes and attention serve every
   // sequence in one call, and nothing the step's launches take changes from one step to the next
   // but memory contents, so a backend may replay the step as a graph.
-  bool decode = !hp.mla && a.workspace != nullptr;
+  bool decode = !hp.mla && a.workspace != nullptr && held == n_out;
   int max_pos = 0;
   for (const SequenceArgs &q : a.seqs) {
     decode = decode && q.n_tok == 1 && q.kv->has_device_table();
@@ -866,6 +867,32 @@ absl::Status Forward(const HParams &hp, const ModelWeights &w, Backend &be, cons
     seq_rows.push_back(SeqRows{a.seqs[s].kv, row0[s], a.seqs[s].n_tok, a.seqs[s].pos0});
   }
   std::vector<char> routed_on_backend(hp.n_layer, 0);
+  // Where each output row goes: sequence s's rows straight to where they are read.
+  if (logits != nullptr) logits->assign(n_seq, {});
+  std::vector<float *> dst_row(n_out);
+  for (size_t s = 0, r = 0; s < n_seq; ++s) {
+    const int64_t n = a.seqs[s].all_logits ? a.seqs[s].n_tok : 1;
+    float *dst = a.seqs[s].logits_dst;
+    if (dst == nullptr) {
+      (*logits)[s].resize(static_cast<size_t>(n) * hp.n_vocab);
+      dst = (*logits)[s].data();
+    }
+    for (int64_t t = 0; t < n; ++t) dst_row[r++] = dst + t * hp.n_vocab;
+  }
+  // Logits rows [r0, r0 + n) from S.logits to their destinations: one part per run of rows that
+  // lie together (a sequence's), one transfer.
+  auto download = [&](int64_t r0, int64_t n) {
+    std::vector<Backend::DownloadPart> parts;
+    const size_t row_bytes = static_cast<size_t>(hp.n_vocab) * sizeof(float);
+    for (int64_t r = r0; r < r0 + n; ++r) {
+      if (!parts.empty() && static_cast<float *>(parts.back().dst) + parts.back().bytes / sizeof(float) == dst_row[r]) {
+        parts.back().bytes += row_bytes;
+      } else {
+        parts.push_back(Backend::DownloadPart{dst_row[r], row_bytes});
+      }
+    }
+    be.DownloadParts(S.logits, parts.data(), parts.size());
+  };
   // The step's device work, from the embeddings to the logits.
   auto run = [&]() -> absl::Status {
     be.GetRows(w.tok_embd, S.tok, T, S.x);  // x (T, D): every sequence's rows in order
@@ -893,7 +920,17 @@ absl::Status Forward(const HParams &hp, const ModelWeights &w, Backend &be, cons
       done += n;
     }
     be.RmsNorm(S.xo, w.output_norm.values.data(), n_out, D, hp.rms_eps, S.h);
-    be.MatMul(w.output, S.h, n_out, S.logits);  // (n_out, n_vocab)
+    if (held == n_out) {
+      be.MatMul(w.output, S.h, n_out, S.logits);  // (n_out, n_vocab), downloaded after the step
+      return be.TakeError();
+    }
+    // More rows than the workspace holds (an eager pass, never recorded): chunk by chunk.
+    for (int64_t r0 = 0; r0 < n_out; r0 += held) {
+      const int64_t n = std::min(held, n_out - r0);
+      be.MatMul(w.output, S.h + r0 * D, n, S.logits);
+      STRATA_RETURN_IF_ERROR(be.TakeError());
+      download(r0, n);
+    }
     return be.TakeError();
   };
   const StepKey key{T, n_out, (*ws)->data(), rows.max_keys, a.experts == nullptr || a.experts->resident()};
@@ -914,19 +951,7 @@ absl::Status Forward(const HParams &hp, const ModelWeights &w, Backend &be, cons
       STRATA_RETURN_IF_ERROR(end);
     }
   }
-  // Each sequence's rows straight to where they are read: one transfer, one copy.
-  if (logits != nullptr) logits->assign(n_seq, {});
-  std::vector<Backend::DownloadPart> parts(n_seq);
-  for (size_t s = 0; s < n_seq; ++s) {
-    const size_t n = static_cast<size_t>(a.seqs[s].all_logits ? a.seqs[s].n_tok : 1) * hp.n_vocab;
-    float *dst = a.seqs[s].logits_dst;
-    if (dst == nullptr) {
-      (*logits)[s].resize(n);
-      dst = (*logits)[s].data();
-    }
-    parts[s] = Backend::DownloadPart{dst, n * sizeof(float)};
-  }
-  be.DownloadParts(S.logits, parts.data(), parts.size());
+  if (held == n_out) download(0, n_out);  // else run() did, chunk by chunk
   STRATA_RETURN_IF_ERROR(be.TakeError());
   return ReportRouted(hp, be, a.experts, routed_on_backend, S, T);
 }

@@ -208,8 +208,22 @@ struct ForwardArgs {
   std::unique_ptr<Buffer> *workspace = nullptr;
 };
 
-// Bytes of backend memory a forward pass over n_tok tokens with n_out rows of logits needs.
-size_t ForwardWorkspaceBytes(const HParams &hp, int64_t n_tok, int64_t n_out);
+// The logits rows a forward pass holds in backend memory at once, beyond one a sequence. A batch
+// that wants more (a prompt whose every position's logits are asked) runs its output head in chunks
+// of this many rows, each downloaded before the next, so the workspace (and the cache plan's share
+// of a memory budget) does not grow with n_vocab floats per batch token: Qwen3's 151,936 would take
+// 297 MiB a 512-token batch. Such a pass runs eagerly (a recorded step holds no download); a decode
+// step (one row a sequence) is never chunked.
+inline constexpr int64_t kLogitsChunkRows = 64;
+
+// Rows of logits held at once for n_out rows over n_seq sequences (n_out when they fit).
+inline int64_t LogitsRowsHeld(int64_t n_out, int64_t n_seq) {
+  return n_out <= (n_seq > kLogitsChunkRows ? n_seq : kLogitsChunkRows) ? n_out : kLogitsChunkRows;
+}
+
+// Bytes of backend memory a forward pass over n_tok tokens of n_seq sequences with n_out rows of
+// logits needs.
+size_t ForwardWorkspaceBytes(const HParams &hp, int64_t n_tok, int64_t n_out, int64_t n_seq);
 
 // Runs the sequences through the model, writing their K/V into their caches and the logits of
 // sequence i to its logits_dst, else into (*logits)[i] ((all_logits ? n_tok : 1) x n_vocab; logits

@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstring>
@@ -19,6 +20,7 @@
 
 #include "include/strata/moe.h"
 #include "lib/format/file.h"
+#include "lib/model/forward.h"
 #include "lib/runtime/context.h"
 #include "tests/model/golden_util.h"
 
@@ -338,6 +340,83 @@ TEST_CASE("prefill modes give bit-identical logits", "[batching]") {
       if (md.layer_min == 1 && budget != 1) CHECK(st.prefetch_issued > 0);  // whole next layers requested
       moe_ctx_close(ctx);
     }
+  }
+}
+
+// A prompt whose every position's logits are asked, longer than the rows the workspace holds
+// (model::kLogitsChunkRows), runs its output head chunk by chunk: the logits are those of the same
+// prompt fed in pieces that each fit, bit for bit, with two sessions in the batch (their rows
+// interleave across chunk edges), and the plan no longer sets aside a logits row per batch token.
+TEST_CASE("all-logits prompts past the workspace's rows: chunked output head, same bits", "[batching]") {
+  const std::string model = kGolden + "qwen3moe_f32/model-q8_0.gguf";
+  const uint64_t seed = std::random_device{}();
+  INFO("seed " << seed);
+  std::mt19937_64 rng(seed);
+  const size_t n0 = 2 * strata::model::kLogitsChunkRows + 1 + rng() % 60, n1 = 20 + rng() % 90;
+  std::vector<std::vector<int32_t>> prompts{std::vector<int32_t>(n0), std::vector<int32_t>(n1)};
+  for (auto &p : prompts) {
+    for (auto &t : p) t = static_cast<int32_t>(rng() % 256);
+  }
+  // In one step each (both sessions in one batch of up to 512 tokens).
+  CtxOptions o;
+  o.max_batch_tokens = 512;
+  // The plan's workspace grows by a logits row per batch token only up to kLogitsChunkRows tokens.
+  auto workspace = [&](uint32_t tokens) {
+    CtxOptions w;
+    w.max_batch_tokens = tokens;
+    moe_ctx *c = Open(model, w);
+    moe_cache_plan plan;
+    moe_cache_plan_init(&plan);
+    REQUIRE(moe_ctx_plan(c, &plan) == MOE_OK);
+    moe_ctx_close(c);
+    return static_cast<int64_t>(plan.workspace_bytes);
+  };
+  const int64_t rows = strata::model::kLogitsChunkRows;
+  const int64_t below = (workspace(rows) - workspace(rows / 2)) / (rows / 2);
+  const int64_t above = (workspace(8 * rows) - workspace(4 * rows)) / (4 * rows);
+  moe_ctx *ctx = Open(model, o);
+  const int32_t n_vocab = moe_ctx_vocab_size(ctx);
+  INFO("workspace bytes a batch token: " << below << " up to " << rows << " tokens, " << above << " beyond");
+  CHECK(below - above == int64_t{n_vocab} * static_cast<int64_t>(sizeof(float)));
+  std::vector<std::vector<float>> whole(2);
+  {
+    moe_session *s[2] = {OpenSession(ctx), OpenSession(ctx)};
+    for (int i = 0; i < 2; ++i) REQUIRE(moe_session_feed(s[i], prompts[i].data(), prompts[i].size()) == MOE_OK);
+    uint32_t pending = 9;
+    REQUIRE(moe_ctx_step(ctx, &pending) == MOE_OK);
+    REQUIRE(pending == 0);
+    for (int i = 0; i < 2; ++i) {
+      const float *rows;
+      int32_t nt, nv;
+      REQUIRE(moe_session_logits_all(s[i], &rows, &nt, &nv) == MOE_OK);
+      REQUIRE(static_cast<size_t>(nt) == prompts[i].size());
+      whole[i].assign(rows, rows + static_cast<size_t>(nt) * nv);
+      CHECK(std::none_of(whole[i].begin(), whole[i].end(), [](float v) { return std::isnan(v); }));
+      moe_session_close(s[i]);
+    }
+  }
+  moe_ctx_close(ctx);
+  // Each prompt alone, fed in pieces of at most 40 tokens (each step's rows fit the workspace).
+  for (int i = 0; i < 2; ++i) {
+    INFO("session " << i << " of " << prompts[i].size() << " tokens");
+    moe_ctx *c = Open(model, o);
+    moe_session *s = OpenSession(c);
+    std::vector<float> pieces;
+    for (size_t at = 0; at < prompts[i].size(); at += 40) {
+      const size_t n = std::min<size_t>(40, prompts[i].size() - at);
+      REQUIRE(moe_session_feed(s, prompts[i].data() + at, n) == MOE_OK);
+      uint32_t pending = 9;
+      REQUIRE(moe_ctx_step(c, &pending) == MOE_OK);
+      const float *rows;
+      int32_t nt, nv;
+      REQUIRE(moe_session_logits_all(s, &rows, &nt, &nv) == MOE_OK);
+      REQUIRE(static_cast<size_t>(nt) == n);
+      pieces.insert(pieces.end(), rows, rows + static_cast<size_t>(nt) * nv);
+    }
+    REQUIRE(pieces.size() == whole[i].size());
+    CHECK(std::memcmp(pieces.data(), whole[i].data(), pieces.size() * sizeof(float)) == 0);
+    moe_session_close(s);
+    moe_ctx_close(c);
   }
 }
 
