@@ -23,6 +23,7 @@
 #include "lib/model/synth.h"
 #include "lib/quant/codec.h"
 #include "lib/runtime/context.h"
+#include "lib/util/stats.h"
 #include "nlohmann/json.hpp"
 
 namespace {
@@ -748,14 +749,12 @@ struct StepTimes {
   double p50_ms = 0, p90_ms = 0, max_ms = 0;
 };
 
-StepTimes SummarizeSteps(std::vector<double> ms) {
+StepTimes SummarizeSteps(const std::vector<double> &ms) {
   StepTimes t;
   if (ms.empty()) return t;
-  std::sort(ms.begin(), ms.end());
-  const size_t n = ms.size();
-  t.p50_ms = n % 2 == 1 ? ms[n / 2] : 0.5 * (ms[n / 2 - 1] + ms[n / 2]);
-  t.p90_ms = ms[(9 * n + 9) / 10 - 1];
-  t.max_ms = ms.back();
+  t.p50_ms = strata::Median(ms);
+  t.p90_ms = strata::NearestRank(ms, 90);
+  t.max_ms = *std::max_element(ms.begin(), ms.end());
   return t;
 }
 

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "lib/util/stats.h"
+
 namespace strata::model {
 
 double LinkSeconds(const ColdExpert &e, const PlacementRates &r) {
@@ -112,16 +114,6 @@ double HybridSavingSeconds(double cold_bytes, uint64_t expert_bytes, const Place
   }
   return link_all - std::max(c, l);
 }
-
-namespace {
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n == 0 ? 0 : n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-}  // namespace
 
 void RegimeProbe::Restart(int64_t n_tok) {
   phase_ = Phase::kLink;
