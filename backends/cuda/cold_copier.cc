@@ -32,15 +32,12 @@ absl::StatusOr<std::unique_ptr<ColdCopier>> ColdCopier::Create(const uint8_t *ar
   std::memset(c->ring_.data(), 0, kColdRing * sizeof(ColdRequest));
   std::memset(c->flags_.data(), 0, 3 * sizeof(uint32_t));
   STRATA_CUDA_RETURN_IF_ERROR(cudaMemset(c->counters_.data(), 0, kCounterBytes));
-  void *ring_dev = nullptr, *flags_dev = nullptr;
-  STRATA_CUDA_RETURN_IF_ERROR(cudaHostGetDevicePointer(&ring_dev, c->ring_.data(), 0));
-  STRATA_CUDA_RETURN_IF_ERROR(cudaHostGetDevicePointer(&flags_dev, c->flags_.data(), 0));
   uint32_t *ctr = c->counters_.as<uint32_t>();
-  c->mb_.ring = static_cast<ColdRequest *>(ring_dev);
+  STRATA_ASSIGN_OR_RETURN(c->mb_.ring, c->ring_.device<ColdRequest>());
   c->mb_.next = ctr;
   c->mb_.done = ctr + 1;
   c->mb_.want = ctr + 2;
-  c->mb_.timed_out = static_cast<uint32_t *>(flags_dev);
+  STRATA_ASSIGN_OR_RETURN(c->mb_.timed_out, c->flags_.device<uint32_t>());
   if (const char *ms = std::getenv("STRATA_CUDA_COLD_WAIT_MS"); ms != nullptr && std::atoll(ms) > 0) {
     c->mb_.timeout_ns = static_cast<uint64_t>(std::atoll(ms)) * 1000000;
   }

@@ -23,13 +23,6 @@ double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::d
 // timed-out words (kernels.h, CpuCallBox).
 constexpr size_t kAnswerOff = (sizeof(CpuCall) + 15) / 16 * 16, kTimedOutOff = kAnswerOff + 16, kBoxBytes = kTimedOutOff + 16;
 
-template <typename T>
-absl::StatusOr<T *> DevicePointer(const PinnedBuffer &b) {
-  void *d = nullptr;
-  STRATA_CUDA_RETURN_IF_ERROR(cudaHostGetDevicePointer(&d, b.data(), 0));
-  return static_cast<T *>(d);
-}
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<CpuExperts>> CpuExperts::Create(const model::ModelWeights &w, const CpuExpertOptions &o,
@@ -66,17 +59,17 @@ absl::StatusOr<std::unique_ptr<CpuExperts>> CpuExperts::Create(const model::Mode
   std::memset(ce->box_.data(), 0, kBoxBytes);
   STRATA_CUDA_RETURN_IF_ERROR(cudaMemset(ce->counters_.data(), 0, 32));
   CpuCallBox &b = ce->dev_box_;
-  STRATA_ASSIGN_OR_RETURN(uint8_t *box, DevicePointer<uint8_t>(ce->box_));
+  STRATA_ASSIGN_OR_RETURN(uint8_t *box, ce->box_.device<uint8_t>());
   b.call = reinterpret_cast<CpuCall *>(box);
   b.answer = reinterpret_cast<const uint32_t *>(box + kAnswerOff);
   b.timed_out = reinterpret_cast<uint32_t *>(box + kTimedOutOff);
-  STRATA_ASSIGN_OR_RETURN(b.sel, DevicePointer<int32_t>(ce->sel_));
-  STRATA_ASSIGN_OR_RETURN(b.h, DevicePointer<float>(ce->h_));
-  STRATA_ASSIGN_OR_RETURN(b.tab, DevicePointer<const void *>(ce->tab_));
+  STRATA_ASSIGN_OR_RETURN(b.sel, ce->sel_.device<int32_t>());
+  STRATA_ASSIGN_OR_RETURN(b.h, ce->h_.device<float>());
+  STRATA_ASSIGN_OR_RETURN(b.tab, ce->tab_.device<const void *>());
   b.next = ce->counters_.as<uint32_t>();
   b.waited_ns = reinterpret_cast<unsigned long long *>(ce->counters_.as<uint8_t>() + 16);
-  STRATA_ASSIGN_OR_RETURN(ce->skip_dev_, DevicePointer<const uint8_t>(ce->skip_));
-  STRATA_ASSIGN_OR_RETURN(ce->y_dev_, DevicePointer<float>(ce->y_));
+  STRATA_ASSIGN_OR_RETURN(ce->skip_dev_, ce->skip_.device<const uint8_t>());
+  STRATA_ASSIGN_OR_RETURN(ce->y_dev_, ce->y_.device<float>());
   ce->xg_.assign(static_cast<size_t>(max_rows) * ce->n_embd_, 0.f);
   // Jobs come once a layer (a few hundred microseconds apart in decode): the pool's threads spin
   // through the gaps (~1 ms) rather than sleep and be woken for every job.

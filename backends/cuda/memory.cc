@@ -69,6 +69,12 @@ absl::StatusOr<PinnedBuffer> PinnedBuffer::Allocate(size_t bytes, unsigned flags
   return b;
 }
 
+absl::StatusOr<void *> PinnedBuffer::DeviceAddress() const {
+  void *d = nullptr;
+  STRATA_CUDA_RETURN_IF_ERROR(cudaHostGetDevicePointer(&d, ptr_, 0));
+  return d;
+}
+
 void PinnedBuffer::Reset() {
   if (ptr_ != nullptr) cudaFreeHost(ptr_);
   ptr_ = nullptr;

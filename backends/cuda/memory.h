@@ -34,9 +34,17 @@ class DeviceBuffer {
   template <typename T>
   T *as() const { return static_cast<T *>(ptr_); }
   size_t size() const { return size_; }
+  // The device's address of a buffer allocated with cudaHostAllocMapped (kernels read and write it
+  // in place); the runtime's error otherwise.
+  template <typename T>
+  absl::StatusOr<T *> device() const {
+    STRATA_ASSIGN_OR_RETURN(void *d, DeviceAddress());
+    return static_cast<T *>(d);
+  }
   void Reset();
 
  private:
+  absl::StatusOr<void *> DeviceAddress() const;
   void *ptr_ = nullptr;
   size_t size_ = 0;
 };
@@ -59,9 +67,17 @@ class PinnedBuffer {
   template <typename T>
   T *as() const { return static_cast<T *>(ptr_); }
   size_t size() const { return size_; }
+  // The device's address of a buffer allocated with cudaHostAllocMapped (kernels read and write it
+  // in place); the runtime's error otherwise.
+  template <typename T>
+  absl::StatusOr<T *> device() const {
+    STRATA_ASSIGN_OR_RETURN(void *d, DeviceAddress());
+    return static_cast<T *>(d);
+  }
   void Reset();
 
  private:
+  absl::StatusOr<void *> DeviceAddress() const;
   void *ptr_ = nullptr;
   size_t size_ = 0;
 };
