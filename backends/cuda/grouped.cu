@@ -386,32 +386,51 @@ __device__ __forceinline__ uint64_t GlobalTimerNs() {
   return t;
 }
 
-// One thread polls `done` (a few hundred nanoseconds apart) until it reaches `want`.
+// One thread's wait for a counter that the host or the copy engines advance (serial numbers,
+// wrap-safe): looks at *counter every nap_ns until it reaches `want`. kGaveUp, without waiting, where
+// an earlier wait gave up (*timed_out set): the step then fails at its end whatever follows, in one
+// timeout rather than one a layer. kTimedOut after timeout_ns: the caller writes what it saw into
+// timed_out[1..] and then raises timed_out[0] (GiveUp). The time waited goes to *waited_ns if given.
+enum class Awaited { kReached, kGaveUp, kTimedOut };
+
+__device__ Awaited AwaitCounter(const uint32_t *counter, uint32_t want, const uint32_t *timed_out, uint64_t timeout_ns,
+                                unsigned long long *waited_ns, unsigned nap_ns) {
+  const volatile uint32_t *c = counter;
+  if (static_cast<int32_t>(*c - want) >= 0) return Awaited::kReached;
+  if (*reinterpret_cast<const volatile uint32_t *>(timed_out) != 0) return Awaited::kGaveUp;
+  const uint64_t t0 = GlobalTimerNs();
+  Awaited r = Awaited::kReached;
+  while (static_cast<int32_t>(*c - want) < 0) {
+    if (GlobalTimerNs() - t0 > timeout_ns) {
+      r = Awaited::kTimedOut;
+      break;
+    }
+    __nanosleep(nap_ns);
+  }
+  if (waited_ns != nullptr) atomicAdd(waited_ns, static_cast<unsigned long long>(GlobalTimerNs() - t0));
+  return r;
+}
+
+// After AwaitCounter's kTimedOut and the caller's report in timed_out[1..]: the report reaches the
+// host before the flag that says it is there.
+__device__ void GiveUp(uint32_t *timed_out) {
+  __threadfence_system();
+  *reinterpret_cast<volatile uint32_t *>(timed_out) = 1;
+  __threadfence_system();
+}
+
+// One thread waits for the request mb.want (ColdCopier::status reports a wait that gave up).
 __global__ void WaitColdCopiesKernel(ColdMailbox mb) {
   dev::AwaitPriorOnly();
   if (threadIdx.x != 0) return;
   const uint32_t want = *reinterpret_cast<volatile const uint32_t *>(mb.want);
-  const uint64_t t0 = GlobalTimerNs();
-  // After one wait has given up, the step fails at its end whatever follows (ColdCopier::status):
-  // later waits do not wait again, so a step with copies that never land fails in one timeout,
-  // not in one a layer.
-  if (static_cast<int32_t>(*reinterpret_cast<volatile const uint32_t *>(mb.done) - want) < 0 &&
-      *reinterpret_cast<volatile const uint32_t *>(mb.timed_out) != 0) {
-    return;
+  if (AwaitCounter(mb.done, want, mb.timed_out, mb.timeout_ns, mb.waited_ns, 200) == Awaited::kTimedOut) {
+    // What the wait saw, for the copier's report: [1] the request waited for, [2] the last landed.
+    volatile uint32_t *to = mb.timed_out;
+    to[1] = want;
+    to[2] = *reinterpret_cast<volatile const uint32_t *>(mb.done);
+    GiveUp(mb.timed_out);
   }
-  while (static_cast<int32_t>(*reinterpret_cast<volatile const uint32_t *>(mb.done) - want) < 0) {
-    if (GlobalTimerNs() - t0 > mb.timeout_ns) {
-      // What the wait saw, for the copier's report: [1] the request waited for, [2] the last landed.
-      reinterpret_cast<volatile uint32_t *>(mb.timed_out)[1] = want;
-      reinterpret_cast<volatile uint32_t *>(mb.timed_out)[2] = *reinterpret_cast<volatile const uint32_t *>(mb.done);
-      __threadfence_system();
-      *reinterpret_cast<volatile uint32_t *>(mb.timed_out) = 1;
-      __threadfence_system();
-      return;
-    }
-    __nanosleep(200);
-  }
-  if (mb.waited_ns != nullptr) atomicAdd(mb.waited_ns, static_cast<unsigned long long>(GlobalTimerNs() - t0));
 }
 
 // One block: the call's data, then (after every thread's writes are out) the call, its number last.
@@ -449,32 +468,18 @@ __global__ void WaitCpuCallKernel(CpuCallBox b, int stage, const uint8_t *skip_h
   __shared__ int answered;
   if (threadIdx.x == 0) {
     const uint32_t want = *reinterpret_cast<volatile const uint32_t *>(b.next);
-    volatile const uint32_t *ans = b.answer + stage;
-    volatile uint32_t *to = b.timed_out;
-    int ok = 1;
-    if (static_cast<int32_t>(*ans - want) < 0) {
-      if (to[0] != 0) {
-        ok = 0;  // a wait of this step has given up: the step fails, no second timeout
-      } else {
-        const uint64_t t0 = GlobalTimerNs();
-        while (static_cast<int32_t>(*ans - want) < 0) {
-          if (GlobalTimerNs() - t0 > b.timeout_ns) {
-            to[1] = static_cast<uint32_t>(stage);
-            to[2] = want;
-            to[3] = *ans;
-            __threadfence_system();
-            to[0] = 1;
-            __threadfence_system();
-            ok = 0;
-            break;
-          }
-          __nanosleep(100);
-        }
-        if (b.waited_ns != nullptr) atomicAdd(b.waited_ns + stage, static_cast<unsigned long long>(GlobalTimerNs() - t0));
-      }
+    const Awaited r = AwaitCounter(b.answer + stage, want, b.timed_out, b.timeout_ns,
+                                   b.waited_ns != nullptr ? b.waited_ns + stage : nullptr, 100);
+    if (r == Awaited::kTimedOut) {
+      // For the host's report (CpuExperts::TakeStatus): [1] the stage, [2] the call, [3] the answer seen.
+      volatile uint32_t *to = b.timed_out;
+      to[1] = static_cast<uint32_t>(stage);
+      to[2] = want;
+      to[3] = *reinterpret_cast<volatile const uint32_t *>(b.answer + stage);
+      GiveUp(b.timed_out);
     }
     __threadfence();  // the flags are read after the answer
-    answered = ok;
+    answered = r == Awaited::kReached;
   }
   __syncthreads();
   if (skip_dev == nullptr) return;
