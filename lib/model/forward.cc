@@ -867,28 +867,27 @@ absl::Status Forward(const HParams &hp, const ModelWeights &w, Backend &be, cons
     seq_rows.push_back(SeqRows{a.seqs[s].kv, row0[s], a.seqs[s].n_tok, a.seqs[s].pos0});
   }
   std::vector<char> routed_on_backend(hp.n_layer, 0);
-  // Where each output row goes: sequence s's rows straight to where they are read.
+  // Sequence s's logits are output rows [out0[s], out0[s + 1]), bound for dst[s].
   if (logits != nullptr) logits->assign(n_seq, {});
-  std::vector<float *> dst_row(n_out);
-  for (size_t s = 0, r = 0; s < n_seq; ++s) {
-    const int64_t n = a.seqs[s].all_logits ? a.seqs[s].n_tok : 1;
-    float *dst = a.seqs[s].logits_dst;
-    if (dst == nullptr) {
-      (*logits)[s].resize(static_cast<size_t>(n) * hp.n_vocab);
-      dst = (*logits)[s].data();
+  std::vector<int64_t> out0(n_seq + 1, 0);
+  std::vector<float *> dst(n_seq);
+  for (size_t s = 0; s < n_seq; ++s) {
+    out0[s + 1] = out0[s] + (a.seqs[s].all_logits ? a.seqs[s].n_tok : 1);
+    dst[s] = a.seqs[s].logits_dst;
+    if (dst[s] == nullptr) {
+      (*logits)[s].resize(static_cast<size_t>(out0[s + 1] - out0[s]) * hp.n_vocab);
+      dst[s] = (*logits)[s].data();
     }
-    for (int64_t t = 0; t < n; ++t) dst_row[r++] = dst + t * hp.n_vocab;
   }
-  // Logits rows [r0, r0 + n) from S.logits to their destinations: one part per run of rows that
-  // lie together (a sequence's), one transfer.
+  // Output rows [r0, r0 + n), held in S.logits, straight to where they are read: one transfer, one
+  // part a sequence.
   auto download = [&](int64_t r0, int64_t n) {
     std::vector<Backend::DownloadPart> parts;
-    const size_t row_bytes = static_cast<size_t>(hp.n_vocab) * sizeof(float);
-    for (int64_t r = r0; r < r0 + n; ++r) {
-      if (!parts.empty() && static_cast<float *>(parts.back().dst) + parts.back().bytes / sizeof(float) == dst_row[r]) {
-        parts.back().bytes += row_bytes;
-      } else {
-        parts.push_back(Backend::DownloadPart{dst_row[r], row_bytes});
+    for (size_t s = 0; s < n_seq; ++s) {
+      const int64_t lo = std::max(r0, out0[s]), hi = std::min(r0 + n, out0[s + 1]);
+      if (lo < hi) {
+        parts.push_back(Backend::DownloadPart{dst[s] + (lo - out0[s]) * hp.n_vocab,
+                                              static_cast<size_t>(hi - lo) * hp.n_vocab * sizeof(float)});
       }
     }
     be.DownloadParts(S.logits, parts.data(), parts.size());
