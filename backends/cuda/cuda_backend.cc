@@ -473,8 +473,8 @@ int CudaBackend::PromptVictim(int layer) const {
     const Slot &sl = slots_[i];
     if (sl.key == nullptr) return i;
     if (sl.layer == layer) continue;
-    const std::vector<uint32_t> *heat = sl.layer < static_cast<int>(tables_.size()) ? &tables_[sl.layer].heat : nullptr;
-    const uint32_t h = heat != nullptr && sl.expert < static_cast<int>(heat->size()) ? (*heat)[sl.expert] : 0;
+    const std::vector<uint32_t> &heat = tables_[sl.layer].heat;  // empty for a layer without a table
+    const uint32_t h = sl.expert < static_cast<int>(heat.size()) ? heat[sl.expert] : 0;
     if (v < 0 || h < v_heat || (h == v_heat && sl.last_use < slots_[v].last_use)) {
       v = i;
       v_heat = h;
