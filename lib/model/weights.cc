@@ -8,6 +8,7 @@
 #include <functional>
 
 #include "absl/container/flat_hash_map.h"
+#include "lib/util/large_alloc.h"
 
 namespace strata::model {
 namespace {
@@ -510,7 +511,7 @@ uint64_t NonRoutedBytes(const ModelWeights &w) {
   return s;
 }
 
-WeightStore::~WeightStore() { std::free(arena_); }
+WeightStore::~WeightStore() { FreeLarge(arena_); }
 
 absl::Status WeightStore::Load(const ModelFile &mf, ModelWeights &w, bool routed_experts) {
   // Every tensor any view points into, read once.
@@ -524,11 +525,11 @@ absl::Status WeightStore::Load(const ModelFile &mf, ModelWeights &w, bool routed
     total += (t->nbytes + 63) & ~uint64_t{63};
   };
   ForEachMatrix(w, [&](Matrix &m) { place(m.tensor); }, routed_experts);
-  std::free(arena_);
+  FreeLarge(arena_);
   arena_ = nullptr;
   size_ = 0;
   if (total > 0) {
-    arena_ = static_cast<uint8_t *>(std::aligned_alloc(64, total));
+    arena_ = static_cast<uint8_t *>(AllocateLarge(total));
     if (arena_ == nullptr) {
       return Errorf(MOE_ERR_NO_MEMORY, "cannot allocate %u bytes for the model weights", total);
     }

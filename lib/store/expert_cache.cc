@@ -16,6 +16,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "lib/util/large_alloc.h"
+
 namespace strata::store {
 
 absl::StatusOr<std::unique_ptr<ExpertCache>> ExpertCache::Create(const ExpertTable &table,
@@ -35,7 +37,7 @@ absl::StatusOr<std::unique_ptr<ExpertCache>> ExpertCache::Create(const ExpertTab
   auto c = std::unique_ptr<ExpertCache>(new ExpertCache(table, file, weights, backend, options));
   const uint32_t n_slots = std::min(options.n_slots, n_keys);
   c->slab_bytes_ = static_cast<uint64_t>(n_slots) * table.slot_bytes();
-  c->slab_ = static_cast<uint8_t *>(std::aligned_alloc(4096, c->slab_bytes_));
+  c->slab_ = static_cast<uint8_t *>(AllocateLarge(c->slab_bytes_));
   if (c->slab_ == nullptr) {
     return Errorf(MOE_ERR_NO_MEMORY, "cannot allocate an expert cache of %u slots x %u bytes", n_slots,
                   table.slot_bytes());
@@ -75,7 +77,7 @@ ExpertCache::~ExpertCache() {
     if (fd >= 0) ::close(fd);
   }
   if (stats_.memory_locked) munlock(slab_, slab_bytes_);
-  std::free(slab_);
+  FreeLarge(slab_);
 }
 
 int ExpertCache::StartLoadLocked(uint32_t key, int priority, bool prefetch) {

@@ -1,0 +1,33 @@
+#include "lib/util/large_alloc.h"
+
+#include <sys/mman.h>
+
+#include <cstdlib>
+#include <cstring>
+
+namespace strata {
+
+bool LargeAllocHugePages() {
+  static const bool on = [] {
+    const char *e = std::getenv("STRATA_HUGEPAGES");
+    return e == nullptr || std::strcmp(e, "0") != 0;
+  }();
+  return on;
+}
+
+void *AllocateLarge(size_t bytes) {
+  if (bytes == 0) return nullptr;
+  if (bytes < kHugePageBytes) return std::aligned_alloc(64, (bytes + 63) & ~size_t{63});
+  const size_t rounded = (bytes + kHugePageBytes - 1) & ~(kHugePageBytes - 1);
+  if (rounded < bytes) return nullptr;  // wrapped
+  void *p = std::aligned_alloc(kHugePageBytes, rounded);
+#ifdef MADV_HUGEPAGE
+  // Advice only: a kernel without THP (or with it off) refuses and the pages stay small.
+  if (p != nullptr && LargeAllocHugePages()) (void)madvise(p, rounded, MADV_HUGEPAGE);
+#endif
+  return p;
+}
+
+void FreeLarge(void *p) { std::free(p); }
+
+}  // namespace strata

@@ -1,0 +1,22 @@
+// Large host buffers (the model's weights, the expert cache) in transparent huge pages where the
+// host offers them: 2 MiB aligned and advised MADV_HUGEPAGE before the first touch, so reading
+// gigabytes of weights walks 512 times fewer pages (the CPU's expert GEMVs and the page-locked
+// arena the GPU reads alike). Hosts without THP, or STRATA_HUGEPAGES=0, get ordinary pages; the
+// bytes and their addresses' use are the same either way.
+#pragma once
+
+#include <cstddef>
+
+namespace strata {
+
+inline constexpr size_t kHugePageBytes = size_t{2} << 20;
+
+// `bytes` of uninitialised memory aligned to 64 bytes at least (kHugePageBytes from that size on),
+// or nullptr. Free with FreeLarge.
+void *AllocateLarge(size_t bytes);
+void FreeLarge(void *p);
+
+// Whether AllocateLarge asks for huge pages (false with STRATA_HUGEPAGES=0), for the statistics.
+bool LargeAllocHugePages();
+
+}  // namespace strata
