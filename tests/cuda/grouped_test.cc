@@ -477,7 +477,6 @@ TEST_CASE("PostCpuCall and WaitCpuCall carry a call to a host thread and its ans
       s.call.layer = call->layer;
       s.call.k = call->k;
       s.call.n_expert = call->n_expert;
-      s.call.ahead = call->ahead;
       s.call.n_tok = call->n_tok;
       s.call.seq = want;
       s.sel.assign(hsel.as<int32_t>(), hsel.as<int32_t>() + n_tok * k);
@@ -506,7 +505,6 @@ TEST_CASE("PostCpuCall and WaitCpuCall carry a call to a host thread and its ans
     call.layer = 3 + c;
     call.k = k;
     call.n_expert = n_expert;
-    call.ahead = 2 + 5 * c;
     call.n_tok = n_tok;
     const auto t0 = std::chrono::steady_clock::now();
     REQUIRE(PostCpuCall(b, call, dsel.as<int32_t>(), dh.as<float>(), widths[c], dtab.as<const void *>(), nullptr).ok());
@@ -525,7 +523,6 @@ TEST_CASE("PostCpuCall and WaitCpuCall carry a call to a host thread and its ans
     CHECK(s.call.layer == 3 + c);
     CHECK(s.call.k == k);
     CHECK(s.call.n_expert == n_expert);
-    CHECK(s.call.ahead == 2 + 5 * c);
     CHECK(s.call.n_tok == n_tok);
     CHECK(s.sel == sel);
     CHECK(s.tab == tab);
