@@ -79,9 +79,6 @@ absl::StatusOr<std::unique_ptr<CpuExperts>> CpuExperts::Create(const model::Mode
   STRATA_RETURN_IF_ERROR(ce->Calibrate());
   const char *trace = std::getenv("STRATA_CPU_EXPERTS_TRACE");
   ce->trace_ = trace != nullptr && trace[0] == '1';
-  if (const char *a = std::getenv("STRATA_CPU_EXPERTS_AHEAD"); a != nullptr && std::strcmp(a, "0") == 0) {
-    ce->count_ahead_ = false;
-  }
   if (const char *ms = std::getenv("STRATA_CPU_EXPERTS_WAIT_MS"); ms != nullptr && std::atoll(ms) > 0) {
     ce->wait_limit_ = std::chrono::milliseconds(std::atoll(ms));
   }
@@ -259,7 +256,7 @@ model::PlacementRates CpuExperts::rates() const {
   return r;
 }
 
-absl::Status CpuExperts::Start(int l, int64_t n_tok, int k, int n_expert, int ahead, const int32_t *sel, const float *h,
+absl::Status CpuExperts::Start(int l, int64_t n_tok, int k, int n_expert, const int32_t *sel, const float *h,
                                const void *const *gate_tab, uint8_t *skip_dev, cudaStream_t stream) {
   if (l < 0 || l >= static_cast<int>(w_->layers.size()) || n_tok <= 0 || k <= 0 || n_tok * k > max_rows_ ||
       n_expert <= 0 || n_expert > n_expert_max_ || n_expert != static_cast<int>(w_->layers[l].experts.size())) {
@@ -270,7 +267,6 @@ absl::Status CpuExperts::Start(int l, int64_t n_tok, int k, int n_expert, int ah
   c.layer = l;
   c.k = k;
   c.n_expert = n_expert;
-  c.ahead = std::max(0, ahead);
   c.n_tok = n_tok;
   STRATA_RETURN_IF_ERROR(PostCpuCall(dev_box_, c, sel, h, n_embd_, gate_tab, stream));
   return WaitCpuCall(dev_box_, 0, skip_dev_, skip_dev, n_expert, stream);
@@ -308,19 +304,14 @@ bool CpuExperts::Decide(const CpuCall &c) {
     if (experts[x].input_major) continue;
     cold.push_back({x, g.first[u + 1] - g.first[u], experts[x].nbytes()});
   }
-  const model::PlacementRates r = rates();
   std::vector<int> chosen;
   if (mode_ == CpuExpertMode::kAlways) {
     for (const model::ColdExpert &e : cold) chosen.push_back(e.expert);
   } else {
-    // The link copies the next layer's predicted experts in this layer too, after its cold ones.
-    double busy = 0;
-    if (count_ahead_ && c.ahead > 0 && r.link_bytes_s > 0 && !experts.empty()) {
-      busy = static_cast<double>(c.ahead) * static_cast<double>(experts[0].nbytes()) / r.link_bytes_s;
-    }
-    chosen = model::ChooseCpuExperts(cold, r, busy);
+    chosen = model::ChooseCpuExperts(cold, rates());
   }
   if (chosen.empty()) return false;
+  const model::PlacementRates r = rates();
   job_ew_.assign(g.used.size(), nullptr);
   job_first_ = g.first;
   job_x_ = 0;
@@ -360,7 +351,6 @@ void CpuExperts::WorkerLoop() {
     c.layer = call->layer;
     c.k = call->k;
     c.n_expert = call->n_expert;
-    c.ahead = call->ahead;
     c.n_tok = call->n_tok;
     const Clock::time_point t0 = Clock::now();
     const bool traced = trace_ && c.layer >= 0;  // the round trip's calls are not the model's

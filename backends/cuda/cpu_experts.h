@@ -63,9 +63,7 @@ class CpuExperts {
 
   // Steps 1 and 2 above for layer l: sel (n_tok, k) and h (n_tok, n_embd) on the device, gate_tab
   // the layer's device table of gate addresses; skip_dev (n_expert bytes, device) receives the flags.
-  // ahead: experts of the next layer the link copies in this layer besides this layer's own, which
-  // the split counts on the link's side (STRATA_CPU_EXPERTS_AHEAD=0 leaves them out: a measuring knob).
-  absl::Status Start(int l, int64_t n_tok, int k, int n_expert, int ahead, const int32_t *sel, const float *h,
+  absl::Status Start(int l, int64_t n_tok, int k, int n_expert, const int32_t *sel, const float *h,
                      const void *const *gate_tab, uint8_t *skip_dev, cudaStream_t stream);
   // Step 3: after the grouped kernels, the CPU's rows into yg (plan and n_max of GroupByExpert).
   absl::Status Finish(const int32_t *plan, int n_max, const uint8_t *skip_dev, float *yg, cudaStream_t stream);
@@ -121,7 +119,6 @@ class CpuExperts {
   // STRATA_CPU_EXPERTS_TRACE=1 (a diagnostic): where a hybrid layer's time goes, printed to stderr
   // at destruction. Written by the worker, read at the end (with the device's waits).
   bool trace_ = false;
-  bool count_ahead_ = true;  // Start's `ahead` weighs on the link's side (STRATA_CPU_EXPERTS_AHEAD)
   struct Trace {
     uint64_t calls = 0, jobs = 0;
     double decide_s = 0;   // deciding a call

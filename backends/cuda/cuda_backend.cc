@@ -1398,26 +1398,6 @@ bool CudaBackend::RoutedExperts(const model::RoutedExpertsArgs &a) {
   // Experts a prediction copied ahead for this layer are the copier's: the CPU sees them resident.
   const bool predicted = copies && pf_layer_ == a.layer;
   const void *const *cpu_tab = predicted ? pf_stage_[pf_set_].gate : t.ge.gate;
-  // The next layer with routed experts (past dense ones) is the one predicted. In a recorded step
-  // the tier changed its tables before the step, so a prediction's tables stay true until that
-  // layer reads them. Its n_pred experts cross the link in this layer, after this layer's own
-  // cold experts: the CPU's share is weighed against both.
-  int nl = a.layer + 1, n_pred = 0;
-  while (nl < static_cast<int>(tables_.size()) && !tables_[nl].ok) ++nl;
-  if (copies && nl < static_cast<int>(tables_.size()) && tables_[nl].stage && tables_[nl].copies) {
-    // A layer on the hybrid path gets at most STRATA_CUDA_PREDICT_HYBRID (default 2) predicted
-    // experts copied ahead, the CPU seeing them as resident, so the link works while the layers
-    // before compute and the CPU takes a share of the rest. On the H200, spread routing, 8 GiB,
-    // batch 1, the cost model alone (one loan of the machine, tok/s): none copied ahead 63.2-70.9
-    // (five runs), two 69.9-76.7 (four), three 66.7, four 65.2, five 63.1 (one each); with every
-    // prediction copied the CPU was left only the experts it missed (192 in 64 steps, not 5,813)
-    // and the step was link-bound again.
-    static const int predict_hybrid = [] {
-      const char *e = std::getenv("STRATA_CUDA_PREDICT_HYBRID");
-      return e != nullptr && *e != '\0' ? std::max(0, std::atoi(e)) : 2;
-    }();
-    n_pred = tables_[nl].hybrid ? std::min(predict_hybrid, pf_stage_[0].n_slots) : pf_stage_[0].n_slots;
-  }
   const void *xq = nullptr;
   if (gate_q8 && !hybrid && a.n_tok <= fused_max) {
     const Q8Act f = Q8ActFor(t.ge.gate_shape.type);
@@ -1428,7 +1408,7 @@ bool CudaBackend::RoutedExperts(const model::RoutedExpertsArgs &a) {
     }
     xq = *buf;
   } else if (!Note(cuda::Route(*ra, a.logits, a.n_tok, a.sel, a.wts, s)) ||
-             (hybrid && !Note(cpu_experts_->Start(a.layer, a.n_tok, k, n_expert, n_pred, a.sel, a.h, cpu_tab,
+             (hybrid && !Note(cpu_experts_->Start(a.layer, a.n_tok, k, n_expert, a.sel, a.h, cpu_tab,
                                                   skip_dev_.as<uint8_t>(), s))) ||
              !Note(GroupByExpert(a.sel, a.n_tok, k, n_expert, a.idx, pl, s))) {
     return true;
@@ -1451,7 +1431,29 @@ bool CudaBackend::RoutedExperts(const model::RoutedExpertsArgs &a) {
     }
     pf_layer_ = -1;
     if (!Note(PlanColdCopies(from, urgent, pl, n_max, skip, copier_->mailbox(), a.layer, true, s))) return true;
-    if (n_pred > 0 && !Note(PredictColdExperts(nl, a.h, a.n_tok, a.route, n_pred))) return true;
+    // The next layer with routed experts (past dense ones) is the one predicted. In a recorded
+    // step the tier changed its tables before the step, so a prediction's tables stay true until
+    // that layer reads them.
+    int nl = a.layer + 1;
+    while (nl < static_cast<int>(tables_.size()) && !tables_[nl].ok) ++nl;
+    if (nl < static_cast<int>(tables_.size())) {
+      const LayerTable &tn = tables_[nl];
+      // A layer on the hybrid path gets at most STRATA_CUDA_PREDICT_HYBRID (default 2) predicted
+      // experts copied ahead, the CPU seeing them as resident, so the link works while the layers
+      // before compute and the CPU takes a share of the rest. On the H200, spread routing, 8 GiB,
+      // batch 1, the cost model alone (one loan of the machine, tok/s): none copied ahead 63.2-70.9
+      // (five runs), two 69.9-76.7 (four), three 66.7, four 65.2, five 63.1 (one each); with every
+      // prediction copied the CPU was left only the experts it missed (192 in 64 steps, not 5,813)
+      // and the step was link-bound again.
+      static const int predict_hybrid = [] {
+        const char *e = std::getenv("STRATA_CUDA_PREDICT_HYBRID");
+        return e != nullptr && *e != '\0' ? std::max(0, std::atoi(e)) : 2;
+      }();
+      const int n_pred = tn.hybrid ? std::min(predict_hybrid, pf_stage_[0].n_slots) : pf_stage_[0].n_slots;
+      if (tn.stage && tn.copies && n_pred > 0 && !Note(PredictColdExperts(nl, a.h, a.n_tok, a.route, n_pred))) {
+        return true;
+      }
+    }
     if (!Note(WaitColdCopies(copier_->mailbox(), s))) return true;
   } else if (stage && !Note(StageColdExperts(t.ge, stage_, pl, n_max, skip, s))) {
     return true;

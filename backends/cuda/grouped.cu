@@ -456,7 +456,6 @@ __global__ void PostCpuCallKernel(CpuCallBox b, CpuCall c, const int32_t *__rest
   call->layer = c.layer;
   call->k = c.k;
   call->n_expert = c.n_expert;
-  call->ahead = c.ahead;
   call->n_tok = c.n_tok;
   __threadfence_system();
   call->seq = n;

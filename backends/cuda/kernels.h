@@ -428,9 +428,7 @@ absl::Status CopySkippedGroups(const int32_t *plan, int n_max, const uint8_t *sk
 // thread. Here the device posts the call as the copier's requests are posted, and a kernel polls
 // the host thread's answer.
 struct CpuCall {
-  int32_t layer = 0, k = 0, n_expert = 0;
-  int32_t ahead = 0;  // the next layer's experts the link copies in this layer beside its own
-
+  int32_t layer = 0, k = 0, n_expert = 0, pad = 0;
   int64_t n_tok = 0;
   uint32_t seq = 0;  // written last: 1, 2, ... (the call's number)
 };

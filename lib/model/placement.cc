@@ -19,7 +19,7 @@ double CpuSeconds(const ColdExpert &e, const PlacementRates &r) {
   return static_cast<double>(e.bytes) / r.cpu_bytes_s * (1.0 + extra);
 }
 
-std::vector<int> ChooseCpuExperts(std::vector<ColdExpert> cold, const PlacementRates &r, double link_busy_s) {
+std::vector<int> ChooseCpuExperts(std::vector<ColdExpert> cold, const PlacementRates &r) {
   std::vector<int> out;
   if (cold.empty() || r.cpu_bytes_s <= 0) return out;
   if (r.link_bytes_s <= 0) {  // no link: the CPU takes them all
@@ -31,13 +31,12 @@ std::vector<int> ChooseCpuExperts(std::vector<ColdExpert> cold, const PlacementR
     const double ra = CpuSeconds(a, r) / LinkSeconds(a, r), rb = CpuSeconds(b, r) / LinkSeconds(b, r);
     return ra != rb ? ra < rb : a.expert < b.expert;
   });
-  const double busy = std::max(0.0, link_busy_s);
-  double link = busy + r.link_fixed_s;
+  double link = r.link_fixed_s;
   for (const ColdExpert &e : cold) link += LinkSeconds(e, r);
   double cpu = r.cpu_fixed_s;
   for (const ColdExpert &e : cold) {
     const bool last = out.size() + 1 == cold.size();
-    const double c = cpu + CpuSeconds(e, r), l = last ? busy : link - LinkSeconds(e, r);
+    const double c = cpu + CpuSeconds(e, r), l = last ? 0.0 : link - LinkSeconds(e, r);
     if (std::max(c, l) >= std::max(out.empty() ? 0.0 : cpu, link)) break;
     out.push_back(e.expert);
     cpu = c;

@@ -39,10 +39,9 @@ double CpuSeconds(const ColdExpert &e, const PlacementRates &r);
 
 // The experts (ids, ascending) the CPU computes: cold experts in order of CPU over link time (ties to
 // the lower id) are moved to the CPU while that lowers the later of the CPU's time (cpu_fixed_s
-// plus its experts) and the link's (link_busy_s, plus link_fixed_s and the rest where any is left).
-// link_busy_s: the link's other work in the layer, whoever takes the cold experts (copies of the
-// next layer's predicted experts). Deterministic for given inputs.
-std::vector<int> ChooseCpuExperts(std::vector<ColdExpert> cold, const PlacementRates &r, double link_busy_s = 0);
+// plus its experts) and the link's (link_fixed_s plus the rest, 0 when none is left).
+// Deterministic for given inputs.
+std::vector<int> ChooseCpuExperts(std::vector<ColdExpert> cold, const PlacementRates &r);
 
 // The CPU's cost of a job, fitted online: seconds = fixed + x / rate, x the job's one-token-
 // equivalent bytes (sum of bytes (1 + cpu_token_share (t - 1))), by least squares over the jobs

@@ -14,11 +14,9 @@ namespace {
 
 using namespace strata::model;
 
-// The later of the CPU's and the link's time when the CPU computes `cpu` (ids) of `cold`, the link
-// busy for `busy` seconds besides.
-double Makespan(const std::vector<ColdExpert> &cold, const std::vector<int> &cpu, const PlacementRates &r,
-                double busy = 0) {
-  double c = cpu.empty() ? 0 : r.cpu_fixed_s, l = busy + (cpu.size() < cold.size() ? r.link_fixed_s : 0);
+// The later of the CPU's and the link's time when the CPU computes `cpu` (ids) of `cold`.
+double Makespan(const std::vector<ColdExpert> &cold, const std::vector<int> &cpu, const PlacementRates &r) {
+  double c = cpu.empty() ? 0 : r.cpu_fixed_s, l = cpu.size() < cold.size() ? r.link_fixed_s : 0;
   for (const ColdExpert &e : cold) {
     if (std::find(cpu.begin(), cpu.end(), e.expert) != cpu.end()) {
       c += CpuSeconds(e, r);
@@ -87,7 +85,6 @@ TEST_CASE("placement: the choice is within one expert of the best split, never w
     r.cpu_token_share = std::uniform_real_distribution<double>(0, 0.5)(rng);
     r.cpu_fixed_s = std::uniform_real_distribution<double>(0, 50e-6)(rng);
     r.link_fixed_s = trial % 2 == 0 ? 0.0 : std::uniform_real_distribution<double>(0, 80e-6)(rng);
-    const double busy = trial % 3 == 0 ? 0.0 : std::uniform_real_distribution<double>(0, 300e-6)(rng);
     const int n = std::uniform_int_distribution<int>(1, 10)(rng);
     std::vector<ColdExpert> cold;
     double biggest = std::max(r.cpu_fixed_s, r.link_fixed_s);
@@ -97,18 +94,17 @@ TEST_CASE("placement: the choice is within one expert of the best split, never w
       biggest = std::max({biggest, CpuSeconds(e, r), LinkSeconds(e, r)});
       cold.push_back(e);
     }
-    double best = Makespan(cold, {}, r, busy);
+    double best = Makespan(cold, {}, r);
     for (int mask = 1; mask < (1 << n); ++mask) {
       std::vector<int> ids;
       for (int i = 0; i < n; ++i) {
         if (mask & (1 << i)) ids.push_back(cold[i].expert);
       }
-      best = std::min(best, Makespan(cold, ids, r, busy));
+      best = std::min(best, Makespan(cold, ids, r));
     }
-    const double link_only = Makespan(cold, {}, r, busy);
-    const double got = Makespan(cold, ChooseCpuExperts(cold, r, busy), r, busy);
-    INFO("trial " << trial << ": chosen " << got << " s, best " << best << " s, link alone " << link_only
-                  << " s, link busy " << busy << " s");
+    const double link_only = Makespan(cold, {}, r);
+    const double got = Makespan(cold, ChooseCpuExperts(cold, r), r);
+    INFO("trial " << trial << ": chosen " << got << " s, best " << best << " s, link alone " << link_only << " s");
     CHECK(got <= link_only * (1 + 1e-12));
     CHECK(got <= best + biggest + 1e-15);
   }
@@ -136,25 +132,6 @@ TEST_CASE("placement: the link's fixed cost moves experts to the CPU, all of the
   r.link_fixed_s = 400e-6;
   CHECK(ChooseCpuExperts(cold, r) == std::vector<int>{0, 1});
   CHECK(HybridSavingSeconds(2.0 * expert, expert, r) == Approx(500e-6 - 160e-6));
-}
-
-TEST_CASE("placement: the link's other copies in the layer move experts to the CPU", "[placement]") {
-  PlacementRates r;
-  r.link_bytes_s = 50e9;
-  r.cpu_bytes_s = 50e9;
-  r.cpu_fixed_s = 60e-6;
-  const uint64_t expert = 2500000;  // 50 us a side
-  std::vector<ColdExpert> cold;
-  for (int x = 0; x < 5; ++x) cold.push_back({x, 1, expert});
-  CHECK(ChooseCpuExperts(cold, r, 0).size() == 2);  // 160 against 150 us
-  // Two predicted experts of the next layer on the link (100 us): k = 3, 210 against 200 us
-  // (160 against 250 at k = 2, 260 against 150 at k = 4).
-  CHECK(ChooseCpuExperts(cold, r, 100e-6).size() == 3);
-  CHECK(Makespan(cold, ChooseCpuExperts(cold, r, 100e-6), r, 100e-6) == Approx(210e-6));
-  // A link busy past the CPU's whole job: every cold expert to the CPU.
-  CHECK(ChooseCpuExperts(cold, r, 1e-3).size() == 5);
-  // A negative figure counts as none.
-  CHECK(ChooseCpuExperts(cold, r, -1.0) == ChooseCpuExperts(cold, r, 0));
 }
 
 TEST_CASE("placement: a layer's saving from its cold bytes", "[placement]") {
