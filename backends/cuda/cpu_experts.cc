@@ -71,14 +71,14 @@ absl::StatusOr<std::unique_ptr<CpuExperts>> CpuExperts::Create(const model::Mode
   STRATA_ASSIGN_OR_RETURN(ce->skip_dev_, ce->skip_.device<const uint8_t>());
   STRATA_ASSIGN_OR_RETURN(ce->y_dev_, ce->y_.device<float>());
   ce->xg_.assign(static_cast<size_t>(max_rows) * ce->n_embd_, 0.f);
+  const char *trace = std::getenv("STRATA_CPU_EXPERTS_TRACE");
+  ce->trace_ = trace != nullptr && trace[0] == '1';
   // Jobs come once a layer (a few hundred microseconds apart in decode): the pool's threads spin
   // through the gaps (~1 ms) rather than sleep and be woken for every job.
   ce->cpu_ = std::make_unique<cpu::CpuBackend>(
       o.n_threads, o.q8_activations ? cpu::MatMulMode::kQ8Activations : cpu::MatMulMode::kExact,
       cpu::kernels::BestIsa(), 10 * ThreadPool::kSpinIterations);
   STRATA_RETURN_IF_ERROR(ce->Calibrate());
-  const char *trace = std::getenv("STRATA_CPU_EXPERTS_TRACE");
-  ce->trace_ = trace != nullptr && trace[0] == '1';
   if (const char *ms = std::getenv("STRATA_CPU_EXPERTS_WAIT_MS"); ms != nullptr && std::atoll(ms) > 0) {
     ce->wait_limit_ = std::chrono::milliseconds(std::atoll(ms));
   }
@@ -185,10 +185,18 @@ absl::Status CpuExperts::Calibrate() {
           if (sliced && !sliceable) continue;
           const auto [secs, bytes] = job(n, 1, sliced);
           fit_.Add(bytes, secs);
+          if (trace_) {
+            std::fprintf(stderr, "cpu experts calibration: %d %s of one token, %.2f MiB: %.1f us (%.1f GB/s)\n", n,
+                         sliced ? "slices" : "experts", bytes / (1 << 20), 1e6 * secs, bytes / secs / 1e9);
+          }
         }
       }
     }
     fit_.HoldFixed();
+    if (trace_) {
+      std::fprintf(stderr, "cpu experts calibration: fit %.1f GB/s + %.1f us a job\n", fit_.rate() / 1e9,
+                   1e6 * fit_.fixed());
+    }
     double share = 0;
     if (fit_.rate() > 0) {
       for (int i = 0; i < 3; ++i) {

@@ -116,8 +116,9 @@ class CpuExperts {
   std::atomic<double> cpu_bytes_s_{0}, cpu_fixed_s_{0};
   double link_bytes_s_ = 0, link_fixed_s_ = 0, token_share_ = 0, round_trip_s_ = 0;
   std::atomic<uint64_t> uses_{0};
-  // STRATA_CPU_EXPERTS_TRACE=1 (a diagnostic): where a hybrid layer's time goes, printed to stderr
-  // at destruction. Written by the worker, read at the end (with the device's waits).
+  // STRATA_CPU_EXPERTS_TRACE=1 (a diagnostic): each calibration job at open, and where a hybrid
+  // layer's time goes, printed to stderr at destruction. Written by the worker, read at the end
+  // (with the device's waits).
   bool trace_ = false;
   struct Trace {
     uint64_t calls = 0, jobs = 0;
