@@ -4,6 +4,7 @@
 #include "backends/cpu/cpu_backend.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -256,6 +257,9 @@ void CpuBackend::ExpertsFfn(const model::ExpertWeights *const *ew, int n, const 
     }
   }
   if (fused.empty()) return;
+  using Clock = std::chrono::steady_clock;
+  Clock::time_point t0, t1, t2, t3;
+  if (ffn_times_ != nullptr) t0 = Clock::now();
   // Per fused expert: its gate, up and down operations; h holds gate then up outputs.
   const size_t m = fused.size();
   std::vector<MatOp> ops(3 * m);
@@ -283,14 +287,26 @@ void CpuBackend::ExpertsFfn(const model::ExpertWeights *const *ew, int n, const 
   std::vector<uint8_t> xq_gate_up, xq_down;
   PlaceActivations(gate_up, &xq_gate_up);
   PlaceActivations(down, &xq_down);
+  if (ffn_times_ != nullptr) t1 = Clock::now();
   RunOps(gate_up);
+  if (ffn_times_ != nullptr) t2 = Clock::now();
   for (size_t i = 0; i < m; ++i) {
     const model::ExpertWeights &e = *ew[fused[i]];
     const int64_t nt = ops[3 * i].n_tok;
     GateUpActivation(e, h.data() + h_at[i], h.data() + h_at[i] + nt * e.gate.rows, nt, e.gate.rows, false);
   }
+  if (ffn_times_ != nullptr) t3 = Clock::now();
   RunOps(down);
   for (size_t i = 0; i < m; ++i) AddDownBias(*ew[fused[i]], ops[3 * i + 2].y, ops[3 * i].n_tok, width);
+  if (ffn_times_ != nullptr) {
+    auto secs = [](Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); };
+    ExpertsFfnTimes &ft = *ffn_times_;
+    ++ft.calls;
+    ft.setup_s += secs(t0, t1);
+    ft.gate_up_s += secs(t1, t2);
+    ft.act_s += secs(t2, t3);
+    ft.down_s += secs(t3, Clock::now());
+  }
 }
 
 void CpuBackend::GetRows(const model::Matrix &w, const int32_t *ids, int64_t n, float *out) {

@@ -58,6 +58,15 @@ class CpuBackend final : public model::Backend {
                   int64_t width) override;
   bool RoutedExperts(const model::RoutedExpertsArgs &a) override;
 
+  // Where ExpertsFfn's time goes (a diagnostic): seconds summed over its calls while set (null: not
+  // timed). setup: the operations and the activations' places; gate_up and down: the two parallel
+  // loops (with their inputs' quantizing); act: the SwiGLU between them.
+  struct ExpertsFfnTimes {
+    uint64_t calls = 0;
+    double setup_s = 0, gate_up_s = 0, act_s = 0, down_s = 0;
+  };
+  void set_experts_ffn_times(ExpertsFfnTimes *t) { ffn_times_ = t; }
+
   ThreadPool &pool() { return pool_; }
   MatMulMode matmul_mode() const { return mode_; }
   // Not thread-safe against a concurrent MatMul.
@@ -91,6 +100,7 @@ class CpuBackend final : public model::Backend {
   ThreadPool pool_;
   MatMulMode mode_;
   kernels::Isa isa_;
+  ExpertsFfnTimes *ffn_times_ = nullptr;
 };
 
 }  // namespace strata::cpu

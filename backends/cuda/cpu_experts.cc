@@ -78,7 +78,9 @@ absl::StatusOr<std::unique_ptr<CpuExperts>> CpuExperts::Create(const model::Mode
   ce->cpu_ = std::make_unique<cpu::CpuBackend>(
       o.n_threads, o.q8_activations ? cpu::MatMulMode::kQ8Activations : cpu::MatMulMode::kExact,
       cpu::kernels::BestIsa(), 10 * ThreadPool::kSpinIterations);
+  if (ce->trace_) ce->cpu_->set_experts_ffn_times(&ce->calib_times_);
   STRATA_RETURN_IF_ERROR(ce->Calibrate());
+  if (ce->trace_) ce->cpu_->set_experts_ffn_times(&ce->job_times_);  // the worker's from here on
   if (const char *ms = std::getenv("STRATA_CPU_EXPERTS_WAIT_MS"); ms != nullptr && std::atoll(ms) > 0) {
     ce->wait_limit_ = std::chrono::milliseconds(std::atoll(ms));
   }
@@ -114,6 +116,14 @@ CpuExperts::~CpuExperts() {
                  us * tr_.job_s / jobs, 1e-3 * static_cast<double>(waited[1]) / jobs, link_bytes_s_ / 1e9,
                  us * link_fixed_s_, cpu_bytes_s_.load() / 1e9, us * cpu_fixed_s_.load(), token_share_,
                  us * round_trip_s_);
+    for (const auto *ft : {&calib_times_, &job_times_}) {
+      if (ft->calls == 0) continue;
+      const double n = static_cast<double>(ft->calls);
+      std::fprintf(stderr,
+                   "cpu experts: %s, %llu jobs; us per job: setup %.1f, gate and up %.1f, SwiGLU %.1f, down %.1f\n",
+                   ft == &calib_times_ ? "calibration" : "decode", static_cast<unsigned long long>(ft->calls),
+                   us * ft->setup_s / n, us * ft->gate_up_s / n, us * ft->act_s / n, us * ft->down_s / n);
+    }
   }
 }
 

@@ -120,6 +120,7 @@ class CpuExperts {
   // layer's time goes, printed to stderr at destruction. Written by the worker, read at the end
   // (with the device's waits).
   bool trace_ = false;
+  cpu::CpuBackend::ExpertsFfnTimes calib_times_, job_times_;  // calibration's jobs, decode's
   struct Trace {
     uint64_t calls = 0, jobs = 0;
     double decide_s = 0;   // deciding a call

@@ -3,6 +3,7 @@
 // bit, and so do results under 1 and 2 threads.
 #include <catch2/catch.hpp>
 
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -470,7 +471,17 @@ TEST_CASE("ExpertsFfn equals ExpertFfn on each group bit for bit, and writes no 
       INFO("isa=" << static_cast<int>(isa) << " mode=" << static_cast<int>(mode));
       CpuBackend be(2, mode, isa);
       std::vector<float> got(first.back() * d, NAN), want(first.back() * d, NAN);
+      // Timed (the CPU experts' trace): the same bits, one call counted, its parts within its time.
+      CpuBackend::ExpertsFfnTimes times;
+      be.set_experts_ffn_times(&times);
+      const auto t0 = std::chrono::steady_clock::now();
       be.ExpertsFfn(ew.data(), n, first.data(), xg.data(), got.data(), d);
+      const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      be.set_experts_ffn_times(nullptr);
+      CHECK(times.calls == 1);
+      CHECK(times.gate_up_s > 0);
+      CHECK(times.down_s > 0);
+      CHECK(times.setup_s + times.gate_up_s + times.act_s + times.down_s <= wall);
       for (int u = 0; u < n; ++u) {
         if (ew[u] == nullptr) continue;
         be.ExpertFfn(*ew[u], xg.data() + first[u] * d, first[u + 1] - first[u], want.data() + first[u] * d);
