@@ -17,7 +17,7 @@ bool LargeAllocHugePages() {
 
 void *AllocateLarge(size_t bytes) {
   if (bytes == 0) return nullptr;
-  if (bytes < kHugePageBytes) return std::aligned_alloc(64, (bytes + 63) & ~size_t{63});
+  if (bytes < kHugePageBytes) return std::aligned_alloc(kPageBytes, (bytes + kPageBytes - 1) & ~(kPageBytes - 1));
   const size_t rounded = (bytes + kHugePageBytes - 1) & ~(kHugePageBytes - 1);
   if (rounded < bytes) return nullptr;  // wrapped
   void *p = std::aligned_alloc(kHugePageBytes, rounded);

@@ -9,10 +9,11 @@
 
 namespace strata {
 
+inline constexpr size_t kPageBytes = 4096;
 inline constexpr size_t kHugePageBytes = size_t{2} << 20;
 
-// `bytes` of uninitialised memory aligned to 64 bytes at least (kHugePageBytes from that size on),
-// or nullptr. Free with FreeLarge.
+// `bytes` of uninitialised memory aligned to a page at least (reads with O_DIRECT may land in it),
+// to kHugePageBytes from that size on; nullptr when out of memory. Free with FreeLarge.
 void *AllocateLarge(size_t bytes);
 void FreeLarge(void *p);
 
