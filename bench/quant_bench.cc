@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <random>
 #include <string>
@@ -97,11 +98,30 @@ double ReadOnce(int n_threads) {
 
 // Best of several passes, measured once per thread count before the GEMV runs.
 double MeasuredBandwidth(int n_threads) {
-  static double bw[kMaxThreads + 1] = {};
-  if (bw[n_threads] == 0) {
-    for (int rep = 0; rep < 6; ++rep) bw[n_threads] = std::max(bw[n_threads], ReadOnce(n_threads));
+  static std::map<int, double> bw;
+  double &b = bw[n_threads];
+  if (b == 0) {
+    for (int rep = 0; rep < 6; ++rep) b = std::max(b, ReadOnce(n_threads));
   }
-  return bw[n_threads];
+  return b;
+}
+
+// Thread counts of the ExpertsFfn rows and their bandwidth probes: 1 and 2, or the list in
+// STRATA_BENCH_EXPERTS_THREADS ("1,2,8,14": the CPU share of the hybrid GPU placement runs on
+// all cores but two of a larger host).
+std::vector<int> ExpertsThreads() {
+  std::vector<int> out;
+  if (const char *e = std::getenv("STRATA_BENCH_EXPERTS_THREADS"); e != nullptr) {
+    for (const char *p = e; *p != '\0';) {
+      char *end = nullptr;
+      const long v = std::strtol(p, &end, 10);
+      if (end == p) break;
+      if (v >= 1 && v <= 256) out.push_back(static_cast<int>(v));
+      p = *end == ',' ? end + 1 : end;
+    }
+  }
+  if (out.empty()) out = {1, 2};
+  return out;
 }
 
 // Reported alongside the GEMV rows; "best_GBps" is the figure the roofline counters divide by.
@@ -217,8 +237,8 @@ void BM_MatMul(benchmark::State &state) {
 
 // ---- the routed experts of one token: what the hybrid placement's CPU share runs per layer ----
 
-// A pool of Q4_K experts (n_embd 2048, n_ff hidden units) of >= kMinWeightBytes: each call reads
-// experts nobody read since they left the LLC.
+// A pool of Q4_K experts (n_embd 2048, n_ff hidden units) of >= 1 GiB: each call reads experts
+// nobody read since they left the LLC (300 MiB on the H200's host).
 struct ExpertPool {
   int64_t n_ff = 0;
   Buffer data;
@@ -233,7 +253,8 @@ const ExpertPool &ExpertsFor(int64_t n_ff) {
   const Codec &c = *strata::quant::FindCodec(TypeId::kQ4_K);
   const int64_t in_row = kEmbd / c.block_elems * c.block_bytes, out_row = n_ff / c.block_elems * c.block_bytes;
   const int64_t expert_bytes = 2 * n_ff * in_row + kEmbd * out_row;
-  const int64_t n = (kMinWeightBytes + expert_bytes - 1) / expert_bytes + 1;
+  constexpr int64_t kPoolBytes = int64_t{1} << 30;
+  const int64_t n = (kPoolBytes + expert_bytes - 1) / expert_bytes + 1;
   auto pool = std::make_unique<ExpertPool>();
   pool->n_ff = n_ff;
   pool->data = Allocate(n * expert_bytes);
@@ -312,10 +333,16 @@ void BM_ExpertsFfn(benchmark::State &state) {
 }
 
 void RegisterAll() {
-  benchmark::RegisterBenchmark("MemRead", BM_MemRead)->Arg(1)->Arg(2)->UseRealTime()->Unit(benchmark::kMillisecond);
+  std::vector<int> mem_threads = ExpertsThreads();
+  for (int th = 1; th <= kMaxThreads; ++th) mem_threads.push_back(th);
+  std::sort(mem_threads.begin(), mem_threads.end());
+  mem_threads.erase(std::unique(mem_threads.begin(), mem_threads.end()), mem_threads.end());
+  auto *mem = benchmark::RegisterBenchmark("MemRead", BM_MemRead);
+  for (int th : mem_threads) mem->Arg(th);
+  mem->UseRealTime()->Unit(benchmark::kMillisecond);
   for (int64_t n_ff : {256, 768}) {
-    for (int n : {1, 4}) {
-      for (int th = 1; th <= kMaxThreads; ++th) {
+    for (int n : {1, 2, 4}) {
+      for (int th : ExpertsThreads()) {
         const std::string name = "ExpertsFfn/ff" + std::to_string(n_ff) + "/x" + std::to_string(n) + "/t" +
                                  std::to_string(th);
         benchmark::RegisterBenchmark(name.c_str(), BM_ExpertsFfn)

@@ -5,6 +5,7 @@
 #include "lib/util/thread_pool.h"
 
 #include <algorithm>
+#include <cstdlib>
 
 namespace strata {
 
@@ -17,7 +18,10 @@ constexpr uint64_t Claim(uint32_t gen, uint32_t chunks, uint32_t next) {
 
 }  // namespace
 
-ThreadPool::ThreadPool(int n_threads, int spin) : spin_(std::max(0, spin)) {
+ThreadPool::ThreadPool(int n_threads, int spin) : spin_(std::max(0, spin)), chunks_per_thread_(kChunksPerThread) {
+  if (const char *e = std::getenv("STRATA_POOL_CHUNKS"); e != nullptr && std::atoi(e) > 0) {
+    chunks_per_thread_ = std::min(64, std::atoi(e));
+  }
   if (n_threads <= 0) n_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   n_threads_ = std::min(n_threads, kMaxThreads);
   for (int i = 1; i < n_threads_; ++i) workers_.emplace_back([this, i] { WorkerLoop(i); });
@@ -37,7 +41,7 @@ void ThreadPool::ParallelFor(int64_t n, int64_t min_chunk,
                              const std::function<void(int64_t, int64_t, int)> &fn) {
   if (n <= 0) return;
   min_chunk = std::max<int64_t>(1, min_chunk);
-  int64_t chunks = std::min<int64_t>(int64_t{kChunksPerThread} * n_threads_, n / min_chunk);
+  int64_t chunks = std::min<int64_t>({int64_t{chunks_per_thread_} * n_threads_, n / min_chunk, 0xffff});
   if (n_threads_ <= 1 || chunks <= 1) {
     fn(0, n, 0);
     return;

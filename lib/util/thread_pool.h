@@ -88,7 +88,8 @@ class ThreadPool {
 
   int size() const { return n_threads_; }
   // fn(begin, end, thread_index) over [0, n) in at most kChunksPerThread * size() chunks of at least
-  // min_chunk; thread_index (in [0, size())) is the thread running that chunk.
+  // min_chunk (STRATA_POOL_CHUNKS=N sets N chunks a thread instead: a measuring knob); thread_index
+  // (in [0, size())) is the thread running that chunk.
   void ParallelFor(int64_t n, int64_t min_chunk, const std::function<void(int64_t, int64_t, int)> &fn);
 
   // Pauses a waiting thread spins before it sleeps.
@@ -108,6 +109,7 @@ class ThreadPool {
 
   int n_threads_;
   int spin_;
+  int chunks_per_thread_;  // kChunksPerThread, or STRATA_POOL_CHUNKS (1-64; a measuring knob)
   std::vector<std::thread> workers_;
   std::mutex mu_;
   std::condition_variable cv_work_, cv_done_;

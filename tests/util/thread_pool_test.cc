@@ -4,10 +4,12 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <cstdlib>
 #include <atomic>
 #include <mutex>
 #include <chrono>
 #include <random>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -97,4 +99,29 @@ TEST_CASE("BurstWait spins while work comes and naps, longer and longer, once it
   CHECK(wait.next_nap() == nap);
   for (int i = 0; i < 1000; ++i) wait.Idle();
   CHECK(wait.naps() == 5);
+}
+
+TEST_CASE("ThreadPool takes its chunks a thread from STRATA_POOL_CHUNKS", "[threads]") {
+  for (int per : {1, 7, 64}) {
+    INFO(per << " chunks a thread");
+    ::setenv("STRATA_POOL_CHUNKS", std::to_string(per).c_str(), 1);
+    ThreadPool pool(4);
+    ::unsetenv("STRATA_POOL_CHUNKS");
+    const int64_t n = 40 * per;  // ten indices a chunk
+    std::vector<std::atomic<int>> hits(static_cast<size_t>(n));
+    std::atomic<int> chunks{0};
+    pool.ParallelFor(n, 1, [&](int64_t b, int64_t e, int) {
+      chunks.fetch_add(1);
+      for (int64_t i = b; i < e; ++i) hits[i].fetch_add(1);
+    });
+    for (int64_t i = 0; i < n; ++i) REQUIRE(hits[i].load() == 1);
+    CHECK(chunks.load() == 4 * per);
+  }
+  // Not a number, or none: the default.
+  ::setenv("STRATA_POOL_CHUNKS", "x", 1);
+  ThreadPool pool(3);
+  ::unsetenv("STRATA_POOL_CHUNKS");
+  std::atomic<int> chunks{0};
+  pool.ParallelFor(3000, 1, [&](int64_t, int64_t, int) { chunks.fetch_add(1); });
+  CHECK(chunks.load() == 3 * ThreadPool::kChunksPerThread);
 }
