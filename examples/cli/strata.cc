@@ -285,6 +285,22 @@ std::string DemoModelPath() {
   return STRATA_DEMO_MODEL_INSTALLED;
 }
 
+// moe_params.load_progress on a terminal: one line redrawn on stderr while the weights load. A load
+// that ends before the first report (under 0.1 s: small models) draws nothing.
+bool g_load_drawn = false;
+void DrawLoadProgress(uint64_t done, uint64_t total, void *) {
+  if (done >= total && !g_load_drawn) return;
+  g_load_drawn = true;
+  const double gib = 1.0 / (1 << 30), f = total > 0 ? static_cast<double>(done) / static_cast<double>(total) : 1.0;
+  std::fprintf(stderr, "\rstrata: loading weights %3d%%  %.1f/%.1f GiB", static_cast<int>(100 * f), done * gib,
+               total * gib);
+  if (done >= total) {
+    std::fputc('\n', stderr);
+    g_load_drawn = false;
+  }
+  std::fflush(stderr);
+}
+
 moe_params ContextParams(const Args &a, const std::string &model) {
   moe_params p;
   moe_params_init(&p);
@@ -309,6 +325,7 @@ moe_params ContextParams(const Args &a, const std::string &model) {
   p.max_batch_tokens = static_cast<uint32_t>(a.max_batch_tokens);
   p.prefill_token_max = static_cast<uint32_t>(a.prefill_token_max);
   p.prefill_layer_min = static_cast<uint32_t>(a.prefill_layer_min);
+  if (isatty(STDERR_FILENO) != 0) p.load_progress = DrawLoadProgress;
   return p;
 }
 

@@ -105,6 +105,10 @@ typedef enum moe_backend_kind {
   MOE_BACKEND_CUDA = 2
 } moe_backend_kind;
 
+/* Progress of a load: bytes read so far of the total, and the user pointer given with the callback.
+ * Since: 0.5. */
+typedef void (*moe_load_progress_fn)(uint64_t done_bytes, uint64_t total_bytes, void *user);
+
 typedef struct moe_params {
   uint32_t struct_size;
   const char *model_path;     /* GGUF file or Hugging Face checkpoint directory (required) */
@@ -152,6 +156,12 @@ typedef struct moe_params {
                                  integer dot products over Q8_0 and Q4_K weights on the GEMV path (faster,
                                  most for batches of sessions), the rounded activations for every other
                                  block codec; 0 (default): float activations */
+  /* Since 0.5 (appended): progress of moe_ctx_open while it reads the weights it keeps in memory
+   * (everything but the routed experts the RAM budget leaves to stream). */
+  moe_load_progress_fn load_progress; /* NULL (default) = none. Called on the thread in moe_ctx_open,
+                                 at most every 0.1 s while reading and once with done == total at
+                                 the end; it must not call into Strata */
+  void *load_progress_user;   /* passed back to load_progress */
 } moe_params;
 
 /* Who runs a routed expert the VRAM tier does not hold, during decode (CUDA backend). */

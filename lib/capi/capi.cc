@@ -102,6 +102,11 @@ strata::runtime::ContextOptions ToOptions(const moe_params &p) {
   o.kv_spill_dir = p.kv_spill_dir != nullptr ? p.kv_spill_dir : "";
   o.cpu_experts = p.cpu_experts;
   o.gpu_q8_activations = p.gpu_q8_activations != 0;
+  if (p.load_progress != nullptr) {
+    o.load_progress = [fn = p.load_progress, user = p.load_progress_user](uint64_t done, uint64_t total) {
+      fn(done, total, user);
+    };
+  }
   return o;
 }
 

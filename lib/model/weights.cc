@@ -3,12 +3,17 @@
 #include "lib/model/weights.h"
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <mutex>
+#include <thread>
 
 #include "absl/container/flat_hash_map.h"
 #include "lib/util/large_alloc.h"
+#include "lib/util/numa.h"
 
 namespace strata::model {
 namespace {
@@ -513,7 +518,7 @@ uint64_t NonRoutedBytes(const ModelWeights &w) {
 
 WeightStore::~WeightStore() { FreeLarge(arena_); }
 
-absl::Status WeightStore::Load(const ModelFile &mf, ModelWeights &w, bool routed_experts) {
+absl::Status WeightStore::Load(const ModelFile &mf, ModelWeights &w, bool routed_experts, const LoadOptions &lo) {
   // Every tensor any view points into, read once.
   absl::flat_hash_map<const TensorRef *, uint64_t> placement;
   std::vector<const TensorRef *> order;
@@ -535,10 +540,72 @@ absl::Status WeightStore::Load(const ModelFile &mf, ModelWeights &w, bool routed
     }
   }
   size_ = total;
+  // Pieces of at most kPiece bytes, in file order; readers claim them in turn.
+  const uint64_t kPiece = std::max<uint64_t>(1, lo.piece_bytes);
+  struct Piece {
+    const TensorRef *t;
+    uint64_t at, n;  // within the tensor
+    uint8_t *dst;
+  };
+  std::vector<Piece> pieces;
+  uint64_t to_read = 0;
   for (const TensorRef *t : order) {
-    absl::Status st = mf.file(t->file_index).ReadAt(t->offset, arena_ + placement[t], t->nbytes);
-    if (!st.ok()) return Annotate(st, absl::StrCat("reading tensor '", t->name, "'"));
+    uint8_t *dst = arena_ + placement[t];
+    for (uint64_t at = 0; at < t->nbytes; at += kPiece) {
+      pieces.push_back({t, at, std::min(kPiece, t->nbytes - at), dst + at});
+    }
+    to_read += t->nbytes;
   }
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int n_threads = static_cast<int>(std::min<size_t>(
+      {static_cast<size_t>(std::min(lo.n_threads > 0 ? lo.n_threads : cores, kMaxLoadThreads)), pieces.size(),
+       size_t{kMaxLoadThreads}}));
+  std::atomic<size_t> next{0};
+  std::atomic<uint64_t> done{0};
+  std::atomic<bool> failed{false};
+  std::mutex mu;
+  size_t failed_at = pieces.size();  // the first failing piece (under mu)
+  absl::Status failure;
+  using Clock = std::chrono::steady_clock;
+  Clock::time_point last = Clock::now();
+  // Each reader claims pieces until none is left or one failed; the loading thread (reader 0) also
+  // reports progress between its pieces.
+  auto read = [&](bool reporter) {
+    for (;;) {
+      const size_t i = next.fetch_add(1, std::memory_order_relaxed);
+      if (i >= pieces.size() || failed.load(std::memory_order_relaxed)) return;
+      const Piece &p = pieces[i];
+      absl::Status st = mf.file(p.t->file_index).ReadAt(p.t->offset + p.at, p.dst, p.n);
+      if (!st.ok()) {
+        std::lock_guard<std::mutex> lk(mu);
+        if (i < failed_at) {
+          failed_at = i;
+          failure = Annotate(st, absl::StrCat("reading tensor '", p.t->name, "'"));
+        }
+        failed.store(true, std::memory_order_relaxed);
+        return;
+      }
+      const uint64_t d = done.fetch_add(p.n, std::memory_order_relaxed) + p.n;
+      if (reporter && lo.progress && d < to_read) {
+        const Clock::time_point now = Clock::now();
+        if (std::chrono::duration<double>(now - last).count() >= kLoadProgressSeconds) {
+          last = now;
+          lo.progress(d, to_read);
+        }
+      }
+    }
+  };
+  std::vector<std::thread> readers;
+  for (int r = 1; r < n_threads; ++r) {
+    readers.emplace_back([&] {
+      numa::ScopedNodeBinding bind(lo.numa_node);
+      read(false);
+    });
+  }
+  read(true);
+  for (std::thread &t : readers) t.join();
+  if (failed.load()) return failure;
+  if (lo.progress) lo.progress(to_read, to_read);
   ForEachMatrix(w, [&](Matrix &m) { m.data = arena_ + placement[m.tensor] + m.sub_offset; }, routed_experts);
   // Norm vectors are small: convert them to float once.
   absl::Status status = absl::OkStatus();

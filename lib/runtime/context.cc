@@ -151,7 +151,11 @@ absl::StatusOr<std::unique_ptr<Context>> Context::Open(const ContextOptions &o) 
 #endif
   {
     numa::ScopedNodeBinding bind(gpu_node);
-    STRATA_RETURN_IF_ERROR(ctx->store_.Load(*ctx->file_, ctx->weights_, /*routed_experts=*/!streaming));
+    model::LoadOptions lo;
+    lo.n_threads = o.n_threads;
+    lo.numa_node = bind.bound() ? gpu_node : -1;
+    lo.progress = o.load_progress;
+    STRATA_RETURN_IF_ERROR(ctx->store_.Load(*ctx->file_, ctx->weights_, /*routed_experts=*/!streaming, lo));
     if (bind.bound()) ctx->numa_node_ = gpu_node;
   }
 #ifdef STRATA_HAVE_CUDA

@@ -50,6 +50,8 @@ struct ContextOptions {
   // prefill_layer_min tokens streams whole layers (layer-major); between, selected experts only.
   int prefill_token_max = 0;
   int prefill_layer_min = 0;
+  // Progress of the weights' load at open (model::LoadOptions::progress); empty = none.
+  std::function<void(uint64_t done, uint64_t total)> load_progress;
 };
 
 // Measured on the CPU backend (bench/README.md, "prefill modes"): batched selected-expert prefill
