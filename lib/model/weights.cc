@@ -9,6 +9,7 @@
 #include <cstring>
 #include <functional>
 #include <mutex>
+#include <system_error>
 #include <thread>
 
 #include "absl/container/flat_hash_map.h"
@@ -596,11 +597,16 @@ absl::Status WeightStore::Load(const ModelFile &mf, ModelWeights &w, bool routed
     }
   };
   std::vector<std::thread> readers;
+  readers.reserve(static_cast<size_t>(std::max(0, n_threads - 1)));
   for (int r = 1; r < n_threads; ++r) {
-    readers.emplace_back([&] {
-      numa::ScopedNodeBinding bind(lo.numa_node);
-      read(false);
-    });
+    try {
+      readers.emplace_back([&] {
+        numa::ScopedNodeBinding bind(lo.numa_node);
+        read(false);
+      });
+    } catch (const std::system_error &) {
+      break;  // the host gives no more threads: fewer readers
+    }
   }
   read(true);
   for (std::thread &t : readers) t.join();
