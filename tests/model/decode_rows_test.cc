@@ -19,6 +19,7 @@
 #include "lib/model/model_file.h"
 #include "lib/model/weights.h"
 #include "lib/util/status.h"
+#include "tests/model/bound_model.h"
 #include "tests/model/golden_util.h"
 
 namespace {
@@ -26,23 +27,12 @@ namespace {
 using namespace strata::model;
 using strata::testing::kGolden;
 
-struct Loaded {
-  std::unique_ptr<ModelFile> mf;
-  HParams hp;
-  ModelWeights w;
+struct Loaded : strata::testing::BoundModel {
   WeightStore store;
 };
 
 void Load(const std::string &path, Loaded *m) {
-  auto mf = ModelFile::Open(path);
-  REQUIRE(mf.ok());
-  m->mf = std::move(*mf);
-  auto hp = ReadHParams(*m->mf);
-  REQUIRE(hp.ok());
-  m->hp = *hp;
-  auto w = BindWeights(*m->mf, m->hp);
-  REQUIRE(w.ok());
-  m->w = std::move(*w);
+  strata::testing::BindModel(path, m);
   REQUIRE(m->store.Load(*m->mf, m->w).ok());
 }
 

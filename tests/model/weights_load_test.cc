@@ -14,10 +14,9 @@
 #include <vector>
 
 #include "lib/format/file.h"
-#include "lib/model/hparams.h"
-#include "lib/model/model_file.h"
 #include "lib/model/weights.h"
 #include "lib/util/status.h"
+#include "tests/model/bound_model.h"
 #include "tests/model/golden_util.h"
 
 namespace {
@@ -25,21 +24,11 @@ namespace {
 using namespace strata::model;
 using strata::testing::kGolden;
 
-struct Bound {
-  std::unique_ptr<ModelFile> mf;
-  ModelWeights w;
-};
+using Bound = strata::testing::BoundModel;
 
 Bound Bind(const std::string &path) {
   Bound b;
-  auto mf = ModelFile::Open(path);
-  REQUIRE(mf.ok());
-  b.mf = std::move(*mf);
-  auto hp = ReadHParams(*b.mf);
-  REQUIRE(hp.ok());
-  auto w = BindWeights(*b.mf, *hp);
-  REQUIRE(w.ok());
-  b.w = std::move(*w);
+  strata::testing::BindModel(path, &b);
   return b;
 }
 
