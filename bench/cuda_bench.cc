@@ -87,8 +87,7 @@ void GroupedExpertsBench(cudaStream_t s) {
   if (cudaMemset(vram.data(), 0x3c, all_bytes) != cudaSuccess) std::exit(1);
   PinnedBuffer host = Must(PinnedBuffer::Allocate(all_bytes, cudaHostAllocMapped), "mapped host alloc");
   std::memset(host.data(), 0x3c, all_bytes);
-  void *host_dev = nullptr;
-  if (cudaHostGetDevicePointer(&host_dev, host.data(), 0) != cudaSuccess) std::exit(1);
+  void *host_dev = Must(host.device<void>(), "mapped host address");
 
   // The link's copy bandwidth from page-locked memory: the ceiling for zero-copy reads.
   const size_t link_bytes = size_t{256} << 20;

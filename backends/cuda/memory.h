@@ -34,17 +34,9 @@ class DeviceBuffer {
   template <typename T>
   T *as() const { return static_cast<T *>(ptr_); }
   size_t size() const { return size_; }
-  // The device's address of a buffer allocated with cudaHostAllocMapped (kernels read and write it
-  // in place); the runtime's error otherwise.
-  template <typename T>
-  absl::StatusOr<T *> device() const {
-    STRATA_ASSIGN_OR_RETURN(void *d, DeviceAddress());
-    return static_cast<T *>(d);
-  }
   void Reset();
 
  private:
-  absl::StatusOr<void *> DeviceAddress() const;
   void *ptr_ = nullptr;
   size_t size_ = 0;
 };
@@ -60,7 +52,8 @@ class PinnedBuffer {
   PinnedBuffer &operator=(const PinnedBuffer &) = delete;
 
   // flags: cudaHostAllocDefault, cudaHostAllocPortable, cudaHostAllocWriteCombined (for buffers the
-  // host only writes and the device only reads: faster host-to-device copies).
+  // host only writes and the device only reads: faster host-to-device copies), cudaHostAllocMapped
+  // (kernels read and write it in place at device()).
   static absl::StatusOr<PinnedBuffer> Allocate(size_t bytes, unsigned flags = cudaHostAllocDefault);
 
   void *data() const { return ptr_; }

@@ -219,10 +219,10 @@ struct Placement {
     auto b = PinnedBuffer::Allocate(bytes.size(), cudaHostAllocMapped);
     REQUIRE(b.ok());
     std::memcpy(b->data(), bytes.data(), bytes.size());
-    void *dev = nullptr;
-    REQUIRE(cudaHostGetDevicePointer(&dev, b->data(), 0) == cudaSuccess);
+    auto dev = b->device<void>();
+    REQUIRE(dev.ok());
     host.push_back(std::move(b).value());
-    return dev;
+    return *dev;
   }
 
   Placement(const Experts &x, const std::vector<bool> &mapped) {
@@ -433,9 +433,9 @@ TEST_CASE("PostCpuCall and WaitCpuCall carry a call to a host thread and its ans
     return std::move(b).value();
   };
   auto dev = [](const PinnedBuffer &b) {
-    void *d = nullptr;
-    REQUIRE(cudaHostGetDevicePointer(&d, b.data(), 0) == cudaSuccess);
-    return static_cast<uint8_t *>(d);
+    auto d = b.device<uint8_t>();
+    REQUIRE(d.ok());
+    return *d;
   };
   PinnedBuffer box = mapped(256), hsel = mapped(n_tok * k * 4), hh = mapped(n_tok * 2048 * 4),
                htab = mapped(n_expert * 8), hskip = mapped(n_expert), hy = mapped(16);
@@ -642,8 +642,9 @@ TEST_CASE("StageColdExperts copies the plan's cold experts into VRAM slots, and 
   const uint64_t expert_bytes = offs[2] + align(sizes[2]);
   auto arena = PinnedBuffer::Allocate(n_expert * expert_bytes, cudaHostAllocMapped);
   REQUIRE(arena.ok());
-  void *arena_dev = nullptr;
-  REQUIRE(cudaHostGetDevicePointer(&arena_dev, arena->data(), 0) == cudaSuccess);
+  auto arena_dev_or = arena->device<uint8_t>();
+  REQUIRE(arena_dev_or.ok());
+  void *arena_dev = *arena_dev_or;
   std::vector<DeviceBuffer> vram;
   std::vector<const void *> tabs[3];
   for (int e = 0; e < n_expert; ++e) {
