@@ -220,6 +220,13 @@ inline constexpr int64_t kLogitsChunkRows = 64;
 inline int64_t LogitsRowsHeld(int64_t n_out, int64_t n_seq) {
   return n_out <= (n_seq > kLogitsChunkRows ? n_seq : kLogitsChunkRows) ? n_out : kLogitsChunkRows;
 }
+// The most LogitsRowsHeld gives a pass of at most max_tok tokens over at most max_seq sequences
+// (what a workspace sized for any such pass sets aside): a row a token up to kLogitsChunkRows, or a
+// row a sequence where that is more.
+inline int64_t MaxLogitsRowsHeld(int64_t max_tok, int64_t max_seq) {
+  const int64_t rows = max_seq > kLogitsChunkRows ? max_seq : kLogitsChunkRows;
+  return max_tok < rows ? max_tok : rows;
+}
 
 // Bytes of backend memory a forward pass over n_tok tokens of n_seq sequences with n_out rows of
 // logits needs.

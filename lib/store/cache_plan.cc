@@ -51,14 +51,13 @@ absl::StatusOr<CachePlan> MakePlan(const model::HParams &hp, const model::ModelW
   p.kv_max_blocks = static_cast<uint32_t>(
       std::min<uint64_t>(UINT32_MAX, p.kv_block_bytes ? p.kv_bytes / p.kv_block_bytes : 0));
   // Workspace: float activations of one batch (residual, norm, q/k/v/attention, router, per-slot
-  // expert outputs, expert hidden) plus the logits rows a pass holds at once: a row a token up to
-  // model::kLogitsChunkRows or a row a session, whichever is more (a batch wanting more runs its
-  // output head in chunks).
+  // expert outputs, expert hidden) plus the logits rows a pass holds at once
+  // (model::MaxLogitsRowsHeld: a batch wanting more runs its output head in chunks).
   const uint64_t T = static_cast<uint64_t>(in.max_batch_tokens);
   const uint64_t per_tok = 4ull * (4ull * hp.n_embd + 2ull * hp.q_dim() + 2ull * hp.kv_dim() + hp.n_expert +
                                    (hp.n_expert_used + 2ull) * hp.n_embd + 2ull * hp.n_ff_expert);
-  const uint64_t logits_rows = std::min<uint64_t>(
-      T, std::max<uint64_t>(static_cast<uint64_t>(model::kLogitsChunkRows), static_cast<uint64_t>(in.max_sessions)));
+  const uint64_t logits_rows = static_cast<uint64_t>(
+      model::MaxLogitsRowsHeld(static_cast<int64_t>(T), static_cast<int64_t>(in.max_sessions)));
   p.workspace_bytes = T * per_tok + logits_rows * 4ull * static_cast<uint64_t>(hp.n_vocab);
   // Running a batch can touch every expert of one layer at once.
   p.min_expert_slots = std::min<uint32_t>(p.n_routed_experts, p.n_experts_per_layer);
