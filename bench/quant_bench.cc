@@ -296,13 +296,15 @@ const ExpertPool &ExpertsFor(int64_t n_ff) {
   return *cur;
 }
 
-// args: n_ff, experts a call, threads. One token each (q8 mode, as the CPU share runs); us_at_bw is
-// a call's bytes at the measured read bandwidth: the time beyond it is the call's fixed cost (the
-// pool's two passes, quantizing the input) and any compute the memory does not hide.
+// args: n_ff, experts a call, threads, hot. One token each (q8 mode, as the CPU share runs); us_at_bw
+// is a call's bytes at the measured read bandwidth: the time beyond it is the call's fixed cost (the
+// pool's two passes, quantizing the input) and any compute the memory does not hide. hot = 1 runs the
+// same experts every call (they stay in the LLC): what the threads take with DRAM out of the way.
 void BM_ExpertsFfn(benchmark::State &state) {
   const int64_t n_ff = state.range(0);
   const int n_exp = static_cast<int>(state.range(1));
   const int n_threads = static_cast<int>(state.range(2));
+  const bool hot = state.range(3) != 0;
   const double bw = MeasuredBandwidth(n_threads);
   const ExpertPool &pool = ExpertsFor(n_ff);
   CpuBackend backend(n_threads, MatMulMode::kQ8Activations);
@@ -315,7 +317,7 @@ void BM_ExpertsFfn(benchmark::State &state) {
   std::vector<const strata::model::ExpertWeights *> ew(n_exp);
   size_t next = 0;
   auto pick = [&] {
-    for (int i = 0; i < n_exp; ++i) ew[i] = &pool.experts[next++ % pool.experts.size()];
+    for (int i = 0; i < n_exp; ++i) ew[i] = &pool.experts[hot ? i : next++ % pool.experts.size()];
   };
   pick();
   backend.ExpertsFfn(ew.data(), n_exp, first.data(), x.data(), y.data(), 2048);  // warm the pool
@@ -329,7 +331,8 @@ void BM_ExpertsFfn(benchmark::State &state) {
   state.SetBytesProcessed(static_cast<int64_t>(bytes));
   state.counters["bytes_per_call"] = static_cast<double>(bytes) / std::max<int64_t>(1, state.iterations());
   state.counters["us_at_bw"] = 1e6 * static_cast<double>(bytes) / std::max<int64_t>(1, state.iterations()) / bw;
-  state.SetLabel("Q4_K n_ff " + std::to_string(n_ff) + " x" + std::to_string(n_exp) + " t" + std::to_string(n_threads));
+  state.SetLabel("Q4_K n_ff " + std::to_string(n_ff) + " x" + std::to_string(n_exp) + " t" + std::to_string(n_threads) +
+                 (hot ? " hot" : ""));
 }
 
 void RegisterAll() {
@@ -340,16 +343,18 @@ void RegisterAll() {
   auto *mem = benchmark::RegisterBenchmark("MemRead", BM_MemRead);
   for (int th : mem_threads) mem->Arg(th);
   mem->UseRealTime()->Unit(benchmark::kMillisecond);
-  for (int64_t n_ff : {256, 768}) {
-    for (int n : {1, 2, 4}) {
-      for (int th : ExpertsThreads()) {
-        const std::string name = "ExpertsFfn/ff" + std::to_string(n_ff) + "/x" + std::to_string(n) + "/t" +
-                                 std::to_string(th);
-        benchmark::RegisterBenchmark(name.c_str(), BM_ExpertsFfn)
-            ->Args({n_ff, n, th})
-            ->UseRealTime()
-            ->Unit(benchmark::kMicrosecond)
-            ->MinTime(0.3);
+  for (int hot = 0; hot < 2; ++hot) {
+    for (int64_t n_ff : {256, 768}) {
+      for (int n : {1, 2, 4}) {
+        for (int th : ExpertsThreads()) {
+          const std::string name = std::string(hot ? "ExpertsFfnHot" : "ExpertsFfn") + "/ff" +
+                                   std::to_string(n_ff) + "/x" + std::to_string(n) + "/t" + std::to_string(th);
+          benchmark::RegisterBenchmark(name.c_str(), BM_ExpertsFfn)
+              ->Args({n_ff, n, th, hot})
+              ->UseRealTime()
+              ->Unit(benchmark::kMicrosecond)
+              ->MinTime(0.3);
+        }
       }
     }
   }
