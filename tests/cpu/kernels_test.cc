@@ -173,6 +173,18 @@ TEST_CASE("exact-mode kernels match float64 within (n/16 + 4) u sum|w x|, every 
   }
 }
 
+TEST_CASE("STRATA_CPU_ISA caps the instruction set, never raises it", "[cpu][kernels]") {
+  const Isa all[] = {Isa::kScalar, Isa::kAvx2, Isa::kAvx512};
+  for (Isa detected : all) {
+    CHECK(kernels::CapIsa(detected, nullptr) == detected);
+    CHECK(kernels::CapIsa(detected, "") == detected);
+    CHECK(kernels::CapIsa(detected, "avx512") == detected);
+    CHECK(kernels::CapIsa(detected, "fastest") == detected);
+    CHECK(kernels::CapIsa(detected, "scalar") == Isa::kScalar);
+    CHECK(kernels::CapIsa(detected, "avx2") == (detected == Isa::kScalar ? Isa::kScalar : Isa::kAvx2));
+  }
+}
+
 TEST_CASE("fused AVX2 exact kernels equal dequantize-then-dot bit for bit", "[cpu][kernels]") {
   if (kernels::BestIsa() == Isa::kScalar) return;
   // Same lanes, same FMA order, bit-identical weights: the fused kernel must equal the float32

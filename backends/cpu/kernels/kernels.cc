@@ -5,7 +5,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <string_view>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
@@ -95,6 +97,15 @@ ActFormat ActFormatOf(const Codec &codec) {
   return ActFormat::kNone;  // F32, F16, BF16: float weights gain nothing from 8-bit activations
 }
 
+Isa CapIsa(Isa detected, const char *cap) {
+  if (cap == nullptr) return detected;
+  const std::string_view c(cap);
+  Isa limit = detected;
+  if (c == "scalar") limit = Isa::kScalar;
+  if (c == "avx2") limit = Isa::kAvx2;
+  return static_cast<int>(limit) < static_cast<int>(detected) ? limit : detected;
+}
+
 Isa BestIsa() {
   static const Isa isa = [] {
 #if defined(__x86_64__) || defined(__i386__)
@@ -105,7 +116,7 @@ Isa BestIsa() {
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c) {
       const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                           __builtin_cpu_supports("avx512vl");
-      return avx512 ? Isa::kAvx512 : Isa::kAvx2;
+      return CapIsa(avx512 ? Isa::kAvx512 : Isa::kAvx2, std::getenv("STRATA_CPU_ISA"));
     }
 #endif
     return Isa::kScalar;

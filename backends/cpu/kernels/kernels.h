@@ -15,7 +15,11 @@ constexpr int kMaxTokens = 4;
 // The instruction set the kernels use; kAvx2 means AVX2 + FMA + F16C; kAvx512 the AVX2 kernels plus
 // AVX-512 (F, BW, VL) ones where written, with the same results bit for bit.
 enum class Isa { kScalar, kAvx2, kAvx512 };
-Isa BestIsa();  // what this machine supports, read once with __builtin_cpu_supports
+// What this machine supports (read once with __builtin_cpu_supports), capped by STRATA_CPU_ISA
+// ("scalar", "avx2" or "avx512": the same results bit for bit, so the knob only measures speed).
+Isa BestIsa();
+// `detected` capped by the value of STRATA_CPU_ISA (null, empty or unknown: no cap).
+Isa CapIsa(Isa detected, const char *cap);
 
 // Activation formats of the q8 mode, chosen per codec so that activation blocks line up with weight
 // blocks. Each element is x ~= d * q with d = amax(block) / 127 and q = round(x / d) in [-127, 127].
