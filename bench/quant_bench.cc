@@ -18,6 +18,7 @@
 
 #include "backends/cpu/cpu_backend.h"
 #include "lib/quant/codec.h"
+#include "lib/util/thread_pool.h"
 
 namespace {
 
@@ -134,6 +135,82 @@ void BM_MemRead(benchmark::State &state) {
   }
   state.SetBytesProcessed(state.iterations() * kBwBytes);
   state.counters["best_GBps"] = MeasuredBandwidth(n_threads) / 1e9;
+}
+
+// ---- the cores' clock under load ----
+
+// A chain of n dependent adds (one cycle each on x86 cores) on a general register (zmm = false) or
+// on a zmm register (AVX-512, where the host has it); returns the adds a nanosecond, the core's GHz.
+__attribute__((target("avx512f"))) double ClockZmm(int64_t n) {
+  __m512i v = _mm512_set1_epi32(1);
+  const __m512i one = v;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int64_t i = 0; i < n; i += 4) {
+    asm volatile("vpaddd %1, %0, %0\n\tvpaddd %1, %0, %0\n\tvpaddd %1, %0, %0\n\tvpaddd %1, %0, %0"
+                 : "+v"(v)
+                 : "v"(one));
+  }
+  const double ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
+  benchmark::DoNotOptimize(v);
+  return static_cast<double>(n) / ns;
+}
+
+// Eight independent chains of zmm additions: what bounds them is the vector ports' throughput, which
+// two hardware threads of one core would share. Returns additions a nanosecond.
+__attribute__((target("avx512f"))) double ThroughputZmm(int64_t n) {
+  __m512i v0 = _mm512_set1_epi32(1), v1 = v0, v2 = v0, v3 = v0, v4 = v0, v5 = v0, v6 = v0, v7 = v0;
+  const __m512i one = v0;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int64_t i = 0; i < n; i += 8) {
+    asm volatile(
+        "vpaddd %8, %0, %0\n\tvpaddd %8, %1, %1\n\tvpaddd %8, %2, %2\n\tvpaddd %8, %3, %3\n\t"
+        "vpaddd %8, %4, %4\n\tvpaddd %8, %5, %5\n\tvpaddd %8, %6, %6\n\tvpaddd %8, %7, %7"
+        : "+v"(v0), "+v"(v1), "+v"(v2), "+v"(v3), "+v"(v4), "+v"(v5), "+v"(v6), "+v"(v7)
+        : "v"(one));
+  }
+  const double ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
+  benchmark::DoNotOptimize(v0);
+  benchmark::DoNotOptimize(v7);
+  return static_cast<double>(n) / ns;
+}
+
+double ClockGpr(int64_t n) {
+  uint64_t x = 0;
+  const uint64_t one = 1;  // a register operand: some cores fold additions of immediates at rename
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int64_t i = 0; i < n; i += 4) {
+    asm volatile("add %1, %0\n\tadd %1, %0\n\tadd %1, %0\n\tadd %1, %0" : "+r"(x) : "r"(one));
+  }
+  const double ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
+  benchmark::DoNotOptimize(x);
+  return static_cast<double>(n) / ns;
+}
+
+// args: threads, mode (0: one chain of general-register adds, 1: one chain of zmm adds, 2: eight
+// independent zmm chains). Every thread runs its own at once; "GHz" is their mean rate in adds a
+// nanosecond: for a chain, the clock (lower with more cores busy, if it were); for mode 2, the vector
+// ports' rate a thread (lower if threads shared cores).
+void BM_CoreClock(benchmark::State &state) {
+  const int n_threads = static_cast<int>(state.range(0));
+  const int mode = static_cast<int>(state.range(1));
+  const bool zmm = mode != 0;
+  if (zmm && !__builtin_cpu_supports("avx512f")) {
+    state.SkipWithError("no AVX-512");
+    return;
+  }
+  constexpr int64_t kAdds = int64_t{1} << 28;
+  double ghz = 0;
+  for (auto _ : state) {
+    std::vector<double> rate(static_cast<size_t>(n_threads));
+    std::vector<std::thread> th;
+    for (int i = 0; i < n_threads; ++i) {
+      th.emplace_back([&, i] { rate[i] = mode == 2 ? ThroughputZmm(4 * kAdds) : zmm ? ClockZmm(kAdds) : ClockGpr(kAdds); });
+    }
+    for (auto &t : th) t.join();
+    ghz = 0;
+    for (double r : rate) ghz += r / n_threads;
+  }
+  state.counters["GHz"] = ghz;
 }
 
 // ---- weights ----
@@ -335,6 +412,43 @@ void BM_ExpertsFfn(benchmark::State &state) {
                  (hot ? " hot" : ""));
 }
 
+// args: n_ff, experts a call, threads, hot. The bytes of BM_ExpertsFfn's call read by the same kind
+// of pool in the same two passes (the experts' gate and up rows, then their down rows, in chunks
+// of rows), summed instead of multiplied: what the job's reads and barriers cost without its
+// arithmetic.
+void BM_PoolRead(benchmark::State &state) {
+  const int64_t n_ff = state.range(0);
+  const int n_exp = static_cast<int>(state.range(1));
+  const int n_threads = static_cast<int>(state.range(2));
+  const bool hot = state.range(3) != 0;
+  const ExpertPool &pool = ExpertsFor(n_ff);
+  strata::ThreadPool threads(n_threads, 10 * strata::ThreadPool::kSpinIterations);
+  std::vector<const strata::model::ExpertWeights *> ew(n_exp);
+  size_t next = 0;
+  std::vector<uint64_t> sink(static_cast<size_t>(8 * n_threads));
+  auto read = [&](bool gate_up) {
+    const strata::model::Matrix &m0 = gate_up ? ew[0]->gate : ew[0]->down;
+    const int64_t rows = gate_up ? 2 * m0.rows : m0.rows, rb = static_cast<int64_t>(m0.row_bytes);
+    threads.ParallelFor(n_exp * rows, std::max<int64_t>(1, 16384 / m0.cols), [&](int64_t b, int64_t e, int t) {
+      while (b < e) {  // gate and up lie back to back in an expert, so a chunk's rows of one expert do too
+        const int64_t x = b / rows, r = b % rows, k = std::min(e - b, rows - r);
+        const strata::model::Matrix &m = gate_up ? ew[x]->gate : ew[x]->down;
+        sink[8 * t] += Sum(m.data + r * rb, k * rb / 128 * 128);
+        b += k;
+      }
+    });
+  };
+  uint64_t bytes = 0;
+  for (auto _ : state) {
+    for (int i = 0; i < n_exp; ++i) ew[i] = &pool.experts[hot ? i : next++ % pool.experts.size()];
+    read(true);
+    read(false);
+    for (const auto *e : ew) bytes += e->nbytes();
+  }
+  benchmark::DoNotOptimize(sink.data());
+  state.SetBytesProcessed(static_cast<int64_t>(bytes));
+}
+
 void RegisterAll() {
   std::vector<int> mem_threads = ExpertsThreads();
   for (int th = 1; th <= kMaxThreads; ++th) mem_threads.push_back(th);
@@ -343,10 +457,22 @@ void RegisterAll() {
   auto *mem = benchmark::RegisterBenchmark("MemRead", BM_MemRead);
   for (int th : mem_threads) mem->Arg(th);
   mem->UseRealTime()->Unit(benchmark::kMillisecond);
+  auto *clock = benchmark::RegisterBenchmark("CoreClock", BM_CoreClock);
+  for (int mode = 0; mode < 3; ++mode) {
+    for (int th : mem_threads) clock->Args({th, mode});
+  }
+  clock->UseRealTime()->Unit(benchmark::kMillisecond)->Iterations(3);
   for (int hot = 0; hot < 2; ++hot) {
     for (int64_t n_ff : {256, 768}) {
       for (int n : {1, 2, 4}) {
         for (int th : ExpertsThreads()) {
+          const std::string read_name = std::string(hot ? "PoolReadHot" : "PoolRead") + "/ff" +
+                                        std::to_string(n_ff) + "/x" + std::to_string(n) + "/t" + std::to_string(th);
+          benchmark::RegisterBenchmark(read_name.c_str(), BM_PoolRead)
+              ->Args({n_ff, n, th, hot})
+              ->UseRealTime()
+              ->Unit(benchmark::kMicrosecond)
+              ->MinTime(0.3);
           const std::string name = std::string(hot ? "ExpertsFfnHot" : "ExpertsFfn") + "/ff" +
                                    std::to_string(n_ff) + "/x" + std::to_string(n) + "/t" + std::to_string(th);
           benchmark::RegisterBenchmark(name.c_str(), BM_ExpertsFfn)
