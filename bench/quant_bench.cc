@@ -14,6 +14,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "backends/cpu/cpu_backend.h"
@@ -466,20 +467,16 @@ void RegisterAll() {
     for (int64_t n_ff : {256, 768}) {
       for (int n : {1, 2, 4}) {
         for (int th : ExpertsThreads()) {
-          const std::string read_name = std::string(hot ? "PoolReadHot" : "PoolRead") + "/ff" +
-                                        std::to_string(n_ff) + "/x" + std::to_string(n) + "/t" + std::to_string(th);
-          benchmark::RegisterBenchmark(read_name.c_str(), BM_PoolRead)
-              ->Args({n_ff, n, th, hot})
-              ->UseRealTime()
-              ->Unit(benchmark::kMicrosecond)
-              ->MinTime(0.3);
-          const std::string name = std::string(hot ? "ExpertsFfnHot" : "ExpertsFfn") + "/ff" +
-                                   std::to_string(n_ff) + "/x" + std::to_string(n) + "/t" + std::to_string(th);
-          benchmark::RegisterBenchmark(name.c_str(), BM_ExpertsFfn)
-              ->Args({n_ff, n, th, hot})
-              ->UseRealTime()
-              ->Unit(benchmark::kMicrosecond)
-              ->MinTime(0.3);
+          const std::string args = "/ff" + std::to_string(n_ff) + "/x" + std::to_string(n) + "/t" + std::to_string(th);
+          const std::pair<const char *, void (*)(benchmark::State &)> kinds[] = {
+              {hot ? "PoolReadHot" : "PoolRead", BM_PoolRead}, {hot ? "ExpertsFfnHot" : "ExpertsFfn", BM_ExpertsFfn}};
+          for (const auto &[kind, fn] : kinds) {
+            benchmark::RegisterBenchmark((kind + args).c_str(), fn)
+                ->Args({n_ff, n, th, hot})
+                ->UseRealTime()
+                ->Unit(benchmark::kMicrosecond)
+                ->MinTime(0.3);
+          }
         }
       }
     }
