@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "backends/cpu/cpu_backend.h"
+#include "backends/cpu/kernels/kernels.h"
 #include "lib/quant/codec.h"
 #include "lib/util/thread_pool.h"
 
@@ -450,6 +451,83 @@ void BM_PoolRead(benchmark::State &state) {
   state.SetBytesProcessed(static_cast<int64_t>(bytes));
 }
 
+// args: n_ff, experts a call, threads, hot. BM_ExpertsFfn's two passes of row dots (the gate and up
+// rows, then the down rows; one token, q8 mode, the same kernels and chunks) without its serial
+// parts, each thread timing its chunks: "busy" is the threads' summed time in chunks over threads x
+// the passes' time, "start_us" when a thread took its first chunk of a pass (mean), "ns_block" a
+// thread's time a 256-weight block while busy. Low busy with a late start: the pool; high busy with
+// slow blocks: the cores.
+void BM_PoolDot(benchmark::State &state) {
+  using Clock = std::chrono::steady_clock;
+  namespace kn = strata::cpu::kernels;
+  const int64_t n_ff = state.range(0);
+  const int n_exp = static_cast<int>(state.range(1));
+  const int n_threads = static_cast<int>(state.range(2));
+  const bool hot = state.range(3) != 0;
+  const ExpertPool &pool = ExpertsFor(n_ff);
+  const Codec &codec = *pool.experts[0].gate.codec;
+  const kn::RowKernels k = kn::FindRowKernels(codec, kn::BestIsa());
+  strata::ThreadPool threads(n_threads, 10 * strata::ThreadPool::kSpinIterations);
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> x(2048), hx(static_cast<size_t>(n_ff));
+  for (auto &v : x) v = normal(rng);
+  for (auto &v : hx) v = normal(rng);
+  std::vector<uint8_t> xq(static_cast<size_t>(kn::ActRowBytes(k.act, 2048))),
+      hq(static_cast<size_t>(kn::ActRowBytes(k.act, n_ff)));
+  kn::QuantizeActivations(k.act, x.data(), 2048, xq.data());
+  kn::QuantizeActivations(k.act, hx.data(), n_ff, hq.data());
+  std::vector<float> y(static_cast<size_t>(n_exp * std::max<int64_t>(2 * n_ff, 2048)));
+  std::vector<const strata::model::ExpertWeights *> ew(n_exp);
+  struct alignas(64) PerThread {
+    double busy_ns = 0, first_ns = -1;
+    int64_t blocks = 0;
+  };
+  std::vector<PerThread> per(static_cast<size_t>(n_threads));
+  double busy = 0, wall = 0, start = 0, blocks_ns = 0;
+  int64_t starts = 0, blocks = 0;
+  size_t next = 0;
+  auto pass = [&](bool gate_up) {
+    const strata::model::Matrix &m0 = gate_up ? ew[0]->gate : ew[0]->down;
+    const int64_t rows = gate_up ? 2 * m0.rows : m0.rows, nb = m0.cols / 256;
+    for (auto &p : per) p = PerThread{};
+    const auto t0 = Clock::now();
+    threads.ParallelFor(n_exp * rows, std::max<int64_t>(1, 16384 / m0.cols), [&](int64_t b, int64_t e, int t) {
+      const auto c0 = Clock::now();
+      for (int64_t i = b; i < e; ++i) {
+        const int64_t xi = i / rows, r = i % rows;
+        const strata::model::Matrix &m = !gate_up ? ew[xi]->down : r < m0.rows ? ew[xi]->gate : ew[xi]->up;
+        k.dot_q8(codec, m.row(gate_up ? r % m0.rows : r), gate_up ? xq.data() : hq.data(), 0, 1, m.cols, &y[i]);
+      }
+      const auto c1 = Clock::now();
+      PerThread &p = per[t];
+      if (p.first_ns < 0) p.first_ns = std::chrono::duration<double, std::nano>(c0 - t0).count();
+      p.busy_ns += std::chrono::duration<double, std::nano>(c1 - c0).count();
+      p.blocks += (e - b) * nb;
+    });
+    const double w = std::chrono::duration<double, std::nano>(Clock::now() - t0).count();
+    wall += w;
+    for (const auto &p : per) {
+      busy += p.busy_ns;
+      blocks_ns += p.busy_ns;
+      blocks += p.blocks;
+      if (p.first_ns >= 0) {
+        start += p.first_ns;
+        ++starts;
+      }
+    }
+  };
+  for (auto _ : state) {
+    for (int i = 0; i < n_exp; ++i) ew[i] = &pool.experts[hot ? i : next++ % pool.experts.size()];
+    pass(true);
+    pass(false);
+  }
+  benchmark::DoNotOptimize(y.data());
+  state.counters["busy"] = busy / (static_cast<double>(n_threads) * wall);
+  state.counters["start_us"] = starts > 0 ? start / static_cast<double>(starts) / 1e3 : 0;
+  state.counters["ns_block"] = blocks > 0 ? blocks_ns / static_cast<double>(blocks) : 0;
+}
+
 void RegisterAll() {
   std::vector<int> mem_threads = ExpertsThreads();
   for (int th = 1; th <= kMaxThreads; ++th) mem_threads.push_back(th);
@@ -469,7 +547,9 @@ void RegisterAll() {
         for (int th : ExpertsThreads()) {
           const std::string args = "/ff" + std::to_string(n_ff) + "/x" + std::to_string(n) + "/t" + std::to_string(th);
           const std::pair<const char *, void (*)(benchmark::State &)> kinds[] = {
-              {hot ? "PoolReadHot" : "PoolRead", BM_PoolRead}, {hot ? "ExpertsFfnHot" : "ExpertsFfn", BM_ExpertsFfn}};
+              {hot ? "PoolReadHot" : "PoolRead", BM_PoolRead},
+              {hot ? "PoolDotHot" : "PoolDot", BM_PoolDot},
+              {hot ? "ExpertsFfnHot" : "ExpertsFfn", BM_ExpertsFfn}};
           for (const auto &[kind, fn] : kinds) {
             benchmark::RegisterBenchmark((kind + args).c_str(), fn)
                 ->Args({n_ff, n, th, hot})
