@@ -91,6 +91,9 @@ class ThreadPool {
   // min_chunk (STRATA_POOL_CHUNKS=N sets N chunks a thread instead: a measuring knob); thread_index
   // (in [0, size())) is the thread running that chunk.
   void ParallelFor(int64_t n, int64_t min_chunk, const std::function<void(int64_t, int64_t, int)> &fn);
+  // Times a worker took the pool's mutex to go to sleep (its spin ran out with no call): a worker
+  // that sees a call while spinning goes straight to the chunks.
+  uint64_t sleep_checks() const { return sleep_checks_.load(std::memory_order_relaxed); }
 
   // Pauses a waiting thread spins before it sleeps.
   static constexpr int kSpinIterations = 2000;
@@ -121,7 +124,8 @@ class ThreadPool {
   std::atomic<int> done_{0};
   std::atomic<uint64_t> generation_{0};
   int sleepers_ = 0;  // workers waiting on cv_work_ (under mu_)
-  bool stop_ = false; // under mu_
+  std::atomic<bool> stop_{false};
+  std::atomic<uint64_t> sleep_checks_{0};  // set under mu_, before the generation that wakes the workers
   std::mutex call_mu_;  // one ParallelFor at a time
 };
 
