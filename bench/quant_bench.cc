@@ -528,6 +528,24 @@ void BM_PoolDot(benchmark::State &state) {
   state.counters["ns_block"] = blocks > 0 ? blocks_ns / static_cast<double>(blocks) : 0;
 }
 
+// args: elements, format (0: 256-element blocks, 1: 32). One token's activations quantized for the
+// q8 mode: serial in a CPU expert job (its input, then each expert's SwiGLU output).
+void BM_Quantize(benchmark::State &state) {
+  namespace kn = strata::cpu::kernels;
+  const int64_t n = state.range(0);
+  const kn::ActFormat f = state.range(1) == 0 ? kn::ActFormat::kQ8Block256 : kn::ActFormat::kQ8Block32;
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> x(static_cast<size_t>(n));
+  for (auto &v : x) v = normal(rng);
+  std::vector<uint8_t> q(static_cast<size_t>(kn::ActRowBytes(f, n)));
+  for (auto _ : state) {
+    kn::QuantizeActivations(f, x.data(), n, q.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetItemsProcessed(state.iterations() * n);
+}
+
 void RegisterAll() {
   std::vector<int> mem_threads = ExpertsThreads();
   for (int th = 1; th <= kMaxThreads; ++th) mem_threads.push_back(th);
@@ -541,6 +559,11 @@ void RegisterAll() {
     for (int th : mem_threads) clock->Args({th, mode});
   }
   clock->UseRealTime()->Unit(benchmark::kMillisecond)->Iterations(3);
+  benchmark::RegisterBenchmark("Quantize", BM_Quantize)
+      ->Args({2048, 0})
+      ->Args({768, 0})
+      ->Args({2048, 1})
+      ->Unit(benchmark::kMicrosecond);
   for (int hot = 0; hot < 2; ++hot) {
     for (int64_t n_ff : {256, 768}) {
       for (int n : {1, 2, 4}) {

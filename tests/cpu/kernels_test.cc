@@ -3,6 +3,8 @@
 // bit, and so do results under 1 and 2 threads.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -324,6 +326,62 @@ TEST_CASE("activation quantization: codes, scales and partial sums", "[cpu][kern
   kernels::QuantizeActivations(ActFormat::kQ8Block32, zeros.data(), 32, &z);
   CHECK(z.d == 0.0f);
   CHECK(z.sum == 0);
+}
+
+TEST_CASE("activation quantization rounds like nearbyint, ties to even, on every block", "[cpu][kernels]") {
+  // The reference: the formula of kernels.h with the C library's rounding, element by element.
+  auto reference = [](const float *x, int len, int8_t *q) {
+    float amax = 0.0f;
+    for (int j = 0; j < len; ++j) amax = std::max(amax, std::fabs(x[j]));
+    if (amax == 0.0f) {
+      std::fill(q, q + len, int8_t{0});
+      return 0.0f;
+    }
+    const float id = 127.0f / amax;
+    for (int j = 0; j < len; ++j) {
+      const float r = std::nearbyint(x[j] * id);
+      q[j] = static_cast<int8_t>(std::clamp(static_cast<int>(r), -127, 127));
+    }
+    return amax / 127.0f;
+  };
+  std::mt19937 rng(std::random_device{}());
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_real_distribution<float> log_scale(-6.0f, 6.0f);
+  for (int trial = 0; trial < 400; ++trial) {
+    std::vector<float> x(512);
+    const float scale = std::exp(log_scale(rng));
+    for (auto &v : x) v = normal(rng) * scale;
+    if (trial % 4 == 1) {
+      // Exact ties: the block's amax is 127, so x * 127 / amax is x itself, and k + 0.5 must go to
+      // the even neighbour.
+      for (size_t j = 0; j < x.size(); ++j) {
+        x[j] = static_cast<float>(static_cast<int>(rng() % 253) - 126) + 0.5f * static_cast<float>(rng() % 2);
+      }
+      x[0] = 127.0f;
+      x[256] = -127.0f;
+    }
+    if (trial % 4 == 2) std::fill(x.begin() + 256, x.end(), 0.0f);  // an all-zero second block
+    if (trial % 4 == 3) {
+      std::fill(x.begin(), x.end(), 0.0f);
+      x[rng() % 512] = -scale;  // one element, the block's (negative) maximum
+    }
+    for (ActFormat f : {ActFormat::kQ8Block32, ActFormat::kQ8Block256}) {
+      const int block = f == ActFormat::kQ8Block32 ? 32 : 256;
+      std::vector<uint8_t> a(static_cast<size_t>(kernels::ActRowBytes(f, 512)), 0xA5);
+      kernels::QuantizeActivations(f, x.data(), 512, a.data());
+      for (int b = 0; b < 512 / block; ++b) {
+        int8_t want[256];
+        const float d = reference(x.data() + b * block, block, want);
+        const int8_t *got = f == ActFormat::kQ8Block32 ? reinterpret_cast<const ActBlock32 *>(a.data())[b].q
+                                                       : reinterpret_cast<const ActBlock256 *>(a.data())[b].q;
+        const float got_d = f == ActFormat::kQ8Block32 ? reinterpret_cast<const ActBlock32 *>(a.data())[b].d
+                                                       : reinterpret_cast<const ActBlock256 *>(a.data())[b].d;
+        INFO("trial " << trial << ", block " << b << " of " << block);
+        REQUIRE(got_d == d);
+        REQUIRE(std::equal(want, want + block, got));
+      }
+    }
+  }
 }
 
 // ---- MatMul ----

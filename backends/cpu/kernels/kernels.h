@@ -48,8 +48,9 @@ ActFormat ActFormatOf(const quant::Codec &codec);
 
 // Bytes of one token's quantized activations of n elements (n a multiple of the block).
 int64_t ActRowBytes(ActFormat f, int64_t n);
-// Quantizes one token's n activations into dst (ActRowBytes bytes). Plain scalar code, so the
-// quantized activations are the same on every machine. Non-finite inputs give unspecified codes.
+// Quantizes one token's n activations into dst (ActRowBytes bytes). The same IEEE operations on
+// every machine (four at a time with SSE2, one at a time without), so the quantized activations are
+// the same everywhere. Non-finite inputs give unspecified codes.
 void QuantizeActivations(ActFormat f, const float *x, int64_t n, void *dst);
 
 // Exact mode: out[t] = sum_i w_i * x[t * x_stride + i] for t < n_tok (1..kMaxTokens), where w_i is
