@@ -290,11 +290,19 @@ void CpuBackend::ExpertsFfn(const model::ExpertWeights *const *ew, int n, const 
   if (ffn_times_ != nullptr) t1 = Clock::now();
   RunOps(gate_up);
   if (ffn_times_ != nullptr) t2 = Clock::now();
-  for (size_t i = 0; i < m; ++i) {
-    const model::ExpertWeights &e = *ew[fused[i]];
-    const int64_t nt = ops[3 * i].n_tok;
-    GateUpActivation(e, h.data() + h_at[i], h.data() + h_at[i] + nt * e.gate.rows, nt, e.gate.rows, false);
-  }
+  // The SwiGLU of every expert's units in one parallel loop: each unit on its own (the same bits
+  // whatever the split), where one thread took ~5 us an expert.
+  std::vector<int64_t> act_at(m + 1, 0);
+  for (size_t i = 0; i < m; ++i) act_at[i + 1] = act_at[i] + static_cast<int64_t>(h_at[i + 1] - h_at[i]) / 2;
+  pool_.ParallelFor(act_at[m], 128, [&](int64_t b, int64_t end, int) {
+    for (size_t i = PartOf(act_at, b); b < end; ++i) {
+      const model::ExpertWeights &e = *ew[fused[i]];
+      const int64_t stop = std::min(end, act_at[i + 1]), units = act_at[i + 1] - act_at[i];
+      float *g = h.data() + h_at[i];
+      GateUpActivationRange(e, g, g + units, e.gate.rows, b - act_at[i], stop - act_at[i], false);
+      b = stop;
+    }
+  });
   if (ffn_times_ != nullptr) t3 = Clock::now();
   RunOps(down);
   for (size_t i = 0; i < m; ++i) AddDownBias(*ew[fused[i]], ops[3 * i + 2].y, ops[3 * i].n_tok, width);
@@ -449,24 +457,23 @@ void CpuBackend::ExpertFfn(const model::ExpertWeights &e, const float *x, int64_
 // already did: silu(g) * u, or gpt-oss's clamped form.
 void CpuBackend::GateUpActivation(const model::ExpertWeights &e, float *g, float *u, int64_t n_tok, int64_t n_ff,
                                   bool biases_added) {
-  if (!biases_added) {
-    for (int64_t t = 0; t < n_tok; ++t) {
-      for (int64_t f = 0; f < n_ff; ++f) {
-        if (e.gate_bias.tensor != nullptr) g[t * n_ff + f] += e.gate_bias.values[f];
-        if (e.up_bias.tensor != nullptr) u[t * n_ff + f] += e.up_bias.values[f];
-      }
-    }
-  }
+  GateUpActivationRange(e, g, u, n_ff, 0, n_tok * n_ff, biases_added);
+}
+
+void CpuBackend::GateUpActivationRange(const model::ExpertWeights &e, float *g, const float *u, int64_t n_ff,
+                                       int64_t i0, int64_t i1, bool biases_added) {
+  const bool gb = !biases_added && e.gate_bias.tensor != nullptr, ub = !biases_added && e.up_bias.tensor != nullptr;
   const float limit = e.swiglu_limit;
-  for (int64_t i = 0; i < n_tok * n_ff; ++i) {
+  for (int64_t i = i0; i < i1; ++i) {
+    const float gi = gb ? g[i] + e.gate_bias.values[i % n_ff] : g[i];
+    const float ui = ub ? u[i] + e.up_bias.values[i % n_ff] : u[i];
     if (limit > 0.f) {
       // gpt-oss: gate clamped above, up clamped both ways, sigmoid(1.702 g), (up + 1)
-      const float a = std::min(g[i], limit);
-      const float b = std::min(std::max(u[i], -limit), limit);
+      const float a = std::min(gi, limit);
+      const float b = std::min(std::max(ui, -limit), limit);
       g[i] = (b + 1.0f) * (a / (1.0f + std::exp(-1.702f * a)));
     } else {
-      const float a = g[i];
-      g[i] = (a / (1.0f + std::exp(-a))) * u[i];
+      g[i] = (gi / (1.0f + std::exp(-gi))) * ui;
     }
   }
 }
