@@ -206,7 +206,9 @@ void BM_CoreClock(benchmark::State &state) {
     std::vector<double> rate(static_cast<size_t>(n_threads));
     std::vector<std::thread> th;
     for (int i = 0; i < n_threads; ++i) {
-      th.emplace_back([&, i] { rate[i] = mode == 2 ? ThroughputZmm(4 * kAdds) : zmm ? ClockZmm(kAdds) : ClockGpr(kAdds); });
+      th.emplace_back([&, i] {
+        rate[i] = mode == 2 ? ThroughputZmm(4 * kAdds) : zmm ? ClockZmm(kAdds) : ClockGpr(kAdds);
+      });
     }
     for (auto &t : th) t.join();
     ghz = 0;
@@ -484,7 +486,7 @@ void BM_PoolDot(benchmark::State &state) {
     int64_t blocks = 0;
   };
   std::vector<PerThread> per(static_cast<size_t>(n_threads));
-  double busy = 0, wall = 0, start = 0, blocks_ns = 0;
+  double busy = 0, wall = 0, start = 0;
   int64_t starts = 0, blocks = 0;
   size_t next = 0;
   auto pass = [&](bool gate_up) {
@@ -509,7 +511,6 @@ void BM_PoolDot(benchmark::State &state) {
     wall += w;
     for (const auto &p : per) {
       busy += p.busy_ns;
-      blocks_ns += p.busy_ns;
       blocks += p.blocks;
       if (p.first_ns >= 0) {
         start += p.first_ns;
@@ -525,7 +526,7 @@ void BM_PoolDot(benchmark::State &state) {
   benchmark::DoNotOptimize(y.data());
   state.counters["busy"] = busy / (static_cast<double>(n_threads) * wall);
   state.counters["start_us"] = starts > 0 ? start / static_cast<double>(starts) / 1e3 : 0;
-  state.counters["ns_block"] = blocks > 0 ? blocks_ns / static_cast<double>(blocks) : 0;
+  state.counters["ns_block"] = blocks > 0 ? busy / static_cast<double>(blocks) : 0;
 }
 
 // args: elements, format (0: 256-element blocks, 1: 32). One token's activations quantized for the

@@ -299,7 +299,7 @@ void CpuBackend::ExpertsFfn(const model::ExpertWeights *const *ew, int n, const 
       const model::ExpertWeights &e = *ew[fused[i]];
       const int64_t stop = std::min(end, act_at[i + 1]), units = act_at[i + 1] - act_at[i];
       float *g = h.data() + h_at[i];
-      GateUpActivationRange(e, g, g + units, e.gate.rows, b - act_at[i], stop - act_at[i], false);
+      GateUpActivation(e, g, g + units, e.gate.rows, b - act_at[i], stop - act_at[i], false);
       b = stop;
     }
   });
@@ -443,7 +443,7 @@ void CpuBackend::ExpertFfn(const model::ExpertWeights &e, const float *x, int64_
     MatMul(e.gate, x, n_tok, g.data());
     MatMul(e.up, x, n_tok, u.data());
   }
-  GateUpActivation(e, g.data(), u.data(), n_tok, n_ff, e.input_major);
+  GateUpActivation(e, g.data(), u.data(), n_ff, 0, n_tok * n_ff, e.input_major);
   if (e.input_major) {
     std::vector<float> row(n_embd);
     MatMulInputMajor(e.down, g.data(), n_tok, y, row.data());
@@ -453,15 +453,11 @@ void CpuBackend::ExpertFfn(const model::ExpertWeights &e, const float *x, int64_
   AddDownBias(e, y, n_tok, n_embd);
 }
 
-// g (n_tok, n_ff) = act(gate + gate bias, up + up bias), the biases added here unless the caller
-// already did: silu(g) * u, or gpt-oss's clamped form.
-void CpuBackend::GateUpActivation(const model::ExpertWeights &e, float *g, float *u, int64_t n_tok, int64_t n_ff,
-                                  bool biases_added) {
-  GateUpActivationRange(e, g, u, n_ff, 0, n_tok * n_ff, biases_added);
-}
-
-void CpuBackend::GateUpActivationRange(const model::ExpertWeights &e, float *g, const float *u, int64_t n_ff,
-                                       int64_t i0, int64_t i1, bool biases_added) {
+// Units [i0, i1) of g (n_tok, n_ff) = act(gate + gate bias, up + up bias), the biases added here
+// unless the caller already did: silu(g) * u, or gpt-oss's clamped form. Each unit on its own, so
+// any split of the units gives the same bits.
+void CpuBackend::GateUpActivation(const model::ExpertWeights &e, float *g, const float *u, int64_t n_ff,
+                                  int64_t i0, int64_t i1, bool biases_added) {
   const bool gb = !biases_added && e.gate_bias.tensor != nullptr, ub = !biases_added && e.up_bias.tensor != nullptr;
   const float limit = e.swiglu_limit;
   for (int64_t i = i0; i < i1; ++i) {

@@ -93,11 +93,9 @@ class CpuBackend final : public model::Backend {
   static void PlaceActivations(const std::vector<MatOp *> &ops, std::vector<uint8_t> *store);
   void RunOps(const std::vector<MatOp *> &ops);
   static void RunRow(const MatOp &op, int64_t r);  // output row r for every token
-  static void GateUpActivation(const model::ExpertWeights &e, float *g, float *u, int64_t n_tok, int64_t n_ff,
-                               bool biases_added);
-  // Elements [i0, i1) of GateUpActivation's n_tok x n_ff outputs (u left as it is): each element on its own.
-  static void GateUpActivationRange(const model::ExpertWeights &e, float *g, const float *u, int64_t n_ff, int64_t i0,
-                                    int64_t i1, bool biases_added);
+  // Units [i0, i1) of the n_tok x n_ff gate (g) and up (u) outputs into g: see the definition.
+  static void GateUpActivation(const model::ExpertWeights &e, float *g, const float *u, int64_t n_ff, int64_t i0,
+                               int64_t i1, bool biases_added);
   static void AddDownBias(const model::ExpertWeights &e, float *y, int64_t n_tok, int64_t n_embd);
 
   ThreadPool pool_;

@@ -558,9 +558,9 @@ absl::Status WeightStore::Load(const ModelFile &mf, ModelWeights &w, bool routed
     to_read += t->nbytes;
   }
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  const int n_threads = static_cast<int>(std::min<size_t>(
-      {static_cast<size_t>(std::min(lo.n_threads > 0 ? lo.n_threads : cores, kMaxLoadThreads)), pieces.size(),
-       size_t{kMaxLoadThreads}}));
+  const int n_threads = static_cast<int>(
+      std::min<size_t>(static_cast<size_t>(std::min(lo.n_threads > 0 ? lo.n_threads : cores, kMaxLoadThreads)),
+                       pieces.size()));
   std::atomic<size_t> next{0};
   std::atomic<uint64_t> done{0};
   std::atomic<bool> failed{false};

@@ -124,8 +124,8 @@ class ThreadPool {
   std::atomic<int> done_{0};
   std::atomic<uint64_t> generation_{0};
   int sleepers_ = 0;  // workers waiting on cv_work_ (under mu_)
-  std::atomic<bool> stop_{false};
-  std::atomic<uint64_t> sleep_checks_{0};  // set under mu_, before the generation that wakes the workers
+  std::atomic<bool> stop_{false};  // set under mu_, before the generation that wakes the workers
+  std::atomic<uint64_t> sleep_checks_{0};
   std::mutex call_mu_;  // one ParallelFor at a time
 };
 
