@@ -186,7 +186,23 @@ def run_llama(lib_dir, model, n_cpu_moe, prefill, decode, threads):
             "decode_step_ms": [round(x, 3) for x in step_ms], "n_cpu_moe": n_cpu_moe}
 
 
+def run_llama_apart(lib_dir, model, n_cpu_moe, prefill, decode, threads):
+    """run_llama in a process of its own: llama.cpp's CUDA libraries never share a process with
+    torch's (measured on the H200: llama.cpp 0.3.36 loaded after torch's bandwidth probe crashed
+    the whole run), and a crash of the peer leaves the Strata figures standing."""
+    args = json.dumps([lib_dir, model, n_cpu_moe, prefill, decode, threads])
+    p = subprocess.run([sys.executable, os.path.abspath(__file__), "--llama-child", args], capture_output=True,
+                       text=True)
+    if p.returncode != 0:
+        tail = " | ".join(p.stderr.strip().splitlines()[-3:])
+        raise RuntimeError(f"llama.cpp exited with status {p.returncode}: {tail}")
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
 def main():
+    if len(sys.argv) == 3 and sys.argv[1] == "--llama-child":
+        print(json.dumps(run_llama(*json.loads(sys.argv[2]))), flush=True)
+        return 0
     ap = argparse.ArgumentParser()
     ap.add_argument("--strata", required=True)
     ap.add_argument("--model", required=True)
@@ -240,7 +256,7 @@ def main():
         if not a.skip_llama:
             n_cpu = n_layer - min(n_layer, run["vram_expert_slots"] // n_expert)
             try:
-                run["llama"] = run_llama(a.llama_lib, a.model, n_cpu, a.prefill, a.decode, a.threads)
+                run["llama"] = run_llama_apart(a.llama_lib, a.model, n_cpu, a.prefill, a.decode, a.threads)
             except Exception as e:  # report and go on: the Strata figures stand on their own
                 run["llama_error"] = str(e)
         res["runs"].append(run)
