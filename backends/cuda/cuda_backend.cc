@@ -202,9 +202,15 @@ void CudaBackend::UpdatePaths(int64_t n_tok) {
     }();
     const bool hybrid = !beside && std::any_of(tables_.begin(), tables_.end(),
                                                [](const LayerTable &t) { return t.ok && t.hybrid; });
+    // STRATA_CUDA_COPIES_MIN_COLD=X: the cold experts a call from which a layer takes the copy
+    // engines (default 1; it keeps them down to half of that). A measuring knob.
+    static const double min_cold = [] {
+      const char *e = std::getenv("STRATA_CUDA_COPIES_MIN_COLD");
+      return e != nullptr && *e != '\0' ? std::max(0.0, std::atof(e)) : 1.0;
+    }();
     for (LayerTable &t : tables_) {
       if (!t.ok || !t.stage) continue;
-      const bool on = !hybrid && t.cold_avg >= (t.copies ? 0.5 : 1.0);
+      const bool on = !hybrid && t.cold_avg >= (t.copies ? 0.5 : 1.0) * min_cold;
       if (on != t.copies) {
         t.copies = on;
         changed = true;
