@@ -6,6 +6,7 @@
 #include <cuda_profiler_api.h>
 
 #include <algorithm>
+#include <chrono>
 #include <atomic>
 #include <cmath>
 #include <cstdio>
@@ -100,6 +101,7 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const model::Mo
   }
   STRATA_RETURN_IF_ERROR(be->Adopt(w, arena, arena_bytes, expert_vram_bytes, n_min_slots));
   STRATA_RETURN_IF_ERROR(be->BuildTables(w));
+  STRATA_RETURN_IF_ERROR(be->WarmUpBlas());
   const bool any_table =
       std::any_of(be->tables_.begin(), be->tables_.end(), [](const LayerTable &t) { return t.ok; });
   if (cpu.mode != CpuExpertMode::kOff && !be->slots_.empty() && be->arena_dev_ != nullptr && any_table) {
@@ -122,6 +124,19 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const model::Mo
     }
   }
   return be;
+}
+
+absl::Status CudaBackend::WarmUpBlas() {
+  // cuBLASLt sets itself up at its first product (~60 ms on the H200), which would otherwise land in
+  // the first prompt's first layer (its float32 router): one small product here, at open.
+  constexpr int64_t kRows = 64, kCols = 64, kTok = 32;
+  STRATA_ASSIGN_OR_RETURN(DeviceBuffer w, DeviceBuffer::Allocate((kRows + kTok) * kCols * sizeof(float) +
+                                                                 kRows * kTok * sizeof(float)));
+  float *wf = w.as<float>(), *x = wf + kRows * kCols, *y = x + kTok * kCols;
+  STRATA_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(wf, 0, (kRows + kTok) * kCols * sizeof(float), stream_.get()));
+  STRATA_ASSIGN_OR_RETURN(void *ws, Grow(mm_ws_, Blas::kLtWorkspaceBytes));
+  STRATA_RETURN_IF_ERROR(blas_.Sgemm(wf, kRows, kCols, x, kTok, y, Workspace{ws, mm_ws_.size()}, stream_.get()));
+  return stream_.Synchronize();
 }
 
 absl::Status CudaBackend::StartCpuExperts(const model::ModelWeights &w, const CpuExpertOptions &cpu,
@@ -465,7 +480,125 @@ absl::StatusOr<CudaBackend::Slot *> CudaBackend::SlotFor(const model::ExpertWeig
   return &sl;
 }
 
-int CudaBackend::PromptVictim(int layer) const {
+namespace {
+
+// STRATA_CUDA_PROMPT_TRACE=1: where a prompt's layers spend their time, the streams drained at each
+// mark (a measuring knob).
+bool PromptTrace() {
+  static const bool on = [] {
+    const char *e = std::getenv("STRATA_CUDA_PROMPT_TRACE");
+    return e != nullptr && e[0] == '1';
+  }();
+  return on;
+}
+
+}  // namespace
+
+absl::Status CudaBackend::CopyBatch(const std::vector<PendingCopy> &copies) {
+  const size_t n = copies.size();
+  std::vector<void *> dsts(n);
+  std::vector<const void *> srcs(n);
+  std::vector<size_t> sizes(n);
+  for (size_t i = 0; i < n; ++i) {
+    dsts[i] = copies[i].dst;
+    srcs[i] = copies[i].src;
+    sizes[i] = copies[i].bytes;
+  }
+#if CUDART_VERSION >= 12080
+  if (batch_copies_ && n > 0) {
+    cudaMemcpyAttributes a{};
+    a.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+    size_t at = 0;
+    if (cudaMemcpyBatchAsync(dsts.data(), srcs.data(), sizes.data(), n, &a, &at, 1, copy_stream_.get()) ==
+        cudaSuccess) {
+      return absl::OkStatus();
+    }
+    (void)cudaGetLastError();  // a driver refusing the batch: one copy at a time from now on
+    batch_copies_ = false;
+  }
+#endif
+  for (size_t i = 0; i < n; ++i) STRATA_RETURN_IF_ERROR(CopyAsync(dsts[i], srcs[i], sizes[i], copy_stream_.get()));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::SlotsFor(const std::vector<const model::ExpertWeights *> &ew, size_t c0, size_t c1,
+                                   std::vector<Slot *> *slots) {
+  STRATA_RETURN_IF_ERROR(HostRoundTrip("experts fetched into slots"));
+  slots->assign(c1 - c0, nullptr);
+  std::vector<char> taken(slots_.size(), 0);
+  std::vector<std::pair<size_t, int>> fills;  // (expert of the chunk, its victim)
+  for (size_t i = c0; i < c1; ++i) {
+    const model::ExpertWeights &e = *ew[i];
+    if (e.gate.data == nullptr || regions_.count(e.gate.data) != 0) continue;
+    auto hit = slot_of_.find(e.gate.data);
+    if (hit != slot_of_.end()) {
+      Slot &sl = slots_[hit->second];
+      sl.last_use = ++use_clock_;
+      taken[hit->second] = 1;
+      if (!sl.in_table) STRATA_RETURN_IF_ERROR(stream_.Wait(sl.fill.get()));  // a promotion still in flight
+      (*slots)[i - c0] = &sl;
+      continue;
+    }
+    auto id = expert_id_.find(e.gate.data);
+    if (id == expert_id_.end()) return Errorf(MOE_ERR_INTERNAL, "%s is not a routed expert", e.gate.name);
+    const int v = PromptVictim(id->second.first, &taken);
+    if (v < 0 || taken[v]) return Errorf(MOE_ERR_INTERNAL, "no free slot for %s", e.gate.name);
+    taken[v] = 1;
+    fills.emplace_back(i, v);
+  }
+  // The tables change in the host's mirror and reach the device in one upload a layer, after the
+  // copies (nothing queued between reads them; a tiny upload a table entry cost the stream ~10 us each).
+  defer_tables_ = true;
+  absl::Status st = [&]() -> absl::Status {
+    for (const auto &[i, v] : fills) STRATA_RETURN_IF_ERROR(Evict(v));
+    // The direct fills' copies go in one batched call (the driver spreads it over its copy engines;
+    // 0.84 MiB copies one by one lose their per-copy overhead), as the copier's do.
+    static const bool batch = [] {
+      const char *e = std::getenv("STRATA_COLD_COPIES_BATCH");
+      return e == nullptr || e[0] != '0';
+    }();
+    std::vector<PendingCopy> copies;
+    if (batch) fill_sink_ = &copies;
+    absl::Status fs = absl::OkStatus();
+    for (const auto &[i, v] : fills) {
+      const auto &id = expert_id_.at(ew[i]->gate.data);
+      fs = Fill(v, *ew[i], id.first, id.second);
+      if (!fs.ok()) break;
+    }
+    fill_sink_ = nullptr;
+    const auto c0t = std::chrono::steady_clock::now();
+    if (!copies.empty()) {
+      STRATA_RETURN_IF_ERROR(CopyBatch(copies));
+      // Every fill's event after the batch (a staged fill's again: later on the same stream).
+      for (const auto &[i, v] : fills) STRATA_RETURN_IF_ERROR(slots_[v].fill.Record(copy_stream_.get()));
+    }
+    STRATA_RETURN_IF_ERROR(fs);
+    if (PromptTrace()) {
+      (void)copy_stream_.Synchronize();
+      uint64_t bytes = 0;
+      for (const PendingCopy &c : copies) bytes += c.bytes;
+      const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - c0t).count();
+      std::fprintf(stderr, "prompt experts: %zu fills, %zu batched copies of %.1f MiB in %.1f us (%.1f GB/s)\n",
+                   fills.size(), copies.size(), bytes / 1048576.0, us, us > 0 ? bytes / us * 1e-3 : 0.0);
+    }
+    for (const auto &[i, v] : fills) {
+      Slot &sl = slots_[v];
+      STRATA_RETURN_IF_ERROR(stream_.Wait(sl.fill.get()));  // the computation waits for the copy
+      const model::ExpertWeights &e = *ew[i];
+      const Region &g = in_slots_[e.gate.data], &u = in_slots_[e.up.data], &d = in_slots_[e.down.data];
+      SetTable(sl.layer, sl.expert, g.dev, u.dev, d.dev);
+      sl.in_table = true;
+      (*slots)[i - c0] = &sl;
+    }
+    return absl::OkStatus();
+  }();
+  defer_tables_ = false;
+  FlushTables();
+  STRATA_RETURN_IF_ERROR(st);
+  return TakeError();
+}
+
+int CudaBackend::PromptVictim(int layer, const std::vector<char> *taken) const {
   // An empty slot, else the coldest by route hotness (the least recently used among equals), so
   // that a prompt leaves the slots holding about the experts the re-plan after it wants: with
   // least-recently-used alone it left the last layers' experts, and the re-plan's copies held the
@@ -476,6 +609,7 @@ int CudaBackend::PromptVictim(int layer) const {
   int v = -1;
   uint32_t v_heat = 0;
   for (int i = 0; i < static_cast<int>(slots_.size()) && !prompt_lru_; ++i) {
+    if (taken != nullptr && (*taken)[i]) continue;
     const Slot &sl = slots_[i];
     if (sl.key == nullptr) return i;
     if (sl.layer == layer) continue;
@@ -488,9 +622,10 @@ int CudaBackend::PromptVictim(int layer) const {
   }
   if (v >= 0) return v;
   // Every slot holds an expert of this layer (fewer slots than its experts in a call), or lru.
-  v = 0;
-  for (int i = 1; i < static_cast<int>(slots_.size()); ++i) {
-    if (slots_[i].last_use < slots_[v].last_use) v = i;
+  v = -1;
+  for (int i = 0; i < static_cast<int>(slots_.size()); ++i) {
+    if (taken != nullptr && (*taken)[i]) continue;
+    if (v < 0 || slots_[i].last_use < slots_[v].last_use) v = i;
   }
   return v;
 }
@@ -531,7 +666,11 @@ absl::Status CudaBackend::Fill(int v, const model::ExpertWeights &e, int l, int 
     STRATA_RETURN_IF_ERROR(AfterLastUse(sl));
     for (const model::Matrix *m : {&e.gate, &e.up, &e.down}) {
       if (m->tensor == nullptr || m->data == nullptr) continue;
-      STRATA_RETURN_IF_ERROR(CopyAsync(dev + off, m->data, m->nbytes(), copy_stream_.get()));
+      if (fill_sink_ != nullptr) {  // SlotsFor issues the chunk's copies in one call, then records the fill
+        fill_sink_->push_back({dev + off, m->data, m->nbytes()});
+      } else {
+        STRATA_RETURN_IF_ERROR(CopyAsync(dev + off, m->data, m->nbytes(), copy_stream_.get()));
+      }
       in_slots_[m->data] = Region{m->nbytes(), m->row_bytes, m->cols, false, dev + off};
       sl.parts.push_back(m->data);
       off += Align(m->nbytes());
@@ -555,7 +694,7 @@ absl::Status CudaBackend::Fill(int v, const model::ExpertWeights &e, int l, int 
     STRATA_RETURN_IF_ERROR(CopyAsync(dev, stage, off, copy_stream_.get()));
     STRATA_RETURN_IF_ERROR(staged_[si].Record(copy_stream_.get()));
   }
-  STRATA_RETURN_IF_ERROR(sl.fill.Record(copy_stream_.get()));
+  if (fill_sink_ == nullptr || !direct) STRATA_RETURN_IF_ERROR(sl.fill.Record(copy_stream_.get()));
   sl.key = e.gate.data;
   sl.layer = l;
   sl.expert = x;
@@ -572,9 +711,27 @@ void CudaBackend::SetTable(int l, int x, const void *gate, const void *up, const
   const LayerTable &t = tables_[l];
   auto **tab = tab_dev_.as<const void *>() + t.tab_off;
   const int n = t.ge.n_expert;
+  const void **mirror = tab_host_.data() + t.tab_off;
+  mirror[x] = gate;
+  mirror[n + x] = up;
+  mirror[2 * n + x] = down;
+  if (defer_tables_) {
+    table_dirty_[l] = 1;
+    return;
+  }
   Upload(&tab[x], &gate, sizeof gate);
   Upload(&tab[n + x], &up, sizeof up);
   Upload(&tab[2 * n + x], &down, sizeof down);
+}
+
+void CudaBackend::FlushTables() {
+  for (size_t l = 0; l < table_dirty_.size(); ++l) {
+    if (!table_dirty_[l]) continue;
+    table_dirty_[l] = 0;
+    const LayerTable &t = tables_[l];
+    Upload(tab_dev_.as<const void *>() + t.tab_off, tab_host_.data() + t.tab_off,
+           3 * static_cast<size_t>(t.ge.n_expert) * sizeof(void *));
+  }
 }
 
 void CudaBackend::HostTable(int l, int x) {
@@ -752,6 +909,7 @@ void CudaBackend::GatherRows(const float *src, int64_t width, const int32_t *idx
 void CudaBackend::WeightedRowSum(const float *rows, const int32_t *idx, const float *wts, int64_t n_tok, int k,
                                  int64_t width, float *out) {
   Profile prof(this, "WeightedRowSum");
+  host_batch_rows_ = 0;  // the layer's experts are done
   if (err_.ok()) Note(cuda::WeightedRowSum(rows, idx, wts, n_tok, k, width, out, stream_.get()));
 }
 
@@ -787,11 +945,22 @@ void CudaBackend::Route(const model::RouteParams &p, const float *logits, int64_
 
 absl::StatusOr<bool> CudaBackend::MatMulQ8(const DeviceMatrix &w, const float *x, int64_t n_tok, float *y) {
   const Q8Act f = Q8ActFor(w.type);
-  if (!q8_ || f == Q8Act::kNone || Blas::Choose(n_tok, Blas::Path::kAuto) != Blas::Path::kGemv) return false;
-  if (!Q8RowsAligned(w)) return false;
-  STRATA_ASSIGN_OR_RETURN(void *xq, Grow(q8_x_, static_cast<size_t>(n_tok * Q8ActRowBytes(f, w.cols))));
-  STRATA_RETURN_IF_ERROR(QuantizeActivationsQ8(f, x, n_tok, w.cols, xq, stream_.get()));
-  STRATA_RETURN_IF_ERROR(GemvQ8(w, xq, n_tok, y, stream_.get()));
+  if (!q8_ || f == Q8Act::kNone || !Q8RowsAligned(w)) return false;
+  // Past the GEMV path's batch (a prompt) on the tensor cores in one launch (PromptGemvQ8), where the
+  // GEMVs would read the weights every 16 tokens and cuBLASLt would take a dequantized copy.
+  const bool gemv = Blas::Choose(n_tok, Blas::Path::kAuto) == Blas::Path::kGemv;
+  const int64_t rb = Q8ActRowBytes(f, w.cols);
+  constexpr int64_t kPiece = 16384;  // rows a quantizing launch takes (at most 65,535)
+  STRATA_ASSIGN_OR_RETURN(void *xq, Grow(q8_x_, static_cast<size_t>(std::min(n_tok, kPiece) * rb)));
+  for (int64_t t0 = 0; t0 < n_tok; t0 += kPiece) {
+    const int64_t n = std::min(kPiece, n_tok - t0);
+    STRATA_RETURN_IF_ERROR(QuantizeActivationsQ8(f, x + t0 * w.cols, n, w.cols, xq, stream_.get()));
+    if (gemv) {
+      STRATA_RETURN_IF_ERROR(GemvQ8(w, xq, n, y + t0 * w.rows, stream_.get()));
+    } else {
+      STRATA_RETURN_IF_ERROR(PromptGemvQ8(w, xq, n, y + t0 * w.rows, stream_.get()));
+    }
+  }
   return true;
 }
 
@@ -841,7 +1010,20 @@ void CudaBackend::MatMul(const model::Matrix &w, const float *x, int64_t n_tok, 
   Profile prof(this, "MatMul");
   if (!err_.ok() || n_tok <= 0 || w.rows <= 0) return;
   auto dm = Resolve(w);
+  const bool timed = PromptTrace() && n_tok > Blas::kGemvBatchTokens;  // each product of a prompt timed
+  std::chrono::steady_clock::time_point t0;
+  if (timed) {
+    (void)stream_.Synchronize();
+    t0 = std::chrono::steady_clock::now();
+  }
   if (Note(dm.status())) Note(MatMulDevice(*dm, x, n_tok, y, w.codec->id));
+  if (timed) {
+    (void)stream_.Synchronize();
+    std::fprintf(stderr, "prompt matmul: %s (%lld x %lld, %s) x %lld tokens: %.1f us\n", w.name.c_str(),
+                 static_cast<long long>(w.rows), static_cast<long long>(w.cols),
+                 std::string(quant::TypeName(static_cast<uint32_t>(w.codec->id))).c_str(), static_cast<long long>(n_tok),
+                 std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+  }
 }
 
 void CudaBackend::MatMulInputMajor(const model::Matrix &w, const float *x, int64_t n_tok, float *y) {
@@ -1056,6 +1238,195 @@ absl::Status CudaBackend::ExpertFfnImpl(const model::ExpertWeights &e, const flo
 void CudaBackend::ExpertFfn(const model::ExpertWeights &e, const float *x, int64_t n_tok, float *y) {
   Profile prof(this, "ExpertFfn");
   if (!err_.ok() || n_tok <= 0) return;
+  if (host_batch_rows_ > kDeviceRouteMaxRows && PromptEligible(e)) {  // a late expert of a prompt's layer
+    Note(PromptExperts({&e}, {0}, {n_tok}, x, y));
+    return;
+  }
+  ExpertFfnOne(e, x, n_tok, y);
+}
+
+void CudaBackend::ExpertsFfn(const model::ExpertWeights *const *ew, int n, const int64_t *first, const float *xg,
+                             float *yg, int64_t width) {
+  Profile prof(this, "ExpertsFfn");
+  if (!err_.ok() || n <= 0) return;
+  host_batch_rows_ = first[n] - first[0];
+  if (host_batch_rows_ <= kDeviceRouteMaxRows) {
+    for (int u = 0; u < n; ++u) {
+      if (ew[u] != nullptr) ExpertFfnOne(*ew[u], xg + first[u] * width, first[u + 1] - first[u], yg + first[u] * width);
+    }
+    return;
+  }
+  // Experts of one codec pair go together (a packed file may mix codecs within a layer).
+  std::map<std::pair<int, int>, std::vector<int>> by_codec;
+  for (int u = 0; u < n; ++u) {
+    if (ew[u] == nullptr || first[u + 1] <= first[u]) continue;
+    if (!PromptEligible(*ew[u])) {
+      ExpertFfnOne(*ew[u], xg + first[u] * width, first[u + 1] - first[u], yg + first[u] * width);
+      continue;
+    }
+    by_codec[{static_cast<int>(ew[u]->gate.codec->id), static_cast<int>(ew[u]->down.codec->id)}].push_back(u);
+  }
+  for (const auto &[codecs, us] : by_codec) {
+    std::vector<const model::ExpertWeights *> es;
+    std::vector<int64_t> r0, r1;
+    for (int u : us) {
+      es.push_back(ew[u]);
+      r0.push_back(first[u]);
+      r1.push_back(first[u + 1]);
+    }
+    if (!Note(PromptExperts(es, r0, r1, xg, yg))) return;
+  }
+}
+
+bool CudaBackend::PromptEligible(const model::ExpertWeights &e) const {
+  if (!q8_ || e.input_major || e.swiglu_limit != 0.f || e.gate.tensor == nullptr || e.up.tensor == nullptr ||
+      e.down.tensor == nullptr) {
+    return false;
+  }
+  if (e.gate_bias.tensor != nullptr || e.up_bias.tensor != nullptr || e.down_bias.tensor != nullptr) return false;
+  const quant::TypeId g = e.gate.codec->id;
+  return g == e.up.codec->id && Q8ActFor(g) != Q8Act::kNone && !NeedsConversion(e.gate) &&
+         !NeedsConversion(e.up) && e.gate.rows == e.up.rows && e.gate.cols == e.up.cols &&
+         e.gate.row_bytes == e.up.row_bytes && e.down.cols == e.gate.rows;
+}
+
+absl::Status CudaBackend::PromptExperts(const std::vector<const model::ExpertWeights *> &ew,
+                                        const std::vector<int64_t> &row0, const std::vector<int64_t> &row1,
+                                        const float *xg, float *yg) {
+  if (ew.empty()) return absl::OkStatus();
+  const model::ExpertWeights &e0 = *ew[0];
+  const int64_t d = e0.gate.cols, n_ff = e0.gate.rows;
+  const quant::TypeId tg = e0.gate.codec->id, td = e0.down.codec->id;
+  const Q8Act fg = Q8ActFor(tg), fd = NeedsConversion(e0.down) ? Q8Act::kNone : Q8ActFor(td);
+  // Rows [lo, hi) of xg and yg hold every group.
+  const int64_t lo = *std::min_element(row0.begin(), row0.end()), hi = *std::max_element(row1.begin(), row1.end());
+  const int64_t rows = hi - lo;
+  const int64_t xb = Q8ActRowBytes(fg, d), hb = fd != Q8Act::kNone ? Q8ActRowBytes(fd, n_ff) : 0;
+  cudaStream_t s = stream_.get();
+  STRATA_ASSIGN_OR_RETURN(void *xq, Grow(prompt_xq_, static_cast<size_t>(rows * xb)));
+  STRATA_ASSIGN_OR_RETURN(void *hv, Grow(prompt_h_, static_cast<size_t>(rows * n_ff) * sizeof(float)));
+  void *hq = nullptr;
+  if (hb > 0) {
+    STRATA_ASSIGN_OR_RETURN(hq, Grow(prompt_hq_, static_cast<size_t>(rows * hb)));
+  }
+  float *h = static_cast<float *>(hv);
+  for (int64_t r = 0; r < rows; r += 16384) {  // at most 65,535 rows a quantizing launch
+    const int64_t n = std::min<int64_t>(16384, rows - r);
+    STRATA_RETURN_IF_ERROR(QuantizeActivationsQ8(fg, xg + (lo + r) * d, n, d, static_cast<uint8_t *>(xq) + r * xb, s));
+  }
+  // In the tier a chunk holds at most as many experts as there are slots, so no expert of a chunk
+  // takes the slot of another before their products ran.
+  const size_t chunk = slots_.empty() ? ew.size() : slots_.size();
+  const bool trace = PromptTrace();
+  using Clock = std::chrono::steady_clock;
+  const auto mark = [&](Clock::time_point *t) {
+    if (trace) {
+      (void)stream_.Synchronize();
+      (void)copy_stream_.Synchronize();
+      *t = Clock::now();
+    }
+  };
+  Clock::time_point t0, t1, t2, t3;
+  mark(&t0);
+  t1 = t0;
+  for (size_t c0 = 0; c0 < ew.size(); c0 += chunk) {
+    const size_t c1 = std::min(ew.size(), c0 + chunk);
+    const int m = static_cast<int>(c1 - c0);
+    std::vector<Slot *> slot;
+    if (!slots_.empty()) {
+      const auto h0 = Clock::now();
+      STRATA_RETURN_IF_ERROR(SlotsFor(ew, c0, c1, &slot));
+      if (trace) {
+        const auto h1 = Clock::now();
+        mark(&t1);
+        std::fprintf(stderr, "prompt experts: %zu experts, slots: host %.1f us, copies done %.1f us later\n",
+                     c1 - c0, std::chrono::duration<double, std::micro>(h1 - h0).count(),
+                     std::chrono::duration<double, std::micro>(t1 - h1).count());
+      }
+    } else {
+      slot.assign(m, nullptr);
+    }
+    // span (2 m int64) | gate (m) | up (m) | down (m) pointers
+    std::vector<uint64_t> tab(5 * static_cast<size_t>(m));
+    DeviceMatrix gs{}, ds{};
+    std::vector<DeviceMatrix> downs(m);
+    for (int i = 0; i < m; ++i) {
+      const model::ExpertWeights &e = *ew[c0 + i];
+      STRATA_ASSIGN_OR_RETURN(DeviceMatrix g, Resolve(e.gate));
+      STRATA_ASSIGN_OR_RETURN(DeviceMatrix u, Resolve(e.up));
+      STRATA_ASSIGN_OR_RETURN(downs[i], Resolve(e.down));
+      if (i == 0) {
+        gs = g;
+        ds = downs[0];
+      }
+      const DeviceMatrix &dn = downs[i];
+      if (g.type != gs.type || u.type != gs.type || g.rows != gs.rows || g.cols != gs.cols ||
+          g.row_bytes != gs.row_bytes || u.rows != gs.rows || u.cols != gs.cols || u.row_bytes != gs.row_bytes ||
+          dn.type != ds.type || dn.rows != ds.rows || dn.cols != ds.cols || dn.row_bytes != ds.row_bytes ||
+          !CheckMatrix(g).ok() || !CheckMatrix(u).ok() || !Q8RowsAligned(g) || !Q8RowsAligned(u)) {
+        return Errorf(MOE_ERR_INTERNAL, "prompt experts: %s does not match the layer's first expert", e.gate.name);
+      }
+      tab[2 * i] = static_cast<uint64_t>(row0[c0 + i] - lo);
+      tab[2 * i + 1] = static_cast<uint64_t>(row1[c0 + i] - lo);
+      tab[2 * m + i] = reinterpret_cast<uintptr_t>(g.data);
+      tab[3 * m + i] = reinterpret_cast<uintptr_t>(u.data);
+      tab[4 * m + i] = reinterpret_cast<uintptr_t>(dn.data);
+    }
+    STRATA_ASSIGN_OR_RETURN(void *dt, Grow(prompt_tab_, tab.size() * sizeof(uint64_t)));
+    Upload(dt, tab.data(), tab.size() * sizeof(uint64_t));
+    STRATA_RETURN_IF_ERROR(TakeError());
+    const auto *dtab = static_cast<const uint64_t *>(dt);
+    PromptGroups pg;
+    pg.span = reinterpret_cast<const int64_t *>(dtab);
+    pg.w0 = reinterpret_cast<const void *const *>(dtab + 2 * m);
+    pg.w1 = reinterpret_cast<const void *const *>(dtab + 3 * m);
+    pg.m = m;
+    STRATA_RETURN_IF_ERROR(PromptMmaQ8(pg, gs, xq, h, s));
+    mark(&t2);
+    const bool down_q8 = hb > 0 && CheckMatrix(ds).ok() && Q8RowsAligned(ds);
+    if (down_q8) {
+      // The SwiGLU rows quantized for the down products, a run of adjacent groups at a time.
+      for (int i = 0; i < m;) {
+        int j = i + 1;
+        while (j < m && row0[c0 + j] == row1[c0 + j - 1]) ++j;
+        for (int64_t a = row0[c0 + i] - lo, b = row1[c0 + j - 1] - lo; a < b; a += 16384) {
+          const int64_t n = std::min<int64_t>(16384, b - a);
+          STRATA_RETURN_IF_ERROR(QuantizeActivationsQ8(fd, h + a * n_ff, n, n_ff, static_cast<uint8_t *>(hq) + a * hb, s));
+        }
+        i = j;
+      }
+      PromptGroups pd;
+      pd.span = pg.span;
+      pd.w0 = reinterpret_cast<const void *const *>(dtab + 4 * m);
+      pd.m = m;
+      STRATA_RETURN_IF_ERROR(PromptMmaQ8(pd, ds, hq, yg + lo * d, s));
+    } else {
+      for (int i = 0; i < m; ++i) {
+        const int64_t a = row0[c0 + i], b = row1[c0 + i];
+        STRATA_RETURN_IF_ERROR(MatMulDevice(downs[i], h + (a - lo) * n_ff, b - a, yg + a * d, td));
+      }
+    }
+    mark(&t3);
+    if (trace) {
+      std::fprintf(stderr, "prompt experts: %d experts, %lld rows: gate/up %.1f us, down %.1f us\n", m,
+                   static_cast<long long>(rows), std::chrono::duration<double, std::micro>(t2 - t1).count(),
+                   std::chrono::duration<double, std::micro>(t3 - t2).count());
+    }
+    for (int i = 0; i < m; ++i) {
+      if (slot[i] == nullptr) continue;
+      STRATA_RETURN_IF_ERROR(slot[i]->used.Record(s));
+      // A batch on the host path (a prompt) counts into the route hotness the next step plans from.
+      LayerTable &t = tables_[slot[i]->layer];
+      if (t.ok && slot[i]->expert < static_cast<int>(t.heat.size())) {
+        t.heat[slot[i]->expert] += static_cast<uint32_t>(std::min<int64_t>(row1[c0 + i] - row0[c0 + i], 1 << 20));
+        replan_ = true;
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+void CudaBackend::ExpertFfnOne(const model::ExpertWeights &e, const float *x, int64_t n_tok, float *y) {
   // A routed expert of the VRAM tier: bring it into a slot, compute, mark the slot read.
   Slot *slot = nullptr;
   if (!slots_.empty() && e.gate.data != nullptr && regions_.count(e.gate.data) == 0) {
@@ -1200,6 +1571,8 @@ absl::Status CudaBackend::BuildTables(const model::ModelWeights &w) {
   if (host.empty()) return absl::OkStatus();
   STRATA_ASSIGN_OR_RETURN(tab_dev_, DeviceBuffer::Allocate(host.size() * sizeof(void *)));
   STRATA_CUDA_RETURN_IF_ERROR(cudaMemcpy(tab_dev_.data(), host.data(), host.size() * sizeof(void *), cudaMemcpyHostToDevice));
+  tab_host_ = host;
+  table_dirty_.assign(tables_.size(), 0);
   int n_expert_max = 0;
   for (LayerTable &t : tables_) {
     if (!t.ok) continue;

@@ -103,6 +103,10 @@ class CudaBackend final : public model::Backend {
   void Attention(const float *q, const model::KvView &kv, int64_t n_tok, int pos0, int n_head, int n_head_kv,
                  int head_dim, int window, float *out, const model::AttentionParams &p) override;
   void ExpertFfn(const model::ExpertWeights &e, const float *x, int64_t n_tok, float *y) override;
+  // A batch past kDeviceRouteMaxRows rows (a prompt) with 8-bit activations: the experts of a layer
+  // in a few launches on the tensor cores (PromptMmaQ8), not a chain of products each.
+  void ExpertsFfn(const model::ExpertWeights *const *ew, int n, const int64_t *first, const float *xg, float *yg,
+                  int64_t width) override;
   bool RoutedExperts(const model::RoutedExpertsArgs &a) override;
   void WriteKvRows(const model::KvRowRef *rows, const model::KvRowRef *rows_host, int64_t n, const float *k,
                    const float *v, int k_width, int v_width) override;
@@ -114,7 +118,8 @@ class CudaBackend final : public model::Backend {
   model::DeviceTierStats tier_stats() const override;
 
   // Largest batch (tokens x experts per token) RoutedExperts takes; larger ones (prefill) use the
-  // host path, whose products switch to cuBLASLt GEMMs.
+  // host path: with 8-bit activations its experts and dense products run on the tensor cores a
+  // layer's experts in a few launches (ExpertsFfn, PromptGemvQ8), else cuBLASLt GEMMs per product.
   static constexpr int64_t kDeviceRouteMaxRows = 512;
 
   // Bytes of VRAM the weights took at creation (expert slots included).
@@ -191,7 +196,23 @@ class CudaBackend final : public model::Backend {
   // After host-path batches (a prompt) added to the route hotness: the hottest experts of every
   // device-table layer take the slots (filled on the copy stream, entering the tables as they land).
   absl::Status Replan();
-  int PromptVictim(int layer) const;  // the slot an expert fetched in a prompt takes
+  // The slot an expert fetched in a prompt takes; slots flagged in `taken` (optional) are passed over.
+  int PromptVictim(int layer, const std::vector<char> *taken = nullptr) const;
+  // SlotFor over the tier experts of a prompt's chunk (at most the slots' count), the fills queued
+  // back to back: every victim is evicted before any fill, so the host's wait for the victims' last
+  // use does not wait for the chunk's own copies. (*slots)[i] is null for an expert outside the tier.
+  struct PendingCopy {
+    void *dst;
+    const void *src;
+    size_t bytes;
+  };
+  // The copies on the copy stream in one cudaMemcpyBatchAsync where the driver takes it, else one by one.
+  absl::Status WarmUpBlas();  // cuBLASLt's first product, at open
+  absl::Status CopyBatch(const std::vector<PendingCopy> &copies);
+  std::vector<PendingCopy> *fill_sink_ = nullptr;  // Fill's direct copies go here instead (SlotsFor)
+  bool batch_copies_ = true;
+  absl::Status SlotsFor(const std::vector<const model::ExpertWeights *> &ew, size_t c0, size_t c1,
+                        std::vector<Slot *> *slots);
   // Before layer l's RoutedExperts: finished promotions enter the tables; the last call's selections
   // update hotness and may start promotions.
   absl::Status UpdateTier(int l);
@@ -201,6 +222,19 @@ class CudaBackend final : public model::Backend {
   // host_type: the codec of the matrix in the file (w is float32 when converted), for 8-bit activations.
   absl::Status MatMulDevice(const DeviceMatrix &w, const float *x, int64_t n_tok, float *y, quant::TypeId host_type);
   absl::Status ExpertFfnImpl(const model::ExpertWeights &e, const float *x, int64_t n_tok, float *y);
+  // ExpertFfn's work for one expert: its slot in the tier when it has one, the products, the slot's
+  // use and hotness.
+  void ExpertFfnOne(const model::ExpertWeights &e, const float *x, int64_t n_tok, float *y);
+  // Whether a routed expert of a prompt-sized batch goes through PromptExperts: 8-bit activations,
+  // gate and up of one codec with integer dots, no biases, clamp or input-major layout. By codec and
+  // layout alone, so every budget and tier sends an expert the same way.
+  bool PromptEligible(const model::ExpertWeights &e) const;
+  // Experts ew[u] (all eligible and non-null) over grouped rows [first[u], first[u + 1]) of xg (d
+  // wide) into yg: in the tier, each brought into its slot first, in chunks of at most the slots'
+  // count; then gate and up with SwiGLU in one launch, the rows quantized, and the down products in
+  // one launch where its codec has integer dots (else each by MatMulDevice).
+  absl::Status PromptExperts(const std::vector<const model::ExpertWeights *> &ew, const std::vector<int64_t> &row0,
+                             const std::vector<int64_t> &row1, const float *xg, float *yg);
   // The shape and family options of an attention call over kKvBlockTokens blocks (where the keys are
   // and which positions attend are the caller's to set).
   absl::StatusOr<AttentionExtArgs> AttentionArgs(int n_head, int n_head_kv, int head_dim, int k_width, int v_width,
@@ -289,6 +323,10 @@ class CudaBackend final : public model::Backend {
   std::vector<LayerTable> tables_;
   int first_table_layer_ = -1;                       // the first layer with a device table
   DeviceBuffer tab_dev_, plan_buf_, grouped_ws_, attn_ws_;
+  std::vector<const void *> tab_host_;  // what tab_dev_ holds (or will, once a deferred flush ran)
+  bool defer_tables_ = false;           // SetTable marks the layer instead of uploading (SlotsFor)
+  std::vector<char> table_dirty_;       // per layer: its entries changed since the last FlushTables
+  void FlushTables();                   // one upload of each marked layer's table
   const uint8_t *arena_dev_ = nullptr;               // the arena's device address when mapped
   PinnedBuffer hist_;                                // (n_layer, kDeviceRouteMaxRows) last selections
   std::vector<int> pending_fills_;                   // slots filled but not yet in their table
@@ -335,6 +373,10 @@ class CudaBackend final : public model::Backend {
   // rounded to the same grid (q8_r_), as the CPU's generic q8 dot does.
   bool q8_ = false;
   DeviceBuffer q8_x_, q8_h_, q8_r_;
+  // The rows of the host path's batch in the layer now computing (set by ExpertsFfn, cleared by
+  // WeightedRowSum): experts that arrive after ExpertsFfn take the same products.
+  int64_t host_batch_rows_ = 0;
+  DeviceBuffer prompt_xq_, prompt_h_, prompt_hq_, prompt_tab_;
   // y = w · x through GemvQ8 when the product takes the GEMV path and w's codec has one; false when
   // it does not apply (the caller runs the float product).
   absl::StatusOr<bool> MatMulQ8(const DeviceMatrix &w, const float *x, int64_t n_tok, float *y);

@@ -608,6 +608,127 @@ void LaunchTensorQ8(quant::TypeId type, const ManyArgs &a, int n, int64_t max_ro
   }
 }
 
+// ---- Prompt-sized expert groups on the tensor cores ------------------------------------------------
+// A prompt gives each expert of a layer tens of tokens (512 tokens of 8 selections over 128 experts:
+// ~32 a group). PromptMmaKernel runs every group of a layer in one launch: block (b, y) takes rows
+// 16 b .. 16 b + 15 of the matrices of groups y, y + gridDim.y, ..., and walks a group's grouped rows
+// in chunks of up to 32 tokens with MmaKernel's operations (the weight rows stay in L1 and L2 across
+// chunks), so every (row, token) result has GemvQ8's tensor-core bits.
+
+// The chunk's tokens (n <= 8 kTiles) of matrix rows (wa, wb) = the lane's two rows: acc as MmaKernel's.
+template <class C, int kTiles>
+__device__ __forceinline__ void PromptTile(const uint8_t *wa, const uint8_t *wb, int64_t cols, const uint8_t *xq,
+                                           int64_t xq_bytes, int n, int warp, int g, int c,
+                                           float (&acc)[kTiles][4]) {
+  TileX<kTiles> x;
+#pragma unroll
+  for (int i = 0; i < kTiles; ++i) {
+    x.codes[i] = RowOf(xq, xq_bytes, cols, C::kBlock, min(8 * i + g, n - 1)).q;
+    x.cols[i][0] = RowOf(xq, xq_bytes, cols, C::kBlock, min(8 * i + 2 * c, n - 1));
+    x.cols[i][1] = RowOf(xq, xq_bytes, cols, C::kBlock, min(8 * i + 2 * c + 1, n - 1));
+  }
+  const int64_t nb = cols / C::kStep;
+#pragma unroll(C::kStep == 32 ? 4 : 1)
+  for (int64_t kb = warp; kb < nb; kb += kMmaWarps) C::template Tile<kTiles>(wa, wb, kb, c, x, acc);
+}
+
+// red[warp][token][row] of a chunk of 8 kTiles tokens, as MmaKernel lays it out.
+template <int kTiles>
+__device__ __forceinline__ void PromptSpill(const float (&acc)[kTiles][4], float *red, int warp, int g, int c) {
+  constexpr int kTok = 8 * kTiles;
+#pragma unroll
+  for (int i = 0; i < kTiles; ++i) {
+    float *p = red + warp * kTok * kMmaRows + (8 * i + 2 * c) * kMmaRows + g;
+    p[0] = acc[i][0];
+    p[kMmaRows] = acc[i][1];
+    p[8] = acc[i][2];
+    p[kMmaRows + 8] = acc[i][3];
+  }
+}
+
+constexpr int kPromptRed = kMmaWarps * kMmaRows * 8 * kMmaMaxTiles;  // floats of one matrix's spill
+
+// One chunk of n tokens (rows 0 .. n - 1 of xq and y, y of `rows` columns) for rows r0 .. r0 + 15:
+// y = x · w0ᵀ, or with kSwiGlu silu(x · w0ᵀ) * (x · w1ᵀ). Every thread of the block calls it.
+template <class C, int kTiles, bool kSwiGlu>
+__device__ __forceinline__ void PromptChunk(const uint8_t *w0a, const uint8_t *w0b, const uint8_t *w1a,
+                                            const uint8_t *w1b, int64_t cols, const uint8_t *xq, int64_t xq_bytes,
+                                            int n, int64_t rows, int64_t r0, float *y, float *red) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
+  constexpr int kTok = 8 * kTiles;
+  {
+    float acc[kTiles][4] = {};
+    PromptTile<C, kTiles>(w0a, w0b, cols, xq, xq_bytes, n, warp, g, c, acc);
+    PromptSpill<kTiles>(acc, red, warp, g, c);
+  }
+  if constexpr (kSwiGlu) {
+    float acc[kTiles][4] = {};
+    PromptTile<C, kTiles>(w1a, w1b, cols, xq, xq_bytes, n, warp, g, c, acc);
+    PromptSpill<kTiles>(acc, red + kPromptRed, warp, g, c);
+  }
+  __syncthreads();
+  for (int j = threadIdx.x; j < kTok * kMmaRows; j += kMmaWarps * 32) {
+    const int t = j / kMmaRows, r = j % kMmaRows;
+    if (t >= n || r0 + r >= rows) continue;
+    float v = red[j];
+#pragma unroll
+    for (int w = 1; w < kMmaWarps; ++w) v += red[w * kTok * kMmaRows + j];
+    if constexpr (kSwiGlu) {
+      const float *ru = red + kPromptRed;
+      float u = ru[j];
+#pragma unroll
+      for (int w = 1; w < kMmaWarps; ++w) u += ru[w * kTok * kMmaRows + j];
+      v = dev::SiluMul(v, u);
+    }
+    y[t * rows + r0 + r] = v;
+  }
+  __syncthreads();  // red is rewritten by the next chunk
+}
+
+// kDense: one matrix (dense) over n_tok tokens, group y the tokens 32 y .. 32 y + 31.
+struct DenseRows {
+  const void *w = nullptr;
+  int64_t n_tok = 0;
+};
+
+template <class C, bool kSwiGlu, bool kDense>
+__global__ void __launch_bounds__(kMmaWarps * 32)
+    PromptMmaKernel(const __grid_constant__ PromptGroups p, const __grid_constant__ DenseRows dense, uint64_t rb,
+                    int64_t rows, int64_t cols, const uint8_t *xq, int64_t xq_bytes, float *y) {
+  __shared__ float red[(kSwiGlu ? 2 : 1) * kPromptRed];
+  dev::AwaitPrior();
+  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kMmaRows;
+  if (r0 >= rows) return;  // block-uniform
+  const int g = (threadIdx.x & 31) >> 2;
+  const int64_t ra = min(r0 + g, rows - 1) * static_cast<int64_t>(rb), rb8 = min(r0 + g + 8, rows - 1) * static_cast<int64_t>(rb);
+  for (int grp = blockIdx.y; grp < p.m; grp += gridDim.y) {
+    int64_t f0, f1;
+    const uint8_t *w0, *w1;
+    if constexpr (kDense) {
+      f0 = static_cast<int64_t>(grp) * 8 * kMmaMaxTiles;
+      f1 = min(f0 + 8 * kMmaMaxTiles, dense.n_tok);
+      w0 = w1 = static_cast<const uint8_t *>(dense.w);
+    } else {
+      f0 = p.span[2 * grp];
+      f1 = p.span[2 * grp + 1];
+      w0 = static_cast<const uint8_t *>(p.w0[grp]);
+      w1 = kSwiGlu ? static_cast<const uint8_t *>(p.w1[grp]) : w0;
+    }
+    for (int64_t t0 = f0; t0 < f1; t0 += 8 * kMmaMaxTiles) {
+      const int n = static_cast<int>(min(f1 - t0, static_cast<int64_t>(8 * kMmaMaxTiles)));
+      const uint8_t *x = xq + t0 * xq_bytes;
+      float *yt = y + t0 * rows;
+      if (n > 16) {
+        PromptChunk<C, 4, kSwiGlu>(w0 + ra, w0 + rb8, w1 + ra, w1 + rb8, cols, x, xq_bytes, n, rows, r0, yt, red);
+      } else if (n > 8) {
+        PromptChunk<C, 2, kSwiGlu>(w0 + ra, w0 + rb8, w1 + ra, w1 + rb8, cols, x, xq_bytes, n, rows, r0, yt, red);
+      } else {
+        PromptChunk<C, 1, kSwiGlu>(w0 + ra, w0 + rb8, w1 + ra, w1 + rb8, cols, x, xq_bytes, n, rows, r0, yt, red);
+      }
+    }
+  }
+}
+
 // kDefault: STRATA_CUDA_Q8_TENSOR=1 or 0 puts every codec's products on the tensor cores or the
 // GEMVs; unset, Q4_K on the tensor cores (as fast as its GEMV for one token, faster for batches)
 // and Q8_0 on the GEMVs (its tensor-core kernels trail them by 4-6% for one session).
@@ -845,6 +966,74 @@ absl::Status GemvManyQ8(const DeviceMatrix *ws, float *const *ys, int n, const v
       Launch(kernel, grid, kGemvWarps * 32, 0, stream, at, cols, x + t0 * rb, rb, tw);
     });
     t0 += nt;
+  }
+  STRATA_CUDA_RETURN_IF_LAUNCH_FAILED();
+  return absl::OkStatus();
+}
+
+absl::Status PromptMmaQ8(const PromptGroups &p, const DeviceMatrix &shape, const void *xq, float *y,
+                         cudaStream_t stream) {
+  const Q8Act f = Q8ActFor(shape.type);
+  if (f == Q8Act::kNone) {
+    const std::string name(quant::TypeName(static_cast<uint32_t>(shape.type)));
+    return Errorf(MOE_ERR_UNSUPPORTED_TYPE, "no 8-bit-activation prompt experts for %s", name.c_str());
+  }
+  if (p.m < 0 || shape.rows < 0 || shape.cols <= 0 || shape.cols % (f == Q8Act::kBlock32 ? 32 : 256) != 0) {
+    return Errorf(MOE_ERR_INVALID_ARGUMENT, "prompt experts: %d groups of a (%lld, %lld) matrix", p.m,
+                  static_cast<long long>(shape.rows), static_cast<long long>(shape.cols));
+  }
+  if (p.m == 0 || shape.rows == 0) return absl::OkStatus();
+  if (p.span == nullptr || p.w0 == nullptr || xq == nullptr || y == nullptr ||
+      (reinterpret_cast<uintptr_t>(xq) & 15u) != 0) {
+    return Errorf(MOE_ERR_INVALID_ARGUMENT, "prompt experts: null or unaligned buffers");
+  }
+  if (shape.row_bytes % 16 != 0 && f == Q8Act::kBlock256) {
+    return Errorf(MOE_ERR_INVALID_ARGUMENT, "prompt experts: Q4_K rows must be 16-byte aligned");
+  }
+  const bool swiglu = p.w1 != nullptr;
+  const dim3 grid(static_cast<unsigned>((shape.rows + kMmaRows - 1) / kMmaRows),
+                  static_cast<unsigned>(std::min(p.m, 65535)));
+  const int64_t xb = Q8ActRowBytes(f, shape.cols);
+  const auto *x = static_cast<const uint8_t *>(xq);
+  auto run = [&](auto kernel) {
+    Launch(kernel, grid, kMmaWarps * 32, 0, stream, p, DenseRows{}, shape.row_bytes, shape.rows, shape.cols, x, xb,
+           y);
+  };
+  if (shape.type == quant::TypeId::kQ8_0) {
+    swiglu ? run(PromptMmaKernel<TensorQ8_0, true, false>) : run(PromptMmaKernel<TensorQ8_0, false, false>);
+  } else {
+    swiglu ? run(PromptMmaKernel<TensorQ4_K, true, false>) : run(PromptMmaKernel<TensorQ4_K, false, false>);
+  }
+  STRATA_CUDA_RETURN_IF_LAUNCH_FAILED();
+  return absl::OkStatus();
+}
+
+absl::Status PromptGemvQ8(const DeviceMatrix &w, const void *xq, int64_t n_tok, float *y, cudaStream_t stream) {
+  STRATA_RETURN_IF_ERROR(CheckMatrix(w));
+  const Q8Act f = Q8ActFor(w.type);
+  if (f == Q8Act::kNone) {
+    const std::string name(quant::TypeName(static_cast<uint32_t>(w.type)));
+    return Errorf(MOE_ERR_UNSUPPORTED_TYPE, "no 8-bit-activation GEMV for %s", name.c_str());
+  }
+  if (n_tok < 0) return Errorf(MOE_ERR_INVALID_ARGUMENT, "GEMV over %lld tokens", static_cast<long long>(n_tok));
+  if (n_tok == 0 || w.rows == 0) return absl::OkStatus();
+  if (xq == nullptr || y == nullptr || (reinterpret_cast<uintptr_t>(xq) & 15u) != 0 || !Q8RowsAligned(w)) {
+    return Errorf(MOE_ERR_INVALID_ARGUMENT, "8-bit-activation GEMV: null or unaligned buffers");
+  }
+  const int64_t chunks = (n_tok + 8 * kMmaMaxTiles - 1) / (8 * kMmaMaxTiles);
+  PromptGroups p;
+  p.m = static_cast<int>(std::min<int64_t>(chunks, INT32_MAX));
+  const DenseRows dense{w.data, n_tok};
+  const dim3 grid(static_cast<unsigned>((w.rows + kMmaRows - 1) / kMmaRows),
+                  static_cast<unsigned>(std::min<int64_t>(chunks, 65535)));
+  const int64_t xb = Q8ActRowBytes(f, w.cols);
+  const auto *x = static_cast<const uint8_t *>(xq);
+  if (w.type == quant::TypeId::kQ8_0) {
+    Launch(PromptMmaKernel<TensorQ8_0, false, true>, grid, kMmaWarps * 32, 0, stream, p, dense, w.row_bytes, w.rows,
+           w.cols, x, xb, y);
+  } else {
+    Launch(PromptMmaKernel<TensorQ4_K, false, true>, grid, kMmaWarps * 32, 0, stream, p, dense, w.row_bytes, w.rows,
+           w.cols, x, xb, y);
   }
   STRATA_CUDA_RETURN_IF_LAUNCH_FAILED();
   return absl::OkStatus();

@@ -108,6 +108,27 @@ absl::Status GroupedGemvQ8(const void *const *tab, const DeviceMatrix &shape, co
                            const void *xq, float *y, cudaStream_t stream, int64_t n_tok = -1,
                            const uint8_t *skip = nullptr, int n_grid = 0);
 
+// A prompt's expert groups in one launch: for each group g < m, grouped rows [span[2 g], span[2 g + 1])
+// of y (shape.rows wide) = those rows of xq (quantized as QuantizeActivationsQ8(Q8ActFor(shape.type))
+// made them, 16-byte aligned) times w0[g]ᵀ; with w1 given, silu(x · w0[g]ᵀ) * (x · w1[g]ᵀ) (an expert's
+// gate and up). Every matrix has shape's codec, size and row_bytes (its data unused). Each (row, token)
+// result has the bits of GemvQ8 on the tensor cores (Q8Kernels::kTensor) over that matrix alone, and the
+// SwiGLU those of GatedAct over the two: a token's bits do not depend on its group or the groups beside
+// it. Rows outside every span are not written; spans must not overlap. span, w0, w1 are device arrays.
+// MOE_ERR_UNSUPPORTED_TYPE for a codec without 8-bit activations; MOE_ERR_INVALID_ARGUMENT for null or
+// unaligned buffers or a bad shape.
+struct PromptGroups {
+  const int64_t *span = nullptr;
+  const void *const *w0 = nullptr;
+  const void *const *w1 = nullptr;
+  int m = 0;
+};
+absl::Status PromptMmaQ8(const PromptGroups &p, const DeviceMatrix &shape, const void *xq, float *y,
+                         cudaStream_t stream);
+// GemvQ8 on the tensor cores (the same bits) for a prompt's n_tok tokens in one launch, its blocks
+// spread over chunks of 32 tokens as well as over rows.
+absl::Status PromptGemvQ8(const DeviceMatrix &w, const void *xq, int64_t n_tok, float *y, cudaStream_t stream);
+
 // ys[m] (n_tok, ws[m].rows) = x (n_tok, cols) · ws[m]ᵀ for n <= kGemvManyMax matrices of one codec
 // and column count (the attention projections of one input) in one launch per token chunk;
 // per (row, token) bit-identical to Gemv on each matrix.

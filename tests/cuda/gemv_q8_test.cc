@@ -3,6 +3,7 @@
 // inputs with outputs poisoned first.
 #include <cmath>
 #include <cstring>
+#include <numeric>
 #include <random>
 #include <utility>
 
@@ -230,6 +231,112 @@ TEST_CASE("GemvManyQ8 gives each matrix GemvQ8's bits", "[gpu][q8]") {
   CHECK(StatusToMoe(GemvManyQ8(floats, y, 2, p, 1, nullptr)) == MOE_ERR_UNSUPPORTED_TYPE);
   float *null_y[2] = {y[0], nullptr};
   CHECK(StatusToMoe(GemvManyQ8(many, null_y, 2, p, 1, nullptr)) == MOE_ERR_INVALID_ARGUMENT);
+}
+
+// A prompt's expert groups in one launch (PromptMmaQ8): groups of 1 to 70 tokens with gaps between
+// them, each group's rows against GemvQ8 on the tensor cores over that expert alone, bit for bit (and
+// its SwiGLU against GatedAct over the two products); the gaps keep their poison.
+TEST_CASE("Prompt expert groups on the tensor cores give each expert GemvQ8's bits", "[gpu][q8][grouped]") {
+  if (!HaveGpu()) return;
+  auto rng = test::Rng();
+  const std::pair<TypeId, int64_t> shapes[] = {{TypeId::kQ8_0, 512}, {TypeId::kQ4_K, 512}, {TypeId::kQ4_K, 768}};
+  const int64_t rows = 72;  // four and a half 16-row blocks
+  const int64_t sizes[] = {9, 1, 70, 33, 17, 32};
+  const int m = 6;
+  for (const auto &[type, cols] : shapes) {
+    INFO(quant::TypeName(static_cast<uint32_t>(type)) << ", " << cols << " columns");
+    std::vector<DeviceBuffer> dw;
+    std::vector<DeviceMatrix> w0, w1;
+    for (int g = 0; g < 2 * m; ++g) {
+      uint64_t rb = 0;
+      dw.push_back(Upload(RandomMatrix(rng, type, rows, cols, &rb)));
+      (g < m ? w0 : w1).push_back(test::View(type, dw.back(), rows, cols, rb));
+    }
+    // Spans in a shuffled order of groups, two rows apart.
+    std::vector<int64_t> span;
+    int64_t n = 3;
+    for (int64_t sz : sizes) {
+      span.push_back(n);
+      span.push_back(n + sz);
+      n += sz + 2;
+    }
+    const Q8Act f = Q8ActFor(type);
+    const int64_t xb = Q8ActRowBytes(f, cols);
+    const DeviceBuffer dq = QuantizedInput(rng, f, n, cols);
+    std::vector<uint64_t> tab(span.begin(), span.end());
+    for (const auto *ws : {&w0, &w1}) {
+      for (const DeviceMatrix &w : *ws) tab.push_back(reinterpret_cast<uintptr_t>(w.data));
+    }
+    const DeviceBuffer dt = Upload(tab);
+    PromptGroups p;
+    p.span = dt.as<int64_t>();
+    p.w0 = reinterpret_cast<const void *const *>(dt.as<uint64_t>() + 2 * m);
+    p.m = m;
+    for (bool swiglu : {false, true}) {
+      INFO("swiglu " << swiglu);
+      p.w1 = swiglu ? reinterpret_cast<const void *const *>(dt.as<uint64_t>() + 3 * m) : nullptr;
+      DeviceBuffer dy = Poisoned(n * rows);
+      REQUIRE(PromptMmaQ8(p, w0[0], dq.data(), dy.as<float>(), nullptr).ok());
+      const std::vector<float> y = Download<float>(dy, n * rows);
+      std::vector<char> in_span(n, 0);
+      for (int g = 0; g < m; ++g) {
+        INFO("group " << g << " of " << sizes[g] << " tokens");
+        const int64_t t0 = span[2 * g], nt = sizes[g];
+        for (int64_t t = t0; t < t0 + nt; ++t) in_span[t] = 1;
+        const uint8_t *xg = static_cast<const uint8_t *>(dq.data()) + t0 * xb;
+        DeviceBuffer a = Poisoned(nt * rows), b = Poisoned(nt * rows), hh = Poisoned(nt * rows);
+        REQUIRE(GemvQ8(w0[g], xg, nt, a.as<float>(), nullptr, Q8Kernels::kTensor).ok());
+        const float *ref_dev = a.as<float>();
+        if (swiglu) {
+          REQUIRE(GemvQ8(w1[g], xg, nt, b.as<float>(), nullptr, Q8Kernels::kTensor).ok());
+          REQUIRE(GatedAct(a.as<float>(), b.as<float>(), rows, 1, nt, rows, 0.f, hh.as<float>(), nullptr).ok());
+          ref_dev = hh.as<float>();
+        }
+        std::vector<float> ref(nt * rows);
+        REQUIRE(cudaMemcpy(ref.data(), ref_dev, ref.size() * sizeof(float), cudaMemcpyDeviceToHost) == cudaSuccess);
+        for (float v : ref) REQUIRE(std::isfinite(v));
+        CHECK(std::memcmp(y.data() + t0 * rows, ref.data(), ref.size() * sizeof(float)) == 0);
+      }
+      int64_t untouched = 0;  // the gaps between spans still hold the poison
+      for (int64_t t = 0; t < n; ++t) {
+        if (in_span[t]) continue;
+        for (int64_t r = 0; r < rows; ++r) untouched += std::isnan(y[t * rows + r]) ? 1 : 0;
+      }
+      CHECK(untouched == (n - std::accumulate(std::begin(sizes), std::end(sizes), int64_t{0})) * rows);
+    }
+    // One matrix over a whole prompt (its blocks spread over 32-token chunks): GemvQ8's bits.
+    for (int64_t nt : {int64_t{1}, int64_t{40}, n}) {
+      INFO("dense, " << nt << " tokens");
+      DeviceBuffer a = Poisoned(nt * rows), b = Poisoned(nt * rows);
+      REQUIRE(PromptGemvQ8(w0[0], dq.data(), nt, a.as<float>(), nullptr).ok());
+      REQUIRE(GemvQ8(w0[0], dq.data(), nt, b.as<float>(), nullptr, Q8Kernels::kTensor).ok());
+      const auto ya = Download<float>(a, nt * rows), yb = Download<float>(b, nt * rows);
+      for (float v : ya) REQUIRE(std::isfinite(v));
+      CHECK(std::memcmp(ya.data(), yb.data(), ya.size() * sizeof(float)) == 0);
+    }
+  }
+  // Refused: a codec without integer dots, null spans, a width off the codec's blocks, unaligned input.
+  auto buf = DeviceBuffer::Allocate(1 << 16);
+  REQUIRE(buf.ok());
+  auto *q = static_cast<uint8_t *>(buf->data());
+  PromptGroups p;
+  p.span = reinterpret_cast<const int64_t *>(q);
+  p.w0 = reinterpret_cast<const void *const *>(q);
+  p.m = 1;
+  float *y = reinterpret_cast<float *>(q);
+  CHECK(StatusToMoe(PromptMmaQ8(p, DeviceMatrix{TypeId::kF32, q, 4, 256, 1024}, q, y, nullptr)) ==
+        MOE_ERR_UNSUPPORTED_TYPE);
+  CHECK(StatusToMoe(PromptMmaQ8(p, DeviceMatrix{TypeId::kQ4_K, q, 4, 200, 144}, q, y, nullptr)) ==
+        MOE_ERR_INVALID_ARGUMENT);
+  CHECK(StatusToMoe(PromptMmaQ8(p, DeviceMatrix{TypeId::kQ8_0, q, 4, 256, 272}, q + 4, y, nullptr)) ==
+        MOE_ERR_INVALID_ARGUMENT);
+  PromptGroups none = p;
+  none.span = nullptr;
+  CHECK(StatusToMoe(PromptMmaQ8(none, DeviceMatrix{TypeId::kQ8_0, q, 4, 256, 272}, q, y, nullptr)) ==
+        MOE_ERR_INVALID_ARGUMENT);
+  p.m = -1;
+  CHECK(StatusToMoe(PromptMmaQ8(p, DeviceMatrix{TypeId::kQ8_0, q, 4, 256, 272}, q, y, nullptr)) ==
+        MOE_ERR_INVALID_ARGUMENT);
 }
 
 // The grouped kernels with 8-bit activations, as a decode batch runs a MoE layer: grouping on the

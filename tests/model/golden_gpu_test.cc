@@ -351,9 +351,10 @@ TEST_CASE("CUDA backend: 8-bit activations match the CPU backend's q8 mode", "[g
                             << " positions past " << kTolerance);
       CHECK(flipped <= 1);
     }
-    // A 300-token prompt (600 selections: past what the device routes, so the host path's per-expert
-    // products, multi-token GEMMs) and 8 decode steps, with every expert in VRAM and with the VRAM
-    // tier; and the same in float.
+    // A 300-token prompt (600 selections: past what the device routes, so the host path: a layer's
+    // experts in a few launches on the tensor cores, PromptMmaQ8) and 8 decode steps, with every
+    // expert in VRAM and with the VRAM tier (1 MiB: fewer slots than a layer's experts on some of
+    // the models, so the chunks and their fills); and the same in float.
     std::vector<int32_t> prompt;
     for (size_t i = 0; prompt.size() < 308; ++i) prompt.push_back(tokens[(i * 7) % tokens.size()]);
     const auto cpu = TeacherForced(model, prompt, 300, MOE_BACKEND_CPU, 0, nullptr, nullptr, nullptr,
@@ -371,10 +372,10 @@ TEST_CASE("CUDA backend: 8-bit activations match the CPU backend's q8 mode", "[g
     // The tier changes no bit in q8 mode either.
     CHECK(gpu_tier == gpu);
     CHECK(err_f <= kTolerance);
-    // A prompt's dense products are cuBLASLt GEMMs over the rounded inputs, whose float sums run in
-    // another order than the CPU's: a value that lands next to a rounding boundary takes the other
-    // code, so q8 mode's discontinuity shows. Measured (H200): 0.011, 0.0033, 0.0068 against q8's own
-    // distance from float of 0.118, 0.017, 0.090; a wrong expert or row moves it by that distance.
+    // A prompt's products add their block sums in another order than the CPU's: a value that lands
+    // next to a rounding boundary takes the other code, so q8 mode's discontinuity shows. Measured
+    // (H200, products on the tensor cores): 0.0104, 0.0033, 0.00095 against q8's own distance from
+    // float of 0.118, 0.017, 0.090; a wrong expert or row moves it by that distance.
     CHECK(err <= 0.3 * q8_vs_f);
   }
 }
