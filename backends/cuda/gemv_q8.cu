@@ -494,6 +494,37 @@ __device__ __forceinline__ bool EnterRows(const ManyArgs &a, int m, int64_t r0, 
   return true;
 }
 
+// Tokens 0 .. n - 1 (n <= 8 kTiles) of xq against matrix rows wa, wb (the lane's two rows of the
+// block's 16): warp w's sums over column steps w, w + kMmaWarps, ... in acc.
+template <class C, int kTiles>
+__device__ __forceinline__ void MmaTile(const uint8_t *wa, const uint8_t *wb, int64_t cols, const uint8_t *xq,
+                                        int64_t xq_bytes, int n, int warp, int g, int c, float (&acc)[kTiles][4]) {
+  TileX<kTiles> x;
+#pragma unroll
+  for (int i = 0; i < kTiles; ++i) {
+    x.codes[i] = RowOf(xq, xq_bytes, cols, C::kBlock, min(8 * i + g, n - 1)).q;
+    x.cols[i][0] = RowOf(xq, xq_bytes, cols, C::kBlock, min(8 * i + 2 * c, n - 1));
+    x.cols[i][1] = RowOf(xq, xq_bytes, cols, C::kBlock, min(8 * i + 2 * c + 1, n - 1));
+  }
+  const int64_t nb = cols / C::kStep;
+#pragma unroll(C::kStep == 32 ? 4 : 1)
+  for (int64_t kb = warp; kb < nb; kb += kMmaWarps) C::template Tile<kTiles>(wa, wb, kb, c, x, acc);
+}
+
+// acc into red[warp][token][row] (8 kTiles tokens), for the sum over warps in warp order.
+template <int kTiles>
+__device__ __forceinline__ void MmaSpill(const float (&acc)[kTiles][4], float *red, int warp, int g, int c) {
+  constexpr int kTok = 8 * kTiles;
+#pragma unroll
+  for (int i = 0; i < kTiles; ++i) {
+    float *p = red + warp * kTok * kMmaRows + (8 * i + 2 * c) * kMmaRows + g;
+    p[0] = acc[i][0];
+    p[kMmaRows] = acc[i][1];
+    p[8] = acc[i][2];
+    p[kMmaRows + 8] = acc[i][3];
+  }
+}
+
 // Block (b, m): rows 16 b .. 16 b + 15 of matrix m for tokens 0 .. n_tok - 1 (n_tok <= 8 kTiles).
 template <class C, int kTiles>
 __global__ void __launch_bounds__(kMmaWarps * 32)
@@ -506,26 +537,9 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
   const uint64_t rb = a.row_bytes[m];
   const uint8_t *wa = a.w[m] + min(r0 + g, rows - 1) * rb, *wb = a.w[m] + min(r0 + g + 8, rows - 1) * rb;
-  TileX<kTiles> x;
-#pragma unroll
-  for (int i = 0; i < kTiles; ++i) {
-    x.codes[i] = RowOf(xq, xq_bytes, cols, C::kBlock, min(8 * i + g, n_tok - 1)).q;
-    x.cols[i][0] = RowOf(xq, xq_bytes, cols, C::kBlock, min(8 * i + 2 * c, n_tok - 1));
-    x.cols[i][1] = RowOf(xq, xq_bytes, cols, C::kBlock, min(8 * i + 2 * c + 1, n_tok - 1));
-  }
   float acc[kTiles][4] = {};
-  const int64_t nb = cols / C::kStep;
-#pragma unroll(C::kStep == 32 ? 4 : 1)
-  for (int64_t kb = warp; kb < nb; kb += kMmaWarps) C::template Tile<kTiles>(wa, wb, kb, c, x, acc);
-  // red[warp][token][row]
-#pragma unroll
-  for (int i = 0; i < kTiles; ++i) {
-    float *p = red + warp * kTok * kMmaRows + (8 * i + 2 * c) * kMmaRows + g;
-    p[0] = acc[i][0];
-    p[kMmaRows] = acc[i][1];
-    p[8] = acc[i][2];
-    p[kMmaRows + 8] = acc[i][3];
-  }
+  MmaTile<C, kTiles>(wa, wb, cols, xq, xq_bytes, n_tok, warp, g, c, acc);
+  MmaSpill<kTiles>(acc, red, warp, g, c);
   __syncthreads();
   for (int j = threadIdx.x; j < kTok * kMmaRows; j += kMmaWarps * 32) {
     const int t = j / kMmaRows, r = j % kMmaRows;
@@ -615,37 +629,6 @@ void LaunchTensorQ8(quant::TypeId type, const ManyArgs &a, int n, int64_t max_ro
 // in chunks of up to 32 tokens with MmaKernel's operations (the weight rows stay in L1 and L2 across
 // chunks), so every (row, token) result has GemvQ8's tensor-core bits.
 
-// The chunk's tokens (n <= 8 kTiles) of matrix rows (wa, wb) = the lane's two rows: acc as MmaKernel's.
-template <class C, int kTiles>
-__device__ __forceinline__ void PromptTile(const uint8_t *wa, const uint8_t *wb, int64_t cols, const uint8_t *xq,
-                                           int64_t xq_bytes, int n, int warp, int g, int c,
-                                           float (&acc)[kTiles][4]) {
-  TileX<kTiles> x;
-#pragma unroll
-  for (int i = 0; i < kTiles; ++i) {
-    x.codes[i] = RowOf(xq, xq_bytes, cols, C::kBlock, min(8 * i + g, n - 1)).q;
-    x.cols[i][0] = RowOf(xq, xq_bytes, cols, C::kBlock, min(8 * i + 2 * c, n - 1));
-    x.cols[i][1] = RowOf(xq, xq_bytes, cols, C::kBlock, min(8 * i + 2 * c + 1, n - 1));
-  }
-  const int64_t nb = cols / C::kStep;
-#pragma unroll(C::kStep == 32 ? 4 : 1)
-  for (int64_t kb = warp; kb < nb; kb += kMmaWarps) C::template Tile<kTiles>(wa, wb, kb, c, x, acc);
-}
-
-// red[warp][token][row] of a chunk of 8 kTiles tokens, as MmaKernel lays it out.
-template <int kTiles>
-__device__ __forceinline__ void PromptSpill(const float (&acc)[kTiles][4], float *red, int warp, int g, int c) {
-  constexpr int kTok = 8 * kTiles;
-#pragma unroll
-  for (int i = 0; i < kTiles; ++i) {
-    float *p = red + warp * kTok * kMmaRows + (8 * i + 2 * c) * kMmaRows + g;
-    p[0] = acc[i][0];
-    p[kMmaRows] = acc[i][1];
-    p[8] = acc[i][2];
-    p[kMmaRows + 8] = acc[i][3];
-  }
-}
-
 constexpr int kPromptRed = kMmaWarps * kMmaRows * 8 * kMmaMaxTiles;  // floats of one matrix's spill
 
 // One chunk of n tokens (rows 0 .. n - 1 of xq and y, y of `rows` columns) for rows r0 .. r0 + 15:
@@ -658,13 +641,13 @@ __device__ __forceinline__ void PromptChunk(const uint8_t *w0a, const uint8_t *w
   constexpr int kTok = 8 * kTiles;
   {
     float acc[kTiles][4] = {};
-    PromptTile<C, kTiles>(w0a, w0b, cols, xq, xq_bytes, n, warp, g, c, acc);
-    PromptSpill<kTiles>(acc, red, warp, g, c);
+    MmaTile<C, kTiles>(w0a, w0b, cols, xq, xq_bytes, n, warp, g, c, acc);
+    MmaSpill<kTiles>(acc, red, warp, g, c);
   }
   if constexpr (kSwiGlu) {
     float acc[kTiles][4] = {};
-    PromptTile<C, kTiles>(w1a, w1b, cols, xq, xq_bytes, n, warp, g, c, acc);
-    PromptSpill<kTiles>(acc, red + kPromptRed, warp, g, c);
+    MmaTile<C, kTiles>(w1a, w1b, cols, xq, xq_bytes, n, warp, g, c, acc);
+    MmaSpill<kTiles>(acc, red + kPromptRed, warp, g, c);
   }
   __syncthreads();
   for (int j = threadIdx.x; j < kTok * kMmaRows; j += kMmaWarps * 32) {
@@ -866,19 +849,30 @@ absl::Status RoundActivationsQ8(int block, const float *x, int64_t n_tok, int64_
   return absl::OkStatus();
 }
 
-absl::Status GemvQ8(const DeviceMatrix &w, const void *xq, int64_t n_tok, float *y, cudaStream_t stream,
-                    Q8Kernels k) {
+namespace {
+
+// The arguments GemvQ8 and PromptGemvQ8 share: false when there is nothing to compute.
+absl::StatusOr<bool> CheckGemvQ8(const DeviceMatrix &w, const void *xq, int64_t n_tok, const float *y) {
   STRATA_RETURN_IF_ERROR(CheckMatrix(w));
-  const Q8Act f = Q8ActFor(w.type);
-  if (f == Q8Act::kNone) {
+  if (Q8ActFor(w.type) == Q8Act::kNone) {
     const std::string name(quant::TypeName(static_cast<uint32_t>(w.type)));
     return Errorf(MOE_ERR_UNSUPPORTED_TYPE, "no 8-bit-activation GEMV for %s", name.c_str());
   }
   if (n_tok < 0) return Errorf(MOE_ERR_INVALID_ARGUMENT, "GEMV over %lld tokens", static_cast<long long>(n_tok));
-  if (n_tok == 0 || w.rows == 0) return absl::OkStatus();
+  if (n_tok == 0 || w.rows == 0) return false;
   if (xq == nullptr || y == nullptr || (reinterpret_cast<uintptr_t>(xq) & 15u) != 0) {
     return Errorf(MOE_ERR_INVALID_ARGUMENT, "8-bit-activation GEMV: null or unaligned buffers");
   }
+  return true;
+}
+
+}  // namespace
+
+absl::Status GemvQ8(const DeviceMatrix &w, const void *xq, int64_t n_tok, float *y, cudaStream_t stream,
+                    Q8Kernels k) {
+  STRATA_ASSIGN_OR_RETURN(const bool work, CheckGemvQ8(w, xq, n_tok, y));
+  if (!work) return absl::OkStatus();
+  const Q8Act f = Q8ActFor(w.type);
   if (!Q8RowsAligned(w)) {
     return Errorf(MOE_ERR_INVALID_ARGUMENT, "8-bit-activation Q4_K GEMV: rows must be 16-byte aligned");
   }
@@ -1009,17 +1003,12 @@ absl::Status PromptMmaQ8(const PromptGroups &p, const DeviceMatrix &shape, const
 }
 
 absl::Status PromptGemvQ8(const DeviceMatrix &w, const void *xq, int64_t n_tok, float *y, cudaStream_t stream) {
-  STRATA_RETURN_IF_ERROR(CheckMatrix(w));
+  STRATA_ASSIGN_OR_RETURN(const bool work, CheckGemvQ8(w, xq, n_tok, y));
+  if (!work) return absl::OkStatus();
+  if (!Q8RowsAligned(w)) {
+    return Errorf(MOE_ERR_INVALID_ARGUMENT, "8-bit-activation Q4_K GEMV: rows must be 16-byte aligned");
+  }
   const Q8Act f = Q8ActFor(w.type);
-  if (f == Q8Act::kNone) {
-    const std::string name(quant::TypeName(static_cast<uint32_t>(w.type)));
-    return Errorf(MOE_ERR_UNSUPPORTED_TYPE, "no 8-bit-activation GEMV for %s", name.c_str());
-  }
-  if (n_tok < 0) return Errorf(MOE_ERR_INVALID_ARGUMENT, "GEMV over %lld tokens", static_cast<long long>(n_tok));
-  if (n_tok == 0 || w.rows == 0) return absl::OkStatus();
-  if (xq == nullptr || y == nullptr || (reinterpret_cast<uintptr_t>(xq) & 15u) != 0 || !Q8RowsAligned(w)) {
-    return Errorf(MOE_ERR_INVALID_ARGUMENT, "8-bit-activation GEMV: null or unaligned buffers");
-  }
   const int64_t chunks = (n_tok + 8 * kMmaMaxTiles - 1) / (8 * kMmaMaxTiles);
   PromptGroups p;
   p.m = static_cast<int>(std::min<int64_t>(chunks, INT32_MAX));
