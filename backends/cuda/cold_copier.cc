@@ -123,25 +123,8 @@ absl::Status ColdCopier::Serve(const ColdRequest &r, uint32_t seq) {
       ++n;
     }
   }
-#if CUDART_VERSION >= 12080
-  if (batch_ && n > 0) {
-    // One call for the request's copies (the driver may spread them over its copy engines).
-    cudaMemcpyAttributes a{};
-    a.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
-    size_t at = 0;
-    if (cudaMemcpyBatchAsync(dsts, srcs, sizes, n, &a, &at, 1, stream_) == cudaSuccess) {
-      n = 0;
-    } else {
-      // A driver older than the runtime (or one refusing the batch): one copy at a time from now
-      // on, this request's included (copying a matrix twice writes the same bytes).
-      (void)cudaGetLastError();
-      batch_ = false;
-    }
-  }
-#endif
-  for (int i = 0; i < n; ++i) {
-    STRATA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dsts[i], srcs[i], sizes[i], cudaMemcpyHostToDevice, stream_));
-  }
+  // One call for the request's copies (the driver may spread them over its copy engines).
+  STRATA_RETURN_IF_ERROR(CopyBatchAsync(dsts, srcs, sizes, static_cast<size_t>(n), stream_, &batch_));
   copied_.fetch_add(static_cast<uint64_t>(r.n), std::memory_order_relaxed);
   if (trace_) bytes_[seq % kColdRing] = static_cast<uint64_t>(r.n) * (r.bytes[0] + r.bytes[1] + r.bytes[2]);
   return absl::OkStatus();

@@ -91,6 +91,8 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const model::Mo
   const char *mark = std::getenv("STRATA_CUDA_PROFILER_STEP");
   be->profiler_step_ = mark != nullptr ? std::atoll(mark) : -1;
   be->q8_ = q8_activations;
+  const char *batch = std::getenv("STRATA_COLD_COPIES_BATCH");
+  be->batch_copies_ = batch == nullptr || batch[0] != '0';
   STRATA_ASSIGN_OR_RETURN(be->stream_, Stream::Create());
   STRATA_ASSIGN_OR_RETURN(be->copy_stream_, Stream::Create());
   STRATA_ASSIGN_OR_RETURN(be->up_done_, Event::Create());
@@ -494,33 +496,6 @@ bool PromptTrace() {
 
 }  // namespace
 
-absl::Status CudaBackend::CopyBatch(const std::vector<PendingCopy> &copies) {
-  const size_t n = copies.size();
-  std::vector<void *> dsts(n);
-  std::vector<const void *> srcs(n);
-  std::vector<size_t> sizes(n);
-  for (size_t i = 0; i < n; ++i) {
-    dsts[i] = copies[i].dst;
-    srcs[i] = copies[i].src;
-    sizes[i] = copies[i].bytes;
-  }
-#if CUDART_VERSION >= 12080
-  if (batch_copies_ && n > 0) {
-    cudaMemcpyAttributes a{};
-    a.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
-    size_t at = 0;
-    if (cudaMemcpyBatchAsync(dsts.data(), srcs.data(), sizes.data(), n, &a, &at, 1, copy_stream_.get()) ==
-        cudaSuccess) {
-      return absl::OkStatus();
-    }
-    (void)cudaGetLastError();  // a driver refusing the batch: one copy at a time from now on
-    batch_copies_ = false;
-  }
-#endif
-  for (size_t i = 0; i < n; ++i) STRATA_RETURN_IF_ERROR(CopyAsync(dsts[i], srcs[i], sizes[i], copy_stream_.get()));
-  return absl::OkStatus();
-}
-
 absl::Status CudaBackend::SlotsFor(const std::vector<const model::ExpertWeights *> &ew, size_t c0, size_t c1,
                                    std::vector<Slot *> *slots) {
   STRATA_RETURN_IF_ERROR(HostRoundTrip("experts fetched into slots"));
@@ -551,14 +526,9 @@ absl::Status CudaBackend::SlotsFor(const std::vector<const model::ExpertWeights 
   defer_tables_ = true;
   absl::Status st = [&]() -> absl::Status {
     for (const auto &[i, v] : fills) STRATA_RETURN_IF_ERROR(Evict(v));
-    // The direct fills' copies go in one batched call (the driver spreads it over its copy engines;
-    // 0.84 MiB copies one by one lose their per-copy overhead), as the copier's do.
-    static const bool batch = [] {
-      const char *e = std::getenv("STRATA_COLD_COPIES_BATCH");
-      return e == nullptr || e[0] != '0';
-    }();
+    // The direct fills' copies go in one batched call, as the copier's do (CopyBatchAsync).
     std::vector<PendingCopy> copies;
-    if (batch) fill_sink_ = &copies;
+    if (batch_copies_) fill_sink_ = &copies;
     absl::Status fs = absl::OkStatus();
     for (const auto &[i, v] : fills) {
       const auto &id = expert_id_.at(ew[i]->gate.data);
@@ -568,7 +538,16 @@ absl::Status CudaBackend::SlotsFor(const std::vector<const model::ExpertWeights 
     fill_sink_ = nullptr;
     const auto c0t = std::chrono::steady_clock::now();
     if (!copies.empty()) {
-      STRATA_RETURN_IF_ERROR(CopyBatch(copies));
+      std::vector<void *> dsts;
+      std::vector<const void *> srcs;
+      std::vector<size_t> sizes;
+      for (const PendingCopy &c : copies) {
+        dsts.push_back(c.dst);
+        srcs.push_back(c.src);
+        sizes.push_back(c.bytes);
+      }
+      STRATA_RETURN_IF_ERROR(CopyBatchAsync(dsts.data(), srcs.data(), sizes.data(), copies.size(), copy_stream_.get(),
+                                            &batch_copies_));
       // Every fill's event after the batch (a staged fill's again: later on the same stream).
       for (const auto &[i, v] : fills) STRATA_RETURN_IF_ERROR(slots_[v].fill.Record(copy_stream_.get()));
     }
@@ -948,18 +927,12 @@ absl::StatusOr<bool> CudaBackend::MatMulQ8(const DeviceMatrix &w, const float *x
   if (!q8_ || f == Q8Act::kNone || !Q8RowsAligned(w)) return false;
   // Past the GEMV path's batch (a prompt) on the tensor cores in one launch (PromptGemvQ8), where the
   // GEMVs would read the weights every 16 tokens and cuBLASLt would take a dequantized copy.
-  const bool gemv = Blas::Choose(n_tok, Blas::Path::kAuto) == Blas::Path::kGemv;
-  const int64_t rb = Q8ActRowBytes(f, w.cols);
-  constexpr int64_t kPiece = 16384;  // rows a quantizing launch takes (at most 65,535)
-  STRATA_ASSIGN_OR_RETURN(void *xq, Grow(q8_x_, static_cast<size_t>(std::min(n_tok, kPiece) * rb)));
-  for (int64_t t0 = 0; t0 < n_tok; t0 += kPiece) {
-    const int64_t n = std::min(kPiece, n_tok - t0);
-    STRATA_RETURN_IF_ERROR(QuantizeActivationsQ8(f, x + t0 * w.cols, n, w.cols, xq, stream_.get()));
-    if (gemv) {
-      STRATA_RETURN_IF_ERROR(GemvQ8(w, xq, n, y + t0 * w.rows, stream_.get()));
-    } else {
-      STRATA_RETURN_IF_ERROR(PromptGemvQ8(w, xq, n, y + t0 * w.rows, stream_.get()));
-    }
+  STRATA_ASSIGN_OR_RETURN(void *xq, Grow(q8_x_, static_cast<size_t>(n_tok * Q8ActRowBytes(f, w.cols))));
+  STRATA_RETURN_IF_ERROR(QuantizeActivationsQ8(f, x, n_tok, w.cols, xq, stream_.get()));
+  if (Blas::Choose(n_tok, Blas::Path::kAuto) == Blas::Path::kGemv) {
+    STRATA_RETURN_IF_ERROR(GemvQ8(w, xq, n_tok, y, stream_.get()));
+  } else {
+    STRATA_RETURN_IF_ERROR(PromptGemvQ8(w, xq, n_tok, y, stream_.get()));
   }
   return true;
 }
@@ -1250,10 +1223,8 @@ void CudaBackend::ExpertsFfn(const model::ExpertWeights *const *ew, int n, const
   Profile prof(this, "ExpertsFfn");
   if (!err_.ok() || n <= 0) return;
   host_batch_rows_ = first[n] - first[0];
-  if (host_batch_rows_ <= kDeviceRouteMaxRows) {
-    for (int u = 0; u < n; ++u) {
-      if (ew[u] != nullptr) ExpertFfnOne(*ew[u], xg + first[u] * width, first[u + 1] - first[u], yg + first[u] * width);
-    }
+  if (host_batch_rows_ <= kDeviceRouteMaxRows) {  // an expert at a time, as ExpertFfn takes them
+    model::Backend::ExpertsFfn(ew, n, first, xg, yg, width);
     return;
   }
   // Experts of one codec pair go together (a packed file may mix codecs within a layer).
@@ -1310,10 +1281,7 @@ absl::Status CudaBackend::PromptExperts(const std::vector<const model::ExpertWei
     STRATA_ASSIGN_OR_RETURN(hq, Grow(prompt_hq_, static_cast<size_t>(rows * hb)));
   }
   float *h = static_cast<float *>(hv);
-  for (int64_t r = 0; r < rows; r += 16384) {  // at most 65,535 rows a quantizing launch
-    const int64_t n = std::min<int64_t>(16384, rows - r);
-    STRATA_RETURN_IF_ERROR(QuantizeActivationsQ8(fg, xg + (lo + r) * d, n, d, static_cast<uint8_t *>(xq) + r * xb, s));
-  }
+  STRATA_RETURN_IF_ERROR(QuantizeActivationsQ8(fg, xg + lo * d, rows, d, xq, s));
   // In the tier a chunk holds at most as many experts as there are slots, so no expert of a chunk
   // takes the slot of another before their products ran.
   const size_t chunk = slots_.empty() ? ew.size() : slots_.size();
@@ -1389,10 +1357,8 @@ absl::Status CudaBackend::PromptExperts(const std::vector<const model::ExpertWei
       for (int i = 0; i < m;) {
         int j = i + 1;
         while (j < m && row0[c0 + j] == row1[c0 + j - 1]) ++j;
-        for (int64_t a = row0[c0 + i] - lo, b = row1[c0 + j - 1] - lo; a < b; a += 16384) {
-          const int64_t n = std::min<int64_t>(16384, b - a);
-          STRATA_RETURN_IF_ERROR(QuantizeActivationsQ8(fd, h + a * n_ff, n, n_ff, static_cast<uint8_t *>(hq) + a * hb, s));
-        }
+        const int64_t a = row0[c0 + i] - lo, b = row1[c0 + j - 1] - lo;
+        STRATA_RETURN_IF_ERROR(QuantizeActivationsQ8(fd, h + a * n_ff, b - a, n_ff, static_cast<uint8_t *>(hq) + a * hb, s));
         i = j;
       }
       PromptGroups pd;
@@ -1413,15 +1379,19 @@ absl::Status CudaBackend::PromptExperts(const std::vector<const model::ExpertWei
                    std::chrono::duration<double, std::micro>(t3 - t2).count());
     }
     for (int i = 0; i < m; ++i) {
-      if (slot[i] == nullptr) continue;
-      STRATA_RETURN_IF_ERROR(slot[i]->used.Record(s));
-      // A batch on the host path (a prompt) counts into the route hotness the next step plans from.
-      LayerTable &t = tables_[slot[i]->layer];
-      if (t.ok && slot[i]->expert < static_cast<int>(t.heat.size())) {
-        t.heat[slot[i]->expert] += static_cast<uint32_t>(std::min<int64_t>(row1[c0 + i] - row0[c0 + i], 1 << 20));
-        replan_ = true;
-      }
+      if (slot[i] != nullptr) STRATA_RETURN_IF_ERROR(SlotUsed(slot[i], row1[c0 + i] - row0[c0 + i]));
     }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::SlotUsed(Slot *slot, int64_t n_tok) {
+  STRATA_RETURN_IF_ERROR(slot->used.Record(stream_.get()));
+  // A batch on the host path (a prompt) counts into the route hotness the next step plans from.
+  LayerTable &t = tables_[slot->layer];
+  if (t.ok && slot->expert < static_cast<int>(t.heat.size())) {
+    t.heat[slot->expert] += static_cast<uint32_t>(std::min<int64_t>(n_tok, 1 << 20));
+    replan_ = true;
   }
   return absl::OkStatus();
 }
@@ -1435,15 +1405,7 @@ void CudaBackend::ExpertFfnOne(const model::ExpertWeights &e, const float *x, in
     slot = *s;
   }
   Note(ExpertFfnImpl(e, x, n_tok, y));
-  if (slot != nullptr) {
-    Note(slot->used.Record(stream_.get()));
-    // A batch on the host path (a prompt) counts into the route hotness the next step plans from.
-    LayerTable &t = tables_[slot->layer];
-    if (t.ok && slot->expert < static_cast<int>(t.heat.size())) {
-      t.heat[slot->expert] += static_cast<uint32_t>(std::min<int64_t>(n_tok, 1 << 20));
-      replan_ = true;
-    }
-  }
+  if (slot != nullptr) Note(SlotUsed(slot, n_tok));
 }
 
 absl::Status CudaBackend::Replan() {

@@ -201,18 +201,16 @@ class CudaBackend final : public model::Backend {
   // SlotFor over the tier experts of a prompt's chunk (at most the slots' count), the fills queued
   // back to back: every victim is evicted before any fill, so the host's wait for the victims' last
   // use does not wait for the chunk's own copies. (*slots)[i] is null for an expert outside the tier.
+  absl::Status SlotsFor(const std::vector<const model::ExpertWeights *> &ew, size_t c0, size_t c1,
+                        std::vector<Slot *> *slots);
   struct PendingCopy {
     void *dst;
     const void *src;
     size_t bytes;
   };
-  // The copies on the copy stream in one cudaMemcpyBatchAsync where the driver takes it, else one by one.
-  absl::Status WarmUpBlas();  // cuBLASLt's first product, at open
-  absl::Status CopyBatch(const std::vector<PendingCopy> &copies);
   std::vector<PendingCopy> *fill_sink_ = nullptr;  // Fill's direct copies go here instead (SlotsFor)
-  bool batch_copies_ = true;
-  absl::Status SlotsFor(const std::vector<const model::ExpertWeights *> &ew, size_t c0, size_t c1,
-                        std::vector<Slot *> *slots);
+  bool batch_copies_ = true;  // SlotsFor's fills in one call (STRATA_COLD_COPIES_BATCH=0: one by one)
+  absl::Status WarmUpBlas();  // cuBLASLt's first product, at open
   // Before layer l's RoutedExperts: finished promotions enter the tables; the last call's selections
   // update hotness and may start promotions.
   absl::Status UpdateTier(int l);
@@ -225,6 +223,8 @@ class CudaBackend final : public model::Backend {
   // ExpertFfn's work for one expert: its slot in the tier when it has one, the products, the slot's
   // use and hotness.
   void ExpertFfnOne(const model::ExpertWeights &e, const float *x, int64_t n_tok, float *y);
+  // After a host-path computation read `slot` for n_tok tokens: the slot's last use, its hotness.
+  absl::Status SlotUsed(Slot *slot, int64_t n_tok);
   // Whether a routed expert of a prompt-sized batch goes through PromptExperts: 8-bit activations,
   // gate and up of one codec with integer dots, no biases, clamp or input-major layout. By codec and
   // layout alone, so every budget and tier sends an expert the same way.

@@ -813,21 +813,26 @@ int64_t Q8ActRowBytes(Q8Act f, int64_t cols) {
 absl::Status QuantizeActivationsQ8(Q8Act f, const float *x, int64_t n_tok, int64_t cols, void *xq,
                                    cudaStream_t stream) {
   const int block = f == Q8Act::kBlock32 ? 32 : 256;
-  if (f == Q8Act::kNone || n_tok < 0 || n_tok > 65535 || cols <= 0 || cols % block != 0) {
+  if (f == Q8Act::kNone || n_tok < 0 || cols <= 0 || cols % block != 0) {
     return Errorf(MOE_ERR_INVALID_ARGUMENT, "8-bit activations of %lld x %lld (blocks of %d)",
                   static_cast<long long>(n_tok), static_cast<long long>(cols), block);
   }
   if (n_tok == 0) return absl::OkStatus();
   if (x == nullptr || xq == nullptr) return Errorf(MOE_ERR_INVALID_ARGUMENT, "8-bit activations: null buffer");
-  const dim3 grid(static_cast<unsigned>((cols + 255) / 256), static_cast<unsigned>(n_tok));
   auto *out = static_cast<uint8_t *>(xq);
   const int64_t rb = Q8ActRowBytes(f, cols);
-  if (f == Q8Act::kBlock32) {
-    Launch(QuantizeQ8Kernel<32>, grid, 256, 0, stream, x, cols, out, rb);
-  } else {
-    Launch(QuantizeQ8Kernel<256>, grid, 256, 0, stream, x, cols, out, rb);
+  constexpr int64_t kMaxRows = 65535;  // a launch's grid rows
+  for (int64_t r0 = 0; r0 < n_tok; r0 += kMaxRows) {
+    const dim3 grid(static_cast<unsigned>((cols + 255) / 256), static_cast<unsigned>(std::min(kMaxRows, n_tok - r0)));
+    const float *xr = x + r0 * cols;
+    uint8_t *o = out + r0 * rb;
+    if (f == Q8Act::kBlock32) {
+      Launch(QuantizeQ8Kernel<32>, grid, 256, 0, stream, xr, cols, o, rb);
+    } else {
+      Launch(QuantizeQ8Kernel<256>, grid, 256, 0, stream, xr, cols, o, rb);
+    }
+    STRATA_CUDA_RETURN_IF_LAUNCH_FAILED();
   }
-  STRATA_CUDA_RETURN_IF_LAUNCH_FAILED();
   return absl::OkStatus();
 }
 

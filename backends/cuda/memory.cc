@@ -204,4 +204,28 @@ absl::Status CopyAsync(void *dst, const void *src, size_t bytes, cudaStream_t st
   return absl::OkStatus();
 }
 
+absl::Status CopyBatchAsync(void *const *dsts, const void *const *srcs, const size_t *sizes, size_t n,
+                            cudaStream_t stream, bool *batch) {
+  if (n == 0) return absl::OkStatus();
+#if CUDART_VERSION >= 12080
+  if (*batch) {
+    cudaMemcpyAttributes a{};
+    a.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+    size_t at = 0;
+    if (cudaMemcpyBatchAsync(const_cast<void **>(dsts), const_cast<const void **>(srcs), const_cast<size_t *>(sizes),
+                             n, &a, &at, 1, stream) == cudaSuccess) {
+      return absl::OkStatus();
+    }
+    (void)cudaGetLastError();  // a driver older than the runtime, or one refusing the batch
+    *batch = false;
+  }
+#else
+  *batch = false;
+#endif
+  for (size_t i = 0; i < n; ++i) {
+    STRATA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dsts[i], srcs[i], sizes[i], cudaMemcpyHostToDevice, stream));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace strata::cuda

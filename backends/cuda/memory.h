@@ -148,5 +148,10 @@ class Graph {
 
 // Asynchronous copies on `stream` (cudaMemcpyDefault: the direction follows from the pointers).
 absl::Status CopyAsync(void *dst, const void *src, size_t bytes, cudaStream_t stream);
+// n copies on `stream`, host to device: in one cudaMemcpyBatchAsync while *batch holds (the driver
+// may spread them over its copy engines; copies of ~1 MiB one by one lose their per-copy overhead),
+// else one by one. A driver refusing the batch clears *batch, and these and later copies go one by one.
+absl::Status CopyBatchAsync(void *const *dsts, const void *const *srcs, const size_t *sizes, size_t n,
+                            cudaStream_t stream, bool *batch);
 
 }  // namespace strata::cuda
