@@ -60,6 +60,12 @@ std::vector<size_t> HottestExperts(const std::vector<uint32_t> &heat, size_t n) 
   return idx;
 }
 
+bool MarkedlyHotter(uint32_t hot, uint32_t cold, double z) {
+  if (hot <= cold) return false;
+  const double d = static_cast<double>(hot) - static_cast<double>(cold);
+  return d * d > z * z * (static_cast<double>(hot) + static_cast<double>(cold));
+}
+
 void CpuCostFit::Add(double x, double secs) {
   if (!(x > 0) || !(secs > 0) || !std::isfinite(x) || !std::isfinite(secs)) return;
   // A job's time bounds the fixed cost from above. A job faster than a held fixed cost shows the

@@ -69,6 +69,12 @@ class CpuCostFit {
 // index), only entries with heat > 0.
 std::vector<size_t> HottestExperts(const std::vector<uint32_t> &heat, size_t n);
 
+// Whether an expert used `hot` times should take the slot of one used `cold` times: only when the
+// difference is beyond what chance gives two experts of the same popularity (counts as Poisson
+// draws: hot - cold > z sqrt(hot + cold)), so that the tier does not trade experts over noise
+// (with even routing a 512-token prompt gives every expert ~32 +- 6 uses).
+bool MarkedlyHotter(uint32_t hot, uint32_t cold, double z = 2.0);
+
 // Seconds a layer saves per call by splitting `cold_bytes` of one-token experts (each of
 // `expert_bytes`) between the link and the CPU, against the link alone; <= 0 when it does not pay.
 double HybridSavingSeconds(double cold_bytes, uint64_t expert_bytes, const PlacementRates &r);

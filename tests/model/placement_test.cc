@@ -230,6 +230,33 @@ TEST_CASE("placement: the hottest experts, ties to the lower index, none never u
   CHECK(top == want);
 }
 
+TEST_CASE("placement: a re-plan trades experts only over a real difference in use", "[placement]") {
+  CHECK_FALSE(MarkedlyHotter(0, 0));
+  CHECK_FALSE(MarkedlyHotter(5, 5));
+  CHECK_FALSE(MarkedlyHotter(3, 9));
+  CHECK_FALSE(MarkedlyHotter(38, 26));  // 12 apart: 2 sqrt(64) = 16
+  CHECK(MarkedlyHotter(44, 26));        // 18 apart: 2 sqrt(70) < 16.8
+  CHECK(MarkedlyHotter(5, 0));          // 25 > 4 * 5
+  CHECK_FALSE(MarkedlyHotter(4, 0));    // 16 = 4 * 4
+  CHECK(MarkedlyHotter(UINT32_MAX, 0));
+  CHECK_FALSE(MarkedlyHotter(44, 26, 3.0));  // 18 apart: 3 sqrt(70) = 25.1
+  CHECK_FALSE(MarkedlyHotter(52, 26, 3.0));   // 26 apart: 3 sqrt(78) = 26.5
+  CHECK(MarkedlyHotter(53, 26, 3.0));         // 27 apart: 3 sqrt(79) = 26.7
+  // Two experts of one popularity (Poisson counts, fresh draws): rarely traded; one four times as
+  // popular as the other: nearly always.
+  std::mt19937 rng(std::random_device{}());
+  int same = 0, apart = 0;
+  constexpr int kDraws = 20000;
+  for (int i = 0; i < kDraws; ++i) {
+    std::poisson_distribution<uint32_t> even(32.0), hot(64.0), cold(16.0);
+    same += MarkedlyHotter(even(rng), even(rng)) ? 1 : 0;
+    apart += MarkedlyHotter(hot(rng), cold(rng)) ? 1 : 0;
+  }
+  INFO("equal popularity traded " << same << " of " << kDraws << ", four times apart " << apart);
+  CHECK(same < kDraws / 20);
+  CHECK(apart > kDraws * 95 / 100);
+}
+
 namespace {
 
 // A decode loop around a RegimeProbe: a step in the link regime takes link_s, in the hybrid one
