@@ -5,13 +5,14 @@
 // Download (logits) wait for it. Errors are kept (the first one) and returned by TakeError.
 //
 // VRAM expert tier: when the routed experts do not all fit the budget, they stay in host RAM and
-// run from a fixed set of VRAM slots (allocated once). The host arena is page-locked and mapped
-// for the device when the driver allows, and then:
+// run from a fixed set of VRAM slots (allocated once, and filled at creation: the experts of the
+// device-table layers in turn, so no step starts from an empty tier). The host arena is page-locked
+// and mapped for the device when the driver allows, and then:
 //  - decode batches route on the device (RoutedExperts): each layer has a device table of every
 //    expert's address — its slot when it holds one, else its host bytes, read by the kernels over
 //    PCIe (zero-copy) — so no step waits for the host between layers. The selections come back
 //    after the layer; experts used often (route hotness, halved every 16 uses of the layer) take the
-//    slot of the coldest resident expert, filled on a copy stream within a byte credit of 1/8 of
+//    slot of a markedly colder resident, filled on a copy stream within a byte credit of 1/8 of
 //    the bytes read over the link, and the table switches to the slot once the copy is done;
 //    with STRATA_CUDA_STAGE_EXPERTS=N (opt-in) a layer's first N cold experts are copied into
 //    staging slots (StageColdExperts) before the products instead of read in place; by default,
@@ -19,11 +20,14 @@
 //    (ColdCopier; STRATA_CUDA_COLD_COPIES=N sets the slots, 0 turns it off), and while layer l
 //    computes they already move layer l + 1's experts as its router predicts them from layer l's
 //    input (the prediction's slots are layer l + 1's first choice; what it missed follows);
-//  - other batches (prefill, families the grouped kernels do not cover) bring each expert into a
-//    slot on demand, the compute stream waiting for the copy; it takes the slot of the coldest
-//    expert by route hotness outside the layer (PromptVictim). Their tokens count into the route
-//    hotness, and the next step re-plans the slots (Replan): the hottest experts of every layer
-//    replace the coldest residents, filled on the copy stream while decode goes on.
+//  - other batches (prefill, families the grouped kernels do not cover) copy each expert outside
+//    the tier in before its products, the compute stream waiting for the copy: for a layer with a
+//    device table into a ring of staging slots beside the tier (the decode staging sets' memory,
+//    PromptStage), so a prompt leaves the slots to the experts decode wants; else (no staging
+//    memory, no table) into the slot of the coldest expert by route hotness outside the layer
+//    (PromptVictim). Their tokens count into the route hotness, and the next step re-plans the
+//    slots (Replan): the hottest experts of every layer replace residents markedly colder than
+//    they are (model::MarkedlyHotter), filled on the copy stream while decode goes on.
 // Events order a slot's refill after the last computation that read it. The bytes are the same
 // everywhere, so results are bit-identical at any budget.
 //
@@ -49,6 +53,7 @@
 #include "backends/cuda/kernels.h"
 #include "backends/cuda/memory.h"
 #include "lib/model/backend.h"
+#include "lib/model/pack.h"
 #include "lib/model/placement.h"
 
 namespace strata::cuda {
@@ -62,10 +67,14 @@ class CudaBackend final : public model::Backend {
   // expert_vram_bytes: VRAM for routed experts; when it holds fewer than all of them they run from
   // max(bytes / slot size, n_min_slots) slots (see above). UINT64_MAX: every expert resident.
   // cpu: whether and how the CPU computes cold experts (only with a VRAM tier and a mapped arena).
+  // hot: experts (a hotlist, hottest first) that take the tier's slots first when it is filled at
+  // open, at most hot_max of them (0: as many as the slots hold).
   static absl::StatusOr<std::unique_ptr<CudaBackend>> Create(const model::ModelWeights &w, const uint8_t *arena,
                                                              size_t arena_bytes, uint64_t expert_vram_bytes = UINT64_MAX,
                                                              int n_min_slots = 1, const CpuExpertOptions &cpu = {},
-                                                             bool q8_activations = false);
+                                                             bool q8_activations = false,
+                                                             const std::vector<model::HotExpert> &hot = {},
+                                                             size_t hot_max = 0);
   ~CudaBackend() override;
   std::string_view name() const override { return "cuda"; }
 
@@ -178,6 +187,9 @@ class CudaBackend final : public model::Backend {
   // Queues the copy of e (layer l, expert x) into slot v on the copy stream, after the slot's last
   // use; records slot.fill. `direct`: from the page-locked arena, else through staging.
   absl::Status Fill(int v, const model::ExpertWeights &e, int l, int x);
+  // e's matrices (gate | up | down, each aligned) by DMA from the page-locked arena into `dev` on
+  // the copy stream (or into fill_sink_), entered in in_slots_ and sl->parts; returns the bytes taken.
+  absl::StatusOr<uint64_t> CopyParts(const model::ExpertWeights &e, uint8_t *dev, Slot *sl);
   // Points layer l's table entries for expert x at `parts` (gate, up, down device addresses), on
   // the compute stream.
   void SetTable(int l, int x, const void *gate, const void *up, const void *down);
@@ -209,6 +221,28 @@ class CudaBackend final : public model::Backend {
     size_t bytes;
   };
   std::vector<PendingCopy> *fill_sink_ = nullptr;  // Fill's direct copies go here instead (SlotsFor)
+  // The copies Fill and PromptStage left in `copies`, in one batched call on the copy stream.
+  absl::Status IssueCopies(const std::vector<PendingCopy> &copies);
+  // At creation, after the link is measured: every slot filled, first with the hotlist's experts
+  // (at most hot_max, 0: no cap), then the table layers' experts in turn (expert 0 of each layer,
+  // then expert 1, ...), so neither the first prompt nor the first decode steps find the tier empty.
+  // STRATA_CUDA_FILL_AT_OPEN=0 leaves it empty (a measuring knob).
+  absl::Status FillAtOpen(const std::vector<model::HotExpert> &hot, size_t hot_max);
+  // A prompt's expert outside the tier, of a layer with a device table, is copied into a staging
+  // slot beside the tier (the decode staging sets' memory, idle between decode steps) instead of
+  // taking a tier slot: the tier keeps the experts decode wants, and the re-plan after the prompt
+  // promotes those the prompt found markedly hotter. The ring of slots is reused in order, each
+  // refill after the last computation that read it. Null when staging does not apply (no staging
+  // memory, no device table for the layer, a matrix that needs conversion, STRATA_CUDA_PROMPT_STAGE=0).
+  absl::StatusOr<Slot *> PromptStage(const model::ExpertWeights &e);
+  bool PromptStages(const model::ExpertWeights &e) const;
+  // Drops a staging slot's matrices from in_slots_ (its bytes stay until the slot is refilled).
+  void Unstage(Slot &sl);
+  bool Staging(const Slot *sl) const {
+    return !prompt_stage_.empty() && sl >= prompt_stage_.data() && sl < prompt_stage_.data() + prompt_stage_.size();
+  }
+  std::vector<Slot> prompt_stage_;
+  size_t prompt_stage_next_ = 0;
   bool batch_copies_ = true;  // SlotsFor's fills in one call (STRATA_COLD_COPIES_BATCH=0: one by one)
   absl::Status WarmUpBlas();  // cuBLASLt's first product, at open
   // Before layer l's RoutedExperts: finished promotions enter the tables; the last call's selections
@@ -333,6 +367,10 @@ class CudaBackend final : public model::Backend {
   double fill_credit_ = 0;                           // bytes promotions may still copy
   uint64_t zero_copy_uses_ = 0, promotions_ = 0, replans_ = 0;
   bool replan_ = false;                              // hotness grew on the host path since the last plan
+  // Promotions (UpdateTier, Replan) take a held expert's slot only for a markedly hotter one
+  // (model::MarkedlyHotter). STRATA_CUDA_PROMOTION_MARGIN=0: on any difference, as plain heat
+  // order (a measuring knob).
+  bool promotion_margin_ = true;
   std::unique_ptr<CpuExperts> cpu_experts_;          // hybrid placement (null: off)
   std::unique_ptr<model::RegimeProbe> regime_;       // auto beside the copier: CPU share or copies, timed
   DeviceBuffer skip_dev_;                            // the experts of a layer the CPU computes

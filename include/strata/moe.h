@@ -124,8 +124,9 @@ typedef struct moe_params {
   int32_t prefetch_distance;  /* layers ahead whose experts are predicted and prefetched; default 1 */
   int32_t n_io_threads;       /* threads reading experts from the model file; default 2 */
   const char *hotlist_path;   /* a hotlist (`strata profile`): its top experts are loaded into the
-                                 cache in the background at open; NULL = none */
-  uint32_t hotlist_max_experts; /* cap on those; 0 = as many as the cache holds */
+                                 cache in the background at open, and with a VRAM tier they take its
+                                 slots first when it is filled at open; NULL = none */
+  uint32_t hotlist_max_experts; /* cap on those; 0 = as many as the cache (the tier) holds */
   uint32_t direct_io;         /* 1 (default): read experts past the page cache (O_DIRECT, io_uring)
                                  where the file keeps them 4 KiB-aligned, as `strata pack` does */
   uint32_t cpu_q8_activations; /* 1: CPU matmuls quantize activations to 8-bit blocks and use integer

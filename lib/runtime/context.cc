@@ -158,6 +158,11 @@ absl::StatusOr<std::unique_ptr<Context>> Context::Open(const ContextOptions &o) 
     STRATA_RETURN_IF_ERROR(ctx->store_.Load(*ctx->file_, ctx->weights_, /*routed_experts=*/!streaming, lo));
     if (bind.bound()) ctx->numa_node_ = gpu_node;
   }
+  // A hotlist seeds the RAM expert cache of a streaming context, and the VRAM tier's slots.
+  std::vector<model::HotExpert> hot;
+  if (!o.hotlist_path.empty()) {
+    STRATA_ASSIGN_OR_RETURN(hot, model::ReadHotlist(o.hotlist_path, ctx->hp_));
+  }
 #ifdef STRATA_HAVE_CUDA
   if (cuda) {
     numa::ScopedNodeBinding bind(gpu_node);
@@ -184,7 +189,8 @@ absl::StatusOr<std::unique_ptr<Context>> Context::Open(const ContextOptions &o) 
     STRATA_ASSIGN_OR_RETURN(std::unique_ptr<cuda::CudaBackend> be,
                             cuda::CudaBackend::Create(ctx->weights_, ctx->store_.arena(), ctx->store_.resident_bytes(),
                                                       expert_vram, ctx->hp_.n_expert_used, cpu_experts,
-                                                      o.gpu_q8_activations));
+                                                      o.gpu_q8_activations, hot,
+                                                      static_cast<size_t>(std::max(o.hotlist_max, 0))));
     ctx->plan_.vram_budget_bytes = o.vram_budget_bytes;
     ctx->plan_.vram_expert_slots =
         be->expert_slots() > 0 ? static_cast<uint32_t>(be->expert_slots()) : ctx->plan_.n_routed_experts;
@@ -208,14 +214,11 @@ absl::StatusOr<std::unique_ptr<Context>> Context::Open(const ContextOptions &o) 
     STRATA_ASSIGN_OR_RETURN(ctx->cache_, store::ExpertCache::Create(*ctx->table_, *ctx->file_, ctx->weights_,
                                                                     ctx->backend_.get(), co));
   }
-  if (!o.hotlist_path.empty()) {
-    STRATA_ASSIGN_OR_RETURN(std::vector<model::HotExpert> hot, model::ReadHotlist(o.hotlist_path, ctx->hp_));
-    if (ctx->cache_ != nullptr) {
-      std::vector<uint32_t> keys;
-      for (const auto &h : hot) keys.push_back(ctx->table_->Key(h.layer, h.expert));
-      const size_t cap = o.hotlist_max > 0 ? static_cast<size_t>(o.hotlist_max) : keys.size();
-      ctx->cache_->Preload(keys, cap);  // loads run on the I/O threads while the host carries on
-    }
+  if (!hot.empty() && ctx->cache_ != nullptr) {
+    std::vector<uint32_t> keys;
+    for (const auto &h : hot) keys.push_back(ctx->table_->Key(h.layer, h.expert));
+    const size_t cap = o.hotlist_max > 0 ? static_cast<size_t>(o.hotlist_max) : keys.size();
+    ctx->cache_->Preload(keys, cap);  // loads run on the I/O threads while the host carries on
   }
   return ctx;
 }

@@ -4,8 +4,10 @@
 // (max |gpu - cpu| / max |cpu|). Skips without a GPU.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <fstream>
 #include <random>
 #include <string>
 #include <tuple>
@@ -45,6 +47,50 @@ const char *const kModels[] = {
     "deepseek3_f32/hf",          "deepseek3_f32/model-f32.gguf",  "gptoss_f32/hf",
     "gptoss_f32/model-f32.gguf", "gptoss_f32/model-mxfp4.gguf",
 };
+
+// A synthetic model with spread routing (8 layers of 16 experts), written into dir.
+std::string TinySpread(strata::format::testing::TempDir &dir) {
+  strata::model::SynthOptions o;
+  o.shape = "tiny";
+  o.layers = 8;
+  o.routing = "spread";
+  const std::string model = dir.File("tiny_spread.gguf");
+  REQUIRE(strata::model::Synthesize(o, model).ok());
+  return model;
+}
+
+// The smallest VRAM budget (in steps of 256 KiB) whose plan holds a third of the model's experts
+// or more, with its slots and routed experts; 0 when none up to 64 MiB does.
+uint64_t ThirdInSlots(const std::string &model, uint32_t *slots, uint32_t *n_routed) {
+  for (uint64_t b = uint64_t{256} << 10; b <= uint64_t{64} << 20; b += uint64_t{256} << 10) {
+    moe_params p;
+    moe_params_init(&p);
+    p.model_path = model.c_str();
+    p.backend = MOE_BACKEND_CUDA;
+    p.vram_budget_bytes = b;
+    moe_ctx *ctx = nullptr;
+    if (moe_ctx_open(&p, &ctx) != MOE_OK) continue;  // too small for the resident weights
+    moe_cache_plan plan;
+    moe_cache_plan_init(&plan);
+    REQUIRE(moe_ctx_plan(ctx, &plan) == MOE_OK);
+    moe_ctx_close(ctx);
+    if (3 * plan.vram_expert_slots >= plan.n_routed_experts) {
+      *slots = plan.vram_expert_slots;
+      *n_routed = plan.n_routed_experts;
+      return b;
+    }
+  }
+  return 0;
+}
+
+// n token ids drawn from [0, 512) with `seed`.
+std::vector<int32_t> RandomTokens(size_t n, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int32_t> id(0, 511);
+  std::vector<int32_t> tokens(n);
+  for (int32_t &t : tokens) t = id(rng);
+  return tokens;
+}
 
 }  // namespace
 
@@ -107,7 +153,15 @@ TEST_CASE("CUDA backend: GPU-side routing, zero-copy reads and promotions keep t
     CHECK(all_st.vram_device_layers > 0);
     CHECK(all_st.vram_expert_slots == 0);
     CHECK(all_st.vram_zero_copy == 0);
+    // Promotions on any difference in heat: the golden's 19 decode steps seldom make an expert
+    // markedly hotter than the slots' coldest (the default's margin), and promotions are under test.
+    REQUIRE(setenv("STRATA_CUDA_PROMOTION_MARGIN", "0", 1) == 0);
     const auto tier = TeacherForced(model, tokens, 1, MOE_BACKEND_CUDA, uint64_t{1} << 20, &slots, &n_routed, &tier_st);
+    unsetenv("STRATA_CUDA_PROMOTION_MARGIN");
+    moe_stats margin_st;
+    const auto margin = TeacherForced(model, tokens, 1, MOE_BACKEND_CUDA, uint64_t{1} << 20, nullptr, nullptr,
+                                      &margin_st);
+    CHECK(margin == all);
     INFO(slots << " of " << n_routed << " experts in slots; zero-copy uses " << tier_st.vram_zero_copy
                 << ", promotions " << tier_st.vram_promotions << ", fills " << tier_st.vram_fills);
     CHECK(tier_st.vram_device_layers == all_st.vram_device_layers);
@@ -222,54 +276,126 @@ TEST_CASE("CUDA backend: a prompt's hotness re-plans the VRAM slots, bit-identic
 TEST_CASE("CUDA backend: a prompt keeps its hottest experts in the slots for the re-plan", "[gpu][golden]") {
   if (!strata::cuda::test::HaveGpu()) return;
   strata::format::testing::TempDir dir;
-  strata::model::SynthOptions o;
-  o.shape = "tiny";
-  o.layers = 8;
-  o.routing = "spread";
-  const std::string model = dir.File("tiny_spread.gguf");
-  REQUIRE(strata::model::Synthesize(o, model).ok());
+  const std::string model = TinySpread(dir);
   // The smallest budget (in steps of 256 KiB) whose plan holds a third of the experts or more.
-  uint64_t budget = 0;
   uint32_t slots = 0, n_routed = 0;
-  for (uint64_t b = uint64_t{256} << 10; b <= uint64_t{64} << 20 && budget == 0; b += uint64_t{256} << 10) {
-    moe_params p;
-    moe_params_init(&p);
-    p.model_path = model.c_str();
-    p.backend = MOE_BACKEND_CUDA;
-    p.vram_budget_bytes = b;
-    moe_ctx *ctx = nullptr;
-    if (moe_ctx_open(&p, &ctx) != MOE_OK) continue;  // too small for the resident weights
-    moe_cache_plan plan;
-    moe_cache_plan_init(&plan);
-    REQUIRE(moe_ctx_plan(ctx, &plan) == MOE_OK);
-    moe_ctx_close(ctx);
-    if (3 * plan.vram_expert_slots >= plan.n_routed_experts) {
-      budget = b;
-      slots = plan.vram_expert_slots;
-      n_routed = plan.n_routed_experts;
-    }
-  }
+  const uint64_t budget = ThirdInSlots(model, &slots, &n_routed);
   INFO("budget " << budget << ": " << slots << " of " << n_routed << " experts in slots");
   REQUIRE(budget > 0);
   REQUIRE(2 * slots <= n_routed);
   const unsigned seed = std::random_device{}();
   INFO("seed " << seed);
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int32_t> id(0, 511);
-  std::vector<int32_t> tokens(301);
-  for (int32_t &t : tokens) t = id(rng);
+  const std::vector<int32_t> tokens = RandomTokens(301, seed);
   const auto all = TeacherForced(model, tokens, 300, MOE_BACKEND_CUDA);
   moe_stats hot, lru;
+  // A tier that starts empty (its slots are otherwise filled at open), as a prompt without staging
+  // memory (no copier at this budget) fills it, and a re-plan that trades on any difference in heat.
+  REQUIRE(setenv("STRATA_CUDA_FILL_AT_OPEN", "0", 1) == 0);
+  REQUIRE(setenv("STRATA_CUDA_PROMOTION_MARGIN", "0", 1) == 0);
   const auto by_heat = TeacherForced(model, tokens, 300, MOE_BACKEND_CUDA, budget, nullptr, nullptr, &hot);
   REQUIRE(setenv("STRATA_CUDA_PROMPT_VICTIM", "lru", 1) == 0);
   const auto by_use = TeacherForced(model, tokens, 300, MOE_BACKEND_CUDA, budget, nullptr, nullptr, &lru);
   unsetenv("STRATA_CUDA_PROMPT_VICTIM");
+  unsetenv("STRATA_CUDA_FILL_AT_OPEN");
+  unsetenv("STRATA_CUDA_PROMOTION_MARGIN");
   INFO("re-plan promotions " << hot.vram_promotions << " (least recently used: " << lru.vram_promotions << ")");
   CHECK(hot.vram_replans == 1);
   CHECK(lru.vram_replans == 1);
   CHECK(2 * hot.vram_promotions < lru.vram_promotions);
   CHECK(by_heat == all);
   CHECK(by_use == all);
+}
+
+// With the slots filled at open and staging memory (the copier's sets), a prompt leaves the tier's
+// experts in place: each expert outside it is copied once into a staging slot beside the tier for
+// its products, where giving it a tier slot evicts experts that later layers of the same prompt
+// need (STRATA_CUDA_PROMPT_STAGE=0). Spread routing (8 layers of 16 experts, a third of them in
+// slots), a 300-token prompt alone (no decode step, so no re-plan), fresh random tokens, float and
+// 8-bit activations (a layer's experts one by one, and in chunks of the staging ring's half on the
+// tensor cores); bit-identical to all-resident.
+TEST_CASE("CUDA backend: a prompt stages its cold experts beside the VRAM tier", "[gpu][golden]") {
+  if (!strata::cuda::test::HaveGpu()) return;
+  strata::format::testing::TempDir dir;
+  const std::string model = TinySpread(dir);
+  REQUIRE(setenv("STRATA_CUDA_COLD_COPIES", "4", 1) == 0);  // 12 staging slots: 6 a chunk
+  uint32_t slots = 0, n_routed = 0;
+  const uint64_t budget = ThirdInSlots(model, &slots, &n_routed);
+  INFO("budget " << budget << ": " << slots << " of " << n_routed << " experts in slots");
+  REQUIRE(budget > 0);
+  REQUIRE(2 * slots <= n_routed);
+  const unsigned seed = std::random_device{}();
+  INFO("seed " << seed);
+  const std::vector<int32_t> tokens = RandomTokens(300, seed);
+  for (bool q8 : {false, true}) {
+    INFO("8-bit activations " << q8);
+    const auto all = TeacherForced(model, tokens, 300, MOE_BACKEND_CUDA, 0, nullptr, nullptr, nullptr,
+                                   MOE_CPU_EXPERTS_OFF, q8);
+    moe_stats st, ust;
+    const auto staged = TeacherForced(model, tokens, 300, MOE_BACKEND_CUDA, budget, nullptr, nullptr, &st,
+                                      MOE_CPU_EXPERTS_OFF, q8);
+    REQUIRE(setenv("STRATA_CUDA_PROMPT_STAGE", "0", 1) == 0);
+    const auto unstaged = TeacherForced(model, tokens, 300, MOE_BACKEND_CUDA, budget, nullptr, nullptr, &ust,
+                                        MOE_CPU_EXPERTS_OFF, q8);
+    unsetenv("STRATA_CUDA_PROMPT_STAGE");
+    INFO("copies into VRAM: staged " << st.vram_fills << ", into the tier " << ust.vram_fills);
+    CHECK(staged == all);
+    CHECK(unstaged == all);
+    CHECK(st.vram_fills > 0);
+    CHECK(st.vram_fills <= n_routed - slots);  // each expert outside the tier once
+    CHECK(ust.vram_fills > st.vram_fills);
+    CHECK(st.vram_replans == 0);
+    CHECK(st.vram_promotions == 0);
+  }
+  unsetenv("STRATA_CUDA_COLD_COPIES");
+}
+
+// A hotlist (the format `strata profile` writes) seeds the VRAM tier when its slots are filled at
+// open. Concentrated routing (the synthetic default: a few experts a layer take most tokens), a
+// third of the experts in slots, a 1-token prompt and 40 decode steps: with the run's own counts
+// as the hotlist, decode reads far fewer experts over the link than with the same list ranked the
+// other way round (the least used first); the logits are the same bits either way.
+TEST_CASE("CUDA backend: a hotlist seeds the VRAM tier at open", "[gpu][golden]") {
+  if (!strata::cuda::test::HaveGpu()) return;
+  strata::format::testing::TempDir dir;
+  strata::model::SynthOptions o;
+  o.shape = "tiny";
+  o.layers = 8;
+  const std::string model = dir.File("tiny_concentrated.gguf");
+  REQUIRE(strata::model::Synthesize(o, model).ok());
+  uint32_t slots = 0, n_routed = 0;
+  const uint64_t budget = ThirdInSlots(model, &slots, &n_routed);
+  INFO("budget " << budget << ": " << slots << " of " << n_routed << " experts in slots");
+  REQUIRE(budget > 0);
+  const unsigned seed = std::random_device{}();
+  INFO("seed " << seed);
+  const std::vector<int32_t> tokens = RandomTokens(41, seed);
+  // The counts from the CPU backend, which sees every selection (the GPU routes on the device).
+  std::vector<uint64_t> counts;
+  TeacherForced(model, tokens, 1, MOE_BACKEND_CPU, 0, nullptr, nullptr, nullptr, MOE_CPU_EXPERTS_OFF, false, nullptr,
+                &counts);
+  REQUIRE(counts.size() % 8 == 0);
+  const uint64_t top = *std::max_element(counts.begin(), counts.end());
+  REQUIRE(top > 0);
+  const size_t n_expert = counts.size() / 8;
+  const auto all = TeacherForced(model, tokens, 1, MOE_BACKEND_CUDA);
+  const std::string hot = dir.File("hot.txt"), cold = dir.File("cold.txt");
+  {
+    std::ofstream h(hot), c(cold);
+    for (size_t i = 0; i < counts.size(); ++i) {
+      h << i / n_expert << ' ' << i % n_expert << ' ' << counts[i] << '\n';
+      c << i / n_expert << ' ' << i % n_expert << ' ' << top - counts[i] << '\n';
+    }
+  }
+  moe_stats hot_st, cold_st;
+  const auto by_hot = TeacherForced(model, tokens, 1, MOE_BACKEND_CUDA, budget, nullptr, nullptr, &hot_st,
+                                    MOE_CPU_EXPERTS_OFF, false, hot.c_str());
+  const auto by_cold = TeacherForced(model, tokens, 1, MOE_BACKEND_CUDA, budget, nullptr, nullptr, &cold_st,
+                                     MOE_CPU_EXPERTS_OFF, false, cold.c_str());
+  INFO("read over the link: hotlist " << hot_st.vram_zero_copy << ", reversed " << cold_st.vram_zero_copy);
+  CHECK(by_hot == all);
+  CHECK(by_cold == all);
+  CHECK(cold_st.vram_zero_copy > 0);
+  CHECK(2 * hot_st.vram_zero_copy < cold_st.vram_zero_copy);
 }
 
 // Hybrid placement: with the cold experts of every decode layer computed by the CPU from host RAM
@@ -363,6 +489,12 @@ TEST_CASE("CUDA backend: 8-bit activations match the CPU backend's q8 mode", "[g
                                    MOE_CPU_EXPERTS_OFF, true);
     const auto gpu_tier = TeacherForced(model, prompt, 300, MOE_BACKEND_CUDA, uint64_t{1} << 20, nullptr, nullptr,
                                         nullptr, MOE_CPU_EXPERTS_OFF, true);
+    // The same with staging memory (the copier's sets): the prompt's cold experts staged beside
+    // the tier, in chunks of half the ring.
+    REQUIRE(setenv("STRATA_CUDA_COLD_COPIES", "2", 1) == 0);
+    const auto gpu_staged = TeacherForced(model, prompt, 300, MOE_BACKEND_CUDA, uint64_t{1} << 20, nullptr, nullptr,
+                                          nullptr, MOE_CPU_EXPERTS_OFF, true);
+    unsetenv("STRATA_CUDA_COLD_COPIES");
     const auto cpu_f = TeacherForced(model, prompt, 300, MOE_BACKEND_CPU);
     const auto gpu_f = TeacherForced(model, prompt, 300, MOE_BACKEND_CUDA);
     const double err = NormalizedMaxError(gpu, cpu), err_f = NormalizedMaxError(gpu_f, cpu_f);
@@ -371,6 +503,7 @@ TEST_CASE("CUDA backend: 8-bit activations match the CPU backend's q8 mode", "[g
                           << "); float gpu-vs-cpu " << err_f);
     // The tier changes no bit in q8 mode either.
     CHECK(gpu_tier == gpu);
+    CHECK(gpu_staged == gpu);
     CHECK(err_f <= kTolerance);
     // A prompt's products add their block sums in another order than the CPU's: a value that lands
     // next to a rounding boundary takes the other code, so q8 mode's discontinuity shows. Measured

@@ -53,15 +53,18 @@ inline double NormalizedMaxError(const std::vector<float> &a, const std::vector<
 // Runs `tokens` through a fresh session: the first `prefill` as one batch, then one at a time.
 // Returns the logits of every position, (n_tokens, n_vocab).
 // With a vram_budget, *vram_slots (when given) receives the plan's VRAM expert slots; cold experts
-// run on the GPU unless cpu_experts says otherwise; q8_activations: both backends' 8-bit modes.
+// run on the GPU unless cpu_experts says otherwise; q8_activations: both backends' 8-bit modes;
+// hotlist: the context's hotlist file; expert_counts: the run's selections per (layer, expert).
 inline std::vector<float> TeacherForced(const std::string &model, const std::vector<int32_t> &tokens, size_t prefill,
                                         int32_t backend = MOE_BACKEND_CPU, uint64_t vram_budget = 0,
                                         uint32_t *vram_slots = nullptr, uint32_t *n_routed = nullptr,
                                         moe_stats *stats = nullptr,
-                                        int32_t cpu_experts = MOE_CPU_EXPERTS_OFF, bool q8_activations = false) {
+                                        int32_t cpu_experts = MOE_CPU_EXPERTS_OFF, bool q8_activations = false,
+                                        const char *hotlist = nullptr, std::vector<uint64_t> *expert_counts = nullptr) {
   moe_params p;
   moe_params_init(&p);
   p.model_path = model.c_str();
+  p.hotlist_path = hotlist;
   p.backend = backend;
   p.vram_budget_bytes = vram_budget;
   p.cpu_experts = cpu_experts;
@@ -106,6 +109,12 @@ inline std::vector<float> TeacherForced(const std::string &model, const std::vec
   if (stats != nullptr) {
     moe_stats_init(stats);
     REQUIRE(moe_ctx_stats(ctx, stats) == MOE_OK);
+  }
+  if (expert_counts != nullptr) {
+    size_t n = 0;
+    REQUIRE(moe_ctx_expert_counts(ctx, nullptr, 0, &n) == MOE_ERR_LIMIT);
+    expert_counts->assign(n, 0);
+    REQUIRE(moe_ctx_expert_counts(ctx, expert_counts->data(), n, &n) == MOE_OK);
   }
   moe_session_close(s);
   moe_ctx_close(ctx);
