@@ -5,8 +5,8 @@
 // Download (logits) wait for it. Errors are kept (the first one) and returned by TakeError.
 //
 // VRAM expert tier: when the routed experts do not all fit the budget, they stay in host RAM and
-// run from a fixed set of VRAM slots (allocated once, and filled at creation: the experts of the
-// device-table layers in turn, so no step starts from an empty tier). The host arena is page-locked
+// run from a fixed set of VRAM slots (allocated once, and filled at creation: a hotlist's experts
+// first, then those of the device-table layers in turn, so no step starts from an empty tier). The host arena is page-locked
 // and mapped for the device when the driver allows, and then:
 //  - decode batches route on the device (RoutedExperts): each layer has a device table of every
 //    expert's address — its slot when it holds one, else its host bytes, read by the kernels over
@@ -232,9 +232,10 @@ class CudaBackend final : public model::Backend {
   // slot beside the tier (the decode staging sets' memory, idle between decode steps) instead of
   // taking a tier slot: the tier keeps the experts decode wants, and the re-plan after the prompt
   // promotes those the prompt found markedly hotter. The ring of slots is reused in order, each
-  // refill after the last computation that read it. Null when staging does not apply (no staging
-  // memory, no device table for the layer, a matrix that needs conversion, STRATA_CUDA_PROMPT_STAGE=0).
+  // refill after the last computation that read it.
   absl::StatusOr<Slot *> PromptStage(const model::ExpertWeights &e);
+  // Whether e takes PromptStage: not with no staging memory, no device table for its layer, a matrix
+  // that needs conversion, or STRATA_CUDA_PROMPT_STAGE=0.
   bool PromptStages(const model::ExpertWeights &e) const;
   // Drops a staging slot's matrices from in_slots_ (its bytes stay until the slot is refilled).
   void Unstage(Slot &sl);
