@@ -14,6 +14,7 @@
 #include <cstring>
 #include <numeric>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "backends/cpu/kernels/kernels.h"
@@ -717,6 +718,7 @@ int CudaBackend::PromptVictim(int layer, const std::vector<char> *taken) const {
 
 bool CudaBackend::PromptStages(const model::ExpertWeights &e) const {
   if (prompt_stage_.empty() || e.gate.data == nullptr) return false;
+  if (regions_.count(e.gate.data) != 0 || slot_of_.count(e.gate.data) != 0) return false;  // in VRAM
   auto id = expert_id_.find(e.gate.data);
   if (id == expert_id_.end() || !tables_[id->second.first].ok) return false;
   for (const model::Matrix *m : {&e.gate, &e.up, &e.down}) {
@@ -1424,12 +1426,8 @@ absl::Status CudaBackend::PromptExperts(const std::vector<const model::ExpertWei
   // copies of the staged ones stream while they run.
   std::vector<size_t> order(ew_in.size());
   std::iota(order.begin(), order.end(), size_t{0});
-  const auto staged = [&](size_t u) {
-    const uint8_t *key = ew_in[u]->gate.data;
-    return !slots_.empty() && regions_.count(key) == 0 && slot_of_.count(key) == 0 && PromptStages(*ew_in[u]);
-  };
   std::vector<char> is_staged(ew_in.size());
-  for (size_t u = 0; u < ew_in.size(); ++u) is_staged[u] = staged(u) ? 1 : 0;
+  for (size_t u = 0; u < ew_in.size(); ++u) is_staged[u] = PromptStages(*ew_in[u]) ? 1 : 0;
   std::stable_partition(order.begin(), order.end(), [&](size_t u) { return is_staged[u] == 0; });
   std::vector<const model::ExpertWeights *> ew;
   std::vector<int64_t> row0, row1;
@@ -1562,7 +1560,6 @@ absl::Status CudaBackend::PromptExperts(const std::vector<const model::ExpertWei
     }
     for (int i = 0; i < m; ++i) {
       if (slot[i] != nullptr) STRATA_RETURN_IF_ERROR(SlotUsed(slot[i], row1[c0 + i] - row0[c0 + i]));
-      if (slot[i] != nullptr && Staging(slot[i])) Unstage(*slot[i]);
     }
   }
   return absl::OkStatus();
@@ -1576,6 +1573,7 @@ absl::Status CudaBackend::SlotUsed(Slot *slot, int64_t n_tok) {
     t.heat[slot->expert] += static_cast<uint32_t>(std::min<int64_t>(n_tok, 1 << 20));
     replan_ = true;
   }
+  if (Staging(slot)) Unstage(*slot);  // its bytes stay, protected by `used`, until the ring comes round
   return absl::OkStatus();
 }
 
@@ -1589,7 +1587,6 @@ void CudaBackend::ExpertFfnOne(const model::ExpertWeights &e, const float *x, in
   }
   Note(ExpertFfnImpl(e, x, n_tok, y));
   if (slot != nullptr) Note(SlotUsed(slot, n_tok));
-  if (slot != nullptr && Staging(slot)) Unstage(*slot);
 }
 
 absl::Status CudaBackend::Replan() {
@@ -1623,15 +1620,14 @@ absl::Status CudaBackend::Replan() {
   // coldest inside, which chance sets two apart): with the slots filled at open and a prompt's cold
   // experts staged beside them, even routing otherwise traded ~2,200 experts over noise after a
   // 512-token prompt (H200, 8 GiB: the first decode step 108 ms; at two deviations ~400, 38 ms).
-  constexpr uint64_t kHeld = uint64_t{1} << 32;  // a held victim's key: kHeld + its heat, after the empty ones
-  std::vector<std::pair<uint64_t, int>> victims;
+  std::vector<std::tuple<bool, uint32_t, int>> victims;  // (held, its heat, slot): the empty ones first
   for (int v = 0; v < static_cast<int>(slots_.size()); ++v) {
     const Slot &sl = slots_[v];
     const size_t i = sl.key == nullptr ? SIZE_MAX : first[sl.layer];
     if (i == SIZE_MAX) {  // empty, or an expert of a layer without a table
-      victims.emplace_back(0, v);
+      victims.emplace_back(false, 0, v);
     } else if (!wanted[i + sl.expert]) {
-      victims.emplace_back(kHeld + heat[i + sl.expert], v);
+      victims.emplace_back(true, heat[i + sl.expert], v);
     }
   }
   std::sort(victims.begin(), victims.end());
@@ -1641,12 +1637,10 @@ absl::Status CudaBackend::Replan() {
     const auto [l, x] = id[i];
     const model::ExpertWeights &e = w_->layers[l].experts[x];
     if (slot_of_.count(e.gate.data) != 0) continue;  // already held
-    const uint64_t vh = victims[next].first;
+    const auto [held, v_heat, v] = victims[next];
     // Candidates come hottest first and victims coldest first: once one pair fails, all later do.
-    if (promotion_margin_ && vh >= kHeld && !model::MarkedlyHotter(heat[i], static_cast<uint32_t>(vh - kHeld), 3.0)) {
-      break;
-    }
-    const int v = victims[next++].second;
+    if (promotion_margin_ && held && !model::MarkedlyHotter(heat[i], v_heat, 3.0)) break;
+    ++next;
     STRATA_RETURN_IF_ERROR(Evict(v));
     STRATA_RETURN_IF_ERROR(Fill(v, e, l, x));
     pending_fills_.push_back(v);

@@ -234,8 +234,9 @@ class CudaBackend final : public model::Backend {
   // promotes those the prompt found markedly hotter. The ring of slots is reused in order, each
   // refill after the last computation that read it.
   absl::StatusOr<Slot *> PromptStage(const model::ExpertWeights &e);
-  // Whether e takes PromptStage: not with no staging memory, no device table for its layer, a matrix
-  // that needs conversion, or STRATA_CUDA_PROMPT_STAGE=0.
+  // Whether e takes PromptStage: not when it is in VRAM (resident or in a tier slot), nor with no
+  // staging memory, no device table for its layer, a matrix that needs conversion, or
+  // STRATA_CUDA_PROMPT_STAGE=0.
   bool PromptStages(const model::ExpertWeights &e) const;
   // Drops a staging slot's matrices from in_slots_ (its bytes stay until the slot is refilled).
   void Unstage(Slot &sl);
@@ -258,7 +259,8 @@ class CudaBackend final : public model::Backend {
   // ExpertFfn's work for one expert: its slot in the tier when it has one, the products, the slot's
   // use and hotness.
   void ExpertFfnOne(const model::ExpertWeights &e, const float *x, int64_t n_tok, float *y);
-  // After a host-path computation read `slot` for n_tok tokens: the slot's last use, its hotness.
+  // After a host-path computation read `slot` for n_tok tokens: the slot's last use, its hotness;
+  // a staging slot's matrices leave in_slots_ (Unstage).
   absl::Status SlotUsed(Slot *slot, int64_t n_tok);
   // Whether a routed expert of a prompt-sized batch goes through PromptExperts: 8-bit activations,
   // gate and up of one codec with integer dots, no biases, clamp or input-major layout. By codec and
