@@ -97,6 +97,7 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const model::Mo
   be->q8_ = q8_activations;
   const char *margin = std::getenv("STRATA_CUDA_PROMOTION_MARGIN");
   be->promotion_margin_ = margin == nullptr || margin[0] != '0';
+  if (be->promotion_margin_ && margin != nullptr && std::atof(margin) > 0) be->decode_margin_z_ = std::atof(margin);
   const char *batch = std::getenv("STRATA_COLD_COPIES_BATCH");
   be->batch_copies_ = batch == nullptr || batch[0] != '0';
   STRATA_ASSIGN_OR_RETURN(be->stream_, Stream::Create());
@@ -1878,7 +1879,7 @@ absl::Status CudaBackend::UpdateTier(int l) {
   }
   if (v < 0) return absl::OkStatus();
   if (slots_[v].key != nullptr &&
-      (promotion_margin_ ? !model::MarkedlyHotter(t.heat[best], v_heat) : t.heat[best] < v_heat + 2)) {
+      (promotion_margin_ ? !model::MarkedlyHotter(t.heat[best], v_heat, decode_margin_z_) : t.heat[best] < v_heat + 2)) {
     return absl::OkStatus();
   }
   STRATA_RETURN_IF_ERROR(Evict(v));

@@ -372,8 +372,9 @@ class CudaBackend final : public model::Backend {
   bool replan_ = false;                              // hotness grew on the host path since the last plan
   // Promotions (UpdateTier, Replan) take a held expert's slot only for a markedly hotter one
   // (model::MarkedlyHotter). STRATA_CUDA_PROMOTION_MARGIN=0: on any difference, as plain heat
-  // order (a measuring knob).
+  // order; =Z: decode promotions at z = Z instead of 2 (measuring knobs).
   bool promotion_margin_ = true;
+  double decode_margin_z_ = 2.0;  // the decode promotions' z (the re-plan's is 3)
   std::unique_ptr<CpuExperts> cpu_experts_;          // hybrid placement (null: off)
   std::unique_ptr<model::RegimeProbe> regime_;       // auto beside the copier: CPU share or copies, timed
   DeviceBuffer skip_dev_;                            // the experts of a layer the CPU computes
