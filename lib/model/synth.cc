@@ -69,6 +69,9 @@ constexpr int64_t kUnitElems = 256;
 constexpr uint64_t kPoolUnits = 509;
 constexpr float kMatrixStd = 0.02f;
 constexpr float kSpreadEmbdStd = 1.0f, kSpreadOutStd = 0.002f;  // token_embd and attn_output, "spread" routing
+// "skewed" routing: spread's stream, each router row scaled by exp(kRouterSkew N(0, 1)), so experts
+// with larger rows win more selections (calibrated on the Qwen3-30B-A3B shape: see synth.h).
+constexpr float kRouterSkew = 0.45f;
 constexpr uint64_t kChunkBytes = uint64_t{8} << 20;
 
 struct Pool {
@@ -105,10 +108,11 @@ struct Tensor {
   int64_t ne[4] = {1, 1, 1, 1};
   Fill fill = Fill::kNorm;
   float std_dev = kMatrixStd;  // of a pooled matrix's values
+  float row_skew = 0;          // a router's rows scaled by exp(row_skew N(0, 1)), each its own draw
   bool expert = false;
 };
 
-std::vector<Tensor> PlanTensors(const SynthShape &s, TypeId experts, TypeId attention, bool spread) {
+std::vector<Tensor> PlanTensors(const SynthShape &s, TypeId experts, TypeId attention, bool spread, float skew) {
   std::vector<Tensor> t;
   auto vec = [&](std::string name, int64_t n) {
     Tensor x;
@@ -150,6 +154,7 @@ std::vector<Tensor> PlanTensors(const SynthShape &s, TypeId experts, TypeId atte
     }
     vec(n("ffn_norm"), s.n_embd);
     mat(n("ffn_gate_inp"), s.n_expert, s.n_embd, TypeId::kF32, Fill::kRouter);              // (n_expert, n_embd)
+    t.back().row_skew = skew;
     mat(n("ffn_gate_exps"), s.n_ff_expert, s.n_embd, experts, Fill::kPool, s.n_expert);     // (n_expert, n_ff, n_embd)
     mat(n("ffn_down_exps"), s.n_embd, s.n_ff_expert, experts, Fill::kPool, s.n_expert);     // (n_expert, n_embd, n_ff)
     mat(n("ffn_up_exps"), s.n_ff_expert, s.n_embd, experts, Fill::kPool, s.n_expert);       // (n_expert, n_ff, n_embd)
@@ -185,9 +190,16 @@ absl::Status WriteTensor(const Tensor &t, uint64_t index, uint64_t nbytes, int n
     const float mean = t.fill == Fill::kNorm ? 1.0f : 0.0f;
     const uint64_t n = nbytes / sizeof(float);
     std::vector<float> vals(std::min<uint64_t>(n, kChunkBytes / sizeof(float)));
+    Rng row_rng(Mix(key, 0x5eed));  // the rows' scales, apart from the values' draws
+    float row_std = std_dev;
     for (uint64_t at = 0; at < n; at += vals.size()) {
       const uint64_t k = std::min<uint64_t>(vals.size(), n - at);
-      for (uint64_t i = 0; i < k; ++i) vals[i] = mean + std_dev * rng.Normal();
+      for (uint64_t i = 0; i < k; ++i) {
+        if (t.row_skew > 0 && (at + i) % static_cast<uint64_t>(n_embd) == 0) {
+          row_std = std_dev * std::exp(t.row_skew * row_rng.Normal());
+        }
+        vals[i] = mean + (t.row_skew > 0 ? row_std : std_dev) * rng.Normal();
+      }
       STRATA_RETURN_IF_ERROR(w.Write(vals.data(), k * sizeof(float)));
     }
     return absl::OkStatus();
@@ -357,12 +369,12 @@ absl::StatusOr<Resolved> Resolve(const SynthOptions &o) {
     }
     s.n_layer = o.layers;
   }
-  if (o.routing != "concentrated" && o.routing != "spread") {
-    return Errorf(MOE_ERR_INVALID_ARGUMENT, "unknown routing '%s' (known: concentrated, spread)", o.routing);
+  if (o.routing != "concentrated" && o.routing != "spread" && o.routing != "skewed") {
+    return Errorf(MOE_ERR_INVALID_ARGUMENT, "unknown routing '%s' (known: concentrated, spread, skewed)", o.routing);
   }
   STRATA_ASSIGN_OR_RETURN(r.experts, ParseCodec(o.experts, "--codec"));
   STRATA_ASSIGN_OR_RETURN(const TypeId attention, ParseCodec(o.attention, "--attention"));
-  r.tensors = PlanTensors(s, r.experts, attention, o.routing == "spread");
+  r.tensors = PlanTensors(s, r.experts, attention, o.routing != "concentrated", o.routing == "skewed" ? kRouterSkew : 0.0f);
   for (const Tensor &t : r.tensors) {
     const quant::Codec &c = *quant::FindCodec(t.type);
     if (t.ne[0] % c.block_elems != 0) {
