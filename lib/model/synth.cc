@@ -198,7 +198,7 @@ absl::Status WriteTensor(const Tensor &t, uint64_t index, uint64_t nbytes, int n
         if (t.row_skew > 0 && (at + i) % static_cast<uint64_t>(n_embd) == 0) {
           row_std = std_dev * std::exp(t.row_skew * row_rng.Normal());
         }
-        vals[i] = mean + (t.row_skew > 0 ? row_std : std_dev) * rng.Normal();
+        vals[i] = mean + row_std * rng.Normal();
       }
       STRATA_RETURN_IF_ERROR(w.Write(vals.data(), k * sizeof(float)));
     }
