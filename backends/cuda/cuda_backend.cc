@@ -98,6 +98,8 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const model::Mo
   const char *margin = std::getenv("STRATA_CUDA_PROMOTION_MARGIN");
   be->promotion_margin_ = margin == nullptr || margin[0] != '0';
   if (be->promotion_margin_ && margin != nullptr && std::atof(margin) > 0) be->decode_margin_z_ = std::atof(margin);
+  const char *pp = std::getenv("STRATA_CUDA_PROMPT_PROMOTE");
+  be->prompt_promote_ = pp == nullptr || pp[0] != '0';
   const char *batch = std::getenv("STRATA_COLD_COPIES_BATCH");
   be->batch_copies_ = batch == nullptr || batch[0] != '0';
   STRATA_ASSIGN_OR_RETURN(be->stream_, Stream::Create());
@@ -319,6 +321,15 @@ void CudaBackend::UpdatePaths(int64_t n_tok) {
         changed = true;
       }
     }
+  }
+  if (changed && cpu_experts_ != nullptr && cpu_experts_->tracing()) {
+    int n_hybrid = 0, n_copies = 0;
+    for (const LayerTable &t : tables_) {
+      n_hybrid += t.ok && t.hybrid ? 1 : 0;
+      n_copies += t.ok && t.stage && t.copies ? 1 : 0;
+    }
+    std::fprintf(stderr, "cuda paths: step %lld: %d layers with the CPU's share, %d with the copy engines\n",
+                 static_cast<long long>(steps_), n_hybrid, n_copies);
   }
   if (changed) {  // the recorded steps queue the old paths
     graphs_.clear();
@@ -747,6 +758,94 @@ absl::StatusOr<CudaBackend::Slot *> CudaBackend::PromptStage(const model::Expert
   ++fills_;
   fill_bytes_ += off;
   return &sl;
+}
+
+std::vector<std::pair<int, const uint8_t *>> CudaBackend::PromptPromotions(
+    const std::vector<const model::ExpertWeights *> &ew, const std::vector<int64_t> &row0,
+    const std::vector<int64_t> &row1, const std::vector<char> &stages) const {
+  std::vector<std::pair<int, const uint8_t *>> to(ew.size(), {-1, nullptr});
+  if (!prompt_promote_ || prompt_stage_.empty() || slots_.empty() || ew.empty()) return to;
+  auto id0 = expert_id_.find(ew[0]->gate.data);
+  if (id0 == expert_id_.end()) return to;
+  const int l = id0->second.first;
+  const LayerTable &t = tables_[l];
+  if (!t.ok) return to;
+  // The layer's hotness once this call's tokens are counted (SlotUsed adds them after the products).
+  std::vector<uint32_t> heat = t.heat;
+  std::vector<size_t> at(heat.size(), SIZE_MAX);  // each expert's place in the call
+  for (size_t u = 0; u < ew.size(); ++u) {
+    auto id = expert_id_.find(ew[u]->gate.data);
+    if (id == expert_id_.end() || id->second.first != l) continue;
+    const int x = id->second.second;
+    const uint64_t n = static_cast<uint64_t>(std::max<int64_t>(row1[u] - row0[u], 0));
+    heat[x] = static_cast<uint32_t>(std::min<uint64_t>(uint64_t{heat[x]} + n, UINT32_MAX));
+    at[x] = u;
+  }
+  size_t held = 0;
+  for (const Slot &sl : slots_) held += sl.key != nullptr && sl.layer == l ? 1 : 0;
+  if (held == 0) return to;
+  std::vector<char> wanted(heat.size(), 0);
+  std::vector<int> candidates;  // staged experts among the layer's hottest, hottest first
+  for (size_t x : model::HottestExperts(heat, held)) {
+    wanted[x] = 1;
+    if (at[x] != SIZE_MAX && stages[at[x]]) candidates.push_back(static_cast<int>(x));
+  }
+  // Victims: settled residents (no promotion in flight) outside the hottest, coldest first.
+  std::vector<std::pair<uint32_t, int>> victims;
+  for (int v = 0; v < static_cast<int>(slots_.size()); ++v) {
+    const Slot &sl = slots_[v];
+    if (sl.key == nullptr || sl.layer != l || !sl.in_table || wanted[sl.expert]) continue;
+    victims.emplace_back(heat[sl.expert], v);
+  }
+  std::sort(victims.begin(), victims.end());
+  for (size_t i = 0; i < candidates.size() && i < victims.size(); ++i) {
+    const uint32_t hot = heat[candidates[i]], cold = victims[i].first;
+    if (promotion_margin_ ? !model::MarkedlyHotter(hot, cold, 3.0) : hot <= cold) break;  // so do all later pairs
+    const int v = victims[i].second;
+    to[at[candidates[i]]] = {v, slots_[v].key};
+  }
+  return to;
+}
+
+absl::StatusOr<bool> CudaBackend::PromoteStaged(const Slot &ring) {
+  if (!Staging(&ring) || ring.key == nullptr) return false;
+  auto plan = prompt_plan_.find(ring.key);
+  if (plan == prompt_plan_.end()) return false;
+  const auto [v, victim] = plan->second;
+  prompt_plan_.erase(plan);
+  Slot &sl = slots_[v];
+  // A fill of the same call may have taken the slot since the plan, or the victim's own products
+  // may be still to come (a layer of several codecs goes in several groups).
+  if (sl.key != victim || !sl.in_table || prompt_pending_.count(victim) != 0 || slot_of_.count(ring.key) != 0) {
+    return false;
+  }
+  const uint8_t *src = stage_buf_.as<uint8_t>() + static_cast<uint64_t>(&ring - prompt_stage_.data()) * slot_bytes_;
+  uint8_t *dst = slot_buf_.as<uint8_t>() + static_cast<uint64_t>(v) * slot_bytes_;
+  defer_tables_ = true;
+  const absl::Status ev = Evict(v);  // the victim's table entries back to the host bytes
+  defer_tables_ = false;
+  STRATA_RETURN_IF_ERROR(ev);
+  uint64_t bytes = 0;
+  for (const uint8_t *p : ring.parts) {
+    auto it = in_slots_.find(p);
+    if (it == in_slots_.end()) return Errorf(MOE_ERR_INTERNAL, "a staged expert lost its matrices");
+    it->second.dev = dst + (it->second.dev - src);
+    bytes = std::max<uint64_t>(bytes, static_cast<uint64_t>(it->second.dev - dst) + it->second.bytes);
+  }
+  STRATA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_.get()));
+  sl.key = ring.key;
+  sl.layer = ring.layer;
+  sl.expert = ring.expert;
+  sl.parts = ring.parts;
+  sl.in_table = true;
+  sl.last_use = ++use_clock_;
+  slot_of_[sl.key] = v;
+  const model::ExpertWeights &e = w_->layers[sl.layer].experts[sl.expert];
+  defer_tables_ = true;
+  SetTable(sl.layer, sl.expert, in_slots_[e.gate.data].dev, in_slots_[e.up.data].dev, in_slots_[e.down.data].dev);
+  defer_tables_ = false;
+  ++promotions_;
+  return true;
 }
 
 void CudaBackend::Unstage(Slot &sl) {
@@ -1385,16 +1484,44 @@ void CudaBackend::ExpertsFfn(const model::ExpertWeights *const *ew, int n, const
     model::Backend::ExpertsFfn(ew, n, first, xg, yg, width);
     return;
   }
-  // Experts of one codec pair go together (a packed file may mix codecs within a layer).
-  std::map<std::pair<int, int>, std::vector<int>> by_codec;
+  // The re-plan inside the prompt over the layer's whole call (PromptPromotions).
+  std::vector<const model::ExpertWeights *> call;
+  std::vector<int64_t> c0, c1;
+  std::vector<char> staged(n, 0);
+  prompt_plan_.clear();
+  prompt_pending_.clear();
   for (int u = 0; u < n; ++u) {
     if (ew[u] == nullptr || first[u + 1] <= first[u]) continue;
-    if (!PromptEligible(*ew[u])) {
-      ExpertFfnOne(*ew[u], xg + first[u] * width, first[u + 1] - first[u], yg + first[u] * width);
-      continue;
-    }
-    by_codec[{static_cast<int>(ew[u]->gate.codec->id), static_cast<int>(ew[u]->down.codec->id)}].push_back(u);
+    staged[u] = PromptStages(*ew[u]) ? 1 : 0;
+    call.push_back(ew[u]);
+    c0.push_back(first[u]);
+    c1.push_back(first[u + 1]);
+    prompt_pending_.insert(ew[u]->gate.data);
   }
+  {
+    std::vector<char> flags;
+    for (int u = 0; u < n; ++u) {
+      if (ew[u] != nullptr && first[u + 1] > first[u]) flags.push_back(staged[u]);
+    }
+    const auto to = PromptPromotions(call, c0, c1, flags);
+    for (size_t i = 0; i < call.size(); ++i) {
+      if (to[i].first >= 0) prompt_plan_[call[i]->gate.data] = to[i];
+    }
+  }
+  // Experts of one codec pair go together (a packed file may mix codecs within a layer); the
+  // others one at a time, those in VRAM first (each writes its own rows: the order changes no bits).
+  std::map<std::pair<int, int>, std::vector<int>> by_codec;
+  for (int pass = 0; pass < 2; ++pass) {
+    for (int u = 0; u < n; ++u) {
+      if (ew[u] == nullptr || first[u + 1] <= first[u] || staged[u] != pass) continue;
+      if (!PromptEligible(*ew[u])) {
+        ExpertFfnOne(*ew[u], xg + first[u] * width, first[u + 1] - first[u], yg + first[u] * width);
+        continue;
+      }
+      by_codec[{static_cast<int>(ew[u]->gate.codec->id), static_cast<int>(ew[u]->down.codec->id)}].push_back(u);
+    }
+  }
+  absl::Status st = absl::OkStatus();
   for (const auto &[codecs, us] : by_codec) {
     std::vector<const model::ExpertWeights *> es;
     std::vector<int64_t> r0, r1;
@@ -1403,8 +1530,12 @@ void CudaBackend::ExpertsFfn(const model::ExpertWeights *const *ew, int n, const
       r0.push_back(first[u]);
       r1.push_back(first[u + 1]);
     }
-    if (!Note(PromptExperts(es, r0, r1, xg, yg))) return;
+    st = PromptExperts(es, r0, r1, xg, yg);
+    if (!st.ok()) break;
   }
+  prompt_plan_.clear();
+  prompt_pending_.clear();
+  Note(st);
 }
 
 bool CudaBackend::PromptEligible(const model::ExpertWeights &e) const {
@@ -1559,6 +1690,15 @@ absl::Status CudaBackend::PromptExperts(const std::vector<const model::ExpertWei
                    static_cast<long long>(rows), std::chrono::duration<double, std::micro>(t2 - t1).count(),
                    std::chrono::duration<double, std::micro>(t3 - t2).count());
     }
+    for (int i = 0; i < m; ++i) prompt_pending_.erase(ew[c0 + i]->gate.data);
+    bool promoted = false;
+    for (int i = 0; i < m; ++i) {
+      if (slot[i] == nullptr) continue;
+      STRATA_ASSIGN_OR_RETURN(const bool p, PromoteStaged(*slot[i]));
+      promoted = promoted || p;
+    }
+    if (promoted) FlushTables();
+    // After the promotions' copies: a staging slot is refilled only once they have read it.
     for (int i = 0; i < m; ++i) {
       if (slot[i] != nullptr) STRATA_RETURN_IF_ERROR(SlotUsed(slot[i], row1[c0 + i] - row0[c0 + i]));
     }
@@ -1587,7 +1727,12 @@ void CudaBackend::ExpertFfnOne(const model::ExpertWeights &e, const float *x, in
     slot = *s;
   }
   Note(ExpertFfnImpl(e, x, n_tok, y));
-  if (slot != nullptr) Note(SlotUsed(slot, n_tok));
+  prompt_pending_.erase(e.gate.data);
+  if (slot == nullptr) return;
+  auto promoted = PromoteStaged(*slot);
+  if (!Note(promoted.status())) return;
+  if (*promoted) FlushTables();
+  Note(SlotUsed(slot, n_tok));
 }
 
 absl::Status CudaBackend::Replan() {

@@ -46,6 +46,7 @@
 #include <memory>
 #include <set>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "backends/cuda/cold_copier.h"
@@ -238,6 +239,27 @@ class CudaBackend final : public model::Backend {
   // staging memory, no device table for its layer, a matrix that needs conversion, or
   // STRATA_CUDA_PROMPT_STAGE=0.
   bool PromptStages(const model::ExpertWeights &e) const;
+  // The re-plan inside a prompt, a layer at a time: for each of a call's experts (ew, rows
+  // [row0, row1), `stages` flagging those PromptStage takes), the tier slot it takes once its
+  // products ran and the key that slot must still hold then, else (-1, null). With the call's
+  // tokens counted, a staged expert among the layer's hottest (as many as the layer holds slots)
+  // takes the slot of a resident of the layer outside them and markedly colder (z = 3, as Replan),
+  // the hottest with the coldest first. Such a resident's products come first in the call (the
+  // experts in VRAM go first), so the copy waits for nothing. Off with STRATA_CUDA_PROMPT_PROMOTE=0
+  // (a measuring knob), and without staging memory.
+  std::vector<std::pair<int, const uint8_t *>> PromptPromotions(const std::vector<const model::ExpertWeights *> &ew,
+                                                               const std::vector<int64_t> &row0,
+                                                               const std::vector<int64_t> &row1,
+                                                               const std::vector<char> &stages) const;
+  // After the products of the expert in staging slot `ring`: when the call's plan gives it tier
+  // slot v and v still holds the victim, whose products are queued already, one copy on the
+  // compute stream from the staging slot (before the ring comes round), so the link carries the
+  // expert once. Its table entries point at the slot, deferred (true: the caller flushes them).
+  absl::StatusOr<bool> PromoteStaged(const Slot &ring);
+  // A host-path call's plan (ExpertsFfn): staged expert -> (tier slot, the key it holds), and the
+  // call's experts whose products are not queued yet.
+  std::unordered_map<const uint8_t *, std::pair<int, const uint8_t *>> prompt_plan_;
+  std::unordered_set<const uint8_t *> prompt_pending_;
   // Drops a staging slot's matrices from in_slots_ (its bytes stay until the slot is refilled).
   void Unstage(Slot &sl);
   bool Staging(const Slot *sl) const {
@@ -374,6 +396,7 @@ class CudaBackend final : public model::Backend {
   // (model::MarkedlyHotter). STRATA_CUDA_PROMOTION_MARGIN=0: on any difference, as plain heat
   // order; =Z: decode promotions at z = Z instead of 2 (measuring knobs).
   bool promotion_margin_ = true;
+  bool prompt_promote_ = true;  // PromptPromotions (STRATA_CUDA_PROMPT_PROMOTE=0: off)
   double decode_margin_z_ = 2.0;  // the decode promotions' z (the re-plan's is 3)
   std::unique_ptr<CpuExperts> cpu_experts_;          // hybrid placement (null: off)
   std::unique_ptr<model::RegimeProbe> regime_;       // auto beside the copier: CPU share or copies, timed

@@ -340,10 +340,75 @@ TEST_CASE("CUDA backend: a prompt stages its cold experts beside the VRAM tier",
     CHECK(staged == all);
     CHECK(unstaged == all);
     CHECK(st.vram_fills > 0);
-    CHECK(st.vram_fills <= n_routed - slots);  // each expert outside the tier once
+    CHECK(st.vram_fills <= n_routed - slots);  // each expert outside the tier once, promoted or not
     CHECK(ust.vram_fills > st.vram_fills);
     CHECK(st.vram_replans == 0);
-    CHECK(st.vram_promotions == 0);
+  }
+  unsetenv("STRATA_CUDA_COLD_COPIES");
+}
+
+// The re-plan inside a prompt (PromptPromotions): a staged expert among its layer's hottest takes
+// the slot of a markedly colder resident of the layer by a copy from its staging slot, so the
+// re-plan after the prompt has fewer experts to bring over the link. Concentrated routing, a third
+// of the experts in slots, filled at open from a hotlist ranked the wrong way round (the prompt's
+// least used first, counted by the CPU backend), a 300-token prompt and one decode step (the
+// re-plan's), fresh random tokens, float and 8-bit activations (experts one at a time, and in
+// chunks on the tensor cores): against STRATA_CUDA_PROMPT_PROMOTE=0, fewer fills, bit-identical
+// to all-resident either way. The prompt alone promotes with no fill beyond one per staged expert.
+TEST_CASE("CUDA backend: a prompt promotes its hottest staged experts into the VRAM tier", "[gpu][golden]") {
+  if (!strata::cuda::test::HaveGpu()) return;
+  strata::format::testing::TempDir dir;
+  strata::model::SynthOptions o;
+  o.shape = "tiny";
+  o.layers = 8;
+  const std::string model = dir.File("tiny_concentrated.gguf");
+  REQUIRE(strata::model::Synthesize(o, model).ok());
+  REQUIRE(setenv("STRATA_CUDA_COLD_COPIES", "4", 1) == 0);  // staging memory at this budget
+  uint32_t slots = 0, n_routed = 0;
+  const uint64_t budget = ThirdInSlots(model, &slots, &n_routed);
+  INFO("budget " << budget << ": " << slots << " of " << n_routed << " experts in slots");
+  REQUIRE(2 * slots <= n_routed);
+  const unsigned seed = std::random_device{}();
+  INFO("seed " << seed);
+  const std::vector<int32_t> tokens = RandomTokens(301, seed);
+  const std::vector<int32_t> prompt(tokens.begin(), tokens.begin() + 300);
+  std::vector<uint64_t> counts;
+  TeacherForced(model, prompt, 300, MOE_BACKEND_CPU, 0, nullptr, nullptr, nullptr, MOE_CPU_EXPERTS_OFF, false, nullptr,
+                &counts);
+  REQUIRE(counts.size() % 8 == 0);
+  const uint64_t top = *std::max_element(counts.begin(), counts.end());
+  const size_t n_expert = counts.size() / 8;
+  const std::string cold = dir.File("cold.txt");
+  {
+    std::ofstream c(cold);
+    for (size_t i = 0; i < counts.size(); ++i) c << i / n_expert << ' ' << i % n_expert << ' ' << top - counts[i] << '\n';
+  }
+  for (bool q8 : {false, true}) {
+    INFO("8-bit activations " << q8);
+    const auto all = TeacherForced(model, tokens, 300, MOE_BACKEND_CUDA, 0, nullptr, nullptr, nullptr,
+                                   MOE_CPU_EXPERTS_OFF, q8);
+    moe_stats on, off, alone;
+    const auto promoted = TeacherForced(model, tokens, 300, MOE_BACKEND_CUDA, budget, nullptr, nullptr, &on,
+                                        MOE_CPU_EXPERTS_OFF, q8, cold.c_str());
+    TeacherForced(model, prompt, 300, MOE_BACKEND_CUDA, budget, nullptr, nullptr, &alone, MOE_CPU_EXPERTS_OFF, q8,
+                  cold.c_str());
+    REQUIRE(setenv("STRATA_CUDA_PROMPT_PROMOTE", "0", 1) == 0);
+    const auto unpromoted = TeacherForced(model, tokens, 300, MOE_BACKEND_CUDA, budget, nullptr, nullptr, &off,
+                                          MOE_CPU_EXPERTS_OFF, q8, cold.c_str());
+    unsetenv("STRATA_CUDA_PROMPT_PROMOTE");
+    INFO("prompt alone: promotions " << alone.vram_promotions << ", fills " << alone.vram_fills
+                                     << "; with a decode step: fills " << on.vram_fills << " (promotions "
+                                     << on.vram_promotions << "), without the prompt's promotions " << off.vram_fills
+                                     << " (" << off.vram_promotions << ")");
+    CHECK(promoted == all);
+    CHECK(unpromoted == all);
+    CHECK(alone.vram_replans == 0);
+    CHECK(alone.vram_promotions > 0);
+    CHECK(alone.vram_fills <= n_routed - slots);
+    CHECK(on.vram_replans == 1);
+    CHECK(off.vram_replans == 1);
+    CHECK(off.vram_promotions > 0);
+    CHECK(on.vram_fills < off.vram_fills);
   }
   unsetenv("STRATA_CUDA_COLD_COPIES");
 }
