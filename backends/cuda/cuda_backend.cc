@@ -272,7 +272,14 @@ absl::StatusOr<double> CudaBackend::MeasureCopyLatency(double link_bytes_s) {
 }
 
 void CudaBackend::UpdatePaths(int64_t n_tok) {
-  bool changed = false;
+  // The paths wanted first, then whether to take them.
+  std::vector<char> hybrid_on(tables_.size(), 0), copies_on(tables_.size(), 0);
+  for (size_t l = 0; l < tables_.size(); ++l) {
+    hybrid_on[l] = tables_[l].hybrid ? 1 : 0;
+    copies_on[l] = tables_[l].copies ? 1 : 0;
+  }
+  bool forced = false;  // a change of regime
+  double gain = 0;      // seconds a step the layers' own changes are expected to save
   if (cpu_experts_ != nullptr) {
     const double rt = cpu_experts_->round_trip_s();
     // Under the probe's link regime no layer takes the CPU's share (the copier serves them all).
@@ -281,16 +288,17 @@ void CudaBackend::UpdatePaths(int64_t n_tok) {
       const double now = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
       allow = regime_->Step(n_tok, now) == model::RegimeProbe::Regime::kHybrid;
     }
-    for (LayerTable &t : tables_) {
+    forced = allow != allowed_;
+    allowed_ = allow;
+    for (size_t l = 0; l < tables_.size(); ++l) {
+      const LayerTable &t = tables_[l];
       if (!t.ok) continue;
       bool on = allow;
       if (allow && cpu_experts_->mode() != CpuExpertMode::kAlways) {
         on = t.cpu_saving > (t.hybrid ? 0.5 : 1.0) * rt;  // hysteresis: a layer does not flip back and forth
+        if (on != t.hybrid) gain += std::abs(t.cpu_saving - rt);
       }
-      if (on != t.hybrid) {
-        t.hybrid = on;
-        changed = true;
-      }
+      hybrid_on[l] = on ? 1 : 0;
     }
   }
   if (copier_ != nullptr) {
@@ -305,24 +313,42 @@ void CudaBackend::UpdatePaths(int64_t n_tok) {
       const char *e = std::getenv("STRATA_CUDA_COPIES_BESIDE_CPU");
       return e == nullptr || e[0] != '0';
     }();
-    const bool hybrid = !beside && std::any_of(tables_.begin(), tables_.end(),
-                                               [](const LayerTable &t) { return t.ok && t.hybrid; });
+    bool hybrid = false, was_hybrid = false;
+    for (size_t l = 0; l < tables_.size(); ++l) {
+      hybrid = hybrid || (!beside && tables_[l].ok && hybrid_on[l]);
+      was_hybrid = was_hybrid || (!beside && tables_[l].ok && tables_[l].hybrid);
+    }
+    forced = forced || hybrid != was_hybrid;
     // STRATA_CUDA_COPIES_MIN_COLD=X: the cold experts a call from which a layer takes the copy
     // engines (default 1; it keeps them down to half of that). A measuring knob.
     static const double min_cold = [] {
       const char *e = std::getenv("STRATA_CUDA_COPIES_MIN_COLD");
       return e != nullptr && *e != '\0' ? std::max(0.0, std::atof(e)) : 1.0;
     }();
-    for (LayerTable &t : tables_) {
+    for (size_t l = 0; l < tables_.size(); ++l) {
+      const LayerTable &t = tables_[l];
       if (!t.ok || !t.stage) continue;
       const bool on = !hybrid && t.cold_avg >= (t.copies ? 0.5 : 1.0) * min_cold;
-      if (on != t.copies) {
-        t.copies = on;
-        changed = true;
-      }
+      if (on != t.copies && hybrid == was_hybrid) gain += kCopiesFlipGainS;
+      copies_on[l] = on ? 1 : 0;
     }
   }
-  if (changed && cpu_experts_ != nullptr && cpu_experts_->tracing()) {
+  const bool tracing = cpu_experts_ != nullptr && cpu_experts_->tracing();
+  if (!forced && record_s_ > 0 && gain * kPathHorizon <= record_s_) {
+    if (tracing && gain > 0) {
+      std::fprintf(stderr, "cuda paths: step %lld: changes held (%.1f us a step against %.2f ms to record again)\n",
+                   static_cast<long long>(steps_), gain * 1e6, record_s_ * 1e3);
+    }
+    return;
+  }
+  bool changed = false;
+  for (size_t l = 0; l < tables_.size(); ++l) {
+    LayerTable &t = tables_[l];
+    changed = changed || t.hybrid != (hybrid_on[l] != 0) || t.copies != (copies_on[l] != 0);
+    t.hybrid = hybrid_on[l] != 0;
+    t.copies = copies_on[l] != 0;
+  }
+  if (changed && tracing) {
     int n_hybrid = 0, n_copies = 0;
     for (const LayerTable &t : tables_) {
       n_hybrid += t.ok && t.hybrid ? 1 : 0;
@@ -1484,6 +1510,7 @@ void CudaBackend::ExpertsFfn(const model::ExpertWeights *const *ew, int n, const
     model::Backend::ExpertsFfn(ew, n, first, xg, yg, width);
     return;
   }
+  host_batch_since_ = true;  // a prompt: the next step's time is not a step's (TimeStep)
   // The re-plan inside the prompt over the layer's whole call (PromptPromotions).
   std::vector<const model::ExpertWeights *> call;
   std::vector<int64_t> c0, c1;
@@ -2247,7 +2274,31 @@ absl::Status CudaBackend::HostRoundTrip(const char *what) {
   return absl::OkStatus();
 }
 
+void CudaBackend::TimeStep(const model::StepKey &key) {
+  const auto now = std::chrono::steady_clock::now();
+  if (last_n_tok_ == key.n_tok && !host_batch_since_) {
+    const double dt = std::chrono::duration<double>(now - last_begin_).count();
+    if (last_mode_ == StepMode::kReplay) {
+      replay_s_ = replay_s_ > 0 ? 0.875 * replay_s_ + 0.125 * dt : dt;
+    } else if (last_mode_ == StepMode::kEager) {
+      eager_s_ = dt;
+    } else if (last_mode_ == StepMode::kCapture && replay_s_ > 0 && eager_s_ > 0) {
+      const double cost = std::max(0.0, eager_s_ + dt - 2 * replay_s_);
+      record_s_ = record_s_ > 0 ? 0.5 * record_s_ + 0.5 * cost : cost;
+    }
+  }
+  last_begin_ = now;
+  last_n_tok_ = key.n_tok;
+  host_batch_since_ = false;
+}
+
 model::Backend::StepMode CudaBackend::BeginStep(const model::StepKey &key) {
+  TimeStep(key);
+  last_mode_ = BeginStepImpl(key);
+  return last_mode_;
+}
+
+model::Backend::StepMode CudaBackend::BeginStepImpl(const model::StepKey &key) {
   // A replayed step queues its graph here and has no EndStep: the bracket closes at the next step.
   if (profiler_step_ >= 0 && steps_ == profiler_step_ + 1) (void)cudaProfilerStop();
   if (steps_++ == profiler_step_) {

@@ -204,8 +204,29 @@ class CudaBackend final : public model::Backend {
   absl::StatusOr<double> MeasureLink();
   absl::StatusOr<double> MeasureCopyLatency(double link_bytes_s);  // one slot's copy beyond its bytes
   // Between steps (the next has n_tok tokens): which layers take the hybrid path, and which have
-  // their cold experts copied by the copy engines. A change drops the recorded graphs.
+  // their cold experts copied by the copy engines. A change drops the recorded graphs, and the next
+  // two steps run eagerly and record again: on the H200 (8 GiB, skewed routing) ~10 ms, more than
+  // a step, where a layer near a threshold saves microseconds a step by its change. So the layers'
+  // own changes wait until what they are expected to save over kPathHorizon steps outweighs the
+  // measured cost of re-recording (TimeStep); a change of regime (the CPU's share allowed or not)
+  // is taken at once.
   void UpdatePaths(int64_t n_tok);
+  static constexpr double kPathHorizon = 32;
+  // A layer's copy-engine path on or off, for the rule above: the copier's prediction and wait
+  // for a layer cost ~28 us a step (on the H200, concentrated routing, 186 against 244 tok/s
+  // copying every layer), about what it saves a layer with a cold expert a call.
+  static constexpr double kCopiesFlipGainS = 28e-6;
+  bool allowed_ = false;  // the last call's regime allowed the CPU's share
+  // Step times between BeginStep calls of equal token counts with no prompt between: a replayed
+  // step's (moving average), the last eager one's, and what re-recording costs over two replayed
+  // steps (an eager step and the recording one after it; 0 until measured).
+  void TimeStep(const model::StepKey &key);
+  StepMode BeginStepImpl(const model::StepKey &key);
+  std::chrono::steady_clock::time_point last_begin_{};
+  StepMode last_mode_ = StepMode::kEager;
+  int64_t last_n_tok_ = -1;
+  bool host_batch_since_ = false;  // a prompt ran since the last BeginStep
+  double replay_s_ = 0, eager_s_ = 0, record_s_ = 0;
   // After host-path batches (a prompt) added to the route hotness: the hottest experts of every
   // device-table layer take the slots (filled on the copy stream, entering the tables as they land).
   absl::Status Replan();
