@@ -23,11 +23,13 @@
 //  - other batches (prefill, families the grouped kernels do not cover) copy each expert outside
 //    the tier in before its products, the compute stream waiting for the copy: for a layer with a
 //    device table into a ring of staging slots beside the tier (the decode staging sets' memory,
-//    PromptStage), so a prompt leaves the slots to the experts decode wants; else (no staging
-//    memory, no table) into the slot of the coldest expert by route hotness outside the layer
-//    (PromptVictim). Their tokens count into the route hotness, and the next step re-plans the
-//    slots (Replan): the hottest experts of every layer replace residents markedly colder than
-//    they are (model::MarkedlyHotter), filled on the copy stream while decode goes on.
+//    PromptStage), so a prompt leaves the slots to the experts decode wants, and a staged expert
+//    among its layer's hottest takes a markedly colder resident's slot by a device copy from the
+//    staging slot (PromptPromotions); else (no staging memory, no table) into the slot of the
+//    coldest expert by route hotness outside the layer (PromptVictim). Their tokens count into
+//    the route hotness, and the next step re-plans the slots (Replan): the hottest experts of
+//    every layer replace residents markedly colder than they are (model::MarkedlyHotter), filled
+//    on the copy stream while decode goes on.
 // Events order a slot's refill after the last computation that read it. The bytes are the same
 // everywhere, so results are bit-identical at any budget.
 //
@@ -252,8 +254,8 @@ class CudaBackend final : public model::Backend {
   absl::Status FillAtOpen(const std::vector<model::HotExpert> &hot, size_t hot_max);
   // A prompt's expert outside the tier, of a layer with a device table, is copied into a staging
   // slot beside the tier (the decode staging sets' memory, idle between decode steps) instead of
-  // taking a tier slot: the tier keeps the experts decode wants, and the re-plan after the prompt
-  // promotes those the prompt found markedly hotter. The ring of slots is reused in order, each
+  // taking a tier slot: the tier keeps the experts decode wants; PromptPromotions moves a layer's
+  // markedly hotter ones into the tier, and the re-plan after the prompt the rest. The ring of slots is reused in order, each
   // refill after the last computation that read it.
   absl::StatusOr<Slot *> PromptStage(const model::ExpertWeights &e);
   // Whether e takes PromptStage: not when it is in VRAM (resident or in a tier slot), nor with no
