@@ -59,6 +59,36 @@ std::string TinySpread(strata::format::testing::TempDir &dir) {
   return model;
 }
 
+// The tiny shape with concentrated routing (the synthetic default: a few experts a layer take most
+// tokens), 8 layers.
+std::string TinyConcentrated(strata::format::testing::TempDir &dir) {
+  strata::model::SynthOptions o;
+  o.shape = "tiny";
+  o.layers = 8;
+  const std::string model = dir.File("tiny_concentrated.gguf");
+  REQUIRE(strata::model::Synthesize(o, model).ok());
+  return model;
+}
+
+// Hotlists (the format `strata profile` writes) of an 8-layer model's selections of `tokens` (the
+// first `prefill` a prompt), counted by the CPU backend, which sees every selection (the GPU routes
+// on the device): `hot` as counted, `cold` ranked the other way round (the least used first).
+void WriteHotlists(const std::string &model, const std::vector<int32_t> &tokens, size_t prefill,
+                   const std::string &hot, const std::string &cold) {
+  std::vector<uint64_t> counts;
+  TeacherForced(model, tokens, prefill, MOE_BACKEND_CPU, 0, nullptr, nullptr, nullptr, MOE_CPU_EXPERTS_OFF, false,
+                nullptr, &counts);
+  REQUIRE(counts.size() % 8 == 0);
+  const uint64_t top = *std::max_element(counts.begin(), counts.end());
+  REQUIRE(top > 0);
+  const size_t n_expert = counts.size() / 8;
+  std::ofstream h(hot), c(cold);
+  for (size_t i = 0; i < counts.size(); ++i) {
+    h << i / n_expert << ' ' << i % n_expert << ' ' << counts[i] << '\n';
+    c << i / n_expert << ' ' << i % n_expert << ' ' << top - counts[i] << '\n';
+  }
+}
+
 // The smallest VRAM budget (in steps of 256 KiB) whose plan holds a third of the model's experts
 // or more, with its slots and routed experts; the test fails when none up to 64 MiB does.
 uint64_t ThirdInSlots(const std::string &model, uint32_t *slots, uint32_t *n_routed) {
@@ -358,11 +388,7 @@ TEST_CASE("CUDA backend: a prompt stages its cold experts beside the VRAM tier",
 TEST_CASE("CUDA backend: a prompt promotes its hottest staged experts into the VRAM tier", "[gpu][golden]") {
   if (!strata::cuda::test::HaveGpu()) return;
   strata::format::testing::TempDir dir;
-  strata::model::SynthOptions o;
-  o.shape = "tiny";
-  o.layers = 8;
-  const std::string model = dir.File("tiny_concentrated.gguf");
-  REQUIRE(strata::model::Synthesize(o, model).ok());
+  const std::string model = TinyConcentrated(dir);
   REQUIRE(setenv("STRATA_CUDA_COLD_COPIES", "4", 1) == 0);  // staging memory at this budget
   uint32_t slots = 0, n_routed = 0;
   const uint64_t budget = ThirdInSlots(model, &slots, &n_routed);
@@ -372,17 +398,8 @@ TEST_CASE("CUDA backend: a prompt promotes its hottest staged experts into the V
   INFO("seed " << seed);
   const std::vector<int32_t> tokens = RandomTokens(301, seed);
   const std::vector<int32_t> prompt(tokens.begin(), tokens.begin() + 300);
-  std::vector<uint64_t> counts;
-  TeacherForced(model, prompt, 300, MOE_BACKEND_CPU, 0, nullptr, nullptr, nullptr, MOE_CPU_EXPERTS_OFF, false, nullptr,
-                &counts);
-  REQUIRE(counts.size() % 8 == 0);
-  const uint64_t top = *std::max_element(counts.begin(), counts.end());
-  const size_t n_expert = counts.size() / 8;
   const std::string cold = dir.File("cold.txt");
-  {
-    std::ofstream c(cold);
-    for (size_t i = 0; i < counts.size(); ++i) c << i / n_expert << ' ' << i % n_expert << ' ' << top - counts[i] << '\n';
-  }
+  WriteHotlists(model, prompt, 300, dir.File("hot.txt"), cold);
   for (bool q8 : {false, true}) {
     INFO("8-bit activations " << q8);
     const auto all = TeacherForced(model, tokens, 300, MOE_BACKEND_CUDA, 0, nullptr, nullptr, nullptr,
@@ -421,34 +438,16 @@ TEST_CASE("CUDA backend: a prompt promotes its hottest staged experts into the V
 TEST_CASE("CUDA backend: a hotlist seeds the VRAM tier at open", "[gpu][golden]") {
   if (!strata::cuda::test::HaveGpu()) return;
   strata::format::testing::TempDir dir;
-  strata::model::SynthOptions o;
-  o.shape = "tiny";
-  o.layers = 8;
-  const std::string model = dir.File("tiny_concentrated.gguf");
-  REQUIRE(strata::model::Synthesize(o, model).ok());
+  const std::string model = TinyConcentrated(dir);
   uint32_t slots = 0, n_routed = 0;
   const uint64_t budget = ThirdInSlots(model, &slots, &n_routed);
   INFO("budget " << budget << ": " << slots << " of " << n_routed << " experts in slots");
   const unsigned seed = std::random_device{}();
   INFO("seed " << seed);
   const std::vector<int32_t> tokens = RandomTokens(41, seed);
-  // The counts from the CPU backend, which sees every selection (the GPU routes on the device).
-  std::vector<uint64_t> counts;
-  TeacherForced(model, tokens, 1, MOE_BACKEND_CPU, 0, nullptr, nullptr, nullptr, MOE_CPU_EXPERTS_OFF, false, nullptr,
-                &counts);
-  REQUIRE(counts.size() % 8 == 0);
-  const uint64_t top = *std::max_element(counts.begin(), counts.end());
-  REQUIRE(top > 0);
-  const size_t n_expert = counts.size() / 8;
-  const auto all = TeacherForced(model, tokens, 1, MOE_BACKEND_CUDA);
   const std::string hot = dir.File("hot.txt"), cold = dir.File("cold.txt");
-  {
-    std::ofstream h(hot), c(cold);
-    for (size_t i = 0; i < counts.size(); ++i) {
-      h << i / n_expert << ' ' << i % n_expert << ' ' << counts[i] << '\n';
-      c << i / n_expert << ' ' << i % n_expert << ' ' << top - counts[i] << '\n';
-    }
-  }
+  WriteHotlists(model, tokens, 1, hot, cold);
+  const auto all = TeacherForced(model, tokens, 1, MOE_BACKEND_CUDA);
   moe_stats hot_st, cold_st;
   const auto by_hot = TeacherForced(model, tokens, 1, MOE_BACKEND_CUDA, budget, nullptr, nullptr, &hot_st,
                                     MOE_CPU_EXPERTS_OFF, false, hot.c_str());
