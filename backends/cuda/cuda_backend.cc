@@ -826,7 +826,7 @@ std::vector<std::pair<int, const uint8_t *>> CudaBackend::PromptPromotions(
   std::sort(victims.begin(), victims.end());
   for (size_t i = 0; i < candidates.size() && i < victims.size(); ++i) {
     const uint32_t hot = heat[candidates[i]], cold = victims[i].first;
-    if (promotion_margin_ ? !model::MarkedlyHotter(hot, cold, 3.0) : hot <= cold) break;  // so do all later pairs
+    if (promotion_margin_ ? !model::MarkedlyHotter(hot, cold, kReplanZ) : hot <= cold) break;  // so do all later pairs
     const int v = victims[i].second;
     to[at[candidates[i]]] = {v, slots_[v].key};
   }
@@ -1514,7 +1514,7 @@ void CudaBackend::ExpertsFfn(const model::ExpertWeights *const *ew, int n, const
   // The re-plan inside the prompt over the layer's whole call (PromptPromotions).
   std::vector<const model::ExpertWeights *> call;
   std::vector<int64_t> c0, c1;
-  std::vector<char> staged(n, 0);
+  std::vector<char> staged(n, 0), call_staged;
   prompt_plan_.clear();
   prompt_pending_.clear();
   for (int u = 0; u < n; ++u) {
@@ -1523,17 +1523,12 @@ void CudaBackend::ExpertsFfn(const model::ExpertWeights *const *ew, int n, const
     call.push_back(ew[u]);
     c0.push_back(first[u]);
     c1.push_back(first[u + 1]);
+    call_staged.push_back(staged[u]);
     prompt_pending_.insert(ew[u]->gate.data);
   }
-  {
-    std::vector<char> flags;
-    for (int u = 0; u < n; ++u) {
-      if (ew[u] != nullptr && first[u + 1] > first[u]) flags.push_back(staged[u]);
-    }
-    const auto to = PromptPromotions(call, c0, c1, flags);
-    for (size_t i = 0; i < call.size(); ++i) {
-      if (to[i].first >= 0) prompt_plan_[call[i]->gate.data] = to[i];
-    }
+  const auto to = PromptPromotions(call, c0, c1, call_staged);
+  for (size_t i = 0; i < call.size(); ++i) {
+    if (to[i].first >= 0) prompt_plan_[call[i]->gate.data] = to[i];
   }
   // Experts of one codec pair go together (a packed file may mix codecs within a layer); the
   // others one at a time, those in VRAM first (each writes its own rows: the order changes no bits).
@@ -1812,7 +1807,7 @@ absl::Status CudaBackend::Replan() {
     if (slot_of_.count(e.gate.data) != 0) continue;  // already held
     const auto [held, v_heat, v] = victims[next];
     // Candidates come hottest first and victims coldest first: once one pair fails, all later do.
-    if (promotion_margin_ && held && !model::MarkedlyHotter(heat[i], v_heat, 3.0)) break;
+    if (promotion_margin_ && held && !model::MarkedlyHotter(heat[i], v_heat, kReplanZ)) break;
     ++next;
     STRATA_RETURN_IF_ERROR(Evict(v));
     STRATA_RETURN_IF_ERROR(Fill(v, e, l, x));

@@ -420,7 +420,8 @@ class CudaBackend final : public model::Backend {
   // order; =Z: decode promotions at z = Z instead of 2 (measuring knobs).
   bool promotion_margin_ = true;
   bool prompt_promote_ = true;  // PromptPromotions (STRATA_CUDA_PROMPT_PROMOTE=0: off)
-  double decode_margin_z_ = 2.0;  // the decode promotions' z (the re-plan's is 3)
+  double decode_margin_z_ = 2.0;  // the decode promotions' z
+  static constexpr double kReplanZ = 3.0;  // the re-plan's z, after a prompt and inside it (Replan)
   std::unique_ptr<CpuExperts> cpu_experts_;          // hybrid placement (null: off)
   std::unique_ptr<model::RegimeProbe> regime_;       // auto beside the copier: CPU share or copies, timed
   DeviceBuffer skip_dev_;                            // the experts of a layer the CPU computes
