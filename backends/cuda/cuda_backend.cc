@@ -90,6 +90,9 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const model::Mo
   auto be = std::unique_ptr<CudaBackend>(new CudaBackend());
   const char *prof = std::getenv("STRATA_CUDA_PROFILE");
   be->profile_ = prof != nullptr && prof[0] == '1';
+  if (const char *st = std::getenv("STRATA_CUDA_STAMPS"); st != nullptr && st[0] == '1') {
+    STRATA_ASSIGN_OR_RETURN(be->stamps_, DeviceBuffer::Allocate(kMaxStamps * sizeof(unsigned long long)));
+  }
   const char *graphs = std::getenv("STRATA_CUDA_GRAPHS");
   be->use_graphs_ = graphs == nullptr || graphs[0] != '0';
   const char *mark = std::getenv("STRATA_CUDA_PROFILER_STEP");
@@ -358,17 +361,21 @@ void CudaBackend::UpdatePaths(int64_t n_tok) {
                  static_cast<long long>(steps_), n_hybrid, n_copies);
   }
   if (changed) {  // the recorded steps queue the old paths
+    ReadStamps();  // before its graph goes
     graphs_.clear();
     clean_.clear();
     if (regime_ != nullptr) regime_->Disturbed();  // this step records again: no sample of either way
   }
 }
 
-CudaBackend::Profile::Profile(CudaBackend *be, const char *op) : be_(be->profile_ ? be : nullptr), op_(op) {
+CudaBackend::Profile::Profile(CudaBackend *be, const char *op)
+    : be_(be->profile_ ? be : nullptr), stamp_(be->stamps_.data() != nullptr ? be : nullptr), op_(op) {
   if (be_ != nullptr && be_->profile_depth_++ == 0) t0_ = std::chrono::steady_clock::now();
+  if (stamp_ != nullptr) ++stamp_->stamp_depth_;
 }
 
 CudaBackend::Profile::~Profile() {
+  if (stamp_ != nullptr && --stamp_->stamp_depth_ == 0) stamp_->Stamp(op_);
   if (be_ == nullptr || --be_->profile_depth_ > 0) return;  // only the outermost operation is timed
   (void)be_->stream_.Synchronize();
   auto &row = be_->profile_table_[op_];
@@ -383,6 +390,17 @@ CudaBackend::~CudaBackend() {
                  "%lld path changes inside probes (their steps untimed)\n",
                  regime_->probes(), regime_->held() == model::RegimeProbe::Regime::kLink ? "link" : "hybrid",
                  regime_->link_s() * 1e3, regime_->hybrid_s() * 1e3, static_cast<long long>(regime_->resettles()));
+  }
+  ReadStamps();
+  if (!stamp_table_.empty()) {
+    std::vector<std::pair<std::string, std::pair<double, uint64_t>>> rows(stamp_table_.begin(), stamp_table_.end());
+    std::sort(rows.begin(), rows.end(), [](auto &a, auto &b) { return a.second.first > b.second.first; });
+    std::fprintf(stderr, "cuda stamps over %llu recorded steps: up to mark, marks, ms a step, us a mark\n",
+                 static_cast<unsigned long long>(stamped_steps_));
+    for (auto &[name, r] : rows) {
+      std::fprintf(stderr, "  %-20s %8llu %8.3f %8.2f\n", name.c_str(), static_cast<unsigned long long>(r.second),
+                   1e3 * r.first / std::max<uint64_t>(stamped_steps_, 1), 1e6 * r.first / std::max<uint64_t>(r.second, 1));
+    }
   }
   if (profile_ && !profile_table_.empty()) {
     std::vector<std::pair<std::string, std::pair<double, uint64_t>>> rows(profile_table_.begin(), profile_table_.end());
@@ -1048,6 +1066,7 @@ absl::StatusOr<const float *> CudaBackend::Resolve(const float *host_vec) const 
 absl::StatusOr<void *> CudaBackend::Grow(DeviceBuffer &b, size_t bytes) {
   if (b.size() < bytes) {
     STRATA_RETURN_IF_ERROR(HostRoundTrip("a scratch buffer growing"));
+    ReadStamps();
     graphs_.clear();  // recorded steps use the old address
     clean_.clear();
     STRATA_RETURN_IF_ERROR(stream_.Synchronize());  // queued work may still read the old buffer
@@ -1936,12 +1955,28 @@ absl::Status CudaBackend::BuildTables(const model::ModelWeights &w) {
       STRATA_RETURN_IF_ERROR(PlanColdCopies(t.ge, pf_stage_[0], pf_plan_.as<int32_t>(), 0, nullptr,
                                             copier_->mailbox(), 0, false, s));
       STRATA_RETURN_IF_ERROR(WaitColdCopies(copier_->mailbox(), s));
+      // And the routing launch that plans a prediction's copies, into no slots (nothing posted).
+      ExpertStage none = pf_stage_[0];
+      none.n_slots = 0;
+      STRATA_ASSIGN_OR_RETURN(const ColdPlan cold, MakeColdPlan(t.ge, none, nullptr, copier_->mailbox(), 0, false));
+      RouteArgs ra;
+      ra.n_expert = t.ge.n_expert;
+      ra.k = 1;
+      STRATA_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(pf_logits_.data(), 0, ra.n_expert * sizeof(float), s));
+      STRATA_RETURN_IF_ERROR(RouteGroupQuantize(ra, pf_logits_.as<float>(), 1, pf_sel_.as<int32_t>(),
+                                                pf_wts_.as<float>(), pf_idx_.as<int32_t>(), pf_plan_.as<int32_t>(),
+                                                Q8Act::kNone, nullptr, 0, nullptr, s, &cold));
       STRATA_RETURN_IF_ERROR(stream_.Synchronize());
       break;
     }
+    STRATA_ASSIGN_OR_RETURN(predict_stream_, Stream::Create());
+    STRATA_ASSIGN_OR_RETURN(pf_fork_, Event::Create());
+    STRATA_ASSIGN_OR_RETURN(pf_join_, Event::Create());
   }
   if (!slots_.empty()) {
-    STRATA_ASSIGN_OR_RETURN(hist_, PinnedBuffer::Allocate(w.layers.size() * kDeviceRouteMaxRows * sizeof(int32_t)));
+    STRATA_ASSIGN_OR_RETURN(
+        hist_, PinnedBuffer::Allocate(w.layers.size() * kDeviceRouteMaxRows * sizeof(int32_t), cudaHostAllocMapped));
+    STRATA_ASSIGN_OR_RETURN(hist_dev_, hist_.device<int32_t>());
   }
   return absl::OkStatus();
 }
@@ -2082,6 +2117,7 @@ bool CudaBackend::RoutedExperts(const model::RoutedExpertsArgs &a) {
   if (!Note(plan.status()) || !Note(hg.status())) return true;
   int32_t *pl = static_cast<int32_t *>(*plan);
   float *h = static_cast<float *>(*hg);
+  Stamp("layer to experts");
   // On the hybrid path the CPU takes some cold experts: the device skips their groups.
   const bool hybrid = tiered && t.hybrid && cpu_experts_ != nullptr;
   const uint8_t *skip = hybrid ? skip_dev_.as<uint8_t>() : nullptr;
@@ -2102,14 +2138,32 @@ bool CudaBackend::RoutedExperts(const model::RoutedExpertsArgs &a) {
   // Experts a prediction copied ahead for this layer are the copier's: the CPU sees them resident.
   const bool predicted = copies && pf_layer_ == a.layer;
   const void *const *cpu_tab = predicted ? pf_stage_[pf_set_].gate : t.ge.gate;
+  // By the copy engines: this layer's cold experts (less those its prediction already copied),
+  // then the next layer's predicted ones, while the products wait only for the first.
+  GroupedExperts from = t.ge;
+  ExpertStage urgent = stage_;
+  if (predicted) {
+    const ExpertStage &ps = pf_stage_[pf_set_];
+    from = StagedExperts(t.ge, ps);
+    urgent.counts = pf_counts_.as<unsigned long long>() + 2;
+    urgent.hit_lo = reinterpret_cast<uintptr_t>(ps.slots);
+    urgent.hit_hi = urgent.hit_lo + static_cast<uintptr_t>(ps.n_slots) * ps.slot_bytes;
+  }
+  pf_layer_ = -1;
+  bool planned = false;  // the copies' plan run by the routing's launch
+  bool join = false;     // the next layer's prediction runs on predict_stream_, to be joined
   const void *xq = nullptr;
   if (gate_q8 && !hybrid && a.n_tok <= fused_max) {
     const Q8Act f = Q8ActFor(t.ge.gate_shape.type);
     auto buf = Grow(q8_x_, static_cast<size_t>(a.n_tok * Q8ActRowBytes(f, n_embd)));
-    if (!Note(buf.status()) ||
-        !Note(RouteGroupQuantize(*ra, a.logits, a.n_tok, a.sel, a.wts, a.idx, pl, f, a.h, n_embd, *buf, s))) {
+    absl::StatusOr<ColdPlan> cold = copies ? MakeColdPlan(from, urgent, nullptr, copier_->mailbox(), a.layer, true)
+                                           : absl::StatusOr<ColdPlan>();
+    if (!Note(buf.status()) || (copies && !Note(cold.status())) ||
+        !Note(RouteGroupQuantize(*ra, a.logits, a.n_tok, a.sel, a.wts, a.idx, pl, f, a.h, n_embd, *buf, s,
+                                 copies ? &*cold : nullptr))) {
       return true;
     }
+    planned = copies;
     xq = *buf;
   } else if (!Note(cuda::Route(*ra, a.logits, a.n_tok, a.sel, a.wts, s)) ||
              (hybrid && !Note(cpu_experts_->Start(a.layer, a.n_tok, k, n_expert, a.sel, a.h, cpu_tab,
@@ -2117,24 +2171,16 @@ bool CudaBackend::RoutedExperts(const model::RoutedExpertsArgs &a) {
              !Note(GroupByExpert(a.sel, a.n_tok, k, n_expert, a.idx, pl, s))) {
     return true;
   }
+  Stamp("route");
   // Cold experts copied into VRAM staging slots first, so the products read VRAM: by the copy
   // engines (the copier, by default) in a layer with cold experts to copy, else by a kernel
   // (STRATA_CUDA_STAGE_EXPERTS). A layer the copier leaves alone reads them in place.
   const bool stage = copies || (tiered && t.stage && copier_ == nullptr);
-  GroupedExperts from = t.ge;
   if (copies) {
-    // By the copy engines: this layer's cold experts (less those its prediction already copied),
-    // then the next layer's predicted ones, while the products wait only for the first.
-    ExpertStage urgent = stage_;
-    if (predicted) {
-      const ExpertStage &ps = pf_stage_[pf_set_];
-      from = StagedExperts(t.ge, ps);
-      urgent.counts = pf_counts_.as<unsigned long long>() + 2;
-      urgent.hit_lo = reinterpret_cast<uintptr_t>(ps.slots);
-      urgent.hit_hi = urgent.hit_lo + static_cast<uintptr_t>(ps.n_slots) * ps.slot_bytes;
+    if (!planned && !Note(PlanColdCopies(from, urgent, pl, n_max, skip, copier_->mailbox(), a.layer, true, s))) {
+      return true;
     }
-    pf_layer_ = -1;
-    if (!Note(PlanColdCopies(from, urgent, pl, n_max, skip, copier_->mailbox(), a.layer, true, s))) return true;
+    Stamp("plan urgent");
     // The next layer with routed experts (past dense ones) is the one predicted. In a recorded
     // step the tier changed its tables before the step, so a prediction's tables stay true until
     // that layer reads them.
@@ -2154,25 +2200,44 @@ bool CudaBackend::RoutedExperts(const model::RoutedExpertsArgs &a) {
         return e != nullptr && *e != '\0' ? std::max(0, std::atoi(e)) : 2;
       }();
       const int n_pred = tn.hybrid ? std::min(predict_hybrid, pf_stage_[0].n_slots) : pf_stage_[0].n_slots;
-      if (tn.stage && tn.copies && n_pred > 0 && !Note(PredictColdExperts(nl, a.h, a.n_tok, a.route, n_pred))) {
-        return true;
+      // The prediction runs beside this layer's wait and products, on a stream of its own (the
+      // request it posts follows this layer's own), joined before the layer ends: h, which it
+      // reads, is written again after. STRATA_CUDA_PREDICT_BESIDE=0 runs it in line (a measuring knob).
+      static const bool beside = [] {
+        const char *e = std::getenv("STRATA_CUDA_PREDICT_BESIDE");
+        return e == nullptr || e[0] != '0';
+      }();
+      if (tn.stage && tn.copies && n_pred > 0) {
+        cudaStream_t ps = beside ? predict_stream_.get() : s;
+        if (beside && (!Note(pf_fork_.Record(s)) || !Note(predict_stream_.Wait(pf_fork_.get())))) return true;
+        if (!Note(PredictColdExperts(nl, a.h, a.n_tok, a.route, n_pred, ps))) return true;
+        if (beside && !Note(pf_join_.Record(ps))) return true;
+        join = beside;
       }
     }
+    Stamp("predict next");
     if (!Note(WaitColdCopies(copier_->mailbox(), s))) return true;
+    Stamp("wait copies");
   } else if (stage && !Note(StageColdExperts(t.ge, stage_, pl, n_max, skip, s))) {
     return true;
   }
   const GroupedExperts ge = stage ? StagedExperts(from, stage_) : t.ge;
   if ((!gate_q8 && !Note(cuda::GatherRows(a.h, n_embd, a.idx, rows, a.xg, s))) ||
       !Note(GroupedProducts(ge, pl, n_max, gate_q8 ? a.h : a.xg, gate_q8 ? a.idx : nullptr, h, a.yg, rows, a.n_tok,
-                            skip, xq)) ||
-      (hybrid && !Note(cpu_experts_->Finish(pl, n_max, skip, a.yg, s))) ||
-      !Note(cuda::WeightedRowSum(a.yg, a.idx + rows, a.wts, a.n_tok, k, n_embd, a.out, s))) {
+                            skip, xq))) {
     return true;
   }
-  if (tiered) {  // the selections come back for the tier's hotness
-    int32_t *dst = hist_.as<int32_t>() + static_cast<size_t>(a.layer) * kDeviceRouteMaxRows;
-    if (!Note(CopyAsync(dst, a.sel, rows * sizeof(int32_t), s))) return true;
+  Stamp("products");
+  // With the tier the selections come back for its hotness, written by the sum's kernel into mapped
+  // memory: a copy of them would be a copy node in a recorded step, ~10 us a layer on the H200.
+  int32_t *sel_back = tiered ? hist_dev_ + static_cast<size_t>(a.layer) * kDeviceRouteMaxRows : nullptr;
+  if ((hybrid && !Note(cpu_experts_->Finish(pl, n_max, skip, a.yg, s))) ||
+      !Note(cuda::WeightedRowSum(a.yg, a.idx + rows, a.wts, a.n_tok, k, n_embd, a.out, s, a.sel, sel_back)) ||
+      (join && !Note(stream_.Wait(pf_join_.get())))) {
+    return true;
+  }
+  Stamp("sum");
+  if (tiered) {
     if (bracket_ != Bracket::kNone) {
       step_hist_.emplace_back(a.layer, rows);  // the tier hears of it after the step
     } else if (Note(t.hist_done.Record(s))) {
@@ -2183,7 +2248,7 @@ bool CudaBackend::RoutedExperts(const model::RoutedExpertsArgs &a) {
 }
 
 absl::Status CudaBackend::PredictColdExperts(int nl, const float *h, int64_t n_tok, const model::RouteParams &route,
-                                             int n_slots) {
+                                             int n_slots, cudaStream_t s) {
   const LayerTable &tn = tables_[nl];
   const model::LayerWeights &L = w_->layers[nl];
   const int k = route.k;
@@ -2194,7 +2259,7 @@ absl::Status CudaBackend::PredictColdExperts(int nl, const float *h, int64_t n_t
   rp.n_expert = tn.ge.n_expert;
   rp.select_bias = L.expert_select_bias.tensor != nullptr ? L.expert_select_bias.values.data() : nullptr;
   STRATA_ASSIGN_OR_RETURN(RouteArgs ra, ToRouteArgs(rp));
-  cudaStream_t s = stream_.get();
+  
   float *logits = pf_logits_.as<float>();
   int32_t *sel = pf_sel_.as<int32_t>(), *plan = pf_plan_.as<int32_t>();
   STRATA_RETURN_IF_ERROR(cuda::Gemv(*router, h, n_tok, logits, s));
@@ -2202,14 +2267,20 @@ absl::Status CudaBackend::PredictColdExperts(int nl, const float *h, int64_t n_t
     STRATA_ASSIGN_OR_RETURN(const float *bias, Resolve(L.router_bias.values.data()));
     STRATA_RETURN_IF_ERROR(cuda::AddBias(logits, n_tok, rp.n_expert, bias, s));
   }
-  STRATA_RETURN_IF_ERROR(cuda::Route(ra, logits, n_tok, sel, pf_wts_.as<float>(), s));
-  STRATA_RETURN_IF_ERROR(GroupByExpert(sel, n_tok, k, rp.n_expert, pf_idx_.as<int32_t>(), plan, s));
-  const int n_max = static_cast<int>(GroupMaxGroups(n_tok, k, rp.n_expert));
   // The other set than the one the current layer reads.
   const int set = pf_set_ ^ 1;
   ExpertStage st = pf_stage_[set];
   st.n_slots = std::min(st.n_slots, n_slots);
-  STRATA_RETURN_IF_ERROR(PlanColdCopies(tn.ge, st, plan, n_max, nullptr, copier_->mailbox(), nl, false, s));
+  if (n_tok <= kRouteGroupMaxTokens) {  // routing, grouping and the copies' plan in one launch
+    STRATA_ASSIGN_OR_RETURN(const ColdPlan cold, MakeColdPlan(tn.ge, st, nullptr, copier_->mailbox(), nl, false));
+    STRATA_RETURN_IF_ERROR(RouteGroupQuantize(ra, logits, n_tok, sel, pf_wts_.as<float>(), pf_idx_.as<int32_t>(), plan,
+                                              Q8Act::kNone, nullptr, 0, nullptr, s, &cold));
+  } else {
+    STRATA_RETURN_IF_ERROR(cuda::Route(ra, logits, n_tok, sel, pf_wts_.as<float>(), s));
+    STRATA_RETURN_IF_ERROR(GroupByExpert(sel, n_tok, k, rp.n_expert, pf_idx_.as<int32_t>(), plan, s));
+    const int n_max = static_cast<int>(GroupMaxGroups(n_tok, k, rp.n_expert));
+    STRATA_RETURN_IF_ERROR(PlanColdCopies(tn.ge, st, plan, n_max, nullptr, copier_->mailbox(), nl, false, s));
+  }
   pf_set_ = set;
   pf_layer_ = nl;
   return absl::OkStatus();
@@ -2269,6 +2340,26 @@ absl::Status CudaBackend::HostRoundTrip(const char *what) {
   return absl::OkStatus();
 }
 
+void CudaBackend::Stamp(const char *name) {
+  if (stamps_.data() == nullptr || bracket_ != Bracket::kCapture || stamp_names_.size() >= kMaxStamps) return;
+  if (Note(cuda::Stamp(stamps_.as<unsigned long long>() + stamp_names_.size(), stream_.get()))) {
+    stamp_names_.push_back(name);
+  }
+}
+
+void CudaBackend::ReadStamps() {
+  const std::vector<const char *> *names = std::exchange(stamped_, nullptr);
+  if (names == nullptr || names->size() < 2 || !stream_.Synchronize().ok()) return;
+  std::vector<unsigned long long> t(names->size());
+  if (cudaMemcpy(t.data(), stamps_.data(), t.size() * sizeof(t[0]), cudaMemcpyDeviceToHost) != cudaSuccess) return;
+  for (size_t i = 1; i < t.size(); ++i) {
+    auto &row = stamp_table_[(*names)[i]];
+    row.first += 1e-9 * static_cast<double>(t[i] - t[i - 1]);
+    ++row.second;
+  }
+  ++stamped_steps_;
+}
+
 void CudaBackend::TimeStep(const model::StepKey &key) {
   const auto now = std::chrono::steady_clock::now();
   if (last_n_tok_ == key.n_tok && !host_batch_since_) {
@@ -2301,6 +2392,7 @@ model::Backend::StepMode CudaBackend::BeginStepImpl(const model::StepKey &key) {
     std::fprintf(stderr, "strata: profiler on for step %lld\n", static_cast<long long>(profiler_step_));
   }
   pf_layer_ = -1;  // a prediction is for the step that made it
+  if (stamped_ != nullptr) ReadStamps();
   if (copier_ != nullptr && err_.ok()) Note(copier_->status());
   if (!err_.ok() || !use_graphs_ || profile_ || bracket_ != Bracket::kNone) return StepMode::kEager;
   // Promotions and the last step's selections reach the tables before the step, for every layer;
@@ -2316,6 +2408,7 @@ model::Backend::StepMode CudaBackend::BeginStepImpl(const model::StepKey &key) {
   step_hist_.clear();
   if (auto g = graphs_.find(key); g != graphs_.end()) {
     if (Note(g->second.exec.Launch(stream_.get()))) {
+      if (stamps_.data() != nullptr) stamped_ = &g->second.stamps;
       ++graph_replays_;
       FinishHist(g->second.hist);
     }
@@ -2323,6 +2416,8 @@ model::Backend::StepMode CudaBackend::BeginStepImpl(const model::StepKey &key) {
   }
   if (clean_.count(key) != 0 && refused_.count(key) == 0 && Graph::BeginCapture(stream_.get()).ok()) {
     bracket_ = Bracket::kCapture;
+    stamp_names_.clear();
+    Stamp("step start");
     return StepMode::kCapture;
   }
   (void)cudaGetLastError();
@@ -2341,6 +2436,9 @@ absl::Status CudaBackend::EndStep() {
     return absl::OkStatus();
   }
   if (b != Bracket::kCapture) return absl::OkStatus();
+  bracket_ = Bracket::kCapture;
+  Stamp("step end");
+  bracket_ = Bracket::kNone;
   absl::StatusOr<Graph> g = Graph::EndCapture(stream_.get());
   if (!g.ok() || !err_.ok()) {
     // Nothing ran: the caller runs the step again outside a bracket. This key is not recorded again.
@@ -2359,6 +2457,8 @@ absl::Status CudaBackend::EndStep() {
   StepGraph &sg = graphs_[step_key_];
   sg.exec = std::move(*g);
   sg.hist = step_hist_;
+  sg.stamps = stamp_names_;
+  if (stamps_.data() != nullptr) stamped_ = &sg.stamps;
   ++graph_captures_;
   FinishHist(step_hist_);
   return absl::OkStatus();

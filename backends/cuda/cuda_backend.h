@@ -11,7 +11,7 @@
 //  - decode batches route on the device (RoutedExperts): each layer has a device table of every
 //    expert's address — its slot when it holds one, else its host bytes, read by the kernels over
 //    PCIe (zero-copy) — so no step waits for the host between layers. The selections come back
-//    after the layer; experts used often (route hotness, halved every 16 uses of the layer) take the
+//    after the layer (written into mapped memory by the layer's last kernel); experts used often (route hotness, halved every 16 uses of the layer) take the
 //    slot of a markedly colder resident, filled on a copy stream within a byte credit of 1/8 of
 //    the bytes read over the link, and the table switches to the slot once the copy is done;
 //    with STRATA_CUDA_STAGE_EXPERTS=N (opt-in) a layer's first N cold experts are copied into
@@ -19,7 +19,9 @@
 //    in recorded steps and in layers with a cold expert a call or more, the copy engines move them
 //    (ColdCopier; STRATA_CUDA_COLD_COPIES=N sets the slots, 0 turns it off), and while layer l
 //    computes they already move layer l + 1's experts as its router predicts them from layer l's
-//    input (the prediction's slots are layer l + 1's first choice; what it missed follows);
+//    input (the prediction's slots are layer l + 1's first choice; what it missed follows). A
+//    layer's copies are planned in its routing's launch; the prediction runs on a stream of its
+//    own beside the layer's wait and products (STRATA_CUDA_PREDICT_BESIDE=0: in line);
 //  - other batches (prefill, families the grouped kernels do not cover) copy each expert outside
 //    the tier in before its products, the compute stream waiting for the copy: for a layer with a
 //    device table into a ring of staging slots beside the tier (the decode staging sets' memory,
@@ -328,7 +330,8 @@ class CudaBackend final : public model::Backend {
   absl::StatusOr<void *> GrowPinned(PinnedBuffer &b, size_t bytes);
   // STRATA_CUDA_PROFILE=1 (a diagnostic, not for production): each outermost operation waits for
   // the device, and its wall time is added to a table printed to stderr when the backend is
-  // destroyed — where a step's time goes, launch and execution together.
+  // destroyed — where a step's time goes, launch and execution together. Under STRATA_CUDA_STAMPS
+  // the outermost operation also ends in a mark of its name.
   class Profile {
    public:
     Profile(CudaBackend *be, const char *op);
@@ -336,6 +339,7 @@ class CudaBackend final : public model::Backend {
 
    private:
     CudaBackend *be_;
+    CudaBackend *stamp_;
     const char *op_;
     std::chrono::steady_clock::time_point t0_;
   };
@@ -354,6 +358,7 @@ class CudaBackend final : public model::Backend {
   struct StepGraph {
     Graph exec;
     std::vector<std::pair<int, int64_t>> hist;  // (layer, rows) of the selections it copies back
+    std::vector<const char *> stamps;            // the names of its marks (STRATA_CUDA_STAMPS)
   };
   static constexpr size_t kMaxGraphs = 64;
   bool use_graphs_ = true;  // STRATA_CUDA_GRAPHS=0 turns them off (every step eager)
@@ -370,6 +375,19 @@ class CudaBackend final : public model::Backend {
   int64_t profiler_step_ = -1, steps_ = 0;
   int profile_depth_ = 0;
   std::map<std::string, std::pair<double, uint64_t>> profile_table_;
+  // STRATA_CUDA_STAMPS=1 (a diagnostic): a recorded step marks the device's clock at named points
+  // of each MoE layer (Stamp, a one-thread kernel each); after each run of the graph the time from
+  // one mark to the next is summed under the later mark's name, printed at close. The marks cost a
+  // few microseconds each, so they show where a step's time goes, not its length.
+  static constexpr size_t kMaxStamps = 2048;
+  DeviceBuffer stamps_;
+  std::vector<const char *> stamp_names_;          // of the step being recorded
+  const std::vector<const char *> *stamped_ = nullptr;  // of the graph run last
+  std::map<std::string, std::pair<double, uint64_t>> stamp_table_;
+  uint64_t stamped_steps_ = 0;
+  int stamp_depth_ = 0;
+  void Stamp(const char *name);
+  void ReadStamps();  // the last run's marks into stamp_table_ (waits for the stream)
   bool Note(absl::Status s) {
     if (!s.ok() && err_.ok()) err_ = std::move(s);
     return err_.ok();
@@ -411,6 +429,7 @@ class CudaBackend final : public model::Backend {
   void FlushTables();                   // one upload of each marked layer's table
   const uint8_t *arena_dev_ = nullptr;               // the arena's device address when mapped
   PinnedBuffer hist_;                                // (n_layer, kDeviceRouteMaxRows) last selections
+  int32_t *hist_dev_ = nullptr;                      // hist_ mapped for the device
   std::vector<int> pending_fills_;                   // slots filled but not yet in their table
   double fill_credit_ = 0;                           // bytes promotions may still copy
   uint64_t zero_copy_uses_ = 0, promotions_ = 0, replans_ = 0;
@@ -441,11 +460,15 @@ class CudaBackend final : public model::Backend {
   DeviceBuffer pf_counts_;
   int pf_layer_ = -1;  // the layer whose predicted experts pf_stage_[pf_set_] holds (-1: none)
   int pf_set_ = 0;
-  // Queues layer nl's routing of h (n_tok rows, an earlier layer's input) and a request for the
+  // Queues on s layer nl's routing of h (n_tok rows, an earlier layer's input) and a request for the
   // predicted cold experts (at most n_slots, in group order) into the other set. No prediction where
   // the router is not on the device.
   absl::Status PredictColdExperts(int nl, const float *h, int64_t n_tok, const model::RouteParams &route,
-                                  int n_slots);
+                                  int n_slots, cudaStream_t s);
+  // The predictions' own stream in a recorded step, forked from the compute stream after a layer's
+  // own plan and joined before the layer ends (RoutedExperts).
+  Stream predict_stream_;
+  Event pf_fork_, pf_join_;
   // Orders the next copy into sl after the last computation that read it.
   absl::Status AfterLastUse(const Slot &sl);
   // Upload ring: pinned segments reused once the copies from their previous lap are done.

@@ -56,9 +56,10 @@ __global__ void GatherRowsKernel(const float *src, int64_t width, const int32_t 
 }
 
 __global__ void WeightedRowSumKernel(const float *rows, const int32_t *idx, const float *wts, int64_t n_tok, int k,
-                                     int64_t width, float *out) {
+                                     int64_t width, float *out, const int32_t *sel, int32_t *sel_back) {
   dev::AwaitPrior();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (sel_back != nullptr && i < n_tok * k) sel_back[i] = sel[i];
   if (i >= n_tok * width) return;
   const int64_t t = i / width, d = i % width;
   float acc = 0.f;
@@ -501,7 +502,23 @@ __global__ void __launch_bounds__(kRouteWarps * 32) RouteKernel(RouteArgs p, con
   dev::RouteWarpToken(p, logits, t, sel, wts, s_pr[warp], s_choice[warp], s_sel[warp], lane);
 }
 
+// One thread: the device's clock once the stream's earlier kernels are done.
+__global__ void StampKernel(unsigned long long *at) {
+  dev::AwaitPrior();
+  if (threadIdx.x != 0) return;
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  *at = t;
+}
+
 }  // namespace
+
+absl::Status Stamp(unsigned long long *at, cudaStream_t stream) {
+  if (at == nullptr) return Errorf(MOE_ERR_INVALID_ARGUMENT, "stamp pointer is null");
+  Launch(StampKernel, 1, 32, 0, stream, at);
+  STRATA_CUDA_RETURN_IF_LAUNCH_FAILED();
+  return absl::OkStatus();
+}
 
 absl::Status Add(float *x, const float *y, int64_t n, cudaStream_t stream) {
   if (n <= 0) return absl::OkStatus();
@@ -533,9 +550,12 @@ absl::Status GatherRows(const float *src, int64_t width, const int32_t *idx, int
 }
 
 absl::Status WeightedRowSum(const float *rows, const int32_t *idx, const float *wts, int64_t n_tok, int k,
-                            int64_t width, float *out, cudaStream_t stream) {
+                            int64_t width, float *out, cudaStream_t stream, const int32_t *sel,
+                            int32_t *sel_back) {
   if (n_tok * width <= 0) return absl::OkStatus();
-  Launch(WeightedRowSumKernel, Blocks(n_tok * width), kThreads, 0, stream, rows, idx, wts, n_tok, k, width, out);
+  if (sel_back != nullptr && sel == nullptr) return Errorf(MOE_ERR_INVALID_ARGUMENT, "selections to send back are null");
+  Launch(WeightedRowSumKernel, Blocks(std::max<int64_t>(n_tok * width, sel_back != nullptr ? n_tok * k : 0)), kThreads,
+         0, stream, rows, idx, wts, n_tok, k, width, out, sel, sel_back);
   STRATA_CUDA_RETURN_IF_LAUNCH_FAILED();
   return absl::OkStatus();
 }

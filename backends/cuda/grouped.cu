@@ -132,35 +132,6 @@ __global__ void __launch_bounds__(kGroupThreads)
   GroupBlock<kGroupThreads>(sel, n, k, n_expert, n_max, idx, plan);
 }
 
-constexpr int kFusedThreads = 256, kFusedWarps = kFusedThreads / 32;
-static_assert(kRouteGroupMaxTokens <= 2 * kFusedWarps, "at most two tokens a warp");
-
-// Block 0 routes the n_tok tokens (warp w tokens w and w + 8) and groups their selections (sel and
-// wts written before the barrier, read after it); block 1 + b quantizes stretch b % chunks of row
-// b / chunks of h.
-template <int kBlock>
-__global__ void __launch_bounds__(kFusedThreads)
-    RouteGroupQuantizeKernel(RouteArgs p, const float *__restrict__ logits, int n_tok, int32_t *sel, float *wts,
-                             int32_t *__restrict__ idx, int32_t *__restrict__ plan, int n_max,
-                             const float *__restrict__ h, int64_t cols, uint8_t *xq, int64_t row_bytes) {
-  dev::AwaitPrior();
-  if (blockIdx.x > 0) {  // block-uniform
-    __shared__ float warp_max[8];
-    const int64_t chunks = (cols + 255) / 256, b = blockIdx.x - 1;
-    dev::QuantizeStretch<kBlock>(h, cols, xq, row_bytes, b / chunks, b % chunks, warp_max);
-    return;
-  }
-  __shared__ float s_pr[kFusedWarps][kRouteMaxExperts], s_choice[kFusedWarps][kRouteMaxExperts];
-  __shared__ int32_t s_sel[kFusedWarps][kRouteMaxExperts];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  for (int t = warp; t < n_tok; t += kFusedWarps) {
-    dev::RouteWarpToken(p, logits, t, sel, wts, s_pr[warp], s_choice[warp], s_sel[warp], lane);
-    __syncwarp();  // lane 0 may still read the scratch the next token overwrites
-  }
-  __syncthreads();
-  GroupBlock<kFusedThreads>(sel, n_tok * p.k, p.k, p.n_expert, n_max, idx, plan);
-}
-
 // ---- Grouped GEMV ----------------------------------------------------------------------------------
 
 // Block (x, g): the rows of group g's expert that block x of GemvSwiGluKernel (GemvKernel for the
@@ -218,27 +189,24 @@ __global__ void CopySkippedGroupsKernel(const int32_t *__restrict__ plan, int n_
 constexpr int kStageThreads = 512, kStageWarps = kStageThreads / 32, kStageInFlight = 4;
 static_assert(kRouteMaxExperts <= kStageThreads, "a thread per group");
 
-struct StageTables {
-  const void *const *from[3];
-  const void **to[3];
-  uint64_t units[3];  // 16-byte units of each matrix of an expert
-  uint64_t off[3];    // byte offsets of the matrices in a slot
-};
-
-// What a staging kernel's blocks share: the slot of each expert (-1: none), each slot's matrices.
+// What a staging kernel's blocks (of kThreads) share: the slot of each expert (-1: none), each
+// slot's matrices.
+template <int kThreads>
 struct StageShared {
+  static_assert(kRouteMaxExperts <= kThreads, "a thread per group");
   int slot[kRouteMaxExperts];
   const int4 *src[3][kRouteMaxExperts];
-  int warp[kStageWarps];
+  int warp[kThreads / 32];
 };
 
 // The staged experts, found the same way by every block: thread g takes group g, a block-wide
 // ordered count gives the cold groups their slots. Block 0 writes the staged tables and counters.
 // Returns the experts staged (s.src[m][j] for j below it).
+template <int kThreads>
 __device__ int AssignColdSlots(const StageTables &t, int n_expert, uint8_t *slots, int n_slots, uint64_t slot_bytes,
                                uintptr_t host_lo, uintptr_t host_hi, const int32_t *__restrict__ plan, int n_max,
                                const uint8_t *__restrict__ skip, unsigned long long *counts, uintptr_t hit_lo,
-                               uintptr_t hit_hi, StageShared &s) {
+                               uintptr_t hit_hi, StageShared<kThreads> &s) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   if (tid < n_expert) s.slot[tid] = -1;
   const int n_groups = min(max(plan[0], 0), n_max);
@@ -262,7 +230,7 @@ __device__ int AssignColdSlots(const StageTables &t, int n_expert, uint8_t *slot
   if (lane == 0) s.warp[warp] = __popc(ballot);
   __syncthreads();
   int before = __popc(ballot & ((1u << lane) - 1u)), n_cold = 0;
-  for (int w = 0; w < kStageWarps; ++w) {
+  for (int w = 0; w < kThreads / 32; ++w) {
     before += w < warp ? s.warp[w] : 0;
     n_cold += s.warp[w];
   }
@@ -277,7 +245,7 @@ __device__ int AssignColdSlots(const StageTables &t, int n_expert, uint8_t *slot
     atomicAdd(&counts[1], static_cast<unsigned long long>(n_hits));
   }
   if (blockIdx.x == 0) {
-    for (int x = tid; x < n_expert; x += kStageThreads) {
+    for (int x = tid; x < n_expert; x += kThreads) {
       const int j = s.slot[x];
       for (int m = 0; m < 3; ++m) {
         t.to[m][x] = j >= 0 ? static_cast<const void *>(slots + j * slot_bytes + t.off[m]) : t.from[m][x];
@@ -295,9 +263,9 @@ __global__ void __launch_bounds__(kStageThreads)
                            const uint8_t *__restrict__ skip, unsigned long long *counts, uintptr_t hit_lo,
                            uintptr_t hit_hi) {
   dev::AwaitPrior();
-  __shared__ StageShared s;
+  __shared__ StageShared<kStageThreads> s;
   const int tid = threadIdx.x;
-  const int n_staged = AssignColdSlots(t, n_expert, slots, n_slots, slot_bytes, host_lo, host_hi, plan, n_max, skip,
+  const int n_staged = AssignColdSlots<kStageThreads>(t, n_expert, slots, n_slots, slot_bytes, host_lo, host_hi, plan, n_max, skip,
                                        counts, hit_lo, hit_hi, s);
   const uint64_t per_expert = t.units[0] + t.units[1] + t.units[2];
   const uint64_t total = per_expert * static_cast<uint64_t>(n_staged);
@@ -338,46 +306,85 @@ __global__ void __launch_bounds__(kStageThreads)
   }
 }
 
-// One block: the slots as StageColdExperts assigns them, then the request for their copies in the
-// mailbox's ring (the body first, each thread's stores fenced for the host, then the number).
-__global__ void __launch_bounds__(kStageThreads)
-    PlanColdCopiesKernel(StageTables t, int n_expert, uint8_t *slots, int n_slots, uint64_t slot_bytes,
-                         uintptr_t host_lo, uintptr_t host_hi, const int32_t *__restrict__ plan, int n_max,
-                         const uint8_t *__restrict__ skip, unsigned long long *counts, uintptr_t hit_lo,
-                         uintptr_t hit_hi, ColdMailbox mb, int layer, bool urgent) {
-  dev::AwaitPrior();
-  __shared__ StageShared s;
+// One block of kThreads: the slots as StageColdExperts assigns them, then the request for their
+// copies in the mailbox's ring (the body first, each thread's stores fenced for the host, then the
+// number). plan as the block's grouping wrote it, visible to every thread.
+template <int kThreads>
+__device__ void PostColdPlan(const ColdPlan &c, const int32_t *__restrict__ plan, int n_max, StageShared<kThreads> &s) {
   const int tid = threadIdx.x;
-  const int n = AssignColdSlots(t, n_expert, slots, n_slots, slot_bytes, host_lo, host_hi, plan, n_max, skip, counts,
-                                hit_lo, hit_hi, s);
+  const ExpertStage &st = c.stage;
+  const int n = AssignColdSlots<kThreads>(c.t, c.n_expert, st.slots, st.n_slots, st.slot_bytes, st.host_lo,
+                                          st.host_hi, plan, n_max, c.skip, st.counts, st.hit_lo, st.hit_hi, s);
+  const ColdMailbox &mb = c.mb;
   const uint32_t seq = *mb.next + 1;  // one block; the requests of a stream are posted in its order
   if (n == 0) {
     // Nothing to copy: no request. An urgent one's wait waits for those posted before (the
     // layer's prediction), often landed already, so the layer costs no round trip to the host.
-    if (urgent && tid == 0) *mb.want = seq - 1;
+    if (c.urgent && tid == 0) *mb.want = seq - 1;
     return;
   }
   ColdRequest &r = mb.ring[seq % kColdRing];
-  for (int j = tid; j < n; j += kStageThreads) {
+  for (int j = tid; j < n; j += kThreads) {
     for (int m = 0; m < 3; ++m) r.src[j][m] = reinterpret_cast<uint64_t>(s.src[m][j]);
   }
   if (tid == 0) {
-    r.slots = reinterpret_cast<uint64_t>(slots);
-    r.slot_bytes = slot_bytes;
+    r.slots = reinterpret_cast<uint64_t>(st.slots);
+    r.slot_bytes = st.slot_bytes;
     for (int m = 0; m < 3; ++m) {
-      r.off[m] = t.off[m];
-      r.bytes[m] = t.units[m] * 16;
+      r.off[m] = c.t.off[m];
+      r.bytes[m] = c.t.units[m] * 16;
     }
     r.n = n;
-    r.layer = layer;
+    r.layer = c.layer;
   }
   __threadfence_system();
   __syncthreads();
   if (tid == 0) {
     *reinterpret_cast<volatile uint32_t *>(&r.seq) = seq;
     *mb.next = seq;
-    if (urgent) *mb.want = seq;
+    if (c.urgent) *mb.want = seq;
   }
+}
+
+__global__ void __launch_bounds__(kStageThreads)
+    PlanColdCopiesKernel(ColdPlan c, const int32_t *__restrict__ plan, int n_max) {
+  dev::AwaitPrior();
+  __shared__ StageShared<kStageThreads> s;
+  PostColdPlan<kStageThreads>(c, plan, n_max, s);
+}
+
+constexpr int kFusedThreads = 256, kFusedWarps = kFusedThreads / 32;
+static_assert(kRouteGroupMaxTokens <= 2 * kFusedWarps, "at most two tokens a warp");
+
+// Block 0 routes the n_tok tokens (warp w tokens w and w + 8) and groups their selections (sel and
+// wts written before the barrier, read after it), then (cold.mb.ring set) plans the cold experts'
+// copies over that plan; block 1 + b quantizes stretch b % chunks of row b / chunks of h.
+template <int kBlock>
+__global__ void __launch_bounds__(kFusedThreads)
+    RouteGroupQuantizeKernel(RouteArgs p, const float *__restrict__ logits, int n_tok, int32_t *sel, float *wts,
+                             int32_t *__restrict__ idx, int32_t *__restrict__ plan, int n_max,
+                             const float *__restrict__ h, int64_t cols, uint8_t *xq, int64_t row_bytes,
+                             ColdPlan cold) {
+  dev::AwaitPrior();
+  if (blockIdx.x > 0) {  // block-uniform
+    __shared__ float warp_max[8];
+    const int64_t chunks = (cols + 255) / 256, b = blockIdx.x - 1;
+    dev::QuantizeStretch<kBlock>(h, cols, xq, row_bytes, b / chunks, b % chunks, warp_max);
+    return;
+  }
+  __shared__ float s_pr[kFusedWarps][kRouteMaxExperts], s_choice[kFusedWarps][kRouteMaxExperts];
+  __shared__ int32_t s_sel[kFusedWarps][kRouteMaxExperts];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (int t = warp; t < n_tok; t += kFusedWarps) {
+    dev::RouteWarpToken(p, logits, t, sel, wts, s_pr[warp], s_choice[warp], s_sel[warp], lane);
+    __syncwarp();  // lane 0 may still read the scratch the next token overwrites
+  }
+  __syncthreads();
+  GroupBlock<kFusedThreads>(sel, n_tok * p.k, p.k, p.n_expert, n_max, idx, plan);
+  if (cold.mb.ring == nullptr) return;
+  __shared__ StageShared<kFusedThreads> st;
+  __syncthreads();  // the plan's global writes, visible to the block
+  PostColdPlan<kFusedThreads>(cold, plan, n_max, st);
 }
 
 __device__ __forceinline__ uint64_t GlobalTimerNs() {
@@ -574,29 +581,36 @@ absl::Status GroupByExpert(const int32_t *sel, int64_t n_tok, int k, int n_exper
 
 absl::Status RouteGroupQuantize(const RouteArgs &p, const float *logits, int64_t n_tok, int32_t *sel, float *wts,
                                 int32_t *idx, int32_t *plan, Q8Act f, const float *h, int64_t cols, void *xq,
-                                cudaStream_t stream) {
+                                cudaStream_t stream, const ColdPlan *cold) {
   STRATA_RETURN_IF_ERROR(CheckRouteArgs(p));
+  const bool quantize = f != Q8Act::kNone;
   const int block = f == Q8Act::kBlock32 ? 32 : 256;
-  if (n_tok < 1 || n_tok > kRouteGroupMaxTokens || f == Q8Act::kNone || cols <= 0 || cols % block != 0) {
+  if (n_tok < 1 || n_tok > kRouteGroupMaxTokens || (quantize && (cols <= 0 || cols % block != 0))) {
     return Errorf(MOE_ERR_INVALID_ARGUMENT,
                   "routing, grouping and quantizing %lld tokens (1 to %d) of %lld columns (blocks of %d)",
                   static_cast<long long>(n_tok), kRouteGroupMaxTokens, static_cast<long long>(cols), block);
   }
-  if (logits == nullptr || sel == nullptr || wts == nullptr || idx == nullptr || plan == nullptr || h == nullptr ||
-      xq == nullptr) {
+  if (logits == nullptr || sel == nullptr || wts == nullptr || idx == nullptr || plan == nullptr ||
+      (quantize && (h == nullptr || xq == nullptr))) {
     return Errorf(MOE_ERR_INVALID_ARGUMENT, "routing, grouping and quantizing: a null buffer");
   }
-  const int64_t blocks = 1 + (cols + 255) / 256 * n_tok;
+  if (cold != nullptr && (cold->mb.ring == nullptr || cold->n_expert != p.n_expert)) {
+    return Errorf(MOE_ERR_INVALID_ARGUMENT, "routing and planning copies: a plan for %d experts, routing to %d",
+                  cold->n_expert, p.n_expert);
+  }
+  const ColdPlan no_plan;
+  const ColdPlan &cp = cold != nullptr ? *cold : no_plan;
+  const int64_t blocks = quantize ? 1 + (cols + 255) / 256 * n_tok : 1;
   const int n_max = static_cast<int>(GroupMaxGroups(n_tok, p.k, p.n_expert));
   auto *out = static_cast<uint8_t *>(xq);
   const int64_t rb = Q8ActRowBytes(f, cols);
   const int nt = static_cast<int>(n_tok);
   if (f == Q8Act::kBlock32) {
     Launch(RouteGroupQuantizeKernel<32>, static_cast<unsigned>(blocks), kFusedThreads, 0, stream, p, logits, nt, sel,
-           wts, idx, plan, n_max, h, cols, out, rb);
+           wts, idx, plan, n_max, h, cols, out, rb, cp);
   } else {
     Launch(RouteGroupQuantizeKernel<256>, static_cast<unsigned>(blocks), kFusedThreads, 0, stream, p, logits, nt,
-           sel, wts, idx, plan, n_max, h, cols, out, rb);
+           sel, wts, idx, plan, n_max, h, cols, out, rb, cp);
   }
   STRATA_CUDA_RETURN_IF_LAUNCH_FAILED();
   return absl::OkStatus();
@@ -744,22 +758,32 @@ absl::Status StageColdExperts(const GroupedExperts &from, const ExpertStage &sta
 absl::Status PlanColdCopies(const GroupedExperts &from, const ExpertStage &stage, const int32_t *plan, int n_max,
                             const uint8_t *skip, const ColdMailbox &mb, int layer, bool urgent,
                             cudaStream_t stream) {
-  StageTables t;
-  STRATA_RETURN_IF_ERROR(CheckStage(from, stage, &t));
+  STRATA_ASSIGN_OR_RETURN(const ColdPlan c, MakeColdPlan(from, stage, skip, mb, layer, urgent));
   if (n_max < 0 || n_max > from.n_expert) {
     return Errorf(MOE_ERR_INVALID_ARGUMENT, "planning expert copies: %d groups of %d experts", n_max, from.n_expert);
   }
   if (plan == nullptr) return Errorf(MOE_ERR_INVALID_ARGUMENT, "planning expert copies: the plan is null");
+  // The kernel posts no request when nothing is cold (an urgent plan then points the wait at the
+  // requests posted before).
+  Launch(PlanColdCopiesKernel, 1, kStageThreads, 0, stream, c, plan, n_max);
+  STRATA_CUDA_RETURN_IF_LAUNCH_FAILED();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ColdPlan> MakeColdPlan(const GroupedExperts &from, const ExpertStage &stage, const uint8_t *skip,
+                                      const ColdMailbox &mb, int layer, bool urgent) {
+  ColdPlan c;
+  STRATA_RETURN_IF_ERROR(CheckStage(from, stage, &c.t));
   if (mb.ring == nullptr || mb.next == nullptr || mb.done == nullptr || mb.want == nullptr || mb.timed_out == nullptr) {
     return Errorf(MOE_ERR_INVALID_ARGUMENT, "planning expert copies: an incomplete mailbox");
   }
-  // The kernel posts no request when nothing is cold (an urgent plan then points the wait at the
-  // requests posted before).
-  Launch(PlanColdCopiesKernel, 1, kStageThreads, 0, stream, t, from.n_expert, stage.slots, stage.n_slots,
-         stage.slot_bytes, stage.host_lo, stage.host_hi, plan, n_max, skip, stage.counts, stage.hit_lo, stage.hit_hi,
-         mb, layer, urgent);
-  STRATA_CUDA_RETURN_IF_LAUNCH_FAILED();
-  return absl::OkStatus();
+  c.n_expert = from.n_expert;
+  c.stage = stage;
+  c.skip = skip;
+  c.mb = mb;
+  c.layer = layer;
+  c.urgent = urgent;
+  return c;
 }
 
 absl::Status WaitColdCopies(const ColdMailbox &mb, cudaStream_t stream) {

@@ -431,6 +431,28 @@ absl::Status PlanColdCopies(const GroupedExperts &from, const ExpertStage &stage
                             const uint8_t *skip, const ColdMailbox &mb, int layer, bool urgent,
                             cudaStream_t stream);
 
+// Where a staging's experts come from and go: from's and the stage's tables, each matrix's size in
+// 16-byte units and its offset in a slot.
+struct StageTables {
+  const void *const *from[3] = {};
+  const void **to[3] = {};
+  uint64_t units[3] = {};
+  uint64_t off[3] = {};
+};
+// PlanColdCopies' arguments but the plan, checked (MakeColdPlan): the same plan run at the end of
+// another launch's grouping (RouteGroupQuantize), one launch fewer a layer.
+struct ColdPlan {
+  StageTables t;
+  int n_expert = 0;
+  ExpertStage stage;
+  const uint8_t *skip = nullptr;
+  ColdMailbox mb;
+  int layer = 0;
+  bool urgent = false;
+};
+absl::StatusOr<ColdPlan> MakeColdPlan(const GroupedExperts &from, const ExpertStage &stage, const uint8_t *skip,
+                                      const ColdMailbox &mb, int layer, bool urgent);
+
 // Holds `stream` until mb's `done` reaches its `want` (every request posted before the last urgent
 // one has landed too: the copier serves them in order). A wait past mb.timeout_ns sets *timed_out
 // and lets the stream go on (ColdCopier::status() reports it); once it is set, a wait that would
@@ -483,6 +505,9 @@ absl::Status WaitCpuCall(const CpuCallBox &b, int stage, const uint8_t *skip_hos
 
 // ---- Family options and element-wise glue of the forward pass (forward_ops.cu) -----------------
 
+// *at = the device's global clock (ns) once the stream's earlier kernels are done: a diagnostic
+// mark in a step (STRATA_CUDA_STAMPS).
+absl::Status Stamp(unsigned long long *at, cudaStream_t stream);
 // x (n) += y (n)
 absl::Status Add(float *x, const float *y, int64_t n, cudaStream_t stream);
 // x (n_rows, n) += bias (n), per row
@@ -492,9 +517,12 @@ absl::Status SigmoidScaleRows(float *x, const float *g, int64_t n_rows, int64_t 
 // dst (n, width) row i = src row idx[i]
 absl::Status GatherRows(const float *src, int64_t width, const int32_t *idx, int64_t n, float *dst,
                         cudaStream_t stream);
-// out (n_tok, width) row t = sum over j < k in order of wts[t k + j] * rows[idx[t k + j]]
+// out (n_tok, width) row t = sum over j < k in order of wts[t k + j] * rows[idx[t k + j]]; where
+// sel_back is given, also sel_back[i] = sel[i] for i < n_tok k (a layer's selections sent back in
+// the same launch).
 absl::Status WeightedRowSum(const float *rows, const int32_t *idx, const float *wts, int64_t n_tok, int k,
-                            int64_t width, float *out, cudaStream_t stream);
+                            int64_t width, float *out, cudaStream_t stream, const int32_t *sel = nullptr,
+                            int32_t *sel_back = nullptr);
 // h (n_tok, n_ff) = act(gate, up) where gate (t, f) is g[t * row + f * step] and up (t, f) is
 // u[t * row + f * step]: step 1 for separate gate and up outputs, 2 for interleaved columns. act is
 // silu(gate) * up, or with limit > 0 gpt-oss's (clamp(up, ±limit) + 1) * g * sigmoid(1.702 g),
@@ -575,10 +603,11 @@ absl::Status CheckRouteArgs(const RouteArgs &p);
 // step of 1 .. kRouteGroupMaxTokens tokens: one block routes (a warp a token, two past 8 tokens) and
 // groups, the others quantize the tokens' rows of h, where three launches would each wait for the
 // one before. The same bits as the three; idx and plan as GroupByExpert writes them (n_max =
-// GroupMaxGroups(n_tok, p.k, p.n_expert)).
+// GroupMaxGroups(n_tok, p.k, p.n_expert)). f kNone: no quantizing (h, cols and xq unused). With
+// `cold`, the routing block then runs PlanColdCopies over the plan it wrote, as that launch would.
 constexpr int kRouteGroupMaxTokens = 16;
 absl::Status RouteGroupQuantize(const RouteArgs &p, const float *logits, int64_t n_tok, int32_t *sel, float *wts,
                                 int32_t *idx, int32_t *plan, Q8Act f, const float *h, int64_t cols, void *xq,
-                                cudaStream_t stream);
+                                cudaStream_t stream, const ColdPlan *cold = nullptr);
 
 }  // namespace strata::cuda

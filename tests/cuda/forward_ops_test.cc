@@ -86,6 +86,16 @@ TEST_CASE("Element-wise glue is bit-identical to the CPU backend", "[gpu]") {
                 .ok());
     CHECK(Download<float>(dg, n_rows * k * n) == ref_g);
     CHECK(Download<float>(dout, n_rows * n) == ref_s);
+    // With the selections sent back in the same launch: the same sum, and the selections' copy.
+    DeviceBuffer dout2 = Poisoned(n_rows * n), back = Poisoned(n_rows * k);
+    REQUIRE(WeightedRowSum(dg.as<float>(), ds.as<int32_t>(), dw.as<float>(), n_rows, static_cast<int>(k), n,
+                           dout2.as<float>(), nullptr, di.as<int32_t>(), back.as<int32_t>())
+                .ok());
+    CHECK(Download<float>(dout2, n_rows * n) == ref_s);
+    CHECK(Download<int32_t>(back, n_rows * k) == gather);
+    CHECK(StatusToMoe(WeightedRowSum(dg.as<float>(), ds.as<int32_t>(), dw.as<float>(), n_rows, static_cast<int>(k), n,
+                                     dout2.as<float>(), nullptr, nullptr, back.as<int32_t>())) ==
+          MOE_ERR_INVALID_ARGUMENT);
   }
 }
 
@@ -406,11 +416,12 @@ TEST_CASE("Routing, grouping and quantizing in one launch gives the bits of the 
                       RouteCase{model::Gating::kSoftmaxSelected, 32, 4, 1, 1, false, 1.f, false},
                       RouteCase{model::Gating::kSigmoid, 256, 8, 8, 4, true, 2.5f, true}}) {
     for (int64_t n_tok : {1, 5, 8, 13, 16}) {
-      for (Q8Act f : {Q8Act::kBlock256, Q8Act::kBlock32}) {
+      for (Q8Act f : {Q8Act::kBlock256, Q8Act::kBlock32, Q8Act::kNone}) {
         INFO("gating " << static_cast<int>(c.gating) << " experts " << c.n_expert << " tokens " << n_tok
-                       << " block " << (f == Q8Act::kBlock32 ? 32 : 256));
+                       << " block " << (f == Q8Act::kBlock32 ? 32 : f == Q8Act::kNone ? 0 : 256));
         const int64_t cols = 768, n = n_tok * c.k, n_max = GroupMaxGroups(n_tok, c.k, c.n_expert);
-        const int64_t xq_bytes = n_tok * Q8ActRowBytes(f, cols);
+        const bool quantize = f != Q8Act::kNone;  // kNone: routing and grouping alone
+        const int64_t xq_bytes = quantize ? n_tok * Q8ActRowBytes(f, cols) : 0;
         DeviceBuffer dl = Upload(RandomFloats(rng, n_tok * c.n_expert, -4.f, 4.f)),
                      db = Upload(RandomFloats(rng, c.n_expert)), dh = Upload(RandomFloats(rng, n_tok * cols, -3.f, 3.f));
         const RouteArgs a = DeviceRouteArgs(c, db);
@@ -425,10 +436,10 @@ TEST_CASE("Routing, grouping and quantizing in one launch gives the bits of the 
         REQUIRE(Route(a, dl.as<float>(), n_tok, three.sel.as<int32_t>(), three.wts.as<float>(), nullptr).ok());
         REQUIRE(GroupByExpert(three.sel.as<int32_t>(), n_tok, c.k, c.n_expert, three.idx.as<int32_t>(),
                               three.plan.as<int32_t>(), nullptr).ok());
-        REQUIRE(QuantizeActivationsQ8(f, dh.as<float>(), n_tok, cols, three.xq.data(), nullptr).ok());
+        if (quantize) REQUIRE(QuantizeActivationsQ8(f, dh.as<float>(), n_tok, cols, three.xq.data(), nullptr).ok());
         REQUIRE(RouteGroupQuantize(a, dl.as<float>(), n_tok, one.sel.as<int32_t>(), one.wts.as<float>(),
-                                   one.idx.as<int32_t>(), one.plan.as<int32_t>(), f, dh.as<float>(), cols,
-                                   one.xq.data(), nullptr).ok());
+                                   one.idx.as<int32_t>(), one.plan.as<int32_t>(), f, quantize ? dh.as<float>() : nullptr,
+                                   cols, quantize ? one.xq.data() : nullptr, nullptr).ok());
         CHECK(Download<int32_t>(one.sel, n) == Download<int32_t>(three.sel, n));
         const std::vector<float> w1 = Download<float>(one.wts, n), w3 = Download<float>(three.wts, n);
         CHECK(std::memcmp(w1.data(), w3.data(), n * sizeof(float)) == 0);
@@ -444,7 +455,8 @@ TEST_CASE("Routing, grouping and quantizing in one launch gives the bits of the 
       }
     }
   }
-  // Refused: more tokens than one block routes, no 8-bit layout, columns off the block.
+  // Refused: more tokens than one block routes, columns off the block, a missing output, a plan of
+  // copies for other experts than the routing's.
   RouteArgs a;
   a.n_expert = 8;
   a.k = 2;
@@ -454,8 +466,11 @@ TEST_CASE("Routing, grouping and quantizing in one launch gives the bits of the 
   auto *i32 = buf->as<int32_t>();
   CHECK(StatusToMoe(RouteGroupQuantize(a, f32, kRouteGroupMaxTokens + 1, i32, f32, i32, i32, Q8Act::kBlock256, f32,
                                        256, buf->data(), nullptr)) == MOE_ERR_INVALID_ARGUMENT);
-  CHECK(StatusToMoe(RouteGroupQuantize(a, f32, 1, i32, f32, i32, i32, Q8Act::kNone, f32, 256, buf->data(),
-                                       nullptr)) == MOE_ERR_INVALID_ARGUMENT);
+  ColdPlan other;
+  other.n_expert = a.n_expert + 1;
+  other.mb.ring = reinterpret_cast<ColdRequest *>(buf->data());
+  CHECK(StatusToMoe(RouteGroupQuantize(a, f32, 1, i32, f32, i32, i32, Q8Act::kNone, nullptr, 0, nullptr, nullptr,
+                                       &other)) == MOE_ERR_INVALID_ARGUMENT);
   CHECK(StatusToMoe(RouteGroupQuantize(a, f32, 1, i32, f32, i32, i32, Q8Act::kBlock256, f32, 96, buf->data(),
                                        nullptr)) == MOE_ERR_INVALID_ARGUMENT);
   CHECK(StatusToMoe(RouteGroupQuantize(a, f32, 1, i32, f32, i32, i32, Q8Act::kBlock256, f32, 256, nullptr,

@@ -818,6 +818,93 @@ TEST_CASE("StageColdExperts copies the plan's cold experts into VRAM slots, and 
     CHECK(FirstBitDifference(got.h, want.h, c.n_ff, "SwiGLU output") == "");
     CHECK(FirstBitDifference(got.y, want.y, c.n_embd, "down output") == "");
   }
+  // The same plans run at the end of the routing's launch (RouteGroupQuantize given a ColdPlan), as
+  // a decode step runs them: a layer's own (urgent, its tokens' rows quantized too) and a
+  // prediction's (routing alone). From random logits, both ways give the same selections, plan,
+  // staged tables, slot bytes, counters and copies.
+  for (const bool urgent : {true, false}) {
+    INFO((urgent ? "urgent, quantizing" : "a prediction, routing alone"));
+    RouteArgs ra;
+    ra.n_expert = n_expert;
+    ra.k = k;
+    ra.norm_topk_prob = true;
+    const int64_t n = n_tok * k;
+    const Q8Act f = urgent ? Q8Act::kBlock256 : Q8Act::kNone;
+    const int64_t xq_bytes = urgent ? n_tok * Q8ActRowBytes(f, x.n_embd) : 0;
+    DeviceBuffer logits = Upload(RandomFloats(rng, n_tok * n_expert, -4.f, 4.f));
+    const int n_slots = 3;
+    struct Way {
+      std::vector<int32_t> sel, idx, plan;
+      std::vector<float> wts;
+      std::vector<uint64_t> tab;  // staged tables, an entry into the run's slots as its offset (top bit set)
+      std::vector<uint8_t> slots, xq;
+      std::vector<unsigned long long> counts;
+      uint32_t served;
+      uint64_t copied;
+    };
+    const auto run = [&](bool fused) {
+      DeviceBuffer sel = PoisonedInts(n), wts = Poisoned(n), ix = PoisonedInts(2 * n),
+                   pl = PoisonedInts(GroupPlanInts(n_tok, k, n_expert)), xq = Poisoned((xq_bytes + 3) / 4 + 1);
+      DeviceBuffer slots = DeviceBuffer::Allocate(n_slots * expert_bytes).value();
+      REQUIRE(cudaMemset(slots.data(), 0xab, n_slots * expert_bytes) == cudaSuccess);
+      std::vector<const void *> poison(3 * n_expert, reinterpret_cast<const void *>(uintptr_t{0xdead0}));
+      std::vector<unsigned long long> zeros(4, 0);
+      DeviceBuffer to_tab = Upload(poison), counts = Upload(zeros);
+      ExpertStage st = stage_of(slots, n_slots, to_tab);
+      st.counts = counts.as<unsigned long long>();
+      const ColdMailbox &mb = (*copier)->mailbox();
+      const uint32_t served_before = (*copier)->served();
+      const uint64_t copied_before = (*copier)->experts_copied();
+      if (fused) {
+        auto cold = MakeColdPlan(from, st, nullptr, mb, 5, urgent);
+        REQUIRE(cold.ok());
+        REQUIRE(RouteGroupQuantize(ra, logits.as<float>(), n_tok, sel.as<int32_t>(), wts.as<float>(),
+                                   ix.as<int32_t>(), pl.as<int32_t>(), f, dx.as<float>(), x.n_embd,
+                                   urgent ? xq.data() : nullptr, nullptr, &*cold).ok());
+      } else {
+        REQUIRE(Route(ra, logits.as<float>(), n_tok, sel.as<int32_t>(), wts.as<float>(), nullptr).ok());
+        REQUIRE(GroupByExpert(sel.as<int32_t>(), n_tok, k, n_expert, ix.as<int32_t>(), pl.as<int32_t>(), nullptr).ok());
+        if (urgent) REQUIRE(QuantizeActivationsQ8(f, dx.as<float>(), n_tok, x.n_embd, xq.data(), nullptr).ok());
+        REQUIRE(PlanColdCopies(from, st, pl.as<int32_t>(), n_max, nullptr, mb, 5, urgent, nullptr).ok());
+      }
+      if (!urgent) {  // a prediction's request is waited for by the layer's own plan, here none
+        const ExpertStage none = stage_of(slots, 0, to_tab);
+        REQUIRE(PlanColdCopies(StagedExperts(from, st), none, pl.as<int32_t>(), n_max, nullptr, mb, 5, true,
+                               nullptr).ok());
+      }
+      REQUIRE(WaitColdCopies(mb, nullptr).ok());
+      REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+      REQUIRE((*copier)->status().ok());
+      std::vector<int32_t> plan_all = Download<int32_t>(pl, 2 + 2 * n_max);
+      std::vector<int32_t> plan_set(plan_all.begin(), plan_all.begin() + 1 + plan_all[0]);  // count, experts
+      for (int g = 0; g <= plan_all[0]; ++g) plan_set.push_back(plan_all[1 + n_max + g]);  // first rows
+      std::vector<uint64_t> tab;
+      const auto lo = reinterpret_cast<uintptr_t>(slots.data()), hi = lo + n_slots * expert_bytes;
+      for (const void *e : Download<const void *>(to_tab, 3 * n_expert)) {
+        const auto a = reinterpret_cast<uintptr_t>(e);
+        tab.push_back(a >= lo && a < hi ? (a - lo) | (uint64_t{1} << 63) : a);
+      }
+      return Way{Download<int32_t>(sel, n), Download<int32_t>(ix, 2 * n), plan_set, Download<float>(wts, n),
+                 tab, Download<uint8_t>(slots, n_slots * expert_bytes),
+                 urgent ? Download<uint8_t>(xq, xq_bytes) : std::vector<uint8_t>{},
+                 Download<unsigned long long>(counts, 4), (*copier)->served() - served_before,
+                 (*copier)->experts_copied() - copied_before};
+    };
+    const Way three = run(false), one = run(true);
+    REQUIRE(three.counts[0] >= 1);  // the routing reached cold experts: there is a plan to compare
+    CHECK(one.sel == three.sel);
+    CHECK(std::memcmp(one.wts.data(), three.wts.data(), n * sizeof(float)) == 0);
+    CHECK(one.idx == three.idx);
+    CHECK(one.plan == three.plan);
+    CHECK(one.xq == three.xq);
+    CHECK(one.tab == three.tab);
+    CHECK(std::count_if(one.tab.begin(), one.tab.end(), [](uint64_t e) { return e >> 63 != 0; }) ==
+          3 * static_cast<int64_t>(one.counts[0]));
+    CHECK(one.counts == three.counts);
+    CHECK(one.served == three.served);
+    CHECK(one.copied == three.copied);
+    CHECK(one.slots == three.slots);
+  }
   // A request naming memory outside the arena is refused by the copier (nothing copied), and the
   // device's wait still ends.
   {
