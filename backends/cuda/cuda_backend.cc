@@ -2259,7 +2259,6 @@ absl::Status CudaBackend::PredictColdExperts(int nl, const float *h, int64_t n_t
   rp.n_expert = tn.ge.n_expert;
   rp.select_bias = L.expert_select_bias.tensor != nullptr ? L.expert_select_bias.values.data() : nullptr;
   STRATA_ASSIGN_OR_RETURN(RouteArgs ra, ToRouteArgs(rp));
-  
   float *logits = pf_logits_.as<float>();
   int32_t *sel = pf_sel_.as<int32_t>(), *plan = pf_plan_.as<int32_t>();
   STRATA_RETURN_IF_ERROR(cuda::Gemv(*router, h, n_tok, logits, s));
