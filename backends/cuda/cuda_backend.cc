@@ -2156,11 +2156,15 @@ bool CudaBackend::RoutedExperts(const model::RoutedExpertsArgs &a) {
   if (gate_q8 && !hybrid && a.n_tok <= fused_max) {
     const Q8Act f = Q8ActFor(t.ge.gate_shape.type);
     auto buf = Grow(q8_x_, static_cast<size_t>(a.n_tok * Q8ActRowBytes(f, n_embd)));
-    absl::StatusOr<ColdPlan> cold = copies ? MakeColdPlan(from, urgent, nullptr, copier_->mailbox(), a.layer, true)
-                                           : absl::StatusOr<ColdPlan>();
-    if (!Note(buf.status()) || (copies && !Note(cold.status())) ||
-        !Note(RouteGroupQuantize(*ra, a.logits, a.n_tok, a.sel, a.wts, a.idx, pl, f, a.h, n_embd, *buf, s,
-                                 copies ? &*cold : nullptr))) {
+    if (!Note(buf.status())) return true;
+    ColdPlan cold;
+    if (copies) {
+      absl::StatusOr<ColdPlan> c = MakeColdPlan(from, urgent, nullptr, copier_->mailbox(), a.layer, true);
+      if (!Note(c.status())) return true;
+      cold = *c;
+    }
+    if (!Note(RouteGroupQuantize(*ra, a.logits, a.n_tok, a.sel, a.wts, a.idx, pl, f, a.h, n_embd, *buf, s,
+                                 copies ? &cold : nullptr))) {
       return true;
     }
     planned = copies;

@@ -11,9 +11,10 @@
 //  - decode batches route on the device (RoutedExperts): each layer has a device table of every
 //    expert's address — its slot when it holds one, else its host bytes, read by the kernels over
 //    PCIe (zero-copy) — so no step waits for the host between layers. The selections come back
-//    after the layer (written into mapped memory by the layer's last kernel); experts used often (route hotness, halved every 16 uses of the layer) take the
-//    slot of a markedly colder resident, filled on a copy stream within a byte credit of 1/8 of
-//    the bytes read over the link, and the table switches to the slot once the copy is done;
+//    after the layer (written into mapped memory by the layer's last kernel); experts used often
+//    (route hotness, halved every 16 uses of the layer) take the slot of a markedly colder
+//    resident, filled on a copy stream within a byte credit of 1/8 of the bytes read over the
+//    link, and the table switches to the slot once the copy is done;
 //    with STRATA_CUDA_STAGE_EXPERTS=N (opt-in) a layer's first N cold experts are copied into
 //    staging slots (StageColdExperts) before the products instead of read in place; by default,
 //    in recorded steps and in layers with a cold expert a call or more, the copy engines move them

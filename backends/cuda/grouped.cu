@@ -186,7 +186,7 @@ __global__ void CopySkippedGroupsKernel(const int32_t *__restrict__ plan, int n_
 
 // ---- Staging cold experts ---------------------------------------------------------------------------
 
-constexpr int kStageThreads = 512, kStageWarps = kStageThreads / 32, kStageInFlight = 4;
+constexpr int kStageThreads = 512, kStageInFlight = 4;
 static_assert(kRouteMaxExperts <= kStageThreads, "a thread per group");
 
 // What a staging kernel's blocks (of kThreads) share: the slot of each expert (-1: none), each
@@ -203,10 +203,9 @@ struct StageShared {
 // ordered count gives the cold groups their slots. Block 0 writes the staged tables and counters.
 // Returns the experts staged (s.src[m][j] for j below it).
 template <int kThreads>
-__device__ int AssignColdSlots(const StageTables &t, int n_expert, uint8_t *slots, int n_slots, uint64_t slot_bytes,
-                               uintptr_t host_lo, uintptr_t host_hi, const int32_t *__restrict__ plan, int n_max,
-                               const uint8_t *__restrict__ skip, unsigned long long *counts, uintptr_t hit_lo,
-                               uintptr_t hit_hi, StageShared<kThreads> &s) {
+__device__ int AssignColdSlots(const StageTables &t, int n_expert, const ExpertStage &st,
+                               const int32_t *__restrict__ plan, int n_max, const uint8_t *__restrict__ skip,
+                               StageShared<kThreads> &s) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   if (tid < n_expert) s.slot[tid] = -1;
   const int n_groups = min(max(plan[0], 0), n_max);
@@ -216,13 +215,13 @@ __device__ int AssignColdSlots(const StageTables &t, int n_expert, uint8_t *slot
     e = plan[1 + tid];
     if (e >= 0 && e < n_expert) {
       const auto p = reinterpret_cast<uintptr_t>(t.from[0][e]);
-      hit = p >= hit_lo && p < hit_hi;
+      hit = p >= st.hit_lo && p < st.hit_hi;
     }
     if (e >= 0 && e < n_expert && (skip == nullptr || skip[e] == 0)) {
       cold = true;
       for (int m = 0; m < 3; ++m) {
         const auto p = reinterpret_cast<uintptr_t>(t.from[m][e]);
-        cold = cold && p >= host_lo && p < host_hi && p % 16 == 0;
+        cold = cold && p >= st.host_lo && p < st.host_hi && p % 16 == 0;
       }
     }
   }
@@ -234,21 +233,21 @@ __device__ int AssignColdSlots(const StageTables &t, int n_expert, uint8_t *slot
     before += w < warp ? s.warp[w] : 0;
     n_cold += s.warp[w];
   }
-  if (cold && before < n_slots) {
+  if (cold && before < st.n_slots) {
     s.slot[e] = before;
     for (int m = 0; m < 3; ++m) s.src[m][before] = static_cast<const int4 *>(t.from[m][e]);
   }
   const int n_hits = __syncthreads_count(hit);  // also the barrier after the slots' assignment
-  const int n_staged = min(n_cold, n_slots);
-  if (counts != nullptr && blockIdx.x == 0 && tid == 0) {
-    atomicAdd(&counts[0], static_cast<unsigned long long>(n_staged));
-    atomicAdd(&counts[1], static_cast<unsigned long long>(n_hits));
+  const int n_staged = min(n_cold, st.n_slots);
+  if (st.counts != nullptr && blockIdx.x == 0 && tid == 0) {
+    atomicAdd(&st.counts[0], static_cast<unsigned long long>(n_staged));
+    atomicAdd(&st.counts[1], static_cast<unsigned long long>(n_hits));
   }
   if (blockIdx.x == 0) {
     for (int x = tid; x < n_expert; x += kThreads) {
       const int j = s.slot[x];
       for (int m = 0; m < 3; ++m) {
-        t.to[m][x] = j >= 0 ? static_cast<const void *>(slots + j * slot_bytes + t.off[m]) : t.from[m][x];
+        t.to[m][x] = j >= 0 ? static_cast<const void *>(st.slots + j * st.slot_bytes + t.off[m]) : t.from[m][x];
       }
     }
   }
@@ -258,15 +257,14 @@ __device__ int AssignColdSlots(const StageTables &t, int n_expert, uint8_t *slot
 // Every block assigns the slots (AssignColdSlots), then all blocks copy the staged experts' bytes,
 // 16 at a time, kStageInFlight loads in flight a thread.
 __global__ void __launch_bounds__(kStageThreads)
-    StageColdExpertsKernel(StageTables t, int n_expert, uint8_t *slots, int n_slots, uint64_t slot_bytes,
-                           uintptr_t host_lo, uintptr_t host_hi, const int32_t *__restrict__ plan, int n_max,
-                           const uint8_t *__restrict__ skip, unsigned long long *counts, uintptr_t hit_lo,
-                           uintptr_t hit_hi) {
+    StageColdExpertsKernel(StageTables t, int n_expert, ExpertStage st, const int32_t *__restrict__ plan, int n_max,
+                           const uint8_t *__restrict__ skip) {
   dev::AwaitPrior();
   __shared__ StageShared<kStageThreads> s;
   const int tid = threadIdx.x;
-  const int n_staged = AssignColdSlots<kStageThreads>(t, n_expert, slots, n_slots, slot_bytes, host_lo, host_hi, plan, n_max, skip,
-                                       counts, hit_lo, hit_hi, s);
+  const int n_staged = AssignColdSlots<kStageThreads>(t, n_expert, st, plan, n_max, skip, s);
+  uint8_t *const slots = st.slots;
+  const uint64_t slot_bytes = st.slot_bytes;
   const uint64_t per_expert = t.units[0] + t.units[1] + t.units[2];
   const uint64_t total = per_expert * static_cast<uint64_t>(n_staged);
   const uint64_t stride = uint64_t{gridDim.x} * kStageThreads;
@@ -313,8 +311,7 @@ template <int kThreads>
 __device__ void PostColdPlan(const ColdPlan &c, const int32_t *__restrict__ plan, int n_max, StageShared<kThreads> &s) {
   const int tid = threadIdx.x;
   const ExpertStage &st = c.stage;
-  const int n = AssignColdSlots<kThreads>(c.t, c.n_expert, st.slots, st.n_slots, st.slot_bytes, st.host_lo,
-                                          st.host_hi, plan, n_max, c.skip, st.counts, st.hit_lo, st.hit_hi, s);
+  const int n = AssignColdSlots<kThreads>(c.t, c.n_expert, st, plan, n_max, c.skip, s);
   const ColdMailbox &mb = c.mb;
   const uint32_t seq = *mb.next + 1;  // one block; the requests of a stream are posted in its order
   if (n == 0) {
@@ -594,7 +591,10 @@ absl::Status RouteGroupQuantize(const RouteArgs &p, const float *logits, int64_t
       (quantize && (h == nullptr || xq == nullptr))) {
     return Errorf(MOE_ERR_INVALID_ARGUMENT, "routing, grouping and quantizing: a null buffer");
   }
-  if (cold != nullptr && (cold->mb.ring == nullptr || cold->n_expert != p.n_expert)) {
+  if (cold != nullptr && cold->mb.ring == nullptr) {
+    return Errorf(MOE_ERR_INVALID_ARGUMENT, "routing and planning copies: a plan without a mailbox");
+  }
+  if (cold != nullptr && cold->n_expert != p.n_expert) {
     return Errorf(MOE_ERR_INVALID_ARGUMENT, "routing and planning copies: a plan for %d experts, routing to %d",
                   cold->n_expert, p.n_expert);
   }
@@ -748,9 +748,8 @@ absl::Status StageColdExperts(const GroupedExperts &from, const ExpertStage &sta
   }
   if (n_max == 0) return absl::OkStatus();
   if (plan == nullptr) return Errorf(MOE_ERR_INVALID_ARGUMENT, "staging experts: the plan is null");
-  Launch(StageColdExpertsKernel, std::max(1, 2 * SmCount()), kStageThreads, 0, stream, t, from.n_expert, stage.slots, stage.n_slots,
-         stage.slot_bytes, stage.host_lo, stage.host_hi, plan, n_max, skip, stage.counts, stage.hit_lo,
-         stage.hit_hi);
+  Launch(StageColdExpertsKernel, std::max(1, 2 * SmCount()), kStageThreads, 0, stream, t, from.n_expert, stage, plan,
+         n_max, skip);
   STRATA_CUDA_RETURN_IF_LAUNCH_FAILED();
   return absl::OkStatus();
 }

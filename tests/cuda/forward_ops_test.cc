@@ -456,7 +456,7 @@ TEST_CASE("Routing, grouping and quantizing in one launch gives the bits of the 
     }
   }
   // Refused: more tokens than one block routes, columns off the block, a missing output, a plan of
-  // copies for other experts than the routing's.
+  // copies for other experts than the routing's or without a mailbox.
   RouteArgs a;
   a.n_expert = 8;
   a.k = 2;
@@ -471,6 +471,9 @@ TEST_CASE("Routing, grouping and quantizing in one launch gives the bits of the 
   other.mb.ring = reinterpret_cast<ColdRequest *>(buf->data());
   CHECK(StatusToMoe(RouteGroupQuantize(a, f32, 1, i32, f32, i32, i32, Q8Act::kNone, nullptr, 0, nullptr, nullptr,
                                        &other)) == MOE_ERR_INVALID_ARGUMENT);
+  const ColdPlan no_mailbox;
+  CHECK(StatusToMoe(RouteGroupQuantize(a, f32, 1, i32, f32, i32, i32, Q8Act::kNone, nullptr, 0, nullptr, nullptr,
+                                       &no_mailbox)) == MOE_ERR_INVALID_ARGUMENT);
   CHECK(StatusToMoe(RouteGroupQuantize(a, f32, 1, i32, f32, i32, i32, Q8Act::kBlock256, f32, 96, buf->data(),
                                        nullptr)) == MOE_ERR_INVALID_ARGUMENT);
   CHECK(StatusToMoe(RouteGroupQuantize(a, f32, 1, i32, f32, i32, i32, Q8Act::kBlock256, f32, 256, nullptr,
