@@ -95,6 +95,11 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const model::Mo
   }
   const char *graphs = std::getenv("STRATA_CUDA_GRAPHS");
   be->use_graphs_ = graphs == nullptr || graphs[0] != '0';
+  const char *graph_trace = std::getenv("STRATA_CUDA_GRAPH_TRACE");
+  be->graph_trace_ = graph_trace != nullptr && graph_trace[0] == '1';
+  if (const char *e = std::getenv("STRATA_CUDA_PATHS_ALTERNATE"); e != nullptr && *e != '\0') {
+    be->paths_alternate_ = std::max<int64_t>(0, std::atoll(e));
+  }
   const char *mark = std::getenv("STRATA_CUDA_PROFILER_STEP");
   be->profiler_step_ = mark != nullptr ? std::atoll(mark) : -1;
   be->q8_ = q8_activations;
@@ -301,6 +306,7 @@ void CudaBackend::UpdatePaths(int64_t n_tok) {
         on = t.cpu_saving > (t.hybrid ? 0.5 : 1.0) * rt;  // hysteresis: a layer does not flip back and forth
         if (on != t.hybrid) gain += std::abs(t.cpu_saving - rt);
       }
+      if (paths_alternate_ > 0) on = allow && (steps_ / paths_alternate_) % 2 == 1;
       hybrid_on[l] = on ? 1 : 0;
     }
   }
@@ -331,41 +337,75 @@ void CudaBackend::UpdatePaths(int64_t n_tok) {
     for (size_t l = 0; l < tables_.size(); ++l) {
       const LayerTable &t = tables_[l];
       if (!t.ok || !t.stage) continue;
-      const bool on = !hybrid && t.cold_avg >= (t.copies ? 0.5 : 1.0) * min_cold;
+      bool on = !hybrid && t.cold_avg >= (t.copies ? 0.5 : 1.0) * min_cold;
+      if (paths_alternate_ > 0) on = (steps_ / paths_alternate_) % 2 == 0;
       if (on != t.copies && hybrid == was_hybrid) gain += kCopiesFlipGainS;
       copies_on[l] = on ? 1 : 0;
     }
+    forced = forced || paths_alternate_ > 0;
   }
   const bool tracing = cpu_experts_ != nullptr && cpu_experts_->tracing();
-  if (!forced && record_s_ > 0 && gain * kPathHorizon <= record_s_) {
-    if (tracing && gain > 0) {
+  const std::string want_set = PathString(hybrid_on, copies_on);
+  const auto found = std::find(path_sets_.begin(), path_sets_.end(), want_set);
+  const bool recorded =  // taking them costs no recording
+      found != path_sets_.end() && Recorded(n_tok, static_cast<uint32_t>(found - path_sets_.begin()));
+  // Until a recording's cost is measured, it is taken as two replayed steps (on the H200, 8 GiB,
+  // skewed routing: 14.9 ms measured, against 7.4 ms a replayed step). Without that, the layers'
+  // first changes in the CPU-share probe went through at every step: each ran watched and eager.
+  const double record_cost = record_s_ > 0 ? record_s_ : 2 * replay_s_;
+  if (!forced && !recorded && record_cost > 0 && gain * kPathHorizon <= record_cost) {
+    if ((tracing || graph_trace_) && gain > 0) {
       std::fprintf(stderr, "cuda paths: step %lld: changes held (%.1f us a step against %.2f ms to record again)\n",
-                   static_cast<long long>(steps_), gain * 1e6, record_s_ * 1e3);
+                   static_cast<long long>(steps_ - 1), gain * 1e6, record_cost * 1e3);
     }
     return;
   }
-  bool changed = false;
   for (size_t l = 0; l < tables_.size(); ++l) {
-    LayerTable &t = tables_[l];
-    changed = changed || t.hybrid != (hybrid_on[l] != 0) || t.copies != (copies_on[l] != 0);
-    t.hybrid = hybrid_on[l] != 0;
-    t.copies = copies_on[l] != 0;
+    tables_[l].hybrid = hybrid_on[l] != 0;
+    tables_[l].copies = copies_on[l] != 0;
   }
-  if (changed && tracing) {
+  const uint32_t want = PathSet(want_set);
+  const bool changed = want != paths_;
+  paths_ = want;
+  if (changed && (tracing || graph_trace_)) {
     int n_hybrid = 0, n_copies = 0;
     for (const LayerTable &t : tables_) {
       n_hybrid += t.ok && t.hybrid ? 1 : 0;
       n_copies += t.ok && t.stage && t.copies ? 1 : 0;
     }
-    std::fprintf(stderr, "cuda paths: step %lld: %d layers with the CPU's share, %d with the copy engines\n",
-                 static_cast<long long>(steps_), n_hybrid, n_copies);
+    std::fprintf(stderr, "cuda paths: step %lld: %d layers with the CPU's share, %d with the copy engines (set %u%s)\n",
+                 static_cast<long long>(steps_ - 1), n_hybrid, n_copies, want, recorded ? ", recorded" : "");
   }
-  if (changed) {  // the recorded steps queue the old paths
+  // Paths without a graph record again: this step and the next are no sample of either regime.
+  if (changed && !recorded && regime_ != nullptr) regime_->Disturbed();
+}
+
+std::string CudaBackend::PathString(const std::vector<char> &hybrid_on, const std::vector<char> &copies_on) {
+  std::string set(hybrid_on.size(), '\0');
+  for (size_t l = 0; l < set.size(); ++l) set[l] = static_cast<char>((hybrid_on[l] ? 1 : 0) | (copies_on[l] ? 2 : 0));
+  return set;
+}
+
+uint32_t CudaBackend::PathSet(const std::string &set) {
+  if (auto it = std::find(path_sets_.begin(), path_sets_.end(), set); it != path_sets_.end()) {
+    return static_cast<uint32_t>(it - path_sets_.begin());
+  }
+  if (path_sets_.size() >= kMaxPathSets) {  // paths that keep moving: the old sets' graphs go
     ReadStamps();  // before its graph goes
     graphs_.clear();
     clean_.clear();
-    if (regime_ != nullptr) regime_->Disturbed();  // this step records again: no sample of either way
+    refused_.clear();
+    path_sets_.clear();
   }
+  path_sets_.push_back(set);
+  return static_cast<uint32_t>(path_sets_.size() - 1);
+}
+
+bool CudaBackend::Recorded(int64_t n_tok, uint32_t paths) const {
+  for (const auto &[k, g] : graphs_) {
+    if (k.step.n_tok == n_tok && k.paths == paths) return true;
+  }
+  return false;
 }
 
 CudaBackend::Profile::Profile(CudaBackend *be, const char *op)
@@ -1065,7 +1105,7 @@ absl::StatusOr<const float *> CudaBackend::Resolve(const float *host_vec) const 
 
 absl::StatusOr<void *> CudaBackend::Grow(DeviceBuffer &b, size_t bytes) {
   if (b.size() < bytes) {
-    STRATA_RETURN_IF_ERROR(HostRoundTrip("a scratch buffer growing"));
+    STRATA_RETURN_IF_ERROR(HostRoundTrip("a scratch buffer growing", /*growth=*/true));
     ReadStamps();
     graphs_.clear();  // recorded steps use the old address
     clean_.clear();
@@ -1078,7 +1118,7 @@ absl::StatusOr<void *> CudaBackend::Grow(DeviceBuffer &b, size_t bytes) {
 
 absl::StatusOr<void *> CudaBackend::GrowPinned(PinnedBuffer &b, size_t bytes) {
   if (b.size() < bytes) {
-    STRATA_RETURN_IF_ERROR(HostRoundTrip("a pinned buffer growing"));
+    STRATA_RETURN_IF_ERROR(HostRoundTrip("a pinned buffer growing", /*growth=*/true));
     STRATA_RETURN_IF_ERROR(stream_.Synchronize());  // a queued copy may still read the old buffer
     b.Reset();
     STRATA_ASSIGN_OR_RETURN(b, PinnedBuffer::Allocate(Align(bytes)));
@@ -2337,8 +2377,12 @@ void CudaBackend::FinishHist(const std::vector<std::pair<int, int64_t>> &hist) {
   }
 }
 
-absl::Status CudaBackend::HostRoundTrip(const char *what) {
-  if (bracket_ == Bracket::kWatch) step_clean_ = false;
+absl::Status CudaBackend::HostRoundTrip(const char *what, bool growth) {
+  if (bracket_ == Bracket::kWatch && step_clean_ && graph_trace_) {
+    std::fprintf(stderr, "cuda graphs: step %lld %s: %s\n", static_cast<long long>(steps_ - 1),
+                 growth ? "grew" : "not clean", what);
+  }
+  if (bracket_ == Bracket::kWatch && !growth) step_clean_ = false;
   if (bracket_ == Bracket::kCapture) return Errorf(MOE_ERR_INTERNAL, "%s inside a recorded decode step", what);
   return absl::OkStatus();
 }
@@ -2407,23 +2451,27 @@ model::Backend::StepMode CudaBackend::BeginStepImpl(const model::StepKey &key) {
     }
     UpdatePaths(key.n_tok);
   }
-  step_key_ = key;
+  step_key_ = GraphKey{key, paths_};
   step_hist_.clear();
-  if (auto g = graphs_.find(key); g != graphs_.end()) {
+  if (auto g = graphs_.find(step_key_); g != graphs_.end()) {
     if (Note(g->second.exec.Launch(stream_.get()))) {
       if (stamps_.data() != nullptr) stamped_ = &g->second.stamps;
       ++graph_replays_;
+      g->second.used = steps_;
       FinishHist(g->second.hist);
     }
     return StepMode::kReplay;
   }
-  if (clean_.count(key) != 0 && refused_.count(key) == 0 && Graph::BeginCapture(stream_.get()).ok()) {
+  if (clean_.count(step_key_) != 0 && refused_.count(step_key_) == 0 && Graph::BeginCapture(stream_.get()).ok()) {
+    if (graph_trace_) std::fprintf(stderr, "cuda graphs: step %lld recorded (paths %u)\n", static_cast<long long>(steps_ - 1), paths_);
+    capture_t0_ = std::chrono::steady_clock::now();
     bracket_ = Bracket::kCapture;
     stamp_names_.clear();
     Stamp("step start");
     return StepMode::kCapture;
   }
   (void)cudaGetLastError();
+  if (graph_trace_) std::fprintf(stderr, "cuda graphs: step %lld watched (paths %u)\n", static_cast<long long>(steps_ - 1), paths_);
   bracket_ = Bracket::kWatch;
   step_clean_ = true;
   return StepMode::kEager;
@@ -2442,7 +2490,15 @@ absl::Status CudaBackend::EndStep() {
   bracket_ = Bracket::kCapture;
   Stamp("step end");
   bracket_ = Bracket::kNone;
-  absl::StatusOr<Graph> g = Graph::EndCapture(stream_.get());
+  const auto t_end = std::chrono::steady_clock::now();
+  size_t nodes = 0;
+  absl::StatusOr<Graph> g = Graph::EndCapture(stream_.get(), graph_trace_ ? &nodes : nullptr);
+  if (graph_trace_) {
+    auto ms = [](auto a, auto b) { return std::chrono::duration<double, std::milli>(b - a).count(); };
+    std::fprintf(stderr, "cuda graphs: step %lld: %zu nodes, %.2f ms recording, %.2f ms instantiating\n",
+                 static_cast<long long>(steps_ - 1), nodes, ms(capture_t0_, t_end),
+                 ms(t_end, std::chrono::steady_clock::now()));
+  }
   if (!g.ok() || !err_.ok()) {
     // Nothing ran: the caller runs the step again outside a bracket. This key is not recorded again.
     absl::Status why = !err_.ok() ? err_ : g.status();
@@ -2456,8 +2512,12 @@ absl::Status CudaBackend::EndStep() {
     step_hist_.clear();
     return Annotate(launched, "launching a recorded decode step");
   }
-  if (graphs_.size() >= kMaxGraphs) graphs_.erase(graphs_.begin());
+  if (graphs_.size() >= kMaxGraphs) {
+    graphs_.erase(std::min_element(graphs_.begin(), graphs_.end(),
+                                   [](const auto &a, const auto &b) { return a.second.used < b.second.used; }));
+  }
   StepGraph &sg = graphs_[step_key_];
+  sg.used = steps_;
   sg.exec = std::move(*g);
   sg.hist = step_hist_;
   sg.stamps = stamp_names_;

@@ -209,18 +209,22 @@ class CudaBackend final : public model::Backend {
   absl::StatusOr<double> MeasureLink();
   absl::StatusOr<double> MeasureCopyLatency(double link_bytes_s);  // one slot's copy beyond its bytes
   // Between steps (the next has n_tok tokens): which layers take the hybrid path, and which have
-  // their cold experts copied by the copy engines. A change drops the recorded graphs, and the next
-  // two steps run eagerly and record again: on the H200 (8 GiB, skewed routing) ~10 ms, more than
-  // a step, where a layer near a threshold saves microseconds a step by its change. So the layers'
-  // own changes wait until what they are expected to save over kPathHorizon steps outweighs the
-  // measured cost of re-recording (TimeStep); a change of regime (the CPU's share allowed or not)
-  // is taken at once.
+  // their cold experts copied by the copy engines. Paths not recorded before run the next two
+  // steps eagerly and record again: on the H200 (8 GiB, skewed routing) ~10 ms, more than a step,
+  // where a layer near a threshold saves microseconds a step by its change. So the layers' own
+  // changes to paths without a graph wait until what they are expected to save over kPathHorizon
+  // steps outweighs the measured cost of re-recording (TimeStep); a change of regime (the CPU's
+  // share allowed or not) is taken at once.
   void UpdatePaths(int64_t n_tok);
   static constexpr double kPathHorizon = 32;
   // A layer's copy-engine path on or off, for the rule above: the copier's prediction and wait
   // for a layer cost ~28 us a step (on the H200, concentrated routing, 186 against 244 tok/s
   // copying every layer), about what it saves a layer with a cold expert a call.
   static constexpr double kCopiesFlipGainS = 28e-6;
+  // STRATA_CUDA_PATHS_ALTERNATE=N (a testing knob): every layer takes the copy engines for N
+  // steps, then for N steps none does and every layer takes the CPU's share (when allowed), and so
+  // on, the changes forced at once, so that the paths come back to sets recorded before.
+  int64_t paths_alternate_ = 0;
   bool allowed_ = false;  // the last call's regime allowed the CPU's share
   // Step times between BeginStep calls of equal token counts with no prompt between: a replayed
   // step's (moving average), the last eager one's, and what re-recording costs over two replayed
@@ -345,29 +349,52 @@ class CudaBackend final : public model::Backend {
     std::chrono::steady_clock::time_point t0_;
   };
   // Decode-step graphs. A step is first run under watch (kWatch): when nothing in it needed the
-  // host (an upload, a download, a wait, a buffer growing), its key is marked clean; the next step
+  // host (an upload, a download, a wait; a buffer may grow), its key is marked clean; the next step
   // of that key is recorded (kCapture) and run from the graph, and later ones replay it. A scratch
   // buffer that grows moves, so every graph is dropped then. With the VRAM tier, promotions enter
   // the tables between steps (BeginStep) and each layer's selections reach the tier after the step.
   enum class Bracket { kNone, kWatch, kCapture };
   // An operation that needs the host mid-step: a watched step is not clean; inside a recording
   // it is an error, which the caller returns or notes (the recording then fails and the step runs
-  // again outside it).
-  absl::Status HostRoundTrip(const char *what);
+  // again outside it). A buffer growing (`growth`) leaves a watched step clean: the next step of
+  // its key asks the same sizes, so it is recorded at once.
+  absl::Status HostRoundTrip(const char *what, bool growth = false);
   // The layers' selections copied during the step: the tier reads them once the step is done.
   void FinishHist(const std::vector<std::pair<int, int64_t>> &hist);
   struct StepGraph {
     Graph exec;
     std::vector<std::pair<int, int64_t>> hist;  // (layer, rows) of the selections it copies back
     std::vector<const char *> stamps;            // the names of its marks (STRATA_CUDA_STAMPS)
+    uint64_t used = 0;                           // the step it last ran (the least recent goes first)
+  };
+  // A step is recorded for its key and for the layers' paths it ran (an index into path_sets_):
+  // a change of paths keeps the graphs of the paths before, so paths that come back (the CPU-share
+  // probe's return to the link, BeginStep) replay at once, with no watched step and no recording.
+  struct GraphKey {
+    model::StepKey step;
+    uint32_t paths = 0;
+    bool operator<(const GraphKey &o) const {
+      if (o.step < step) return false;
+      return step < o.step || paths < o.paths;
+    }
   };
   static constexpr size_t kMaxGraphs = 64;
+  static constexpr size_t kMaxPathSets = 64;  // past it, graphs and sets start again
   bool use_graphs_ = true;  // STRATA_CUDA_GRAPHS=0 turns them off (every step eager)
-  std::map<model::StepKey, StepGraph> graphs_;
-  std::set<model::StepKey> clean_, refused_;
+  // STRATA_CUDA_GRAPH_TRACE=1 (a diagnostic): each step's way (replayed, recorded, watched), what
+  // kept a watched step from being clean, and the path sets, on stderr.
+  bool graph_trace_ = false;
+  std::chrono::steady_clock::time_point capture_t0_{};
+  std::map<GraphKey, StepGraph> graphs_;
+  std::set<GraphKey> clean_, refused_;
+  std::vector<std::string> path_sets_;  // a character a layer: bit 0 hybrid, bit 1 copies
+  uint32_t paths_ = 0;                  // the tables' paths now
+  static std::string PathString(const std::vector<char> &hybrid_on, const std::vector<char> &copies_on);
+  uint32_t PathSet(const std::string &set);  // its index, entered when new
+  bool Recorded(int64_t n_tok, uint32_t paths) const;  // a graph of n_tok tokens on those paths
   Bracket bracket_ = Bracket::kNone;
   bool step_clean_ = false;
-  model::StepKey step_key_;
+  GraphKey step_key_;
   std::vector<std::pair<int, int64_t>> step_hist_;
   uint64_t graph_captures_ = 0, graph_replays_ = 0;
   bool profile_ = false;

@@ -169,7 +169,7 @@ absl::Status Graph::BeginCapture(cudaStream_t stream) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<Graph> Graph::EndCapture(cudaStream_t stream) {
+absl::StatusOr<Graph> Graph::EndCapture(cudaStream_t stream, size_t *nodes) {
   cudaGraph_t graph = nullptr;
   const cudaError_t e = cudaStreamEndCapture(stream, &graph);
   if (e != cudaSuccess) {
@@ -177,6 +177,7 @@ absl::StatusOr<Graph> Graph::EndCapture(cudaStream_t stream) {
     if (graph != nullptr) cudaGraphDestroy(graph);
     return CudaStatus(e, "cudaStreamEndCapture", __FILE__, __LINE__);
   }
+  if (nodes != nullptr && cudaGraphGetNodes(graph, nullptr, nodes) != cudaSuccess) *nodes = 0;
   Graph g;
   const cudaError_t ie = cudaGraphInstantiate(&g.exec_, graph, 0);
   cudaGraphDestroy(graph);

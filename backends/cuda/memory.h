@@ -138,7 +138,8 @@ class Graph {
   static absl::Status BeginCapture(cudaStream_t stream);
   // Ends the recording begun on `stream` and instantiates it. An error when anything queued or
   // called during the recording could not be recorded; the stream records nothing afterwards.
-  static absl::StatusOr<Graph> EndCapture(cudaStream_t stream);
+  // `nodes` (optional): the recording's node count.
+  static absl::StatusOr<Graph> EndCapture(cudaStream_t stream, size_t *nodes = nullptr);
   absl::Status Launch(cudaStream_t stream) const;
   void Reset();
 
