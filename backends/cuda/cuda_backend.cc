@@ -9,6 +9,7 @@
 #include <chrono>
 #include <atomic>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -347,8 +348,8 @@ void CudaBackend::UpdatePaths(int64_t n_tok) {
   const bool tracing = cpu_experts_ != nullptr && cpu_experts_->tracing();
   const std::string want_set = PathString(hybrid_on, copies_on);
   const auto found = std::find(path_sets_.begin(), path_sets_.end(), want_set);
-  const bool recorded =  // taking them costs no recording
-      found != path_sets_.end() && Recorded(n_tok, static_cast<uint32_t>(found - path_sets_.begin()));
+  const bool known = found != path_sets_.end();
+  const bool recorded = known && Recorded(n_tok, static_cast<uint32_t>(found - path_sets_.begin()));  // no recording
   // Until a recording's cost is measured, it is taken as two replayed steps (on the H200, 8 GiB,
   // skewed routing: 14.9 ms measured, against 7.4 ms a replayed step). Without that, the layers'
   // first changes in the CPU-share probe went through at every step: each ran watched and eager.
@@ -364,7 +365,7 @@ void CudaBackend::UpdatePaths(int64_t n_tok) {
     tables_[l].hybrid = hybrid_on[l] != 0;
     tables_[l].copies = copies_on[l] != 0;
   }
-  const uint32_t want = PathSet(want_set);
+  const uint32_t want = known ? static_cast<uint32_t>(found - path_sets_.begin()) : AddPathSet(want_set);
   const bool changed = want != paths_;
   paths_ = want;
   if (changed && (tracing || graph_trace_)) {
@@ -386,16 +387,14 @@ std::string CudaBackend::PathString(const std::vector<char> &hybrid_on, const st
   return set;
 }
 
-uint32_t CudaBackend::PathSet(const std::string &set) {
-  if (auto it = std::find(path_sets_.begin(), path_sets_.end(), set); it != path_sets_.end()) {
-    return static_cast<uint32_t>(it - path_sets_.begin());
-  }
+uint32_t CudaBackend::AddPathSet(const std::string &set) {
   if (path_sets_.size() >= kMaxPathSets) {  // paths that keep moving: the old sets' graphs go
     ReadStamps();  // before its graph goes
     graphs_.clear();
     clean_.clear();
     refused_.clear();
     path_sets_.clear();
+    paths_ = UINT32_MAX;  // none of the new sets: the caller's set is a change
   }
   path_sets_.push_back(set);
   return static_cast<uint32_t>(path_sets_.size() - 1);

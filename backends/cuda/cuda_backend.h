@@ -390,7 +390,7 @@ class CudaBackend final : public model::Backend {
   std::vector<std::string> path_sets_;  // a character a layer: bit 0 hybrid, bit 1 copies
   uint32_t paths_ = 0;                  // the tables' paths now
   static std::string PathString(const std::vector<char> &hybrid_on, const std::vector<char> &copies_on);
-  uint32_t PathSet(const std::string &set);  // its index, entered when new
+  uint32_t AddPathSet(const std::string &set);  // a new set's index (past kMaxPathSets, all start again)
   bool Recorded(int64_t n_tok, uint32_t paths) const;  // a graph of n_tok tokens on those paths
   Bracket bracket_ = Bracket::kNone;
   bool step_clean_ = false;
