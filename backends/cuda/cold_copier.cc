@@ -41,6 +41,8 @@ absl::StatusOr<std::unique_ptr<ColdCopier>> ColdCopier::Create(const uint8_t *ar
   if (const char *ms = std::getenv("STRATA_CUDA_COLD_WAIT_MS"); ms != nullptr && std::atoll(ms) > 0) {
     c->mb_.timeout_ns = static_cast<uint64_t>(std::atoll(ms)) * 1000000;
   }
+  const char *number = std::getenv("STRATA_COLD_COPIES_NUMBER");
+  c->write_value_ = number == nullptr || std::strcmp(number, "copy") != 0;
   const char *batch = std::getenv("STRATA_COLD_COPIES_BATCH");
   c->batch_ = batch == nullptr || batch[0] != '0';
   const char *trace = std::getenv("STRATA_COLD_COPIES_TRACE");
@@ -50,6 +52,7 @@ absl::StatusOr<std::unique_ptr<ColdCopier>> ColdCopier::Create(const uint8_t *ar
     STRATA_ASSIGN_OR_RETURN(c->base_, Event::Create(true));
     for (int i = 0; i < kColdRing; ++i) {
       STRATA_ASSIGN_OR_RETURN(c->start_[i], Event::Create(true));
+      STRATA_ASSIGN_OR_RETURN(c->mid_[i], Event::Create(true));
       STRATA_ASSIGN_OR_RETURN(c->end_[i], Event::Create(true));
     }
   }
@@ -73,6 +76,15 @@ ColdCopier::~ColdCopier() {
                  "between requests %.1f ms; the compute stream waited %.1f ms\n",
                  served, static_cast<unsigned long long>(copied_.load()), traced_bytes_ / 1048576.0, busy_ms_,
                  busy_ms_ > 0 ? traced_bytes_ / (busy_ms_ * 1e6) : 0.0, idle_ms_, waited * 1e-6);
+    const double n = fit_[0], d = n * fit_[3] - fit_[1] * fit_[1];
+    if (served > 0 && n > 1 && d > 0) {
+      const double slope = (n * fit_[4] - fit_[1] * fit_[2]) / d, at0 = (fit_[2] - slope * fit_[1]) / n;
+      std::fprintf(stderr,
+                   "expert copies: issuing %.1f us a request on the host (its copies %.1f); a request's copies %.1f "
+                   "us + bytes at %.1f GB/s, its number %.1f us (%s)\n",
+                   issue_us_ / served, serve_us_ / served, at0 * 1e3, slope > 0 ? 1.0 / slope : 0.0, number_ms_ * 1e3 / served,
+                   write_value_ ? "written by the stream" : "copied");
+    }
   }
 }
 
@@ -80,10 +92,20 @@ void ColdCopier::Retire(uint32_t seq) {
   const int i = seq % kColdRing;
   if (!end_[i].Synchronize().ok()) return;
   absl::StatusOr<float> t0 = Event::ElapsedMs(base_, start_[i]), t1 = Event::ElapsedMs(base_, end_[i]);
+  absl::StatusOr<float> tm = Event::ElapsedMs(base_, mid_[i]);
   if (t0.ok() && t1.ok()) {
     busy_ms_ += *t1 - *t0;
     if (seq > 1) idle_ms_ += *t0 - last_end_ms_;
     last_end_ms_ = *t1;
+  }
+  if (t0.ok() && tm.ok() && t1.ok() && bytes_[i] > 0) {
+    const double x = bytes_[i] * 1e-6, y = *tm - *t0;
+    fit_[0] += 1;
+    fit_[1] += x;
+    fit_[2] += y;
+    fit_[3] += x * x;
+    fit_[4] += x * y;
+    number_ms_ += *t1 - *tm;
   }
   traced_bytes_ += bytes_[i];
   retired_ = seq;
@@ -147,7 +169,12 @@ void ColdCopier::Loop() {
       if (want == 1) (void)base_.Record(stream_);
       (void)start_[want % kColdRing].Record(stream_);
     }
+    const auto seen = std::chrono::steady_clock::now();
     absl::Status st = Serve(r, want);
+    if (trace_) {
+      serve_us_ += std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - seen).count();
+      (void)mid_[want % kColdRing].Record(stream_);
+    }
     // The outcome is published before the number goes out: whoever sees the number land sees it.
     if (!st.ok()) {
       std::lock_guard<std::mutex> lock(mu_);
@@ -155,14 +182,22 @@ void ColdCopier::Loop() {
     }
     served_.store(want, std::memory_order_release);
     // The number goes out whatever happened, so no device wait is left hanging.
-    numbers[want % kColdRing] = want;
-    const cudaError_t ce = cudaMemcpyAsync(const_cast<uint32_t *>(mb_.done), numbers + want % kColdRing,
-                                           sizeof(uint32_t), cudaMemcpyHostToDevice, stream_);
+    // By the stream's own write where the driver takes it, else by a 4-byte copy.
+    cudaError_t ce = cudaSuccess;
+    if (!write_value_ || !StreamWriteValue32(const_cast<uint32_t *>(mb_.done), want, stream_)) {
+      write_value_ = false;
+      numbers[want % kColdRing] = want;
+      ce = cudaMemcpyAsync(const_cast<uint32_t *>(mb_.done), numbers + want % kColdRing, sizeof(uint32_t),
+                           cudaMemcpyHostToDevice, stream_);
+    }
     if (ce != cudaSuccess) {
       std::lock_guard<std::mutex> lock(mu_);
       if (err_.ok()) err_ = Errorf(MOE_ERR_INTERNAL, "expert copies: %s", cudaGetErrorString(ce));
     }
-    if (trace_) (void)end_[want % kColdRing].Record(stream_);
+    if (trace_) {
+      (void)end_[want % kColdRing].Record(stream_);
+      issue_us_ += std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - seen).count();
+    }
     ++want;
     wait.Worked();
   }

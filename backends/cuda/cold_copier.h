@@ -1,9 +1,10 @@
 // The host half of moving cold experts by the copy engines (kernels.h, PlanColdCopies): a thread
 // that serves the device's requests in order. For request n it queues, on the given stream, the
 // copies of each expert's matrices (from the page-locked host arena into the request's VRAM slots;
-// one cudaMemcpyBatchAsync where the driver takes it), then a 4-byte copy of n into the device's
-// `done` counter, which WaitColdCopies polls. The copy engines then move the bytes while the
-// compute stream runs the layer before.
+// one cudaMemcpyBatchAsync where the driver takes it), then n into the device's `done` counter,
+// which WaitColdCopies polls: written by the stream itself (StreamWriteValue32), or by a 4-byte
+// copy where the driver refuses that. The copy engines then move the bytes while the compute stream
+// runs the layer before.
 //
 // The stream must never wait on the device for work queued after a WaitColdCopies (the wait would
 // then wait for itself). It should be created next to the compute stream: the driver spreads
@@ -60,7 +61,7 @@ class ColdCopier {
   size_t arena_bytes_ = 0;
   PinnedBuffer ring_;     // kColdRing requests, mapped: written by the device
   PinnedBuffer flags_;    // the timed-out flag and what the wait saw, mapped
-  PinnedBuffer numbers_;  // kColdRing request numbers, the sources of the copies into `done`
+  PinnedBuffer numbers_;  // kColdRing request numbers, the sources of copies into `done` (see write_value_)
   DeviceBuffer counters_;  // next, done, want; the waits' summed nanoseconds (traced)
   cudaStream_t stream_ = nullptr;
   ColdMailbox mb_;
@@ -73,13 +74,19 @@ class ColdCopier {
   // cudaMemcpyAsync a matrix: bench/link_overlap_bench); STRATA_COLD_COPIES_BATCH=0 copies one by
   // one, as does a driver that refuses the batch. The copier's thread alone reads it after Create.
   bool batch_ = true;
+  // The number into `done` by the stream's write (StreamWriteValue32) while it holds, else by a
+  // copy; STRATA_COLD_COPIES_NUMBER=copy always copies (a measuring knob). The thread alone reads it.
+  bool write_value_ = true;
   // STRATA_COLD_COPIES_TRACE=1: timing events around each request's copies on the stream, read a
   // ring later (a request's start is when the stream reached it: the end of the one before, or
   // later when the copier issued it later), and the device's summed waits, printed at the end.
-  Event base_, start_[kColdRing], end_[kColdRing];
+  // Also: the host's time to issue a request, and each request's copies (start to mid) fitted as a
+  // fixed time plus bytes over a rate.
+  Event base_, start_[kColdRing], mid_[kColdRing], end_[kColdRing];
   uint64_t bytes_[kColdRing] = {};
   uint32_t retired_ = 0;
-  double busy_ms_ = 0, idle_ms_ = 0, last_end_ms_ = 0;
+  double busy_ms_ = 0, idle_ms_ = 0, last_end_ms_ = 0, issue_us_ = 0, serve_us_ = 0, number_ms_ = 0;
+  double fit_[5] = {};  // n, sum x, sum y, sum xx, sum xy (x: MB, y: ms)
   uint64_t traced_bytes_ = 0;
   mutable std::mutex mu_;
   absl::Status err_;

@@ -2,6 +2,8 @@
 // context may already be torn down (process exit), and there is no caller to hand an error to.
 #include "backends/cuda/memory.h"
 
+#include <cuda.h>
+
 #include <atomic>
 
 #include "backends/cuda/cuda_status.h"
@@ -227,6 +229,23 @@ absl::Status CopyBatchAsync(void *const *dsts, const void *const *srcs, const si
     STRATA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dsts[i], srcs[i], sizes[i], cudaMemcpyHostToDevice, stream));
   }
   return absl::OkStatus();
+}
+
+bool StreamWriteValue32(uint32_t *dst, uint32_t value, cudaStream_t stream) {
+  using WriteValue32 = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+  static const WriteValue32 write = [] {
+    void *fn = nullptr;
+    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+    if (cudaGetDriverEntryPointByVersion("cuStreamWriteValue32", &fn, 12000, cudaEnableDefault, &found) !=
+            cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      (void)cudaGetLastError();
+      fn = nullptr;
+    }
+    return reinterpret_cast<WriteValue32>(fn);
+  }();
+  return write != nullptr && write(reinterpret_cast<CUstream>(stream), reinterpret_cast<CUdeviceptr>(dst), value,
+                                   CU_STREAM_WRITE_VALUE_DEFAULT) == CUDA_SUCCESS;
 }
 
 }  // namespace strata::cuda
