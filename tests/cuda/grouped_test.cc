@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <numeric>
 #include <sstream>
@@ -706,6 +707,14 @@ TEST_CASE("StageColdExperts copies the plan's cold experts into VRAM slots, and 
   auto copier = ColdCopier::Create(arena->as<uint8_t>(), static_cast<const uint8_t *>(arena_dev),
                                    n_expert * expert_bytes, copy_stream.get());
   REQUIRE(copier.ok());
+  // And one that copies each request's number into `done` (as where the driver refuses the
+  // stream's own write), on a stream of its own.
+  Stream copy_stream2 = Stream::Create().value();
+  REQUIRE(setenv("STRATA_COLD_COPIES_NUMBER", "copy", 1) == 0);
+  auto copier_copying = ColdCopier::Create(arena->as<uint8_t>(), static_cast<const uint8_t *>(arena_dev),
+                                           n_expert * expert_bytes, copy_stream2.get());
+  REQUIRE(unsetenv("STRATA_COLD_COPIES_NUMBER") == 0);
+  REQUIRE(copier_copying.ok());
   // n_slots slots in `slots` and the staged tables in `tab` (3 x n_expert entries), over the arena.
   const auto stage_of = [&](DeviceBuffer &slots, int n_slots, DeviceBuffer &tab) {
     ExpertStage st;
@@ -719,7 +728,7 @@ TEST_CASE("StageColdExperts copies the plan's cold experts into VRAM slots, and 
     st.host_hi = st.host_lo + n_expert * expert_bytes;
     return st;
   };
-  struct Run { int n_slots; bool skip; bool copy_engines; };
+  struct Run { int n_slots; bool skip; bool copy_engines; bool copied_number = false; };
   std::vector<Run> runs;
   for (bool ce : {false, true}) {
     for (Run r : {Run{2, false, ce}, Run{n_cold_groups, false, ce}, Run{n_cold_groups + 3, false, ce},
@@ -727,9 +736,12 @@ TEST_CASE("StageColdExperts copies the plan's cold experts into VRAM slots, and 
       runs.push_back(r);
     }
   }
+  runs.push_back(Run{n_cold_groups, false, true, true});
+  runs.push_back(Run{2, true, true, true});
   for (Run r : runs) {
     INFO(r.n_slots << " slots for " << n_cold_groups << " cold groups" << (r.skip ? ", one skipped" : "")
-                   << (r.copy_engines ? ", by the copy engines" : ""));
+                   << (r.copy_engines ? ", by the copy engines" : "") << (r.copied_number ? ", number copied" : ""));
+    ColdCopier &cc = r.copied_number ? **copier_copying : **copier;
     DeviceBuffer slots = DeviceBuffer::Allocate(r.n_slots * expert_bytes).value();
     REQUIRE(cudaMemset(slots.data(), 0xab, r.n_slots * expert_bytes) == cudaSuccess);
     std::vector<const void *> poison(3 * n_expert, reinterpret_cast<const void *>(uintptr_t{0xdead0}));
@@ -738,10 +750,10 @@ TEST_CASE("StageColdExperts copies the plan's cold experts into VRAM slots, and 
     REQUIRE(CheckExpertStage(from, st).ok());
     const uint8_t *skip_dev = r.skip ? skip.as<uint8_t>() : nullptr;
     if (r.copy_engines) {
-      REQUIRE(PlanColdCopies(from, st, plan.as<int32_t>(), n_max, skip_dev, (*copier)->mailbox(), 3, true, nullptr).ok());
-      REQUIRE(WaitColdCopies((*copier)->mailbox(), nullptr).ok());
+      REQUIRE(PlanColdCopies(from, st, plan.as<int32_t>(), n_max, skip_dev, cc.mailbox(), 3, true, nullptr).ok());
+      REQUIRE(WaitColdCopies(cc.mailbox(), nullptr).ok());
       REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
-      REQUIRE((*copier)->status().ok());
+      REQUIRE(cc.status().ok());
     } else {
       REQUIRE(StageColdExperts(from, st, plan.as<int32_t>(), n_max, skip_dev, nullptr).ok());
     }
@@ -973,6 +985,54 @@ TEST_CASE("StageColdExperts copies the plan's cold experts into VRAM slots, and 
   CHECK(invalid(WaitColdCopies(ColdMailbox{}, nullptr)));
   bad.slot_bytes = expert_bytes - 256;
   CHECK(invalid(PlanColdCopies(from, bad, plan.as<int32_t>(), n_max, nullptr, (*copier)->mailbox(), 0, true, nullptr)));
+}
+
+// The stream's own write of a request's number (ColdCopier) lands only after the copies queued
+// before it: a device wait on another stream for the number, then a read of the last bytes copied,
+// sees the copied bytes and never the poison (64 MiB take ~1.2 ms over the link, far longer than
+// a write that did not wait). Fresh random bytes and a fresh number each run.
+TEST_CASE("StreamWriteValue32 writes after the stream's copies before it", "[gpu][grouped]") {
+  if (!HaveGpu()) return;
+  std::mt19937 rng = test::Rng();
+  const size_t bytes = size_t{64} << 20, tail = 4096;
+  PinnedBuffer host = PinnedBuffer::Allocate(bytes).value();
+  for (size_t i = 0; i < bytes; i += 4) {
+    const uint32_t v = rng();
+    std::memcpy(host.as<uint8_t>() + i, &v, 4);
+  }
+  DeviceBuffer dev = DeviceBuffer::Allocate(bytes).value(), counters = DeviceBuffer::Allocate(12).value();
+  PinnedBuffer flags = PinnedBuffer::Allocate(3 * sizeof(uint32_t), cudaHostAllocMapped).value();
+  std::memset(flags.data(), 0, 3 * sizeof(uint32_t));
+  PinnedBuffer seen = PinnedBuffer::Allocate(tail).value();
+  std::memset(seen.data(), 0, tail);
+  const uint32_t number = 1 + rng() % 1000000;
+  ColdMailbox mb;
+  mb.next = counters.as<uint32_t>();
+  mb.done = mb.next + 1;
+  mb.want = mb.next + 2;
+  mb.timed_out = flags.device<uint32_t>().value();
+  mb.timeout_ns = 5000000000;
+  REQUIRE(cudaMemset(counters.data(), 0, 12) == cudaSuccess);
+  REQUIRE(cudaMemcpy(mb.want, &number, sizeof(number), cudaMemcpyHostToDevice) == cudaSuccess);
+  // Created one after the other, so the driver gives them different hardware queues (cold_copier.h).
+  Stream watch = Stream::Create().value(), copies = Stream::Create().value();
+  for (int round = 0; round < 3; ++round) {
+    INFO("round " << round);
+    REQUIRE(cudaMemset(dev.data(), 0xab, bytes) == cudaSuccess);
+    REQUIRE(cudaMemset(counters.as<uint32_t>() + 1, 0, sizeof(uint32_t)) == cudaSuccess);
+    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+    REQUIRE(WaitColdCopies(mb, watch.get()).ok());
+    REQUIRE(cudaMemcpyAsync(seen.data(), dev.as<uint8_t>() + bytes - tail, tail, cudaMemcpyDeviceToHost,
+                            watch.get()) == cudaSuccess);
+    REQUIRE(cudaMemcpyAsync(dev.data(), host.data(), bytes, cudaMemcpyHostToDevice, copies.get()) == cudaSuccess);
+    REQUIRE(StreamWriteValue32(counters.as<uint32_t>() + 1, number, copies.get()));
+    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+    CHECK(static_cast<volatile uint32_t *>(flags.as<uint32_t>())[0] == 0);  // the wait did not give up
+    CHECK(std::memcmp(seen.data(), host.as<uint8_t>() + bytes - tail, tail) == 0);
+    uint32_t done = 0;
+    REQUIRE(cudaMemcpy(&done, mb.done, sizeof(done), cudaMemcpyDeviceToHost) == cudaSuccess);
+    CHECK(done == number);
+  }
 }
 
 TEST_CASE("The grouped launches' grid covers the groups expected of uniform routing", "[gpu][grouped]") {
