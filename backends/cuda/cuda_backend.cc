@@ -288,6 +288,7 @@ void CudaBackend::UpdatePaths(int64_t n_tok) {
     copies_on[l] = tables_[l].copies ? 1 : 0;
   }
   bool forced = false;  // a change of regime
+  bool entering = false;  // into the CPU's share, the cost model choosing the layers
   double gain = 0;      // seconds a step the layers' own changes are expected to save
   if (cpu_experts_ != nullptr) {
     const double rt = cpu_experts_->round_trip_s();
@@ -298,6 +299,7 @@ void CudaBackend::UpdatePaths(int64_t n_tok) {
       allow = regime_->Step(n_tok, now) == model::RegimeProbe::Regime::kHybrid;
     }
     forced = allow != allowed_;
+    entering = allow && !allowed_ && cpu_experts_->mode() != CpuExpertMode::kAlways && paths_alternate_ == 0;
     allowed_ = allow;
     for (size_t l = 0; l < tables_.size(); ++l) {
       const LayerTable &t = tables_[l];
@@ -354,6 +356,26 @@ void CudaBackend::UpdatePaths(int64_t n_tok) {
   // skewed routing: 14.9 ms measured, against 7.4 ms a replayed step). Without that, the layers'
   // first changes in the CPU-share probe went through at every step: each ran watched and eager.
   const double record_cost = record_s_ > 0 ? record_s_ : 2 * replay_s_;
+  // Entering the CPU's share (the probe's turn, or its verdict) is held by the same rule: where the
+  // cost model gives the CPU a few experts a step, the watched step and the recording cost more than
+  // the share can save. On the H200 (8 GiB, skewed routing: 3.6 CPU experts a step) auto decoded
+  // 139.0 tok/s against 144.2 with the link alone, the probe's way in costing ~17 ms; held, the
+  // share came in two steps later there (the fitted saving grew past 0.44 ms a step), and at once
+  // with spread routing; against entering at once 138.2 / 135.7 and 94.7 / 91.8 tok/s (one pair each,
+  // inside the noise).
+  // STRATA_CUDA_SHARE_HELD=0: entered at once, as before (a measuring knob).
+  static const bool share_held = [] {
+    const char *e = std::getenv("STRATA_CUDA_SHARE_HELD");
+    return e == nullptr || e[0] != '0';
+  }();
+  if (share_held && entering && !recorded && record_cost > 0 && gain * kPathHorizon <= record_cost) {
+    allowed_ = false;
+    if (tracing || graph_trace_) {
+      std::fprintf(stderr, "cuda paths: step %lld: CPU's share held (%.1f us a step against %.2f ms to record)\n",
+                   static_cast<long long>(steps_ - 1), gain * 1e6, record_cost * 1e3);
+    }
+    return;
+  }
   if (!forced && !recorded && record_cost > 0 && gain * kPathHorizon <= record_cost) {
     if ((tracing || graph_trace_) && gain > 0) {
       std::fprintf(stderr, "cuda paths: step %lld: changes held (%.1f us a step against %.2f ms to record again)\n",

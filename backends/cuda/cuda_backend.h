@@ -213,8 +213,8 @@ class CudaBackend final : public model::Backend {
   // steps eagerly and record again: on the H200 (8 GiB, skewed routing) ~10 ms, more than a step,
   // where a layer near a threshold saves microseconds a step by its change. So the layers' own
   // changes to paths without a graph wait until what they are expected to save over kPathHorizon
-  // steps outweighs the measured cost of re-recording (TimeStep); a change of regime (the CPU's
-  // share allowed or not) is taken at once.
+  // steps outweighs the measured cost of re-recording (TimeStep); so does entering the CPU's share
+  // with the cost model's layers (its leaving, and a forced share, are taken at once).
   void UpdatePaths(int64_t n_tok);
   static constexpr double kPathHorizon = 32;
   // A layer's copy-engine path on or off, for the rule above: the copier's prediction and wait
