@@ -232,6 +232,12 @@ absl::Status CopyBatchAsync(void *const *dsts, const void *const *srcs, const si
 }
 
 bool StreamWriteValue32(uint32_t *dst, uint32_t value, cudaStream_t stream) {
+#if CUDART_VERSION < 12050  // no versioned entry points: the caller copies
+  (void)dst;
+  (void)value;
+  (void)stream;
+  return false;
+#else
   using WriteValue32 = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
   static const WriteValue32 write = [] {
     void *fn = nullptr;
@@ -246,6 +252,7 @@ bool StreamWriteValue32(uint32_t *dst, uint32_t value, cudaStream_t stream) {
   }();
   return write != nullptr && write(reinterpret_cast<CUstream>(stream), reinterpret_cast<CUdeviceptr>(dst), value,
                                    CU_STREAM_WRITE_VALUE_DEFAULT) == CUDA_SUCCESS;
+#endif
 }
 
 }  // namespace strata::cuda
