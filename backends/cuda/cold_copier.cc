@@ -169,7 +169,7 @@ void ColdCopier::Loop() {
       if (want == 1) (void)base_.Record(stream_);
       (void)start_[want % kColdRing].Record(stream_);
     }
-    const auto seen = std::chrono::steady_clock::now();
+    const auto seen = trace_ ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
     absl::Status st = Serve(r, want);
     if (trace_) {
       serve_us_ += std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - seen).count();

@@ -368,18 +368,13 @@ void CudaBackend::UpdatePaths(int64_t n_tok) {
     const char *e = std::getenv("STRATA_CUDA_SHARE_HELD");
     return e == nullptr || e[0] != '0';
   }();
-  if (share_held && entering && !recorded && record_cost > 0 && gain * kPathHorizon <= record_cost) {
-    allowed_ = false;
-    if (tracing || graph_trace_) {
-      std::fprintf(stderr, "cuda paths: step %lld: CPU's share held (%.1f us a step against %.2f ms to record)\n",
-                   static_cast<long long>(steps_ - 1), gain * 1e6, record_cost * 1e3);
-    }
-    return;
-  }
-  if (!forced && !recorded && record_cost > 0 && gain * kPathHorizon <= record_cost) {
+  const bool hold_entry = share_held && entering;
+  if ((!forced || hold_entry) && !recorded && record_cost > 0 && gain * kPathHorizon <= record_cost) {
+    if (hold_entry) allowed_ = false;  // asked again at the next step
     if ((tracing || graph_trace_) && gain > 0) {
-      std::fprintf(stderr, "cuda paths: step %lld: changes held (%.1f us a step against %.2f ms to record again)\n",
-                   static_cast<long long>(steps_ - 1), gain * 1e6, record_cost * 1e3);
+      std::fprintf(stderr, "cuda paths: step %lld: %s held (%.1f us a step against %.2f ms to record again)\n",
+                   static_cast<long long>(steps_ - 1), hold_entry ? "CPU's share" : "changes", gain * 1e6,
+                   record_cost * 1e3);
     }
     return;
   }
@@ -2501,6 +2496,7 @@ model::Backend::StepMode CudaBackend::BeginStepImpl(const model::StepKey &key) {
 absl::Status CudaBackend::EndStep() {
   if (steps_ - 1 == profiler_step_) (void)cudaProfilerStop();
   const Bracket b = bracket_;
+  if (b == Bracket::kCapture) Stamp("step end");
   bracket_ = Bracket::kNone;
   if (b == Bracket::kWatch) {
     if (step_clean_ && err_.ok()) clean_.insert(step_key_);
@@ -2508,9 +2504,6 @@ absl::Status CudaBackend::EndStep() {
     return absl::OkStatus();
   }
   if (b != Bracket::kCapture) return absl::OkStatus();
-  bracket_ = Bracket::kCapture;
-  Stamp("step end");
-  bracket_ = Bracket::kNone;
   const auto t_end = std::chrono::steady_clock::now();
   size_t nodes = 0;
   absl::StatusOr<Graph> g = Graph::EndCapture(stream_.get(), graph_trace_ ? &nodes : nullptr);

@@ -505,10 +505,7 @@ __global__ void __launch_bounds__(kRouteWarps * 32) RouteKernel(RouteArgs p, con
 // One thread: the device's clock once the stream's earlier kernels are done.
 __global__ void StampKernel(unsigned long long *at) {
   dev::AwaitPrior();
-  if (threadIdx.x != 0) return;
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  *at = t;
+  if (threadIdx.x == 0) *at = dev::GlobalTimerNs();
 }
 
 }  // namespace

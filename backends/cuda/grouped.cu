@@ -384,12 +384,6 @@ __global__ void __launch_bounds__(kFusedThreads)
   PostColdPlan<kFusedThreads>(cold, plan, n_max, st);
 }
 
-__device__ __forceinline__ uint64_t GlobalTimerNs() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
-
 // One thread's wait for a counter that the host or the copy engines advance (serial numbers,
 // wrap-safe): looks at *counter every nap_ns until it reaches `want`. kGaveUp, without waiting, where
 // an earlier wait gave up (*timed_out set): the step then fails at its end whatever follows, in one
@@ -402,16 +396,16 @@ __device__ Awaited AwaitCounter(const uint32_t *counter, uint32_t want, const ui
   const volatile uint32_t *c = counter;
   if (static_cast<int32_t>(*c - want) >= 0) return Awaited::kReached;
   if (*reinterpret_cast<const volatile uint32_t *>(timed_out) != 0) return Awaited::kGaveUp;
-  const uint64_t t0 = GlobalTimerNs();
+  const uint64_t t0 = dev::GlobalTimerNs();
   Awaited r = Awaited::kReached;
   while (static_cast<int32_t>(*c - want) < 0) {
-    if (GlobalTimerNs() - t0 > timeout_ns) {
+    if (dev::GlobalTimerNs() - t0 > timeout_ns) {
       r = Awaited::kTimedOut;
       break;
     }
     __nanosleep(nap_ns);
   }
-  if (waited_ns != nullptr) atomicAdd(waited_ns, static_cast<unsigned long long>(GlobalTimerNs() - t0));
+  if (waited_ns != nullptr) atomicAdd(waited_ns, static_cast<unsigned long long>(dev::GlobalTimerNs() - t0));
   return r;
 }
 

@@ -56,5 +56,12 @@ __device__ __forceinline__ void AwaitPriorOnly() {
 #endif
 }
 
+// The device's nanosecond clock (%globaltimer), the same on every multiprocessor.
+__device__ __forceinline__ unsigned long long GlobalTimerNs() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
 }  // namespace dev
 }  // namespace strata::cuda
