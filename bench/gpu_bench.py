@@ -21,6 +21,9 @@ For each VRAM budget:
      gives the two together (bench/host_share_bench: they share it).
   4. Decode speed twice for both engines: the average over the run, and the steady rate of the
      median step (a long generation's rate; a short run's average carries its first steps).
+     --warmup N: both engines first run a round of other ids with N decode steps (a warm context,
+     as in a later conversation): a context's one-time costs (Strata's graphs recorded and the
+     CPU share timed, llama.cpp's own first steps) then stay out of the timed round.
 
 --cpu-experts auto,off runs Strata once per mode at each budget (hybrid placement on and off).
 
@@ -141,34 +144,46 @@ def model_bytes(strata, model):
     return other + embd_row, expert, n_layer, n_expert, k
 
 
-def run_strata(strata, model, budget, prefill, decode, ram_budget, cpu_experts, threads):
+def run_strata(strata, model, budget, prefill, decode, ram_budget, cpu_experts, threads, warmup=0):
     tokens = ",".join(str(1000 + 37 * i) for i in range(prefill))
     forced = ",".join(str(2000 + 53 * i) for i in range(decode))
+    n_ctx = prefill + max(decode, warmup) + 16
     cmd = [strata, "bench", "--model", model, "--backend", "cuda", "--ram-budget", ram_budget, "--vram-budget",
-           str(budget), "--tokens", tokens, "--decode-tokens", forced, "--n-ctx", str(prefill + decode + 16), "--json",
-           "--cpu-experts", cpu_experts, "--threads", str(threads), "--q8-activations"]
+           str(budget), "--tokens", tokens, "--decode-tokens", forced, "--n-ctx", str(n_ctx), "--json",
+           "--cpu-experts", cpu_experts, "--threads", str(threads), "--q8-activations", "--warmup", str(warmup)]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
-def run_llama(lib_dir, model, n_cpu_moe, prefill, decode, threads):
+def run_llama(lib_dir, model, n_cpu_moe, prefill, decode, threads, warmup=0):
     t0 = time.time()
     L, mdl = load_llama(model, lib_dir, n_gpu_layers=999, n_cpu_moe=n_cpu_moe)
     cp = L.llama_context_default_params()
-    cp.n_ctx = prefill + decode + 16
+    cp.n_ctx = prefill + max(decode, warmup) + 16
     cp.n_batch = max(prefill, 1)
     cp.n_ubatch = min(512, max(prefill, 1))
     cp.n_threads = threads
     cp.n_threads_batch = threads
     ctx = L.llama_init_from_model(mdl, cp)
     load_s = time.time() - t0
+    one = (L.llama_token * 1)()
+    if warmup > 0:
+        # As strata bench --warmup: a round of other ids first, then the KV cache emptied.
+        warm = (L.llama_token * prefill)(*[1001 + 37 * i for i in range(prefill)])
+        if L.llama_decode(ctx, L.llama_batch_get_one(warm, prefill)) != 0:
+            raise RuntimeError("llama_decode failed on the warm-up prompt")
+        for i in range(warmup):
+            one[0] = 2001 + 53 * i
+            if L.llama_decode(ctx, L.llama_batch_get_one(one, 1)) != 0:
+                raise RuntimeError("llama_decode failed at warm-up step %d" % i)
+        L.llama_synchronize(ctx)
+        L.llama_memory_clear(L.llama_get_memory(ctx), True)
     toks = (L.llama_token * prefill)(*[1000 + 37 * i for i in range(prefill)])
     t1 = time.time()
     if L.llama_decode(ctx, L.llama_batch_get_one(toks, prefill)) != 0:
         raise RuntimeError("llama_decode failed on the prompt")
     L.llama_synchronize(ctx)
     t2 = time.time()
-    one = (L.llama_token * 1)()
     step_ms = []
     for i in range(decode):
         one[0] = 2000 + 53 * i
@@ -183,14 +198,14 @@ def run_llama(lib_dir, model, n_cpu_moe, prefill, decode, threads):
     p50 = statistics.median(step_ms) if step_ms else 0.0
     return {"load_s": load_s, "prefill_tok_s": prefill / (t2 - t1), "decode_tok_s": decode / (t3 - t2),
             "decode_step_ms_p50": p50, "decode_steady_tok_s": 1e3 / p50 if p50 > 0 else 0.0,
-            "decode_step_ms": [round(x, 3) for x in step_ms], "n_cpu_moe": n_cpu_moe}
+            "decode_step_ms": [round(x, 3) for x in step_ms], "n_cpu_moe": n_cpu_moe, "warmup_steps": warmup}
 
 
-def run_llama_apart(lib_dir, model, n_cpu_moe, prefill, decode, threads):
+def run_llama_apart(lib_dir, model, n_cpu_moe, prefill, decode, threads, warmup=0):
     """run_llama in a process of its own: llama.cpp's CUDA libraries never share a process with
     torch's (measured on the H200: llama.cpp 0.3.36 loaded after torch's bandwidth probe crashed
     the whole run), and a crash of the peer leaves the Strata figures standing."""
-    args = json.dumps([lib_dir, model, n_cpu_moe, prefill, decode, threads])
+    args = json.dumps([lib_dir, model, n_cpu_moe, prefill, decode, threads, warmup])
     p = subprocess.run([sys.executable, os.path.abspath(__file__), "--llama-child", args], capture_output=True,
                        text=True)
     if p.returncode != 0:
@@ -209,6 +224,9 @@ def main():
     ap.add_argument("--budgets", default="4G,8G,16G,0", help="VRAM budgets; 0 = unlimited")
     ap.add_argument("--prefill", type=int, default=512)
     ap.add_argument("--decode", type=int, default=64)
+    ap.add_argument("--warmup", type=int, default=0,
+                    help="both engines first run a round of other ids with this many decode steps, then the "
+                         "timed one (a warm context: its first steps' one-time costs fall in the warm-up)")
     ap.add_argument("--ram-budget", default="60G")
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--llama-lib", default="", help="directory of libllama.so (default: the package's)")
@@ -226,7 +244,7 @@ def main():
     # Both paths read the host's RAM: together they get what its memory gives, not the sum.
     both = min(h2d + host, shared) if shared else h2d + host
     other, expert, n_layer, n_expert, k = model_bytes(a.strata, a.model)
-    res = {"model": a.model, "h2d_bytes_s": h2d, "d2d_bytes_s": d2d, "host_read_bytes_s": host,
+    res = {"model": a.model, "warmup_steps": a.warmup, "h2d_bytes_s": h2d, "d2d_bytes_s": d2d, "host_read_bytes_s": host,
            "host_shared_bytes_s": shared, "expert_bytes": expert, "token_bytes": other + n_layer * k * expert,
            "runs": []}
     shared_text = f", both at once {shared / 1e9:.1f}" if shared else ""
@@ -238,7 +256,7 @@ def main():
         budget = size_of(b)
         run = {"budget": b, "modes": {}}
         for mode in a.cpu_experts.split(","):
-            s = run_strata(a.strata, a.model, budget, a.prefill, a.decode, a.ram_budget, mode, a.threads)
+            s = run_strata(a.strata, a.model, budget, a.prefill, a.decode, a.ram_budget, mode, a.threads, a.warmup)
             st = s["stats"]
             link = s["decode_link_bytes_per_token"]
             cpu_bytes = st.get("vram_cpu_experts", 0) * expert / max(1, a.decode)
@@ -256,7 +274,8 @@ def main():
         if not a.skip_llama:
             n_cpu = n_layer - min(n_layer, run["vram_expert_slots"] // n_expert)
             try:
-                run["llama"] = run_llama_apart(a.llama_lib, a.model, n_cpu, a.prefill, a.decode, a.threads)
+                run["llama"] = run_llama_apart(a.llama_lib, a.model, n_cpu, a.prefill, a.decode, a.threads,
+                                               a.warmup)
             except Exception as e:  # report and go on: the Strata figures stand on their own
                 run["llama_error"] = str(e)
         res["runs"].append(run)

@@ -98,6 +98,7 @@ struct Args {
   // synth
   std::string shape, codec = "q4_k";
   std::string decode_tokens;  // bench: teacher-forced decode input instead of sampled tokens
+  int64_t warmup = 0;         // bench: decode steps of a round before the timed one (a warm context)
   int64_t layers = 0;
   // batching (bench --sessions, and any command opening a context)
   int64_t sessions = 1, max_batch_tokens = 0, prefill_token_max = 0, prefill_layer_min = 0;
@@ -128,6 +129,8 @@ const char kUsage[] =
     "           hits and misses, bytes read per token, time waiting on I/O\n"
     "           [--tokens 1,2,3] [--decode-tokens 4,5,6]: given prompt ids; decode fed these ids one\n"
     "           per step instead of sampled tokens\n"
+    "           --warmup N: first a round of other prompts and N decode steps (a warm context, as in a\n"
+    "           later conversation), then the timed round in fresh sessions\n"
     "           --sessions N: N sessions decode together (continuous batching): aggregate tok/s;\n"
     "           --max-batch-tokens N, --prefill-token-max N, --prefill-layer-min N set the scheduler\n"
     "           --sweep: every policy x prefetch distance x I/O threads, fastest first\n"
@@ -192,6 +195,7 @@ Args ParseArgs(int argc, char **argv) {
     else if (f == "--prompt" || f == "-p") a.prompt = value();
     else if (f == "--tokens") a.tokens = value();
     else if (f == "--decode-tokens") a.decode_tokens = value();
+    else if (f == "--warmup") a.warmup = integer(0, 1 << 24);
     else if (f == "--text") a.text = value();
     else if (f == "--special") a.special = true;
     else if (f == "--out" || f == "-o") a.out = value();
@@ -837,16 +841,60 @@ int CmdBench(const Args &a) {
   moe_session_params_init(&sp);
   const size_t n_sess = static_cast<size_t>(a.sessions);
   std::vector<Sess> ss(n_sess);
-  for (auto &s : ss) {
-    if (moe_status st = moe_session_open(ctx.c, &sp, &s.s); st != MOE_OK) Die(ApiError(st));
-  }
+  auto open_sessions = [&] {
+    for (auto &s : ss) {
+      moe_session_close(s.s);
+      s.s = nullptr;
+      if (moe_status st = moe_session_open(ctx.c, &sp, &s.s); st != MOE_OK) Die(ApiError(st));
+    }
+  };
+  // Session i of a round takes rotation `salt + i` of the given ids (prompt and decode input).
+  auto rotated = [&](int32_t t, uint64_t r) { return static_cast<int32_t>((t + 7919 * r) % static_cast<uint64_t>(n_vocab)); };
+  auto feed_prompts = [&](uint64_t salt) {
+    for (size_t i = 0; i < n_sess; ++i) {
+      std::vector<int32_t> p_i(prompt);
+      for (auto &t : p_i) t = rotated(t, salt + i);
+      if (moe_status st = moe_session_feed(ss[i].s, p_i.data(), p_i.size()); st != MOE_OK) Die(ApiError(st));
+    }
+  };
+  // Up to `steps` decode steps (fewer when a session's context fills); each step's wall time, the
+  // sessions' feeding included, into `ms`. Returns the steps run.
+  auto decode = [&](int64_t steps, uint64_t salt, std::vector<double> &ms) {
+    int64_t n = 0;
+    auto t_step = std::chrono::steady_clock::now();
+    for (; n < steps; ++n) {
+      for (size_t i = 0; i < ss.size(); ++i) {
+        int32_t tok;
+        if (!forced.empty()) {
+          tok = rotated(forced[n % static_cast<int64_t>(forced.size())], salt + i);
+        } else if (moe_status st = moe_session_sample(ss[i].s, &tok); st != MOE_OK) {
+          Die(ApiError(st));
+        }
+        moe_status st = moe_session_feed(ss[i].s, &tok, 1);
+        if (st == MOE_ERR_LIMIT_CONTEXT) return n;
+        if (st != MOE_OK) Die(ApiError(st));
+      }
+      if (moe_status st = StepAll(ctx.c); st != MOE_OK) Die(ApiError(st));
+      const auto now = std::chrono::steady_clock::now();
+      ms.push_back(std::chrono::duration<double, std::milli>(now - t_step).count());
+      t_step = now;
+    }
+    return n;
+  };
+  open_sessions();
   moe_ctx_wait_loads(ctx.c);  // a hotlist preload completes before the clock starts
-  moe_ctx_reset_stats(ctx.c);
-  for (size_t i = 0; i < n_sess; ++i) {
-    std::vector<int32_t> p_i(prompt);
-    for (auto &t : p_i) t = static_cast<int32_t>((t + 7919 * i) % static_cast<uint64_t>(n_vocab));
-    if (moe_status st = moe_session_feed(ss[i].s, p_i.data(), p_i.size()); st != MOE_OK) Die(ApiError(st));
+  if (a.warmup > 0) {
+    // A warm context: one round (other prompts, as a previous conversation) before the timed one,
+    // in sessions closed after it. A context's one-time costs (the first steps of a batch shape,
+    // graphs recorded, the CPU share timed) fall there; the timed prompt still re-plans its tier.
+    feed_prompts(n_sess);
+    if (moe_status st = StepAll(ctx.c); st != MOE_OK) Die(ApiError(st));
+    std::vector<double> warm_ms;
+    decode(a.warmup, n_sess, warm_ms);
+    open_sessions();
   }
+  moe_ctx_reset_stats(ctx.c);
+  feed_prompts(0);
   auto t2 = std::chrono::steady_clock::now();
   if (moe_status st = StepAll(ctx.c); st != MOE_OK) Die(ApiError(st));
   auto t3 = std::chrono::steady_clock::now();
@@ -854,32 +902,9 @@ int CmdBench(const Args &a) {
   moe_stats_init(&prefill);
   moe_ctx_stats(ctx.c, &prefill);
   moe_ctx_reset_stats(ctx.c);
-  int64_t n = 0;  // decode steps; every session gets a token per step
   std::vector<double> step_ms;  // each step's wall time, feeding the sessions included
   step_ms.reserve(static_cast<size_t>(std::max<int64_t>(n_decode, 0)));
-  auto t_step = std::chrono::steady_clock::now();
-  for (bool full = false; n < n_decode && !full; ++n) {
-    for (size_t i = 0; i < ss.size(); ++i) {
-      int32_t tok;
-      if (!forced.empty()) {
-        // Each session its own rotation of the given ids, as for the prompts.
-        tok = static_cast<int32_t>((forced[n] + 7919 * i) % static_cast<uint64_t>(n_vocab));
-      } else if (moe_status st = moe_session_sample(ss[i].s, &tok); st != MOE_OK) {
-        Die(ApiError(st));
-      }
-      moe_status st = moe_session_feed(ss[i].s, &tok, 1);
-      if (st == MOE_ERR_LIMIT_CONTEXT) {
-        full = true;
-        break;
-      }
-      if (st != MOE_OK) Die(ApiError(st));
-    }
-    if (full) break;
-    if (moe_status st = StepAll(ctx.c); st != MOE_OK) Die(ApiError(st));
-    const auto now = std::chrono::steady_clock::now();
-    step_ms.push_back(std::chrono::duration<double, std::milli>(now - t_step).count());
-    t_step = now;
-  }
+  const int64_t n = decode(n_decode, 0, step_ms);  // decode steps; every session gets a token per step
   auto t4 = std::chrono::steady_clock::now();
   moe_stats dec;
   moe_stats_init(&dec);
@@ -909,13 +934,14 @@ int CmdBench(const Args &a) {
                       n_tok
                 : 0.0;
   if (a.json) {
-    std::printf("{\"model\":\"%s\",\"sessions\":%zu,\"load_s\":%.3f,\"ram_budget_bytes\":%llu,\"ram_expert_slots\":%u,"
+    std::printf("{\"model\":\"%s\",\"sessions\":%zu,\"warmup_steps\":%lld,\"load_s\":%.3f,\"ram_budget_bytes\":%llu,\"ram_expert_slots\":%u,"
                 "\"routed_experts\":%u,\"prefill_tokens\":%zu,\"prefill_tok_s\":%.3f,\"decode_tokens\":%lld,"
                 "\"decode_tok_s\":%.3f,\"decode_hit_rate\":%.4f,\"decode_bytes_read_per_token\":%.0f,"
                 "\"decode_io_wait_s\":%.4f,\"prefill_bytes_read\":%llu,\"prefill_hit_rate\":%.4f,"
                 "\"decode_link_bytes_per_token\":%.0f,\"decode_step_ms_p50\":%.3f,\"decode_step_ms_p90\":%.3f,"
                 "\"decode_step_ms_max\":%.3f,\"decode_steady_tok_s\":%.3f,\"decode_step_ms\":%s,\"stats\":%s}\n",
-                model.c_str(), n_sess, secs(t0, t1), static_cast<unsigned long long>(plan.ram_budget_bytes),
+                model.c_str(), n_sess, static_cast<long long>(a.warmup), secs(t0, t1),
+                static_cast<unsigned long long>(plan.ram_budget_bytes),
                 plan.ram_expert_slots, plan.n_routed_experts, n_prefill, n_prefill / pre_s,
                 static_cast<long long>(n_tok), n_tok / dec_s, hit_rate, bytes_per_tok, dec.io_wait_s,
                 static_cast<unsigned long long>(prefill.bytes_read),
@@ -930,6 +956,7 @@ int CmdBench(const Args &a) {
     std::printf("RAM expert tier  %u of %u experts (%s, %s)\n", plan.ram_expert_slots, plan.n_routed_experts,
                 dec.streaming ? "streaming" : "all resident", dec.memory_locked ? "locked" : "not locked");
     std::printf("sessions         %zu\n", n_sess);
+    if (a.warmup > 0) std::printf("warm-up          a round of %lld decode steps first\n", static_cast<long long>(a.warmup));
     std::printf("prefill          %zu tokens, %.1f tok/s, %.1f MiB read\n", n_prefill, n_prefill / pre_s,
                 prefill.bytes_read / 1048576.0);
     std::printf("decode           %lld tokens (%lld steps), %.2f tok/s\n", static_cast<long long>(n_tok),

@@ -120,6 +120,36 @@ TEST_CASE("bench feeds given prompt and decode ids", "[cli][store]") {
   CHECK(junk.err.find("--decode-tokens") != std::string::npos);
 }
 
+TEST_CASE("bench --warmup times a second round in fresh sessions", "[cli][store]") {
+  // The warm-up round (other prompts, its own decode steps) stays out of the figures: the timed
+  // round counts as many expert uses, over the same ids, as a run without it.
+  const std::string ids = " --tokens 3,141,59,26 --decode-tokens 53,58,97,93,238 --json";
+  Out cold = Cli("bench --model " + kModel + ids);
+  Out warm = Cli("bench --model " + kModel + ids + " --warmup 3");
+  INFO(warm.err);
+  REQUIRE(cold.code == 0);
+  REQUIRE(warm.code == 0);
+  auto jc = LastLineJson(cold.out), jw = LastLineJson(warm.out);
+  CHECK(jc["warmup_steps"] == 0);
+  CHECK(jw["warmup_steps"] == 3);
+  CHECK(jw["prefill_tokens"] == 4);
+  CHECK(jw["decode_tokens"] == 5);
+  CHECK(jw["decode_step_ms"].size() == 5);
+  const auto uses = [](const nlohmann::json &j) {
+    return j["stats"]["expert_hits"].get<uint64_t>() + j["stats"]["expert_misses"].get<uint64_t>();
+  };
+  CHECK(uses(jw) == uses(jc));
+  CHECK(uses(jw) > 0);
+  // A warm-up longer than the context: its round ends when the sessions fill; the timed one runs.
+  Out full = Cli("bench --model " + kModel + ids + " --n-ctx 12 --warmup 50");
+  INFO(full.err);
+  REQUIRE(full.code == 0);
+  CHECK(LastLineJson(full.out)["decode_tokens"] == 5);
+  Out bad = Cli("bench --model " + kModel + " --warmup -1");
+  CHECK(bad.code == 1);
+  CHECK(bad.err.find("--warmup") != std::string::npos);
+}
+
 TEST_CASE("profile writes a hotlist that preloading reads", "[cli][store]") {
   TempDir t;
   std::ofstream(t.File("prompts.txt")) << "1,2,3,4,5,6\n200,100,50,25\n";
