@@ -370,7 +370,11 @@ void CudaBackend::UpdatePaths(int64_t n_tok) {
   }();
   const bool hold_entry = share_held && entering;
   if ((!forced || hold_entry) && !recorded && record_cost > 0 && gain * kPathHorizon <= record_cost) {
-    if (hold_entry) allowed_ = false;  // asked again at the next step
+    if (hold_entry) {
+      allowed_ = false;  // asked again at the next step
+      // A probe's step of the share that ran on the link is no sample of the share.
+      if (regime_ != nullptr) regime_->Declined();
+    }
     if ((tracing || graph_trace_) && gain > 0) {
       std::fprintf(stderr, "cuda paths: step %lld: %s held (%.1f us a step against %.2f ms to record again)\n",
                    static_cast<long long>(steps_ - 1), hold_entry ? "CPU's share" : "changes", gain * 1e6,
@@ -443,9 +447,11 @@ CudaBackend::~CudaBackend() {
   if (regime_ != nullptr && cpu_experts_ != nullptr && cpu_experts_->tracing()) {
     std::fprintf(stderr,
                  "cpu experts regime: %d probes, holding %s; last timed: link %.2f ms, hybrid %.2f ms a step; "
-                 "%lld path changes inside probes (their steps untimed)\n",
+                 "%lld path changes inside probes (their steps untimed), %lld probe steps of the share held on the "
+                 "link\n",
                  regime_->probes(), regime_->held() == model::RegimeProbe::Regime::kLink ? "link" : "hybrid",
-                 regime_->link_s() * 1e3, regime_->hybrid_s() * 1e3, static_cast<long long>(regime_->resettles()));
+                 regime_->link_s() * 1e3, regime_->hybrid_s() * 1e3, static_cast<long long>(regime_->resettles()),
+                 static_cast<long long>(regime_->declines()));
   }
   ReadStamps();
   if (!stamp_table_.empty()) {

@@ -126,6 +126,7 @@ void RegimeProbe::Restart(int64_t n_tok) {
   shape_ = n_tok;
   steps_ = 0;
   resettles_ = 0;
+  declined_ = 0;
   times_.clear();
 }
 
@@ -135,6 +136,14 @@ void RegimeProbe::Disturbed() {
   ++resettles_;
   ++resettles_total_;
   steps_ = 1;  // as the first step after a switch: it and the next settle
+}
+
+void RegimeProbe::Declined() {
+  if (phase_ != Phase::kHybrid) return;
+  ++declined_total_;
+  steps_ = 0;  // the step that enters the share is the phase's first
+  times_.clear();
+  if (++declined_ >= o_.settle + o_.samples) Finish(Regime::kLink);
 }
 
 void RegimeProbe::Finish(Regime r) {
@@ -171,6 +180,7 @@ RegimeProbe::Regime RegimeProbe::Step(int64_t n_tok, double now_s) {
       phase_ = Phase::kHybrid;
       steps_ = 0;
       resettles_ = 0;
+      declined_ = 0;
       times_.clear();
     } else if (phase_ == Phase::kHybrid) {
       const bool slower = times_.size() >= 2 && *std::min_element(times_.begin(), times_.end()) > 1.1 * link_s_;

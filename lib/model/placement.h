@@ -116,12 +116,19 @@ class RegimeProbe {
   // as after a switch. At most Options::max_resettles times a phase, so paths that keep changing
   // cannot hold a probe open; the samples after that count as they come.
   void Disturbed();
+  // The step Step just returned kHybrid for ran on the link after all: the backend held the CPU
+  // share's entry (the cost model's saving did not outweigh recording the step). It is no sample,
+  // and the phase starts again at the step that does enter. A probe of kHybrid declined
+  // Options::settle + Options::samples times ends on kLink: the share was never timed, so it is
+  // not let in untimed later (the next probe, after `hold` steps, asks again).
+  void Declined();
 
   Regime held() const { return held_; }  // the verdict of the last finished probe
   double link_s() const { return link_s_; }      // its median step times (0: not measured)
   double hybrid_s() const { return hybrid_s_; }
   int probes() const { return probes_; }          // probes finished
   int64_t resettles() const { return resettles_total_; }  // steps Disturbed kept out of the samples
+  int64_t declines() const { return declined_total_; }     // steps Declined kept out of the samples
 
  private:
   enum class Phase { kNone, kLink, kHybrid };
@@ -143,7 +150,9 @@ class RegimeProbe {
   double link_s_ = 0, hybrid_s_ = 0;
   int probes_ = 0;
   int resettles_ = 0;  // in this phase
+  int declined_ = 0;   // in this phase
   int64_t resettles_total_ = 0;
+  int64_t declined_total_ = 0;
   bool have_last_ = false;
   double last_t_ = 0;
 };

@@ -270,6 +270,10 @@ struct World {
   int since = 0;
   int hybrid_steps = 0;
   std::function<bool(int)> change;
+  // `decline`, where set, says which steps that would enter the share (counted from 0) the backend
+  // holds on the link: those are told to the probe, run as link steps, and change no paths.
+  std::function<bool(int)> decline;
+  int declinable = 0;
   std::mt19937 rng{std::random_device{}()};
 
   // Runs `steps` steps of `n_tok` tokens; returns the regime of each.
@@ -279,14 +283,21 @@ struct World {
     std::uniform_real_distribution<double> f(1 - noise, 1 + noise);
     for (int i = 0; i < steps; ++i) {
       const RegimeProbe::Regime r = p.Step(n_tok, t);
-      since = r == last ? since + 1 : 0;
-      last = r;
-      if (r == RegimeProbe::Regime::kHybrid && change && change(hybrid_steps++)) {
+      // A declined step runs on the link (the share's entry held), as the step before it did.
+      RegimeProbe::Regime ran = r;
+      if (r == RegimeProbe::Regime::kHybrid && last == RegimeProbe::Regime::kLink && decline &&
+          decline(declinable++)) {
+        p.Declined();
+        ran = RegimeProbe::Regime::kLink;
+      }
+      since = ran == last ? since + 1 : 0;
+      last = ran;
+      if (ran == RegimeProbe::Regime::kHybrid && change && change(hybrid_steps++)) {
         p.Disturbed();
         since = 0;
       }
-      t += (r == RegimeProbe::Regime::kLink ? link_s : hybrid_s) * f(rng) * (since < 2 ? 40 : 1);
-      out.push_back(r);
+      t += (ran == RegimeProbe::Regime::kLink ? link_s : hybrid_s) * f(rng) * (since < 2 ? 40 : 1);
+      out.push_back(ran);
     }
     return out;
   }
@@ -390,6 +401,49 @@ TEST_CASE("placement: steps that change their paths inside a regime probe are no
     CHECK(p.resettles() == o.max_resettles);
     CHECK(CountOf(v, R::kHybrid) <= o.settle + o.samples + 2 * o.max_resettles);
     CHECK(v.back() == R::kLink);
+  }
+}
+
+TEST_CASE("placement: a regime probe whose share the backend holds on the link", "[placement]") {
+  using R = RegimeProbe::Regime;
+  const double link = RandomLinkStep();
+  INFO("link step " << link);
+  RegimeProbe::Options o;
+  o.hold = 100;
+  const int probe = o.settle + o.samples;
+  {  // Held for the whole phase: no sample of the share, and the link is the verdict (the link's
+     // steps timed as the share's would have called a tie, and the share then come in untimed).
+    RegimeProbe p(o);
+    World w;
+    w.decline = [](int) { return true; };
+    const auto v = w.Drive(p, probe + 50, 1, link, 0.7 * link, 0.01);
+    CHECK(p.probes() == 1);
+    CHECK(p.held() == R::kLink);
+    CHECK(p.hybrid_s() == 0);
+    CHECK(p.declines() == probe);
+    CHECK(CountOf(v, R::kHybrid) == 0);
+  }
+  {  // Held for its first two steps, then entered: the share is timed from its own settled steps.
+    std::mt19937 rng(std::random_device{}());
+    const double f = std::uniform_real_distribution<double>(0.5, 0.8)(rng);
+    RegimeProbe p(o);
+    World w;
+    w.decline = [](int i) { return i < 2; };
+    const auto v = w.Drive(p, 2 * probe + 40, 1, link, f * link, 0.01);
+    CHECK(p.probes() == 1);
+    CHECK(p.held() == R::kHybrid);
+    CHECK(p.hybrid_s() == Approx(f * link).epsilon(0.03));  // no link step, no settling step counted
+    CHECK(p.declines() == 2);
+    CHECK(v.back() == R::kHybrid);
+  }
+  {  // Declines after the verdict (the cost model holds the layers' entry) leave it standing.
+    RegimeProbe p(o);
+    World w;
+    w.Drive(p, 2 * probe + 2, 1, link, 0.7 * link, 0.01);
+    REQUIRE(p.held() == R::kHybrid);
+    p.Declined();
+    CHECK(p.declines() == 0);
+    CHECK(w.Drive(p, 1, 1, link, 0.7 * link, 0.01)[0] == R::kHybrid);
   }
 }
 
