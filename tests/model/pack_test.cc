@@ -12,6 +12,7 @@
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,7 @@
 #include "lib/format/file.h"
 #include "lib/format/gguf.h"
 #include "lib/model/pack.h"
+#include "lib/quant/codec.h"
 #include "tests/format/format_test_util.h"
 #include "tests/model/golden_util.h"
 
@@ -419,4 +421,53 @@ TEST_CASE("pack q4_k experts of the mixed golden", "[pack]") {
   const double e_boost = NormalizedMaxError(TeacherForced(b.path, tokens, 20), ReadBinary<float>(dir + "logits-mixed.bin"));
   INFO("q4_k experts, layer 1 q6_k: vs logits-mixed.bin " << e_boost);
   CHECK(e_boost < 0.1);
+}
+
+// A tensor already in the type pack is asked for keeps its bytes: re-quantizing what it decodes to
+// would move weights that another quantizer chose (llama.cpp's, with an importance matrix). The
+// mixed golden's Q4_K down projections are overwritten by random blocks (finite scales, codes
+// that Strata's quantizer would not pick), so any re-quantization shows.
+TEST_CASE("pack keeps the bytes of tensors already in the wanted type", "[pack]") {
+  const std::string dir = kGolden + "qwen3moe_mixed/";
+  if (!std::filesystem::exists(dir + "model-mixed.gguf")) {
+    WARN("tests/golden/qwen3moe_mixed is not there; skipped");
+    return;
+  }
+  TempDir tmp;
+  std::string bytes = Slurp(dir + "model-mixed.gguf");
+  const auto src = Parse(dir + "model-mixed.gguf");
+  const auto *down = src.FindTensor("blk.0.ffn_down_exps.weight");
+  REQUIRE(down != nullptr);
+  REQUIRE(down->type == static_cast<uint32_t>(TypeId::kQ4_K));
+  REQUIRE(down->nbytes % 144 == 0);
+  std::mt19937 rng(std::random_device{}());
+  std::uniform_real_distribution<float> scale(1e-3f, 4e-2f);
+  for (uint64_t b = 0; b < down->nbytes; b += 144) {
+    uint8_t *blk = reinterpret_cast<uint8_t *>(&bytes[down->offset + b]);
+    for (int i = 4; i < 144; ++i) blk[i] = static_cast<uint8_t>(rng());
+    const uint16_t d = strata::quant::FloatToHalf(scale(rng)), dmin = strata::quant::FloatToHalf(scale(rng));
+    std::memcpy(blk, &d, 2);
+    std::memcpy(blk + 2, &dmin, 2);
+  }
+  strata::format::testing::WriteFile(tmp.File("in.gguf"), bytes);
+  PackOptions o;  // q4_k experts, q8_0 attention
+  Packed p = PackOrFail(tmp.File("in.gguf"), tmp.File("out.gguf"), o);
+  const auto g = Parse(p.path);
+  const std::string out = Slurp(p.path);
+  const uint64_t per_expert = down->nbytes / 8;
+  for (int e = 0; e < 8; ++e) {
+    INFO("expert " << e);
+    const auto *t = g.FindTensor("blk.0.ffn_down." + std::to_string(e) + ".weight");
+    REQUIRE(t != nullptr);
+    CHECK(t->type == static_cast<uint32_t>(TypeId::kQ4_K));
+    REQUIRE(t->nbytes == per_expert);
+    CHECK(out.compare(t->offset, per_expert, bytes, down->offset + e * per_expert, per_expert) == 0);
+  }
+  // The Q8_0 embeddings, asked for as Q8_0, are kept as well; the Q4_0 attention is converted.
+  const auto *embd = src.FindTensor("token_embd.weight");
+  const auto *embd_out = g.FindTensor("token_embd.weight");
+  REQUIRE(embd != nullptr);
+  REQUIRE(embd_out != nullptr);
+  CHECK(out.compare(embd_out->offset, embd->nbytes, bytes, embd->offset, embd->nbytes) == 0);
+  CHECK(g.FindTensor("blk.0.attn_q.weight")->type == static_cast<uint32_t>(TypeId::kQ8_0));
 }
