@@ -15,6 +15,22 @@ namespace {
 constexpr size_t kWaitedAt = 16, kCounterBytes = 24;
 }  // namespace
 
+size_t CoalesceCopies(void **dst, const void **src, size_t *size, size_t n) {
+  size_t k = 0;
+  for (size_t i = 0; i < n; ++i) {
+    if (k > 0 && static_cast<uint8_t *>(dst[k - 1]) + size[k - 1] == dst[i] &&
+        static_cast<const uint8_t *>(src[k - 1]) + size[k - 1] == src[i]) {
+      size[k - 1] += size[i];
+      continue;
+    }
+    dst[k] = dst[i];
+    src[k] = src[i];
+    size[k] = size[i];
+    ++k;
+  }
+  return k;
+}
+
 absl::StatusOr<std::unique_ptr<ColdCopier>> ColdCopier::Create(const uint8_t *arena, const uint8_t *arena_dev,
                                                                  size_t arena_bytes, cudaStream_t stream) {
   if (arena == nullptr || arena_dev == nullptr || arena_bytes == 0 || stream == nullptr) {
@@ -45,6 +61,8 @@ absl::StatusOr<std::unique_ptr<ColdCopier>> ColdCopier::Create(const uint8_t *ar
   c->write_value_ = number == nullptr || std::strcmp(number, "copy") != 0;
   const char *batch = std::getenv("STRATA_COLD_COPIES_BATCH");
   c->batch_ = batch == nullptr || batch[0] != '0';
+  const char *coalesce = std::getenv("STRATA_COLD_COPIES_COALESCE");
+  c->coalesce_ = coalesce == nullptr || coalesce[0] != '0';
   const char *trace = std::getenv("STRATA_COLD_COPIES_TRACE");
   c->trace_ = trace != nullptr && trace[0] == '1';
   if (c->trace_) {
@@ -84,6 +102,11 @@ ColdCopier::~ColdCopier() {
                    "us + bytes at %.1f GB/s, its number %.1f us (%s)\n",
                    issue_us_ / served, serve_us_ / served, at0 * 1e3, slope > 0 ? 1.0 / slope : 0.0, number_ms_ * 1e3 / served,
                    write_value_ ? "written by the stream" : "copied");
+    }
+    if (traced_copies_ > 0) {
+      std::fprintf(stderr, "expert copies: %llu copies for %llu matrices (%s)\n",
+                   static_cast<unsigned long long>(traced_copies_), static_cast<unsigned long long>(traced_matrices_),
+                   coalesce_ ? "adjacent ones joined" : "one a matrix");
     }
   }
 }
@@ -145,8 +168,14 @@ absl::Status ColdCopier::Serve(const ColdRequest &r, uint32_t seq) {
       ++n;
     }
   }
+  const size_t matrices = static_cast<size_t>(n);
+  const size_t copies = coalesce_ ? CoalesceCopies(dsts, srcs, sizes, matrices) : matrices;
+  if (trace_) {
+    traced_copies_ += copies;
+    traced_matrices_ += matrices;
+  }
   // One call for the request's copies (the driver may spread them over its copy engines).
-  STRATA_RETURN_IF_ERROR(CopyBatchAsync(dsts, srcs, sizes, static_cast<size_t>(n), stream_, &batch_));
+  STRATA_RETURN_IF_ERROR(CopyBatchAsync(dsts, srcs, sizes, copies, stream_, &batch_));
   copied_.fetch_add(static_cast<uint64_t>(r.n), std::memory_order_relaxed);
   if (trace_) bytes_[seq % kColdRing] = static_cast<uint64_t>(r.n) * (r.bytes[0] + r.bytes[1] + r.bytes[2]);
   return absl::OkStatus();

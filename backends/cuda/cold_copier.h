@@ -33,6 +33,12 @@
 
 namespace strata::cuda {
 
+// Joins copies i and i + 1 of the n (dst, src, size) where both ends meet (dst[i] + size[i] ==
+// dst[i + 1] and the same for src), in place, in order; returns how many are left. A packed GGUF
+// (`strata pack`) keeps an expert's gate|up|down adjacent, as a VRAM slot does: one copy an expert
+// then, and one for experts adjacent in both.
+size_t CoalesceCopies(void **dst, const void **src, size_t *size, size_t n);
+
 class ColdCopier {
  public:
   // arena (host) / arena_dev (its device mapping): the page-locked host memory every requested
@@ -74,6 +80,9 @@ class ColdCopier {
   // cudaMemcpyAsync a matrix: bench/link_overlap_bench); STRATA_COLD_COPIES_BATCH=0 copies one by
   // one, as does a driver that refuses the batch. The copier's thread alone reads it after Create.
   bool batch_ = true;
+  // A request's adjacent copies joined (CoalesceCopies); STRATA_COLD_COPIES_COALESCE=0 issues them
+  // one a matrix (a measuring knob).
+  bool coalesce_ = true;
   // The number into `done` by the stream's write (StreamWriteValue32) while it holds, else by a
   // copy; STRATA_COLD_COPIES_NUMBER=copy always copies (a measuring knob). The thread alone reads it.
   bool write_value_ = true;
@@ -87,6 +96,7 @@ class ColdCopier {
   uint32_t retired_ = 0;
   double busy_ms_ = 0, idle_ms_ = 0, last_end_ms_ = 0, issue_us_ = 0, serve_us_ = 0, number_ms_ = 0;
   double fit_[5] = {};  // n, sum x, sum y, sum xx, sum xy (x: MB, y: ms)
+  uint64_t traced_copies_ = 0, traced_matrices_ = 0;  // the copies issued, and the matrices they moved
   uint64_t traced_bytes_ = 0;
   mutable std::mutex mu_;
   absl::Status err_;
