@@ -481,6 +481,48 @@ CudaBackend::~CudaBackend() {
   if (cold_copies_) g_copier_claimed.store(false);
   if (copy_stream_.get() != nullptr) (void)copy_stream_.Synchronize();
   if (arena_registered_) (void)cudaHostUnregister(const_cast<uint8_t *>(host_arena_));
+  for (const uint8_t *p : mapped_) (void)cudaHostUnregister(const_cast<uint8_t *>(p));
+}
+
+absl::Status CudaBackend::MapHostMemory(const uint8_t *p, size_t bytes) {
+  if (p == nullptr || bytes == 0) return Errorf(MOE_ERR_INVALID_ARGUMENT, "mapping %zu bytes at %p", bytes, p);
+  for (const model::LayerWeights &L : w_->layers) {
+    for (const model::ExpertWeights &e : L.experts) {
+      for (const model::Matrix *m : {&e.gate, &e.up, &e.down}) {
+        if (m->tensor != nullptr && (e.input_major || NeedsConversion(*m))) {
+          return Errorf(MOE_ERR_UNSUPPORTED_BACKEND,
+                        "the CUDA backend reads streamed experts where they lie, which %s (%s, %lld x %lld) does "
+                        "not allow",
+                        m->name, std::string(quant::TypeName(static_cast<uint32_t>(m->codec->id))),
+                        static_cast<long long>(m->rows), static_cast<long long>(m->cols));
+        }
+      }
+    }
+  }
+  if (cudaError_t e = cudaHostRegister(const_cast<uint8_t *>(p), bytes, cudaHostRegisterMapped); e != cudaSuccess) {
+    (void)cudaGetLastError();
+    return Errorf(MOE_ERR_NO_MEMORY, "cannot page-lock the %zu bytes of the expert cache for the GPU: %s", bytes,
+                  cudaGetErrorString(e));
+  }
+  void *dev = nullptr;
+  if (cudaError_t e = cudaHostGetDevicePointer(&dev, const_cast<uint8_t *>(p), 0); e != cudaSuccess) {
+    (void)cudaHostUnregister(const_cast<uint8_t *>(p));
+    (void)cudaGetLastError();
+    return Errorf(MOE_ERR_UNSUPPORTED_BACKEND, "the GPU cannot map the expert cache: %s", cudaGetErrorString(e));
+  }
+  regions_[p] = Region{bytes, 0, 0, false, static_cast<uint8_t *>(dev)};
+  mapped_.push_back(p);
+  return absl::OkStatus();
+}
+
+void CudaBackend::UnmapHostMemory(const uint8_t *p) {
+  auto it = std::find(mapped_.begin(), mapped_.end(), p);
+  if (it == mapped_.end()) return;
+  (void)stream_.Synchronize();
+  (void)cudaHostUnregister(const_cast<uint8_t *>(p));
+  (void)cudaGetLastError();
+  regions_.erase(p);
+  mapped_.erase(it);
 }
 
 // The kernels read a matrix in its codec when they have one and accept its shape (checked at a
@@ -1577,18 +1619,30 @@ void CudaBackend::ExpertFfn(const model::ExpertWeights &e, const float *x, int64
   if (!err_.ok() || n_tok <= 0) return;
   if (host_batch_rows_ > kDeviceRouteMaxRows && PromptEligible(e)) {  // a late expert of a prompt's layer
     Note(PromptExperts({&e}, {0}, {n_tok}, x, y));
-    return;
+  } else {
+    ExpertFfnOne(e, x, n_tok, y);
   }
-  ExpertFfnOne(e, x, n_tok, y);
+  // A streamed expert's slot may take another expert once this returns: its reads are done first.
+  if (!mapped_.empty()) Note(stream_.Synchronize());
 }
 
 void CudaBackend::ExpertsFfn(const model::ExpertWeights *const *ew, int n, const int64_t *first, const float *xg,
                              float *yg, int64_t width) {
   Profile prof(this, "ExpertsFfn");
   if (!err_.ok() || n <= 0) return;
+  ExpertsFfnCall(ew, n, first, xg, yg, width);
+  // Streamed experts' slots may take other experts once this returns: their reads are done first.
+  if (!mapped_.empty()) Note(stream_.Synchronize());
+}
+
+void CudaBackend::ExpertsFfnCall(const model::ExpertWeights *const *ew, int n, const int64_t *first, const float *xg,
+                                 float *yg, int64_t width) {
   host_batch_rows_ = first[n] - first[0];
   if (host_batch_rows_ <= kDeviceRouteMaxRows) {  // an expert at a time, as ExpertFfn takes them
-    model::Backend::ExpertsFfn(ew, n, first, xg, yg, width);
+    for (int u = 0; u < n; ++u) {
+      if (ew[u] == nullptr || first[u + 1] <= first[u]) continue;
+      ExpertFfnOne(*ew[u], xg + first[u] * width, first[u + 1] - first[u], yg + first[u] * width);
+    }
     return;
   }
   host_batch_since_ = true;  // a prompt: the next step's time is not a step's (TimeStep)

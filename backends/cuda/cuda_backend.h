@@ -141,6 +141,11 @@ class CudaBackend final : public model::Backend {
   size_t weight_bytes() const { return weight_bytes_; }
   // Expert slots of the VRAM tier; 0 when every expert is resident.
   int expert_slots() const { return static_cast<int>(slots_.size()); }
+  // Page-locks and maps p (a streamed expert cache's slab): its experts are read in place over the
+  // link, and each expert call waits for its reads before it returns. Refused (nothing mapped)
+  // where a routed expert's codec or shape cannot be read in place.
+  absl::Status MapHostMemory(const uint8_t *p, size_t bytes) override;
+  void UnmapHostMemory(const uint8_t *p) override;
 
  private:
   CudaBackend() = default;
@@ -311,6 +316,9 @@ class CudaBackend final : public model::Backend {
   // ExpertFfn's work for one expert: its slot in the tier when it has one, the products, the slot's
   // use and hotness.
   void ExpertFfnOne(const model::ExpertWeights &e, const float *x, int64_t n_tok, float *y);
+  // ExpertsFfn's launches (without the wait for streamed experts' reads).
+  void ExpertsFfnCall(const model::ExpertWeights *const *ew, int n, const int64_t *first, const float *xg, float *yg,
+                      int64_t width);
   // After a host-path computation read `slot` for n_tok tokens: the slot's last use, its hotness;
   // a staging slot's matrices leave in_slots_ (Unstage).
   absl::Status SlotUsed(Slot *slot, int64_t n_tok);
@@ -444,6 +452,7 @@ class CudaBackend final : public model::Backend {
   // With the VRAM tier, the host arena is registered with the driver (page-locked) when it allows:
   // a slot fill of unconverted bytes is then DMA straight from the arena, no staging copy.
   bool arena_registered_ = false;
+  std::vector<const uint8_t *> mapped_;  // MapHostMemory's ranges (regions_ holds their mappings)
   bool prompt_lru_ = false;  // PromptVictim takes the least recently used slot (a measuring knob)
   std::map<const float *, DeviceVec> vecs_;         // keyed by host values.data()
   // Device tables for RoutedExperts: per layer [gate x n_expert | up x n_expert | down x n_expert].

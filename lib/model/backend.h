@@ -301,6 +301,13 @@ class Backend {
   // Returns false, having queued nothing, when the backend cannot run this layer or batch that way.
   virtual bool RoutedExperts(const RoutedExpertsArgs &a) { return false; }
 
+  // Optional: host memory the caller hands the backend views into from now on (a streamed expert
+  // cache's slots), to read where it lies; it stays until UnmapHostMemory. What a view names may
+  // change once the call it was handed to returns, so the backend has read it by then. Default:
+  // nothing to do (a host backend reads host memory).
+  virtual absl::Status MapHostMemory(const uint8_t *p, size_t bytes) { return absl::OkStatus(); }
+  virtual void UnmapHostMemory(const uint8_t *p) {}
+
   virtual DeviceTierStats tier_stats() const { return {}; }
   // Optional: a decode step's device work as a replayable graph. The forward pass brackets the work
   // of a step whose inputs are all in backend memory (uploaded before BeginStep, results read

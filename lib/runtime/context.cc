@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <thread>
 #include <unistd.h>
 
@@ -141,8 +142,11 @@ absl::StatusOr<std::unique_ptr<Context>> Context::Open(const ContextOptions &o) 
 #ifdef STRATA_HAVE_CUDA
   // CUDA computes from VRAM copies of weights resident in host memory: its VRAM tier fills expert
   // slots from RAM, not yet from the RAM cache's streamed slots, so with streaming AUTO falls back to
-  // the CPU.
+  // the CPU. STRATA_CUDA_STREAMING=1 lets --backend cuda read a streaming context's experts where
+  // the RAM cache holds them (MapHostMemory), without a VRAM tier: not measured yet, so not a default.
   const bool cuda = o.backend == MOE_BACKEND_CUDA || (o.backend == MOE_BACKEND_AUTO && cuda::DeviceCount() > 0 && !streaming);
+  const char *cuda_streaming_env = std::getenv("STRATA_CUDA_STREAMING");
+  const bool cuda_streaming = cuda && streaming && cuda_streaming_env != nullptr && cuda_streaming_env[0] == '1';
   // On a host of several NUMA nodes, the weights (which the GPU copies and reads in place over PCIe)
   // and the backend's pinned buffers are first touched on the GPU's node.
   const int gpu_node = cuda ? cuda::DeviceNumaNode() : -1;
@@ -166,7 +170,7 @@ absl::StatusOr<std::unique_ptr<Context>> Context::Open(const ContextOptions &o) 
 #ifdef STRATA_HAVE_CUDA
   if (cuda) {
     numa::ScopedNodeBinding bind(gpu_node);
-    if (streaming) {
+    if (streaming && !cuda_streaming) {
       return Errorf(MOE_ERR_UNSUPPORTED_BACKEND,
                     "the CUDA backend needs every expert resident: %d of %d fit the RAM budget",
                     ctx->plan_.ram_expert_slots, ctx->plan_.n_routed_experts);
@@ -192,8 +196,9 @@ absl::StatusOr<std::unique_ptr<Context>> Context::Open(const ContextOptions &o) 
                                                       o.gpu_q8_activations, hot,
                                                       static_cast<size_t>(std::max(o.hotlist_max, 0))));
     ctx->plan_.vram_budget_bytes = o.vram_budget_bytes;
-    ctx->plan_.vram_expert_slots =
-        be->expert_slots() > 0 ? static_cast<uint32_t>(be->expert_slots()) : ctx->plan_.n_routed_experts;
+    ctx->plan_.vram_expert_slots = be->expert_slots() > 0 ? static_cast<uint32_t>(be->expert_slots())
+                                   : streaming                ? 0
+                                                              : ctx->plan_.n_routed_experts;
     ctx->backend_ = std::move(be);
   }
 #endif
@@ -213,6 +218,27 @@ absl::StatusOr<std::unique_ptr<Context>> Context::Open(const ContextOptions &o) 
     co.direct_io = o.direct_io;
     STRATA_ASSIGN_OR_RETURN(ctx->cache_, store::ExpertCache::Create(*ctx->table_, *ctx->file_, ctx->weights_,
                                                                     ctx->backend_.get(), co));
+#ifdef STRATA_HAVE_CUDA
+    if (cuda_streaming) {
+      // The kernels' vector loads read an expert where its slot holds it: 32-byte aligned, as a
+      // GGUF's tensors are (a slot keeps a part's file offset within its 4 KiB block).
+      for (int l = 0; l < ctx->table_->n_layers(); ++l) {
+        for (int x = 0; x < ctx->table_->n_experts(); ++x) {
+          const store::ExpertEntry &e = ctx->table_->entry(l, x);
+          for (const store::ExpertPart &part : e.part) {
+            if (part.bytes > 0 && part.slot_offset % 32 != 0) {
+              return Errorf(MOE_ERR_UNSUPPORTED_BACKEND,
+                            "the CUDA backend reads streamed experts where they lie, 32-byte aligned; layer %d expert "
+                            "%d is not (a GGUF file's tensors are)",
+                            l, x);
+            }
+          }
+        }
+      }
+      STRATA_RETURN_IF_ERROR(ctx->backend_->MapHostMemory(ctx->cache_->slab(), ctx->cache_->slab_bytes()));
+      ctx->mapped_cache_ = true;
+    }
+#endif
   }
   if (!hot.empty() && ctx->cache_ != nullptr) {
     std::vector<uint32_t> keys;
@@ -223,7 +249,10 @@ absl::StatusOr<std::unique_ptr<Context>> Context::Open(const ContextOptions &o) 
   return ctx;
 }
 
-Context::~Context() = default;
+Context::~Context() {
+  // The cache goes before the backend: the backend lets go of its slab first.
+  if (mapped_cache_) backend_->UnmapHostMemory(cache_->slab());
+}
 
 absl::StatusOr<Session *> Context::OpenSession(const SessionOptions &o) {
   if (o.n_ctx < 0) return Errorf(MOE_ERR_INVALID_ARGUMENT, "negative n_ctx %d", o.n_ctx);

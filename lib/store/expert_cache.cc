@@ -270,8 +270,17 @@ void ExpertCache::OnRoute(int layer, const float *h, int64_t n_tok, const int32_
     for (int d = 1; d <= opts_.prefetch_distance && layer + d < n_layers; ++d) {
       const model::Matrix &router = weights_.layers[layer + d].router;
       if (router.tensor == nullptr) continue;  // a dense layer: nothing to predict
-      predict_logits_.resize(static_cast<size_t>(n_tok) * n_exp);
-      backend_->MatMul(router, h, n_tok, predict_logits_.data());
+      // h is in backend memory (a device's, for CUDA): the logits are computed there and read back.
+      const size_t floats = static_cast<size_t>(n_tok) * n_exp;
+      predict_logits_.resize(floats);
+      if (predict_buf_ == nullptr || predict_buf_->bytes() < floats * sizeof(float)) {
+        absl::StatusOr<std::unique_ptr<model::Buffer>> b = backend_->Allocate(floats * sizeof(float));
+        if (!b.ok()) break;  // no prediction this time: the loads come on demand
+        predict_buf_ = std::move(*b);
+      }
+      float *logits = static_cast<float *>(predict_buf_->data());
+      backend_->MatMul(router, h, n_tok, logits);
+      backend_->Download(predict_logits_.data(), logits, floats * sizeof(float));
       std::vector<uint8_t> want(n_exp, 0);
       std::vector<int32_t> order(n_exp);
       for (int64_t t = 0; t < n_tok; ++t) {

@@ -91,6 +91,9 @@ class ExpertCache final : public model::ExpertSource {
   uint32_t n_slots() const { return static_cast<uint32_t>(slots_.size()); }
   // Keys resident and ready now (tests).
   std::vector<uint32_t> ResidentKeys() const;
+  // The memory every slot lies in (a device backend maps it to read experts where they lie).
+  const uint8_t *slab() const { return slab_; }
+  uint64_t slab_bytes() const { return slab_bytes_; }
 
  private:
   enum class SlotState { kEmpty, kLoading, kReady };
@@ -153,6 +156,7 @@ class ExpertCache final : public model::ExpertSource {
   std::vector<std::thread> io_threads_;
   std::vector<int> direct_fds_;          // O_DIRECT descriptor per model file, -1 where unavailable
   std::vector<float> predict_logits_;
+  std::unique_ptr<model::Buffer> predict_buf_;  // the routers' output in backend memory, then predict_logits_
   std::vector<std::pair<int, std::vector<int32_t>>> predicted_;  // (distance, experts) from OnRoute
   int predicted_layer_ = -1;
   // The slots pinned by the acquisition in progress (layer, slots), unpinned by Release by index: a

@@ -130,6 +130,14 @@ class GraphsOff {
   ~GraphsOff() { unsetenv("STRATA_CUDA_GRAPHS"); }
 };
 
+// Sets STRATA_CUDA_STREAMING=1 for the contexts opened in its lifetime: --backend cuda over a
+// streaming context reads the experts where the RAM cache holds them.
+class CudaStreaming {
+ public:
+  CudaStreaming() { setenv("STRATA_CUDA_STREAMING", "1", 1); }
+  ~CudaStreaming() { unsetenv("STRATA_CUDA_STREAMING"); }
+};
+
 }  // namespace
 
 TEST_CASE("CUDA backend: every golden's logits match the CPU backend", "[gpu][golden]") {
@@ -170,6 +178,58 @@ TEST_CASE("CUDA backend: the VRAM expert tier is bit-identical to all-resident a
       }
     }
   }
+}
+
+// A RAM budget below the routed experts streams them from the file through the RAM cache; with
+// STRATA_CUDA_STREAMING=1 the GPU reads each where its cache slot holds it (page-locked, mapped),
+// with the kernels of the resident run, so the logits are bit-identical to it. Every GGUF golden
+// whose experts the kernels read in place (the aligned ones among kGraphModels at least) goes
+// through; the others are refused at open with a message, never run.
+TEST_CASE("CUDA backend: experts streamed through the RAM cache are read in place, bit-identical", "[gpu][golden]") {
+  if (!strata::cuda::test::HaveGpu()) return;
+  int streamed = 0;
+  for (const char *rel : kModels) {
+    const std::string model = kGolden + rel;
+    if (model.size() < 5 || model.substr(model.size() - 5) != ".gguf") continue;
+    const std::string dir = model.substr(0, model.find('/', kGolden.size()) + 1);
+    const auto tokens = ReadBinary<int32_t>(dir + "tokens.bin");
+    const auto all = TeacherForced(model, tokens, 12, MOE_BACKEND_CUDA);
+    CudaStreaming on;
+    {
+      moe_params p;
+      moe_params_init(&p);
+      p.model_path = model.c_str();
+      p.backend = MOE_BACKEND_CUDA;
+      p.ram_budget_bytes = 1;
+      moe_ctx *ctx = nullptr;
+      const moe_status st = moe_ctx_open(&p, &ctx);
+      const bool graph_model = std::any_of(std::begin(kGraphModels), std::end(kGraphModels),
+                                           [&](const char *g) { return std::string(rel) == g; });
+      if (st != MOE_OK) {
+        INFO(rel << ": " << moe_last_error());
+        CHECK(!graph_model);
+        CHECK(st == MOE_ERR_UNSUPPORTED_BACKEND);
+        CHECK(std::string(moe_last_error()).find("where they lie") != std::string::npos);
+        continue;
+      }
+      moe_cache_plan plan;
+      moe_cache_plan_init(&plan);
+      REQUIRE(moe_ctx_plan(ctx, &plan) == MOE_OK);
+      INFO(rel << ": " << plan.ram_expert_slots << " of " << plan.n_routed_experts << " experts in RAM");
+      CHECK(plan.ram_expert_slots < plan.n_routed_experts);
+      CHECK(plan.vram_expert_slots == 0);
+      moe_ctx_close(ctx);
+    }
+    moe_stats stats;
+    const auto got = TeacherForced(model, tokens, 12, MOE_BACKEND_CUDA, 0, nullptr, nullptr, &stats,
+                                   MOE_CPU_EXPERTS_OFF, false, nullptr, nullptr, /*ram_budget=*/1);
+    INFO(rel << ": " << stats.expert_misses << " misses, " << stats.bytes_read << " bytes read");
+    CHECK(stats.streaming == 1);
+    CHECK(stats.expert_misses > 0);
+    CHECK(got == all);
+    ++streamed;
+  }
+  CHECK(streamed >= 4);
 }
 
 // Decode batches route and group on the GPU (no host wait per layer) for every family the grouped

@@ -54,19 +54,22 @@ inline double NormalizedMaxError(const std::vector<float> &a, const std::vector<
 // Returns the logits of every position, (n_tokens, n_vocab).
 // With a vram_budget, *vram_slots (when given) receives the plan's VRAM expert slots; cold experts
 // run on the GPU unless cpu_experts says otherwise; q8_activations: both backends' 8-bit modes;
-// hotlist: the context's hotlist file; expert_counts: the run's selections per (layer, expert).
+// hotlist: the context's hotlist file; expert_counts: the run's selections per (layer, expert);
+// ram_budget: the context's RAM budget (1: the smallest, experts streamed through the RAM cache).
 inline std::vector<float> TeacherForced(const std::string &model, const std::vector<int32_t> &tokens, size_t prefill,
                                         int32_t backend = MOE_BACKEND_CPU, uint64_t vram_budget = 0,
                                         uint32_t *vram_slots = nullptr, uint32_t *n_routed = nullptr,
                                         moe_stats *stats = nullptr,
                                         int32_t cpu_experts = MOE_CPU_EXPERTS_OFF, bool q8_activations = false,
-                                        const char *hotlist = nullptr, std::vector<uint64_t> *expert_counts = nullptr) {
+                                        const char *hotlist = nullptr, std::vector<uint64_t> *expert_counts = nullptr,
+                                        uint64_t ram_budget = 0) {
   moe_params p;
   moe_params_init(&p);
   p.model_path = model.c_str();
   p.hotlist_path = hotlist;
   p.backend = backend;
   p.vram_budget_bytes = vram_budget;
+  p.ram_budget_bytes = ram_budget;
   p.cpu_experts = cpu_experts;
   p.cpu_q8_activations = q8_activations ? 1 : 0;
   p.gpu_q8_activations = q8_activations ? 1 : 0;
