@@ -219,8 +219,9 @@ absl::Status CudaBackend::IssueCopies(const std::vector<PendingCopy> &copies) {
       srcs.push_back(copies[i].src);
       sizes.push_back(copies[i].bytes);
     }
-    STRATA_RETURN_IF_ERROR(
-        CopyBatchAsync(dsts.data(), srcs.data(), sizes.data(), dsts.size(), copy_stream_.get(), &batch_copies_));
+    // A packed file's experts lie as a slot holds them: one copy an expert (or a run of them).
+    const size_t n = CoalesceCopies(dsts.data(), srcs.data(), sizes.data(), dsts.size());
+    STRATA_RETURN_IF_ERROR(CopyBatchAsync(dsts.data(), srcs.data(), sizes.data(), n, copy_stream_.get(), &batch_copies_));
   }
   return absl::OkStatus();
 }
