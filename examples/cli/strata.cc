@@ -42,6 +42,13 @@ std::string ApiError(moe_status st) {
   return std::string(moe_last_error()) + " (" + moe_status_string(st) + ")";
 }
 
+// A context that did not open: the library's message, led by the model's path unless it leads with it.
+[[noreturn]] void DieOpening(const std::string &model, moe_status st) {
+  const std::string lead = "cannot open '" + model + "'";
+  const std::string why = ApiError(st);
+  Die(why.rfind(lead, 0) == 0 ? why : lead + ": " + why);
+}
+
 // Steps until no session has input left (a long input may take several steps).
 moe_status StepAll(moe_ctx *ctx) {
   uint32_t pending = 1;
@@ -438,7 +445,7 @@ int CmdRun(const Args &a) {
   moe_params p = ContextParams(a, model);
   Ctx ctx;
   auto t_open = std::chrono::steady_clock::now();
-  if (moe_status st = moe_ctx_open(&p, &ctx.c); st != MOE_OK) Die("cannot open '" + model + "': " + ApiError(st));
+  if (moe_status st = moe_ctx_open(&p, &ctx.c); st != MOE_OK) DieOpening(model, st);
   WarnIfClamped(ctx.c);
   // With a tokenizer the prompt is text and the output streams as text; without one, token ids.
   const bool has_text = HasTokenizer(ctx.c);
@@ -560,7 +567,7 @@ int CmdChat(const Args &a) {
   const std::string model = a.model.empty() ? DemoModelPath() : a.model;
   moe_params p = ContextParams(a, model);
   Ctx ctx;
-  if (moe_status st = moe_ctx_open(&p, &ctx.c); st != MOE_OK) Die("cannot open '" + model + "': " + ApiError(st));
+  if (moe_status st = moe_ctx_open(&p, &ctx.c); st != MOE_OK) DieOpening(model, st);
   WarnIfClamped(ctx.c);
   if (!HasTokenizer(ctx.c)) Die("'" + model + "' carries no tokenizer; chat needs one");
   std::string tmpl = a.chat_template;
@@ -682,7 +689,7 @@ int CmdLogits(const Args &a) {
   if (prefill > n) Die("--prefill " + std::to_string(prefill) + " is more than the " + std::to_string(n) + " tokens");
   moe_params p = ContextParams(a, a.model);
   Ctx ctx;
-  if (moe_status st = moe_ctx_open(&p, &ctx.c); st != MOE_OK) Die("cannot open '" + a.model + "': " + ApiError(st));
+  if (moe_status st = moe_ctx_open(&p, &ctx.c); st != MOE_OK) DieOpening(a.model, st);
   WarnIfClamped(ctx.c);
   moe_session_params sp;
   moe_session_params_init(&sp);
@@ -798,7 +805,7 @@ int CmdBench(const Args &a) {
   moe_params p = ContextParams(a, model);
   Ctx ctx;
   auto t0 = std::chrono::steady_clock::now();
-  if (moe_status st = moe_ctx_open(&p, &ctx.c); st != MOE_OK) Die("cannot open '" + model + "': " + ApiError(st));
+  if (moe_status st = moe_ctx_open(&p, &ctx.c); st != MOE_OK) DieOpening(model, st);
   auto t1 = std::chrono::steady_clock::now();
   WarnIfClamped(ctx.c);
   const int32_t n_vocab = moe_ctx_vocab_size(ctx.c);
@@ -1007,7 +1014,7 @@ int CmdProfile(const Args &a) {
   if (lines.empty()) Die("'" + a.prompts + "' holds no prompts");
   moe_params p = ContextParams(a, a.model);
   Ctx ctx;
-  if (moe_status st = moe_ctx_open(&p, &ctx.c); st != MOE_OK) Die("cannot open '" + a.model + "': " + ApiError(st));
+  if (moe_status st = moe_ctx_open(&p, &ctx.c); st != MOE_OK) DieOpening(a.model, st);
   const bool has_text = HasTokenizer(ctx.c);
   for (const std::string &line : lines) {
     std::vector<int32_t> toks;
@@ -1053,7 +1060,7 @@ int CmdTokenize(const Args &a) {
   if (a.model.empty()) Die("tokenize needs --model PATH");
   moe_params p = ContextParams(a, a.model);
   Ctx ctx;
-  if (moe_status st = moe_ctx_open(&p, &ctx.c); st != MOE_OK) Die("cannot open '" + a.model + "': " + ApiError(st));
+  if (moe_status st = moe_ctx_open(&p, &ctx.c); st != MOE_OK) DieOpening(a.model, st);
   if (!HasTokenizer(ctx.c)) Die("'" + a.model + "' carries no tokenizer");
   std::vector<int32_t> ids = Tokenize(ctx.c, a.text, a.special, false);
   std::string line;

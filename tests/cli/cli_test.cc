@@ -120,7 +120,11 @@ TEST_CASE("strata argument errors", "[cli]") {
   ExpectError(Cli("run --bogus"), "--bogus");
   ExpectError(Cli("run -n -3"), "-n");
   ExpectError(Cli("inspect"), "PATH");
-  ExpectError(Cli("run --model /nonexistent/model.gguf"), "/nonexistent/model.gguf");
+  {  // the path named once, not once by the CLI and again by the library
+    const Result missing = Cli("run --model /nonexistent/model.gguf");
+    ExpectError(missing, "/nonexistent/model.gguf");
+    CHECK(missing.err.find("/nonexistent/model.gguf") == missing.err.rfind("/nonexistent/model.gguf"));
+  }
   const std::string no_tok = kGolden + "mixtral_f32/model-f32.gguf";
   ExpectError(Cli("tokenize --model " + no_tok + " --text hello"), "no tokenizer");
   ExpectError(Cli("run --model " + no_tok + " --prompt hello"), "--tokens");
