@@ -526,6 +526,7 @@ int CmdRun(const Args &a) {
     std::fwrite(text, 1, n, stdout);
   }
   std::printf("\n");
+  std::fflush(stdout);  // the text before the summary on stderr, where both go to one pipe
   if (!a.save_session.empty()) {
     if (moe_status st = moe_session_save(s.s, a.save_session.c_str()); st != MOE_OK) {
       Die("cannot save the session to '" + a.save_session + "': " + ApiError(st));
