@@ -26,6 +26,12 @@ extern const Codec kCodecQ5_K;
 extern const Codec kCodecQ6_K;
 extern const Codec kCodecIQ4_NL;
 extern const Codec kCodecIQ4_XS;
+extern const Codec kCodecIQ2_XXS;
+extern const Codec kCodecIQ2_XS;
+extern const Codec kCodecIQ2_S;
+extern const Codec kCodecIQ3_XXS;
+extern const Codec kCodecIQ3_S;
+extern const Codec kCodecIQ1_S;
 extern const Codec kCodecMXFP4;
 
 // GGUF is little-endian and block fields are unaligned; memcpy keeps the reads defined behaviour.

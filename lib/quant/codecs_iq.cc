@@ -1,16 +1,21 @@
-// The non-linear 4-bit GGUF codecs IQ4_NL (32-element blocks) and IQ4_XS (256-element super-blocks):
-// each 4-bit code indexes a fixed table of 16 signed levels. Dequantization follows the gguf Python
-// package in float32 (IQ4_XS: d * scale first, then times the level), so it is bit-identical to it.
+// The GGUF i-quants. IQ4_NL (32-element blocks) and IQ4_XS (256-element super-blocks): each 4-bit
+// code indexes a fixed table of 16 signed levels. IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S and IQ1_S
+// (256-element super-blocks): each code indexes a lattice grid of 8 (IQ2, IQ1) or 4 (IQ3) values
+// (iq_grids.h), under a sub-block scale and, but for IQ1_S, per-element signs. Dequantization
+// follows the gguf Python package in float32, operation for operation, so it is bit-identical to it.
+// (IQ1_M is not here: gguf's own IQ1_M decoder reads its delta bit wrongly, so it is no oracle.)
 #include <cstdint>
 
 #include "lib/quant/codec.h"
 #include "lib/quant/codec_impl.h"
 #include "lib/quant/fp_contract_off.h"
+#include "lib/quant/iq_grids.h"
 
 namespace strata::quant {
 namespace {
 
 using internal::LoadU16;
+using internal::LoadU32;
 
 // The IQ4 levels, fixed by the format (ggml's kvalues_iq4nl).
 constexpr int8_t kLevels[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
@@ -61,6 +66,160 @@ void DequantizeIQ4_XS(const void *src, float *dst, int64_t n) {
   }
 }
 
+// ---- lattice i-quants ---------------------------------------------------------------------
+
+// Byte layouts (little-endian, no padding; 256 elements a block):
+//   IQ2_XXS (66): f16 d | 8 x (u32 a, u32 b) per 32 elements: the 4 bytes of a index the grid (8
+//                 elements each); b holds 4 x 7-bit sign indices (bits 7c..) and the scale s in
+//                 its top 4 bits; x = (d (0.5 + s) 0.25) g sign
+//   IQ2_XS (74):  f16 d | u16 qs[32]: 9-bit grid index, 7-bit sign index | u8 scales[8]: a 4-bit
+//                 scale per 16 elements (low nibble first)
+//   IQ2_S (82):   f16 d | u8 qs[32] | u8 signs[32] | u8 qh[8] | u8 scales[8]: grid index qs[i] |
+//                 2 bits of qh[i / 4] (bits 2 (i % 4)..) << 8; sign byte i for entry i
+//   IQ3_XXS (98): f16 d | u8 qs[64] (4 elements each) | 8 x u32: 4 x 7-bit sign indices, scale in
+//                 the top 4 bits; x = (d (0.5 + s) 0.5) g sign
+//   IQ3_S (110):  f16 d | u8 qs[64] | u8 qh[8] | u8 signs[32] | u8 scales[4]: grid index qs[i] |
+//                 bit i % 8 of qh[i / 8] << 8; x = (d (1 + 2 s)) g sign, a scale per 32 elements
+//   IQ1_S (50):   f16 d | u8 qs[32] | u16 qh[8] per 32 elements: grid index qs[4 g + l] | 3 bits
+//                 of qh[g] (bits 3 l..) << 8, scale s = bits 12..14, delta sign bit 15;
+//                 x = (d (2 s + 1)) (g + delta), delta = +-0.125
+// Sign index k names the byte k | 0x80 when k has an odd number of set bits (an even count of
+// minus signs in 8), bit j for element j.
+constexpr int64_t kIqElems = 256;
+
+inline uint8_t SignByte(uint32_t k) { return static_cast<uint8_t>(k | ((__builtin_popcount(k) & 1) << 7)); }
+
+// Element j of entry r of a packed grid, as a float.
+template <const uint16_t *kGrid, int kBits, const int8_t *kLevels>
+inline float GridValue(uint32_t r, int j) {
+  return static_cast<float>(kLevels[(kGrid[r] >> (j * kBits)) & ((1 << kBits) - 1)]);
+}
+#define STRATA_IQ_GRID(name) name, name##Bits, name##Levels
+
+// 8 elements of grid entry r at y, times db, then signed by sign byte s.
+template <const uint16_t *kGrid, int kBits, const int8_t *kLevels, int kElems>
+inline void PutSigned(float *y, uint32_t r, float db, uint8_t s) {
+  for (int j = 0; j < kElems; ++j) {
+    const float v = db * GridValue<kGrid, kBits, kLevels>(r, j);
+    y[j] = (s >> j) & 1 ? v * -1.0f : v;
+  }
+}
+
+void DequantizeIQ2_XXS(const void *src, float *dst, int64_t n) {
+  const auto *b = static_cast<const uint8_t *>(src);
+  for (int64_t i = 0; i < n; i += kIqElems, b += 66, dst += kIqElems) {
+    const float d = HalfToFloat(LoadU16(b));
+    for (int g = 0; g < 8; ++g) {
+      const uint8_t *q = b + 2 + 8 * g;
+      const uint32_t aux = LoadU32(q + 4);
+      const float db = d * (0.5f + static_cast<float>(aux >> 28)) * 0.25f;
+      for (int c = 0; c < 4; ++c) {
+        PutSigned<STRATA_IQ_GRID(internal::kIQ2XXSGrid), 8>(dst + 32 * g + 8 * c, q[c], db,
+                                                            SignByte((aux >> (7 * c)) & 127));
+      }
+    }
+  }
+}
+
+void DequantizeIQ2_XS(const void *src, float *dst, int64_t n) {
+  const auto *b = static_cast<const uint8_t *>(src);
+  for (int64_t i = 0; i < n; i += kIqElems, b += 74, dst += kIqElems) {
+    const float d = HalfToFloat(LoadU16(b));
+    for (int e = 0; e < 32; ++e) {
+      const uint16_t q = LoadU16(b + 2 + 2 * e);
+      const int s = (b[66 + e / 4] >> (4 * ((e / 2) % 2))) & 0x0f;
+      const float db = d * (0.5f + static_cast<float>(s)) * 0.25f;
+      PutSigned<STRATA_IQ_GRID(internal::kIQ2XSGrid), 8>(dst + 8 * e, q & 511, db, SignByte(q >> 9));
+    }
+  }
+}
+
+void DequantizeIQ2_S(const void *src, float *dst, int64_t n) {
+  const auto *b = static_cast<const uint8_t *>(src);
+  for (int64_t i = 0; i < n; i += kIqElems, b += 82, dst += kIqElems) {
+    const float d = HalfToFloat(LoadU16(b));
+    const uint8_t *qs = b + 2, *signs = b + 34, *qh = b + 66, *scales = b + 74;
+    for (int e = 0; e < 32; ++e) {
+      const uint32_t r = qs[e] | (((qh[e / 4] >> (2 * (e % 4))) & 3u) << 8);
+      const int s = (scales[e / 4] >> (4 * ((e / 2) % 2))) & 0x0f;
+      const float db = d * (0.5f + static_cast<float>(s)) * 0.25f;
+      PutSigned<STRATA_IQ_GRID(internal::kIQ2SGrid), 8>(dst + 8 * e, r, db, signs[e]);
+    }
+  }
+}
+
+void DequantizeIQ3_XXS(const void *src, float *dst, int64_t n) {
+  const auto *b = static_cast<const uint8_t *>(src);
+  for (int64_t i = 0; i < n; i += kIqElems, b += 98, dst += kIqElems) {
+    const float d = HalfToFloat(LoadU16(b));
+    const uint8_t *qs = b + 2;
+    for (int g = 0; g < 8; ++g) {
+      const uint32_t aux = LoadU32(b + 66 + 4 * g);
+      const float db = d * (0.5f + static_cast<float>(aux >> 28)) * 0.5f;
+      for (int c = 0; c < 4; ++c) {
+        const uint8_t s = SignByte((aux >> (7 * c)) & 127);
+        float *y = dst + 32 * g + 8 * c;
+        PutSigned<STRATA_IQ_GRID(internal::kIQ3XXSGrid), 4>(y, qs[8 * g + 2 * c], db, s);
+        PutSigned<STRATA_IQ_GRID(internal::kIQ3XXSGrid), 4>(y + 4, qs[8 * g + 2 * c + 1], db, s >> 4);
+      }
+    }
+  }
+}
+
+void DequantizeIQ3_S(const void *src, float *dst, int64_t n) {
+  const auto *b = static_cast<const uint8_t *>(src);
+  for (int64_t i = 0; i < n; i += kIqElems, b += 110, dst += kIqElems) {
+    const float d = HalfToFloat(LoadU16(b));
+    const uint8_t *qs = b + 2, *qh = b + 66, *signs = b + 74, *scales = b + 106;
+    for (int e = 0; e < 64; ++e) {
+      const uint32_t r = qs[e] | (((qh[e / 8] >> (e % 8)) & 1u) << 8);
+      const int s = (scales[e / 16] >> (4 * ((e / 8) % 2))) & 0x0f;
+      const float db = d * static_cast<float>(1 + 2 * s);
+      PutSigned<STRATA_IQ_GRID(internal::kIQ3SGrid), 4>(dst + 4 * e, r, db, signs[e / 2] >> (4 * (e % 2)));
+    }
+  }
+}
+
+void DequantizeIQ1_S(const void *src, float *dst, int64_t n) {
+  const auto *b = static_cast<const uint8_t *>(src);
+  for (int64_t i = 0; i < n; i += kIqElems, b += 50, dst += kIqElems) {
+    const float d = HalfToFloat(LoadU16(b));
+    const uint8_t *qs = b + 2;
+    for (int g = 0; g < 8; ++g) {
+      const uint16_t qh = LoadU16(b + 34 + 2 * g);
+      const float dl = d * static_cast<float>(2 * ((qh >> 12) & 7) + 1);
+      const float delta = (qh & 0x8000) == 0 ? 0.125f : -0.125f;
+      for (int l = 0; l < 4; ++l) {
+        const uint32_t r = qs[4 * g + l] | (((qh >> (3 * l)) & 7u) << 8);
+        float *y = dst + 32 * g + 8 * l;
+        for (int j = 0; j < 8; ++j) {
+          y[j] = dl * (GridValue<STRATA_IQ_GRID(internal::kIQ1SGrid)>(r, j) + delta);
+        }
+      }
+    }
+  }
+}
+#undef STRATA_IQ_GRID
+
+float DotIQ2_XXS(const void *row, const float *x, int64_t n) {
+  return internal::DotViaDequantize(&DequantizeIQ2_XXS, kIqElems, 66, row, x, n);
+}
+float DotIQ2_XS(const void *row, const float *x, int64_t n) {
+  return internal::DotViaDequantize(&DequantizeIQ2_XS, kIqElems, 74, row, x, n);
+}
+float DotIQ2_S(const void *row, const float *x, int64_t n) {
+  return internal::DotViaDequantize(&DequantizeIQ2_S, kIqElems, 82, row, x, n);
+}
+float DotIQ3_XXS(const void *row, const float *x, int64_t n) {
+  return internal::DotViaDequantize(&DequantizeIQ3_XXS, kIqElems, 98, row, x, n);
+}
+float DotIQ3_S(const void *row, const float *x, int64_t n) {
+  return internal::DotViaDequantize(&DequantizeIQ3_S, kIqElems, 110, row, x, n);
+}
+float DotIQ1_S(const void *row, const float *x, int64_t n) {
+  return internal::DotViaDequantize(&DequantizeIQ1_S, kIqElems, 50, row, x, n);
+}
+
 float DotIQ4_NL(const void *row, const float *x, int64_t n) {
   return internal::DotViaDequantize(&DequantizeIQ4_NL, kNlElems, kNlBytes, row, x, n);
 }
@@ -75,6 +234,12 @@ const Codec kCodecIQ4_NL = {TypeId::kIQ4_NL, "IQ4_NL", kNlElems, kNlBytes,
                             &DequantizeIQ4_NL, nullptr, &DotIQ4_NL};
 const Codec kCodecIQ4_XS = {TypeId::kIQ4_XS, "IQ4_XS", kXsElems, kXsBytes,
                             &DequantizeIQ4_XS, nullptr, &DotIQ4_XS};
+const Codec kCodecIQ2_XXS = {TypeId::kIQ2_XXS, "IQ2_XXS", kIqElems, 66, &DequantizeIQ2_XXS, nullptr, &DotIQ2_XXS};
+const Codec kCodecIQ2_XS = {TypeId::kIQ2_XS, "IQ2_XS", kIqElems, 74, &DequantizeIQ2_XS, nullptr, &DotIQ2_XS};
+const Codec kCodecIQ2_S = {TypeId::kIQ2_S, "IQ2_S", kIqElems, 82, &DequantizeIQ2_S, nullptr, &DotIQ2_S};
+const Codec kCodecIQ3_XXS = {TypeId::kIQ3_XXS, "IQ3_XXS", kIqElems, 98, &DequantizeIQ3_XXS, nullptr, &DotIQ3_XXS};
+const Codec kCodecIQ3_S = {TypeId::kIQ3_S, "IQ3_S", kIqElems, 110, &DequantizeIQ3_S, nullptr, &DotIQ3_S};
+const Codec kCodecIQ1_S = {TypeId::kIQ1_S, "IQ1_S", kIqElems, 50, &DequantizeIQ1_S, nullptr, &DotIQ1_S};
 }  // namespace internal
 
 }  // namespace strata::quant

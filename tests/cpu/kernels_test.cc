@@ -33,7 +33,8 @@ constexpr double kU = 1.0 / (1 << 24);  // float unit roundoff
 const TypeId kAllTypes[] = {TypeId::kF32,  TypeId::kF16,  TypeId::kBF16, TypeId::kQ4_0, TypeId::kQ4_1,
                             TypeId::kQ5_0, TypeId::kQ5_1, TypeId::kQ8_0, TypeId::kQ2_K, TypeId::kQ3_K,
                             TypeId::kQ4_K, TypeId::kQ5_K, TypeId::kQ6_K, TypeId::kIQ4_NL,
-                            TypeId::kIQ4_XS, TypeId::kMXFP4};
+                            TypeId::kIQ4_XS, TypeId::kMXFP4, TypeId::kIQ2_XXS, TypeId::kIQ2_XS,
+                            TypeId::kIQ2_S, TypeId::kIQ3_XXS, TypeId::kIQ3_S, TypeId::kIQ1_S};
 
 std::vector<Isa> Isas() {
   std::vector<Isa> v = {Isa::kScalar};

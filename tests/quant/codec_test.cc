@@ -116,7 +116,8 @@ TEST_CASE("GeometryOf knows every GGUF type id, sized as ggml sizes them", "[qua
   CHECK(TypeName(255) == "type255");
   CHECK(TypeName(123456) == "type123456");
   // Known by layout but not runnable.
-  CHECK(FindCodec(TypeId::kIQ2_XXS) == nullptr);
+  CHECK(FindCodec(TypeId::kIQ1_M) == nullptr);
+  CHECK(FindCodec(TypeId::kTQ1_0) == nullptr);
   CHECK(FindCodec(TypeId::kI32) == nullptr);
 }
 
@@ -124,7 +125,8 @@ TEST_CASE("FindCodec covers the formats Strata decodes", "[quant]") {
   for (TypeId id : {TypeId::kF32, TypeId::kF16, TypeId::kBF16, TypeId::kQ4_0, TypeId::kQ4_1,
                     TypeId::kQ5_0, TypeId::kQ5_1, TypeId::kQ8_0, TypeId::kQ2_K, TypeId::kQ3_K,
                     TypeId::kQ4_K, TypeId::kQ5_K, TypeId::kQ6_K, TypeId::kIQ4_NL, TypeId::kIQ4_XS,
-                    TypeId::kMXFP4}) {
+                    TypeId::kMXFP4, TypeId::kIQ2_XXS, TypeId::kIQ2_XS, TypeId::kIQ2_S, TypeId::kIQ3_XXS,
+                    TypeId::kIQ3_S, TypeId::kIQ1_S}) {
     INFO(TypeName(static_cast<uint32_t>(id)));
     CHECK(FindCodec(id) != nullptr);
   }
