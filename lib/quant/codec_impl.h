@@ -32,6 +32,7 @@ extern const Codec kCodecIQ2_S;
 extern const Codec kCodecIQ3_XXS;
 extern const Codec kCodecIQ3_S;
 extern const Codec kCodecIQ1_S;
+extern const Codec kCodecIQ1_M;
 extern const Codec kCodecMXFP4;
 
 // GGUF is little-endian and block fields are unaligned; memcpy keeps the reads defined behaviour.

@@ -1,9 +1,9 @@
 // The GGUF i-quants. IQ4_NL (32-element blocks) and IQ4_XS (256-element super-blocks): each 4-bit
-// code indexes a fixed table of 16 signed levels. IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S and IQ1_S
-// (256-element super-blocks): each code indexes a lattice grid of 8 (IQ2, IQ1) or 4 (IQ3) values
-// (iq_grids.h), under a sub-block scale and, but for IQ1_S, per-element signs. Dequantization
-// follows the gguf Python package in float32, operation for operation, so it is bit-identical to it.
-// (IQ1_M is not here: gguf's own IQ1_M decoder reads its delta bit wrongly, so it is no oracle.)
+// code indexes a fixed table of 16 signed levels. IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S and
+// IQ1_M (256-element super-blocks): each code indexes a lattice grid of 8 (IQ2, IQ1) or 4 (IQ3)
+// values (iq_grids.h), under a sub-block scale and per-element signs (IQ2, IQ3) or a shift (IQ1).
+// Dequantization follows the gguf Python package in float32, operation for operation, so it is
+// bit-identical to it.
 #include <cstdint>
 
 #include "lib/quant/codec.h"
@@ -83,6 +83,10 @@ void DequantizeIQ4_XS(const void *src, float *dst, int64_t n) {
 //   IQ1_S (50):   f16 d | u8 qs[32] | u16 qh[8] per 32 elements: grid index qs[4 g + l] | 3 bits
 //                 of qh[g] (bits 3 l..) << 8, scale s = bits 12..14, delta sign bit 15;
 //                 x = (d (2 s + 1)) (g + delta), delta = +-0.125
+//   IQ1_M (56):   u8 qs[32] | u8 qh[16] | u16 sc[4]: nibble i of qh (low first) gives entry i's
+//                 grid index bits 8..10 and its delta sign (bit 3); sc holds 16 3-bit scales (bits
+//                 3k.. of sc[k / 4], one per 16 elements) and, in its four top nibbles, the f16 d
+//                 (sc[0]'s lowest); x = (d (2 s + 1)) (g + delta)
 // Sign index k names the byte k | 0x80 when k has an odd number of set bits (an even count of
 // minus signs in 8), bit j for element j.
 constexpr int64_t kIqElems = 256;
@@ -199,6 +203,26 @@ void DequantizeIQ1_S(const void *src, float *dst, int64_t n) {
     }
   }
 }
+void DequantizeIQ1_M(const void *src, float *dst, int64_t n) {
+  const auto *b = static_cast<const uint8_t *>(src);
+  for (int64_t i = 0; i < n; i += kIqElems, b += 56, dst += kIqElems) {
+    const uint8_t *qs = b, *qh = b + 32;
+    uint16_t sc[4];
+    for (int k = 0; k < 4; ++k) sc[k] = LoadU16(b + 48 + 2 * k);
+    const uint16_t dh = static_cast<uint16_t>((sc[0] >> 12) | ((sc[1] >> 8) & 0x00f0) | ((sc[2] >> 4) & 0x0f00) |
+                                              (sc[3] & 0xf000));
+    const float d = HalfToFloat(dh);
+    for (int e = 0; e < 32; ++e) {
+      const int nib = (qh[e / 2] >> (4 * (e % 2))) & 0x0f;
+      const uint32_t r = qs[e] | (static_cast<uint32_t>(nib & 7) << 8);
+      const float delta = (nib & 8) == 0 ? 0.125f : -0.125f;
+      const int k = e / 2;
+      const float dl = d * static_cast<float>(2 * ((sc[k / 4] >> (3 * (k % 4))) & 7) + 1);
+      float *y = dst + 8 * e;
+      for (int j = 0; j < 8; ++j) y[j] = dl * (GridValue<STRATA_IQ_GRID(internal::kIQ1SGrid)>(r, j) + delta);
+    }
+  }
+}
 #undef STRATA_IQ_GRID
 
 float DotIQ2_XXS(const void *row, const float *x, int64_t n) {
@@ -218,6 +242,9 @@ float DotIQ3_S(const void *row, const float *x, int64_t n) {
 }
 float DotIQ1_S(const void *row, const float *x, int64_t n) {
   return internal::DotViaDequantize(&DequantizeIQ1_S, kIqElems, 50, row, x, n);
+}
+float DotIQ1_M(const void *row, const float *x, int64_t n) {
+  return internal::DotViaDequantize(&DequantizeIQ1_M, kIqElems, 56, row, x, n);
 }
 
 float DotIQ4_NL(const void *row, const float *x, int64_t n) {
@@ -240,6 +267,7 @@ const Codec kCodecIQ2_S = {TypeId::kIQ2_S, "IQ2_S", kIqElems, 82, &DequantizeIQ2
 const Codec kCodecIQ3_XXS = {TypeId::kIQ3_XXS, "IQ3_XXS", kIqElems, 98, &DequantizeIQ3_XXS, nullptr, &DotIQ3_XXS};
 const Codec kCodecIQ3_S = {TypeId::kIQ3_S, "IQ3_S", kIqElems, 110, &DequantizeIQ3_S, nullptr, &DotIQ3_S};
 const Codec kCodecIQ1_S = {TypeId::kIQ1_S, "IQ1_S", kIqElems, 50, &DequantizeIQ1_S, nullptr, &DotIQ1_S};
+const Codec kCodecIQ1_M = {TypeId::kIQ1_M, "IQ1_M", kIqElems, 56, &DequantizeIQ1_M, nullptr, &DotIQ1_M};
 }  // namespace internal
 
 }  // namespace strata::quant

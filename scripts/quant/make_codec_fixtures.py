@@ -34,10 +34,11 @@ F16_SCALE_FIELDS = {
     T.Q2_K: [80, 82], T.Q3_K: [108], T.Q4_K: [0, 2], T.Q5_K: [0, 2], T.Q6_K: [208],
     T.IQ4_NL: [0], T.IQ4_XS: [0],
     T.IQ2_XXS: [0], T.IQ2_XS: [0], T.IQ2_S: [0], T.IQ3_XXS: [0], T.IQ3_S: [0], T.IQ1_S: [0],
+    T.IQ1_M: [],  # its f16 d lies in the top nibbles of its four u16 scales (set below)
 }
 DEQUANT_TYPES = [T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q2_K, T.Q3_K,
                  T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_NL, T.IQ4_XS, T.MXFP4,
-                 T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ3_XXS, T.IQ3_S, T.IQ1_S]
+                 T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ3_XXS, T.IQ3_S, T.IQ1_S, T.IQ1_M]
 QUANT_TYPES = [T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0]
 
 
@@ -107,6 +108,12 @@ def dequant_blocks(qtype: T, rng: np.random.Generator) -> np.ndarray:
         for off in F16_SCALE_FIELDS[qtype]:
             h = scale_halves(rng, regime)
             blocks[i, off:off + 2] = np.array([h], dtype=np.uint16).view(np.uint8)
+        if qtype == T.IQ1_M:
+            h = scale_halves(rng, regime)
+            sc = blocks[i, 48:56].copy().view(np.uint16)
+            for k in range(4):
+                sc[k] = (int(sc[k]) & 0x0FFF) | (((h >> (4 * k)) & 0xF) << 12)
+            blocks[i, 48:56] = sc.view(np.uint8)
     return blocks
 
 
