@@ -249,6 +249,16 @@ std::vector<uint8_t> RandomRow(const Codec &c, std::mt19937 &rng) {
       case TypeId::kQ5_K: PutHalf(p, scale(rng) * 0.1f); PutHalf(p + 2, scale(rng) * 0.1f); break;
       case TypeId::kQ6_K: PutHalf(p + 208, scale(rng) * 0.1f); break;
       case TypeId::kMXFP4: p[0] = static_cast<uint8_t>(118 + byte(rng) % 12); break;
+      case TypeId::kIQ1_M: {  // the f16 d in the top nibbles of the four u16 scales at byte 48
+        const uint16_t h = strata::quant::FloatToHalf(scale(rng) * 0.01f);
+        for (int k = 0; k < 4; ++k) {
+          uint16_t sc;
+          std::memcpy(&sc, p + 48 + 2 * k, 2);
+          sc = static_cast<uint16_t>((sc & 0x0fff) | (((h >> (4 * k)) & 0xf) << 12));
+          std::memcpy(p + 48 + 2 * k, &sc, 2);
+        }
+        break;
+      }
       default: PutHalf(p, scale(rng)); break;
     }
   }
@@ -588,7 +598,8 @@ void RegisterAll() {
   const TypeId kTypes[] = {TypeId::kQ8_0, TypeId::kQ4_K, TypeId::kQ6_K, TypeId::kQ4_0, TypeId::kF16,
                            TypeId::kBF16, TypeId::kF32, TypeId::kQ5_K, TypeId::kQ2_K, TypeId::kQ3_K,
                            TypeId::kQ5_0, TypeId::kQ5_1, TypeId::kQ4_1, TypeId::kIQ4_NL,
-                           TypeId::kIQ4_XS, TypeId::kMXFP4};
+                           TypeId::kIQ4_XS, TypeId::kMXFP4, TypeId::kIQ2_XXS, TypeId::kIQ2_XS,
+                           TypeId::kIQ2_S, TypeId::kIQ3_XXS, TypeId::kIQ3_S, TypeId::kIQ1_S, TypeId::kIQ1_M};
   for (TypeId id : kTypes) {
     const Codec &c = *strata::quant::FindCodec(id);
     const bool float_weights = c.block_elems == 1;  // q8 mode runs the exact kernels for these

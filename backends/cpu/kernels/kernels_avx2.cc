@@ -10,6 +10,7 @@
 
 #include "backends/cpu/kernels/kernels.h"
 #include "backends/cpu/kernels/kernels_internal.h"
+#include "lib/quant/iq_grids.h"
 
 namespace strata::cpu::kernels::internal {
 namespace {
@@ -399,6 +400,145 @@ void DequantQ5_K(const uint8_t *b, float *w) {
     const __m256 dl = _mm256_set1_ps(d * static_cast<float>(sm[j]));
     const __m256 ml = _mm256_set1_ps(dmin * static_cast<float>(sm[8 + j]));
     for (int c = 0; c < 4; ++c) Store8(w + 32 * j + 8 * c, Widen8(q, c), dl, ml);
+  }
+}
+
+// ---- the lattice i-quants (lib/quant/codecs_iq.cc has the layouts) ----
+// Each grid entry's levels as bytes (IQ1's as signed bytes), built once from the packed grids.
+template <int kEntries, int kElems>
+struct ByteGrid {
+  alignas(8) uint8_t v[kEntries][8] = {};
+  ByteGrid(const uint16_t *packed, int bits, const int8_t *levels) {
+    for (int r = 0; r < kEntries; ++r) {
+      for (int j = 0; j < kElems; ++j) {
+        v[r][j] = static_cast<uint8_t>(levels[(packed[r] >> (j * bits)) & ((1 << bits) - 1)]);
+      }
+    }
+  }
+};
+namespace q = strata::quant::internal;
+const ByteGrid<256, 8> kIq2xxs(q::kIQ2XXSGrid, q::kIQ2XXSGridBits, q::kIQ2XXSGridLevels);
+const ByteGrid<512, 8> kIq2xs(q::kIQ2XSGrid, q::kIQ2XSGridBits, q::kIQ2XSGridLevels);
+const ByteGrid<1024, 8> kIq2s(q::kIQ2SGrid, q::kIQ2SGridBits, q::kIQ2SGridLevels);
+const ByteGrid<256, 4> kIq3xxs(q::kIQ3XXSGrid, q::kIQ3XXSGridBits, q::kIQ3XXSGridLevels);
+const ByteGrid<512, 4> kIq3s(q::kIQ3SGrid, q::kIQ3SGridBits, q::kIQ3SGridLevels);
+const ByteGrid<2048, 8> kIq1s(q::kIQ1SGrid, q::kIQ1SGridBits, q::kIQ1SGridLevels);
+
+// The 7-bit sign index k as its byte: bit 7 set where k has an odd number of set bits.
+inline uint32_t IqSigns(uint32_t k) { return k | ((__builtin_popcount(k) & 1u) << 7); }
+// Lane j's float sign bit: bit j of s.
+inline __m256 SignBits8(uint32_t s) {
+  const __m256i bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+  const __m256i on = _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32(static_cast<int>(s)), bit), bit);
+  return _mm256_castsi256_ps(_mm256_and_si256(on, _mm256_set1_epi32(INT32_MIN)));
+}
+// 8 weights (db * level) * (+-1): the levels' 8 bytes at lo, signed by s.
+inline void PutIq8(float *w, __m128i lo, __m256 db, uint32_t s) {
+  const __m256 g = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo));
+  _mm256_store_ps(w, _mm256_xor_ps(_mm256_mul_ps(db, g), SignBits8(s)));
+}
+inline __m128i Entry8(const uint8_t *e) { return _mm_loadl_epi64(reinterpret_cast<const __m128i *>(e)); }
+inline __m128i Entries4(const uint8_t *e0, const uint8_t *e1) {
+  uint32_t a, b;
+  std::memcpy(&a, e0, 4);
+  std::memcpy(&b, e1, 4);
+  return _mm_setr_epi32(static_cast<int>(a), static_cast<int>(b), 0, 0);
+}
+
+void DequantIQ2_XXS(const uint8_t *b, float *w) {
+  const float d = LoadHalf(b);
+  for (int g = 0; g < 8; ++g) {
+    const uint8_t *q8 = b + 2 + 8 * g;
+    uint32_t aux;
+    std::memcpy(&aux, q8 + 4, 4);
+    const __m256 db = _mm256_set1_ps(d * (0.5f + static_cast<float>(aux >> 28)) * 0.25f);
+    for (int c = 0; c < 4; ++c) PutIq8(w + 32 * g + 8 * c, Entry8(kIq2xxs.v[q8[c]]), db, IqSigns((aux >> (7 * c)) & 127));
+  }
+}
+
+void DequantIQ2_XS(const uint8_t *b, float *w) {
+  const float d = LoadHalf(b);
+  for (int e = 0; e < 32; ++e) {
+    uint16_t q2;
+    std::memcpy(&q2, b + 2 + 2 * e, 2);
+    const int s = (b[66 + e / 4] >> (4 * ((e / 2) % 2))) & 0x0f;
+    const __m256 db = _mm256_set1_ps(d * (0.5f + static_cast<float>(s)) * 0.25f);
+    PutIq8(w + 8 * e, Entry8(kIq2xs.v[q2 & 511]), db, IqSigns(q2 >> 9));
+  }
+}
+
+void DequantIQ2_S(const uint8_t *b, float *w) {
+  const float d = LoadHalf(b);
+  const uint8_t *qs = b + 2, *signs = b + 34, *qh = b + 66, *scales = b + 74;
+  for (int e = 0; e < 32; ++e) {
+    const uint32_t r = qs[e] | (((qh[e / 4] >> (2 * (e % 4))) & 3u) << 8);
+    const int s = (scales[e / 4] >> (4 * ((e / 2) % 2))) & 0x0f;
+    const __m256 db = _mm256_set1_ps(d * (0.5f + static_cast<float>(s)) * 0.25f);
+    PutIq8(w + 8 * e, Entry8(kIq2s.v[r]), db, signs[e]);
+  }
+}
+
+void DequantIQ3_XXS(const uint8_t *b, float *w) {
+  const float d = LoadHalf(b);
+  const uint8_t *qs = b + 2;
+  for (int g = 0; g < 8; ++g) {
+    uint32_t aux;
+    std::memcpy(&aux, b + 66 + 4 * g, 4);
+    const __m256 db = _mm256_set1_ps(d * (0.5f + static_cast<float>(aux >> 28)) * 0.5f);
+    for (int c = 0; c < 4; ++c) {
+      const uint8_t *e = qs + 8 * g + 2 * c;
+      PutIq8(w + 32 * g + 8 * c, Entries4(kIq3xxs.v[e[0]], kIq3xxs.v[e[1]]), db, IqSigns((aux >> (7 * c)) & 127));
+    }
+  }
+}
+
+void DequantIQ3_S(const uint8_t *b, float *w) {
+  const float d = LoadHalf(b);
+  const uint8_t *qs = b + 2, *qh = b + 66, *signs = b + 74, *scales = b + 106;
+  for (int c = 0; c < 32; ++c) {  // 8 weights: entries 2c and 2c + 1
+    const uint32_t r0 = qs[2 * c] | (((qh[c / 4] >> ((2 * c) % 8)) & 1u) << 8);
+    const uint32_t r1 = qs[2 * c + 1] | (((qh[c / 4] >> ((2 * c + 1) % 8)) & 1u) << 8);
+    const int s = (scales[c / 8] >> (4 * ((c / 4) % 2))) & 0x0f;
+    const __m256 db = _mm256_set1_ps(d * static_cast<float>(1 + 2 * s));
+    PutIq8(w + 8 * c, Entries4(kIq3s.v[r0], kIq3s.v[r1]), db, signs[c]);
+  }
+}
+
+// IQ1: (d (2 s + 1)) (level + delta), the levels -1, 0, 1.
+inline void PutIq1(float *w, const uint8_t *e, __m256 dl, __m256 delta) {
+  const __m256 g = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(Entry8(e)));
+  _mm256_store_ps(w, _mm256_mul_ps(dl, _mm256_add_ps(g, delta)));
+}
+
+void DequantIQ1_S(const uint8_t *b, float *w) {
+  const float d = LoadHalf(b);
+  const uint8_t *qs = b + 2;
+  for (int g = 0; g < 8; ++g) {
+    uint16_t qh;
+    std::memcpy(&qh, b + 34 + 2 * g, 2);
+    const __m256 dl = _mm256_set1_ps(d * static_cast<float>(2 * ((qh >> 12) & 7) + 1));
+    const __m256 delta = _mm256_set1_ps((qh & 0x8000) == 0 ? 0.125f : -0.125f);
+    for (int l = 0; l < 4; ++l) {
+      PutIq1(w + 32 * g + 8 * l, kIq1s.v[qs[4 * g + l] | (((qh >> (3 * l)) & 7u) << 8)], dl, delta);
+    }
+  }
+}
+
+void DequantIQ1_M(const uint8_t *b, float *w) {
+  const uint8_t *qs = b, *qh = b + 32;
+  uint16_t sc[4];
+  std::memcpy(sc, b + 48, 8);
+  const uint16_t dh =
+      static_cast<uint16_t>((sc[0] >> 12) | ((sc[1] >> 8) & 0x00f0) | ((sc[2] >> 4) & 0x0f00) | (sc[3] & 0xf000));
+  uint8_t dh2[2];
+  std::memcpy(dh2, &dh, 2);
+  const float d = LoadHalf(dh2);
+  for (int e = 0; e < 32; ++e) {
+    const int nib = (qh[e / 2] >> (4 * (e % 2))) & 0x0f;
+    const int k = e / 2;
+    const __m256 dl = _mm256_set1_ps(d * static_cast<float>(2 * ((sc[k / 4] >> (3 * (k % 4))) & 7) + 1));
+    const __m256 delta = _mm256_set1_ps((nib & 8) == 0 ? 0.125f : -0.125f);
+    PutIq1(w + 8 * e, kIq1s.v[qs[e] | (static_cast<uint32_t>(nib & 7) << 8)], dl, delta);
   }
 }
 
@@ -1154,6 +1294,13 @@ bool FindAvx2RowKernels(const Codec &codec, bool avx512, RowKernels *k) {
     case TypeId::kIQ4_NL: f = &DotIQ4_NLFloat; q = &DotIQ4_NLQ8; break;
     case TypeId::kIQ4_XS: f = &DotIQ4_XSFloat; q = &DotIQ4_XSQ8; break;
     case TypeId::kMXFP4: f = &DotMXFP4Float; q = &DotMXFP4Q8; break;
+    case TypeId::kIQ2_XXS: fb = &DotFloatViaBlock<&DequantIQ2_XXS>; qb = &DotQ8ViaBlock<&DequantIQ2_XXS>; break;
+    case TypeId::kIQ2_XS: fb = &DotFloatViaBlock<&DequantIQ2_XS>; qb = &DotQ8ViaBlock<&DequantIQ2_XS>; break;
+    case TypeId::kIQ2_S: fb = &DotFloatViaBlock<&DequantIQ2_S>; qb = &DotQ8ViaBlock<&DequantIQ2_S>; break;
+    case TypeId::kIQ3_XXS: fb = &DotFloatViaBlock<&DequantIQ3_XXS>; qb = &DotQ8ViaBlock<&DequantIQ3_XXS>; break;
+    case TypeId::kIQ3_S: fb = &DotFloatViaBlock<&DequantIQ3_S>; qb = &DotQ8ViaBlock<&DequantIQ3_S>; break;
+    case TypeId::kIQ1_S: fb = &DotFloatViaBlock<&DequantIQ1_S>; qb = &DotQ8ViaBlock<&DequantIQ1_S>; break;
+    case TypeId::kIQ1_M: fb = &DotFloatViaBlock<&DequantIQ1_M>; qb = &DotQ8ViaBlock<&DequantIQ1_M>; break;
     default: break;
   }
   if (f != nullptr) {
