@@ -1264,6 +1264,142 @@ void DotQ8ViaBlock(const Codec &codec, const void *row, const void *xq, int64_t 
   DotQ8Via(codec, row, xq, xqs, n_tok, n, out, [](const uint8_t *src, float *w, int64_t) { Block(src, w); });
 }
 
+// The lattice i-quants against 8-bit activations: per 32 elements, the grid levels as unsigned
+// bytes u, the signs as +-1 bytes applied to the activation codes, one integer dot (maddubs), then
+// (db d_x) per lane. Group(p, g, &u, &signs, &db) decodes group g of block p: db holds each lane's
+// weight scale (lane i covers elements 4i .. 4i + 3 of the group).
+inline __m256i SignBytes32(uint32_t bits) {  // byte j: -1 where bit j is set, else +1
+  const __m256i shuf = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3,
+                                        3, 3, 3, 3, 3, 3);
+  const __m256i bit = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ull));
+  const __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(bits)), shuf);
+  const __m256i on = _mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit);
+  return _mm256_or_si256(on, _mm256_set1_epi8(1));
+}
+inline __m256i Rows4(const uint8_t *a, const uint8_t *b, const uint8_t *c, const uint8_t *d) {
+  uint64_t x[4];
+  std::memcpy(&x[0], a, 8);
+  std::memcpy(&x[1], b, 8);
+  std::memcpy(&x[2], c, 8);
+  std::memcpy(&x[3], d, 8);
+  return _mm256_setr_epi64x(static_cast<long long>(x[0]), static_cast<long long>(x[1]), static_cast<long long>(x[2]),
+                            static_cast<long long>(x[3]));
+}
+inline __m256i Rows8x4(const uint8_t *const *r) {  // eight 4-level entries
+  uint32_t x[8];
+  for (int i = 0; i < 8; ++i) std::memcpy(&x[i], r[i], 4);
+  return _mm256_setr_epi32(static_cast<int>(x[0]), static_cast<int>(x[1]), static_cast<int>(x[2]),
+                           static_cast<int>(x[3]), static_cast<int>(x[4]), static_cast<int>(x[5]),
+                           static_cast<int>(x[6]), static_cast<int>(x[7]));
+}
+inline __m256 TwoScales(float lo, float hi) { return _mm256_setr_ps(lo, lo, lo, lo, hi, hi, hi, hi); }
+
+template <int NT, typename Group>
+void Q8Iq(const uint8_t *base, int64_t block_bytes, const void *xq, int64_t xqs, int64_t n, Group &&group,
+          float *out) {
+  __m256 acc[NT];
+  const ActBlock256 *a[NT];
+  for (int t = 0; t < NT; ++t) {
+    acc[t] = _mm256_setzero_ps();
+    a[t] = Act256<NT>(xq, xqs, t);
+  }
+  const int64_t nb = n / 256;
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t *p = base + block_bytes * b;
+    for (int l = 0; l < block_bytes; l += 64) Prefetch(p + l);
+    for (int g = 0; g < 8; ++g) {
+      __m256i u, sg;
+      __m256 db;
+      group(p, g, &u, &sg, &db);
+      for (int t = 0; t < NT; ++t) {
+        const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(a[t][b].q + 32 * g));
+        const __m256i dot = DotU8S8(u, _mm256_sign_epi8(q, sg));
+        acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(db, _mm256_set1_ps(a[t][b].d)), _mm256_cvtepi32_ps(dot), acc[t]);
+      }
+    }
+  }
+  for (int t = 0; t < NT; ++t) out[t] = Reduce8(acc[t]);
+}
+
+template <typename Group>
+void DotIqQ8(const void *row, int64_t block_bytes, const void *xq, int64_t xqs, int n_tok, int64_t n, Group &&group,
+             float *out) {
+  ForTokens(n_tok, [&](auto nt) {
+    Q8Iq<decltype(nt)::value>(static_cast<const uint8_t *>(row), block_bytes, xq, xqs, n, group, out);
+  });
+}
+
+void DotIQ2_XXSQ8(const Codec &, const void *row, const void *xq, int64_t xqs, int n_tok, int64_t n, float *out) {
+  DotIqQ8(row, 66, xq, xqs, n_tok, n, [](const uint8_t *p, int g, __m256i *u, __m256i *sg, __m256 *db) {
+    const uint8_t *q8 = p + 2 + 8 * g;
+    uint32_t aux;
+    std::memcpy(&aux, q8 + 4, 4);
+    *u = Rows4(kIq2xxs.v[q8[0]], kIq2xxs.v[q8[1]], kIq2xxs.v[q8[2]], kIq2xxs.v[q8[3]]);
+    uint32_t bits = 0;
+    for (int c = 0; c < 4; ++c) bits |= IqSigns((aux >> (7 * c)) & 127) << (8 * c);
+    *sg = SignBytes32(bits);
+    *db = _mm256_set1_ps(LoadHalf(p) * (0.5f + static_cast<float>(aux >> 28)) * 0.25f);
+  }, out);
+}
+
+void DotIQ2_XSQ8(const Codec &, const void *row, const void *xq, int64_t xqs, int n_tok, int64_t n, float *out) {
+  DotIqQ8(row, 74, xq, xqs, n_tok, n, [](const uint8_t *p, int g, __m256i *u, __m256i *sg, __m256 *db) {
+    uint16_t q2[4];
+    std::memcpy(q2, p + 2 + 8 * g, 8);
+    *u = Rows4(kIq2xs.v[q2[0] & 511], kIq2xs.v[q2[1] & 511], kIq2xs.v[q2[2] & 511], kIq2xs.v[q2[3] & 511]);
+    uint32_t bits = 0;
+    for (int c = 0; c < 4; ++c) bits |= IqSigns(q2[c] >> 9) << (8 * c);
+    *sg = SignBytes32(bits);
+    const float d = LoadHalf(p);
+    const uint8_t sc = p[66 + g];
+    *db = TwoScales(d * (0.5f + static_cast<float>(sc & 0x0f)) * 0.25f, d * (0.5f + static_cast<float>(sc >> 4)) * 0.25f);
+  }, out);
+}
+
+void DotIQ2_SQ8(const Codec &, const void *row, const void *xq, int64_t xqs, int n_tok, int64_t n, float *out) {
+  DotIqQ8(row, 82, xq, xqs, n_tok, n, [](const uint8_t *p, int g, __m256i *u, __m256i *sg, __m256 *db) {
+    const uint8_t *qs = p + 2 + 4 * g, qh = p[66 + g];
+    const uint8_t *r[4];
+    for (int c = 0; c < 4; ++c) r[c] = kIq2s.v[qs[c] | (((qh >> (2 * c)) & 3u) << 8)];
+    *u = Rows4(r[0], r[1], r[2], r[3]);
+    uint32_t bits;
+    std::memcpy(&bits, p + 34 + 4 * g, 4);
+    *sg = SignBytes32(bits);
+    const float d = LoadHalf(p);
+    const uint8_t sc = p[74 + g];
+    *db = TwoScales(d * (0.5f + static_cast<float>(sc & 0x0f)) * 0.25f, d * (0.5f + static_cast<float>(sc >> 4)) * 0.25f);
+  }, out);
+}
+
+void DotIQ3_XXSQ8(const Codec &, const void *row, const void *xq, int64_t xqs, int n_tok, int64_t n, float *out) {
+  DotIqQ8(row, 98, xq, xqs, n_tok, n, [](const uint8_t *p, int g, __m256i *u, __m256i *sg, __m256 *db) {
+    const uint8_t *qs = p + 2 + 8 * g;
+    const uint8_t *r[8];
+    for (int i = 0; i < 8; ++i) r[i] = kIq3xxs.v[qs[i]];
+    *u = Rows8x4(r);
+    uint32_t aux;
+    std::memcpy(&aux, p + 66 + 4 * g, 4);
+    uint32_t bits = 0;
+    for (int c = 0; c < 4; ++c) bits |= IqSigns((aux >> (7 * c)) & 127) << (8 * c);
+    *sg = SignBytes32(bits);
+    *db = _mm256_set1_ps(LoadHalf(p) * (0.5f + static_cast<float>(aux >> 28)) * 0.5f);
+  }, out);
+}
+
+void DotIQ3_SQ8(const Codec &, const void *row, const void *xq, int64_t xqs, int n_tok, int64_t n, float *out) {
+  DotIqQ8(row, 110, xq, xqs, n_tok, n, [](const uint8_t *p, int g, __m256i *u, __m256i *sg, __m256 *db) {
+    const uint8_t *qs = p + 2 + 8 * g, qh = p[66 + g];
+    const uint8_t *r[8];
+    for (int i = 0; i < 8; ++i) r[i] = kIq3s.v[qs[i] | (((qh >> i) & 1u) << 8)];
+    *u = Rows8x4(r);
+    uint32_t bits;
+    std::memcpy(&bits, p + 74 + 4 * g, 4);
+    *sg = SignBytes32(bits);
+    const int s = (p[106 + g / 2] >> (4 * (g % 2))) & 0x0f;
+    *db = _mm256_set1_ps(LoadHalf(p) * static_cast<float>(1 + 2 * s));
+  }, out);
+}
+
 }  // namespace
 
 bool FindAvx2RowKernels(const Codec &codec, bool avx512, RowKernels *k) {
@@ -1294,11 +1430,11 @@ bool FindAvx2RowKernels(const Codec &codec, bool avx512, RowKernels *k) {
     case TypeId::kIQ4_NL: f = &DotIQ4_NLFloat; q = &DotIQ4_NLQ8; break;
     case TypeId::kIQ4_XS: f = &DotIQ4_XSFloat; q = &DotIQ4_XSQ8; break;
     case TypeId::kMXFP4: f = &DotMXFP4Float; q = &DotMXFP4Q8; break;
-    case TypeId::kIQ2_XXS: fb = &DotFloatViaBlock<&DequantIQ2_XXS>; qb = &DotQ8ViaBlock<&DequantIQ2_XXS>; break;
-    case TypeId::kIQ2_XS: fb = &DotFloatViaBlock<&DequantIQ2_XS>; qb = &DotQ8ViaBlock<&DequantIQ2_XS>; break;
-    case TypeId::kIQ2_S: fb = &DotFloatViaBlock<&DequantIQ2_S>; qb = &DotQ8ViaBlock<&DequantIQ2_S>; break;
-    case TypeId::kIQ3_XXS: fb = &DotFloatViaBlock<&DequantIQ3_XXS>; qb = &DotQ8ViaBlock<&DequantIQ3_XXS>; break;
-    case TypeId::kIQ3_S: fb = &DotFloatViaBlock<&DequantIQ3_S>; qb = &DotQ8ViaBlock<&DequantIQ3_S>; break;
+    case TypeId::kIQ2_XXS: fb = &DotFloatViaBlock<&DequantIQ2_XXS>; q = &DotIQ2_XXSQ8; break;
+    case TypeId::kIQ2_XS: fb = &DotFloatViaBlock<&DequantIQ2_XS>; q = &DotIQ2_XSQ8; break;
+    case TypeId::kIQ2_S: fb = &DotFloatViaBlock<&DequantIQ2_S>; q = &DotIQ2_SQ8; break;
+    case TypeId::kIQ3_XXS: fb = &DotFloatViaBlock<&DequantIQ3_XXS>; q = &DotIQ3_XXSQ8; break;
+    case TypeId::kIQ3_S: fb = &DotFloatViaBlock<&DequantIQ3_S>; q = &DotIQ3_SQ8; break;
     case TypeId::kIQ1_S: fb = &DotFloatViaBlock<&DequantIQ1_S>; qb = &DotQ8ViaBlock<&DequantIQ1_S>; break;
     case TypeId::kIQ1_M: fb = &DotFloatViaBlock<&DequantIQ1_M>; qb = &DotQ8ViaBlock<&DequantIQ1_M>; break;
     default: break;
