@@ -1400,6 +1400,56 @@ void DotIQ3_SQ8(const Codec &, const void *row, const void *xq, int64_t xqs, int
   }, out);
 }
 
+// IQ1: (g + delta) = (8 g +- 1) / 8 with g in {-1, 0, 1}: integer weights of magnitude <= 9, never
+// 0, so u = |w| and the signs are w's own; db carries the 1/8.
+inline __m256i Iq1Weights(const uint8_t *const *r, __m256i delta_sign) {
+  __m256i g = Rows4(r[0], r[1], r[2], r[3]);
+  g = _mm256_add_epi8(g, g);
+  g = _mm256_add_epi8(g, g);
+  g = _mm256_add_epi8(g, g);
+  return _mm256_add_epi8(g, delta_sign);
+}
+
+void DotIQ1_SQ8(const Codec &, const void *row, const void *xq, int64_t xqs, int n_tok, int64_t n, float *out) {
+  DotIqQ8(row, 50, xq, xqs, n_tok, n, [](const uint8_t *p, int g, __m256i *u, __m256i *sg, __m256 *db) {
+    uint16_t qh;
+    std::memcpy(&qh, p + 34 + 2 * g, 2);
+    const uint8_t *qs = p + 2 + 4 * g;
+    const uint8_t *r[4];
+    for (int l = 0; l < 4; ++l) r[l] = kIq1s.v[qs[l] | (((qh >> (3 * l)) & 7u) << 8)];
+    const __m256i w = Iq1Weights(r, _mm256_set1_epi8((qh & 0x8000) == 0 ? 1 : -1));
+    *u = _mm256_abs_epi8(w);
+    *sg = w;
+    *db = _mm256_set1_ps(LoadHalf(p) * static_cast<float>(2 * ((qh >> 12) & 7) + 1) * 0.125f);
+  }, out);
+}
+
+void DotIQ1_MQ8(const Codec &, const void *row, const void *xq, int64_t xqs, int n_tok, int64_t n, float *out) {
+  DotIqQ8(row, 56, xq, xqs, n_tok, n, [](const uint8_t *p, int g, __m256i *u, __m256i *sg, __m256 *db) {
+    uint16_t sc[4];
+    std::memcpy(sc, p + 48, 8);
+    const uint16_t dh =
+        static_cast<uint16_t>((sc[0] >> 12) | ((sc[1] >> 8) & 0x00f0) | ((sc[2] >> 4) & 0x0f00) | (sc[3] & 0xf000));
+    uint8_t dh2[2];
+    std::memcpy(dh2, &dh, 2);
+    const float d = LoadHalf(dh2);
+    const uint8_t *r[4];
+    int64_t sign[4];
+    for (int c = 0; c < 4; ++c) {
+      const int e = 4 * g + c;
+      const int nib = (p[32 + e / 2] >> (4 * (e % 2))) & 0x0f;
+      r[c] = kIq1s.v[p[e] | (static_cast<uint32_t>(nib & 7) << 8)];
+      sign[c] = (nib & 8) == 0 ? 0x0101010101010101ll : -1ll;  // +1 or -1 in each byte
+    }
+    const __m256i w = Iq1Weights(r, _mm256_setr_epi64x(sign[0], sign[1], sign[2], sign[3]));
+    *u = _mm256_abs_epi8(w);
+    *sg = w;
+    const int k0 = 2 * g, k1 = 2 * g + 1;
+    *db = TwoScales(d * static_cast<float>(2 * ((sc[k0 / 4] >> (3 * (k0 % 4))) & 7) + 1) * 0.125f,
+                    d * static_cast<float>(2 * ((sc[k1 / 4] >> (3 * (k1 % 4))) & 7) + 1) * 0.125f);
+  }, out);
+}
+
 }  // namespace
 
 bool FindAvx2RowKernels(const Codec &codec, bool avx512, RowKernels *k) {
@@ -1435,8 +1485,8 @@ bool FindAvx2RowKernels(const Codec &codec, bool avx512, RowKernels *k) {
     case TypeId::kIQ2_S: fb = &DotFloatViaBlock<&DequantIQ2_S>; q = &DotIQ2_SQ8; break;
     case TypeId::kIQ3_XXS: fb = &DotFloatViaBlock<&DequantIQ3_XXS>; q = &DotIQ3_XXSQ8; break;
     case TypeId::kIQ3_S: fb = &DotFloatViaBlock<&DequantIQ3_S>; q = &DotIQ3_SQ8; break;
-    case TypeId::kIQ1_S: fb = &DotFloatViaBlock<&DequantIQ1_S>; qb = &DotQ8ViaBlock<&DequantIQ1_S>; break;
-    case TypeId::kIQ1_M: fb = &DotFloatViaBlock<&DequantIQ1_M>; qb = &DotQ8ViaBlock<&DequantIQ1_M>; break;
+    case TypeId::kIQ1_S: fb = &DotFloatViaBlock<&DequantIQ1_S>; q = &DotIQ1_SQ8; break;
+    case TypeId::kIQ1_M: fb = &DotFloatViaBlock<&DequantIQ1_M>; q = &DotIQ1_MQ8; break;
     default: break;
   }
   if (f != nullptr) {
