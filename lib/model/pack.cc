@@ -232,6 +232,15 @@ int GgufFileType(TypeId t) {
     case TypeId::kQ4_K: return 15;
     case TypeId::kQ5_K: return 17;
     case TypeId::kQ6_K: return 18;
+    case TypeId::kIQ2_XXS: return 19;
+    case TypeId::kIQ2_XS: return 20;
+    case TypeId::kIQ3_XXS: return 23;
+    case TypeId::kIQ1_S: return 24;
+    case TypeId::kIQ4_NL: return 25;
+    case TypeId::kIQ3_S: return 26;
+    case TypeId::kIQ2_S: return 28;
+    case TypeId::kIQ4_XS: return 30;
+    case TypeId::kIQ1_M: return 31;
     case TypeId::kBF16: return 32;
     default: return -1;
   }

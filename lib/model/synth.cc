@@ -79,6 +79,31 @@ struct Pool {
   std::vector<uint8_t> bytes;  // kPoolUnits units
 };
 
+// Codecs without a quantizer whose blocks synth draws directly (the lattice i-quants): random codes
+// under a block scale d set so that the block's values have the pool's spread.
+bool DrawnBlocks(TypeId t) {
+  switch (t) {
+    case TypeId::kIQ2_XXS: case TypeId::kIQ2_XS: case TypeId::kIQ2_S: case TypeId::kIQ3_XXS:
+    case TypeId::kIQ3_S: case TypeId::kIQ1_S: case TypeId::kIQ1_M: return true;
+    default: return false;
+  }
+}
+
+// Writes the f16 block scale h into a drawn block: its first two bytes, or for IQ1_M the top
+// nibbles of its four u16 scales at byte 48.
+void SetBlockScale(TypeId t, uint8_t *block, uint16_t h) {
+  if (t != TypeId::kIQ1_M) {
+    std::memcpy(block, &h, 2);
+    return;
+  }
+  for (int k = 0; k < 4; ++k) {
+    uint16_t sc;
+    std::memcpy(&sc, block + 48 + 2 * k, 2);
+    sc = static_cast<uint16_t>((sc & 0x0fff) | (((h >> (4 * k)) & 0xf) << 12));
+    std::memcpy(block + 48 + 2 * k, &sc, 2);
+  }
+}
+
 Pool MakePool(const quant::Codec &c, float std_dev, uint64_t seed) {
   // Pools of another scale draw other values (not the default pool scaled).
   uint64_t stream = Mix(seed, 0x706F6F6C0000ull + static_cast<uint64_t>(c.id));
@@ -88,11 +113,26 @@ Pool MakePool(const quant::Codec &c, float std_dev, uint64_t seed) {
     stream = Mix(stream, bits);
   }
   Rng rng(stream);
-  std::vector<float> vals(kPoolUnits * kUnitElems);
-  for (float &v : vals) v = std_dev * rng.Normal();
   Pool p;
   p.unit_bytes = static_cast<uint64_t>(kUnitElems / c.block_elems * c.block_bytes);
   p.bytes.resize(p.unit_bytes * kPoolUnits);
+  if (c.quantize == nullptr) {  // DrawnBlocks: one block a unit
+    std::vector<float> v(static_cast<size_t>(kUnitElems));
+    for (uint64_t u = 0; u < kPoolUnits; ++u) {
+      uint8_t *b = p.bytes.data() + u * p.unit_bytes;
+      for (uint64_t i = 0; i < p.unit_bytes; ++i) b[i] = static_cast<uint8_t>(rng.Next());
+      SetBlockScale(c.id, b, quant::FloatToHalf(1.0f));
+      c.dequantize(b, v.data(), kUnitElems);
+      double ss = 0;
+      for (float x : v) ss += static_cast<double>(x) * x;
+      const double rms = std::sqrt(ss / kUnitElems);
+      const float d = rms > 0 ? static_cast<float>(std_dev / rms) : std_dev;
+      SetBlockScale(c.id, b, quant::FloatToHalf((rng.Next() & 1) != 0 ? -d : d));
+    }
+    return p;
+  }
+  std::vector<float> vals(kPoolUnits * kUnitElems);
+  for (float &v : vals) v = std_dev * rng.Normal();
   c.quantize(vals.data(), p.bytes.data(), static_cast<int64_t>(vals.size()));
   return p;
 }
@@ -167,7 +207,7 @@ std::vector<Tensor> PlanTensors(const SynthShape &s, TypeId experts, TypeId atte
 absl::StatusOr<TypeId> ParseCodec(const std::string &name, const char *what) {
   auto t = ParseTypeName(name);
   if (!t.ok()) return Errorf(MOE_ERR_INVALID_ARGUMENT, "%s: %s", what, t.status().message());
-  STRATA_RETURN_IF_ERROR(RequireQuantizer(*t, what));
+  if (!DrawnBlocks(*t)) STRATA_RETURN_IF_ERROR(RequireQuantizer(*t, what));
   const quant::Codec *c = quant::FindCodec(*t);
   if (kUnitElems % c->block_elems != 0) {
     return Errorf(MOE_ERR_UNSUPPORTED_TYPE, "%s type %s: blocks of %d values are not supported by synth", what,
