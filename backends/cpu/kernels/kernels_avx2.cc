@@ -1268,14 +1268,20 @@ void DotQ8ViaBlock(const Codec &codec, const void *row, const void *xq, int64_t 
 // bytes u, the signs as +-1 bytes applied to the activation codes, one integer dot (maddubs), then
 // (db d_x) per lane. Group(p, g, &u, &signs, &db) decodes group g of block p: db holds each lane's
 // weight scale (lane i covers elements 4i .. 4i + 3 of the group).
-inline __m256i SignBytes32(uint32_t bits) {  // byte j: -1 where bit j is set, else +1
-  const __m256i shuf = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3,
-                                        3, 3, 3, 3, 3, 3);
-  const __m256i bit = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ull));
-  const __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(bits)), shuf);
-  const __m256i on = _mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit);
-  return _mm256_or_si256(on, _mm256_set1_epi8(1));
-}
+// Sign byte s as 8 bytes of +-1 (-1 where bit j of s is set), and a 7-bit sign index k as the same
+// for its byte IqSigns(k).
+struct SignTable {
+  alignas(8) int8_t by_byte[256][8];
+  alignas(8) int8_t by_index[128][8];
+  SignTable() {
+    for (int b = 0; b < 256; ++b)
+      for (int j = 0; j < 8; ++j) by_byte[b][j] = static_cast<int8_t>((b >> j) & 1 ? -1 : 1);
+    for (int k = 0; k < 128; ++k) std::memcpy(by_index[k], by_byte[IqSigns(static_cast<uint32_t>(k))], 8);
+  }
+};
+const SignTable kSigns;
+inline const uint8_t *SignRow(const int8_t *row) { return reinterpret_cast<const uint8_t *>(row); }
+
 inline __m256i Rows4(const uint8_t *a, const uint8_t *b, const uint8_t *c, const uint8_t *d) {
   uint64_t x[4];
   std::memcpy(&x[0], a, 8);
@@ -1335,9 +1341,8 @@ void DotIQ2_XXSQ8(const Codec &, const void *row, const void *xq, int64_t xqs, i
     uint32_t aux;
     std::memcpy(&aux, q8 + 4, 4);
     *u = Rows4(kIq2xxs.v[q8[0]], kIq2xxs.v[q8[1]], kIq2xxs.v[q8[2]], kIq2xxs.v[q8[3]]);
-    uint32_t bits = 0;
-    for (int c = 0; c < 4; ++c) bits |= IqSigns((aux >> (7 * c)) & 127) << (8 * c);
-    *sg = SignBytes32(bits);
+    *sg = Rows4(SignRow(kSigns.by_index[aux & 127]), SignRow(kSigns.by_index[(aux >> 7) & 127]),
+                SignRow(kSigns.by_index[(aux >> 14) & 127]), SignRow(kSigns.by_index[(aux >> 21) & 127]));
     *db = _mm256_set1_ps(LoadHalf(p) * (0.5f + static_cast<float>(aux >> 28)) * 0.25f);
   }, out);
 }
@@ -1347,9 +1352,8 @@ void DotIQ2_XSQ8(const Codec &, const void *row, const void *xq, int64_t xqs, in
     uint16_t q2[4];
     std::memcpy(q2, p + 2 + 8 * g, 8);
     *u = Rows4(kIq2xs.v[q2[0] & 511], kIq2xs.v[q2[1] & 511], kIq2xs.v[q2[2] & 511], kIq2xs.v[q2[3] & 511]);
-    uint32_t bits = 0;
-    for (int c = 0; c < 4; ++c) bits |= IqSigns(q2[c] >> 9) << (8 * c);
-    *sg = SignBytes32(bits);
+    *sg = Rows4(SignRow(kSigns.by_index[q2[0] >> 9]), SignRow(kSigns.by_index[q2[1] >> 9]),
+                SignRow(kSigns.by_index[q2[2] >> 9]), SignRow(kSigns.by_index[q2[3] >> 9]));
     const float d = LoadHalf(p);
     const uint8_t sc = p[66 + g];
     *db = TwoScales(d * (0.5f + static_cast<float>(sc & 0x0f)) * 0.25f, d * (0.5f + static_cast<float>(sc >> 4)) * 0.25f);
@@ -1362,9 +1366,9 @@ void DotIQ2_SQ8(const Codec &, const void *row, const void *xq, int64_t xqs, int
     const uint8_t *r[4];
     for (int c = 0; c < 4; ++c) r[c] = kIq2s.v[qs[c] | (((qh >> (2 * c)) & 3u) << 8)];
     *u = Rows4(r[0], r[1], r[2], r[3]);
-    uint32_t bits;
-    std::memcpy(&bits, p + 34 + 4 * g, 4);
-    *sg = SignBytes32(bits);
+    const uint8_t *sb = p + 34 + 4 * g;
+    *sg = Rows4(SignRow(kSigns.by_byte[sb[0]]), SignRow(kSigns.by_byte[sb[1]]), SignRow(kSigns.by_byte[sb[2]]),
+                SignRow(kSigns.by_byte[sb[3]]));
     const float d = LoadHalf(p);
     const uint8_t sc = p[74 + g];
     *db = TwoScales(d * (0.5f + static_cast<float>(sc & 0x0f)) * 0.25f, d * (0.5f + static_cast<float>(sc >> 4)) * 0.25f);
@@ -1379,9 +1383,8 @@ void DotIQ3_XXSQ8(const Codec &, const void *row, const void *xq, int64_t xqs, i
     *u = Rows8x4(r);
     uint32_t aux;
     std::memcpy(&aux, p + 66 + 4 * g, 4);
-    uint32_t bits = 0;
-    for (int c = 0; c < 4; ++c) bits |= IqSigns((aux >> (7 * c)) & 127) << (8 * c);
-    *sg = SignBytes32(bits);
+    *sg = Rows4(SignRow(kSigns.by_index[aux & 127]), SignRow(kSigns.by_index[(aux >> 7) & 127]),
+                SignRow(kSigns.by_index[(aux >> 14) & 127]), SignRow(kSigns.by_index[(aux >> 21) & 127]));
     *db = _mm256_set1_ps(LoadHalf(p) * (0.5f + static_cast<float>(aux >> 28)) * 0.5f);
   }, out);
 }
@@ -1392,9 +1395,9 @@ void DotIQ3_SQ8(const Codec &, const void *row, const void *xq, int64_t xqs, int
     const uint8_t *r[8];
     for (int i = 0; i < 8; ++i) r[i] = kIq3s.v[qs[i] | (((qh >> i) & 1u) << 8)];
     *u = Rows8x4(r);
-    uint32_t bits;
-    std::memcpy(&bits, p + 74 + 4 * g, 4);
-    *sg = SignBytes32(bits);
+    const uint8_t *sb = p + 74 + 4 * g;
+    *sg = Rows4(SignRow(kSigns.by_byte[sb[0]]), SignRow(kSigns.by_byte[sb[1]]), SignRow(kSigns.by_byte[sb[2]]),
+                SignRow(kSigns.by_byte[sb[3]]));
     const int s = (p[106 + g / 2] >> (4 * (g % 2))) & 0x0f;
     *db = _mm256_set1_ps(LoadHalf(p) * static_cast<float>(1 + 2 * s));
   }, out);
