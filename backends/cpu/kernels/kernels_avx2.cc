@@ -1298,11 +1298,14 @@ inline __m256i Rows8x4(const uint8_t *const *r) {  // eight 4-level entries
                            static_cast<int>(x[3]), static_cast<int>(x[4]), static_cast<int>(x[5]),
                            static_cast<int>(x[6]), static_cast<int>(x[7]));
 }
-inline __m256 TwoScales(float lo, float hi) { return _mm256_setr_ps(lo, lo, lo, lo, hi, hi, hi, hi); }
 
-template <int NT, typename Group>
+// Per 32 weights, Group(p, g, &u, &signs, &sc) decodes group g of block p: u the levels, signs +-1
+// bytes, sc each int16 lane's integer scale (lane i of the maddubs covers elements 2i, 2i + 1). The
+// scaled integer sums add up over the block, times Scale(p) (the block's d and the format's
+// constant) and d_x once a block.
+template <int NT, typename Group, typename Scale>
 void Q8Iq(const uint8_t *base, int64_t block_bytes, const void *xq, int64_t xqs, int64_t n, Group &&group,
-          float *out) {
+          Scale &&scale, float *out) {
   __m256 acc[NT];
   const ActBlock256 *a[NT];
   for (int t = 0; t < NT; ++t) {
@@ -1313,98 +1316,103 @@ void Q8Iq(const uint8_t *base, int64_t block_bytes, const void *xq, int64_t xqs,
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t *p = base + block_bytes * b;
     for (int l = 0; l < block_bytes; l += 64) Prefetch(p + l);
+    __m256i sumi[NT];
+    for (int t = 0; t < NT; ++t) sumi[t] = _mm256_setzero_si256();
     for (int g = 0; g < 8; ++g) {
-      __m256i u, sg;
-      __m256 db;
-      group(p, g, &u, &sg, &db);
+      __m256i u, sg, sc;
+      group(p, g, &u, &sg, &sc);
       for (int t = 0; t < NT; ++t) {
         const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(a[t][b].q + 32 * g));
-        const __m256i dot = DotU8S8(u, _mm256_sign_epi8(q, sg));
-        acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(db, _mm256_set1_ps(a[t][b].d)), _mm256_cvtepi32_ps(dot), acc[t]);
+        const __m256i pairs = _mm256_maddubs_epi16(u, _mm256_sign_epi8(q, sg));
+        sumi[t] = _mm256_add_epi32(sumi[t], _mm256_madd_epi16(pairs, sc));
       }
+    }
+    const float ds = scale(p);
+    for (int t = 0; t < NT; ++t) {
+      acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(ds * a[t][b].d), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
     }
   }
   for (int t = 0; t < NT; ++t) out[t] = Reduce8(acc[t]);
 }
 
-template <typename Group>
+template <typename Group, typename Scale>
 void DotIqQ8(const void *row, int64_t block_bytes, const void *xq, int64_t xqs, int n_tok, int64_t n, Group &&group,
-             float *out) {
+             Scale &&scale, float *out) {
   ForTokens(n_tok, [&](auto nt) {
-    Q8Iq<decltype(nt)::value>(static_cast<const uint8_t *>(row), block_bytes, xq, xqs, n, group, out);
+    Q8Iq<decltype(nt)::value>(static_cast<const uint8_t *>(row), block_bytes, xq, xqs, n, group, scale, out);
   });
 }
 
+inline __m256i OneScale(int s) { return _mm256_set1_epi16(static_cast<int16_t>(s)); }
+inline __m256i TwoScales16(int lo, int hi) {  // elements 0..15, then 16..31
+  return _mm256_setr_epi16(lo, lo, lo, lo, lo, lo, lo, lo, hi, hi, hi, hi, hi, hi, hi, hi);
+}
+inline __m256i Signs4(const int8_t (*rows)[8], uint32_t i0, uint32_t i1, uint32_t i2, uint32_t i3) {
+  return Rows4(SignRow(rows[i0]), SignRow(rows[i1]), SignRow(rows[i2]), SignRow(rows[i3]));
+}
+// The scales of the formats: (0.5 + s) 0.25 = (2 s + 1) / 8 (IQ2), (0.5 + s) 0.5 = (2 s + 1) / 4
+// (IQ3_XXS), 1 + 2 s (IQ3_S), (2 s + 1) with the IQ1 weights' 1/8.
+inline float HalfAt(const uint8_t *p) { return LoadHalf(p); }
+
 void DotIQ2_XXSQ8(const Codec &, const void *row, const void *xq, int64_t xqs, int n_tok, int64_t n, float *out) {
-  DotIqQ8(row, 66, xq, xqs, n_tok, n, [](const uint8_t *p, int g, __m256i *u, __m256i *sg, __m256 *db) {
+  DotIqQ8(row, 66, xq, xqs, n_tok, n, [](const uint8_t *p, int g, __m256i *u, __m256i *sg, __m256i *sc) {
     const uint8_t *q8 = p + 2 + 8 * g;
     uint32_t aux;
     std::memcpy(&aux, q8 + 4, 4);
     *u = Rows4(kIq2xxs.v[q8[0]], kIq2xxs.v[q8[1]], kIq2xxs.v[q8[2]], kIq2xxs.v[q8[3]]);
-    *sg = Rows4(SignRow(kSigns.by_index[aux & 127]), SignRow(kSigns.by_index[(aux >> 7) & 127]),
-                SignRow(kSigns.by_index[(aux >> 14) & 127]), SignRow(kSigns.by_index[(aux >> 21) & 127]));
-    *db = _mm256_set1_ps(LoadHalf(p) * (0.5f + static_cast<float>(aux >> 28)) * 0.25f);
-  }, out);
+    *sg = Signs4(kSigns.by_index, aux & 127, (aux >> 7) & 127, (aux >> 14) & 127, (aux >> 21) & 127);
+    *sc = OneScale(2 * static_cast<int>(aux >> 28) + 1);
+  }, [](const uint8_t *p) { return HalfAt(p) * 0.125f; }, out);
 }
 
 void DotIQ2_XSQ8(const Codec &, const void *row, const void *xq, int64_t xqs, int n_tok, int64_t n, float *out) {
-  DotIqQ8(row, 74, xq, xqs, n_tok, n, [](const uint8_t *p, int g, __m256i *u, __m256i *sg, __m256 *db) {
+  DotIqQ8(row, 74, xq, xqs, n_tok, n, [](const uint8_t *p, int g, __m256i *u, __m256i *sg, __m256i *sc) {
     uint16_t q2[4];
     std::memcpy(q2, p + 2 + 8 * g, 8);
     *u = Rows4(kIq2xs.v[q2[0] & 511], kIq2xs.v[q2[1] & 511], kIq2xs.v[q2[2] & 511], kIq2xs.v[q2[3] & 511]);
-    *sg = Rows4(SignRow(kSigns.by_index[q2[0] >> 9]), SignRow(kSigns.by_index[q2[1] >> 9]),
-                SignRow(kSigns.by_index[q2[2] >> 9]), SignRow(kSigns.by_index[q2[3] >> 9]));
-    const float d = LoadHalf(p);
-    const uint8_t sc = p[66 + g];
-    *db = TwoScales(d * (0.5f + static_cast<float>(sc & 0x0f)) * 0.25f, d * (0.5f + static_cast<float>(sc >> 4)) * 0.25f);
-  }, out);
+    *sg = Signs4(kSigns.by_index, q2[0] >> 9, q2[1] >> 9, q2[2] >> 9, q2[3] >> 9);
+    const uint8_t s = p[66 + g];
+    *sc = TwoScales16(2 * (s & 0x0f) + 1, 2 * (s >> 4) + 1);
+  }, [](const uint8_t *p) { return HalfAt(p) * 0.125f; }, out);
 }
 
 void DotIQ2_SQ8(const Codec &, const void *row, const void *xq, int64_t xqs, int n_tok, int64_t n, float *out) {
-  DotIqQ8(row, 82, xq, xqs, n_tok, n, [](const uint8_t *p, int g, __m256i *u, __m256i *sg, __m256 *db) {
-    const uint8_t *qs = p + 2 + 4 * g, qh = p[66 + g];
-    const uint8_t *r[4];
-    for (int c = 0; c < 4; ++c) r[c] = kIq2s.v[qs[c] | (((qh >> (2 * c)) & 3u) << 8)];
-    *u = Rows4(r[0], r[1], r[2], r[3]);
-    const uint8_t *sb = p + 34 + 4 * g;
-    *sg = Rows4(SignRow(kSigns.by_byte[sb[0]]), SignRow(kSigns.by_byte[sb[1]]), SignRow(kSigns.by_byte[sb[2]]),
-                SignRow(kSigns.by_byte[sb[3]]));
-    const float d = LoadHalf(p);
-    const uint8_t sc = p[74 + g];
-    *db = TwoScales(d * (0.5f + static_cast<float>(sc & 0x0f)) * 0.25f, d * (0.5f + static_cast<float>(sc >> 4)) * 0.25f);
-  }, out);
+  DotIqQ8(row, 82, xq, xqs, n_tok, n, [](const uint8_t *p, int g, __m256i *u, __m256i *sg, __m256i *sc) {
+    const uint8_t *qs = p + 2 + 4 * g, qh = p[66 + g], *sb = p + 34 + 4 * g;
+    *u = Rows4(kIq2s.v[qs[0] | ((qh & 3u) << 8)], kIq2s.v[qs[1] | (((qh >> 2) & 3u) << 8)],
+               kIq2s.v[qs[2] | (((qh >> 4) & 3u) << 8)], kIq2s.v[qs[3] | (((qh >> 6) & 3u) << 8)]);
+    *sg = Signs4(kSigns.by_byte, sb[0], sb[1], sb[2], sb[3]);
+    const uint8_t s = p[74 + g];
+    *sc = TwoScales16(2 * (s & 0x0f) + 1, 2 * (s >> 4) + 1);
+  }, [](const uint8_t *p) { return HalfAt(p) * 0.125f; }, out);
 }
 
 void DotIQ3_XXSQ8(const Codec &, const void *row, const void *xq, int64_t xqs, int n_tok, int64_t n, float *out) {
-  DotIqQ8(row, 98, xq, xqs, n_tok, n, [](const uint8_t *p, int g, __m256i *u, __m256i *sg, __m256 *db) {
+  DotIqQ8(row, 98, xq, xqs, n_tok, n, [](const uint8_t *p, int g, __m256i *u, __m256i *sg, __m256i *sc) {
     const uint8_t *qs = p + 2 + 8 * g;
     const uint8_t *r[8];
     for (int i = 0; i < 8; ++i) r[i] = kIq3xxs.v[qs[i]];
     *u = Rows8x4(r);
     uint32_t aux;
     std::memcpy(&aux, p + 66 + 4 * g, 4);
-    *sg = Rows4(SignRow(kSigns.by_index[aux & 127]), SignRow(kSigns.by_index[(aux >> 7) & 127]),
-                SignRow(kSigns.by_index[(aux >> 14) & 127]), SignRow(kSigns.by_index[(aux >> 21) & 127]));
-    *db = _mm256_set1_ps(LoadHalf(p) * (0.5f + static_cast<float>(aux >> 28)) * 0.5f);
-  }, out);
+    *sg = Signs4(kSigns.by_index, aux & 127, (aux >> 7) & 127, (aux >> 14) & 127, (aux >> 21) & 127);
+    *sc = OneScale(2 * static_cast<int>(aux >> 28) + 1);
+  }, [](const uint8_t *p) { return HalfAt(p) * 0.25f; }, out);
 }
 
 void DotIQ3_SQ8(const Codec &, const void *row, const void *xq, int64_t xqs, int n_tok, int64_t n, float *out) {
-  DotIqQ8(row, 110, xq, xqs, n_tok, n, [](const uint8_t *p, int g, __m256i *u, __m256i *sg, __m256 *db) {
-    const uint8_t *qs = p + 2 + 8 * g, qh = p[66 + g];
+  DotIqQ8(row, 110, xq, xqs, n_tok, n, [](const uint8_t *p, int g, __m256i *u, __m256i *sg, __m256i *sc) {
+    const uint8_t *qs = p + 2 + 8 * g, qh = p[66 + g], *sb = p + 74 + 4 * g;
     const uint8_t *r[8];
     for (int i = 0; i < 8; ++i) r[i] = kIq3s.v[qs[i] | (((qh >> i) & 1u) << 8)];
     *u = Rows8x4(r);
-    const uint8_t *sb = p + 74 + 4 * g;
-    *sg = Rows4(SignRow(kSigns.by_byte[sb[0]]), SignRow(kSigns.by_byte[sb[1]]), SignRow(kSigns.by_byte[sb[2]]),
-                SignRow(kSigns.by_byte[sb[3]]));
-    const int s = (p[106 + g / 2] >> (4 * (g % 2))) & 0x0f;
-    *db = _mm256_set1_ps(LoadHalf(p) * static_cast<float>(1 + 2 * s));
-  }, out);
+    *sg = Signs4(kSigns.by_byte, sb[0], sb[1], sb[2], sb[3]);
+    *sc = OneScale(1 + 2 * ((p[106 + g / 2] >> (4 * (g % 2))) & 0x0f));
+  }, [](const uint8_t *p) { return HalfAt(p); }, out);
 }
 
 // IQ1: (g + delta) = (8 g +- 1) / 8 with g in {-1, 0, 1}: integer weights of magnitude <= 9, never
-// 0, so u = |w| and the signs are w's own; db carries the 1/8.
+// 0, so u = |w| and the signs are w's own; the scale carries the 1/8.
 inline __m256i Iq1Weights(const uint8_t *const *r, __m256i delta_sign) {
   __m256i g = Rows4(r[0], r[1], r[2], r[3]);
   g = _mm256_add_epi8(g, g);
@@ -1414,7 +1422,7 @@ inline __m256i Iq1Weights(const uint8_t *const *r, __m256i delta_sign) {
 }
 
 void DotIQ1_SQ8(const Codec &, const void *row, const void *xq, int64_t xqs, int n_tok, int64_t n, float *out) {
-  DotIqQ8(row, 50, xq, xqs, n_tok, n, [](const uint8_t *p, int g, __m256i *u, __m256i *sg, __m256 *db) {
+  DotIqQ8(row, 50, xq, xqs, n_tok, n, [](const uint8_t *p, int g, __m256i *u, __m256i *sg, __m256i *sc) {
     uint16_t qh;
     std::memcpy(&qh, p + 34 + 2 * g, 2);
     const uint8_t *qs = p + 2 + 4 * g;
@@ -1423,19 +1431,25 @@ void DotIQ1_SQ8(const Codec &, const void *row, const void *xq, int64_t xqs, int
     const __m256i w = Iq1Weights(r, _mm256_set1_epi8((qh & 0x8000) == 0 ? 1 : -1));
     *u = _mm256_abs_epi8(w);
     *sg = w;
-    *db = _mm256_set1_ps(LoadHalf(p) * static_cast<float>(2 * ((qh >> 12) & 7) + 1) * 0.125f);
-  }, out);
+    *sc = OneScale(2 * ((qh >> 12) & 7) + 1);
+  }, [](const uint8_t *p) { return HalfAt(p) * 0.125f; }, out);
+}
+
+// IQ1_M's d, from the top nibbles of its four u16 scales.
+inline float Iq1mScale(const uint8_t *p) {
+  uint16_t sc[4];
+  std::memcpy(sc, p + 48, 8);
+  const uint16_t dh =
+      static_cast<uint16_t>((sc[0] >> 12) | ((sc[1] >> 8) & 0x00f0) | ((sc[2] >> 4) & 0x0f00) | (sc[3] & 0xf000));
+  uint8_t h[2];
+  std::memcpy(h, &dh, 2);
+  return LoadHalf(h);
 }
 
 void DotIQ1_MQ8(const Codec &, const void *row, const void *xq, int64_t xqs, int n_tok, int64_t n, float *out) {
-  DotIqQ8(row, 56, xq, xqs, n_tok, n, [](const uint8_t *p, int g, __m256i *u, __m256i *sg, __m256 *db) {
-    uint16_t sc[4];
-    std::memcpy(sc, p + 48, 8);
-    const uint16_t dh =
-        static_cast<uint16_t>((sc[0] >> 12) | ((sc[1] >> 8) & 0x00f0) | ((sc[2] >> 4) & 0x0f00) | (sc[3] & 0xf000));
-    uint8_t dh2[2];
-    std::memcpy(dh2, &dh, 2);
-    const float d = LoadHalf(dh2);
+  DotIqQ8(row, 56, xq, xqs, n_tok, n, [](const uint8_t *p, int g, __m256i *u, __m256i *sg, __m256i *sc) {
+    uint16_t scales[4];
+    std::memcpy(scales, p + 48, 8);
     const uint8_t *r[4];
     int64_t sign[4];
     for (int c = 0; c < 4; ++c) {
@@ -1448,9 +1462,8 @@ void DotIQ1_MQ8(const Codec &, const void *row, const void *xq, int64_t xqs, int
     *u = _mm256_abs_epi8(w);
     *sg = w;
     const int k0 = 2 * g, k1 = 2 * g + 1;
-    *db = TwoScales(d * static_cast<float>(2 * ((sc[k0 / 4] >> (3 * (k0 % 4))) & 7) + 1) * 0.125f,
-                    d * static_cast<float>(2 * ((sc[k1 / 4] >> (3 * (k1 % 4))) & 7) + 1) * 0.125f);
-  }, out);
+    *sc = TwoScales16(2 * ((scales[k0 / 4] >> (3 * (k0 % 4))) & 7) + 1, 2 * ((scales[k1 / 4] >> (3 * (k1 % 4))) & 7) + 1);
+  }, [](const uint8_t *p) { return Iq1mScale(p) * 0.125f; }, out);
 }
 
 }  // namespace
