@@ -225,26 +225,9 @@ void DequantizeIQ1_M(const void *src, float *dst, int64_t n) {
 }
 #undef STRATA_IQ_GRID
 
-float DotIQ2_XXS(const void *row, const float *x, int64_t n) {
-  return internal::DotViaDequantize(&DequantizeIQ2_XXS, kIqElems, 66, row, x, n);
-}
-float DotIQ2_XS(const void *row, const float *x, int64_t n) {
-  return internal::DotViaDequantize(&DequantizeIQ2_XS, kIqElems, 74, row, x, n);
-}
-float DotIQ2_S(const void *row, const float *x, int64_t n) {
-  return internal::DotViaDequantize(&DequantizeIQ2_S, kIqElems, 82, row, x, n);
-}
-float DotIQ3_XXS(const void *row, const float *x, int64_t n) {
-  return internal::DotViaDequantize(&DequantizeIQ3_XXS, kIqElems, 98, row, x, n);
-}
-float DotIQ3_S(const void *row, const float *x, int64_t n) {
-  return internal::DotViaDequantize(&DequantizeIQ3_S, kIqElems, 110, row, x, n);
-}
-float DotIQ1_S(const void *row, const float *x, int64_t n) {
-  return internal::DotViaDequantize(&DequantizeIQ1_S, kIqElems, 50, row, x, n);
-}
-float DotIQ1_M(const void *row, const float *x, int64_t n) {
-  return internal::DotViaDequantize(&DequantizeIQ1_M, kIqElems, 56, row, x, n);
+template <void (*Dequantize)(const void *, float *, int64_t), int64_t kBytes>
+float DotIq(const void *row, const float *x, int64_t n) {
+  return internal::DotViaDequantize(Dequantize, kIqElems, kBytes, row, x, n);
 }
 
 float DotIQ4_NL(const void *row, const float *x, int64_t n) {
@@ -261,13 +244,20 @@ const Codec kCodecIQ4_NL = {TypeId::kIQ4_NL, "IQ4_NL", kNlElems, kNlBytes,
                             &DequantizeIQ4_NL, nullptr, &DotIQ4_NL};
 const Codec kCodecIQ4_XS = {TypeId::kIQ4_XS, "IQ4_XS", kXsElems, kXsBytes,
                             &DequantizeIQ4_XS, nullptr, &DotIQ4_XS};
-const Codec kCodecIQ2_XXS = {TypeId::kIQ2_XXS, "IQ2_XXS", kIqElems, 66, &DequantizeIQ2_XXS, nullptr, &DotIQ2_XXS};
-const Codec kCodecIQ2_XS = {TypeId::kIQ2_XS, "IQ2_XS", kIqElems, 74, &DequantizeIQ2_XS, nullptr, &DotIQ2_XS};
-const Codec kCodecIQ2_S = {TypeId::kIQ2_S, "IQ2_S", kIqElems, 82, &DequantizeIQ2_S, nullptr, &DotIQ2_S};
-const Codec kCodecIQ3_XXS = {TypeId::kIQ3_XXS, "IQ3_XXS", kIqElems, 98, &DequantizeIQ3_XXS, nullptr, &DotIQ3_XXS};
-const Codec kCodecIQ3_S = {TypeId::kIQ3_S, "IQ3_S", kIqElems, 110, &DequantizeIQ3_S, nullptr, &DotIQ3_S};
-const Codec kCodecIQ1_S = {TypeId::kIQ1_S, "IQ1_S", kIqElems, 50, &DequantizeIQ1_S, nullptr, &DotIQ1_S};
-const Codec kCodecIQ1_M = {TypeId::kIQ1_M, "IQ1_M", kIqElems, 56, &DequantizeIQ1_M, nullptr, &DotIQ1_M};
+const Codec kCodecIQ2_XXS = {TypeId::kIQ2_XXS, "IQ2_XXS", kIqElems, 66, &DequantizeIQ2_XXS, nullptr,
+                             &DotIq<&DequantizeIQ2_XXS, 66>};
+const Codec kCodecIQ2_XS = {TypeId::kIQ2_XS, "IQ2_XS", kIqElems, 74, &DequantizeIQ2_XS, nullptr,
+                             &DotIq<&DequantizeIQ2_XS, 74>};
+const Codec kCodecIQ2_S = {TypeId::kIQ2_S, "IQ2_S", kIqElems, 82, &DequantizeIQ2_S, nullptr,
+                             &DotIq<&DequantizeIQ2_S, 82>};
+const Codec kCodecIQ3_XXS = {TypeId::kIQ3_XXS, "IQ3_XXS", kIqElems, 98, &DequantizeIQ3_XXS, nullptr,
+                             &DotIq<&DequantizeIQ3_XXS, 98>};
+const Codec kCodecIQ3_S = {TypeId::kIQ3_S, "IQ3_S", kIqElems, 110, &DequantizeIQ3_S, nullptr,
+                             &DotIq<&DequantizeIQ3_S, 110>};
+const Codec kCodecIQ1_S = {TypeId::kIQ1_S, "IQ1_S", kIqElems, 50, &DequantizeIQ1_S, nullptr,
+                             &DotIq<&DequantizeIQ1_S, 50>};
+const Codec kCodecIQ1_M = {TypeId::kIQ1_M, "IQ1_M", kIqElems, 56, &DequantizeIQ1_M, nullptr,
+                             &DotIq<&DequantizeIQ1_M, 56>};
 }  // namespace internal
 
 }  // namespace strata::quant
