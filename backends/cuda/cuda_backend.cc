@@ -489,13 +489,15 @@ absl::Status CudaBackend::MapHostMemory(const uint8_t *p, size_t bytes) {
   if (p == nullptr || bytes == 0) return Errorf(MOE_ERR_INVALID_ARGUMENT, "mapping %zu bytes at %p", bytes, p);
   for (const model::LayerWeights &L : w_->layers) {
     for (const model::ExpertWeights &e : L.experts) {
+      // A streamed expert's bias vectors are the cache's copies, which the device does not hold.
+      const bool biased = e.gate_bias.tensor != nullptr || e.up_bias.tensor != nullptr || e.down_bias.tensor != nullptr;
       for (const model::Matrix *m : {&e.gate, &e.up, &e.down}) {
-        if (m->tensor != nullptr && (e.input_major || NeedsConversion(*m))) {
+        if (m->tensor != nullptr && (e.input_major || biased || NeedsConversion(*m))) {
           return Errorf(MOE_ERR_UNSUPPORTED_BACKEND,
-                        "the CUDA backend reads streamed experts where they lie, which %s (%s, %lld x %lld) does "
+                        "the CUDA backend reads streamed experts where they lie, which %s (%s, %lld x %lld%s) does "
                         "not allow",
                         m->name, std::string(quant::TypeName(static_cast<uint32_t>(m->codec->id))),
-                        static_cast<long long>(m->rows), static_cast<long long>(m->cols));
+                        static_cast<long long>(m->rows), static_cast<long long>(m->cols), biased ? ", biased" : "");
         }
       }
     }
