@@ -227,6 +227,8 @@ def main():
     ap.add_argument("--warmup", type=int, default=0,
                     help="both engines first run a round of other ids with this many decode steps, then the "
                          "timed one (a warm context: its first steps' one-time costs fall in the warm-up)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="runs of each Strata mode, alternating their order; the median run is reported")
     ap.add_argument("--ram-budget", default="60G")
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--llama-lib", default="", help="directory of libllama.so (default: the package's)")
@@ -244,7 +246,7 @@ def main():
     # Both paths read the host's RAM: together they get what its memory gives, not the sum.
     both = min(h2d + host, shared) if shared else h2d + host
     other, expert, n_layer, n_expert, k = model_bytes(a.strata, a.model)
-    res = {"model": a.model, "warmup_steps": a.warmup, "h2d_bytes_s": h2d, "d2d_bytes_s": d2d, "host_read_bytes_s": host,
+    res = {"model": a.model, "warmup_steps": a.warmup, "rounds": a.rounds, "h2d_bytes_s": h2d, "d2d_bytes_s": d2d, "host_read_bytes_s": host,
            "host_shared_bytes_s": shared, "expert_bytes": expert, "token_bytes": other + n_layer * k * expert,
            "runs": []}
     shared_text = f", both at once {shared / 1e9:.1f}" if shared else ""
@@ -255,8 +257,18 @@ def main():
     for b in a.budgets.split(","):
         budget = size_of(b)
         run = {"budget": b, "modes": {}}
-        for mode in a.cpu_experts.split(","):
-            s = run_strata(a.strata, a.model, budget, a.prefill, a.decode, a.ram_budget, mode, a.threads, a.warmup)
+        modes = a.cpu_experts.split(",")
+        # --rounds N: the modes alternate N times (a machine's first runs can be slower, and one mode
+        # must not always take them); each mode reports its median run, with every run's rate.
+        runs = {mode: [] for mode in modes}
+        for r in range(a.rounds):
+            for mode in (modes if r % 2 == 0 else list(reversed(modes))):
+                runs[mode].append(run_strata(a.strata, a.model, budget, a.prefill, a.decode, a.ram_budget, mode,
+                                             a.threads, a.warmup))
+        for mode in modes:
+            ordered = sorted(runs[mode], key=lambda x: x["decode_tok_s"])
+            s = ordered[(len(ordered) - 1) // 2]
+            s["rounds_decode_tok_s"] = [x["decode_tok_s"] for x in runs[mode]]
             st = s["stats"]
             link = s["decode_link_bytes_per_token"]
             cpu_bytes = st.get("vram_cpu_experts", 0) * expert / max(1, a.decode)
@@ -303,6 +315,11 @@ def main():
                   f"{(l['decode_tok_s'] if l else float('nan')):>10.2f} {(l['n_cpu_moe'] if l else -1):>9} "
                   f"{(l['prefill_tok_s'] if l else float('nan')):>10.1f} {vs:>9} {steady:>8.1f} {l_steady:>13.1f} "
                   f"{vs_steady:>9}")
+    if a.rounds > 1:
+        for r in res["runs"]:
+            for mode, m in r["modes"].items():
+                rates = " / ".join(f"{x:.1f}" for x in m["strata"]["rounds_decode_tok_s"])
+                print(f"{r['budget']} {mode}: decode tok/s of the {a.rounds} rounds {rates} (the median reported)")
     if a.json_out:
         with open(a.json_out, "w") as f:
             json.dump(res, f, indent=1)
