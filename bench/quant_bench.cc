@@ -249,16 +249,7 @@ std::vector<uint8_t> RandomRow(const Codec &c, std::mt19937 &rng) {
       case TypeId::kQ5_K: PutHalf(p, scale(rng) * 0.1f); PutHalf(p + 2, scale(rng) * 0.1f); break;
       case TypeId::kQ6_K: PutHalf(p + 208, scale(rng) * 0.1f); break;
       case TypeId::kMXFP4: p[0] = static_cast<uint8_t>(118 + byte(rng) % 12); break;
-      case TypeId::kIQ1_M: {  // the f16 d in the top nibbles of the four u16 scales at byte 48
-        const uint16_t h = strata::quant::FloatToHalf(scale(rng) * 0.01f);
-        for (int k = 0; k < 4; ++k) {
-          uint16_t sc;
-          std::memcpy(&sc, p + 48 + 2 * k, 2);
-          sc = static_cast<uint16_t>((sc & 0x0fff) | (((h >> (4 * k)) & 0xf) << 12));
-          std::memcpy(p + 48 + 2 * k, &sc, 2);
-        }
-        break;
-      }
+      case TypeId::kIQ1_M: strata::quant::SetIQ1_MScaleBits(p, strata::quant::FloatToHalf(scale(rng) * 0.01f)); break;
       default: PutHalf(p, scale(rng)); break;
     }
   }

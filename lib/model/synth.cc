@@ -92,15 +92,10 @@ bool DrawnBlocks(TypeId t) {
 // Writes the f16 block scale h into a drawn block: its first two bytes, or for IQ1_M the top
 // nibbles of its four u16 scales at byte 48.
 void SetBlockScale(TypeId t, uint8_t *block, uint16_t h) {
-  if (t != TypeId::kIQ1_M) {
+  if (t == TypeId::kIQ1_M) {
+    quant::SetIQ1_MScaleBits(block, h);
+  } else {
     std::memcpy(block, &h, 2);
-    return;
-  }
-  for (int k = 0; k < 4; ++k) {
-    uint16_t sc;
-    std::memcpy(&sc, block + 48 + 2 * k, 2);
-    sc = static_cast<uint16_t>((sc & 0x0fff) | (((h >> (4 * k)) & 0xf) << 12));
-    std::memcpy(block + 48 + 2 * k, &sc, 2);
   }
 }
 

@@ -89,6 +89,10 @@ absl::StatusOr<uint64_t> RowBytes(uint32_t type_id, int64_t n);
 float HalfToFloat(uint16_t h);
 uint16_t FloatToHalf(float f);  // round to nearest even, as numpy's float16 cast
 float Bf16ToFloat(uint16_t b);
+// IQ1_M keeps its block's f16 scale d in the top nibbles of the four u16 scales at byte 48 (the
+// first scale's lowest): read from and written into a 56-byte block.
+uint16_t IQ1_MScaleBits(const uint8_t *block);
+void SetIQ1_MScaleBits(uint8_t *block, uint16_t h);
 uint16_t FloatToBf16(float f);  // round to nearest even
 
 }  // namespace strata::quant

@@ -5,6 +5,7 @@
 // Dequantization follows the gguf Python package in float32, operation for operation, so it is
 // bit-identical to it.
 #include <cstdint>
+#include <cstring>
 
 #include "lib/quant/codec.h"
 #include "lib/quant/codec_impl.h"
@@ -209,9 +210,7 @@ void DequantizeIQ1_M(const void *src, float *dst, int64_t n) {
     const uint8_t *qs = b, *qh = b + 32;
     uint16_t sc[4];
     for (int k = 0; k < 4; ++k) sc[k] = LoadU16(b + 48 + 2 * k);
-    const uint16_t dh = static_cast<uint16_t>((sc[0] >> 12) | ((sc[1] >> 8) & 0x00f0) | ((sc[2] >> 4) & 0x0f00) |
-                                              (sc[3] & 0xf000));
-    const float d = HalfToFloat(dh);
+    const float d = HalfToFloat(IQ1_MScaleBits(b));
     for (int e = 0; e < 32; ++e) {
       const int nib = (qh[e / 2] >> (4 * (e % 2))) & 0x0f;
       const uint32_t r = qs[e] | (static_cast<uint32_t>(nib & 7) << 8);
@@ -238,6 +237,19 @@ float DotIQ4_XS(const void *row, const float *x, int64_t n) {
 }
 
 }  // namespace
+
+uint16_t IQ1_MScaleBits(const uint8_t *block) {
+  uint16_t h = 0;
+  for (int k = 0; k < 4; ++k) h = static_cast<uint16_t>(h | ((LoadU16(block + 48 + 2 * k) >> 12) << (4 * k)));
+  return h;
+}
+
+void SetIQ1_MScaleBits(uint8_t *block, uint16_t h) {
+  for (int k = 0; k < 4; ++k) {
+    const uint16_t sc = static_cast<uint16_t>((LoadU16(block + 48 + 2 * k) & 0x0fff) | (((h >> (4 * k)) & 0xf) << 12));
+    std::memcpy(block + 48 + 2 * k, &sc, 2);
+  }
+}
 
 namespace internal {
 const Codec kCodecIQ4_NL = {TypeId::kIQ4_NL, "IQ4_NL", kNlElems, kNlBytes,

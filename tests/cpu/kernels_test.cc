@@ -77,16 +77,7 @@ std::vector<uint8_t> RandomRow(const Codec &c, int64_t n, std::mt19937 &rng) {
       case TypeId::kQ5_K: PutHalf(p, scale(rng) * 0.1f); PutHalf(p + 2, scale(rng) * 0.1f); break;
       case TypeId::kQ6_K: PutHalf(p + 208, scale(rng) * 0.1f); break;
       case TypeId::kMXFP4: p[0] = static_cast<uint8_t>(118 + byte(rng) % 12); break;
-      case TypeId::kIQ1_M: {  // the f16 d in the top nibbles of the four u16 scales at byte 48
-        const uint16_t h = quant::FloatToHalf((byte(rng) & 1 ? 1 : -1) * scale(rng));
-        for (int k = 0; k < 4; ++k) {
-          uint16_t sc;
-          std::memcpy(&sc, p + 48 + 2 * k, 2);
-          sc = static_cast<uint16_t>((sc & 0x0fff) | (((h >> (4 * k)) & 0xf) << 12));
-          std::memcpy(p + 48 + 2 * k, &sc, 2);
-        }
-        break;
-      }
+      case TypeId::kIQ1_M: quant::SetIQ1_MScaleBits(p, quant::FloatToHalf((byte(rng) & 1 ? 1 : -1) * scale(rng))); break;
       default: PutHalf(p, (byte(rng) & 1 ? 1 : -1) * scale(rng)); break;  // Q4_0/Q5_0/Q8_0/IQ4_*
     }
   }

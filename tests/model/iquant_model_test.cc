@@ -31,15 +31,10 @@ std::vector<uint8_t> RandomBlocks(const strata::quant::Codec &c, int64_t n, std:
   for (auto &x : b) x = static_cast<uint8_t>(rng());
   for (size_t at = 0; at < b.size(); at += static_cast<size_t>(c.block_bytes)) {
     const uint16_t h = strata::quant::FloatToHalf((rng() & 1 ? 1.f : -1.f) * scale(rng));
-    if (c.id != TypeId::kIQ1_M) {
+    if (c.id == TypeId::kIQ1_M) {
+      strata::quant::SetIQ1_MScaleBits(&b[at], h);
+    } else {
       std::memcpy(&b[at], &h, 2);
-      continue;
-    }
-    for (int k = 0; k < 4; ++k) {
-      uint16_t sc;
-      std::memcpy(&sc, &b[at + 48 + 2 * k], 2);
-      sc = static_cast<uint16_t>((sc & 0x0fff) | (((h >> (4 * k)) & 0xf) << 12));
-      std::memcpy(&b[at + 48 + 2 * k], &sc, 2);
     }
   }
   return b;

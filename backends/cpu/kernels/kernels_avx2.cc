@@ -528,11 +528,7 @@ void DequantIQ1_M(const uint8_t *b, float *w) {
   const uint8_t *qs = b, *qh = b + 32;
   uint16_t sc[4];
   std::memcpy(sc, b + 48, 8);
-  const uint16_t dh =
-      static_cast<uint16_t>((sc[0] >> 12) | ((sc[1] >> 8) & 0x00f0) | ((sc[2] >> 4) & 0x0f00) | (sc[3] & 0xf000));
-  uint8_t dh2[2];
-  std::memcpy(dh2, &dh, 2);
-  const float d = LoadHalf(dh2);
+  const float d = quant::HalfToFloat(quant::IQ1_MScaleBits(b));
   for (int e = 0; e < 32; ++e) {
     const int nib = (qh[e / 2] >> (4 * (e % 2))) & 0x0f;
     const int k = e / 2;
@@ -1350,10 +1346,9 @@ inline __m256i TwoScales16(int lo, int hi) {  // elements 0..15, then 16..31
 inline __m256i Signs4(const int8_t (*rows)[8], uint32_t i0, uint32_t i1, uint32_t i2, uint32_t i3) {
   return Rows4(SignRow(rows[i0]), SignRow(rows[i1]), SignRow(rows[i2]), SignRow(rows[i3]));
 }
-// The scales of the formats: (0.5 + s) 0.25 = (2 s + 1) / 8 (IQ2), (0.5 + s) 0.5 = (2 s + 1) / 4
-// (IQ3_XXS), 1 + 2 s (IQ3_S), (2 s + 1) with the IQ1 weights' 1/8.
-inline float HalfAt(const uint8_t *p) { return LoadHalf(p); }
 
+// The formats' scales as integers: (0.5 + s) 0.25 = (2 s + 1) / 8 (IQ2), (0.5 + s) 0.5 = (2 s + 1) / 4
+// (IQ3_XXS), 1 + 2 s (IQ3_S), 2 s + 1 with the IQ1 weights' 1/8; the constant goes in Scale.
 void DotIQ2_XXSQ8(const Codec &, const void *row, const void *xq, int64_t xqs, int n_tok, int64_t n, float *out) {
   DotIqQ8(row, 66, xq, xqs, n_tok, n, [](const uint8_t *p, int g, __m256i *u, __m256i *sg, __m256i *sc) {
     const uint8_t *q8 = p + 2 + 8 * g;
@@ -1362,7 +1357,7 @@ void DotIQ2_XXSQ8(const Codec &, const void *row, const void *xq, int64_t xqs, i
     *u = Rows4(kIq2xxs.v[q8[0]], kIq2xxs.v[q8[1]], kIq2xxs.v[q8[2]], kIq2xxs.v[q8[3]]);
     *sg = Signs4(kSigns.by_index, aux & 127, (aux >> 7) & 127, (aux >> 14) & 127, (aux >> 21) & 127);
     *sc = OneScale(2 * static_cast<int>(aux >> 28) + 1);
-  }, [](const uint8_t *p) { return HalfAt(p) * 0.125f; }, out);
+  }, [](const uint8_t *p) { return LoadHalf(p) * 0.125f; }, out);
 }
 
 void DotIQ2_XSQ8(const Codec &, const void *row, const void *xq, int64_t xqs, int n_tok, int64_t n, float *out) {
@@ -1373,7 +1368,7 @@ void DotIQ2_XSQ8(const Codec &, const void *row, const void *xq, int64_t xqs, in
     *sg = Signs4(kSigns.by_index, q2[0] >> 9, q2[1] >> 9, q2[2] >> 9, q2[3] >> 9);
     const uint8_t s = p[66 + g];
     *sc = TwoScales16(2 * (s & 0x0f) + 1, 2 * (s >> 4) + 1);
-  }, [](const uint8_t *p) { return HalfAt(p) * 0.125f; }, out);
+  }, [](const uint8_t *p) { return LoadHalf(p) * 0.125f; }, out);
 }
 
 void DotIQ2_SQ8(const Codec &, const void *row, const void *xq, int64_t xqs, int n_tok, int64_t n, float *out) {
@@ -1384,7 +1379,7 @@ void DotIQ2_SQ8(const Codec &, const void *row, const void *xq, int64_t xqs, int
     *sg = Signs4(kSigns.by_byte, sb[0], sb[1], sb[2], sb[3]);
     const uint8_t s = p[74 + g];
     *sc = TwoScales16(2 * (s & 0x0f) + 1, 2 * (s >> 4) + 1);
-  }, [](const uint8_t *p) { return HalfAt(p) * 0.125f; }, out);
+  }, [](const uint8_t *p) { return LoadHalf(p) * 0.125f; }, out);
 }
 
 void DotIQ3_XXSQ8(const Codec &, const void *row, const void *xq, int64_t xqs, int n_tok, int64_t n, float *out) {
@@ -1397,7 +1392,7 @@ void DotIQ3_XXSQ8(const Codec &, const void *row, const void *xq, int64_t xqs, i
     std::memcpy(&aux, p + 66 + 4 * g, 4);
     *sg = Signs4(kSigns.by_index, aux & 127, (aux >> 7) & 127, (aux >> 14) & 127, (aux >> 21) & 127);
     *sc = OneScale(2 * static_cast<int>(aux >> 28) + 1);
-  }, [](const uint8_t *p) { return HalfAt(p) * 0.25f; }, out);
+  }, [](const uint8_t *p) { return LoadHalf(p) * 0.25f; }, out);
 }
 
 void DotIQ3_SQ8(const Codec &, const void *row, const void *xq, int64_t xqs, int n_tok, int64_t n, float *out) {
@@ -1408,7 +1403,7 @@ void DotIQ3_SQ8(const Codec &, const void *row, const void *xq, int64_t xqs, int
     *u = Rows8x4(r);
     *sg = Signs4(kSigns.by_byte, sb[0], sb[1], sb[2], sb[3]);
     *sc = OneScale(1 + 2 * ((p[106 + g / 2] >> (4 * (g % 2))) & 0x0f));
-  }, [](const uint8_t *p) { return HalfAt(p); }, out);
+  }, [](const uint8_t *p) { return LoadHalf(p); }, out);
 }
 
 // IQ1: (g + delta) = (8 g +- 1) / 8 with g in {-1, 0, 1}: integer weights of magnitude <= 9, never
@@ -1432,18 +1427,7 @@ void DotIQ1_SQ8(const Codec &, const void *row, const void *xq, int64_t xqs, int
     *u = _mm256_abs_epi8(w);
     *sg = w;
     *sc = OneScale(2 * ((qh >> 12) & 7) + 1);
-  }, [](const uint8_t *p) { return HalfAt(p) * 0.125f; }, out);
-}
-
-// IQ1_M's d, from the top nibbles of its four u16 scales.
-inline float Iq1mScale(const uint8_t *p) {
-  uint16_t sc[4];
-  std::memcpy(sc, p + 48, 8);
-  const uint16_t dh =
-      static_cast<uint16_t>((sc[0] >> 12) | ((sc[1] >> 8) & 0x00f0) | ((sc[2] >> 4) & 0x0f00) | (sc[3] & 0xf000));
-  uint8_t h[2];
-  std::memcpy(h, &dh, 2);
-  return LoadHalf(h);
+  }, [](const uint8_t *p) { return LoadHalf(p) * 0.125f; }, out);
 }
 
 void DotIQ1_MQ8(const Codec &, const void *row, const void *xq, int64_t xqs, int n_tok, int64_t n, float *out) {
@@ -1463,7 +1447,7 @@ void DotIQ1_MQ8(const Codec &, const void *row, const void *xq, int64_t xqs, int
     *sg = w;
     const int k0 = 2 * g, k1 = 2 * g + 1;
     *sc = TwoScales16(2 * ((scales[k0 / 4] >> (3 * (k0 % 4))) & 7) + 1, 2 * ((scales[k1 / 4] >> (3 * (k1 % 4))) & 7) + 1);
-  }, [](const uint8_t *p) { return Iq1mScale(p) * 0.125f; }, out);
+  }, [](const uint8_t *p) { return quant::HalfToFloat(quant::IQ1_MScaleBits(p)) * 0.125f; }, out);
 }
 
 }  // namespace
