@@ -100,8 +100,7 @@ class Planner {
     // Already in the type wanted: its bytes go over unchanged. Decoding and encoding them again
     // would move weights another quantizer chose (llama.cpp's with an importance matrix, say).
     if (static_cast<uint32_t>(j.type) == j.src_type && permute_head_dim == 0) {
-      const quant::Codec &c = CodecFor(j.type);
-      j.raw_bytes = static_cast<uint64_t>(m.rows) * static_cast<uint64_t>(m.cols / c.block_elems) * c.block_bytes;
+      j.raw_bytes = quant::RowBytes(j.src_type, m.cols).value_or(0) * static_cast<uint64_t>(m.rows);
     }
     Mark(m.tensor);
     jobs_.push_back(std::move(j));

@@ -237,7 +237,6 @@ absl::StatusOr<std::unique_ptr<Context>> Context::Open(const ContextOptions &o) 
         }
       }
       STRATA_RETURN_IF_ERROR(ctx->backend_->MapHostMemory(ctx->cache_->slab(), ctx->cache_->slab_bytes()));
-      ctx->mapped_cache_ = true;
     }
 #endif
   }
@@ -251,8 +250,9 @@ absl::StatusOr<std::unique_ptr<Context>> Context::Open(const ContextOptions &o) 
 }
 
 Context::~Context() {
-  // The cache goes before the backend: the backend lets go of its slab first.
-  if (mapped_cache_) backend_->UnmapHostMemory(cache_->slab());
+  // The cache goes before the backend: a backend that maps its slab lets go of it first (a no-op
+  // for the others).
+  if (cache_ != nullptr && backend_ != nullptr) backend_->UnmapHostMemory(cache_->slab());
 }
 
 absl::StatusOr<Session *> Context::OpenSession(const SessionOptions &o) {

@@ -240,7 +240,6 @@ class Context {
   std::string chat_template_;
   std::unique_ptr<store::ExpertTable> table_;
   std::unique_ptr<store::ExpertCache> cache_;  // after backend_: destroyed first
-  bool mapped_cache_ = false;  // the backend reads cache_'s slab where it lies (MapHostMemory)
   uint64_t resident_hits_ = 0;                  // expert uses when nothing streams
   std::vector<uint64_t> expert_counts_;         // selections per (layer, expert)
   std::vector<uint64_t> resident_layer_hits_;
