@@ -1,9 +1,12 @@
 #include "backends/cuda/cold_copier.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string>
+#include <vector>
 
 #include "backends/cuda/cuda_status.h"
 #include "lib/util/thread_pool.h"
@@ -103,6 +106,26 @@ ColdCopier::~ColdCopier() {
                    issue_us_ / served, serve_us_ / served, at0 * 1e3, slope > 0 ? 1.0 / slope : 0.0, number_ms_ * 1e3 / served,
                    write_value_ ? "written by the stream" : "copied");
     }
+    if (idle_ms_ > 0) {
+      // The layers the link waited longest before, in order of that wait.
+      std::vector<int> order;
+      for (int l = 0; l < kIdleLayers; ++l) {
+        if (idle_layer_ms_[l] > 0) order.push_back(l);
+      }
+      std::sort(order.begin(), order.end(), [&](int a, int b) { return idle_layer_ms_[a] > idle_layer_ms_[b]; });
+      std::string top;
+      for (size_t j = 0; j < order.size() && j < 6; ++j) {
+        char buf[48];
+        std::snprintf(buf, sizeof buf, "%s%d %.1f", j > 0 ? ", " : "", order[j], idle_layer_ms_[order[j]]);
+        top += buf;
+      }
+      std::fprintf(stderr,
+                   "expert copies: idle before a layer's own requests %.1f ms (%llu), before predictions %.1f ms "
+                   "(%llu), before a step's first request %.1f ms (%llu); by layer (ms): %s\n",
+                   idle_kind_ms_[1], static_cast<unsigned long long>(idle_kind_n_[1]), idle_kind_ms_[0],
+                   static_cast<unsigned long long>(idle_kind_n_[0]), idle_start_ms_,
+                   static_cast<unsigned long long>(idle_start_n_), top.c_str());
+    }
     if (traced_copies_ > 0) {
       std::fprintf(stderr, "expert copies: %llu copies for %llu matrices (%s)\n",
                    static_cast<unsigned long long>(traced_copies_), static_cast<unsigned long long>(traced_matrices_),
@@ -118,7 +141,18 @@ void ColdCopier::Retire(uint32_t seq) {
   absl::StatusOr<float> tm = Event::ElapsedMs(base_, mid_[i]);
   if (t0.ok() && t1.ok()) {
     busy_ms_ += *t1 - *t0;
-    if (seq > 1) idle_ms_ += *t0 - last_end_ms_;
+    if (seq > 1) {
+      const double idle = *t0 - last_end_ms_;
+      idle_ms_ += idle;
+      idle_kind_ms_[urgent_[i] != 0] += idle;
+      ++idle_kind_n_[urgent_[i] != 0];
+      if (layer_[i] >= 0 && layer_[i] < kIdleLayers) idle_layer_ms_[layer_[i]] += idle;
+      if (layer_[i] < last_layer_) {  // a step's first request
+        idle_start_ms_ += idle;
+        ++idle_start_n_;
+      }
+    }
+    last_layer_ = layer_[i];
     last_end_ms_ = *t1;
   }
   if (t0.ok() && tm.ok() && t1.ok() && bytes_[i] > 0) {
@@ -177,7 +211,11 @@ absl::Status ColdCopier::Serve(const ColdRequest &r, uint32_t seq) {
   // One call for the request's copies (the driver may spread them over its copy engines).
   STRATA_RETURN_IF_ERROR(CopyBatchAsync(dsts, srcs, sizes, copies, stream_, &batch_));
   copied_.fetch_add(static_cast<uint64_t>(r.n), std::memory_order_relaxed);
-  if (trace_) bytes_[seq % kColdRing] = static_cast<uint64_t>(r.n) * (r.bytes[0] + r.bytes[1] + r.bytes[2]);
+  if (trace_) {
+    bytes_[seq % kColdRing] = static_cast<uint64_t>(r.n) * (r.bytes[0] + r.bytes[1] + r.bytes[2]);
+    layer_[seq % kColdRing] = r.layer;
+    urgent_[seq % kColdRing] = r.urgent;
+  }
   return absl::OkStatus();
 }
 

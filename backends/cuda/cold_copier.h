@@ -93,6 +93,14 @@ class ColdCopier {
   // fixed time plus bytes over a rate.
   Event base_, start_[kColdRing], mid_[kColdRing], end_[kColdRing];
   uint64_t bytes_[kColdRing] = {};
+  int32_t layer_[kColdRing] = {}, urgent_[kColdRing] = {};  // each request's, kept for Retire
+  // Idle time before requests, by kind (a prediction's, a layer's own) and by layer (kIdleLayers
+  // at most): where in a step the link waits for work.
+  static constexpr int kIdleLayers = 256;
+  double idle_kind_ms_[2] = {}, idle_layer_ms_[kIdleLayers] = {};
+  uint64_t idle_kind_n_[2] = {}, idle_start_n_ = 0;
+  double idle_start_ms_ = 0;  // before a step's first request (one for a layer below the last's)
+  int32_t last_layer_ = 0;
   uint32_t retired_ = 0;
   double busy_ms_ = 0, idle_ms_ = 0, last_end_ms_ = 0, issue_us_ = 0, serve_us_ = 0, number_ms_ = 0;
   double fit_[5] = {};  // n, sum x, sum y, sum xx, sum xy (x: MB, y: ms)

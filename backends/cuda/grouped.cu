@@ -333,6 +333,7 @@ __device__ void PostColdPlan(const ColdPlan &c, const int32_t *__restrict__ plan
     }
     r.n = n;
     r.layer = c.layer;
+    r.urgent = c.urgent ? 1 : 0;
   }
   __threadfence_system();
   __syncthreads();

@@ -410,6 +410,7 @@ struct ColdRequest {
   uint64_t slot_bytes = 0, off[3] = {}, bytes[3] = {};
   int32_t n = 0;                      // experts to copy
   int32_t layer = 0;
+  int32_t urgent = 0;                 // 1: the layer's own (its products wait), 0: a prediction's
   uint32_t seq = 0;                   // written last: 1, 2, ... (a request's number)
 };
 struct ColdMailbox {
