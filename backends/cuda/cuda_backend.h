@@ -174,7 +174,8 @@ class CudaBackend final : public model::Backend {
     std::vector<uint32_t> heat;     // route hotness per expert
     uint32_t uses = 0;              // RoutedExperts calls, for the decay
     int64_t hist_rows = 0;          // selections of the last call in hist_ (0: none pending)
-    Event hist_done;
+    Event hist_done;                // when they are there (an eager call's; a step's is step_hist_done_)
+    bool hist_step = false;         // they came from a step bracket: step_hist_done_ says when
     double cpu_saving = 0;          // seconds a call would save with the CPU's share (moving average)
     bool hybrid = false;            // the CPU computes a share of the cold experts (CpuExperts)
     bool stage = false;             // its cold experts are staged (StageColdExperts) before the products
@@ -241,6 +242,14 @@ class CudaBackend final : public model::Backend {
   int64_t last_n_tok_ = -1;
   bool host_batch_since_ = false;  // a prompt ran since the last BeginStep
   double replay_s_ = 0, eager_s_ = 0, record_s_ = 0;
+  // STRATA_CUDA_HOST_TRACE=1 (a diagnostic): the host's share of replayed steps, printed at the
+  // end: from the last download's return to BeginStep (the caller's work), BeginStep up to the
+  // graph's launch (the tier's updates), the launch, and the download's wait for the device.
+  bool host_trace_ = false;
+  std::chrono::steady_clock::time_point down_end_{}, launch_t0_{};
+  bool host_step_ = false;  // a replayed step is waiting for its download
+  double host_s_[6] = {}, host_part_s_[2] = {};
+  uint64_t host_n_ = 0;
   // After host-path batches (a prompt) added to the route hotness: the hottest experts of every
   // device-table layer take the slots (filled on the copy stream, entering the tables as they land).
   absl::Status Replan();
@@ -257,6 +266,12 @@ class CudaBackend final : public model::Backend {
     size_t bytes;
   };
   std::vector<PendingCopy> *fill_sink_ = nullptr;  // Fill's direct copies go here instead (SlotsFor)
+  // BeginStep's pass: the slots Fill took (their wait for the victims' last reads left to
+  // IssuePassFills), and their copies.
+  std::vector<int> *pass_fills_ = nullptr;
+  std::vector<int> pass_slots_;
+  std::vector<PendingCopy> pass_copies_;
+  absl::Status IssuePassFills();
   // The copies Fill and PromptStage left in `copies`, in one batched call on the copy stream.
   absl::Status IssueCopies(const std::vector<PendingCopy> &copies);
   // At creation, after the link is measured: every slot filled, first with the hotlist's experts
@@ -367,8 +382,15 @@ class CudaBackend final : public model::Backend {
   // again outside it). A buffer growing (`growth`) leaves a watched step clean: the next step of
   // its key asks the same sizes, so it is recorded at once.
   absl::Status HostRoundTrip(const char *what, bool growth = false);
-  // The layers' selections copied during the step: the tier reads them once the step is done.
+  // The layers' selections copied during the step: the tier reads them once the step is done
+  // (one event for the step's layers, queried once it has landed: 48 events a step recorded and
+  // queried cost the H200's host ~0.1 ms of the ~0.45 it took between steps).
   void FinishHist(const std::vector<std::pair<int, int64_t>> &hist);
+  Event step_hist_done_;
+  bool step_hist_landed_ = false;
+  absl::StatusOr<bool> HistLanded(LayerTable &t);
+  // Promotions whose copies are done enter their tables (once before a step, or a layer's call).
+  absl::Status EnterLandedFills();
   struct StepGraph {
     Graph exec;
     std::vector<std::pair<int, int64_t>> hist;  // (layer, rows) of the selections it copies back
@@ -394,6 +416,9 @@ class CudaBackend final : public model::Backend {
   bool graph_trace_ = false;
   std::chrono::steady_clock::time_point capture_t0_{};
   std::map<GraphKey, StepGraph> graphs_;
+  // Scratch buffers a recording took (Grow inside kCapture): one of them growing moves it, and the
+  // graphs go. Kept until they do (a superset of what the graphs read).
+  std::unordered_set<const DeviceBuffer *> graph_bufs_;
   std::set<GraphKey> clean_, refused_;
   std::vector<std::string> path_sets_;  // a character a layer: bit 0 hybrid, bit 1 copies
   uint32_t paths_ = 0;                  // the tables' paths now
@@ -477,6 +502,9 @@ class CudaBackend final : public model::Backend {
   bool promotion_margin_ = true;
   bool prompt_promote_ = true;  // PromptPromotions (STRATA_CUDA_PROMPT_PROMOTE=0: off)
   double decode_margin_z_ = 2.0;  // the decode promotions' z
+  // BeginStep's pass of UpdateTier over the layers, and the victims' heat floor it keeps (UpdateTier).
+  bool tier_pass_ = false, victim_floor_ok_ = false;
+  uint32_t victim_floor_ = 0;
   static constexpr double kReplanZ = 3.0;  // the re-plan's z, after a prompt and inside it (Replan)
   std::unique_ptr<CpuExperts> cpu_experts_;          // hybrid placement (null: off)
   std::unique_ptr<model::RegimeProbe> regime_;       // auto beside the copier: CPU share or copies, timed
