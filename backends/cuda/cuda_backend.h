@@ -374,7 +374,8 @@ class CudaBackend final : public model::Backend {
   // Decode-step graphs. A step is first run under watch (kWatch): when nothing in it needed the
   // host (an upload, a download, a wait; a buffer may grow), its key is marked clean; the next step
   // of that key is recorded (kCapture) and run from the graph, and later ones replay it. A scratch
-  // buffer that grows moves, so every graph is dropped then. With the VRAM tier, promotions enter
+  // buffer that grows moves, so every graph is dropped when one that a recording took grows (a
+  // prompt's own buffers grow without it: graph_bufs_). With the VRAM tier, promotions enter
   // the tables between steps (BeginStep) and each layer's selections reach the tier after the step.
   enum class Bracket { kNone, kWatch, kCapture };
   // An operation that needs the host mid-step: a watched step is not clean; inside a recording
