@@ -257,6 +257,31 @@ TEST_CASE("placement: a re-plan trades experts only over a real difference in us
   CHECK(apart > kDraws * 95 / 100);
 }
 
+TEST_CASE("placement: an expert not markedly hotter than a victim is not markedly hotter than a hotter one",
+          "[placement]") {
+  // The CUDA tier answers most promotion calls from a floor of the victims' heat, on this: the
+  // rule can only turn false as the victim's heat rises. Fresh random heats over the range the tier
+  // sees (halved every 16 uses) and past it, each z the tier uses.
+  std::mt19937 rng(std::random_device{}());
+  std::uniform_int_distribution<uint32_t> small(0, 4096), any(0, UINT32_MAX);
+  int falses = 0;
+  for (double z : {2.0, 3.0}) {
+    for (int i = 0; i < 20000; ++i) {
+      const bool wide = i % 4 == 0;
+      const uint32_t hot = wide ? any(rng) : small(rng);
+      const uint32_t floor = wide ? any(rng) : small(rng);
+      if (MarkedlyHotter(hot, floor, z)) continue;
+      ++falses;
+      const uint32_t above = floor + std::uniform_int_distribution<uint32_t>(0, UINT32_MAX - floor)(rng);
+      const uint32_t near = floor + std::min<uint32_t>(UINT32_MAX - floor, i % 3);
+      INFO("hot " << hot << ", floor " << floor << ", above " << above << ", z " << z);
+      CHECK_FALSE(MarkedlyHotter(hot, above, z));
+      CHECK_FALSE(MarkedlyHotter(hot, near, z));
+    }
+  }
+  CHECK(falses > 1000);  // the property was asked often
+}
+
 namespace {
 
 // A decode loop around a RegimeProbe: a step in the link regime takes link_s, in the hybrid one
