@@ -1190,8 +1190,8 @@ absl::StatusOr<void *> CudaBackend::Grow(DeviceBuffer &b, size_t bytes) {
   if (bracket_ == Bracket::kCapture) graph_bufs_.insert(&b);
   if (b.size() < bytes) {
     STRATA_RETURN_IF_ERROR(HostRoundTrip("a scratch buffer growing", /*growth=*/true));
-    // Recorded steps use the old address: they go, where one reads this buffer. A prompt's own
-    // buffers (its experts' rows, sized by its routing) grow without dropping the decode graphs.
+    // Recorded steps use the old address: they go, where one reads this buffer. Buffers no
+    // recording took (a prompt's own) grow without dropping the decode graphs.
     if (graph_bufs_.count(&b) != 0) {
       if (graph_trace_) {
         std::fprintf(stderr, "cuda graphs: a recorded scratch buffer grew (%zu to %zu bytes): %zu graphs dropped\n",
@@ -2591,9 +2591,10 @@ model::Backend::StepMode CudaBackend::BeginStep(const model::StepKey &key) {
   const auto t0 = std::chrono::steady_clock::now();
   TimeStep(key);
   last_mode_ = BeginStepImpl(key);
-  if (last_mode_ != StepMode::kCapture) Note(IssuePassFills());  // a way out of BeginStepImpl that left some
+  const auto t1 = std::chrono::steady_clock::now();
+  // After a replay's launch, or a way out of BeginStepImpl that left some (a recording has none).
+  if (last_mode_ != StepMode::kCapture) Note(IssuePassFills());
   if (host_trace_ && last_mode_ == StepMode::kReplay && down_end_ != std::chrono::steady_clock::time_point{}) {
-    const auto t1 = std::chrono::steady_clock::now();
     host_s_[0] += std::chrono::duration<double>(t0 - down_end_).count();
     host_s_[1] += std::chrono::duration<double>(launch_t0_ - t0).count();
     host_s_[2] += std::chrono::duration<double>(t1 - launch_t0_).count();
@@ -2658,8 +2659,7 @@ model::Backend::StepMode CudaBackend::BeginStepImpl(const model::StepKey &key) {
       g->second.used = steps_;
       FinishHist(g->second.hist);
     }
-    Note(IssuePassFills());
-    return StepMode::kReplay;
+    return StepMode::kReplay;  // BeginStep issues the pass's fills, the step running
   }
   if (!Note(IssuePassFills())) return StepMode::kEager;  // not inside a recording
   if (clean_.count(step_key_) != 0 && refused_.count(step_key_) == 0 && Graph::BeginCapture(stream_.get()).ok()) {
