@@ -3,6 +3,8 @@
 
 #include <algorithm>
 
+#include "lib/store/heat.h"
+
 namespace strata::store {
 namespace {
 
@@ -46,33 +48,24 @@ class Lfu final : public EvictionPolicy {
 
 class Hotness final : public EvictionPolicy {
  public:
-  explicit Hotness(uint32_t n) : hot_(n, 0), last_(n, 0) {}
+  explicit Hotness(uint32_t n) : heat_(n), last_(n, 0) {}
   std::string_view name() const override { return "hot"; }
-  void OnSelect(uint32_t key) override { ++hot_[key]; }
+  void OnSelect(uint32_t key) override { heat_.OnSelect(key); }
   void OnUse(uint32_t key, uint64_t tick) override { last_[key] = tick; }
-  void OnDecodeToken() override {
-    if (++tokens_ % kDecayEvery == 0) {
-      for (auto &h : hot_) h >>= 1;
-    }
-  }
-  void OnNewPrompt() override {
-    std::fill(hot_.begin(), hot_.end(), 0);
-    tokens_ = 0;
-  }
+  void OnDecodeToken() override { heat_.OnDecodeToken(); }
+  void OnNewPrompt() override { heat_.OnNewPrompt(); }
   size_t Victim(const std::vector<uint32_t> &keys) const override {
     size_t best = 0;
     for (size_t i = 1; i < keys.size(); ++i) {
       const uint32_t a = keys[i], b = keys[best];
-      if (hot_[a] < hot_[b] || (hot_[a] == hot_[b] && last_[a] < last_[b])) best = i;
+      if (heat_[a] < heat_[b] || (heat_[a] == heat_[b] && last_[a] < last_[b])) best = i;
     }
     return best;
   }
 
  private:
-  static constexpr uint64_t kDecayEvery = 16;
-  std::vector<uint32_t> hot_;
+  RouteHeat heat_;
   std::vector<uint64_t> last_;
-  uint64_t tokens_ = 0;
 };
 
 }  // namespace
