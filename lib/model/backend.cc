@@ -1,6 +1,8 @@
 // The Backend interface's default operations, for backends computing in host memory.
 #include "lib/model/backend.h"
 
+#include "lib/store/tier.h"
+
 namespace strata::model {
 
 void Backend::ExpertsFfn(const ExpertWeights *const *ew, int n, const int64_t *first, const float *xg, float *yg,
@@ -30,5 +32,7 @@ void Backend::AttentionRows(const float *q, const KvRowRef *, const KvRowRef *ro
     Attention(q + t * n_head * head_dim, kv, 1, r.pos, n_head, n_head_kv, head_dim, r.window, out + t * out_width, p);
   }
 }
+
+std::unique_ptr<store::DeviceSlots> Backend::MakeDeviceSlots() { return nullptr; }
 
 }  // namespace strata::model

@@ -25,6 +25,10 @@
 #include "lib/model/weights.h"
 #include "lib/util/status.h"
 
+namespace strata::store {
+class DeviceSlots;  // lib/store/tier.h
+}
+
 namespace strata::model {
 
 // Positions per KV block: a session's cache grows by blocks of this many tokens.
@@ -309,6 +313,9 @@ class Backend {
   virtual void UnmapHostMemory(const uint8_t *p) {}
 
   virtual DeviceTierStats tier_stats() const { return {}; }
+  // Optional: fixed slots of the backend's own memory for the VRAM expert tier over a streamed RAM
+  // tier (lib/store/vram_tier.h); null when the backend computes from host memory.
+  virtual std::unique_ptr<store::DeviceSlots> MakeDeviceSlots();
   // Optional: a decode step's device work as a replayable graph. The forward pass brackets the work
   // of a step whose inputs are all in backend memory (uploaded before BeginStep, results read
   // after EndStep) with BeginStep(key) / EndStep(); `key` names everything the work's launches

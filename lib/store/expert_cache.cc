@@ -80,7 +80,7 @@ ExpertCache::~ExpertCache() {
   FreeLarge(slab_);
 }
 
-int ExpertCache::StartLoadLocked(uint32_t key, int priority, bool prefetch) {
+int ExpertCache::TakeSlotLocked(uint32_t key) {
   int victim = -1;
   for (size_t s = 0; s < slots_.size(); ++s) {
     if (slots_[s].state == SlotState::kEmpty && slots_[s].pins == 0) {
@@ -106,14 +106,97 @@ int ExpertCache::StartLoadLocked(uint32_t key, int priority, bool prefetch) {
   Slot &sl = slots_[victim];
   sl.state = SlotState::kLoading;
   sl.key = key;
-  sl.prefetched = prefetch;
+  sl.prefetched = false;
   key_slot_[key] = victim;
   key_error_[key] = absl::OkStatus();
+  return victim;
+}
+
+int ExpertCache::StartLoadLocked(uint32_t key, int priority, bool prefetch) {
+  const int victim = TakeSlotLocked(key);
+  if (victim < 0) return -1;
+  slots_[victim].prefetched = prefetch;
   if (prefetch) prefetch_inflight_bytes_ += table_.slot_bytes();
   ++loading_;
   queue_.push(Request{priority, seq_++, victim, prefetch});
   cv_io_.notify_one();
   return victim;
+}
+
+model::ExpertWeights ExpertCache::SlotViews(uint32_t key, uint8_t *dst) const {
+  const ExpertEntry &en = table_.entry(table_.LayerOf(key), table_.ExpertOf(key));
+  model::ExpertWeights v = *en.weights;
+  v.gate.data = dst + en.part[0].slot_offset;
+  v.up.data = dst + en.part[1].slot_offset;
+  v.down.data = dst + en.part[2].slot_offset;
+  return v;
+}
+
+bool ExpertCache::Holds(uint32_t key) const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return key < key_slot_.size() && key_slot_[key] >= 0;
+}
+
+absl::Status ExpertCache::Admit(uint32_t key, const SlotBytes &from) {
+  std::unique_lock<std::mutex> lk(mu_);
+  if (key >= key_slot_.size()) return Errorf(MOE_ERR_INVALID_ARGUMENT, "expert key %u is out of range", key);
+  if (key_slot_[key] >= 0) return absl::OkStatus();  // already here (a load or an earlier admission)
+  if (from.bytes > table_.slot_bytes()) {
+    return Errorf(MOE_ERR_INTERNAL, "an expert of %u bytes does not fit a %u-byte RAM slot", from.bytes,
+                  table_.slot_bytes());
+  }
+  const int s = TakeSlotLocked(key);
+  if (s < 0) return Errorf(MOE_ERR_NO_MEMORY, "no RAM expert slot is free for expert key %u", key);
+  uint8_t *dst = slots_[s].data;
+  ++loading_;  // a waiter on the key sees it loading until the copy is done
+  lk.unlock();
+  absl::Status st = absl::OkStatus();
+  if (from.device != nullptr) {
+    st = from.device->CopyOut(from.device_slot, dst, from.bytes);
+  } else if (from.host != nullptr) {
+    std::memcpy(dst, from.host, from.bytes);
+  } else {
+    st = Errorf(MOE_ERR_INTERNAL, "an expert admitted from nowhere");
+  }
+  lk.lock();
+  --loading_;
+  Slot &sl = slots_[s];
+  if (st.ok()) {
+    sl.views = SlotViews(key, dst);
+    sl.state = SlotState::kReady;
+    ++stats_.admitted;
+    stats_.bytes_admitted += from.bytes;
+    policy_->OnUse(key, ++tick_);
+  } else {
+    sl.state = SlotState::kEmpty;
+    key_slot_[key] = -1;
+  }
+  cv_done_.notify_all();
+  return st;
+}
+
+bool ExpertCache::Evict(uint32_t key) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (key >= key_slot_.size() || key_slot_[key] < 0) return false;
+  Slot &sl = slots_[key_slot_[key]];
+  if (sl.state != SlotState::kReady || sl.pins > 0) return false;
+  sl.state = SlotState::kEmpty;
+  sl.prefetched = false;
+  key_slot_[key] = -1;
+  ++stats_.taken_up;
+  return true;
+}
+
+TierStats ExpertCache::tier_stats() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  TierStats t;
+  t.hits = stats_.hits;
+  t.admitted = stats_.admitted;
+  t.evicted = stats_.evictions + stats_.taken_up;
+  t.bytes_in = stats_.bytes_read + stats_.bytes_admitted;
+  t.n_slots = static_cast<uint32_t>(slots_.size());
+  t.slot_bytes = table_.slot_bytes();
+  return t;
 }
 
 absl::Status ExpertCache::ReadDirect(const format::File &f, int fd, uint64_t offset, uint8_t *dst, uint64_t len,
@@ -242,11 +325,7 @@ void ExpertCache::IoLoopWith(void *ring) {
     if (r.prefetch) prefetch_inflight_bytes_ -= table_.slot_bytes();
     --loading_;
     if (st.ok()) {
-      const ExpertEntry &en = table_.entry(table_.LayerOf(key), table_.ExpertOf(key));
-      sl.views = *en.weights;
-      sl.views.gate.data = dst + en.part[0].slot_offset;
-      sl.views.up.data = dst + en.part[1].slot_offset;
-      sl.views.down.data = dst + en.part[2].slot_offset;
+      sl.views = SlotViews(key, dst);
       sl.state = SlotState::kReady;
       stats_.bytes_read += table_.entry(table_.LayerOf(key), table_.ExpertOf(key)).slot_bytes;
     } else {
@@ -327,7 +406,7 @@ void ExpertCache::StartPredictedLocked() {
     scored.clear();
     for (int32_t e : list) {
       const uint32_t key = table_.Key(predicted_layer_ + d, e);
-      if (key_slot_[key] >= 0) continue;
+      if (key_slot_[key] >= 0 || HeldAbove(key)) continue;
       scored.push_back(key);
       if (!issuing) {
         ++stats_.prefetch_skipped;
@@ -491,7 +570,7 @@ size_t ExpertCache::Preload(const std::vector<uint32_t> &keys, size_t max) {
   size_t queued = 0;
   for (uint32_t key : keys) {
     if (queued >= max || queued >= slots_.size()) break;
-    if (key >= key_slot_.size() || key_slot_[key] >= 0) continue;
+    if (key >= key_slot_.size() || key_slot_[key] >= 0 || HeldAbove(key)) continue;
     if (table_.entry(table_.LayerOf(key), table_.ExpertOf(key)).weights == nullptr) continue;  // dense layer
     if (StartLoadLocked(key, 1000, /*prefetch=*/true) < 0) break;
     ++queued;
@@ -505,7 +584,7 @@ size_t ExpertCache::PrefetchLayer(int layer) {
   size_t queued = 0;
   for (int e = 0; e < table_.n_experts(); ++e) {
     const uint32_t key = table_.Key(layer, e);
-    if (key_slot_[key] >= 0) continue;
+    if (key_slot_[key] >= 0 || HeldAbove(key)) continue;
     if (table_.entry(layer, e).weights == nullptr) return queued;  // dense layer
     if (StartLoadLocked(key, 1, /*prefetch=*/true) < 0) break;
     ++stats_.prefetch_issued;

@@ -3,7 +3,10 @@
 // I/O threads that fill slots from the model files — needed-now loads first, then experts
 // predicted for the next layers by applying their routers to the current layer's input, within a
 // bound on bytes in flight. A pinned or loading slot is never evicted. It serves the forward pass
-// as its ExpertSource; bytes and so results are those of the file whatever the budget.
+// as its ExpertSource, or a device tier above it as the RAM tier (lib/store/tier.h): experts the
+// tier above holds are not predicted or preloaded here, and the tier above hands its victims down
+// (Admit) and takes the experts it promotes (Evict). Bytes and so results are those of the file
+// whatever the budget.
 #pragma once
 
 #include <condition_variable>
@@ -20,6 +23,7 @@
 #include "lib/model/model_file.h"
 #include "lib/store/expert_table.h"
 #include "lib/store/policy.h"
+#include "lib/store/tier.h"
 
 namespace strata::store {
 
@@ -47,6 +51,9 @@ struct CacheStats {
   uint64_t prefetch_skipped = 0;     // predictions not issued because the gate was closed
   double prefetch_precision = 0;     // the gate's current estimate of prediction precision
   uint64_t evictions = 0;
+  uint64_t admitted = 0;             // experts a tier above handed down (its victims)
+  uint64_t bytes_admitted = 0;
+  uint64_t taken_up = 0;             // experts given up to a tier above (Evict)
   uint64_t bytes_read = 0;           // bytes read from model files into slots
   uint64_t load_errors = 0;
   uint64_t direct_reads = 0;         // expert loads that bypassed the page cache
@@ -57,7 +64,7 @@ struct CacheStats {
   bool memory_locked = false;
 };
 
-class ExpertCache final : public model::ExpertSource {
+class ExpertCache final : public ExpertTier {
  public:
   // `table`, `file`, `weights` and `backend` outlive the cache. The backend computes predictions.
   static absl::StatusOr<std::unique_ptr<ExpertCache>> Create(const ExpertTable &table,
@@ -74,6 +81,15 @@ class ExpertCache final : public model::ExpertSource {
   absl::Status AcquireAsync(int layer, const std::vector<int32_t> &experts,
                             std::vector<const model::ExpertWeights *> *out) override;
   absl::StatusOr<const model::ExpertWeights *> Await(int layer, int32_t expert) override;
+
+  // ExpertTier: what a tier above asks of the RAM tier.
+  bool Holds(uint32_t key) const override;
+  absl::Status Admit(uint32_t key, const SlotBytes &from) override;
+  bool Evict(uint32_t key) override;
+  TierStats tier_stats() const override;
+  // The tier above this one (null: none). Its experts are not predicted, preloaded or layer-fetched
+  // here. Called before the first step; `above` outlives the cache's use of it.
+  void SetTierAbove(const ExpertTier *above) { above_ = above; }
 
   void OnDecodeToken();
   void OnNewPrompt();
@@ -121,6 +137,13 @@ class ExpertCache final : public model::ExpertSource {
   // Picks a slot for `key` (an empty one, else the policy's victim among unpinned ready slots that
   // are not protected), marks it loading and queues it. -1 when every slot is in use. Locked.
   int StartLoadLocked(uint32_t key, int priority, bool prefetch);
+  // The slot StartLoadLocked would take for `key` (an empty one, else the policy's victim), marked
+  // loading and mapped to the key, nothing queued; -1 when every slot is in use. Locked.
+  int TakeSlotLocked(uint32_t key);
+  // Whether the tier above holds `key` (then it is not fetched here ahead of need).
+  bool HeldAbove(uint32_t key) const { return above_ != nullptr && above_->Holds(key); }
+  // The views of `key`'s expert in slot bytes at `dst`.
+  model::ExpertWeights SlotViews(uint32_t key, uint8_t *dst) const;
   void StartPredictedLocked();
   void IoLoop();
   void IoLoopWith(void *ring);
@@ -138,6 +161,7 @@ class ExpertCache final : public model::ExpertSource {
   model::Backend *backend_;
   CacheOptions opts_;
   std::unique_ptr<EvictionPolicy> policy_;
+  const ExpertTier *above_ = nullptr;
 
   uint8_t *slab_ = nullptr;
   uint64_t slab_bytes_ = 0;

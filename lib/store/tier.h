@@ -1,0 +1,77 @@
+// The expert tiers as one backend-neutral layer: VRAM slots over pinned-RAM slots over the model
+// file. Each tier is an ExpertSource (acquire, release) that can also say what it holds, admit an
+// expert whose bytes another tier hands it, and evict one; the tiers hold distinct experts, so
+// their budgets add up. A device tier drives its memory through DeviceSlots, which a backend with
+// its own memory implements (allocate slots, copy in and out after the computations that read
+// them); the policy above it (slots, heat, promotions) lives here and runs the same on any device.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string_view>
+#include <vector>
+
+#include "lib/model/forward.h"
+#include "lib/store/heat.h"
+#include "lib/util/status.h"
+
+namespace strata::store {
+
+// Fixed slots of a device's memory for routed experts, as a backend provides them. A slot holds
+// one expert laid out as a RAM cache slot is (gate, up and down at the table's slot offsets), so
+// an expert moves between the tiers in one copy of its slot bytes.
+class DeviceSlots {
+ public:
+  virtual ~DeviceSlots() = default;
+  virtual std::string_view name() const = 0;
+  // Allocates n slots of slot_bytes each, once, before any other call. MOE_ERR_NO_MEMORY when the
+  // device cannot hold them (nothing stays allocated).
+  virtual absl::Status Allocate(uint32_t n, uint64_t slot_bytes) = 0;
+  // Slot s's first byte, an address the backend's kernels read a view's Matrix::data from (a
+  // device backend resolves its slots' addresses to themselves).
+  virtual uint8_t *slot(uint32_t s) const = 0;
+  // Copies `bytes` of host memory into slot s, or slot s into host memory, after every computation
+  // queued so far (so a slot being read is not overwritten, and what it is copied to has the bytes
+  // last written); complete when the call returns. An error leaves the slot's contents undefined.
+  virtual absl::Status CopyIn(uint32_t s, const uint8_t *src, uint64_t bytes) = 0;
+  virtual absl::Status CopyOut(uint32_t s, uint8_t *dst, uint64_t bytes) = 0;
+};
+
+// Tests run the VRAM tier's policy end to end on a backend without memory of its own: a context
+// then takes its device slots from this factory (null: none, the default).
+using DeviceSlotsFactory = std::unique_ptr<DeviceSlots> (*)();
+void SetDeviceSlotsForTesting(DeviceSlotsFactory factory);
+DeviceSlotsFactory DeviceSlotsForTesting();
+
+// Where an expert's slot bytes lie when one tier hands it to another: host memory, or a device slot.
+struct SlotBytes {
+  const uint8_t *host = nullptr;
+  DeviceSlots *device = nullptr;
+  uint32_t device_slot = 0;
+  uint64_t bytes = 0;
+};
+
+// What one tier has done since its counts were last reset.
+struct TierStats {
+  uint64_t hits = 0;        // experts a layer needed that this tier held
+  uint64_t admitted = 0;    // experts handed to it by another tier (promoted into a device tier,
+                            // demoted into RAM)
+  uint64_t evicted = 0;     // experts it gave up
+  uint64_t bytes_in = 0;    // bytes copied into it from another tier
+  uint32_t n_slots = 0;
+  uint64_t slot_bytes = 0;
+};
+
+class ExpertTier : public model::ExpertSource {
+ public:
+  // Whether the tier has `key` (layer * n_experts + expert): ready, or on its way in.
+  virtual bool Holds(uint32_t key) const = 0;
+  // Takes a slot for `key` (which it does not hold) and copies the expert's bytes in from `from`;
+  // the slot's previous expert, if any, is dropped. MOE_ERR_NO_MEMORY when every slot is in use.
+  virtual absl::Status Admit(uint32_t key, const SlotBytes &from) = 0;
+  // Gives up `key` when nothing uses it now; false when it is in use or not held.
+  virtual bool Evict(uint32_t key) = 0;
+  virtual TierStats tier_stats() const = 0;
+};
+
+}  // namespace strata::store
