@@ -1,0 +1,123 @@
+// The VRAM expert tier over a streamed RAM tier: fixed device slots (DeviceSlots, from the
+// backend), the route hotness of every expert, and the moves between the tiers. The tiers hold
+// distinct experts: an expert a layer takes from RAM moves up into a free slot, or into the slot of
+// a markedly colder resident (model::MarkedlyHotter), which moves down into RAM instead of being
+// dropped; the RAM tier then gives up its copy. A layer's experts in VRAM are served from their
+// slots and never asked of the RAM tier, whose prediction and preloading skip them. Every slot
+// holds the bytes of the file, so results are the same at any pair of budgets.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "lib/store/expert_table.h"
+#include "lib/store/heat.h"
+#include "lib/store/tier.h"
+
+namespace strata::store {
+
+struct VramTierOptions {
+  uint32_t n_slots = 0;
+  // A resident's slot goes to an expert hotter by this many standard deviations of their counts
+  // (model::MarkedlyHotter), so the tiers do not trade experts over noise.
+  double promote_z = 2.0;
+  // Slots a layer's call may take from residents (free slots are filled without limit): each such
+  // move copies two experts over the link while the step waits.
+  int max_swaps_per_call = 2;
+};
+
+struct VramTierStats {
+  uint64_t hits = 0;          // expert uses served from a VRAM slot
+  uint64_t promotions = 0;    // experts moved up from RAM
+  uint64_t demotions = 0;     // residents moved down into RAM to make room
+  uint64_t dropped = 0;       // residents given up without a place in RAM (back to the file)
+  uint64_t bytes_up = 0, bytes_down = 0;
+  uint32_t n_slots = 0;
+  uint64_t slot_bytes = 0;
+};
+
+class VramTier final : public ExpertTier {
+ public:
+  // `table`, `device` and `below` outlive the tier. Allocates the device's slots (empty until
+  // experts move up). MOE_ERR_NO_MEMORY when the device cannot hold them.
+  static absl::StatusOr<std::unique_ptr<VramTier>> Create(const ExpertTable &table, DeviceSlots *device,
+                                                          ExpertTier *below, const VramTierOptions &options);
+
+  // ExpertSource: the forward pass's view of the two tiers together.
+  void OnRoute(int layer, const float *h, int64_t n_tok, const int32_t *selected, int k) override;
+  absl::Status Acquire(int layer, const std::vector<int32_t> &experts,
+                       std::vector<const model::ExpertWeights *> *out) override;
+  absl::Status AcquireAsync(int layer, const std::vector<int32_t> &experts,
+                            std::vector<const model::ExpertWeights *> *out) override;
+  absl::StatusOr<const model::ExpertWeights *> Await(int layer, int32_t expert) override;
+  void Release(int layer, const std::vector<int32_t> &experts) override;
+
+  // ExpertTier. Admit copies host bytes up into a slot (a resident moving down to make room);
+  // Evict moves a resident down into the tier below (or drops it when that has no room).
+  bool Holds(uint32_t key) const override { return key < key_slot_.size() && key_slot_[key] >= 0; }
+  absl::Status Admit(uint32_t key, const SlotBytes &from) override;
+  bool Evict(uint32_t key) override;
+  TierStats tier_stats() const override;
+
+  void OnDecodeToken();
+  void OnNewPrompt();
+  // Moves up to `max` of `keys` (hottest first, e.g. a hotlist) into free slots, each read through
+  // the tier below; returns how many went up.
+  absl::StatusOr<size_t> Seed(const std::vector<uint32_t> &keys, size_t max);
+
+  VramTierStats stats() const;
+  void ResetStats();
+  uint32_t n_slots() const { return static_cast<uint32_t>(slots_.size()); }
+  // Keys in slots now (tests).
+  std::vector<uint32_t> ResidentKeys() const;
+
+ private:
+  static constexpr uint32_t kNone = UINT32_MAX;
+  struct Slot {
+    uint32_t key = kNone;
+    int pins = 0;
+    uint64_t last_use = 0;
+    model::ExpertWeights views;  // over the device slot
+  };
+  VramTier(const ExpertTable &table, DeviceSlots *device, ExpertTier *below, const VramTierOptions &o);
+  absl::Status AcquireImpl(int layer, const std::vector<int32_t> &experts,
+                           std::vector<const model::ExpertWeights *> *out, bool wait);
+  // The bytes of an expert's slot that hold its parts.
+  uint64_t SpanBytes(uint32_t key) const;
+  // The slot `key` (now in RAM, its views `ram`) should take: a free one, or a markedly colder
+  // resident's not in use; -1 when it should stay where it is.
+  int SlotFor(uint32_t key, bool may_swap);
+  // Moves `key` up from its RAM views into slot v (moving the slot's resident down first).
+  absl::Status MoveUp(uint32_t key, const model::ExpertWeights &ram, int v);
+  // Moves slot v's resident down into the tier below (dropped when it has no room); the slot is
+  // then free.
+  absl::Status MoveDown(int v);
+  absl::Status Promote(uint32_t key, const model::ExpertWeights &ram);
+  void Unpin();
+
+  const ExpertTable &table_;
+  DeviceSlots *device_;
+  ExpertTier *below_;
+  VramTierOptions opts_;
+  std::vector<Slot> slots_;
+  std::vector<int32_t> key_slot_;  // key -> slot or -1
+  std::vector<int> free_;          // empty slots
+  RouteHeat heat_;
+  // A lower bound of the residents' heat (the last scan's coldest, halved with the counts, lowered
+  // by each new resident): a candidate not markedly hotter than it needs no scan, since the rule is
+  // monotone in the resident's heat.
+  uint32_t floor_ = 0;
+  bool floor_ok_ = false;
+  uint64_t tick_ = 0;
+  // The acquisition in progress: its slots here, the experts asked of the tier below, the experts
+  // moved up during it (the tier below gives them up at Release), the swaps it made.
+  int layer_ = -1;
+  std::vector<int> pinned_;
+  std::vector<int32_t> below_experts_;
+  std::vector<uint32_t> moved_up_;
+  int swaps_ = 0;
+  VramTierStats stats_;
+};
+
+}  // namespace strata::store

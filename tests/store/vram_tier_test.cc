@@ -1,0 +1,447 @@
+// The VRAM tier over the RAM tier, on the CPU: its policy against a recorded lower tier (moves up
+// into free slots, swaps only for markedly hotter experts, residents moved down rather than
+// dropped, distinct experts in the two tiers, the bytes carried intact, failures leaving nothing
+// acquired), and whole contexts whose device is host memory (the tests' DeviceSlots): logits at
+// several (RAM, VRAM) budget pairs bit-identical to the all-resident run, with every expert use
+// counted once by one tier, and the plan's three-tier arithmetic.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "include/strata/moe.h"
+#include "lib/runtime/context.h"
+#include "lib/store/vram_tier.h"
+#include "tests/model/golden_util.h"
+
+namespace {
+
+using strata::store::DeviceSlots;
+using strata::store::ExpertTable;
+using strata::store::ExpertTier;
+using strata::store::SlotBytes;
+using strata::store::TierStats;
+using strata::store::VramTier;
+using strata::store::VramTierOptions;
+using strata::testing::kGolden;
+using strata::testing::ReadBinary;
+
+// A device whose memory is host memory: what the CPU backend reads views from. Poisoned when
+// allocated, so a view into a slot that was never filled reads garbage, not zeros.
+class HostSlots final : public DeviceSlots {
+ public:
+  std::string_view name() const override { return "host"; }
+  absl::Status Allocate(uint32_t n, uint64_t slot_bytes) override {
+    stride_ = slot_bytes;
+    mem_.assign(static_cast<size_t>(n) * slot_bytes, 0xA5);
+    n_ = n;
+    return absl::OkStatus();
+  }
+  uint8_t *slot(uint32_t s) const override { return const_cast<uint8_t *>(mem_.data()) + s * stride_; }
+  absl::Status CopyIn(uint32_t s, const uint8_t *src, uint64_t bytes) override {
+    ++copies_in;
+    if (fail_next) {
+      fail_next = false;
+      return strata::Errorf(MOE_ERR_BACKEND, "injected device copy failure");
+    }
+    REQUIRE(s < n_);
+    REQUIRE(bytes <= stride_);
+    std::memcpy(slot(s), src, bytes);
+    return absl::OkStatus();
+  }
+  absl::Status CopyOut(uint32_t s, uint8_t *dst, uint64_t bytes) override {
+    ++copies_out;
+    REQUIRE(s < n_);
+    std::memcpy(dst, slot(s), bytes);
+    return absl::OkStatus();
+  }
+  int copies_in = 0, copies_out = 0;
+  bool fail_next = false;
+
+ private:
+  std::vector<uint8_t> mem_;
+  uint64_t stride_ = 0;
+  uint32_t n_ = 0;
+};
+
+std::unique_ptr<DeviceSlots> MakeHostSlots() { return std::make_unique<HostSlots>(); }
+
+struct TestDevice {
+  TestDevice() { strata::store::SetDeviceSlotsForTesting(&MakeHostSlots); }
+  ~TestDevice() { strata::store::SetDeviceSlotsForTesting(nullptr); }
+};
+
+// A RAM tier that starts with every expert (random bytes a key) and records what the tier above
+// does with it; the bytes an expert comes back with are checked against its original ones.
+class RecordingTier final : public ExpertTier {
+ public:
+  RecordingTier(const ExpertTable &t, uint32_t seed) : t_(t) {
+    std::mt19937 rng(seed);
+    const uint32_t n = static_cast<uint32_t>(t.n_layers() * t.n_experts());
+    for (uint32_t key = 0; key < n; ++key) {
+      if (t.entry(t.LayerOf(key), t.ExpertOf(key)).weights == nullptr) continue;
+      std::vector<uint8_t> b(t.slot_bytes());
+      for (auto &x : b) x = static_cast<uint8_t>(rng());
+      original[key] = b;
+      held[key] = b;
+    }
+  }
+  absl::Status Acquire(int layer, const std::vector<int32_t> &experts,
+                       std::vector<const strata::model::ExpertWeights *> *out) override {
+    ++acquires;
+    acquired = experts;
+    out->clear();
+    for (int32_t x : experts) {
+      const uint32_t key = t_.Key(layer, x);
+      auto it = held.find(key);
+      if (it == held.end()) return strata::Errorf(MOE_ERR_INTERNAL, "key %u is not held below", key);
+      ++pins[key];
+      views[key] = *t_.entry(layer, x).weights;
+      const auto &en = t_.entry(layer, x);
+      views[key].gate.data = it->second.data() + en.part[0].slot_offset;
+      views[key].up.data = it->second.data() + en.part[1].slot_offset;
+      views[key].down.data = it->second.data() + en.part[2].slot_offset;
+      out->push_back(&views[key]);
+    }
+    return absl::OkStatus();
+  }
+  void Release(int layer, const std::vector<int32_t> &experts) override {
+    ++releases;
+    for (int32_t x : acquired) --pins[t_.Key(layer, x)];
+    acquired.clear();
+  }
+  bool Holds(uint32_t key) const override { return held.count(key) != 0; }
+  absl::Status Admit(uint32_t key, const SlotBytes &from) override {
+    if (refuse_admit) return strata::Errorf(MOE_ERR_NO_MEMORY, "no room below");
+    std::vector<uint8_t> b(t_.slot_bytes(), 0x5A);
+    REQUIRE(from.device != nullptr);
+    REQUIRE(from.device->CopyOut(from.device_slot, b.data(), from.bytes).ok());
+    held[key] = b;
+    ++admitted;
+    return absl::OkStatus();
+  }
+  bool Evict(uint32_t key) override {
+    if (pins[key] > 0 || held.erase(key) == 0) return false;
+    ++evicted;
+    return true;
+  }
+  TierStats tier_stats() const override { return {}; }
+
+  const ExpertTable &t_;
+  std::map<uint32_t, std::vector<uint8_t>> original, held;
+  std::map<uint32_t, strata::model::ExpertWeights> views;
+  std::map<uint32_t, int> pins;
+  std::vector<int32_t> acquired;
+  int acquires = 0, releases = 0, admitted = 0, evicted = 0;
+  bool refuse_admit = false;
+};
+
+// The bytes an expert's parts span in its slot.
+uint64_t Span(const ExpertTable &t, uint32_t key) {
+  uint64_t end = 0;
+  for (const auto &p : t.entry(t.LayerOf(key), t.ExpertOf(key)).part) end = std::max(end, p.slot_offset + p.bytes);
+  return end;
+}
+
+// Whether the view's three parts hold the original bytes of `key`.
+bool ViewHolds(const ExpertTable &t, const RecordingTier &below, uint32_t key, const strata::model::ExpertWeights &v) {
+  const auto &en = t.entry(t.LayerOf(key), t.ExpertOf(key));
+  const auto &orig = below.original.at(key);
+  const uint8_t *parts[3] = {v.gate.data, v.up.data, v.down.data};
+  for (int p = 0; p < 3; ++p) {
+    if (std::memcmp(parts[p], orig.data() + en.part[p].slot_offset, en.part[p].bytes) != 0) return false;
+  }
+  return true;
+}
+
+struct Model {
+  strata::runtime::Context::Described d;
+  std::unique_ptr<ExpertTable> table;
+  explicit Model(const std::string &path) {
+    auto r = strata::runtime::Context::Describe(path);
+    REQUIRE(r.ok());
+    d = std::move(*r);
+    table = std::make_unique<ExpertTable>(d.weights);
+  }
+};
+
+// One selection per token of `experts` at `layer`, heat for the tier.
+void Route(VramTier &v, int layer, const std::vector<int32_t> &experts) {
+  v.OnRoute(layer, nullptr, static_cast<int64_t>(experts.size()), experts.data(), 1);
+}
+
+}  // namespace
+
+TEST_CASE("the VRAM tier moves experts up, swaps only for markedly hotter ones, and moves victims down",
+          "[store][vram]") {
+  Model m(kGolden + "qwen3moe_f32/model-f32.gguf");
+  const ExpertTable &t = *m.table;
+  REQUIRE(t.n_experts() >= 4);
+  RecordingTier below(t, std::random_device{}());
+  HostSlots dev;
+  VramTierOptions o;
+  o.n_slots = 2;
+  auto vr = VramTier::Create(t, &dev, &below, o);
+  REQUIRE(vr.ok());
+  VramTier &v = **vr;
+  const int L = 1;
+  std::vector<const strata::model::ExpertWeights *> out;
+
+  // Two free slots: the first two experts a layer takes from RAM move up, and RAM gives them up.
+  Route(v, L, {0, 1});
+  REQUIRE(v.Acquire(L, {0, 1}, &out).ok());
+  REQUIRE(out.size() == 2);
+  CHECK(ViewHolds(t, below, t.Key(L, 0), *out[0]));  // this call computes from RAM
+  v.Release(L, {0, 1});
+  CHECK(v.ResidentKeys() == std::vector<uint32_t>{t.Key(L, 0), t.Key(L, 1)});
+  CHECK_FALSE(below.Holds(t.Key(L, 0)));
+  CHECK_FALSE(below.Holds(t.Key(L, 1)));
+  CHECK(v.stats().promotions == 2);
+  CHECK(dev.copies_in == 2);
+
+  // Served from the slots now, with the file's bytes; RAM is asked for nothing.
+  REQUIRE(v.Acquire(L, {1, 0}, &out).ok());
+  CHECK(below.acquired.empty());
+  CHECK(out[0] != nullptr);
+  CHECK(ViewHolds(t, below, t.Key(L, 1), *out[0]));
+  CHECK(ViewHolds(t, below, t.Key(L, 0), *out[1]));
+  CHECK(v.stats().hits == 2);
+  v.Release(L, {1, 0});
+
+  // Expert 2, used a little more than the residents, is not markedly hotter: it stays in RAM.
+  Route(v, L, {2, 2, 2});
+  REQUIRE(v.Acquire(L, {2}, &out).ok());
+  v.Release(L, {2});
+  CHECK(below.Holds(t.Key(L, 2)));
+  CHECK(v.stats().promotions == 2);
+
+  // Markedly hotter: it takes the colder resident's slot (expert 0 or 1 by heat, then age), whose
+  // bytes move down into RAM intact.
+  Route(v, L, std::vector<int32_t>(40, 2));
+  Route(v, L, std::vector<int32_t>(12, 1));
+  REQUIRE(v.Acquire(L, {2}, &out).ok());
+  v.Release(L, {2});
+  CHECK(v.stats().promotions == 3);
+  CHECK(v.stats().demotions == 1);
+  CHECK(below.admitted == 1);
+  CHECK(v.ResidentKeys() == std::vector<uint32_t>{t.Key(L, 1), t.Key(L, 2)});
+  REQUIRE(below.Holds(t.Key(L, 0)));
+  CHECK(std::memcmp(below.held[t.Key(L, 0)].data(), below.original[t.Key(L, 0)].data(), Span(t, t.Key(L, 0))) == 0);
+  CHECK_FALSE(below.Holds(t.Key(L, 2)));
+
+  // A resident in use by the call is no victim: with both residents acquired, nothing swaps.
+  Route(v, L, std::vector<int32_t>(200, 3));
+  REQUIRE(v.Acquire(L, {1, 2, 3}, &out).ok());
+  v.Release(L, {1, 2, 3});
+  CHECK(v.stats().promotions == 3);
+  CHECK(below.Holds(t.Key(L, 3)));
+
+  // With no room below, a victim is dropped (back to the file) rather than failing.
+  below.refuse_admit = true;
+  REQUIRE(v.Acquire(L, {3}, &out).ok());
+  v.Release(L, {3});
+  CHECK(v.stats().dropped == 1);
+  CHECK(v.stats().promotions == 4);
+  below.refuse_admit = false;
+}
+
+TEST_CASE("a failed device copy leaves nothing acquired, and the tier goes on", "[store][vram]") {
+  Model m(kGolden + "qwen3moe_f32/model-f32.gguf");
+  const ExpertTable &t = *m.table;
+  RecordingTier below(t, 7);
+  HostSlots dev;
+  VramTierOptions o;
+  o.n_slots = 3;
+  auto vr = VramTier::Create(t, &dev, &below, o);
+  REQUIRE(vr.ok());
+  VramTier &v = **vr;
+  std::vector<const strata::model::ExpertWeights *> out;
+  dev.fail_next = true;
+  absl::Status st = v.Acquire(0, {0, 1}, &out);
+  CHECK_FALSE(st.ok());
+  CHECK(strata::StatusToMoe(st) == MOE_ERR_BACKEND);
+  CHECK(below.releases == below.acquires);  // released on the way out
+  for (const auto &[key, n] : below.pins) CHECK(n == 0);
+  CHECK(v.ResidentKeys().empty());
+  REQUIRE(v.Acquire(0, {0, 1}, &out).ok());
+  v.Release(0, {0, 1});
+  CHECK(v.ResidentKeys().size() == 2);
+}
+
+TEST_CASE("random traffic keeps the tiers distinct and every expert's bytes intact", "[store][vram]") {
+  Model m(kGolden + "mixtral_f32/model-f32.gguf");
+  const ExpertTable &t = *m.table;
+  const uint32_t seed = std::random_device{}();
+  INFO("seed " << seed);
+  std::mt19937 rng(seed);
+  RecordingTier below(t, seed);
+  HostSlots dev;
+  VramTierOptions o;
+  o.n_slots = 1 + rng() % 5;
+  auto vr = VramTier::Create(t, &dev, &below, o);
+  REQUIRE(vr.ok());
+  VramTier &v = **vr;
+  const int n_keys = t.n_layers() * t.n_experts();
+  std::vector<const strata::model::ExpertWeights *> out;
+  for (int step = 0; step < 300; ++step) {
+    const int layer = static_cast<int>(rng() % t.n_layers());
+    std::set<int32_t> pick;
+    // Skewed: low expert ids come up more often.
+    for (int i = 0; i < 3; ++i) pick.insert(static_cast<int32_t>(std::min(rng() % t.n_experts(), rng() % t.n_experts())));
+    std::vector<int32_t> experts(pick.begin(), pick.end());
+    Route(v, layer, experts);
+    REQUIRE(v.Acquire(layer, experts, &out).ok());
+    for (size_t i = 0; i < experts.size(); ++i) {
+      CHECK(ViewHolds(t, below, t.Key(layer, experts[i]), *out[i]));
+    }
+    v.Release(layer, experts);
+    if (step % 7 == 0) v.OnDecodeToken();
+    for (int key = 0; key < n_keys; ++key) {
+      const bool up = v.Holds(key), down = below.Holds(key);
+      if (t.entry(t.LayerOf(key), t.ExpertOf(key)).weights == nullptr) continue;
+      CHECK(up != down);  // exactly one tier has it
+    }
+  }
+  CHECK(v.stats().promotions >= v.n_slots());
+}
+
+namespace {
+
+moe_ctx *OpenTiered(const std::string &model, uint64_t ram, uint64_t vram) {
+  moe_params p;
+  moe_params_init(&p);
+  p.model_path = model.c_str();
+  p.ram_budget_bytes = ram;
+  p.vram_budget_bytes = vram;
+  p.n_threads = 2;
+  moe_ctx *ctx = nullptr;
+  INFO(model << ": " << moe_last_error());
+  REQUIRE(moe_ctx_open(&p, &ctx) == MOE_OK);
+  return ctx;
+}
+
+struct Run {
+  std::vector<float> logits;
+  moe_stats stats;
+};
+
+// Prefill 12 tokens, then one a step: every position's logits.
+Run RunTokens(moe_ctx *ctx, const std::vector<int32_t> &tokens) {
+  Run r;
+  moe_session_params sp;
+  moe_session_params_init(&sp);
+  sp.logits_all = 1;
+  moe_session *s = nullptr;
+  REQUIRE(moe_session_open(ctx, &sp, &s) == MOE_OK);
+  const int32_t nv = moe_ctx_vocab_size(ctx);
+  r.logits.assign(tokens.size() * nv, std::nanf(""));
+  size_t done = 0;
+  while (done < tokens.size()) {
+    const size_t n = done == 0 ? std::min<size_t>(12, tokens.size()) : 1;
+    REQUIRE(moe_session_feed(s, tokens.data() + done, n) == MOE_OK);
+    INFO(moe_last_error());
+    REQUIRE(moe_ctx_step(ctx, nullptr) == MOE_OK);
+    const float *rows;
+    int32_t nt, v;
+    REQUIRE(moe_session_logits_all(s, &rows, &nt, &v) == MOE_OK);
+    std::copy(rows, rows + n * nv, r.logits.begin() + done * nv);
+    done += n;
+  }
+  moe_session_close(s);
+  REQUIRE(moe_ctx_wait_loads(ctx) == MOE_OK);
+  moe_stats_init(&r.stats);
+  REQUIRE(moe_ctx_stats(ctx, &r.stats) == MOE_OK);
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("logits at (RAM, VRAM) budget pairs are bit-identical to the all-resident run", "[store][vram][golden]") {
+  TestDevice device;
+  for (const char *m : {"qwen3moe_f32/model-q8_0.gguf", "mixtral_f32/model-f16.gguf", "deepseek3_f32/model-f32.gguf",
+                        "gptoss_f32/model-mxfp4.gguf"}) {
+    const std::string model = kGolden + m;
+    const auto tokens = ReadBinary<int32_t>(kGolden + std::string(m).substr(0, std::string(m).find('/')) + "/tokens.bin");
+    moe_ctx *full = OpenTiered(model, 0, 0);
+    const Run ref = RunTokens(full, tokens);
+    CHECK(ref.stats.streaming == 0);
+    moe_ctx_close(full);
+
+    // The plan at the minimum RAM budget: what each tier spends before its slots.
+    moe_params p;
+    moe_params_init(&p);
+    p.model_path = model.c_str();
+    p.ram_budget_bytes = 1;
+    moe_cache_plan plan;
+    moe_cache_plan_init(&plan);
+    REQUIRE(moe_plan(&p, &plan) == MOE_OK);
+    const uint32_t routed = plan.n_routed_experts, ram_min = plan.ram_expert_slots;
+    REQUIRE(ram_min < routed);
+    std::mt19937 rng(std::random_device{}());
+    const uint32_t few = 1 + rng() % 3;
+    const uint32_t pairs[][2] = {{ram_min, few},
+                                 {ram_min, routed - ram_min - 1},
+                                 {ram_min + 1 + static_cast<uint32_t>(rng() % 3), routed}};
+    for (const auto &pair : pairs) {
+      const uint64_t ram = plan.ram_fixed_bytes + uint64_t{pair[0]} * plan.expert_slot_bytes;
+      // The tests' device plans as a GPU would: fixed + k slots gives k slots.
+      const uint64_t vram = plan.ram_fixed_bytes + uint64_t{pair[1]} * plan.expert_slot_bytes;
+      moe_ctx *ctx = OpenTiered(model, ram, vram);
+      moe_cache_plan got;
+      moe_cache_plan_init(&got);
+      REQUIRE(moe_ctx_plan(ctx, &got) == MOE_OK);
+      INFO(m << ": RAM " << pair[0] << " VRAM " << pair[1] << " of " << routed);
+      CHECK(got.ram_expert_slots == pair[0]);
+      CHECK(got.vram_fixed_bytes == got.ram_fixed_bytes);
+      CHECK(got.vram_expert_slots == std::min(pair[1], routed));
+      CHECK(got.streamed_experts == routed - std::min(routed, got.ram_expert_slots + got.vram_expert_slots));
+      const Run r = RunTokens(ctx, tokens);
+      CHECK(r.logits.size() == ref.logits.size());
+      CHECK(std::memcmp(r.logits.data(), ref.logits.data(), r.logits.size() * sizeof(float)) == 0);
+      CHECK(r.stats.streaming == 1);
+      CHECK(r.stats.vram_expert_slots == got.vram_expert_slots);
+      CHECK(r.stats.vram_promotions > 0);
+      CHECK(r.stats.vram_hits > 0);
+      // Every expert use is served by exactly one tier, or read from the file.
+      CHECK(r.stats.vram_hits + r.stats.expert_hits + r.stats.expert_misses == ref.stats.expert_hits);
+      moe_ctx_close(ctx);
+    }
+  }
+}
+
+TEST_CASE("plan --json gives each tier's slots from budgets of fixed + k slots", "[store][vram][plan]") {
+  const std::string model = kGolden + "qwen3moe_f32/model-q8_0.gguf";
+  moe_params p;
+  moe_params_init(&p);
+  p.model_path = model.c_str();
+  p.ram_budget_bytes = 1;
+  p.backend = MOE_BACKEND_CUDA;  // planned without a GPU
+  moe_cache_plan plan;
+  moe_cache_plan_init(&plan);
+  REQUIRE(moe_plan(&p, &plan) == MOE_OK);
+  CHECK(plan.vram_fixed_bytes > 0);
+  CHECK(plan.vram_expert_slots == 0);  // no VRAM budget while experts stream: no VRAM tier
+  std::mt19937 rng(std::random_device{}());
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t kr = plan.ram_expert_slots + rng() % 4, kv = rng() % (plan.n_routed_experts + 2);
+    p.ram_budget_bytes = plan.ram_fixed_bytes + uint64_t{kr} * plan.expert_slot_bytes;
+    p.vram_budget_bytes = plan.vram_fixed_bytes + uint64_t{kv} * plan.expert_slot_bytes + rng() % plan.expert_slot_bytes;
+    moe_cache_plan q;
+    moe_cache_plan_init(&q);
+    REQUIRE(moe_plan(&p, &q) == MOE_OK);
+    CHECK(q.ram_expert_slots == std::min(kr, q.n_routed_experts));
+    CHECK(q.vram_expert_slots == std::min(kv, q.n_routed_experts));
+    CHECK(q.streamed_experts == q.n_routed_experts - std::min(q.n_routed_experts, q.ram_expert_slots + q.vram_expert_slots));
+  }
+  p.backend = MOE_BACKEND_CPU;
+  moe_cache_plan c;
+  moe_cache_plan_init(&c);
+  REQUIRE(moe_plan(&p, &c) == MOE_OK);
+  CHECK(c.vram_fixed_bytes == 0);
+  CHECK(c.vram_expert_slots == 0);
+}
