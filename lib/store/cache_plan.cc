@@ -80,8 +80,33 @@ absl::StatusOr<CachePlan> MakePlan(const model::HParams &hp, const model::ModelW
   p.ram_budget_bytes = budget;
   const uint64_t slots = p.expert_slot_bytes ? (budget - fixed) / p.expert_slot_bytes : 0;
   p.ram_expert_slots = static_cast<uint32_t>(std::min<uint64_t>(slots, p.n_routed_experts));
+  p.ram_fixed_bytes = fixed;
   p.vram_budget_bytes = in.have_gpu ? in.vram_budget_bytes : 0;
-  p.vram_expert_slots = 0;  // the VRAM tier is planned by the CUDA backend
+  p.vram_expert_slots = 0;
+  if (in.have_gpu) {
+    // The device holds its own copies of the non-routed weights, the KV cache and the workspace.
+    p.vram_fixed_bytes = fixed;
+    const bool streaming = p.ram_expert_slots < p.n_routed_experts;
+    if (p.vram_budget_bytes == 0) {
+      // Auto: with every expert in RAM the device holds them all too (the backend's tier over the
+      // resident experts); while experts stream, a VRAM tier needs a budget to size it.
+      if (!streaming) {
+        p.vram_expert_slots = p.n_routed_experts;
+      } else {
+        p.warnings.push_back("no VRAM budget: experts stream from the file without a VRAM tier (give one to stack "
+                             "VRAM over RAM)");
+      }
+    } else if (p.vram_budget_bytes > p.vram_fixed_bytes && p.expert_slot_bytes > 0) {
+      p.vram_expert_slots = static_cast<uint32_t>(
+          std::min<uint64_t>((p.vram_budget_bytes - p.vram_fixed_bytes) / p.expert_slot_bytes, p.n_routed_experts));
+    } else {
+      p.warnings.push_back(absl::StrFormat(
+          "VRAM budget %u bytes does not cover the device's fixed %u bytes: no VRAM expert tier", p.vram_budget_bytes,
+          p.vram_fixed_bytes));
+    }
+  }
+  const uint64_t held = std::min<uint64_t>(uint64_t{p.ram_expert_slots} + p.vram_expert_slots, p.n_routed_experts);
+  p.streamed_experts = static_cast<uint32_t>(p.n_routed_experts - held);
   return p;
 }
 
@@ -118,12 +143,20 @@ std::string FormatLedger(const CachePlan &p) {
   const uint64_t ram_experts = static_cast<uint64_t>(p.ram_expert_slots) * p.expert_slot_bytes;
   o << absl::StrFormat("%-28s %14u  %s  min(%u, floor((budget - fixed) / %u)) = %u slots\n", "RAM expert tier",
                        ram_experts, mib(ram_experts), p.n_routed_experts, p.expert_slot_bytes, p.ram_expert_slots);
-  o << absl::StrFormat("%-28s %14u  %s  %u slots\n", "VRAM expert tier",
-                       static_cast<uint64_t>(p.vram_expert_slots) * p.expert_slot_bytes,
-                       mib(static_cast<uint64_t>(p.vram_expert_slots) * p.expert_slot_bytes), p.vram_expert_slots);
-  const uint64_t on_disk = p.routed_expert_bytes > ram_experts ? p.routed_expert_bytes - ram_experts : 0;
-  o << absl::StrFormat("%-28s %14u  %s  routed experts - RAM expert tier\n", "streamed from file", on_disk,
-                       mib(on_disk));
+  const uint64_t vram_experts = static_cast<uint64_t>(p.vram_expert_slots) * p.expert_slot_bytes;
+  if (p.vram_fixed_bytes > 0) {
+    o << absl::StrFormat("%-28s %14u  %s  %s\n", "VRAM budget", p.vram_budget_bytes, mib(p.vram_budget_bytes),
+                         p.vram_budget_bytes == 0 ? "auto" : "requested");
+    o << absl::StrFormat("%-28s %14u  %s  min(%u, floor((budget - fixed) / %u)) = %u slots\n", "VRAM expert tier",
+                         vram_experts, mib(vram_experts), p.n_routed_experts, p.expert_slot_bytes, p.vram_expert_slots);
+  } else {
+    o << absl::StrFormat("%-28s %14u  %s  %u slots (no device tier)\n", "VRAM expert tier", vram_experts,
+                         mib(vram_experts), p.vram_expert_slots);
+  }
+  const uint64_t held = ram_experts + vram_experts;
+  const uint64_t on_disk = p.routed_expert_bytes > held ? p.routed_expert_bytes - held : 0;
+  o << absl::StrFormat("%-28s %14u  %s  routed experts - VRAM tier - RAM tier (distinct experts): %u experts\n",
+                       "streamed from file", on_disk, mib(on_disk), p.streamed_experts);
   for (const auto &w : p.warnings) o << "warning: " << w << "\n";
   return o.str();
 }

@@ -21,6 +21,8 @@ struct PlanInputs {
   int max_sessions = 1;
   int max_batch_tokens = 512;
   uint64_t kv_budget_bytes = 0;    // KV blocks all sessions may hold; 0 = max_sessions x n_ctx
+  // The backend computes in device memory of its own (CUDA, also when planning on a machine without
+  // a GPU): the plan then has a VRAM tier from vram_budget_bytes.
   bool have_gpu = false;
   uint64_t usable_ram_bytes = 0;   // 0 = read from /proc/meminfo
 };
@@ -49,6 +51,12 @@ struct CachePlan {
   uint32_t min_expert_slots = 0;
   uint32_t ram_expert_slots = 0;
   uint32_t vram_expert_slots = 0;
+  // What each budget spends before expert slots: a budget of fixed + k slots gives k slots.
+  uint64_t ram_fixed_bytes = 0;     // non-routed weights, KV and workspace in host memory
+  uint64_t vram_fixed_bytes = 0;    // their device copies (0 without a device tier)
+  // Routed experts neither tier holds: read from the file as they are needed. The tiers hold
+  // distinct experts while experts stream, so this is routed - VRAM - RAM (at least 0).
+  uint32_t streamed_experts = 0;
   bool clamped = false;
   int n_ctx = 0;
   int max_sessions = 0;
