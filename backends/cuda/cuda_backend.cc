@@ -2,6 +2,7 @@
 // device kernel, one packed buffer of vectors), pointer resolution from host weight addresses to
 // device ones, and each Backend operation as kernel-layer launches on one stream.
 #include "backends/cuda/cuda_backend.h"
+#include "backends/cuda/device_slots.h"
 
 #include <cuda_profiler_api.h>
 
@@ -527,6 +528,17 @@ absl::Status CudaBackend::MapHostMemory(const uint8_t *p, size_t bytes) {
   regions_[p] = Region{bytes, 0, 0, false, static_cast<uint8_t *>(dev)};
   mapped_.push_back(p);
   return absl::OkStatus();
+}
+
+std::unique_ptr<store::DeviceSlots> CudaBackend::MakeDeviceSlots() {
+  return std::make_unique<CudaDeviceSlots>(this);
+}
+
+void CudaBackend::AddDeviceRegion(uint8_t *dev, size_t bytes) { regions_[dev] = Region{bytes, 0, 0, false, dev}; }
+
+void CudaBackend::ForgetDeviceRegion(uint8_t *dev) {
+  (void)stream_.Synchronize();
+  regions_.erase(dev);
 }
 
 void CudaBackend::UnmapHostMemory(const uint8_t *p) {

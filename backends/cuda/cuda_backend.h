@@ -146,6 +146,13 @@ class CudaBackend final : public model::Backend {
   // where a routed expert's codec or shape cannot be read in place.
   absl::Status MapHostMemory(const uint8_t *p, size_t bytes) override;
   void UnmapHostMemory(const uint8_t *p) override;
+  // The VRAM tier's slots (CudaDeviceSlots): device memory whose addresses the views of the experts
+  // it holds carry, resolved to themselves (AddDeviceRegion) until the slots go.
+  std::unique_ptr<store::DeviceSlots> MakeDeviceSlots() override;
+  void AddDeviceRegion(uint8_t *dev, size_t bytes);
+  void ForgetDeviceRegion(uint8_t *dev);
+  cudaStream_t compute_stream() const { return stream_.get(); }
+  const Stream &copy_stream() const { return copy_stream_; }
 
  private:
   CudaBackend() = default;

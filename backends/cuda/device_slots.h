@@ -1,0 +1,33 @@
+// The VRAM tier's device slots over CUDA (lib/store/tier.h): one device allocation of fixed slots,
+// entered into the backend's address map so a view into a slot resolves to itself, and copies in
+// and out on the backend's copy stream, ordered after the compute stream's work queued so far.
+#pragma once
+
+#include "backends/cuda/memory.h"
+#include "lib/store/tier.h"
+
+namespace strata::cuda {
+
+class CudaBackend;
+
+class CudaDeviceSlots final : public store::DeviceSlots {
+ public:
+  explicit CudaDeviceSlots(CudaBackend *backend) : be_(backend) {}
+  ~CudaDeviceSlots() override;
+  std::string_view name() const override { return "cuda"; }
+  absl::Status Allocate(uint32_t n, uint64_t slot_bytes) override;
+  uint8_t *slot(uint32_t s) const override { return buf_.as<uint8_t>() + static_cast<uint64_t>(s) * stride_; }
+  absl::Status CopyIn(uint32_t s, const uint8_t *src, uint64_t bytes) override;
+  absl::Status CopyOut(uint32_t s, uint8_t *dst, uint64_t bytes) override;
+
+ private:
+  // The copy on the copy stream after the compute stream's work so far, waited for.
+  absl::Status Copy(void *dst, const void *src, uint64_t bytes, cudaMemcpyKind kind);
+  CudaBackend *be_;
+  DeviceBuffer buf_;
+  uint64_t stride_ = 0;
+  uint32_t n_ = 0;
+  Event after_compute_;
+};
+
+}  // namespace strata::cuda
