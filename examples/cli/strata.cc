@@ -358,7 +358,8 @@ std::string StatsJson(moe_ctx *ctx) {
                 "\"prefetch_skipped\":%llu,\"prefetch_precision\":%.4f,\"vram_expert_slots\":%u,"
                 "\"vram_device_layers\":%u,\"vram_fills\":%llu,\"vram_fill_bytes\":%llu,\"vram_zero_copy\":%llu,"
                 "\"vram_promotions\":%llu,\"gpu_graph_captures\":%llu,\"gpu_graph_replays\":%llu,\"numa_node\":%d,"
-                "\"vram_cpu_layers\":%u,\"vram_cpu_experts\":%llu,\"vram_replans\":%llu}",
+                "\"vram_cpu_layers\":%u,\"vram_cpu_experts\":%llu,\"vram_replans\":%llu,\"vram_hits\":%llu,"
+                "\"vram_demotions\":%llu}",
                 st.streaming, static_cast<unsigned long long>(st.expert_hits),
                 static_cast<unsigned long long>(st.expert_misses), static_cast<unsigned long long>(st.bytes_read),
                 st.io_wait_s, static_cast<unsigned long long>(st.prefetch_issued),
@@ -372,7 +373,8 @@ std::string StatsJson(moe_ctx *ctx) {
                 static_cast<unsigned long long>(st.gpu_graph_captures),
                 static_cast<unsigned long long>(st.gpu_graph_replays), st.numa_node, st.vram_cpu_layers,
                 static_cast<unsigned long long>(st.vram_cpu_experts),
-                static_cast<unsigned long long>(st.vram_replans));
+                static_cast<unsigned long long>(st.vram_replans), static_cast<unsigned long long>(st.vram_hits),
+                static_cast<unsigned long long>(st.vram_demotions));
   return buf;
 }
 
@@ -925,8 +927,9 @@ int CmdBench(const Args &a) {
   moe_ctx_plan(ctx.c, &plan);
   auto secs = [](auto u, auto v) { return std::chrono::duration<double>(v - u).count(); };
   const double pre_s = secs(t2, t3), dec_s = secs(t3, t4);
-  const double uses = static_cast<double>(dec.expert_hits + dec.expert_misses);
-  const double hit_rate = uses > 0 ? dec.expert_hits / uses : 1.0;
+  // Hits of either tier (VRAM over a streamed RAM tier, or RAM alone) against reads from the file.
+  const double uses = static_cast<double>(dec.vram_hits + dec.expert_hits + dec.expert_misses);
+  const double hit_rate = uses > 0 ? (dec.vram_hits + dec.expert_hits) / uses : 1.0;
   const int64_t n_tok = n * static_cast<int64_t>(n_sess);  // decode tokens of all sessions
   const double bytes_per_tok = n_tok > 0 ? static_cast<double>(dec.bytes_read) / n_tok : 0.0;
   const size_t n_prefill = prompt.size() * n_sess;
@@ -956,8 +959,9 @@ int CmdBench(const Args &a) {
                 plan.ram_expert_slots, plan.n_routed_experts, n_prefill, n_prefill / pre_s,
                 static_cast<long long>(n_tok), n_tok / dec_s, hit_rate, bytes_per_tok, dec.io_wait_s,
                 static_cast<unsigned long long>(prefill.bytes_read),
-                prefill.expert_hits + prefill.expert_misses
-                    ? static_cast<double>(prefill.expert_hits) / (prefill.expert_hits + prefill.expert_misses)
+                prefill.vram_hits + prefill.expert_hits + prefill.expert_misses
+                    ? static_cast<double>(prefill.vram_hits + prefill.expert_hits) /
+                          (prefill.vram_hits + prefill.expert_hits + prefill.expert_misses)
                     : 1.0,
                 link_per_tok, steps.p50_ms, steps.p90_ms, steps.max_ms, steady_tok_s, JsonArray(step_ms).c_str(),
                 StatsJson(ctx.c).c_str());
@@ -976,8 +980,16 @@ int CmdBench(const Args &a) {
       std::printf("decode steps     %.2f ms median (%.2f tok/s steady), %.2f ms p90, %.2f ms slowest\n", steps.p50_ms,
                   steady_tok_s, steps.p90_ms, steps.max_ms);
     }
-    std::printf("expert hit rate  %.1f%% (%llu hits, %llu misses)\n", 100 * hit_rate,
-                static_cast<unsigned long long>(dec.expert_hits), static_cast<unsigned long long>(dec.expert_misses));
+    if (dec.vram_hits > 0) {
+      std::printf("expert hit rate  %.1f%% (%llu VRAM hits, %llu RAM hits, %llu misses; %llu moved up, %llu down)\n",
+                  100 * hit_rate, static_cast<unsigned long long>(dec.vram_hits),
+                  static_cast<unsigned long long>(dec.expert_hits), static_cast<unsigned long long>(dec.expert_misses),
+                  static_cast<unsigned long long>(dec.vram_promotions),
+                  static_cast<unsigned long long>(dec.vram_demotions));
+    } else {
+      std::printf("expert hit rate  %.1f%% (%llu hits, %llu misses)\n", 100 * hit_rate,
+                  static_cast<unsigned long long>(dec.expert_hits), static_cast<unsigned long long>(dec.expert_misses));
+    }
     std::printf("read per token   %.2f MiB\n", bytes_per_tok / 1048576.0);
     std::printf("I/O wait         %.3f s (%.0f%% of decode)\n", dec.io_wait_s, 100 * dec.io_wait_s / dec_s);
     std::printf("prefetch         %llu issued, %llu useful, %llu skipped (precision %.0f%%)\n",
@@ -1202,15 +1214,36 @@ int CmdPlan(const Args &a) {
   o.n_ctx = static_cast<int>(a.n_ctx);
   o.max_sessions = static_cast<int>(a.max_sessions);
   o.kv_budget_bytes = a.kv_budget;
+  o.backend = a.backend;
   auto plan = strata::store::MakePlan(d.hp, d.weights, strata::runtime::Context::PlanInputsFor(o, d.hp));
   if (!plan.ok()) Die(std::string(plan.status().message()));
-  std::printf("cache plan for %s (%s, %d layers x %d experts)\n\n", path.c_str(), d.hp.arch_name.c_str(), d.hp.n_layer,
-              d.hp.n_expert);
-  std::fputs(strata::store::FormatLedger(*plan).c_str(), stdout);
   if (plan->clamped) {
     std::fprintf(stderr, "strata: warning: RAM budget raised to the minimum that can run, %llu bytes\n",
                  static_cast<unsigned long long>(plan->ram_budget_bytes));
   }
+  if (a.json) {
+    // One object a script sizes budgets from (DESIGN.md 3.2): the integer fields are exact.
+    const auto &p = *plan;
+    const std::string model = nlohmann::json(path).dump();  // a JSON string, quoted
+    std::printf(
+        "{\"model\":%s,\"backend\":\"%s\",\"routed_experts\":%u,\"vram_expert_slots\":%u,"
+        "\"ram_expert_slots\":%u,\"streamed_experts\":%u,\"ram_fixed_bytes\":%llu,\"vram_fixed_bytes\":%llu,"
+        "\"expert_slot_bytes\":%llu,\"kv_bytes_per_token\":%llu,\"ram_budget_bytes\":%llu,"
+        "\"vram_budget_bytes\":%llu,\"non_routed_bytes\":%llu,\"kv_bytes\":%llu,\"workspace_bytes\":%llu,"
+        "\"routed_expert_bytes\":%llu,\"n_layers\":%u,\"experts_per_layer\":%u,\"clamped\":%s}\n",
+        model.c_str(), p.vram_fixed_bytes > 0 ? "cuda" : "cpu", p.n_routed_experts, p.vram_expert_slots,
+        p.ram_expert_slots, p.streamed_experts, static_cast<unsigned long long>(p.ram_fixed_bytes),
+        static_cast<unsigned long long>(p.vram_fixed_bytes), static_cast<unsigned long long>(p.expert_slot_bytes),
+        static_cast<unsigned long long>(p.kv_bytes_per_token), static_cast<unsigned long long>(p.ram_budget_bytes),
+        static_cast<unsigned long long>(p.vram_budget_bytes), static_cast<unsigned long long>(p.non_routed_bytes),
+        static_cast<unsigned long long>(p.kv_bytes), static_cast<unsigned long long>(p.workspace_bytes),
+        static_cast<unsigned long long>(p.routed_expert_bytes), p.n_layers, p.n_experts_per_layer,
+        p.clamped ? "true" : "false");
+    return 0;
+  }
+  std::printf("cache plan for %s (%s, %d layers x %d experts)\n\n", path.c_str(), d.hp.arch_name.c_str(), d.hp.n_layer,
+              d.hp.n_expert);
+  std::fputs(strata::store::FormatLedger(*plan).c_str(), stdout);
   return 0;
 }
 

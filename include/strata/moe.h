@@ -216,6 +216,11 @@ typedef struct moe_cache_plan {
   uint64_t kv_bytes_per_token;      /* one position of one session, all layers */
   uint32_t kv_block_tokens;         /* positions per KV block (128) */
   uint32_t kv_max_blocks;           /* blocks the KV budget holds */
+  /* Since 0.6: the three tiers. A budget of fixed + k x expert_slot_bytes gives k slots in its tier;
+   * while experts stream, VRAM and RAM hold distinct experts. */
+  uint64_t ram_fixed_bytes;         /* what the RAM budget spends before expert slots */
+  uint64_t vram_fixed_bytes;        /* what the VRAM budget spends before expert slots (0: no device tier) */
+  uint32_t streamed_experts;        /* routed experts neither tier holds: routed - VRAM - RAM, at least 0 */
 } moe_cache_plan;
 
 static inline void moe_cache_plan_init(moe_cache_plan *p) {
@@ -329,6 +334,11 @@ typedef struct moe_stats {
   uint32_t vram_cpu_layers;    /* MoE layers now splitting their cold experts with the CPU */
   uint64_t vram_cpu_experts;   /* expert uses the CPU computed from host RAM instead of the GPU */
   uint64_t vram_replans;       /* times a prompt's route hotness re-planned the VRAM slots */
+  /* Since 0.6: the VRAM tier stacked over a streamed RAM tier (the two hold distinct experts; the
+   * hits of each tier and the file's reads add up to the expert uses). There vram_expert_slots,
+   * vram_fills, vram_fill_bytes and vram_promotions count that tier's slots and moves up. */
+  uint64_t vram_hits;          /* expert uses served from a VRAM slot */
+  uint64_t vram_demotions;     /* VRAM residents moved down into RAM to make room */
 } moe_stats;
 
 static inline void moe_stats_init(moe_stats *p) {

@@ -131,6 +131,9 @@ void FillPlan(const strata::store::CachePlan &p, moe_cache_plan *out) {
   full.kv_bytes_per_token = p.kv_bytes_per_token;
   full.kv_block_tokens = strata::model::kKvBlockTokens;
   full.kv_max_blocks = p.kv_max_blocks;
+  full.ram_fixed_bytes = p.ram_fixed_bytes;
+  full.vram_fixed_bytes = p.vram_fixed_bytes;
+  full.streamed_experts = p.streamed_experts;
   std::memcpy(out, &full, std::min<size_t>(out->struct_size, sizeof full));
 }
 
@@ -410,6 +413,14 @@ moe_status moe_ctx_stats(const moe_ctx *ctx, moe_stats *out) {
     st.vram_cpu_layers = cs.device.cpu_layers;
     st.vram_cpu_experts = cs.device.cpu_experts;
     st.vram_replans = cs.device.replans;
+    if (cs.vram.n_slots > 0) {  // the VRAM tier over the streamed RAM tier
+      st.vram_expert_slots = cs.vram.n_slots;
+      st.vram_fills = cs.vram.promotions;
+      st.vram_fill_bytes = cs.vram.bytes_up;
+      st.vram_promotions = cs.vram.promotions;
+      st.vram_hits = cs.vram.hits;
+      st.vram_demotions = cs.vram.demotions;
+    }
     if (!cs.streaming && cs.device.prefetched > 0) {  // the GPU's prefetch: the RAM tier's fields are idle
       st.prefetch_issued = cs.device.prefetched;
       st.prefetch_useful = cs.device.prefetch_used;

@@ -20,6 +20,7 @@
 #endif
 #include "lib/model/pack.h"
 #include "lib/runtime/snapshot.h"
+#include "lib/store/vram_tier.h"
 #include "lib/util/numa.h"
 
 namespace strata::runtime {
@@ -41,6 +42,8 @@ store::PlanInputs Context::PlanInputsFor(const ContextOptions &o, const model::H
   in.kv_budget_bytes = o.kv_budget_bytes;
   // The workspace is planned for the batches the context will run.
   in.max_batch_tokens = o.max_batch_tokens > 0 ? o.max_batch_tokens : kDefaultMaxBatchTokens;
+  // A device tier is planned for the CUDA backend asked by name (Open plans AUTO's choice again).
+  in.have_gpu = o.backend == MOE_BACKEND_CUDA;
   return in;
 }
 
@@ -152,8 +155,15 @@ absl::StatusOr<std::unique_ptr<Context>> Context::Open(const ContextOptions &o) 
   // and the backend's pinned buffers are first touched on the GPU's node.
   const int gpu_node = cuda ? cuda::DeviceNumaNode() : -1;
 #else
+  const bool cuda = false;
   const int gpu_node = -1;
 #endif
+  // A backend with memory of its own (or the tests' host-memory device) plans a VRAM tier; the RAM
+  // tier's arithmetic is the same either way.
+  if (const bool device_tier = cuda || store::DeviceSlotsForTesting() != nullptr; device_tier != in.have_gpu) {
+    in.have_gpu = device_tier;
+    STRATA_ASSIGN_OR_RETURN(ctx->plan_, store::MakePlan(ctx->hp_, ctx->weights_, in));
+  }
   {
     numa::ScopedNodeBinding bind(gpu_node);
     model::LoadOptions lo;
@@ -198,7 +208,7 @@ absl::StatusOr<std::unique_ptr<Context>> Context::Open(const ContextOptions &o) 
                                                       static_cast<size_t>(std::max(o.hotlist_max, 0))));
     ctx->plan_.vram_budget_bytes = o.vram_budget_bytes;
     ctx->plan_.vram_expert_slots = be->expert_slots() > 0 ? static_cast<uint32_t>(be->expert_slots())
-                                   : streaming                ? 0
+                                   : streaming                ? ctx->plan_.vram_expert_slots  // the VRAM tier's
                                                               : ctx->plan_.n_routed_experts;
     ctx->backend_ = std::move(be);
   }
@@ -239,11 +249,34 @@ absl::StatusOr<std::unique_ptr<Context>> Context::Open(const ContextOptions &o) 
       STRATA_RETURN_IF_ERROR(ctx->backend_->MapHostMemory(ctx->cache_->slab(), ctx->cache_->slab_bytes()));
     }
 #endif
+    // The VRAM tier stacks over the RAM tier where the backend has memory of its own and the plan
+    // gives it slots: the two hold distinct experts, so their budgets add up.
+    ctx->device_slots_ = ctx->backend_->MakeDeviceSlots();
+    if (ctx->device_slots_ == nullptr && store::DeviceSlotsForTesting() != nullptr) {
+      ctx->device_slots_ = store::DeviceSlotsForTesting()();
+    }
+    if (ctx->device_slots_ != nullptr && ctx->plan_.vram_expert_slots > 0) {
+      store::VramTierOptions vo;
+      vo.n_slots = ctx->plan_.vram_expert_slots;
+      STRATA_ASSIGN_OR_RETURN(ctx->vram_, store::VramTier::Create(*ctx->table_, ctx->device_slots_.get(),
+                                                                   ctx->cache_.get(), vo));
+      ctx->cache_->SetTierAbove(ctx->vram_.get());
+    } else {
+      ctx->device_slots_.reset();
+      ctx->plan_.vram_expert_slots = 0;
+    }
+    ctx->plan_.streamed_experts = static_cast<uint32_t>(
+        ctx->plan_.n_routed_experts -
+        std::min<uint64_t>(ctx->plan_.n_routed_experts,
+                           uint64_t{ctx->plan_.ram_expert_slots} + ctx->plan_.vram_expert_slots));
   }
   if (!hot.empty() && ctx->cache_ != nullptr) {
     std::vector<uint32_t> keys;
     for (const auto &h : hot) keys.push_back(ctx->table_->Key(h.layer, h.expert));
     const size_t cap = o.hotlist_max > 0 ? static_cast<size_t>(o.hotlist_max) : keys.size();
+    // The hottest fill VRAM first (read through the RAM tier, which then gives them up), the next
+    // ones RAM: the RAM tier's preload skips what the VRAM tier holds.
+    if (ctx->vram_ != nullptr) STRATA_RETURN_IF_ERROR(ctx->vram_->Seed(keys, cap).status());
     ctx->cache_->Preload(keys, cap);  // loads run on the I/O threads while the host carries on
   }
   return ctx;
@@ -481,7 +514,10 @@ absl::Status Context::StepLocked(int cap, bool *ran) {
 
   // --- the passes: one over every chunk; token-by-token chunks add one pass per further token ---
   ResidentExperts resident(weights_, &resident_hits_, &resident_layer_hits_);
-  CountingExperts counting(cache_ != nullptr ? static_cast<model::ExpertSource *>(cache_.get()) : &resident,
+  model::ExpertSource *tiers = vram_ != nullptr    ? static_cast<model::ExpertSource *>(vram_.get())
+                               : cache_ != nullptr ? static_cast<model::ExpertSource *>(cache_.get())
+                                                   : &resident;
+  CountingExperts counting(tiers,
                            &expert_counts_, hp_.n_expert, cache_.get(), hp_.n_layer);
   size_t n_pass = 1;
   bool prompt = false;
@@ -490,6 +526,7 @@ absl::Status Context::StepLocked(int cap, bool *ran) {
     prompt = prompt || (c.tokens.size() > 1 && c.new_input);
   }
   if (cache_ != nullptr && prompt) cache_->OnNewPrompt();
+  if (vram_ != nullptr && prompt) vram_->OnNewPrompt();
   const auto t0 = std::chrono::steady_clock::now();
   int64_t n_tok = 0;
   for (size_t p = 0; p < n_pass; ++p) {
@@ -530,6 +567,7 @@ absl::Status Context::StepLocked(int cap, bool *ran) {
       return c->tokens.size() == 1;
     });
     if (cache_ != nullptr && decode) cache_->OnDecodeToken();
+    if (vram_ != nullptr && decode) vram_->OnDecodeToken();
   }
   const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
   const double per_tok = us / static_cast<double>(std::max<int64_t>(1, n_tok));
@@ -587,6 +625,7 @@ absl::Status Context::EvictSession(Session *s) {
 ContextStats Context::Stats() const {
   ContextStats st;
   st.streaming = cache_ != nullptr;
+  if (vram_ != nullptr) st.vram = vram_->stats();
   if (cache_ != nullptr) {
     st.cache = cache_->stats();
   } else {
@@ -620,6 +659,7 @@ std::vector<uint64_t> Context::ExpertCounts() const {
 
 void Context::ResetStats() {
   if (cache_ != nullptr) cache_->ResetStats();
+  if (vram_ != nullptr) vram_->ResetStats();
   std::lock_guard<std::mutex> lk(mu_);
   std::fill(expert_counts_.begin(), expert_counts_.end(), 0);
   resident_hits_ = 0;

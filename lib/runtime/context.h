@@ -20,6 +20,7 @@
 #include "lib/store/cache_plan.h"
 #include "lib/store/expert_cache.h"
 #include "lib/store/expert_table.h"
+#include "lib/store/vram_tier.h"
 #include "lib/text/tokenizer.h"
 
 namespace strata::runtime {
@@ -72,6 +73,7 @@ int DefaultPrefillLayerMin(int n_expert, int n_expert_used);
 struct ContextStats {
   bool streaming = false;        // routed experts stream from the file through the RAM cache
   store::CacheStats cache;       // hits are RAM-tier hits; misses were read from the file
+  store::VramTierStats vram;     // the VRAM tier over the streamed RAM tier (zeros without one)
   model::DeviceTierStats device; // the device backend's VRAM tier (counters since the last reset)
   int numa_node = -1;            // where the weights and pinned buffers were placed (the GPU's node), or -1
 };
@@ -240,6 +242,9 @@ class Context {
   std::string chat_template_;
   std::unique_ptr<store::ExpertTable> table_;
   std::unique_ptr<store::ExpertCache> cache_;  // after backend_: destroyed first
+  // The VRAM tier over cache_ and its device slots (the backend's): destroyed before both.
+  std::unique_ptr<store::DeviceSlots> device_slots_;
+  std::unique_ptr<store::VramTier> vram_;
   uint64_t resident_hits_ = 0;                  // expert uses when nothing streams
   std::vector<uint64_t> expert_counts_;         // selections per (layer, expert)
   std::vector<uint64_t> resident_layer_hits_;

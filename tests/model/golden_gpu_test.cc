@@ -898,3 +898,47 @@ TEST_CASE("CUDA backend: decode steps replay from a CUDA graph, bit-identical to
     CHECK(graphed == eager);
   }
 }
+
+// Three tiers at once: with experts streaming through a small RAM tier, a VRAM budget stacks a
+// tier of distinct experts above it (moved up from RAM, victims moved down). At every (RAM, VRAM)
+// pair the logits are bit-identical to the unbounded run with the GPU computing every expert, and
+// each expert use is served by one tier or read from the file.
+TEST_CASE("CUDA backend: VRAM over RAM over the file is bit-identical at every budget pair", "[gpu][golden][tiers]") {
+  if (!strata::cuda::test::HaveGpu()) return;
+  std::mt19937 rng(std::random_device{}());
+  for (const char *rel : {"qwen3moe_f32/model-q8_0.gguf", "mixtral_f32/model-q8_0.gguf", "olmoe_f32/model-f32.gguf"}) {
+    const std::string model = kGolden + rel;
+    const std::string dir = model.substr(0, model.find('/', kGolden.size()) + 1);
+    const auto tokens = ReadBinary<int32_t>(dir + "tokens.bin");
+    moe_stats all_st;
+    const auto all = TeacherForced(model, tokens, 12, MOE_BACKEND_CUDA, 0, nullptr, nullptr, &all_st);
+    moe_params p;
+    moe_params_init(&p);
+    p.model_path = model.c_str();
+    p.backend = MOE_BACKEND_CUDA;
+    p.ram_budget_bytes = 1;
+    moe_cache_plan plan;
+    moe_cache_plan_init(&plan);
+    REQUIRE(moe_plan(&p, &plan) == MOE_OK);
+    const uint32_t routed = plan.n_routed_experts, ram_min = plan.ram_expert_slots;
+    REQUIRE(ram_min < routed);
+    const uint32_t pairs[][2] = {{ram_min, 1 + static_cast<uint32_t>(rng() % 3)},
+                                 {ram_min, routed - ram_min - 1},
+                                 {ram_min + 2, routed / 2},
+                                 {ram_min, routed}};
+    for (const auto &pair : pairs) {
+      const uint64_t ram = plan.ram_fixed_bytes + uint64_t{pair[0]} * plan.expert_slot_bytes;
+      const uint64_t vram = plan.vram_fixed_bytes + uint64_t{pair[1]} * plan.expert_slot_bytes;
+      uint32_t slots = 0;
+      moe_stats st;
+      INFO(rel << ": RAM " << pair[0] << " VRAM " << pair[1] << " of " << routed);
+      const auto got = TeacherForced(model, tokens, 12, MOE_BACKEND_CUDA, vram, &slots, nullptr, &st,
+                                     MOE_CPU_EXPERTS_OFF, false, nullptr, nullptr, ram);
+      CHECK(slots == std::min(pair[1], routed));
+      CHECK(st.streaming == 1);
+      CHECK(st.vram_hits > 0);
+      CHECK(st.vram_hits + st.expert_hits + st.expert_misses == all_st.expert_hits);
+      CHECK(got == all);
+    }
+  }
+}
