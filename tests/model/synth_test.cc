@@ -1,7 +1,8 @@
 // `strata synth`: the tiny shape opens and runs through the C ABI with finite, non-degenerate logits
 // and a working tokenizer; metadata keys, tensor names and shapes are llama.cpp's; the bytes depend
-// only on the seed; real shapes have the published per-expert sizes; bad options fail, naming the
-// problem, and leave no file.
+// only on the seed; real shapes have the published per-expert sizes, and a sparse slice of the big
+// ones (Qwen3-235B-A22B, DeepSeek-V3, gpt-oss-120b) reads back as the published hyper-parameters;
+// bad options fail, naming the problem, and leave no file.
 #include <catch2/catch.hpp>
 #include <sys/stat.h>
 
