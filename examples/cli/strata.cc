@@ -103,7 +103,7 @@ struct Args {
   std::string routing = "concentrated";
   std::string boost_layers, hotlist;
   // synth
-  std::string shape, codec = "q4_k";
+  std::string shape, codec;  // synth: empty = the shape's expert codec
   std::string decode_tokens;  // bench: teacher-forced decode input instead of sampled tokens
   int64_t warmup = 0;         // bench: decode steps of a round before the timed one (a warm context)
   int64_t layers = 0;
@@ -149,11 +149,15 @@ const char kUsage[] =
     "           routers F32; each expert's gate|up|down contiguous and 4 KiB-aligned; with --hotlist\n"
     "           (lines 'layer expert count', hottest first) the hottest experts come first; tensors\n"
     "           already in the type asked for keep their bytes\n"
-    "  synth    --shape qwen3-30b-a3b|olmoe-1b-7b|mixtral-8x7b|tiny --out FILE [--codec q4_k]\n"
-    "           [--attention q8_0] [--layers N] [--seed S] [--sparse] [--routing concentrated|spread|skewed]\n"
+    "  synth    --shape NAME --out FILE [--codec q4_k] [--attention q8_0] [--layers N] [--seed S] [--sparse]\n"
+    "           [--routing concentrated|spread|skewed]   shapes: qwen3-30b-a3b, qwen3-235b-a22b, deepseek-v3,\n"
+    "           gpt-oss-120b, olmoe-1b-7b, mixtral-8x7b, tiny\n"
     "           a GGUF with the shape's real tensors, metadata and a byte-level BPE tokenizer, and random\n"
-    "           weights (experts in --codec: a codec Strata quantizes, or a lattice i-quant iq2_xxs, iq2_xs,\n"
-    "           iq2_s, iq3_xxs, iq3_s, iq1_s, iq1_m, drawn as random codes); spread routing: tokens pick\n"
+    "           weights (experts in --codec, default q4_k, mxfp4 for gpt-oss-120b: a codec Strata quantizes,\n"
+    "           mxfp4, or a lattice i-quant iq2_xxs, iq2_xs, iq2_s, iq3_xxs, iq3_s, iq1_s, iq1_m, drawn as\n"
+    "           random codes; every other matrix in --attention); --layers N: the shape's first N layers\n"
+    "           at full width (deepseek-v3: the first min(3, N-1) dense); --sparse: header only, data a\n"
+    "           hole (for plan/inspect at real size); spread routing: tokens pick\n"
     "           varied experts, as trained models do;\n"
     "           skewed: varied, with some experts favoured, about as a published count of Qwen3-30B-A3B's is\n"
     "\n"
@@ -1323,6 +1327,14 @@ int CmdSynth(const Args &a) {
                "%.0f MB/s\n", a.out.c_str(), r->n_tensors, HumanBytes(r->file_bytes).c_str(),
                HumanBytes(r->expert_bytes).c_str(), HumanBytes(r->expert_slot_bytes).c_str(), r->seconds,
                r->file_bytes / 1e6 / std::max(r->seconds, 1e-9));
+  // Per-layer sizes, for sizing a --layers slice of the full model.
+  uint64_t in_layers = 0;
+  for (uint64_t b : r->layer_bytes) in_layers += b;
+  std::string dense;
+  if (r->n_dense_layers > 0) dense = ", a dense layer " + HumanBytes(r->layer_bytes.front());
+  std::fprintf(stderr, "strata: synth: a MoE layer %s%s, outside the layers %s\n",
+               HumanBytes(r->layer_bytes.back()).c_str(), dense.c_str(),
+               HumanBytes(r->file_bytes - in_layers).c_str());
   return 0;
 }
 

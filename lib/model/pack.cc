@@ -241,6 +241,7 @@ int GgufFileType(TypeId t) {
     case TypeId::kIQ4_XS: return 30;
     case TypeId::kIQ1_M: return 31;
     case TypeId::kBF16: return 32;
+    case TypeId::kMXFP4: return 38;  // llama.cpp's MXFP4_MOE (experts MXFP4)
     default: return -1;
   }
 }

@@ -99,6 +99,33 @@ void SetBlockScale(TypeId t, uint8_t *block, uint16_t h) {
   }
 }
 
+// MXFP4 as ggml's reference quantizer writes it: the block's E8M0 exponent e from its largest
+// magnitude (amax / 2^(e - 128) in [8, 16)), each value the nearest of the doubled E2M1 levels (the
+// first on a tie). Strata's codec table has no MXFP4 quantizer; synth needs one only for its pools.
+void QuantizeMXFP4(const float *x, uint8_t *y, int64_t n) {
+  constexpr int8_t kLevels[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+  auto nearest = [&](float v, float d) {
+    int best = 0;
+    float best_err = std::fabs(kLevels[0] * d - v);
+    for (int i = 1; i < 16; ++i) {
+      const float err = std::fabs(kLevels[i] * d - v);
+      if (err < best_err) {
+        best = i;
+        best_err = err;
+      }
+    }
+    return static_cast<uint8_t>(best);
+  };
+  for (int64_t b = 0; b < n; b += 32, x += 32, y += 17) {
+    float amax = 0;
+    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[j]));
+    const int e = amax > 0 ? static_cast<int>(std::floor(std::log2(amax))) - 2 + 127 : 0;
+    const float d = std::ldexp(1.0f, e - 128);
+    y[0] = static_cast<uint8_t>(e);
+    for (int j = 0; j < 16; ++j) y[1 + j] = static_cast<uint8_t>(nearest(x[j], d) | nearest(x[j + 16], d) << 4);
+  }
+}
+
 Pool MakePool(const quant::Codec &c, float std_dev, uint64_t seed) {
   // Pools of another scale draw other values (not the default pool scaled).
   uint64_t stream = Mix(seed, 0x706F6F6C0000ull + static_cast<uint64_t>(c.id));
@@ -111,7 +138,7 @@ Pool MakePool(const quant::Codec &c, float std_dev, uint64_t seed) {
   Pool p;
   p.unit_bytes = static_cast<uint64_t>(kUnitElems / c.block_elems * c.block_bytes);
   p.bytes.resize(p.unit_bytes * kPoolUnits);
-  if (c.quantize == nullptr) {  // DrawnBlocks: one block a unit
+  if (DrawnBlocks(c.id)) {  // one block a unit
     std::vector<float> v(static_cast<size_t>(kUnitElems));
     for (uint64_t u = 0; u < kPoolUnits; ++u) {
       uint8_t *b = p.bytes.data() + u * p.unit_bytes;
@@ -128,13 +155,21 @@ Pool MakePool(const quant::Codec &c, float std_dev, uint64_t seed) {
   }
   std::vector<float> vals(kPoolUnits * kUnitElems);
   for (float &v : vals) v = std_dev * rng.Normal();
-  c.quantize(vals.data(), p.bytes.data(), static_cast<int64_t>(vals.size()));
+  if (c.id == TypeId::kMXFP4) {
+    QuantizeMXFP4(vals.data(), p.bytes.data(), static_cast<int64_t>(vals.size()));
+  } else {
+    c.quantize(vals.data(), p.bytes.data(), static_cast<int64_t>(vals.size()));
+  }
   return p;
 }
 
 // ---- the plan --------------------------------------------------------------------------------
 
-enum class Fill { kNorm, kRouter, kPool };
+enum class Fill { kNorm, kRouter, kBias, kPool };
+
+// Scales of the F32 vectors that are not norms: attention, router and expert biases (gpt-oss),
+// DeepSeek's selection bias (added to sigmoid scores in (0, 1)), and gpt-oss's per-head sink logits.
+constexpr float kBiasStd = 0.1f, kSelectBiasStd = 0.02f, kSinkStd = 1.0f;
 
 struct Tensor {
   std::string name;
@@ -142,17 +177,25 @@ struct Tensor {
   int n_dims = 1;
   int64_t ne[4] = {1, 1, 1, 1};
   Fill fill = Fill::kNorm;
-  float std_dev = kMatrixStd;  // of a pooled matrix's values
+  float std_dev = kMatrixStd;  // of a pooled matrix's values, or a bias's
   float row_skew = 0;          // a router's rows scaled by exp(row_skew N(0, 1)), each its own draw
   bool expert = false;
+  int layer = -1;              // blk.N, or -1 outside the layers
 };
+
+// The first min(n_dense_lead, n_layer - 1) layers are dense (see SynthShape).
+int DenseLead(const SynthShape &s) { return std::max(0, std::min(s.n_dense_lead, s.n_layer - 1)); }
 
 std::vector<Tensor> PlanTensors(const SynthShape &s, TypeId experts, TypeId attention, bool spread, float skew) {
   std::vector<Tensor> t;
-  auto vec = [&](std::string name, int64_t n) {
+  int layer = -1;
+  auto vec = [&](std::string name, int64_t n, Fill fill = Fill::kNorm, float std_dev = 0) {
     Tensor x;
     x.name = std::move(name);
     x.ne[0] = n;
+    x.fill = fill;
+    if (fill == Fill::kBias) x.std_dev = std_dev;
+    x.layer = layer;
     t.push_back(std::move(x));
   };
   // (rows, cols) matrix: ne = [cols, rows]; with n_expert > 0 a (n_expert, rows, cols) stack.
@@ -166,19 +209,44 @@ std::vector<Tensor> PlanTensors(const SynthShape &s, TypeId experts, TypeId atte
     x.ne[1] = rows;
     x.ne[2] = n_expert > 0 ? n_expert : 1;
     x.expert = n_expert > 0;
+    x.layer = layer;
     t.push_back(std::move(x));
   };
+  // F32 biases of a stack of experts: (n_expert, n) as ne = [n, n_expert].
+  auto bias2 = [&](std::string name, int64_t n, int64_t n_expert) {
+    vec(std::move(name), n, Fill::kBias, kBiasStd);
+    t.back().n_dims = 2;
+    t.back().ne[1] = n_expert;
+  };
   const int64_t q_dim = int64_t{s.n_head} * s.head_dim, kv_dim = int64_t{s.n_head_kv} * s.head_dim;
-  const bool olmoe = s.arch == "olmoe", qwen = s.arch == "qwen3moe";
+  const bool olmoe = s.arch == "olmoe", qwen = s.arch == "qwen3moe", deepseek = s.arch == "deepseek2",
+             gptoss = s.arch == "gpt-oss";
+  const int dense_lead = DenseLead(s);
   mat("token_embd.weight", s.n_vocab, s.n_embd, attention, Fill::kPool);                  // (n_vocab, n_embd)
   if (spread) t.back().std_dev = kSpreadEmbdStd;
   for (int l = 0; l < s.n_layer; ++l) {
+    layer = l;
     auto n = [l](const char *what) { return absl::StrFormat("blk.%d.%s.weight", l, what); };
+    auto b = [l](const char *what) { return absl::StrFormat("blk.%d.%s.bias", l, what); };
     vec(n("attn_norm"), s.n_embd);
-    mat(n("attn_q"), q_dim, s.n_embd, attention, Fill::kPool);                              // (q_dim, n_embd)
-    mat(n("attn_k"), kv_dim, s.n_embd, attention, Fill::kPool);                             // (kv_dim, n_embd)
-    mat(n("attn_v"), kv_dim, s.n_embd, attention, Fill::kPool);                             // (kv_dim, n_embd)
-    mat(n("attn_output"), s.n_embd, q_dim, attention, Fill::kPool);                         // (n_embd, q_dim)
+    if (deepseek) {  // multi-head latent attention, as llama.cpp's converter splits kv_b into k_b and v_b
+      const int64_t qk_nope = s.head_dim - s.qk_rope_dim;
+      mat(n("attn_q_a"), s.q_lora_rank, s.n_embd, attention, Fill::kPool);                 // (q_lora, n_embd)
+      vec(n("attn_q_a_norm"), s.q_lora_rank);
+      mat(n("attn_q_b"), q_dim, s.q_lora_rank, attention, Fill::kPool);                    // (n_head * qk, q_lora)
+      mat(n("attn_kv_a_mqa"), s.kv_lora_rank + s.qk_rope_dim, s.n_embd, attention, Fill::kPool);
+      vec(n("attn_kv_a_norm"), s.kv_lora_rank);
+      mat(n("attn_k_b"), s.kv_lora_rank, qk_nope, attention, Fill::kPool, s.n_head);        // (n_head, kv_lora, nope)
+      t.back().expert = false;
+      mat(n("attn_v_b"), s.v_head_dim, s.kv_lora_rank, attention, Fill::kPool, s.n_head);   // (n_head, v_head, kv_lora)
+      t.back().expert = false;
+      mat(n("attn_output"), s.n_embd, int64_t{s.n_head} * s.v_head_dim, attention, Fill::kPool);
+    } else {
+      mat(n("attn_q"), q_dim, s.n_embd, attention, Fill::kPool);                            // (q_dim, n_embd)
+      mat(n("attn_k"), kv_dim, s.n_embd, attention, Fill::kPool);                           // (kv_dim, n_embd)
+      mat(n("attn_v"), kv_dim, s.n_embd, attention, Fill::kPool);                           // (kv_dim, n_embd)
+      mat(n("attn_output"), s.n_embd, q_dim, attention, Fill::kPool);                       // (n_embd, q_dim)
+    }
     if (spread) t.back().std_dev = kSpreadOutStd;
     if (qwen) {  // per-head RMS norms
       vec(n("attn_q_norm"), s.head_dim);
@@ -186,14 +254,40 @@ std::vector<Tensor> PlanTensors(const SynthShape &s, TypeId experts, TypeId atte
     } else if (olmoe) {  // over the whole projection
       vec(n("attn_q_norm"), q_dim);
       vec(n("attn_k_norm"), kv_dim);
+    } else if (gptoss) {
+      vec(b("attn_q"), q_dim, Fill::kBias, kBiasStd);
+      vec(b("attn_k"), kv_dim, Fill::kBias, kBiasStd);
+      vec(b("attn_v"), kv_dim, Fill::kBias, kBiasStd);
+      vec(b("attn_output"), s.n_embd, Fill::kBias, kBiasStd);
+      vec(n("attn_sinks"), s.n_head, Fill::kBias, kSinkStd);
     }
-    vec(n("ffn_norm"), s.n_embd);
+    vec(n(gptoss ? "post_attention_norm" : "ffn_norm"), s.n_embd);
+    if (l < dense_lead) {
+      mat(n("ffn_gate"), s.n_ff_dense, s.n_embd, attention, Fill::kPool);                   // (n_ff, n_embd)
+      mat(n("ffn_up"), s.n_ff_dense, s.n_embd, attention, Fill::kPool);
+      mat(n("ffn_down"), s.n_embd, s.n_ff_dense, attention, Fill::kPool);                   // (n_embd, n_ff)
+      continue;
+    }
     mat(n("ffn_gate_inp"), s.n_expert, s.n_embd, TypeId::kF32, Fill::kRouter);              // (n_expert, n_embd)
     t.back().row_skew = skew;
+    if (gptoss) vec(b("ffn_gate_inp"), s.n_expert, Fill::kBias, kBiasStd);
+    if (s.sigmoid_gating) vec(b("exp_probs_b"), s.n_expert, Fill::kBias, kSelectBiasStd);
+    if (s.n_shared_experts > 0) {
+      const int64_t ff = int64_t{s.n_shared_experts} * s.n_ff_expert;
+      mat(n("ffn_gate_shexp"), ff, s.n_embd, attention, Fill::kPool);
+      mat(n("ffn_up_shexp"), ff, s.n_embd, attention, Fill::kPool);
+      mat(n("ffn_down_shexp"), s.n_embd, ff, attention, Fill::kPool);
+    }
     mat(n("ffn_gate_exps"), s.n_ff_expert, s.n_embd, experts, Fill::kPool, s.n_expert);     // (n_expert, n_ff, n_embd)
     mat(n("ffn_down_exps"), s.n_embd, s.n_ff_expert, experts, Fill::kPool, s.n_expert);     // (n_expert, n_embd, n_ff)
     mat(n("ffn_up_exps"), s.n_ff_expert, s.n_embd, experts, Fill::kPool, s.n_expert);       // (n_expert, n_ff, n_embd)
+    if (gptoss) {
+      bias2(b("ffn_gate_exps"), s.n_ff_expert, s.n_expert);
+      bias2(b("ffn_down_exps"), s.n_embd, s.n_expert);
+      bias2(b("ffn_up_exps"), s.n_ff_expert, s.n_expert);
+    }
   }
+  layer = -1;
   vec("output_norm.weight", s.n_embd);
   mat("output.weight", s.n_vocab, s.n_embd, attention, Fill::kPool);                       // (n_vocab, n_embd)
   return t;
@@ -202,7 +296,7 @@ std::vector<Tensor> PlanTensors(const SynthShape &s, TypeId experts, TypeId atte
 absl::StatusOr<TypeId> ParseCodec(const std::string &name, const char *what) {
   auto t = ParseTypeName(name);
   if (!t.ok()) return Errorf(MOE_ERR_INVALID_ARGUMENT, "%s: %s", what, t.status().message());
-  if (!DrawnBlocks(*t)) STRATA_RETURN_IF_ERROR(RequireQuantizer(*t, what));
+  if (!DrawnBlocks(*t) && *t != TypeId::kMXFP4) STRATA_RETURN_IF_ERROR(RequireQuantizer(*t, what));
   const quant::Codec *c = quant::FindCodec(*t);
   if (kUnitElems % c->block_elems != 0) {
     return Errorf(MOE_ERR_UNSUPPORTED_TYPE, "%s type %s: blocks of %d values are not supported by synth", what,
@@ -221,7 +315,8 @@ absl::Status WriteTensor(const Tensor &t, uint64_t index, uint64_t nbytes, int n
   const uint64_t key = Mix(seed, index + 1);
   if (t.fill != Fill::kPool) {
     Rng rng(key);
-    const float std_dev = t.fill == Fill::kRouter ? 2.0f / std::sqrt(static_cast<float>(n_embd)) : 0.05f;
+    const float std_dev = t.fill == Fill::kRouter ? 2.0f / std::sqrt(static_cast<float>(n_embd))
+                          : t.fill == Fill::kBias ? t.std_dev : 0.05f;
     const float mean = t.fill == Fill::kNorm ? 1.0f : 0.0f;
     const uint64_t n = nbytes / sizeof(float);
     std::vector<float> vals(std::min<uint64_t>(n, kChunkBytes / sizeof(float)));
@@ -308,18 +403,52 @@ constexpr const char *kWords[] = {
 }  // namespace
 
 const std::vector<SynthShape> &SynthShapes() {
-  static const std::vector<SynthShape> shapes = {
-      // name, arch, general.name, layers, embd, heads, kv heads, head dim, experts, used, expert ff,
-      // dense ff, vocab, context, rope theta, rms eps, norm_topk_prob, tokenizer pre
-      {"qwen3-30b-a3b", "qwen3moe", "Qwen3-30B-A3B (synthetic)", 48, 2048, 32, 4, 128, 128, 8, 768, 6144, 151936,
-       40960, 1e6f, 1e-6f, true, "qwen2"},
-      {"olmoe-1b-7b", "olmoe", "OLMoE-1B-7B-0924 (synthetic)", 16, 2048, 16, 16, 128, 64, 8, 1024, 1024, 50304,
-       4096, 1e4f, 1e-5f, false, "default"},
-      {"mixtral-8x7b", "llama", "Mixtral-8x7B-v0.1 (synthetic)", 32, 4096, 32, 8, 128, 8, 2, 14336, 14336, 32000,
-       32768, 1e6f, 1e-5f, true, "default"},
-      {"tiny", "qwen3moe", "strata-synth-tiny", 4, 256, 4, 2, 64, 16, 2, 256, 512, 512, 4096, 1e6f, 1e-6f, true,
-       "qwen2"},
-  };
+  static const std::vector<SynthShape> shapes = [] {
+    // name, arch, general.name, layers, embd, heads, kv heads, head dim, experts, used, expert ff,
+    // dense ff, vocab, context, rope theta, rms eps, norm_topk_prob, tokenizer pre; the family
+    // fields after (from each model's config.json, as llama.cpp's converter writes them).
+    std::vector<SynthShape> v = {
+        {"qwen3-30b-a3b", "qwen3moe", "Qwen3-30B-A3B (synthetic)", 48, 2048, 32, 4, 128, 128, 8, 768, 6144, 151936,
+         40960, 1e6f, 1e-6f, true, "qwen2"},
+        {"qwen3-235b-a22b", "qwen3moe", "Qwen3-235B-A22B (synthetic)", 94, 4096, 64, 4, 128, 128, 8, 1536, 12288,
+         151936, 40960, 1e6f, 1e-6f, true, "qwen2"},
+        {"deepseek-v3", "deepseek2", "DeepSeek-V3 (synthetic)", 61, 7168, 128, 128, 192, 256, 8, 2048, 18432, 129280,
+         163840, 1e4f, 1e-6f, true, "deepseek-v3"},
+        {"gpt-oss-120b", "gpt-oss", "gpt-oss-120b (synthetic)", 36, 2880, 64, 8, 64, 128, 4, 2880, 2880, 201088,
+         131072, 150000.f, 1e-5f, true, "gpt-4o"},
+        {"olmoe-1b-7b", "olmoe", "OLMoE-1B-7B-0924 (synthetic)", 16, 2048, 16, 16, 128, 64, 8, 1024, 1024, 50304,
+         4096, 1e4f, 1e-5f, false, "default"},
+        {"mixtral-8x7b", "llama", "Mixtral-8x7B-v0.1 (synthetic)", 32, 4096, 32, 8, 128, 8, 2, 14336, 14336, 32000,
+         32768, 1e6f, 1e-5f, true, "default"},
+        {"tiny", "qwen3moe", "strata-synth-tiny", 4, 256, 4, 2, 64, 16, 2, 256, 512, 512, 4096, 1e6f, 1e-6f, true,
+         "qwen2"},
+    };
+    for (SynthShape &s : v) {
+      if (s.name == "deepseek-v3") {
+        s.n_dense_lead = 3;                      // first_k_dense_replace
+        s.q_lora_rank = 1536;
+        s.kv_lora_rank = 512;
+        s.qk_rope_dim = 64;                      // head_dim 192 = qk_nope 128 + qk_rope 64
+        s.v_head_dim = 128;
+        s.n_shared_experts = 1;
+        s.sigmoid_gating = true;                 // scoring_func sigmoid, topk_method noaux_tc
+        s.n_group = 8;
+        s.topk_group = 4;
+        s.routed_scale = 2.5f;
+        s.yarn_factor = 40.f;
+        s.yarn_orig_ctx = 4096;
+        s.yarn_log_mul = 0.1f;                   // 0.1 * mscale_all_dim (1.0)
+      } else if (s.name == "gpt-oss-120b") {
+        s.experts = "mxfp4";
+        s.sliding_window = 128;
+        s.yarn_factor = 32.f;
+        s.yarn_orig_ctx = 4096;                  // initial_context_length
+      } else if (s.name == "tiny") {
+        s.stackable = true;
+      }
+    }
+    return v;
+  }();
   return shapes;
 }
 
@@ -399,15 +528,16 @@ absl::StatusOr<Resolved> Resolve(const SynthOptions &o) {
   SynthShape &s = r.shape;
   s = *found;
   if (o.layers != 0) {
-    if (o.layers < 1 || o.layers > 1024) {
-      return Errorf(MOE_ERR_INVALID_ARGUMENT, "--layers %d is outside [1, 1024]", o.layers);
+    const int most = s.stackable ? 1024 : s.n_layer;
+    if (o.layers < 1 || o.layers > most) {
+      return Errorf(MOE_ERR_INVALID_ARGUMENT, "--layers %d is outside [1, %d] (%s)", o.layers, most, s.name);
     }
     s.n_layer = o.layers;
   }
   if (o.routing != "concentrated" && o.routing != "spread" && o.routing != "skewed") {
     return Errorf(MOE_ERR_INVALID_ARGUMENT, "unknown routing '%s' (known: concentrated, spread, skewed)", o.routing);
   }
-  STRATA_ASSIGN_OR_RETURN(r.experts, ParseCodec(o.experts, "--codec"));
+  STRATA_ASSIGN_OR_RETURN(r.experts, ParseCodec(o.experts.empty() ? s.experts : o.experts, "--codec"));
   STRATA_ASSIGN_OR_RETURN(const TypeId attention, ParseCodec(o.attention, "--attention"));
   r.tensors = PlanTensors(s, r.experts, attention, o.routing != "concentrated", o.routing == "skewed" ? kRouterSkew : 0.0f);
   for (const Tensor &t : r.tensors) {
@@ -418,6 +548,56 @@ absl::StatusOr<Resolved> Resolve(const SynthOptions &o) {
     }
   }
   return r;
+}
+
+// deepseek2's and gpt-oss's keys, as llama.cpp's converter writes them for DeepSeek-V3 and gpt-oss
+// (and hparams.cc reads them back): deepseek2 describes MLA as MQA over the latent (head_count_kv 1,
+// key_length kv_lora + rope, value_length kv_lora) with the per-head widths in the *_mla keys.
+void WriteFamilyHParams(const SynthShape &s, format::GgufWriter &w) {
+  const std::string p = s.arch + ".";
+  auto u32 = [&](const std::string &k, int64_t v) { w.SetValue(p + k, format::GgufUint32(static_cast<uint32_t>(v))); };
+  auto f32 = [&](const std::string &k, float v) { w.SetValue(p + k, format::GgufFloat32(v)); };
+  w.SetValue("general.architecture", format::GgufString(s.arch));
+  w.SetValue("general.name", format::GgufString(s.model_name));
+  u32("block_count", s.n_layer);
+  u32("context_length", s.n_ctx);
+  u32("embedding_length", s.n_embd);
+  u32("feed_forward_length", s.n_ff_dense);
+  u32("attention.head_count", s.n_head);
+  f32("rope.freq_base", s.rope_theta);
+  f32("attention.layer_norm_rms_epsilon", s.rms_eps);
+  u32("expert_count", s.n_expert);
+  u32("expert_used_count", s.n_expert_used);
+  u32("expert_feed_forward_length", s.n_ff_expert);
+  if (s.arch == "deepseek2") {
+    u32("attention.head_count_kv", 1);
+    u32("leading_dense_block_count", DenseLead(s));
+    u32("vocab_size", s.n_vocab);
+    u32("attention.q_lora_rank", s.q_lora_rank);
+    u32("attention.kv_lora_rank", s.kv_lora_rank);
+    u32("attention.key_length", s.kv_lora_rank + s.qk_rope_dim);
+    u32("attention.value_length", s.kv_lora_rank);
+    u32("attention.key_length_mla", s.head_dim);
+    u32("attention.value_length_mla", s.v_head_dim);
+    u32("expert_shared_count", s.n_shared_experts);
+    f32("expert_weights_scale", s.routed_scale);
+    w.SetValue(p + "expert_weights_norm", format::GgufBool(s.norm_topk_prob));
+    u32("expert_gating_func", s.sigmoid_gating ? 2 : 1);  // llama.cpp: 1 softmax, 2 sigmoid
+    u32("expert_group_count", s.n_group);
+    u32("expert_group_used_count", s.topk_group);
+    u32("rope.dimension_count", s.qk_rope_dim);
+  } else {
+    u32("attention.head_count_kv", s.n_head_kv);
+    u32("attention.key_length", s.head_dim);
+    u32("attention.value_length", s.head_dim);
+    u32("attention.sliding_window", s.sliding_window);
+  }
+  if (s.yarn_factor > 1.f) {
+    w.SetValue(p + "rope.scaling.type", format::GgufString("yarn"));
+    f32("rope.scaling.factor", s.yarn_factor);
+    u32("rope.scaling.original_context_length", s.yarn_orig_ctx);
+    if (s.yarn_log_mul > 0.f) f32("rope.scaling.yarn_log_multiplier", s.yarn_log_mul);
+  }
 }
 
 }  // namespace
@@ -460,7 +640,11 @@ absl::StatusOr<SynthReport> Synthesize(const SynthOptions &o, const std::string 
   hp.rope_theta = s.rope_theta;
   hp.rms_eps = s.rms_eps;
   hp.norm_topk_prob = s.norm_topk_prob;
-  WriteLlamaCppHParams(s.arch, s.model_name, hp, s.n_ff_dense, w);
+  if (s.arch == "deepseek2" || s.arch == "gpt-oss") {
+    WriteFamilyHParams(s, w);
+  } else {
+    WriteLlamaCppHParams(s.arch, s.model_name, hp, s.n_ff_dense, w);
+  }
   if (int ft = GgufFileType(experts); ft >= 0) {
     w.SetValue("general.file_type", format::GgufUint32(static_cast<uint32_t>(ft)));
   }
@@ -503,20 +687,21 @@ absl::StatusOr<SynthReport> Synthesize(const SynthOptions &o, const std::string 
       const uint64_t nbytes = w.tensors()[i].nbytes;
       STRATA_RETURN_IF_ERROR(WriteTensor(tensors[i], i, nbytes, s.n_embd, o.seed, pools, buf, w));
       done += nbytes;
-      if (tensors[i].expert) r.expert_bytes += nbytes;
       progress.Update(done, i + 1, tensors.size());
     }
   }
-  if (o.sparse) {
-    for (size_t i = 0; i < tensors.size(); ++i) {
-      if (tensors[i].expert) r.expert_bytes += w.tensors()[i].nbytes;
-    }
-    STRATA_RETURN_IF_ERROR(w.SkipRemainingData());
-  }
+  if (o.sparse) STRATA_RETURN_IF_ERROR(w.SkipRemainingData());
   STRATA_RETURN_IF_ERROR(w.Finish());
+  r.layer_bytes.assign(static_cast<size_t>(s.n_layer), 0);
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const uint64_t nbytes = w.tensors()[i].nbytes;
+    if (tensors[i].expert) r.expert_bytes += nbytes;
+    if (tensors[i].layer >= 0) r.layer_bytes[static_cast<size_t>(tensors[i].layer)] += nbytes;
+  }
   r.n_tensors = static_cast<int>(tensors.size());
+  r.n_dense_layers = DenseLead(s);
   r.file_bytes = w.file_size();
-  r.expert_slot_bytes = r.expert_bytes / (static_cast<uint64_t>(s.n_layer) * s.n_expert);
+  r.expert_slot_bytes = r.expert_bytes / (static_cast<uint64_t>(s.n_layer - r.n_dense_layers) * s.n_expert);
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return r;
 }

@@ -15,34 +15,56 @@ namespace strata::model {
 // A published model's shape, as its config.json gives it, and the GGUF architecture it is written as.
 struct SynthShape {
   std::string name;          // "qwen3-30b-a3b"
-  std::string arch;          // GGUF general.architecture: "qwen3moe", "olmoe" or "llama" (Mixtral)
+  std::string arch;          // GGUF general.architecture: "qwen3moe", "olmoe", "llama" (Mixtral),
+                             // "deepseek2" (DeepSeek-V3) or "gpt-oss"
   std::string model_name;    // general.name
   int n_layer = 0;
   int n_embd = 0;
   int n_head = 0;
   int n_head_kv = 0;
-  int head_dim = 0;
+  int head_dim = 0;          // deepseek2: the query/key head width qk_nope + qk_rope
   int n_expert = 0;
   int n_expert_used = 0;
   int n_ff_expert = 0;
-  int n_ff_dense = 0;        // qwen3moe's feed_forward_length (intermediate_size); else n_ff_expert
+  int n_ff_dense = 0;        // qwen3moe's and deepseek2's feed_forward_length (intermediate_size); else n_ff_expert
   int n_vocab = 0;
   int n_ctx = 0;             // max_position_embeddings
   float rope_theta = 10000.f;
   float rms_eps = 1e-6f;
   bool norm_topk_prob = false;
   std::string tokenizer_pre; // tokenizer.ggml.pre
+  std::string experts = "q4_k";  // routed experts' codec when SynthOptions::experts is empty
+  bool stackable = false;    // may be written deeper than n_layer (tiny: not a published model)
+
+  // deepseek2 (DeepSeek-V3): leading dense layers, multi-head latent attention, shared experts and
+  // sigmoid gating with a selection bias over groups of experts. A --layers slice keeps the first
+  // min(n_dense_lead, layers - 1) layers dense, so a slice of 2 or more layers has a MoE layer and a
+  // full-depth one the real count.
+  int n_dense_lead = 0;
+  int q_lora_rank = 0, kv_lora_rank = 0, qk_rope_dim = 0, v_head_dim = 0;
+  int n_shared_experts = 0;
+  bool sigmoid_gating = false;   // and blk.N.exp_probs_b.bias (e_score_correction_bias)
+  int n_group = 0, topk_group = 0;
+  float routed_scale = 0.f;      // routed_scaling_factor
+  // YaRN (deepseek2, gpt-oss): factor > 1 turns it on.
+  float yarn_factor = 0.f;
+  int yarn_orig_ctx = 0;
+  float yarn_log_mul = 0.f;      // deepseek2's 0.1 * mscale_all_dim
+  // gpt-oss: attention and expert biases, sinks, a sliding window on the even layers.
+  int sliding_window = 0;
 };
 
-// The shapes `synth` knows: qwen3-30b-a3b, olmoe-1b-7b, mixtral-8x7b and tiny (qwen3moe, 4 layers,
-// hidden 256, 16 experts top-2, expert ffn 256, vocab 512: ~7 MB at Q4_K, for tests).
+// The shapes `synth` knows: qwen3-30b-a3b, olmoe-1b-7b, mixtral-8x7b, the big ones qwen3-235b-a22b,
+// deepseek-v3 and gpt-oss-120b (whose experts default to MXFP4, as published), and tiny (qwen3moe,
+// 4 layers, hidden 256, 16 experts top-2, expert ffn 256, vocab 512: ~7 MB at Q4_K, for tests).
 const std::vector<SynthShape> &SynthShapes();
 
 struct SynthOptions {
   std::string shape;                 // a SynthShapes() name
-  std::string experts = "q4_k";      // codec of the routed experts (ffn_{gate,up,down}_exps)
-  std::string attention = "q8_0";    // codec of attention, token_embd and output
-  int layers = 0;                    // > 0: this many layers instead of the shape's (same width)
+  std::string experts;               // codec of the routed experts (ffn_{gate,up,down}_exps); empty: the shape's
+  std::string attention = "q8_0";    // codec of every other matrix: attention, token_embd, output, and
+                                     // deepseek2's dense FFN and shared expert (routers stay F32)
+  int layers = 0;                    // > 0: the first this many layers of the shape (same width)
   uint64_t seed = 1;
   bool progress = false;             // progress bar on stderr
   bool sparse = false;               // header and metadata only; tensor data left as a hole (zeros)
@@ -54,6 +76,8 @@ struct SynthReport {
   uint64_t file_bytes = 0;
   uint64_t expert_bytes = 0;         // all routed expert tensors
   uint64_t expert_slot_bytes = 0;    // gate + up + down of one expert
+  std::vector<uint64_t> layer_bytes; // each layer's tensors (blk.N.*), experts and all
+  int n_dense_layers = 0;            // the leading layers without routed experts
   double seconds = 0;
 };
 
@@ -83,8 +107,11 @@ struct SynthReport {
 // experts, top expert 4.3%; 58 of 128 on single-domain Python): a measure of others, not of Strata.
 // Written as strata.synth.routing.
 //
+// MXFP4 has no quantizer in Strata's codec table: synth quantizes its pool the way ggml's reference
+// quantizer does (the block's exponent from its largest value, each value to the nearest level).
+//
 // Errors: MOE_ERR_INVALID_ARGUMENT naming the unknown shape, codec or routing, or a layer count outside
-// [1, 1024]; MOE_ERR_UNSUPPORTED_TYPE for a codec Strata cannot quantize or whose block does not
+// [1, the shape's layers] ([1, 1024] for tiny); MOE_ERR_UNSUPPORTED_TYPE for a codec Strata cannot quantize or whose block does not
 // divide the rows; MOE_ERR_IO_WRITE naming `out` for any write failure.
 absl::StatusOr<SynthReport> Synthesize(const SynthOptions &o, const std::string &out);
 

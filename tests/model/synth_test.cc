@@ -1,8 +1,10 @@
 // `strata synth`: the tiny shape opens and runs through the C ABI with finite, non-degenerate logits
 // and a working tokenizer; metadata keys, tensor names and shapes are llama.cpp's; the bytes depend
-// only on the seed; real shapes have the published per-expert sizes; bad options fail, naming the
-// problem, and leave no file.
+// only on the seed; real shapes have the published per-expert sizes, and a sparse slice of the big
+// ones (Qwen3-235B-A22B, DeepSeek-V3, gpt-oss-120b) reads back as the published hyper-parameters;
+// bad options fail, naming the problem, and leave no file.
 #include <catch2/catch.hpp>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <cctype>
@@ -22,7 +24,10 @@
 #include "include/strata/moe.h"
 #include "lib/format/file.h"
 #include "lib/format/gguf.h"
+#include "lib/model/hparams.h"
+#include "lib/model/model_file.h"
 #include "lib/model/synth.h"
+#include "lib/model/weights.h"
 #include "lib/quant/codec.h"
 #include "lib/text/tokenizer.h"
 #include "tests/format/format_test_util.h"
@@ -222,13 +227,14 @@ TEST_CASE("synth tiny: llama.cpp metadata, names and shapes; runs through the C 
   }
 }
 
-// The lattice i-quants have no quantizer: synth draws their blocks (random codes, a block scale
-// that gives the values the pool's spread), so a synthetic model can be in any of them.
-TEST_CASE("synth draws lattice i-quant experts of the pool's spread, and the model runs", "[synth]") {
+// The lattice i-quants and MXFP4 have no quantizer in the codec table: synth draws the i-quants'
+// blocks (random codes, a block scale that gives the values the pool's spread) and quantizes MXFP4
+// itself, so a synthetic model can be in any of them.
+TEST_CASE("synth draws lattice i-quant and MXFP4 experts of the pool's spread, and the model runs", "[synth]") {
   TempDir dir;
   const auto codec = GENERATE(std::string("iq2_xxs"), std::string("iq2_xs"), std::string("iq2_s"),
                               std::string("iq3_xxs"), std::string("iq3_s"), std::string("iq1_s"),
-                              std::string("iq1_m"));
+                              std::string("iq1_m"), std::string("mxfp4"));
   SynthOptions o;
   o.shape = "tiny";
   o.layers = 2;
@@ -408,6 +414,161 @@ TEST_CASE("synth shapes: published sizes, llama.cpp layouts", "[synth]") {
   CHECK(find(*mx, "blk.0.ffn_down_exps.weight")->ne[2] == 8);
   CHECK(find(*mx, "blk.0.attn_k.weight")->ne[1] == 8 * 128);
   for (const auto &t : *mx) CHECK(t.name.find("attn_q_norm") == std::string::npos);  // no q/k norms
+
+  // The full depths: DeepSeek-V3's first 3 layers dense (no routed experts), the rest MoE.
+  o.layers = 0;
+  o.shape = "deepseek-v3";
+  auto ds = PlanSynth(o);
+  REQUIRE(ds.ok());
+  int exps = 0;
+  for (const auto &t : *ds) exps += t.name.find("ffn_gate_exps") != std::string::npos;
+  CHECK(exps == 61 - 3);
+  CHECK(find(*ds, "blk.2.ffn_gate.weight")->ne[1] == 18432);
+  CHECK(find(*ds, "blk.3.ffn_gate_exps.weight")->nbytes == 256ull * 2048 * 7168 / 256 * 144);
+  CHECK(find(*ds, "blk.60.attn_k_b.weight")->ne[2] == 128);
+  o.shape = "gpt-oss-120b";
+  auto go = PlanSynth(o);
+  REQUIRE(go.ok());
+  CHECK(find(*go, "blk.35.ffn_up_exps.weight")->nbytes == 128ull * 2880 * 2880 / 32 * 17);  // MXFP4
+  CHECK(find(*go, "blk.35.ffn_up_exps.bias")->ne[1] == 128);
+  o.shape = "qwen3-235b-a22b";
+  auto q2 = PlanSynth(o);
+  REQUIRE(q2.ok());
+  CHECK(q2->size() == 3 + 94 * 12);
+}
+
+namespace {
+
+// A --sparse slice of a big shape (real header and tensor table, data a hole: a few MB on disk
+// whatever the apparent size), read back through Strata's loader; BindWeights checks every tensor's
+// name and dimensions against the hyper-parameters.
+strata::model::HParams ReadBack(const std::string &shape, int layers, const std::string &path) {
+  SynthOptions o;
+  o.shape = shape;
+  o.layers = layers;
+  o.sparse = true;
+  o.seed = std::random_device{}();
+  auto r = strata::model::Synthesize(o, path);
+  INFO(r.status().message());
+  REQUIRE(r.ok());
+  CHECK(r->file_bytes == std::filesystem::file_size(path));
+  REQUIRE(static_cast<int>(r->layer_bytes.size()) == layers);
+  auto mf = strata::model::ModelFile::Open(path);
+  INFO(mf.status().message());
+  REQUIRE(mf.ok());
+  auto hp = strata::model::ReadHParams(**mf);
+  INFO(hp.status().message());
+  REQUIRE(hp.ok());
+  auto w = strata::model::BindWeights(**mf, *hp);
+  INFO(w.status().message());
+  REQUIRE(w.ok());
+  REQUIRE(static_cast<int>(w->layers.size()) == layers);
+  for (int l = 0; l < layers; ++l) {
+    CHECK(static_cast<int>(w->layers[l].experts.size()) == (hp->is_dense(l) ? 0 : hp->n_expert));
+  }
+  return *hp;
+}
+
+}  // namespace
+
+TEST_CASE("synth big shapes: Strata reads back the published hyper-parameters from a slice", "[synth]") {
+  using strata::model::Arch;
+  using strata::model::Gating;
+  TempDir dir;
+
+  SECTION("Qwen3-235B-A22B") {
+    const auto hp = ReadBack("qwen3-235b-a22b", 1, dir.File("q235.gguf"));
+    CHECK(hp.arch == Arch::kQwen3Moe);
+    CHECK(hp.n_layer == 1);
+    CHECK(hp.n_embd == 4096);
+    CHECK(hp.n_head == 64);
+    CHECK(hp.n_head_kv == 4);
+    CHECK(hp.head_dim == 128);
+    CHECK(hp.n_expert == 128);
+    CHECK(hp.n_expert_used == 8);
+    CHECK(hp.n_ff_expert == 1536);
+    CHECK(hp.n_vocab == 151936);
+    CHECK(hp.n_ctx_train == 40960);
+    CHECK(hp.rope_theta == 1e6f);
+    CHECK(hp.rms_eps == 1e-6f);
+    CHECK(hp.norm_topk_prob);
+    CHECK(hp.qk_norm);
+    CHECK(hp.dense_layer.empty());
+  }
+
+  SECTION("DeepSeek-V3") {
+    // 4 layers: the 3 leading dense layers and a MoE one; 2 layers: one of each.
+    const int layers = GENERATE(2, 4);
+    const auto hp = ReadBack("deepseek-v3", layers, dir.File("dsv3.gguf"));
+    CHECK(hp.arch == Arch::kDeepseek2);
+    CHECK(hp.n_layer == layers);
+    for (int l = 0; l < layers; ++l) CHECK(hp.is_dense(l) == (l < std::min(3, layers - 1)));
+    CHECK(hp.n_ff_dense == 18432);
+    CHECK(hp.n_embd == 7168);
+    CHECK(hp.n_head == 128);
+    CHECK(hp.mla);
+    CHECK(hp.q_lora_rank == 1536);
+    CHECK(hp.kv_lora_rank == 512);
+    CHECK(hp.qk_nope_dim == 128);
+    CHECK(hp.qk_rope_dim == 64);
+    CHECK(hp.head_dim == 192);
+    CHECK(hp.v_head_dim == 128);
+    CHECK(hp.n_expert == 256);
+    CHECK(hp.n_expert_used == 8);
+    CHECK(hp.n_ff_expert == 2048);
+    CHECK(hp.n_shared_experts == 1);
+    CHECK(hp.n_ff_shared == 2048);
+    CHECK(hp.gating == Gating::kSigmoid);
+    CHECK(hp.expert_select_bias);
+    CHECK(hp.n_group == 8);
+    CHECK(hp.topk_group == 4);
+    CHECK(hp.routed_scale == 2.5f);
+    CHECK(hp.norm_topk_prob);
+    CHECK(hp.yarn);
+    CHECK(hp.yarn_factor == 40.f);
+    CHECK(hp.yarn_orig_ctx == 4096);
+    // 1/sqrt(192) times YaRN's mscale^2, mscale = 1 + 0.1 ln 40
+    const double m = 1.0 + 0.1 * std::log(40.0);
+    CHECK(hp.attn_scale == Approx(m * m / std::sqrt(192.0)).epsilon(1e-5));
+    CHECK(hp.n_vocab == 129280);
+    CHECK(hp.n_ctx_train == 163840);
+    CHECK(hp.rms_eps == 1e-6f);
+  }
+
+  SECTION("gpt-oss-120b") {
+    const auto hp = ReadBack("gpt-oss-120b", 2, dir.File("gptoss.gguf"));
+    CHECK(hp.arch == Arch::kGptOss);
+    CHECK(hp.n_layer == 2);
+    CHECK(hp.n_embd == 2880);
+    CHECK(hp.n_head == 64);
+    CHECK(hp.n_head_kv == 8);
+    CHECK(hp.head_dim == 64);
+    CHECK(hp.n_expert == 128);
+    CHECK(hp.n_expert_used == 4);
+    CHECK(hp.n_ff_expert == 2880);
+    CHECK(hp.n_vocab == 201088);
+    CHECK(hp.n_ctx_train == 131072);
+    CHECK(hp.rope_theta == 150000.f);
+    CHECK(hp.rms_eps == 1e-5f);
+    CHECK(hp.attn_sinks);
+    CHECK(hp.attn_bias);
+    CHECK(hp.expert_bias);
+    CHECK(hp.swiglu_limit == 7.f);
+    CHECK(hp.window(0) == 128);
+    CHECK(hp.window(1) == 0);
+    CHECK(hp.yarn_factor == 32.f);
+    CHECK(hp.yarn_orig_ctx == 4096);
+    const strata::format::GgufFile g = Parse(dir.File("gptoss.gguf"));
+    CHECK(g.FindTensor("blk.1.ffn_down_exps.weight")->type == static_cast<uint32_t>(TypeId::kMXFP4));
+    CHECK(g.GetUint("general.file_type").value() == 38);
+  }
+  // Sparse: gigabytes long, but the data is a hole, so the disk holds little more than the header.
+  for (const auto &e : std::filesystem::directory_iterator(dir.path())) {
+    struct stat st;
+    REQUIRE(::stat(e.path().c_str(), &st) == 0);
+    CHECK(static_cast<uint64_t>(st.st_size) > (uint64_t{1} << 30));
+    CHECK(static_cast<uint64_t>(st.st_blocks) * 512 < (uint64_t{64} << 20));
+  }
 }
 
 TEST_CASE("synth: bad options fail naming the problem and leave no file", "[synth]") {
@@ -438,6 +599,15 @@ TEST_CASE("synth: bad options fail naming the problem and leave no file", "[synt
   o.routing = "spread";
   o.layers = -3;
   expect(o, out, MOE_ERR_INVALID_ARGUMENT, "--layers");
+  o.shape = "qwen3-235b-a22b";  // a published shape has no more layers than the model
+  o.layers = 95;
+  expect(o, out, MOE_ERR_INVALID_ARGUMENT, "--layers 95 is outside [1, 94]");
+  o.shape = "gpt-oss-120b";
+  o.layers = 1;
+  o.experts = "q4_k";  // 2880-wide rows are not whole Q4_K blocks
+  expect(o, out, MOE_ERR_UNSUPPORTED_TYPE, "Q4_K");
+  o.experts = "q4_k";
+  o.shape = "tiny";
   o.layers = 1;
   const std::string unwritable = dir.File("no/such/dir/x.gguf");
   auto r = strata::model::Synthesize(o, unwritable);
