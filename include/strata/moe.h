@@ -329,6 +329,9 @@ typedef struct moe_stats {
   uint32_t vram_cpu_layers;    /* MoE layers now splitting their cold experts with the CPU */
   uint64_t vram_cpu_experts;   /* expert uses the CPU computed from host RAM instead of the GPU */
   uint64_t vram_replans;       /* times a prompt's route hotness re-planned the VRAM slots */
+  /* Since 0.6: the part of the RAM tier's slab locked in RAM, from its start (memory_locked is 1
+   * only when this is all of it: cache_slots x cache_slot_bytes); the rest may be paged out. */
+  uint64_t locked_bytes;
 } moe_stats;
 
 static inline void moe_stats_init(moe_stats *p) {

@@ -410,6 +410,7 @@ moe_status moe_ctx_stats(const moe_ctx *ctx, moe_stats *out) {
     st.vram_cpu_layers = cs.device.cpu_layers;
     st.vram_cpu_experts = cs.device.cpu_experts;
     st.vram_replans = cs.device.replans;
+    st.locked_bytes = cs.cache.locked_bytes;
     if (!cs.streaming && cs.device.prefetched > 0) {  // the GPU's prefetch: the RAM tier's fields are idle
       st.prefetch_issued = cs.device.prefetched;
       st.prefetch_useful = cs.device.prefetch_used;

@@ -191,3 +191,54 @@ TEST_CASE("expert cache: a NUMA node the host lacks binds nothing; the host's ow
     CHECK(strata::numa::MemoryNode(f.cache->slab()) == nodes - 1);
   }
 }
+
+TEST_CASE("context: a RAM tier the limit keeps from locking is a plan warning and in moe_stats", "[store][memlock]") {
+  const std::string model = kGolden + kLockModels[0];
+  strata::testing::MemlockLimit lowered(0);  // nothing more may be locked while the contexts open
+  if (!lowered.active()) {
+    WARN("cannot lower RLIMIT_MEMLOCK (or drop CAP_IPC_LOCK) here: not tested");
+    return;
+  }
+  strata::runtime::ContextOptions o;
+  o.model_path = model;
+  o.ram_budget_bytes = 1;  // raised to the minimum: the experts stream through the RAM tier
+  o.n_threads = 2;
+  auto ctx = Context::Open(o);
+  INFO(ctx.status().ToString());
+  REQUIRE(ctx.ok());
+  const CacheStats s = (*ctx)->Stats().cache;
+  REQUIRE((*ctx)->Stats().streaming);
+  CHECK(s.locked_bytes == 0);
+  CHECK_FALSE(s.memory_locked);
+  const auto &warnings = (*ctx)->plan().warnings;
+  const bool warned = std::any_of(warnings.begin(), warnings.end(), [&](const std::string &w) {
+    return w.find("RAM expert tier: locked 0 B of ") != std::string::npos &&
+           w.find("RLIMIT_MEMLOCK " + strata::FormatBytes(lowered.limit())) != std::string::npos;
+  });
+  CHECK(warned);
+
+  // Through the C ABI, decoding still works and the bytes locked are in moe_stats.
+  moe_params p;
+  moe_params_init(&p);
+  p.model_path = model.c_str();
+  p.ram_budget_bytes = 1;
+  p.n_threads = 2;
+  moe_ctx *c = nullptr;
+  REQUIRE(moe_ctx_open(&p, &c) == MOE_OK);
+  const std::vector<int32_t> tokens = strata::testing::ReadBinary<int32_t>(kGolden + "qwen3moe_f32/tokens.bin");
+  moe_session_params sp;
+  moe_session_params_init(&sp);
+  moe_session *sess = nullptr;
+  REQUIRE(moe_session_open(c, &sp, &sess) == MOE_OK);
+  REQUIRE(moe_session_feed(sess, tokens.data(), std::min<size_t>(tokens.size(), 4)) == MOE_OK);
+  CHECK(moe_ctx_step(c, nullptr) == MOE_OK);
+  moe_stats st;
+  moe_stats_init(&st);
+  REQUIRE(moe_ctx_stats(c, &st) == MOE_OK);
+  CHECK(st.streaming == 1);
+  CHECK(st.memory_locked == 0);
+  CHECK(st.locked_bytes == 0);
+  CHECK(st.expert_misses + st.expert_hits > 0);
+  moe_session_close(sess);
+  moe_ctx_close(c);
+}
