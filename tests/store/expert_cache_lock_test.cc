@@ -154,7 +154,7 @@ TEST_CASE("expert cache: a lowered RLIMIT_MEMLOCK locks what fits and names the 
   f.cache.reset();  // unlocks what it locked
 }
 
-TEST_CASE("expert cache: a slab locked whole says nothing; not asked, nothing is locked", "[store][memlock]") {
+TEST_CASE("expert cache: a slab locked whole says nothing, and nothing is locked unless asked", "[store][memlock]") {
   Fixture f(kLockModels[0]);
   CacheOptions co;
   f.Create(co);
@@ -172,7 +172,7 @@ TEST_CASE("expert cache: a slab locked whole says nothing; not asked, nothing is
   f.CheckServesTheFile();
 }
 
-TEST_CASE("expert cache: a NUMA node the host lacks binds nothing; the host's own binds on several nodes",
+TEST_CASE("expert cache: a NUMA node the host lacks binds nothing, the host's own binds on several nodes",
           "[store][numa]") {
   Fixture f(kLockModels[0]);
   CacheOptions co;
