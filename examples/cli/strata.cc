@@ -23,6 +23,7 @@
 #include "lib/model/synth.h"
 #include "lib/quant/codec.h"
 #include "lib/runtime/context.h"
+#include "lib/util/memory_lock.h"
 #include "lib/util/stats.h"
 #include "nlohmann/json.hpp"
 
@@ -354,7 +355,7 @@ std::string StatsJson(moe_ctx *ctx) {
   moe_stats st;
   moe_stats_init(&st);
   if (moe_ctx_stats(ctx, &st) != MOE_OK) return "{}";
-  char buf[1024];
+  char buf[2048];
   std::snprintf(buf, sizeof buf,
                 "{\"streaming\":%u,\"expert_hits\":%llu,\"expert_misses\":%llu,\"bytes_read\":%llu,"
                 "\"io_wait_s\":%.6f,\"prefetch_issued\":%llu,\"prefetch_useful\":%llu,\"evictions\":%llu,"
@@ -363,7 +364,7 @@ std::string StatsJson(moe_ctx *ctx) {
                 "\"vram_device_layers\":%u,\"vram_fills\":%llu,\"vram_fill_bytes\":%llu,\"vram_zero_copy\":%llu,"
                 "\"vram_promotions\":%llu,\"gpu_graph_captures\":%llu,\"gpu_graph_replays\":%llu,\"numa_node\":%d,"
                 "\"vram_cpu_layers\":%u,\"vram_cpu_experts\":%llu,\"vram_replans\":%llu,\"vram_hits\":%llu,"
-                "\"vram_demotions\":%llu}",
+                "\"vram_demotions\":%llu,\"locked_bytes\":%llu}",
                 st.streaming, static_cast<unsigned long long>(st.expert_hits),
                 static_cast<unsigned long long>(st.expert_misses), static_cast<unsigned long long>(st.bytes_read),
                 st.io_wait_s, static_cast<unsigned long long>(st.prefetch_issued),
@@ -378,7 +379,7 @@ std::string StatsJson(moe_ctx *ctx) {
                 static_cast<unsigned long long>(st.gpu_graph_replays), st.numa_node, st.vram_cpu_layers,
                 static_cast<unsigned long long>(st.vram_cpu_experts),
                 static_cast<unsigned long long>(st.vram_replans), static_cast<unsigned long long>(st.vram_hits),
-                static_cast<unsigned long long>(st.vram_demotions));
+                static_cast<unsigned long long>(st.vram_demotions), static_cast<unsigned long long>(st.locked_bytes));
   return buf;
 }
 
@@ -396,12 +397,22 @@ struct Sess {
   ~Sess() { moe_session_close(s); }
 };
 
+// After open: a RAM budget raised to the minimum, and a RAM expert tier not wholly locked in RAM
+// (the context's plan words the reason; the C ABI carries the bytes).
 void WarnIfClamped(moe_ctx *ctx) {
   moe_cache_plan plan;
   moe_cache_plan_init(&plan);
   if (moe_ctx_plan(ctx, &plan) == MOE_OK && plan.clamped) {
     std::fprintf(stderr, "strata: warning: RAM budget raised to the minimum that can run, %llu bytes\n",
                  static_cast<unsigned long long>(plan.ram_budget_bytes));
+  }
+  moe_stats st;
+  moe_stats_init(&st);
+  const uint64_t slab = moe_ctx_stats(ctx, &st) == MOE_OK ? uint64_t{st.cache_slots} * st.cache_slot_bytes : 0;
+  if (st.streaming != 0 && st.memory_locked == 0 && slab > 0) {
+    std::fprintf(stderr,
+                 "strata: warning: RAM expert tier: locked %s of %s; the rest may be paged out (see ulimit -l)\n",
+                 strata::FormatBytes(st.locked_bytes).c_str(), strata::FormatBytes(slab).c_str());
   }
 }
 

@@ -339,6 +339,9 @@ typedef struct moe_stats {
    * vram_fills, vram_fill_bytes and vram_promotions count that tier's slots and moves up. */
   uint64_t vram_hits;          /* expert uses served from a VRAM slot */
   uint64_t vram_demotions;     /* VRAM residents moved down into RAM to make room */
+  /* Since 0.6: the part of the RAM tier's slab locked in RAM, from its start (memory_locked is 1
+   * only when this is all of it: cache_slots x cache_slot_bytes); the rest may be paged out. */
+  uint64_t locked_bytes;
 } moe_stats;
 
 static inline void moe_stats_init(moe_stats *p) {

@@ -421,6 +421,7 @@ moe_status moe_ctx_stats(const moe_ctx *ctx, moe_stats *out) {
       st.vram_hits = cs.vram.hits;
       st.vram_demotions = cs.vram.demotions;
     }
+    st.locked_bytes = cs.cache.locked_bytes;
     if (!cs.streaming && cs.device.prefetched > 0) {  // the GPU's prefetch: the RAM tier's fields are idle
       st.prefetch_issued = cs.device.prefetched;
       st.prefetch_useful = cs.device.prefetch_used;

@@ -227,8 +227,10 @@ absl::StatusOr<std::unique_ptr<Context>> Context::Open(const ContextOptions &o) 
     co.prefetch_distance = o.prefetch_distance;
     co.n_io_threads = o.n_io_threads;
     co.direct_io = o.direct_io;
+    co.numa_node = gpu_node;
     STRATA_ASSIGN_OR_RETURN(ctx->cache_, store::ExpertCache::Create(*ctx->table_, *ctx->file_, ctx->weights_,
                                                                     ctx->backend_.get(), co));
+    if (std::string w = store::LockWarning(ctx->cache_->stats()); !w.empty()) ctx->plan_.warnings.push_back(w);
 #ifdef STRATA_HAVE_CUDA
     if (cuda_streaming) {
       // The kernels' vector loads read an expert where its slot holds it: 32-byte aligned, as a

@@ -4,7 +4,6 @@
 #include "lib/store/expert_cache.h"
 
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <unistd.h>
 
 #ifdef STRATA_HAVE_URING
@@ -17,6 +16,7 @@
 #include <cstring>
 
 #include "lib/util/large_alloc.h"
+#include "lib/util/numa.h"
 
 namespace strata::store {
 
@@ -42,7 +42,15 @@ absl::StatusOr<std::unique_ptr<ExpertCache>> ExpertCache::Create(const ExpertTab
     return Errorf(MOE_ERR_NO_MEMORY, "cannot allocate an expert cache of %u slots x %u bytes", n_slots,
                   table.slot_bytes());
   }
-  if (options.lock_memory) c->stats_.memory_locked = mlock(c->slab_, c->slab_bytes_) == 0;
+  // Pages first touched by the lock below, or by the I/O threads' reads, come from the GPU's node.
+  if (numa::PreferMemoryNode(c->slab_, c->slab_bytes_, options.numa_node)) c->bound_node_ = options.numa_node;
+  c->stats_.numa_node_bound = c->bound_node_;
+  if (options.lock_memory) {
+    const LockResult lock = LockInPieces(c->slab_, c->slab_bytes_, options.lock_piece_bytes, options.lock_for_testing);
+    c->stats_.locked_bytes = lock.locked_bytes;
+    c->stats_.memory_locked = lock.locked_bytes == c->slab_bytes_;
+    c->stats_.lock_shortfall = lock.shortfall;
+  }
   c->slots_.resize(n_slots);
   for (uint32_t s = 0; s < n_slots; ++s) c->slots_[s].data = c->slab_ + static_cast<uint64_t>(s) * table.slot_bytes();
   c->key_slot_.assign(n_keys, -1);
@@ -76,7 +84,7 @@ ExpertCache::~ExpertCache() {
   for (int fd : direct_fds_) {
     if (fd >= 0) ::close(fd);
   }
-  if (stats_.memory_locked) munlock(slab_, slab_bytes_);
+  UnlockPrefix(slab_, stats_.locked_bytes);
   FreeLarge(slab_);
 }
 
@@ -294,6 +302,8 @@ absl::Status ExpertCache::ReadExpert(uint32_t key, uint8_t *dst, void *ring, boo
 }
 
 void ExpertCache::IoLoop() {
+  // The thread's CPUs and its ring's memory on the slab's node; nothing where the slab is unbound.
+  numa::ScopedNodeBinding bind(bound_node_);
   void *ring = nullptr;
 #ifdef STRATA_HAVE_URING
   io_uring uring;
@@ -614,6 +624,16 @@ void ExpertCache::ResetStats() {
   stats_.n_slots = keep.n_slots;
   stats_.slot_bytes = keep.slot_bytes;
   stats_.memory_locked = keep.memory_locked;
+  stats_.locked_bytes = keep.locked_bytes;
+  stats_.lock_shortfall = keep.lock_shortfall;
+  stats_.numa_node_bound = keep.numa_node_bound;
+}
+
+std::string LockWarning(const CacheStats &s) {
+  if (s.lock_shortfall.empty()) return "";
+  return absl::StrCat("RAM expert tier: locked ", FormatBytes(s.locked_bytes), " of ",
+                      FormatBytes(static_cast<uint64_t>(s.n_slots) * s.slot_bytes), " (", s.lock_shortfall,
+                      "); the rest may be paged out");
 }
 
 std::vector<uint32_t> ExpertCache::ResidentKeys() const {

@@ -15,6 +15,7 @@
 #include <memory>
 #include <mutex>
 #include <queue>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -24,6 +25,7 @@
 #include "lib/store/expert_table.h"
 #include "lib/store/policy.h"
 #include "lib/store/tier.h"
+#include "lib/util/memory_lock.h"
 
 namespace strata::store {
 
@@ -37,7 +39,15 @@ struct CacheOptions {
   // Predicted loads are issued while the measured share of predictions that the routing then
   // used stays at or above this (PrefetchGate); 0 issues every prediction.
   double prefetch_min_precision = 0.5;
-  bool lock_memory = true;           // mlock the slab, best effort
+  // mlock the slab in pieces of kLockPieceBytes, as much as the host allows; what was not locked,
+  // and why, is in CacheStats (LockWarning words it).
+  bool lock_memory = true;
+  // The NUMA node the slab's pages and the I/O threads belong on (the GPU's, which reads the slots
+  // over PCIe); -1, a node the host lacks, or a host of one node: no binding.
+  int numa_node = -1;
+  // Tests of a partial lock: mlock's stand-in and a smaller piece (nullptr, 0: mlock, kLockPieceBytes).
+  LockFn lock_for_testing = nullptr;
+  uint64_t lock_piece_bytes = 0;
   // Read experts whose bytes start on a 4 KiB boundary (packed files) with O_DIRECT, past the page
   // cache, through io_uring where available; other layouts use buffered pread.
   bool direct_io = true;
@@ -61,8 +71,16 @@ struct CacheStats {
   std::vector<uint64_t> layer_hits, layer_misses;
   uint32_t n_slots = 0;
   uint64_t slot_bytes = 0;
-  bool memory_locked = false;
+  bool memory_locked = false;        // the whole slab is locked
+  uint64_t locked_bytes = 0;         // the locked part, from the slab's start
+  std::string lock_shortfall;        // why the rest is not locked (LockResult); empty when all is or
+                                     // locking was not asked for
+  int numa_node_bound = -1;          // the node the slab and I/O threads were bound to, or -1
 };
+
+// The context's warning when the slab could not be locked whole: "RAM expert tier: locked 1.2 GiB of
+// 6.0 GiB (RLIMIT_MEMLOCK 8.0 MiB); the rest may be paged out". Empty when there is nothing to say.
+std::string LockWarning(const CacheStats &s);
 
 class ExpertCache final : public ExpertTier {
  public:
@@ -165,6 +183,7 @@ class ExpertCache final : public ExpertTier {
 
   uint8_t *slab_ = nullptr;
   uint64_t slab_bytes_ = 0;
+  int bound_node_ = -1;                  // the slab's NUMA node, where the I/O threads run; set before they start
   std::vector<Slot> slots_;
   std::vector<int32_t> key_slot_;        // key -> slot or -1
   std::vector<uint8_t> protected_;       // keys the current layer needs: not evicted by prediction

@@ -1,13 +1,15 @@
-// NUMA placement through libnuma (numa_run_on_node, numa_set_preferred, get_mempolicy).
+// NUMA placement through libnuma (numa_run_on_node, numa_set_preferred, mbind, get_mempolicy).
 #include "lib/util/numa.h"
 
 #include <cctype>
 #include <cstdlib>
 #include <fstream>
+#include <vector>
 
 #ifdef STRATA_HAVE_NUMA
 #include <numa.h>
 #include <numaif.h>
+#include <unistd.h>
 #endif
 
 namespace strata::numa {
@@ -54,6 +56,28 @@ int MemoryNode(const void *p) {
 #else
   (void)p;
   return -1;
+#endif
+}
+
+bool PreferMemoryNode(void *p, size_t bytes, int node, bool even_one_node) {
+#ifdef STRATA_HAVE_NUMA
+  if (!Available() || p == nullptr || bytes == 0 || node < 0 || node >= NodeCount() ||
+      (NodeCount() < 2 && !even_one_node)) {
+    return false;
+  }
+  // One bit per node in an array of unsigned longs, as mbind reads it.
+  constexpr size_t kBits = 8 * sizeof(unsigned long);
+  std::vector<unsigned long> mask(static_cast<size_t>(node) / kBits + 1, 0);
+  mask[static_cast<size_t>(node) / kBits] = 1ul << (static_cast<size_t>(node) % kBits);
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  const size_t len = (bytes + page - 1) / page * page;
+  return mbind(p, len, MPOL_PREFERRED, mask.data(), mask.size() * kBits + 1, 0) == 0;
+#else
+  (void)p;
+  (void)bytes;
+  (void)node;
+  (void)even_one_node;
+  return false;
 #endif
 }
 

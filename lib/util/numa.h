@@ -4,6 +4,7 @@
 // NUMA (or without libnuma at build time).
 #pragma once
 
+#include <cstddef>
 #include <string>
 
 namespace strata::numa {
@@ -17,6 +18,11 @@ int PciDeviceNode(const std::string &bus_id, const std::string &sysfs_root = "/s
 
 // The node holding the page at p (touched memory), or -1 when the host cannot say.
 int MemoryNode(const void *p);
+
+// Asks that the pages of [p, p + bytes) (page-aligned p) come from `node`'s memory when first
+// touched, whichever thread touches them (preferred, as below). False, and nothing asked, for
+// node < 0, a node the host lacks, or a host of one node unless `even_one_node`.
+bool PreferMemoryNode(void *p, size_t bytes, int node, bool even_one_node = false);
 
 // For its lifetime, the calling thread runs on `node`'s CPUs and its new pages come from `node`'s
 // memory (preferred, so a full node falls back to the others instead of failing); undone at the

@@ -1,5 +1,6 @@
-// NUMA placement helpers: the PCI device's node from sysfs (a fake tree), and a binding that puts a
-// thread's new pages on a node (checked where the pages landed) and refuses nodes the host lacks.
+// NUMA placement helpers: the PCI device's node from sysfs (a fake tree), a binding that puts a
+// thread's new pages on a node and a range preferred on a node (checked where the pages landed), both
+// refusing nodes the host lacks.
 #include "lib/util/numa.h"
 
 #include <catch2/catch.hpp>
@@ -10,6 +11,7 @@
 #include <fstream>
 #include <memory>
 #include <string>
+#include <thread>
 
 namespace {
 
@@ -72,6 +74,31 @@ TEST_CASE("numa: a bound thread's new pages come from its node; absent nodes bin
   const size_t bytes = size_t{8} << 20;
   std::unique_ptr<char[]> p(new char[bytes]);
   for (size_t i = 0; i < bytes; i += 4096) p[i] = static_cast<char>(i);
+  CHECK(MemoryNode(p.get()) == node);
+  CHECK(MemoryNode(p.get() + bytes - 4096) == node);
+}
+
+TEST_CASE("numa: a range preferred on a node gets its pages there, whoever touches them", "[numa]") {
+  using strata::numa::MemoryNode;
+  using strata::numa::NodeCount;
+  using strata::numa::PreferMemoryNode;
+  const int n = NodeCount();
+  const size_t bytes = size_t{4} << 20;
+  void *raw = std::aligned_alloc(4096, bytes);
+  REQUIRE(raw != nullptr);
+  std::unique_ptr<char, decltype(&std::free)> p(static_cast<char *>(raw), &std::free);
+  CHECK_FALSE(PreferMemoryNode(p.get(), bytes, -1, true));
+  CHECK_FALSE(PreferMemoryNode(p.get(), bytes, n, true));  // nodes are 0 .. n - 1
+  CHECK_FALSE(PreferMemoryNode(p.get(), bytes, 63, true));
+  if (n == 1) CHECK_FALSE(PreferMemoryNode(p.get(), bytes, 0));  // one node: nothing to place
+  const int node = n - 1;
+  if (!PreferMemoryNode(p.get(), bytes, node, true)) {
+    WARN("no NUMA support: preferring a node is a no-op");
+    return;
+  }
+  std::thread([&] {  // touched by another thread, unbound
+    for (size_t i = 0; i < bytes; i += 4096) p.get()[i] = static_cast<char>(i);
+  }).join();
   CHECK(MemoryNode(p.get()) == node);
   CHECK(MemoryNode(p.get() + bytes - 4096) == node);
 }
