@@ -146,6 +146,8 @@ class CudaBackend final : public model::Backend {
   // where a routed expert's codec or shape cannot be read in place.
   absl::Status MapHostMemory(const uint8_t *p, size_t bytes) override;
   void UnmapHostMemory(const uint8_t *p) override;
+  // The kernels' vector loads read a mapped view where it lies.
+  size_t host_view_alignment() const override { return 32; }
 
  private:
   CudaBackend() = default;
