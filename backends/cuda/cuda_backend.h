@@ -153,6 +153,8 @@ class CudaBackend final : public model::Backend {
   void ForgetDeviceRegion(uint8_t *dev);
   cudaStream_t compute_stream() const { return stream_.get(); }
   const Stream &copy_stream() const { return copy_stream_; }
+  // The kernels' vector loads read a mapped view where it lies.
+  size_t host_view_alignment() const override { return 32; }
 
  private:
   CudaBackend() = default;

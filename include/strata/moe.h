@@ -105,6 +105,14 @@ typedef enum moe_backend_kind {
   MOE_BACKEND_CUDA = 2
 } moe_backend_kind;
 
+/* Whether a context could run on backend `kind` here: built into this library and, for a device
+ * backend, a device present. MOE_BACKEND_AUTO is always available (it falls back to the CPU).
+ * @return 1 when available; 0 when not, and then the thread's moe_last_error() says why ("the CUDA
+ *   backend is not available in this build", no device found, an unknown kind); moe_last_error()
+ *   is left as it was on 1.
+ * Thread-safety: safe. Since: 0.6. */
+MOE_API int32_t moe_backend_available(int32_t kind);
+
 /* Progress of a load: bytes read so far of the total, and the user pointer given with the callback.
  * Since: 0.5. */
 typedef void (*moe_load_progress_fn)(uint64_t done_bytes, uint64_t total_bytes, void *user);

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "include/strata/moe.h"
+#include "lib/model/backend_registry.h"
 #include "lib/runtime/context.h"
 #include "lib/text/chat_template.h"
 #include "lib/util/status.h"
@@ -238,6 +239,11 @@ const char *moe_status_string(moe_status st) {
 }
 
 const char *moe_last_error(void) { return g_last_error.c_str(); }
+
+int32_t moe_backend_available(int32_t kind) {
+  moe_status st = Guard([&]() -> moe_status { return FromStatus(strata::backends::Available(kind)); });
+  return st == MOE_OK ? 1 : 0;
+}
 
 void moe_params_fill_defaults(moe_params *p) {
   if (p == nullptr || p->struct_size < sizeof(uint32_t)) return;

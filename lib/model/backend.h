@@ -311,6 +311,9 @@ class Backend {
   // nothing to do (a host backend reads host memory).
   virtual absl::Status MapHostMemory(const uint8_t *p, size_t bytes) { return absl::OkStatus(); }
   virtual void UnmapHostMemory(const uint8_t *p) {}
+  // The alignment, in bytes, every view into mapped host memory must have (a device's vector loads
+  // read it where it lies); the caller checks its views before it maps. Default: 1, any.
+  virtual size_t host_view_alignment() const { return 1; }
 
   virtual DeviceTierStats tier_stats() const { return {}; }
   // Optional: fixed slots of the backend's own memory for the VRAM expert tier over a streamed RAM

@@ -4,8 +4,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstdlib>
-#include <thread>
 #include <unistd.h>
 
 #include <fstream>
@@ -13,11 +11,7 @@
 
 #include "nlohmann/json.hpp"
 
-#include "backends/cpu/cpu_backend.h"
-#ifdef STRATA_HAVE_CUDA
-#include "backends/cuda/cuda_backend.h"
-#include "backends/cuda/device.h"
-#endif
+#include "lib/model/backend_registry.h"
 #include "lib/model/pack.h"
 #include "lib/runtime/snapshot.h"
 #include "lib/store/vram_tier.h"
@@ -98,14 +92,7 @@ int DefaultPrefillLayerMin(int n_expert, int n_expert_used) {
 
 absl::StatusOr<std::unique_ptr<Context>> Context::Open(const ContextOptions &o) {
   if (o.model_path.empty()) return Errorf(MOE_ERR_INVALID_ARGUMENT, "no model path given");
-#ifndef STRATA_HAVE_CUDA
-  if (o.backend == MOE_BACKEND_CUDA) {
-    return Errorf(MOE_ERR_UNSUPPORTED_BACKEND, "the CUDA backend is not available in this build");
-  }
-#endif
-  if (o.backend != MOE_BACKEND_AUTO && o.backend != MOE_BACKEND_CPU && o.backend != MOE_BACKEND_CUDA) {
-    return Errorf(MOE_ERR_INVALID_ARGUMENT, "unknown backend %d", o.backend);
-  }
+  STRATA_RETURN_IF_ERROR(backends::CheckBuiltIn(o.backend));
   if (o.n_ctx < 0 || o.n_threads < 0 || o.max_sessions < 0) {
     return Errorf(MOE_ERR_INVALID_ARGUMENT, "negative n_ctx, n_threads or max_sessions");
   }
@@ -142,80 +129,60 @@ absl::StatusOr<std::unique_ptr<Context>> Context::Open(const ContextOptions &o) 
   }
   // Experts stream when the plan's RAM tier cannot hold them all.
   const bool streaming = ctx->plan_.ram_expert_slots < ctx->plan_.n_routed_experts;
-#ifdef STRATA_HAVE_CUDA
-  // With streaming, --backend cuda reads each expert where the RAM cache's slot holds it
-  // (MapHostMemory), without a VRAM tier above the cache yet; AUTO keeps the CPU there (on the H200
-  // host, Qwen3-30B-A3B shape at 8 GiB of RAM: 6.49 tok/s on the GPU against 5.91 on the CPU, one
-  // run each, both waiting on reads more than half the time). STRATA_CUDA_STREAMING=0 refuses
-  // --backend cuda over a streaming context, as before.
-  const bool cuda = o.backend == MOE_BACKEND_CUDA || (o.backend == MOE_BACKEND_AUTO && cuda::DeviceCount() > 0 && !streaming);
-  const char *cuda_streaming_env = std::getenv("STRATA_CUDA_STREAMING");
-  const bool cuda_streaming = cuda && streaming && (cuda_streaming_env == nullptr || cuda_streaming_env[0] != '0');
-  // On a host of several NUMA nodes, the weights (which the GPU copies and reads in place over PCIe)
-  // and the backend's pinned buffers are first touched on the GPU's node.
-  const int gpu_node = cuda ? cuda::DeviceNumaNode() : -1;
-#else
-  const bool cuda = false;
-  const int gpu_node = -1;
-#endif
+  // The registry picks the backend (AUTO's rule is there) and the NUMA node its memory traffic is
+  // closest to: the weights and the backend's buffers are first touched on that node.
+  const moe_backend_kind kind = backends::Resolve(o.backend, streaming);
+  const int backend_node = backends::PreferredNumaNode(kind);
   // A backend with memory of its own (or the tests' host-memory device) plans a VRAM tier; the RAM
   // tier's arithmetic is the same either way.
-  if (const bool device_tier = cuda || store::DeviceSlotsForTesting() != nullptr; device_tier != in.have_gpu) {
+  if (const bool device_tier = backends::HasDeviceMemory(kind) || store::DeviceSlotsForTesting() != nullptr;
+      device_tier != in.have_gpu) {
     in.have_gpu = device_tier;
     STRATA_ASSIGN_OR_RETURN(ctx->plan_, store::MakePlan(ctx->hp_, ctx->weights_, in));
   }
   {
-    numa::ScopedNodeBinding bind(gpu_node);
+    numa::ScopedNodeBinding bind(backend_node);
     model::LoadOptions lo;
     lo.n_threads = o.n_threads;
-    lo.numa_node = bind.bound() ? gpu_node : -1;
+    lo.numa_node = bind.bound() ? backend_node : -1;
     lo.progress = o.load_progress;
     STRATA_RETURN_IF_ERROR(ctx->store_.Load(*ctx->file_, ctx->weights_, /*routed_experts=*/!streaming, lo));
-    if (bind.bound()) ctx->numa_node_ = gpu_node;
+    if (bind.bound()) ctx->numa_node_ = backend_node;
   }
   // A hotlist seeds the RAM expert cache of a streaming context, and the VRAM tier's slots.
   std::vector<model::HotExpert> hot;
   if (!o.hotlist_path.empty()) {
     STRATA_ASSIGN_OR_RETURN(hot, model::ReadHotlist(o.hotlist_path, ctx->hp_));
   }
-#ifdef STRATA_HAVE_CUDA
-  if (cuda) {
-    numa::ScopedNodeBinding bind(gpu_node);
-    if (streaming && !cuda_streaming) {
-      return Errorf(MOE_ERR_UNSUPPORTED_BACKEND,
-                    "the CUDA backend needs every expert resident: %d of %d fit the RAM budget",
-                    ctx->plan_.ram_expert_slots, ctx->plan_.n_routed_experts);
-    }
-    cuda::CpuExpertOptions cpu_experts;
-    cpu_experts.mode = o.cpu_experts == MOE_CPU_EXPERTS_OFF      ? cuda::CpuExpertMode::kOff
-                       : o.cpu_experts == MOE_CPU_EXPERTS_ALWAYS ? cuda::CpuExpertMode::kAlways
-                                                                 : cuda::CpuExpertMode::kAuto;
-    // Two cores stay with the threads that drive the GPU (the step loop, the copier).
-    const int cores = o.n_threads > 0 ? o.n_threads : static_cast<int>(std::thread::hardware_concurrency());
-    cpu_experts.n_threads = std::max(1, cores - 2);
-    cpu_experts.q8_activations = o.cpu_q8_activations;
+  // The one point where the backend is made.
+  {
+    model::BackendRequest req;
+    req.weights = &ctx->weights_;
+    req.arena = ctx->store_.arena();
+    req.arena_bytes = ctx->store_.resident_bytes();
     // The VRAM budget: non-routed weights, KV and workspace first, then the routed experts; what is
     // left for them decides whether they are all resident or run from VRAM slots (0 = auto: all).
-    uint64_t expert_vram = UINT64_MAX;
     if (o.vram_budget_bytes > 0) {
       const uint64_t fixed = ctx->plan_.non_routed_bytes + ctx->plan_.kv_bytes + ctx->plan_.workspace_bytes;
-      expert_vram = o.vram_budget_bytes > fixed ? o.vram_budget_bytes - fixed : 0;
+      req.expert_vram_bytes = o.vram_budget_bytes > fixed ? o.vram_budget_bytes - fixed : 0;
     }
-    STRATA_ASSIGN_OR_RETURN(std::unique_ptr<cuda::CudaBackend> be,
-                            cuda::CudaBackend::Create(ctx->weights_, ctx->store_.arena(), ctx->store_.resident_bytes(),
-                                                      expert_vram, ctx->hp_.n_expert_used, cpu_experts,
-                                                      o.gpu_q8_activations, hot,
-                                                      static_cast<size_t>(std::max(o.hotlist_max, 0))));
-    ctx->plan_.vram_budget_bytes = o.vram_budget_bytes;
-    ctx->plan_.vram_expert_slots = be->expert_slots() > 0 ? static_cast<uint32_t>(be->expert_slots())
-                                   : streaming                ? ctx->plan_.vram_expert_slots  // the VRAM tier's
-                                                              : ctx->plan_.n_routed_experts;
-    ctx->backend_ = std::move(be);
+    req.n_min_slots = ctx->hp_.n_expert_used;
+    req.n_threads = o.n_threads;
+    req.cpu_q8_activations = o.cpu_q8_activations;
+    req.gpu_q8_activations = o.gpu_q8_activations;
+    req.cpu_experts = o.cpu_experts;
+    req.ram_expert_slots = ctx->plan_.ram_expert_slots;
+    req.n_routed_experts = ctx->plan_.n_routed_experts;
+    req.hot = hot;
+    req.hot_max = static_cast<size_t>(std::max(o.hotlist_max, 0));
+    numa::ScopedNodeBinding bind(backend_node);
+    STRATA_ASSIGN_OR_RETURN(ctx->backend_, backends::Create(kind, req));
   }
-#endif
-  if (ctx->backend_ == nullptr) {
-    ctx->backend_ = std::make_unique<cpu::CpuBackend>(
-        o.n_threads, o.cpu_q8_activations ? cpu::MatMulMode::kQ8Activations : cpu::MatMulMode::kExact);
+  if (backends::HasDeviceMemory(kind)) {
+    const uint32_t slots = ctx->backend_->tier_stats().slots;
+    ctx->plan_.vram_budget_bytes = o.vram_budget_bytes;
+    // With experts streaming, the VRAM tier over the RAM tier keeps the plan's slots (set below).
+    ctx->plan_.vram_expert_slots = slots > 0 ? slots : streaming ? ctx->plan_.vram_expert_slots : ctx->plan_.n_routed_experts;
   }
   ctx->table_ = std::make_unique<store::ExpertTable>(ctx->weights_);
   ctx->resident_layer_hits_.assign(ctx->hp_.n_layer, 0);
@@ -227,30 +194,28 @@ absl::StatusOr<std::unique_ptr<Context>> Context::Open(const ContextOptions &o) 
     co.prefetch_distance = o.prefetch_distance;
     co.n_io_threads = o.n_io_threads;
     co.direct_io = o.direct_io;
-    co.numa_node = gpu_node;
+    co.numa_node = backend_node;
     STRATA_ASSIGN_OR_RETURN(ctx->cache_, store::ExpertCache::Create(*ctx->table_, *ctx->file_, ctx->weights_,
                                                                     ctx->backend_.get(), co));
     if (std::string w = store::LockWarning(ctx->cache_->stats()); !w.empty()) ctx->plan_.warnings.push_back(w);
-#ifdef STRATA_HAVE_CUDA
-    if (cuda_streaming) {
-      // The kernels' vector loads read an expert where its slot holds it: 32-byte aligned, as a
-      // GGUF's tensors are (a slot keeps a part's file offset within its 4 KiB block).
+    // The backend reads each expert where its slot holds it (a no-op for one that reads host memory
+    // anyway). A GGUF's tensors are 32-byte aligned and a slot keeps a part's file offset within its
+    // 4 KiB block, so a device's alignment holds for them.
+    if (const size_t align = ctx->backend_->host_view_alignment(); align > 1) {
       for (int l = 0; l < ctx->table_->n_layers(); ++l) {
         for (int x = 0; x < ctx->table_->n_experts(); ++x) {
-          const store::ExpertEntry &e = ctx->table_->entry(l, x);
-          for (const store::ExpertPart &part : e.part) {
-            if (part.bytes > 0 && part.slot_offset % 32 != 0) {
+          for (const store::ExpertPart &part : ctx->table_->entry(l, x).part) {
+            if (part.bytes > 0 && part.slot_offset % align != 0) {
               return Errorf(MOE_ERR_UNSUPPORTED_BACKEND,
-                            "the CUDA backend reads streamed experts where they lie, 32-byte aligned; layer %d expert "
+                            "the %s backend reads streamed experts where they lie, %u-byte aligned; layer %d expert "
                             "%d is not (a GGUF file's tensors are)",
-                            l, x);
+                            backends::Name(kind), align, l, x);
             }
           }
         }
       }
-      STRATA_RETURN_IF_ERROR(ctx->backend_->MapHostMemory(ctx->cache_->slab(), ctx->cache_->slab_bytes()));
     }
-#endif
+    STRATA_RETURN_IF_ERROR(ctx->backend_->MapHostMemory(ctx->cache_->slab(), ctx->cache_->slab_bytes()));
     // The VRAM tier stacks over the RAM tier where the backend has memory of its own and the plan
     // gives it slots: the two hold distinct experts, so their budgets add up.
     ctx->device_slots_ = ctx->backend_->MakeDeviceSlots();

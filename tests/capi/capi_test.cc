@@ -6,12 +6,17 @@
 #include <cmath>
 #include <cstddef>
 #include <cstring>
+#include <random>
 #include <string>
 #include <thread>
 #include <utility>
 #include <vector>
 
 #include "include/strata/moe.h"
+
+#ifdef STRATA_HAVE_CUDA
+#include <cuda_runtime.h>
+#endif
 
 namespace {
 
@@ -280,4 +285,72 @@ TEST_CASE("last error is thread-local", "[capi]") {
     CHECK(std::string(moe_last_error()).find("other-thread") != std::string::npos);
   }).join();
   CHECK(std::string(moe_last_error()).find("main-thread") != std::string::npos);
+}
+
+TEST_CASE("moe_backend_available: the CPU always, CUDA only with a device, bad kinds never", "[capi]") {
+  // A failing call first: an available backend leaves its message alone.
+  moe_ctx *ctx = nullptr;
+  CHECK(moe_ctx_open(nullptr, &ctx) == MOE_ERR_INVALID_ARGUMENT);
+  const std::string before = moe_last_error();
+  REQUIRE(!before.empty());
+  CHECK(moe_backend_available(MOE_BACKEND_CPU) == 1);
+  CHECK(moe_backend_available(MOE_BACKEND_AUTO) == 1);
+  CHECK(moe_last_error() == before);
+
+  // Kinds that name no backend, on either side of the enum.
+  std::mt19937 rng(std::random_device{}());
+  const int32_t above = std::uniform_int_distribution<int32_t>(MOE_BACKEND_CUDA + 1, 1 << 30)(rng);
+  const int32_t below = std::uniform_int_distribution<int32_t>(-(1 << 30), -1)(rng);
+  for (int32_t kind : {above, below}) {
+    CHECK(moe_backend_available(kind) == 0);
+    CHECK(std::string(moe_last_error()) == "unknown backend " + std::to_string(kind));
+  }
+
+#ifdef STRATA_HAVE_CUDA
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess) devices = 0;
+  const bool expect_cuda = devices > 0;
+#else
+  const bool expect_cuda = false;
+#endif
+  const int32_t cuda = moe_backend_available(MOE_BACKEND_CUDA);
+  CHECK(cuda == (expect_cuda ? 1 : 0));
+  if (cuda == 0) {
+    const std::string why = moe_last_error();
+    INFO(why);
+    CHECK(why.find("CUDA") != std::string::npos);
+#ifndef STRATA_HAVE_CUDA
+    CHECK(why == "the CUDA backend is not available in this build");
+#else
+    CHECK(why.find("device") != std::string::npos);
+#endif
+    // A context asked for it fails to open, as the answer said it would.
+    moe_params p;
+    moe_params_init(&p);
+    p.model_path = kModel.c_str();
+    p.backend = MOE_BACKEND_CUDA;
+    const moe_status st = moe_ctx_open(&p, &ctx);
+    CHECK(MOE_STATUS_CATEGORY(st) == MOE_ERR_UNSUPPORTED);
+#ifndef STRATA_HAVE_CUDA
+    CHECK(st == MOE_ERR_UNSUPPORTED_BACKEND);
+    CHECK(std::string(moe_last_error()) == why);
+#endif
+  }
+  // The reason is the calling thread's own.
+  std::thread([] {
+    CHECK(moe_backend_available(-7) == 0);
+    CHECK(std::string(moe_last_error()) == "unknown backend -7");
+  }).join();
+}
+
+TEST_CASE("moe_ctx_open refuses a kind that names no backend before reading the file", "[capi]") {
+  std::mt19937 rng(std::random_device{}());
+  moe_params p;
+  moe_params_init(&p);
+  p.model_path = "/nonexistent.gguf";  // the backend is checked first: no I/O error
+  p.backend = std::uniform_int_distribution<int32_t>(MOE_BACKEND_CUDA + 1, 1000)(rng);
+  moe_ctx *ctx = nullptr;
+  CHECK(moe_ctx_open(&p, &ctx) == MOE_ERR_INVALID_ARGUMENT);
+  CHECK(std::string(moe_last_error()) == "unknown backend " + std::to_string(p.backend));
+  CHECK(ctx == nullptr);
 }

@@ -1,0 +1,46 @@
+// The backend registry as the library sees it: which backends may be asked for, which can run here,
+// which one MOE_BACKEND_AUTO picks, and making one from a neutral BackendRequest. Defined in
+// backends/registry.cc, the only source that knows the backends (and the only one built with
+// STRATA_HAVE_CUDA), so nothing under lib/ includes a backend header.
+#pragma once
+
+#include <memory>
+
+#include "include/strata/moe.h"
+#include "lib/model/backend.h"
+#include "lib/model/backend_request.h"
+#include "lib/util/status.h"
+
+namespace strata::backends {
+
+// OK when a context may ask for `kind`: MOE_BACKEND_AUTO or a backend built into this library.
+// Errors: MOE_ERR_UNSUPPORTED_BACKEND ("the CUDA backend is not available in this build"),
+// MOE_ERR_INVALID_ARGUMENT for an unknown kind.
+absl::Status CheckBuiltIn(int kind);
+
+// OK when `kind` can run on this machine (MOE_BACKEND_AUTO always can: the CPU is its last resort).
+// Errors: as CheckBuiltIn, and MOE_ERR_UNSUPPORTED_BACKEND saying why a built-in one cannot run
+// (no device).
+absl::Status Available(int kind);
+
+// The backend a context runs: `requested` itself, or for MOE_BACKEND_AUTO the first backend, in
+// the registry's order of preference, that is built in, can run here, and takes streamed experts
+// if `streaming`: CUDA when built in, a device is present and the experts are RAM-resident, else
+// the CPU. `requested` has passed CheckBuiltIn.
+moe_backend_kind Resolve(int requested, bool streaming);
+
+// How messages name `kind` ("CPU", "CUDA"); "unknown" for anything else.
+const char *Name(moe_backend_kind kind);
+
+// The host NUMA node `kind`'s memory traffic is closest to (the GPU's), -1 when none matters.
+int PreferredNumaNode(moe_backend_kind kind);
+
+// Whether `kind` keeps experts in device memory of its own (the plan's VRAM fields describe it).
+bool HasDeviceMemory(moe_backend_kind kind);
+
+// Makes a `kind` backend (Resolve's answer) for `req`. Errors: the backend's own, and
+// MOE_ERR_UNSUPPORTED_BACKEND when `req` asks what it cannot do (the CUDA backend over streamed
+// experts with STRATA_CUDA_STREAMING=0: "the CUDA backend needs every expert resident: ...").
+absl::StatusOr<std::unique_ptr<model::Backend>> Create(moe_backend_kind kind, const model::BackendRequest &req);
+
+}  // namespace strata::backends

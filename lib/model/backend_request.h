@@ -1,0 +1,38 @@
+// What making a backend needs, in terms every backend understands: the context fills one from its
+// options and plan, and the backend registry (backends/registry.h) hands it to the chosen backend.
+// It names no backend type, so the code that fills it includes no backend header.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "lib/model/pack.h"
+#include "lib/model/weights.h"
+
+namespace strata::model {
+
+struct BackendRequest {
+  const ModelWeights *weights = nullptr;
+  // The loaded host arena the weights point into (routed experts left out when they stream).
+  const uint8_t *arena = nullptr;
+  size_t arena_bytes = 0;
+  // Device memory for routed experts (what the VRAM budget leaves after the fixed parts);
+  // UINT64_MAX: no budget, every expert resident.
+  uint64_t expert_vram_bytes = UINT64_MAX;
+  int n_min_slots = 1;  // expert slots a device tier needs at least (the experts one token uses)
+  int n_threads = 0;    // CPU threads; 0 = one per core
+  bool cpu_q8_activations = false;
+  bool gpu_q8_activations = false;
+  int cpu_experts = 0;  // moe_cpu_experts: who computes a device backend's cold experts
+  // Routed experts the RAM tier holds, of all of them: fewer means the experts stream from the file.
+  uint32_t ram_expert_slots = 0;
+  uint32_t n_routed_experts = 0;
+  // A hotlist's experts, hottest first, and how many of them to place (0 = as many as fit).
+  std::vector<HotExpert> hot;
+  size_t hot_max = 0;
+
+  bool streaming() const { return ram_expert_slots < n_routed_experts; }
+};
+
+}  // namespace strata::model
