@@ -3,6 +3,7 @@
 // fails the build's tests when a getenv of one appears elsewhere.
 #include "lib/util/tunables.h"
 
+#include <atomic>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -117,7 +118,12 @@ Values Read(const Lookup &lookup, std::vector<std::string> *complaints) {
   return v;
 }
 
+namespace {
+std::atomic<const Values *> g_scoped{nullptr};
+}  // namespace
+
 const Values &Get() {
+  if (const Values *s = g_scoped.load(std::memory_order_acquire); s != nullptr) return *s;
   static const Values values = [] {
     std::vector<std::string> complaints;
     Values v = Read([](const char *name) { return std::getenv(name); }, &complaints);
@@ -126,5 +132,8 @@ const Values &Get() {
   }();
   return values;
 }
+
+ScopedValues::ScopedValues(const Values &v) : values_(v), before_(g_scoped.exchange(&values_)) {}
+ScopedValues::~ScopedValues() { g_scoped.store(before_); }
 
 }  // namespace strata::tunables

@@ -116,7 +116,21 @@ using Lookup = std::function<const char *(const char *name)>;
 Values Read(const Lookup &lookup, std::vector<std::string> *complaints);
 
 // The process's values: the environment, read once on the first call (thread-safe); complaints go
-// to stderr then.
+// to stderr then. While a ScopedValues lives, its values instead.
 const Values &Get();
+
+// For tests: Get() answers `v` until this is destroyed (the one before comes back). Set it while
+// nothing else reads the knobs; objects read most knobs once, when they are created.
+class ScopedValues {
+ public:
+  explicit ScopedValues(const Values &v);
+  ~ScopedValues();
+  ScopedValues(const ScopedValues &) = delete;
+  ScopedValues &operator=(const ScopedValues &) = delete;
+
+ private:
+  Values values_;
+  const Values *before_;
+};
 
 }  // namespace strata::tunables
