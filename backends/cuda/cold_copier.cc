@@ -10,6 +10,7 @@
 
 #include "backends/cuda/cuda_status.h"
 #include "lib/util/thread_pool.h"
+#include "lib/util/tunables.h"
 
 namespace strata::cuda {
 
@@ -57,17 +58,12 @@ absl::StatusOr<std::unique_ptr<ColdCopier>> ColdCopier::Create(const uint8_t *ar
   c->mb_.done = ctr + 1;
   c->mb_.want = ctr + 2;
   STRATA_ASSIGN_OR_RETURN(c->mb_.timed_out, c->flags_.device<uint32_t>());
-  if (const char *ms = std::getenv("STRATA_CUDA_COLD_WAIT_MS"); ms != nullptr && std::atoll(ms) > 0) {
-    c->mb_.timeout_ns = static_cast<uint64_t>(std::atoll(ms)) * 1000000;
-  }
-  const char *number = std::getenv("STRATA_COLD_COPIES_NUMBER");
-  c->write_value_ = number == nullptr || std::strcmp(number, "copy") != 0;
-  const char *batch = std::getenv("STRATA_COLD_COPIES_BATCH");
-  c->batch_ = batch == nullptr || batch[0] != '0';
-  const char *coalesce = std::getenv("STRATA_COLD_COPIES_COALESCE");
-  c->coalesce_ = coalesce == nullptr || coalesce[0] != '0';
-  const char *trace = std::getenv("STRATA_COLD_COPIES_TRACE");
-  c->trace_ = trace != nullptr && trace[0] == '1';
+  const tunables::Values &knobs = tunables::Get();
+  if (knobs.cuda_cold_wait_ms > 0) c->mb_.timeout_ns = static_cast<uint64_t>(knobs.cuda_cold_wait_ms) * 1000000;
+  c->write_value_ = knobs.cold_copies_number != "copy";
+  c->batch_ = knobs.cold_copies_batch;
+  c->coalesce_ = knobs.cold_copies_coalesce;
+  c->trace_ = knobs.cold_copies_trace;
   if (c->trace_) {
     c->mb_.waited_ns = reinterpret_cast<unsigned long long *>(c->counters_.as<uint8_t>() + kWaitedAt);
     STRATA_ASSIGN_OR_RETURN(c->base_, Event::Create(true));

@@ -76,8 +76,8 @@ class ColdCopier {
   std::atomic<uint64_t> copied_{0};
   std::atomic<uint32_t> served_{0};  // the last request served
   bool trace_ = false;
-  // A request's copies in one cudaMemcpyBatchAsync (54.5 GB/s on the H200 against 47.2 for one
-  // cudaMemcpyAsync a matrix: bench/link_overlap_bench); STRATA_COLD_COPIES_BATCH=0 copies one by
+  // A request's copies in one cudaMemcpyBatchAsync (faster than one cudaMemcpyAsync a matrix:
+  // bench/link_overlap_bench); STRATA_COLD_COPIES_BATCH=0 copies one by
   // one, as does a driver that refuses the batch. The copier's thread alone reads it after Create.
   bool batch_ = true;
   // A request's adjacent copies joined (CoalesceCopies); STRATA_COLD_COPIES_COALESCE=0 issues them

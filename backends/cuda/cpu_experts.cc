@@ -11,6 +11,7 @@
 #include "backends/cuda/kernels.h"
 #include "lib/model/routing.h"
 #include "lib/util/thread_pool.h"
+#include "lib/util/tunables.h"
 
 namespace strata::cuda {
 namespace {
@@ -71,8 +72,8 @@ absl::StatusOr<std::unique_ptr<CpuExperts>> CpuExperts::Create(const model::Mode
   STRATA_ASSIGN_OR_RETURN(ce->skip_dev_, ce->skip_.device<const uint8_t>());
   STRATA_ASSIGN_OR_RETURN(ce->y_dev_, ce->y_.device<float>());
   ce->xg_.assign(static_cast<size_t>(max_rows) * ce->n_embd_, 0.f);
-  const char *trace = std::getenv("STRATA_CPU_EXPERTS_TRACE");
-  ce->trace_ = trace != nullptr && trace[0] == '1';
+  const tunables::Values &knobs = tunables::Get();
+  ce->trace_ = knobs.cpu_experts_trace;
   // Jobs come once a layer (a few hundred microseconds apart in decode): the pool's threads spin
   // through the gaps (~1 ms) rather than sleep and be woken for every job.
   ce->cpu_ = std::make_unique<cpu::CpuBackend>(
@@ -81,20 +82,16 @@ absl::StatusOr<std::unique_ptr<CpuExperts>> CpuExperts::Create(const model::Mode
   if (ce->trace_) ce->cpu_->set_experts_ffn_times(&ce->calib_times_);
   STRATA_RETURN_IF_ERROR(ce->Calibrate());
   if (ce->trace_) ce->cpu_->set_experts_ffn_times(&ce->job_times_);  // the worker's from here on
-  if (const char *ms = std::getenv("STRATA_CPU_EXPERTS_WAIT_MS"); ms != nullptr && std::atoll(ms) > 0) {
-    ce->wait_limit_ = std::chrono::milliseconds(std::atoll(ms));
-  }
+  if (knobs.cpu_experts_wait_ms > 0) ce->wait_limit_ = std::chrono::milliseconds(knobs.cpu_experts_wait_ms);
   ce->dev_box_.timeout_ns = static_cast<uint64_t>(std::chrono::nanoseconds(ce->wait_limit_).count());
   ce->worker_ = std::thread([p = ce.get()] { p->WorkerLoop(); });
   STRATA_RETURN_IF_ERROR(ce->MeasureRoundTrip(stream));
   // The link side's latency a layer beyond its bytes: the request's round trip (the device asks, the
-  // host answers) and a copy's own latency. Weighed without it, the link got too large a share: on
-  // the H200 the device hardly waited for the CPU's job (1.5-2.4 us a call); 25-100 us set by hand
-  // gave 69-75 tok/s against 66-68 (spread routing, 8 GiB). Measured at open on the H200: 24-27 us.
+  // host answers) and a copy's own latency. Weighed without it, the link got too large a share: the
+  // device hardly waited for the CPU's job, and a fixed cost set by hand decoded faster
+  // (bench/README.md). STRATA_CPU_EXPERTS_LINK_US sets it instead of the measurement.
   ce->link_fixed_s_ = ce->round_trip_s_ + std::max(0.0, link_copy_s);
-  if (const char *us = std::getenv("STRATA_CPU_EXPERTS_LINK_US"); us != nullptr && us[0] != '\0') {
-    ce->link_fixed_s_ = 1e-6 * std::max(0.0, std::atof(us));
-  }
+  if (knobs.cpu_experts_link_us >= 0) ce->link_fixed_s_ = 1e-6 * knobs.cpu_experts_link_us;
   return ce;
 }
 

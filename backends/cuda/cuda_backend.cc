@@ -24,6 +24,7 @@
 #include "backends/cuda/device.h"
 #include "lib/model/placement.h"
 #include "lib/quant/codec.h"
+#include "lib/util/tunables.h"
 
 namespace strata::cuda {
 namespace {
@@ -87,33 +88,25 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const model::Mo
                                                                  int n_min_slots, const CpuExpertOptions &cpu,
                                                                  bool q8_activations,
                                                                  const std::vector<model::HotExpert> &hot,
-                                                                 size_t hot_max) {
+                                                                 size_t hot_max, const BackendChoices &choices) {
   if (DeviceCount() <= 0) return Errorf(MOE_ERR_UNSUPPORTED_BACKEND, "no CUDA device");
   auto be = std::unique_ptr<CudaBackend>(new CudaBackend());
-  const char *prof = std::getenv("STRATA_CUDA_PROFILE");
-  be->profile_ = prof != nullptr && prof[0] == '1';
-  if (const char *st = std::getenv("STRATA_CUDA_STAMPS"); st != nullptr && st[0] == '1') {
+  const tunables::Values &knobs = tunables::Get();
+  be->profile_ = knobs.cuda_profile;
+  if (knobs.cuda_stamps) {
     STRATA_ASSIGN_OR_RETURN(be->stamps_, DeviceBuffer::Allocate(kMaxStamps * sizeof(unsigned long long)));
   }
-  const char *graphs = std::getenv("STRATA_CUDA_GRAPHS");
-  be->use_graphs_ = graphs == nullptr || graphs[0] != '0';
-  const char *host_trace = std::getenv("STRATA_CUDA_HOST_TRACE");
-  be->host_trace_ = host_trace != nullptr && host_trace[0] == '1';
-  const char *graph_trace = std::getenv("STRATA_CUDA_GRAPH_TRACE");
-  be->graph_trace_ = graph_trace != nullptr && graph_trace[0] == '1';
-  if (const char *e = std::getenv("STRATA_CUDA_PATHS_ALTERNATE"); e != nullptr && *e != '\0') {
-    be->paths_alternate_ = std::max<int64_t>(0, std::atoll(e));
-  }
-  const char *mark = std::getenv("STRATA_CUDA_PROFILER_STEP");
-  be->profiler_step_ = mark != nullptr ? std::atoll(mark) : -1;
+  be->use_graphs_ = choices.graphs.value_or(knobs.cuda_graphs);
+  be->cold_copies_choice_ = choices.cold_copies;
+  be->host_trace_ = knobs.cuda_host_trace;
+  be->graph_trace_ = knobs.cuda_graph_trace;
+  be->paths_alternate_ = std::max<int64_t>(0, knobs.cuda_paths_alternate);
+  be->profiler_step_ = knobs.cuda_profiler_step;
   be->q8_ = q8_activations;
-  const char *margin = std::getenv("STRATA_CUDA_PROMOTION_MARGIN");
-  be->promotion_margin_ = margin == nullptr || margin[0] != '0';
-  if (be->promotion_margin_ && margin != nullptr && std::atof(margin) > 0) be->decode_margin_z_ = std::atof(margin);
-  const char *pp = std::getenv("STRATA_CUDA_PROMPT_PROMOTE");
-  be->prompt_promote_ = pp == nullptr || pp[0] != '0';
-  const char *batch = std::getenv("STRATA_COLD_COPIES_BATCH");
-  be->batch_copies_ = batch == nullptr || batch[0] != '0';
+  be->promotion_margin_ = knobs.cuda_promotion_margin != 0;
+  if (knobs.cuda_promotion_margin > 0) be->decode_margin_z_ = knobs.cuda_promotion_margin;
+  be->prompt_promote_ = knobs.cuda_prompt_promote;
+  be->batch_copies_ = knobs.cold_copies_batch;
   STRATA_ASSIGN_OR_RETURN(be->stream_, Stream::Create());
   STRATA_ASSIGN_OR_RETURN(be->copy_stream_, Stream::Create());
   STRATA_ASSIGN_OR_RETURN(be->up_done_, Event::Create());
@@ -140,9 +133,8 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const model::Mo
     // With the copy engines on offer as well, auto times the two ways (model::RegimeProbe).
     // STRATA_CUDA_REGIME_PROBE=0: the per-layer cost model alone, as without the copier (a
     // measuring knob).
-    const char *probe = std::getenv("STRATA_CUDA_REGIME_PROBE");
     if (be->cpu_experts_ != nullptr && be->copier_ != nullptr && cpu.mode == CpuExpertMode::kAuto &&
-        (probe == nullptr || probe[0] != '0')) {
+        knobs.cuda_regime_probe) {
       be->regime_ = std::make_unique<model::RegimeProbe>();
     }
   }
@@ -152,8 +144,7 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const model::Mo
 }
 
 absl::Status CudaBackend::FillAtOpen(const std::vector<model::HotExpert> &hot, size_t hot_max) {
-  const char *env = std::getenv("STRATA_CUDA_FILL_AT_OPEN");
-  if (slots_.empty() || !arena_registered_ || (env != nullptr && env[0] == '0')) return absl::OkStatus();
+  if (slots_.empty() || !arena_registered_ || !tunables::Get().cuda_fill_at_open) return absl::OkStatus();
   std::vector<PendingCopy> copies;
   std::vector<int> filled;
   fill_sink_ = &copies;
@@ -230,7 +221,7 @@ absl::Status CudaBackend::IssueCopies(const std::vector<PendingCopy> &copies) {
 }
 
 absl::Status CudaBackend::WarmUpBlas() {
-  // cuBLASLt sets itself up at its first product (~60 ms on the H200), which would otherwise land in
+  // cuBLASLt sets itself up at its first product (tens of milliseconds), which would otherwise land in
   // the first prompt's first layer (its float32 router): one small product here, at open.
   constexpr int64_t kRows = 64, kCols = 64, kTok = 32;
   STRATA_ASSIGN_OR_RETURN(DeviceBuffer w, DeviceBuffer::Allocate((kRows + kTok) * kCols * sizeof(float) +
@@ -320,15 +311,11 @@ void CudaBackend::UpdatePaths(int64_t n_tok) {
   if (copier_ != nullptr) {
     // The copy engines pay where a layer has a cold expert a call or more: its prediction and the
     // wait cost a few microseconds, where a layer with hardly any cold expert reads them in place
-    // as fast (on the H200: 186 against 244 tok/s with concentrated routing, copying every layer).
-    // Beside the CPU's share as well: the copier takes the cold experts the CPU leaves; on the H200
-    // with spread routing 69.6 against 68.9 tok/s (8 GiB, batch 1), 59.1 against 57.8 (4 GiB) and
-    // 108.6 against 105.3 (16 sessions, 4 GiB) with in-place reads there instead.
+    // as fast (copying every layer was slower with concentrated routing; bench/README.md).
+    // Beside the CPU's share as well: the copier takes the cold experts the CPU leaves, slightly
+    // faster than in-place reads there at every budget and batch measured.
     // STRATA_CUDA_COPIES_BESIDE_CPU=0 reads them in place while any layer is on the hybrid path.
-    static const bool beside = [] {
-      const char *e = std::getenv("STRATA_CUDA_COPIES_BESIDE_CPU");
-      return e == nullptr || e[0] != '0';
-    }();
+    const bool beside = tunables::Get().cuda_copies_beside_cpu;
     bool hybrid = false, was_hybrid = false;
     for (size_t l = 0; l < tables_.size(); ++l) {
       hybrid = hybrid || (!beside && tables_[l].ok && hybrid_on[l]);
@@ -337,10 +324,7 @@ void CudaBackend::UpdatePaths(int64_t n_tok) {
     forced = forced || hybrid != was_hybrid;
     // STRATA_CUDA_COPIES_MIN_COLD=X: the cold experts a call from which a layer takes the copy
     // engines (default 1; it keeps them down to half of that). A measuring knob.
-    static const double min_cold = [] {
-      const char *e = std::getenv("STRATA_CUDA_COPIES_MIN_COLD");
-      return e != nullptr && *e != '\0' ? std::max(0.0, std::atof(e)) : 1.0;
-    }();
+    const double min_cold = std::max(0.0, tunables::Get().cuda_copies_min_cold);
     for (size_t l = 0; l < tables_.size(); ++l) {
       const LayerTable &t = tables_[l];
       if (!t.ok || !t.stage) continue;
@@ -356,22 +340,18 @@ void CudaBackend::UpdatePaths(int64_t n_tok) {
   const auto found = std::find(path_sets_.begin(), path_sets_.end(), want_set);
   const bool known = found != path_sets_.end();
   const bool recorded = known && Recorded(n_tok, static_cast<uint32_t>(found - path_sets_.begin()));  // no recording
-  // Until a recording's cost is measured, it is taken as two replayed steps (on the H200, 8 GiB,
-  // skewed routing: 14.9 ms measured, against 7.4 ms a replayed step). Without that, the layers'
-  // first changes in the CPU-share probe went through at every step: each ran watched and eager.
+  // Until a recording's cost is measured, it is taken as two replayed steps (about what one costs).
+  // Without that, the layers' first changes in the CPU-share probe went through at every step: each
+  // ran watched and eager.
   const double record_cost = record_s_ > 0 ? record_s_ : 2 * replay_s_;
   // Entering the CPU's share (the probe's turn, or its verdict) is held by the same rule: where the
   // cost model gives the CPU a few experts a step, the watched step and the recording cost more than
-  // the share can save. On the H200 (8 GiB, skewed routing: 3.6 CPU experts a step) auto decoded
-  // 139.0 tok/s against 144.2 with the link alone, the probe's way in costing ~17 ms; held, the
-  // share came in two steps later there (the fitted saving grew past 0.44 ms a step), and at once
-  // with spread routing; against entering at once 138.2 / 135.7 and 94.7 / 91.8 tok/s (one pair each,
-  // inside the noise).
+  // the share can save: with skewed routing, where the CPU takes a few experts a step, entering at
+  // once decoded slower than the link alone, the probe's way in costing more than it saved. Held,
+  // the share comes in a few steps later there (once the fitted saving pays for the recording), and
+  // at once with spread routing; against entering at once, within the noise (bench/README.md).
   // STRATA_CUDA_SHARE_HELD=0: entered at once, as before (a measuring knob).
-  static const bool share_held = [] {
-    const char *e = std::getenv("STRATA_CUDA_SHARE_HELD");
-    return e == nullptr || e[0] != '0';
-  }();
+  const bool share_held = tunables::Get().cuda_share_held;
   const bool hold_entry = share_held && entering;
   if ((!forced || hold_entry) && !recorded && record_cost > 0 && gain * kPathHorizon <= record_cost) {
     if (hold_entry) {
@@ -659,27 +639,28 @@ absl::Status CudaBackend::Adopt(const model::ModelWeights &w, const uint8_t *are
     slot_bytes_ = expert_max;
     // STRATA_CUDA_PROMPT_VICTIM=lru: an expert a prompt fetches takes the least recently used slot
     // rather than the coldest (PromptVictim; a measuring knob).
-    const char *victim_env = std::getenv("STRATA_CUDA_PROMPT_VICTIM");
-    prompt_lru_ = victim_env != nullptr && std::string(victim_env) == "lru";
+    const tunables::Values &knobs = tunables::Get();
+    prompt_lru_ = knobs.cuda_prompt_victim == "lru";
     // STRATA_CUDA_STAGE_EXPERTS=N: a decode layer's cold experts are copied into N slots of their
     // own before the grouped products (StageColdExperts), taken from the budget's slots. Off by
-    // default: on the H200 it measured within 0-3% of reading them in place (bench/README.md).
-    const char *stage_env = std::getenv("STRATA_CUDA_STAGE_EXPERTS");
+    // default: it measured about the same as reading them in place (bench/README.md).
+    const bool stage_set = knobs.cuda_stage_experts >= 0;
     // The same staging by the copy engines (ColdCopier), with two more sets of slots for the next
     // layer's predicted experts: by default 8 slots a set (a batch-1 layer's cold experts:
     // Qwen3-30B-A3B routes 8), fewer where the three sets would take more than a sixteenth of the
     // budget, and none under 2 (Mixtral's 99 MB experts at 8 GiB, whose copier is not measured yet
     // while its CPU share is: the slots would take experts from the cache) or with
     // STRATA_CUDA_STAGE_EXPERTS set.
-    // STRATA_CUDA_COLD_COPIES=N sets N; 0 turns the copier off.
-    const char *copies_env = std::getenv("STRATA_CUDA_COLD_COPIES");
+    // moe_params.cuda_cold_copies (BackendChoices::cold_copies) or STRATA_CUDA_COLD_COPIES=N sets
+    // N; 0 turns the copier off.
     const int64_t copies_fit = static_cast<int64_t>(std::min<uint64_t>(8, expert_vram_bytes / 16 / (3 * slot_bytes_)));
-    const int64_t copies_want = copies_env != nullptr ? std::atoll(copies_env)
-                                : stage_env != nullptr || copies_fit < 2 ? 0
-                                                                          : copies_fit;
+    const int64_t copies_set = cold_copies_choice_.value_or(knobs.cuda_cold_copies);
+    const int64_t copies_want = copies_set >= 0           ? copies_set
+                                : stage_set || copies_fit < 2 ? 0
+                                                              : copies_fit;
     bool unclaimed = false;
     cold_copies_ = copies_want > 0 && g_copier_claimed.compare_exchange_strong(unclaimed, true);
-    const int64_t stage_want = cold_copies_ ? copies_want : stage_env != nullptr ? std::atoll(stage_env) : 0;
+    const int64_t stage_want = cold_copies_ ? copies_want : stage_set ? knobs.cuda_stage_experts : 0;
     const uint64_t n_stage = static_cast<uint64_t>(std::clamp<int64_t>(stage_want, 0, kRouteMaxExperts));
     const uint64_t n_staging = n_stage * (cold_copies_ ? 3 : 1);
     const uint64_t fit = expert_vram_bytes / slot_bytes_;
@@ -725,8 +706,7 @@ absl::Status CudaBackend::Adopt(const model::ModelWeights &w, const uint8_t *are
       // The same memory stages a prompt's cold experts beside the tier (PromptStage): by DMA from
       // the page-locked arena only. STRATA_CUDA_PROMPT_STAGE=0 gives them tier slots instead (a
       // measuring knob).
-      const char *ps = std::getenv("STRATA_CUDA_PROMPT_STAGE");
-      if (arena_registered_ && (ps == nullptr || ps[0] != '0')) {
+      if (arena_registered_ && knobs.cuda_prompt_stage) {
         prompt_stage_.resize(n_staging);
         for (Slot &sl : prompt_stage_) {
           STRATA_ASSIGN_OR_RETURN(sl.used, Event::Create());
@@ -769,13 +749,7 @@ namespace {
 
 // STRATA_CUDA_PROMPT_TRACE=1: where a prompt's layers spend their time, the streams drained at each
 // mark (a measuring knob).
-bool PromptTrace() {
-  static const bool on = [] {
-    const char *e = std::getenv("STRATA_CUDA_PROMPT_TRACE");
-    return e != nullptr && e[0] == '1';
-  }();
-  return on;
-}
+bool PromptTrace() { return tunables::Get().cuda_prompt_trace; }
 
 }  // namespace
 
@@ -813,7 +787,7 @@ absl::Status CudaBackend::SlotsFor(const std::vector<const model::ExpertWeights 
     return Errorf(MOE_ERR_INTERNAL, "%zu experts to stage in %zu staging slots", staged.size(), prompt_stage_.size());
   }
   // The tables change in the host's mirror and reach the device in one upload a layer, after the
-  // copies (nothing queued between reads them; a tiny upload a table entry cost the stream ~10 us each).
+  // copies (nothing queued between reads them; a tiny upload a table entry cost the stream each time).
   defer_tables_ = true;
   absl::Status st = [&]() -> absl::Status {
     for (const auto &[i, v] : fills) STRATA_RETURN_IF_ERROR(Evict(v));
@@ -874,7 +848,7 @@ int CudaBackend::PromptVictim(int layer, const std::vector<char> *taken) const {
   // An empty slot, else the coldest by route hotness (the least recently used among equals), so
   // that a prompt leaves the slots holding about the experts the re-plan after it wants: with
   // least-recently-used alone it left the last layers' experts, and the re-plan's copies held the
-  // first decode step (on the H200, spread routing, 8 GiB: ~2,160 copies, 110 ms). Slots of the
+  // first decode step (with spread routing, thousands of copies). Slots of the
   // layer being computed are kept: its other experts may still be queued behind them, and the
   // host would wait for those computations before refilling. With prompt_lru_, the least recently
   // used slot.
@@ -1940,13 +1914,9 @@ void CudaBackend::ExpertFfnOne(const model::ExpertWeights &e, const float *x, in
 
 absl::Status CudaBackend::Replan() {
   replan_ = false;
-  // STRATA_CUDA_REPLAN=0 keeps the slots as the prompt left them (a measuring knob: on the H200,
-  // spread routing, 8 GiB, the re-plan's ~2,160 promotions hold the first decode step ~100 ms).
-  static const bool replan = [] {
-    const char *e = std::getenv("STRATA_CUDA_REPLAN");
-    return e == nullptr || e[0] != '0';
-  }();
-  if (!arena_registered_ || !replan) return absl::OkStatus();
+  // STRATA_CUDA_REPLAN=0 keeps the slots as the prompt left them (a measuring knob: with spread
+  // routing the re-plan's thousands of promotions hold the first decode step).
+  if (!arena_registered_ || !tunables::Get().cuda_replan) return absl::OkStatus();
   // Every routed expert of the device-table layers in one list: layer l's expert x at first[l] + x.
   std::vector<uint32_t> heat;
   std::vector<std::pair<int, int>> id;
@@ -1967,8 +1937,8 @@ absl::Status CudaBackend::Replan() {
   // expert takes a held one's slot only when markedly hotter (model::MarkedlyHotter, three standard
   // deviations: the pairs are the extremes of thousands of experts, the hottest outside against the
   // coldest inside, which chance sets two apart): with the slots filled at open and a prompt's cold
-  // experts staged beside them, even routing otherwise traded ~2,200 experts over noise after a
-  // 512-token prompt (H200, 8 GiB: the first decode step 108 ms; at two deviations ~400, 38 ms).
+  // experts staged beside them, even routing otherwise traded thousands of experts over noise after
+  // a long prompt, holding the first decode step (at two deviations still hundreds).
   std::vector<std::tuple<bool, uint32_t, int>> victims;  // (held, its heat, slot): the empty ones first
   for (int v = 0; v < static_cast<int>(slots_.size()); ++v) {
     const Slot &sl = slots_[v];
@@ -2230,8 +2200,8 @@ absl::Status CudaBackend::UpdateTier(int l) {
   fill_credit_ = std::min(fill_credit_, 4.0 * static_cast<double>(slot_bytes_));
   if (best < 0 || fill_credit_ < static_cast<double>(slot_bytes_)) return absl::OkStatus();
   // The victim: an empty slot, else the coldest settled one; `best` must be markedly hotter (with
-  // even routing, trading experts of one popularity over noise spent ~15% more of the link on
-  // promotions at 8 GiB).
+  // even routing, trading experts of one popularity over noise spent more of the link on
+  // promotions).
   auto hotter = [&](uint32_t cold_heat) {
     return promotion_margin_ ? model::MarkedlyHotter(t.heat[best], cold_heat, decode_margin_z_)
                              : uint64_t{t.heat[best]} >= uint64_t{cold_heat} + 2;
@@ -2239,7 +2209,7 @@ absl::Status CudaBackend::UpdateTier(int l) {
   // Inside a step's tier pass a floor of the victims' heat (the last scan's coldest, halved at each
   // decay since) answers most calls without the scan: the rule is monotone in the victim's heat, so
   // one not hotter than the floor is not hotter than the coldest. The scan over every slot, at every
-  // layer with a cold expert, was ~0.4 ms of the H200 host's 0.45 ms between steps at 8 GiB.
+  // layer with a cold expert, was most of the host's time between steps.
   if (victim_floor_ok_ && !hotter(victim_floor_)) return absl::OkStatus();
   int v = -1;
   uint32_t v_heat = 0;
@@ -2307,10 +2277,7 @@ bool CudaBackend::RoutedExperts(const model::RoutedExpertsArgs &a) {
   // Up to 8 tokens off the hybrid path: routing, grouping and quantizing their rows in one launch
   // (16 sessions measured no faster with it: a warp then routes two tokens in turn).
   // STRATA_CUDA_FUSED_ROUTE=N moves the cap (0: never, at most kRouteGroupMaxTokens; a measuring knob).
-  static const int64_t fused_max = [] {
-    const char *e = std::getenv("STRATA_CUDA_FUSED_ROUTE");
-    return e != nullptr && *e != '\0' ? std::clamp<int64_t>(std::atoll(e), 0, kRouteGroupMaxTokens) : int64_t{8};
-  }();
+  const int64_t fused_max = std::clamp<int64_t>(tunables::Get().cuda_fused_route, 0, kRouteGroupMaxTokens);
   // The copy engines only in a recorded step: its kernels all ran before, in the step shape's
   // first (eager) run or at the copier's creation, so none is loaded lazily while a WaitColdCopies
   // spins (loading a kernel waits for the device's work to drain, and the copies the wait waits for
@@ -2375,23 +2342,16 @@ bool CudaBackend::RoutedExperts(const model::RoutedExpertsArgs &a) {
       const LayerTable &tn = tables_[nl];
       // A layer on the hybrid path gets at most STRATA_CUDA_PREDICT_HYBRID (default 2) predicted
       // experts copied ahead, the CPU seeing them as resident, so the link works while the layers
-      // before compute and the CPU takes a share of the rest. On the H200, spread routing, 8 GiB,
-      // batch 1, the cost model alone (one loan of the machine, tok/s): none copied ahead 63.2-70.9
-      // (five runs), two 69.9-76.7 (four), three 66.7, four 65.2, five 63.1 (one each); with every
-      // prediction copied the CPU was left only the experts it missed (192 in 64 steps, not 5,813)
+      // before compute and the CPU takes a share of the rest. Two measured fastest of none to five
+      // (bench/README.md); with every prediction copied the CPU was left only the experts it missed
       // and the step was link-bound again.
-      static const int predict_hybrid = [] {
-        const char *e = std::getenv("STRATA_CUDA_PREDICT_HYBRID");
-        return e != nullptr && *e != '\0' ? std::max(0, std::atoi(e)) : 2;
-      }();
+      const int predict_hybrid =
+          static_cast<int>(std::clamp<int64_t>(tunables::Get().cuda_predict_hybrid, 0, INT32_MAX));
       const int n_pred = tn.hybrid ? std::min(predict_hybrid, pf_stage_[0].n_slots) : pf_stage_[0].n_slots;
       // The prediction runs beside this layer's wait and products, on a stream of its own (the
       // request it posts follows this layer's own), joined before the layer ends: h, which it
       // reads, is written again after. STRATA_CUDA_PREDICT_BESIDE=0 runs it in line (a measuring knob).
-      static const bool beside = [] {
-        const char *e = std::getenv("STRATA_CUDA_PREDICT_BESIDE");
-        return e == nullptr || e[0] != '0';
-      }();
+      const bool beside = tunables::Get().cuda_predict_beside;
       if (tn.stage && tn.copies && n_pred > 0) {
         cudaStream_t ps = beside ? predict_stream_.get() : s;
         if (beside && (!Note(pf_fork_.Record(s)) || !Note(predict_stream_.Wait(pf_fork_.get())))) return true;
@@ -2414,7 +2374,7 @@ bool CudaBackend::RoutedExperts(const model::RoutedExpertsArgs &a) {
   }
   Stamp("products");
   // With the tier the selections come back for its hotness, written by the sum's kernel into mapped
-  // memory: a copy of them would be a copy node in a recorded step, ~10 us a layer on the H200.
+  // memory: a copy of them would be a copy node in a recorded step, costing each layer.
   int32_t *sel_back = tiered ? hist_dev_ + static_cast<size_t>(a.layer) * kDeviceRouteMaxRows : nullptr;
   if ((hybrid && !Note(cpu_experts_->Finish(pl, n_max, skip, a.yg, s))) ||
       !Note(cuda::WeightedRowSum(a.yg, a.idx + rows, a.wts, a.n_tok, k, n_embd, a.out, s, a.sel, sel_back)) ||
@@ -2634,7 +2594,7 @@ model::Backend::StepMode CudaBackend::BeginStepImpl(const model::StepKey &key) {
   if (!slots_.empty()) {
     if (replan_ && !Note(Replan())) return StepMode::kEager;
     // The pass's table changes reach the device in one upload a layer (a tiny upload a table entry
-    // cost ~10 us of the stream, and the host's call); its promotions' copies wait for their
+    // cost the stream, and the host a call, each time); its promotions' copies wait for their
     // victims' last reads and go in one batch after the step's launch (IssuePassFills), while the
     // device runs the step.
     const auto t0 = host_trace_ ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};

@@ -49,6 +49,7 @@
 #include <map>
 #include <string>
 #include <memory>
+#include <optional>
 #include <set>
 #include <unordered_map>
 #include <unordered_set>
@@ -64,6 +65,13 @@
 
 namespace strata::cuda {
 
+// Choices the host makes (moe_params fields); each unset one follows its tunable
+// (lib/util/tunables.h), a set one wins over the environment.
+struct BackendChoices {
+  std::optional<bool> graphs;          // decode steps recorded and replayed (STRATA_CUDA_GRAPHS)
+  std::optional<int64_t> cold_copies;  // the copy engines' slots a set; 0 = off (STRATA_CUDA_COLD_COPIES)
+};
+
 class CudaBackend final : public model::Backend {
  public:
   // Copies every resident matrix (those inside the host arena [arena, arena + arena_bytes), where
@@ -74,13 +82,14 @@ class CudaBackend final : public model::Backend {
   // max(bytes / slot size, n_min_slots) slots (see above). UINT64_MAX: every expert resident.
   // cpu: whether and how the CPU computes cold experts (only with a VRAM tier and a mapped arena).
   // hot: experts (a hotlist, hottest first) that take the tier's slots first when it is filled at
-  // open, at most hot_max of them (0: as many as the slots hold).
+  // open, at most hot_max of them (0: as many as the slots hold). choices: graphs and the copy
+  // engines' slots, where the host chose them.
   static absl::StatusOr<std::unique_ptr<CudaBackend>> Create(const model::ModelWeights &w, const uint8_t *arena,
                                                              size_t arena_bytes, uint64_t expert_vram_bytes = UINT64_MAX,
                                                              int n_min_slots = 1, const CpuExpertOptions &cpu = {},
                                                              bool q8_activations = false,
                                                              const std::vector<model::HotExpert> &hot = {},
-                                                             size_t hot_max = 0);
+                                                             size_t hot_max = 0, const BackendChoices &choices = {});
   ~CudaBackend() override;
   std::string_view name() const override { return "cuda"; }
 
@@ -225,16 +234,16 @@ class CudaBackend final : public model::Backend {
   absl::StatusOr<double> MeasureCopyLatency(double link_bytes_s);  // one slot's copy beyond its bytes
   // Between steps (the next has n_tok tokens): which layers take the hybrid path, and which have
   // their cold experts copied by the copy engines. Paths not recorded before run the next two
-  // steps eagerly and record again: on the H200 (8 GiB, skewed routing) ~10 ms, more than a step,
-  // where a layer near a threshold saves microseconds a step by its change. So the layers' own
+  // steps eagerly and record again, which costs more than a step, where a layer near a threshold
+  // saves microseconds a step by its change. So the layers' own
   // changes to paths without a graph wait until what they are expected to save over kPathHorizon
   // steps outweighs the measured cost of re-recording (TimeStep); so does entering the CPU's share
   // with the cost model's layers (its leaving, and a forced share, are taken at once).
   void UpdatePaths(int64_t n_tok);
   static constexpr double kPathHorizon = 32;
-  // A layer's copy-engine path on or off, for the rule above: the copier's prediction and wait
-  // for a layer cost ~28 us a step (on the H200, concentrated routing, 186 against 244 tok/s
-  // copying every layer), about what it saves a layer with a cold expert a call.
+  // A layer's copy-engine path on or off, for the rule above: about what the copier's prediction
+  // and wait for a layer cost a step (measured with concentrated routing, copying every layer;
+  // bench/README.md), and about what it saves a layer with a cold expert a call.
   static constexpr double kCopiesFlipGainS = 28e-6;
   // STRATA_CUDA_PATHS_ALTERNATE=N (a testing knob): every layer takes the copy engines for N
   // steps, then for N steps none does and every layer takes the CPU's share (when allowed), and so
@@ -393,8 +402,8 @@ class CudaBackend final : public model::Backend {
   // its key asks the same sizes, so it is recorded at once.
   absl::Status HostRoundTrip(const char *what, bool growth = false);
   // The layers' selections copied during the step: the tier reads them once the step is done
-  // (one event for the step's layers, queried once it has landed: 48 events a step recorded and
-  // queried cost the H200's host ~0.1 ms of the ~0.45 it took between steps).
+  // (one event for the step's layers, queried once it has landed: an event a layer, recorded and
+  // queried, was a large share of the host's time between steps).
   void FinishHist(const std::vector<std::pair<int, int64_t>> &hist);
   Event step_hist_done_;
   bool step_hist_landed_ = false;
@@ -420,7 +429,8 @@ class CudaBackend final : public model::Backend {
   };
   static constexpr size_t kMaxGraphs = 64;
   static constexpr size_t kMaxPathSets = 64;  // past it, graphs and sets start again
-  bool use_graphs_ = true;  // STRATA_CUDA_GRAPHS=0 turns them off (every step eager)
+  bool use_graphs_ = true;  // off (BackendChoices::graphs, STRATA_CUDA_GRAPHS=0): every step eager
+  std::optional<int64_t> cold_copies_choice_;  // BackendChoices::cold_copies, read by Adopt
   // STRATA_CUDA_GRAPH_TRACE=1 (a diagnostic): each step's way (replayed, recorded, watched), what
   // kept a watched step from being clean, and the path sets, on stderr.
   bool graph_trace_ = false;

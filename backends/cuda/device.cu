@@ -7,6 +7,7 @@
 #include <cstdlib>
 
 #include "lib/util/numa.h"
+#include "lib/util/tunables.h"
 
 namespace strata::cuda {
 
@@ -42,8 +43,7 @@ int SmCount() {
 
 bool EarlyLaunch() {
   static const bool on = [] {
-    const char *e = std::getenv("STRATA_CUDA_PDL");
-    if (e != nullptr && e[0] == '0') return false;
+    if (!tunables::Get().cuda_pdl) return false;
     int dev = 0, major = 0;
     if (cudaGetDevice(&dev) != cudaSuccess ||
         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {

@@ -15,6 +15,7 @@
 
 #include "backends/cuda/codecs.cuh"
 #include "backends/cuda/kernels.h"
+#include "lib/util/tunables.h"
 
 namespace strata::cuda::dev {
 
@@ -23,8 +24,8 @@ constexpr int kGemvWarps = 8;  // warps per block: the warps of a block share x 
 // Blocks of an 8-bit-activation grouped expert kernel a multiprocessor holds at once, by the
 // registers its launch bound leaves a thread (65,536 / (256 x blocks)), for kernels taking up to
 // kMaxNT tokens a chunk. The 2-token kernels fit 80 registers without spilling and run the groups of
-// 1-3 tokens that many sessions' decode forms: 16 sessions decode 3-4% faster with 3 blocks than
-// with 2 at the same chunks (H200, bench/README.md); the 1-token kernel spills at 80, the 4- and
+// 1-3 tokens that many sessions' decode forms: many sessions decode faster with 3 blocks than with
+// 2 at the same chunks (bench/README.md); the 1-token kernel spills at 80, the 4- and
 // 8-token ones more.
 template <int kMaxNT>
 constexpr int GroupedQ8MinBlocks() {
@@ -421,12 +422,8 @@ namespace strata::cuda {
 // more tokens takes more chunks; each token's result is the same), to measure the chunk sizes
 // against sessions' small groups. 8 (the default) otherwise.
 inline int64_t GroupChunkCap() {
-  static const int64_t cap = [] {
-    const char *e = std::getenv("STRATA_CUDA_GROUP_CHUNK");
-    const int v = e != nullptr ? std::atoi(e) : 8;
-    return static_cast<int64_t>(v == 1 || v == 2 || v == 4 ? v : 8);
-  }();
-  return cap;
+  const int64_t v = tunables::Get().cuda_group_chunk;
+  return v == 1 || v == 2 || v == 4 ? v : 8;
 }
 
 // Calls run(integral_constant n) with n the largest chunk a group of at most n_tok tokens is taken

@@ -18,6 +18,7 @@
 #include "backends/cuda/launch.cuh"
 #include "backends/cuda/q8act.cuh"
 #include "lib/quant/codec.h"
+#include "lib/util/tunables.h"
 
 namespace strata::cuda {
 namespace {
@@ -714,14 +715,11 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
 
 // kDefault: STRATA_CUDA_Q8_TENSOR=1 or 0 puts every codec's products on the tensor cores or the
 // GEMVs; unset, Q4_K on the tensor cores (as fast as its GEMV for one token, faster for batches)
-// and Q8_0 on the GEMVs (its tensor-core kernels trail them by 4-6% for one session).
+// and Q8_0 on the GEMVs (its tensor-core kernels trail them for one session; bench/README.md).
 bool OnTensorCores(Q8Kernels k, quant::TypeId type) {
   if (k != Q8Kernels::kDefault) return k == Q8Kernels::kTensor;
-  static const int env = [] {
-    const char *e = std::getenv("STRATA_CUDA_Q8_TENSOR");
-    return e == nullptr || *e == '\0' ? -1 : std::atoi(e) == 1 ? 1 : 0;
-  }();
-  return env >= 0 ? env == 1 : type == quant::TypeId::kQ4_K;
+  const int64_t forced = tunables::Get().cuda_q8_tensor;
+  return forced >= 0 ? forced == 1 : type == quant::TypeId::kQ4_K;
 }
 
 // Calls run(type constant) for the codec's kernels (a codec Q8ActFor accepts).

@@ -17,6 +17,7 @@
 #include "backends/cuda/launch.cuh"
 #include "backends/cuda/q8act.cuh"
 #include "backends/cuda/route.cuh"
+#include "lib/util/tunables.h"
 
 namespace strata::cuda {
 namespace {
@@ -528,10 +529,7 @@ absl::Status CheckGroupGrid(int n_max, int n_grid, const char *what) {
 
 int GroupGridGroups(int64_t n_tok, int k, int n_expert) {
   const int64_t n_max = GroupMaxGroups(n_tok, k, n_expert);
-  static const bool full = [] {
-    const char *e = std::getenv("STRATA_CUDA_GROUP_GRID");
-    return e != nullptr && std::atoi(e) == 0;
-  }();
+  const bool full = !tunables::Get().cuda_group_grid;
   if (full || n_max <= 0 || k <= 0 || k > n_expert) return static_cast<int>(n_max);
   const double want = std::ceil(ExpectedGroups(n_tok, k, n_expert) * 1.05);
   return static_cast<int>(std::clamp<int64_t>(static_cast<int64_t>(want), 1, n_max));

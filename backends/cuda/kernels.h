@@ -354,8 +354,8 @@ absl::Status GroupedGemv(const void *const *tab, const DeviceMatrix &shape, cons
 
 // VRAM staging slots for a layer's cold experts (the VRAM tier): StageColdExperts copies the
 // experts a plan needs that lie in mapped host memory into these slots, so the grouped kernels read
-// them from VRAM. On the H200 (cuda_bench) the copy and products take 86-87% of the link's copy
-// rate, the grouped kernels reading the same experts in place 85% for one token and 78% for 16.
+// them from VRAM. The copy and products run at about the rate of the grouped kernels reading the
+// same experts in place, a little faster for batches (cuda_bench, bench/README.md).
 // Slot j holds gate | up | down at byte offsets 0, Align256(gate bytes), Align256(gate bytes) +
 // Align256(up bytes).
 struct ExpertStage {
@@ -395,7 +395,7 @@ absl::Status StageColdExperts(const GroupedExperts &from, const ExpertStage &sta
 // from with stage's tables: what the grouped kernels read after StageColdExperts.
 GroupedExperts StagedExperts(const GroupedExperts &from, const ExpertStage &stage);
 
-// Cold experts by the copy engines. On the H200 the copy engines move a layer's cold experts at the
+// Cold experts by the copy engines. The copy engines move a layer's cold experts at the
 // link's rate while kernels run beside them at full speed, where kernels that read the link
 // (StageColdExperts, products reading in place) slow down beside other kernels
 // (bench/link_overlap_bench.cu). Copy engines are driven by the host, so: PlanColdCopies picks the
@@ -468,8 +468,7 @@ absl::Status CopySkippedGroups(const int32_t *plan, int n_max, const uint8_t *sk
 
 // Calls to a host thread through mapped memory (CpuExperts): no host function in the stream. The
 // driver runs host functions on a thread of its own; a recorded step holding them saw the copier's
-// copies (ColdCopier) stall behind its waits, and each costs a round trip of ~40 us through that
-// thread. Here the device posts the call as the copier's requests are posted, and a kernel polls
+// copies (ColdCopier) stall behind its waits, and each costs a round trip through that thread. Here the device posts the call as the copier's requests are posted, and a kernel polls
 // the host thread's answer.
 struct CpuCall {
   int32_t layer = 0, k = 0, n_expert = 0, pad = 0;

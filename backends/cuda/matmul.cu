@@ -15,6 +15,7 @@
 #include "backends/cuda/gemv.cuh"
 #include "backends/cuda/kernels.h"
 #include "backends/cuda/launch.cuh"
+#include "lib/util/tunables.h"
 
 namespace strata::cuda {
 namespace {
@@ -179,10 +180,8 @@ int GemvTeamWarps(quant::TypeId type, int64_t cols, int64_t rows) {
   // A warp covers 32 x 8 elements of a row per step (Q4_K: 4 super-blocks); keep >= 2 steps a lane.
   const int64_t per_step = type == quant::TypeId::kQ4_K ? 1024 : 32 * dev::kGroupElems;
   const int64_t steps = (cols + per_step - 1) / per_step;
-  static const int cap = [] {
-    const char *e = std::getenv("STRATA_CUDA_GEMV_SPLIT");
-    return e != nullptr ? std::max(1, std::atoi(e)) : kGemvWarps;
-  }();
+  const int64_t split = tunables::Get().cuda_gemv_split;
+  const int64_t cap = split > 0 ? split : kGemvWarps;
   int w = 1;
   while (w < cap && 4 * w <= steps) w *= 2;
   return w;

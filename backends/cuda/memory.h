@@ -157,8 +157,8 @@ absl::Status CopyBatchAsync(void *const *dsts, const void *const *srcs, const si
 
 // The driver's stream write of a 32-bit value (cuStreamWriteValue32, found through the runtime's
 // driver entry points): `value` lands in device memory at dst once the stream's work before it has
-// finished, its writes fenced before it, without the copy engines. On the H200 a 4-byte copy behind
-// a request's copies took ~7.5 us of the copy stream (ColdCopier's trace). False where the driver
+// finished, its writes fenced before it, without the copy engines: a 4-byte copy behind a
+// request's copies took the copy stream far longer (ColdCopier's trace). False where the driver
 // has no such entry point or refuses the write (nothing is queued then; the caller copies instead).
 bool StreamWriteValue32(uint32_t *dst, uint32_t value, cudaStream_t stream);
 

@@ -25,6 +25,7 @@
 #include "lib/runtime/context.h"
 #include "lib/util/memory_lock.h"
 #include "lib/util/stats.h"
+#include "lib/util/tunables.h"
 #include "nlohmann/json.hpp"
 
 namespace {
@@ -93,6 +94,9 @@ struct Args {
   uint64_t lock_memory = 0;
   bool q8_activations = false;
   int cpu_experts = MOE_CPU_EXPERTS_AUTO;
+  // moe_params' switches (MOE_SWITCH_*) and cold copies (0 = the tunable, -1 = off)
+  int cuda_graphs = MOE_SWITCH_DEFAULT, huge_pages = MOE_SWITCH_DEFAULT, cuda_streaming = MOE_SWITCH_DEFAULT;
+  int cold_copies = 0;
   bool sparse = false;
   // sessions and KV
   int64_t max_sessions = 1;
@@ -174,7 +178,16 @@ const char kUsage[] =
     "GPU tier:       --cpu-experts auto|off|always  who runs experts the VRAM tier misses in decode:\n"
     "                auto (default) splits them between the link and the CPU by measured rates;\n"
     "                off reads them all over the link (bit-identical at any --vram-budget)\n"
+    "                --cuda-graphs on|off  decode steps recorded and replayed as CUDA graphs (default on)\n"
+    "                --cold-copies N  slots a set for cold experts the copy engines move into VRAM\n"
+    "                (0 = off; default sized from --vram-budget)\n"
+    "                --cuda-streaming on|off  --backend cuda over experts streamed through the RAM cache\n"
+    "                (default on)\n"
+    "memory:         --huge-pages on|off  the weights in transparent huge pages where the host has them\n"
+    "                (default on)\n"
     "testing aid:    --lock-memory SIZE  pins SIZE of RAM first, so the run sees a smaller machine\n"
+    "tunables:       strata --list-tunables  every STRATA_* environment knob: type, default, value, doc;\n"
+    "                the flags above win over their knobs\n"
     "PATH is a GGUF file or a Hugging Face checkpoint directory.\n";
 
 float ParseFloat(const std::string &flag, const std::string &v) {
@@ -182,6 +195,13 @@ float ParseFloat(const std::string &flag, const std::string &v) {
   float f = std::strtof(v.c_str(), &end);
   if (v.empty() || end != v.c_str() + v.size() || !(f == f)) Die(flag + " needs a number, got '" + v + "'");
   return f;
+}
+
+// A flag's on|off as a moe_switch.
+int OnOff(const std::string &flag, const std::string &v) {
+  if (v == "on") return MOE_SWITCH_ON;
+  if (v == "off") return MOE_SWITCH_OFF;
+  Die(flag + " must be on or off, got '" + v + "'");
 }
 
 Args ParseArgs(int argc, char **argv) {
@@ -263,6 +283,13 @@ Args ParseArgs(int argc, char **argv) {
       else if (v == "always") a.cpu_experts = MOE_CPU_EXPERTS_ALWAYS;
       else Die("--cpu-experts must be auto, off or always, got '" + v + "'");
     }
+    else if (f == "--cuda-graphs") a.cuda_graphs = OnOff(f, value());
+    else if (f == "--huge-pages") a.huge_pages = OnOff(f, value());
+    else if (f == "--cuda-streaming") a.cuda_streaming = OnOff(f, value());
+    else if (f == "--cold-copies") {
+      const int64_t n = integer(0, strata::runtime::kMaxColdCopies);
+      a.cold_copies = n == 0 ? -1 : static_cast<int>(n);
+    }
     else if (f == "--sparse") a.sparse = true;
     else if (f == "--routing") a.routing = value();
     else if (f == "--json") a.json = true;
@@ -301,7 +328,7 @@ Args ParseArgs(int argc, char **argv) {
 }
 
 std::string DemoModelPath() {
-  if (const char *env = std::getenv("STRATA_DEMO_MODEL"); env != nullptr && *env) return env;
+  if (const std::string &env = strata::tunables::Get().demo_model; !env.empty()) return env;
   if (access(STRATA_DEMO_MODEL_SOURCE, R_OK) == 0) return STRATA_DEMO_MODEL_SOURCE;
   return STRATA_DEMO_MODEL_INSTALLED;
 }
@@ -339,6 +366,10 @@ moe_params ContextParams(const Args &a, const std::string &model) {
   p.cpu_q8_activations = a.q8_activations ? 1 : 0;
   p.gpu_q8_activations = a.q8_activations ? 1 : 0;
   p.cpu_experts = a.cpu_experts;
+  p.cuda_graphs = a.cuda_graphs;
+  p.cuda_cold_copies = a.cold_copies;
+  p.huge_pages = a.huge_pages;
+  p.cuda_streaming = a.cuda_streaming;
   // bench --sessions N runs N sessions: the KV budget is sized for at least that many.
   p.max_sessions = static_cast<uint32_t>(std::max(a.max_sessions, a.sessions));
   p.kv_budget_bytes = a.kv_budget;
@@ -1364,8 +1395,34 @@ void LockMemory(uint64_t bytes) {
   std::fprintf(stderr, "strata: locked %llu bytes of RAM\n", static_cast<unsigned long long>(bytes));
 }
 
+// strata --list-tunables: one knob a line, in columns: name, type, default, value, doc.
+int ListTunables() {
+  namespace tn = strata::tunables;
+  const tn::Values defaults;
+  const tn::Values &now = tn::Get();
+  size_t w[4] = {4, 4, 7, 5};
+  for (const tn::Row &r : tn::Table()) {
+    w[0] = std::max(w[0], std::strlen(r.name));
+    w[1] = std::max(w[1], std::strlen(tn::TypeName(r.type)));
+    w[2] = std::max(w[2], r.format(defaults).size());
+    w[3] = std::max(w[3], r.format(now).size());
+  }
+  const auto line = [&](const char *name, const char *type, const std::string &def, const std::string &val,
+                        const char *doc) {
+    std::printf("%-*s  %-*s  %-*s  %-*s  %s\n", static_cast<int>(w[0]), name, static_cast<int>(w[1]), type,
+                static_cast<int>(w[2]), def.c_str(), static_cast<int>(w[3]), val.c_str(), doc);
+  };
+  line("NAME", "TYPE", "DEFAULT", "VALUE", "DOC");
+  for (const tn::Row &r : tn::Table()) line(r.name, tn::TypeName(r.type), r.format(defaults), r.format(now), r.doc);
+  return 0;
+}
+
 int main(int argc, char **argv) {
   try {
+    if (argc >= 2 && std::strcmp(argv[1], "--list-tunables") == 0) {
+      if (argc > 2) Die("--list-tunables takes no arguments");
+      return ListTunables();
+    }
     Args a = ParseArgs(argc, argv);
     a.argv.assign(argv, argv + argc);
     LockMemory(a.lock_memory);

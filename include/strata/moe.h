@@ -171,7 +171,28 @@ typedef struct moe_params {
                                  at most every 0.1 s while reading and once with done == total at
                                  the end; it must not call into Strata */
   void *load_progress_user;   /* passed back to load_progress */
+  /* Since 0.6 (appended): choices that were environment variables alone. Each default (0) follows
+   * the tunable named: its environment variable when set, else its default (`strata --list-tunables`
+   * prints them); a value set here wins over the environment. moe_ctx_open fails with
+   * MOE_ERR_INVALID_ARGUMENT on a value outside the ones listed. */
+  int32_t cuda_graphs;        /* moe_switch: decode steps recorded as CUDA graphs and replayed
+                                 (STRATA_CUDA_GRAPHS, on by default); off runs every step eagerly */
+  int32_t cuda_cold_copies;   /* the CUDA backend's copy engines move a layer's cold experts into
+                                 VRAM slots of their own: N in [1, 256] slots a set, -1 off, 0
+                                 (default) = STRATA_CUDA_COLD_COPIES, else sized from the VRAM budget */
+  int32_t huge_pages;         /* moe_switch: the weights' host memory advised into transparent huge
+                                 pages where the host has them (STRATA_HUGEPAGES, on by default) */
+  int32_t cuda_streaming;     /* moe_switch: --backend cuda over a streaming context, the GPU reading
+                                 experts where the RAM cache holds them (STRATA_CUDA_STREAMING, on by
+                                 default); off refuses that with MOE_ERR_UNSUPPORTED_BACKEND */
 } moe_params;
+
+/* A choice whose default is a tunable (moe_params.cuda_graphs, huge_pages, cuda_streaming). Since: 0.6. */
+typedef enum moe_switch {
+  MOE_SWITCH_DEFAULT = 0, /* the tunable's value: its environment variable when set, else its default */
+  MOE_SWITCH_ON = 1,
+  MOE_SWITCH_OFF = 2
+} moe_switch;
 
 /* Who runs a routed expert the VRAM tier does not hold, during decode (CUDA backend). */
 typedef enum moe_cpu_experts {

@@ -5,7 +5,9 @@
 #include <cstring>
 #include <mutex>
 #include <new>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "include/strata/moe.h"
@@ -80,6 +82,31 @@ moe_status ReadParams(const T *in, T *out, void (*fill)(T *), const char *what) 
   return MOE_OK;
 }
 
+// A moe_switch as a choice: unset for MOE_SWITCH_DEFAULT (the tunable decides).
+std::optional<bool> FromSwitch(int32_t v) {
+  if (v == MOE_SWITCH_ON) return true;
+  if (v == MOE_SWITCH_OFF) return false;
+  return std::nullopt;
+}
+
+// The fields ToOptions cannot map: values outside those moe.h lists.
+moe_status CheckParams(const moe_params &p) {
+  const std::pair<const char *, int32_t> switches[] = {
+      {"cuda_graphs", p.cuda_graphs}, {"huge_pages", p.huge_pages}, {"cuda_streaming", p.cuda_streaming}};
+  for (const auto &[name, v] : switches) {
+    if (v < MOE_SWITCH_DEFAULT || v > MOE_SWITCH_OFF) {
+      return Fail(MOE_ERR_INVALID_ARGUMENT,
+                  std::string("moe_params.") + name + " is " + std::to_string(v) + " (0 default, 1 on, 2 off)");
+    }
+  }
+  if (p.cuda_cold_copies < -1 || p.cuda_cold_copies > strata::runtime::kMaxColdCopies) {
+    const int most = strata::runtime::kMaxColdCopies;
+    return Fail(MOE_ERR_INVALID_ARGUMENT, "moe_params.cuda_cold_copies is " + std::to_string(p.cuda_cold_copies) +
+                                              " (1-" + std::to_string(most) + " slots, -1 off, 0 default)");
+  }
+  return MOE_OK;
+}
+
 strata::runtime::ContextOptions ToOptions(const moe_params &p) {
   strata::runtime::ContextOptions o;
   o.model_path = p.model_path ? p.model_path : "";
@@ -108,6 +135,10 @@ strata::runtime::ContextOptions ToOptions(const moe_params &p) {
       fn(done, total, user);
     };
   }
+  o.cuda_graphs = FromSwitch(p.cuda_graphs);
+  if (p.cuda_cold_copies != 0) o.cuda_cold_copies = std::max(0, p.cuda_cold_copies);
+  o.huge_pages = FromSwitch(p.huge_pages);
+  o.cuda_streaming = FromSwitch(p.cuda_streaming);
   return o;
 }
 
@@ -298,6 +329,7 @@ moe_status moe_plan(const moe_params *p, moe_cache_plan *out) {
     moe_params params;
     if (moe_status st = ReadParams(p, &params, moe_params_fill_defaults, "moe_params"); st != MOE_OK) return st;
     if (params.model_path == nullptr) return Fail(MOE_ERR_INVALID_ARGUMENT, "moe_params.model_path is NULL");
+    if (moe_status st = CheckParams(params); st != MOE_OK) return st;
     auto d = strata::runtime::Context::Describe(params.model_path);
     if (!d.ok()) return FromStatus(d.status());
     const auto opts = ToOptions(params);
@@ -314,6 +346,7 @@ moe_status moe_ctx_open(const moe_params *p, moe_ctx **out) {
     moe_params params;
     if (moe_status st = ReadParams(p, &params, moe_params_fill_defaults, "moe_params"); st != MOE_OK) return st;
     if (params.model_path == nullptr) return Fail(MOE_ERR_INVALID_ARGUMENT, "moe_params.model_path is NULL");
+    if (moe_status st = CheckParams(params); st != MOE_OK) return st;
     auto ctx = strata::runtime::Context::Open(ToOptions(params));
     if (!ctx.ok()) return FromStatus(ctx.status());
     auto *c = new moe_ctx();

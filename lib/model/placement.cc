@@ -69,8 +69,8 @@ bool MarkedlyHotter(uint32_t hot, uint32_t cold, double z) {
 void CpuCostFit::Add(double x, double secs) {
   if (!(x > 0) || !(secs > 0) || !std::isfinite(x) || !std::isfinite(secs)) return;
   // A job's time bounds the fixed cost from above. A job faster than a held fixed cost shows the
-  // hold wrong (one host's calibration took ~1.3 ms a job whatever its size, decode's jobs 0.47
-  // ms): it drops to half that job's time, so the jobs move the rate again.
+  // hold wrong (a host's calibration jobs can take longer whatever their size than decode's jobs
+  // take): it drops to half that job's time, so the jobs move the rate again.
   if (hold_ && secs <= fixed_) fixed_ = 0.5 * secs;
   w_ = decay_ * w_ + 1;
   x_ = decay_ * x_ + x;

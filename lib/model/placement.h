@@ -87,9 +87,9 @@ double HybridSavingSeconds(double cold_bytes, uint64_t expert_bytes, const Place
 // (kHybrid), the first `settle` steps after each switch untimed (the paths change, a graph is
 // recorded). The faster by median step time is that size's verdict for the next `hold` steps (of
 // any size), after which the size is timed again. Within `margin` of kLink, kHybrid (the cost
-// model's choice) is kept: four steps a way cannot tell such times apart, and on the H200 (spread
-// routing, 8 GiB) the cost model alone decoded 62.6-76.7 tok/s where probes that called such a tie
-// for kLink held 60.3-63.4. A probe of kHybrid ends early once its first two steps are both slower
+// model's choice) is kept: four steps a way cannot tell such times apart, and with spread routing
+// the cost model alone decoded faster than probes that called such a tie for kLink
+// (bench/README.md). A probe of kHybrid ends early once its first two steps are both slower
 // than kLink by a tenth. A step of another size ends a probe: a size with a verdict runs it, one
 // without starts its own probe (with kLink), so a batch whose size changes before a probe ends
 // stays on kLink, and batches moving between sizes already timed (sessions joining and leaving)

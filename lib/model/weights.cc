@@ -535,7 +535,7 @@ absl::Status WeightStore::Load(const ModelFile &mf, ModelWeights &w, bool routed
   arena_ = nullptr;
   size_ = 0;
   if (total > 0) {
-    arena_ = static_cast<uint8_t *>(AllocateLarge(total));
+    arena_ = static_cast<uint8_t *>(AllocateLarge(total, lo.huge_pages.value_or(LargeAllocHugePages())));
     if (arena_ == nullptr) {
       return Errorf(MOE_ERR_NO_MEMORY, "cannot allocate %u bytes for the model weights", total);
     }

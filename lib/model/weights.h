@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -118,6 +119,8 @@ struct LoadOptions {
   // Called on the loading thread with the bytes read so far and the total: at most every
   // kLoadProgressSeconds while reading, and once with done == total when every byte is in.
   std::function<void(uint64_t done, uint64_t total)> progress;
+  // The arena in transparent huge pages (AllocateLarge); unset = the STRATA_HUGEPAGES tunable.
+  std::optional<bool> huge_pages;
 };
 inline constexpr int kMaxLoadThreads = 8;
 inline constexpr double kLoadProgressSeconds = 0.1;
@@ -125,8 +128,7 @@ inline constexpr double kLoadProgressSeconds = 0.1;
 // Owns the resident bytes of the weights. Load reads every bound tensor once through the file layer
 // (into one page-aligned arena, in huge pages where the host has them) and points the views at it.
 // The tensors are read in pieces (64 MiB by default) by several threads at once: one thread's reads
-// of a file in the page cache ran at ~3 GB/s on the H200's host, the copy out of the kernel's
-// pages being the bound.
+// of a file in the page cache are bound by the copy out of the kernel's pages.
 class WeightStore {
  public:
   WeightStore() = default;

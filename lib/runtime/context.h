@@ -8,6 +8,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -53,7 +54,18 @@ struct ContextOptions {
   int prefill_layer_min = 0;
   // Progress of the weights' load at open (model::LoadOptions::progress); empty = none.
   std::function<void(uint64_t done, uint64_t total)> load_progress;
+  // Choices whose defaults are tunables (lib/util/tunables.h): unset follows the tunable, a set one
+  // wins over the environment. Graphs and cold copies go to the CUDA backend
+  // (cuda::BackendChoices), huge pages to the weights' load (model::LoadOptions::huge_pages).
+  std::optional<bool> cuda_graphs;          // STRATA_CUDA_GRAPHS
+  std::optional<int> cuda_cold_copies;      // slots a set, 0 = off; STRATA_CUDA_COLD_COPIES
+  std::optional<bool> huge_pages;           // STRATA_HUGEPAGES
+  std::optional<bool> cuda_streaming;       // --backend cuda over a streaming context; STRATA_CUDA_STREAMING
 };
+
+// The most slots a set ContextOptions::cuda_cold_copies asks for (the CUDA backend's most routed
+// experts a layer; it clamps to that).
+inline constexpr int kMaxColdCopies = 256;
 
 // Measured on the CPU backend (bench/README.md, "prefill modes"): batched selected-expert prefill
 // beats token by token from 2 tokens up, so token by token is off by default. Layer-major prefill

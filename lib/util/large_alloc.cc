@@ -3,19 +3,16 @@
 #include <sys/mman.h>
 
 #include <cstdlib>
-#include <cstring>
+
+#include "lib/util/tunables.h"
 
 namespace strata {
 
-bool LargeAllocHugePages() {
-  static const bool on = [] {
-    const char *e = std::getenv("STRATA_HUGEPAGES");
-    return e == nullptr || std::strcmp(e, "0") != 0;
-  }();
-  return on;
-}
+bool LargeAllocHugePages() { return tunables::Get().huge_pages; }
 
-void *AllocateLarge(size_t bytes) {
+void *AllocateLarge(size_t bytes) { return AllocateLarge(bytes, LargeAllocHugePages()); }
+
+void *AllocateLarge(size_t bytes, bool huge_pages) {
   if (bytes == 0) return nullptr;
   if (bytes < kHugePageBytes) return std::aligned_alloc(kPageBytes, (bytes + kPageBytes - 1) & ~(kPageBytes - 1));
   const size_t rounded = (bytes + kHugePageBytes - 1) & ~(kHugePageBytes - 1);
@@ -23,7 +20,7 @@ void *AllocateLarge(size_t bytes) {
   void *p = std::aligned_alloc(kHugePageBytes, rounded);
 #ifdef MADV_HUGEPAGE
   // Advice only: a kernel without THP (or with it off) refuses and the pages stay small.
-  if (p != nullptr && LargeAllocHugePages()) (void)madvise(p, rounded, MADV_HUGEPAGE);
+  if (p != nullptr && huge_pages) (void)madvise(p, rounded, MADV_HUGEPAGE);
 #endif
   return p;
 }

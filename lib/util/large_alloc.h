@@ -1,8 +1,8 @@
 // Large host buffers (the model's weights, the expert cache) in transparent huge pages where the
 // host offers them: 2 MiB aligned and advised MADV_HUGEPAGE before the first touch, so loading
-// gigabytes of weights faults in 512 times fewer pages (a 16.75 GiB model loaded in 6.4 s instead
-// of 11.1 on the H200's host, whose THP mode is "madvise"; decode measured the same). Hosts without
-// THP, or STRATA_HUGEPAGES=0, get ordinary pages; the bytes are the same either way.
+// gigabytes of weights faults in 512 times fewer pages and loads faster (bench/README.md). Hosts
+// without THP, or with huge pages turned off (moe_params.huge_pages, STRATA_HUGEPAGES=0), get
+// ordinary pages; the bytes are the same either way.
 #pragma once
 
 #include <cstddef>
@@ -14,10 +14,12 @@ inline constexpr size_t kHugePageBytes = size_t{2} << 20;
 
 // `bytes` of uninitialised memory aligned to a page at least (reads with O_DIRECT may land in it),
 // to kHugePageBytes from that size on; nullptr when out of memory. Free with FreeLarge.
+// Huge pages as LargeAllocHugePages says, or as `huge_pages` says.
 void *AllocateLarge(size_t bytes);
+void *AllocateLarge(size_t bytes, bool huge_pages);
 void FreeLarge(void *p);
 
-// Whether AllocateLarge asks for huge pages (false with STRATA_HUGEPAGES=0).
+// Whether AllocateLarge(bytes) asks for huge pages: the STRATA_HUGEPAGES tunable.
 bool LargeAllocHugePages();
 
 }  // namespace strata

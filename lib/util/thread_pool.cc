@@ -5,7 +5,8 @@
 #include "lib/util/thread_pool.h"
 
 #include <algorithm>
-#include <cstdlib>
+
+#include "lib/util/tunables.h"
 
 namespace strata {
 
@@ -19,9 +20,8 @@ constexpr uint64_t Claim(uint32_t gen, uint32_t chunks, uint32_t next) {
 }  // namespace
 
 ThreadPool::ThreadPool(int n_threads, int spin) : spin_(std::max(0, spin)), chunks_per_thread_(kChunksPerThread) {
-  if (const char *e = std::getenv("STRATA_POOL_CHUNKS"); e != nullptr && std::atoi(e) > 0) {
-    chunks_per_thread_ = std::min(64, std::atoi(e));
-  }
+  const int64_t chunks = tunables::Get().pool_chunks;
+  if (chunks > 0) chunks_per_thread_ = static_cast<int>(std::min<int64_t>(64, chunks));
   if (n_threads <= 0) n_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   n_threads_ = std::min(n_threads, kMaxThreads);
   for (int i = 1; i < n_threads_; ++i) workers_.emplace_back([this, i] { WorkerLoop(i); });
@@ -97,8 +97,8 @@ void ThreadPool::WorkerLoop(int index) {
       CpuPause();
     }
     // The mutex only to sleep: a worker that saw the call while spinning goes straight to its
-    // chunks. (Taking it on every call lined the workers up behind one another, ~1 us each on the
-    // H200's host: the sixteenth took its first chunk ~16 us into the call.)
+    // chunks. (Taking it on every call lined the workers up behind one another: the last worker of
+    // a large pool took its first chunk long after the call began.)
     if (generation_.load(std::memory_order_acquire) == seen) {
       sleep_checks_.fetch_add(1, std::memory_order_relaxed);
       std::unique_lock<std::mutex> lk(mu_);

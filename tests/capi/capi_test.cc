@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <random>
 #include <string>
@@ -187,6 +188,74 @@ TEST_CASE("sessions: state errors, vocabulary and context limits keep the sessio
   CHECK(tok < 256);
   moe_session_close(s);
   moe_ctx_close(ctx);
+}
+
+namespace {
+// The logits of one random prompt on a context opened with `p` (the CPU backend).
+std::vector<float> PromptLogits(const moe_params &p, const std::vector<int32_t> &prompt) {
+  moe_ctx *ctx = nullptr;
+  REQUIRE(moe_ctx_open(&p, &ctx) == MOE_OK);
+  moe_session *s = nullptr;
+  REQUIRE(moe_session_open(ctx, nullptr, &s) == MOE_OK);
+  REQUIRE(moe_session_feed(s, prompt.data(), prompt.size()) == MOE_OK);
+  REQUIRE(moe_ctx_step(ctx, nullptr) == MOE_OK);
+  const float *l = nullptr;
+  int32_t nv = 0;
+  REQUIRE(moe_session_logits(s, &l, &nv) == MOE_OK);
+  std::vector<float> out(l, l + nv);
+  moe_ctx_close(ctx);
+  return out;
+}
+}  // namespace
+
+TEST_CASE("params: the tunables' choices default to the environment, are checked, and run", "[capi]") {
+  moe_params p;
+  moe_params_init(&p);
+  CHECK(p.cuda_graphs == MOE_SWITCH_DEFAULT);
+  CHECK(p.cuda_cold_copies == 0);
+  CHECK(p.huge_pages == MOE_SWITCH_DEFAULT);
+  CHECK(p.cuda_streaming == MOE_SWITCH_DEFAULT);
+  p.model_path = kModel.c_str();
+  p.backend = MOE_BACKEND_CPU;
+  // Values outside moe.h's lists: refused by moe_ctx_open and moe_plan, naming the field.
+  moe_ctx *ctx = nullptr;
+  moe_cache_plan plan;
+  moe_cache_plan_init(&plan);
+  for (int32_t moe_params::*field : {&moe_params::cuda_graphs, &moe_params::huge_pages, &moe_params::cuda_streaming}) {
+    for (int32_t bad : {-1, 3, 1 << 20}) {
+      moe_params q = p;
+      q.*field = bad;
+      CHECK(moe_ctx_open(&q, &ctx) == MOE_ERR_INVALID_ARGUMENT);
+      CHECK(std::string(moe_last_error()).find("moe_params.") != std::string::npos);
+      CHECK(moe_plan(&q, &plan) == MOE_ERR_INVALID_ARGUMENT);
+    }
+  }
+  for (int32_t bad : {-2, 257, INT32_MIN}) {
+    moe_params q = p;
+    q.cuda_cold_copies = bad;
+    CHECK(moe_ctx_open(&q, &ctx) == MOE_ERR_INVALID_ARGUMENT);
+    CHECK(std::string(moe_last_error()).find("cuda_cold_copies") != std::string::npos);
+  }
+  // Every valid choice opens and computes the same logits on the CPU (they change where bytes
+  // live and how the GPU runs, never the numbers).
+  std::mt19937 rng(std::random_device{}());
+  std::vector<int32_t> prompt(1 + rng() % 6);
+  for (int32_t &t : prompt) t = static_cast<int32_t>(rng() % 200);
+  const std::vector<float> want = PromptLogits(p, prompt);
+  for (int32_t sw : {MOE_SWITCH_ON, MOE_SWITCH_OFF}) {
+    for (int32_t copies : {-1, 1 + static_cast<int32_t>(rng() % 256)}) {
+      moe_params q = p;
+      q.cuda_graphs = q.huge_pages = q.cuda_streaming = sw;
+      q.cuda_cold_copies = copies;
+      INFO("switches " << sw << ", cold copies " << copies);
+      CHECK(PromptLogits(q, prompt) == want);
+    }
+  }
+  // An older host's struct, ending before these fields: the defaults, whatever lies beyond.
+  moe_params q = p;
+  q.huge_pages = 77;
+  q.struct_size = offsetof(moe_params, cuda_graphs);
+  CHECK(PromptLogits(q, prompt) == want);
 }
 
 TEST_CASE("several sessions step together and match running alone", "[capi]") {

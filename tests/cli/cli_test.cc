@@ -5,12 +5,14 @@
 
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -33,9 +35,10 @@ std::string Slurp(const std::string &path) {
   return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
 }
 
-Result Cli(const std::string &args) {
+// `env`: assignments put before the command (NAME=value ...).
+Result Cli(const std::string &args, const std::string &env = "") {
   TempDir tmp;
-  const std::string cmd = std::string(STRATA_CLI_PATH) + " " + args + " >" + tmp.File("out") + " 2>" + tmp.File("err");
+  const std::string cmd = env + " " + std::string(STRATA_CLI_PATH) + " " + args + " >" + tmp.File("out") + " 2>" + tmp.File("err");
   int rc = std::system(cmd.c_str());
   Result r;
   r.exit_code = WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
@@ -129,6 +132,68 @@ TEST_CASE("strata argument errors", "[cli]") {
   ExpectError(Cli("tokenize --model " + no_tok + " --text hello"), "no tokenizer");
   ExpectError(Cli("run --model " + no_tok + " --prompt hello"), "--tokens");
   ExpectError(Cli("run --model " + no_tok + " --prompt hello --tokens 1"), "not both");
+}
+
+TEST_CASE("strata --list-tunables prints every knob, its default and the environment's value", "[cli]") {
+  const Result r = Cli("--list-tunables", "STRATA_CUDA_GRAPHS=off STRATA_CUDA_COLD_COPIES=5 STRATA_POOL_CHUNKS=x");
+  INFO(r.out << r.err);
+  CHECK(r.exit_code == 0);
+  CHECK(Lines(r.out) >= 41);  // a header and a line a knob
+  std::istringstream lines(r.out);
+  std::string line;
+  std::map<std::string, std::vector<std::string>> rows;
+  size_t doc_at = std::string::npos;
+  while (std::getline(lines, line)) {
+    // The first four fields, and where the fifth (the doc) starts.
+    std::vector<std::string> w;
+    size_t at = 0;
+    for (int i = 0; i < 5; ++i) {
+      at = line.find_first_not_of(' ', at);
+      REQUIRE(at != std::string::npos);
+      if (i == 4) break;
+      const size_t end = std::min(line.find(' ', at), line.size());
+      w.push_back(line.substr(at, end - at));
+      at = end;
+    }
+    if (doc_at == std::string::npos) doc_at = at;
+    CHECK(at == doc_at);  // the columns line up
+    rows[w[0]] = w;
+  }
+  REQUIRE(rows.count("NAME") == 1);
+  for (const char *name : {"STRATA_CUDA_GRAPHS", "STRATA_CUDA_COLD_COPIES", "STRATA_HUGEPAGES", "STRATA_CUDA_STREAMING",
+                           "STRATA_COLD_COPIES_NUMBER", "STRATA_CPU_ISA", "STRATA_POOL_CHUNKS"}) {
+    INFO(name);
+    CHECK(rows.count(name) == 1);
+  }
+  CHECK(rows["STRATA_CUDA_GRAPHS"] == std::vector<std::string>{"STRATA_CUDA_GRAPHS", "bool", "on", "off"});
+  CHECK(rows["STRATA_CUDA_COLD_COPIES"] == std::vector<std::string>{"STRATA_CUDA_COLD_COPIES", "int", "-1", "5"});
+  CHECK(rows["STRATA_HUGEPAGES"] == std::vector<std::string>{"STRATA_HUGEPAGES", "bool", "on", "on"});
+  // The value that does not parse: named on stderr, the default shown.
+  CHECK(rows["STRATA_POOL_CHUNKS"][3] == "0");
+  CHECK(r.err.find("STRATA_POOL_CHUNKS=x") != std::string::npos);
+  ExpectError(Cli("--list-tunables extra"), "--list-tunables");
+}
+
+TEST_CASE("strata's tunable flags are checked and leave the numbers alone on the CPU", "[cli]") {
+  ExpectError(Cli("run --cuda-graphs maybe"), "--cuda-graphs");
+  ExpectError(Cli("run --huge-pages"), "--huge-pages");
+  ExpectError(Cli("run --cuda-streaming 1"), "--cuda-streaming");
+  ExpectError(Cli("run --cold-copies -1"), "--cold-copies");
+  ExpectError(Cli("bench --cold-copies 9999"), "--cold-copies");
+  TempDir tmp;
+  const std::string model = kGolden + "qwen3moe_f32/model-q8_0.gguf";
+  const std::string base = "logits --backend cpu --model " + model + " --tokens " + GoldenTokens("qwen3moe_f32");
+  const Result a = Cli(base + " --out " + tmp.File("a.f32"));
+  const Result b = Cli(base + " --huge-pages off --cuda-graphs off --cold-copies 0 --cuda-streaming off --out " +
+                       tmp.File("b.f32"));
+  const Result c = Cli(base + " --huge-pages on --cuda-graphs on --cold-copies 4 --cuda-streaming on --out " +
+                       tmp.File("c.f32"));
+  INFO(a.err << b.err << c.err);
+  REQUIRE((a.exit_code == 0 && b.exit_code == 0 && c.exit_code == 0));
+  const std::string want = Slurp(tmp.File("a.f32"));
+  CHECK(!want.empty());
+  CHECK(Slurp(tmp.File("b.f32")) == want);
+  CHECK(Slurp(tmp.File("c.f32")) == want);
 }
 
 TEST_CASE("strata inspect accepts every golden model and describes it", "[cli]") {

@@ -16,6 +16,10 @@
 #include "backends/cuda/cuda_status.h"
 #include "lib/model/routing.h"
 #include "tests/cuda/cuda_test_util.h"
+#include "tests/util/tunables_test_util.h"
+
+using strata::tunables::testing::SetKnob;
+using strata::tunables::testing::UnsetKnob;
 
 namespace strata::cuda {
 namespace {
@@ -710,10 +714,10 @@ TEST_CASE("StageColdExperts copies the plan's cold experts into VRAM slots, and 
   // And one that copies each request's number into `done` (as where the driver refuses the
   // stream's own write), on a stream of its own.
   Stream copy_stream2 = Stream::Create().value();
-  REQUIRE(setenv("STRATA_COLD_COPIES_NUMBER", "copy", 1) == 0);
+  REQUIRE(SetKnob("STRATA_COLD_COPIES_NUMBER", "copy") == 0);
   auto copier_copying = ColdCopier::Create(arena->as<uint8_t>(), static_cast<const uint8_t *>(arena_dev),
                                            n_expert * expert_bytes, copy_stream2.get());
-  REQUIRE(unsetenv("STRATA_COLD_COPIES_NUMBER") == 0);
+  REQUIRE(UnsetKnob("STRATA_COLD_COPIES_NUMBER") == 0);
   REQUIRE(copier_copying.ok());
   // n_slots slots in `slots` and the staged tables in `tab` (3 x n_expert entries), over the arena.
   const auto stage_of = [&](DeviceBuffer &slots, int n_slots, DeviceBuffer &tab) {

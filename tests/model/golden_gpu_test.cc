@@ -19,6 +19,10 @@
 #include "tests/format/format_test_util.h"
 #include "tests/cuda/cuda_test_util.h"
 #include "tests/model/golden_util.h"
+#include "tests/util/tunables_test_util.h"
+
+using strata::tunables::testing::SetKnob;
+using strata::tunables::testing::UnsetKnob;
 
 namespace {
 
@@ -126,8 +130,8 @@ std::vector<int32_t> RandomTokens(size_t n, unsigned seed) {
 // Sets STRATA_CUDA_GRAPHS for the contexts opened in its lifetime (the backend reads it at creation).
 class GraphsOff {
  public:
-  GraphsOff() { setenv("STRATA_CUDA_GRAPHS", "0", 1); }
-  ~GraphsOff() { unsetenv("STRATA_CUDA_GRAPHS"); }
+  GraphsOff() { SetKnob("STRATA_CUDA_GRAPHS", "0"); }
+  ~GraphsOff() { UnsetKnob("STRATA_CUDA_GRAPHS"); }
 };
 
 }  // namespace
@@ -225,7 +229,7 @@ TEST_CASE("CUDA backend: experts streamed through the RAM cache are read in plac
   }
   CHECK(streamed >= 4);
   // STRATA_CUDA_STREAMING=0: refused at open, as the backend once needed every expert resident.
-  REQUIRE(setenv("STRATA_CUDA_STREAMING", "0", 1) == 0);
+  REQUIRE(SetKnob("STRATA_CUDA_STREAMING", "0") == 0);
   moe_params p;
   moe_params_init(&p);
   const std::string model = kGolden + kGraphModels[0];
@@ -235,7 +239,7 @@ TEST_CASE("CUDA backend: experts streamed through the RAM cache are read in plac
   moe_ctx *ctx = nullptr;
   CHECK(moe_ctx_open(&p, &ctx) == MOE_ERR_UNSUPPORTED_BACKEND);
   CHECK(std::string(moe_last_error()).find("needs every expert resident") != std::string::npos);
-  unsetenv("STRATA_CUDA_STREAMING");
+  UnsetKnob("STRATA_CUDA_STREAMING");
 }
 
 // Decode batches route and group on the GPU (no host wait per layer) for every family the grouped
@@ -259,9 +263,9 @@ TEST_CASE("CUDA backend: GPU-side routing, zero-copy reads and promotions keep t
     CHECK(all_st.vram_zero_copy == 0);
     // Promotions on any difference in heat: the golden's 19 decode steps seldom make an expert
     // markedly hotter than the slots' coldest (the default's margin), and promotions are under test.
-    REQUIRE(setenv("STRATA_CUDA_PROMOTION_MARGIN", "0", 1) == 0);
+    REQUIRE(SetKnob("STRATA_CUDA_PROMOTION_MARGIN", "0") == 0);
     const auto tier = TeacherForced(model, tokens, 1, MOE_BACKEND_CUDA, uint64_t{1} << 20, &slots, &n_routed, &tier_st);
-    unsetenv("STRATA_CUDA_PROMOTION_MARGIN");
+    UnsetKnob("STRATA_CUDA_PROMOTION_MARGIN");
     moe_stats margin_st;
     const auto margin = TeacherForced(model, tokens, 1, MOE_BACKEND_CUDA, uint64_t{1} << 20, nullptr, nullptr,
                                       &margin_st);
@@ -276,10 +280,10 @@ TEST_CASE("CUDA backend: GPU-side routing, zero-copy reads and promotions keep t
     // With cold experts staged in VRAM slots before the products (fewer slots than a token's
     // selections: the rest still read in place; then room for all), the same bits.
     for (const char *n_stage : {"1", "16"}) {
-      REQUIRE(setenv("STRATA_CUDA_STAGE_EXPERTS", n_stage, 1) == 0);
+      REQUIRE(SetKnob("STRATA_CUDA_STAGE_EXPERTS", n_stage) == 0);
       moe_stats st;
       const auto staged = TeacherForced(model, tokens, 1, MOE_BACKEND_CUDA, uint64_t{1} << 20, nullptr, nullptr, &st);
-      unsetenv("STRATA_CUDA_STAGE_EXPERTS");
+      UnsetKnob("STRATA_CUDA_STAGE_EXPERTS");
       INFO(n_stage << " staging slots; zero-copy uses " << st.vram_zero_copy << ", replays " << st.gpu_graph_replays);
       CHECK(st.vram_zero_copy > 0);
       CHECK(st.gpu_graph_replays > 0);
@@ -291,14 +295,14 @@ TEST_CASE("CUDA backend: GPU-side routing, zero-copy reads and promotions keep t
     struct CopyRun { const char *n_slots, *graphs, *batch; };
     for (const CopyRun r : {CopyRun{"1", "1", "1"}, CopyRun{"1", "0", "1"}, CopyRun{"16", "1", "1"},
                             CopyRun{"16", "0", "1"}, CopyRun{"16", "1", "0"}}) {
-      REQUIRE(setenv("STRATA_CUDA_COLD_COPIES", r.n_slots, 1) == 0);
-      REQUIRE(setenv("STRATA_CUDA_GRAPHS", r.graphs, 1) == 0);
-      REQUIRE(setenv("STRATA_COLD_COPIES_BATCH", r.batch, 1) == 0);
+      REQUIRE(SetKnob("STRATA_CUDA_COLD_COPIES", r.n_slots) == 0);
+      REQUIRE(SetKnob("STRATA_CUDA_GRAPHS", r.graphs) == 0);
+      REQUIRE(SetKnob("STRATA_COLD_COPIES_BATCH", r.batch) == 0);
       moe_stats st;
       const auto copied = TeacherForced(model, tokens, 1, MOE_BACKEND_CUDA, uint64_t{1} << 20, nullptr, nullptr, &st);
-      unsetenv("STRATA_CUDA_COLD_COPIES");
-      unsetenv("STRATA_CUDA_GRAPHS");
-      unsetenv("STRATA_COLD_COPIES_BATCH");
+      UnsetKnob("STRATA_CUDA_COLD_COPIES");
+      UnsetKnob("STRATA_CUDA_GRAPHS");
+      UnsetKnob("STRATA_COLD_COPIES_BATCH");
       INFO(r.n_slots << " slots a set by the copy engines, graphs " << r.graphs << ", batched " << r.batch
                      << "; zero-copy uses " << st.vram_zero_copy << ", predicted " << st.prefetch_issued
                      << ", used " << st.prefetch_useful << ", replays " << st.gpu_graph_replays);
@@ -317,12 +321,12 @@ TEST_CASE("CUDA backend: GPU-side routing, zero-copy reads and promotions keep t
     // Each set of paths is recorded once, and its graph replays when the paths return to it, after
     // the other set's steps ran, with the same bits. (With the CPU's share: the test below.)
     {
-      REQUIRE(setenv("STRATA_CUDA_COLD_COPIES", "16", 1) == 0);
-      REQUIRE(setenv("STRATA_CUDA_PATHS_ALTERNATE", "3", 1) == 0);
+      REQUIRE(SetKnob("STRATA_CUDA_COLD_COPIES", "16") == 0);
+      REQUIRE(SetKnob("STRATA_CUDA_PATHS_ALTERNATE", "3") == 0);
       moe_stats st;
       const auto alternated = TeacherForced(model, tokens, 1, MOE_BACKEND_CUDA, uint64_t{1} << 20, nullptr, nullptr, &st);
-      unsetenv("STRATA_CUDA_COLD_COPIES");
-      unsetenv("STRATA_CUDA_PATHS_ALTERNATE");
+      UnsetKnob("STRATA_CUDA_COLD_COPIES");
+      UnsetKnob("STRATA_CUDA_PATHS_ALTERNATE");
       INFO("paths alternating: captures " << st.gpu_graph_captures << ", replays " << st.gpu_graph_replays
                                          << ", predicted " << st.prefetch_issued);
       REQUIRE(tokens.size() > 12);  // the paths come back twice or more
@@ -333,7 +337,7 @@ TEST_CASE("CUDA backend: GPU-side routing, zero-copy reads and promotions keep t
     }
     // One context of the process at a time has the copier: while another tiered context is open,
     // a second reads its cold experts in place (no predictions), with the same bits.
-    REQUIRE(setenv("STRATA_CUDA_COLD_COPIES", "16", 1) == 0);
+    REQUIRE(SetKnob("STRATA_CUDA_COLD_COPIES", "16") == 0);
     moe_params hp;
     moe_params_init(&hp);
     hp.model_path = model.c_str();
@@ -348,7 +352,7 @@ TEST_CASE("CUDA backend: GPU-side routing, zero-copy reads and promotions keep t
     moe_ctx_close(holder);
     moe_stats after;
     const auto alone = TeacherForced(model, tokens, 1, MOE_BACKEND_CUDA, uint64_t{1} << 20, nullptr, nullptr, &after);
-    unsetenv("STRATA_CUDA_COLD_COPIES");
+    UnsetKnob("STRATA_CUDA_COLD_COPIES");
     INFO("predicted beside another context " << second.prefetch_issued << ", after it closed " << after.prefetch_issued);
     CHECK(second.prefetch_issued == 0);
     CHECK(after.prefetch_issued > 0);
@@ -380,10 +384,10 @@ TEST_CASE("CUDA backend: a prompt's hotness re-plans the VRAM slots, bit-identic
     CHECK(tier == all);
     // The same with cold experts moved by the copy engines (the prompt's chunks on the device path
     // too, then the re-plan's fills beside the copier's).
-    REQUIRE(setenv("STRATA_CUDA_COLD_COPIES", "8", 1) == 0);
+    REQUIRE(SetKnob("STRATA_CUDA_COLD_COPIES", "8") == 0);
     moe_stats cst;
     const auto copied = TeacherForced(model, tokens, 300, MOE_BACKEND_CUDA, uint64_t{1} << 20, nullptr, nullptr, &cst);
-    unsetenv("STRATA_CUDA_COLD_COPIES");
+    UnsetKnob("STRATA_CUDA_COLD_COPIES");
     INFO("by the copy engines: predicted " << cst.prefetch_issued << ", used " << cst.prefetch_useful);
     CHECK(copied == all);
   }
@@ -411,14 +415,14 @@ TEST_CASE("CUDA backend: a prompt keeps its hottest experts in the slots for the
   moe_stats hot, lru;
   // A tier that starts empty (its slots are otherwise filled at open), as a prompt without staging
   // memory (no copier at this budget) fills it, and a re-plan that trades on any difference in heat.
-  REQUIRE(setenv("STRATA_CUDA_FILL_AT_OPEN", "0", 1) == 0);
-  REQUIRE(setenv("STRATA_CUDA_PROMOTION_MARGIN", "0", 1) == 0);
+  REQUIRE(SetKnob("STRATA_CUDA_FILL_AT_OPEN", "0") == 0);
+  REQUIRE(SetKnob("STRATA_CUDA_PROMOTION_MARGIN", "0") == 0);
   const auto by_heat = TeacherForced(model, tokens, 300, MOE_BACKEND_CUDA, budget, nullptr, nullptr, &hot);
-  REQUIRE(setenv("STRATA_CUDA_PROMPT_VICTIM", "lru", 1) == 0);
+  REQUIRE(SetKnob("STRATA_CUDA_PROMPT_VICTIM", "lru") == 0);
   const auto by_use = TeacherForced(model, tokens, 300, MOE_BACKEND_CUDA, budget, nullptr, nullptr, &lru);
-  unsetenv("STRATA_CUDA_PROMPT_VICTIM");
-  unsetenv("STRATA_CUDA_FILL_AT_OPEN");
-  unsetenv("STRATA_CUDA_PROMOTION_MARGIN");
+  UnsetKnob("STRATA_CUDA_PROMPT_VICTIM");
+  UnsetKnob("STRATA_CUDA_FILL_AT_OPEN");
+  UnsetKnob("STRATA_CUDA_PROMOTION_MARGIN");
   INFO("re-plan promotions " << hot.vram_promotions << " (least recently used: " << lru.vram_promotions << ")");
   CHECK(hot.vram_replans == 1);
   CHECK(lru.vram_replans == 1);
@@ -438,7 +442,7 @@ TEST_CASE("CUDA backend: a prompt stages its cold experts beside the VRAM tier",
   if (!strata::cuda::test::HaveGpu()) return;
   strata::format::testing::TempDir dir;
   const std::string model = TinySpread(dir);
-  REQUIRE(setenv("STRATA_CUDA_COLD_COPIES", "4", 1) == 0);  // 12 staging slots: 6 a chunk
+  REQUIRE(SetKnob("STRATA_CUDA_COLD_COPIES", "4") == 0);  // 12 staging slots: 6 a chunk
   uint32_t slots = 0, n_routed = 0;
   const uint64_t budget = ThirdInSlots(model, &slots, &n_routed);
   INFO("budget " << budget << ": " << slots << " of " << n_routed << " experts in slots");
@@ -453,10 +457,10 @@ TEST_CASE("CUDA backend: a prompt stages its cold experts beside the VRAM tier",
     moe_stats st, ust;
     const auto staged = TeacherForced(model, tokens, 300, MOE_BACKEND_CUDA, budget, nullptr, nullptr, &st,
                                       MOE_CPU_EXPERTS_OFF, q8);
-    REQUIRE(setenv("STRATA_CUDA_PROMPT_STAGE", "0", 1) == 0);
+    REQUIRE(SetKnob("STRATA_CUDA_PROMPT_STAGE", "0") == 0);
     const auto unstaged = TeacherForced(model, tokens, 300, MOE_BACKEND_CUDA, budget, nullptr, nullptr, &ust,
                                         MOE_CPU_EXPERTS_OFF, q8);
-    unsetenv("STRATA_CUDA_PROMPT_STAGE");
+    UnsetKnob("STRATA_CUDA_PROMPT_STAGE");
     INFO("copies into VRAM: staged " << st.vram_fills << ", into the tier " << ust.vram_fills);
     CHECK(staged == all);
     CHECK(unstaged == all);
@@ -465,7 +469,7 @@ TEST_CASE("CUDA backend: a prompt stages its cold experts beside the VRAM tier",
     CHECK(ust.vram_fills > st.vram_fills);
     CHECK(st.vram_replans == 0);
   }
-  unsetenv("STRATA_CUDA_COLD_COPIES");
+  UnsetKnob("STRATA_CUDA_COLD_COPIES");
 }
 
 // The re-plan inside a prompt (PromptPromotions): a staged expert among its layer's hottest takes
@@ -480,7 +484,7 @@ TEST_CASE("CUDA backend: a prompt promotes its hottest staged experts into the V
   if (!strata::cuda::test::HaveGpu()) return;
   strata::format::testing::TempDir dir;
   const std::string model = TinyConcentrated(dir);
-  REQUIRE(setenv("STRATA_CUDA_COLD_COPIES", "4", 1) == 0);  // staging memory at this budget
+  REQUIRE(SetKnob("STRATA_CUDA_COLD_COPIES", "4") == 0);  // staging memory at this budget
   uint32_t slots = 0, n_routed = 0;
   const uint64_t budget = ThirdInSlots(model, &slots, &n_routed);
   INFO("budget " << budget << ": " << slots << " of " << n_routed << " experts in slots");
@@ -500,10 +504,10 @@ TEST_CASE("CUDA backend: a prompt promotes its hottest staged experts into the V
                                         MOE_CPU_EXPERTS_OFF, q8, cold.c_str());
     TeacherForced(model, prompt, 300, MOE_BACKEND_CUDA, budget, nullptr, nullptr, &alone, MOE_CPU_EXPERTS_OFF, q8,
                   cold.c_str());
-    REQUIRE(setenv("STRATA_CUDA_PROMPT_PROMOTE", "0", 1) == 0);
+    REQUIRE(SetKnob("STRATA_CUDA_PROMPT_PROMOTE", "0") == 0);
     const auto unpromoted = TeacherForced(model, tokens, 300, MOE_BACKEND_CUDA, budget, nullptr, nullptr, &off,
                                           MOE_CPU_EXPERTS_OFF, q8, cold.c_str());
-    unsetenv("STRATA_CUDA_PROMPT_PROMOTE");
+    UnsetKnob("STRATA_CUDA_PROMPT_PROMOTE");
     INFO("prompt alone: promotions " << alone.vram_promotions << ", fills " << alone.vram_fills
                                      << "; with a decode step: fills " << on.vram_fills << " (promotions "
                                      << on.vram_promotions << "), without the prompt's promotions " << off.vram_fills
@@ -518,7 +522,7 @@ TEST_CASE("CUDA backend: a prompt promotes its hottest staged experts into the V
     CHECK(off.vram_promotions > 0);
     CHECK(on.vram_fills < off.vram_fills);
   }
-  unsetenv("STRATA_CUDA_COLD_COPIES");
+  UnsetKnob("STRATA_CUDA_COLD_COPIES");
 }
 
 // A hotlist (the format `strata profile` writes) seeds the VRAM tier when its slots are filled at
@@ -586,13 +590,13 @@ TEST_CASE("CUDA backend: cold experts computed by the CPU match the CPU backend"
     // engines, three with the CPU's share, and so on. Each set is recorded once and replays when
     // the paths return to it. (The CPU's share of a layer follows the fitted rates, so the bits are
     // held to the tolerance; the copy engines' alone to all-resident in the test above.)
-    REQUIRE(setenv("STRATA_CUDA_COLD_COPIES", "16", 1) == 0);
-    REQUIRE(setenv("STRATA_CUDA_PATHS_ALTERNATE", "3", 1) == 0);
+    REQUIRE(SetKnob("STRATA_CUDA_COLD_COPIES", "16") == 0);
+    REQUIRE(SetKnob("STRATA_CUDA_PATHS_ALTERNATE", "3") == 0);
     moe_stats st;
     const auto graphed = TeacherForced(model, tokens, 1, MOE_BACKEND_CUDA, uint64_t{1} << 20, nullptr, nullptr, &st,
                                        MOE_CPU_EXPERTS_ALWAYS);
-    unsetenv("STRATA_CUDA_COLD_COPIES");
-    unsetenv("STRATA_CUDA_PATHS_ALTERNATE");
+    UnsetKnob("STRATA_CUDA_COLD_COPIES");
+    UnsetKnob("STRATA_CUDA_PATHS_ALTERNATE");
     const double err = NormalizedMaxError(graphed, cpu);
     INFO(rel << " paths alternating: captures " << st.gpu_graph_captures << ", replays " << st.gpu_graph_replays
              << ", CPU uses " << st.vram_cpu_experts << ", predicted " << st.prefetch_issued << "; error " << err);
@@ -664,10 +668,10 @@ TEST_CASE("CUDA backend: 8-bit activations match the CPU backend's q8 mode", "[g
                                         nullptr, MOE_CPU_EXPERTS_OFF, true);
     // The same with staging memory (the copier's sets): the prompt's cold experts staged beside
     // the tier, in chunks of half the ring.
-    REQUIRE(setenv("STRATA_CUDA_COLD_COPIES", "2", 1) == 0);
+    REQUIRE(SetKnob("STRATA_CUDA_COLD_COPIES", "2") == 0);
     const auto gpu_staged = TeacherForced(model, prompt, 300, MOE_BACKEND_CUDA, uint64_t{1} << 20, nullptr, nullptr,
                                           nullptr, MOE_CPU_EXPERTS_OFF, true);
-    unsetenv("STRATA_CUDA_COLD_COPIES");
+    UnsetKnob("STRATA_CUDA_COLD_COPIES");
     const auto cpu_f = TeacherForced(model, prompt, 300, MOE_BACKEND_CPU);
     const auto gpu_f = TeacherForced(model, prompt, 300, MOE_BACKEND_CUDA);
     const double err = NormalizedMaxError(gpu, cpu), err_f = NormalizedMaxError(gpu_f, cpu_f);

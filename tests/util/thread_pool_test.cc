@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <atomic>
 #include <mutex>
+#include <optional>
 #include <chrono>
 #include <random>
 #include <string>
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "lib/util/thread_pool.h"
+#include "lib/util/tunables.h"
 
 namespace {
 
@@ -121,12 +123,14 @@ TEST_CASE("BurstWait spins while work comes and naps, longer and longer, once it
   CHECK(wait.naps() == 5);
 }
 
-TEST_CASE("ThreadPool takes its chunks a thread from STRATA_POOL_CHUNKS", "[threads]") {
+TEST_CASE("ThreadPool takes its chunks a thread from the STRATA_POOL_CHUNKS tunable", "[threads]") {
   for (int per : {1, 7, 64}) {
     INFO(per << " chunks a thread");
-    ::setenv("STRATA_POOL_CHUNKS", std::to_string(per).c_str(), 1);
+    strata::tunables::Values knobs;
+    knobs.pool_chunks = per;
+    std::optional<strata::tunables::ScopedValues> scoped(std::in_place, knobs);
     ThreadPool pool(4);
-    ::unsetenv("STRATA_POOL_CHUNKS");
+    scoped.reset();
     const int64_t n = 40 * per;  // ten indices a chunk
     std::vector<std::atomic<int>> hits(static_cast<size_t>(n));
     std::atomic<int> chunks{0};
@@ -137,11 +141,16 @@ TEST_CASE("ThreadPool takes its chunks a thread from STRATA_POOL_CHUNKS", "[thre
     for (int64_t i = 0; i < n; ++i) REQUIRE(hits[i].load() == 1);
     CHECK(chunks.load() == 4 * per);
   }
-  // Not a number, or none: the default.
-  ::setenv("STRATA_POOL_CHUNKS", "x", 1);
-  ThreadPool pool(3);
-  ::unsetenv("STRATA_POOL_CHUNKS");
-  std::atomic<int> chunks{0};
-  pool.ParallelFor(3000, 1, [&](int64_t, int64_t, int) { chunks.fetch_add(1); });
-  CHECK(chunks.load() == 3 * ThreadPool::kChunksPerThread);
+  // None (0), or a negative count: the default. (A value that does not parse is the table's
+  // default: tests/util/tunables_test.cc.)
+  for (int64_t none : {0, -5}) {
+    strata::tunables::Values knobs;
+    knobs.pool_chunks = none;
+    std::optional<strata::tunables::ScopedValues> scoped(std::in_place, knobs);
+    ThreadPool pool(3);
+    scoped.reset();
+    std::atomic<int> chunks{0};
+    pool.ParallelFor(3000, 1, [&](int64_t, int64_t, int) { chunks.fetch_add(1); });
+    CHECK(chunks.load() == 3 * ThreadPool::kChunksPerThread);
+  }
 }

@@ -17,6 +17,7 @@
 #endif
 
 #include "backends/cpu/kernels/kernels_internal.h"
+#include "lib/util/tunables.h"
 // Last: the quantizer's product and its rounding must each round on their own (no fused multiply-add).
 #include "lib/quant/fp_contract_off.h"
 
@@ -150,7 +151,7 @@ Isa BestIsa() {
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c) {
       const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                           __builtin_cpu_supports("avx512vl");
-      return CapIsa(avx512 ? Isa::kAvx512 : Isa::kAvx2, std::getenv("STRATA_CPU_ISA"));
+      return CapIsa(avx512 ? Isa::kAvx512 : Isa::kAvx2, tunables::Get().cpu_isa.c_str());
     }
 #endif
     return Isa::kScalar;

@@ -15,7 +15,7 @@ constexpr int kMaxTokens = 4;
 // The instruction set the kernels use; kAvx2 means AVX2 + FMA + F16C; kAvx512 the AVX2 kernels plus
 // AVX-512 (F, BW, VL) ones where written, with the same results bit for bit.
 enum class Isa { kScalar, kAvx2, kAvx512 };
-// What this machine supports (read once with __builtin_cpu_supports), capped by STRATA_CPU_ISA
+// What this machine supports (read once with __builtin_cpu_supports), capped by the STRATA_CPU_ISA tunable
 // ("scalar", "avx2" or "avx512": the same results bit for bit, so the knob only measures speed).
 Isa BestIsa();
 // `detected` capped by the value of STRATA_CPU_ISA (null, empty or unknown: no cap).
