@@ -4,10 +4,10 @@
 #include "backends/registry.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <thread>
 
 #include "backends/cpu/cpu_backend.h"
+#include "lib/util/tunables.h"
 #ifdef STRATA_HAVE_CUDA
 #include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/device.h"
@@ -46,8 +46,7 @@ absl::StatusOr<std::unique_ptr<model::Backend>> CreateCuda(const model::BackendR
   // With streaming, the backend reads each expert where the RAM cache's slot holds it
   // (MapHostMemory), without a VRAM tier above the cache yet; AUTO keeps the CPU there (Resolve).
   // STRATA_CUDA_STREAMING=0 refuses a CUDA backend over a streaming context.
-  const char *cuda_streaming_env = std::getenv("STRATA_CUDA_STREAMING");
-  const bool cuda_streaming = req.streaming() && (cuda_streaming_env == nullptr || cuda_streaming_env[0] != '0');
+  const bool cuda_streaming = req.streaming() && req.device_streaming.value_or(tunables::Get().cuda_streaming);
   if (req.streaming() && !cuda_streaming) {
     return Errorf(MOE_ERR_UNSUPPORTED_BACKEND,
                   "the CUDA backend needs every expert resident: %d of %d fit the RAM budget", req.ram_expert_slots,
@@ -64,7 +63,7 @@ absl::StatusOr<std::unique_ptr<model::Backend>> CreateCuda(const model::BackendR
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<cuda::CudaBackend> be,
                           cuda::CudaBackend::Create(*req.weights, req.arena, req.arena_bytes, req.expert_vram_bytes,
                                                     req.n_min_slots, cpu_experts, req.gpu_q8_activations, req.hot,
-                                                    req.hot_max));
+                                                    req.hot_max, cuda::BackendChoices{req.graphs, req.cold_copies}));
   return std::unique_ptr<model::Backend>(std::move(be));
 }
 #else

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "lib/model/pack.h"
@@ -31,6 +32,10 @@ struct BackendRequest {
   // A hotlist's experts, hottest first, and how many of them to place (0 = as many as fit).
   std::vector<HotExpert> hot;
   size_t hot_max = 0;
+  // A user's choices for a device backend (unset: the tuning knob's value).
+  std::optional<bool> graphs;           // decode steps recorded and replayed
+  std::optional<int64_t> cold_copies;   // the copy engines' slots a set; 0 = off
+  std::optional<bool> device_streaming; // a device backend over a streaming context
 
   bool streaming() const { return ram_expert_slots < n_routed_experts; }
 };

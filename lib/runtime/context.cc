@@ -146,6 +146,7 @@ absl::StatusOr<std::unique_ptr<Context>> Context::Open(const ContextOptions &o) 
     lo.n_threads = o.n_threads;
     lo.numa_node = bind.bound() ? backend_node : -1;
     lo.progress = o.load_progress;
+    lo.huge_pages = o.huge_pages;
     STRATA_RETURN_IF_ERROR(ctx->store_.Load(*ctx->file_, ctx->weights_, /*routed_experts=*/!streaming, lo));
     if (bind.bound()) ctx->numa_node_ = backend_node;
   }
@@ -175,6 +176,9 @@ absl::StatusOr<std::unique_ptr<Context>> Context::Open(const ContextOptions &o) 
     req.n_routed_experts = ctx->plan_.n_routed_experts;
     req.hot = hot;
     req.hot_max = static_cast<size_t>(std::max(o.hotlist_max, 0));
+    req.graphs = o.cuda_graphs;
+    if (o.cuda_cold_copies.has_value()) req.cold_copies = *o.cuda_cold_copies;
+    req.device_streaming = o.cuda_streaming;
     numa::ScopedNodeBinding bind(backend_node);
     STRATA_ASSIGN_OR_RETURN(ctx->backend_, backends::Create(kind, req));
   }
