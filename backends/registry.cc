@@ -42,10 +42,12 @@ absl::Status CudaAvailable() {
 // and the backend's pinned buffers are first touched on the GPU's node.
 int CudaNumaNode() { return cuda::DeviceNumaNode(); }
 
+uint64_t CudaFreeBytes() { return cuda::DeviceFreeBytes(); }
+
 absl::StatusOr<std::unique_ptr<model::Backend>> CreateCuda(const model::BackendRequest &req) {
   // With streaming, the backend reads each expert where the RAM cache's slot holds it
-  // (MapHostMemory), without a VRAM tier above the cache yet; AUTO keeps the CPU there (Resolve).
-  // STRATA_CUDA_STREAMING=0 refuses a CUDA backend over a streaming context.
+  // (MapHostMemory), and a VRAM tier of its device slots stacks over the RAM tier (the context
+  // makes it). STRATA_CUDA_STREAMING=0 refuses a CUDA backend over a streaming context.
   const bool cuda_streaming = req.streaming() && req.device_streaming.value_or(tunables::Get().cuda_streaming);
   if (req.streaming() && !cuda_streaming) {
     return Errorf(MOE_ERR_UNSUPPORTED_BACKEND,
@@ -75,15 +77,17 @@ absl::Status CudaAvailable() {
 
 int CudaNumaNode() { return -1; }
 
+uint64_t CudaFreeBytes() { return 0; }
+
 absl::StatusOr<std::unique_ptr<model::Backend>> CreateCuda(const model::BackendRequest &) { return CudaAvailable(); }
 #endif
 
 // AUTO's order of preference: the GPU first, the CPU as the last resort.
 const BackendEntry kEntries[] = {
-    {MOE_BACKEND_CUDA, "CUDA", kCudaBuiltIn, /*auto_when_streaming=*/false, /*device_memory=*/true, CudaAvailable,
-     CudaNumaNode, CreateCuda},
+    {MOE_BACKEND_CUDA, "CUDA", kCudaBuiltIn, /*auto_when_streaming=*/true, /*device_memory=*/true, CudaAvailable,
+     CudaNumaNode, CreateCuda, CudaFreeBytes},
     {MOE_BACKEND_CPU, "CPU", true, /*auto_when_streaming=*/true, /*device_memory=*/false, CpuAvailable, NoNumaNode,
-     CreateCpu},
+     CreateCpu, nullptr},
 };
 
 }  // namespace
@@ -130,6 +134,11 @@ const char *Name(moe_backend_kind kind) {
 int PreferredNumaNode(moe_backend_kind kind) {
   const BackendEntry *e = Find(kind);
   return e != nullptr && e->built_in ? e->numa_node() : -1;
+}
+
+uint64_t DeviceFreeBytes(moe_backend_kind kind) {
+  const BackendEntry *e = Find(kind);
+  return e != nullptr && e->built_in && e->free_bytes != nullptr ? e->free_bytes() : 0;
 }
 
 bool HasDeviceMemory(moe_backend_kind kind) {

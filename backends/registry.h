@@ -26,6 +26,8 @@ struct BackendEntry {
   // The host NUMA node its memory traffic is closest to, -1 when none matters.
   int (*numa_node)();
   absl::StatusOr<std::unique_ptr<model::Backend>> (*create)(const model::BackendRequest &req);
+  // Bytes of its device memory free now (null: it has none).
+  uint64_t (*free_bytes)();
 };
 
 // The table: *n entries.

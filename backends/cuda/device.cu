@@ -20,6 +20,15 @@ int DeviceCount() {
   return n;
 }
 
+uint64_t DeviceFreeBytes() {
+  size_t free = 0, total = 0;
+  if (cudaMemGetInfo(&free, &total) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return free;
+}
+
 int DeviceNumaNode(int device) {
   char bus_id[32] = {};
   if (cudaDeviceGetPCIBusId(bus_id, sizeof bus_id, device) != cudaSuccess) {

@@ -1,6 +1,8 @@
 // CUDA device discovery, callable from C++ translation units that are not compiled by nvcc.
 #pragma once
 
+#include <cstdint>
+
 namespace strata::cuda {
 
 // Number of usable CUDA devices; 0 when there is no driver, no device, or an error.
@@ -13,6 +15,9 @@ int SmCount();
 // later unless the environment variable STRATA_CUDA_PDL is 0 (for measuring). Decided once per
 // process.
 bool EarlyLaunch();
+
+// Bytes of the current device's memory free now (cudaMemGetInfo); 0 on an error.
+uint64_t DeviceFreeBytes();
 
 // The host NUMA node the device hangs off (lib/util/numa.h); -1 when unknown.
 int DeviceNumaNode(int device = 0);

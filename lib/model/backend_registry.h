@@ -24,9 +24,9 @@ absl::Status CheckBuiltIn(int kind);
 absl::Status Available(int kind);
 
 // The backend a context runs: `requested` itself, or for MOE_BACKEND_AUTO the first backend, in
-// the registry's order of preference, that is built in, can run here, and takes streamed experts
-// if `streaming`: CUDA when built in, a device is present and the experts are RAM-resident, else
-// the CPU. `requested` has passed CheckBuiltIn.
+// the registry's order of preference, that is built in and can run here: CUDA when built in and a
+// device is present (with experts streaming, its VRAM tier stacks over the RAM tier), else the CPU.
+// `requested` has passed CheckBuiltIn.
 moe_backend_kind Resolve(int requested, bool streaming);
 
 // How messages name `kind` ("CPU", "CUDA"); "unknown" for anything else.
@@ -37,6 +37,9 @@ int PreferredNumaNode(moe_backend_kind kind);
 
 // Whether `kind` keeps experts in device memory of its own (the plan's VRAM fields describe it).
 bool HasDeviceMemory(moe_backend_kind kind);
+
+// Bytes of `kind`'s device memory free now; 0 for a backend without one, or when it cannot tell.
+uint64_t DeviceFreeBytes(moe_backend_kind kind);
 
 // Makes a `kind` backend (Resolve's answer) for `req`. Errors: the backend's own, and
 // MOE_ERR_UNSUPPORTED_BACKEND when `req` asks what it cannot do (the CUDA backend over streamed

@@ -135,9 +135,17 @@ absl::StatusOr<std::unique_ptr<Context>> Context::Open(const ContextOptions &o) 
   const int backend_node = backends::PreferredNumaNode(kind);
   // A backend with memory of its own (or the tests' host-memory device) plans a VRAM tier; the RAM
   // tier's arithmetic is the same either way.
-  if (const bool device_tier = backends::HasDeviceMemory(kind) || store::DeviceSlotsForTesting() != nullptr;
-      device_tier != in.have_gpu) {
+  // With experts streaming and no VRAM budget, a device's tier takes 90% of its free memory (the
+  // rest is for what the backend allocates beside the plan): stacked over the RAM tier, it serves
+  // uses the RAM tier alone would read from the file.
+  const bool device_tier = backends::HasDeviceMemory(kind) || store::DeviceSlotsForTesting() != nullptr;
+  uint64_t vram_budget = in.vram_budget_bytes;
+  if (streaming && vram_budget == 0 && backends::HasDeviceMemory(kind)) {
+    vram_budget = backends::DeviceFreeBytes(kind) / 10 * 9;
+  }
+  if (device_tier != in.have_gpu || vram_budget != in.vram_budget_bytes) {
     in.have_gpu = device_tier;
+    in.vram_budget_bytes = vram_budget;
     STRATA_ASSIGN_OR_RETURN(ctx->plan_, store::MakePlan(ctx->hp_, ctx->weights_, in));
   }
   {
@@ -184,9 +192,11 @@ absl::StatusOr<std::unique_ptr<Context>> Context::Open(const ContextOptions &o) 
   }
   if (backends::HasDeviceMemory(kind)) {
     const uint32_t slots = ctx->backend_->tier_stats().slots;
-    ctx->plan_.vram_budget_bytes = o.vram_budget_bytes;
+    if (!streaming) ctx->plan_.vram_budget_bytes = o.vram_budget_bytes;
     // With experts streaming, the VRAM tier over the RAM tier keeps the plan's slots (set below).
-    ctx->plan_.vram_expert_slots = slots > 0 ? slots : streaming ? ctx->plan_.vram_expert_slots : ctx->plan_.n_routed_experts;
+    ctx->plan_.vram_expert_slots = slots > 0    ? slots
+                                   : streaming ? ctx->plan_.vram_expert_slots
+                                               : ctx->plan_.n_routed_experts;
   }
   ctx->table_ = std::make_unique<store::ExpertTable>(ctx->weights_);
   ctx->resident_layer_hits_.assign(ctx->hp_.n_layer, 0);

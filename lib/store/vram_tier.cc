@@ -181,7 +181,8 @@ absl::Status VramTier::AcquireImpl(int layer, const std::vector<int32_t> &expert
   }
   // The tier below is asked even for nothing: its predictions for this layer start there.
   std::vector<const model::ExpertWeights *> got;
-  absl::Status st = wait ? below_->Acquire(layer, below_experts_, &got) : below_->AcquireAsync(layer, below_experts_, &got);
+  absl::Status st =
+      wait ? below_->Acquire(layer, below_experts_, &got) : below_->AcquireAsync(layer, below_experts_, &got);
   if (!st.ok()) {
     Unpin();
     return st;

@@ -69,15 +69,20 @@ TEST_CASE("registry: kinds a context may ask for, and why not", "[registry]") {
   }
 }
 
-TEST_CASE("registry: AUTO picks CUDA only with a device and resident experts", "[registry]") {
+TEST_CASE("registry: AUTO picks CUDA with a device, experts resident or streaming", "[registry]") {
   for (bool streaming : {false, true}) {
     CHECK(backends::Resolve(MOE_BACKEND_CPU, streaming) == MOE_BACKEND_CPU);
     CHECK(backends::Resolve(MOE_BACKEND_CUDA, streaming) == MOE_BACKEND_CUDA);
   }
-  CHECK(backends::Resolve(MOE_BACKEND_AUTO, /*streaming=*/true) == MOE_BACKEND_CPU);
   const bool gpu = backends::Available(MOE_BACKEND_CUDA).ok();
   if (!kCudaBuiltIn) CHECK(!gpu);  // never available when not built in
-  CHECK(backends::Resolve(MOE_BACKEND_AUTO, /*streaming=*/false) == (gpu ? MOE_BACKEND_CUDA : MOE_BACKEND_CPU));
+  // With experts streaming, the VRAM tier stacks over the RAM tier: the GPU still helps.
+  for (bool streaming : {false, true}) {
+    CHECK(backends::Resolve(MOE_BACKEND_AUTO, streaming) == (gpu ? MOE_BACKEND_CUDA : MOE_BACKEND_CPU));
+  }
+  // Only a device backend reports free device memory.
+  CHECK(backends::DeviceFreeBytes(MOE_BACKEND_CPU) == 0);
+  if (!gpu) CHECK(backends::DeviceFreeBytes(MOE_BACKEND_CUDA) == 0);
 }
 
 TEST_CASE("registry: Create makes the kind asked for, and refuses AUTO and absent backends", "[registry]") {

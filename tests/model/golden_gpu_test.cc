@@ -196,6 +196,7 @@ TEST_CASE("CUDA backend: experts streamed through the RAM cache are read in plac
       p.model_path = model.c_str();
       p.backend = MOE_BACKEND_CUDA;
       p.ram_budget_bytes = 1;
+      p.vram_budget_bytes = 1;  // below the device's fixed bytes: no VRAM tier, every read in place
       moe_ctx *ctx = nullptr;
       const moe_status st = moe_ctx_open(&p, &ctx);
       const bool graph_model = std::any_of(std::begin(kGraphModels), std::end(kGraphModels),
@@ -219,9 +220,10 @@ TEST_CASE("CUDA backend: experts streamed through the RAM cache are read in plac
       CHECK(plan.vram_expert_slots == 0);
     }
     moe_stats stats;
-    const auto got = TeacherForced(model, tokens, 12, MOE_BACKEND_CUDA, 0, nullptr, nullptr, &stats,
+    const auto got = TeacherForced(model, tokens, 12, MOE_BACKEND_CUDA, /*vram_budget=*/1, nullptr, nullptr, &stats,
                                    MOE_CPU_EXPERTS_OFF, false, nullptr, nullptr, /*ram_budget=*/1);
     INFO(rel << ": " << stats.expert_misses << " misses, " << stats.bytes_read << " bytes read");
+    CHECK(stats.vram_hits == 0);
     CHECK(stats.streaming == 1);
     CHECK(stats.expert_misses > 0);
     CHECK(got == all);
@@ -944,5 +946,14 @@ TEST_CASE("CUDA backend: VRAM over RAM over the file is bit-identical at every b
       CHECK(st.vram_hits + st.expert_hits + st.expert_misses == all_st.expert_hits);
       CHECK(got == all);
     }
+    // No VRAM budget while experts stream: the tier takes most of the device's free memory.
+    moe_stats auto_st;
+    uint32_t auto_slots = 0;
+    const uint64_t ram_min_bytes = plan.ram_fixed_bytes + uint64_t{ram_min} * plan.expert_slot_bytes;
+    const auto got = TeacherForced(model, tokens, 12, MOE_BACKEND_CUDA, 0, &auto_slots, nullptr, &auto_st,
+                                   MOE_CPU_EXPERTS_OFF, false, nullptr, nullptr, ram_min_bytes);
+    CHECK(auto_slots == routed);  // a golden's experts all fit
+    CHECK(auto_st.vram_hits > 0);
+    CHECK(got == all);
   }
 }

@@ -292,7 +292,9 @@ TEST_CASE("random traffic keeps the tiers distinct and every expert's bytes inta
     const int layer = static_cast<int>(rng() % t.n_layers());
     std::set<int32_t> pick;
     // Skewed: low expert ids come up more often.
-    for (int i = 0; i < 3; ++i) pick.insert(static_cast<int32_t>(std::min(rng() % t.n_experts(), rng() % t.n_experts())));
+    for (int i = 0; i < 3; ++i) {
+      pick.insert(static_cast<int32_t>(std::min(rng() % t.n_experts(), rng() % t.n_experts())));
+    }
     std::vector<int32_t> experts(pick.begin(), pick.end());
     Route(v, layer, experts);
     REQUIRE(v.Acquire(layer, experts, &out).ok());
@@ -366,7 +368,8 @@ TEST_CASE("logits at (RAM, VRAM) budget pairs are bit-identical to the all-resid
   for (const char *m : {"qwen3moe_f32/model-q8_0.gguf", "mixtral_f32/model-f16.gguf", "deepseek3_f32/model-f32.gguf",
                         "gptoss_f32/model-mxfp4.gguf"}) {
     const std::string model = kGolden + m;
-    const auto tokens = ReadBinary<int32_t>(kGolden + std::string(m).substr(0, std::string(m).find('/')) + "/tokens.bin");
+    const std::string family = std::string(m).substr(0, std::string(m).find('/'));
+    const auto tokens = ReadBinary<int32_t>(kGolden + family + "/tokens.bin");
     moe_ctx *full = OpenTiered(model, 0, 0);
     const Run ref = RunTokens(full, tokens);
     CHECK(ref.stats.streaming == 0);
@@ -430,13 +433,15 @@ TEST_CASE("plan --json gives each tier's slots from budgets of fixed + k slots",
   for (int i = 0; i < 4; ++i) {
     const uint32_t kr = plan.ram_expert_slots + rng() % 4, kv = rng() % (plan.n_routed_experts + 2);
     p.ram_budget_bytes = plan.ram_fixed_bytes + uint64_t{kr} * plan.expert_slot_bytes;
-    p.vram_budget_bytes = plan.vram_fixed_bytes + uint64_t{kv} * plan.expert_slot_bytes + rng() % plan.expert_slot_bytes;
+    p.vram_budget_bytes =
+        plan.vram_fixed_bytes + uint64_t{kv} * plan.expert_slot_bytes + rng() % plan.expert_slot_bytes;
     moe_cache_plan q;
     moe_cache_plan_init(&q);
     REQUIRE(moe_plan(&p, &q) == MOE_OK);
     CHECK(q.ram_expert_slots == std::min(kr, q.n_routed_experts));
     CHECK(q.vram_expert_slots == std::min(kv, q.n_routed_experts));
-    CHECK(q.streamed_experts == q.n_routed_experts - std::min(q.n_routed_experts, q.ram_expert_slots + q.vram_expert_slots));
+    const uint32_t held = std::min(q.n_routed_experts, q.ram_expert_slots + q.vram_expert_slots);
+    CHECK(q.streamed_experts == q.n_routed_experts - held);
   }
   p.backend = MOE_BACKEND_CPU;
   moe_cache_plan c;
