@@ -140,6 +140,15 @@ model::ExpertWeights ExpertCache::SlotViews(uint32_t key, uint8_t *dst) const {
   return v;
 }
 
+bool ExpertCache::LayerHeld(int layer) const {
+  std::lock_guard<std::mutex> lk(mu_);
+  for (int e = 0; e < table_.n_experts(); ++e) {
+    const uint32_t key = table_.Key(layer, e);
+    if (key_slot_[key] < 0 && !HeldAbove(key)) return false;
+  }
+  return true;
+}
+
 bool ExpertCache::Holds(uint32_t key) const {
   std::lock_guard<std::mutex> lk(mu_);
   return key < key_slot_.size() && key_slot_[key] >= 0;
@@ -359,6 +368,10 @@ void ExpertCache::OnRoute(int layer, const float *h, int64_t n_tok, const int32_
     for (int d = 1; d <= opts_.prefetch_distance && layer + d < n_layers; ++d) {
       const model::Matrix &router = weights_.layers[layer + d].router;
       if (router.tensor == nullptr) continue;  // a dense layer: nothing to predict
+      if (LayerHeld(layer + d)) {  // every expert in a tier: nothing to fetch, no router product
+        ahead.emplace_back(d, std::vector<int32_t>());
+        continue;
+      }
       // h is in backend memory (a device's, for CUDA): the logits are computed there and read back.
       const size_t floats = static_cast<size_t>(n_tok) * n_exp;
       predict_logits_.resize(floats);

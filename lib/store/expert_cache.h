@@ -160,6 +160,8 @@ class ExpertCache final : public ExpertTier {
   int TakeSlotLocked(uint32_t key);
   // Whether the tier above holds `key` (then it is not fetched here ahead of need).
   bool HeldAbove(uint32_t key) const { return above_ != nullptr && above_->Holds(key); }
+  // Whether every expert of `layer` is here or in the tier above (a prediction would fetch nothing).
+  bool LayerHeld(int layer) const;
   // The views of `key`'s expert in slot bytes at `dst`.
   model::ExpertWeights SlotViews(uint32_t key, uint8_t *dst) const;
   void StartPredictedLocked();
