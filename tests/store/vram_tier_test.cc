@@ -314,7 +314,8 @@ TEST_CASE("random traffic keeps the tiers distinct and every expert's bytes inta
 
 namespace {
 
-moe_ctx *OpenTiered(const std::string &model, uint64_t ram, uint64_t vram) {
+// The plan of a context opened at these budgets (the tiers as they were made, not as planned).
+moe_cache_plan OpenedPlan(const std::string &model, uint64_t ram, uint64_t vram) {
   moe_params p;
   moe_params_init(&p);
   p.model_path = model.c_str();
@@ -324,41 +325,11 @@ moe_ctx *OpenTiered(const std::string &model, uint64_t ram, uint64_t vram) {
   moe_ctx *ctx = nullptr;
   INFO(model << ": " << moe_last_error());
   REQUIRE(moe_ctx_open(&p, &ctx) == MOE_OK);
-  return ctx;
-}
-
-struct Run {
-  std::vector<float> logits;
-  moe_stats stats;
-};
-
-// Prefill 12 tokens, then one a step: every position's logits.
-Run RunTokens(moe_ctx *ctx, const std::vector<int32_t> &tokens) {
-  Run r;
-  moe_session_params sp;
-  moe_session_params_init(&sp);
-  sp.logits_all = 1;
-  moe_session *s = nullptr;
-  REQUIRE(moe_session_open(ctx, &sp, &s) == MOE_OK);
-  const int32_t nv = moe_ctx_vocab_size(ctx);
-  r.logits.assign(tokens.size() * nv, std::nanf(""));
-  size_t done = 0;
-  while (done < tokens.size()) {
-    const size_t n = done == 0 ? std::min<size_t>(12, tokens.size()) : 1;
-    REQUIRE(moe_session_feed(s, tokens.data() + done, n) == MOE_OK);
-    INFO(moe_last_error());
-    REQUIRE(moe_ctx_step(ctx, nullptr) == MOE_OK);
-    const float *rows;
-    int32_t nt, v;
-    REQUIRE(moe_session_logits_all(s, &rows, &nt, &v) == MOE_OK);
-    std::copy(rows, rows + n * nv, r.logits.begin() + done * nv);
-    done += n;
-  }
-  moe_session_close(s);
-  REQUIRE(moe_ctx_wait_loads(ctx) == MOE_OK);
-  moe_stats_init(&r.stats);
-  REQUIRE(moe_ctx_stats(ctx, &r.stats) == MOE_OK);
-  return r;
+  moe_cache_plan plan;
+  moe_cache_plan_init(&plan);
+  REQUIRE(moe_ctx_plan(ctx, &plan) == MOE_OK);
+  moe_ctx_close(ctx);
+  return plan;
 }
 
 }  // namespace
@@ -370,10 +341,9 @@ TEST_CASE("logits at (RAM, VRAM) budget pairs are bit-identical to the all-resid
     const std::string model = kGolden + m;
     const std::string family = std::string(m).substr(0, std::string(m).find('/'));
     const auto tokens = ReadBinary<int32_t>(kGolden + family + "/tokens.bin");
-    moe_ctx *full = OpenTiered(model, 0, 0);
-    const Run ref = RunTokens(full, tokens);
-    CHECK(ref.stats.streaming == 0);
-    moe_ctx_close(full);
+    moe_stats ref_st;
+    const auto ref = strata::testing::TeacherForced(model, tokens, 12, MOE_BACKEND_CPU, 0, nullptr, nullptr, &ref_st);
+    CHECK(ref_st.streaming == 0);
 
     // The plan at the minimum RAM budget: what each tier spends before its slots.
     moe_params p;
@@ -394,25 +364,23 @@ TEST_CASE("logits at (RAM, VRAM) budget pairs are bit-identical to the all-resid
       const uint64_t ram = plan.ram_fixed_bytes + uint64_t{pair[0]} * plan.expert_slot_bytes;
       // The tests' device plans as a GPU would: fixed + k slots gives k slots.
       const uint64_t vram = plan.ram_fixed_bytes + uint64_t{pair[1]} * plan.expert_slot_bytes;
-      moe_ctx *ctx = OpenTiered(model, ram, vram);
-      moe_cache_plan got;
-      moe_cache_plan_init(&got);
-      REQUIRE(moe_ctx_plan(ctx, &got) == MOE_OK);
+      const moe_cache_plan got = OpenedPlan(model, ram, vram);
       INFO(m << ": RAM " << pair[0] << " VRAM " << pair[1] << " of " << routed);
       CHECK(got.ram_expert_slots == pair[0]);
       CHECK(got.vram_fixed_bytes == got.ram_fixed_bytes);
       CHECK(got.vram_expert_slots == std::min(pair[1], routed));
       CHECK(got.streamed_experts == routed - std::min(routed, got.ram_expert_slots + got.vram_expert_slots));
-      const Run r = RunTokens(ctx, tokens);
-      CHECK(r.logits.size() == ref.logits.size());
-      CHECK(std::memcmp(r.logits.data(), ref.logits.data(), r.logits.size() * sizeof(float)) == 0);
-      CHECK(r.stats.streaming == 1);
-      CHECK(r.stats.vram_expert_slots == got.vram_expert_slots);
-      CHECK(r.stats.vram_promotions > 0);
-      CHECK(r.stats.vram_hits > 0);
+      moe_stats st;
+      const auto logits = strata::testing::TeacherForced(model, tokens, 12, MOE_BACKEND_CPU, vram, nullptr, nullptr, &st,
+                                                         MOE_CPU_EXPERTS_OFF, false, nullptr, nullptr, ram);
+      CHECK(logits.size() == ref.size());
+      CHECK(std::memcmp(logits.data(), ref.data(), logits.size() * sizeof(float)) == 0);
+      CHECK(st.streaming == 1);
+      CHECK(st.vram_expert_slots == got.vram_expert_slots);
+      CHECK(st.vram_promotions > 0);
+      CHECK(st.vram_hits > 0);
       // Every expert use is served by exactly one tier, or read from the file.
-      CHECK(r.stats.vram_hits + r.stats.expert_hits + r.stats.expert_misses == ref.stats.expert_hits);
-      moe_ctx_close(ctx);
+      CHECK(st.vram_hits + st.expert_hits + st.expert_misses == ref_st.expert_hits);
     }
   }
 }
