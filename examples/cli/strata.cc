@@ -24,6 +24,7 @@
 #include "lib/quant/codec.h"
 #include "lib/runtime/context.h"
 #include "lib/util/memory_lock.h"
+#include "lib/util/safe_text.h"
 #include "lib/util/stats.h"
 #include "lib/util/tunables.h"
 #include "nlohmann/json.hpp"
@@ -220,20 +221,25 @@ Args ParseArgs(int argc, char **argv) {
       if (!r) Die(f + " needs an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got '" + v + "'");
       return *r;
     };
+    auto path = [&]() {  // an empty path would mean the demo model or the current directory
+      std::string v = value();
+      if (v.empty()) Die(f + " needs a non-empty path");
+      return v;
+    };
     auto size = [&]() {
       std::string v = value();
       auto r = ParseSize(v);
       if (!r) Die(f + " needs a size like 512M, 8G or a byte count, got '" + v + "'");
       return *r;
     };
-    if (f == "--model" || f == "-m") a.model = value();
+    if (f == "--model" || f == "-m") a.model = path();
     else if (f == "--prompt" || f == "-p") a.prompt = value();
     else if (f == "--tokens") a.tokens = value();
     else if (f == "--decode-tokens") a.decode_tokens = value();
     else if (f == "--warmup") a.warmup = integer(0, 1 << 24);
     else if (f == "--text") a.text = value();
     else if (f == "--special") a.special = true;
-    else if (f == "--out" || f == "-o") a.out = value();
+    else if (f == "--out" || f == "-o") a.out = path();
     else if (f == "-n" || f == "--n-predict") a.n_predict = integer(0, 1 << 24), a.n_predict_given = true;
     else if (f == "--min-p") a.min_p = ParseFloat(f, value());
     else if (f == "--repeat-penalty") a.repeat_penalty = ParseFloat(f, value());
@@ -252,9 +258,9 @@ Args ParseArgs(int argc, char **argv) {
     else if (f == "--n-ctx") a.n_ctx = integer(0, 1 << 24);
     else if (f == "--max-sessions") a.max_sessions = integer(1, 1 << 20);
     else if (f == "--kv-budget") a.kv_budget = size();
-    else if (f == "--kv-spill-dir") a.kv_spill_dir = value();
-    else if (f == "--save-session") a.save_session = value();
-    else if (f == "--load-session") a.load_session = value();
+    else if (f == "--kv-spill-dir") a.kv_spill_dir = path();
+    else if (f == "--save-session") a.save_session = path();
+    else if (f == "--load-session") a.load_session = path();
     else if (f == "--temp") a.temp = ParseFloat(f, value());
     else if (f == "--top-k") a.top_k = integer(0, 1 << 24);
     else if (f == "--top-p") a.top_p = ParseFloat(f, value());
@@ -263,7 +269,7 @@ Args ParseArgs(int argc, char **argv) {
     else if (f == "--attention") a.attention_type = value();
     else if (f == "--boost") a.boost_type = value();
     else if (f == "--boost-layers") a.boost_layers = value();
-    else if (f == "--hotlist") a.hotlist = value();
+    else if (f == "--hotlist") a.hotlist = path();
     else if (f == "--shape") a.shape = value();
     else if (f == "--codec") a.codec = value();
     else if (f == "--layers") a.layers = integer(1, 1024);
@@ -272,7 +278,7 @@ Args ParseArgs(int argc, char **argv) {
     else if (f == "--io-threads") a.io_threads = integer(1, 64);
     else if (f == "--prompt-tokens") a.n_prompt = integer(1, 1 << 20);
     else if (f == "--hotlist-max") a.hotlist_max = integer(0, 1 << 30);
-    else if (f == "--prompts") a.prompts = value();
+    else if (f == "--prompts") a.prompts = path();
     else if (f == "--stats") a.stats = true;
     else if (f == "--lock-memory") a.lock_memory = size();
     else if (f == "--q8-activations") a.q8_activations = true;
@@ -430,12 +436,17 @@ struct Sess {
 
 // After open: a RAM budget raised to the minimum, and a RAM expert tier not wholly locked in RAM
 // (the context's plan words the reason; the C ABI carries the bytes).
-void WarnIfClamped(moe_ctx *ctx) {
+void WarnIfClamped(moe_ctx *ctx, const Args &a) {
   moe_cache_plan plan;
   moe_cache_plan_init(&plan);
-  if (moe_ctx_plan(ctx, &plan) == MOE_OK && plan.clamped) {
+  const bool planned = moe_ctx_plan(ctx, &plan) == MOE_OK;
+  if (planned && plan.clamped) {
     std::fprintf(stderr, "strata: warning: RAM budget raised to the minimum that can run, %llu bytes\n",
                  static_cast<unsigned long long>(plan.ram_budget_bytes));
+  }
+  if (planned && a.n_ctx > 0 && static_cast<uint64_t>(a.n_ctx) != plan.n_ctx) {
+    std::fprintf(stderr, "strata: warning: --n-ctx %lld is beyond the model's context length; using %u\n",
+                 static_cast<long long>(a.n_ctx), plan.n_ctx);
   }
   moe_stats st;
   moe_stats_init(&st);
@@ -496,7 +507,7 @@ int CmdRun(const Args &a) {
   Ctx ctx;
   auto t_open = std::chrono::steady_clock::now();
   if (moe_status st = moe_ctx_open(&p, &ctx.c); st != MOE_OK) DieOpening(model, st);
-  WarnIfClamped(ctx.c);
+  WarnIfClamped(ctx.c, a);
   // With a tokenizer the prompt is text and the output streams as text; without one, token ids.
   const bool has_text = HasTokenizer(ctx.c);
   const bool loaded = !a.load_session.empty();
@@ -541,7 +552,7 @@ int CmdRun(const Args &a) {
   }
   std::fflush(stdout);
   int64_t n_gen = 0;
-  bool stopped = false;
+  bool stopped = false, cut = false;
   for (int64_t i = 0; i < a.n_predict; ++i) {
     int32_t tok;
     if (has_text) {
@@ -563,7 +574,10 @@ int CmdRun(const Args &a) {
     // With --save-session the last token is queued too, so a loaded session continues from it.
     if (i + 1 == a.n_predict && a.save_session.empty()) break;
     moe_status st = moe_session_feed(s.s, &tok, 1);
-    if (st == MOE_ERR_LIMIT_CONTEXT) break;
+    if (st == MOE_ERR_LIMIT_CONTEXT) {
+      cut = i + 1 < a.n_predict;  // the last token not queued for a saved session is no loss of text
+      break;
+    }
     if (st == MOE_OK && i + 1 == a.n_predict) break;
     if (st != MOE_OK) Die(ApiError(st));
     if ((st = StepAll(ctx.c)) != MOE_OK) Die(ApiError(st));
@@ -577,6 +591,11 @@ int CmdRun(const Args &a) {
   }
   std::printf("\n");
   std::fflush(stdout);  // the text before the summary on stderr, where both go to one pipe
+  if (cut) {
+    std::fprintf(stderr, "strata: warning: generation stopped at the context length (%d positions) after %lld of "
+                 "%lld tokens; a larger --n-ctx lets it go on\n", moe_session_n_past(s.s),
+                 static_cast<long long>(n_gen), static_cast<long long>(a.n_predict));
+  }
   if (!a.save_session.empty()) {
     if (moe_status st = moe_session_save(s.s, a.save_session.c_str()); st != MOE_OK) {
       Die("cannot save the session to '" + a.save_session + "': " + ApiError(st));
@@ -619,7 +638,7 @@ int CmdChat(const Args &a) {
   moe_params p = ContextParams(a, model);
   Ctx ctx;
   if (moe_status st = moe_ctx_open(&p, &ctx.c); st != MOE_OK) DieOpening(model, st);
-  WarnIfClamped(ctx.c);
+  WarnIfClamped(ctx.c, a);
   if (!HasTokenizer(ctx.c)) Die("'" + model + "' carries no tokenizer; chat needs one");
   std::string tmpl = a.chat_template;
   if (tmpl.empty()) {
@@ -741,7 +760,7 @@ int CmdLogits(const Args &a) {
   moe_params p = ContextParams(a, a.model);
   Ctx ctx;
   if (moe_status st = moe_ctx_open(&p, &ctx.c); st != MOE_OK) DieOpening(a.model, st);
-  WarnIfClamped(ctx.c);
+  WarnIfClamped(ctx.c, a);
   moe_session_params sp;
   moe_session_params_init(&sp);
   sp.logits_all = 1;
@@ -858,7 +877,7 @@ int CmdBench(const Args &a) {
   auto t0 = std::chrono::steady_clock::now();
   if (moe_status st = moe_ctx_open(&p, &ctx.c); st != MOE_OK) DieOpening(model, st);
   auto t1 = std::chrono::steady_clock::now();
-  WarnIfClamped(ctx.c);
+  WarnIfClamped(ctx.c, a);
   const int32_t n_vocab = moe_ctx_vocab_size(ctx.c);
   std::vector<int32_t> prompt(static_cast<size_t>(a.n_prompt));
   uint64_t x = a.seed * 0x9e3779b97f4a7c15ull + 1;
@@ -1442,14 +1461,11 @@ int main(int argc, char **argv) {
     }
     Die("unknown command '" + a.command + "' (try strata --help)");
   } catch (const CliError &e) {
-    std::string m = e.msg;
-    // One line only: usage text goes after it.
-    auto nl = m.find('\n');
-    std::fprintf(stderr, "strata: error: %s\n", m.substr(0, nl).c_str());
-    if (nl != std::string::npos) std::fputs(m.substr(nl + 1).c_str(), stderr);
+    // One line, whatever the message quotes (a flag's value, a file's bytes): escaped.
+    std::fprintf(stderr, "strata: error: %s\n", strata::SafeText(e.msg, 1 << 16).c_str());
     return 1;
   } catch (const std::exception &e) {
-    std::fprintf(stderr, "strata: error: %s\n", e.what());
+    std::fprintf(stderr, "strata: error: %s\n", strata::SafeText(e.what(), 1 << 16).c_str());
     return 1;
   }
 }

@@ -8,8 +8,14 @@
  *  - Every fallible call returns a moe_status (0 = MOE_OK). On failure, moe_last_error() returns a
  *    thread-local message naming what went wrong; out-params are left untouched unless stated.
  *  - Params structs start with `uint32_t struct_size`; initialise them with the static inline
- *    `*_init()` functions below, which stamp sizeof and fill defaults. Fields are only appended: the
- *    library reads just the fields the caller's struct_size covers, so old hosts keep working.
+ *    `*_init()` functions below, which stamp sizeof and fill defaults. Fields are only appended (in
+ *    groups marked "Since"): the library reads just the fields the caller's struct_size covers, so
+ *    old hosts keep working. A struct_size must be one a header had (the end of a "Since" group,
+ *    padded as the compiler pads the struct, or today's sizeof); any other size, in or out, is
+ *    refused with MOE_ERR_INVALID_ARGUMENT naming the struct and the size, and nothing is read or
+ *    written through it. The *_fill_defaults functions write nothing for such a size.
+ *  - moe_last_error() is one line of valid UTF-8: control bytes, NUL and invalid UTF-8 that a
+ *    message quotes (from a file or an argument) are written as \xNN.
  *  - No C++ exception, abort or exit ever crosses this ABI.
  *  - Thread safety is stated per function. A context may be used from several threads; a session is
  *    used by one thread at a time.

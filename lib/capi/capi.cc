@@ -14,6 +14,7 @@
 #include "lib/model/backend_registry.h"
 #include "lib/runtime/context.h"
 #include "lib/text/chat_template.h"
+#include "lib/util/safe_text.h"
 #include "lib/util/status.h"
 
 struct moe_expert_table {
@@ -41,8 +42,10 @@ namespace {
 
 thread_local std::string g_last_error;
 
+// Every message leaves escaped: it may quote a file's or a caller's bytes (a NUL would cut it, a
+// terminal escape or invalid UTF-8 would reach the host's log).
 moe_status Fail(moe_status st, std::string msg) {
-  g_last_error = std::move(msg);
+  g_last_error = strata::SafeText(msg, 1 << 16);
   return st;
 }
 
@@ -65,19 +68,103 @@ moe_status Guard(F &&fn) {
   }
 }
 
+// ---- struct_size -----------------------------------------------------------------------------
+// The sizes each params and out struct has had in a released header: the end of every appended
+// "Since" group (the offset of the next group's first field, rounded up to the struct's alignment,
+// is the sizeof an older header gave) and today's sizeof, which follows moe.h as fields are
+// appended to the newest group. A size not in its list is refused: a size no header had cuts a
+// pointer in half or reaches past the caller's struct. A new "Since" group adds its first field
+// here.
+// `covered` is where the older header's fields end: its padding, which a newer field may occupy,
+// is never read.
+struct ShippedSize {
+  uint32_t size, covered;
+};
+template <typename T>
+constexpr ShippedSize SizeBefore(size_t offset) {
+  return {static_cast<uint32_t>((offset + alignof(T) - 1) / alignof(T) * alignof(T)), static_cast<uint32_t>(offset)};
+}
+template <typename T>
+constexpr ShippedSize Newest() {
+  return {static_cast<uint32_t>(sizeof(T)), static_cast<uint32_t>(sizeof(T))};
+}
+#define STRATA_SIZE_BEFORE(T, first_field_of_group) SizeBefore<T>(offsetof(T, first_field_of_group))
+
+template <typename T>
+struct StructSizes;
+template <>
+struct StructSizes<moe_params> {
+  static constexpr const char *kName = "moe_params";
+  static constexpr ShippedSize kSizes[] = {
+      STRATA_SIZE_BEFORE(moe_params, cache_policy),     STRATA_SIZE_BEFORE(moe_params, max_batch_tokens),
+      STRATA_SIZE_BEFORE(moe_params, kv_budget_bytes),  STRATA_SIZE_BEFORE(moe_params, cpu_experts),
+      STRATA_SIZE_BEFORE(moe_params, load_progress),    STRATA_SIZE_BEFORE(moe_params, cuda_graphs),
+      Newest<moe_params>()};
+};
+template <>
+struct StructSizes<moe_session_params> {
+  static constexpr const char *kName = "moe_session_params";
+  static constexpr ShippedSize kSizes[] = {STRATA_SIZE_BEFORE(moe_session_params, min_p),
+                                        STRATA_SIZE_BEFORE(moe_session_params, attn_window),
+                                        Newest<moe_session_params>()};
+};
+template <>
+struct StructSizes<moe_cache_plan> {
+  static constexpr const char *kName = "moe_cache_plan";
+  static constexpr ShippedSize kSizes[] = {STRATA_SIZE_BEFORE(moe_cache_plan, kv_bytes_per_token),
+                                        STRATA_SIZE_BEFORE(moe_cache_plan, ram_fixed_bytes), Newest<moe_cache_plan>()};
+};
+template <>
+struct StructSizes<moe_stats> {
+  static constexpr const char *kName = "moe_stats";
+  static constexpr ShippedSize kSizes[] = {
+      STRATA_SIZE_BEFORE(moe_stats, prefetch_skipped),   STRATA_SIZE_BEFORE(moe_stats, vram_expert_slots),
+      STRATA_SIZE_BEFORE(moe_stats, gpu_graph_captures), STRATA_SIZE_BEFORE(moe_stats, numa_node),
+      STRATA_SIZE_BEFORE(moe_stats, vram_cpu_layers),    STRATA_SIZE_BEFORE(moe_stats, vram_hits),
+      STRATA_SIZE_BEFORE(moe_stats, locked_bytes),       Newest<moe_stats>()};
+};
+template <>
+struct StructSizes<moe_expert_info> {
+  static constexpr const char *kName = "moe_expert_info";
+  static constexpr ShippedSize kSizes[] = {Newest<moe_expert_info>()};
+};
+#undef STRATA_SIZE_BEFORE
+
+// The bytes a struct of `size` holds fields in; 0 for a size no header gave T.
+template <typename T>
+uint32_t CoveredBytes(uint32_t size) {
+  for (const ShippedSize &s : StructSizes<T>::kSizes) {
+    if (s.size == size) return s.covered;
+  }
+  return 0;
+}
+template <typename T>
+bool KnownSize(uint32_t size) {
+  return CoveredBytes<T>(size) != 0;
+}
+
+// MOE_OK when `size` is one a header gave T; else MOE_ERR_INVALID_ARGUMENT naming T, the size and
+// the sizes accepted.
+template <typename T>
+moe_status CheckSize(uint32_t size) {
+  if (KnownSize<T>(size)) return MOE_OK;
+  std::string known;
+  for (const ShippedSize &s : StructSizes<T>::kSizes) known += (known.empty() ? "" : ", ") + std::to_string(s.size);
+  return Fail(MOE_ERR_INVALID_ARGUMENT, std::string(StructSizes<T>::kName) + ".struct_size " + std::to_string(size) +
+                                            " is not a size any moe.h gave " + StructSizes<T>::kName + " (" + known +
+                                            "); set it with " + StructSizes<T>::kName + "_init");
+}
+
 // Copies the caller's params struct into a defaults-filled one, reading only what its size covers.
 template <typename T>
-moe_status ReadParams(const T *in, T *out, void (*fill)(T *), const char *what) {
+moe_status ReadParams(const T *in, T *out, void (*fill)(T *)) {
   std::memset(out, 0, sizeof *out);
   out->struct_size = sizeof *out;
   fill(out);
   if (in == nullptr) return MOE_OK;
-  if (in->struct_size < sizeof(uint32_t) * 2) {
-    return Fail(MOE_ERR_INVALID_ARGUMENT, std::string(what) + ": struct_size " +
-                                              std::to_string(in->struct_size) + " is too small (use the *_init function)");
-  }
+  if (moe_status st = CheckSize<T>(in->struct_size); st != MOE_OK) return st;
   std::memcpy(reinterpret_cast<char *>(out) + sizeof(uint32_t), reinterpret_cast<const char *>(in) + sizeof(uint32_t),
-              std::min<size_t>(in->struct_size, sizeof *out) - sizeof(uint32_t));
+              CoveredBytes<T>(in->struct_size) - sizeof(uint32_t));
   out->struct_size = sizeof *out;
   return MOE_OK;
 }
@@ -208,10 +295,7 @@ moe_status ToSessionOptions(const moe_session_params &sp, strata::runtime::Sessi
 
 moe_status CheckPlanOut(moe_cache_plan *out) {
   if (out == nullptr) return Fail(MOE_ERR_INVALID_ARGUMENT, "plan output is NULL");
-  if (out->struct_size < sizeof(uint32_t) + sizeof(uint64_t)) {
-    return Fail(MOE_ERR_INVALID_ARGUMENT, "moe_cache_plan.struct_size is too small (use moe_cache_plan_init)");
-  }
-  return MOE_OK;
+  return CheckSize<moe_cache_plan>(out->struct_size);
 }
 
 // A handle for a session the context just opened (or loaded), listed on the context for close.
@@ -277,7 +361,7 @@ int32_t moe_backend_available(int32_t kind) {
 }
 
 void moe_params_fill_defaults(moe_params *p) {
-  if (p == nullptr || p->struct_size < sizeof(uint32_t)) return;
+  if (p == nullptr || !KnownSize<moe_params>(p->struct_size)) return;  // moe_ctx_open will say why
   moe_params d;
   std::memset(&d, 0, sizeof d);
   d.struct_size = p->struct_size;
@@ -296,7 +380,7 @@ void moe_params_fill_defaults(moe_params *p) {
 }
 
 void moe_session_params_fill_defaults(moe_session_params *p) {
-  if (p == nullptr || p->struct_size < sizeof(uint32_t)) return;
+  if (p == nullptr || !KnownSize<moe_session_params>(p->struct_size)) return;  // moe_session_open will say why
   moe_session_params d;
   std::memset(&d, 0, sizeof d);
   d.struct_size = p->struct_size;
@@ -327,7 +411,7 @@ moe_status moe_plan(const moe_params *p, moe_cache_plan *out) {
     if (p == nullptr) return Fail(MOE_ERR_INVALID_ARGUMENT, "params is NULL");
     if (moe_status st = CheckPlanOut(out); st != MOE_OK) return st;
     moe_params params;
-    if (moe_status st = ReadParams(p, &params, moe_params_fill_defaults, "moe_params"); st != MOE_OK) return st;
+    if (moe_status st = ReadParams(p, &params, moe_params_fill_defaults); st != MOE_OK) return st;
     if (params.model_path == nullptr) return Fail(MOE_ERR_INVALID_ARGUMENT, "moe_params.model_path is NULL");
     if (moe_status st = CheckParams(params); st != MOE_OK) return st;
     auto d = strata::runtime::Context::Describe(params.model_path);
@@ -344,7 +428,7 @@ moe_status moe_ctx_open(const moe_params *p, moe_ctx **out) {
   return Guard([&]() -> moe_status {
     if (p == nullptr || out == nullptr) return Fail(MOE_ERR_INVALID_ARGUMENT, "params or out is NULL");
     moe_params params;
-    if (moe_status st = ReadParams(p, &params, moe_params_fill_defaults, "moe_params"); st != MOE_OK) return st;
+    if (moe_status st = ReadParams(p, &params, moe_params_fill_defaults); st != MOE_OK) return st;
     if (params.model_path == nullptr) return Fail(MOE_ERR_INVALID_ARGUMENT, "moe_params.model_path is NULL");
     if (moe_status st = CheckParams(params); st != MOE_OK) return st;
     auto ctx = strata::runtime::Context::Open(ToOptions(params));
@@ -386,9 +470,7 @@ uint32_t moe_expert_table_n_experts(const moe_expert_table *t) { return t ? t->n
 moe_status moe_expert_table_get(const moe_expert_table *t, uint32_t layer, uint32_t expert, moe_expert_info *out) {
   return Guard([&]() -> moe_status {
     if (t == nullptr || out == nullptr) return Fail(MOE_ERR_INVALID_ARGUMENT, "table or out is NULL");
-    if (out->struct_size < sizeof(uint32_t) * 4) {
-      return Fail(MOE_ERR_INVALID_ARGUMENT, "moe_expert_info.struct_size is too small (use moe_expert_info_init)");
-    }
+    if (moe_status st = CheckSize<moe_expert_info>(out->struct_size); st != MOE_OK) return st;
     if (layer >= t->n_layers || expert >= t->n_experts) {
       return Fail(MOE_ERR_INVALID_ARGUMENT, "expert " + std::to_string(expert) + " of layer " + std::to_string(layer) +
                                                 " is outside the table (" + std::to_string(t->n_layers) + " x " +
@@ -418,9 +500,7 @@ moe_status moe_expert_table_get(const moe_expert_table *t, uint32_t layer, uint3
 moe_status moe_ctx_stats(const moe_ctx *ctx, moe_stats *out) {
   return Guard([&]() -> moe_status {
     if (ctx == nullptr || out == nullptr) return Fail(MOE_ERR_INVALID_ARGUMENT, "ctx or out is NULL");
-    if (out->struct_size < sizeof(uint32_t) * 2) {
-      return Fail(MOE_ERR_INVALID_ARGUMENT, "moe_stats.struct_size is too small (use moe_stats_init)");
-    }
+    if (moe_status st = CheckSize<moe_stats>(out->struct_size); st != MOE_OK) return st;
     const strata::runtime::ContextStats cs = ctx->impl->Stats();
     moe_stats st;
     std::memset(&st, 0, sizeof st);
@@ -521,7 +601,7 @@ moe_status moe_session_open(moe_ctx *ctx, const moe_session_params *p, moe_sessi
   return Guard([&]() -> moe_status {
     if (ctx == nullptr || out == nullptr) return Fail(MOE_ERR_INVALID_ARGUMENT, "ctx or out is NULL");
     moe_session_params sp;
-    if (moe_status st = ReadParams(p, &sp, moe_session_params_fill_defaults, "moe_session_params"); st != MOE_OK) {
+    if (moe_status st = ReadParams(p, &sp, moe_session_params_fill_defaults); st != MOE_OK) {
       return st;
     }
     strata::runtime::SessionOptions o;
@@ -676,7 +756,7 @@ moe_status moe_session_load(moe_ctx *ctx, const char *path, const moe_session_pa
     strata::runtime::SessionOptions o;
     if (p != nullptr) {
       moe_session_params sp;
-      if (moe_status st = ReadParams(p, &sp, moe_session_params_fill_defaults, "moe_session_params"); st != MOE_OK) {
+      if (moe_status st = ReadParams(p, &sp, moe_session_params_fill_defaults); st != MOE_OK) {
         return st;
       }
       if (moe_status st = ToSessionOptions(sp, &o); st != MOE_OK) return st;

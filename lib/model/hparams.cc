@@ -3,48 +3,101 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string_view>
+
+#include "lib/util/safe_text.h"
 
 namespace strata::model {
 namespace {
 
-// Caps that keep every derived size far from overflow; real models sit well inside them.
+// Limits on the hyper-parameters. Every integer is capped so that each size derived from them
+// (a row, a matrix, a layer's experts, a session's KV) is computed in 64 bits far from overflow and
+// later 32-bit loops can trust it; real models sit well inside each cap (DeepSeek-V3: 61 layers,
+// width 7168, 256 experts; Qwen3-235B: 94 layers, 128 experts; vocabularies up to ~256k). Floats
+// must be finite and inside ranges that no released model comes near, so an absurd value is
+// refused instead of turning every logit into NaN.
 constexpr int64_t kMaxLayers = 1024;
 constexpr int64_t kMaxEmbd = 1 << 16;
 constexpr int64_t kMaxHeads = 1024;
 constexpr int64_t kMaxHeadDim = 1024;
 constexpr int64_t kMaxVocab = 1 << 22;
 constexpr int64_t kMaxExperts = 4096;
-constexpr int64_t kMaxFf = 1 << 18;
-constexpr int64_t kMaxCtx = 1 << 24;
+constexpr int64_t kMaxFf = 1 << 18;             // one expert's, the dense MLP's, the shared experts' width
+constexpr int64_t kMaxCtx = 1 << 24;            // context lengths and sliding windows
+constexpr int64_t kMaxRoutedParams = int64_t{1} << 44;  // layers x experts x 3 x n_ff x n_embd
+constexpr double kMaxRopeTheta = 1e12;
+constexpr double kMaxEps = 1e-2;                // norm epsilons: (0, kMaxEps]
+constexpr double kMaxYarnFactor = 1024;         // context extension factor: [1, kMaxYarnFactor]
+constexpr double kMaxYarnBeta = 1e4;            // beta_fast / beta_slow: (0, kMaxYarnBeta]
+constexpr double kMaxYarnAttnFactor = 16;       // cos/sin (attention) factor: (0, kMaxYarnAttnFactor]
+constexpr double kMaxMscale = 100;              // YaRN mscale, mscale_all_dim, 10 x log multiplier: [0, kMaxMscale]
+constexpr double kMaxRoutedScale = 1000;        // routed_scaling_factor: (0, kMaxRoutedScale]
+constexpr double kMaxSwigluLimit = 1e4;         // gpt-oss clamp: [0, kMaxSwigluLimit]
 
-absl::Status CheckRange(const char *key, int64_t v, int64_t lo, int64_t hi) {
+absl::Status CheckRange(std::string_view key, int64_t v, int64_t lo, int64_t hi) {
   if (v < lo || v > hi) {
     return Errorf(MOE_ERR_FORMAT_HPARAMS, "hyper-parameter '%s' = %d is outside [%d, %d]", key, v, lo, hi);
   }
   return absl::OkStatus();
 }
 
-absl::Status Validate(HParams &hp) {
-  STRATA_RETURN_IF_ERROR(CheckRange("block_count", hp.n_layer, 1, kMaxLayers));
-  STRATA_RETURN_IF_ERROR(CheckRange("embedding_length", hp.n_embd, 1, kMaxEmbd));
-  STRATA_RETURN_IF_ERROR(CheckRange("head_count", hp.n_head, 1, kMaxHeads));
-  STRATA_RETURN_IF_ERROR(CheckRange("head_count_kv", hp.n_head_kv, 1, hp.n_head));
+// A float hyper-parameter: finite and in [lo, hi] ((lo, hi] when lo_open).
+absl::Status CheckFloat(std::string_view key, double v, double lo, double hi, bool lo_open = false) {
+  if (!std::isfinite(v) || v < lo || (lo_open && v == lo) || v > hi) {
+    return Errorf(MOE_ERR_FORMAT_HPARAMS, "hyper-parameter '%s' = %g is not a finite number in %s%g, %g]", key, v,
+                  lo_open ? "(" : "[", lo, hi);
+  }
+  return absl::OkStatus();
+}
+
+// A product of non-negative sizes in 64 bits, saturated at INT32_MAX for an int field (the
+// validator then refuses it by its cap).
+int SizeProduct(int64_t a, int64_t b) {
+  if (a <= 0 || b <= 0) return 0;
+  return a > INT32_MAX / b ? INT32_MAX : static_cast<int>(a * b);
+}
+
+// The one validator of a read HParams, whatever its source: every integer in range, every float
+// finite and in range, the sizes derived from them checked in 64 bits. Messages name the key as
+// the source spells it (GGUF "<arch>.<key>" suffix or config.json key) and the value.
+absl::Status ValidateFamily(const HParams &hp, bool gguf);
+
+absl::Status Validate(const HParams &hp, bool gguf) {
+  STRATA_RETURN_IF_ERROR(ValidateFamily(hp, gguf));
+  auto K = [gguf](const char *g, const char *h) { return std::string_view(gguf ? g : h); };
+  STRATA_RETURN_IF_ERROR(CheckRange(K("block_count", "num_hidden_layers"), hp.n_layer, 1, kMaxLayers));
+  STRATA_RETURN_IF_ERROR(CheckRange(K("embedding_length", "hidden_size"), hp.n_embd, 1, kMaxEmbd));
+  STRATA_RETURN_IF_ERROR(CheckRange(K("attention.head_count", "num_attention_heads"), hp.n_head, 1, kMaxHeads));
+  STRATA_RETURN_IF_ERROR(
+      CheckRange(K("attention.head_count_kv", "num_key_value_heads"), hp.n_head_kv, 1, hp.n_head));
   if (hp.n_head % hp.n_head_kv != 0) {
     return Errorf(MOE_ERR_FORMAT_HPARAMS, "head_count %d is not a multiple of head_count_kv %d",
                   hp.n_head, hp.n_head_kv);
   }
-  STRATA_RETURN_IF_ERROR(CheckRange("key_length", hp.head_dim, 2, kMaxHeadDim));
+  STRATA_RETURN_IF_ERROR(CheckRange(K("attention.key_length", "head_dim"), hp.head_dim, 2, kMaxHeadDim));
   if (hp.head_dim % 2 != 0) {
     return Errorf(MOE_ERR_FORMAT_HPARAMS, "head dimension %d is odd; RoPE needs pairs", hp.head_dim);
   }
   STRATA_RETURN_IF_ERROR(CheckRange("vocab_size", hp.n_vocab, 1, kMaxVocab));
-  STRATA_RETURN_IF_ERROR(CheckRange("expert_count", hp.n_expert, 1, kMaxExperts));
-  STRATA_RETURN_IF_ERROR(CheckRange("expert_used_count", hp.n_expert_used, 1, hp.n_expert));
-  STRATA_RETURN_IF_ERROR(CheckRange("expert_feed_forward_length", hp.n_ff_expert, 1, kMaxFf));
-  STRATA_RETURN_IF_ERROR(CheckRange("context_length", hp.n_ctx_train, 1, kMaxCtx));
-  STRATA_RETURN_IF_ERROR(CheckRange("sliding_window", hp.sliding_window, 0, kMaxCtx));
-  STRATA_RETURN_IF_ERROR(CheckRange("dense feed_forward_length", hp.n_ff_dense, hp.dense_layer.empty() ? 0 : 1, kMaxFf));
-  STRATA_RETURN_IF_ERROR(CheckRange("expert_shared_feed_forward_length", hp.n_ff_shared, 0, kMaxFf));
+  STRATA_RETURN_IF_ERROR(CheckRange(K("expert_count", "num_experts"), hp.n_expert, 1, kMaxExperts));
+  STRATA_RETURN_IF_ERROR(CheckRange(K("expert_used_count", "num_experts_per_tok"), hp.n_expert_used, 1, hp.n_expert));
+  STRATA_RETURN_IF_ERROR(
+      CheckRange(K("expert_feed_forward_length", "moe_intermediate_size"), hp.n_ff_expert, 1, kMaxFf));
+  STRATA_RETURN_IF_ERROR(
+      CheckRange(K("context_length", "max_position_embeddings"), hp.n_ctx_train, 1, kMaxCtx));
+  STRATA_RETURN_IF_ERROR(CheckRange(K("attention.sliding_window", "sliding_window"), hp.sliding_window, 0, kMaxCtx));
+  for (int w : hp.layer_window) {
+    STRATA_RETURN_IF_ERROR(CheckRange(K("attention.sliding_window", "sliding_window"), w, 0, kMaxCtx));
+  }
+  STRATA_RETURN_IF_ERROR(CheckRange(K("feed_forward_length", "intermediate_size"), hp.n_ff_dense,
+                                    hp.dense_layer.empty() ? 0 : 1, kMaxFf));
+  STRATA_RETURN_IF_ERROR(CheckRange(K("expert_shared_count", "n_shared_experts"), hp.n_shared_experts, 0, kMaxExperts));
+  STRATA_RETURN_IF_ERROR(CheckRange(K("expert_shared_feed_forward_length", "shared_expert_intermediate_size"),
+                                    hp.n_ff_shared, 0, kMaxFf));
+  if (hp.n_shared_experts > 0 && int64_t{hp.n_shared_experts} * hp.n_ff_expert != hp.n_ff_shared) {
+    return Errorf(MOE_ERR_FORMAT_HPARAMS, "%d shared experts of width %d make a width of %d, more than %d",
+                  hp.n_shared_experts, hp.n_ff_expert, int64_t{hp.n_shared_experts} * hp.n_ff_expert, kMaxFf);
+  }
   if (!hp.dense_layer.empty() && static_cast<int>(hp.dense_layer.size()) != hp.n_layer) {
     return Errorf(MOE_ERR_FORMAT_HPARAMS, "dense layer list has %d entries for %d layers", hp.dense_layer.size(),
                   hp.n_layer);
@@ -53,20 +106,42 @@ absl::Status Validate(HParams &hp) {
     return Errorf(MOE_ERR_FORMAT_HPARAMS, "layer window list has %d entries for %d layers", hp.layer_window.size(),
                   hp.n_layer);
   }
-  if (!(hp.rope_theta > 0.f) || !std::isfinite(hp.rope_theta)) {
-    return Errorf(MOE_ERR_FORMAT_HPARAMS, "rope theta %g is not a positive finite number", hp.rope_theta);
+  // The routed experts' parameter count, in 64 bits (each factor is capped above).
+  const int64_t routed = int64_t{hp.n_layer} * hp.n_expert * 3 * hp.n_ff_expert * hp.n_embd;
+  if (routed > kMaxRoutedParams) {
+    return Errorf(MOE_ERR_FORMAT_HPARAMS, "%d layers x %d experts of %d x %d make %d routed parameters, more than %d",
+                  hp.n_layer, hp.n_expert, hp.n_ff_expert, hp.n_embd, routed, kMaxRoutedParams);
   }
-  if (!(hp.rms_eps > 0.f) || !(hp.rms_eps < 1.f)) {
-    return Errorf(MOE_ERR_FORMAT_HPARAMS, "RMS norm epsilon %g is outside (0, 1)", hp.rms_eps);
+  STRATA_RETURN_IF_ERROR(CheckFloat(K("rope.freq_base", "rope_theta"), hp.rope_theta, 0, kMaxRopeTheta, true));
+  STRATA_RETURN_IF_ERROR(
+      CheckFloat(K("attention.layer_norm_rms_epsilon", "rms_norm_eps"), hp.rms_eps, 0, kMaxEps, true));
+  STRATA_RETURN_IF_ERROR(CheckFloat("lora norm epsilon", hp.lora_norm_eps, 0, kMaxEps, true));
+  STRATA_RETURN_IF_ERROR(CheckFloat("swiglu_limit", hp.swiglu_limit, 0, kMaxSwigluLimit));
+  STRATA_RETURN_IF_ERROR(
+      CheckFloat(K("expert_weights_scale", "routed_scaling_factor"), hp.routed_scale, 0, kMaxRoutedScale, true));
+  if (hp.yarn) {
+    STRATA_RETURN_IF_ERROR(
+        CheckFloat(K("rope.scaling.factor", "rope_parameters.factor"), hp.yarn_factor, 1, kMaxYarnFactor));
+    STRATA_RETURN_IF_ERROR(CheckRange(K("rope.scaling.original_context_length", "original_max_position_embeddings"),
+                                      hp.yarn_orig_ctx, 1, kMaxCtx));
+    STRATA_RETURN_IF_ERROR(CheckFloat(K("rope.scaling.yarn_beta_fast", "rope_parameters.beta_fast"),
+                                      hp.yarn_beta_fast, 0, kMaxYarnBeta, true));
+    STRATA_RETURN_IF_ERROR(CheckFloat(K("rope.scaling.yarn_beta_slow", "rope_parameters.beta_slow"),
+                                      hp.yarn_beta_slow, 0, kMaxYarnBeta, true));
+    STRATA_RETURN_IF_ERROR(CheckFloat(K("rope.scaling.attn_factor", "rope_parameters.attention_factor"),
+                                      hp.yarn_attn_factor, 0, kMaxYarnAttnFactor, true));
   }
+  // 0 = 1/sqrt(head dim); else derived from the head width and YaRN's mscale, each checked.
+  STRATA_RETURN_IF_ERROR(CheckFloat("attention scale", hp.attn_scale, 0, 1e3));
   return absl::OkStatus();
 }
 
-// Checks of the MLA, grouped-routing and YaRN fields (DeepSeek, gpt-oss).
-absl::Status ValidateFamily(const HParams &hp) {
+// Checks of the MLA and grouped-routing fields (DeepSeek).
+absl::Status ValidateFamily(const HParams &hp, bool gguf) {
+  auto K = [gguf](const char *g, const char *h) { return std::string_view(gguf ? g : h); };
   if (hp.mla) {
-    STRATA_RETURN_IF_ERROR(CheckRange("kv_lora_rank", hp.kv_lora_rank, 1, kMaxEmbd));
-    STRATA_RETURN_IF_ERROR(CheckRange("q_lora_rank", hp.q_lora_rank, 0, kMaxEmbd));
+    STRATA_RETURN_IF_ERROR(CheckRange(K("attention.kv_lora_rank", "kv_lora_rank"), hp.kv_lora_rank, 1, kMaxEmbd));
+    STRATA_RETURN_IF_ERROR(CheckRange(K("attention.q_lora_rank", "q_lora_rank"), hp.q_lora_rank, 0, kMaxEmbd));
     STRATA_RETURN_IF_ERROR(CheckRange("qk_rope_head_dim", hp.qk_rope_dim, 2, kMaxHeadDim));
     STRATA_RETURN_IF_ERROR(CheckRange("qk_nope_head_dim", hp.qk_nope_dim, 0, kMaxHeadDim));
     STRATA_RETURN_IF_ERROR(CheckRange("v_head_dim", hp.v_head_dim, 1, kMaxHeadDim));
@@ -74,8 +149,8 @@ absl::Status ValidateFamily(const HParams &hp) {
       return Errorf(MOE_ERR_FORMAT_HPARAMS, "qk_rope_head_dim %d is odd; RoPE needs pairs", hp.qk_rope_dim);
     }
   }
-  STRATA_RETURN_IF_ERROR(CheckRange("expert_group_count", hp.n_group, 1, std::max(1, hp.n_expert)));
-  STRATA_RETURN_IF_ERROR(CheckRange("expert_group_used_count", hp.topk_group, 1, hp.n_group));
+  STRATA_RETURN_IF_ERROR(CheckRange(K("expert_group_count", "n_group"), hp.n_group, 1, std::max(1, hp.n_expert)));
+  STRATA_RETURN_IF_ERROR(CheckRange(K("expert_group_used_count", "topk_group"), hp.topk_group, 1, hp.n_group));
   if (hp.n_expert % hp.n_group != 0) {
     return Errorf(MOE_ERR_FORMAT_HPARAMS, "expert_count %d is not a multiple of expert_group_count %d", hp.n_expert,
                   hp.n_group);
@@ -87,12 +162,34 @@ absl::Status ValidateFamily(const HParams &hp) {
   if (hp.n_group > 1 && hp.gating == Gating::kSigmoid && hp.n_expert / hp.n_group < 2) {
     return Errorf(MOE_ERR_FORMAT_HPARAMS, "grouped sigmoid routing needs at least 2 experts per group");
   }
-  if (!(hp.routed_scale > 0.f) || !std::isfinite(hp.routed_scale)) {
-    return Errorf(MOE_ERR_FORMAT_HPARAMS, "routed scaling factor %g is not a positive finite number", hp.routed_scale);
+  return absl::OkStatus();
+}
+
+// Each tensor of a layer names a layer the hyper-parameters declare: a file with more layers
+// than it says would run with some ignored. (Too few are caught by binding: a missing tensor.)
+// HF checkpoints may add num_nextn_predict_layers multi-token-prediction layers, which Strata
+// does not run.
+absl::Status CheckLayerTensors(const ModelFile &mf, const HParams &hp) {
+  const bool gguf = mf.kind() == ModelFile::Kind::kGguf;
+  const std::string_view prefix = gguf ? "blk." : "model.layers.";
+  int64_t extra = 0;
+  if (!gguf) {
+    if (auto it = mf.config().find("num_nextn_predict_layers"); it != mf.config().end() && it->is_number_integer()) {
+      extra = std::clamp<int64_t>(it->get<int64_t>(), 0, kMaxLayers);
+    }
   }
-  if (hp.yarn && (hp.yarn_orig_ctx < 1 || !(hp.yarn_beta_fast > 0.f) || !(hp.yarn_beta_slow > 0.f))) {
-    return Errorf(MOE_ERR_FORMAT_HPARAMS, "YaRN parameters (original context %d, beta %g/%g) are out of range",
-                  hp.yarn_orig_ctx, hp.yarn_beta_fast, hp.yarn_beta_slow);
+  for (const TensorRef &t : mf.tensors()) {
+    std::string_view n = t.name;
+    if (n.substr(0, prefix.size()) != prefix) continue;
+    n.remove_prefix(prefix.size());
+    int64_t layer = 0;
+    size_t d = 0;
+    for (; d < n.size() && d < 10 && n[d] >= '0' && n[d] <= '9'; ++d) layer = layer * 10 + (n[d] - '0');
+    if (d == 0) continue;
+    if (layer >= hp.n_layer + extra) {
+      return Errorf(MOE_ERR_FORMAT_TENSOR, "tensor '%s' is for layer %d, but the model declares %d layers (%s)",
+                    SafeText(t.name, 256), layer, hp.n_layer, gguf ? "block_count" : "num_hidden_layers");
+    }
   }
   return absl::OkStatus();
 }
@@ -117,7 +214,7 @@ absl::Status GgufYarn(const format::GgufFile &g, const std::string &p, HParams &
   if (g.Find(p + "rope.scaling.type") == nullptr) return absl::OkStatus();
   STRATA_ASSIGN_OR_RETURN(std::string st, g.GetString(p + "rope.scaling.type"));
   if (st == "none") return absl::OkStatus();
-  if (st != "yarn") return Errorf(MOE_ERR_UNSUPPORTED, "RoPE scaling '%s' is not supported yet", st);
+  if (st != "yarn") return Errorf(MOE_ERR_UNSUPPORTED, "RoPE scaling '%s' is not supported yet", SafeText(st, 256));
   STRATA_ASSIGN_OR_RETURN(double f, g.GetFloat(p + "rope.scaling.factor"));
   STRATA_ASSIGN_OR_RETURN(int64_t orig, GgufInt(g, p + "rope.scaling.original_context_length"));
   if (!(f >= 1.0) || !std::isfinite(f) || orig < 1) {
@@ -178,7 +275,7 @@ absl::StatusOr<HParams> FromGgufFamily(const ModelFile &mf, const std::string &a
     hp.v_head_dim = static_cast<int>(v);
     hp.qk_nope_dim = hp.head_dim - hp.qk_rope_dim;
     STRATA_ASSIGN_OR_RETURN(v, GgufIntOr(g, p + "expert_shared_count", 0)); hp.n_shared_experts = static_cast<int>(v);
-    hp.n_ff_shared = hp.n_shared_experts * hp.n_ff_expert;
+    hp.n_ff_shared = SizeProduct(hp.n_shared_experts, hp.n_ff_expert);
     STRATA_ASSIGN_OR_RETURN(int64_t lead, GgufIntOr(g, p + "leading_dense_block_count", 0));
     STRATA_RETURN_IF_ERROR(CheckRange("leading_dense_block_count", lead, 0, hp.n_layer));
     if (lead > 0) {
@@ -208,6 +305,7 @@ absl::StatusOr<HParams> FromGgufFamily(const ModelFile &mf, const std::string &a
     double scale = 1.0 / std::sqrt(static_cast<double>(hp.head_dim));
     if (hp.yarn && g.Find(p + "rope.scaling.yarn_log_multiplier") != nullptr) {
       STRATA_ASSIGN_OR_RETURN(double lm, g.GetFloat(p + "rope.scaling.yarn_log_multiplier"));
+      STRATA_RETURN_IF_ERROR(CheckFloat(p + "rope.scaling.yarn_log_multiplier", lm, 0, 0.1 * kMaxMscale));
       const double m = 1.0 + lm * std::log(static_cast<double>(hp.yarn_factor));
       scale *= m * m;
     }
@@ -246,8 +344,7 @@ absl::StatusOr<HParams> FromGgufFamily(const ModelFile &mf, const std::string &a
     }
   }
   hp.tied_embeddings = mf.Find("output.weight") == nullptr;
-  STRATA_RETURN_IF_ERROR(ValidateFamily(hp));
-  STRATA_RETURN_IF_ERROR(Validate(hp));
+  STRATA_RETURN_IF_ERROR(Validate(hp, /*gguf=*/true));
   return hp;
 }
 
@@ -276,7 +373,7 @@ absl::StatusOr<HParams> FromGguf(const ModelFile &mf) {
                     "Mixture-of-Experts models");
     }
   } else {
-    return Errorf(MOE_ERR_UNSUPPORTED_ARCH, "GGUF architecture '%s' is not supported", arch);
+    return Errorf(MOE_ERR_UNSUPPORTED_ARCH, "GGUF architecture '%s' is not supported", SafeText(arch, 256));
   }
   hp.arch_name = std::string(ArchName(hp.arch));
   const std::string p = arch + ".";
@@ -337,7 +434,7 @@ absl::StatusOr<HParams> FromGguf(const ModelFile &mf) {
   }
   if (g.Find(p + "rope.scaling.type") != nullptr) {
     STRATA_ASSIGN_OR_RETURN(std::string st, g.GetString(p + "rope.scaling.type"));
-    if (st != "none") return Errorf(MOE_ERR_UNSUPPORTED, "RoPE scaling '%s' is not supported yet", st);
+    if (st != "none") return Errorf(MOE_ERR_UNSUPPORTED, "RoPE scaling '%s' is not supported yet", SafeText(st, 256));
   }
   // The vocabulary is the embedding's row count; a vocab_size key, when present, must agree.
   const TensorRef *emb = mf.Find("token_embd.weight");
@@ -373,7 +470,7 @@ absl::StatusOr<HParams> FromGguf(const ModelFile &mf) {
       hp.dense_layer.clear();
     }
   }
-  STRATA_RETURN_IF_ERROR(Validate(hp));
+  STRATA_RETURN_IF_ERROR(Validate(hp, /*gguf=*/true));
   return hp;
 }
 
@@ -440,7 +537,7 @@ absl::StatusOr<double> ConfigRope(const nlohmann::json &c, HParams &hp) {
     if (auto it = rp->find(k); it != rp->end() && it->is_string()) type = it->get<std::string>();
   }
   if (type == "default") return 0.0;
-  if (type != "yarn") return Errorf(MOE_ERR_UNSUPPORTED, "RoPE scaling '%s' is not supported yet", type);
+  if (type != "yarn") return Errorf(MOE_ERR_UNSUPPORTED, "RoPE scaling '%s' is not supported yet", SafeText(type, 256));
   STRATA_ASSIGN_OR_RETURN(double factor, JsonFloat(*rp, "factor"));
   STRATA_ASSIGN_OR_RETURN(int64_t orig, JsonInt(*rp, "original_max_position_embeddings"));
   STRATA_ASSIGN_OR_RETURN(double bf, JsonFloatOr(*rp, "beta_fast", 32.0));
@@ -448,6 +545,8 @@ absl::StatusOr<double> ConfigRope(const nlohmann::json &c, HParams &hp) {
   STRATA_ASSIGN_OR_RETURN(double mscale, JsonFloatOr(*rp, "mscale", 0.0));
   STRATA_ASSIGN_OR_RETURN(double mscale_all, JsonFloatOr(*rp, "mscale_all_dim", 0.0));
   STRATA_ASSIGN_OR_RETURN(bool truncate, JsonBoolOr(*rp, "truncate", true));
+  STRATA_RETURN_IF_ERROR(CheckFloat("rope_parameters.mscale", mscale, 0, kMaxMscale));
+  STRATA_RETURN_IF_ERROR(CheckFloat("rope_parameters.mscale_all_dim", mscale_all, 0, kMaxMscale));
   if (!(factor >= 1.0) || !std::isfinite(factor)) {
     return Errorf(MOE_ERR_FORMAT_HPARAMS, "YaRN factor %g is out of range", factor);
   }
@@ -514,7 +613,7 @@ absl::StatusOr<HParams> FromConfigFamily(const ModelFile &mf, const std::string 
     hp.n_head_kv = hp.n_head;
     STRATA_ASSIGN_OR_RETURN(v, JsonInt(c, "moe_intermediate_size")); hp.n_ff_expert = static_cast<int>(v);
     STRATA_ASSIGN_OR_RETURN(v, JsonIntOr(c, "n_shared_experts", 0)); hp.n_shared_experts = static_cast<int>(v);
-    hp.n_ff_shared = hp.n_shared_experts * hp.n_ff_expert;
+    hp.n_ff_shared = SizeProduct(hp.n_shared_experts, hp.n_ff_expert);
     STRATA_ASSIGN_OR_RETURN(int64_t lead, JsonIntOr(c, "first_k_dense_replace", 0));
     if (lead > 0) {
       hp.dense_layer.assign(hp.n_layer, 0);
@@ -543,7 +642,7 @@ absl::StatusOr<HParams> FromConfigFamily(const ModelFile &mf, const std::string 
       if (method == "greedy") {
         hp.n_group = hp.topk_group = 1;
       } else if (method != "group_limited_greedy") {
-        return Errorf(MOE_ERR_UNSUPPORTED, "deepseek_v2 topk_method '%s' is not supported", method);
+        return Errorf(MOE_ERR_UNSUPPORTED, "deepseek_v2 topk_method '%s' is not supported", SafeText(method, 256));
       }
     }
     double scale = 1.0 / std::sqrt(static_cast<double>(hp.head_dim));
@@ -582,15 +681,14 @@ absl::StatusOr<HParams> FromConfigFamily(const ModelFile &mf, const std::string 
         if (t.get<std::string>() == "sliding_attention") {
           hp.layer_window[l] = window;
         } else if (t.get<std::string>() != "full_attention") {
-          return Errorf(MOE_ERR_UNSUPPORTED, "layer type '%s' is not supported", t.get<std::string>());
+          return Errorf(MOE_ERR_UNSUPPORTED, "layer type '%s' is not supported", SafeText(t.get<std::string>(), 256));
         }
       }
     } else {
       for (int l = 0; l < hp.n_layer; l += 2) hp.layer_window[l] = window;
     }
   }
-  STRATA_RETURN_IF_ERROR(ValidateFamily(hp));
-  STRATA_RETURN_IF_ERROR(Validate(hp));
+  STRATA_RETURN_IF_ERROR(Validate(hp, /*gguf=*/false));
   return hp;
 }
 
@@ -617,7 +715,7 @@ absl::StatusOr<HParams> FromConfig(const ModelFile &mf) {
   } else if (model_type == "mixtral") {
     hp.arch = Arch::kMixtral;
   } else {
-    return Errorf(MOE_ERR_UNSUPPORTED_ARCH, "model_type '%s' is not supported", model_type);
+    return Errorf(MOE_ERR_UNSUPPORTED_ARCH, "model_type '%s' is not supported", SafeText(model_type, 256));
   }
   hp.arch_name = std::string(ArchName(hp.arch));
   hp.rope_style = RopeStyle::kNeox;  // HF checkpoints keep Q/K rows in rotate-half order
@@ -670,7 +768,7 @@ absl::StatusOr<HParams> FromConfig(const ModelFile &mf) {
     auto rt = scaling->find("rope_type");
     if (rt == scaling->end()) rt = scaling->find("type");
     if (rt != scaling->end() && rt->is_string() && rt->get<std::string>() != "default") {
-      return Errorf(MOE_ERR_UNSUPPORTED, "RoPE scaling '%s' is not supported yet", rt->get<std::string>());
+      return Errorf(MOE_ERR_UNSUPPORTED, "RoPE scaling '%s' is not supported yet", SafeText(rt->get<std::string>(), 256));
     }
   }
   if (auto it = c.find("hidden_act"); it != c.end() && (!it->is_string() || it->get<std::string>() != "silu")) {
@@ -727,7 +825,7 @@ absl::StatusOr<HParams> FromConfig(const ModelFile &mf) {
     hp.norm_topk_prob = true;  // Mixtral always renormalises its top-k weights
   }
   STRATA_ASSIGN_OR_RETURN(hp.tied_embeddings, JsonBoolOr(c, "tie_word_embeddings", false));
-  STRATA_RETURN_IF_ERROR(Validate(hp));
+  STRATA_RETURN_IF_ERROR(Validate(hp, /*gguf=*/false));
   return hp;
 }
 
@@ -746,7 +844,9 @@ std::string_view ArchName(Arch a) {
 }
 
 absl::StatusOr<HParams> ReadHParams(const ModelFile &mf) {
-  return mf.kind() == ModelFile::Kind::kGguf ? FromGguf(mf) : FromConfig(mf);
+  STRATA_ASSIGN_OR_RETURN(HParams hp, mf.kind() == ModelFile::Kind::kGguf ? FromGguf(mf) : FromConfig(mf));
+  STRATA_RETURN_IF_ERROR(CheckLayerTensors(mf, hp));
+  return hp;
 }
 
 }  // namespace strata::model

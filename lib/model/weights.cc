@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -626,6 +627,15 @@ absl::Status WeightStore::Load(const ModelFile &mf, ModelWeights &w, bool routed
     }
     v.values.resize(v.n);
     v.codec->dequantize(raw.data(), v.values.data(), v.n);
+    // Norm weights, biases and sinks enter every token's numbers: one NaN or Inf would make every
+    // logit NaN, so a file holding one is refused here, by name.
+    for (size_t k = 0; k < v.values.size(); ++k) {
+      if (!std::isfinite(v.values[k])) {
+        status = Errorf(MOE_ERR_FORMAT_TENSOR, "tensor '%s' holds %g at element %d (of the %d from byte %d); "
+                        "weights must be finite", v.name, v.values[k], k, v.n, v.sub_offset);
+        return;
+      }
+    }
   });
   return status;
 }

@@ -86,9 +86,12 @@ TEST_CASE("params: struct_size is honoured", "[capi]") {
   moe_ctx *ctx = nullptr;
   CHECK(moe_ctx_open(&p, &ctx) == MOE_ERR_INVALID_ARGUMENT);
   CHECK(std::string(moe_last_error()).find("struct_size") != std::string::npos);
-  // An older host whose struct ends after model_path still opens with defaults for the rest.
-  p.struct_size = offsetof(moe_params, model_path) + sizeof(p.model_path);
-  p.backend = 77;  // beyond the size: must be ignored
+  // An older host, whose struct ended before the expert cache's fields
+  // (its sizeof: the fields before cache_policy, padded to the struct's alignment), still opens
+  // with defaults for the rest.
+  p.struct_size = (offsetof(moe_params, cache_policy) + alignof(moe_params) - 1) / alignof(moe_params) *
+                  alignof(moe_params);
+  p.cache_policy = 77;  // beyond the size: must be ignored
   REQUIRE(moe_ctx_open(&p, &ctx) == MOE_OK);
   moe_ctx_close(ctx);
   moe_params_init(&p);

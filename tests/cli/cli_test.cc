@@ -374,3 +374,36 @@ TEST_CASE("strata run --save-session then --load-session continues the same gene
   CHECK(head + tail == whole.out);
   ExpectError(Cli("run " + model + " --load-session " + tmp.File("missing.snap")), "missing.snap");
 }
+
+TEST_CASE("strata refuses empty paths and tells when it clamps n_ctx or stops at it", "[cli][bad-input]") {
+  const std::string model = kGolden + "qwen3moe_f32/model-q8_0.gguf";
+  // An empty path is not the demo model, nor the current directory.
+  ExpectError(Cli("run --model '' --tokens 1,2 -n 1"), "--model");
+  ExpectError(Cli("run --model " + model + " --tokens 1,2 -n 1 --save-session ''"), "--save-session");
+  ExpectError(Cli("run --model " + model + " --tokens 1,2 -n 1 --load-session ''"), "--load-session");
+  ExpectError(Cli("logits --model " + model + " --tokens 1,2 --out ''"), "--out");
+  // An --n-ctx beyond the model's context length is said to be lowered.
+  Result big = Cli("run --model " + model + " --tokens 1,2 -n 1 --n-ctx 16777216");
+  INFO(big.err);
+  CHECK(big.exit_code == 0);
+  CHECK(big.err.find("--n-ctx") != std::string::npos);
+  // A generation cut by the context length says so.
+  Result cut = Cli("run --model " + model + " --tokens 1,2,3 -n 40 --n-ctx 8 --temp 0");
+  INFO(cut.err);
+  CHECK(cut.exit_code == 0);
+  CHECK(cut.err.find("context length") != std::string::npos);
+  Result fits = Cli("run --model " + model + " --tokens 1,2,3 -n 4 --n-ctx 16 --temp 0");
+  CHECK(fits.exit_code == 0);
+  CHECK(fits.err.find("context length") == std::string::npos);
+  CHECK(fits.err.find("warning") == std::string::npos);
+}
+
+TEST_CASE("strata's error messages escape control bytes and invalid UTF-8 they echo", "[cli][bad-input]") {
+  // \377 (never UTF-8), ESC (a terminal control sequence), a newline: each shown escaped.
+  const Result r = Cli("run --backend \"$(printf 'x\\377\\033[31my\\nz')\"");
+  ExpectError(r, "--backend");
+  CHECK(r.err.find('\x1b') == std::string::npos);
+  CHECK(r.err.find('\xff') == std::string::npos);
+  CHECK(r.err.find("\\xff") != std::string::npos);
+  CHECK(r.err.find("\\x1b") != std::string::npos);
+}

@@ -6,7 +6,11 @@
 
 #include <filesystem>
 #include <fstream>
+#include <cmath>
+#include <cstring>
 #include <functional>
+#include <iterator>
+#include <limits>
 #include <map>
 #include <string>
 #include <vector>
@@ -30,6 +34,7 @@ struct Edit {
   std::map<std::string, GgufValue> set;   // keys to add or replace
   std::vector<std::string> drop_keys;
   std::vector<std::string> drop_tensors;
+  std::map<std::string, float> poison;    // F32 tensor -> value written over one of its elements
 };
 
 void Put(std::string &out, const void *p, size_t n) { out.append(static_cast<const char *>(p), n); }
@@ -99,6 +104,11 @@ void Rewrite(const std::string &src, const std::string &dst, const Edit &e) {
   for (const auto *t : tensors) {
     std::string data(t->nbytes, '\0');
     REQUIRE((*file)->ReadAt(t->offset, data.data(), t->nbytes).ok());
+    if (auto it = e.poison.find(t->name); it != e.poison.end()) {
+      REQUIRE(t->type == 0);  // F32
+      const size_t n = t->nbytes / sizeof(float);
+      std::memcpy(&data[(n / 2) * sizeof(float)], &it->second, sizeof(float));
+    }
     out += data;
     out.resize((out.size() + 31) / 32 * 32, '\0');
   }
@@ -345,4 +355,106 @@ TEST_CASE("malformed DeepSeek and gpt-oss files are refused with the reason", "[
   };
   TempDir cfg_tmp;
   ExpectConfigRefused(cfg_cases, cfg_tmp);
+}
+
+// Hyper-parameters inside each type's range but absurd for a model: products that overflow int,
+// floats that turn every logit into NaN, a layer count that disagrees with the tensors. Each
+// names the key (or the tensor) and the value.
+TEST_CASE("absurd hyper-parameters, layer counts and non-finite weights are refused", "[model][bad-input][hparams]") {
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<GgufCase> q8 = {
+      {"fewer layers declared than the file has", "qwen3moe_f32", {{{"qwen3moe.block_count", U32(2)}}, {}, {}, {}},
+       MOE_ERR_FORMAT_TENSOR, "blk.2."},
+      {"epsilon not small", "qwen3moe_f32", {{{"qwen3moe.attention.layer_norm_rms_epsilon", F32(0.5f)}}, {}, {}, {}},
+       MOE_ERR_FORMAT_HPARAMS, "layer_norm_rms_epsilon"},
+      {"infinite epsilon", "qwen3moe_f32", {{{"qwen3moe.attention.layer_norm_rms_epsilon", F32(inf)}}, {}, {}, {}},
+       MOE_ERR_FORMAT_HPARAMS, "inf"},
+      {"NaN RoPE base", "qwen3moe_f32", {{{"qwen3moe.rope.freq_base", F32(nan)}}, {}, {}, {}},
+       MOE_ERR_FORMAT_HPARAMS, "rope.freq_base"},
+  };
+  TempDir tmp;
+  ExpectGgufRefused(q8, "model-q8_0.gguf", tmp);
+  const std::vector<GgufCase> f32 = {
+      {"NaN in a norm vector", "qwen3moe_f32", {{}, {}, {}, {{"blk.1.attn_norm.weight", nan}}},
+       MOE_ERR_FORMAT_TENSOR, "blk.1.attn_norm.weight"},
+      {"Inf in the output norm", "mixtral_f32", {{}, {}, {}, {{"output_norm.weight", -inf}}},
+       MOE_ERR_FORMAT_TENSOR, "output_norm.weight"},
+      {"Inf in an attention bias", "gptoss_f32", {{}, {}, {}, {{"blk.0.attn_q.bias", inf}}},
+       MOE_ERR_FORMAT_TENSOR, "blk.0.attn_q.bias"},
+      {"NaN in an expert bias", "gptoss_f32", {{}, {}, {}, {{"blk.1.ffn_down_exps.bias", nan}}},
+       MOE_ERR_FORMAT_TENSOR, "blk.1.ffn_down_exps.bias"},
+      // 2^28 shared experts of width 16: the product is 2^32, 0 in 32 bits.
+      {"shared expert width overflows", "deepseek3_f32", {{{"deepseek2.expert_shared_count", U32(1u << 28)}}, {}, {}, {}},
+       MOE_ERR_FORMAT_HPARAMS, "expert_shared_count"},
+      {"absurd YaRN factor", "deepseek3_f32", {{{"deepseek2.rope.scaling.factor", F32(1e30f)}}, {}, {}, {}},
+       MOE_ERR_FORMAT_HPARAMS, "factor"},
+      {"infinite YaRN beta", "deepseek3_f32", {{{"deepseek2.rope.scaling.yarn_beta_fast", F32(inf)}}, {}, {}, {}},
+       MOE_ERR_FORMAT_HPARAMS, "beta_fast"},
+      {"NaN YaRN log multiplier", "deepseek3_f32", {{{"deepseek2.rope.scaling.yarn_log_multiplier", F32(nan)}}, {}, {}, {}},
+       MOE_ERR_FORMAT_HPARAMS, "yarn_log_multiplier"},
+      {"YaRN original context beyond any context", "deepseek3_f32",
+       {{{"deepseek2.rope.scaling.original_context_length", U32(0x7fffffff)}}, {}, {}, {}},
+       MOE_ERR_FORMAT_HPARAMS, "original_context_length"},
+      {"absurd routed scale", "deepseek3_f32", {{{"deepseek2.expert_weights_scale", F32(1e30f)}}, {}, {}, {}},
+       MOE_ERR_FORMAT_HPARAMS, "expert_weights_scale"},
+      {"fewer layers declared than the file has (MLA)", "deepseek3_f32", {{{"deepseek2.block_count", U32(2)}}, {}, {}, {}},
+       MOE_ERR_FORMAT_TENSOR, "blk.2."},
+      {"absurd sliding window", "gptoss_f32", {{{"gpt-oss.attention.sliding_window", U32(0x7fffffff)}}, {}, {}, {}},
+       MOE_ERR_FORMAT_HPARAMS, "sliding_window"},
+  };
+  ExpectGgufRefused(f32, "model-f32.gguf", tmp);
+
+  const std::vector<ConfigCase> cfg = {
+      {"fewer layers declared than the checkpoint has", "qwen3moe_f32", [](auto &c) { c["num_hidden_layers"] = 2; },
+       MOE_ERR_FORMAT_TENSOR, "model.layers.2."},
+      {"shared expert width overflows", "deepseek3_f32", [](auto &c) { c["n_shared_experts"] = 1 << 28; },
+       MOE_ERR_FORMAT_HPARAMS, "n_shared_experts"},
+      {"absurd YaRN factor", "deepseek3_f32", [](auto &c) { c["rope_parameters"]["factor"] = 1e30; },
+       MOE_ERR_FORMAT_HPARAMS, "factor"},
+      {"YaRN beta beyond float", "deepseek3_f32", [](auto &c) { c["rope_parameters"]["beta_fast"] = 1e300; },
+       MOE_ERR_FORMAT_HPARAMS, "beta_fast"},
+      {"negative YaRN mscale", "deepseek3_f32", [](auto &c) { c["rope_parameters"]["mscale_all_dim"] = -1e6; },
+       MOE_ERR_FORMAT_HPARAMS, "mscale_all_dim"},
+      {"RoPE theta beyond float", "deepseek3_f32", [](auto &c) { c["rope_parameters"]["rope_theta"] = 1e300; },
+       MOE_ERR_FORMAT_HPARAMS, "rope_theta"},
+      {"absurd attention factor", "gptoss_f32", [](auto &c) { c["rope_parameters"]["attention_factor"] = -3.0; },
+       MOE_ERR_FORMAT_HPARAMS, "attention_factor"},
+      {"infinite SwiGLU limit", "gptoss_f32", [](auto &c) { c["swiglu_limit"] = 1e300; },
+       MOE_ERR_FORMAT_HPARAMS, "swiglu_limit"},
+      {"absurd routed scale", "deepseek3_f32", [](auto &c) { c["routed_scaling_factor"] = 1e30; },
+       MOE_ERR_FORMAT_HPARAMS, "routed_scaling_factor"},
+      {"epsilon not small", "qwen3moe_f32", [](auto &c) { c["rms_norm_eps"] = 0.5; },
+       MOE_ERR_FORMAT_HPARAMS, "rms_norm_eps"},
+  };
+  TempDir cfg_tmp;
+  ExpectConfigRefused(cfg, cfg_tmp);
+}
+
+TEST_CASE("messages that echo a file's strings escape NUL, control bytes and invalid UTF-8", "[model][bad-input]") {
+  TempDir tmp;
+  // An architecture name with a NUL inside, a byte that is never UTF-8, and a terminal escape.
+  const std::string arch = std::string("gpt\0\xff\x1b[2Jx", 10);
+  Rewrite(kGolden + "qwen3moe_f32/model-q8_0.gguf", tmp.File("a.gguf"), {{{"general.architecture", Str(arch)}}, {}, {}, {}});
+  std::string msg;
+  CHECK(OpenStatus(tmp.File("a.gguf"), &msg) == MOE_ERR_UNSUPPORTED_ARCH);
+  INFO(msg);
+  CHECK(msg.find("gpt\\x00\\xff\\x1b[2Jx") != std::string::npos);  // whole: not cut at the NUL
+  // HF: a config.json with invalid UTF-8 and a terminal escape in a string; the parser's message
+  // quotes the bytes it read.
+  const std::string dir = tmp.File("ck");
+  std::filesystem::create_directories(dir);
+  const std::string src = kGolden + "qwen3moe_f32/hf";
+  std::filesystem::copy_file(src + "/model.safetensors", dir + "/model.safetensors");
+  std::ifstream in(src + "/config.json");
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t at = text.find("qwen3_moe");
+  REQUIRE(at != std::string::npos);
+  text.replace(at, 9, "qwen3\x1b[2J\xff");
+  std::ofstream(dir + "/config.json") << text;
+  CHECK(MOE_STATUS_CATEGORY(OpenStatus(dir, &msg)) == MOE_ERR_FORMAT);
+  INFO(msg);
+  CHECK(msg.find("config.json") != std::string::npos);
+  CHECK(msg.find('\x1b') == std::string::npos);
+  CHECK(msg.find('\xff') == std::string::npos);
 }
