@@ -1,21 +1,15 @@
-// CudaBackend: weight adoption (one copy of the host arena, float32 copies of matrices without a
-// device kernel, one packed buffer of vectors), pointer resolution from host weight addresses to
-// device ones, and each Backend operation as kernel-layer launches on one stream.
+// CudaBackend: creation and teardown, and the Backend interface's plain operations (memory and
+// transfers, element-wise ops, products, norms, RoPE, attention) as kernel-layer launches on one
+// stream; the first error is kept for TakeError. Weights, tier, experts and steps have files of their own.
 #include "backends/cuda/cuda_backend.h"
-
-#include <cuda_profiler_api.h>
 
 #include <algorithm>
 #include <chrono>
-#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
-#include <numeric>
 #include <string>
-#include <tuple>
 #include <vector>
 
 #include "backends/cpu/kernels/kernels.h"

@@ -1,6 +1,8 @@
 // CudaBackend's VRAM expert tier, used when the routed experts do not all fit the budget: the
 // slots (filled, evicted, staged), each layer's device table of expert addresses, route hotness,
 // promotions and re-plans. A slot is refilled only after the last computation that read it.
+#include "backends/cuda/cuda_backend.h"
+
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -8,7 +10,6 @@
 #include <tuple>
 #include <vector>
 
-#include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/cuda_backend_internal.h"
 #include "backends/cuda/cuda_status.h"
 #include "lib/model/placement.h"

@@ -1,6 +1,8 @@
 // CudaBackend's weights on the device: the host arena's resident matrices copied once (float32
 // where a codec has no device kernel), the packed vectors, mapped host ranges, and Resolve from a
 // host weight address to its device copy. A region's host bytes are its key and never move.
+#include "backends/cuda/cuda_backend.h"
+
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -8,7 +10,6 @@
 #include <unordered_map>
 #include <vector>
 
-#include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/cuda_backend_internal.h"
 #include "backends/cuda/cuda_status.h"
 #include "backends/cuda/device_slots.h"

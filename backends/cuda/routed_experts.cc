@@ -1,6 +1,8 @@
 // CudaBackend's routed experts: a decode layer routed, grouped and computed on the device
 // (RoutedExperts, with the copy engines' prediction and the CPU's share), and a prompt's experts
 // on the host path (ExpertFfn, ExpertsFfn, PromptExperts). Every path gives the same bits.
+#include "backends/cuda/cuda_backend.h"
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -11,7 +13,6 @@
 #include <string>
 #include <vector>
 
-#include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/cuda_backend_internal.h"
 #include "backends/cuda/cuda_status.h"
 #include "lib/model/placement.h"
