@@ -224,7 +224,7 @@ int CudaBackend::PromptVictim(int layer, const std::vector<char> *taken) const {
     const Slot &sl = slots_[i];
     if (sl.key == nullptr) return i;
     if (sl.layer == layer) continue;
-    const std::vector<uint32_t> &heat = tables_[sl.layer].heat;  // empty for a layer without a table
+    const store::RouteHeat &heat = tables_[sl.layer].heat;  // empty for a layer without a table
     const uint32_t h = sl.expert < static_cast<int>(heat.size()) ? heat[sl.expert] : 0;
     if (v < 0 || h < v_heat || (h == v_heat && sl.last_use < slots_[v].last_use)) {
       v = i;
@@ -284,7 +284,7 @@ std::vector<std::pair<int, const uint8_t *>> CudaBackend::PromptPromotions(
   const LayerTable &t = tables_[l];
   if (!t.ok) return to;
   // The layer's hotness once this call's tokens are counted (SlotUsed adds them after the products).
-  std::vector<uint32_t> heat = t.heat;
+  std::vector<uint32_t> heat = t.heat.counts();
   std::vector<size_t> at(heat.size(), SIZE_MAX);  // each expert's place in the call
   for (size_t u = 0; u < ew.size(); ++u) {
     auto id = expert_id_.find(ew[u]->gate.data);
@@ -500,7 +500,7 @@ absl::Status CudaBackend::SlotUsed(Slot *slot, int64_t n_tok) {
   // A batch on the host path (a prompt) counts into the route hotness the next step plans from.
   LayerTable &t = tables_[slot->layer];
   if (t.ok && slot->expert < static_cast<int>(t.heat.size())) {
-    t.heat[slot->expert] += static_cast<uint32_t>(std::min<int64_t>(n_tok, 1 << 20));
+    t.heat.Add(slot->expert, static_cast<uint32_t>(std::min<int64_t>(n_tok, 1 << 20)));
     replan_ = true;
   }
   if (Staging(slot)) Unstage(*slot);  // its bytes stay, protected by `used`, until the ring comes round
@@ -622,7 +622,7 @@ absl::Status CudaBackend::BuildTables(const model::ModelWeights &w) {
     if (!ok) continue;
     t.ok = true;
     if (first_table_layer_ < 0) first_table_layer_ = static_cast<int>(l);
-    t.heat.assign(ex.size(), 0);
+    t.heat = store::RouteHeat(static_cast<uint32_t>(ex.size()));
     STRATA_ASSIGN_OR_RETURN(t.hist_done, Event::Create());
     if (step_hist_done_.get() == nullptr) {
       STRATA_ASSIGN_OR_RETURN(step_hist_done_, Event::Create());
@@ -758,8 +758,7 @@ absl::Status CudaBackend::UpdateTier(int l) {
   const int32_t *sel = hist_.as<int32_t>() + static_cast<size_t>(l) * kDeviceRouteMaxRows;
   const int64_t rows = t.hist_rows;
   t.hist_rows = 0;
-  if (++t.uses % 16 == 0) {
-    for (uint32_t &h : t.heat) h >>= 1;
+  if (t.heat.OnDecodeToken()) {
     victim_floor_ >>= 1;  // a slot's heat halves at most once for this layer's decay
   }
   const int n = t.ge.n_expert;
@@ -768,7 +767,7 @@ absl::Status CudaBackend::UpdateTier(int l) {
   for (int64_t i = 0; i < rows; ++i) {
     const int x = sel[i];
     if (x < 0 || x >= n) return Errorf(MOE_ERR_INTERNAL, "layer %d routed to expert %d of %d", l, x, n);
-    ++t.heat[x];
+    t.heat.OnSelect(x);
     if (seen[x]) continue;
     seen[x] = 1;
     const model::ExpertWeights &e = w_->layers[l].experts[x];
@@ -812,7 +811,7 @@ absl::Status CudaBackend::UpdateTier(int l) {
       break;
     }
     if (!sl.in_table) continue;
-    const uint32_t h = tables_[sl.layer].heat.empty() ? 0 : tables_[sl.layer].heat[sl.expert];
+    const uint32_t h = tables_[sl.layer].heat.size() == 0 ? 0 : tables_[sl.layer].heat[sl.expert];
     if (v < 0 || h < v_heat) {
       v = i;
       v_heat = h;
