@@ -62,6 +62,7 @@
 #include "lib/model/backend.h"
 #include "lib/model/pack.h"
 #include "lib/model/placement.h"
+#include "lib/store/heat.h"
 
 namespace strata::cuda {
 
@@ -189,8 +190,9 @@ class CudaBackend final : public model::Backend {
     bool ok = false;
     GroupedExperts ge;
     size_t tab_off = 0;             // index of its first entry in tab_dev_
-    std::vector<uint32_t> heat;     // route hotness per expert
-    uint32_t uses = 0;              // RoutedExperts calls, for the decay
+    // Route hotness per expert, halved every store::RouteHeat::kDecayTokens RoutedExperts calls
+    // (UpdateTier); empty for a layer without a table.
+    store::RouteHeat heat{0};
     int64_t hist_rows = 0;          // selections of the last call in hist_ (0: none pending)
     Event hist_done;                // when they are there (an eager call's; a step's is step_hist_done_)
     bool hist_step = false;         // they came from a step bracket: step_hist_done_ says when

@@ -16,6 +16,10 @@ class RouteHeat {
   void OnSelect(uint32_t key) {
     if (heat_[key] < UINT32_MAX) ++heat_[key];
   }
+  // n selections of one key at once (a prompt's tokens of an expert), saturating as OnSelect.
+  void Add(uint32_t key, uint32_t n) {
+    heat_[key] = static_cast<uint32_t>(std::min<uint64_t>(uint64_t{heat_[key]} + n, UINT32_MAX));
+  }
   // True when this token halved the counts.
   bool OnDecodeToken() {
     if (++tokens_ % kDecayTokens != 0) return false;
@@ -28,6 +32,7 @@ class RouteHeat {
   }
   uint32_t operator[](uint32_t key) const { return heat_[key]; }
   size_t size() const { return heat_.size(); }
+  const std::vector<uint32_t> &counts() const { return heat_; }
 
  private:
   std::vector<uint32_t> heat_;

@@ -1,0 +1,342 @@
+// CudaBackend's weights on the device: the host arena's resident matrices copied once (float32
+// where a codec has no device kernel), the packed vectors, mapped host ranges, and Resolve from a
+// host weight address to its device copy. A region's host bytes are its key and never move.
+#include "backends/cuda/cuda_backend.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "backends/cuda/cuda_backend_internal.h"
+#include "backends/cuda/cuda_status.h"
+#include "backends/cuda/device_slots.h"
+#include "lib/quant/codec.h"
+#include "lib/util/tunables.h"
+
+namespace strata::cuda {
+
+std::atomic<bool> g_copier_claimed{false};
+
+namespace {
+
+template <typename F>
+void ForEachExpert(const model::LayerWeights &L, F &&f) {
+  for (const auto &e : L.experts) f(e);
+  f(L.dense);
+  f(L.shared);
+}
+
+// Every matrix and vector of the model, for adoption.
+template <typename FM, typename FV>
+void ForEachWeight(const model::ModelWeights &w, FM &&fm, FV &&fv) {
+  fm(w.tok_embd);
+  fm(w.output);
+  fv(w.output_norm);
+  for (const auto &L : w.layers) {
+    for (const model::Matrix *m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.wq_a, &L.wq_b, &L.wkv_a, &L.wkv_b, &L.wk_b,
+                                   &L.wv_b, &L.router, &L.shared_gate}) {
+      fm(*m);
+    }
+    for (const model::Vec *v : {&L.attn_norm, &L.bq, &L.bk, &L.bv, &L.bo, &L.q_norm, &L.k_norm, &L.sinks,
+                                &L.q_a_norm, &L.kv_a_norm, &L.ffn_norm, &L.router_bias, &L.expert_select_bias}) {
+      fv(*v);
+    }
+    ForEachExpert(L, [&](const model::ExpertWeights &e) {
+      fm(e.gate);
+      fm(e.up);
+      fm(e.down);
+      fv(e.gate_bias);
+      fv(e.up_bias);
+      fv(e.down_bias);
+    });
+  }
+}
+
+}  // namespace
+
+// Writes m's device form (its bytes, or float32 rows) to dst.
+void HostForm(const model::Matrix &m, uint8_t *dst, bool convert) {
+  if (!convert) {
+    std::memcpy(dst, m.data, m.nbytes());
+    return;
+  }
+  float *out = reinterpret_cast<float *>(dst);
+  for (int64_t r = 0; r < m.rows; ++r) m.codec->dequantize(m.row(r), out + r * m.cols, m.cols);
+}
+
+absl::Status CudaBackend::MapHostMemory(const uint8_t *p, size_t bytes) {
+  if (p == nullptr || bytes == 0) return Errorf(MOE_ERR_INVALID_ARGUMENT, "mapping %zu bytes at %p", bytes, p);
+  for (const model::LayerWeights &L : w_->layers) {
+    for (const model::ExpertWeights &e : L.experts) {
+      // A streamed expert's bias vectors are the cache's copies, which the device does not hold.
+      const bool biased = e.gate_bias.tensor != nullptr || e.up_bias.tensor != nullptr || e.down_bias.tensor != nullptr;
+      for (const model::Matrix *m : {&e.gate, &e.up, &e.down}) {
+        if (m->tensor != nullptr && (e.input_major || biased || NeedsConversion(*m))) {
+          return Errorf(MOE_ERR_UNSUPPORTED_BACKEND,
+                        "the CUDA backend reads streamed experts where they lie, which %s (%s, %lld x %lld%s) does "
+                        "not allow",
+                        m->name, std::string(quant::TypeName(static_cast<uint32_t>(m->codec->id))),
+                        static_cast<long long>(m->rows), static_cast<long long>(m->cols), biased ? ", biased" : "");
+        }
+      }
+    }
+  }
+  if (cudaError_t e = cudaHostRegister(const_cast<uint8_t *>(p), bytes, cudaHostRegisterMapped); e != cudaSuccess) {
+    (void)cudaGetLastError();
+    return Errorf(MOE_ERR_NO_MEMORY, "cannot page-lock the %zu bytes of the expert cache for the GPU: %s", bytes,
+                  cudaGetErrorString(e));
+  }
+  void *dev = nullptr;
+  if (cudaError_t e = cudaHostGetDevicePointer(&dev, const_cast<uint8_t *>(p), 0); e != cudaSuccess) {
+    (void)cudaHostUnregister(const_cast<uint8_t *>(p));
+    (void)cudaGetLastError();
+    return Errorf(MOE_ERR_UNSUPPORTED_BACKEND, "the GPU cannot map the expert cache: %s", cudaGetErrorString(e));
+  }
+  regions_[p] = Region{bytes, 0, 0, false, static_cast<uint8_t *>(dev)};
+  mapped_.push_back(p);
+  return absl::OkStatus();
+}
+
+std::unique_ptr<store::DeviceSlots> CudaBackend::MakeDeviceSlots() {
+  return std::make_unique<CudaDeviceSlots>(this);
+}
+
+void CudaBackend::AddDeviceRegion(uint8_t *dev, size_t bytes) { regions_[dev] = Region{bytes, 0, 0, false, dev}; }
+
+void CudaBackend::ForgetDeviceRegion(uint8_t *dev) {
+  (void)stream_.Synchronize();
+  regions_.erase(dev);
+}
+
+void CudaBackend::UnmapHostMemory(const uint8_t *p) {
+  auto it = std::find(mapped_.begin(), mapped_.end(), p);
+  if (it == mapped_.end()) return;
+  (void)stream_.Synchronize();
+  (void)cudaHostUnregister(const_cast<uint8_t *>(p));
+  (void)cudaGetLastError();
+  regions_.erase(p);
+  mapped_.erase(it);
+}
+
+// The kernels read a matrix in its codec when they have one and accept its shape (checked at a
+// 256-byte aligned address, as every device copy starts); float32 needs no conversion (cuBLASLt
+// takes any shape). Everything else is converted: exact, as the host dequantizer defines values.
+bool CudaBackend::NeedsConversion(const model::Matrix &m) {
+  if (m.codec->id == quant::TypeId::kF32 && m.row_bytes == static_cast<uint64_t>(m.cols) * 4) return false;
+  const DeviceMatrix dm{m.codec->id, reinterpret_cast<const void *>(uintptr_t{256}), m.rows, m.cols, m.row_bytes};
+  return !(HasDeviceCodec(m.codec->id) && CheckMatrix(dm).ok());
+}
+
+uint64_t CudaBackend::DeviceBytes(const model::Matrix &m) {
+  return NeedsConversion(m) ? static_cast<uint64_t>(m.rows * m.cols) * sizeof(float) : m.nbytes();
+}
+
+absl::Status CudaBackend::Adopt(const model::ModelWeights &w, const uint8_t *arena, size_t arena_bytes,
+                                uint64_t expert_vram_bytes, int n_min_slots) {
+  host_arena_ = arena;
+  arena_bytes_ = arena_bytes;
+  // Routed experts: all resident when they fit expert_vram_bytes, else they get slots.
+  uint64_t all_experts = 0, expert_max = 0, n_routed = 0;
+  for (const auto &L : w.layers) {
+    for (const auto &e : L.experts) {
+      uint64_t b = 0;
+      for (const model::Matrix *m : {&e.gate, &e.up, &e.down}) {
+        if (m->tensor != nullptr && m->data != nullptr) b += Align(DeviceBytes(*m));
+      }
+      all_experts += b;
+      expert_max = std::max(expert_max, b);
+      ++n_routed;
+    }
+  }
+  const bool tiered = expert_vram_bytes < all_experts && n_routed > 0;
+  std::unordered_map<const uint8_t *, bool> routed;
+  if (tiered) {
+    for (const auto &L : w.layers)
+      for (const auto &e : L.experts)
+        for (const model::Matrix *m : {&e.gate, &e.up, &e.down}) routed[m->data] = true;
+  }
+  absl::Status st;
+  std::vector<const model::Matrix *> resident;
+  size_t total = 0;
+  auto on_matrix = [&](const model::Matrix &m) {
+    if (m.tensor == nullptr || m.data == nullptr || m.rows <= 0) return;
+    if (m.data < arena || m.data + m.nbytes() > arena + arena_bytes) {
+      st.Update(Errorf(MOE_ERR_UNSUPPORTED_BACKEND, "%s is not in the resident weights", m.name));
+      return;
+    }
+    if (routed.count(m.data) != 0 || regions_.count(m.data) != 0) return;  // a slot's, or seen (tied)
+    regions_[m.data] = Region{m.nbytes(), m.row_bytes, m.cols, NeedsConversion(m), nullptr};
+    resident.push_back(&m);
+    total += Align(DeviceBytes(m));
+  };
+  std::vector<const model::Vec *> vecs;
+  size_t vec_floats = 0;
+  auto on_vec = [&](const model::Vec &v) {
+    if (v.tensor == nullptr || v.values.empty()) return;
+    vecs.push_back(&v);
+    vec_floats += Align(v.values.size() * sizeof(float)) / sizeof(float);
+  };
+  ForEachWeight(w, on_matrix, on_vec);
+  STRATA_RETURN_IF_ERROR(st);
+  STRATA_ASSIGN_OR_RETURN(weight_buf_, DeviceBuffer::Allocate(total));
+  size_t off = 0;
+  std::vector<uint8_t> tmp;
+  for (const model::Matrix *m : resident) {
+    Region &r = regions_[m->data];
+    r.dev = weight_buf_.as<uint8_t>() + off;
+    const uint64_t bytes = DeviceBytes(*m);
+    if (r.converted) {
+      tmp.resize(bytes);
+      HostForm(*m, tmp.data(), true);
+      STRATA_CUDA_RETURN_IF_ERROR(cudaMemcpy(r.dev, tmp.data(), bytes, cudaMemcpyHostToDevice));
+    } else {
+      STRATA_CUDA_RETURN_IF_ERROR(cudaMemcpy(r.dev, m->data, bytes, cudaMemcpyHostToDevice));
+    }
+    off += Align(bytes);
+  }
+  std::vector<float> packed(vec_floats, 0.f);
+  STRATA_ASSIGN_OR_RETURN(vec_buf_, DeviceBuffer::Allocate(vec_floats * sizeof(float)));
+  off = 0;
+  for (const model::Vec *v : vecs) {
+    std::copy(v->values.begin(), v->values.end(), packed.begin() + off);
+    vecs_[v->values.data()] = DeviceVec{static_cast<int64_t>(v->values.size()), vec_buf_.as<float>() + off};
+    off += Align(v->values.size() * sizeof(float)) / sizeof(float);
+  }
+  if (!packed.empty()) {
+    STRATA_CUDA_RETURN_IF_ERROR(
+        cudaMemcpy(vec_buf_.data(), packed.data(), packed.size() * sizeof(float), cudaMemcpyHostToDevice));
+  }
+  weight_bytes_ = total + vec_floats * sizeof(float);
+  if (tiered) {
+    // Fixed slots of the largest expert's device size, allocated once: no allocation in steady state.
+    slot_bytes_ = expert_max;
+    // STRATA_CUDA_PROMPT_VICTIM=lru: an expert a prompt fetches takes the least recently used slot
+    // rather than the coldest (PromptVictim; a measuring knob).
+    const tunables::Values &knobs = tunables::Get();
+    prompt_lru_ = knobs.cuda_prompt_victim == "lru";
+    // STRATA_CUDA_STAGE_EXPERTS=N: a decode layer's cold experts are copied into N slots of their
+    // own before the grouped products (StageColdExperts), taken from the budget's slots. Off by
+    // default: it measured about the same as reading them in place (bench/README.md).
+    const bool stage_set = knobs.cuda_stage_experts >= 0;
+    // The same staging by the copy engines (ColdCopier), with two more sets of slots for the next
+    // layer's predicted experts: by default 8 slots a set (a batch-1 layer's cold experts:
+    // Qwen3-30B-A3B routes 8), fewer where the three sets would take more than a sixteenth of the
+    // budget, and none under 2 (Mixtral's 99 MB experts at 8 GiB, whose copier is not measured yet
+    // while its CPU share is: the slots would take experts from the cache) or with
+    // STRATA_CUDA_STAGE_EXPERTS set.
+    // moe_params.cuda_cold_copies (BackendChoices::cold_copies) or STRATA_CUDA_COLD_COPIES=N sets
+    // N; 0 turns the copier off.
+    const int64_t copies_fit = static_cast<int64_t>(std::min<uint64_t>(8, expert_vram_bytes / 16 / (3 * slot_bytes_)));
+    const int64_t copies_set = cold_copies_choice_.value_or(knobs.cuda_cold_copies);
+    const int64_t copies_want = copies_set >= 0           ? copies_set
+                                : stage_set || copies_fit < 2 ? 0
+                                                              : copies_fit;
+    bool unclaimed = false;
+    cold_copies_ = copies_want > 0 && g_copier_claimed.compare_exchange_strong(unclaimed, true);
+    const int64_t stage_want = cold_copies_ ? copies_want : stage_set ? knobs.cuda_stage_experts : 0;
+    const uint64_t n_stage = static_cast<uint64_t>(std::clamp<int64_t>(stage_want, 0, kRouteMaxExperts));
+    const uint64_t n_staging = n_stage * (cold_copies_ ? 3 : 1);
+    const uint64_t fit = expert_vram_bytes / slot_bytes_;
+    const uint64_t n = std::clamp<uint64_t>(fit > n_staging ? fit - n_staging : 0, std::max(n_min_slots, 1), n_routed);
+    STRATA_ASSIGN_OR_RETURN(slot_buf_, DeviceBuffer::Allocate(n * slot_bytes_));
+    slots_.resize(n);
+    for (Slot &sl : slots_) {
+      STRATA_ASSIGN_OR_RETURN(sl.used, Event::Create());
+      STRATA_ASSIGN_OR_RETURN(sl.fill, Event::Create());
+    }
+    for (int i = 0; i < 2; ++i) {
+      STRATA_ASSIGN_OR_RETURN(staging_[i], PinnedBuffer::Allocate(slot_bytes_));
+      STRATA_ASSIGN_OR_RETURN(staged_[i], Event::Create());
+    }
+    // Page-lock the arena so misses are copied by DMA from where they lie, and map it so kernels
+    // can read experts in place (zero-copy). Best effort: a host that refuses (memory limits) keeps
+    // the staged path and per-layer routing on the host, with the same bytes either way.
+    if (arena_bytes > 0 &&
+        cudaHostRegister(const_cast<uint8_t *>(arena), arena_bytes, cudaHostRegisterMapped) == cudaSuccess) {
+      arena_registered_ = true;
+      void *dev = nullptr;
+      if (cudaHostGetDevicePointer(&dev, const_cast<uint8_t *>(arena), 0) == cudaSuccess) {
+        arena_dev_ = static_cast<const uint8_t *>(dev);
+      } else {
+        (void)cudaGetLastError();
+      }
+    } else {
+      (void)cudaGetLastError();  // clear the refusal
+    }
+    weight_bytes_ += n * slot_bytes_;
+    if (arena_dev_ != nullptr && n_stage > 0) {
+      STRATA_ASSIGN_OR_RETURN(stage_buf_, DeviceBuffer::Allocate(n_staging * slot_bytes_));
+      stage_.slots = stage_buf_.as<uint8_t>();
+      stage_.n_slots = static_cast<int>(n_stage);
+      stage_.slot_bytes = slot_bytes_;
+      stage_.host_lo = reinterpret_cast<uintptr_t>(arena_dev_);
+      stage_.host_hi = stage_.host_lo + arena_bytes;
+      for (int p = 0; p < 2 && cold_copies_; ++p) {
+        pf_stage_[p] = stage_;
+        pf_stage_[p].slots = stage_.slots + (1 + p) * n_stage * slot_bytes_;
+      }
+      weight_bytes_ += n_staging * slot_bytes_;
+      // The same memory stages a prompt's cold experts beside the tier (PromptStage): by DMA from
+      // the page-locked arena only. STRATA_CUDA_PROMPT_STAGE=0 gives them tier slots instead (a
+      // measuring knob).
+      if (arena_registered_ && knobs.cuda_prompt_stage) {
+        prompt_stage_.resize(n_staging);
+        for (Slot &sl : prompt_stage_) {
+          STRATA_ASSIGN_OR_RETURN(sl.used, Event::Create());
+          STRATA_ASSIGN_OR_RETURN(sl.fill, Event::Create());
+        }
+      }
+    } else {
+      if (cold_copies_) g_copier_claimed.store(false);
+      cold_copies_ = false;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<DeviceMatrix> CudaBackend::Resolve(const model::Matrix &w) const {
+  if (w.data == nullptr) return Errorf(MOE_ERR_UNSUPPORTED_BACKEND, "%s has no resident bytes", w.name);
+  const uint8_t *start = nullptr;
+  const Region *r = nullptr;
+  auto slot = in_slots_.find(w.data);
+  if (slot != in_slots_.end()) {
+    start = slot->first;
+    r = &slot->second;
+  } else {
+    auto it = regions_.upper_bound(w.data);
+    if (it != regions_.begin()) {
+      --it;
+      if (w.data < it->first + it->second.bytes) {
+        start = it->first;
+        r = &it->second;
+      }
+    }
+  }
+  if (r == nullptr) {
+    return Errorf(MOE_ERR_UNSUPPORTED_BACKEND, "%s is not on the device (experts from the RAM cache need the VRAM tier)",
+                  w.name);
+  }
+  const uint64_t off = static_cast<uint64_t>(w.data - start);
+  if (!r->converted) return DeviceMatrix{w.codec->id, r->dev + off, w.rows, w.cols, w.row_bytes};
+  if (off % r->host_row_bytes != 0 || w.cols != r->cols) {
+    return Errorf(MOE_ERR_INTERNAL, "%s is not a row range of a converted matrix", w.name);
+  }
+  const int64_t row = static_cast<int64_t>(off / r->host_row_bytes);
+  return DeviceMatrix{quant::TypeId::kF32, r->dev + row * r->cols * sizeof(float), w.rows, w.cols,
+                      static_cast<uint64_t>(r->cols) * 4};
+}
+
+absl::StatusOr<const float *> CudaBackend::Resolve(const float *host_vec) const {
+  if (host_vec == nullptr) return static_cast<const float *>(nullptr);
+  auto it = vecs_.upper_bound(host_vec);
+  if (it != vecs_.begin()) {
+    --it;
+    if (host_vec < it->first + it->second.n) return it->second.dev + (host_vec - it->first);
+  }
+  return Errorf(MOE_ERR_INTERNAL, "a weight vector is not on the device");
+}
+
+}  // namespace strata::cuda
