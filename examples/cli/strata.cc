@@ -609,19 +609,43 @@ int CmdRun(const Args &a) {
   return 0;
 }
 
-// Chat. The conversation lives in the session's KV cache: each turn feeds only its own tokens, the
-// text the template writes between the previous reply and the new one. That text is cut from the
-// rendering of a stand-in conversation whose last reply is a marker, so the template decides what
-// closes a reply and opens the next turn (and, for Mistral v3, that the system text joins it).
-std::string ChatRender(moe_ctx *ctx, const std::string &tmpl, const std::vector<moe_chat_message> &msgs) {
+// Chat. The conversation lives in the session's KV cache: each turn feeds only its own tokens, those
+// of the text the template writes between the previous reply and the new one. They are cut from the
+// tokens of a stand-in conversation whose last reply is a marker: tokenized with two markers that
+// differ in their last byte, the two lists share exactly the tokens after the reply (a reply is
+// closed by a control token, where tokenization restarts), so the template decides what closes a
+// reply and opens the next turn (and, for Mistral v3, that the system text joins it). Tokens come
+// from moe_chat_tokenize: what the user types never becomes a control token.
+std::vector<int32_t> ChatTokens(moe_ctx *ctx, const std::string &tmpl, const std::vector<moe_chat_message> &msgs) {
   size_t n = 0;
-  moe_status st = moe_chat_render(ctx, tmpl.c_str(), msgs.data(), msgs.size(), 1, nullptr, 0, &n);
+  moe_status st = moe_chat_tokenize(ctx, tmpl.c_str(), msgs.data(), msgs.size(), 1, nullptr, 0, &n);
   if (st != MOE_OK && st != MOE_ERR_LIMIT) Die("chat template '" + tmpl + "': " + ApiError(st));
-  std::string out(n, '\0');
-  if (n > 0 && (st = moe_chat_render(ctx, tmpl.c_str(), msgs.data(), msgs.size(), 1, out.data(), n, &n)) != MOE_OK) {
+  std::vector<int32_t> ids(n);
+  if (n > 0 && (st = moe_chat_tokenize(ctx, tmpl.c_str(), msgs.data(), msgs.size(), 1, ids.data(), n, &n)) != MOE_OK) {
     Die("chat template '" + tmpl + "': " + ApiError(st));
   }
-  return out;
+  return ids;
+}
+
+// The tokens of `msgs` (its last message a user's) after the reply at msgs[reply], whose content
+// this replaces with the markers.
+std::vector<int32_t> ChatTokensAfterReply(moe_ctx *ctx, const std::string &tmpl, std::vector<moe_chat_message> msgs,
+                                          size_t reply) {
+  static const char *const kMarkers[2] = {"strata reply a", "strata reply b"};
+  std::vector<int32_t> ids[2];
+  for (int k = 0; k < 2; ++k) {
+    msgs[reply].content = kMarkers[k];
+    ids[k] = ChatTokens(ctx, tmpl, msgs);
+  }
+  size_t common = 0;
+  while (common < ids[0].size() && common < ids[1].size() &&
+         ids[0][ids[0].size() - 1 - common] == ids[1][ids[1].size() - 1 - common]) {
+    ++common;
+  }
+  if (common == ids[0].size() || common == ids[1].size()) {
+    Die("chat template '" + tmpl + "' does not write the assistant's reply");
+  }
+  return std::vector<int32_t>(ids[0].end() - static_cast<std::ptrdiff_t>(common), ids[0].end());
 }
 
 // The text that ends an assistant turn when it is not the model's EOS; it becomes a stop token.
@@ -648,11 +672,10 @@ int CmdChat(const Args &a) {
     }
     tmpl = name;
   }
-  const std::string kMarker = "\x02strata-reply\x03";
   std::vector<moe_chat_message> probe;
   if (!a.system.empty()) probe.push_back({"system", a.system.c_str()});
   probe.push_back({"user", "hello"});
-  ChatRender(ctx.c, tmpl, probe);  // an unknown --template fails here, before any input is read
+  ChatTokens(ctx.c, tmpl, probe);  // an unknown --template fails here, before any input is read
 
   std::vector<const char *> stop_ptrs;
   moe_session_params sp = SessionParams(a, &stop_ptrs);
@@ -679,20 +702,16 @@ int CmdChat(const Args &a) {
     }
     std::vector<moe_chat_message> msgs;
     if (!a.system.empty()) msgs.push_back({"system", a.system.c_str()});
-    std::string text;
+    std::vector<int32_t> ids;
     if (turn == 1) {
       msgs.push_back({"user", line.c_str()});
-      text = ChatRender(ctx.c, tmpl, msgs);
+      ids = ChatTokens(ctx.c, tmpl, msgs);
     } else {
       msgs.push_back({"user", "hello"});
-      msgs.push_back({"assistant", kMarker.c_str()});
+      msgs.push_back({"assistant", ""});
       msgs.push_back({"user", line.c_str()});
-      const std::string full = ChatRender(ctx.c, tmpl, msgs);
-      const size_t at = full.find(kMarker);
-      if (at == std::string::npos) Die("chat template '" + tmpl + "' does not write the assistant's reply");
-      text = full.substr(at + kMarker.size());
+      ids = ChatTokensAfterReply(ctx.c, tmpl, msgs, msgs.size() - 2);
     }
-    std::vector<int32_t> ids = Tokenize(ctx.c, text, true, false);
     auto feed = [&](const int32_t *t, size_t n) {
       moe_status st = moe_session_feed(s.s, t, n);
       if (st == MOE_ERR_LIMIT_CONTEXT) {

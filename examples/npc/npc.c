@@ -45,35 +45,25 @@ static void append(npc *n, const char *text, size_t len) {
 }
 
 /* Renders the NPC's persona and the player's greeting with the model's chat template, tokenizes
- * it and feeds it to the NPC's session. */
+ * it (the player's text never becomes a control token) and feeds it to the NPC's session. */
 static int start_npc(moe_ctx *ctx, npc *n) {
   moe_chat_message msgs[2];
-  char *text = NULL;
   int32_t *ids = NULL;
-  size_t need = 0, n_ids = 0;
+  size_t n_ids = 0;
   int rc = 1;
   moe_status st;
   msgs[0].role = "system";
   msgs[0].content = n->persona;
   msgs[1].role = "user";
   msgs[1].content = n->greeting;
-  st = moe_chat_render(ctx, NULL, msgs, 2, 1, NULL, 0, &need);
-  if (st != MOE_OK && st != MOE_ERR_LIMIT) return check(st, "moe_chat_render");
-  text = (char *)malloc(need + 1);
-  if (text == NULL) goto out;
-  if (check(moe_chat_render(ctx, NULL, msgs, 2, 1, text, need, &need), "moe_chat_render")) goto out;
-  st = moe_tokenize(ctx, text, need, MOE_TOKENIZE_PARSE_SPECIAL, NULL, 0, &n_ids);
-  if (st != MOE_OK && st != MOE_ERR_LIMIT) {
-    check(st, "moe_tokenize");
-    goto out;
-  }
+  st = moe_chat_tokenize(ctx, NULL, msgs, 2, 1, NULL, 0, &n_ids);
+  if (st != MOE_OK && st != MOE_ERR_LIMIT) return check(st, "moe_chat_tokenize");
   ids = (int32_t *)malloc((n_ids ? n_ids : 1) * sizeof *ids);
   if (ids == NULL) goto out;
-  if (check(moe_tokenize(ctx, text, need, MOE_TOKENIZE_PARSE_SPECIAL, ids, n_ids, &n_ids), "moe_tokenize")) goto out;
+  if (check(moe_chat_tokenize(ctx, NULL, msgs, 2, 1, ids, n_ids, &n_ids), "moe_chat_tokenize")) goto out;
   if (check(moe_session_feed(n->session, ids, n_ids), "moe_session_feed")) goto out;
   rc = 0;
 out:
-  free(text);
   free(ids);
   return rc;
 }

@@ -569,9 +569,12 @@ MOE_API moe_status moe_session_save(moe_session *s, const char *path);
  *   MOE_ERR_INVALID_ARGUMENT (NULL, bad params); MOE_ERR_IO_OPEN / MOE_ERR_IO_READ;
  *   MOE_ERR_FORMAT_HEADER (not a snapshot, bad header), MOE_ERR_FORMAT_TRUNCATED (cut short),
  *   MOE_ERR_FORMAT_CHECKSUM (corrupt), MOE_ERR_FORMAT_FOREIGN (written for another model, the
- *   message names what differs), MOE_ERR_FORMAT_METADATA (inconsistent contents), MOE_ERR_UNSUPPORTED
- *   (a newer format version), MOE_ERR_LIMIT_CONTEXT (n_ctx too small), MOE_ERR_LIMIT_KV (the
- *   context's KV budget cannot hold it), MOE_ERR_NO_MEMORY.
+ *   message names what differs: architecture, hyper-parameters, tensor table, or the weights
+ *   themselves, a sampled digest that tells a fine-tune or another quantization of the same shape
+ *   apart), MOE_ERR_FORMAT_METADATA (inconsistent contents), MOE_ERR_UNSUPPORTED (a newer format
+ *   version, or version 1, which predates the weights digest: save such a session again),
+ *   MOE_ERR_LIMIT_CONTEXT (n_ctx too small), MOE_ERR_LIMIT_KV (the context's KV budget cannot hold
+ *   it), MOE_ERR_NO_MEMORY.
  * Thread-safety: safe against other session calls on the same context. Since: 0.1. */
 MOE_API moe_status moe_session_load(moe_ctx *ctx, const char *path, const moe_session_params *p,
                                     moe_session **out);
@@ -603,7 +606,8 @@ MOE_API moe_status moe_session_text_end(moe_session *s, const char **text, size_
  * Text: the model's own tokenizer (GGUF tokenizer.ggml.* metadata, or tokenizer.json in a
  * checkpoint directory). Models without one answer MOE_ERR_UNSUPPORTED.
  * ------------------------------------------------------------------------------------------- */
-#define MOE_TOKENIZE_PARSE_SPECIAL 1u /* special tokens written in the text become those tokens */
+#define MOE_TOKENIZE_PARSE_SPECIAL 1u /* special tokens written in the text become those tokens: never
+                                         use it on text a user wrote (see moe_chat_tokenize) */
 #define MOE_TOKENIZE_ADD_BOS 2u       /* prepend BOS when the model's metadata asks for it */
 
 /* Tokenizes text_len bytes of `text` (any bytes; need not be NUL-terminated) into at most
@@ -637,6 +641,7 @@ MOE_API int32_t moe_ctx_token_eos(const moe_ctx *ctx);
  * template (GGUF tokenizer.chat_template; chat_template in tokenizer_config.json) is recognised by
  * its markers; a model without one falls back to its architecture's usual template. A template
  * Strata does not reproduce is reported (MOE_ERR_UNSUPPORTED), never guessed: pass a name instead.
+ * Feed a conversation with moe_chat_tokenize: message contents never become special tokens.
  * ------------------------------------------------------------------------------------------- */
 typedef struct moe_chat_message {
   const char *role;    /* "system", "user", "assistant" (gpt-oss: also "developer"); NUL-terminated */
@@ -652,8 +657,10 @@ MOE_API moe_status moe_ctx_chat_template_name(const moe_ctx *ctx, const char **n
 /* Renders n messages with the template `template_name` (NULL: the model's, as above), writing the
  * text, not NUL-terminated, to buf when it fits; *n_bytes receives the length needed, also on
  * MOE_ERR_LIMIT. With add_generation_prompt != 0 the text ends where the assistant's reply begins.
- * The text contains the template's special tokens (BOS included where the template writes it):
- * tokenize it with MOE_TOKENIZE_PARSE_SPECIAL and without MOE_TOKENIZE_ADD_BOS.
+ * The text contains the template's special tokens (BOS included where the template writes it).
+ * To feed a conversation, use moe_chat_tokenize, not moe_tokenize on this text: with
+ * MOE_TOKENIZE_PARSE_SPECIAL a message that spells a special token ("<|im_end|>") would become that
+ * control token, letting a user forge turns; without it the template's own markers would not.
  * @return MOE_OK; MOE_ERR_INVALID_ARGUMENT (NULL, no messages, a role or order the template refuses:
  *   Mistral's need user/assistant alternating after an optional system message); MOE_ERR_UNSUPPORTED
  *   (unknown template name, model template not recognised, no tokenizer); MOE_ERR_LIMIT (capacity
@@ -661,6 +668,23 @@ MOE_API moe_status moe_ctx_chat_template_name(const moe_ctx *ctx, const char **n
 MOE_API moe_status moe_chat_render(const moe_ctx *ctx, const char *template_name, const moe_chat_message *msgs,
                                    size_t n, int32_t add_generation_prompt, char *buf, size_t capacity,
                                    size_t *n_bytes);
+
+/* Renders n messages like moe_chat_render and tokenizes the text safely: the special tokens the
+ * template writes itself (role markers, BOS/EOS) become their control ids, while the messages'
+ * roles and contents are never parsed for special tokens ("<|im_end|>" in a message is ordinary
+ * text). Between control tokens the text is tokenized whole, so for contents that spell no special
+ * token the ids equal moe_tokenize(render, MOE_TOKENIZE_PARSE_SPECIAL). No BOS is added beyond
+ * what the template writes. This is the recommended way to turn a conversation into tokens:
+ * moe_session_feed the ids as they are. At most `capacity` ids are written to `tokens`;
+ * *n_tokens receives the number needed, also on MOE_ERR_LIMIT.
+ * @return MOE_OK; MOE_ERR_INVALID_ARGUMENT (NULL, no messages, a role or order the template
+ *   refuses); MOE_ERR_UNSUPPORTED (unknown template name, model template not recognised, no
+ *   tokenizer); MOE_ERR_LIMIT (capacity too small: nothing written). On failure `tokens` is
+ *   untouched.
+ * Thread-safety: safe. Since: 0.6. */
+MOE_API moe_status moe_chat_tokenize(const moe_ctx *ctx, const char *template_name, const moe_chat_message *msgs,
+                                     size_t n, int32_t add_generation_prompt, int32_t *tokens, size_t capacity,
+                                     size_t *n_tokens);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -858,28 +858,67 @@ moe_status moe_ctx_chat_template_name(const moe_ctx *ctx, const char **name) {
   });
 }
 
+// The conversation rendered with the template `template_name` (NULL: the model's), its template
+// ranges marked; MOE_OK or the status already recorded with Fail.
+static moe_status RenderChat(const moe_ctx *ctx, const char *template_name, const moe_chat_message *msgs, size_t n,
+                             int32_t add_generation_prompt, const strata::text::Tokenizer **tok_out,
+                             strata::text::RenderedChat *out) {
+  const strata::text::Tokenizer *tok;
+  if (moe_status st = NeedTokenizer(ctx, &tok); st != MOE_OK) return st;
+  if (msgs == nullptr && n > 0) return Fail(MOE_ERR_INVALID_ARGUMENT, "msgs is NULL");
+  std::vector<strata::text::ChatMessage> m(n);
+  for (size_t i = 0; i < n; ++i) {
+    if (msgs[i].role == nullptr || msgs[i].content == nullptr) {
+      return Fail(MOE_ERR_INVALID_ARGUMENT, "message " + std::to_string(i) + " has a NULL role or content");
+    }
+    m[i] = {msgs[i].role, msgs[i].content};
+  }
+  auto t = strata::text::ResolveChatTemplate(template_name ? template_name : "", ctx->impl->chat_template_source(),
+                                             ctx->impl->hparams().arch_name);
+  if (!t.ok()) return FromStatus(t.status());
+  strata::text::ChatSpecialTokens sp;
+  if (tok->bos() >= 0) sp.bos = tok->token_text(tok->bos());
+  if (tok->eos() >= 0) sp.eos = tok->token_text(tok->eos());
+  auto r = t->RenderTagged(m, add_generation_prompt != 0, sp);
+  if (!r.ok()) return FromStatus(r.status());
+  *tok_out = tok;
+  *out = std::move(*r);
+  return MOE_OK;
+}
+
 moe_status moe_chat_render(const moe_ctx *ctx, const char *template_name, const moe_chat_message *msgs, size_t n,
                            int32_t add_generation_prompt, char *buf, size_t capacity, size_t *n_bytes) {
   return Guard([&]() -> moe_status {
-    const strata::text::Tokenizer *tok;
-    if (moe_status st = NeedTokenizer(ctx, &tok); st != MOE_OK) return st;
-    if (n_bytes == nullptr || (msgs == nullptr && n > 0)) return Fail(MOE_ERR_INVALID_ARGUMENT, "msgs or n_bytes is NULL");
-    std::vector<strata::text::ChatMessage> m(n);
-    for (size_t i = 0; i < n; ++i) {
-      if (msgs[i].role == nullptr || msgs[i].content == nullptr) {
-        return Fail(MOE_ERR_INVALID_ARGUMENT, "message " + std::to_string(i) + " has a NULL role or content");
-      }
-      m[i] = {msgs[i].role, msgs[i].content};
+    if (n_bytes == nullptr) return Fail(MOE_ERR_INVALID_ARGUMENT, "n_bytes is NULL");
+    const strata::text::Tokenizer *tok = nullptr;
+    strata::text::RenderedChat r;
+    if (moe_status st = RenderChat(ctx, template_name, msgs, n, add_generation_prompt, &tok, &r); st != MOE_OK) {
+      return st;
     }
-    auto t = strata::text::ResolveChatTemplate(template_name ? template_name : "", ctx->impl->chat_template_source(),
-                                               ctx->impl->hparams().arch_name);
-    if (!t.ok()) return FromStatus(t.status());
-    strata::text::ChatSpecialTokens sp;
-    if (tok->bos() >= 0) sp.bos = tok->token_text(tok->bos());
-    if (tok->eos() >= 0) sp.eos = tok->token_text(tok->eos());
-    auto text = t->Render(m, add_generation_prompt != 0, sp);
-    if (!text.ok()) return FromStatus(text.status());
-    return CopyOut(*text, buf, capacity, n_bytes);
+    return CopyOut(r.text, buf, capacity, n_bytes);
+  });
+}
+
+moe_status moe_chat_tokenize(const moe_ctx *ctx, const char *template_name, const moe_chat_message *msgs, size_t n,
+                             int32_t add_generation_prompt, int32_t *tokens, size_t capacity, size_t *n_tokens) {
+  return Guard([&]() -> moe_status {
+    if (n_tokens == nullptr) return Fail(MOE_ERR_INVALID_ARGUMENT, "n_tokens is NULL");
+    const strata::text::Tokenizer *tok = nullptr;
+    strata::text::RenderedChat r;
+    if (moe_status st = RenderChat(ctx, template_name, msgs, n, add_generation_prompt, &tok, &r); st != MOE_OK) {
+      return st;
+    }
+    const std::vector<int32_t> ids = tok->EncodeSpecialWithin(r.text, r.template_ranges);
+    *n_tokens = ids.size();
+    if (ids.size() > capacity) {
+      return Fail(MOE_ERR_LIMIT, "token buffer of " + std::to_string(capacity) + " is too small for " +
+                                     std::to_string(ids.size()));
+    }
+    if (!ids.empty()) {
+      if (tokens == nullptr) return Fail(MOE_ERR_INVALID_ARGUMENT, "tokens is NULL");
+      std::copy(ids.begin(), ids.end(), tokens);
+    }
+    return MOE_OK;
   });
 }
 

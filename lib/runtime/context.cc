@@ -117,6 +117,7 @@ absl::StatusOr<std::unique_ptr<Context>> Context::Open(const ContextOptions &o) 
   ctx->kv_budget_ = std::make_unique<model::KvBudget>(ctx->plan_.kv_bytes);
   ctx->kv_spill_dir_ = o.kv_spill_dir;
   ctx->model_id_ = ModelIdentity(ctx->hp_, *ctx->file_);
+  STRATA_ASSIGN_OR_RETURN(ctx->weights_digest_, WeightsDigest(*ctx->file_));
   STRATA_ASSIGN_OR_RETURN(ctx->tokenizer_, LoadTokenizer(*ctx->file_));
   ctx->chat_template_ = LoadChatTemplate(*ctx->file_);
   if (ctx->tokenizer_ != nullptr && ctx->tokenizer_->vocab_size() > ctx->hp_.n_vocab) {

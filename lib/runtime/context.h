@@ -222,8 +222,10 @@ class Context {
   // KV bytes all sessions hold in RAM, and the budget they share.
   uint64_t kv_used_bytes() const { return kv_budget_->used(); }
   uint64_t kv_budget_bytes() const { return kv_budget_->limit(); }
-  // A hash of the model's identity: architecture, hyper-parameters and tensor table.
+  // The model's identity: a hash of the architecture, hyper-parameters and tensor table, and a
+  // digest of the weights (WeightsDigest in snapshot.h); a snapshot must match both.
   uint64_t model_id() const { return model_id_; }
+  uint64_t weights_digest() const { return weights_digest_; }
   // Steps while there is input and the next pass is expected to end within budget_us of the call;
   // the first pass always runs, sized to the budget from the measured time per token. *n_steps
   // (nullable) receives the passes run.
@@ -262,6 +264,7 @@ class Context {
   std::vector<uint64_t> resident_layer_hits_;
   int n_ctx_ = 0;
   uint64_t model_id_ = 0;
+  uint64_t weights_digest_ = 0;
   std::unique_ptr<model::KvBudget> kv_budget_;
   std::string kv_spill_dir_;
   uint64_t step_count_ = 0;

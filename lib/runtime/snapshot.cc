@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -249,6 +250,49 @@ uint64_t ModelIdentity(const model::HParams &hp, const model::ModelFile &mf) {
   return h;
 }
 
+absl::StatusOr<uint64_t> WeightsDigest(const model::ModelFile &mf) {
+  const auto &tensors = mf.tensors();
+  const uint64_t n = tensors.size();
+  // Pieces per sampled tensor, and the stride between sampled tensors, within the budget.
+  const uint64_t per_tensor = n == 0 ? 4 : std::clamp<uint64_t>(kWeightsDigestMaxPieces / n, 1, 4);
+  const uint64_t stride = (n + kWeightsDigestMaxPieces - 1) / kWeightsDigestMaxPieces;  // 1 up to the budget
+  constexpr uint64_t kPiece = kWeightsDigestPieceBytes;
+  std::vector<uint8_t> buf(4 * kPiece);
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (uint64_t i = 0; i < n; ++i) {
+    const model::TensorRef &t = tensors[i];
+    h = Fnv(h, t.name.data(), t.name.size());
+    h = Fnv(h, &t.type, sizeof t.type);
+    h = Fnv(h, &t.n_dims, sizeof t.n_dims);
+    h = Fnv(h, t.ne, sizeof t.ne);
+    h = Fnv(h, &t.file_index, sizeof t.file_index);
+    h = Fnv(h, &t.offset, sizeof t.offset);
+    h = Fnv(h, &t.nbytes, sizeof t.nbytes);
+    if (i % stride != 0 || t.nbytes == 0) continue;
+    // Piece starts: the first, the last, and the rest evenly spaced between; whole when small.
+    const format::File &f = mf.file(t.file_index);
+    uint32_t crc = 0;
+    auto read = [&](uint64_t at, uint64_t len) -> absl::Status {
+      STRATA_RETURN_IF_ERROR(f.ReadAt(t.offset + at, buf.data(), len));
+      crc = Crc32c(crc, buf.data(), len);
+      return absl::OkStatus();
+    };
+    if (t.nbytes <= per_tensor * kPiece) {
+      for (uint64_t at = 0; at < t.nbytes; at += kPiece) {
+        STRATA_RETURN_IF_ERROR(read(at, std::min(kPiece, t.nbytes - at)));
+      }
+    } else {
+      const uint64_t last = t.nbytes - kPiece;
+      for (uint64_t k = 0; k < per_tensor; ++k) {
+        const uint64_t at = per_tensor == 1 ? 0 : last * k / (per_tensor - 1);
+        STRATA_RETURN_IF_ERROR(read(at, kPiece));
+      }
+    }
+    h = Fnv(h, &crc, sizeof crc);
+  }
+  return h;
+}
+
 absl::Status Context::SaveSession(Session *s, const std::string &path) {
   if (path.empty()) return Errorf(MOE_ERR_INVALID_ARGUMENT, "empty snapshot path");
   std::lock_guard<std::mutex> lk(mu_);  // no step changes the session while it is written
@@ -279,6 +323,7 @@ absl::Status Context::SaveSession(Session *s, const std::string &path) {
   header.Put(kSnapshotHeaderBytes);
   header.Put(total);
   header.Put(model_id_);
+  header.Put(weights_digest_);
   char arch[kArchBytes] = {};
   std::memcpy(arch, hp_.arch_name.data(), std::min<size_t>(hp_.arch_name.size(), kArchBytes - 1));
   header.PutBytes(arch, sizeof arch);
@@ -370,13 +415,21 @@ absl::StatusOr<Session *> Context::LoadSession(const std::string &path, const Se
   }
   Reader h(head.data() + 8, kSnapshotHeaderBytes - 8, "header");
   uint32_t version = 0, header_bytes = 0, n_sections = 0, reserved = 0;
-  uint64_t total = 0, model_id = 0;
+  uint64_t total = 0, model_id = 0, weights_digest = 0;
   char arch[kArchBytes];
   HparamList hl;
   STRATA_RETURN_IF_ERROR(h.Get(&version, "version"));
+  if (version == 1) {
+    // Version 1 did not record the weights, so it cannot be told from a session of a fine-tune.
+    return err(MOE_ERR_UNSUPPORTED,
+               absl::StrFormat("format version 1 predates the weights digest this library (version %u) checks: "
+                               "it cannot be verified against this model; save the session again",
+                               kSnapshotVersion));
+  }
   STRATA_RETURN_IF_ERROR(h.Get(&header_bytes, "header size"));
   STRATA_RETURN_IF_ERROR(h.Get(&total, "total size"));
   STRATA_RETURN_IF_ERROR(h.Get(&model_id, "model id"));
+  STRATA_RETURN_IF_ERROR(h.Get(&weights_digest, "weights digest"));
   STRATA_RETURN_IF_ERROR(h.Get(&arch, "architecture"));
   STRATA_RETURN_IF_ERROR(h.Get(&hl.v, "hyper-parameters"));
   STRATA_RETURN_IF_ERROR(h.Get(&n_sections, "section count"));
@@ -423,6 +476,12 @@ absl::StatusOr<Session *> Context::LoadSession(const std::string &path, const Se
     return err(MOE_ERR_FORMAT_FOREIGN,
                absl::StrFormat("written for another model of the same shape (model id %016x, this model %016x)",
                                model_id, model_id_));
+  }
+  if (weights_digest != weights_digest_) {
+    return err(MOE_ERR_FORMAT_FOREIGN,
+               absl::StrFormat("saved from another model: the tensors are the same but the weights differ (a "
+                               "fine-tune or another quantization?); weights digest %016x, this model's %016x",
+                               weights_digest, weights_digest_));
   }
   // Sections.
   Reader body(data.data() + kSnapshotHeaderBytes, size - kSnapshotHeaderBytes - 4, "body");

@@ -97,22 +97,52 @@ absl::Status OnlyRoles(absl::Span<const ChatMessage> msgs, std::initializer_list
   return absl::OkStatus();
 }
 
-void ImTurn(std::string *out, std::string_view role, std::string_view content) {
-  Append(out, {"<|im_start|>", role, "\n", content, "<|im_end|>\n"});
+// A piece of rendered text: the template's own unless made with Msg() (from the caller's messages).
+struct Piece {
+  Piece(const char *s) : text(s) {}            // NOLINT: literals are the template's own text
+  Piece(std::string_view s) : text(s) {}       // NOLINT
+  Piece(const std::string &s) : text(s) {}     // NOLINT
+  std::string_view text;
+  bool caller = false;
+};
+Piece Msg(std::string_view s) {
+  Piece p(s);
+  p.caller = true;
+  return p;
+}
+
+// Appends the pieces, extending the template ranges with the template's own.
+void Emit(RenderedChat *out, std::initializer_list<Piece> parts) {
+  for (const Piece &p : parts) {
+    if (p.text.empty()) continue;
+    const size_t at = out->text.size();
+    out->text.append(p.text.data(), p.text.size());
+    if (p.caller) continue;
+    auto &r = out->template_ranges;
+    if (!r.empty() && r.back().end == at) {
+      r.back().end = out->text.size();
+    } else {
+      r.push_back({at, out->text.size()});
+    }
+  }
+}
+
+void ImTurn(RenderedChat *out, Piece role, Piece content) {
+  Emit(out, {"<|im_start|>", role, "\n", content, "<|im_end|>\n"});
 }
 
 // chatml, qwen2, qwen2.5 differ only in the default system message.
-std::string RenderChatml(absl::Span<const ChatMessage> m, bool gen, std::string_view default_system) {
-  std::string out;
+RenderedChat RenderChatml(absl::Span<const ChatMessage> m, bool gen, std::string_view default_system) {
+  RenderedChat out;
   if (!default_system.empty() && m[0].role != "system") ImTurn(&out, "system", default_system);
-  for (const auto &msg : m) ImTurn(&out, msg.role, msg.content);
-  if (gen) out += "<|im_start|>assistant\n";
+  for (const auto &msg : m) ImTurn(&out, Msg(msg.role), Msg(msg.content));
+  if (gen) Emit(&out, {"<|im_start|>assistant\n"});
   return out;
 }
 
-std::string RenderQwen3(absl::Span<const ChatMessage> m, bool gen) {
-  std::string out;
-  if (m[0].role == "system") ImTurn(&out, "system", m[0].content);
+RenderedChat RenderQwen3(absl::Span<const ChatMessage> m, bool gen) {
+  RenderedChat out;
+  if (m[0].role == "system") ImTurn(&out, "system", Msg(m[0].content));
   // The last user turn that is not a wrapped tool response; assistant turns after it keep <think>.
   size_t last_query = m.size() - 1;
   for (size_t k = m.size(); k-- > 0;) {
@@ -126,7 +156,7 @@ std::string RenderQwen3(absl::Span<const ChatMessage> m, bool gen) {
   for (size_t i = 0; i < m.size(); ++i) {
     const ChatMessage &msg = m[i];
     if (msg.role == "user" || (msg.role == "system" && i != 0)) {
-      ImTurn(&out, msg.role, msg.content);
+      ImTurn(&out, Msg(msg.role), Msg(msg.content));
     } else if (msg.role == "assistant") {
       std::string_view content = msg.content, reasoning;
       const size_t first_close = content.find("</think>");
@@ -136,16 +166,16 @@ std::string RenderQwen3(absl::Span<const ChatMessage> m, bool gen) {
         reasoning = LStripNl(open == std::string_view::npos ? before : before.substr(open + 7));
         content = LStripNl(content.substr(content.rfind("</think>") + 8));
       }
-      out += "<|im_start|>assistant\n";
+      Emit(&out, {"<|im_start|>assistant\n"});
       if (i > last_query && (i + 1 == m.size() || !reasoning.empty())) {
-        Append(&out, {"<think>\n", RStripNl(LStripNl(reasoning)), "\n</think>\n\n", LStripNl(content)});
+        Emit(&out, {"<think>\n", Msg(RStripNl(LStripNl(reasoning))), "\n</think>\n\n", Msg(LStripNl(content))});
       } else {
-        out += content;
+        Emit(&out, {Msg(content)});
       }
-      out += "<|im_end|>\n";
+      Emit(&out, {"<|im_end|>\n"});
     }
   }
-  if (gen) out += "<|im_start|>assistant\n";
+  if (gen) Emit(&out, {"<|im_start|>assistant\n"});
   return out;
 }
 
@@ -168,89 +198,94 @@ absl::Status MistralAlternation(absl::Span<const ChatMessage> loop, const char *
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::string> RenderMistral(absl::Span<const ChatMessage> m, const ChatSpecialTokens &sp, bool v3) {
+absl::StatusOr<RenderedChat> RenderMistral(absl::Span<const ChatMessage> m, const ChatSpecialTokens &sp, bool v3) {
   const bool has_system = m[0].role == "system";
   absl::Span<const ChatMessage> loop = has_system ? m.subspan(1) : m;
   STRATA_RETURN_IF_ERROR(MistralAlternation(loop, v3 ? "mistral-v3" : "mistral-v1"));
-  std::string out = sp.bos;
+  RenderedChat out;
+  Emit(&out, {sp.bos});
   for (size_t i = 0; i < loop.size(); ++i) {
     const ChatMessage &msg = loop[i];
     if (v3) {
       if (msg.role == "user") {
         if (i + 1 == loop.size() && has_system) {
-          Append(&out, {"[INST] ", m[0].content, "\n\n", msg.content, "[/INST]"});
+          Emit(&out, {"[INST] ", Msg(m[0].content), "\n\n", Msg(msg.content), "[/INST]"});
         } else {
-          Append(&out, {"[INST] ", msg.content, "[/INST]"});
+          Emit(&out, {"[INST] ", Msg(msg.content), "[/INST]"});
         }
       } else {
-        Append(&out, {" ", Trim(msg.content), sp.eos});
+        Emit(&out, {" ", Msg(Trim(msg.content)), sp.eos});
       }
     } else {
       if (msg.role == "user") {
         if (i == 0 && has_system) {
-          Append(&out, {" [INST] ", m[0].content, "\n\n", msg.content, " [/INST]"});
+          Emit(&out, {" [INST] ", Msg(m[0].content), "\n\n", Msg(msg.content), " [/INST]"});
         } else {
-          Append(&out, {" [INST] ", msg.content, " [/INST]"});
+          Emit(&out, {" [INST] ", Msg(msg.content), " [/INST]"});
         }
       } else {
-        Append(&out, {" ", msg.content, sp.eos});
+        Emit(&out, {" ", Msg(msg.content), sp.eos});
       }
     }
   }
   return out;
 }
 
-std::string RenderLlama3(absl::Span<const ChatMessage> m, bool gen, const ChatSpecialTokens &sp) {
-  std::string out = sp.bos;
+RenderedChat RenderLlama3(absl::Span<const ChatMessage> m, bool gen, const ChatSpecialTokens &sp) {
+  RenderedChat out;
+  Emit(&out, {sp.bos});
   for (const auto &msg : m) {
-    Append(&out, {"<|start_header_id|>", msg.role, "<|end_header_id|>\n\n", Trim(msg.content), "<|eot_id|>"});
+    Emit(&out, {"<|start_header_id|>", Msg(msg.role), "<|end_header_id|>\n\n", Msg(Trim(msg.content)), "<|eot_id|>"});
   }
-  if (gen) out += "<|start_header_id|>assistant<|end_header_id|>\n\n";
+  if (gen) Emit(&out, {"<|start_header_id|>assistant<|end_header_id|>\n\n"});
   return out;
 }
 
-std::string RenderDeepseekV2(absl::Span<const ChatMessage> m, bool gen, const ChatSpecialTokens &sp) {
-  std::string out = sp.bos;
+RenderedChat RenderDeepseekV2(absl::Span<const ChatMessage> m, bool gen, const ChatSpecialTokens &sp) {
+  RenderedChat out;
+  Emit(&out, {sp.bos});
   for (const auto &msg : m) {
-    if (msg.role == "user") Append(&out, {"User: ", msg.content, "\n\n"});
-    else if (msg.role == "assistant") Append(&out, {"Assistant: ", msg.content, sp.eos});
-    else Append(&out, {msg.content, "\n\n"});  // system
+    if (msg.role == "user") Emit(&out, {"User: ", Msg(msg.content), "\n\n"});
+    else if (msg.role == "assistant") Emit(&out, {"Assistant: ", Msg(msg.content), sp.eos});
+    else Emit(&out, {Msg(msg.content), "\n\n"});  // system
   }
-  if (gen) out += "Assistant:";
+  if (gen) Emit(&out, {"Assistant:"});
   return out;
 }
 
-std::string RenderDeepseekV3(absl::Span<const ChatMessage> m, bool gen, const ChatSpecialTokens &sp) {
-  std::string out = sp.bos;
+RenderedChat RenderDeepseekV3(absl::Span<const ChatMessage> m, bool gen, const ChatSpecialTokens &sp) {
+  RenderedChat out;
+  Emit(&out, {sp.bos});
   bool first_system = true;
   for (const auto &msg : m) {
     if (msg.role != "system") continue;
-    Append(&out, {first_system ? "" : "\n\n", msg.content});
+    Emit(&out, {first_system ? "" : "\n\n", Msg(msg.content)});
     first_system = false;
   }
   for (const auto &msg : m) {
-    if (msg.role == "user") Append(&out, {"<｜User｜>", msg.content});
-    else if (msg.role == "assistant") Append(&out, {"<｜Assistant｜>", msg.content, "<｜end▁of▁sentence｜>"});
+    if (msg.role == "user") Emit(&out, {"<｜User｜>", Msg(msg.content)});
+    else if (msg.role == "assistant")
+      Emit(&out, {"<｜Assistant｜>", Msg(msg.content), "<｜end▁of▁sentence｜>"});
   }
-  if (gen) out += "<｜Assistant｜>";
+  if (gen) Emit(&out, {"<｜Assistant｜>"});
   return out;
 }
 
-absl::StatusOr<std::string> RenderGptOss(absl::Span<const ChatMessage> m, bool gen) {
-  std::string out =
-      "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\n"
-      "Knowledge cutoff: 2024-06\n\nReasoning: medium\n\n"
-      "# Valid channels: analysis, commentary, final. Channel must be included for every message.<|end|>";
+absl::StatusOr<RenderedChat> RenderGptOss(absl::Span<const ChatMessage> m, bool gen) {
+  RenderedChat out;
+  Emit(&out, {"<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\n"
+              "Knowledge cutoff: 2024-06\n\nReasoning: medium\n\n"
+              "# Valid channels: analysis, commentary, final. Channel must be included for every message.<|end|>"});
   const bool has_dev = m[0].role == "developer" || m[0].role == "system";
   absl::Span<const ChatMessage> loop = has_dev ? m.subspan(1) : m;
   if (has_dev && !m[0].content.empty()) {
-    Append(&out, {"<|start|>developer<|message|># Instructions\n\n", m[0].content, "\n\n<|end|>"});
+    Emit(&out, {"<|start|>developer<|message|># Instructions\n\n", Msg(m[0].content), "\n\n<|end|>"});
   }
   STRATA_RETURN_IF_ERROR(OnlyRoles(loop, {"user", "assistant"}, "gpt-oss (after the first system/developer message)"));
   for (size_t i = 0; i < loop.size(); ++i) {
     const ChatMessage &msg = loop[i];
     if (msg.role == "user") {
-      Append(&out, {"<|start|>user<|message|>", msg.content, "<|end|>"});
+      Emit(&out, {"<|start|>user<|message|>", Msg(msg.content), "<|end|>"});
       continue;
     }
     if (Has(msg.content, "<|channel|>analysis<|message|>") ||
@@ -259,10 +294,10 @@ absl::StatusOr<std::string> RenderGptOss(absl::Span<const ChatMessage> m, bool g
                     "text as its content");
     }
     const bool final_turn = i + 1 == loop.size() && !gen;
-    Append(&out, {"<|start|>assistant<|channel|>final<|message|>", msg.content,
-                    final_turn ? "<|return|>" : "<|end|>"});
+    Emit(&out, {"<|start|>assistant<|channel|>final<|message|>", Msg(msg.content),
+                final_turn ? "<|return|>" : "<|end|>"});
   }
-  if (gen) out += "<|start|>assistant";
+  if (gen) Emit(&out, {"<|start|>assistant"});
   return out;
 }
 
@@ -374,7 +409,7 @@ absl::StatusOr<ChatTemplate> ChatTemplate::ForArchitecture(std::string_view arch
                                 "' does not settle one; choose one by name: ", Join(Names(), ", ")}));
 }
 
-absl::StatusOr<std::string> ChatTemplate::Render(absl::Span<const ChatMessage> m, bool gen,
+absl::StatusOr<RenderedChat> ChatTemplate::RenderTagged(absl::Span<const ChatMessage> m, bool gen,
                                                  const ChatSpecialTokens &sp) const {
   if (m.empty()) return BadArg(Cat({"chat template ", name(), ": the conversation has no messages"}));
   switch (family_) {
@@ -404,6 +439,12 @@ absl::StatusOr<std::string> ChatTemplate::Render(absl::Span<const ChatMessage> m
       return RenderGptOss(m, gen);
   }
   return MakeError(MOE_ERR_INTERNAL, "unknown chat family");
+}
+
+absl::StatusOr<std::string> ChatTemplate::Render(absl::Span<const ChatMessage> m, bool gen,
+                                                 const ChatSpecialTokens &sp) const {
+  STRATA_ASSIGN_OR_RETURN(RenderedChat r, RenderTagged(m, gen, sp));
+  return std::move(r.text);
 }
 
 absl::StatusOr<ChatTemplate> ResolveChatTemplate(std::string_view override_name, std::string_view jinja,

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/types/span.h"
+#include "lib/text/tokenizer.h"
 #include "lib/util/status.h"
 
 namespace strata::text {
@@ -22,6 +23,14 @@ struct ChatMessage {
 struct ChatSpecialTokens {
   std::string bos;
   std::string eos;
+};
+
+// A rendered conversation and the byte ranges of it the template wrote itself (markers, default
+// system text, BOS/EOS): everything else came from the caller's messages (contents and roles).
+// Only template ranges may hold special tokens (Tokenizer::EncodeSpecialWithin).
+struct RenderedChat {
+  std::string text;
+  std::vector<TextRange> template_ranges;  // sorted, disjoint, not adjacent
 };
 
 enum class ChatFamily {
@@ -60,6 +69,9 @@ class ChatTemplate {
   // system message, user and assistant must alternate, starting with user).
   absl::StatusOr<std::string> Render(absl::Span<const ChatMessage> messages, bool add_generation_prompt,
                                      const ChatSpecialTokens &special) const;
+  // The same text, with the ranges the template wrote itself marked.
+  absl::StatusOr<RenderedChat> RenderTagged(absl::Span<const ChatMessage> messages, bool add_generation_prompt,
+                                            const ChatSpecialTokens &special) const;
 
  private:
   explicit ChatTemplate(ChatFamily f) : family_(f) {}

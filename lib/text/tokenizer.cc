@@ -315,14 +315,15 @@ void Tokenizer::EncodeText(std::string_view text, bool at_start, std::vector<int
   for (auto [b, e] : PreTokenize(pre_, text)) EncodeWord(text.substr(b, e - b), out);
 }
 
-std::vector<int32_t> Tokenizer::Encode(std::string_view text, bool parse_special) const {
+template <typename SpecialAt>
+std::vector<int32_t> Tokenizer::EncodeImpl(std::string_view text, SpecialAt special_at) const {
   std::vector<int32_t> out;
   size_t seg = 0;
   for (size_t i = 0; i < text.size();) {
     int32_t hit = -1;
     for (int32_t id : added_by_byte_[static_cast<unsigned char>(text[i])]) {
-      if (!parse_special && IsSpecial(id)) continue;
       const std::string &t = tokens_[id];
+      if (IsSpecial(id) && !special_at(i, t.size())) continue;
       if (text.compare(i, t.size(), t) == 0) {
         hit = id;
         break;  // longest first
@@ -339,6 +340,20 @@ std::vector<int32_t> Tokenizer::Encode(std::string_view text, bool parse_special
   }
   EncodeText(text.substr(seg), seg == 0, &out);
   return out;
+}
+
+std::vector<int32_t> Tokenizer::Encode(std::string_view text, bool parse_special) const {
+  return EncodeImpl(text, [parse_special](size_t, size_t) { return parse_special; });
+}
+
+std::vector<int32_t> Tokenizer::EncodeSpecialWithin(std::string_view text,
+                                                    absl::Span<const TextRange> special_ranges) const {
+  // Matches are tried at increasing positions, so one cursor walks the ranges.
+  size_t r = 0;
+  return EncodeImpl(text, [&](size_t at, size_t n) {
+    while (r < special_ranges.size() && special_ranges[r].end <= at) ++r;
+    return r < special_ranges.size() && special_ranges[r].begin <= at && at + n <= special_ranges[r].end;
+  });
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -5,6 +5,7 @@
 // streamed. Encode adds no BOS/EOS: callers consult add_bos()/bos().
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -19,6 +20,12 @@
 #include "lib/util/status.h"
 
 namespace strata::text {
+
+// A byte range [begin, end) of a text.
+struct TextRange {
+  size_t begin = 0;
+  size_t end = 0;
+};
 
 // tokenizer.ggml.token_type values.
 enum class TokenAttr : uint8_t {
@@ -49,6 +56,12 @@ class Tokenizer {
   // (added, non-special) tokens always do. No BOS/EOS is added.
   // Thread-safety: safe to call concurrently (the per-word cache is locked).
   std::vector<int32_t> Encode(std::string_view text, bool parse_special) const;
+  // Like Encode with parse_special, except that a control token is matched only where its whole
+  // spelling lies inside one of `special_ranges` (sorted, disjoint): the text a chat template wrote
+  // itself. Text outside them (a message's content) never becomes a control token, yet the runs
+  // between control tokens are tokenized whole, so without such spellings in the content the ids
+  // equal Encode(text, true).
+  std::vector<int32_t> EncodeSpecialWithin(std::string_view text, absl::Span<const TextRange> special_ranges) const;
 
   // The bytes token `id` stands for: byte-level pieces decoded to raw bytes, U+2581 turned back to
   // a space, <0xXX> byte tokens as the one byte, control and user-defined tokens as their text.
@@ -81,6 +94,9 @@ class Tokenizer {
                                                                         std::string_view config_json);
   absl::Status Finish(const char *where);
   void EncodeText(std::string_view text, bool at_start, std::vector<int32_t> *out) const;
+  // Encode's loop; `special_at(i, n)` says whether a control token of n bytes may match at byte i.
+  template <typename SpecialAt>
+  std::vector<int32_t> EncodeImpl(std::string_view text, SpecialAt special_at) const;
   void EncodeWord(std::string_view word, std::vector<int32_t> *out) const;
   void BpeWord(std::string_view word, std::vector<int32_t> *out) const;
   void MergeSymbols(std::vector<Sym> *syms) const;

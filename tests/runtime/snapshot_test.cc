@@ -1,7 +1,8 @@
 // Session snapshots through the C ABI: save -> load -> continue equals the uninterrupted session
 // bit for bit (sampling with temperature and penalties, pending input included); corruption in
-// every region, truncation, a foreign model, a newer version and non-snapshots are refused with
-// their statuses and no session opened; SIGKILL during saves always leaves one complete snapshot.
+// every region, truncation, a foreign model (also one with the same tensors and other weights), an
+// older or newer version and non-snapshots are refused with their statuses and no session opened;
+// SIGKILL during saves always leaves one complete snapshot.
 #include <catch2/catch.hpp>
 
 #include <glob.h>
@@ -19,6 +20,8 @@
 #include <vector>
 
 #include "include/strata/moe.h"
+#include "lib/format/file.h"
+#include "lib/format/gguf.h"
 #include "lib/util/crc32c.h"
 
 namespace {
@@ -203,7 +206,7 @@ TEST_CASE("snapshot: corruption, truncation, foreign models and newer versions a
       REQUIRE(refused(&st));
       if (i < 8) CHECK(st == MOE_ERR_FORMAT_HEADER);
       // Version, sizes and the reserved word are checked before the checksum; the rest by it.
-      const bool header_field = (i >= 8 && i < 24) || (i >= 100 && i < 104);
+      const bool header_field = (i >= 8 && i < 24) || (i >= 108 && i < 112);
       if (i >= 8 && !header_field) CHECK(st == MOE_ERR_FORMAT_CHECKSUM);
       if (header_field) {
         const bool header_class = st == MOE_ERR_FORMAT_HEADER || st == MOE_ERR_FORMAT_TRUNCATED ||
@@ -215,7 +218,8 @@ TEST_CASE("snapshot: corruption, truncation, foreign models and newer versions a
     CHECK(checksum > 1000);
   }
   SECTION("cut short at any length") {
-    for (size_t n : {size_t{0}, size_t{7}, size_t{50}, size_t{103}, size_t{104}, size_t{500}, bytes.size() / 2,
+    for (size_t n : {size_t{0}, size_t{7}, size_t{50}, size_t{104}, size_t{111}, size_t{112}, size_t{500},
+                     bytes.size() / 2,
                      bytes.size() - 4, bytes.size() - 1}) {
       WriteAll(bad, std::vector<char>(bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(n)));
       moe_status st = MOE_OK;
@@ -232,15 +236,29 @@ TEST_CASE("snapshot: corruption, truncation, foreign models and newer versions a
   }
   SECTION("a newer format version, with a valid checksum") {
     std::vector<char> b = bytes;
-    const uint32_t v2 = 2;
-    std::memcpy(b.data() + 8, &v2, 4);
+    const uint32_t v3 = 3;
+    std::memcpy(b.data() + 8, &v3, 4);
     const uint32_t crc = strata::Crc32c(0, b.data(), b.size() - 4);
     std::memcpy(b.data() + b.size() - 4, &crc, 4);
     WriteAll(bad, b);
     moe_status st = MOE_OK;
     REQUIRE(refused(&st));
     CHECK(st == MOE_ERR_UNSUPPORTED);
-    CHECK(std::string(moe_last_error()).find("version 2") != std::string::npos);
+    CHECK(std::string(moe_last_error()).find("version 3") != std::string::npos);
+  }
+  SECTION("version 1, which recorded no weights digest, with a valid checksum") {
+    std::vector<char> b = bytes;
+    const uint32_t v1 = 1;
+    std::memcpy(b.data() + 8, &v1, 4);
+    const uint32_t crc = strata::Crc32c(0, b.data(), b.size() - 4);
+    std::memcpy(b.data() + b.size() - 4, &crc, 4);
+    WriteAll(bad, b);
+    moe_status st = MOE_OK;
+    REQUIRE(refused(&st));
+    CHECK(st == MOE_ERR_UNSUPPORTED);
+    const std::string msg = moe_last_error();
+    CHECK(msg.find("version 1") != std::string::npos);
+    CHECK(msg.find("save the session again") != std::string::npos);
   }
   SECTION("a session of another model") {
     for (const char *other : {"qwen3moe_f32/model-f32.gguf", "mixtral_f32/model-f32.gguf"}) {
@@ -265,6 +283,76 @@ TEST_CASE("snapshot: corruption, truncation, foreign models and newer versions a
     CHECK(moe_session_save(s, "") == MOE_ERR_INVALID_ARGUMENT);
   }
   std::remove(bad.c_str());
+  moe_ctx_close(ctx);
+}
+
+// A copy of the golden model with a few quantized weights changed (a stand-in for a fine-tune:
+// the same tensor table, other bytes): random Q8_0 tensors, a random quant byte (never a block's
+// f16 scale, so every value stays finite) in a random block of their first 4 KiB or last 4 KiB.
+std::string FineTunedCopy(const char *name, uint32_t seed) {
+  auto file = strata::format::File::Open(kModel);
+  REQUIRE(file.ok());
+  auto gguf = strata::format::ParseGguf(**file);
+  REQUIRE(gguf.ok());
+  std::vector<char> bytes = ReadAll(kModel);
+  std::vector<const strata::format::GgufTensorInfo *> q8;
+  for (const auto &t : gguf->tensors)
+    if (t.type == 8 && t.nbytes >= 2 * 4096) q8.push_back(&t);  // GGML_TYPE_Q8_0
+  REQUIRE(q8.size() >= 3);
+  std::mt19937 rng(seed);
+  for (int k = 0; k < 3; ++k) {
+    const auto *t = q8[rng() % q8.size()];
+    const uint64_t block = rng() % (4096 / 34);
+    const uint64_t base = rng() % 2 ? t->offset : t->offset + t->nbytes - 34 * (4096 / 34);
+    const uint64_t at = base + block * 34 + 2 + rng() % 32;
+    REQUIRE(at < bytes.size());
+    bytes[at] = static_cast<char>(bytes[at] ^ (1 + rng() % 127));
+  }
+  const std::string path = TempPath(name);
+  WriteAll(path, bytes);
+  return path;
+}
+
+TEST_CASE("snapshot: a session of a model with the same tensors but other weights is refused", "[snapshot]") {
+  const uint32_t seed = std::random_device{}();
+  INFO("seed " << seed);
+  moe_ctx *ctx = Open();
+  const std::string snap = SavedSession(ctx, "tuned-src.snap", 12);
+  const std::string tuned = FineTunedCopy("tuned.gguf", seed);
+  moe_ctx *c2 = Open(tuned);
+  moe_session *s = reinterpret_cast<moe_session *>(0x1);
+  CHECK(moe_session_load(c2, snap.c_str(), nullptr, &s) == MOE_ERR_FORMAT_FOREIGN);
+  CHECK(s == reinterpret_cast<moe_session *>(0x1));
+  const std::string msg = moe_last_error();
+  INFO(msg);
+  CHECK(msg.find("saved from another model") != std::string::npos);
+  CHECK(msg.find("weights") != std::string::npos);
+  // The other direction too: a session of the tuned copy is refused by the original.
+  const std::string snap2 = SavedSession(c2, "tuned.snap", 12);
+  CHECK(moe_session_load(ctx, snap2.c_str(), nullptr, &s) == MOE_ERR_FORMAT_FOREIGN);
+  // An identical copy of the model is the same model: its sessions load and continue bit for bit.
+  const std::string same = TempPath("same.gguf");
+  WriteAll(same, ReadAll(kModel));
+  moe_ctx *c3 = Open(same);
+  const moe_session_params sp = SamplingParams();
+  moe_session *ref = nullptr, *loaded = nullptr;
+  REQUIRE(moe_session_open(ctx, &sp, &ref) == MOE_OK);
+  const std::vector<int32_t> p = Prompt(12);
+  REQUIRE(moe_session_feed(ref, p.data(), p.size()) == MOE_OK);
+  std::vector<int32_t> ref_toks;
+  std::vector<float> ref_logits;
+  Generate(ctx, ref, 1, &ref_toks, &ref_logits);
+  REQUIRE(moe_session_load(c3, snap.c_str(), nullptr, &loaded) == MOE_OK);
+  std::vector<int32_t> toks[2];
+  std::vector<float> logits[2];
+  Generate(ctx, ref, 6, &toks[0], &logits[0]);
+  Generate(c3, loaded, 6, &toks[1], &logits[1]);
+  CHECK(toks[0] == toks[1]);
+  CHECK(std::memcmp(logits[0].data(), logits[1].data(), logits[0].size() * sizeof(float)) == 0);
+  moe_session_close(ref);
+  moe_session_close(loaded);
+  moe_ctx_close(c3);
+  moe_ctx_close(c2);
   moe_ctx_close(ctx);
 }
 
