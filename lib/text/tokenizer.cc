@@ -641,10 +641,8 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromHfFile(const std::stri
   size_t slash = path.find_last_of('/');
   std::string cfg_path = (slash == std::string::npos ? std::string() : path.substr(0, slash + 1)) +
                          "tokenizer_config.json";
-  if (FILE *f = fopen(cfg_path.c_str(), "rb")) {
-    fclose(f);
-    STRATA_ASSIGN_OR_RETURN(config, format::ReadSmallFile(cfg_path, uint64_t{1} << 26));
-  }
+  STRATA_ASSIGN_OR_RETURN(std::optional<std::string> cfg, format::ReadOptionalSmallFile(cfg_path, uint64_t{1} << 26));
+  if (cfg.has_value()) config = std::move(*cfg);
   auto t = FromHfJson(json, config);
   if (!t.ok()) return Annotate(t.status(), path);
   return t;

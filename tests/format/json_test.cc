@@ -150,6 +150,24 @@ TEST_CASE("json: a tokenizer_config.json nested 100,000 deep is refused, naming 
                 MOE_ERR_FORMAT_METADATA, "tokenizer_config.json");
 }
 
+TEST_CASE("json: a tokenizer_config.json read for its chat template is bounded too", "[format][json]") {
+  // No tokenizer.json: the context reads tokenizer_config.json only for the chat template.
+  TempDir dir;
+  MakeCheckpoint(dir, Slurp(kHf + "/config.json"));
+  WriteFile(dir.File("tokenizer_config.json"), "{\"chat_template\": " + Nested(kDeep, true) + "}");
+  ChildOutcome r = RunInChild([&](std::string *m) -> int32_t {
+    moe_params p;
+    moe_params_init(&p);
+    p.model_path = dir.path().c_str();
+    moe_ctx *ctx = nullptr;
+    moe_status st = moe_ctx_open(&p, &ctx);
+    *m = st == MOE_OK ? "" : moe_last_error();
+    moe_ctx_close(ctx);
+    return st;
+  });
+  ExpectRefused(r, MOE_ERR_FORMAT_METADATA, "tokenizer_config.json");
+}
+
 TEST_CASE("json: a safetensors header nested 100,000 deep is refused", "[format][json]") {
   const std::string header = "{\"t\": " + Nested(kDeep, true) + "}";
   testing::Bytes b;
