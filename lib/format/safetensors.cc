@@ -230,9 +230,11 @@ bool IsDirectory(const std::string &path) {
   return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
 }
 
-bool IsRegularFile(const std::string &path) {
+// Something is at `path` (a FIFO or a device included: its open then says what it is, rather than
+// the file being taken for absent).
+bool Exists(const std::string &path) {
   struct stat st;
-  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+  return ::stat(path.c_str(), &st) == 0;
 }
 
 // Reads and parses a JSON object file of the checkpoint (config.json, the index).
@@ -282,7 +284,7 @@ const SafetensorsTensor *HfCheckpoint::Find(const std::string &name) const {
 }
 
 bool IsHfCheckpointDir(const std::string &path) {
-  return IsDirectory(path) && IsRegularFile(path + "/" + kConfigName);
+  return IsDirectory(path) && Exists(path + "/" + kConfigName);
 }
 
 absl::StatusOr<HfCheckpoint> OpenHfCheckpoint(const std::string &dir) {
@@ -296,7 +298,7 @@ absl::StatusOr<HfCheckpoint> OpenHfCheckpoint(const std::string &dir) {
                                                      /*reject_duplicates=*/false));
 
   const std::string index_path = dir + "/" + kIndexName;
-  if (IsRegularFile(index_path)) {
+  if (Exists(index_path)) {
     STRATA_ASSIGN_OR_RETURN(json index, ReadJsonObject(index_path, kIndexMaxBytes,
                                                        /*reject_duplicates=*/true));
     auto wm = index.find("weight_map");
@@ -357,8 +359,7 @@ absl::StatusOr<HfCheckpoint> OpenHfCheckpoint(const std::string &dir) {
     const std::string name = it->path().filename().string();
     constexpr std::string_view kSuffix = ".safetensors";
     if (name.size() > kSuffix.size() &&
-        name.compare(name.size() - kSuffix.size(), kSuffix.size(), kSuffix) == 0 &&
-        IsRegularFile(dir + "/" + name)) {
+        name.compare(name.size() - kSuffix.size(), kSuffix.size(), kSuffix) == 0) {  // opening refuses non-files
       shards.push_back(name);
     }
   }

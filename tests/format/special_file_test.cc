@@ -118,6 +118,32 @@ TEST_CASE("special files: a safetensors shard named by the index", "[format][fil
                 shard, s);
 }
 
+TEST_CASE("special files: config.json, the index and unindexed shards of a checkpoint",
+          "[format][file][special]") {
+  const Special s = AnySpecial();
+  TempDir dir;
+  SECTION("config.json") {
+    REQUIRE(symlink((kHf + "/model.safetensors").c_str(), dir.File("model.safetensors").c_str()) == 0);
+    MakeSpecial(dir.File("config.json"), s);
+    ExpectRefused(RunInChild([&](std::string *m) { return CtxOpen(dir.path(), m); }, kDeadline),
+                  dir.File("config.json"), s);
+  }
+  SECTION("model.safetensors.index.json") {
+    LinkGolden(dir);
+    MakeSpecial(dir.File("model.safetensors.index.json"), s);
+    ExpectRefused(RunInChild([&](std::string *m) { return Report(OpenHfCheckpoint(dir.path()).status(), m); },
+                             kDeadline),
+                  dir.File("model.safetensors.index.json"), s);
+  }
+  SECTION("a second *.safetensors file without an index") {
+    LinkGolden(dir);
+    MakeSpecial(dir.File("model-extra.safetensors"), s);
+    ExpectRefused(RunInChild([&](std::string *m) { return Report(OpenHfCheckpoint(dir.path()).status(), m); },
+                             kDeadline),
+                  dir.File("model-extra.safetensors"), s);
+  }
+}
+
 TEST_CASE("special files: tokenizer.json, tokenizer_config.json and the chat template",
           "[format][file][special]") {
   SECTION("tokenizer.json of a checkpoint") {
