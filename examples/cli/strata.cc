@@ -14,11 +14,13 @@
 #include <fstream>
 #include <cmath>
 #include <map>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "examples/cli/cli_util.h"
 #include "include/strata/moe.h"
+#include "lib/format/file.h"
 #include "lib/model/pack.h"
 #include "lib/model/synth.h"
 #include "lib/quant/codec.h"
@@ -1104,9 +1106,11 @@ int CmdProfile(const Args &a) {
   if (a.model.empty()) Die("profile needs --model PATH");
   if (a.prompts.empty()) Die("profile needs --prompts FILE");
   if (a.out.empty()) Die("profile needs --out FILE");
-  std::ifstream in(a.prompts);
-  if (!in) Die("cannot read '" + a.prompts + "'");
+  // Through the library's file layer: a FIFO or a device is refused, not waited on or read forever.
+  absl::StatusOr<std::string> prompts = strata::format::ReadSmallFile(a.prompts, uint64_t{256} << 20);
+  if (!prompts.ok()) Die(std::string(prompts.status().message()));
   std::vector<std::string> lines;
+  std::istringstream in(*prompts);
   for (std::string line; std::getline(in, line);) {
     if (!line.empty()) lines.push_back(line);
   }

@@ -1,6 +1,7 @@
-// File access: the pread-backed File, the in-memory source for tests and fuzzers, and small-file
-// reads. Invariants: a read either fills all `n` bytes or fails; a range past the end fails before
-// any byte is read; every error names the file.
+// File access: the one way paths are opened, the pread-backed File, the in-memory source for tests
+// and fuzzers, and small-file reads. Invariants: no open waits on a FIFO and no special file is read;
+// a read either fills all `n` bytes or fails; a range past the end fails before any byte is read;
+// every error names the file.
 #include "lib/format/file.h"
 
 #include <atomic>
@@ -36,36 +37,74 @@ absl::Status CheckRange(const std::string &name, uint64_t size, uint64_t offset,
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<File>> File::Open(const std::string &path) {
+namespace {
+
+// What a non-regular file is, for a message: "a FIFO", "a character device", ...
+const char *KindOf(mode_t mode) {
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "not a regular file";
+}
+
+absl::Status NotRegular(const std::string &path, mode_t mode) {
+  return Errorf(MOE_ERR_IO_OPEN, "cannot open '%s': it is %s, not a regular file", path, KindOf(mode));
+}
+
+}  // namespace
+
+void UniqueFd::Reset(int fd) {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = fd;
+}
+
+absl::StatusOr<UniqueFd> OpenRegularFile(const std::string &path, const OpenOptions &options, struct stat *st_out) {
+  // O_NONBLOCK: open(2) of a FIFO would otherwise wait for a writer (or a reader) forever.
+  const int flags = options.flags | O_NONBLOCK | O_CLOEXEC | O_NOCTTY;
   int fd;
   do {
-    fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    fd = ::open(path.c_str(), flags, options.mode);
   } while (fd < 0 && errno == EINTR);
   if (fd < 0) {
-    return Errorf(MOE_ERR_IO_OPEN, "cannot open '%s': %s", path, ErrnoText(errno));
+    const int err = errno;
+    struct stat st;
+    // ENXIO: a FIFO opened for writing with no reader, or a socket; name what it is.
+    if (err == ENXIO && ::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) return NotRegular(path, st.st_mode);
+    return Errorf(MOE_ERR_IO_OPEN, "cannot open '%s': %s", path, ErrnoText(err));
   }
+  UniqueFd owned(fd);
   struct stat st;
   if (::fstat(fd, &st) != 0) {
-    int err = errno;
-    ::close(fd);
-    return Errorf(MOE_ERR_IO_OPEN, "cannot stat '%s': %s", path, ErrnoText(err));
+    return Errorf(MOE_ERR_IO_OPEN, "cannot stat '%s': %s", path, ErrnoText(errno));
   }
-  // A directory opens fine with O_RDONLY but every read fails with EISDIR; say so up front.
-  if (!S_ISREG(st.st_mode) && !S_ISBLK(st.st_mode)) {
-    ::close(fd);
-    return Errorf(MOE_ERR_IO_OPEN, "cannot open '%s': not a regular file", path);
+  if (!S_ISREG(st.st_mode) && !(options.allow_block_device && S_ISBLK(st.st_mode))) {
+    return NotRegular(path, st.st_mode);
   }
+  // Reads of a regular file never block anyway; the flag goes so the descriptor behaves as usual.
+  const int fl = ::fcntl(fd, F_GETFL);
+  if (fl < 0 || ::fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0) {
+    return Errorf(MOE_ERR_IO_OPEN, "cannot clear O_NONBLOCK on '%s': %s", path, ErrnoText(errno));
+  }
+  if (st_out != nullptr) *st_out = st;
+  return owned;
+}
+
+absl::StatusOr<std::unique_ptr<File>> File::Open(const std::string &path) {
+  OpenOptions o;
+  o.allow_block_device = true;
+  struct stat st;
+  STRATA_ASSIGN_OR_RETURN(UniqueFd fd, OpenRegularFile(path, o, &st));
   uint64_t size = static_cast<uint64_t>(st.st_size);
   if (S_ISBLK(st.st_mode)) {
-    off_t end = ::lseek(fd, 0, SEEK_END);
+    off_t end = ::lseek(fd.get(), 0, SEEK_END);
     if (end < 0) {
-      int err = errno;
-      ::close(fd);
-      return Errorf(MOE_ERR_IO_OPEN, "cannot size block device '%s': %s", path, ErrnoText(err));
+      return Errorf(MOE_ERR_IO_OPEN, "cannot size block device '%s': %s", path, ErrnoText(errno));
     }
     size = static_cast<uint64_t>(end);
   }
-  return std::unique_ptr<File>(new File(path, fd, size, static_cast<uint64_t>(st.st_dev),
+  return std::unique_ptr<File>(new File(path, fd.Release(), size, static_cast<uint64_t>(st.st_dev),
                                         static_cast<uint64_t>(st.st_ino), MtimeNs(st)));
 }
 
@@ -142,6 +181,14 @@ absl::StatusOr<std::string> ReadSmallFile(const std::string &path, uint64_t max_
   std::string out(static_cast<size_t>(file->size()), '\0');
   STRATA_RETURN_IF_ERROR(file->ReadAt(0, out.data(), out.size()));
   return out;
+}
+
+absl::StatusOr<std::optional<std::string>> ReadOptionalSmallFile(const std::string &path, uint64_t max_bytes) {
+  struct stat st;
+  // lstat: a dangling symlink is something there, and its open says why it fails.
+  if (::lstat(path.c_str(), &st) != 0 && errno == ENOENT) return std::nullopt;
+  STRATA_ASSIGN_OR_RETURN(std::string text, ReadSmallFile(path, max_bytes));
+  return text;
 }
 
 }  // namespace strata::format

@@ -1,17 +1,60 @@
 // The one file layer every read goes through. A Source is something with a size that can be read
 // at an offset; File is the pread-backed one (EINTR retried, short reads continued, EOF reported as a
-// truncation, never an over-read); MemorySource serves tests and fuzzers.
+// truncation, never an over-read); MemorySource serves tests and fuzzers. Every path Strata opens
+// goes through OpenRegularFile, which never blocks on a FIFO and refuses devices.
 #pragma once
 
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "lib/util/status.h"
 
 namespace strata::format {
+
+// A file descriptor owned: closed when this goes.
+class UniqueFd {
+ public:
+  UniqueFd() = default;
+  explicit UniqueFd(int fd) : fd_(fd) {}
+  UniqueFd(UniqueFd &&o) noexcept : fd_(o.Release()) {}
+  UniqueFd &operator=(UniqueFd &&o) noexcept {
+    if (this != &o) Reset(o.Release());
+    return *this;
+  }
+  UniqueFd(const UniqueFd &) = delete;
+  UniqueFd &operator=(const UniqueFd &) = delete;
+  ~UniqueFd() { Reset(); }
+  int get() const { return fd_; }
+  int Release() {
+    int fd = fd_;
+    fd_ = -1;
+    return fd;
+  }
+  void Reset(int fd = -1);
+
+ private:
+  int fd_ = -1;
+};
+
+struct OpenOptions {
+  int flags = O_RDONLY;  // access mode and creation flags; O_NONBLOCK, O_CLOEXEC, O_NOCTTY are added
+  mode_t mode = 0644;    // for O_CREAT
+  // A block device has a fixed size and opens without waiting: a model may live on one.
+  bool allow_block_device = false;
+};
+
+// Opens `path` the one way Strata opens paths: O_NONBLOCK so a FIFO cannot hold open(2) forever
+// (cleared again once open), O_CLOEXEC, O_NOCTTY; then anything but a regular file (or an allowed
+// block device) is refused with MOE_ERR_IO_OPEN "cannot open 'PATH': it is a FIFO, not a regular
+// file" (a character device, a directory, a socket). `st` (nullable) receives the file's fstat.
+absl::StatusOr<UniqueFd> OpenRegularFile(const std::string &path, const OpenOptions &options = {},
+                                         struct stat *st = nullptr);
 
 class Source {
  public:
@@ -25,7 +68,8 @@ class Source {
 
 class File final : public Source {
  public:
-  // Opens `path` read-only. MOE_ERR_IO_OPEN naming the path and errno text on failure.
+  // Opens `path` read-only through OpenRegularFile (a regular file or a block device).
+  // MOE_ERR_IO_OPEN naming the path and what is wrong on failure.
   static absl::StatusOr<std::unique_ptr<File>> Open(const std::string &path);
   ~File() override;
   File(const File &) = delete;
@@ -69,7 +113,11 @@ PreadFn SetPreadForTesting(PreadFn fn);
 // The function set by SetPreadForTesting, or nullptr: readers past File (O_DIRECT) call it too.
 PreadFn PreadForTesting();
 
-// Reads a whole (small) file into a string: config.json, index files. Refuses files over max_bytes.
+// Reads a whole (small) file into a string: config.json, index files. Refuses files over max_bytes
+// (MOE_ERR_LIMIT) and special files (MOE_ERR_IO_OPEN).
 absl::StatusOr<std::string> ReadSmallFile(const std::string &path, uint64_t max_bytes);
+// ReadSmallFile for a file that may be absent: nullopt when nothing is at `path`; anything that is
+// there (a FIFO, a directory, an unreadable file) is read or refused as by ReadSmallFile.
+absl::StatusOr<std::optional<std::string>> ReadOptionalSmallFile(const std::string &path, uint64_t max_bytes);
 
 }  // namespace strata::format

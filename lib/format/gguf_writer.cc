@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "lib/format/file.h"
 #include "lib/quant/codec.h"
 
 namespace strata::format {
@@ -267,8 +268,16 @@ absl::Status GgufWriter::Begin() {
     enc.Put<uint64_t>(t.offset - data_offset_);
   }
 
-  fd_ = ::open(temp_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd_ < 0) return Fail("creating " + temp_path_, errno);
+  OpenOptions o;
+  o.flags = O_WRONLY | O_CREAT | O_TRUNC;
+  o.mode = 0644;
+  absl::StatusOr<UniqueFd> fd = OpenRegularFile(temp_path_, o);  // never blocks on a FIFO there
+  if (!fd.ok()) {
+    failed_ = true;
+    Abort();
+    return Errorf(MOE_ERR_IO_WRITE, "cannot write '%s': %s", path_, fd.status().message());
+  }
+  fd_ = fd->Release();
   begun_ = true;
   buffer_.reserve(kBufferBytes);
   STRATA_RETURN_IF_ERROR(Append(enc.bytes().data(), enc.bytes().size()));

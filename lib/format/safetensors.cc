@@ -1,6 +1,6 @@
-// safetensors files and Hugging Face checkpoint directories. JSON goes through one SAX front end
-// that never throws, stops at the first duplicate key (nlohmann would silently keep the last) and
-// reports where a syntax error is; every tensor is validated before anything is trusted.
+// safetensors files and Hugging Face checkpoint directories. JSON goes through the bounded reader
+// (lib/format/json.h), which refuses duplicate keys here (nlohmann would silently keep the last) and
+// deep nesting; every tensor is validated before anything is trusted.
 #include "lib/format/safetensors.h"
 
 #include <sys/stat.h>
@@ -9,9 +9,8 @@
 #include <cstring>
 #include <filesystem>
 #include <limits>
-#include <optional>
 
-#include "absl/container/flat_hash_set.h"
+#include "lib/format/json.h"
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
               "the safetensors reader assumes a little-endian host");
@@ -34,94 +33,6 @@ std::string Clip(std::string s, size_t max = 200) {
     s += "...";
   }
   return s;
-}
-
-// SAX front end over nlohmann's DOM builder: forwards every event, tracks the keys of each open
-// object so a duplicate is caught (and named, with the top-level key it sits under), and records
-// the parse error instead of throwing.
-class CheckingSax {
- public:
-  using number_integer_t = json::number_integer_t;
-  using number_unsigned_t = json::number_unsigned_t;
-  using number_float_t = json::number_float_t;
-  using string_t = json::string_t;
-  using binary_t = json::binary_t;
-
-  CheckingSax(json *root, bool reject_duplicates)
-      : dom_(*root, /*allow_exceptions=*/false), reject_duplicates_(reject_duplicates) {}
-
-  bool null() { return dom_.null(); }
-  bool boolean(bool v) { return dom_.boolean(v); }
-  bool number_integer(number_integer_t v) { return dom_.number_integer(v); }
-  bool number_unsigned(number_unsigned_t v) { return dom_.number_unsigned(v); }
-  bool number_float(number_float_t v, const string_t &s) { return dom_.number_float(v, s); }
-  bool string(string_t &v) { return dom_.string(v); }
-  bool binary(binary_t &v) { return dom_.binary(v); }
-  bool start_object(std::size_t n) {
-    keys_.emplace_back();
-    return dom_.start_object(n);
-  }
-  bool key(string_t &k) {
-    if (keys_.size() == 1) top_key_ = k;
-    if (reject_duplicates_ && !keys_.back().insert(k).second) {
-      duplicate_ = k;
-      duplicate_depth_ = keys_.size();
-      return false;  // stop: the document is refused anyway
-    }
-    return dom_.key(k);
-  }
-  bool end_object() {
-    keys_.pop_back();
-    return dom_.end_object();
-  }
-  bool start_array(std::size_t n) { return dom_.start_array(n); }
-  bool end_array() { return dom_.end_array(); }
-  bool parse_error(std::size_t pos, const std::string &, const nlohmann::detail::exception &ex) {
-    error_pos_ = pos;
-    error_ = Clip(ex.what());
-    return false;
-  }
-
-  std::optional<std::string> duplicate_;
-  size_t duplicate_depth_ = 0;
-  std::string top_key_;  // the top-level key being parsed (a tensor name in safetensors)
-  std::optional<std::string> error_;
-  size_t error_pos_ = 0;
-
- private:
-  nlohmann::detail::json_sax_dom_parser<json> dom_;
-  bool reject_duplicates_;
-  std::vector<absl::flat_hash_set<std::string>> keys_;
-};
-
-struct JsonResult {
-  json value;
-  std::string error;  // empty on success
-  bool duplicate = false;
-};
-
-// Parses `text` as one JSON document. On a duplicate key (when refused) or a syntax error, `error`
-// says what and where.
-JsonResult ParseJson(const std::string &text, bool reject_duplicates) {
-  JsonResult r;
-  CheckingSax sax(&r.value, reject_duplicates);
-  bool ok = json::sax_parse(text, &sax, json::input_format_t::json, /*strict=*/true,
-                            /*ignore_comments=*/false);
-  if (sax.duplicate_) {
-    r.duplicate = true;
-    if (sax.duplicate_depth_ == 1) {
-      r.error = absl::StrCat("duplicate key '", Clip(*sax.duplicate_), "'");
-    } else {
-      r.error = absl::StrCat("duplicate key '", Clip(*sax.duplicate_), "' inside '",
-                             Clip(sax.top_key_), "'");
-    }
-  } else if (sax.error_) {
-    r.error = absl::StrCat("not valid JSON at byte ", sax.error_pos_, ": ", *sax.error_);
-  } else if (!ok) {
-    r.error = "not valid JSON";
-  }
-  if (!r.error.empty()) r.value = json();
-  return r;
 }
 
 struct DtypeInfo {
@@ -245,11 +156,9 @@ absl::StatusOr<std::vector<SafetensorsTensor>> ParseSafetensorsImpl(const Source
   const uint64_t data_start = 8 + n;
   const uint64_t data_size = size - data_start;
 
-  JsonResult parsed = ParseJson(header, /*reject_duplicates=*/true);
-  if (!parsed.error.empty()) {
-    return MakeError(MOE_ERR_FORMAT_METADATA, absl::StrCat("header: ", parsed.error));
-  }
-  const json &root = parsed.value;
+  JsonOptions strict;
+  strict.reject_duplicates = true;
+  STRATA_ASSIGN_OR_RETURN(const json root, ParseJson(header, MOE_ERR_FORMAT_METADATA, "header", strict));
   if (!root.is_object()) {
     return Errorf(MOE_ERR_FORMAT_METADATA, "header is a JSON %s, not an object", root.type_name());
   }
@@ -321,9 +230,11 @@ bool IsDirectory(const std::string &path) {
   return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
 }
 
-bool IsRegularFile(const std::string &path) {
+// Something is at `path` (a FIFO or a device included: its open then says what it is, rather than
+// the file being taken for absent).
+bool Exists(const std::string &path) {
   struct stat st;
-  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+  return ::stat(path.c_str(), &st) == 0;
 }
 
 // Reads and parses a JSON object file of the checkpoint (config.json, the index).
@@ -336,15 +247,13 @@ absl::StatusOr<json> ReadJsonObject(const std::string &path, uint64_t max_bytes,
     }
     return text.status();
   }
-  JsonResult parsed = ParseJson(*text, reject_duplicates);
-  if (!parsed.error.empty()) {
-    return MakeError(MOE_ERR_FORMAT_CONFIG, absl::StrCat(path, ": ", parsed.error));
+  JsonOptions options;
+  options.reject_duplicates = reject_duplicates;
+  STRATA_ASSIGN_OR_RETURN(json value, ParseJson(*text, MOE_ERR_FORMAT_CONFIG, path, options));
+  if (!value.is_object()) {
+    return Errorf(MOE_ERR_FORMAT_CONFIG, "%s: is a JSON %s, not an object", path, value.type_name());
   }
-  if (!parsed.value.is_object()) {
-    return Errorf(MOE_ERR_FORMAT_CONFIG, "%s: is a JSON %s, not an object", path,
-                  parsed.value.type_name());
-  }
-  return std::move(parsed.value);
+  return value;
 }
 
 // Opens and parses one shard, appending its tensors (tagged with `file_index`) to `out`.
@@ -375,7 +284,7 @@ const SafetensorsTensor *HfCheckpoint::Find(const std::string &name) const {
 }
 
 bool IsHfCheckpointDir(const std::string &path) {
-  return IsDirectory(path) && IsRegularFile(path + "/" + kConfigName);
+  return IsDirectory(path) && Exists(path + "/" + kConfigName);
 }
 
 absl::StatusOr<HfCheckpoint> OpenHfCheckpoint(const std::string &dir) {
@@ -389,7 +298,7 @@ absl::StatusOr<HfCheckpoint> OpenHfCheckpoint(const std::string &dir) {
                                                      /*reject_duplicates=*/false));
 
   const std::string index_path = dir + "/" + kIndexName;
-  if (IsRegularFile(index_path)) {
+  if (Exists(index_path)) {
     STRATA_ASSIGN_OR_RETURN(json index, ReadJsonObject(index_path, kIndexMaxBytes,
                                                        /*reject_duplicates=*/true));
     auto wm = index.find("weight_map");
@@ -450,8 +359,7 @@ absl::StatusOr<HfCheckpoint> OpenHfCheckpoint(const std::string &dir) {
     const std::string name = it->path().filename().string();
     constexpr std::string_view kSuffix = ".safetensors";
     if (name.size() > kSuffix.size() &&
-        name.compare(name.size() - kSuffix.size(), kSuffix.size(), kSuffix) == 0 &&
-        IsRegularFile(dir + "/" + name)) {
+        name.compare(name.size() - kSuffix.size(), kSuffix.size(), kSuffix) == 0) {  // opening refuses non-files
       shards.push_back(name);
     }
   }

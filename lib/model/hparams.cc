@@ -7,6 +7,8 @@
 
 #include "lib/util/safe_text.h"
 
+#include "lib/format/json.h"
+
 namespace strata::model {
 namespace {
 
@@ -601,7 +603,7 @@ absl::StatusOr<HParams> FromConfigFamily(const ModelFile &mf, const std::string 
     STRATA_ASSIGN_OR_RETURN(bool mlp_bias, JsonBoolOr(c, "mlp_bias", false));
     if (mlp_bias) return Errorf(MOE_ERR_UNSUPPORTED, "%s with mlp_bias is not supported yet", model_type);
     if (auto it = c.find("hidden_act"); it != c.end() && (!it->is_string() || it->get<std::string>() != "silu")) {
-      return Errorf(MOE_ERR_UNSUPPORTED, "hidden_act '%s' is not supported (only silu)", it->dump());
+      return Errorf(MOE_ERR_UNSUPPORTED, "hidden_act %s is not supported (only silu)", format::JsonExcerpt(*it));
     }
     hp.mla = true;
     STRATA_ASSIGN_OR_RETURN(v, JsonIntOr(c, "q_lora_rank", 0)); hp.q_lora_rank = static_cast<int>(v);
@@ -772,7 +774,7 @@ absl::StatusOr<HParams> FromConfig(const ModelFile &mf) {
     }
   }
   if (auto it = c.find("hidden_act"); it != c.end() && (!it->is_string() || it->get<std::string>() != "silu")) {
-    return Errorf(MOE_ERR_UNSUPPORTED, "hidden_act '%s' is not supported (only silu)", it->dump());
+    return Errorf(MOE_ERR_UNSUPPORTED, "hidden_act %s is not supported (only silu)", format::JsonExcerpt(*it));
   }
   STRATA_ASSIGN_OR_RETURN(bool attn_bias, JsonBoolOr(c, "attention_bias", false));
   if (hp.arch == Arch::kOlmoe) {

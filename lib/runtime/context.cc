@@ -6,11 +6,12 @@
 #include <cmath>
 #include <unistd.h>
 
-#include <fstream>
-#include <sstream>
+#include <optional>
 
 #include "nlohmann/json.hpp"
 
+#include "lib/format/file.h"
+#include "lib/format/json.h"
 #include "lib/model/backend_registry.h"
 #include "lib/model/pack.h"
 #include "lib/runtime/snapshot.h"
@@ -55,24 +56,25 @@ absl::StatusOr<std::unique_ptr<text::Tokenizer>> LoadTokenizer(const model::Mode
 
 // The model's Jinja chat template, "" when it has none. A template stored in a shape Strata cannot
 // read (a list without a "default" entry) is kept as a marker text, so it is reported, not skipped.
-std::string LoadChatTemplate(const model::ModelFile &mf) {
+// A template file that is there but cannot be read (a FIFO, a device, too large, not JSON) fails
+// the open, naming the file.
+absl::StatusOr<std::string> LoadChatTemplate(const model::ModelFile &mf) {
   if (mf.kind() == model::ModelFile::Kind::kGguf) {
     auto s = mf.gguf().GetString("tokenizer.chat_template");
     return s.ok() ? *s : std::string();
   }
-  auto slurp = [](const std::string &path, std::string *out) {
-    std::ifstream f(path, std::ios::binary);
-    if (!f) return false;
-    std::stringstream ss;
-    ss << f.rdbuf();
-    *out = ss.str();
-    return true;
-  };
-  std::string text;
-  if (slurp(mf.path() + "/chat_template.jinja", &text)) return text;
-  if (!slurp(mf.path() + "/tokenizer_config.json", &text)) return "";
-  auto j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (!j.is_object() || !j.contains("chat_template") || j["chat_template"].is_null()) return "";
+  constexpr uint64_t kTemplateMaxBytes = uint64_t{16} << 20;
+  constexpr uint64_t kConfigMaxBytes = uint64_t{1} << 26;  // as the tokenizer reads it
+  STRATA_ASSIGN_OR_RETURN(std::optional<std::string> jinja,
+                          format::ReadOptionalSmallFile(mf.path() + "/chat_template.jinja", kTemplateMaxBytes));
+  if (jinja.has_value()) return *std::move(jinja);
+  const std::string config_path = mf.path() + "/tokenizer_config.json";
+  STRATA_ASSIGN_OR_RETURN(std::optional<std::string> text, format::ReadOptionalSmallFile(config_path, kConfigMaxBytes));
+  if (!text.has_value()) return std::string();
+  // Malformed JSON (or JSON nested past the reader's limit) fails the open, as it does when the
+  // tokenizer reads the same file.
+  STRATA_ASSIGN_OR_RETURN(const nlohmann::json j, format::ParseJson(*text, MOE_ERR_FORMAT_METADATA, config_path));
+  if (!j.is_object() || !j.contains("chat_template") || j["chat_template"].is_null()) return std::string();
   const auto &t = j["chat_template"];
   if (t.is_string()) return t.get<std::string>();
   if (t.is_array()) {
@@ -82,7 +84,8 @@ std::string LoadChatTemplate(const model::ModelFile &mf) {
       }
     }
   }
-  return "(a chat_template in tokenizer_config.json that is neither a string nor a list with a default)";
+  return std::string(
+      "(a chat_template in tokenizer_config.json that is neither a string nor a list with a default)");
 }
 
 int DefaultPrefillLayerMin(int n_expert, int n_expert_used) {
@@ -119,7 +122,7 @@ absl::StatusOr<std::unique_ptr<Context>> Context::Open(const ContextOptions &o) 
   ctx->model_id_ = ModelIdentity(ctx->hp_, *ctx->file_);
   STRATA_ASSIGN_OR_RETURN(ctx->weights_digest_, WeightsDigest(*ctx->file_));
   STRATA_ASSIGN_OR_RETURN(ctx->tokenizer_, LoadTokenizer(*ctx->file_));
-  ctx->chat_template_ = LoadChatTemplate(*ctx->file_);
+  STRATA_ASSIGN_OR_RETURN(ctx->chat_template_, LoadChatTemplate(*ctx->file_));
   if (ctx->tokenizer_ != nullptr && ctx->tokenizer_->vocab_size() > ctx->hp_.n_vocab) {
     return Errorf(MOE_ERR_FORMAT_HPARAMS, "the tokenizer has %d tokens but the model's vocabulary is %d",
                   ctx->tokenizer_->vocab_size(), ctx->hp_.n_vocab);

@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "lib/format/file.h"
 #include "lib/util/large_alloc.h"
 #include "lib/util/numa.h"
 
@@ -67,7 +68,12 @@ absl::StatusOr<std::unique_ptr<ExpertCache>> ExpertCache::Create(const ExpertTab
   c->direct_fds_.assign(file.n_files(), -1);
   if (options.direct_io) {
     for (int i = 0; i < file.n_files(); ++i) {
-      c->direct_fds_[i] = ::open(file.file(i).name().c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
+      // A second descriptor for O_DIRECT reads; where it cannot be had, reads stay buffered.
+      format::OpenOptions o;
+      o.flags = O_RDONLY | O_DIRECT;
+      o.allow_block_device = true;
+      absl::StatusOr<format::UniqueFd> fd = format::OpenRegularFile(file.file(i).name(), o);
+      if (fd.ok()) c->direct_fds_[i] = fd->Release();
     }
   }
   for (int i = 0; i < options.n_io_threads; ++i) c->io_threads_.emplace_back([p = c.get()] { p->IoLoop(); });

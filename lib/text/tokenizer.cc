@@ -9,6 +9,7 @@
 #include <queue>
 
 #include "lib/format/file.h"
+#include "lib/format/json.h"
 #include "lib/text/unicode.h"
 #include "nlohmann/json.hpp"
 
@@ -634,7 +635,7 @@ absl::Status WalkNormalizer(const Json &p, HfPipeline *hp) {
     hp->spm_replace = true;
     return absl::OkStatus();
   }
-  return Unsupported(absl::StrCat("tokenizer.json: normalizer '", p.dump().substr(0, 120),
+  return Unsupported(absl::StrCat("tokenizer.json: normalizer '", format::JsonExcerpt(p),
                                   "' is not supported"));
 }
 
@@ -655,10 +656,8 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromHfFile(const std::stri
   size_t slash = path.find_last_of('/');
   std::string cfg_path = (slash == std::string::npos ? std::string() : path.substr(0, slash + 1)) +
                          "tokenizer_config.json";
-  if (FILE *f = fopen(cfg_path.c_str(), "rb")) {
-    fclose(f);
-    STRATA_ASSIGN_OR_RETURN(config, format::ReadSmallFile(cfg_path, uint64_t{1} << 26));
-  }
+  STRATA_ASSIGN_OR_RETURN(std::optional<std::string> cfg, format::ReadOptionalSmallFile(cfg_path, uint64_t{1} << 26));
+  if (cfg.has_value()) config = std::move(*cfg);
   auto t = FromHfJson(json, config);
   if (!t.ok()) return Annotate(t.status(), path);
   return t;
@@ -675,12 +674,13 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromHfJson(std::string_vie
 
 absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromHfJsonUnchecked(std::string_view text,
                                                                           std::string_view config_text) {
-  Json j = Json::parse(text.begin(), text.end(), nullptr, false);
-  if (j.is_discarded() || !j.is_object()) return Meta("tokenizer.json: not a JSON object");
+  // The bounded reader: nesting past its depth limit is refused before any copy or walk of it.
+  STRATA_ASSIGN_OR_RETURN(Json j, format::ParseJson(text, MOE_ERR_FORMAT_METADATA, "tokenizer.json"));
+  if (!j.is_object()) return Meta("tokenizer.json: not a JSON object");
   Json cfg;
   if (!config_text.empty()) {
-    cfg = Json::parse(config_text.begin(), config_text.end(), nullptr, false);
-    if (cfg.is_discarded() || !cfg.is_object()) return Meta("tokenizer_config.json: not a JSON object");
+    STRATA_ASSIGN_OR_RETURN(cfg, format::ParseJson(config_text, MOE_ERR_FORMAT_METADATA, "tokenizer_config.json"));
+    if (!cfg.is_object()) return Meta("tokenizer_config.json: not a JSON object");
   }
   if (!j.contains("model") || !j["model"].is_object()) return Meta("tokenizer.json: model: missing");
   const Json &m = j["model"];
