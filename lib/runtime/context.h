@@ -268,6 +268,14 @@ class Context {
   // Runs fn (which may take KV budget for s); while it fails with MOE_ERR_LIMIT_KV and a spill
   // directory is set, evicts the idle session that ran least recently and tries again. Holds mu_.
   absl::Status WithKvRoom(Session *s, const std::function<absl::Status()> &fn);
+  // The step's KV admission (StepLocked): in round-robin `order`, each session with take[idx] > 0
+  // gets the blocks for all its queued input (want[idx] tokens) or is left out of the step
+  // (take[idx] = 0); with a spill directory, idle sessions (least recently run first) and then the
+  // sessions later in the order (last first, leaving the step) are evicted to make room. Fails
+  // (nothing taken) when a session needs more than the whole budget, or when no session fits.
+  // *first_left_out: the first session in the order left out (n_sess when none). Holds mu_.
+  absl::Status AdmitKv(const std::vector<size_t> &order, const std::vector<size_t> &want,
+                       std::vector<size_t> *take, size_t *first_left_out);
   int max_batch_tokens_ = kDefaultMaxBatchTokens;
   int prefill_token_max_ = kDefaultPrefillTokenMax;
   int prefill_layer_min_ = kNoLayerMajor;
