@@ -123,14 +123,16 @@ typedef struct moe_params {
   int32_t backend;            /* moe_backend_kind; default MOE_BACKEND_AUTO */
   uint64_t vram_budget_bytes; /* 0 = auto */
   uint64_t ram_budget_bytes;  /* 0 = auto (80% of usable memory for the model) */
-  int32_t n_threads;          /* CPU threads for compute; 0 = one per core */
+  int32_t n_threads;          /* CPU threads for compute; 0 = one per core; at most 1024
+                                 (MOE_ERR_INVALID_ARGUMENT above); threads the host refuses fail
+                                 moe_ctx_open with MOE_ERR_NO_MEMORY */
   uint32_t n_ctx;             /* default context length per session; 0 = min(model's, 4096) */
   uint32_t max_sessions;      /* sessions the KV budget is sized for (x n_ctx, in 128-token blocks);
                                  default 1. Sessions beyond it may open: they share the budget */
   /* Since 0.1: the expert cache (used when the RAM budget cannot hold every routed expert). */
   int32_t cache_policy;       /* moe_cache_policy; default MOE_CACHE_HOTNESS */
   int32_t prefetch_distance;  /* layers ahead whose experts are predicted and prefetched; default 1 */
-  int32_t n_io_threads;       /* threads reading experts from the model file; default 2 */
+  int32_t n_io_threads;       /* threads reading experts from the model file; default 2, at most 1024 */
   const char *hotlist_path;   /* a hotlist (`strata profile`): its top experts are loaded into the
                                  cache in the background at open, and with a VRAM tier they take its
                                  slots first when it is filled at open; NULL = none */
@@ -274,7 +276,7 @@ MOE_API moe_status moe_plan(const moe_params *p, moe_cache_plan *out);
  * @return MOE_OK and *out set; on failure *out is untouched and nothing is leaked:
  *   MOE_ERR_INVALID_ARGUMENT (NULL, bad struct_size, bad backend), MOE_ERR_IO_* (open/read),
  *   MOE_ERR_FORMAT_* (malformed file), MOE_ERR_UNSUPPORTED_* (architecture, tensor type, backend),
- *   MOE_ERR_NO_MEMORY.
+ *   MOE_ERR_NO_MEMORY (also when the host refuses a thread: a process or thread limit).
  * Thread-safety: safe (contexts are independent). Since: 0.1. */
 MOE_API moe_status moe_ctx_open(const moe_params *p, moe_ctx **out);
 

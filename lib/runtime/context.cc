@@ -96,6 +96,10 @@ absl::StatusOr<std::unique_ptr<Context>> Context::Open(const ContextOptions &o) 
   if (o.n_ctx < 0 || o.n_threads < 0 || o.max_sessions < 0) {
     return Errorf(MOE_ERR_INVALID_ARGUMENT, "negative n_ctx, n_threads or max_sessions");
   }
+  if (o.n_threads > kMaxThreads || o.n_io_threads > kMaxThreads) {
+    return Errorf(MOE_ERR_INVALID_ARGUMENT, "n_threads %d or n_io_threads %d is above the most Strata starts, %d",
+                  o.n_threads, o.n_io_threads, kMaxThreads);
+  }
   if (o.cpu_experts < MOE_CPU_EXPERTS_AUTO || o.cpu_experts > MOE_CPU_EXPERTS_ALWAYS) {
     return Errorf(MOE_ERR_INVALID_ARGUMENT, "unknown cpu_experts %d (0 auto, 1 off, 2 always)", o.cpu_experts);
   }

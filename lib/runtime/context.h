@@ -63,6 +63,11 @@ struct ContextOptions {
   std::optional<bool> cuda_streaming;       // --backend cuda over a streaming context; STRATA_CUDA_STREAMING
 };
 
+// The most threads a context starts for compute or for expert I/O (ContextOptions::n_threads,
+// n_io_threads; moe_params.n_threads): more only cost memory and start-up, and a typo such as
+// 1000000 would ask the host for a million threads.
+inline constexpr int kMaxThreads = 1024;
+
 // The most slots a set ContextOptions::cuda_cold_copies asks for (the CUDA backend's most routed
 // experts a layer; it clamps to that).
 inline constexpr int kMaxColdCopies = 256;
