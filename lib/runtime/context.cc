@@ -582,11 +582,19 @@ absl::Status Context::WithKvRoom(Session *s, const std::function<absl::Status()>
   for (;;) {
     absl::Status st = fn();
     if (st.ok() || StatusToMoe(st) != MOE_ERR_LIMIT_KV || kv_spill_dir_.empty()) return st;
+    // Outside a step any other session may go (one with input comes back at its next step):
+    // sessions without input first, then the least recently run.
     Session *victim = nullptr;
+    bool victim_idle = false;
     for (auto &sp : sessions_) {
       Session *c = sp.get();
-      if (c == s || c->n_pending() > 0 || c->kv_.spilled() || c->kv_.n_blocks() == 0) continue;
-      if (victim == nullptr || c->last_step_ < victim->last_step_) victim = c;
+      if (c == s || c->kv_.spilled() || c->kv_.n_blocks() == 0) continue;
+      const bool idle = c->n_pending() == 0;
+      if (victim == nullptr || (idle && !victim_idle) ||
+          (idle == victim_idle && c->last_step_ < victim->last_step_)) {
+        victim = c;
+        victim_idle = idle;
+      }
     }
     if (victim == nullptr) return st;
     STRATA_RETURN_IF_ERROR(Annotate(victim->kv_.Spill(kv_spill_dir_, victim->n_past()), "evicting an idle session"));

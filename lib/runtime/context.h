@@ -270,8 +270,9 @@ class Context {
   std::unique_ptr<model::KvBudget> kv_budget_;
   std::string kv_spill_dir_;
   uint64_t step_count_ = 0;
-  // Runs fn (which may take KV budget for s); while it fails with MOE_ERR_LIMIT_KV and a spill
-  // directory is set, evicts the idle session that ran least recently and tries again. Holds mu_.
+  // Runs fn (which may take KV budget for s) outside a step; while it fails with MOE_ERR_LIMIT_KV
+  // and a spill directory is set, evicts another session (idle ones first, then the least recently
+  // run) and tries again. Holds mu_.
   absl::Status WithKvRoom(Session *s, const std::function<absl::Status()> &fn);
   // The step's KV admission (StepLocked): in round-robin `order`, each session with take[idx] > 0
   // gets the blocks for all its queued input (want[idx] tokens) or is left out of the step
