@@ -23,8 +23,10 @@ int NoNumaNode() { return -1; }
 absl::Status CpuAvailable() { return absl::OkStatus(); }
 
 absl::StatusOr<std::unique_ptr<model::Backend>> CreateCpu(const model::BackendRequest &req) {
-  return std::unique_ptr<model::Backend>(std::make_unique<cpu::CpuBackend>(
-      req.n_threads, req.cpu_q8_activations ? cpu::MatMulMode::kQ8Activations : cpu::MatMulMode::kExact));
+  auto be = std::make_unique<cpu::CpuBackend>(
+      req.n_threads, req.cpu_q8_activations ? cpu::MatMulMode::kQ8Activations : cpu::MatMulMode::kExact);
+  STRATA_RETURN_IF_ERROR(Annotate(be->pool().status(), "the CPU backend"));
+  return std::unique_ptr<model::Backend>(std::move(be));
 }
 
 // ---- CUDA ----

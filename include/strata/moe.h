@@ -129,14 +129,16 @@ typedef struct moe_params {
   int32_t backend;            /* moe_backend_kind; default MOE_BACKEND_AUTO */
   uint64_t vram_budget_bytes; /* 0 = auto */
   uint64_t ram_budget_bytes;  /* 0 = auto (80% of usable memory for the model) */
-  int32_t n_threads;          /* CPU threads for compute; 0 = one per core */
+  int32_t n_threads;          /* CPU threads for compute; 0 = one per core; at most 1024
+                                 (MOE_ERR_INVALID_ARGUMENT above); threads the host refuses fail
+                                 moe_ctx_open with MOE_ERR_NO_MEMORY */
   uint32_t n_ctx;             /* default context length per session; 0 = min(model's, 4096) */
   uint32_t max_sessions;      /* sessions the KV budget is sized for (x n_ctx, in 128-token blocks);
                                  default 1. Sessions beyond it may open: they share the budget */
   /* Since 0.1: the expert cache (used when the RAM budget cannot hold every routed expert). */
   int32_t cache_policy;       /* moe_cache_policy; default MOE_CACHE_HOTNESS */
   int32_t prefetch_distance;  /* layers ahead whose experts are predicted and prefetched; default 1 */
-  int32_t n_io_threads;       /* threads reading experts from the model file; default 2 */
+  int32_t n_io_threads;       /* threads reading experts from the model file; default 2, at most 1024 */
   const char *hotlist_path;   /* a hotlist (`strata profile`): its top experts are loaded into the
                                  cache in the background at open, and with a VRAM tier they take its
                                  slots first when it is filled at open; NULL = none */
@@ -158,8 +160,8 @@ typedef struct moe_params {
                                  routed pass touches ~98% of a layer's experts (measured, bench/README.md) */
   /* Since 0.1 (appended): the KV cache. Sessions hold their keys and values in blocks of 128 tokens,
    * allocated as they grow (never more than their n_ctx). All sessions of a context share one KV
-   * budget; a step that would exceed it fails with MOE_ERR_LIMIT_KV, or first evicts idle sessions
-   * to kv_spill_dir when one is given. */
+   * budget; a step runs the sessions whose queued input fits it (evicting idle sessions to
+   * kv_spill_dir when one is given) and leaves the others for later (see moe_ctx_step). */
   uint64_t kv_budget_bytes;   /* the shared KV budget; 0 (default) = the cache plan's KV line:
                                  max_sessions x n_ctx positions, rounded up to whole blocks */
   const char *kv_spill_dir;   /* a directory for evicted sessions' KV (unlinked files, gone at exit);
@@ -280,7 +282,7 @@ MOE_API moe_status moe_plan(const moe_params *p, moe_cache_plan *out);
  * @return MOE_OK and *out set; on failure *out is untouched and nothing is leaked:
  *   MOE_ERR_INVALID_ARGUMENT (NULL, bad struct_size, bad backend), MOE_ERR_IO_* (open/read),
  *   MOE_ERR_FORMAT_* (malformed file), MOE_ERR_UNSUPPORTED_* (architecture, tensor type, backend),
- *   MOE_ERR_NO_MEMORY.
+ *   MOE_ERR_NO_MEMORY (also when the host refuses a thread: a process or thread limit).
  * Thread-safety: safe (contexts are independent). Since: 0.1. */
 MOE_API moe_status moe_ctx_open(const moe_params *p, moe_ctx **out);
 
@@ -466,12 +468,17 @@ MOE_API moe_status moe_session_feed(moe_session *s, const int32_t *tokens, size_
  * all tokens of the batch together, attention per session; each token's logits are bit-identical
  * to running its session alone. An input of at most prefill_token_max tokens runs token by token
  * (a few passes within the step). A session whose input is all processed has logits to sample.
- * Evicted sessions' KV comes back first; KV blocks for the new positions are taken from the
- * context's KV budget (evicting idle sessions to kv_spill_dir when it is short and one is given).
- * n_pending (nullable) receives the number of sessions still with queued input afterwards.
+ * KV: in turn, each session with input gets the blocks for all its queued input from the
+ * context's KV budget (an evicted session's KV comes back first). When the budget is short, idle
+ * sessions, then the sessions after it in the turn, are evicted to kv_spill_dir if one is given;
+ * a session that still does not fit sits this step out and goes first in the next one (with a
+ * spill directory every session advances in turn). n_pending (nullable) receives the number of sessions still with queued input
+ * afterwards.
  * @return MOE_OK; MOE_ERR_IO_* or MOE_ERR_BACKEND if weights could not be read or computed;
- *   MOE_ERR_LIMIT_KV if the KV budget cannot hold the batch's new positions; then every session
- *   keeps its queued input and its state before the step.
+ *   MOE_ERR_LIMIT_KV when a session's queued input needs more than the whole KV budget, or when no
+ *   session with input fits beside the KV the others hold (no spill directory: close or evict
+ *   some); the message's numbers are those of moe_ctx_kv_usage after the failure. After any
+ *   failure every session keeps its queued input and its state before the step.
  * Thread-safety: safe; steps on one context are serialised internally, and session calls on other
  *   threads may run meanwhile (see each). Since: 0.1. */
 MOE_API moe_status moe_ctx_step(moe_ctx *ctx, uint32_t *n_pending);

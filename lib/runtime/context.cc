@@ -99,6 +99,10 @@ absl::StatusOr<std::unique_ptr<Context>> Context::Open(const ContextOptions &o) 
   if (o.n_ctx < 0 || o.n_threads < 0 || o.max_sessions < 0) {
     return Errorf(MOE_ERR_INVALID_ARGUMENT, "negative n_ctx, n_threads or max_sessions");
   }
+  if (o.n_threads > kMaxThreads || o.n_io_threads > kMaxThreads) {
+    return Errorf(MOE_ERR_INVALID_ARGUMENT, "n_threads %d or n_io_threads %d is above the most Strata starts, %d",
+                  o.n_threads, o.n_io_threads, kMaxThreads);
+  }
   if (o.cpu_experts < MOE_CPU_EXPERTS_AUTO || o.cpu_experts > MOE_CPU_EXPERTS_ALWAYS) {
     return Errorf(MOE_ERR_INVALID_ARGUMENT, "unknown cpu_experts %d (0 auto, 1 off, 2 always)", o.cpu_experts);
   }
@@ -459,6 +463,11 @@ absl::Status Context::StepLocked(int cap, bool *ran) {
       more = more || take[idx] < want[idx];
     }
   }
+  // --- KV: each session in turn gets the blocks for all its queued input (evicted sessions come
+  // back first), or sits this step out; a budget that cannot hold one session fails the step before
+  // anything is computed ---
+  size_t first_left_out = n_sess;
+  STRATA_RETURN_IF_ERROR(AdmitKv(order, want, &take, &first_left_out));
   std::vector<Chunk> chunks;
   size_t last_served = order.front();
   for (size_t idx : order) {
@@ -474,28 +483,17 @@ absl::Status Context::StepLocked(int cap, bool *ran) {
     chunks.push_back(std::move(c));
     last_served = idx;
   }
-  // The next step starts after the last session served when some were left out, else one further.
-  rr_next_ = (chunks.size() < order.size() ? last_served + 1 : rr_next_ + 1) % n_sess;
-
-  // --- KV: evicted sessions come back, then each chunk's new positions get their blocks, so a
-  // budget that cannot hold them fails the step before anything is computed ---
+  // The next step starts with the first session the KV budget left out, else after the last
+  // session served when the token cap left some out, else one further.
+  rr_next_ = (first_left_out < n_sess          ? first_left_out
+              : chunks.size() < order.size() ? last_served + 1
+                                             : rr_next_ + 1) %
+             n_sess;
   ++step_count_;
   for (Chunk &c : chunks) c.s->last_step_ = step_count_;
   auto trim_all = [&] {
     for (Chunk &c : chunks) c.s->kv_.Trim(c.pos0);
   };
-  for (Chunk &c : chunks) {
-    Session &s = *c.s;
-    const int need = c.pos0 + static_cast<int>(c.tokens.size());
-    absl::Status room = WithKvRoom(&s, [&]() -> absl::Status {
-      STRATA_RETURN_IF_ERROR(s.kv_.Unspill());
-      return s.kv_.Reserve(need);
-    });
-    if (!room.ok()) {
-      trim_all();
-      return room;
-    }
-  }
 
   // --- the passes: one over every chunk; token-by-token chunks add one pass per further token ---
   ResidentExperts resident(weights_, &resident_hits_, &resident_layer_hits_);
@@ -588,15 +586,124 @@ absl::Status Context::WithKvRoom(Session *s, const std::function<absl::Status()>
   for (;;) {
     absl::Status st = fn();
     if (st.ok() || StatusToMoe(st) != MOE_ERR_LIMIT_KV || kv_spill_dir_.empty()) return st;
+    // Outside a step any other session may go (one with input comes back at its next step):
+    // sessions without input first, then the least recently run.
     Session *victim = nullptr;
+    bool victim_idle = false;
     for (auto &sp : sessions_) {
       Session *c = sp.get();
-      if (c == s || c->n_pending() > 0 || c->kv_.spilled() || c->kv_.n_blocks() == 0) continue;
-      if (victim == nullptr || c->last_step_ < victim->last_step_) victim = c;
+      if (c == s || c->kv_.spilled() || c->kv_.n_blocks() == 0) continue;
+      const bool idle = c->n_pending() == 0;
+      if (victim == nullptr || (idle && !victim_idle) ||
+          (idle == victim_idle && c->last_step_ < victim->last_step_)) {
+        victim = c;
+        victim_idle = idle;
+      }
     }
     if (victim == nullptr) return st;
     STRATA_RETURN_IF_ERROR(Annotate(victim->kv_.Spill(kv_spill_dir_, victim->n_past()), "evicting an idle session"));
   }
+}
+
+absl::Status Context::AdmitKv(const std::vector<size_t> &order, const std::vector<size_t> &want,
+                              std::vector<size_t> *take, size_t *first_left_out) {
+  const size_t n_sess = sessions_.size();
+  const uint64_t limit = kv_budget_->limit();
+  auto blocks_for = [](int64_t positions) { return (positions + model::kKvBlockTokens - 1) / model::kKvBlockTokens; };
+  auto free_bytes = [&] { return limit - std::min(limit, kv_budget_->used()); };
+  // A session whose queued input needs more than the whole budget can never run: the step fails
+  // rather than leave it queued forever.
+  for (size_t idx : order) {
+    if ((*take)[idx] == 0) continue;
+    const Session &s = *sessions_[idx];
+    const int64_t positions = s.n_past() + static_cast<int64_t>(want[idx]);
+    const uint64_t bytes = static_cast<uint64_t>(blocks_for(positions)) * s.kv_.block_bytes();
+    if (bytes > limit) {
+      return Errorf(MOE_ERR_LIMIT_KV,
+                    "a session's %d positions (%d processed, %u queued) need %d KV block(s) of %u bytes, more than "
+                    "the context's whole KV budget of %u bytes (%u bytes in use); raise moe_params.kv_budget_bytes "
+                    "or close the session",
+                    positions, s.n_past(), want[idx], blocks_for(positions), s.kv_.block_bytes(), limit,
+                    kv_budget_->used());
+    }
+  }
+  std::vector<char> in_step(n_sess, 0);  // admitted, or still to be looked at
+  for (size_t idx : order) in_step[idx] = (*take)[idx] > 0;
+  std::vector<Session *> admitted;
+  auto rollback = [&] {
+    for (Session *s : admitted) s->kv_.Trim(s->n_past());
+  };
+  auto leave_out = [&](size_t idx) {
+    (*take)[idx] = 0;
+    in_step[idx] = 0;
+    // The first in the order: the one the next step starts with.
+    for (size_t o : order) {
+      if (o == idx || o == *first_left_out) {
+        *first_left_out = o;
+        break;
+      }
+    }
+  };
+  uint64_t short_bytes = 0;  // what the last session left out lacked (for the message)
+  for (size_t oi = 0; oi < order.size(); ++oi) {
+    const size_t idx = order[oi];
+    if ((*take)[idx] == 0) continue;
+    Session &s = *sessions_[idx];
+    const int positions = s.n_past() + static_cast<int>(want[idx]);
+    const uint64_t need =
+        static_cast<uint64_t>(std::max<int64_t>(0, blocks_for(positions) - s.kv_.n_blocks())) * s.kv_.block_bytes();
+    if (need > free_bytes() && !kv_spill_dir_.empty()) {
+      // Who can make room: idle sessions, least recently run first, then the ones after this one
+      // in the order, the last first (they leave this step).
+      std::vector<size_t> victims;
+      for (size_t v = 0; v < n_sess; ++v) {
+        if (!in_step[v] && v != idx) victims.push_back(v);
+      }
+      std::sort(victims.begin(), victims.end(),
+                [&](size_t a, size_t b) { return sessions_[a]->last_step_ < sessions_[b]->last_step_; });
+      for (size_t oj = order.size(); oj-- > oi + 1;) {
+        if (in_step[order[oj]]) victims.push_back(order[oj]);
+      }
+      uint64_t can_free = 0;
+      for (size_t v : victims) can_free += sessions_[v]->kv_.resident_bytes();
+      if (need <= free_bytes() + can_free) {
+        for (size_t v : victims) {
+          if (need <= free_bytes()) break;
+          Session &victim = *sessions_[v];
+          if (victim.kv_.spilled() || victim.kv_.n_blocks() == 0) continue;
+          if (in_step[v]) leave_out(v);
+          absl::Status st = victim.kv_.Spill(kv_spill_dir_, victim.n_past());
+          if (!st.ok()) {
+            rollback();
+            return Annotate(st, "evicting a session to make KV room");
+          }
+        }
+      }
+    }
+    if (need > free_bytes()) {
+      short_bytes = need - free_bytes();
+      leave_out(idx);
+      continue;
+    }
+    absl::Status st = s.kv_.Unspill();
+    if (st.ok()) st = s.kv_.Reserve(positions);
+    if (!st.ok()) {
+      // Unspill may have brought the blocks back: as resident they are the same session.
+      s.kv_.Trim(s.n_past());
+      rollback();
+      return st;
+    }
+    admitted.push_back(&s);
+  }
+  if (admitted.empty()) {
+    return Errorf(MOE_ERR_LIMIT_KV,
+                  "the context's KV budget of %u bytes (%u bytes in use) lacks %u bytes for the next session with "
+                  "input: other sessions hold them%s",
+                  limit, kv_budget_->used(), short_bytes,
+                  kv_spill_dir_.empty() ? "; close some, or give moe_params.kv_spill_dir so idle ones can be evicted"
+                                        : "");
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Context::EvictSession(Session *s) {

@@ -63,6 +63,11 @@ struct ContextOptions {
   std::optional<bool> cuda_streaming;       // --backend cuda over a streaming context; STRATA_CUDA_STREAMING
 };
 
+// The most threads a context starts for compute or for expert I/O (ContextOptions::n_threads,
+// n_io_threads; moe_params.n_threads): more only cost memory and start-up, and a typo such as
+// 1000000 would ask the host for a million threads.
+inline constexpr int kMaxThreads = 1024;
+
 // The most slots a set ContextOptions::cuda_cold_copies asks for (the CUDA backend's most routed
 // experts a layer; it clamps to that).
 inline constexpr int kMaxColdCopies = 256;
@@ -268,9 +273,18 @@ class Context {
   std::unique_ptr<model::KvBudget> kv_budget_;
   std::string kv_spill_dir_;
   uint64_t step_count_ = 0;
-  // Runs fn (which may take KV budget for s); while it fails with MOE_ERR_LIMIT_KV and a spill
-  // directory is set, evicts the idle session that ran least recently and tries again. Holds mu_.
+  // Runs fn (which may take KV budget for s) outside a step; while it fails with MOE_ERR_LIMIT_KV
+  // and a spill directory is set, evicts another session (idle ones first, then the least recently
+  // run) and tries again. Holds mu_.
   absl::Status WithKvRoom(Session *s, const std::function<absl::Status()> &fn);
+  // The step's KV admission (StepLocked): in round-robin `order`, each session with take[idx] > 0
+  // gets the blocks for all its queued input (want[idx] tokens) or is left out of the step
+  // (take[idx] = 0); with a spill directory, idle sessions (least recently run first) and then the
+  // sessions later in the order (last first, leaving the step) are evicted to make room. Fails
+  // (nothing taken) when a session needs more than the whole budget, or when no session fits.
+  // *first_left_out: the first session in the order left out (n_sess when none). Holds mu_.
+  absl::Status AdmitKv(const std::vector<size_t> &order, const std::vector<size_t> &want,
+                       std::vector<size_t> *take, size_t *first_left_out);
   int max_batch_tokens_ = kDefaultMaxBatchTokens;
   int prefill_token_max_ = kDefaultPrefillTokenMax;
   int prefill_layer_min_ = kNoLayerMajor;

@@ -18,6 +18,7 @@
 #include "lib/format/file.h"
 #include "lib/util/large_alloc.h"
 #include "lib/util/numa.h"
+#include "lib/util/thread_start.h"
 
 namespace strata::store {
 
@@ -76,7 +77,14 @@ absl::StatusOr<std::unique_ptr<ExpertCache>> ExpertCache::Create(const ExpertTab
       if (fd.ok()) c->direct_fds_[i] = fd->Release();
     }
   }
-  for (int i = 0; i < options.n_io_threads; ++i) c->io_threads_.emplace_back([p = c.get()] { p->IoLoop(); });
+  // A thread the host refuses fails the open: c's destructor stops and joins the ones started.
+  c->io_threads_.reserve(static_cast<size_t>(std::max(0, options.n_io_threads)));
+  for (int i = 0; i < options.n_io_threads; ++i) {
+    STRATA_ASSIGN_OR_RETURN(
+        std::thread t, StartThread([p = c.get()] { p->IoLoop(); },
+                                   absl::StrFormat("expert I/O thread %d of %d", i + 1, options.n_io_threads)));
+    c->io_threads_.push_back(std::move(t));
+  }
   return c;
 }
 

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 
+#include "lib/util/thread_start.h"
 #include "lib/util/tunables.h"
 
 namespace strata {
@@ -24,17 +25,35 @@ ThreadPool::ThreadPool(int n_threads, int spin) : spin_(std::max(0, spin)), chun
   if (chunks > 0) chunks_per_thread_ = static_cast<int>(std::min<int64_t>(64, chunks));
   if (n_threads <= 0) n_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   n_threads_ = std::min(n_threads, kMaxThreads);
-  for (int i = 1; i < n_threads_; ++i) workers_.emplace_back([this, i] { WorkerLoop(i); });
+  workers_.reserve(static_cast<size_t>(n_threads_ - 1));
+  for (int i = 1; i < n_threads_; ++i) {
+    absl::StatusOr<std::thread> t =
+        StartThread([this, i] { WorkerLoop(i); }, absl::StrFormat("compute thread %d of %d", i + 1, n_threads_));
+    if (!t.ok()) {
+      // The started workers wait for calls that will not come: stop them before anyone relies on
+      // the pool, which from here on runs every call on the caller alone.
+      status_ = t.status();
+      StopWorkers();
+      workers_.clear();
+      n_threads_ = 1;
+      return;
+    }
+    workers_.push_back(std::move(*t));
+  }
 }
 
-ThreadPool::~ThreadPool() {
+ThreadPool::~ThreadPool() { StopWorkers(); }
+
+void ThreadPool::StopWorkers() {
   {
     std::lock_guard<std::mutex> lk(mu_);
     stop_.store(true, std::memory_order_relaxed);
     generation_.fetch_add(1, std::memory_order_release);
   }
   cv_work_.notify_all();
-  for (auto &t : workers_) t.join();
+  for (auto &t : workers_) {
+    if (t.joinable()) t.join();
+  }
 }
 
 void ThreadPool::ParallelFor(int64_t n, int64_t min_chunk,

@@ -20,6 +20,8 @@
 #include <thread>
 #include <vector>
 
+#include "absl/status/status.h"
+
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #endif
@@ -81,12 +83,16 @@ class ThreadPool {
  public:
   // n_threads <= 0: one per hardware thread. spin: pauses a waiting thread spins before it sleeps
   // (longer for pools fed at a steady pace, whose workers should not sleep between calls).
+  // Throws nothing when the host refuses a thread: the workers already started are stopped and
+  // joined, status() says why (MOE_ERR_NO_MEMORY), and the pool runs every call on the caller.
   explicit ThreadPool(int n_threads, int spin = kSpinIterations);
   ~ThreadPool();
   ThreadPool(const ThreadPool &) = delete;
   ThreadPool &operator=(const ThreadPool &) = delete;
 
   int size() const { return n_threads_; }
+  // OK, or why the threads asked for could not all be started (the pool then has size() 1).
+  const absl::Status &status() const { return status_; }
   // fn(begin, end, thread_index) over [0, n) in at most kChunksPerThread * size() chunks of at least
   // min_chunk (STRATA_POOL_CHUNKS=N sets N chunks a thread instead: a measuring knob); thread_index
   // (in [0, size())) is the thread running that chunk.
@@ -107,10 +113,13 @@ class ThreadPool {
     int chunks;
   };
   void WorkerLoop(int index);
+  // Wakes the workers to return and joins them.
+  void StopWorkers();
   // Claims and runs chunks of call `gen` until none is left (or a later call has begun).
   void RunChunks(uint32_t gen, int index);
 
   int n_threads_;
+  absl::Status status_;
   int spin_;
   int chunks_per_thread_;  // kChunksPerThread, or STRATA_POOL_CHUNKS (1-64; a measuring knob)
   std::vector<std::thread> workers_;

@@ -14,8 +14,10 @@
 #include <thread>
 #include <vector>
 
+#include "lib/util/status.h"
 #include "lib/util/thread_pool.h"
 #include "lib/util/tunables.h"
+#include "tests/util/thread_limit_util.h"
 
 namespace {
 
@@ -152,5 +154,37 @@ TEST_CASE("ThreadPool takes its chunks a thread from the STRATA_POOL_CHUNKS tuna
     std::atomic<int> chunks{0};
     pool.ParallelFor(3000, 1, [&](int64_t, int64_t, int) { chunks.fetch_add(1); });
     CHECK(chunks.load() == 3 * ThreadPool::kChunksPerThread);
+  }
+}
+
+TEST_CASE("ThreadPool: threads the host refuses stop the started ones and leave a working pool",
+          "[threads]") {
+  std::mt19937 rng(std::random_device{}());
+  const int64_t n = std::uniform_int_distribution<int64_t>(1000, 5000)(rng);
+  for (int extra : {0, 1, 3}) {
+    INFO(extra << " threads to be had");
+    // Child exit codes: 0 as expected; 10 no limit could be set; 1 the pool started every thread;
+    // 2 a wrong status or size; 3 a ParallelFor missed an index; 4 no full pool afterwards.
+    const int rc = strata::testing::RunInChild(30, [&] {
+      if (!strata::testing::LimitThreads(extra)) return 10;
+      {
+        ThreadPool pool(16, 0);
+        if (pool.status().ok()) return 1;
+        if (strata::StatusToMoe(pool.status()) != MOE_ERR_NO_MEMORY || pool.size() != 1) return 2;
+        std::vector<int> hits(static_cast<size_t>(n), 0);
+        pool.ParallelFor(n, 1, [&](int64_t b, int64_t e, int) {
+          for (int64_t i = b; i < e; ++i) ++hits[i];
+        });
+        if (std::count(hits.begin(), hits.end(), 1) != n) return 3;
+      }  // the destructor must not wait for workers that were never started (an alarm ends a hang)
+      strata::testing::UnlimitThreads();
+      ThreadPool full(4, 0);
+      return full.status().ok() && full.size() == 4 ? 0 : 4;
+    });
+    if (rc == 10) {
+      WARN("RLIMIT_NPROC cannot be set here: not tested");
+      return;
+    }
+    CHECK(rc == 0);
   }
 }
