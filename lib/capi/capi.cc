@@ -309,6 +309,21 @@ moe_status AddSession(moe_ctx *ctx, strata::runtime::Session *impl, moe_session 
   return MOE_OK;
 }
 
+// The token ids of a call into the caller's buffer: *n_tokens is how many there are, also when the
+// buffer is too small (MOE_ERR_LIMIT, nothing written).
+moe_status CopyTokensOut(const std::vector<int32_t> &ids, int32_t *tokens, size_t capacity, size_t *n_tokens) {
+  *n_tokens = ids.size();
+  if (ids.size() > capacity) {
+    return Fail(MOE_ERR_LIMIT, "token buffer of " + std::to_string(capacity) + " is too small for " +
+                                   std::to_string(ids.size()));
+  }
+  if (!ids.empty()) {
+    if (tokens == nullptr) return Fail(MOE_ERR_INVALID_ARGUMENT, "tokens is NULL");
+    std::copy(ids.begin(), ids.end(), tokens);
+  }
+  return MOE_OK;
+}
+
 }  // namespace
 
 extern "C" {
@@ -805,16 +820,7 @@ moe_status moe_tokenize(const moe_ctx *ctx, const char *text, size_t text_len, u
     std::vector<int32_t> body =
         tok->Encode(std::string_view(text ? text : "", text_len), (flags & MOE_TOKENIZE_PARSE_SPECIAL) != 0);
     ids.insert(ids.end(), body.begin(), body.end());
-    *n_tokens = ids.size();
-    if (ids.size() > capacity) {
-      return Fail(MOE_ERR_LIMIT, "token buffer of " + std::to_string(capacity) + " is too small for " +
-                                     std::to_string(ids.size()));
-    }
-    if (!ids.empty()) {
-      if (tokens == nullptr) return Fail(MOE_ERR_INVALID_ARGUMENT, "tokens is NULL");
-      std::copy(ids.begin(), ids.end(), tokens);
-    }
-    return MOE_OK;
+    return CopyTokensOut(ids, tokens, capacity, n_tokens);
   });
 }
 
@@ -909,16 +915,7 @@ moe_status moe_chat_tokenize(const moe_ctx *ctx, const char *template_name, cons
       return st;
     }
     const std::vector<int32_t> ids = tok->EncodeSpecialWithin(r.text, r.template_ranges);
-    *n_tokens = ids.size();
-    if (ids.size() > capacity) {
-      return Fail(MOE_ERR_LIMIT, "token buffer of " + std::to_string(capacity) + " is too small for " +
-                                     std::to_string(ids.size()));
-    }
-    if (!ids.empty()) {
-      if (tokens == nullptr) return Fail(MOE_ERR_INVALID_ARGUMENT, "tokens is NULL");
-      std::copy(ids.begin(), ids.end(), tokens);
-    }
-    return MOE_OK;
+    return CopyTokensOut(ids, tokens, capacity, n_tokens);
   });
 }
 
