@@ -254,10 +254,7 @@ absl::StatusOr<std::unique_ptr<Context>> Context::Open(const ContextOptions &o) 
       ctx->device_slots_.reset();
       ctx->plan_.vram_expert_slots = 0;
     }
-    ctx->plan_.streamed_experts = static_cast<uint32_t>(
-        ctx->plan_.n_routed_experts -
-        std::min<uint64_t>(ctx->plan_.n_routed_experts,
-                           uint64_t{ctx->plan_.ram_expert_slots} + ctx->plan_.vram_expert_slots));
+    ctx->plan_.streamed_experts = store::StreamedExperts(ctx->plan_);
   }
   if (!hot.empty() && ctx->cache_ != nullptr) {
     std::vector<uint32_t> keys;

@@ -21,6 +21,11 @@ uint64_t UsableRamBytes() {
   return 0;
 }
 
+uint32_t StreamedExperts(const CachePlan &p) {
+  const uint64_t held = std::min<uint64_t>(uint64_t{p.ram_expert_slots} + p.vram_expert_slots, p.n_routed_experts);
+  return static_cast<uint32_t>(p.n_routed_experts - held);
+}
+
 absl::StatusOr<CachePlan> MakePlan(const model::HParams &hp, const model::ModelWeights &w,
                                    const PlanInputs &in) {
   if (in.n_ctx <= 0 || in.max_sessions <= 0 || in.max_batch_tokens <= 0) {
@@ -105,8 +110,7 @@ absl::StatusOr<CachePlan> MakePlan(const model::HParams &hp, const model::ModelW
           p.vram_fixed_bytes));
     }
   }
-  const uint64_t held = std::min<uint64_t>(uint64_t{p.ram_expert_slots} + p.vram_expert_slots, p.n_routed_experts);
-  p.streamed_experts = static_cast<uint32_t>(p.n_routed_experts - held);
+  p.streamed_experts = StreamedExperts(p);
   return p;
 }
 

@@ -64,6 +64,9 @@ struct CachePlan {
   std::vector<std::string> warnings;
 };
 
+// Routed experts neither tier of `p` holds: routed - VRAM - RAM, at least 0.
+uint32_t StreamedExperts(const CachePlan &p);
+
 absl::StatusOr<CachePlan> MakePlan(const model::HParams &hp, const model::ModelWeights &w,
                                    const PlanInputs &in);
 

@@ -221,9 +221,8 @@ void VramTier::Release(int layer, const std::vector<int32_t> &experts) {
   // Every expert of the call goes back to the tier below, those served here too: it marked them
   // all as needed by this layer when it routed.
   below_->Release(layer, experts);
-  for (uint32_t key : moved_up_) {
-    if (!below_->Evict(key)) continue;  // still in use there: its copy goes when evicted
-  }
+  // An expert still in use below keeps its copy there until the RAM tier evicts it.
+  for (uint32_t key : moved_up_) below_->Evict(key);
   moved_up_.clear();
   below_experts_.clear();
   layer_ = -1;
