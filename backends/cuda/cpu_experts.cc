@@ -11,6 +11,7 @@
 #include "backends/cuda/kernels.h"
 #include "lib/model/routing.h"
 #include "lib/util/thread_pool.h"
+#include "lib/util/thread_start.h"
 #include "lib/util/tunables.h"
 
 namespace strata::cuda {
@@ -79,12 +80,14 @@ absl::StatusOr<std::unique_ptr<CpuExperts>> CpuExperts::Create(const model::Mode
   ce->cpu_ = std::make_unique<cpu::CpuBackend>(
       o.n_threads, o.q8_activations ? cpu::MatMulMode::kQ8Activations : cpu::MatMulMode::kExact,
       cpu::kernels::BestIsa(), 10 * ThreadPool::kSpinIterations);
+  // A pool whose threads the host refused runs every job on the caller: say so rather than go slow.
+  STRATA_RETURN_IF_ERROR(Annotate(ce->cpu_->pool().status(), "the CPU's share of cold experts"));
   if (ce->trace_) ce->cpu_->set_experts_ffn_times(&ce->calib_times_);
   STRATA_RETURN_IF_ERROR(ce->Calibrate());
   if (ce->trace_) ce->cpu_->set_experts_ffn_times(&ce->job_times_);  // the worker's from here on
   if (knobs.cpu_experts_wait_ms > 0) ce->wait_limit_ = std::chrono::milliseconds(knobs.cpu_experts_wait_ms);
   ce->dev_box_.timeout_ns = static_cast<uint64_t>(std::chrono::nanoseconds(ce->wait_limit_).count());
-  ce->worker_ = std::thread([p = ce.get()] { p->WorkerLoop(); });
+  STRATA_ASSIGN_OR_RETURN(ce->worker_, StartThread([p = ce.get()] { p->WorkerLoop(); }, "the CPU experts' worker"));
   STRATA_RETURN_IF_ERROR(ce->MeasureRoundTrip(stream));
   // The link side's latency a layer beyond its bytes: the request's round trip (the device asks, the
   // host answers) and a copy's own latency. Weighed without it, the link got too large a share: the
