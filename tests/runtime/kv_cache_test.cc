@@ -14,8 +14,12 @@
 #include <vector>
 
 #include "include/strata/moe.h"
+#include "tests/runtime/spill_dir_util.h"
 
 namespace {
+
+using strata::testing::CountEntries;
+using strata::testing::MakeTempDir;
 
 const std::string kModel = std::string(STRATA_SOURCE_DIR) + "/tests/golden/qwen3moe_f32/model-q8_0.gguf";
 constexpr int kVocab = 256;
@@ -101,22 +105,6 @@ moe_session_params SamplingParams() {
   return sp;
 }
 
-std::string MakeTempDir() {
-  char tmpl[] = "/tmp/strata-kv-test-XXXXXX";
-  REQUIRE(mkdtemp(tmpl) != nullptr);
-  return tmpl;
-}
-
-int CountEntries(const std::string &dir) {
-  int n = 0;
-  DIR *d = opendir(dir.c_str());
-  if (d == nullptr) return -1;
-  while (dirent *e = readdir(d)) {
-    if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0) ++n;
-  }
-  closedir(d);
-  return n;
-}
 
 }  // namespace
 

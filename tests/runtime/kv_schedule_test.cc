@@ -16,8 +16,12 @@
 #include <vector>
 
 #include "include/strata/moe.h"
+#include "tests/runtime/spill_dir_util.h"
 
 namespace {
+
+using strata::testing::CountEntries;
+using strata::testing::MakeTempDir;
 
 const std::string kModel = std::string(STRATA_SOURCE_DIR) + "/tests/golden/qwen3moe_f32/model-q8_0.gguf";
 constexpr int kVocab = 256;
@@ -154,22 +158,6 @@ std::vector<Run> Together(moe_ctx *c, const std::vector<Script> &scripts, bool c
   return runs;
 }
 
-std::string MakeTempDir() {
-  char tmpl[] = "/tmp/strata-kv-sched-XXXXXX";
-  REQUIRE(mkdtemp(tmpl) != nullptr);
-  return tmpl;
-}
-
-int CountEntries(const std::string &dir) {
-  int n = 0;
-  DIR *d = opendir(dir.c_str());
-  if (d == nullptr) return -1;
-  while (dirent *e = readdir(d)) {
-    if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0) ++n;
-  }
-  closedir(d);
-  return n;
-}
 
 // n scripts, each needing two blocks (a prompt and its generation stay within 256 positions).
 std::vector<Script> HalfBudgetScripts(size_t n, uint32_t seed) {
@@ -208,7 +196,7 @@ TEST_CASE("kv schedule: more sessions than the budget holds all finish, each as 
     moe_ctx_close(c);
   }
   SECTION("a spill directory: sessions take turns, evicted and brought back, none closed") {
-    const std::string dir = MakeTempDir();
+    const std::string dir = MakeTempDir("/tmp/strata-kv-sched-XXXXXX");
     moe_ctx *c = OpenCtx(budget, dir.c_str(), 4);
     int evictions = 0;
     const std::vector<Run> runs = Together(c, scripts, /*close_done=*/false, budget, &evictions);
@@ -231,7 +219,7 @@ TEST_CASE("kv schedule: a session alone too big for the budget fails with usage-
   moe_ctx_close(probe);
   std::mt19937 rng(std::random_device{}());
   const uint64_t budget = 3 * block;
-  const std::string dir = MakeTempDir();
+  const std::string dir = MakeTempDir("/tmp/strata-kv-sched-XXXXXX");
   for (const char *spill : {static_cast<const char *>(nullptr), dir.c_str()}) {
     INFO("spill dir " << (spill ? spill : "(none)"));
     moe_ctx *c = OpenCtx(budget, spill, 2);
