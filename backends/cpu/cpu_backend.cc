@@ -99,7 +99,8 @@ void CpuBackend::Route(const model::RouteParams &p, const float *logits, int64_t
 bool CpuBackend::RoutedExperts(const model::RoutedExpertsArgs &a) {
   const int k = a.route.k;
   const int64_t n = a.n_tok * k;
-  if (a.weights == nullptr || n <= 0 || a.n_embd <= 0) return false;
+  // Without device tables: the layer's own weights only.
+  if (a.weights == nullptr || a.tables_only || n <= 0 || a.n_embd <= 0) return false;
   Route(a.route, a.logits, a.n_tok, a.sel, a.wts);
   const model::ExpertGroups g = model::GroupByExpert(a.sel, a.n_tok, k, a.route.n_expert);
   std::copy(g.idx.begin(), g.idx.end(), a.idx);

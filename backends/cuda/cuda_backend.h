@@ -160,6 +160,14 @@ class CudaBackend final : public model::Backend {
   // it holds carry, resolved to themselves (AddDeviceRegion) until the slots go.
   std::unique_ptr<store::DeviceSlots> MakeDeviceSlots() override;
   void AddDeviceRegion(uint8_t *dev, size_t bytes);
+  // Device tables kept by a tier outside the backend (store::DeviceSlots::EnableTables): every layer
+  // whose experts the grouped kernels take gets a table, each entry unset until PointExpert sets it;
+  // RoutedExperts then reads them as it reads its own. False where there are none (resident experts
+  // or the backend's own tier have theirs, or no layer qualifies).
+  bool EnableExpertTables();
+  // Sets expert x of layer l's entry to where `e`'s views lie (a device slot, or mapped host memory),
+  // uploaded before the next step or routed layer reads it.
+  absl::Status PointExpert(int l, int x, const model::ExpertWeights &e);
   void ForgetDeviceRegion(uint8_t *dev);
   cudaStream_t compute_stream() const { return stream_.get(); }
   const Stream &copy_stream() const { return copy_stream_; }
@@ -511,6 +519,8 @@ class CudaBackend final : public model::Backend {
   bool defer_tables_ = false;           // SetTable marks the layer instead of uploading (SlotsFor)
   std::vector<char> table_dirty_;       // per layer: its entries changed since the last FlushTables
   void FlushTables();                   // one upload of each marked layer's table
+  bool external_tables_ = false;        // the tables are a tier's outside the backend (EnableExpertTables)
+  bool tables_dirty_ = false;           // PointExpert changed an entry since the last FlushTables
   const uint8_t *arena_dev_ = nullptr;               // the arena's device address when mapped
   PinnedBuffer hist_;                                // (n_layer, kDeviceRouteMaxRows) last selections
   int32_t *hist_dev_ = nullptr;                      // hist_ mapped for the device

@@ -1,7 +1,10 @@
 // CUDA device slots for the VRAM expert tier.
 #include "backends/cuda/device_slots.h"
 
+#include <cstring>
+
 #include "backends/cuda/cuda_backend.h"
+#include "backends/cuda/cuda_status.h"
 
 namespace strata::cuda {
 
@@ -47,6 +50,98 @@ absl::Status CudaDeviceSlots::CopyIn(uint32_t s, const uint8_t *src, uint64_t by
 absl::Status CudaDeviceSlots::CopyOut(uint32_t s, uint8_t *dst, uint64_t bytes) {
   if (s >= n_ || bytes > stride_) return Errorf(MOE_ERR_INTERNAL, "copy of %u bytes out of slot %u of %u", bytes, s, n_);
   return Copy(dst, slot(s), bytes, cudaMemcpyDeviceToHost);
+}
+
+bool CudaDeviceSlots::EnableTables() { return be_->EnableExpertTables(); }
+
+absl::Status CudaDeviceSlots::Point(int layer, int expert, const model::ExpertWeights &where) {
+  return be_->PointExpert(layer, expert, where);
+}
+
+bool CudaBackend::EnableExpertTables() {
+  if (w_ == nullptr || !slots_.empty() || external_tables_) return external_tables_;
+  for (const LayerTable &t : tables_) {
+    if (t.ok) return false;  // resident experts: the backend's own tables
+  }
+  auto shape = [](const model::Matrix &m) {
+    return DeviceMatrix{m.codec->id, reinterpret_cast<const void *>(uintptr_t{256}), m.rows, m.cols, m.row_bytes};
+  };
+  auto same = [](const model::Matrix &a, const model::Matrix &b) {
+    return a.tensor != nullptr && a.codec == b.codec && a.rows == b.rows && a.cols == b.cols &&
+           a.row_bytes == b.row_bytes && !NeedsConversion(a);
+  };
+  size_t n_entries = 0;
+  for (size_t l = 0; l < w_->layers.size() && l < tables_.size(); ++l) {
+    const auto &ex = w_->layers[l].experts;
+    if (ex.empty()) continue;
+    const model::ExpertWeights &e0 = ex[0];
+    bool ok = static_cast<int>(ex.size()) <= kRouteMaxExperts;
+    for (size_t x = 0; x < ex.size() && ok; ++x) {
+      const model::ExpertWeights &e = ex[x];
+      ok = !e.input_major && e.swiglu_limit == 0.f && e.gate_bias.tensor == nullptr && e.up_bias.tensor == nullptr &&
+           e.down_bias.tensor == nullptr && same(e.gate, e0.gate) && same(e.up, e0.up) && same(e.down, e0.down);
+    }
+    LayerTable &t = tables_[l];
+    t.ge.gate_shape = shape(e0.gate);
+    t.ge.up_shape = shape(e0.up);
+    t.ge.down_shape = shape(e0.down);
+    t.ge.n_expert = static_cast<int>(ex.size());
+    GroupedExperts probe = t.ge;  // stand-in table addresses: the check reads no device memory
+    probe.gate = probe.up = probe.down = reinterpret_cast<const void *const *>(uintptr_t{256});
+    if (!ok || !CheckGroupedExperts(probe).ok()) continue;
+    t.ok = true;
+    t.tab_off = n_entries;
+    n_entries += 3 * ex.size();
+    if (first_table_layer_ < 0) first_table_layer_ = static_cast<int>(l);
+  }
+  if (n_entries == 0) return false;
+  absl::StatusOr<DeviceBuffer> tab = DeviceBuffer::Allocate(n_entries * sizeof(void *));
+  if (!tab.ok() || cudaMemset(tab->data(), 0, n_entries * sizeof(void *)) != cudaSuccess) {
+    (void)cudaGetLastError();
+    for (LayerTable &t : tables_) t.ok = false;
+    first_table_layer_ = -1;
+    return false;
+  }
+  tab_dev_ = std::move(*tab);
+  tab_host_.assign(n_entries, nullptr);
+  table_dirty_.assign(tables_.size(), 0);
+  for (LayerTable &t : tables_) {
+    if (!t.ok) continue;
+    auto **base = tab_dev_.as<const void *>() + t.tab_off;
+    t.ge.gate = base;
+    t.ge.up = base + t.ge.n_expert;
+    t.ge.down = base + 2 * t.ge.n_expert;
+  }
+  external_tables_ = true;
+  return true;
+}
+
+absl::Status CudaBackend::PointExpert(int l, int x, const model::ExpertWeights &e) {
+  if (!external_tables_ || l < 0 || l >= static_cast<int>(tables_.size()) || !tables_[l].ok || x < 0 ||
+      x >= tables_[l].ge.n_expert) {
+    return Errorf(MOE_ERR_INTERNAL, "no device table entry for expert %d of layer %d", x, l);
+  }
+  const LayerTable &t = tables_[l];
+  const model::Matrix *parts[3] = {&e.gate, &e.up, &e.down};
+  const DeviceMatrix *shapes[3] = {&t.ge.gate_shape, &t.ge.up_shape, &t.ge.down_shape};
+  const void *addr[3] = {};
+  for (int m = 0; m < 3; ++m) {
+    STRATA_ASSIGN_OR_RETURN(const DeviceMatrix dm, Resolve(*parts[m]));
+    const DeviceMatrix &want = *shapes[m];
+    if (dm.type != want.type || dm.rows != want.rows || dm.cols != want.cols || dm.row_bytes != want.row_bytes) {
+      return Errorf(MOE_ERR_INTERNAL, "%s does not have its layer's expert shape", parts[m]->name);
+    }
+    STRATA_RETURN_IF_ERROR(CheckMatrix(dm));
+    addr[m] = dm.data;
+  }
+  const int n = t.ge.n_expert;
+  const void **mirror = tab_host_.data() + t.tab_off;
+  mirror[x] = addr[0];
+  mirror[n + x] = addr[1];
+  mirror[2 * n + x] = addr[2];
+  table_dirty_[l] = 1;
+  tables_dirty_ = true;
+  return absl::OkStatus();
 }
 
 }  // namespace strata::cuda

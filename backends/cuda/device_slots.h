@@ -1,6 +1,7 @@
 // The VRAM tier's device slots over CUDA (lib/store/tier.h): one device allocation of fixed slots,
 // entered into the backend's address map so a view into a slot resolves to itself, and copies in
-// and out on the backend's copy stream, ordered after the compute stream's work queued so far.
+// and out on the backend's copy stream, ordered after the compute stream's work queued so far. The
+// device tables are the backend's own (CudaBackend::EnableExpertTables, PointExpert).
 #pragma once
 
 #include "backends/cuda/memory.h"
@@ -19,6 +20,8 @@ class CudaDeviceSlots final : public store::DeviceSlots {
   uint8_t *slot(uint32_t s) const override { return buf_.as<uint8_t>() + static_cast<uint64_t>(s) * stride_; }
   absl::Status CopyIn(uint32_t s, const uint8_t *src, uint64_t bytes) override;
   absl::Status CopyOut(uint32_t s, uint8_t *dst, uint64_t bytes) override;
+  bool EnableTables() override;
+  absl::Status Point(int layer, int expert, const model::ExpertWeights &where) override;
 
  private:
   // The copy on the copy stream after the compute stream's work so far, waited for.

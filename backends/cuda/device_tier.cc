@@ -479,6 +479,7 @@ void CudaBackend::SetTable(int l, int x, const void *gate, const void *up, const
 }
 
 void CudaBackend::FlushTables() {
+  tables_dirty_ = false;
   for (size_t l = 0; l < table_dirty_.size(); ++l) {
     if (!table_dirty_[l]) continue;
     table_dirty_[l] = 0;

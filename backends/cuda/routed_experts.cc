@@ -491,6 +491,7 @@ bool CudaBackend::RoutedExperts(const model::RoutedExpertsArgs &a) {
   const int64_t rows = a.n_tok * k;
   if (!t.ok || rows <= 0 || rows > kDeviceRouteMaxRows || a.route.n_expert != t.ge.n_expert) return false;
   const bool tiered = !slots_.empty();
+  if (tables_dirty_ && bracket_ == Bracket::kNone) FlushTables();  // a tier's moves since the last layer
   // Inside a step bracket the tier was updated by BeginStep, for every layer.
   if (tiered && bracket_ == Bracket::kNone) {
     if (replan_ && !Note(Replan())) return true;
@@ -682,8 +683,9 @@ absl::Status CudaBackend::GroupedProducts(const GroupedExperts &ge, const int32_
   const int grid = k > 0 ? std::min(n_max, GroupGridGroups(n_tok, k, ge.n_expert)) : n_max;
   // Chunks sized by the expected group (GroupChunkTokens) take a group of more tokens in several
   // passes over its weights: cheap from VRAM, not where an expert is read in place over the link,
-  // so with a VRAM tier a group goes in one pass as before.
-  const int64_t q8_chunk = k > 0 && slots_.empty() ? GroupChunkTokens(n_tok, k, ge.n_expert) : n_tok;
+  // so with a VRAM tier (the backend's or a tier's tables) a group goes in one pass as before.
+  const bool in_place = !slots_.empty() || external_tables_;  // experts may be read over the link
+  const int64_t q8_chunk = k > 0 && !in_place ? GroupChunkTokens(n_tok, k, ge.n_expert) : n_tok;
   // Each stage on its own: a Q4_K gate/up with a Q6_K down (as Q4_K_M files mix them) dots codes in
   // the first and rounds h for the second.
   if (tok != nullptr && fi == Q8Act::kNone) {

@@ -147,6 +147,7 @@ absl::Status CudaBackend::IssuePassFills() {
 model::Backend::StepMode CudaBackend::BeginStep(const model::StepKey &key) {
   const auto t0 = std::chrono::steady_clock::now();
   TimeStep(key);
+  if (tables_dirty_ && bracket_ == Bracket::kNone) FlushTables();  // a tier's moves since the last step
   last_mode_ = BeginStepImpl(key);
   const auto t1 = std::chrono::steady_clock::now();
   // After a replay's launch, or a way out of BeginStepImpl that left some (a recording has none).

@@ -145,6 +145,9 @@ struct RoutedExpertsArgs {
   int32_t *idx = nullptr;
   int64_t n_embd = 0;
   float *out = nullptr;           // (n_tok, n_embd)
+  // The layer's own weights are not resident (the tiers hold the experts, ExpertSource::
+  // routes_on_device): only a backend whose device tables address them may take the call.
+  bool tables_only = false;
 };
 
 // What a device backend's expert tier has done since it was made (zeros without one).
@@ -170,7 +173,7 @@ struct StepKey {
   int64_t n_tok = 0, n_out = 0;    // rows in, rows of logits out
   const void *workspace = nullptr; // the forward pass's activations
   int max_keys = 0;                // bound of the rows' visible positions
-  bool resident = true;            // the experts come from the resident weights
+  bool resident = true;            // the backend routes the experts by itself (resident, or tables)
   bool operator<(const StepKey &o) const {
     return std::tie(n_tok, n_out, workspace, max_keys, resident) <
            std::tie(o.n_tok, o.n_out, o.workspace, o.max_keys, o.resident);

@@ -663,8 +663,10 @@ absl::Status FeedForward(const HParams &hp, const LayerWeights &L, int l, Backen
   }
   be.MatMul(L.router, h, T, S.router);  // router (T, n_expert)
   if (L.router_bias.tensor != nullptr) be.AddBias(S.router, T, hp.n_expert, L.router_bias.values.data());
-  if (source == nullptr || source->resident()) {
+  const bool on_tables = source != nullptr && !source->resident() && source->routes_on_device();
+  if (source == nullptr || source->resident() || on_tables) {
     RoutedExpertsArgs ra;
+    ra.tables_only = on_tables;
     ra.layer = l;
     ra.weights = &L;
     ra.route = RouteParamsFor(hp, L.expert_select_bias);
@@ -932,7 +934,10 @@ absl::Status Forward(const HParams &hp, const ModelWeights &w, Backend &be, cons
     }
     return be.TakeError();
   };
-  const StepKey key{T, n_out, (*ws)->data(), rows.max_keys, a.experts == nullptr || a.experts->resident()};
+  // A step whose experts the backend routes by itself (resident, or on the tiers' tables) is keyed
+  // apart from one that asks the host, so a recording of the one never replays for the other.
+  const bool on_backend = a.experts == nullptr || a.experts->resident() || a.experts->routes_on_device();
+  const StepKey key{T, n_out, (*ws)->data(), rows.max_keys, on_backend};
   const Backend::StepMode mode = decode ? be.BeginStep(key) : Backend::StepMode::kEager;
   if (mode == Backend::StepMode::kReplay) {
     // Replayed only after a run of the same step went without a host round trip: every MoE layer

@@ -165,6 +165,11 @@ class ExpertSource {
   // True when Acquire hands out the layer's own resident weights and cannot fail: the forward pass
   // may then run experts before asking and report OnRoute / Acquire / Release after the pass.
   virtual bool resident() const { return false; }
+  // True when the backend's device tables address every expert where the tiers hold it
+  // (store::DeviceSlots::EnableTables): the forward pass may then let a backend with tables route
+  // and group by itself (RoutedExperts with tables_only), and report as for resident(). Acquire
+  // then cannot fail either.
+  virtual bool routes_on_device() const { return false; }
   // out[i] receives the weights of experts[i], valid until Release(layer, experts). On failure
   // nothing stays acquired and Release is not called.
   virtual absl::Status Acquire(int layer, const std::vector<int32_t> &experts,

@@ -256,14 +256,30 @@ absl::StatusOr<std::unique_ptr<Context>> Context::Open(const ContextOptions &o) 
     }
     ctx->plan_.streamed_experts = store::StreamedExperts(ctx->plan_);
   }
-  if (!hot.empty() && ctx->cache_ != nullptr) {
-    std::vector<uint32_t> keys;
-    for (const auto &h : hot) keys.push_back(ctx->table_->Key(h.layer, h.expert));
-    const size_t cap = o.hotlist_max > 0 ? static_cast<size_t>(o.hotlist_max) : keys.size();
+  std::vector<uint32_t> hot_keys;
+  for (const auto &h : hot) hot_keys.push_back(ctx->table_->Key(h.layer, h.expert));
+  if (ctx->vram_ != nullptr && ctx->vram_->complete()) {
+    // The tiers hold every expert: VRAM takes the hotlist's and an equal share of each layer's,
+    // RAM the rest (read by its I/O threads while the host carries on); the first steps run on the
+    // host path until every expert is in place (VramTier::Settle).
+    STRATA_RETURN_IF_ERROR(ctx->vram_->Seed(ctx->vram_->OpeningKeys(hot_keys), SIZE_MAX).status());
+    std::vector<uint32_t> rest;
+    for (int l = 0; l < ctx->table_->n_layers(); ++l) {
+      for (int x = 0; x < ctx->table_->n_experts(); ++x) {
+        const uint32_t key = ctx->table_->Key(l, x);
+        if (ctx->table_->entry(l, x).weights != nullptr && !ctx->vram_->Holds(key)) rest.push_back(key);
+      }
+    }
+    ctx->cache_->Preload(rest, rest.size());
+    // The opening's reads and moves are the load's; the counters are the run's.
+    ctx->vram_->ResetStats();
+    ctx->cache_->ResetStats();
+  } else if (!hot_keys.empty() && ctx->cache_ != nullptr) {
+    const size_t cap = o.hotlist_max > 0 ? static_cast<size_t>(o.hotlist_max) : hot_keys.size();
     // The hottest fill VRAM first (read through the RAM tier, which then gives them up), the next
     // ones RAM: the RAM tier's preload skips what the VRAM tier holds.
-    if (ctx->vram_ != nullptr) STRATA_RETURN_IF_ERROR(ctx->vram_->Seed(keys, cap).status());
-    ctx->cache_->Preload(keys, cap);  // loads run on the I/O threads while the host carries on
+    if (ctx->vram_ != nullptr) STRATA_RETURN_IF_ERROR(ctx->vram_->Seed(hot_keys, cap).status());
+    ctx->cache_->Preload(hot_keys, cap);  // loads run on the I/O threads while the host carries on
   }
   return ctx;
 }
@@ -348,6 +364,7 @@ class CountingExperts final : public model::ExpertSource {
     return inner_->Await(layer, expert);
   }
   bool resident() const override { return !layer_major && inner_->resident(); }
+  bool routes_on_device() const override { return !layer_major && inner_->routes_on_device(); }
 
  private:
   model::ExpertSource *inner_;
@@ -507,6 +524,7 @@ absl::Status Context::StepLocked(int cap, bool *ran) {
   }
   if (cache_ != nullptr && prompt) cache_->OnNewPrompt();
   if (vram_ != nullptr && prompt) vram_->OnNewPrompt();
+  if (vram_ != nullptr) STRATA_RETURN_IF_ERROR(vram_->Settle());
   const auto t0 = std::chrono::steady_clock::now();
   int64_t n_tok = 0;
   for (size_t p = 0; p < n_pass; ++p) {
@@ -547,7 +565,15 @@ absl::Status Context::StepLocked(int cap, bool *ran) {
       return c->tokens.size() == 1;
     });
     if (cache_ != nullptr && decode) cache_->OnDecodeToken();
-    if (vram_ != nullptr && decode) vram_->OnDecodeToken();
+    // Moves between the tiers happen here, between passes; a failed copy fails the step.
+    absl::Status moved = vram_ == nullptr ? absl::OkStatus()
+                         : decode         ? vram_->OnDecodeToken()
+                         : prompt         ? vram_->OnPromptDone()
+                                          : absl::OkStatus();
+    if (!moved.ok()) {
+      trim_all();
+      return moved;
+    }
   }
   const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
   const double per_tok = us / static_cast<double>(std::max<int64_t>(1, n_tok));

@@ -124,6 +124,7 @@ int ExpertCache::TakeSlotLocked(uint32_t key) {
     victim = idx[policy_->Victim(keys)];
     key_slot_[slots_[victim].key] = -1;
     ++stats_.evictions;
+    own_evictions_.fetch_add(1, std::memory_order_relaxed);
   }
   Slot &sl = slots_[victim];
   sl.state = SlotState::kLoading;
@@ -204,6 +205,13 @@ absl::Status ExpertCache::Admit(uint32_t key, const SlotBytes &from) {
   }
   cv_done_.notify_all();
   return st;
+}
+
+const model::ExpertWeights *ExpertCache::ReadyViews(uint32_t key) const {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (key >= key_slot_.size() || key_slot_[key] < 0) return nullptr;
+  const Slot &sl = slots_[key_slot_[key]];
+  return sl.state == SlotState::kReady ? &sl.views : nullptr;
 }
 
 bool ExpertCache::Evict(uint32_t key) {

@@ -9,6 +9,7 @@
 // whatever the budget.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -105,6 +106,8 @@ class ExpertCache final : public ExpertTier {
   absl::Status Admit(uint32_t key, const SlotBytes &from) override;
   bool Evict(uint32_t key) override;
   TierStats tier_stats() const override;
+  const model::ExpertWeights *ReadyViews(uint32_t key) const override;
+  uint64_t own_evictions() const override { return own_evictions_.load(std::memory_order_relaxed); }
   // The tier above this one (null: none). Its experts are not predicted, preloaded or layer-fetched
   // here. Called before the first step; `above` outlives the cache's use of it.
   void SetTierAbove(const ExpertTier *above) { above_ = above; }
@@ -196,6 +199,7 @@ class ExpertCache final : public ExpertTier {
   int loading_ = 0;
   bool stop_ = false;
   CacheStats stats_;
+  std::atomic<uint64_t> own_evictions_{0};  // never reset (ExpertTier::own_evictions)
   mutable std::mutex mu_;
   std::condition_variable cv_io_, cv_done_;
   std::vector<std::thread> io_threads_;

@@ -35,6 +35,15 @@ class DeviceSlots {
   // last written); complete when the call returns. An error leaves the slot's contents undefined.
   virtual absl::Status CopyIn(uint32_t s, const uint8_t *src, uint64_t bytes) = 0;
   virtual absl::Status CopyOut(uint32_t s, uint8_t *dst, uint64_t bytes) = 0;
+  // Device tables: per layer, every routed expert's address as the device reads it (one of these
+  // slots, or host memory the backend maps: the RAM tier's slab), so the backend routes and groups
+  // a decode batch by itself (model::Backend::RoutedExperts) while the tiers together hold every
+  // expert. EnableTables makes them, every entry unset; false where the backend cannot (then there
+  // are none). The caller points every expert of a layer before the forward pass may route there.
+  virtual bool EnableTables() { return false; }
+  // Points (layer, expert)'s entry at `where`: views over one of these slots or over mapped host
+  // memory. Takes effect before the next computation that reads the tables.
+  virtual absl::Status Point(int layer, int expert, const model::ExpertWeights &where) { return absl::OkStatus(); }
 };
 
 // Tests run the VRAM tier's policy end to end on a backend without memory of its own: a context
@@ -72,6 +81,12 @@ class ExpertTier : public model::ExpertSource {
   // Gives up `key` when nothing uses it now; false when it is in use or not held.
   virtual bool Evict(uint32_t key) = 0;
   virtual TierStats tier_stats() const = 0;
+  // The views of `key` where this tier holds it ready (valid until it moves or leaves), else null:
+  // what a device table points at.
+  virtual const model::ExpertWeights *ReadyViews(uint32_t key) const { return nullptr; }
+  // How many experts this tier has given up on its own to make room (not through Evict), ever: views
+  // it handed out stay where they are while the count does not change.
+  virtual uint64_t own_evictions() const { return 0; }
 };
 
 }  // namespace strata::store

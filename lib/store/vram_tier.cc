@@ -45,6 +45,13 @@ absl::StatusOr<std::unique_ptr<VramTier>> VramTier::Create(const ExpertTable &ta
   t->key_slot_.assign(n_keys, -1);
   t->stats_.n_slots = n;
   t->stats_.slot_bytes = table.slot_bytes();
+  t->candidate_.assign(n_keys, 0);
+  uint64_t n_routed = 0;
+  for (uint32_t key = 0; key < n_keys; ++key) {
+    if (table.entry(table.LayerOf(key), table.ExpertOf(key)).weights != nullptr) ++n_routed;
+  }
+  t->complete_ = uint64_t{n} + below->tier_stats().n_slots >= n_routed + 1;
+  t->tables_ = t->complete_ && device->EnableTables();
   return t;
 }
 
@@ -60,8 +67,136 @@ void VramTier::OnRoute(int layer, const float *h, int64_t n_tok, const int32_t *
   below_->OnRoute(layer, h, n_tok, selected, k);
 }
 
-void VramTier::OnDecodeToken() {
+absl::Status VramTier::OnDecodeToken() {
   if (heat_.OnDecodeToken()) floor_ >>= 1;
+  return Rebalance(opts_.swaps_per_step, opts_.promote_z);
+}
+
+absl::Status VramTier::OnPromptDone() { return Rebalance(static_cast<int>(slots_.size()), opts_.replan_z); }
+
+void VramTier::AddCandidate(uint32_t key) {
+  if (candidate_[key]) return;
+  candidate_[key] = 1;
+  candidates_.push_back(key);
+}
+
+absl::Status VramTier::PointAt(uint32_t key, const model::ExpertWeights &views) {
+  if (!tables_) return absl::OkStatus();
+  return device_->Point(table_.LayerOf(key), table_.ExpertOf(key), views);
+}
+
+absl::Status VramTier::Rebalance(int max, double z) {
+  if (!complete_ || candidates_.empty()) return absl::OkStatus();
+  std::sort(candidates_.begin(), candidates_.end(), [&](uint32_t a, uint32_t b) {
+    return heat_[a] != heat_[b] ? heat_[a] > heat_[b] : a < b;
+  });
+  absl::Status st = absl::OkStatus();
+  int moved = 0;
+  for (uint32_t key : candidates_) {
+    candidate_[key] = 0;
+    if (!st.ok() || moved >= max || Holds(key)) continue;
+    const model::ExpertWeights *ram = below_->ReadyViews(key);
+    if (ram == nullptr) continue;
+    // Candidates come hottest first and the victim is the coldest: once one fails, all later do.
+    const int v = SlotFor(key, /*may_swap=*/true, z);
+    if (v < 0) {
+      moved = max;
+      continue;
+    }
+    const model::ExpertWeights views = *ram;
+    st = MoveUp(key, views, v);
+    if (st.ok()) {
+      below_->Evict(key);  // its RAM slot is the next victim's spare
+      ++moved;
+    }
+  }
+  candidates_.clear();
+  if (moved > 0) ++stats_.rebalances;
+  return st;
+}
+
+absl::Status VramTier::Settle() {
+  if (!tables_) return absl::OkStatus();
+  if (routable_ && below_->own_evictions() == evictions_seen_) return absl::OkStatus();
+  routable_ = false;
+  evictions_seen_ = below_->own_evictions();
+  const uint32_t n_keys = static_cast<uint32_t>(key_slot_.size());
+  // Residents first: a RAM copy of one is a duplicate (a promotion whose copy was in use), given up
+  // so the RAM tier has room for what it lacks.
+  for (uint32_t key = 0; key < n_keys; ++key) {
+    const int s = key_slot_[key];
+    if (s < 0) continue;
+    below_->Evict(key);
+    STRATA_RETURN_IF_ERROR(PointAt(key, slots_[s].views));
+  }
+  bool loading = false;
+  std::vector<uint32_t> absent;
+  for (uint32_t key = 0; key < n_keys; ++key) {
+    if (key_slot_[key] >= 0 || table_.entry(table_.LayerOf(key), table_.ExpertOf(key)).weights == nullptr) continue;
+    const model::ExpertWeights *ram = below_->ReadyViews(key);
+    if (ram != nullptr) {
+      // Free slots take RAM's experts first (nothing to swap), which makes room below.
+      if (!free_.empty()) {
+        const model::ExpertWeights views = *ram;
+        STRATA_RETURN_IF_ERROR(MoveUp(key, views, free_.back()));
+        below_->Evict(key);
+        continue;
+      }
+      STRATA_RETURN_IF_ERROR(PointAt(key, *ram));
+    } else if (below_->Holds(key)) {
+      loading = true;  // on its way in: the next step looks again
+    } else {
+      absent.push_back(key);
+    }
+  }
+  if (loading) return absl::OkStatus();
+  // What neither tier holds is read now, through the tier below, a layer's run at once.
+  for (size_t i = 0; i < absent.size();) {
+    const int layer = table_.LayerOf(absent[i]);
+    std::vector<int32_t> xs;
+    for (; i < absent.size() && table_.LayerOf(absent[i]) == layer && xs.size() < 64; ++i) {
+      xs.push_back(table_.ExpertOf(absent[i]));
+    }
+    std::vector<const model::ExpertWeights *> w;
+    STRATA_RETURN_IF_ERROR(below_->Acquire(layer, xs, &w));
+    absl::Status st = absl::OkStatus();
+    for (size_t j = 0; j < xs.size() && st.ok(); ++j) st = PointAt(table_.Key(layer, xs[j]), *w[j]);
+    below_->Release(layer, xs);
+    STRATA_RETURN_IF_ERROR(st);
+  }
+  if (below_->own_evictions() != evictions_seen_) return absl::OkStatus();  // something moved: look again
+  routable_ = true;
+  return absl::OkStatus();
+}
+
+std::vector<uint32_t> VramTier::OpeningKeys(const std::vector<uint32_t> &hot) const {
+  std::vector<uint32_t> keys;
+  std::vector<char> taken(key_slot_.size(), 0);
+  for (uint32_t key : hot) {
+    if (key < taken.size() && !taken[key] && keys.size() < slots_.size()) {
+      taken[key] = 1;
+      keys.push_back(key);
+    }
+  }
+  std::vector<int> layers;
+  for (int l = 0; l < table_.n_layers(); ++l) {
+    if (table_.entry(l, 0).weights != nullptr) layers.push_back(l);
+  }
+  if (layers.empty()) return keys;
+  // An equal share of each layer's experts (the first layers take the remainder), then any.
+  const size_t left = slots_.size() - keys.size();
+  const size_t share = left / layers.size(), extra = left % layers.size();
+  for (size_t j = 0; j < layers.size(); ++j) {
+    size_t want = share + (j < extra ? 1 : 0);
+    for (int x = 0; x < table_.n_experts() && want > 0; ++x) {
+      const uint32_t key = table_.Key(layers[j], x);
+      if (taken[key]) continue;
+      taken[key] = 1;
+      keys.push_back(key);
+      --want;
+    }
+  }
+  return keys;
 }
 
 void VramTier::OnNewPrompt() {
@@ -69,11 +204,11 @@ void VramTier::OnNewPrompt() {
   floor_ = 0;
 }
 
-int VramTier::SlotFor(uint32_t key, bool may_swap) {
+int VramTier::SlotFor(uint32_t key, bool may_swap, double z) {
   if (!free_.empty()) return free_.back();
   if (!may_swap) return -1;
   const uint32_t h = heat_[key];
-  if (floor_ok_ && !model::MarkedlyHotter(h, floor_, opts_.promote_z)) return -1;
+  if (floor_ok_ && !model::MarkedlyHotter(h, floor_, z)) return -1;
   // The coldest resident not in use (least recently used among equals); the floor covers every
   // resident, those in use too, so it stays a bound once they are released.
   int v = -1;
@@ -91,7 +226,7 @@ int VramTier::SlotFor(uint32_t key, bool may_swap) {
   }
   floor_ = floor;
   floor_ok_ = true;
-  if (v < 0 || !model::MarkedlyHotter(h, v_heat, opts_.promote_z)) return -1;
+  if (v < 0 || !model::MarkedlyHotter(h, v_heat, z)) return -1;
   return v;
 }
 
@@ -104,8 +239,17 @@ absl::Status VramTier::MoveDown(int v) {
   if (st.ok()) {
     ++stats_.demotions;
     stats_.bytes_down += from.bytes;
+    if (tables_) {
+      const model::ExpertWeights *ram = below_->ReadyViews(key);
+      if (ram != nullptr) {
+        STRATA_RETURN_IF_ERROR(PointAt(key, *ram));
+      } else {
+        routable_ = false;
+      }
+    }
   } else if (StatusToMoe(st) == MOE_ERR_NO_MEMORY) {
     ++stats_.dropped;  // no room below: it goes back to the file
+    routable_ = false;
   } else {
     return st;
   }
@@ -139,13 +283,17 @@ absl::Status VramTier::MoveUp(uint32_t key, const model::ExpertWeights &ram, int
   ++stats_.promotions;
   stats_.bytes_up += bytes;
   if (swap) ++swaps_;
-  return absl::OkStatus();
+  return PointAt(key, sl.views);
 }
 
 absl::Status VramTier::Promote(uint32_t key, const model::ExpertWeights &ram) {
   if (Holds(key)) return absl::OkStatus();
-  const int v = SlotFor(key, swaps_ < opts_.max_swaps_per_call);
-  if (v < 0) return absl::OkStatus();
+  // Complete tiers swap between steps only (Rebalance): here just into a free slot.
+  const int v = SlotFor(key, !complete_ && swaps_ < opts_.max_swaps_per_call, opts_.promote_z);
+  if (v < 0) {
+    if (complete_) AddCandidate(key);
+    return absl::OkStatus();
+  }
   STRATA_RETURN_IF_ERROR(MoveUp(key, ram, v));
   moved_up_.push_back(key);
   return absl::OkStatus();
@@ -232,7 +380,7 @@ absl::Status VramTier::Admit(uint32_t key, const SlotBytes &from) {
   if (key >= key_slot_.size()) return Errorf(MOE_ERR_INVALID_ARGUMENT, "expert key %u is out of range", key);
   if (Holds(key)) return absl::OkStatus();
   if (from.host == nullptr) return Errorf(MOE_ERR_INTERNAL, "a VRAM slot is filled from host memory");
-  const int v = SlotFor(key, /*may_swap=*/true);
+  const int v = SlotFor(key, /*may_swap=*/true, opts_.promote_z);
   if (v < 0) return Errorf(MOE_ERR_NO_MEMORY, "no VRAM expert slot is free for expert key %u", key);
   model::ExpertWeights ram = *table_.entry(table_.LayerOf(key), table_.ExpertOf(key)).weights;
   const ExpertEntry &en = table_.entry(table_.LayerOf(key), table_.ExpertOf(key));
@@ -249,19 +397,34 @@ bool VramTier::Evict(uint32_t key) {
 
 absl::StatusOr<size_t> VramTier::Seed(const std::vector<uint32_t> &keys, size_t max) {
   size_t moved = 0;
-  for (uint32_t key : keys) {
-    if (moved >= max || free_.empty()) break;
-    if (key >= key_slot_.size() || Holds(key)) continue;
-    const int layer = table_.LayerOf(key);
-    const int32_t x = table_.ExpertOf(key);
-    if (table_.entry(layer, x).weights == nullptr) continue;  // a dense layer
+  for (size_t i = 0; i < keys.size() && moved < max && !free_.empty();) {
+    // A run of one layer's keys (at most the free slots left) is read at once by the tier below.
+    const int layer = keys[i] < key_slot_.size() ? table_.LayerOf(keys[i]) : -1;
+    std::vector<int32_t> xs;
+    const size_t room = std::min<size_t>({64, max - moved, free_.size()});
+    for (; i < keys.size() && xs.size() < room; ++i) {
+      const uint32_t key = keys[i];
+      if (key >= key_slot_.size() || table_.LayerOf(key) != layer) break;
+      const int32_t x = table_.ExpertOf(key);
+      if (Holds(key) || table_.entry(layer, x).weights == nullptr) continue;  // held, or a dense layer
+      if (std::find(xs.begin(), xs.end(), x) == xs.end()) xs.push_back(x);
+    }
+    if (xs.empty()) {
+      if (i < keys.size() && keys[i] >= key_slot_.size()) ++i;  // out of range: skipped
+      continue;
+    }
     std::vector<const model::ExpertWeights *> w;
-    STRATA_RETURN_IF_ERROR(below_->Acquire(layer, {x}, &w));
-    absl::Status st = MoveUp(key, *w[0], free_.back());
-    below_->Release(layer, {x});
+    STRATA_RETURN_IF_ERROR(below_->Acquire(layer, xs, &w));
+    absl::Status st = absl::OkStatus();
+    size_t up = 0;
+    for (; up < xs.size(); ++up) {
+      st = MoveUp(table_.Key(layer, xs[up]), *w[up], free_.back());
+      if (!st.ok()) break;
+    }
+    below_->Release(layer, xs);
+    for (size_t j = 0; j < up; ++j) below_->Evict(table_.Key(layer, xs[j]));  // the copies are up
     STRATA_RETURN_IF_ERROR(st);
-    below_->Evict(key);
-    ++moved;
+    moved += xs.size();
   }
   return moved;
 }

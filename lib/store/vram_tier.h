@@ -5,6 +5,15 @@
 // dropped; the RAM tier then gives up its copy. A layer's experts in VRAM are served from their
 // slots and never asked of the RAM tier, whose prediction and preloading skip them. Every slot
 // holds the bytes of the file, so results are the same at any pair of budgets.
+//
+// When the two tiers' slots hold every routed expert with one to spare ("complete"), nothing
+// streams, and the tier keeps the device's tables (DeviceSlots::EnableTables) pointing at each
+// expert where it lies, a VRAM slot or a RAM slot the device reads over the link. Once every
+// expert is in place (Settle) the tier reports routes_on_device(): the backend then routes and
+// groups decode batches itself, and the forward pass reports each layer's selections after the
+// step. Moves then happen between steps only (Rebalance): the experts served from RAM since the
+// last one, hottest first, take the slots of markedly colder residents, a few a decode step and
+// as many as the heat warrants after a prompt; each victim goes down into the RAM slot to spare.
 #pragma once
 
 #include <cstdint>
@@ -25,6 +34,11 @@ struct VramTierOptions {
   // Slots a layer's call may take from residents (free slots are filled without limit): each such
   // move copies two experts over the link while the step waits.
   int max_swaps_per_call = 2;
+  // While the tiers are complete: the swaps a decode step may make between steps, and the z of the
+  // re-plan after a prompt (the pairs are then the extremes of thousands of experts, which chance
+  // sets two deviations apart).
+  int swaps_per_step = 2;
+  double replan_z = 3.0;
 };
 
 struct VramTierStats {
@@ -33,6 +47,7 @@ struct VramTierStats {
   uint64_t demotions = 0;     // residents moved down into RAM to make room
   uint64_t dropped = 0;       // residents given up without a place in RAM (back to the file)
   uint64_t bytes_up = 0, bytes_down = 0;
+  uint64_t rebalances = 0;    // Rebalance passes that moved an expert (complete tiers)
   uint32_t n_slots = 0;
   uint64_t slot_bytes = 0;
 };
@@ -60,11 +75,28 @@ class VramTier final : public ExpertTier {
   bool Evict(uint32_t key) override;
   TierStats tier_stats() const override;
 
-  void OnDecodeToken();
+  // True while the tiers are complete and the device tables point at every expert: the backend
+  // routes on its own, and Acquire (the accounting after the step) neither waits nor fails.
+  bool routes_on_device() const override { return routable_; }
+  // The two tiers' slots hold every routed expert with one to spare.
+  bool complete() const { return complete_; }
+  bool tables() const { return tables_; }
+
+  // Between decode steps: the heat's decay, and while complete a Rebalance of swaps_per_step.
+  absl::Status OnDecodeToken();
   void OnNewPrompt();
+  // After a prompt's passes: while complete, the Rebalance of every markedly hotter expert (replan_z).
+  absl::Status OnPromptDone();
+  // Before a step: while complete, points the tables at every expert and becomes resident() once
+  // each one is in place; an expert neither tier holds is read into RAM, one still loading leaves it
+  // for the next step. A RAM tier that gave up an expert on its own makes it check again.
+  absl::Status Settle();
   // Moves up to `max` of `keys` (hottest first, e.g. a hotlist) into free slots, each read through
-  // the tier below; returns how many went up.
+  // the tier below (a layer's run of keys at once); returns how many went up.
   absl::StatusOr<size_t> Seed(const std::vector<uint32_t> &keys, size_t max);
+  // The keys a complete tier starts with: `hot` first, then an equal share of every layer's experts,
+  // as many as the slots hold.
+  std::vector<uint32_t> OpeningKeys(const std::vector<uint32_t> &hot) const;
 
   VramTierStats stats() const;
   void ResetStats();
@@ -87,7 +119,12 @@ class VramTier final : public ExpertTier {
   uint64_t SpanBytes(uint32_t key) const;
   // The slot `key` (now in RAM, its views `ram`) should take: a free one, or a markedly colder
   // resident's not in use; -1 when it should stay where it is.
-  int SlotFor(uint32_t key, bool may_swap);
+  int SlotFor(uint32_t key, bool may_swap, double z);
+  // Moves the hottest candidates up into the slots of markedly colder residents (z), at most `max`.
+  absl::Status Rebalance(int max, double z);
+  void AddCandidate(uint32_t key);
+  // Points the device table's entry of `key` at `views` (while the tables exist).
+  absl::Status PointAt(uint32_t key, const model::ExpertWeights &views);
   // Moves `key` up from its RAM views into slot v (moving the slot's resident down first).
   absl::Status MoveUp(uint32_t key, const model::ExpertWeights &ram, int v);
   // Moves slot v's resident down into the tier below (dropped when it has no room); the slot is
@@ -117,6 +154,12 @@ class VramTier final : public ExpertTier {
   std::vector<int32_t> below_experts_;
   std::vector<uint32_t> moved_up_;
   int swaps_ = 0;
+  // Complete tiers (see above): the tables exist, every expert is in place, the tier below's
+  // own_evictions when it last was; experts served from RAM since the last Rebalance.
+  bool complete_ = false, tables_ = false, routable_ = false;
+  uint64_t evictions_seen_ = 0;
+  std::vector<uint32_t> candidates_;
+  std::vector<char> candidate_;
   VramTierStats stats_;
 };
 

@@ -931,6 +931,7 @@ TEST_CASE("CUDA backend: VRAM over RAM over the file is bit-identical at every b
     const uint32_t pairs[][2] = {{ram_min, 1 + static_cast<uint32_t>(rng() % 3)},
                                  {ram_min, routed - ram_min - 1},
                                  {ram_min + 2, routed / 2},
+                                 {routed - routed / 3 + 1, routed / 3},
                                  {ram_min, routed}};
     for (const auto &pair : pairs) {
       const uint64_t ram = plan.ram_fixed_bytes + uint64_t{pair[0]} * plan.expert_slot_bytes;
@@ -945,6 +946,15 @@ TEST_CASE("CUDA backend: VRAM over RAM over the file is bit-identical at every b
       CHECK(st.vram_hits > 0);
       CHECK(st.vram_hits + st.expert_hits + st.expert_misses == all_st.expert_hits);
       CHECK(got == all);
+      // Tiers holding every expert with one to spare route on the device's tables: every MoE layer
+      // without a host wait, decode steps replayed from graphs.
+      if (uint64_t{pair[0]} + slots >= uint64_t{routed} + 1) {
+        CHECK(st.vram_device_layers > 0);
+        CHECK(st.gpu_graph_replays > 0);
+        CHECK(st.expert_misses == 0);
+      } else {
+        CHECK(st.vram_device_layers == 0);
+      }
     }
     // No VRAM budget while experts stream: the tier takes most of the device's free memory.
     moe_stats auto_st;
@@ -954,6 +964,7 @@ TEST_CASE("CUDA backend: VRAM over RAM over the file is bit-identical at every b
                                    MOE_CPU_EXPERTS_OFF, false, nullptr, nullptr, ram_min_bytes);
     CHECK(auto_slots == routed);  // a golden's experts all fit
     CHECK(auto_st.vram_hits > 0);
+    CHECK(auto_st.gpu_graph_replays > 0);
     CHECK(got == all);
   }
 }

@@ -7,6 +7,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <random>
@@ -60,8 +61,18 @@ class HostSlots final : public DeviceSlots {
     std::memcpy(dst, slot(s), bytes);
     return absl::OkStatus();
   }
-  int copies_in = 0, copies_out = 0;
+  // Device tables: each entry as pointed, checked by the test against the file's bytes.
+  bool EnableTables() override { return tables_on; }
+  absl::Status Point(int layer, int expert, const strata::model::ExpertWeights &where) override {
+    REQUIRE(tables_on);
+    entries[{layer, expert}] = where;
+    ++points;
+    return absl::OkStatus();
+  }
+  int copies_in = 0, copies_out = 0, points = 0;
   bool fail_next = false;
+  static inline bool tables_on = false;
+  std::map<std::pair<int, int>, strata::model::ExpertWeights> entries;
 
  private:
   std::vector<uint8_t> mem_;
@@ -69,7 +80,12 @@ class HostSlots final : public DeviceSlots {
   uint32_t n_ = 0;
 };
 
-std::unique_ptr<DeviceSlots> MakeHostSlots() { return std::make_unique<HostSlots>(); }
+HostSlots *g_last_slots = nullptr;  // the device of the context opened last
+std::unique_ptr<DeviceSlots> MakeHostSlots() {
+  auto d = std::make_unique<HostSlots>();
+  g_last_slots = d.get();
+  return d;
+}
 
 struct TestDevice {
   TestDevice() { strata::store::SetDeviceSlotsForTesting(&MakeHostSlots); }
@@ -130,9 +146,26 @@ class RecordingTier final : public ExpertTier {
     ++evicted;
     return true;
   }
-  TierStats tier_stats() const override { return {}; }
+  TierStats tier_stats() const override {
+    TierStats st;
+    st.n_slots = n_slots;
+    return st;
+  }
+  const strata::model::ExpertWeights *ReadyViews(uint32_t key) const override {
+    auto it = held.find(key);
+    if (it == held.end()) return nullptr;
+    const auto &en = t_.entry(t_.LayerOf(key), t_.ExpertOf(key));
+    strata::model::ExpertWeights &v = ready_views[key];
+    v = *en.weights;
+    v.gate.data = it->second.data() + en.part[0].slot_offset;
+    v.up.data = it->second.data() + en.part[1].slot_offset;
+    v.down.data = it->second.data() + en.part[2].slot_offset;
+    return &v;
+  }
 
   const ExpertTable &t_;
+  uint32_t n_slots = 0;  // what it tells the tier above (the experts it could hold)
+  mutable std::map<uint32_t, strata::model::ExpertWeights> ready_views;
   std::map<uint32_t, std::vector<uint8_t>> original, held;
   std::map<uint32_t, strata::model::ExpertWeights> views;
   std::map<uint32_t, int> pins;
@@ -302,7 +335,7 @@ TEST_CASE("random traffic keeps the tiers distinct and every expert's bytes inta
       CHECK(ViewHolds(t, below, t.Key(layer, experts[i]), *out[i]));
     }
     v.Release(layer, experts);
-    if (step % 7 == 0) v.OnDecodeToken();
+    if (step % 7 == 0) REQUIRE(v.OnDecodeToken().ok());
     for (int key = 0; key < n_keys; ++key) {
       const bool up = v.Holds(key), down = below.Holds(key);
       if (t.entry(t.LayerOf(key), t.ExpertOf(key)).weights == nullptr) continue;
@@ -310,6 +343,106 @@ TEST_CASE("random traffic keeps the tiers distinct and every expert's bytes inta
     }
   }
   CHECK(v.stats().promotions >= v.n_slots());
+}
+
+TEST_CASE("complete tiers route on the device's tables, swap between steps and keep every entry true",
+          "[store][vram]") {
+  Model m(kGolden + "mixtral_f32/model-f32.gguf");
+  const ExpertTable &t = *m.table;
+  const uint32_t seed = std::random_device{}();
+  INFO("seed " << seed);
+  std::mt19937 rng(seed);
+  RecordingTier below(t, seed);
+  const uint32_t n_keys = static_cast<uint32_t>(t.n_layers() * t.n_experts());
+  HostSlots dev;
+  HostSlots::tables_on = true;
+  struct Off {
+    ~Off() { HostSlots::tables_on = false; }
+  } off;
+  VramTierOptions o;
+  o.n_slots = 2 + rng() % 3;
+  o.swaps_per_step = 1;
+  // Short of one: not complete, no tables.
+  below.n_slots = n_keys - o.n_slots;
+  {
+    auto vr = VramTier::Create(t, &dev, &below, o);
+    REQUIRE(vr.ok());
+    CHECK_FALSE((*vr)->complete());
+    CHECK_FALSE((*vr)->tables());
+    REQUIRE((*vr)->Settle().ok());
+    CHECK_FALSE((*vr)->routes_on_device());
+  }
+  below.n_slots = n_keys - o.n_slots + 1;
+  HostSlots dev2;
+  auto vr = VramTier::Create(t, &dev2, &below, o);
+  REQUIRE(vr.ok());
+  VramTier &v = **vr;
+  REQUIRE(v.complete());
+  REQUIRE(v.tables());
+  CHECK_FALSE(v.routes_on_device());
+  // Every entry holds its expert's original bytes, and each expert lies in one tier.
+  auto check = [&] {
+    REQUIRE(dev2.entries.size() == below.original.size());
+    for (const auto &[id, views] : dev2.entries) {
+      const uint32_t key = t.Key(id.first, id.second);
+      CHECK(ViewHolds(t, below, key, views));
+      CHECK(v.Holds(key) != below.Holds(key));
+      // VRAM's experts are read from their slots, the others where RAM holds them.
+      const bool in_slot = views.gate.data >= dev2.slot(0) && views.gate.data < dev2.slot(v.n_slots());
+      CHECK(in_slot == v.Holds(key));
+    }
+  };
+  REQUIRE(v.Settle().ok());
+  CHECK(v.routes_on_device());
+  CHECK(v.ResidentKeys().size() == v.n_slots());  // the free slots took RAM's experts
+  check();
+
+  // Device-routed steps: the accounting after each one makes no move; a markedly hotter expert
+  // takes a resident's slot between steps, a swap a step.
+  std::vector<const strata::model::ExpertWeights *> out;
+  const std::vector<uint32_t> before = v.ResidentKeys();
+  int layer = -1, hot = -1;
+  for (int l = 0; l < t.n_layers() && hot < 0; ++l) {
+    for (int x = 0; x < t.n_experts() && hot < 0; ++x) {
+      if (t.entry(l, x).weights != nullptr && !v.Holds(t.Key(l, x))) layer = l, hot = x;
+    }
+  }
+  REQUIRE(hot >= 0);
+  const int copies = dev2.copies_in;
+  for (int step = 0; step < 3; ++step) {
+    Route(v, layer, std::vector<int32_t>(30, hot));
+    REQUIRE(v.Acquire(layer, {hot}, &out).ok());
+    v.Release(layer, {hot});
+    CHECK(dev2.copies_in == copies + step);  // no move inside the accounting
+    REQUIRE(v.OnDecodeToken().ok());
+    REQUIRE(v.Settle().ok());
+    CHECK(v.routes_on_device());
+    check();
+    if (v.Holds(t.Key(layer, hot))) break;
+  }
+  CHECK(v.Holds(t.Key(layer, hot)));
+  CHECK(v.stats().demotions == 1);
+  CHECK(v.stats().rebalances == 1);
+  CHECK(v.ResidentKeys() != before);
+
+  // Random traffic with random moves: the entries stay true after every step.
+  for (int step = 0; step < 200; ++step) {
+    const int l = static_cast<int>(rng() % t.n_layers());
+    if (t.entry(l, 0).weights == nullptr) continue;
+    std::set<int32_t> pick;
+    for (int i = 0; i < 3; ++i) pick.insert(static_cast<int32_t>(std::min(rng() % t.n_experts(), rng() % t.n_experts())));
+    std::vector<int32_t> experts(pick.begin(), pick.end());
+    for (int r = 0; r < 1 + static_cast<int>(rng() % 20); ++r) Route(v, l, experts);
+    REQUIRE(v.Acquire(l, experts, &out).ok());
+    for (size_t i = 0; i < experts.size(); ++i) CHECK(ViewHolds(t, below, t.Key(l, experts[i]), *out[i]));
+    v.Release(l, experts);
+    REQUIRE((step % 5 == 0 ? v.OnPromptDone() : v.OnDecodeToken()).ok());
+    REQUIRE(v.Settle().ok());
+    CHECK(v.routes_on_device());
+    check();
+  }
+  CHECK(v.stats().demotions > 1);
+  CHECK(v.stats().dropped == 0);
 }
 
 namespace {
@@ -377,7 +510,9 @@ TEST_CASE("logits at (RAM, VRAM) budget pairs are bit-identical to the all-resid
       CHECK(std::memcmp(logits.data(), ref.data(), logits.size() * sizeof(float)) == 0);
       CHECK(st.streaming == 1);
       CHECK(st.vram_expert_slots == got.vram_expert_slots);
-      CHECK(st.vram_promotions > 0);
+      // Tiers that hold every expert with one to spare fill VRAM when they open; others promote.
+      const bool complete = uint64_t{pair[0]} + got.vram_expert_slots >= uint64_t{routed} + 1;
+      if (!complete) CHECK(st.vram_promotions > 0);
       CHECK(st.vram_hits > 0);
       // Every expert use is served by exactly one tier, or read from the file.
       CHECK(st.vram_hits + st.expert_hits + st.expert_misses == ref_st.expert_hits);
@@ -417,4 +552,97 @@ TEST_CASE("plan --json gives each tier's slots from budgets of fixed + k slots",
   REQUIRE(moe_plan(&p, &c) == MOE_OK);
   CHECK(c.vram_fixed_bytes == 0);
   CHECK(c.vram_expert_slots == 0);
+}
+
+namespace {
+
+// The bytes of (layer, expert)'s part p, read from the model file.
+std::vector<uint8_t> FileBytes(const std::string &path, const ExpertTable &t, int layer, int expert, int p) {
+  const strata::store::ExpertPart &part = t.entry(layer, expert).part[p];
+  REQUIRE(part.file_index == 0);
+  std::vector<uint8_t> b(part.bytes);
+  FILE *f = std::fopen(path.c_str(), "rb");
+  REQUIRE(f != nullptr);
+  REQUIRE(std::fseek(f, static_cast<long>(part.file_offset), SEEK_SET) == 0);
+  REQUIRE(std::fread(b.data(), 1, b.size(), f) == b.size());
+  std::fclose(f);
+  return b;
+}
+
+}  // namespace
+
+TEST_CASE("complete tiers keep the device tables pointing at every expert's bytes", "[store][vram][golden]") {
+  TestDevice device;
+  HostSlots::tables_on = true;
+  struct Off {
+    ~Off() { HostSlots::tables_on = false; }
+  } off;
+  std::mt19937 rng(std::random_device{}());
+  for (const char *m : {"qwen3moe_f32/model-q8_0.gguf", "mixtral_f32/model-f16.gguf"}) {
+    const std::string model = kGolden + m;
+    const std::string family = std::string(m).substr(0, std::string(m).find('/'));
+    const auto tokens = ReadBinary<int32_t>(kGolden + family + "/tokens.bin");
+    const auto ref = strata::testing::TeacherForced(model, tokens, 12);
+    Model md(model);
+    const ExpertTable &t = *md.table;
+
+    moe_params p;
+    moe_params_init(&p);
+    p.model_path = model.c_str();
+    p.ram_budget_bytes = 1;
+    moe_cache_plan plan;
+    moe_cache_plan_init(&plan);
+    REQUIRE(moe_plan(&p, &plan) == MOE_OK);
+    const uint32_t routed = plan.n_routed_experts;
+    // VRAM a third or so of the experts, RAM the rest and one or a few to spare: complete.
+    const uint32_t kv = routed / 3 + rng() % 3, kr = routed - kv + 1 + rng() % 3;
+    INFO(m << ": RAM " << kr << " VRAM " << kv << " of " << routed);
+    p.ram_budget_bytes = plan.ram_fixed_bytes + uint64_t{kr} * plan.expert_slot_bytes;
+    p.vram_budget_bytes = plan.ram_fixed_bytes + uint64_t{kv} * plan.expert_slot_bytes;
+    p.n_threads = 2;
+    moe_ctx *ctx = nullptr;
+    REQUIRE(moe_ctx_open(&p, &ctx) == MOE_OK);
+    HostSlots *dev = g_last_slots;
+    REQUIRE(dev != nullptr);
+    moe_session_params sp;
+    moe_session_params_init(&sp);
+    sp.logits_all = 1;
+    moe_session *s = nullptr;
+    REQUIRE(moe_session_open(ctx, &sp, &s) == MOE_OK);
+    const int32_t n_vocab = moe_ctx_vocab_size(ctx);
+    std::vector<float> out(tokens.size() * n_vocab, std::nanf(""));
+    size_t done = 0;
+    // Every entry pointed so far holds its expert's bytes, whatever moved since.
+    auto check_entries = [&] {
+      for (const auto &[id, views] : dev->entries) {
+        const uint8_t *parts[3] = {views.gate.data, views.up.data, views.down.data};
+        for (int q = 0; q < 3; ++q) {
+          const std::vector<uint8_t> want = FileBytes(model, t, id.first, id.second, q);
+          INFO("layer " << id.first << " expert " << id.second << " part " << q);
+          REQUIRE(std::memcmp(parts[q], want.data(), want.size()) == 0);
+        }
+      }
+    };
+    while (done < tokens.size()) {
+      const size_t n = done == 0 ? 12 : 1;
+      REQUIRE(moe_session_feed(s, tokens.data() + done, n) == MOE_OK);
+      uint32_t pending = 99;
+      REQUIRE(moe_ctx_step(ctx, &pending) == MOE_OK);
+      const float *rows;
+      int32_t nt, nv;
+      REQUIRE(moe_session_logits_all(s, &rows, &nt, &nv) == MOE_OK);
+      std::copy(rows, rows + n * n_vocab, out.begin() + done * n_vocab);
+      done += n;
+      check_entries();
+    }
+    // Every routed expert has an entry: the tiers became resident and the steps after routed on it.
+    CHECK(dev->entries.size() == routed);
+    CHECK(std::memcmp(out.data(), ref.data(), out.size() * sizeof(float)) == 0);
+    moe_stats st;
+    moe_stats_init(&st);
+    REQUIRE(moe_ctx_stats(ctx, &st) == MOE_OK);
+    CHECK(st.expert_misses == 0);  // nothing read on demand: every expert was in place before its use
+    moe_session_close(s);
+    moe_ctx_close(ctx);
+  }
 }
