@@ -13,6 +13,13 @@ link rate is given (--link-gbs, pinned host to device).
 The roofline takes the slower of the two streams a token needs (file bytes / disk rate, link bytes /
 link rate), as if they overlapped perfectly: the fastest any engine could decode those bytes.
 
+--free-gib X locks all but X GiB of the host's available RAM for the whole run (streaming_bench.py's
+hog), so every engine meets the same free memory and the page cache cannot hold the file. With
+--llama-lib DIR (libllama.so built for CUDA from the llama-cpp-python source distribution) a
+llama.cpp row follows: every layer offloaded, the routed experts of the first --llama-cpu-moe layers
+in host RAM computed by the CPU (its --n-cpu-moe), weights read through its mmap; prompt and decode
+ids as gpu_bench.py feeds it (a prompt of --prefill ids, then --decode one-token steps).
+
   python3 bench/tiers_bench.py --strata build/examples/strata --model q30k.gguf \
       --configs cpu:6G cuda:6G:8G cuda:12G:8G cuda:60G:8G --prefill 512 --decode 64 --threads 16 --json out.json
 """
@@ -99,9 +106,48 @@ def main():
     ap.add_argument("--disk-seconds", type=float, default=3.0)
     ap.add_argument("--json", help="write every row here")
     ap.add_argument("extra", nargs="*", help="more strata bench flags (after --)")
+    ap.add_argument("--free-gib", type=float, default=0.0, help="lock all but this much available RAM (0: none)")
+    ap.add_argument("--llama-lib", default="", help="directory of a CUDA libllama.so: adds a llama.cpp row")
+    ap.add_argument("--llama-cpu-moe", type=int, default=0, help="llama.cpp's --n-cpu-moe for that row")
     args = ap.parse_args()
 
-    rows = [run_config(args, c) for c in args.configs]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    hog = None
+    if args.free_gib > 0:
+        import multiprocessing
+        import streaming_bench as sb
+        sb.drop_caches()
+        lock = sb.mem_available() - int(args.free_gib * 2**30)
+        if lock > 0:
+            ready = multiprocessing.Event()
+            hog = multiprocessing.Process(target=sb.hog, args=(lock, ready), daemon=True)
+            hog.start()
+            ready.wait()
+        print("RAM lock: %.1f GiB locked, %.1f GiB available" % (max(lock, 0) / 2**30, sb.mem_available() / 2**30))
+    try:
+        rows = [run_config(args, c) for c in args.configs]
+        if hog is not None:
+            sb.hog_alive(hog, "the Strata rows")
+        llama = None
+        if args.llama_lib:
+            import gpu_bench
+            if hog is not None:
+                sb.drop_caches()
+            try:
+                llama = gpu_bench.run_llama_apart(args.llama_lib, args.model, args.llama_cpu_moe, args.prefill,
+                                                  args.decode, args.threads)
+            except RuntimeError as e:
+                llama = {"error": str(e)}
+            llama["config"] = "llama.cpp cuda, n-cpu-moe %d" % args.llama_cpu_moe
+            if hog is not None:
+                sb.hog_alive(hog, "llama.cpp")
+    finally:
+        if hog is not None:
+            hog.kill()
+    report(args, rows, llama)
+
+
+def report(args, rows, llama):
     slot = next((r["stats"]["cache_slot_bytes"] for r in rows if "stats" in r and r["stats"]["cache_slot_bytes"]), 0)
     probe = disk_rate(args.model, slot or (1 << 22), args.io_threads, args.disk_seconds)
     achieved = max([r["stats"]["bytes_read"] / max(1, r["decode_tokens"]) * r["decode_tok_s"]
@@ -137,9 +183,18 @@ def main():
         print("%-16s %9.2f %6.1f%% %6.1f%% %6.1f%% %10.1f %10.1f %10.1f %6.1f%%" %
               (r["config"], r["decode_tok_s"], pct(st["vram_hits"]), pct(st["expert_hits"]), pct(st["expert_misses"]),
                file_b / 2**20, link_b / 2**20, roof, 100.0 * r["decode_tok_s"] / roof if roof != float("inf") else 0))
+    if llama is not None:
+        if "error" in llama:
+            print("%-16s failed: %s" % (llama["config"], llama["error"]))
+        else:
+            print("%s: decode %.2f tok/s (steady %.2f), prefill %.1f tok/s" %
+                  (llama["config"], llama["decode_tok_s"], llama["decode_steady_tok_s"], llama["prefill_tok_s"]))
+            for r in rows:
+                if "error" not in r:
+                    print("  %-16s %.1fx llama.cpp" % (r["config"], r["decode_tok_s"] / max(llama["decode_tok_s"], 1e-9)))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"model": args.model, "rows": rows}, f, indent=1)
+            json.dump({"model": args.model, "free_gib": args.free_gib, "rows": rows, "llama": llama}, f, indent=1)
 
 
 if __name__ == "__main__":
