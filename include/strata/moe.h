@@ -255,8 +255,11 @@ typedef struct moe_cache_plan {
   uint32_t kv_max_blocks;           /* blocks the KV budget holds */
   /* Since 0.6: the three tiers. A budget of fixed + k x expert_slot_bytes gives k slots in its tier;
    * while experts stream, VRAM and RAM hold distinct experts. */
-  uint64_t ram_fixed_bytes;         /* what the RAM budget spends before expert slots */
-  uint64_t vram_fixed_bytes;        /* what the VRAM budget spends before expert slots (0: no device tier) */
+  uint64_t ram_fixed_bytes;         /* what the RAM budget spends before expert slots: the non-routed
+                                       weights, and the KV cache and workspace unless the backend holds
+                                       them in device memory (CUDA) */
+  uint64_t vram_fixed_bytes;        /* what the VRAM budget spends before expert slots: the device's
+                                       non-routed weights, KV cache and workspace (0: no device tier) */
   uint32_t streamed_experts;        /* routed experts neither tier holds: routed - VRAM - RAM, at least 0 */
 } moe_cache_plan;
 

@@ -39,6 +39,7 @@ store::PlanInputs Context::PlanInputsFor(const ContextOptions &o, const model::H
   in.max_batch_tokens = o.max_batch_tokens > 0 ? o.max_batch_tokens : kDefaultMaxBatchTokens;
   // A device tier is planned for the CUDA backend asked by name (Open plans AUTO's choice again).
   in.have_gpu = o.backend == MOE_BACKEND_CUDA;
+  in.device_activations = in.have_gpu;
   return in;
 }
 
@@ -135,12 +136,19 @@ absl::StatusOr<std::unique_ptr<Context>> Context::Open(const ContextOptions &o) 
     return Errorf(MOE_ERR_INVALID_ARGUMENT, "bad cache options: policy %d, prefetch distance %d, %d I/O threads",
                   o.cache_policy, o.prefetch_distance, o.n_io_threads);
   }
-  // Experts stream when the plan's RAM tier cannot hold them all.
-  const bool streaming = ctx->plan_.ram_expert_slots < ctx->plan_.n_routed_experts;
   // The registry picks the backend (AUTO's rule is there) and the NUMA node its memory traffic is
   // closest to: the weights and the backend's buffers are first touched on that node.
-  const moe_backend_kind kind = backends::Resolve(o.backend, streaming);
+  const moe_backend_kind kind =
+      backends::Resolve(o.backend, ctx->plan_.ram_expert_slots < ctx->plan_.n_routed_experts);
   const int backend_node = backends::PreferredNumaNode(kind);
+  // The KV cache and the workspace are the backend's: in its own memory, not the RAM budget's.
+  const bool device_activations = backends::HasDeviceMemory(kind);
+  if (device_activations != in.device_activations) {
+    in.device_activations = device_activations;
+    STRATA_ASSIGN_OR_RETURN(ctx->plan_, store::MakePlan(ctx->hp_, ctx->weights_, in));
+  }
+  // Experts stream when the plan's RAM tier cannot hold them all.
+  const bool streaming = ctx->plan_.ram_expert_slots < ctx->plan_.n_routed_experts;
   // A backend with memory of its own (or the tests' host-memory device) plans a VRAM tier; the RAM
   // tier's arithmetic is the same either way.
   // With experts streaming and no VRAM budget, a device's tier takes 90% of its free memory (the

@@ -66,7 +66,8 @@ absl::StatusOr<CachePlan> MakePlan(const model::HParams &hp, const model::ModelW
   p.workspace_bytes = T * per_tok + logits_rows * 4ull * static_cast<uint64_t>(hp.n_vocab);
   // Running a batch can touch every expert of one layer at once.
   p.min_expert_slots = std::min<uint32_t>(p.n_routed_experts, p.n_experts_per_layer);
-  const uint64_t fixed = p.non_routed_bytes + p.kv_bytes + p.workspace_bytes;
+  const uint64_t device_fixed = p.non_routed_bytes + p.kv_bytes + p.workspace_bytes;
+  const uint64_t fixed = in.device_activations ? p.non_routed_bytes : device_fixed;
   p.min_ram_bytes = fixed + p.expert_slot_bytes * p.min_expert_slots;
   p.requested_ram_budget_bytes = in.ram_budget_bytes;
   p.usable_ram_bytes = in.usable_ram_bytes ? in.usable_ram_bytes : UsableRamBytes();
@@ -90,7 +91,7 @@ absl::StatusOr<CachePlan> MakePlan(const model::HParams &hp, const model::ModelW
   p.vram_expert_slots = 0;
   if (in.have_gpu) {
     // The device holds its own copies of the non-routed weights, the KV cache and the workspace.
-    p.vram_fixed_bytes = fixed;
+    p.vram_fixed_bytes = device_fixed;
     const bool streaming = p.ram_expert_slots < p.n_routed_experts;
     if (p.vram_budget_bytes == 0) {
       // Auto: with every expert in RAM the device holds them all too (the backend's tier over the
@@ -133,8 +134,15 @@ std::string FormatLedger(const CachePlan &p) {
   }
   o << absl::StrFormat("%-28s %14u  %s  activations of a %d-token batch\n", "workspace", p.workspace_bytes,
                        mib(p.workspace_bytes), p.max_batch_tokens);
-  const uint64_t fixed = p.non_routed_bytes + p.kv_bytes + p.workspace_bytes;
-  o << absl::StrFormat("%-28s %14u  %s  sum of the three lines above\n", "fixed", fixed, mib(fixed));
+  const uint64_t fixed = p.ram_fixed_bytes;
+  if (p.vram_fixed_bytes > 0 && fixed != p.vram_fixed_bytes) {
+    o << absl::StrFormat("%-28s %14u  %s  sum of the three lines above, on the device\n", "VRAM fixed",
+                         p.vram_fixed_bytes, mib(p.vram_fixed_bytes));
+    o << absl::StrFormat("%-28s %14u  %s  the host copy of the non-routed weights (KV and workspace on the "
+                         "device)\n", "fixed", fixed, mib(fixed));
+  } else {
+    o << absl::StrFormat("%-28s %14u  %s  sum of the three lines above\n", "fixed", fixed, mib(fixed));
+  }
   o << absl::StrFormat("%-28s %14u  %s  %u experts x %u B (largest expert: gate|up|down)\n",
                        "routed experts (all)", p.routed_expert_bytes, mib(p.routed_expert_bytes),
                        p.n_routed_experts, p.expert_slot_bytes);
@@ -151,8 +159,10 @@ std::string FormatLedger(const CachePlan &p) {
   if (p.vram_fixed_bytes > 0) {
     o << absl::StrFormat("%-28s %14u  %s  %s\n", "VRAM budget", p.vram_budget_bytes, mib(p.vram_budget_bytes),
                          p.vram_budget_bytes == 0 ? "auto" : "requested");
-    o << absl::StrFormat("%-28s %14u  %s  min(%u, floor((budget - fixed) / %u)) = %u slots\n", "VRAM expert tier",
-                         vram_experts, mib(vram_experts), p.n_routed_experts, p.expert_slot_bytes, p.vram_expert_slots);
+    o << absl::StrFormat("%-28s %14u  %s  min(%u, floor((budget - %s) / %u)) = %u slots\n", "VRAM expert tier",
+                         vram_experts, mib(vram_experts), p.n_routed_experts,
+                         fixed != p.vram_fixed_bytes ? "VRAM fixed" : "fixed", p.expert_slot_bytes,
+                         p.vram_expert_slots);
   } else {
     o << absl::StrFormat("%-28s %14u  %s  %u slots (no device tier)\n", "VRAM expert tier", vram_experts,
                          mib(vram_experts), p.vram_expert_slots);

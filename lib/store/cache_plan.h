@@ -1,5 +1,6 @@
 // The cache plan: from memory budgets and the model, how many bytes go where. Non-routed weights,
-// KV for the configured sessions and context, and workspace come first; whole routed experts fill
+// KV for the configured sessions and context, and workspace come first (KV and workspace from the
+// budget of the memory they live in: the device's for a device backend); whole routed experts fill
 // what is left of each tier. Auto budgets take 80% of the usable memory for the model, leaving 20%
 // for KV and buffers; a budget below the minimum that can run is raised to it, with a warning.
 #pragma once
@@ -24,6 +25,9 @@ struct PlanInputs {
   // The backend computes in device memory of its own (CUDA, also when planning on a machine without
   // a GPU): the plan then has a VRAM tier from vram_budget_bytes.
   bool have_gpu = false;
+  // The KV cache and the forward pass's workspace live in that device's memory (the CUDA backend):
+  // the RAM budget then pays for the host copy of the non-routed weights alone.
+  bool device_activations = false;
   uint64_t usable_ram_bytes = 0;   // 0 = read from /proc/meminfo
 };
 
@@ -52,8 +56,8 @@ struct CachePlan {
   uint32_t ram_expert_slots = 0;
   uint32_t vram_expert_slots = 0;
   // What each budget spends before expert slots: a budget of fixed + k slots gives k slots.
-  uint64_t ram_fixed_bytes = 0;     // non-routed weights, KV and workspace in host memory
-  uint64_t vram_fixed_bytes = 0;    // their device copies (0 without a device tier)
+  uint64_t ram_fixed_bytes = 0;     // non-routed weights, and KV and workspace where they are in host memory
+  uint64_t vram_fixed_bytes = 0;    // non-routed weights, KV and workspace on the device (0 without a device tier)
   // Routed experts neither tier holds: read from the file as they are needed. The tiers hold
   // distinct experts while experts stream, so this is routed - VRAM - RAM (at least 0).
   uint32_t streamed_experts = 0;
