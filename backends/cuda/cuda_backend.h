@@ -168,6 +168,8 @@ class CudaBackend final : public model::Backend {
   // Sets expert x of layer l's entry to where `e`'s views lie (a device slot, or mapped host memory),
   // uploaded before the next step or routed layer reads it.
   absl::Status PointExpert(int l, int x, const model::ExpertWeights &e);
+  // Device memory the tiers' tables took, with the copy engines' staging slots beside them.
+  uint64_t tables_bytes() const { return tables_bytes_; }
   void ForgetDeviceRegion(uint8_t *dev);
   cudaStream_t compute_stream() const { return stream_.get(); }
   const Stream &copy_stream() const { return copy_stream_; }
@@ -521,6 +523,12 @@ class CudaBackend final : public model::Backend {
   void FlushTables();                   // one upload of each marked layer's table
   bool external_tables_ = false;        // the tables are a tier's outside the backend (EnableExpertTables)
   bool tables_dirty_ = false;           // PointExpert changed an entry since the last FlushTables
+  // With the tiers' tables the copy engines stage RAM's experts as for the backend's own tier,
+  // copying from the mapped range at tier_copies_ (the RAM tier's slab; null: no copies).
+  absl::Status EnableTierCopies(int n_expert_max);
+  const uint8_t *tier_copies_ = nullptr;
+  uint64_t tables_bytes_ = 0;
+  absl::Status SetUpColdCopies(int n_expert_max, const uint8_t *host, const uint8_t *dev, size_t bytes);
   const uint8_t *arena_dev_ = nullptr;               // the arena's device address when mapped
   PinnedBuffer hist_;                                // (n_layer, kDeviceRouteMaxRows) last selections
   int32_t *hist_dev_ = nullptr;                      // hist_ mapped for the device

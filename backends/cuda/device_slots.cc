@@ -1,10 +1,15 @@
 // CUDA device slots for the VRAM expert tier.
 #include "backends/cuda/device_slots.h"
 
+#include <algorithm>
+#include <cstdio>
 #include <cstring>
+#include <string>
 
 #include "backends/cuda/cuda_backend.h"
+#include "backends/cuda/cuda_backend_internal.h"
 #include "backends/cuda/cuda_status.h"
+#include "lib/util/tunables.h"
 
 namespace strata::cuda {
 
@@ -53,6 +58,8 @@ absl::Status CudaDeviceSlots::CopyOut(uint32_t s, uint8_t *dst, uint64_t bytes) 
 }
 
 bool CudaDeviceSlots::EnableTables() { return be_->EnableExpertTables(); }
+
+uint64_t CudaDeviceSlots::tables_bytes() const { return be_->tables_bytes(); }
 
 absl::Status CudaDeviceSlots::Point(int layer, int expert, const model::ExpertWeights &where) {
   return be_->PointExpert(layer, expert, where);
@@ -113,7 +120,62 @@ bool CudaBackend::EnableExpertTables() {
     t.ge.down = base + 2 * t.ge.n_expert;
   }
   external_tables_ = true;
+  tables_bytes_ = tab_dev_.size();
+  int n_expert_max = 0;
+  for (const LayerTable &t : tables_) n_expert_max = std::max(n_expert_max, t.ok ? t.ge.n_expert : 0);
+  // Best effort: without the copy engines the kernels read RAM's experts in place, the same bytes.
+  if (absl::Status st = EnableTierCopies(n_expert_max); !st.ok()) {
+    std::fprintf(stderr, "strata: the copy engines stay off for the tiers' tables: %s\n",
+                 std::string(st.message()).c_str());
+  }
   return true;
+}
+
+absl::Status CudaBackend::EnableTierCopies(int n_expert_max) {
+  // One mapped range: the RAM tier's slab.
+  if (mapped_.size() != 1 || n_expert_max <= 0) return absl::OkStatus();
+  const uint8_t *host = mapped_[0];
+  const Region &r = regions_.at(host);
+  // Staging slots of the largest expert's device size, each part aligned, as the backend's own slots.
+  uint64_t slot = 0;
+  for (size_t l = 0; l < tables_.size(); ++l) {
+    if (!tables_[l].ok) continue;
+    const model::ExpertWeights &e = w_->layers[l].experts[0];
+    slot = std::max(slot, Align(DeviceBytes(e.gate)) + Align(DeviceBytes(e.up)) + Align(DeviceBytes(e.down)));
+  }
+  const int64_t set = cold_copies_choice_.value_or(tunables::Get().cuda_cold_copies);
+  const int64_t want = set >= 0 ? set : 8;  // a batch-1 layer's experts (Qwen3-30B-A3B routes 8)
+  if (want <= 0 || slot == 0) return absl::OkStatus();
+  bool unclaimed = false;
+  if (!g_copier_claimed.compare_exchange_strong(unclaimed, true)) return absl::OkStatus();  // another context's
+  cold_copies_ = true;
+  const uint64_t n_stage = static_cast<uint64_t>(std::clamp<int64_t>(want, 1, kRouteMaxExperts));
+  absl::Status st = [&]() -> absl::Status {
+    STRATA_ASSIGN_OR_RETURN(stage_buf_, DeviceBuffer::Allocate(3 * n_stage * slot));
+    stage_.slots = stage_buf_.as<uint8_t>();
+    stage_.n_slots = static_cast<int>(n_stage);
+    stage_.slot_bytes = slot;
+    stage_.host_lo = reinterpret_cast<uintptr_t>(r.dev);
+    stage_.host_hi = stage_.host_lo + r.bytes;
+    for (int p = 0; p < 2; ++p) {
+      pf_stage_[p] = stage_;
+      pf_stage_[p].slots = stage_.slots + (1 + p) * n_stage * slot;
+    }
+    return SetUpColdCopies(n_expert_max, host, r.dev, r.bytes);
+  }();
+  if (!st.ok()) {
+    copier_.reset();
+    stage_ = ExpertStage();
+    pf_stage_[0] = pf_stage_[1] = ExpertStage();
+    for (LayerTable &t : tables_) t.stage = false;
+    stage_buf_ = DeviceBuffer();
+    cold_copies_ = false;
+    g_copier_claimed.store(false);
+    return st;
+  }
+  tier_copies_ = host;
+  tables_bytes_ = tab_dev_.size() + stage_buf_.size();
+  return absl::OkStatus();
 }
 
 absl::Status CudaBackend::PointExpert(int l, int x, const model::ExpertWeights &e) {

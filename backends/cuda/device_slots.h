@@ -21,6 +21,7 @@ class CudaDeviceSlots final : public store::DeviceSlots {
   absl::Status CopyIn(uint32_t s, const uint8_t *src, uint64_t bytes) override;
   absl::Status CopyOut(uint32_t s, uint8_t *dst, uint64_t bytes) override;
   bool EnableTables() override;
+  uint64_t tables_bytes() const override;
   absl::Status Point(int layer, int expert, const model::ExpertWeights &where) override;
 
  private:

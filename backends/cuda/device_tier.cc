@@ -647,6 +647,18 @@ absl::Status CudaBackend::BuildTables(const model::ModelWeights &w) {
     t.ge.down = base + 2 * t.ge.n_expert;
     n_expert_max = std::max(n_expert_max, t.ge.n_expert);
   }
+  STRATA_RETURN_IF_ERROR(SetUpColdCopies(n_expert_max, host_arena_, arena_dev_, arena_bytes_));
+  if (!slots_.empty()) {
+    STRATA_ASSIGN_OR_RETURN(
+        hist_, PinnedBuffer::Allocate(w.layers.size() * kDeviceRouteMaxRows * sizeof(int32_t), cudaHostAllocMapped));
+    STRATA_ASSIGN_OR_RETURN(hist_dev_, hist_.device<int32_t>());
+  }
+  return absl::OkStatus();
+}
+
+// The staging tables, and with the copy engines (cold_copies_) the copier over [host, host + bytes)
+// mapped at `dev`, the prediction's buffers and its stream: for stage_'s slots, set before.
+absl::Status CudaBackend::SetUpColdCopies(int n_expert_max, const uint8_t *host, const uint8_t *dev, size_t bytes) {
   if (stage_.n_slots > 0) {
     const size_t tab_bytes = 3 * static_cast<size_t>(n_expert_max) * sizeof(void *);
     STRATA_ASSIGN_OR_RETURN(stage_tab_, DeviceBuffer::Allocate(tab_bytes));
@@ -672,7 +684,7 @@ absl::Status CudaBackend::BuildTables(const model::ModelWeights &w) {
     STRATA_ASSIGN_OR_RETURN(pf_counts_, DeviceBuffer::Allocate(4 * sizeof(unsigned long long)));
     STRATA_CUDA_RETURN_IF_ERROR(cudaMemset(pf_counts_.data(), 0, 4 * sizeof(unsigned long long)));
     pf_stage_[0].counts = pf_stage_[1].counts = pf_counts_.as<unsigned long long>();
-    STRATA_ASSIGN_OR_RETURN(copier_, ColdCopier::Create(host_arena_, arena_dev_, arena_bytes_, copy_stream_.get()));
+    STRATA_ASSIGN_OR_RETURN(copier_, ColdCopier::Create(host, dev, bytes, copy_stream_.get()));
     // The copier's own kernels run once now, on an idle device (see RoutedExperts): an empty
     // plan (it posts nothing) and a wait for nothing.
     for (const LayerTable &t : tables_) {
@@ -699,11 +711,6 @@ absl::Status CudaBackend::BuildTables(const model::ModelWeights &w) {
     STRATA_ASSIGN_OR_RETURN(predict_stream_, Stream::Create());
     STRATA_ASSIGN_OR_RETURN(pf_fork_, Event::Create());
     STRATA_ASSIGN_OR_RETURN(pf_join_, Event::Create());
-  }
-  if (!slots_.empty()) {
-    STRATA_ASSIGN_OR_RETURN(
-        hist_, PinnedBuffer::Allocate(w.layers.size() * kDeviceRouteMaxRows * sizeof(int32_t), cudaHostAllocMapped));
-    STRATA_ASSIGN_OR_RETURN(hist_dev_, hist_.device<int32_t>());
   }
   return absl::OkStatus();
 }

@@ -115,6 +115,13 @@ void CudaBackend::UnmapHostMemory(const uint8_t *p) {
   auto it = std::find(mapped_.begin(), mapped_.end(), p);
   if (it == mapped_.end()) return;
   (void)stream_.Synchronize();
+  if (p == tier_copies_) {
+    // The copier reads this range: it stops first, and the tables' layers read in place from here on.
+    copier_.reset();
+    if (copy_stream_.get() != nullptr) (void)copy_stream_.Synchronize();
+    for (LayerTable &t : tables_) t.stage = false;
+    tier_copies_ = nullptr;
+  }
   (void)cudaHostUnregister(const_cast<uint8_t *>(p));
   (void)cudaGetLastError();
   regions_.erase(p);

@@ -523,7 +523,8 @@ bool CudaBackend::RoutedExperts(const model::RoutedExpertsArgs &a) {
   // first (eager) run or at the copier's creation, so none is loaded lazily while a WaitColdCopies
   // spins (loading a kernel waits for the device's work to drain, and the copies the wait waits for
   // would wait for the drain). An eager step reads the experts in place: the same bytes, the same bits.
-  const bool copies = tiered && t.stage && copier_ != nullptr && t.copies && bracket_ == Bracket::kCapture;
+  const bool copies = (tiered || external_tables_) && t.stage && copier_ != nullptr && t.copies &&
+                      bracket_ == Bracket::kCapture;
   // Experts a prediction copied ahead for this layer are the copier's: the CPU sees them resident.
   const bool predicted = copies && pf_layer_ == a.layer;
   const void *const *cpu_tab = predicted ? pf_stage_[pf_set_].gate : t.ge.gate;

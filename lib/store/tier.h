@@ -41,6 +41,8 @@ class DeviceSlots {
   // expert. EnableTables makes them, every entry unset; false where the backend cannot (then there
   // are none). The caller points every expert of a layer before the forward pass may route there.
   virtual bool EnableTables() { return false; }
+  // Device memory the tables took beside the slots (with what the backend stages through them).
+  virtual uint64_t tables_bytes() const { return 0; }
   // Points (layer, expert)'s entry at `where`: views over one of these slots or over mapped host
   // memory. Takes effect before the next computation that reads the tables.
   virtual absl::Status Point(int layer, int expert, const model::ExpertWeights &where) { return absl::OkStatus(); }

@@ -37,7 +37,19 @@ absl::StatusOr<std::unique_ptr<VramTier>> VramTier::Create(const ExpertTable &ta
                   options.max_swaps_per_call);
   }
   auto t = std::unique_ptr<VramTier>(new VramTier(table, device, below, options));
-  const uint32_t n = std::min(options.n_slots, n_keys);
+  uint32_t n = std::min(options.n_slots, n_keys);
+  uint64_t n_routed = 0;
+  for (uint32_t key = 0; key < n_keys; ++key) {
+    if (table.entry(table.LayerOf(key), table.ExpertOf(key)).weights != nullptr) ++n_routed;
+  }
+  const uint64_t below_slots = below->tier_stats().n_slots;
+  t->complete_ = uint64_t{n} + below_slots >= n_routed + 1;
+  t->tables_ = t->complete_ && device->EnableTables();
+  if (t->tables_) {
+    // What the tables took comes out of the slots, while the tiers stay complete.
+    const uint64_t less = (device->tables_bytes() + table.slot_bytes() - 1) / table.slot_bytes();
+    if (less < n && uint64_t{n} - less + below_slots >= n_routed + 1) n -= static_cast<uint32_t>(less);
+  }
   STRATA_RETURN_IF_ERROR(device->Allocate(n, table.slot_bytes()));
   t->slots_.resize(n);
   t->free_.reserve(n);
@@ -46,12 +58,6 @@ absl::StatusOr<std::unique_ptr<VramTier>> VramTier::Create(const ExpertTable &ta
   t->stats_.n_slots = n;
   t->stats_.slot_bytes = table.slot_bytes();
   t->candidate_.assign(n_keys, 0);
-  uint64_t n_routed = 0;
-  for (uint32_t key = 0; key < n_keys; ++key) {
-    if (table.entry(table.LayerOf(key), table.ExpertOf(key)).weights != nullptr) ++n_routed;
-  }
-  t->complete_ = uint64_t{n} + below->tier_stats().n_slots >= n_routed + 1;
-  t->tables_ = t->complete_ && device->EnableTables();
   return t;
 }
 
