@@ -36,6 +36,12 @@
 // Events order a slot's refill after the last computation that read it. The bytes are the same
 // everywhere, so results are bit-identical at any budget.
 //
+// The tiers' tables (store::DeviceSlots::EnableTables): in a streaming context whose VRAM and RAM
+// tiers hold every expert, the VRAM tier of lib/store keeps the layers' tables itself
+// (EnableExpertTables, PointExpert: a VRAM slot of its own, or a RAM slot mapped for the device),
+// and decode batches route, group, stage by the copy engines and run as graphs over them as above;
+// the backend then has no slots, heat or promotions of its own.
+//
 // Hybrid placement (cpu_experts.h): in a decode layer whose experts are mostly read over the link,
 // the CPU computes a share of the cold experts from host RAM while the device reads the rest; the
 // cost model (lib/model/placement.h) is fed by the link's copy rate measured at creation and the
