@@ -527,6 +527,7 @@ class CudaBackend final : public model::Backend {
   bool defer_tables_ = false;           // SetTable marks the layer instead of uploading (SlotsFor)
   std::vector<char> table_dirty_;       // per layer: its entries changed since the last FlushTables
   void FlushTables();                   // one upload of each marked layer's table
+  int PlaceTables();                    // each table's arrays within tab_dev_; the most experts a layer
   bool external_tables_ = false;        // the tables are a tier's outside the backend (EnableExpertTables)
   bool tables_dirty_ = false;           // PointExpert changed an entry since the last FlushTables
   // With the tiers' tables the copy engines stage RAM's experts as for the backend's own tier,

@@ -111,18 +111,9 @@ bool CudaBackend::EnableExpertTables() {
   }
   tab_dev_ = std::move(*tab);
   tab_host_.assign(n_entries, nullptr);
-  table_dirty_.assign(tables_.size(), 0);
-  for (LayerTable &t : tables_) {
-    if (!t.ok) continue;
-    auto **base = tab_dev_.as<const void *>() + t.tab_off;
-    t.ge.gate = base;
-    t.ge.up = base + t.ge.n_expert;
-    t.ge.down = base + 2 * t.ge.n_expert;
-  }
+  const int n_expert_max = PlaceTables();
   external_tables_ = true;
   tables_bytes_ = tab_dev_.size();
-  int n_expert_max = 0;
-  for (const LayerTable &t : tables_) n_expert_max = std::max(n_expert_max, t.ok ? t.ge.n_expert : 0);
   // Best effort: without the copy engines the kernels read RAM's experts in place, the same bytes.
   if (absl::Status st = EnableTierCopies(n_expert_max); !st.ok()) {
     std::fprintf(stderr, "strata: the copy engines stay off for the tiers' tables: %s\n",

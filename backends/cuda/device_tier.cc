@@ -637,6 +637,16 @@ absl::Status CudaBackend::BuildTables(const model::ModelWeights &w) {
   STRATA_ASSIGN_OR_RETURN(tab_dev_, DeviceBuffer::Allocate(host.size() * sizeof(void *)));
   STRATA_CUDA_RETURN_IF_ERROR(cudaMemcpy(tab_dev_.data(), host.data(), host.size() * sizeof(void *), cudaMemcpyHostToDevice));
   tab_host_ = host;
+  STRATA_RETURN_IF_ERROR(SetUpColdCopies(PlaceTables(), host_arena_, arena_dev_, arena_bytes_));
+  if (!slots_.empty()) {
+    STRATA_ASSIGN_OR_RETURN(
+        hist_, PinnedBuffer::Allocate(w.layers.size() * kDeviceRouteMaxRows * sizeof(int32_t), cudaHostAllocMapped));
+    STRATA_ASSIGN_OR_RETURN(hist_dev_, hist_.device<int32_t>());
+  }
+  return absl::OkStatus();
+}
+
+int CudaBackend::PlaceTables() {
   table_dirty_.assign(tables_.size(), 0);
   int n_expert_max = 0;
   for (LayerTable &t : tables_) {
@@ -647,13 +657,7 @@ absl::Status CudaBackend::BuildTables(const model::ModelWeights &w) {
     t.ge.down = base + 2 * t.ge.n_expert;
     n_expert_max = std::max(n_expert_max, t.ge.n_expert);
   }
-  STRATA_RETURN_IF_ERROR(SetUpColdCopies(n_expert_max, host_arena_, arena_dev_, arena_bytes_));
-  if (!slots_.empty()) {
-    STRATA_ASSIGN_OR_RETURN(
-        hist_, PinnedBuffer::Allocate(w.layers.size() * kDeviceRouteMaxRows * sizeof(int32_t), cudaHostAllocMapped));
-    STRATA_ASSIGN_OR_RETURN(hist_dev_, hist_.device<int32_t>());
-  }
-  return absl::OkStatus();
+  return n_expert_max;
 }
 
 // The staging tables, and with the copy engines (cold_copies_) the copier over [host, host + bytes)

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -62,7 +63,7 @@ inline std::vector<float> TeacherForced(const std::string &model, const std::vec
                                         moe_stats *stats = nullptr,
                                         int32_t cpu_experts = MOE_CPU_EXPERTS_OFF, bool q8_activations = false,
                                         const char *hotlist = nullptr, std::vector<uint64_t> *expert_counts = nullptr,
-                                        uint64_t ram_budget = 0) {
+                                        uint64_t ram_budget = 0, const std::function<void()> &after_step = {}) {
   moe_params p;
   moe_params_init(&p);
   p.model_path = model.c_str();
@@ -106,6 +107,7 @@ inline std::vector<float> TeacherForced(const std::string &model, const std::vec
     std::copy(rows, rows + n * n_vocab, out.begin() + done * n_vocab);
     done += n;
     REQUIRE(moe_session_n_past(s) == static_cast<int32_t>(done));
+    if (after_step) after_step();
   };
   if (prefill > 0) run(prefill);
   while (done < tokens.size()) run(1);

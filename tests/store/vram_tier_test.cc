@@ -203,6 +203,18 @@ struct Model {
   }
 };
 
+// The plan at the minimum RAM budget: what each tier spends before its slots.
+moe_cache_plan PlanAtMinimum(const std::string &model) {
+  moe_params p;
+  moe_params_init(&p);
+  p.model_path = model.c_str();
+  p.ram_budget_bytes = 1;
+  moe_cache_plan plan;
+  moe_cache_plan_init(&plan);
+  REQUIRE(moe_plan(&p, &plan) == MOE_OK);
+  return plan;
+}
+
 // One selection per token of `experts` at `layer`, heat for the tier.
 void Route(VramTier &v, int layer, const std::vector<int32_t> &experts) {
   v.OnRoute(layer, nullptr, static_cast<int64_t>(experts.size()), experts.data(), 1);
@@ -478,14 +490,7 @@ TEST_CASE("logits at (RAM, VRAM) budget pairs are bit-identical to the all-resid
     const auto ref = strata::testing::TeacherForced(model, tokens, 12, MOE_BACKEND_CPU, 0, nullptr, nullptr, &ref_st);
     CHECK(ref_st.streaming == 0);
 
-    // The plan at the minimum RAM budget: what each tier spends before its slots.
-    moe_params p;
-    moe_params_init(&p);
-    p.model_path = model.c_str();
-    p.ram_budget_bytes = 1;
-    moe_cache_plan plan;
-    moe_cache_plan_init(&plan);
-    REQUIRE(moe_plan(&p, &plan) == MOE_OK);
+    const moe_cache_plan plan = PlanAtMinimum(model);
     const uint32_t routed = plan.n_routed_experts, ram_min = plan.ram_expert_slots;
     REQUIRE(ram_min < routed);
     std::mt19937 rng(std::random_device{}());
@@ -585,35 +590,19 @@ TEST_CASE("complete tiers keep the device tables pointing at every expert's byte
     const auto ref = strata::testing::TeacherForced(model, tokens, 12);
     Model md(model);
     const ExpertTable &t = *md.table;
-
-    moe_params p;
-    moe_params_init(&p);
-    p.model_path = model.c_str();
-    p.ram_budget_bytes = 1;
-    moe_cache_plan plan;
-    moe_cache_plan_init(&plan);
-    REQUIRE(moe_plan(&p, &plan) == MOE_OK);
+    size_t entries = 0;
+    const moe_cache_plan plan = PlanAtMinimum(model);
     const uint32_t routed = plan.n_routed_experts;
     // VRAM a third or so of the experts, RAM the rest and one or a few to spare: complete.
     const uint32_t kv = routed / 3 + rng() % 3, kr = routed - kv + 1 + rng() % 3;
     INFO(m << ": RAM " << kr << " VRAM " << kv << " of " << routed);
-    p.ram_budget_bytes = plan.ram_fixed_bytes + uint64_t{kr} * plan.expert_slot_bytes;
-    p.vram_budget_bytes = plan.ram_fixed_bytes + uint64_t{kv} * plan.expert_slot_bytes;
-    p.n_threads = 2;
-    moe_ctx *ctx = nullptr;
-    REQUIRE(moe_ctx_open(&p, &ctx) == MOE_OK);
-    HostSlots *dev = g_last_slots;
-    REQUIRE(dev != nullptr);
-    moe_session_params sp;
-    moe_session_params_init(&sp);
-    sp.logits_all = 1;
-    moe_session *s = nullptr;
-    REQUIRE(moe_session_open(ctx, &sp, &s) == MOE_OK);
-    const int32_t n_vocab = moe_ctx_vocab_size(ctx);
-    std::vector<float> out(tokens.size() * n_vocab, std::nanf(""));
-    size_t done = 0;
-    // Every entry pointed so far holds its expert's bytes, whatever moved since.
-    auto check_entries = [&] {
+    const uint64_t ram = plan.ram_fixed_bytes + uint64_t{kr} * plan.expert_slot_bytes;
+    const uint64_t vram = plan.ram_fixed_bytes + uint64_t{kv} * plan.expert_slot_bytes;
+    g_last_slots = nullptr;
+    // After every step, each entry pointed so far holds its expert's bytes, whatever moved since.
+    const auto check_entries = [&] {
+      const HostSlots *dev = g_last_slots;
+      REQUIRE(dev != nullptr);
       for (const auto &[id, views] : dev->entries) {
         const uint8_t *parts[3] = {views.gate.data, views.up.data, views.down.data};
         for (int q = 0; q < 3; ++q) {
@@ -622,27 +611,14 @@ TEST_CASE("complete tiers keep the device tables pointing at every expert's byte
           REQUIRE(std::memcmp(parts[q], want.data(), want.size()) == 0);
         }
       }
+      // Every routed expert has an entry once the tiers settle: the steps after route on them.
+      entries = dev->entries.size();
     };
-    while (done < tokens.size()) {
-      const size_t n = done == 0 ? 12 : 1;
-      REQUIRE(moe_session_feed(s, tokens.data() + done, n) == MOE_OK);
-      uint32_t pending = 99;
-      REQUIRE(moe_ctx_step(ctx, &pending) == MOE_OK);
-      const float *rows;
-      int32_t nt, nv;
-      REQUIRE(moe_session_logits_all(s, &rows, &nt, &nv) == MOE_OK);
-      std::copy(rows, rows + n * n_vocab, out.begin() + done * n_vocab);
-      done += n;
-      check_entries();
-    }
-    // Every routed expert has an entry: the tiers became resident and the steps after routed on it.
-    CHECK(dev->entries.size() == routed);
-    CHECK(std::memcmp(out.data(), ref.data(), out.size() * sizeof(float)) == 0);
     moe_stats st;
-    moe_stats_init(&st);
-    REQUIRE(moe_ctx_stats(ctx, &st) == MOE_OK);
+    const auto out = strata::testing::TeacherForced(model, tokens, 12, MOE_BACKEND_CPU, vram, nullptr, nullptr, &st,
+                                                    MOE_CPU_EXPERTS_OFF, false, nullptr, nullptr, ram, check_entries);
+    CHECK(entries == routed);
+    CHECK(std::memcmp(out.data(), ref.data(), out.size() * sizeof(float)) == 0);
     CHECK(st.expert_misses == 0);  // nothing read on demand: every expert was in place before its use
-    moe_session_close(s);
-    moe_ctx_close(ctx);
   }
 }
