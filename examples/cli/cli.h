@@ -1,7 +1,7 @@
 // The `strata` command line's shared pieces: the parsed flags (Args), the one-line errors (Die:
 // `strata: error: <what>`, exit status 1, thrown to main), RAII for the C handles, and the helpers
 // and commands the CLI's files share (strata.cc: parsing, run, chat, logits, tokenize; bench_cmds.cc:
-// bench, sweep, profile; model_cmds.cc: inspect, plan, pack, synth).
+// bench, sweep, profile; model_cmds.cc: inspect, plan, pack, synth; serve_cmd.cc: serve).
 #pragma once
 
 #include <cstdint>
@@ -93,6 +93,10 @@ struct Args {
   std::string decode_tokens;  // bench: teacher-forced decode input instead of sampled tokens
   int64_t warmup = 0;         // bench: decode steps of a round before the timed one (a warm context)
   int64_t layers = 0;
+  // serve
+  std::string host = "127.0.0.1", api_key;
+  int64_t port = 8080, parallel = 4, queue = 64;
+  uint64_t max_body = 1 << 20;
   // batching (bench --sessions, and any command opening a context)
   int64_t sessions = 1, max_batch_tokens = 0, prefill_token_max = 0, prefill_layer_min = 0;
 };
@@ -118,6 +122,10 @@ bool HasTokenizer(moe_ctx *ctx);
 std::vector<int32_t> Tokenize(moe_ctx *ctx, const std::string &text, bool special, bool add_bos);
 moe_session_params SessionParams(const Args &a, std::vector<const char *> *stop_ptrs);
 void WriteFileAtomically(const std::string &path, const void *data, size_t n);
+const char *EndOfTurn(const std::string &tmpl);
+
+// serve_cmd.cc
+int CmdServe(const Args &a);
 
 // bench_cmds.cc
 int CmdSweep(const Args &a);

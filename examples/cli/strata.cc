@@ -50,6 +50,14 @@ const char kUsage[] =
     "           model's chat template unless --template chatml|qwen2|qwen2.5|qwen3|mistral-v1|\n"
     "           mistral-v3|llama3|deepseek-v2|deepseek-v3|gpt-oss; -n caps each reply (default 512);\n"
     "           -v reports each turn's tokens on stderr\n"
+    "  serve    [--model PATH] [--host 127.0.0.1] [--port 8080] [--parallel N] [--queue N] [--api-key KEY]\n"
+    "           [--max-body SIZE] [--template NAME] [-n N] [sampling options of run]\n"
+    "           an OpenAI-compatible HTTP server: GET /v1/models, POST /v1/completions and\n"
+    "           /v1/chat/completions (stream: true as server-sent events), GET /health, GET /metrics\n"
+    "           (Prometheus text); --parallel N requests decode together (default 4), --queue N more\n"
+    "           wait (default 64; beyond: 503); --api-key: every route but /health needs\n"
+    "           'Authorization: Bearer KEY'; --port 0 picks a free port; the sampling options and -n\n"
+    "           are the defaults of requests that do not set them; --max-body (default 1M) caps a body\n"
     "  logits   --model PATH --tokens 1,2,3 [--prefill N] --out FILE\n"
     "           teacher-forced logits of every position, float32 [n_tokens][n_vocab]; the first N\n"
     "           tokens go in as one batch, the rest one at a time\n"
@@ -215,6 +223,12 @@ Args ParseArgs(int argc, char **argv) {
       a.cold_copies = n == 0 ? -1 : static_cast<int>(n);
     }
     else if (f == "--sparse") a.sparse = true;
+    else if (f == "--host") a.host = value();
+    else if (f == "--port") a.port = integer(0, 65535);
+    else if (f == "--parallel") a.parallel = integer(1, 1024);
+    else if (f == "--queue") a.queue = integer(0, 1 << 16);
+    else if (f == "--api-key") a.api_key = value();
+    else if (f == "--max-body") a.max_body = size();
     else if (f == "--routing") a.routing = value();
     else if (f == "--json") a.json = true;
     else if (f == "--sweep") a.sweep = true;
@@ -783,6 +797,7 @@ int main(int argc, char **argv) {
     if (a.command == "plan") return CmdPlan(a);
     if (a.command == "pack") return CmdPack(a);
     if (a.command == "synth") return CmdSynth(a);
+    if (a.command == "serve") return CmdServe(a);
     if (a.command == "help" || a.command == "--help" || a.command == "-h") {
       std::fputs(kUsage, stdout);
       return 0;
