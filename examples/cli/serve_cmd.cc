@@ -24,6 +24,7 @@ std::string ModelId(std::string path) {
 
 int CmdServe(const Args &a) {
   if (a.host.empty()) Die("--host needs an address");
+  server::BlockStopSignals();  // before the context starts its threads
   const std::string model = a.model.empty() ? DemoModelPath() : a.model;
   Args with_sessions = a;
   with_sessions.max_sessions = std::max(a.max_sessions, a.parallel);  // KV for every running session

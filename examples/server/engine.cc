@@ -248,6 +248,7 @@ void Engine::Loop() {
     if (slots_.empty()) continue;
 
     const auto t0 = std::chrono::steady_clock::now();
+    const int64_t in_step = static_cast<int64_t>(slots_.size());
     uint32_t pending = 0;
     const moe_status st = moe_ctx_step(ctx_, &pending);
     if (st != MOE_OK) {
@@ -304,6 +305,8 @@ void Engine::Loop() {
     std::lock_guard<std::mutex> lock(mu_);
     counters_.generated_tokens += generated;
     counters_.busy_seconds += dt;
+    ++counters_.steps;
+    counters_.step_sessions += in_step;
   }
 }
 

@@ -80,6 +80,7 @@ struct Job {
 struct EngineCounters {
   int64_t running = 0, queued = 0;
   int64_t prompt_tokens = 0, generated_tokens = 0, cancelled = 0, failed = 0;
+  int64_t steps = 0, step_sessions = 0;  // steps run, and the sessions in them (their mean: the batch)
   double busy_seconds = 0;  // time spent stepping with at least one session
 };
 

@@ -91,6 +91,10 @@ std::string MetricsText(const ModelInfo &m, const Engine &engine, const RequestC
   value("strata_prompt_tokens_total", static_cast<double>(c.prompt_tokens));
   metric("strata_generated_tokens_total", "counter", "Tokens generated.");
   value("strata_generated_tokens_total", static_cast<double>(c.generated_tokens));
+  metric("strata_steps_total", "counter", "Decode steps (batches) run.");
+  value("strata_steps_total", static_cast<double>(c.steps));
+  metric("strata_step_sessions_total", "counter", "Sessions in those steps (over strata_steps_total: the mean batch).");
+  value("strata_step_sessions_total", static_cast<double>(c.step_sessions));
   metric("strata_busy_seconds_total", "counter", "Time spent stepping with at least one session.");
   value("strata_busy_seconds_total", c.busy_seconds);
   metric("strata_generated_tokens_per_second", "gauge", "Tokens generated per second of busy time, all sessions.");
@@ -195,14 +199,18 @@ bool Authorized(const httplib::Request &req, const std::string &key) {
 
 }  // namespace
 
-bool Serve(const ModelInfo &m, const ServerOptions &opts, std::string *error) {
-  // SIGINT and SIGTERM go to the watcher thread alone: block them before any thread starts.
+sigset_t BlockStopSignals() {
   sigset_t sigs;
   sigemptyset(&sigs);
   sigaddset(&sigs, SIGINT);
   sigaddset(&sigs, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
   signal(SIGPIPE, SIG_IGN);  // a client gone mid-write is an error return, not a signal
+  return sigs;
+}
+
+bool Serve(const ModelInfo &m, const ServerOptions &opts, std::string *error) {
+  const sigset_t sigs = BlockStopSignals();
 
   Engine engine(m.ctx, m.parallel, opts.queue);
   RequestCounts counts;

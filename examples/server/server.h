@@ -4,6 +4,8 @@
 // OpenAI's error object with a 4xx/5xx status; the server keeps serving after any bad request.
 #pragma once
 
+#include <signal.h>
+
 #include <cstdint>
 #include <string>
 
@@ -18,6 +20,11 @@ struct ServerOptions {
   int queue = 64;              // requests waiting beyond --parallel; more get 503
   uint64_t max_body = 1 << 20; // larger bodies get 413
 };
+
+// Blocks SIGINT and SIGTERM in the calling thread and the threads it starts from now on (Serve's
+// watcher takes them with sigwait), and ignores SIGPIPE. Call it before any thread starts: the
+// context's own threads too, so moe_ctx_open comes after.
+sigset_t BlockStopSignals();
 
 // Serves until SIGINT or SIGTERM. Returns false with *error when it cannot listen.
 bool Serve(const ModelInfo &model, const ServerOptions &opts, std::string *error);
