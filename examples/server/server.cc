@@ -7,6 +7,7 @@
 
 #include <pthread.h>
 #include <signal.h>
+#include <sys/socket.h>
 
 #include <algorithm>
 #include <chrono>
@@ -189,6 +190,16 @@ httplib::ContentProviderWithoutLength Provider(const Request &req, const ModelIn
   };
 }
 
+// The HTTP library listens with a backlog of 5 (a constant compiled into it): a burst of clients
+// would overflow the accept queue and see resets. Listening again on the bound socket raises it.
+class HttpServer : public httplib::Server {
+ public:
+  void RaiseBacklog() {
+    const socket_t fd = svr_sock_;
+    if (fd != INVALID_SOCKET) ::listen(fd, SOMAXCONN);
+  }
+};
+
 // Constant-time comparison of the Authorization header with the key.
 bool Authorized(const httplib::Request &req, const std::string &key) {
   const std::string want = "Bearer " + key, got = req.get_header_value("Authorization");
@@ -214,7 +225,7 @@ bool Serve(const ModelInfo &m, const ServerOptions &opts, std::string *error) {
 
   Engine engine(m.ctx, m.parallel, opts.queue);
   RequestCounts counts;
-  httplib::Server svr;
+  HttpServer svr;
   // A thread per connection being answered: the running and queued requests, plus room for
   // /health, /metrics and idle keep-alive connections.
   const size_t threads = static_cast<size_t>(m.parallel + opts.queue) + 16;
@@ -312,6 +323,7 @@ bool Serve(const ModelInfo &m, const ServerOptions &opts, std::string *error) {
   } else if (!svr.bind_to_port(opts.host, port)) {
     port = 0;
   }
+  if (port != 0) svr.RaiseBacklog();
   if (port == 0) {
     *error = "cannot listen on " + opts.host + ":" + std::to_string(opts.port) + " (in use, or not an address here)";
     return false;
