@@ -437,6 +437,9 @@ typedef struct moe_session_params {
   uint32_t attn_window;
   const int32_t *blocked_tokens;   /* may be NULL when n_blocked_tokens is 0 */
   size_t n_blocked_tokens;
+  /* Since 0.7 (appended): OpenAI's frequency penalty, over the same window as the other penalties. */
+  float frequency_penalty;         /* subtracted from a windowed token's logit once per occurrence in the
+                                      window (after presence_penalty); 0 = off; must be finite */
 } moe_session_params;
 
 MOE_API void moe_session_params_fill_defaults(moe_session_params *p);
@@ -522,8 +525,8 @@ MOE_API moe_status moe_session_logits(const moe_session *s, const float **logits
 MOE_API moe_status moe_session_logits_all(const moe_session *s, const float **logits,
                                           int32_t *n_tokens, int32_t *n_vocab);
 
-/* Samples the next token from the last logits with the session's sampler: the repetition and
- * presence penalties over the window first; then greedy when temperature is 0, else top-k, softmax
+/* Samples the next token from the last logits with the session's sampler: the repetition, presence
+ * and frequency penalties over the window first; then greedy when temperature is 0, else top-k, softmax
  * with temperature, top-p, min-p and one draw from the session's seeded generator (the same seed
  * and inputs give the same tokens on every run and platform). Does not feed it.
  * @return MOE_OK; MOE_ERR_INVALID_ARGUMENT; MOE_ERR_STATE if no logits yet.

@@ -106,6 +106,7 @@ struct StructSizes<moe_session_params> {
   static constexpr const char *kName = "moe_session_params";
   static constexpr ShippedSize kSizes[] = {STRATA_SIZE_BEFORE(moe_session_params, min_p),
                                         STRATA_SIZE_BEFORE(moe_session_params, attn_window),
+                                        STRATA_SIZE_BEFORE(moe_session_params, frequency_penalty),
                                         Newest<moe_session_params>()};
 };
 template <>
@@ -268,6 +269,7 @@ moe_status ToSessionOptions(const moe_session_params &sp, strata::runtime::Sessi
   o.sampler.min_p = sp.min_p;
   o.sampler.repeat_penalty = sp.repeat_penalty;
   o.sampler.presence_penalty = sp.presence_penalty;
+  o.sampler.frequency_penalty = sp.frequency_penalty;
   o.sampler.penalty_last_n = sp.penalty_last_n;
   o.stop_at_eos = sp.stop_at_eos != 0;
   if ((sp.stop_tokens == nullptr && sp.n_stop_tokens > 0) || (sp.stop_strings == nullptr && sp.n_stop_strings > 0)) {
@@ -408,6 +410,7 @@ void moe_session_params_fill_defaults(moe_session_params *p) {
   d.min_p = 0.f;
   d.repeat_penalty = 1.f;
   d.presence_penalty = 0.f;
+  d.frequency_penalty = 0.f;
   d.penalty_last_n = 64;
   d.stop_at_eos = 1;
   d.stop_tokens = nullptr;

@@ -309,10 +309,11 @@ absl::StatusOr<Session *> Context::OpenSession(const SessionOptions &o) {
   }
   const SamplerParams &sp = o.sampler;
   if (!(sp.min_p >= 0.f && sp.min_p <= 1.f) || !(sp.repeat_penalty > 0.f) || !std::isfinite(sp.repeat_penalty) ||
-      !std::isfinite(sp.presence_penalty) || sp.penalty_last_n < 0) {
+      !std::isfinite(sp.presence_penalty) || !std::isfinite(sp.frequency_penalty) || sp.penalty_last_n < 0) {
     return Errorf(MOE_ERR_INVALID_ARGUMENT,
-                  "min_p must be in [0, 1], repeat_penalty > 0, presence_penalty finite and penalty_last_n >= 0 "
-                  "(got %g, %g, %g, %d)", sp.min_p, sp.repeat_penalty, sp.presence_penalty, sp.penalty_last_n);
+                  "min_p must be in [0, 1], repeat_penalty > 0, presence_penalty and frequency_penalty finite and "
+                  "penalty_last_n >= 0 (got %g, %g, %g, %g, %d)", sp.min_p, sp.repeat_penalty, sp.presence_penalty,
+                  sp.frequency_penalty, sp.penalty_last_n);
   }
   for (int32_t t : o.stop_tokens) {
     if (t < 0 || t >= hp_.n_vocab) {

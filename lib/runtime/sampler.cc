@@ -46,15 +46,18 @@ void Rng::SetState(const uint64_t in[4]) {
 double Rng::Uniform() { return static_cast<double>(Next() >> 11) * 0x1.0p-53; }
 
 void ApplyPenalties(float *logits, int32_t n_vocab, const SamplerParams &p, absl::Span<const int32_t> recent) {
-  if (p.repeat_penalty == 1.f && p.presence_penalty == 0.f) return;
+  if (p.repeat_penalty == 1.f && p.presence_penalty == 0.f && p.frequency_penalty == 0.f) return;
   std::vector<int32_t> ids(recent.begin(), recent.end());
   std::sort(ids.begin(), ids.end());
-  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
-  for (int32_t id : ids) {
+  for (size_t i = 0; i < ids.size();) {
+    const int32_t id = ids[i];
+    size_t count = 0;
+    for (; i < ids.size() && ids[i] == id; ++i) ++count;
     if (id < 0 || id >= n_vocab) continue;
     float &l = logits[id];
     if (p.repeat_penalty != 1.f) l = l > 0.f ? l / p.repeat_penalty : l * p.repeat_penalty;
     l -= p.presence_penalty;
+    if (p.frequency_penalty != 0.f) l -= static_cast<float>(count) * p.frequency_penalty;
   }
 }
 
@@ -152,7 +155,8 @@ int32_t Sample(const float *logits_in, int32_t n_vocab, const SamplerParams &p, 
                absl::Span<const int32_t> recent) {
   const float *logits = logits_in;
   std::vector<float> penalized;
-  if (p.penalty_last_n > 0 && !recent.empty() && (p.repeat_penalty != 1.f || p.presence_penalty != 0.f)) {
+  if (p.penalty_last_n > 0 && !recent.empty() &&
+      (p.repeat_penalty != 1.f || p.presence_penalty != 0.f || p.frequency_penalty != 0.f)) {
     if (recent.size() > static_cast<size_t>(p.penalty_last_n)) {
       recent = recent.subspan(recent.size() - p.penalty_last_n);
     }

@@ -1,4 +1,4 @@
-// Token sampling from logits: repetition and presence penalties over the session's recent tokens,
+// Token sampling from logits: repetition, presence and frequency penalties over the session's recent tokens,
 // then greedy, or temperature with top-k, top-p and min-p, driven by a seeded SplitMix64/xoshiro
 // generator whose output (and so every sampled token) is identical on every platform for the same
 // seed and inputs (no std::*_distribution; probabilities in double). Also the stop-string filter
@@ -21,6 +21,7 @@ struct SamplerParams {
   float min_p = 0.f;            // <= 0: off; keeps tokens with p >= min_p * p(most likely), after top-p
   float repeat_penalty = 1.f;   // 1: off; a recent token's logit l becomes l / r if l > 0, else l * r
   float presence_penalty = 0.f; // 0: off; subtracted once from the logit of every recent token
+  float frequency_penalty = 0.f; // 0: off; subtracted from a recent token's logit once per occurrence
   int32_t penalty_last_n = 64;  // the window: the last N tokens of the session; 0: no penalties
 };
 
@@ -37,9 +38,10 @@ class Rng {
   uint64_t s_[4];
 };
 
-// Applies the repetition and presence penalties for the tokens of `recent` (the caller passes the
-// window, the last penalty_last_n tokens) to logits[0, n_vocab); each distinct token once, however
-// often it occurs; ids outside the vocabulary are ignored.
+// Applies the penalties for the tokens of `recent` (the caller passes the window, the last
+// penalty_last_n tokens) to logits[0, n_vocab): for each distinct token occurring c times, the
+// repetition penalty once, then l -= presence_penalty + c * frequency_penalty (OpenAI's formula over
+// the window, as llama.cpp's); ids outside the vocabulary are ignored.
 void ApplyPenalties(float *logits, int32_t n_vocab, const SamplerParams &p, absl::Span<const int32_t> recent);
 
 // Returns the sampled token id: penalties over `recent` (the last penalty_last_n of them), then

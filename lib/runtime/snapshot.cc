@@ -183,9 +183,11 @@ void PutOptions(Buf &b, const SessionOptions &o, int n_ctx) {
   b.PutVec(o.blocked_tokens);
   b.Put(static_cast<uint64_t>(o.stop_strings.size()));
   for (const auto &s : o.stop_strings) b.PutVec(std::vector<char>(s.begin(), s.end()));
+  b.Put(o.sampler.frequency_penalty);  // since version 3
 }
 
-absl::Status GetOptions(Reader &r, SessionOptions *o) {
+// `version`: the snapshot's; fields appended in later versions keep their defaults in older files.
+absl::Status GetOptions(Reader &r, uint32_t version, SessionOptions *o) {
   int32_t n_ctx = 0, window = 0;
   uint8_t logits_all = 0, stop_at_eos = 0;
   STRATA_RETURN_IF_ERROR(r.Get(&n_ctx, "n_ctx"));
@@ -207,6 +209,7 @@ absl::Status GetOptions(Reader &r, SessionOptions *o) {
   if (n_strings > (1 << 20)) return Errorf(MOE_ERR_FORMAT_METADATA, "snapshot has %u stop strings", n_strings);
   o->stop_strings.resize(n_strings);
   for (auto &s : o->stop_strings) STRATA_RETURN_IF_ERROR(r.GetString(&s, "stop string"));
+  if (version >= 3) STRATA_RETURN_IF_ERROR(r.Get(&o->sampler.frequency_penalty, "frequency_penalty"));
   if (logits_all > 1 || stop_at_eos > 1) {
     return Errorf(MOE_ERR_FORMAT_METADATA, "snapshot options: flags %u, %u are not 0 or 1", logits_all, stop_at_eos);
   }
@@ -505,7 +508,7 @@ absl::StatusOr<Session *> Context::LoadSession(const std::string &path, const Se
     Reader r(body.here(), len, std::string(reinterpret_cast<const char *>(&tag), 4));
     uint32_t bit = 0;
     if (tag == kTagOptions) {
-      STRATA_RETURN_IF_ERROR(GetOptions(r, &o));
+      STRATA_RETURN_IF_ERROR(GetOptions(r, version, &o));
       bit = 1;
     } else if (tag == kTagState) {
       STRATA_RETURN_IF_ERROR(r.Get(&n_past, "n_past"));

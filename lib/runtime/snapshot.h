@@ -1,5 +1,6 @@
 // Session snapshots: the on-disk format of moe_session_save / moe_session_load (the code lives
-// with Context::SaveSession / LoadSession in snapshot.cc). Little-endian, version 2:
+// with Context::SaveSession / LoadSession in snapshot.cc). Little-endian, version 3 (2 is read too:
+// its options end before frequency_penalty, which loads as 0):
 //
 //   header (kSnapshotHeaderBytes)  magic "STRATASN", u32 version, u32 header bytes, u64 total bytes,
 //                                  u64 model id, u64 weights digest, char arch[24], i32 x 10
@@ -22,7 +23,7 @@
 namespace strata::runtime {
 
 inline constexpr char kSnapshotMagic[8] = {'S', 'T', 'R', 'A', 'T', 'A', 'S', 'N'};
-inline constexpr uint32_t kSnapshotVersion = 2;
+inline constexpr uint32_t kSnapshotVersion = 3;
 inline constexpr uint32_t kSnapshotHeaderBytes = 112;
 
 // A 64-bit hash (FNV-1a) of what fixes a model's numbers: the architecture, the hyper-parameters

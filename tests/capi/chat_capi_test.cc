@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstring>
 #include <filesystem>
@@ -175,6 +176,7 @@ TEST_CASE("session text: stop tokens, stop strings split across tokens, determin
   CHECK(sp.min_p == 0.f);
   CHECK(sp.repeat_penalty == 1.f);
   CHECK(sp.presence_penalty == 0.f);
+  CHECK(sp.frequency_penalty == 0.f);
   CHECK(sp.penalty_last_n == 64);
   CHECK(sp.stop_at_eos == 1);
   CHECK(sp.n_stop_strings == 0);
@@ -293,6 +295,17 @@ TEST_CASE("moe_session_params: an older struct_size gets defaults for the append
   moe_session *s = nullptr;
   REQUIRE(moe_session_open(ctx, &sp, &s) == MOE_OK);
   moe_session_close(s);
+  // The size before frequency_penalty: a NaN there is not read; with the whole struct it is refused.
+  moe_session_params_init(&sp);
+  sp.frequency_penalty = std::nanf("");
+  sp.struct_size = offsetof(moe_session_params, frequency_penalty);
+  REQUIRE(moe_session_open(ctx, &sp, &s) == MOE_OK);
+  moe_session_close(s);
+  sp.struct_size = sizeof sp;
+  s = nullptr;
+  CHECK(moe_session_open(ctx, &sp, &s) == MOE_ERR_INVALID_ARGUMENT);
+  CHECK(std::string(moe_last_error()).find("frequency_penalty") != std::string::npos);
+  CHECK(s == nullptr);
   moe_ctx_close(ctx);
 }
 

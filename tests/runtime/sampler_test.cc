@@ -96,9 +96,13 @@ TEST_CASE("sampler: penalties change the distribution as their formulas say", "[
   sp.temperature = 1.f;
   sp.repeat_penalty = 1.5f;
   sp.presence_penalty = 0.5f;
+  sp.frequency_penalty = 0.25f;
   const std::vector<int32_t> recent = {0, 3, 0, 0};
   std::vector<float> pen = l;
-  for (int id : {0, 3}) pen[id] = (pen[id] > 0 ? pen[id] / 1.5f : pen[id] * 1.5f) - 0.5f;
+  for (int id : {0, 3}) {
+    const int count = id == 0 ? 3 : 1;
+    pen[id] = (pen[id] > 0 ? pen[id] / 1.5f : pen[id] * 1.5f) - 0.5f - count * 0.25f;
+  }
   std::vector<double> expect(l.size());
   double sum = 0;
   for (size_t i = 0; i < l.size(); ++i) sum += expect[i] = std::exp(static_cast<double>(pen[i]));
@@ -123,6 +127,18 @@ TEST_CASE("sampler: penalties touch exactly the windowed tokens, once each", "[s
   CHECK(l[2] == 0.5f - 0.75f);
   CHECK(l[3] == -0.25f - 0.75f);
   for (int i : {0, 1, 4, 5}) CHECK(l[i] == base[i]);
+  // The frequency penalty counts: once per occurrence in the window, negative values reward.
+  sp.presence_penalty = 0.f;
+  sp.frequency_penalty = 0.5f;
+  l = base;
+  ApplyPenalties(l.data(), 6, sp, std::vector<int32_t>{4, 1, 4, 4, 7});
+  CHECK(l[4] == 3.f - 3 * 0.5f);
+  CHECK(l[1] == -1.f - 0.5f);
+  for (int i : {0, 2, 3, 5}) CHECK(l[i] == base[i]);
+  sp.frequency_penalty = -2.f;
+  l = base;
+  ApplyPenalties(l.data(), 6, sp, std::vector<int32_t>{2, 2});
+  CHECK(l[2] == 0.5f + 4.f);
 
   // The window is the last penalty_last_n tokens; greedy sees the penalties too.
   SamplerParams g;

@@ -48,6 +48,7 @@ moe_session_params SamplingParams() {
   sp.top_p = 0.95f;
   sp.repeat_penalty = 1.4f;
   sp.presence_penalty = 0.3f;
+  sp.frequency_penalty = 3.f;  // large: a session loaded without it samples other tokens
   sp.penalty_last_n = 16;
   sp.seed = 4242;
   sp.attn_window = 100;
@@ -236,15 +237,53 @@ TEST_CASE("snapshot: corruption, truncation, foreign models and newer versions a
   }
   SECTION("a newer format version, with a valid checksum") {
     std::vector<char> b = bytes;
-    const uint32_t v3 = 3;
-    std::memcpy(b.data() + 8, &v3, 4);
+    const uint32_t v4 = 4;
+    std::memcpy(b.data() + 8, &v4, 4);
     const uint32_t crc = strata::Crc32c(0, b.data(), b.size() - 4);
     std::memcpy(b.data() + b.size() - 4, &crc, 4);
     WriteAll(bad, b);
     moe_status st = MOE_OK;
     REQUIRE(refused(&st));
     CHECK(st == MOE_ERR_UNSUPPORTED);
-    CHECK(std::string(moe_last_error()).find("version 3") != std::string::npos);
+    CHECK(std::string(moe_last_error()).find("version 4") != std::string::npos);
+  }
+  SECTION("version 2, whose options end before frequency_penalty, loads with it 0") {
+    // The options section comes first, after the 112-byte header: its length at 120, its payload
+    // from 128, frequency_penalty its last 4 bytes. Cut them, and fix the version, total and length.
+    std::vector<char> b = bytes;
+    uint64_t opts_len = 0, total = 0;
+    std::memcpy(&opts_len, b.data() + 120, 8);
+    std::memcpy(&total, b.data() + 16, 8);
+    float saved = 0.f;
+    std::memcpy(&saved, b.data() + 128 + opts_len - 4, 4);
+    REQUIRE(saved == SamplingParams().frequency_penalty);
+    b.erase(b.begin() + static_cast<std::ptrdiff_t>(128 + opts_len - 4), b.begin() + static_cast<std::ptrdiff_t>(128 + opts_len));
+    const uint32_t v2 = 2;
+    opts_len -= 4;
+    total -= 4;
+    std::memcpy(b.data() + 8, &v2, 4);
+    std::memcpy(b.data() + 16, &total, 8);
+    std::memcpy(b.data() + 120, &opts_len, 8);
+    const uint32_t crc = strata::Crc32c(0, b.data(), b.size() - 4);
+    std::memcpy(b.data() + b.size() - 4, &crc, 4);
+    WriteAll(bad, b);
+    // It continues as the version-3 file does with the same params but no frequency penalty.
+    moe_session_params none = SamplingParams();
+    none.frequency_penalty = 0.f;
+    std::vector<int32_t> want, got, with;
+    std::vector<float> wl, gl, hl;
+    moe_session *s = nullptr;
+    REQUIRE(moe_session_load(ctx, good.c_str(), &none, &s) == MOE_OK);
+    Generate(ctx, s, 12, &want, &wl);
+    moe_session_close(s);
+    REQUIRE(moe_session_load(ctx, bad.c_str(), nullptr, &s) == MOE_OK);
+    Generate(ctx, s, 12, &got, &gl);
+    moe_session_close(s);
+    CHECK(got == want);
+    REQUIRE(moe_session_load(ctx, good.c_str(), nullptr, &s) == MOE_OK);  // the penalty itself came back
+    Generate(ctx, s, 12, &with, &hl);
+    moe_session_close(s);
+    CHECK(with != want);
   }
   SECTION("version 1, which recorded no weights digest, with a valid checksum") {
     std::vector<char> b = bytes;
