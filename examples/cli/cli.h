@@ -59,7 +59,7 @@ struct Args {
   int64_t top_k = 40;
   float top_p = 0.95f;
   uint64_t seed = 42;
-  float min_p = 0.f, repeat_penalty = 1.f, presence_penalty = 0.f;
+  float min_p = 0.f, repeat_penalty = 1.f, presence_penalty = 0.f, frequency_penalty = 0.f;
   int64_t repeat_last_n = 64;
   std::vector<std::string> stop;
   bool n_predict_given = false, verbose = false;

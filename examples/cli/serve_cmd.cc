@@ -80,6 +80,7 @@ int CmdServe(const Args &a) {
   d.min_p = a.min_p;
   d.repeat_penalty = a.repeat_penalty;
   d.presence_penalty = a.presence_penalty;
+  d.frequency_penalty = a.frequency_penalty;
   d.penalty_last_n = static_cast<int32_t>(a.repeat_last_n);
   d.seed = a.seed;
   d.stop = a.stop;

@@ -40,7 +40,8 @@ const char kUsage[] =
     "\n"
     "commands:\n"
     "  run      [--model PATH] [--prompt TEXT | --tokens 1,2,3] [-n N] [--temp T] [--top-k K] [--top-p P] [--seed S]\n"
-    "           [--min-p P] [--repeat-penalty R] [--presence-penalty P] [--repeat-last-n N] [--stop STR]...\n"
+    "           [--min-p P] [--repeat-penalty R] [--presence-penalty P] [--frequency-penalty F]\n"
+    "           [--repeat-last-n N] [--stop STR]...\n"
     "           generate from a prompt (the bundled demo model when --model is not given); text stops at\n"
     "           EOS or at any --stop string; --save-session FILE saves the session at the end (the last\n"
     "           token queued), --load-session FILE continues a saved one (then --prompt/--tokens are\n"
@@ -170,6 +171,7 @@ Args ParseArgs(int argc, char **argv) {
     else if (f == "--min-p") a.min_p = ParseFloat(f, value());
     else if (f == "--repeat-penalty") a.repeat_penalty = ParseFloat(f, value());
     else if (f == "--presence-penalty") a.presence_penalty = ParseFloat(f, value());
+    else if (f == "--frequency-penalty") a.frequency_penalty = ParseFloat(f, value());
     else if (f == "--repeat-last-n") a.repeat_last_n = integer(0, 1 << 24);
     else if (f == "--stop") a.stop.push_back(value());
     else if (f == "--system") a.system = value();
@@ -260,6 +262,7 @@ Args ParseArgs(int argc, char **argv) {
   if (!(a.min_p >= 0 && a.min_p <= 1)) Die("--min-p must be in [0, 1]");
   if (!(a.repeat_penalty > 0) || a.repeat_penalty > 1e6f) Die("--repeat-penalty must be > 0");
   if (!(a.presence_penalty >= -1e6f && a.presence_penalty <= 1e6f)) Die("--presence-penalty must be finite");
+  if (!(a.frequency_penalty >= -1e6f && a.frequency_penalty <= 1e6f)) Die("--frequency-penalty must be finite");
   for (const auto &s : a.stop)
     if (s.empty()) Die("--stop needs a non-empty string");
   return a;
@@ -409,6 +412,7 @@ moe_session_params SessionParams(const Args &a, std::vector<const char *> *stop_
   sp.min_p = a.min_p;
   sp.repeat_penalty = a.repeat_penalty;
   sp.presence_penalty = a.presence_penalty;
+  sp.frequency_penalty = a.frequency_penalty;
   sp.penalty_last_n = static_cast<int32_t>(a.repeat_last_n);
   stop_ptrs->clear();
   for (const auto &s : a.stop) stop_ptrs->push_back(s.c_str());

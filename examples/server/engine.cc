@@ -137,6 +137,7 @@ void Engine::Start(const std::shared_ptr<Job> &job) {
     sp.min_p = sm.min_p;
     sp.repeat_penalty = sm.repeat_penalty;
     sp.presence_penalty = sm.presence_penalty;
+    sp.frequency_penalty = sm.frequency_penalty;
     sp.penalty_last_n = sm.penalty_last_n;
     sp.seed = sm.seed + static_cast<uint64_t>(i % job->n);  // the n choices of a prompt differ by seed
     sp.stop_strings = stops.data();

@@ -27,6 +27,7 @@ struct Sampling {
   float min_p = 0.f;
   float repeat_penalty = 1.f;
   float presence_penalty = 0.f;
+  float frequency_penalty = 0.f;
   int32_t penalty_last_n = 64;
   uint64_t seed = 42;
   std::vector<std::string> stop;      // stop strings (not shown in the text)

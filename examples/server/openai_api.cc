@@ -1,6 +1,6 @@
 // Request checking and response writing for OpenAI's completions and chat completions. Fields the
 // sampler has map onto it; fields Strata cannot honour (logit_bias, tools, echo, suffix, a JSON
-// response format, a non-zero frequency_penalty) are refused with a 400 naming them, never ignored.
+// response format) are refused with a 400 naming them, never ignored.
 // Unknown fields are ignored, as OpenAI's clients send optional extras.
 #include "examples/server/openai_api.h"
 
@@ -248,12 +248,7 @@ std::optional<ApiError> ParseRequest(const json &b, bool chat, const ModelInfo &
   if (b.contains("top_p") && b["top_p"].is_number() && !(s.top_p > 0)) return Bad("top_p", "'top_p' must be above 0");
   if (auto e = GetNumber(b, "min_p", 0, 1, &s.min_p)) return e;
   if (auto e = GetNumber(b, "presence_penalty", -2, 2, &s.presence_penalty)) return e;
-  float frequency_penalty = 0.f;
-  if (auto e = GetNumber(b, "frequency_penalty", -2, 2, &frequency_penalty)) return e;
-  if (frequency_penalty != 0.f) {
-    return Bad("frequency_penalty", "a non-zero 'frequency_penalty' is not supported (the sampler counts each recent "
-                                    "token once: use presence_penalty)", "unsupported_parameter");
-  }
+  if (auto e = GetNumber(b, "frequency_penalty", -2, 2, &s.frequency_penalty)) return e;
   int64_t v = s.top_k;
   if (auto e = GetInt(b, "top_k", -1, 1 << 24, &v)) return e;
   s.top_k = v < 0 ? 0 : static_cast<int32_t>(v);  // -1 (vLLM's spelling) or 0: off

@@ -92,9 +92,9 @@ class Server:
         return rc, self.log.read()
 
 
-def run_cli(strata, prompt, n):
+def run_cli(strata, prompt, n, *more):
     """The text `strata run --temp 0` generates after the prompt."""
-    out = subprocess.run([strata, "run", "--prompt", prompt, "-n", str(n), "--temp", "0"], capture_output=True,
+    out = subprocess.run([strata, "run", "--prompt", prompt, "-n", str(n), "--temp", "0", *more], capture_output=True,
                          check=True).stdout.decode()
     assert out.startswith(prompt) and out.endswith("\n"), out
     return out[len(prompt):-1]
@@ -143,6 +143,14 @@ def main():
             joined = "".join(c.choices[0].text for c in chunks if c.choices)
             check("stream joins to the text", joined == want, f"{joined!r} != {want!r}")
             check("stream ends with a finish reason", chunks[-1].choices[0].finish_reason in ("stop", "length"))
+
+        # Penalties as the CLI applies them (a window of the last 64 tokens, prompt included).
+        p, n = prompts[3], 24
+        want = run_cli(args.strata, p, n, "--frequency-penalty", "1.5", "--presence-penalty", "0.5")
+        r = client.completions.create(model=model, prompt=p, max_tokens=n, temperature=0, frequency_penalty=1.5,
+                                      presence_penalty=0.5)
+        check("penalties equal strata run's", r.choices[0].text == want, f"{r.choices[0].text!r} != {want!r}")
+        check("penalties change the text", want != run_cli(args.strata, p, n), want)
 
         # Logprobs: at temperature 0 the sampled token is the most likely one.
         r = client.completions.create(model=model, prompt=prompts[0], max_tokens=5, temperature=0, logprobs=3)
