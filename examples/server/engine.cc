@@ -212,17 +212,29 @@ void Engine::Advance(Slot &slot, bool *finished) {
 
 void Engine::Loop() {
   for (;;) {
-    std::vector<std::shared_ptr<Job>> admitted;
+    std::vector<std::shared_ptr<Job>> admitted, gone;
     {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait(lock, [&] { return stop_ || !waiting_.empty() || !slots_.empty(); });
       if (stop_) return;
+      // Queued jobs whose clients went away leave the queue at once.
+      for (auto it = waiting_.begin(); it != waiting_.end();) {
+        if ((*it)->cancel.load()) {
+          gone.push_back(std::move(*it));
+          it = waiting_.erase(it);
+          ++counters_.cancelled;
+        } else {
+          ++it;
+        }
+      }
       while (!waiting_.empty() && running_sessions_ + waiting_.front()->n_choices() <= parallel_) {
         running_sessions_ += waiting_.front()->n_choices();
         admitted.push_back(std::move(waiting_.front()));
         waiting_.pop_front();
       }
     }
+    for (const auto &job : gone) Finish(job, "");
+    gone.clear();
     for (const auto &job : admitted) {
       if (job->cancel.load()) {
         std::lock_guard<std::mutex> lock(mu_);
@@ -234,7 +246,6 @@ void Engine::Loop() {
       }
     }
     // Clients that went away: their sessions close before the step.
-    std::vector<std::shared_ptr<Job>> gone;
     for (const Slot &slot : slots_) {
       if (slot.job->cancel.load() && std::find(gone.begin(), gone.end(), slot.job) == gone.end()) {
         gone.push_back(slot.job);

@@ -49,7 +49,7 @@ class RequestCounts {
  public:
   void Count(const std::string &path, int status) {
     static const char *const kKnown[] = {"/health", "/metrics", "/v1/models", "/v1/completions",
-                                         "/v1/chat/completions"};
+                                         "/v1/chat/completions"};  // other paths (a model's) count as "other"
     const bool known = std::find(std::begin(kKnown), std::end(kKnown), path) != std::end(kKnown);
     std::lock_guard<std::mutex> lock(mu_);
     ++counts_[{known ? path : "other", status}];
@@ -248,7 +248,12 @@ bool Serve(const ModelInfo &m, const ServerOptions &opts, std::string *error) {
     if (!res.body.empty()) return;
     std::string msg = "HTTP " + std::to_string(res.status);
     if (res.status == 404) msg = "no route " + req.method + " " + req.path;
-    if (res.status == 413) msg = "the request body is too large";
+    if (res.status == 413) {
+      msg = "the request body is too large";
+      if (req.get_header_value("Content-Type").find("x-www-form-urlencoded") != std::string::npos) {
+        msg += "; send it as Content-Type: application/json (form-encoded bodies are capped at 8 KiB)";
+      }
+    }
     SendError(res, Error(res.status, msg, "invalid_request_error", res.status == 404 ? "not_found" : ""));
   });
   svr.set_exception_handler([](const httplib::Request &, httplib::Response &res, std::exception_ptr ep) {
@@ -273,6 +278,13 @@ bool Serve(const ModelInfo &m, const ServerOptions &opts, std::string *error) {
     res.set_content(Dump(ModelsJson(m, started)), "application/json");
   };
   svr.Get("/v1/models", models);
+  svr.Get(R"(/v1/models/(.+))", [&](const httplib::Request &req, httplib::Response &res) {
+    if (req.matches[1] != m.id) {
+      return SendError(res, Error(404, "the model '" + std::string(req.matches[1]) + "' does not exist; this server has '" +
+                                           m.id + "'", "invalid_request_error", "model_not_found"));
+    }
+    res.set_content(Dump(ModelsJson(m, started)["data"][0]), "application/json");
+  });
   svr.Get("/metrics", [&](const httplib::Request &, httplib::Response &res) {
     res.set_content(MetricsText(m, engine, counts), "text/plain; version=0.0.4");
   });

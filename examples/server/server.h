@@ -1,5 +1,5 @@
 // `strata serve`'s HTTP side: an OpenAI-compatible server (cpp-httplib) in front of the engine.
-// Routes: GET /health, GET /v1/models, POST /v1/completions, POST /v1/chat/completions (stream: true
+// Routes: GET /health, GET /v1/models (and /v1/models/ID), POST /v1/completions, POST /v1/chat/completions (stream: true
 // as server-sent events ending with `data: [DONE]`), GET /metrics (Prometheus text). Every error is
 // OpenAI's error object with a 4xx/5xx status; the server keeps serving after any bad request.
 #pragma once

@@ -130,6 +130,7 @@ def main():
         models = client.models.list().data
         check("models", len(models) == 1 and models[0].id == "austen-moe-q4_k", models)
         model = models[0].id
+        check("model retrieve", client.models.retrieve(model).id == model)
 
         # Greedy text equals the CLI's; the usage counts the CLI's tokens.
         expected = [run_cli(args.strata, p, n) for p, n in zip(prompts[:3], lengths[:3])]
@@ -258,6 +259,15 @@ def main():
               reply["error"]["code"] == "server_busy", f"{status} {reply}")
         for s in socks:
             s.close()
+        # Both go: the running one at its next step, the queued one from the queue.
+        deadline = time.time() + 10
+        while time.time() < deadline and (small.metric("strata_requests_cancelled_total") != 2 or
+                                          small.metric("strata_requests_queued") != 0 or
+                                          small.metric("strata_sessions_running") != 0):
+            time.sleep(0.02)
+        check("running and queued requests cancelled", small.metric("strata_requests_cancelled_total") == 2 and
+              small.metric("strata_requests_queued") == 0 and small.metric("strata_sessions_running") == 0,
+              small.raw("GET", "/metrics")[1])
     finally:
         small.stop()
 
