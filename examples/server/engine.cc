@@ -73,9 +73,12 @@ Engine::Admit Engine::Submit(const std::shared_ptr<Job> &job) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stop_) return Admit::kBusy;
-    // A job that would run at once never counts against the queue.
-    const bool runs_now = waiting_.empty() && running_sessions_ + job->n_choices() <= parallel_;
-    if (!runs_now && static_cast<int>(waiting_.size()) >= queue_) return Admit::kBusy;
+    // A job that will run as soon as the engine looks (free sessions, none queued before it) never
+    // counts against the queue, also while the engine has not yet taken it.
+    int64_t free = 0;
+    const int64_t queued = QueuedLocked(&free);
+    const bool runs_now = queued == 0 && job->n_choices() <= free;
+    if (!runs_now && queued >= queue_) return Admit::kBusy;
     waiting_.push_back(job);
   }
   cv_.notify_all();
@@ -84,10 +87,25 @@ Engine::Admit Engine::Submit(const std::shared_ptr<Job> &job) {
 
 void Engine::Wake() { cv_.notify_all(); }
 
+// The waiting jobs that cannot start yet: those from the first that does not fit in the free
+// sessions on (the engine admits in order). *free: the sessions left for a new job.
+int64_t Engine::QueuedLocked(int64_t *free) const {
+  int64_t left = parallel_ - running_sessions_, queued = 0;
+  for (const auto &job : waiting_) {
+    if (queued == 0 && job->n_choices() <= left) {
+      left -= job->n_choices();
+    } else {
+      ++queued;
+    }
+  }
+  if (free != nullptr) *free = left;
+  return queued;
+}
+
 EngineCounters Engine::Counters() const {
   std::lock_guard<std::mutex> lock(mu_);
   EngineCounters c = counters_;
-  c.queued = static_cast<int64_t>(waiting_.size());
+  c.queued = QueuedLocked(nullptr);
   c.running = running_sessions_;
   return c;
 }

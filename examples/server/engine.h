@@ -111,6 +111,7 @@ class Engine {
     moe_session *s = nullptr;
     int64_t n_gen = 0;
   };
+  int64_t QueuedLocked(int64_t *free) const;
   void Loop();
   void Start(const std::shared_ptr<Job> &job);
   void Advance(Slot &slot, bool *finished);
