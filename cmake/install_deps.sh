@@ -25,11 +25,12 @@ if [ "${#missing[@]}" -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-# The server test's Python: a virtual environment with the official `openai` client from PyPI, in the
-# build tree (build/venv, or STRATA_VENV), so nothing is installed into the system's Python.
+# The Python tests' environment: a virtual environment in the build tree (build/venv, or STRATA_VENV)
+# with the official `openai` client (the server test), numpy and pytest (the Python package's tests)
+# from PyPI, so nothing is installed into the system's Python.
 venv="${STRATA_VENV:-$(cd "$(dirname "$0")/.." && pwd)/build/venv}"
-if ! "$venv/bin/python3" -c "import openai" 2>/dev/null; then
-  echo "strata: creating $venv with the openai client" >&2
+if ! "$venv/bin/python3" -c "import openai, numpy, pytest" 2>/dev/null; then
+  echo "strata: making $venv with openai, numpy and pytest" >&2
   python3 -m venv "$venv"
-  "$venv/bin/python3" -m pip install -q --disable-pip-version-check "openai>=1.0"
+  "$venv/bin/python3" -m pip install -q --disable-pip-version-check "openai>=1.0" numpy pytest
 fi

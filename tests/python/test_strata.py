@@ -1,0 +1,174 @@
+"""The Python package `strata` (python/strata, ctypes over the C ABI) against oracles nobody here
+wrote: transformers' logits of the golden HF checkpoints (tests/golden), and the CLI's text for
+greedy generation. Run by CTest with STRATA_LIBRARY (a built libstrata.so), STRATA_CLI and
+PYTHONPATH=python; prompts are drawn fresh each run (the seed is in the test's output)."""
+import json
+import os
+import random
+import subprocess
+import threading
+
+import numpy as np
+import pytest
+
+import strata
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DEMO = os.path.join(ROOT, "examples", "models", "austen-moe-q4_k.gguf")
+GOLDEN = os.path.join(ROOT, "tests", "golden")
+CLI = os.environ.get("STRATA_CLI", os.path.join(ROOT, "build", "examples", "strata"))
+WORDS = ("Mr. Darcy", "Elizabeth", "Emma", "the letter", "Bath", "a ball", "her sister", "Pemberley",
+         "was", "had been", "could not", "said", "in the", "never")
+
+
+@pytest.fixture(scope="module")
+def demo():
+    with strata.Model(DEMO) as m:
+        yield m
+
+
+@pytest.fixture
+def rng():
+    seed = random.SystemRandom().randrange(1 << 30)
+    print("seed", seed)
+    return random.Random(seed)
+
+
+def cli_text(prompt, n, *more):
+    out = subprocess.run([CLI, "run", "--prompt", prompt, "-n", str(n), "--temp", "0", *more], capture_output=True,
+                         check=True).stdout.decode()
+    assert out.startswith(prompt) and out.endswith("\n")
+    return out[len(prompt):-1]
+
+
+def test_generate_greedy_equals_the_cli(demo, rng):
+    for _ in range(3):
+        prompt = " ".join(rng.sample(WORDS, rng.randint(1, 4)))
+        n = rng.randint(4, 40)
+        want = cli_text(prompt, n)
+        assert demo.generate(prompt, max_tokens=n, temperature=0) == want
+        pieces = list(demo.generate(prompt, max_tokens=n, temperature=0, stream=True))
+        assert "".join(pieces) == want and len(pieces) > 1
+    # The CLI's default sampling (temperature 0.8, top-k 40, top-p 0.95, seed 42) is generate's default.
+    prompt = " ".join(rng.sample(WORDS, 2))
+    out = subprocess.run([CLI, "run", "--prompt", prompt, "-n", "24"], capture_output=True, check=True).stdout.decode()
+    assert demo.generate(prompt, max_tokens=24) == out[len(prompt):-1]
+
+
+@pytest.mark.parametrize("case", ["qwen3moe_f32", "mixtral_f32"])
+def test_hf_checkpoint_logits_equal_transformers(case):
+    folder = os.path.join(GOLDEN, case)
+    tokens = np.fromfile(os.path.join(folder, "tokens.bin"), dtype="<i4").tolist()
+    with strata.Model(os.path.join(folder, "hf"), backend="cpu") as m:
+        want = np.fromfile(os.path.join(folder, "logits.bin"), dtype="<f4").reshape(len(tokens), m.vocab_size)
+        s = m.session()
+        first = s.eval(tokens[:5])  # a prefill, then one token at a time
+        assert first.dtype == np.float32 and first.shape == (m.vocab_size,)
+        assert np.max(np.abs(first - want[4])) <= 1e-3
+        for t in range(5, len(tokens)):
+            got = s.eval([tokens[t]])
+            assert np.max(np.abs(got - want[t])) <= 1e-3, t
+        assert s.n_past == len(tokens)
+
+
+def test_tokenize_detokenize(demo, rng):
+    text = " ".join(rng.choice(WORDS) for _ in range(12)) + " é ✓"
+    ids = demo.tokenize(text)
+    assert ids and all(0 <= i < demo.vocab_size for i in ids)
+    assert demo.detokenize(ids) == text
+    assert demo.tokenize("<|endoftext|>", special=True) == [0]
+    assert len(demo.tokenize("<|endoftext|>")) > 1  # a user's text never becomes a control token
+    cli = subprocess.run([CLI, "tokenize", "--model", DEMO, "--text", text], capture_output=True,
+                         check=True).stdout.decode().split()
+    assert ids == [int(x) for x in cli]
+
+
+def test_session_sample_save_and_load(demo, rng, tmp_path):
+    prompt = demo.tokenize(" ".join(rng.sample(WORDS, 3)))
+    s = demo.session(temperature=0.9, top_k=40, seed=rng.randrange(1 << 40))
+    s.eval(prompt)
+    first = s.sample()
+    path = str(tmp_path / "s.snap")
+    s.save(path)
+    ref = []
+    tok = first
+    for _ in range(10):
+        s.eval([tok])
+        tok = s.sample()
+        ref.append(tok)
+    t = demo.load_session(path)
+    assert t.n_past == len(prompt)
+    got = []
+    tok = first
+    for _ in range(10):
+        t.eval([tok])
+        tok = t.sample()
+        got.append(tok)
+    assert got == ref
+    s.close()
+    t.close()
+
+
+def test_stats(demo):
+    demo.generate("Emma", max_tokens=3, temperature=0)
+    st = demo.stats()
+    assert st["expert_hits"] > 0 and "bytes_read" in st and "io_wait_s" in st
+
+
+def test_threads_share_a_model(demo, rng):
+    prompts = [" ".join(rng.sample(WORDS, 2)) for _ in range(4)]
+    alone = [demo.generate(p, max_tokens=12, temperature=0) for p in prompts]
+    out = [None] * 4
+
+    def work(i):
+        out[i] = demo.generate(prompts[i], max_tokens=12, temperature=0)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert out == alone
+
+
+def test_errors_never_crash(tmp_path):
+    with pytest.raises(strata.Error) as e:
+        strata.Model(str(tmp_path / "missing.gguf"))
+    assert e.value.status_name == "MOE_ERR_IO_OPEN" and "missing.gguf" in str(e.value)
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF" + os.urandom(64))
+    with pytest.raises(strata.Error):
+        strata.Model(str(bad))
+    with pytest.raises(strata.Error):
+        strata.Model(DEMO, backend="tpu")
+    with pytest.raises(strata.Error):
+        strata.Model(DEMO, ram_budget="lots")
+    with pytest.raises(TypeError):
+        strata.Model(42)
+    m = strata.Model(DEMO)
+    s = m.session()
+    with pytest.raises(strata.Error):
+        s.eval([m.vocab_size])  # outside the vocabulary
+    with pytest.raises(strata.Error):
+        s.sample()  # no logits yet
+    with pytest.raises(TypeError):
+        s.eval("Emma")
+    with pytest.raises(TypeError):
+        m.tokenize(b"bytes")
+    with pytest.raises(strata.Error):
+        m.session(temperature=-1.0)
+    with pytest.raises(strata.Error):
+        m.load_session(str(bad))
+    with pytest.raises(strata.Error):
+        m.generate("", max_tokens=4)
+    m.close()
+    m.close()
+    with pytest.raises(strata.Error):
+        s.eval([1])
+    with pytest.raises(strata.Error):
+        m.generate("Emma")
+    with pytest.raises(strata.Error):
+        m.session()
+    with pytest.raises(strata.Error):
+        m.stats()
+    s.close()
