@@ -58,8 +58,11 @@ std::optional<ApiError> GetInt(const json &b, const char *key, int64_t lo, int64
   if (!it->is_number_integer()) {
     return Bad(key, std::string("'") + key + "' must be an integer, not " + TypeName(*it), "invalid_type");
   }
-  const bool in_range = it->is_number_unsigned() ? it->get<uint64_t>() <= static_cast<uint64_t>(hi)
-                                                 : it->get<int64_t>() >= lo && it->get<int64_t>() <= hi;
+  // The parser stores a non-negative integer as unsigned: compare it as one, against both bounds.
+  const bool in_range =
+      it->is_number_unsigned()
+          ? it->get<uint64_t>() <= static_cast<uint64_t>(hi) && (lo <= 0 || it->get<uint64_t>() >= static_cast<uint64_t>(lo))
+          : it->get<int64_t>() >= lo && it->get<int64_t>() <= hi;
   if (!in_range) {
     return Bad(key, std::string("'") + key + "' must be in [" + std::to_string(lo) + ", " + std::to_string(hi) +
                         "], got " + it->dump());
@@ -94,8 +97,9 @@ std::optional<ApiError> TokenizePrompt(const ModelInfo &m, const std::string &te
 
 std::optional<ApiError> CheckIds(const ModelInfo &m, const json &arr, std::vector<int32_t> *ids) {
   for (const auto &t : arr) {
-    if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= m.n_vocab || t.is_number_unsigned() &&
-        t.get<uint64_t>() >= static_cast<uint64_t>(m.n_vocab)) {
+    const bool id = t.is_number_unsigned() ? t.get<uint64_t>() < static_cast<uint64_t>(m.n_vocab)
+                                           : t.is_number_integer() && t.get<int64_t>() >= 0 && t.get<int64_t>() < m.n_vocab;
+    if (!id) {
       return Bad("prompt", "a prompt of token ids holds " + t.dump() + ", not a token id in [0, " +
                                std::to_string(m.n_vocab) + ")");
     }

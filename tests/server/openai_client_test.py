@@ -189,7 +189,7 @@ def main():
         check("chat stream joins to the answer", text == whole.choices[0].message.content, f"{text!r}")
 
         # Bad requests: OpenAI's error object with a 4xx, through the client and raw.
-        for kwargs, status in ((dict(max_tokens=-1), 400), (dict(max_tokens=10 ** 9), 400),
+        for kwargs, status in ((dict(max_tokens=-1), 400), (dict(max_tokens=0), 400), (dict(max_tokens=10 ** 9), 400),
                                (dict(temperature=-1), 400), (dict(model="gpt-nope"), 404),
                                (dict(extra_body={"n": 1000}), 400), (dict(extra_body={"top_k": "many"}), 400)):
             call = dict(model=model, prompt="Emma", max_tokens=4)
@@ -207,8 +207,18 @@ def main():
             status, reply = srv.raw("POST", "/v1/completions", body)
             check("malformed request gets a 4xx error object", 400 <= status < 500 and is_error_object(reply),
                   f"{body[:40]!r}: {status} {str(reply)[:200]}")
-        status, reply = srv.raw("POST", "/v1/chat/completions", b'{"messages": [{"role": "user"}]}')
-        check("chat without content", status == 400 and is_error_object(reply), reply)
+        user = b'[{"role": "user", "content": "Emma"}]'
+        for body in (b'{"messages": [{"role": "user"}]}', b'{"messages": []}', b'{"messages": "Emma"}',
+                     b'{"messages": [{"role": "tool", "content": "x"}]}', b'{"messages": [{"role": 7, "content": "x"}]}',
+                     b'{"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}',
+                     b'{"messages": ' + user + b', "n": 9}', b'{"messages": ' + user + b', "top_logprobs": 2}',
+                     b'{"messages": ' + user + b', "stop": ["a", "b", "c", "d", "e"]}',
+                     b'{"messages": ' + user + b', "tools": [{"type": "function"}]}',
+                     b'{"messages": ' + user + b', "stream_options": {"include_usage": true}}',
+                     b'{"messages": ' + user + b', "max_completion_tokens": 0}'):
+            status, reply = srv.raw("POST", "/v1/chat/completions", body)
+            check("malformed chat request gets a 4xx error object", 400 <= status < 500 and is_error_object(reply),
+                  f"{body[:60]!r}: {status} {str(reply)[:200]}")
         status, reply = srv.raw("GET", "/v1/models", headers={"Authorization": "Bearer wrong"})
         check("a wrong API key gets 401", status == 401 and is_error_object(reply), reply)
         status, _ = srv.raw("GET", "/health", headers={"Authorization": ""})
