@@ -140,10 +140,13 @@ def main():
             check("usage", r.usage.prompt_tokens == n_tokens(args.strata, args.model, p) and
                   r.usage.completion_tokens <= n and
                   (r.choices[0].finish_reason != "length" or r.usage.completion_tokens == n), r.usage)
-            chunks = list(client.completions.create(model=model, prompt=p, max_tokens=n, temperature=0, stream=True))
+            chunks = list(client.completions.create(model=model, prompt=p, max_tokens=n, temperature=0, stream=True,
+                                                    stream_options={"include_usage": True}))
             joined = "".join(c.choices[0].text for c in chunks if c.choices)
             check("stream joins to the text", joined == want, f"{joined!r} != {want!r}")
-            check("stream ends with a finish reason", chunks[-1].choices[0].finish_reason in ("stop", "length"))
+            check("stream ends with a finish reason", chunks[-2].choices[0].finish_reason in ("stop", "length"))
+            check("stream's usage chunk", not chunks[-1].choices and chunks[-1].usage is not None and
+                  chunks[-1].usage.completion_tokens == r.usage.completion_tokens, chunks[-1])
 
         # Penalties as the CLI applies them (a window of the last 64 tokens, prompt included).
         p, n = prompts[3], 24
