@@ -179,6 +179,7 @@ def main():
         with concurrent.futures.ThreadPoolExecutor(8) as pool:
             together = list(pool.map(request, range(8)))
         batch = (srv.metric("strata_step_sessions_total") - stepped) / (srv.metric("strata_steps_total") - steps)
+        print(f"mean batch {batch:.2f} sessions per step", flush=True)
         check("concurrent requests decode together", batch > 1.5, f"{batch:.2f} sessions per step")
         for i in range(8):
             check("8 at once equal one at a time", together[i] == alone[i], f"{i}: {together[i]!r} != {alone[i]!r}")
