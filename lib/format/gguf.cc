@@ -205,31 +205,17 @@ absl::Status ReadArray(Cursor &cur, GgufValue *v, const GgufLimits &limits) {
     }
     return absl::OkStatus();
   }
-  const bool is_float = IsFloat(et);
-  if (is_float) {
-    v->arr_num.reserve(static_cast<size_t>(n));
-  } else {
-    v->arr_int.reserve(static_cast<size_t>(n));
-  }
-  const uint64_t esize = ScalarBytes(et);
-  uint8_t chunk[8192];
-  const uint64_t per_chunk = sizeof chunk / esize;
-  for (uint64_t k = 0; k < n;) {
-    uint64_t m = std::min(per_chunk, n - k);
-    STRATA_RETURN_IF_ERROR(cur.Read(chunk, m * esize));
-    for (uint64_t j = 0; j < m; ++j) {
-      int64_t i = 0;
-      uint64_t u = 0;
-      double f = 0;
-      absl::Status st = DecodeScalar(et, chunk + j * esize, &i, &u, &f);
-      if (!st.ok()) return Annotate(st, absl::StrCat("array element ", k + j));
-      if (is_float) {
-        v->arr_num.push_back(f);
-      } else {
-        v->arr_int.push_back(IsSignedInt(et) ? i : static_cast<int64_t>(u));
+  // Numbers stay at their own width: one read straight into the value, then only bools need a
+  // look (a byte other than 0 or 1 is corrupt, as for a scalar).
+  v->arr_raw.resize(static_cast<size_t>(need));
+  STRATA_RETURN_IF_ERROR(cur.Read(v->arr_raw.data(), need));
+  if (et == GgufType::kBool) {
+    for (uint64_t k = 0; k < n; ++k) {
+      if (v->arr_raw[k] > 1) {
+        return Errorf(MOE_ERR_FORMAT_METADATA, "array element %u: bool value %u is neither 0 nor 1", k,
+                      v->arr_raw[k]);
       }
     }
-    k += m;
   }
   return absl::OkStatus();
 }
@@ -477,6 +463,52 @@ absl::StatusOr<GgufFile> ParseGguf(const Source &src, const GgufLimits &limits) 
                           cur_t.offset + cur_t.nbytes));
     }
   }
+  return out;
+}
+
+uint64_t GgufElemBytes(GgufType t) {
+  return t == GgufType::kString || t == GgufType::kArray ? 0 : ScalarBytes(t);
+}
+
+bool GgufValue::IsIntArray() const {
+  return type == GgufType::kArray && (IsSignedInt(elem_type) || IsUnsignedInt(elem_type) ||
+                                      elem_type == GgufType::kBool) &&
+         arr_raw.size() == arr_len * GgufElemBytes(elem_type);
+}
+
+bool GgufValue::IsFloatArray() const {
+  return type == GgufType::kArray && IsFloat(elem_type) && arr_raw.size() == arr_len * GgufElemBytes(elem_type);
+}
+
+int64_t GgufValue::IntAt(uint64_t k) const {
+  int64_t i = 0;
+  uint64_t u = 0;
+  double f = 0;
+  (void)DecodeScalar(elem_type, arr_raw.data() + k * GgufElemBytes(elem_type), &i, &u, &f);
+  return IsSignedInt(elem_type) ? i : static_cast<int64_t>(u);
+}
+
+double GgufValue::FloatAt(uint64_t k) const {
+  int64_t i = 0;
+  uint64_t u = 0;
+  double f = 0;
+  (void)DecodeScalar(elem_type, arr_raw.data() + k * GgufElemBytes(elem_type), &i, &u, &f);
+  return IsFloat(elem_type) ? f : IsSignedInt(elem_type) ? static_cast<double>(i) : static_cast<double>(u);
+}
+
+std::vector<int64_t> GgufValue::Ints() const {
+  std::vector<int64_t> out;
+  if (!IsIntArray()) return out;
+  out.reserve(static_cast<size_t>(arr_len));
+  for (uint64_t k = 0; k < arr_len; ++k) out.push_back(IntAt(k));
+  return out;
+}
+
+std::vector<double> GgufValue::Floats() const {
+  std::vector<double> out;
+  if (!IsIntArray() && !IsFloatArray()) return out;
+  out.reserve(static_cast<size_t>(arr_len));
+  for (uint64_t k = 0; k < arr_len; ++k) out.push_back(FloatAt(k));
   return out;
 }
 

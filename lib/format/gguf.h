@@ -29,13 +29,29 @@ struct GgufValue {
   uint64_t u = 0;
   double f = 0;
   std::string s;
-  // Arrays: numbers in arr_num (as double; exact for |v| < 2^53), ints exact in arr_int,
-  // strings in arr_str. Only the vector matching elem_type is filled.
-  std::vector<double> arr_num;
-  std::vector<int64_t> arr_int;
+  // Arrays: strings in arr_str; numbers (integers, bools, floats) in arr_raw at their own width,
+  // little-endian as in the file (arr_len * GgufElemBytes(elem_type) bytes), so a uint8 array
+  // takes one byte per element. Read numbers through IsIntArray/IsFloatArray and IntAt/FloatAt.
+  std::vector<uint8_t> arr_raw;
   std::vector<std::string> arr_str;
   uint64_t arr_len = 0;
+
+  // An array of integers or bools / of float32 or float64 (arr_raw holds arr_len elements).
+  bool IsIntArray() const;
+  bool IsFloatArray() const;
+  // Element k (< arr_len) of a numeric array: IntAt of an integer or bool array (a uint64 above
+  // INT64_MAX wraps), FloatAt of any numeric array (exact for integers below 2^53).
+  int64_t IntAt(uint64_t k) const;
+  double FloatAt(uint64_t k) const;
+  // All elements, widened: Ints of an integer or bool array, Floats of any numeric array; empty
+  // for other values.
+  std::vector<int64_t> Ints() const;
+  std::vector<double> Floats() const;
 };
+
+// Bytes one element of a numeric type takes in a file and in GgufValue::arr_raw; 0 for strings
+// and arrays.
+uint64_t GgufElemBytes(GgufType t);
 
 struct GgufTensorInfo {
   std::string name;

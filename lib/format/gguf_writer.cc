@@ -77,12 +77,13 @@ class Encoder {
     if (v.elem_type == GgufType::kString) {
       Put<uint64_t>(v.arr_str.size());
       for (const auto &s : v.arr_str) PutString(s);
-    } else if (v.elem_type == GgufType::kFloat32 || v.elem_type == GgufType::kFloat64) {
-      Put<uint64_t>(v.arr_num.size());
-      for (double f : v.arr_num) PutScalar(v.elem_type, 0, 0, f);
+    } else if (ScalarBytes(v.elem_type) != 0 && v.arr_raw.size() == v.arr_len * ScalarBytes(v.elem_type)) {
+      // Numbers are held as the file stores them.
+      Put<uint64_t>(v.arr_len);
+      out_.append(reinterpret_cast<const char *>(v.arr_raw.data()), v.arr_raw.size());
     } else if (ScalarBytes(v.elem_type) != 0) {
-      Put<uint64_t>(v.arr_int.size());
-      for (int64_t x : v.arr_int) PutScalar(v.elem_type, x, static_cast<uint64_t>(x), 0);
+      return Errorf(MOE_ERR_INVALID_ARGUMENT, "key '%s' holds %u bytes for %u %u-byte elements", key,
+                    v.arr_raw.size(), v.arr_len, ScalarBytes(v.elem_type));
     } else {
       return Errorf(MOE_ERR_INVALID_ARGUMENT, "key '%s' is an array of an invalid element type", key);
     }
@@ -140,13 +141,28 @@ GgufValue GgufStringArray(std::vector<std::string> x) {
   v.arr_str = std::move(x);
   return v;
 }
-GgufValue GgufIntArray(GgufType elem, std::vector<int64_t> x) {
+namespace {
+// A numeric array of `n` elements of type `elem`, each written by `put` into an encoder.
+template <typename Put>
+GgufValue NumberArray(GgufType elem, size_t n, Put put) {
+  Encoder e;
+  for (size_t k = 0; k < n; ++k) put(e, k);
   GgufValue v;
   v.type = GgufType::kArray;
   v.elem_type = elem;
-  v.arr_len = x.size();
-  v.arr_int = std::move(x);
+  v.arr_len = n;
+  v.arr_raw.assign(e.bytes().begin(), e.bytes().end());
   return v;
+}
+}  // namespace
+
+GgufValue GgufIntArray(GgufType elem, const std::vector<int64_t> &x) {
+  return NumberArray(elem, x.size(), [&](Encoder &e, size_t k) {
+    e.PutScalar(elem, x[k], static_cast<uint64_t>(x[k]), 0);
+  });
+}
+GgufValue GgufFloatArray(GgufType elem, const std::vector<double> &x) {
+  return NumberArray(elem, x.size(), [&](Encoder &e, size_t k) { e.PutScalar(elem, 0, 0, x[k]); });
 }
 
 GgufWriter::GgufWriter(std::string path, uint32_t alignment)

@@ -22,8 +22,10 @@ GgufValue GgufInt32(int32_t v);
 GgufValue GgufFloat32(float v);
 GgufValue GgufBool(bool v);
 GgufValue GgufStringArray(std::vector<std::string> v);
-// Integer array of element type `elem` (any integer type; values are cast to it).
-GgufValue GgufIntArray(GgufType elem, std::vector<int64_t> v);
+// Integer array of element type `elem` (any integer type or bool; values are cast to it).
+GgufValue GgufIntArray(GgufType elem, const std::vector<int64_t> &v);
+// Float array of element type `elem` (float32 or float64).
+GgufValue GgufFloatArray(GgufType elem, const std::vector<double> &v);
 
 struct GgufTensorLayout {
   std::string name;

@@ -446,7 +446,7 @@ absl::StatusOr<PackReport> Pack(const std::string &in, const std::string &out, c
   if (!o.boost_layers.empty()) {
     writer.SetValue("strata.pack.boost_type", format::GgufString(Name(o.boost)));
     std::vector<int64_t> bl(o.boost_layers.begin(), o.boost_layers.end());
-    writer.SetValue("strata.pack.boost_layers", format::GgufIntArray(GgufType::kUint32, std::move(bl)));
+    writer.SetValue("strata.pack.boost_layers", format::GgufIntArray(GgufType::kUint32, bl));
   }
   writer.SetValue("strata.pack.expert_order", format::GgufString(hot.empty() ? "layer" : "hotlist"));
   if (!hot.empty()) {
@@ -456,9 +456,9 @@ absl::StatusOr<PackReport> Pack(const std::string &in, const std::string &out, c
       he.push_back(h.expert);
       hc.push_back(static_cast<int64_t>(h.count));
     }
-    writer.SetValue("strata.pack.hotlist.layer", format::GgufIntArray(GgufType::kUint32, std::move(hl)));
-    writer.SetValue("strata.pack.hotlist.expert", format::GgufIntArray(GgufType::kUint32, std::move(he)));
-    writer.SetValue("strata.pack.hotlist.count", format::GgufIntArray(GgufType::kUint64, std::move(hc)));
+    writer.SetValue("strata.pack.hotlist.layer", format::GgufIntArray(GgufType::kUint32, hl));
+    writer.SetValue("strata.pack.hotlist.expert", format::GgufIntArray(GgufType::kUint32, he));
+    writer.SetValue("strata.pack.hotlist.count", format::GgufIntArray(GgufType::kUint64, hc));
   }
   std::vector<std::string> fb;
   for (const PackFallback &f : plan.fallbacks()) {

@@ -654,7 +654,7 @@ absl::StatusOr<SynthReport> Synthesize(const SynthOptions &o, const std::string 
   w.SetValue("tokenizer.ggml.model", format::GgufString("gpt2"));
   w.SetValue("tokenizer.ggml.pre", format::GgufString(s.tokenizer_pre));
   w.SetValue("tokenizer.ggml.tokens", format::GgufStringArray(std::move(v.tokens)));
-  w.SetValue("tokenizer.ggml.token_type", format::GgufIntArray(GgufType::kInt32, std::move(v.token_type)));
+  w.SetValue("tokenizer.ggml.token_type", format::GgufIntArray(GgufType::kInt32, v.token_type));
   w.SetValue("tokenizer.ggml.merges", format::GgufStringArray(std::move(v.merges)));
   w.SetValue("tokenizer.ggml.bos_token_id", format::GgufUint32(static_cast<uint32_t>(v.bos)));
   w.SetValue("tokenizer.ggml.eos_token_id", format::GgufUint32(static_cast<uint32_t>(v.eos)));

@@ -457,13 +457,12 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromGguf(const format::Ggu
 
   t->attrs_.assign(n, TokenAttr::kNormal);
   if (const format::GgufValue *types = gguf.Find("tokenizer.ggml.token_type")) {
-    if (types->type != format::GgufType::kArray || types->arr_int.size() != types->arr_len)
-      return Meta("tokenizer.ggml.token_type: not an array of integers");
-    if (types->arr_int.size() != n)
+    if (!types->IsIntArray()) return Meta("tokenizer.ggml.token_type: not an array of integers");
+    if (types->arr_len != n)
       return Meta(absl::StrFormat("tokenizer.ggml.token_type: %d entries, tokenizer.ggml.tokens has %d",
-                                  types->arr_int.size(), n));
+                                  types->arr_len, n));
     for (size_t i = 0; i < n; ++i) {
-      int64_t v = types->arr_int[i];
+      int64_t v = types->IntAt(i);
       if (v < 0 || v > 6)
         return Meta(absl::StrFormat("tokenizer.ggml.token_type[%d]: %d is not a token type", i, v));
       t->attrs_[i] = static_cast<TokenAttr>(v);
@@ -473,12 +472,12 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromGguf(const format::Ggu
   if (t->model_ == TokenizerModel::kSentencePieceBpe) {
     const format::GgufValue *scores = gguf.Find("tokenizer.ggml.scores");
     if (scores == nullptr) return Meta("tokenizer.ggml.scores: missing (needed by the llama model)");
-    if (scores->type != format::GgufType::kArray || scores->arr_num.size() != scores->arr_len)
-      return Meta("tokenizer.ggml.scores: not an array of numbers");
-    if (scores->arr_num.size() != n)
+    if (!scores->IsFloatArray()) return Meta("tokenizer.ggml.scores: not an array of numbers");
+    if (scores->arr_len != n)
       return Meta(absl::StrFormat("tokenizer.ggml.scores: %d entries, tokenizer.ggml.tokens has %d",
-                                  scores->arr_num.size(), n));
-    t->scores_.assign(scores->arr_num.begin(), scores->arr_num.end());
+                                  scores->arr_len, n));
+    t->scores_.resize(n);
+    for (size_t i = 0; i < n; ++i) t->scores_[i] = static_cast<float>(scores->FloatAt(i));
     if (const format::GgufValue *v = gguf.Find("tokenizer.ggml.add_space_prefix")) {
       if (v->type != format::GgufType::kBool) return Meta("tokenizer.ggml.add_space_prefix: not a bool");
       t->add_space_prefix_ = v->u != 0;

@@ -8,10 +8,12 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <functional>
+#include <random>
 
 #include "lib/format/file.h"
 #include "lib/format/gguf.h"
 #include "tests/format/format_test_util.h"
+#include "tests/util/alloc_hook.h"
 
 namespace strata::format {
 namespace {
@@ -107,11 +109,16 @@ TEST_CASE("gguf: a valid v3 file parses with its values, tensors and offsets", "
   CHECK(tokens->arr_len == 3);
   CHECK(tokens->arr_str == std::vector<std::string>{"a", "bc", ""});
   const GgufValue *ints = g.Find("test.i32_arr");
-  CHECK(ints->arr_int == std::vector<int64_t>{1, -2, 3});
-  CHECK(ints->arr_num.empty());
+  CHECK(ints->IsIntArray());
+  CHECK_FALSE(ints->IsFloatArray());
+  CHECK(ints->Ints() == std::vector<int64_t>{1, -2, 3});
+  CHECK(ints->Floats() == std::vector<double>{1, -2, 3});
+  CHECK(ints->arr_raw.size() == 3 * 4);  // int32 elements at their own width
   const GgufValue *floats = g.Find("test.f32_arr");
-  CHECK(floats->arr_num == std::vector<double>{0.25, 1.5});
-  CHECK(floats->arr_int.empty());
+  CHECK(floats->IsFloatArray());
+  CHECK_FALSE(floats->IsIntArray());
+  CHECK(floats->Floats() == std::vector<double>{0.25, 1.5});
+  CHECK(floats->Ints().empty());
 
   REQUIRE(g.tensors.size() == 3);
   const GgufTensorInfo *emb = g.FindTensor("tok_embd");
@@ -492,6 +499,109 @@ TEST_CASE("gguf: a long string array is read in growing chunks", "[format][gguf]
   CHECK(r->Find("tokenizer.ggml.tokens")->arr_str[19999] == "token19999");
   CHECK(counting.bytes_ <= bytes.size());
   CHECK(counting.calls_ < 20);
+}
+
+}  // namespace
+}  // namespace strata::format
+
+namespace strata::format {
+namespace {
+
+// A GGUF with one array of `n` elements of `elem_type`, each `esize` bytes, filled from `rng`; the
+// element bytes are returned in *raw.
+std::string OneArrayGguf(uint32_t elem_type, uint64_t n, uint64_t esize, std::mt19937_64 &rng, std::string *raw) {
+  raw->resize(n * esize);
+  for (auto &c : *raw) c = static_cast<char>(rng());
+  if (elem_type == testing::kBool) {
+    for (auto &c : *raw) c = static_cast<char>(c & 1);
+  }
+  GgufWriter w;
+  w.KvRaw("test.big", testing::kArr, Bytes().U32(elem_type).U64(n).Raw(*raw).b);
+  return w.Build();
+}
+
+TEST_CASE("gguf: uint8, int8 and bool arrays are held at one byte per element", "[format][gguf]") {
+  std::mt19937_64 rng(std::random_device{}());
+  const uint64_t n = (uint64_t{1} << 22) + (rng() % 4096);
+  for (uint32_t type : {testing::kU8, testing::kI8, testing::kBool}) {
+    INFO("element type " << type);
+    std::string raw;
+    const std::string bytes = OneArrayGguf(type, n, 1, rng, &raw);
+    MemorySource mem(bytes.data(), bytes.size());
+    const int64_t before = strata::testing::HeapBytesInUse();
+    absl::StatusOr<GgufFile> r = ParseGguf(mem);
+    REQUIRE(r.ok());
+    // What the parsed file holds: the array's n bytes and small change (8 bytes an element before).
+    const int64_t held = strata::testing::HeapBytesInUse() - before;
+    CHECK(held >= static_cast<int64_t>(n));
+    CHECK(held < static_cast<int64_t>(n + n / 4));
+    const GgufValue *v = r->Find("test.big");
+    REQUIRE(v != nullptr);
+    REQUIRE(v->IsIntArray());
+    REQUIRE(v->arr_len == n);
+    for (uint64_t k = 0; k < n; k += 997) {
+      const auto byte = static_cast<uint8_t>(raw[k]);
+      CHECK(v->IntAt(k) == (type == testing::kI8 ? static_cast<int64_t>(static_cast<int8_t>(byte)) : byte));
+    }
+    CHECK(v->FloatAt(n - 1) == static_cast<double>(v->IntAt(n - 1)));
+  }
+}
+
+TEST_CASE("gguf: numeric arrays of every width read back exactly through IntAt and FloatAt", "[format][gguf]") {
+  std::mt19937_64 rng(std::random_device{}());
+  struct Case { uint32_t type; uint64_t esize; };
+  for (Case c : {Case{testing::kU16, 2}, Case{testing::kI16, 2}, Case{testing::kU32, 4}, Case{testing::kI32, 4},
+                 Case{testing::kU64, 8}, Case{testing::kI64, 8}, Case{testing::kF32v, 4}, Case{testing::kF64v, 8}}) {
+    INFO("element type " << c.type);
+    const uint64_t n = 100 + rng() % 100;
+    std::string raw;
+    const std::string bytes = OneArrayGguf(c.type, n, c.esize, rng, &raw);
+    MemorySource mem(bytes.data(), bytes.size());
+    absl::StatusOr<GgufFile> r = ParseGguf(mem);
+    REQUIRE(r.ok());
+    const GgufValue *v = r->Find("test.big");
+    REQUIRE(v->arr_len == n);
+    CHECK(v->arr_raw.size() == n * c.esize);
+    const bool is_float = c.type == testing::kF32v || c.type == testing::kF64v;
+    CHECK(v->IsFloatArray() == is_float);
+    CHECK(v->IsIntArray() == !is_float);
+    for (uint64_t k = 0; k < n; ++k) {
+      const char *p = raw.data() + k * c.esize;
+      auto get = [&](auto x) { std::memcpy(&x, p, sizeof x); return x; };
+      switch (c.type) {
+        case testing::kU16: CHECK(v->IntAt(k) == get(uint16_t{})); break;
+        case testing::kI16: CHECK(v->IntAt(k) == get(int16_t{})); break;
+        case testing::kU32: CHECK(v->IntAt(k) == get(uint32_t{})); break;
+        case testing::kI32: CHECK(v->IntAt(k) == get(int32_t{})); break;
+        case testing::kU64: CHECK(static_cast<uint64_t>(v->IntAt(k)) == get(uint64_t{})); break;
+        case testing::kI64: CHECK(v->IntAt(k) == get(int64_t{})); break;
+        case testing::kF32v: {
+          const float f = get(float{});
+          CHECK((std::isnan(f) ? std::isnan(v->FloatAt(k)) : v->FloatAt(k) == f));
+          break;
+        }
+        case testing::kF64v: {
+          const double f = get(double{});
+          CHECK((std::isnan(f) ? std::isnan(v->FloatAt(k)) : v->FloatAt(k) == f));
+          break;
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("gguf: a bool array element other than 0 or 1 is refused, naming the element", "[format][gguf]") {
+  GgufWriter w;
+  w.KvRaw("test.flags", testing::kArr, Bytes().U32(testing::kBool).U64(4).U8(1).U8(0).U8(2).U8(1).b);
+  const std::string bytes = w.Build();
+  MemorySource mem(bytes.data(), bytes.size());
+  absl::StatusOr<GgufFile> r = ParseGguf(mem);
+  REQUIRE_FALSE(r.ok());
+  CHECK(StatusToMoe(r.status()) == MOE_ERR_FORMAT_METADATA);
+  const std::string msg(r.status().message());
+  INFO(msg);
+  CHECK(msg.find("test.flags") != std::string::npos);
+  CHECK(msg.find("element 2") != std::string::npos);
 }
 
 }  // namespace

@@ -29,15 +29,6 @@ GgufValue Scalar(GgufType t, int64_t i, uint64_t u, double f) {
   return v;
 }
 
-GgufValue FloatArray(GgufType elem, std::vector<double> x) {
-  GgufValue v;
-  v.type = GgufType::kArray;
-  v.elem_type = elem;
-  v.arr_len = x.size();
-  v.arr_num = std::move(x);
-  return v;
-}
-
 void CheckSameValue(const std::string &key, const GgufValue &a, const GgufValue &b) {
   INFO("key " << key);
   REQUIRE(a.type == b.type);
@@ -48,8 +39,9 @@ void CheckSameValue(const std::string &key, const GgufValue &a, const GgufValue 
   if (a.type == GgufType::kArray) {
     CHECK(a.elem_type == b.elem_type);
     CHECK(a.arr_len == b.arr_len);
-    CHECK(a.arr_num == b.arr_num);
-    CHECK(a.arr_int == b.arr_int);
+    CHECK(a.arr_raw == b.arr_raw);
+    CHECK(a.Ints() == b.Ints());
+    CHECK(a.Floats() == b.Floats());
     CHECK(a.arr_str == b.arr_str);
   }
 }
@@ -92,8 +84,8 @@ TEST_CASE("gguf writer round trip: metadata of every type, tensors, bytes", "[pa
       {"t.arr_i64", GgufIntArray(GgufType::kInt64, {INT64_MIN, -1, INT64_MAX})},
       {"t.arr_u64", GgufIntArray(GgufType::kUint64, {-1, 0, 7})},  // -1 is 2^64-1
       {"t.arr_bool", GgufIntArray(GgufType::kBool, {1, 0, 1})},
-      {"t.arr_f32", FloatArray(GgufType::kFloat32, {0.5, -2.25, 1e10})},
-      {"t.arr_f64", FloatArray(GgufType::kFloat64, {1.0 / 3, -0.0})},
+      {"t.arr_f32", GgufFloatArray(GgufType::kFloat32, {0.5, -2.25, 1e10})},
+      {"t.arr_f64", GgufFloatArray(GgufType::kFloat64, {1.0 / 3, -0.0})},
       {"t.arr_empty", GgufIntArray(GgufType::kInt32, {})},
   };
   struct T {

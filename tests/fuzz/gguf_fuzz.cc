@@ -33,6 +33,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     (void)g.GetFloat(key);
     (void)g.GetString(key);
     (void)g.GetBool(key);
+    // An array holds exactly its elements: strings, or numbers at their own width.
+    if (value.type == GgufType::kArray) {
+      if (value.elem_type == GgufType::kString) {
+        Require(value.arr_str.size() == value.arr_len && value.arr_raw.empty());
+      } else {
+        Require(value.IsIntArray() != value.IsFloatArray() && value.arr_str.empty());
+        Require(value.arr_raw.size() == value.arr_len * GgufElemBytes(value.elem_type));
+        if (value.arr_len > 0) (void)value.FloatAt(value.arr_len - 1);
+      }
+    }
   }
   for (const GgufTensorInfo &t : g.tensors) {
     Require(g.FindTensor(t.name) == &t);

@@ -270,8 +270,8 @@ TEST_CASE("pack --hotlist puts the hottest experts first and changes no logit", 
   CHECK(order[2] == std::make_pair(1, 0));
   for (size_t i = 4; i < order.size(); ++i) CHECK(order[i - 1] < order[i]);
   CHECK(g.GetString("strata.pack.expert_order").value() == "hotlist");
-  CHECK(g.Find("strata.pack.hotlist.layer")->arr_int == std::vector<int64_t>{1, 0, 1});
-  CHECK(g.Find("strata.pack.hotlist.expert")->arr_int == std::vector<int64_t>{5, 3, 0});
+  CHECK(g.Find("strata.pack.hotlist.layer")->Ints() == std::vector<int64_t>{1, 0, 1});
+  CHECK(g.Find("strata.pack.hotlist.expert")->Ints() == std::vector<int64_t>{5, 3, 0});
   // The hottest expert starts the experts region: right after the non-routed tensors.
   const auto *first = g.FindTensor("blk.1.ffn_gate.5.weight");
   for (const auto &t : g.tensors) {

@@ -136,7 +136,7 @@ TEST_CASE("synth tiny: llama.cpp metadata, names and shapes; runs through the C 
   const auto *types = g.Find("tokenizer.ggml.token_type");
   REQUIRE(types != nullptr);
   CHECK(types->elem_type == strata::format::GgufType::kInt32);
-  CHECK(types->arr_int.size() == 512);
+  CHECK(types->arr_len == 512);
   const auto *merges = g.Find("tokenizer.ggml.merges");
   REQUIRE(merges != nullptr);
   CHECK(merges->arr_str.size() > 100);
@@ -144,7 +144,7 @@ TEST_CASE("synth tiny: llama.cpp metadata, names and shapes; runs through the C 
   const uint64_t eos = g.GetUint("tokenizer.ggml.eos_token_id").value();
   CHECK(tokens->arr_str[bos] == "<|endoftext|>");
   CHECK(tokens->arr_str[eos] == "<|im_end|>");
-  CHECK(types->arr_int[eos] == 3);
+  CHECK(types->IntAt(eos) == 3);
 
   // Tensors: llama.cpp's names, ne innermost first, 3-D experts (n_expert outermost).
   CHECK(g.tensors.size() == 3 + 4 * 12);

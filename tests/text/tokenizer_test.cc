@@ -8,6 +8,7 @@
 
 #include "lib/format/file.h"
 #include "lib/format/gguf.h"
+#include "lib/format/gguf_writer.h"
 #include "lib/text/pretokenizer.h"
 #include "lib/text/tokenizer.h"
 #include "lib/text/unicode.h"
@@ -218,13 +219,7 @@ format::GgufFile SmallGguf() {
   toks.arr_str = {"a", "b", "ab", "<|x|>"};
   toks.arr_len = 4;
   put("tokenizer.ggml.tokens", toks);
-  format::GgufValue types;
-  types.type = format::GgufType::kArray;
-  types.elem_type = format::GgufType::kInt32;
-  types.arr_int = {1, 1, 1, 3};
-  types.arr_num = {1, 1, 1, 3};
-  types.arr_len = 4;
-  put("tokenizer.ggml.token_type", types);
+  put("tokenizer.ggml.token_type", format::GgufIntArray(format::GgufType::kInt32, {1, 1, 1, 3}));
   format::GgufValue merges;
   merges.type = format::GgufType::kArray;
   merges.elem_type = format::GgufType::kString;
@@ -265,13 +260,12 @@ TEST_CASE("tokenizer: malformed GGUF metadata is MOE_ERR_FORMAT_METADATA naming 
   }
   {
     format::GgufFile g = SmallGguf();
-    Mut(g, "tokenizer.ggml.token_type")->arr_int = {1, 1, 1};
-    Mut(g, "tokenizer.ggml.token_type")->arr_len = 3;
+    *Mut(g, "tokenizer.ggml.token_type") = format::GgufIntArray(format::GgufType::kInt32, {1, 1, 1});
     ExpectMetaError(g, "tokenizer.ggml.token_type", "3");
   }
   {
     format::GgufFile g = SmallGguf();
-    Mut(g, "tokenizer.ggml.token_type")->arr_int = {1, 1, 1, 9};
+    *Mut(g, "tokenizer.ggml.token_type") = format::GgufIntArray(format::GgufType::kInt32, {1, 1, 1, 9});
     ExpectMetaError(g, "tokenizer.ggml.token_type[3]");
   }
   {
