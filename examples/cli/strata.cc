@@ -3,6 +3,7 @@
 // as a host would drive it; inspect and plan also read internals (tensor table, ledger) that the ABI
 // does not expose. Every failure prints one line `strata: error: <what>` and exits with status 1;
 // output files are written to a temporary name and renamed, so nothing is left half-written.
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -680,17 +681,32 @@ int CmdChat(const Args &a) {
 }
 
 void WriteFileAtomically(const std::string &path, const void *data, size_t n) {
+  // The temporary file is created, never opened: O_EXCL | O_NOFOLLOW refuse whatever is already
+  // at its name (a FIFO that would block the open, a symlink or a link to someone else's file).
   const std::string tmp = path + ".tmp." + std::to_string(getpid());
-  FILE *f = std::fopen(tmp.c_str(), "wb");
-  if (f == nullptr) Die("cannot write '" + path + "': " + std::strerror(errno));
-  bool ok = std::fwrite(data, 1, n, f) == n;
-  ok = (std::fflush(f) == 0) && ok;
-  ok = (fsync(fileno(f)) == 0) && ok;
-  ok = (std::fclose(f) == 0) && ok;
-  if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::string err = std::strerror(errno);
-    std::remove(tmp.c_str());
-    Die("cannot write '" + path + "': " + err);
+  strata::format::OpenOptions o;
+  o.flags = O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW;
+  o.mode = 0644;
+  absl::StatusOr<strata::format::UniqueFd> fd = strata::format::OpenRegularFile(tmp, o);
+  if (!fd.ok()) Die("cannot write '" + path + "': " + std::string(fd.status().message()));
+  const char *p = static_cast<const char *>(data);
+  size_t done = 0;
+  int err = 0;
+  while (done < n && err == 0) {
+    const ssize_t w = ::write(fd->get(), p + done, n - done);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) {
+      err = w < 0 ? errno : EIO;
+    } else {
+      done += static_cast<size_t>(w);
+    }
+  }
+  if (err == 0 && ::fsync(fd->get()) != 0) err = errno;
+  if (::close(fd->Release()) != 0 && err == 0) err = errno;
+  if (err == 0 && std::rename(tmp.c_str(), path.c_str()) != 0) err = errno;
+  if (err != 0) {
+    ::unlink(tmp.c_str());
+    Die("cannot write '" + path + "': " + std::strerror(err));
   }
 }
 

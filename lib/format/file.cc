@@ -46,6 +46,7 @@ const char *KindOf(mode_t mode) {
   if (S_ISBLK(mode)) return "a block device";
   if (S_ISDIR(mode)) return "a directory";
   if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISLNK(mode)) return "a symbolic link";
   return "not a regular file";
 }
 
@@ -60,7 +61,12 @@ void UniqueFd::Reset(int fd) {
   fd_ = fd;
 }
 
-absl::StatusOr<UniqueFd> OpenRegularFile(const std::string &path, const OpenOptions &options, struct stat *st_out) {
+namespace {
+
+// OpenRegularFile, also giving open(2)'s errno when that call failed (0 otherwise).
+absl::StatusOr<UniqueFd> OpenRegularFileImpl(const std::string &path, const OpenOptions &options,
+                                             struct stat *st_out, int *open_errno) {
+  *open_errno = 0;
   // O_NONBLOCK: open(2) of a FIFO would otherwise wait for a writer (or a reader) forever.
   const int flags = options.flags | O_NONBLOCK | O_CLOEXEC | O_NOCTTY;
   int fd;
@@ -69,9 +75,14 @@ absl::StatusOr<UniqueFd> OpenRegularFile(const std::string &path, const OpenOpti
   } while (fd < 0 && errno == EINTR);
   if (fd < 0) {
     const int err = errno;
+    *open_errno = err;
     struct stat st;
-    // ENXIO: a FIFO opened for writing with no reader, or a socket; name what it is.
+    // ENXIO: a FIFO opened for writing with no reader, or a socket; EEXIST (O_EXCL) or ELOOP
+    // (O_NOFOLLOW): something already there. Name what it is when it is not a regular file.
     if (err == ENXIO && ::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) return NotRegular(path, st.st_mode);
+    if ((err == EEXIST || (err == ELOOP && (options.flags & O_NOFOLLOW) != 0)) && ::lstat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
+      return NotRegular(path, st.st_mode);
+    }
     return Errorf(MOE_ERR_IO_OPEN, "cannot open '%s': %s", path, ErrnoText(err));
   }
   UniqueFd owned(fd);
@@ -91,11 +102,23 @@ absl::StatusOr<UniqueFd> OpenRegularFile(const std::string &path, const OpenOpti
   return owned;
 }
 
+}  // namespace
+
+absl::StatusOr<UniqueFd> OpenRegularFile(const std::string &path, const OpenOptions &options, struct stat *st_out) {
+  int open_errno = 0;
+  return OpenRegularFileImpl(path, options, st_out, &open_errno);
+}
+
 absl::StatusOr<std::unique_ptr<File>> File::Open(const std::string &path) {
+  int open_errno = 0;
+  return Open(path, &open_errno);
+}
+
+absl::StatusOr<std::unique_ptr<File>> File::Open(const std::string &path, int *open_errno) {
   OpenOptions o;
   o.allow_block_device = true;
   struct stat st;
-  STRATA_ASSIGN_OR_RETURN(UniqueFd fd, OpenRegularFile(path, o, &st));
+  STRATA_ASSIGN_OR_RETURN(UniqueFd fd, OpenRegularFileImpl(path, o, &st, open_errno));
   uint64_t size = static_cast<uint64_t>(st.st_size);
   if (S_ISBLK(st.st_mode)) {
     off_t end = ::lseek(fd.get(), 0, SEEK_END);
@@ -172,22 +195,39 @@ absl::Status MemorySource::ReadAt(uint64_t offset, void *dst, uint64_t n) const 
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::string> ReadSmallFile(const std::string &path, uint64_t max_bytes) {
-  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<File> file, File::Open(path));
-  if (file->size() > max_bytes) {
+namespace {
+
+absl::StatusOr<std::string> ReadWhole(const File &file, uint64_t max_bytes) {
+  if (file.size() > max_bytes) {
     return Errorf(MOE_ERR_LIMIT, "'%s' is %u bytes, over the %u-byte limit for this kind of file",
-                  path, file->size(), max_bytes);
+                  file.name(), file.size(), max_bytes);
   }
-  std::string out(static_cast<size_t>(file->size()), '\0');
-  STRATA_RETURN_IF_ERROR(file->ReadAt(0, out.data(), out.size()));
+  std::string out(static_cast<size_t>(file.size()), '\0');
+  STRATA_RETURN_IF_ERROR(file.ReadAt(0, out.data(), out.size()));
   return out;
 }
 
+}  // namespace
+
+absl::StatusOr<std::string> ReadSmallFile(const std::string &path, uint64_t max_bytes) {
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<File> file, File::Open(path));
+  return ReadWhole(*file, max_bytes);
+}
+
 absl::StatusOr<std::optional<std::string>> ReadOptionalSmallFile(const std::string &path, uint64_t max_bytes) {
-  struct stat st;
-  // lstat: a dangling symlink is something there, and its open says why it fails.
-  if (::lstat(path.c_str(), &st) != 0 && errno == ENOENT) return std::nullopt;
-  STRATA_ASSIGN_OR_RETURN(std::string text, ReadSmallFile(path, max_bytes));
+  // One open: nothing there (ENOENT) is "absent"; anything else that fails is reported. A
+  // dangling symlink also fails with ENOENT, but it is something there, so it is an error.
+  int open_errno = 0;
+  absl::StatusOr<std::unique_ptr<File>> file = File::Open(path, &open_errno);
+  if (!file.ok()) {
+    struct stat st;
+    if (open_errno == ENOENT && ::lstat(path.c_str(), &st) != 0) return std::nullopt;
+    if (open_errno == ENOENT) {
+      return Errorf(MOE_ERR_IO_OPEN, "cannot open '%s': it is a symbolic link to nothing", path);
+    }
+    return file.status();
+  }
+  STRATA_ASSIGN_OR_RETURN(std::string text, ReadWhole(**file, max_bytes));
   return text;
 }
 

@@ -71,6 +71,9 @@ class File final : public Source {
   // Opens `path` read-only through OpenRegularFile (a regular file or a block device).
   // MOE_ERR_IO_OPEN naming the path and what is wrong on failure.
   static absl::StatusOr<std::unique_ptr<File>> Open(const std::string &path);
+  // The same, also giving open(2)'s errno when that call failed (0 otherwise), so a caller can
+  // tell "nothing there" (ENOENT) from a failure with one open and no check before it.
+  static absl::StatusOr<std::unique_ptr<File>> Open(const std::string &path, int *open_errno);
   ~File() override;
   File(const File &) = delete;
   File &operator=(const File &) = delete;
@@ -117,7 +120,8 @@ PreadFn PreadForTesting();
 // (MOE_ERR_LIMIT) and special files (MOE_ERR_IO_OPEN).
 absl::StatusOr<std::string> ReadSmallFile(const std::string &path, uint64_t max_bytes);
 // ReadSmallFile for a file that may be absent: nullopt when nothing is at `path`; anything that is
-// there (a FIFO, a directory, an unreadable file) is read or refused as by ReadSmallFile.
+// there (a FIFO, a directory, an unreadable file, a dangling symlink) is read or refused as by
+// ReadSmallFile. The path is opened once: no check-then-open race.
 absl::StatusOr<std::optional<std::string>> ReadOptionalSmallFile(const std::string &path, uint64_t max_bytes);
 
 }  // namespace strata::format

@@ -50,9 +50,12 @@ absl::StatusOr<std::unique_ptr<text::Tokenizer>> LoadTokenizer(const model::Mode
     if (mf.gguf().Find("tokenizer.ggml.model") == nullptr) return nullptr;
     return text::Tokenizer::FromGguf(mf.gguf());
   }
+  // Opened once: absent is no tokenizer; anything there that cannot be read fails, naming it.
   const std::string path = mf.path() + "/tokenizer.json";
-  if (access(path.c_str(), F_OK) != 0) return nullptr;
-  return text::Tokenizer::FromHfFile(path);
+  STRATA_ASSIGN_OR_RETURN(std::optional<std::string> json,
+                          format::ReadOptionalSmallFile(path, text::kHfTokenizerMaxBytes));
+  if (!json.has_value()) return nullptr;
+  return text::Tokenizer::FromHfFile(path, *json);
 }
 
 // The model's Jinja chat template, "" when it has none. A template stored in a shape Strata cannot

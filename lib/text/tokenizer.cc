@@ -650,7 +650,11 @@ std::string ConfigToken(const Json &cfg, const char *key) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromHfFile(const std::string &path) {
-  STRATA_ASSIGN_OR_RETURN(std::string json, format::ReadSmallFile(path, uint64_t{1} << 30));
+  STRATA_ASSIGN_OR_RETURN(std::string json, format::ReadSmallFile(path, kHfTokenizerMaxBytes));
+  return FromHfFile(path, json);
+}
+
+absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromHfFile(const std::string &path, std::string_view json) {
   std::string config;
   size_t slash = path.find_last_of('/');
   std::string cfg_path = (slash == std::string::npos ? std::string() : path.substr(0, slash + 1)) +

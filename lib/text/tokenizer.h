@@ -37,6 +37,9 @@ enum class TokenizerModel {
   kSentencePieceBpe,   // U+2581 for spaces, byte fallback <0xXX>; merges by rank or by score
 };
 
+// The largest tokenizer.json Strata reads.
+inline constexpr uint64_t kHfTokenizerMaxBytes = uint64_t{1} << 30;
+
 class Tokenizer {
  public:
   // From GGUF metadata (tokenizer.ggml.*). Malformed metadata is MOE_ERR_FORMAT_METADATA naming the
@@ -47,6 +50,10 @@ class Tokenizer {
   // (bad JSON or fields, naming the field), MOE_ERR_UNSUPPORTED (a model, normalizer or
   // pre-tokenizer Strata does not implement, named).
   static absl::StatusOr<std::unique_ptr<Tokenizer>> FromHfFile(const std::string &tokenizer_json_path);
+  // The same with tokenizer.json's text already read from `tokenizer_json_path` (at most
+  // kHfTokenizerMaxBytes), so a caller that opened it once does not open it again.
+  static absl::StatusOr<std::unique_ptr<Tokenizer>> FromHfFile(const std::string &tokenizer_json_path,
+                                                               std::string_view tokenizer_json);
   // The same from the texts; `config_json` may be empty.
   static absl::StatusOr<std::unique_ptr<Tokenizer>> FromHfJson(std::string_view tokenizer_json,
                                                                std::string_view config_json);

@@ -73,4 +73,22 @@ TEST_CASE("cli: a model, hotlist or session that is a FIFO is refused", "[cli][s
   ExpectRefused(Cli("run --model " + kModel + " --load-session " + fifo + " -n 1"), fifo, "FIFO");
 }
 
+TEST_CASE("cli: an output whose temporary file name is taken by a FIFO is refused, not waited on", "[cli][special]") {
+  TempDir t;
+  const std::string out = t.File("logits.f32");
+  // `exec` keeps the shell's pid, so the FIFO sits at the CLI's temporary name, out.tmp.<pid>.
+  const std::string cmd = "ulimit -v 4000000; timeout -s KILL 5 sh -c 'mkfifo \"$1.tmp.$$\" && exec \"$2\" logits "
+                          "--model \"$3\" --tokens 1,2 --out \"$1\"' sh " + out + " " + STRATA_CLI_PATH + " " +
+                          kModel + " >/dev/null 2>" + t.File("err");
+  const int rc = std::system(cmd.c_str());
+  Out r;
+  r.code = WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+  std::ifstream f(t.File("err"));
+  std::stringstream ss;
+  ss << f.rdbuf();
+  r.err = ss.str();
+  ExpectRefused(r, out + ".tmp.", "FIFO");
+  CHECK(access(out.c_str(), F_OK) != 0);  // nothing written in its place
+}
+
 }  // namespace

@@ -148,5 +148,52 @@ TEST_CASE("file: ReadSmallFile reads whole files under its cap", "[format][file]
   CHECK(empty->empty());
 }
 
+TEST_CASE("file: ReadOptionalSmallFile opens once: absent, present, or an error naming the path",
+          "[format][file]") {
+  TempDir dir;
+  auto absent = ReadOptionalSmallFile(dir.File("tokenizer.json"), 100);
+  REQUIRE(absent.ok());
+  CHECK_FALSE(absent->has_value());
+  testing::WriteFile(dir.File("tokenizer.json"), "{\"v\": 2}");
+  auto present = ReadOptionalSmallFile(dir.File("tokenizer.json"), 100);
+  REQUIRE(present.ok());
+  CHECK(present->value() == "{\"v\": 2}");
+  // A dangling symlink is something there, not nothing: its open fails with ENOENT all the same.
+  REQUIRE(symlink(dir.File("gone.json").c_str(), dir.File("link.json").c_str()) == 0);
+  auto dangling = ReadOptionalSmallFile(dir.File("link.json"), 100);
+  REQUIRE_FALSE(dangling.ok());
+  CHECK(StatusToMoe(dangling.status()) == MOE_ERR_IO_OPEN);
+  CHECK(Contains(dangling.status(), dir.File("link.json")));
+  CHECK(Contains(dangling.status(), "symbolic link"));
+  // A directory where a file should be.
+  REQUIRE(mkdir(dir.File("sub.json").c_str(), 0700) == 0);
+  auto directory = ReadOptionalSmallFile(dir.File("sub.json"), 100);
+  REQUIRE_FALSE(directory.ok());
+  CHECK(Contains(directory.status(), dir.File("sub.json")));
+}
+
+TEST_CASE("file: creating with O_EXCL | O_NOFOLLOW names what is already at the path", "[format][file]") {
+  TempDir dir;
+  OpenOptions o;
+  o.flags = O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW;
+  const std::string fifo = dir.File("out.tmp");
+  REQUIRE(mkfifo(fifo.c_str(), 0600) == 0);
+  auto r = OpenRegularFile(fifo, o);
+  REQUIRE_FALSE(r.ok());
+  CHECK(StatusToMoe(r.status()) == MOE_ERR_IO_OPEN);
+  CHECK(Contains(r.status(), fifo));
+  CHECK(Contains(r.status(), "FIFO"));
+  const std::string link = dir.File("link.tmp");
+  REQUIRE(symlink(dir.File("victim").c_str(), link.c_str()) == 0);
+  auto l = OpenRegularFile(link, o);
+  REQUIRE_FALSE(l.ok());
+  CHECK(Contains(l.status(), "symbolic link"));
+  CHECK(access(dir.File("victim").c_str(), F_OK) != 0);  // nothing created through the link
+  // Without O_EXCL a symlink is followed as usual (reads of a linked model keep working).
+  testing::WriteFile(dir.File("victim"), "x");
+  OpenOptions read;
+  CHECK(OpenRegularFile(link, read).ok());
+}
+
 }  // namespace
 }  // namespace strata::format

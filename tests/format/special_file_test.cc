@@ -154,6 +154,16 @@ TEST_CASE("special files: tokenizer.json, tokenizer_config.json and the chat tem
     ExpectRefused(RunInChild([&](std::string *m) { return CtxOpen(dir.path(), m); }, kDeadline),
                   dir.File("tokenizer.json"), s);
   }
+  SECTION("tokenizer.json of a checkpoint, a symlink to nothing") {
+    // Once taken for "no tokenizer" (an existence check before the open); now opened once and
+    // refused, naming the path.
+    TempDir dir;
+    LinkGolden(dir);
+    REQUIRE(symlink(dir.File("gone.json").c_str(), dir.File("tokenizer.json").c_str()) == 0);
+    std::string m;
+    CHECK(CtxOpen(dir.path(), &m) == MOE_ERR_IO_OPEN);
+    CHECK(m.find(dir.File("tokenizer.json")) != std::string::npos);
+  }
   SECTION("tokenizer_config.json beside a tokenizer.json") {
     const Special s = AnySpecial();
     TempDir dir;
