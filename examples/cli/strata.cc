@@ -689,24 +689,15 @@ void WriteFileAtomically(const std::string &path, const void *data, size_t n) {
   o.mode = 0644;
   absl::StatusOr<strata::format::UniqueFd> fd = strata::format::OpenRegularFile(tmp, o);
   if (!fd.ok()) Die("cannot write '" + path + "': " + std::string(fd.status().message()));
-  const char *p = static_cast<const char *>(data);
-  size_t done = 0;
-  int err = 0;
-  while (done < n && err == 0) {
-    const ssize_t w = ::write(fd->get(), p + done, n - done);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) {
-      err = w < 0 ? errno : EIO;
-    } else {
-      done += static_cast<size_t>(w);
-    }
+  absl::Status st = strata::format::WriteAll(fd->get(), data, n, tmp);
+  if (st.ok()) st = strata::format::SyncFile(fd->get(), tmp);
+  if (::close(fd->Release()) != 0 && st.ok()) st = absl::InternalError(std::string("close: ") + std::strerror(errno));
+  if (st.ok() && std::rename(tmp.c_str(), path.c_str()) != 0) {
+    st = absl::InternalError(std::string("rename: ") + std::strerror(errno));
   }
-  if (err == 0 && ::fsync(fd->get()) != 0) err = errno;
-  if (::close(fd->Release()) != 0 && err == 0) err = errno;
-  if (err == 0 && std::rename(tmp.c_str(), path.c_str()) != 0) err = errno;
-  if (err != 0) {
+  if (!st.ok()) {
     ::unlink(tmp.c_str());
-    Die("cannot write '" + path + "': " + std::strerror(err));
+    Die("cannot write '" + path + "': " + std::string(st.message()));
   }
 }
 

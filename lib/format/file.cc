@@ -142,6 +142,39 @@ std::atomic<PreadFn> g_pread{nullptr};
 PreadFn SetPreadForTesting(PreadFn fn) { return g_pread.exchange(fn); }
 PreadFn PreadForTesting() { return g_pread.load(std::memory_order_relaxed); }
 
+namespace {
+std::atomic<WriteFn> g_write{nullptr};
+std::atomic<FsyncFn> g_fsync{nullptr};
+}  // namespace
+
+WriteFn SetWriteForTesting(WriteFn fn) { return g_write.exchange(fn); }
+FsyncFn SetFsyncForTesting(FsyncFn fn) { return g_fsync.exchange(fn); }
+
+absl::Status WriteAll(int fd, const void *data, size_t n, const std::string &name) {
+  const auto *p = static_cast<const uint8_t *>(data);
+  size_t done = 0;
+  while (done < n) {
+    const size_t want = std::min<size_t>(n - done, size_t{1} << 30);
+    WriteFn hook = g_write.load(std::memory_order_relaxed);
+    const ssize_t w = hook ? hook(fd, p + done, want) : ::write(fd, p + done, want);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) {
+      return Errorf(MOE_ERR_IO_WRITE, "writing %u bytes to '%s': %s", n - done, name,
+                    w < 0 ? ErrnoText(errno) : std::string("no progress (the device took nothing)"));
+    }
+    done += static_cast<size_t>(w);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SyncFile(int fd, const std::string &name) {
+  for (;;) {
+    FsyncFn hook = g_fsync.load(std::memory_order_relaxed);
+    if ((hook ? hook(fd) : ::fsync(fd)) == 0) return absl::OkStatus();
+    if (errno != EINTR) return Errorf(MOE_ERR_IO_WRITE, "fsync of '%s': %s", name, ErrnoText(errno));
+  }
+}
+
 absl::Status File::ReadAt(uint64_t offset, void *dst, uint64_t n) const {
   STRATA_RETURN_IF_ERROR(CheckRange(path_, size_, offset, n));
   auto *out = static_cast<uint8_t *>(dst);

@@ -1,7 +1,8 @@
-// The one file layer every read goes through. A Source is something with a size that can be read
-// at an offset; File is the pread-backed one (EINTR retried, short reads continued, EOF reported as a
-// truncation, never an over-read); MemorySource serves tests and fuzzers. Every path Strata opens
-// goes through OpenRegularFile, which never blocks on a FIFO and refuses devices.
+// The one file layer every read and write goes through. A Source is something with a size that can
+// be read at an offset; File is the pread-backed one (EINTR retried, short reads continued, EOF
+// reported as a truncation, never an over-read); MemorySource serves tests and fuzzers. Every path
+// Strata opens goes through OpenRegularFile, which never blocks on a FIFO and refuses devices; every
+// write through WriteAll and SyncFile. Tests inject faults at these seams (Set*ForTesting).
 #pragma once
 
 #include <fcntl.h>
@@ -115,6 +116,20 @@ using PreadFn = ssize_t (*)(int fd, void *buf, size_t count, off_t offset);
 PreadFn SetPreadForTesting(PreadFn fn);
 // The function set by SetPreadForTesting, or nullptr: readers past File (O_DIRECT) call it too.
 PreadFn PreadForTesting();
+
+// Fault injection for tests, as SetPreadForTesting: while set, WriteAll calls `fn` instead of
+// write(2) and SyncFile `fn` instead of fsync(2). Each returns the previous function.
+using WriteFn = ssize_t (*)(int fd, const void *buf, size_t count);
+using FsyncFn = int (*)(int fd);
+WriteFn SetWriteForTesting(WriteFn fn);
+FsyncFn SetFsyncForTesting(FsyncFn fn);
+
+// The one way Strata writes files: all `n` bytes to `fd`, EINTR retried and short writes
+// continued. A failure (ENOSPC, EIO, a write that makes no progress) is MOE_ERR_IO_WRITE
+// "writing N bytes to 'NAME': why".
+absl::Status WriteAll(int fd, const void *data, size_t n, const std::string &name);
+// fsync(2) of `fd`, EINTR retried; MOE_ERR_IO_WRITE "fsync of 'NAME': why".
+absl::Status SyncFile(int fd, const std::string &name);
 
 // Reads a whole (small) file into a string: config.json, index files. Refuses files over max_bytes
 // (MOE_ERR_LIMIT) and special files (MOE_ERR_IO_OPEN).

@@ -245,6 +245,12 @@ absl::Status GgufWriter::Fail(const std::string &what, int err) {
   return Errorf(MOE_ERR_IO_WRITE, "cannot write '%s': %s: %s", path_, what, std::strerror(err));
 }
 
+absl::Status GgufWriter::Fail(const absl::Status &st) {
+  failed_ = true;
+  Abort();
+  return Errorf(MOE_ERR_IO_WRITE, "cannot write '%s': %s", path_, st.message());
+}
+
 absl::Status GgufWriter::Begin() {
   if (begun_) return Errorf(MOE_ERR_STATE, "'%s': header already written", path_);
   if (!IsPowerOfTwo(alignment_)) {
@@ -305,16 +311,7 @@ absl::Status GgufWriter::Begin() {
 }
 
 absl::Status GgufWriter::Flush() {
-  size_t done = 0;
-  while (done < buffer_.size()) {
-    ssize_t w = ::write(fd_, buffer_.data() + done, buffer_.size() - done);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return Fail("writing", errno);
-    }
-    if (w == 0) return Fail("writing", ENOSPC);
-    done += static_cast<size_t>(w);
-  }
+  if (absl::Status st = WriteAll(fd_, buffer_.data(), buffer_.size(), temp_path_); !st.ok()) return Fail(st);
   buffer_.clear();
   return absl::OkStatus();
 }
@@ -384,7 +381,7 @@ absl::Status GgufWriter::Finish() {
   }
   STRATA_RETURN_IF_ERROR(Pad(file_size_));
   STRATA_RETURN_IF_ERROR(Flush());
-  if (::fsync(fd_) != 0) return Fail("fsync", errno);
+  if (absl::Status st = SyncFile(fd_, temp_path_); !st.ok()) return Fail(st);
   if (::close(fd_) != 0) {
     fd_ = -1;
     return Fail("closing", errno);

@@ -85,6 +85,7 @@ class GgufWriter {
 
  private:
   absl::Status Fail(const std::string &what, int err);
+  absl::Status Fail(const absl::Status &st);
   absl::Status Append(const void *data, uint64_t n);   // buffered
   absl::Status Pad(uint64_t to);                       // zero bytes up to absolute offset `to`
   absl::Status Flush();
