@@ -224,6 +224,9 @@ class Context {
   // the saved options or *o (nullable) instead; the snapshot must have been written for this model.
   absl::Status SaveSession(Session *s, const std::string &path);
   absl::StatusOr<Session *> LoadSession(const std::string &path, const SessionOptions *o);
+  // LoadSession from a snapshot's bytes in memory; `name` stands for the path in messages.
+  absl::StatusOr<Session *> LoadSessionBytes(const uint8_t *data, uint64_t size, const std::string &name,
+                                             const SessionOptions *o);
   // KV bytes all sessions hold in RAM, and the budget they share.
   uint64_t kv_used_bytes() const { return kv_budget_->used(); }
   uint64_t kv_budget_bytes() const { return kv_budget_->limit(); }

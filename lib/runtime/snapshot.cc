@@ -82,7 +82,7 @@ class Buf {
 // A file written through a buffer, with a running CRC-32C of everything written.
 class Writer {
  public:
-  explicit Writer(int fd) : fd_(fd) { buf_.reserve(kCap); }
+  Writer(int fd, std::string name) : fd_(fd), name_(std::move(name)) { buf_.reserve(kCap); }
   absl::Status Write(const void *p, size_t n) {
     crc_ = Crc32c(crc_, p, n);
     const char *c = static_cast<const char *>(p);
@@ -96,13 +96,7 @@ class Writer {
     return absl::OkStatus();
   }
   absl::Status Flush() {
-    size_t done = 0;
-    while (done < buf_.size()) {
-      ssize_t w = ::write(fd_, buf_.data() + done, buf_.size() - done);
-      if (w < 0 && errno == EINTR) continue;
-      if (w <= 0) return Errorf(MOE_ERR_IO_WRITE, "write: %s", w < 0 ? std::strerror(errno) : "nothing written");
-      done += static_cast<size_t>(w);
-    }
+    STRATA_RETURN_IF_ERROR(format::WriteAll(fd_, buf_.data(), buf_.size(), name_));
     buf_.clear();
     return absl::OkStatus();
   }
@@ -111,6 +105,7 @@ class Writer {
  private:
   static constexpr size_t kCap = 1 << 20;
   int fd_;
+  std::string name_;
   std::vector<char> buf_;
   uint32_t crc_ = 0;
 };
@@ -346,7 +341,7 @@ absl::Status Context::SaveSession(Session *s, const std::string &path) {
     return Errorf(MOE_ERR_IO_OPEN, "cannot create a temporary file next to '%s': %s", path, std::strerror(errno));
   }
   auto fail = [&](const absl::Status &st) { return Annotate(st, absl::StrFormat("saving session to '%s'", path)); };
-  Writer out(tmp.fd);
+  Writer out(tmp.fd, tmp.path);
   absl::Status st = out.Write(header.bytes().data(), header.bytes().size());
   for (int i = 0; i < 5 && st.ok(); ++i) {
     const uint32_t tag = tags[i], zero = 0;
@@ -380,7 +375,7 @@ absl::Status Context::SaveSession(Session *s, const std::string &path) {
   st.Update(out.Write(&crc, 4));
   st.Update(out.Flush());
   if (!st.ok()) return fail(st);
-  if (fsync(tmp.fd) != 0) return fail(Errorf(MOE_ERR_IO_WRITE, "fsync: %s", std::strerror(errno)));
+  if (absl::Status sync = format::SyncFile(tmp.fd, tmp.path); !sync.ok()) return fail(sync);
   if (close(tmp.fd) != 0) {
     tmp.fd = -1;
     return fail(Errorf(MOE_ERR_IO_WRITE, "close: %s", std::strerror(errno)));
@@ -394,33 +389,40 @@ absl::Status Context::SaveSession(Session *s, const std::string &path) {
   const std::string dir = DirOf(path);
   const int dfd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dfd < 0) return fail(Errorf(MOE_ERR_IO_WRITE, "opening directory '%s': %s", dir, std::strerror(errno)));
-  const int rc = fsync(dfd);
-  const int err = errno;
+  const absl::Status sync = format::SyncFile(dfd, dir);
   close(dfd);
-  if (rc != 0) return fail(Errorf(MOE_ERR_IO_WRITE, "fsync of directory '%s': %s", dir, std::strerror(err)));
+  if (!sync.ok()) return fail(sync);
   return absl::OkStatus();
 }
 
-absl::StatusOr<Session *> Context::LoadSession(const std::string &path, const SessionOptions *override_opts) {
-  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<format::File> f, format::File::Open(path));
-  const uint64_t size = f->size();
+namespace {
+
+// A snapshot's header, read and checked against the size of the bytes it heads.
+struct SnapshotHeader {
+  uint32_t version = 0;
+  uint64_t model_id = 0, weights_digest = 0;
+  char arch[kArchBytes] = {};
+  HparamList hl;
+  uint32_t n_sections = 0;
+};
+
+// Checks, in order, the magic, the version, the header size and the total size against `size`,
+// the snapshot's real size; `head` holds its first kSnapshotHeaderBytes (size permitting).
+absl::StatusOr<SnapshotHeader> ParseSnapshotHeader(const uint8_t *head, uint64_t size, const std::string &name) {
   auto err = [&](moe_status code, const std::string &what) {
-    return MakeError(code, absl::StrFormat("session snapshot '%s': %s", path, what));
+    return MakeError(code, absl::StrFormat("session snapshot '%s': %s", name, what));
   };
   if (size < kSnapshotHeaderBytes) {
     return err(MOE_ERR_FORMAT_TRUNCATED,
                absl::StrFormat("%u bytes, shorter than the %u-byte header", size, kSnapshotHeaderBytes));
   }
-  std::vector<uint8_t> head(kSnapshotHeaderBytes);
-  STRATA_RETURN_IF_ERROR(f->ReadAt(0, head.data(), head.size()));
-  if (std::memcmp(head.data(), kSnapshotMagic, sizeof kSnapshotMagic) != 0) {
+  if (std::memcmp(head, kSnapshotMagic, sizeof kSnapshotMagic) != 0) {
     return err(MOE_ERR_FORMAT_HEADER, "not a Strata session snapshot (bad magic)");
   }
-  Reader h(head.data() + 8, kSnapshotHeaderBytes - 8, "header");
-  uint32_t version = 0, header_bytes = 0, n_sections = 0, reserved = 0;
-  uint64_t total = 0, model_id = 0, weights_digest = 0;
-  char arch[kArchBytes];
-  HparamList hl;
+  Reader h(head + 8, kSnapshotHeaderBytes - 8, "header");
+  SnapshotHeader out;
+  uint32_t version = 0, header_bytes = 0, reserved = 0;
+  uint64_t total = 0;
   STRATA_RETURN_IF_ERROR(h.Get(&version, "version"));
   if (version == 1) {
     // Version 1 did not record the weights, so it cannot be told from a session of a fine-tune.
@@ -431,11 +433,11 @@ absl::StatusOr<Session *> Context::LoadSession(const std::string &path, const Se
   }
   STRATA_RETURN_IF_ERROR(h.Get(&header_bytes, "header size"));
   STRATA_RETURN_IF_ERROR(h.Get(&total, "total size"));
-  STRATA_RETURN_IF_ERROR(h.Get(&model_id, "model id"));
-  STRATA_RETURN_IF_ERROR(h.Get(&weights_digest, "weights digest"));
-  STRATA_RETURN_IF_ERROR(h.Get(&arch, "architecture"));
-  STRATA_RETURN_IF_ERROR(h.Get(&hl.v, "hyper-parameters"));
-  STRATA_RETURN_IF_ERROR(h.Get(&n_sections, "section count"));
+  STRATA_RETURN_IF_ERROR(h.Get(&out.model_id, "model id"));
+  STRATA_RETURN_IF_ERROR(h.Get(&out.weights_digest, "weights digest"));
+  STRATA_RETURN_IF_ERROR(h.Get(&out.arch, "architecture"));
+  STRATA_RETURN_IF_ERROR(h.Get(&out.hl.v, "hyper-parameters"));
+  STRATA_RETURN_IF_ERROR(h.Get(&out.n_sections, "section count"));
   STRATA_RETURN_IF_ERROR(h.Get(&reserved, "reserved"));
   if (version > kSnapshotVersion) {
     return err(MOE_ERR_UNSUPPORTED, absl::StrFormat("format version %u is newer than this library reads (%u)",
@@ -453,17 +455,44 @@ absl::StatusOr<Session *> Context::LoadSession(const std::string &path, const Se
     return err(MOE_ERR_FORMAT_HEADER, absl::StrFormat("%u bytes, but its header says %u", size, total));
   }
   if (total < kSnapshotHeaderBytes + 4) return err(MOE_ERR_FORMAT_HEADER, "too short to hold a checksum");
+  out.arch[kArchBytes - 1] = 0;
+  out.version = version;
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<Session *> Context::LoadSession(const std::string &path, const SessionOptions *override_opts) {
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<format::File> f, format::File::Open(path));
+  const uint64_t size = f->size();
+  // The header first, so a file that is not a snapshot (or disagrees with its own size) is refused
+  // before the rest is read.
+  std::vector<uint8_t> head(kSnapshotHeaderBytes);
+  if (size >= kSnapshotHeaderBytes) STRATA_RETURN_IF_ERROR(f->ReadAt(0, head.data(), head.size()));
+  STRATA_RETURN_IF_ERROR(ParseSnapshotHeader(head.data(), size, path).status());
   std::vector<uint8_t> data(size);
   STRATA_RETURN_IF_ERROR(f->ReadAt(0, data.data(), size));
+  return LoadSessionBytes(data.data(), size, path, override_opts);
+}
+
+absl::StatusOr<Session *> Context::LoadSessionBytes(const uint8_t *data, uint64_t size, const std::string &path,
+                                                    const SessionOptions *override_opts) {
+  auto err = [&](moe_status code, const std::string &what) {
+    return MakeError(code, absl::StrFormat("session snapshot '%s': %s", path, what));
+  };
+  STRATA_ASSIGN_OR_RETURN(const SnapshotHeader head, ParseSnapshotHeader(data, size, path));
   uint32_t stored_crc;
-  std::memcpy(&stored_crc, data.data() + size - 4, 4);
-  const uint32_t crc = Crc32c(0, data.data(), size - 4);
+  std::memcpy(&stored_crc, data + size - 4, 4);
+  const uint32_t crc = Crc32c(0, data, size - 4);
   if (crc != stored_crc) {
     return err(MOE_ERR_FORMAT_CHECKSUM,
                absl::StrFormat("checksum %08x does not match the stored %08x: the file is corrupt", crc, stored_crc));
   }
+  const char *arch = head.arch;
+  const HparamList &hl = head.hl;
+  const uint64_t model_id = head.model_id, weights_digest = head.weights_digest;
+  const uint32_t n_sections = head.n_sections;
   // The model: architecture and hyper-parameters by name, then the tensor table.
-  arch[kArchBytes - 1] = 0;
   if (std::string(arch) != hp_.arch_name) {
     return err(MOE_ERR_FORMAT_FOREIGN, absl::StrFormat("written for a '%s' model; this context runs '%s'", arch,
                                                        hp_.arch_name));
@@ -487,7 +516,7 @@ absl::StatusOr<Session *> Context::LoadSession(const std::string &path, const Se
                                weights_digest, weights_digest_));
   }
   // Sections.
-  Reader body(data.data() + kSnapshotHeaderBytes, size - kSnapshotHeaderBytes - 4, "body");
+  Reader body(data + kSnapshotHeaderBytes, size - kSnapshotHeaderBytes - 4, "body");
   SessionOptions o;
   int32_t n_past = -1, n_rows = 0;
   uint64_t rng[4] = {0, 0, 0, 0};
@@ -508,7 +537,7 @@ absl::StatusOr<Session *> Context::LoadSession(const std::string &path, const Se
     Reader r(body.here(), len, std::string(reinterpret_cast<const char *>(&tag), 4));
     uint32_t bit = 0;
     if (tag == kTagOptions) {
-      STRATA_RETURN_IF_ERROR(GetOptions(r, version, &o));
+      STRATA_RETURN_IF_ERROR(GetOptions(r, head.version, &o));
       bit = 1;
     } else if (tag == kTagState) {
       STRATA_RETURN_IF_ERROR(r.Get(&n_past, "n_past"));
@@ -592,7 +621,7 @@ absl::StatusOr<Session *> Context::LoadSession(const std::string &path, const Se
     STRATA_RETURN_IF_ERROR(WithKvRoom(s, [&]() { return s->kv_.Prepare(0, history.data(), n_past); }));
     std::vector<float> rows;
     const uint8_t *p = kv + 8;
-    for (int l = 0; l < hp_.n_layer; ++l) {
+    for (int l = 0; l < hp_.n_layer && n_past > 0; ++l) {  // an empty session has no rows
       for (bool values : {false, true}) {
         const int width = values ? w.v : w.k;
         rows.resize(static_cast<size_t>(n_past) * width);
