@@ -571,8 +571,7 @@ absl::StatusOr<double> ConfigRope(const nlohmann::json &c, HParams &hp) {
 }
 
 // DeepSeek-V2/V3 and gpt-oss checkpoints.
-absl::StatusOr<HParams> FromConfigFamily(const ModelFile &mf, const std::string &model_type) {
-  const nlohmann::json &c = mf.config();
+absl::StatusOr<HParams> FromConfigFamily(const nlohmann::json &c, const std::string &model_type) {
   HParams hp;
   hp.arch = model_type == "gpt_oss" ? Arch::kGptOss : Arch::kDeepseek2;
   hp.arch_name = std::string(ArchName(hp.arch));
@@ -694,8 +693,7 @@ absl::StatusOr<HParams> FromConfigFamily(const ModelFile &mf, const std::string 
   return hp;
 }
 
-absl::StatusOr<HParams> FromConfig(const ModelFile &mf) {
-  const nlohmann::json &c = mf.config();
+absl::StatusOr<HParams> FromConfig(const nlohmann::json &c) {
   if (!c.is_object()) return Errorf(MOE_ERR_FORMAT_CONFIG, "config.json is not a JSON object");
   auto mt = c.find("model_type");
   if (mt == c.end() || !mt->is_string()) {
@@ -703,7 +701,7 @@ absl::StatusOr<HParams> FromConfig(const ModelFile &mf) {
   }
   const std::string model_type = mt->get<std::string>();
   if (model_type == "deepseek_v2" || model_type == "deepseek_v3" || model_type == "gpt_oss") {
-    return FromConfigFamily(mf, model_type);
+    return FromConfigFamily(c, model_type);
   }
   HParams hp;
   if (model_type == "qwen3_moe") {
@@ -845,8 +843,10 @@ std::string_view ArchName(Arch a) {
   return "unknown";
 }
 
+absl::StatusOr<HParams> HParamsFromConfig(const nlohmann::json &config) { return FromConfig(config); }
+
 absl::StatusOr<HParams> ReadHParams(const ModelFile &mf) {
-  STRATA_ASSIGN_OR_RETURN(HParams hp, mf.kind() == ModelFile::Kind::kGguf ? FromGguf(mf) : FromConfig(mf));
+  STRATA_ASSIGN_OR_RETURN(HParams hp, mf.kind() == ModelFile::Kind::kGguf ? FromGguf(mf) : FromConfig(mf.config()));
   STRATA_RETURN_IF_ERROR(CheckLayerTensors(mf, hp));
   return hp;
 }

@@ -87,6 +87,10 @@ struct HParams {
 // does not run; MOE_ERR_FORMAT_HPARAMS (naming the key) for a missing or out-of-range value.
 absl::StatusOr<HParams> ReadHParams(const ModelFile &mf);
 
+// The hyper-parameters an HF config.json declares, range-checked as ReadHParams does, but without
+// the checks against the checkpoint's tensors (the config alone, as the fuzz target drives it).
+absl::StatusOr<HParams> HParamsFromConfig(const nlohmann::json &config);
+
 std::string_view ArchName(Arch a);
 
 }  // namespace strata::model

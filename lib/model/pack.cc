@@ -313,10 +313,15 @@ absl::StatusOr<TypeId> ParseTypeName(const std::string &name) {
 
 absl::StatusOr<std::vector<HotExpert>> ReadHotlist(const std::string &path, const HParams &hp) {
   STRATA_ASSIGN_OR_RETURN(std::string text, format::ReadSmallFile(path, uint64_t{256} << 20));
+  return ParseHotlist(text, path, hp);
+}
+
+absl::StatusOr<std::vector<HotExpert>> ParseHotlist(std::string_view text, const std::string &path,
+                                                    const HParams &hp) {
   std::vector<HotExpert> out;
   absl::flat_hash_set<int64_t> seen;
   int line_no = 0;
-  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+  for (absl::string_view line : absl::StrSplit(absl::string_view(text.data(), text.size()), '\n')) {
     ++line_no;
     if (auto hash = line.find('#'); hash != absl::string_view::npos) line = line.substr(0, hash);
     std::vector<absl::string_view> f = absl::StrSplit(line, absl::ByAnyChar(" \t\r"), absl::SkipEmpty());

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "lib/model/hparams.h"
@@ -98,6 +99,8 @@ class ProgressBar {
 // stably sorted by count so the hottest experts come first. Errors: MOE_ERR_IO_OPEN/READ, or
 // MOE_ERR_INVALID_ARGUMENT naming the file and line.
 absl::StatusOr<std::vector<HotExpert>> ReadHotlist(const std::string &path, const HParams &hp);
+// The same from the file's text; `path` names it in messages.
+absl::StatusOr<std::vector<HotExpert>> ParseHotlist(std::string_view text, const std::string &path, const HParams &hp);
 
 // Packs `in` (GGUF file or HF checkpoint directory) into the GGUF file `out`. The output is written
 // as `out.tmp.<pid>`, fsynced and renamed; on any error neither `out` (if it did not exist) nor the
