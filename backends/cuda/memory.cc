@@ -1,5 +1,6 @@
 // RAII owners of CUDA resources (see memory.h). Destructors ignore release errors: by then the
 // context may already be torn down (process exit), and there is no caller to hand an error to.
+#include "lib/util/str_format.h"
 #include "backends/cuda/memory.h"
 
 #include <cuda.h>
@@ -35,7 +36,7 @@ absl::StatusOr<DeviceBuffer> DeviceBuffer::Allocate(size_t bytes) {
     cudaGetLastError();  // an allocation failure is not sticky; clear it for later calls
     b.ptr_ = nullptr;
     return Annotate(CudaStatus(err, "cudaMalloc", __FILE__, __LINE__),
-                    absl::StrFormat("allocating %u bytes of device memory", bytes));
+                    strata::StrFormat("allocating %u bytes of device memory", bytes));
   }
   b.size_ = bytes;
   return b;
@@ -65,7 +66,7 @@ absl::StatusOr<PinnedBuffer> PinnedBuffer::Allocate(size_t bytes, unsigned flags
     cudaGetLastError();
     b.ptr_ = nullptr;
     return Annotate(CudaStatus(err, "cudaHostAlloc", __FILE__, __LINE__),
-                    absl::StrFormat("allocating %u bytes of pinned host memory", bytes));
+                    strata::StrFormat("allocating %u bytes of pinned host memory", bytes));
   }
   b.size_ = bytes;
   return b;

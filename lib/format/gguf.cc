@@ -1,6 +1,7 @@
 // GGUF v2/v3 parser. The header is read through a buffered cursor in growing chunks (4 KiB up to
 // 1 MiB), never the whole file; every count and length is checked against the caps and against the
 // bytes left in the file before anything is allocated for it, so a hostile file fails fast.
+#include "lib/util/hash_containers.h"
 #include "lib/format/gguf.h"
 
 #include <algorithm>
@@ -384,7 +385,7 @@ absl::StatusOr<GgufFile> ParseGguf(const Source &src, const GgufLimits &limits) 
     if (key.empty()) {
       return named(Errorf(MOE_ERR_FORMAT_METADATA, "key/value pair %u has an empty key", k));
     }
-    if (out.kv_index.contains(key)) {
+    if (out.kv_index.count(key) != 0) {
       return named(Errorf(MOE_ERR_FORMAT_METADATA, "duplicate key '%s'", key));
     }
     uint32_t type = 0;
@@ -420,7 +421,7 @@ absl::StatusOr<GgufFile> ParseGguf(const Source &src, const GgufLimits &limits) 
     GgufTensorInfo t;
     st = ReadTensorInfo(cur, out.alignment, &t, limits);
     if (!st.ok()) return named(Annotate(st, absl::StrCat("tensor entry ", k)));
-    if (out.tensor_index.contains(t.name)) {
+    if (out.tensor_index.count(t.name) != 0) {
       return named(Errorf(MOE_ERR_FORMAT_TENSOR, "duplicate tensor name '%s'", t.name));
     }
     out.tensor_index.emplace(t.name, out.tensors.size());

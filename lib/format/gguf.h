@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
+#include "lib/util/hash_containers.h"
 #include "lib/format/file.h"
 #include "lib/util/status.h"
 
@@ -70,8 +70,8 @@ struct GgufFile {
   uint64_t file_size = 0;
   std::vector<std::pair<std::string, GgufValue>> kv;  // in file order
   std::vector<GgufTensorInfo> tensors;                // in file order
-  absl::flat_hash_map<std::string, size_t> kv_index;
-  absl::flat_hash_map<std::string, size_t> tensor_index;
+  HashMap<std::string, size_t> kv_index;
+  HashMap<std::string, size_t> tensor_index;
 
   const GgufValue *Find(const std::string &key) const;
   const GgufTensorInfo *FindTensor(const std::string &name) const;

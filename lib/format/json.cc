@@ -2,13 +2,13 @@
 // feeding nlohmann's DOM builder through a front end that counts the nesting depth, catches duplicate
 // keys and records syntax errors instead of throwing. Nothing here recurses on the input's shape
 // except JsonExcerpt, whose recursion the depth limit bounds.
+#include "lib/util/hash_containers.h"
 #include "lib/format/json.h"
 
 #include <algorithm>
 #include <optional>
 #include <vector>
 
-#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 
 namespace strata::format {
@@ -95,7 +95,7 @@ class CheckingSax {
   nlohmann::detail::json_sax_dom_parser<json> dom_;
   const JsonOptions &options_;
   int depth_ = 0;
-  std::vector<absl::flat_hash_set<std::string>> keys_;
+  std::vector<HashSet<std::string>> keys_;
 };
 
 // A string as JSON text, cut to about `room` bytes first (invalid UTF-8 from the cut is replaced).

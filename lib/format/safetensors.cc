@@ -1,6 +1,7 @@
 // safetensors files and Hugging Face checkpoint directories. JSON goes through the bounded reader
 // (lib/format/json.h), which refuses duplicate keys here (nlohmann would silently keep the last) and
 // deep nesting; every tensor is validated before anything is trusted.
+#include "lib/util/hash_containers.h"
 #include "lib/format/safetensors.h"
 
 #include <sys/stat.h>
@@ -306,7 +307,7 @@ absl::StatusOr<HfCheckpoint> OpenHfCheckpoint(const std::string &dir) {
       return Errorf(MOE_ERR_FORMAT_CONFIG, "%s: missing object 'weight_map'", index_path);
     }
     // name -> shard, and the shards in name order so file_index is deterministic.
-    absl::flat_hash_map<std::string, std::string> where;
+    HashMap<std::string, std::string> where;
     std::vector<std::string> shards;
     for (const auto &[name, shard] : wm->items()) {
       if (!shard.is_string()) {
@@ -345,7 +346,7 @@ absl::StatusOr<HfCheckpoint> OpenHfCheckpoint(const std::string &dir) {
       }
     }
     for (const auto &[name, shard] : where) {
-      if (!out.index.contains(name)) {
+      if (out.index.count(name) == 0) {
         return Errorf(MOE_ERR_FORMAT_CONFIG, "%s puts tensor '%s' in shard '%s', which lacks it",
                       kIndexName, Clip(name), shard);
       }

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
+#include "lib/util/hash_containers.h"
 #include "lib/format/file.h"
 #include "lib/util/status.h"
 #include "nlohmann/json.hpp"
@@ -42,7 +42,7 @@ struct HfCheckpoint {
   nlohmann::json config;                      // config.json
   std::vector<std::unique_ptr<File>> files;   // the shards
   std::vector<SafetensorsTensor> tensors;     // all tensors of all shards
-  absl::flat_hash_map<std::string, size_t> index;  // name -> tensors[i]
+  HashMap<std::string, size_t> index;  // name -> tensors[i]
 
   const SafetensorsTensor *Find(const std::string &name) const;
 };

@@ -3,6 +3,7 @@
 // operation is a backend call, so the same code runs on the CPU and on a GPU. Expert outputs are
 // kept per (token, slot) and summed in slot order, so a token's result does not depend on which
 // other tokens share the batch.
+#include "lib/util/str_format.h"
 #include "lib/model/forward.h"
 
 #include <fcntl.h>
@@ -698,7 +699,7 @@ absl::Status FeedForward(const HParams &hp, const LayerWeights &L, int l, Backen
   if (source != nullptr) {
     // Experts still being read come back null: the others run first, overlapping those reads.
     absl::Status st = source->AcquireAsync(l, used, &ew);
-    if (!st.ok()) return Annotate(st, absl::StrFormat("layer %d experts", l));
+    if (!st.ok()) return Annotate(st, strata::StrFormat("layer %d experts", l));
   } else {
     for (size_t u = 0; u < used.size(); ++u) ew[u] = &L.experts[used[u]];
   }
@@ -712,7 +713,7 @@ absl::Status FeedForward(const HParams &hp, const LayerWeights &L, int l, Backen
     absl::StatusOr<const ExpertWeights *> w = source->Await(l, used[u]);
     if (!w.ok()) {
       source->Release(l, used);
-      return Annotate(w.status(), absl::StrFormat("layer %d experts", l));
+      return Annotate(w.status(), strata::StrFormat("layer %d experts", l));
     }
     be.ExpertFfn(**w, S.xg + first[u] * D, first[u + 1] - first[u], S.yg + first[u] * D);
   }

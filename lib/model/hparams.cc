@@ -1,4 +1,5 @@
 // Hyper-parameters from GGUF metadata (llama.cpp's keys) and from HF config.json.
+#include "lib/util/str_format.h"
 #include "lib/model/hparams.h"
 
 #include <algorithm>
@@ -301,7 +302,7 @@ absl::StatusOr<HParams> FromGgufFamily(const ModelFile &mf, const std::string &a
     STRATA_ASSIGN_OR_RETURN(v, GgufIntOr(g, p + "expert_group_count", 1)); hp.n_group = static_cast<int>(v);
     STRATA_ASSIGN_OR_RETURN(v, GgufIntOr(g, p + "expert_group_used_count", hp.n_group));
     hp.topk_group = static_cast<int>(v);
-    hp.expert_select_bias = mf.Find(absl::StrFormat("blk.%d.exp_probs_b.bias", hp.n_layer - 1)) != nullptr;
+    hp.expert_select_bias = mf.Find(strata::StrFormat("blk.%d.exp_probs_b.bias", hp.n_layer - 1)) != nullptr;
     // Attention scale: 1/sqrt(key head width), times YaRN's mscale^2 (0.1 * mscale_all_dim is
     // stored as yarn_log_multiplier); cos/sin keep their unit scale.
     double scale = 1.0 / std::sqrt(static_cast<double>(hp.head_dim));
@@ -459,8 +460,8 @@ absl::StatusOr<HParams> FromGguf(const ModelFile &mf) {
     hp.dense_layer.assign(hp.n_layer, 0);
     bool any = false;
     for (int l = 0; l < hp.n_layer; ++l) {
-      if (mf.Find(absl::StrFormat("blk.%d.ffn_gate_inp.weight", l)) == nullptr &&
-          mf.Find(absl::StrFormat("blk.%d.ffn_gate.weight", l)) != nullptr) {
+      if (mf.Find(strata::StrFormat("blk.%d.ffn_gate_inp.weight", l)) == nullptr &&
+          mf.Find(strata::StrFormat("blk.%d.ffn_gate.weight", l)) != nullptr) {
         hp.dense_layer[l] = 1;
         any = true;
       }

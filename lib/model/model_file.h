@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
+#include "lib/util/hash_containers.h"
 #include "lib/format/file.h"
 #include "lib/format/gguf.h"
 #include "nlohmann/json.hpp"
@@ -50,7 +50,7 @@ class ModelFile {
   std::string path_;
   std::vector<std::unique_ptr<format::File>> files_;
   std::vector<TensorRef> tensors_;
-  absl::flat_hash_map<std::string, size_t> index_;
+  HashMap<std::string, size_t> index_;
   format::GgufFile gguf_;
   nlohmann::json config_;
 };

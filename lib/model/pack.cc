@@ -1,6 +1,8 @@
 // Pack: plan every output tensor (name, type, shape, source extent) from the bound weights before
 // any data moves, write the GGUF header, then convert tensor by tensor in row chunks (dequantize the
 // source to float, permute Q/K rows for llama-style RoPE when the source is an HF Mixtral, quantize).
+#include "lib/util/str_format.h"
+#include "lib/util/hash_containers.h"
 #include "lib/model/pack.h"
 
 #include <unistd.h>
@@ -12,7 +14,6 @@
 #include <cstring>
 #include <memory>
 
-#include "absl/container/flat_hash_set.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
@@ -136,14 +137,14 @@ class Planner {
   }
 
   void Mark(const TensorRef *t) { used_.insert(t); }
-  bool Used(const TensorRef *t) const { return used_.contains(t); }
+  bool Used(const TensorRef *t) const { return used_.count(t) != 0; }
   std::vector<Job> &jobs() { return jobs_; }
   std::vector<PackFallback> &fallbacks() { return fallbacks_; }
 
  private:
   std::vector<Job> jobs_;
   std::vector<PackFallback> fallbacks_;
-  absl::flat_hash_set<const TensorRef *> used_;
+  HashSet<const TensorRef *> used_;
 };
 
 // ---- conversion ------------------------------------------------------------------------------
@@ -319,7 +320,7 @@ absl::StatusOr<std::vector<HotExpert>> ReadHotlist(const std::string &path, cons
 absl::StatusOr<std::vector<HotExpert>> ParseHotlist(std::string_view text, const std::string &path,
                                                     const HParams &hp) {
   std::vector<HotExpert> out;
-  absl::flat_hash_set<int64_t> seen;
+  HashSet<int64_t> seen;
   int line_no = 0;
   for (absl::string_view line : absl::StrSplit(absl::string_view(text.data(), text.size()), '\n')) {
     ++line_no;
@@ -335,14 +336,14 @@ absl::StatusOr<std::vector<HotExpert>> ParseHotlist(std::string_view text, const
       return bad("expected 'layer expert count' (three non-negative integers)");
     }
     if (layer >= static_cast<uint64_t>(hp.n_layer)) {
-      return bad(absl::StrFormat("layer %u is out of range (the model has %d layers)", layer, hp.n_layer));
+      return bad(strata::StrFormat("layer %u is out of range (the model has %d layers)", layer, hp.n_layer));
     }
     if (expert >= static_cast<uint64_t>(hp.n_expert)) {
-      return bad(absl::StrFormat("expert %u is out of range (the model has %d experts per layer)", expert,
+      return bad(strata::StrFormat("expert %u is out of range (the model has %d experts per layer)", expert,
                                  hp.n_expert));
     }
     if (!seen.insert(static_cast<int64_t>(layer) * hp.n_expert + static_cast<int64_t>(expert)).second) {
-      return bad(absl::StrFormat("layer %u expert %u is listed twice", layer, expert));
+      return bad(strata::StrFormat("layer %u expert %u is listed twice", layer, expert));
     }
     out.push_back({static_cast<int>(layer), static_cast<int>(expert), count});
   }
@@ -385,7 +386,7 @@ absl::StatusOr<PackReport> Pack(const std::string &in, const std::string &out, c
   if (!hp.tied_embeddings) plan.AddMatrix("output.weight", w.output, o.attention, false, 0);
   for (int l = 0; l < hp.n_layer; ++l) {
     const LayerWeights &L = w.layers[l];
-    auto n = [l](const char *s) { return absl::StrFormat("blk.%d.%s.weight", l, s); };
+    auto n = [l](const char *s) { return strata::StrFormat("blk.%d.%s.weight", l, s); };
     plan.AddVec(n("attn_norm"), L.attn_norm);
     plan.AddMatrix(n("attn_q"), L.wq, o.attention, false, 0, permute_qk ? hp.head_dim : 0);
     plan.AddMatrix(n("attn_k"), L.wk, o.attention, false, 0, permute_qk ? hp.head_dim : 0);
@@ -412,7 +413,7 @@ absl::StatusOr<PackReport> Pack(const std::string &in, const std::string &out, c
   for (const auto &[l, e] : order) {
     const ExpertWeights &x = w.layers[l].experts[e];
     const TypeId t = boosted[l] ? o.boost : o.experts;
-    auto n = [l = l, e = e](const char *s) { return absl::StrFormat("blk.%d.%s.%d.weight", l, s, e); };
+    auto n = [l = l, e = e](const char *s) { return strata::StrFormat("blk.%d.%s.%d.weight", l, s, e); };
     plan.AddMatrix(n("ffn_gate"), x.gate, t, true, kPackExpertAlignment);
     plan.AddMatrix(n("ffn_up"), x.up, t, true, 0);
     plan.AddMatrix(n("ffn_down"), x.down, t, true, 0);

@@ -3,6 +3,8 @@
 // vectors drawn value by value, quantized matrices assembled from a per-codec pool of valid blocks.
 // Everything random comes from SplitMix64 streams keyed by (seed, tensor, run), so the output does not
 // depend on chunk sizes and the same options give the same bytes.
+#include "lib/util/str_format.h"
+#include "lib/util/hash_containers.h"
 #include "lib/model/synth.h"
 
 #include <algorithm>
@@ -12,7 +14,6 @@
 #include <map>
 #include <memory>
 
-#include "absl/container/flat_hash_set.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -226,8 +227,8 @@ std::vector<Tensor> PlanTensors(const SynthShape &s, TypeId experts, TypeId atte
   if (spread) t.back().std_dev = kSpreadEmbdStd;
   for (int l = 0; l < s.n_layer; ++l) {
     layer = l;
-    auto n = [l](const char *what) { return absl::StrFormat("blk.%d.%s.weight", l, what); };
-    auto b = [l](const char *what) { return absl::StrFormat("blk.%d.%s.bias", l, what); };
+    auto n = [l](const char *what) { return strata::StrFormat("blk.%d.%s.weight", l, what); };
+    auto b = [l](const char *what) { return strata::StrFormat("blk.%d.%s.bias", l, what); };
     vec(n("attn_norm"), s.n_embd);
     if (deepseek) {  // multi-head latent attention, as llama.cpp's converter splits kv_b into k_b and v_b
       const int64_t qk_nope = s.head_dim - s.qk_rope_dim;
@@ -458,7 +459,7 @@ SynthVocab MakeSynthVocab(int n_vocab, const std::string &arch) {
   ByteCodePoints(cp);
   std::vector<uint32_t> sorted(cp, cp + 256);
   std::sort(sorted.begin(), sorted.end());
-  absl::flat_hash_set<std::string> have;
+  HashSet<std::string> have;
   for (uint32_t c : sorted) {
     v.tokens.push_back(Utf8(c));
     v.token_type.push_back(1);
@@ -467,7 +468,7 @@ SynthVocab MakeSynthVocab(int n_vocab, const std::string &arch) {
   const char *specials[] = {"<|endoftext|>", "<|im_start|>", "<|im_end|>"};
   const int n_special = 3;
   const size_t merge_budget = static_cast<size_t>(std::max(0, n_vocab - 256 - n_special));
-  absl::flat_hash_set<std::string> merged;
+  HashSet<std::string> merged;
   for (const char *w : kWords) {
     std::string sym;
     for (const char *p = w; *p != '\0'; ++p) {
@@ -478,8 +479,8 @@ SynthVocab MakeSynthVocab(int n_vocab, const std::string &arch) {
       }
       const std::string rule = sym + " " + ch;
       sym += ch;
-      if (merged.contains(rule)) continue;
-      if (!have.contains(sym)) {
+      if (merged.count(rule) != 0) continue;
+      if (have.count(sym) == 0) {
         if (v.tokens.size() - 256 >= merge_budget) break;
         v.tokens.push_back(sym);
         v.token_type.push_back(1);

@@ -1,5 +1,7 @@
 // Weight binding for GGUF (llama.cpp names, 3-D or per-expert tensors) and HF checkpoints (per-expert
 // tensors, or fused 3-D gate_up/down tensors), and the loader of resident bytes.
+#include "lib/util/str_format.h"
+#include "lib/util/hash_containers.h"
 #include "lib/model/weights.h"
 
 #include <algorithm>
@@ -13,7 +15,6 @@
 #include <system_error>
 #include <thread>
 
-#include "absl/container/flat_hash_map.h"
 #include "lib/util/large_alloc.h"
 #include "lib/util/numa.h"
 
@@ -160,7 +161,7 @@ absl::Status BindExpertBias(const ModelFile &mf, const std::string &name, int64_
   STRATA_ASSIGN_OR_RETURN(uint64_t row_bytes, quant::RowBytes(t->type, n));
   for (int e = 0; e < n_expert; ++e) {
     Vec &v = experts[e].*field;
-    v.name = absl::StrFormat("%s[expert %d]", name, e);
+    v.name = strata::StrFormat("%s[expert %d]", name, e);
     v.tensor = t;
     v.codec = codec;
     v.n = n;
@@ -200,7 +201,7 @@ absl::Status BindLayerExtras(const ModelFile &mf, const HParams &hp, const Extra
 absl::StatusOr<Matrix> SliceExpert(const TensorRef *t, int e, int64_t row0, int64_t rows) {
   Matrix m;
   m.tensor = t;
-  m.name = absl::StrFormat("%s[expert %d]", t->name, e);
+  m.name = strata::StrFormat("%s[expert %d]", t->name, e);
   STRATA_ASSIGN_OR_RETURN(m.codec, CodecOf(*t));
   m.cols = t->ne[0];
   m.rows = rows;
@@ -232,7 +233,7 @@ absl::Status BindExperts3D(const ModelFile &mf, const HParams &hp, const std::st
 absl::Status BindExpertsPerTensor(const ModelFile &mf, const HParams &hp, int layer, LayerWeights &L) {
   L.experts.resize(hp.n_expert);
   for (int e = 0; e < hp.n_expert; ++e) {
-    auto en = [&](const char *s) { return absl::StrFormat("blk.%d.%s.%d.weight", layer, s, e); };
+    auto en = [&](const char *s) { return strata::StrFormat("blk.%d.%s.%d.weight", layer, s, e); };
     STRATA_ASSIGN_OR_RETURN(L.experts[e].gate, BindMatrix(mf, en("ffn_gate"), hp.n_ff_expert, hp.n_embd));
     STRATA_ASSIGN_OR_RETURN(L.experts[e].up, BindMatrix(mf, en("ffn_up"), hp.n_ff_expert, hp.n_embd));
     STRATA_ASSIGN_OR_RETURN(L.experts[e].down, BindMatrix(mf, en("ffn_down"), hp.n_embd, hp.n_ff_expert));
@@ -283,7 +284,7 @@ absl::StatusOr<ModelWeights> BindGguf(const ModelFile &mf, const HParams &hp) {
   w.layers.resize(hp.n_layer);
   for (int i = 0; i < hp.n_layer; ++i) {
     LayerWeights &L = w.layers[i];
-    auto n = [i](const char *s) { return absl::StrFormat("blk.%d.%s.weight", i, s); };
+    auto n = [i](const char *s) { return strata::StrFormat("blk.%d.%s.weight", i, s); };
     STRATA_ASSIGN_OR_RETURN(L.attn_norm, BindVec(mf, n("attn_norm"), hp.n_embd));
     if (hp.mla) {
       STRATA_RETURN_IF_ERROR(BindMla(mf, hp, [&](const char *s) { return n(s); }, L));
@@ -303,7 +304,7 @@ absl::StatusOr<ModelWeights> BindGguf(const ModelFile &mf, const HParams &hp) {
     STRATA_ASSIGN_OR_RETURN(L.ffn_norm, BindVec(mf, n(hp.arch == Arch::kGptOss ? "post_attention_norm" : "ffn_norm"),
                                                 hp.n_embd));
     {
-      auto b = [i](const char *s) { return absl::StrFormat("blk.%d.%s.bias", i, s); };
+      auto b = [i](const char *s) { return strata::StrFormat("blk.%d.%s.bias", i, s); };
       ExtraNames en{b("attn_q"), b("attn_k"), b("attn_v"), b("attn_output"),
                     n("ffn_gate_shexp"), n("ffn_up_shexp"), n("ffn_down_shexp"), n("ffn_gate_inp_shexp")};
       STRATA_RETURN_IF_ERROR(BindLayerExtras(mf, hp, en, L, !hp.is_dense(i)));
@@ -313,7 +314,7 @@ absl::StatusOr<ModelWeights> BindGguf(const ModelFile &mf, const HParams &hp) {
       continue;
     }
     STRATA_ASSIGN_OR_RETURN(L.router, BindMatrix(mf, n("ffn_gate_inp"), hp.n_expert, hp.n_embd));
-    const std::string bias_of = absl::StrFormat("blk.%d.", i);
+    const std::string bias_of = strata::StrFormat("blk.%d.", i);
     if (hp.expert_bias) {
       STRATA_ASSIGN_OR_RETURN(L.router_bias, BindVec(mf, bias_of + "ffn_gate_inp.bias", hp.n_expert));
     }
@@ -333,7 +334,7 @@ absl::StatusOr<ModelWeights> BindGguf(const ModelFile &mf, const HParams &hp) {
       continue;
     }
     if (mf.Find(n("ffn_gate_exps")) == nullptr &&
-        mf.Find(absl::StrFormat("blk.%d.ffn_gate.0.weight", i)) != nullptr) {
+        mf.Find(strata::StrFormat("blk.%d.ffn_gate.0.weight", i)) != nullptr) {
       STRATA_RETURN_IF_ERROR(BindExpertsPerTensor(mf, hp, i, L));
       continue;
     }
@@ -355,7 +356,7 @@ absl::StatusOr<ModelWeights> BindHf(const ModelFile &mf, const HParams &hp) {
   w.layers.resize(hp.n_layer);
   for (int i = 0; i < hp.n_layer; ++i) {
     LayerWeights &L = w.layers[i];
-    const std::string p = absl::StrFormat("model.layers.%d.", i);
+    const std::string p = strata::StrFormat("model.layers.%d.", i);
     STRATA_ASSIGN_OR_RETURN(L.attn_norm, BindVec(mf, p + "input_layernorm.weight", hp.n_embd));
     if (hp.mla) {
       auto hf = [&](const char *g) -> std::string {
@@ -434,7 +435,7 @@ absl::StatusOr<ModelWeights> BindHf(const ModelFile &mf, const HParams &hp) {
     }
     L.experts.resize(hp.n_expert);
     for (int e = 0; e < hp.n_expert; ++e) {
-      auto en = [&](const char *s) { return absl::StrFormat("%sexperts.%d.%s.weight", moe, e, s); };
+      auto en = [&](const char *s) { return strata::StrFormat("%sexperts.%d.%s.weight", moe, e, s); };
       STRATA_ASSIGN_OR_RETURN(L.experts[e].gate, BindMatrix(mf, en(gn), hp.n_ff_expert, hp.n_embd));
       STRATA_ASSIGN_OR_RETURN(L.experts[e].up, BindMatrix(mf, en(un), hp.n_ff_expert, hp.n_embd));
       STRATA_ASSIGN_OR_RETURN(L.experts[e].down, BindMatrix(mf, en(dn), hp.n_embd, hp.n_ff_expert));
@@ -522,11 +523,11 @@ WeightStore::~WeightStore() { FreeLarge(arena_); }
 
 absl::Status WeightStore::Load(const ModelFile &mf, ModelWeights &w, bool routed_experts, const LoadOptions &lo) {
   // Every tensor any view points into, read once.
-  absl::flat_hash_map<const TensorRef *, uint64_t> placement;
+  HashMap<const TensorRef *, uint64_t> placement;
   std::vector<const TensorRef *> order;
   uint64_t total = 0;
   auto place = [&](const TensorRef *t) {
-    if (t == nullptr || placement.contains(t)) return;
+    if (t == nullptr || placement.count(t) != 0) return;
     placement[t] = total;
     order.push_back(t);
     total += (t->nbytes + 63) & ~uint64_t{63};

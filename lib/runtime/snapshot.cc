@@ -2,6 +2,7 @@
 // renamed over the target, then the directory fsynced) and reading (whole file, checked in the
 // order magic -> version -> size -> checksum -> model -> sections, every field range-checked) for
 // Context::SaveSession / LoadSession. A load either opens a complete session or changes nothing.
+#include "lib/util/str_format.h"
 #include "lib/runtime/snapshot.h"
 
 #include <fcntl.h>
@@ -340,7 +341,7 @@ absl::Status Context::SaveSession(Session *s, const std::string &path) {
     tmp.path.clear();
     return Errorf(MOE_ERR_IO_OPEN, "cannot create a temporary file next to '%s': %s", path, std::strerror(errno));
   }
-  auto fail = [&](const absl::Status &st) { return Annotate(st, absl::StrFormat("saving session to '%s'", path)); };
+  auto fail = [&](const absl::Status &st) { return Annotate(st, strata::StrFormat("saving session to '%s'", path)); };
   Writer out(tmp.fd, tmp.path);
   absl::Status st = out.Write(header.bytes().data(), header.bytes().size());
   for (int i = 0; i < 5 && st.ok(); ++i) {
@@ -410,11 +411,11 @@ struct SnapshotHeader {
 // the snapshot's real size; `head` holds its first kSnapshotHeaderBytes (size permitting).
 absl::StatusOr<SnapshotHeader> ParseSnapshotHeader(const uint8_t *head, uint64_t size, const std::string &name) {
   auto err = [&](moe_status code, const std::string &what) {
-    return MakeError(code, absl::StrFormat("session snapshot '%s': %s", name, what));
+    return MakeError(code, strata::StrFormat("session snapshot '%s': %s", name, what));
   };
   if (size < kSnapshotHeaderBytes) {
     return err(MOE_ERR_FORMAT_TRUNCATED,
-               absl::StrFormat("%u bytes, shorter than the %u-byte header", size, kSnapshotHeaderBytes));
+               strata::StrFormat("%u bytes, shorter than the %u-byte header", size, kSnapshotHeaderBytes));
   }
   if (std::memcmp(head, kSnapshotMagic, sizeof kSnapshotMagic) != 0) {
     return err(MOE_ERR_FORMAT_HEADER, "not a Strata session snapshot (bad magic)");
@@ -427,7 +428,7 @@ absl::StatusOr<SnapshotHeader> ParseSnapshotHeader(const uint8_t *head, uint64_t
   if (version == 1) {
     // Version 1 did not record the weights, so it cannot be told from a session of a fine-tune.
     return err(MOE_ERR_UNSUPPORTED,
-               absl::StrFormat("format version 1 predates the weights digest this library (version %u) checks: "
+               strata::StrFormat("format version 1 predates the weights digest this library (version %u) checks: "
                                "it cannot be verified against this model; save the session again",
                                kSnapshotVersion));
   }
@@ -440,19 +441,19 @@ absl::StatusOr<SnapshotHeader> ParseSnapshotHeader(const uint8_t *head, uint64_t
   STRATA_RETURN_IF_ERROR(h.Get(&out.n_sections, "section count"));
   STRATA_RETURN_IF_ERROR(h.Get(&reserved, "reserved"));
   if (version > kSnapshotVersion) {
-    return err(MOE_ERR_UNSUPPORTED, absl::StrFormat("format version %u is newer than this library reads (%u)",
+    return err(MOE_ERR_UNSUPPORTED, strata::StrFormat("format version %u is newer than this library reads (%u)",
                                                     version, kSnapshotVersion));
   }
   if (version == 0 || header_bytes != kSnapshotHeaderBytes || reserved != 0) {
-    return err(MOE_ERR_FORMAT_HEADER, absl::StrFormat("bad header: version %u, header size %u, reserved %u", version,
+    return err(MOE_ERR_FORMAT_HEADER, strata::StrFormat("bad header: version %u, header size %u, reserved %u", version,
                                                       header_bytes, reserved));
   }
   if (total > size) {
     return err(MOE_ERR_FORMAT_TRUNCATED,
-               absl::StrFormat("%u bytes, but its header says %u: the file was cut short", size, total));
+               strata::StrFormat("%u bytes, but its header says %u: the file was cut short", size, total));
   }
   if (total < size) {
-    return err(MOE_ERR_FORMAT_HEADER, absl::StrFormat("%u bytes, but its header says %u", size, total));
+    return err(MOE_ERR_FORMAT_HEADER, strata::StrFormat("%u bytes, but its header says %u", size, total));
   }
   if (total < kSnapshotHeaderBytes + 4) return err(MOE_ERR_FORMAT_HEADER, "too short to hold a checksum");
   out.arch[kArchBytes - 1] = 0;
@@ -478,7 +479,7 @@ absl::StatusOr<Session *> Context::LoadSession(const std::string &path, const Se
 absl::StatusOr<Session *> Context::LoadSessionBytes(const uint8_t *data, uint64_t size, const std::string &path,
                                                     const SessionOptions *override_opts) {
   auto err = [&](moe_status code, const std::string &what) {
-    return MakeError(code, absl::StrFormat("session snapshot '%s': %s", path, what));
+    return MakeError(code, strata::StrFormat("session snapshot '%s': %s", path, what));
   };
   STRATA_ASSIGN_OR_RETURN(const SnapshotHeader head, ParseSnapshotHeader(data, size, path));
   uint32_t stored_crc;
@@ -486,7 +487,7 @@ absl::StatusOr<Session *> Context::LoadSessionBytes(const uint8_t *data, uint64_
   const uint32_t crc = Crc32c(0, data, size - 4);
   if (crc != stored_crc) {
     return err(MOE_ERR_FORMAT_CHECKSUM,
-               absl::StrFormat("checksum %08x does not match the stored %08x: the file is corrupt", crc, stored_crc));
+               strata::StrFormat("checksum %08x does not match the stored %08x: the file is corrupt", crc, stored_crc));
   }
   const char *arch = head.arch;
   const HparamList &hl = head.hl;
@@ -494,24 +495,24 @@ absl::StatusOr<Session *> Context::LoadSessionBytes(const uint8_t *data, uint64_
   const uint32_t n_sections = head.n_sections;
   // The model: architecture and hyper-parameters by name, then the tensor table.
   if (std::string(arch) != hp_.arch_name) {
-    return err(MOE_ERR_FORMAT_FOREIGN, absl::StrFormat("written for a '%s' model; this context runs '%s'", arch,
+    return err(MOE_ERR_FORMAT_FOREIGN, strata::StrFormat("written for a '%s' model; this context runs '%s'", arch,
                                                        hp_.arch_name));
   }
   const HparamList mine = HparamsOf(hp_);
   for (int i = 0; i < kNumHparams; ++i) {
     if (hl.v[i] != mine.v[i]) {
-      return err(MOE_ERR_FORMAT_FOREIGN, absl::StrFormat("written for a model with %s %d; this model has %d",
+      return err(MOE_ERR_FORMAT_FOREIGN, strata::StrFormat("written for a model with %s %d; this model has %d",
                                                          kHparamNames[i], hl.v[i], mine.v[i]));
     }
   }
   if (model_id != model_id_) {
     return err(MOE_ERR_FORMAT_FOREIGN,
-               absl::StrFormat("written for another model of the same shape (model id %016x, this model %016x)",
+               strata::StrFormat("written for another model of the same shape (model id %016x, this model %016x)",
                                model_id, model_id_));
   }
   if (weights_digest != weights_digest_) {
     return err(MOE_ERR_FORMAT_FOREIGN,
-               absl::StrFormat("saved from another model: the tensors are the same but the weights differ (a "
+               strata::StrFormat("saved from another model: the tensors are the same but the weights differ (a "
                                "fine-tune or another quantization?); weights digest %016x, this model's %016x",
                                weights_digest, weights_digest_));
   }
@@ -532,7 +533,7 @@ absl::StatusOr<Session *> Context::LoadSessionBytes(const uint8_t *data, uint64_
     STRATA_RETURN_IF_ERROR(body.Get(&zero, "section tag"));
     STRATA_RETURN_IF_ERROR(body.Get(&len, "section length"));
     if (len > body.left()) {
-      return err(MOE_ERR_FORMAT_METADATA, absl::StrFormat("section %u claims %u bytes; %u remain", i, len, body.left()));
+      return err(MOE_ERR_FORMAT_METADATA, strata::StrFormat("section %u claims %u bytes; %u remain", i, len, body.left()));
     }
     Reader r(body.here(), len, std::string(reinterpret_cast<const char *>(&tag), 4));
     uint32_t bit = 0;
@@ -562,7 +563,7 @@ absl::StatusOr<Session *> Context::LoadSessionBytes(const uint8_t *data, uint64_
       kv_len = len;
       bit = 32;
     }  // an unknown section (a later minor addition) is skipped
-    if (seen & bit) return err(MOE_ERR_FORMAT_METADATA, absl::StrFormat("section %u repeats an earlier one", i));
+    if (seen & bit) return err(MOE_ERR_FORMAT_METADATA, strata::StrFormat("section %u repeats an earlier one", i));
     seen |= bit;
     body = Reader(body.here() + len, body.left() - len, "body");
   }
@@ -574,23 +575,23 @@ absl::StatusOr<Session *> Context::LoadSessionBytes(const uint8_t *data, uint64_
   const int n_ctx = o.n_ctx > 0 ? o.n_ctx : n_ctx_;
   if (n_past < 0 || static_cast<uint64_t>(n_past) != history.size()) {
     return err(MOE_ERR_FORMAT_METADATA,
-               absl::StrFormat("n_past %d disagrees with a history of %u tokens", n_past, history.size()));
+               strata::StrFormat("n_past %d disagrees with a history of %u tokens", n_past, history.size()));
   }
   if (static_cast<uint64_t>(n_past) + pending.size() > static_cast<uint64_t>(n_ctx)) {
     return MakeError(MOE_ERR_LIMIT_CONTEXT,
-                     absl::StrFormat("session snapshot '%s' holds %d tokens and %u pending; the session's n_ctx is %d",
+                     strata::StrFormat("session snapshot '%s' holds %d tokens and %u pending; the session's n_ctx is %d",
                                      path, n_past, pending.size(), n_ctx));
   }
   for (const auto *v : {&history, &pending}) {
     for (int32_t t : *v) {
       if (t < 0 || t >= hp_.n_vocab) {
-        return err(MOE_ERR_FORMAT_METADATA, absl::StrFormat("token %d is outside the vocabulary", t));
+        return err(MOE_ERR_FORMAT_METADATA, strata::StrFormat("token %d is outside the vocabulary", t));
       }
     }
   }
   if (n_rows < 0 || logits.size() != static_cast<uint64_t>(n_rows) * hp_.n_vocab || (n_rows == 0) != (n_past == 0)) {
     return err(MOE_ERR_FORMAT_METADATA,
-               absl::StrFormat("%u logits for %d rows of %d with %d tokens", logits.size(), n_rows, hp_.n_vocab, n_past));
+               strata::StrFormat("%u logits for %d rows of %d with %d tokens", logits.size(), n_rows, hp_.n_vocab, n_past));
   }
   if ((rng[0] | rng[1] | rng[2] | rng[3]) == 0) return err(MOE_ERR_FORMAT_METADATA, "the generator state is zero");
   int32_t kw = -1, vw = -1;
@@ -601,7 +602,7 @@ absl::StatusOr<Session *> Context::LoadSessionBytes(const uint8_t *data, uint64_
   const uint64_t want = static_cast<uint64_t>(hp_.n_layer) * static_cast<uint64_t>(n_past) * (w.k + w.v) * 4 + 8;
   if (kw != w.k || vw != w.v || kv_len != want) {
     return err(MOE_ERR_FORMAT_METADATA,
-               absl::StrFormat("KV section of %u bytes (widths %d, %d) does not hold %d positions", kv_len, kw, vw,
+               strata::StrFormat("KV section of %u bytes (widths %d, %d) does not hold %d positions", kv_len, kw, vw,
                                n_past));
   }
   // Open the session through the usual checks, then fill it; on failure it is closed again.
@@ -641,7 +642,7 @@ absl::StatusOr<Session *> Context::LoadSessionBytes(const uint8_t *data, uint64_
   }();
   if (!st.ok()) {
     CloseSession(s);
-    return Annotate(st, absl::StrFormat("loading session snapshot '%s'", path));
+    return Annotate(st, strata::StrFormat("loading session snapshot '%s'", path));
   }
   return s;
 }

@@ -78,7 +78,7 @@ absl::StatusOr<CachePlan> MakePlan(const model::HParams &hp, const model::ModelW
   }
   if (budget < p.min_ram_bytes) {
     p.clamped = true;
-    p.warnings.push_back(absl::StrFormat(
+    p.warnings.push_back(strata::StrFormat(
         "RAM budget %u bytes is below the minimum that can run (%u bytes); using the minimum", budget,
         p.min_ram_bytes));
     budget = p.min_ram_bytes;
@@ -106,7 +106,7 @@ absl::StatusOr<CachePlan> MakePlan(const model::HParams &hp, const model::ModelW
       p.vram_expert_slots = static_cast<uint32_t>(
           std::min<uint64_t>((p.vram_budget_bytes - p.vram_fixed_bytes) / p.expert_slot_bytes, p.n_routed_experts));
     } else {
-      p.warnings.push_back(absl::StrFormat(
+      p.warnings.push_back(strata::StrFormat(
           "VRAM budget %u bytes does not cover the device's fixed %u bytes: no VRAM expert tier", p.vram_budget_bytes,
           p.vram_fixed_bytes));
     }
@@ -116,60 +116,60 @@ absl::StatusOr<CachePlan> MakePlan(const model::HParams &hp, const model::ModelW
 }
 
 std::string FormatLedger(const CachePlan &p) {
-  auto mib = [](uint64_t b) { return absl::StrFormat("%10.1f MiB", static_cast<double>(b) / (1 << 20)); };
+  auto mib = [](uint64_t b) { return strata::StrFormat("%10.1f MiB", static_cast<double>(b) / (1 << 20)); };
   std::ostringstream o;
-  o << absl::StrFormat("%-28s %14s  %s\n", "item", "bytes", "formula");
-  o << absl::StrFormat("%-28s %14u  %s  %s\n", "non-routed weights", p.non_routed_bytes, mib(p.non_routed_bytes),
+  o << strata::StrFormat("%-28s %14s  %s\n", "item", "bytes", "formula");
+  o << strata::StrFormat("%-28s %14u  %s  %s\n", "non-routed weights", p.non_routed_bytes, mib(p.non_routed_bytes),
                        "embeddings + attention + norms + routers + shared experts + dense MLPs + output");
   if (p.kv_budget_requested) {
-    o << absl::StrFormat("%-28s %14u  %s  requested budget: %u blocks of %u B (%d tokens x %u B/token), "
+    o << strata::StrFormat("%-28s %14u  %s  requested budget: %u blocks of %u B (%d tokens x %u B/token), "
                          "shared by all sessions, allocated on demand\n",
                          "KV cache", p.kv_bytes, mib(p.kv_bytes), p.kv_max_blocks, p.kv_block_bytes,
                          model::kKvBlockTokens, p.kv_bytes_per_token);
   } else {
-    o << absl::StrFormat("%-28s %14u  %s  %d sessions x %u blocks (n_ctx %d) x %u B (%d tokens x %u B/token), "
+    o << strata::StrFormat("%-28s %14u  %s  %d sessions x %u blocks (n_ctx %d) x %u B (%d tokens x %u B/token), "
                          "allocated on demand\n",
                          "KV cache", p.kv_bytes, mib(p.kv_bytes), p.max_sessions, p.kv_blocks_per_session, p.n_ctx,
                          p.kv_block_bytes, model::kKvBlockTokens, p.kv_bytes_per_token);
   }
-  o << absl::StrFormat("%-28s %14u  %s  activations of a %d-token batch\n", "workspace", p.workspace_bytes,
+  o << strata::StrFormat("%-28s %14u  %s  activations of a %d-token batch\n", "workspace", p.workspace_bytes,
                        mib(p.workspace_bytes), p.max_batch_tokens);
   const uint64_t fixed = p.ram_fixed_bytes;
   if (p.vram_fixed_bytes > 0 && fixed != p.vram_fixed_bytes) {
-    o << absl::StrFormat("%-28s %14u  %s  sum of the three lines above, on the device\n", "VRAM fixed",
+    o << strata::StrFormat("%-28s %14u  %s  sum of the three lines above, on the device\n", "VRAM fixed",
                          p.vram_fixed_bytes, mib(p.vram_fixed_bytes));
-    o << absl::StrFormat("%-28s %14u  %s  the host copy of the non-routed weights (KV and workspace on the "
+    o << strata::StrFormat("%-28s %14u  %s  the host copy of the non-routed weights (KV and workspace on the "
                          "device)\n", "fixed", fixed, mib(fixed));
   } else {
-    o << absl::StrFormat("%-28s %14u  %s  sum of the three lines above\n", "fixed", fixed, mib(fixed));
+    o << strata::StrFormat("%-28s %14u  %s  sum of the three lines above\n", "fixed", fixed, mib(fixed));
   }
-  o << absl::StrFormat("%-28s %14u  %s  %u experts x %u B (largest expert: gate|up|down)\n",
+  o << strata::StrFormat("%-28s %14u  %s  %u experts x %u B (largest expert: gate|up|down)\n",
                        "routed experts (all)", p.routed_expert_bytes, mib(p.routed_expert_bytes),
                        p.n_routed_experts, p.expert_slot_bytes);
-  o << absl::StrFormat("%-28s %14u  %s  fixed + %u slots (one layer's experts) x %u B\n", "minimum RAM",
+  o << strata::StrFormat("%-28s %14u  %s  fixed + %u slots (one layer's experts) x %u B\n", "minimum RAM",
                        p.min_ram_bytes, mib(p.min_ram_bytes), p.min_expert_slots, p.expert_slot_bytes);
-  o << absl::StrFormat("%-28s %14u  %s  %s\n", "RAM budget", p.ram_budget_bytes, mib(p.ram_budget_bytes),
+  o << strata::StrFormat("%-28s %14u  %s  %s\n", "RAM budget", p.ram_budget_bytes, mib(p.ram_budget_bytes),
                        p.requested_ram_budget_bytes == 0
-                           ? absl::StrFormat("auto: 80%% of %u usable bytes", p.usable_ram_bytes)
+                           ? strata::StrFormat("auto: 80%% of %u usable bytes", p.usable_ram_bytes)
                            : (p.clamped ? std::string("requested, raised to the minimum") : std::string("requested")));
   const uint64_t ram_experts = static_cast<uint64_t>(p.ram_expert_slots) * p.expert_slot_bytes;
-  o << absl::StrFormat("%-28s %14u  %s  min(%u, floor((budget - fixed) / %u)) = %u slots\n", "RAM expert tier",
+  o << strata::StrFormat("%-28s %14u  %s  min(%u, floor((budget - fixed) / %u)) = %u slots\n", "RAM expert tier",
                        ram_experts, mib(ram_experts), p.n_routed_experts, p.expert_slot_bytes, p.ram_expert_slots);
   const uint64_t vram_experts = static_cast<uint64_t>(p.vram_expert_slots) * p.expert_slot_bytes;
   if (p.vram_fixed_bytes > 0) {
-    o << absl::StrFormat("%-28s %14u  %s  %s\n", "VRAM budget", p.vram_budget_bytes, mib(p.vram_budget_bytes),
+    o << strata::StrFormat("%-28s %14u  %s  %s\n", "VRAM budget", p.vram_budget_bytes, mib(p.vram_budget_bytes),
                          p.vram_budget_bytes == 0 ? "auto" : "requested");
-    o << absl::StrFormat("%-28s %14u  %s  min(%u, floor((budget - %s) / %u)) = %u slots\n", "VRAM expert tier",
+    o << strata::StrFormat("%-28s %14u  %s  min(%u, floor((budget - %s) / %u)) = %u slots\n", "VRAM expert tier",
                          vram_experts, mib(vram_experts), p.n_routed_experts,
                          fixed != p.vram_fixed_bytes ? "VRAM fixed" : "fixed", p.expert_slot_bytes,
                          p.vram_expert_slots);
   } else {
-    o << absl::StrFormat("%-28s %14u  %s  %u slots (no device tier)\n", "VRAM expert tier", vram_experts,
+    o << strata::StrFormat("%-28s %14u  %s  %u slots (no device tier)\n", "VRAM expert tier", vram_experts,
                          mib(vram_experts), p.vram_expert_slots);
   }
   const uint64_t held = ram_experts + vram_experts;
   const uint64_t on_disk = p.routed_expert_bytes > held ? p.routed_expert_bytes - held : 0;
-  o << absl::StrFormat("%-28s %14u  %s  routed experts - VRAM tier - RAM tier (distinct experts): %u experts\n",
+  o << strata::StrFormat("%-28s %14u  %s  routed experts - VRAM tier - RAM tier (distinct experts): %u experts\n",
                        "streamed from file", on_disk, mib(on_disk), p.streamed_experts);
   for (const auto &w : p.warnings) o << "warning: " << w << "\n";
   return o.str();

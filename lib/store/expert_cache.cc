@@ -1,6 +1,7 @@
 // Expert cache: slot allocation, the I/O threads, prediction and statistics. One mutex guards the
 // residency map and slot states; file reads run outside it, into slots that are marked loading (so
 // nothing else touches them until they are ready or failed).
+#include "lib/util/str_format.h"
 #include "lib/store/expert_cache.h"
 
 #include <fcntl.h>
@@ -82,7 +83,7 @@ absl::StatusOr<std::unique_ptr<ExpertCache>> ExpertCache::Create(const ExpertTab
   for (int i = 0; i < options.n_io_threads; ++i) {
     STRATA_ASSIGN_OR_RETURN(
         std::thread t, StartThread([p = c.get()] { p->IoLoop(); },
-                                   absl::StrFormat("expert I/O thread %d of %d", i + 1, options.n_io_threads)));
+                                   strata::StrFormat("expert I/O thread %d of %d", i + 1, options.n_io_threads)));
     c->io_threads_.push_back(std::move(t));
   }
   return c;

@@ -1,6 +1,7 @@
 // Tokenizer loading (GGUF and tokenizer.json), encoding and decoding. Loading builds one common
 // representation: token strings, attributes, merges keyed by id pair, the added tokens to match in
 // text; Finish() checks what every load must satisfy. BPE merges a word with a heap: O(n log n).
+#include "lib/util/str_format.h"
 #include "lib/text/tokenizer.h"
 
 #include <algorithm>
@@ -459,12 +460,12 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromGguf(const format::Ggu
   if (const format::GgufValue *types = gguf.Find("tokenizer.ggml.token_type")) {
     if (!types->IsIntArray()) return Meta("tokenizer.ggml.token_type: not an array of integers");
     if (types->arr_len != n)
-      return Meta(absl::StrFormat("tokenizer.ggml.token_type: %d entries, tokenizer.ggml.tokens has %d",
+      return Meta(strata::StrFormat("tokenizer.ggml.token_type: %d entries, tokenizer.ggml.tokens has %d",
                                   types->arr_len, n));
     for (size_t i = 0; i < n; ++i) {
       int64_t v = types->IntAt(i);
       if (v < 0 || v > 6)
-        return Meta(absl::StrFormat("tokenizer.ggml.token_type[%d]: %d is not a token type", i, v));
+        return Meta(strata::StrFormat("tokenizer.ggml.token_type[%d]: %d is not a token type", i, v));
       t->attrs_[i] = static_cast<TokenAttr>(v);
     }
   }
@@ -474,7 +475,7 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromGguf(const format::Ggu
     if (scores == nullptr) return Meta("tokenizer.ggml.scores: missing (needed by the llama model)");
     if (!scores->IsFloatArray()) return Meta("tokenizer.ggml.scores: not an array of numbers");
     if (scores->arr_len != n)
-      return Meta(absl::StrFormat("tokenizer.ggml.scores: %d entries, tokenizer.ggml.tokens has %d",
+      return Meta(strata::StrFormat("tokenizer.ggml.scores: %d entries, tokenizer.ggml.tokens has %d",
                                   scores->arr_len, n));
     t->scores_.resize(n);
     for (size_t i = 0; i < n; ++i) t->scores_[i] = static_cast<float>(scores->FloatAt(i));
@@ -513,14 +514,14 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromGguf(const format::Ggu
       const std::string &m = merges->arr_str[r];
       size_t sp = m.find(' ', 1);  // a piece may itself be a space-free "Ġ": split at the first space after byte 0
       if (sp == std::string::npos)
-        return Meta(absl::StrFormat("tokenizer.ggml.merges[%d]: '%s' is not 'left right'", r, m));
+        return Meta(strata::StrFormat("tokenizer.ggml.merges[%d]: '%s' is not 'left right'", r, m));
       std::string a = m.substr(0, sp), b = m.substr(sp + 1);
       auto ia = t->token_to_id_.find(a), ib = t->token_to_id_.find(b), ic = t->token_to_id_.find(a + b);
       const std::string *bad = ia == t->token_to_id_.end() ? &a : ib == t->token_to_id_.end() ? &b : nullptr;
       if (bad != nullptr)
-        return Meta(absl::StrFormat("tokenizer.ggml.merges[%d]: '%s' names unknown token '%s'", r, m, *bad));
+        return Meta(strata::StrFormat("tokenizer.ggml.merges[%d]: '%s' names unknown token '%s'", r, m, *bad));
       if (ic == t->token_to_id_.end())
-        return Meta(absl::StrFormat("tokenizer.ggml.merges[%d]: '%s' makes '%s', not in the vocabulary",
+        return Meta(strata::StrFormat("tokenizer.ggml.merges[%d]: '%s' makes '%s', not in the vocabulary",
                                     r, m, a + b));
       uint64_t key = (static_cast<uint64_t>(static_cast<uint32_t>(ia->second)) << 32) |
                      static_cast<uint32_t>(ib->second);
@@ -535,7 +536,7 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromGguf(const format::Ggu
     if (v == nullptr) return absl::OkStatus();
     absl::StatusOr<uint64_t> u = gguf.GetUint(key);
     if (!u.ok() || *u >= n)
-      return Meta(absl::StrFormat("%s: not a token id in [0, %d)", key, n));
+      return Meta(strata::StrFormat("%s: not a token id in [0, %d)", key, n));
     *dst = static_cast<int32_t>(*u);
     return absl::OkStatus();
   };
@@ -749,9 +750,9 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromHfJsonUnchecked(std::s
       const Json &a = j["added_tokens"][k];
       if (!a.is_object() || !a.contains("id") || !a["id"].is_number_integer() || !a.contains("content") ||
           !a["content"].is_string())
-        return Meta(absl::StrFormat("tokenizer.json: added_tokens[%d]: needs an integer id and a content string", k));
+        return Meta(strata::StrFormat("tokenizer.json: added_tokens[%d]: needs an integer id and a content string", k));
       int64_t id = a["id"].get<int64_t>();
-      if (id < 0 || id >= (int64_t{1} << 31) - 1) return Meta(absl::StrFormat("tokenizer.json: added_tokens[%d]: id out of range", k));
+      if (id < 0 || id >= (int64_t{1} << 31) - 1) return Meta(strata::StrFormat("tokenizer.json: added_tokens[%d]: id out of range", k));
       added.push_back({id, a["content"].get<std::string>(), a.value("special", false)});
       max_id = std::max(max_id, id);
     }
@@ -763,7 +764,7 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromHfJsonUnchecked(std::s
   t->attrs_.assign(static_cast<size_t>(max_id + 1), TokenAttr::kUnused);
   std::vector<bool> seen(static_cast<size_t>(max_id + 1), false);
   for (auto &[id, s] : entries) {
-    if (seen[id]) return Meta(absl::StrFormat("tokenizer.json: model.vocab: id %d is used twice", id));
+    if (seen[id]) return Meta(strata::StrFormat("tokenizer.json: model.vocab: id %d is used twice", id));
     seen[id] = true;
     t->tokens_[id] = s;
     t->attrs_[id] = TokenAttr::kNormal;
@@ -771,7 +772,7 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromHfJsonUnchecked(std::s
   std::string unk = m.contains("unk_token") && m["unk_token"].is_string() ? m["unk_token"].get<std::string>() : "";
   for (const Added &a : added) {
     if (seen[a.id] && t->tokens_[a.id] != a.content)
-      return Meta(absl::StrFormat("tokenizer.json: added_tokens: id %d is '%s' in model.vocab", a.id, t->tokens_[a.id]));
+      return Meta(strata::StrFormat("tokenizer.json: added_tokens: id %d is '%s' in model.vocab", a.id, t->tokens_[a.id]));
     seen[a.id] = true;
     t->tokens_[a.id] = a.content;
     t->attrs_[a.id] = a.special ? (a.content == unk ? TokenAttr::kUnknown : TokenAttr::kControl) : TokenAttr::kUserDefined;
@@ -791,21 +792,21 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromHfJsonUnchecked(std::s
       if (ms[r].is_string()) {
         std::string s = ms[r].get<std::string>();
         size_t sp = s.find(' ', 1);
-        if (sp == std::string::npos) return Meta(absl::StrFormat("tokenizer.json: model.merges[%d]: '%s' is not 'left right'", r, s));
+        if (sp == std::string::npos) return Meta(strata::StrFormat("tokenizer.json: model.merges[%d]: '%s' is not 'left right'", r, s));
         a = s.substr(0, sp);
         b = s.substr(sp + 1);
       } else if (ms[r].is_array() && ms[r].size() == 2 && ms[r][0].is_string() && ms[r][1].is_string()) {
         a = ms[r][0].get<std::string>();
         b = ms[r][1].get<std::string>();
       } else {
-        return Meta(absl::StrFormat("tokenizer.json: model.merges[%d]: not a string or a pair of strings", r));
+        return Meta(strata::StrFormat("tokenizer.json: model.merges[%d]: not a string or a pair of strings", r));
       }
       auto ia = t->token_to_id_.find(a), ib = t->token_to_id_.find(b), ic = t->token_to_id_.find(a + b);
       const std::string *bad = ia == t->token_to_id_.end() ? &a : ib == t->token_to_id_.end() ? &b : nullptr;
       if (bad != nullptr)
-        return Meta(absl::StrFormat("tokenizer.json: model.merges[%d]: '%s %s' names unknown token '%s'", r, a, b, *bad));
+        return Meta(strata::StrFormat("tokenizer.json: model.merges[%d]: '%s %s' names unknown token '%s'", r, a, b, *bad));
       if (ic == t->token_to_id_.end())
-        return Meta(absl::StrFormat("tokenizer.json: model.merges[%d]: '%s %s' makes '%s', not in the vocabulary", r, a, b, a + b));
+        return Meta(strata::StrFormat("tokenizer.json: model.merges[%d]: '%s %s' makes '%s', not in the vocabulary", r, a, b, a + b));
       uint64_t key = (static_cast<uint64_t>(static_cast<uint32_t>(ia->second)) << 32) | static_cast<uint32_t>(ib->second);
       t->merges_.emplace(key, std::make_pair(static_cast<int32_t>(r), ic->second));
     }

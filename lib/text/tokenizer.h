@@ -12,9 +12,9 @@
 #include <string_view>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
+#include "lib/util/hash_containers.h"
 #include "lib/format/gguf.h"
 #include "lib/text/pretokenizer.h"
 #include "lib/util/status.h"
@@ -115,8 +115,8 @@ class Tokenizer {
   std::vector<std::string> pieces_;  // raw bytes (TokenToPiece)
   std::vector<TokenAttr> attrs_;
   std::vector<float> scores_;        // SentencePiece from GGUF: merge by score instead of rank
-  absl::flat_hash_map<std::string, int32_t> token_to_id_;
-  absl::flat_hash_map<uint64_t, std::pair<int32_t, int32_t>> merges_;  // (a<<32|b) -> (rank, merged)
+  HashMap<std::string, int32_t> token_to_id_;
+  HashMap<uint64_t, std::pair<int32_t, int32_t>> merges_;  // (a<<32|b) -> (rank, merged)
   int32_t byte_ids_[256];            // byte-level: byte's char token; SentencePiece: <0xXX> (or -1)
   bool merge_by_score_ = false;
   bool ignore_merges_ = false;       // a word already in the vocabulary is one token (Llama-3)
@@ -130,7 +130,7 @@ class Tokenizer {
   std::vector<int32_t> added_by_byte_[256];
 
   mutable absl::Mutex cache_mu_;
-  mutable absl::flat_hash_map<std::string, std::vector<int32_t>> cache_ ABSL_GUARDED_BY(cache_mu_);
+  mutable HashMap<std::string, std::vector<int32_t>> cache_ ABSL_GUARDED_BY(cache_mu_);
 };
 
 // Turns a stream of token ids into text a piece at a time, never returning an incomplete or

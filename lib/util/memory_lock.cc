@@ -1,5 +1,6 @@
 // LockInPieces: mlock piece by piece and, at a refusal, whether RLIMIT_MEMLOCK was the cause (a
 // finite soft limit, no CAP_IPC_LOCK to lift it, and the locked memory plus the piece past it).
+#include "lib/util/str_format.h"
 #include "lib/util/memory_lock.h"
 
 #include <errno.h>
@@ -80,7 +81,7 @@ void UnlockPrefix(void *p, uint64_t locked_bytes) {
 }
 
 std::string FormatBytes(uint64_t bytes) {
-  if (bytes < 1024) return absl::StrFormat("%u B", bytes);
+  if (bytes < 1024) return strata::StrFormat("%u B", bytes);
   const char *units[] = {"KiB", "MiB", "GiB", "TiB"};
   double v = static_cast<double>(bytes) / 1024;
   int u = 0;
@@ -88,7 +89,7 @@ std::string FormatBytes(uint64_t bytes) {
     v /= 1024;
     ++u;
   }
-  return absl::StrFormat("%.1f %s", v, units[u]);
+  return strata::StrFormat("%.1f %s", v, units[u]);
 }
 
 }  // namespace strata

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "include/strata/moe.h"
+#include "lib/util/str_format.h"
 
 namespace strata {
 
@@ -23,7 +24,7 @@ moe_status StatusToMoe(const absl::Status &st);
 
 template <typename... Args>
 absl::Status Errorf(moe_status code, const absl::FormatSpec<Args...> &fmt, const Args &...args) {
-  return MakeError(code, absl::StrFormat(fmt, args...));
+  return MakeError(code, strata::StrFormat(fmt, args...));
 }
 
 // Prefixes the message of a failed status with context ("reading tensor 'x': ..."), keeping the code.

@@ -2,6 +2,7 @@
 // caller and the workers claim chunks one at a time (a compare-and-swap on the generation and the
 // next chunk's number) until none is left, and the caller returns when every chunk is done. A
 // worker that is late (asleep, or off its core) claims nothing and holds nobody up.
+#include "lib/util/str_format.h"
 #include "lib/util/thread_pool.h"
 
 #include <algorithm>
@@ -28,7 +29,7 @@ ThreadPool::ThreadPool(int n_threads, int spin) : spin_(std::max(0, spin)), chun
   workers_.reserve(static_cast<size_t>(n_threads_ - 1));
   for (int i = 1; i < n_threads_; ++i) {
     absl::StatusOr<std::thread> t =
-        StartThread([this, i] { WorkerLoop(i); }, absl::StrFormat("compute thread %d of %d", i + 1, n_threads_));
+        StartThread([this, i] { WorkerLoop(i); }, strata::StrFormat("compute thread %d of %d", i + 1, n_threads_));
     if (!t.ok()) {
       // The started workers wait for calls that will not come: stop them before anyone relies on
       // the pool, which from here on runs every call on the caller alone.

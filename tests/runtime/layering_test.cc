@@ -1,6 +1,7 @@
 // The library's layering: nothing under lib/ includes a backend header. Backends are chosen and
 // made through backends/registry.h alone, which the library reaches only through lib/model's
-// neutral request and the registry's functions, so lib/ builds the same with or without CUDA.
+// neutral request and the registry's functions, so lib/ builds the same with or without CUDA. And
+// no Abseil hash table is used under lib/ or backends/ (lib/util/hash_containers.h says why).
 #include <catch2/catch.hpp>
 
 #include <filesystem>
@@ -37,7 +38,70 @@ std::vector<std::string> BackendIncludes(const fs::path &root) {
   return found;
 }
 
+// Every include of an Abseil hash or B-tree container under `root`, as "path:line".
+std::vector<std::string> AbseilTableIncludes(const fs::path &root) {
+  std::vector<std::string> found;
+  for (const fs::directory_entry &e : fs::recursive_directory_iterator(root)) {
+    if (!e.is_regular_file()) continue;
+    const std::string ext = e.path().extension().string();
+    if (ext != ".h" && ext != ".cc" && ext != ".cu" && ext != ".cuh") continue;
+    std::ifstream f(e.path());
+    std::string line;
+    for (int n = 1; std::getline(f, line); ++n) {
+      for (const char *bad : {"absl/container/flat_hash_", "absl/container/node_hash_", "absl/container/btree_"}) {
+        if (line.find("#include") != std::string::npos && line.find(bad) != std::string::npos) {
+          found.push_back(fs::relative(e.path(), root).string() + ":" + std::to_string(n));
+        }
+      }
+    }
+  }
+  return found;
+}
+
 }  // namespace
+
+TEST_CASE("no Abseil hash table in the library: an allocation failure must unwind cleanly", "[runtime][layering]") {
+  for (const char *dir : {"lib", "backends"}) {
+    const fs::path root = fs::path(STRATA_SOURCE_DIR) / dir;
+    REQUIRE(fs::is_directory(root));
+    const std::vector<std::string> found = AbseilTableIncludes(root);
+    std::string list;
+    for (const std::string &f : found) list += " " + f;
+    INFO("Abseil tables under " << dir << "/ (use strata::HashMap / HashSet, lib/util/hash_containers.h):" << list);
+    CHECK(found.empty());
+  }
+  // The check sees one.
+  const fs::path tmp = fs::temp_directory_path() / ("strata_tables_" + std::to_string(::getpid()));
+  fs::create_directories(tmp);
+  std::ofstream(tmp / "x.h") << "#pragma once\n#include \"absl/container/flat_hash_map.h\"\n";
+  const std::vector<std::string> seen = AbseilTableIncludes(tmp);
+  fs::remove_all(tmp);
+  REQUIRE(seen.size() == 1);
+  CHECK(seen[0] == "x.h:2");
+}
+
+TEST_CASE("the library formats through strata::StrFormat, whose allocation failures unwind", "[runtime][layering]") {
+  // absl::StrFormat flushes from a destructor: a std::bad_alloc there terminates (lib/util/str_format.h).
+  for (const char *dir : {"lib", "backends"}) {
+    std::vector<std::string> found;
+    for (const fs::directory_entry &e : fs::recursive_directory_iterator(fs::path(STRATA_SOURCE_DIR) / dir)) {
+      if (!e.is_regular_file() || e.path().filename() == "str_format.h") continue;
+      const std::string ext = e.path().extension().string();
+      if (ext != ".h" && ext != ".cc" && ext != ".cu" && ext != ".cuh") continue;
+      std::ifstream f(e.path());
+      std::string line;
+      for (int n = 1; std::getline(f, line); ++n) {
+        for (const char *bad : {"absl::StrFormat(", "absl::StrAppendFormat(", "absl::Format("}) {
+          if (line.find(bad) != std::string::npos) found.push_back(e.path().string() + ":" + std::to_string(n));
+        }
+      }
+    }
+    std::string list;
+    for (const std::string &f : found) list += " " + f;
+    INFO("absl formatting under " << dir << "/ (use strata::StrFormat):" << list);
+    CHECK(found.empty());
+  }
+}
 
 TEST_CASE("nothing in lib/ includes a backend header", "[runtime][layering]") {
   const fs::path lib = fs::path(STRATA_SOURCE_DIR) / "lib";
