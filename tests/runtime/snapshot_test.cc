@@ -526,3 +526,33 @@ TEST_CASE("snapshot: crafted contents with a valid checksum are refused or loade
   CHECK(loaded > 0);  // e.g. another sampling temperature or another history token
   moe_ctx_close(ctx);
 }
+
+TEST_CASE("snapshot: a session saved before its first step loads and continues as the unsaved one", "[snapshot]") {
+  // No processed token means no KV rows: the load must not touch row memory (UBSan once caught a
+  // null memcpy of zero rows here).
+  moe_ctx *ctx = Open();
+  std::mt19937 rng(std::random_device{}());
+  const std::vector<int32_t> prompt = {static_cast<int32_t>(rng() % kVocab), static_cast<int32_t>(rng() % kVocab)};
+  moe_session_params sp = SamplingParams();
+  moe_session *s = nullptr;
+  REQUIRE(moe_session_open(ctx, &sp, &s) == MOE_OK);
+  REQUIRE(moe_session_feed(s, prompt.data(), prompt.size()) == MOE_OK);  // queued, not yet run
+  const std::string path = TempPath("unstepped.snap");
+  REQUIRE(moe_session_save(s, path.c_str()) == MOE_OK);
+  moe_session_close(s);
+  std::vector<int32_t> ta, tb;
+  std::vector<float> la, lb;
+  moe_session *loaded = nullptr;
+  REQUIRE(moe_session_load(ctx, path.c_str(), nullptr, &loaded) == MOE_OK);
+  CHECK(moe_session_n_past(loaded) == 0);
+  Generate(ctx, loaded, 3, &ta, &la);
+  moe_session_close(loaded);
+  moe_session *fresh = nullptr;
+  REQUIRE(moe_session_open(ctx, &sp, &fresh) == MOE_OK);
+  REQUIRE(moe_session_feed(fresh, prompt.data(), prompt.size()) == MOE_OK);
+  Generate(ctx, fresh, 3, &tb, &lb);
+  moe_session_close(fresh);
+  CHECK(ta == tb);
+  CHECK(la == lb);
+  moe_ctx_close(ctx);
+}

@@ -29,10 +29,25 @@ inline uint64_t LockedBytesNow() {
   return 0;
 }
 
+// ASan and TSan replace mlock(2) by a call that locks nothing and succeeds, so no limit binds there.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+inline constexpr bool kMlockIsReal = false;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+inline constexpr bool kMlockIsReal = false;
+#else
+inline constexpr bool kMlockIsReal = true;
+#endif
+#else
+inline constexpr bool kMlockIsReal = true;
+#endif
+
 class MemlockLimit {
  public:
-  // Lets the process lock `extra` bytes past what it has locked now.
+  // Lets the process lock `extra` bytes past what it has locked now. Never active where mlock(2) is
+  // not real (a sanitizer build).
   explicit MemlockLimit(uint64_t extra) {
+    if (!kMlockIsReal) return;
     if (getrlimit(RLIMIT_MEMLOCK, &saved_) != 0) return;
     if (syscall(SYS_capget, &hdr_, caps_) != 0) return;
     const uint32_t bit = 1u << (CAP_IPC_LOCK % 32);
@@ -61,7 +76,8 @@ class MemlockLimit {
   MemlockLimit(const MemlockLimit &) = delete;
   MemlockLimit &operator=(const MemlockLimit &) = delete;
 
-  // Whether the lowered limit is in force (false: the host refused to lower it or drop the capability).
+  // Whether the lowered limit is in force (false: the host refused to lower it or drop the
+  // capability, or mlock is a sanitizer's no-op).
   bool active() const { return active_; }
   uint64_t limit() const { return limit_; }
 
