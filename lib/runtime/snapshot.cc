@@ -516,8 +516,7 @@ absl::StatusOr<Session *> Context::LoadSessionBytes(const uint8_t *data, uint64_
                                "fine-tune or another quantization?); weights digest %016x, this model's %016x",
                                weights_digest, weights_digest_));
   }
-  // Sections.
-  Reader body(data + kSnapshotHeaderBytes, size - kSnapshotHeaderBytes - 4, "body");
+  // Sections. Their readers' messages name the field; the snapshot is named once, here.
   SessionOptions o;
   int32_t n_past = -1, n_rows = 0;
   uint64_t rng[4] = {0, 0, 0, 0};
@@ -525,50 +524,54 @@ absl::StatusOr<Session *> Context::LoadSessionBytes(const uint8_t *data, uint64_
   std::vector<float> logits;
   const uint8_t *kv = nullptr;
   uint64_t kv_len = 0;
-  uint32_t seen = 0;
-  for (uint32_t i = 0; i < n_sections; ++i) {
-    uint32_t tag = 0, zero = 0;
-    uint64_t len = 0;
-    STRATA_RETURN_IF_ERROR(body.Get(&tag, "section tag"));
-    STRATA_RETURN_IF_ERROR(body.Get(&zero, "section tag"));
-    STRATA_RETURN_IF_ERROR(body.Get(&len, "section length"));
-    if (len > body.left()) {
-      return err(MOE_ERR_FORMAT_METADATA, strata::StrFormat("section %u claims %u bytes; %u remain", i, len, body.left()));
+  const absl::Status sections = [&]() -> absl::Status {
+    Reader body(data + kSnapshotHeaderBytes, size - kSnapshotHeaderBytes - 4, "body");
+    uint32_t seen = 0;
+    for (uint32_t i = 0; i < n_sections; ++i) {
+      uint32_t tag = 0, zero = 0;
+      uint64_t len = 0;
+      STRATA_RETURN_IF_ERROR(body.Get(&tag, "section tag"));
+      STRATA_RETURN_IF_ERROR(body.Get(&zero, "section tag"));
+      STRATA_RETURN_IF_ERROR(body.Get(&len, "section length"));
+      if (len > body.left()) {
+        return Errorf(MOE_ERR_FORMAT_METADATA, "section %u claims %u bytes; %u remain", i, len, body.left());
+      }
+      Reader r(body.here(), len, std::string(reinterpret_cast<const char *>(&tag), 4));
+      uint32_t bit = 0;
+      if (tag == kTagOptions) {
+        STRATA_RETURN_IF_ERROR(GetOptions(r, head.version, &o));
+        bit = 1;
+      } else if (tag == kTagState) {
+        STRATA_RETURN_IF_ERROR(r.Get(&n_past, "n_past"));
+        STRATA_RETURN_IF_ERROR(r.Get(&n_rows, "logit rows"));
+        STRATA_RETURN_IF_ERROR(r.Get(&rng, "generator state"));
+        STRATA_RETURN_IF_ERROR(r.Done());
+        bit = 2;
+      } else if (tag == kTagHistory) {
+        STRATA_RETURN_IF_ERROR(r.GetVec(&history, "token history", len / 4));
+        STRATA_RETURN_IF_ERROR(r.Done());
+        bit = 4;
+      } else if (tag == kTagPending) {
+        STRATA_RETURN_IF_ERROR(r.GetVec(&pending, "pending input", len / 4));
+        STRATA_RETURN_IF_ERROR(r.Done());
+        bit = 8;
+      } else if (tag == kTagLogits) {
+        STRATA_RETURN_IF_ERROR(r.GetVec(&logits, "logits", len / 4));
+        STRATA_RETURN_IF_ERROR(r.Done());
+        bit = 16;
+      } else if (tag == kTagKv) {
+        kv = body.here();
+        kv_len = len;
+        bit = 32;
+      }  // an unknown section (a later minor addition) is skipped
+      if (seen & bit) return Errorf(MOE_ERR_FORMAT_METADATA, "section %u repeats an earlier one", i);
+      seen |= bit;
+      body = Reader(body.here() + len, body.left() - len, "body");
     }
-    Reader r(body.here(), len, std::string(reinterpret_cast<const char *>(&tag), 4));
-    uint32_t bit = 0;
-    if (tag == kTagOptions) {
-      STRATA_RETURN_IF_ERROR(GetOptions(r, head.version, &o));
-      bit = 1;
-    } else if (tag == kTagState) {
-      STRATA_RETURN_IF_ERROR(r.Get(&n_past, "n_past"));
-      STRATA_RETURN_IF_ERROR(r.Get(&n_rows, "logit rows"));
-      STRATA_RETURN_IF_ERROR(r.Get(&rng, "generator state"));
-      STRATA_RETURN_IF_ERROR(r.Done());
-      bit = 2;
-    } else if (tag == kTagHistory) {
-      STRATA_RETURN_IF_ERROR(r.GetVec(&history, "token history", len / 4));
-      STRATA_RETURN_IF_ERROR(r.Done());
-      bit = 4;
-    } else if (tag == kTagPending) {
-      STRATA_RETURN_IF_ERROR(r.GetVec(&pending, "pending input", len / 4));
-      STRATA_RETURN_IF_ERROR(r.Done());
-      bit = 8;
-    } else if (tag == kTagLogits) {
-      STRATA_RETURN_IF_ERROR(r.GetVec(&logits, "logits", len / 4));
-      STRATA_RETURN_IF_ERROR(r.Done());
-      bit = 16;
-    } else if (tag == kTagKv) {
-      kv = body.here();
-      kv_len = len;
-      bit = 32;
-    }  // an unknown section (a later minor addition) is skipped
-    if (seen & bit) return err(MOE_ERR_FORMAT_METADATA, strata::StrFormat("section %u repeats an earlier one", i));
-    seen |= bit;
-    body = Reader(body.here() + len, body.left() - len, "body");
-  }
-  if (seen != 63) return err(MOE_ERR_FORMAT_METADATA, "a required section is missing");
-  STRATA_RETURN_IF_ERROR(body.Done());
+    if (seen != 63) return Errorf(MOE_ERR_FORMAT_METADATA, "a required section is missing");
+    return body.Done();
+  }();
+  if (!sections.ok()) return Annotate(sections, strata::StrFormat("session snapshot '%s'", path));
   // The state must be one a session could have reached.
   if (override_opts != nullptr) o = *override_opts;
   const model::KvCache::Widths w = model::KvCache::WidthsFor(hp_);

@@ -519,6 +519,7 @@ TEST_CASE("snapshot: crafted contents with a valid checksum are refused or loade
         ++refused;
         const moe_status cat = MOE_STATUS_CATEGORY(st);
         REQUIRE((cat == MOE_ERR_FORMAT || cat == MOE_ERR_UNSUPPORTED || cat == MOE_ERR_LIMIT));
+        REQUIRE(std::string(moe_last_error()).find("crafted.snap") != std::string::npos);  // names the file
       }
     }
   }
