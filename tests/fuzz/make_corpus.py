@@ -1,12 +1,27 @@
 #!/usr/bin/env python3
-"""Writes the seed corpus of the format fuzz targets: small valid GGUF and safetensors files and a
-few malformed ones, each under 4 KiB, built here byte by byte (no third-party files).
-Usage: tests/fuzz/make_corpus.py   (rewrites tests/fuzz/corpus/{gguf,safetensors}/)"""
+"""Writes the seed corpora of the fuzz targets (tests/fuzz/corpus/<target>/).
+
+gguf, safetensors: small valid files and a few malformed ones, each under 4 KiB, built here byte by
+byte. The other targets start from the project's own real files, plus a few hand-made edge cases:
+  hf_config      the golden checkpoints' config.json files (tests/golden/*/hf)
+  tokenizer      each tokenizer fixture's tokenizer.json, NUL, tokenizer_config.json, NUL, a text
+  chat_template  a selector byte, then NUL-separated: each template's Jinja source (its fixture), then
+                 role / content pairs of a fixture conversation and of the injection cases
+  hotlist        two bytes (the demo model's layers - 1 and experts - 1), then its hotlist
+  snapshot       sessions of the demo model saved by the CLI (needs --strata PATH/TO/strata; without
+                 it the snapshot corpus is left as it is)
+Usage: tests/fuzz/make_corpus.py [--strata build/examples/strata]"""
+import glob
 import json
 import os
 import struct
+import subprocess
+import sys
+import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+DEMO = os.path.join(ROOT, "examples", "models", "austen-moe-q4_k.gguf")
 
 # GGUF value types and ggml tensor types used below.
 U8, I8, U16, I16, U32, I32, F32, BOOL, STR, ARR, U64, I64, F64 = range(13)
@@ -125,17 +140,117 @@ def safetensors_corpus():
     yield "header_past_end", struct.pack("<Q", 1000) + b"{}"
 
 
+def read(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def hf_config_corpus():
+    for path in sorted(glob.glob(os.path.join(ROOT, "tests", "golden", "*", "hf", "config.json"))):
+        yield path.split(os.sep)[-3], read(path)
+    base = json.loads(read(os.path.join(ROOT, "tests", "golden", "qwen3moe_f32", "hf", "config.json")))
+    def variant(**changes):
+        c = dict(base)
+        c.update(changes)
+        return json.dumps(c).encode()
+    yield "huge_layers", variant(num_hidden_layers=1 << 40)
+    yield "negative_heads", variant(num_attention_heads=-8)
+    yield "float_experts", variant(num_experts=8.5)
+    yield "string_theta", variant(rope_theta="1e4")
+    yield "yarn_absurd", variant(rope_scaling={"rope_type": "yarn", "factor": 1e308})
+    yield "nested_deep", b'{"model_type":' + b"[" * 200 + b"]" * 200 + b"}"
+    yield "not_object", b"[1, 2, 3]"
+    yield "duplicate_keys", b'{"model_type": "qwen3_moe", "model_type": "mixtral"}'
+
+
+def tokenizer_corpus():
+    probe = "Hello, world! <|im_end|> caf\u00e9 \u4f60\u597d \U0001F642\n\t  x".encode()
+    for d in sorted(glob.glob(os.path.join(ROOT, "tests", "text", "fixtures", "*", "tokenizer.json"))):
+        d = os.path.dirname(d)
+        cfg = os.path.join(d, "tokenizer_config.json")
+        yield os.path.basename(d), read(os.path.join(d, "tokenizer.json")) + b"\0" + (
+            read(cfg) if os.path.exists(cfg) else b"") + b"\0" + probe
+    small = {"model": {"type": "BPE", "vocab": {"a": 0, "b": 1, "ab": 2}, "merges": ["a b"]},
+             "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "use_regex": True}}
+    yield "small_bpe", json.dumps(small).encode() + b"\0\0ab ba"
+    yield "small_bpe_config", json.dumps(small).encode() + b'\0{"bos_token": "a", "add_bos_token": true}\0ab'
+    yield "wordpiece", b'{"model":{"type":"WordPiece","vocab":{"a":0}}}'
+    yield "vocab_not_int", b'{"model":{"type":"BPE","vocab":{"a":"zero"}},"pre_tokenizer":{"type":"ByteLevel"}}'
+
+
+def chat_template_corpus():
+    fx = json.loads(read(os.path.join(ROOT, "tests", "text", "fixtures", "templates", "expected.json")))
+    inj = json.loads(read(os.path.join(ROOT, "tests", "text", "fixtures", "templates", "injection.json")))
+    names = list(fx["templates"].keys())
+    def entry(selector, jinja, messages, add_generation_prompt):
+        out = bytes([selector | (0x80 if add_generation_prompt else 0)]) + jinja.encode()
+        for m in messages:
+            out += b"\0" + m["role"].encode() + b"\0" + m["content"].encode()
+        return out
+    seen = set()
+    for case in fx["cases"]:
+        name = case["template"]
+        if name in seen:
+            continue
+        seen.add(name)
+        yield "fixture_" + name, entry(names.index(name), fx["templates"][name]["jinja"], case["messages"],
+                                        case["add_generation_prompt"])
+    for k, case in enumerate(inj["cases"][:6]):
+        yield "injection_%d" % k, entry(names.index(case["template"]) if case["template"] in names else 0, "",
+                                        case["messages"], case["add_generation_prompt"])
+    for k, (label, jinja) in enumerate(sorted(fx["unrecognised"].items())[:3]):
+        yield "unrecognised_%d" % k, entry(k, jinja, [{"role": "user", "content": "hi"}], True)
+    yield "bad_role", entry(0, "", [{"role": "tool", "content": "x"}], False)
+
+
+def hotlist_corpus():
+    # The demo model: 4 layers, 16 experts.
+    text = read(os.path.join(ROOT, "examples", "models", "austen-moe.hotlist"))
+    yield "demo", bytes([3, 15]) + text
+    yield "out_of_range", bytes([3, 15]) + b"4 0 10\n"
+    yield "twice", bytes([3, 15]) + b"1 2 3\n1 2 9\n"
+    yield "signs_and_junk", bytes([3, 15]) + b"+1 2 3\n-1 2 3\n1 2\n1 2 3 4\n# only a comment\n\n"
+
+
+def snapshot_corpus(strata):
+    """Sessions of the demo model saved by the CLI: none processed yet, a few tokens, a prompt."""
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, args in (("queued_only", ["--tokens", "7", "-n", "0"]),
+                           ("three_tokens", ["--tokens", "7,8,9", "-n", "1"]),
+                           ("prompt", ["--prompt", "It is a truth", "-n", "2"])):
+            path = os.path.join(tmp, name)
+            subprocess.run([strata, "run", "--model", DEMO, "--temp", "0", "--save-session", path] + args,
+                           check=True, stdout=subprocess.DEVNULL)
+            yield name, read(path)
+
+
+def write_corpus(kind, items, ext):
+    d = os.path.join(HERE, "corpus", kind)
+    os.makedirs(d, exist_ok=True)
+    for f in os.listdir(d):
+        os.remove(os.path.join(d, f))
+    for name, data in items:
+        with open(os.path.join(d, name + ext), "wb") as f:
+            f.write(data)
+
+
 def main():
+    strata = None
+    if len(sys.argv) == 3 and sys.argv[1] == "--strata":
+        strata = sys.argv[2]
+    elif len(sys.argv) != 1:
+        sys.exit(__doc__)
     for kind, gen in (("gguf", gguf_corpus), ("safetensors", safetensors_corpus)):
-        d = os.path.join(HERE, "corpus", kind)
-        os.makedirs(d, exist_ok=True)
-        for f in os.listdir(d):
-            os.remove(os.path.join(d, f))
-        for name, data in gen():
+        items = list(gen())
+        for name, data in items:
             assert len(data) < 4096, (name, len(data))
-            with open(os.path.join(d, name + ("." + kind if kind == "gguf" else ".safetensors")),
-                      "wb") as f:
-                f.write(data)
+        write_corpus(kind, items, "." + kind)
+    write_corpus("hf_config", hf_config_corpus(), ".json")
+    write_corpus("tokenizer", tokenizer_corpus(), "")
+    write_corpus("chat_template", chat_template_corpus(), "")
+    write_corpus("hotlist", hotlist_corpus(), "")
+    if strata is not None:
+        write_corpus("snapshot", list(snapshot_corpus(strata)), ".session")
 
 
 if __name__ == "__main__":
