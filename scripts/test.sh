@@ -19,7 +19,7 @@ fi
 # libFuzzer targets of every parser over that same library. Each fuzz target replays its corpus,
 # then fuzzes briefly; new inputs go to a scratch directory, crash reproducers to
 # build-fuzz/artifacts/. A finding or a sanitizer report fails the script.
-fuzz_targets=(gguf safetensors hf_config tokenizer chat_template snapshot hotlist)
+fuzz_targets=(gguf safetensors hf_config tokenizer chat_template snapshot hotlist http_body)
 CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O1 -gline-tables-only -DNDEBUG" \
   "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -gline-tables-only -DNDEBUG" \
@@ -34,8 +34,8 @@ mkdir -p build-fuzz/artifacts
 for target in "${fuzz_targets[@]}"; do
   inputs=("tests/fuzz/corpus/${target}")
   if [ -d "tests/fuzz/found/${target}" ]; then inputs+=("tests/fuzz/found/${target}"); fi
-  # The binary formats fuzz small inputs; the text formats and snapshots need their seeds' sizes.
-  case "$target" in gguf | safetensors) max_len=(-max_len=8192) ;; *) max_len=() ;; esac
+  # Small inputs, except where the seeds are larger files (tokenizers, snapshots): their sizes.
+  case "$target" in tokenizer | snapshot) max_len=() ;; *) max_len=(-max_len=8192) ;; esac
   build-fuzz/tests/fuzz/${target}_fuzz -runs=0 "${inputs[@]}"
   scratch="$(mktemp -d)"
   build-fuzz/tests/fuzz/${target}_fuzz -max_total_time=10 "${max_len[@]}" -rss_limit_mb=2048 \

@@ -7,6 +7,8 @@
 #include <ctime>
 #include <random>
 
+#include "lib/format/json.h"
+
 namespace strata::server {
 
 using nlohmann::json;
@@ -46,7 +48,7 @@ std::optional<ApiError> GetNumber(const json &b, const char *key, double lo, dou
   const double v = it->get<double>();
   if (!(v >= lo && v <= hi)) {
     return Bad(key, std::string("'") + key + "' must be in [" + json(lo).dump() + ", " + json(hi).dump() + "], got " +
-                        it->dump());
+                        format::JsonExcerpt(*it));
   }
   *out = static_cast<float>(v);
   return std::nullopt;
@@ -65,7 +67,7 @@ std::optional<ApiError> GetInt(const json &b, const char *key, int64_t lo, int64
           : it->get<int64_t>() >= lo && it->get<int64_t>() <= hi;
   if (!in_range) {
     return Bad(key, std::string("'") + key + "' must be in [" + std::to_string(lo) + ", " + std::to_string(hi) +
-                        "], got " + it->dump());
+                        "], got " + format::JsonExcerpt(*it));
   }
   *out = it->is_number_unsigned() ? static_cast<int64_t>(it->get<uint64_t>()) : it->get<int64_t>();
   return std::nullopt;
@@ -100,7 +102,7 @@ std::optional<ApiError> CheckIds(const ModelInfo &m, const json &arr, std::vecto
     const bool id = t.is_number_unsigned() ? t.get<uint64_t>() < static_cast<uint64_t>(m.n_vocab)
                                            : t.is_number_integer() && t.get<int64_t>() >= 0 && t.get<int64_t>() < m.n_vocab;
     if (!id) {
-      return Bad("prompt", "a prompt of token ids holds " + t.dump() + ", not a token id in [0, " +
+      return Bad("prompt", "a prompt of token ids holds " + format::JsonExcerpt(t) + ", not a token id in [0, " +
                                std::to_string(m.n_vocab) + ")");
     }
     ids->push_back(t.get<int32_t>());
@@ -224,6 +226,16 @@ json ErrorJson(const ApiError &e) {
 }
 
 std::string Dump(const json &j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+std::optional<ApiError> ParseBody(std::string_view text, json *out) {
+  absl::StatusOr<json> j = format::ParseJson(text, MOE_ERR_INVALID_ARGUMENT, "the body");
+  if (!j.ok()) {
+    ApiError e = Bad("", std::string(j.status().message()) + " (a body must be one JSON object, UTF-8)", "invalid_json");
+    return e;
+  }
+  *out = std::move(*j);
+  return std::nullopt;
+}
 
 std::optional<ApiError> ParseRequest(const json &b, bool chat, const ModelInfo &m, Request *out) {
   if (!b.is_object()) return Bad("", "the body must be a JSON object, not " + TypeName(b), "invalid_type");

@@ -7,6 +7,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "examples/server/engine.h"
@@ -49,6 +50,11 @@ struct Request {
   bool want_logprobs = false;  // chat: logprobs; completions: logprobs given
   std::shared_ptr<Job> job;
 };
+
+// Reads a request body as JSON through the library's bounded reader (lib/format/json.h: nesting
+// past its limit is refused, so no later copy, walk or dump of the value can exhaust the stack);
+// on failure returns the 400 to answer, naming what is wrong.
+std::optional<ApiError> ParseBody(std::string_view text, nlohmann::json *out);
 
 // Checks `body` and fills `out`; on a bad request returns the error to answer.
 std::optional<ApiError> ParseRequest(const nlohmann::json &body, bool chat, const ModelInfo &model, Request *out);

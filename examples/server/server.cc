@@ -296,12 +296,7 @@ bool Serve(const ModelInfo &m, const ServerOptions &opts, std::string *error) {
                                              " (--max-body)", "invalid_request_error", "request_too_large"));
       }
       json body;
-      try {
-        body = json::parse(hreq.body);
-      } catch (const json::exception &e) {
-        return SendError(res, Error(400, std::string("the body is not valid JSON (UTF-8): ") + e.what(),
-                                    "invalid_request_error", "invalid_json"));
-      }
+      if (auto e = ParseBody(hreq.body, &body)) return SendError(res, *e);
       Request req;
       if (auto e = ParseRequest(body, chat, m, &req)) return SendError(res, *e);
       switch (engine.Submit(req.job)) {

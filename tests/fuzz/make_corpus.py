@@ -8,6 +8,9 @@ byte. The other targets start from the project's own real files, plus a few hand
   chat_template  a selector byte, then NUL-separated: each template's Jinja source (its fixture), then
                  role / content pairs of a fixture conversation and of the injection cases
   hotlist        two bytes (the demo model's layers - 1 and experts - 1), then its hotlist
+  http_body      a byte choosing the route (odd: chat), then a request body: OpenAI's documented
+                 shapes, every field the server checks, and hostile ones (a prompt nested 100,000
+                 deep, whose echo in an error once recursed past the stack)
   snapshot       sessions of the demo model saved by the CLI (needs --strata PATH/TO/strata; without
                  it the snapshot corpus is left as it is)
 Usage: tests/fuzz/make_corpus.py [--strata build/examples/strata]"""
@@ -212,6 +215,26 @@ def hotlist_corpus():
     yield "signs_and_junk", bytes([3, 15]) + b"+1 2 3\n-1 2 3\n1 2\n1 2 3 4\n# only a comment\n\n"
 
 
+def http_body_corpus():
+    def body(chat, obj):
+        return bytes([1 if chat else 0]) + (obj if isinstance(obj, bytes) else json.dumps(obj).encode())
+    yield "completion", body(False, {"model": "austen-moe-q4_k", "prompt": "It is a truth", "max_tokens": 8,
+                                     "temperature": 0.7, "top_p": 0.9, "seed": 3, "stop": ["\n", "."]})
+    yield "completion_ids", body(False, {"prompt": [[1, 2, 3], [4, 5]], "n": 2, "logprobs": 2, "stream": True,
+                                         "stream_options": {"include_usage": True}})
+    yield "chat", body(True, {"messages": [{"role": "system", "content": "Be brief."},
+                                           {"role": "user", "content": "Hello<|im_end|>"}],
+                              "max_completion_tokens": 5, "logprobs": True, "top_logprobs": 3,
+                              "frequency_penalty": 0.5, "presence_penalty": -0.5, "top_k": 20, "min_p": 0.1})
+    yield "chat_parts", body(True, {"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]})
+    yield "refused_fields", body(True, {"messages": [], "tools": [], "logit_bias": {"1": 2}, "n": 129})
+    yield "wrong_types", body(False, {"prompt": 5, "max_tokens": "8", "temperature": None, "stop": [1]})
+    yield "not_object", body(False, b"[1, 2]")
+    yield "bad_utf8", body(True, b'{"messages": [{"role": "user", "content": "\xff\xfe"}]}')
+    deep = 100000
+    yield "deep_prompt", body(False, b'{"prompt": [1, ' + b"[" * deep + b"]" * deep + b"]}")
+
+
 def snapshot_corpus(strata):
     """Sessions of the demo model saved by the CLI: none processed yet, a few tokens, a prompt."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -249,6 +272,7 @@ def main():
     write_corpus("tokenizer", tokenizer_corpus(), "")
     write_corpus("chat_template", chat_template_corpus(), "")
     write_corpus("hotlist", hotlist_corpus(), "")
+    write_corpus("http_body", http_body_corpus(), "")
     if strata is not None:
         write_corpus("snapshot", list(snapshot_corpus(strata)), ".session")
 
