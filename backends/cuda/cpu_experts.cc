@@ -31,14 +31,17 @@ absl::StatusOr<std::unique_ptr<CpuExperts>> CpuExperts::Create(const model::Mode
                                                                int64_t max_rows, int n_expert_max,
                                                                const uint8_t *arena, const uint8_t *arena_dev,
                                                                size_t arena_bytes, double link_bytes_s,
-                                                               double link_copy_s, cudaStream_t stream) {
+                                                               double link_copy_s, cudaStream_t stream,
+                                                               std::vector<model::ExpertWeights> calib) {
   if (max_rows <= 0 || n_expert_max <= 0 || arena == nullptr || arena_dev == nullptr) {
     return Errorf(MOE_ERR_INVALID_ARGUMENT, "CPU experts need selections, experts and a mapped host arena");
   }
   auto ce = std::unique_ptr<CpuExperts>(new CpuExperts());
   ce->w_ = &w;
   ce->mode_ = o.mode;
+  ce->arena_ = arena;
   ce->arena_dev_ = arena_dev;
+  ce->calib_ = std::move(calib);
   ce->arena_bytes_ = arena_bytes;
   ce->max_rows_ = max_rows;
   ce->n_expert_max_ = n_expert_max;
@@ -54,7 +57,8 @@ absl::StatusOr<std::unique_ptr<CpuExperts>> CpuExperts::Create(const model::Mode
   STRATA_ASSIGN_OR_RETURN(ce->box_, PinnedBuffer::Allocate(kBoxBytes, cudaHostAllocMapped));
   STRATA_ASSIGN_OR_RETURN(ce->sel_, PinnedBuffer::Allocate(max_rows * sizeof(int32_t), cudaHostAllocMapped));
   STRATA_ASSIGN_OR_RETURN(ce->h_, PinnedBuffer::Allocate(rows_bytes, cudaHostAllocMapped));
-  STRATA_ASSIGN_OR_RETURN(ce->tab_, PinnedBuffer::Allocate(n_expert_max * sizeof(void *), cudaHostAllocMapped));
+  STRATA_ASSIGN_OR_RETURN(ce->tab_, PinnedBuffer::Allocate(3 * n_expert_max * sizeof(void *), cudaHostAllocMapped));
+  ce->job_views_.resize(n_expert_max);
   STRATA_ASSIGN_OR_RETURN(ce->skip_, PinnedBuffer::Allocate(n_expert_max, cudaHostAllocMapped));
   STRATA_ASSIGN_OR_RETURN(ce->y_, PinnedBuffer::Allocate(rows_bytes, cudaHostAllocMapped));
   STRATA_ASSIGN_OR_RETURN(ce->counters_, DeviceBuffer::Allocate(32));
@@ -132,7 +136,8 @@ CpuExperts::~CpuExperts() {
 // cost and a rate; jobs of eight tokens give the per-token share.
 absl::Status CpuExperts::Calibrate() {
   std::vector<const model::ExpertWeights *> pick;
-  for (size_t l = 0; l < w_->layers.size(); ++l) {
+  for (const model::ExpertWeights &e : calib_) pick.push_back(&e);
+  for (size_t l = 0; l < w_->layers.size() && calib_.empty(); ++l) {
     const auto &ex = w_->layers[l].experts;
     for (size_t x = (l * 7) % std::max<size_t>(ex.size(), 1), n = 0; n < 3 && x < ex.size(); x += 5, ++n) {
       if (!ex[x].input_major) pick.push_back(&ex[x]);
@@ -275,7 +280,7 @@ model::PlacementRates CpuExperts::rates() const {
 }
 
 absl::Status CpuExperts::Start(int l, int64_t n_tok, int k, int n_expert, const int32_t *sel, const float *h,
-                               const void *const *gate_tab, uint8_t *skip_dev, cudaStream_t stream) {
+                               const GroupedExperts &tab, uint8_t *skip_dev, cudaStream_t stream) {
   if (l < 0 || l >= static_cast<int>(w_->layers.size()) || n_tok <= 0 || k <= 0 || n_tok * k > max_rows_ ||
       n_expert <= 0 || n_expert > n_expert_max_ || n_expert != static_cast<int>(w_->layers[l].experts.size())) {
     return Errorf(MOE_ERR_INVALID_ARGUMENT, "CPU experts: layer %d, %lld tokens of %d selections over %d experts", l,
@@ -286,7 +291,7 @@ absl::Status CpuExperts::Start(int l, int64_t n_tok, int k, int n_expert, const 
   c.k = k;
   c.n_expert = n_expert;
   c.n_tok = n_tok;
-  STRATA_RETURN_IF_ERROR(PostCpuCall(dev_box_, c, sel, h, n_embd_, gate_tab, stream));
+  STRATA_RETURN_IF_ERROR(PostCpuCall(dev_box_, c, sel, h, n_embd_, tab.gate, stream, tab.up, tab.down));
   return WaitCpuCall(dev_box_, 0, skip_dev_, skip_dev, n_expert, stream);
 }
 
@@ -315,12 +320,24 @@ bool CpuExperts::Decide(const CpuCall &c) {
   const model::ExpertGroups g = model::GroupByExpert(sel, c.n_tok, c.k, c.n_expert);
   const auto *tab = tab_.as<const uint8_t *>();
   const auto &experts = w_->layers[c.layer].experts;
+  auto in_arena = [&](const uint8_t *p, uint64_t bytes) {
+    return p >= arena_dev_ && p < arena_dev_ + arena_bytes_ && bytes <= static_cast<uint64_t>(arena_dev_ + arena_bytes_ - p);
+  };
   std::vector<model::ColdExpert> cold;
   for (size_t u = 0; u < g.used.size(); ++u) {
     const int x = g.used[u];
-    if (tab[x] < arena_dev_ || tab[x] >= arena_dev_ + arena_bytes_) continue;  // in VRAM
-    if (experts[x].input_major) continue;
-    cold.push_back({x, g.first[u + 1] - g.first[u], experts[x].nbytes()});
+    const model::ExpertWeights &e = experts[x];
+    const uint8_t *gate = tab[x], *up = tab[c.n_expert + x], *down = tab[2 * c.n_expert + x];
+    // In VRAM (or a part not where the arena's bytes are): the device's.
+    if (!in_arena(gate, e.gate.nbytes()) || !in_arena(up, e.up.nbytes()) || !in_arena(down, e.down.nbytes())) continue;
+    if (e.input_major) continue;
+    // The expert where the device reads it: the same bytes in host memory.
+    model::ExpertWeights &v = job_views_[x];
+    v = e;
+    v.gate.data = arena_ + (gate - arena_dev_);
+    v.up.data = arena_ + (up - arena_dev_);
+    v.down.data = arena_ + (down - arena_dev_);
+    cold.push_back({x, g.first[u + 1] - g.first[u], e.nbytes()});
   }
   std::vector<int> chosen;
   if (mode_ == CpuExpertMode::kAlways) {
@@ -340,7 +357,7 @@ bool CpuExperts::Decide(const CpuCall &c) {
     if (x != chosen[j]) continue;
     ++j;
     skip[x] = 1;
-    job_ew_[u] = &experts[x];
+    job_ew_[u] = &job_views_[x];
     for (int64_t row = g.first[u]; row < g.first[u + 1]; ++row) {
       std::memcpy(xg_.data() + row * n_embd_, h + static_cast<int64_t>(g.idx[row]) * n_embd_, n_embd_ * sizeof(float));
     }

@@ -54,17 +54,21 @@ class CpuExperts {
   // link_bytes_s / link_copy_s: the link's copy rate, and one expert's copy time beyond its bytes
   // (the link side's latency a layer is that plus the round trip; STRATA_CPU_EXPERTS_LINK_US=N
   // sets it instead, a measuring knob).
+  // `calib`: experts over the arena to calibrate on, where the model's own views hold no bytes (the
+  // tiers' RAM slab: its slots' experts change as they move); empty: the model's experts.
   static absl::StatusOr<std::unique_ptr<CpuExperts>> Create(const model::ModelWeights &w, const CpuExpertOptions &o,
                                                             int64_t max_rows, int n_expert_max,
                                                             const uint8_t *arena, const uint8_t *arena_dev,
                                                             size_t arena_bytes, double link_bytes_s,
-                                                            double link_copy_s, cudaStream_t stream);
+                                                            double link_copy_s, cudaStream_t stream,
+                                                            std::vector<model::ExpertWeights> calib = {});
   ~CpuExperts();
 
-  // Steps 1 and 2 above for layer l: sel (n_tok, k) and h (n_tok, n_embd) on the device, gate_tab
-  // the layer's device table of gate addresses; skip_dev (n_expert bytes, device) receives the flags.
+  // Steps 1 and 2 above for layer l: sel (n_tok, k) and h (n_tok, n_embd) on the device, tab the
+  // layer's device tables (gate, up and down addresses); skip_dev (n_expert bytes, device) receives
+  // the flags. An expert whose three parts lie in the arena is cold; the CPU reads it where they lie.
   absl::Status Start(int l, int64_t n_tok, int k, int n_expert, const int32_t *sel, const float *h,
-                     const void *const *gate_tab, uint8_t *skip_dev, cudaStream_t stream);
+                     const GroupedExperts &tab, uint8_t *skip_dev, cudaStream_t stream);
   // Step 3: after the grouped kernels, the CPU's rows into yg (plan and n_max of GroupByExpert).
   absl::Status Finish(const int32_t *plan, int n_max, const uint8_t *skip_dev, float *yg, cudaStream_t stream);
 
@@ -91,7 +95,7 @@ class CpuExperts {
   const model::ModelWeights *w_ = nullptr;
   CpuExpertMode mode_ = CpuExpertMode::kAuto;
   std::unique_ptr<cpu::CpuBackend> cpu_;
-  const uint8_t *arena_dev_ = nullptr;
+  const uint8_t *arena_ = nullptr, *arena_dev_ = nullptr;
   size_t arena_bytes_ = 0;
   int64_t max_rows_ = 0, n_embd_ = 0;
   int n_expert_max_ = 0;
@@ -106,6 +110,8 @@ class CpuExperts {
   std::vector<float> xg_;  // the CPU's grouped input rows
   // The job the worker runs: ExpertsFfn over the groups (null: the device's).
   std::vector<const model::ExpertWeights *> job_ew_;
+  std::vector<model::ExpertWeights> job_views_;  // the chosen experts' views over the arena
+  std::vector<model::ExpertWeights> calib_;      // Create's `calib`
   std::vector<int64_t> job_first_;
   double job_x_ = 0;  // its one-token-equivalent bytes (CpuCostFit)
   model::CpuCostFit fit_;  // the worker's (and Calibrate's) only

@@ -57,6 +57,7 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const model::Mo
   be->paths_alternate_ = std::max<int64_t>(0, knobs.cuda_paths_alternate);
   be->profiler_step_ = knobs.cuda_profiler_step;
   be->q8_ = q8_activations;
+  be->cpu_opts_ = cpu;
   be->promotion_margin_ = knobs.cuda_promotion_margin != 0;
   if (knobs.cuda_promotion_margin > 0) be->decode_margin_z_ = knobs.cuda_promotion_margin;
   be->prompt_promote_ = knobs.cuda_prompt_promote;
@@ -77,7 +78,10 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const model::Mo
   if (cpu.mode != CpuExpertMode::kOff && !be->slots_.empty() && be->arena_dev_ != nullptr && any_table) {
     int n_expert_max = 0;
     for (const LayerTable &t : be->tables_) n_expert_max = std::max(n_expert_max, t.ge.n_expert);
-    absl::Status st = be->StartCpuExperts(w, cpu, n_expert_max);
+    absl::Status st =
+        be->arena_registered_
+            ? be->StartCpuExperts(w, cpu, n_expert_max, be->host_arena_, be->arena_dev_, be->arena_bytes_)
+            : Errorf(MOE_ERR_UNSUPPORTED_BACKEND, "the weights' arena is not mapped for the device");
     // The path is an optimisation under auto: without it the GPU runs every miss, as with off.
     if (!st.ok() && cpu.mode == CpuExpertMode::kAlways) return Annotate(st, "setting up CPU experts");
     if (!st.ok()) {

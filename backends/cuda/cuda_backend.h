@@ -245,11 +245,17 @@ class CudaBackend final : public model::Backend {
   void HostTable(int l, int x);
   // Builds the per-layer device tables after adoption.
   absl::Status BuildTables(const model::ModelWeights &w);
-  // Measures the link and creates the CPU experts (hybrid placement) with their device flags.
-  absl::Status StartCpuExperts(const model::ModelWeights &w, const CpuExpertOptions &cpu, int n_expert_max);
-  // The link's rate: a copy from the page-locked arena into the slots, timed (bytes/s).
-  absl::StatusOr<double> MeasureLink();
-  absl::StatusOr<double> MeasureCopyLatency(double link_bytes_s);  // one slot's copy beyond its bytes
+  // Measures the link and creates the CPU experts (hybrid placement) with their device flags, over
+  // the mapped host range [host, host + bytes) at `dev` (the arena, or the RAM tier's slab); `calib`
+  // as CpuExperts::Create takes it.
+  absl::Status StartCpuExperts(const model::ModelWeights &w, const CpuExpertOptions &cpu, int n_expert_max,
+                               const uint8_t *host, const uint8_t *dev, size_t bytes,
+                               std::vector<model::ExpertWeights> calib = {});
+  // The link's rate: a copy of `bytes` from page-locked host memory into device memory, timed (bytes/s).
+  absl::StatusOr<double> MeasureLink(void *to, const uint8_t *from, size_t bytes);
+  // One expert's copy (`bytes`) beyond its bytes at the link's rate.
+  absl::StatusOr<double> MeasureCopyLatency(double link_bytes_s, void *to, const uint8_t *from, size_t bytes);
+  CpuExpertOptions cpu_opts_;  // Create's, for the tiers' tables (EnableExpertTables)
   // Between steps (the next has n_tok tokens): which layers take the hybrid path, and which have
   // their cold experts copied by the copy engines. Paths not recorded before run the next two
   // steps eagerly and record again, which costs more than a step, where a layer near a threshold
@@ -533,6 +539,12 @@ class CudaBackend final : public model::Backend {
   // With the tiers' tables the copy engines stage RAM's experts as for the backend's own tier,
   // copying from the mapped range at tier_copies_ (the RAM tier's slab; null: no copies).
   absl::Status EnableTierCopies(int n_expert_max);
+  // With the tiers' tables: the CPU's share of the experts RAM serves (CpuExperts over the slab),
+  // the selections coming back for each layer's count of them (UpdateTierLayer). Best effort.
+  absl::Status EnableTierCpuShare(int n_expert_max);
+  // Before a step with the tiers' tables: layer l's last selections update its average of experts
+  // served from RAM and of the CPU's saving on them, which UpdatePaths weighs.
+  absl::Status UpdateTierLayer(int l);
   const uint8_t *tier_copies_ = nullptr;
   uint64_t tables_bytes_ = 0;
   absl::Status SetUpColdCopies(int n_expert_max, const uint8_t *host, const uint8_t *dev, size_t bytes);

@@ -5,10 +5,12 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/cuda_backend_internal.h"
 #include "backends/cuda/cuda_status.h"
+#include "lib/model/placement.h"
 #include "lib/util/tunables.h"
 
 namespace strata::cuda {
@@ -119,7 +121,90 @@ bool CudaBackend::EnableExpertTables() {
     std::fprintf(stderr, "strata: the copy engines stay off for the tiers' tables: %s\n",
                  std::string(st.message()).c_str());
   }
+  // Best effort too: without it the device computes every expert.
+  if (absl::Status st = EnableTierCpuShare(n_expert_max); !st.ok()) {
+    if (cpu_opts_.mode == CpuExpertMode::kAlways) err_ = st;  // asked for: the steps say why they fail
+    std::fprintf(stderr, "strata: CPU experts off for the tiers' tables: %s\n", std::string(st.message()).c_str());
+    cpu_experts_.reset();
+    regime_.reset();
+  }
   return true;
+}
+
+absl::Status CudaBackend::EnableTierCpuShare(int n_expert_max) {
+  if (cpu_opts_.mode == CpuExpertMode::kOff || tier_copies_ == nullptr || n_expert_max <= 0) {
+    return absl::OkStatus();
+  }
+  const uint8_t *host = tier_copies_;
+  const Region &r = regions_.at(host);
+  // The calibration's experts: each table layer's shapes laid over the slab (what it holds now is
+  // no expert yet; the rate is the codecs' over bytes in RAM either way).
+  std::vector<model::ExpertWeights> calib;
+  uint64_t off = 0;
+  for (size_t l = 0; l < tables_.size(); ++l) {
+    if (!tables_[l].ok) continue;
+    const auto &ex = w_->layers[l].experts;
+    for (size_t x = (l * 7) % ex.size(), n = 0; n < 3 && x < ex.size(); x += 5, ++n) {
+      model::ExpertWeights e = ex[x];
+      const uint64_t g = Align(e.gate.nbytes()), u = Align(e.up.nbytes()), d = Align(e.down.nbytes());
+      if (g + u + d > r.bytes) break;
+      if (off + g + u + d > r.bytes) off = 0;
+      e.gate.data = host + off;
+      e.up.data = host + off + g;
+      e.down.data = host + off + g + u;
+      off += g + u + d;
+      calib.push_back(e);
+    }
+  }
+  if (calib.empty()) return Errorf(MOE_ERR_UNSUPPORTED_BACKEND, "the RAM tier's slab holds no expert");
+  STRATA_RETURN_IF_ERROR(
+      StartCpuExperts(*w_, cpu_opts_, n_expert_max, host, r.dev, r.bytes, std::move(calib)));
+  // The selections come back to the host for each layer's count of cold experts.
+  STRATA_ASSIGN_OR_RETURN(
+      hist_, PinnedBuffer::Allocate(tables_.size() * kDeviceRouteMaxRows * sizeof(int32_t), cudaHostAllocMapped));
+  STRATA_ASSIGN_OR_RETURN(hist_dev_, hist_.device<int32_t>());
+  for (LayerTable &t : tables_) {
+    if (t.ok) {
+      STRATA_ASSIGN_OR_RETURN(t.hist_done, Event::Create());
+    }
+  }
+  STRATA_ASSIGN_OR_RETURN(step_hist_done_, Event::Create());
+  if (copier_ != nullptr && cpu_opts_.mode == CpuExpertMode::kAuto && tunables::Get().cuda_regime_probe) {
+    regime_ = std::make_unique<model::RegimeProbe>();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::UpdateTierLayer(int l) {
+  LayerTable &t = tables_[l];
+  if (t.hist_rows == 0) return absl::OkStatus();
+  STRATA_ASSIGN_OR_RETURN(bool done, HistLanded(t));
+  if (!done) return absl::OkStatus();  // the next call looks again
+  const int32_t *sel = hist_.as<int32_t>() + static_cast<size_t>(l) * kDeviceRouteMaxRows;
+  const int64_t rows = t.hist_rows;
+  t.hist_rows = 0;
+  const int n = t.ge.n_expert;
+  const void *const *gate = tab_host_.data() + t.tab_off;
+  std::vector<char> seen(n, 0);
+  int cold = 0;
+  for (int64_t i = 0; i < rows; ++i) {
+    const int x = sel[i];
+    if (x < 0 || x >= n) return Errorf(MOE_ERR_INTERNAL, "layer %d routed to expert %d of %d", l, x, n);
+    if (seen[x]) continue;
+    seen[x] = 1;
+    const auto a = reinterpret_cast<uintptr_t>(gate[x]);
+    if (a >= stage_.host_lo && a < stage_.host_hi) ++cold;  // served from RAM's slab
+  }
+  t.cold_avg = 0.75 * t.cold_avg + 0.25 * cold;
+  if (cpu_experts_ != nullptr) {
+    // As for the backend's own tier (UpdateTier): the saving of this call's cold experts, averaged.
+    const model::ExpertWeights &e = w_->layers[l].experts[0];
+    const uint64_t bytes = e.nbytes();
+    const double saving = model::HybridSavingSeconds(static_cast<double>(cold) * static_cast<double>(bytes), bytes,
+                                                     cpu_experts_->rates());
+    t.cpu_saving = 0.75 * t.cpu_saving + 0.25 * saving;
+  }
+  return absl::OkStatus();
 }
 
 absl::Status CudaBackend::EnableTierCopies(int n_expert_max) {

@@ -435,7 +435,8 @@ __global__ void WaitColdCopiesKernel(ColdMailbox mb) {
 
 // One block: the call's data, then (after every thread's writes are out) the call, its number last.
 __global__ void PostCpuCallKernel(CpuCallBox b, CpuCall c, const int32_t *__restrict__ sel,
-                                  const float *__restrict__ h, int64_t n_h, const void *const *__restrict__ tab) {
+                                  const float *__restrict__ h, int64_t n_h, const void *const *__restrict__ tab,
+                                  const void *const *__restrict__ up_tab, const void *const *__restrict__ down_tab) {
   dev::AwaitPrior();
   const int64_t n_sel = c.n_tok * c.k;
   for (int64_t i = threadIdx.x; i < n_sel; i += blockDim.x) b.sel[i] = sel[i];
@@ -447,6 +448,12 @@ __global__ void PostCpuCallKernel(CpuCallBox b, CpuCall c, const int32_t *__rest
     for (int64_t i = threadIdx.x; i < n_h; i += blockDim.x) b.h[i] = h[i];
   }
   for (int i = threadIdx.x; i < c.n_expert; i += blockDim.x) b.tab[i] = tab[i];
+  if (up_tab != nullptr && down_tab != nullptr) {
+    for (int i = threadIdx.x; i < c.n_expert; i += blockDim.x) {
+      b.tab[c.n_expert + i] = up_tab[i];
+      b.tab[2 * c.n_expert + i] = down_tab[i];
+    }
+  }
   __threadfence_system();
   __syncthreads();
   if (threadIdx.x != 0) return;
@@ -812,7 +819,8 @@ absl::Status CopySkippedGroups(const int32_t *plan, int n_max, const uint8_t *sk
 }
 
 absl::Status PostCpuCall(const CpuCallBox &b, const CpuCall &c, const int32_t *sel, const float *h, int64_t n_embd,
-                         const void *const *tab, cudaStream_t stream) {
+                         const void *const *tab, cudaStream_t stream, const void *const *up_tab,
+                         const void *const *down_tab) {
   if (b.call == nullptr || b.sel == nullptr || b.h == nullptr || b.tab == nullptr || b.next == nullptr) {
     return Errorf(MOE_ERR_INVALID_ARGUMENT, "posting a CPU call: an incomplete box");
   }
@@ -821,7 +829,7 @@ absl::Status PostCpuCall(const CpuCallBox &b, const CpuCall &c, const int32_t *s
     return Errorf(MOE_ERR_INVALID_ARGUMENT, "posting a CPU call: %lld tokens of %d over %d experts, width %lld",
                   static_cast<long long>(c.n_tok), c.k, c.n_expert, static_cast<long long>(n_embd));
   }
-  Launch(PostCpuCallKernel, 1, 1024, 0, stream, b, c, sel, h, c.n_tok * n_embd, tab);
+  Launch(PostCpuCallKernel, 1, 1024, 0, stream, b, c, sel, h, c.n_tok * n_embd, tab, up_tab, down_tab);
   STRATA_CUDA_RETURN_IF_LAUNCH_FAILED();
   return absl::OkStatus();
 }

@@ -479,7 +479,7 @@ struct CpuCallBox {
   CpuCall *call = nullptr;             // device address of the call record in mapped host memory
   int32_t *sel = nullptr;              // device addresses of mapped host buffers: the call's selections,
   float *h = nullptr;                  // input rows
-  const void **tab = nullptr;          // and table of gate addresses
+  const void **tab = nullptr;          // and tables of gate, up and down addresses (3 n_expert)
   uint32_t *next = nullptr;            // device: the number of the last call posted
   const uint32_t *answer = nullptr;    // device address of 2 mapped words the host writes: [0] the last
                                        // call decided (its skip flags written), [1] the last one done
@@ -489,11 +489,13 @@ struct CpuCallBox {
   unsigned long long *waited_ns = nullptr;  // device, 2 counters: the waits' summed time per stage (optional)
 };
 
-// Writes sel (n_tok * k), h (n_tok * n_embd) and tab (n_expert) of c to b's host buffers, then the
+// Writes sel (n_tok * k), h (n_tok * n_embd) and tab (n_expert) of c to b's host buffers (with
+// up_tab and down_tab, when given, after it: b.tab[n_expert + x], b.tab[2 n_expert + x]), then the
 // call (numbered one past *b.next) to b.call. MOE_ERR_INVALID_ARGUMENT for an incomplete box or
 // null inputs.
 absl::Status PostCpuCall(const CpuCallBox &b, const CpuCall &c, const int32_t *sel, const float *h, int64_t n_embd,
-                         const void *const *tab, cudaStream_t stream);
+                         const void *const *tab, cudaStream_t stream, const void *const *up_tab = nullptr,
+                         const void *const *down_tab = nullptr);
 
 // Holds `stream` until the host's answer[stage] reaches the last call posted (stage 0: decided,
 // 1: done), then, when skip_dev is given, copies n_skip flags from skip_host (a mapped host buffer's

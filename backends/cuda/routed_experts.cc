@@ -21,24 +21,29 @@
 namespace strata::cuda {
 
 absl::Status CudaBackend::StartCpuExperts(const model::ModelWeights &w, const CpuExpertOptions &cpu,
-                                          int n_expert_max) {
-  STRATA_ASSIGN_OR_RETURN(double link, MeasureLink());
-  STRATA_ASSIGN_OR_RETURN(double copy_s, MeasureCopyLatency(link));
+                                          int n_expert_max, const uint8_t *host, const uint8_t *dev, size_t bytes,
+                                          std::vector<model::ExpertWeights> calib) {
+  // The copies into the backend's own slots, or (the tiers' tables) into the staging slots.
+  const bool own = slot_buf_.data() != nullptr;
+  uint8_t *to = own ? slot_buf_.as<uint8_t>() : stage_buf_.as<uint8_t>();
+  const size_t to_bytes = own ? slot_buf_.size() : stage_buf_.size();
+  const size_t one = own ? slot_bytes_ : static_cast<size_t>(stage_.slot_bytes);
+  STRATA_ASSIGN_OR_RETURN(double link, MeasureLink(to, host, std::min<size_t>({to_bytes, bytes, size_t{256} << 20})));
+  STRATA_ASSIGN_OR_RETURN(double copy_s, MeasureCopyLatency(link, to, host, std::min<size_t>({to_bytes, bytes, one})));
   STRATA_ASSIGN_OR_RETURN(skip_dev_, DeviceBuffer::Allocate(n_expert_max));
-  STRATA_ASSIGN_OR_RETURN(cpu_experts_, CpuExperts::Create(w, cpu, kDeviceRouteMaxRows, n_expert_max, host_arena_,
-                                                           arena_dev_, arena_bytes_, link, copy_s, stream_.get()));
+  STRATA_ASSIGN_OR_RETURN(cpu_experts_, CpuExperts::Create(w, cpu, kDeviceRouteMaxRows, n_expert_max, host, dev, bytes,
+                                                           link, copy_s, stream_.get(), std::move(calib)));
   return absl::OkStatus();
 }
 
-absl::StatusOr<double> CudaBackend::MeasureLink() {
-  const size_t bytes = std::min<size_t>({slot_buf_.size(), arena_bytes_, size_t{256} << 20});
-  if (bytes == 0 || !arena_registered_) return 0.0;
+absl::StatusOr<double> CudaBackend::MeasureLink(void *to, const uint8_t *from, size_t bytes) {
+  if (bytes == 0 || to == nullptr || from == nullptr) return 0.0;
   STRATA_ASSIGN_OR_RETURN(Event a, Event::Create(/*timing=*/true));
   STRATA_ASSIGN_OR_RETURN(Event b, Event::Create(/*timing=*/true));
   float best = 0;
   for (int rep = 0; rep < 3; ++rep) {
     STRATA_RETURN_IF_ERROR(a.Record(stream_.get()));
-    STRATA_RETURN_IF_ERROR(CopyAsync(slot_buf_.data(), host_arena_, bytes, stream_.get()));
+    STRATA_RETURN_IF_ERROR(CopyAsync(to, from, bytes, stream_.get()));
     STRATA_RETURN_IF_ERROR(b.Record(stream_.get()));
     STRATA_RETURN_IF_ERROR(b.Synchronize());
     STRATA_ASSIGN_OR_RETURN(float ms, Event::ElapsedMs(a, b));
@@ -47,15 +52,15 @@ absl::StatusOr<double> CudaBackend::MeasureLink() {
   return best > 0 ? static_cast<double>(bytes) / (best * 1e-3) : 0.0;
 }
 
-absl::StatusOr<double> CudaBackend::MeasureCopyLatency(double link_bytes_s) {
-  // One slot's copy from the arena, timed by the host from the call to its end, less its bytes at
-  // the link's rate: the best of five.
-  const size_t bytes = std::min<size_t>({slot_buf_.size(), arena_bytes_, slot_bytes_});
-  if (bytes == 0 || !arena_registered_ || link_bytes_s <= 0) return 0.0;
+absl::StatusOr<double> CudaBackend::MeasureCopyLatency(double link_bytes_s, void *to, const uint8_t *from,
+                                                       size_t bytes) {
+  // One expert's copy, timed by the host from the call to its end, less its bytes at the link's
+  // rate: the best of five.
+  if (bytes == 0 || to == nullptr || from == nullptr || link_bytes_s <= 0) return 0.0;
   double best = 1.0;
   for (int rep = 0; rep < 5; ++rep) {
     const auto t0 = std::chrono::steady_clock::now();
-    STRATA_RETURN_IF_ERROR(CopyAsync(slot_buf_.data(), host_arena_, bytes, stream_.get()));
+    STRATA_RETURN_IF_ERROR(CopyAsync(to, from, bytes, stream_.get()));
     STRATA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_.get()));
     best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
@@ -498,6 +503,12 @@ bool CudaBackend::RoutedExperts(const model::RoutedExpertsArgs &a) {
     if (!Note(EnterLandedFills()) || !Note(UpdateTier(a.layer))) return true;
     if (a.layer == first_table_layer_) UpdatePaths(a.n_tok);  // once a step, before its first MoE layer
   }
+  // The tiers' tables with the CPU's share: the layer's counts, and the paths once a step.
+  const bool tier_share = external_tables_ && hist_dev_ != nullptr;
+  if (tier_share && bracket_ == Bracket::kNone) {
+    if (!Note(UpdateTierLayer(a.layer))) return true;
+    if (a.layer == first_table_layer_) UpdatePaths(a.n_tok);
+  }
   auto ra = ToRouteArgs(a.route);
   if (!Note(ra.status())) return true;
   const int n_expert = t.ge.n_expert;
@@ -511,7 +522,7 @@ bool CudaBackend::RoutedExperts(const model::RoutedExpertsArgs &a) {
   float *h = static_cast<float *>(*hg);
   Stamp("layer to experts");
   // On the hybrid path the CPU takes some cold experts: the device skips their groups.
-  const bool hybrid = tiered && t.hybrid && cpu_experts_ != nullptr;
+  const bool hybrid = (tiered || tier_share) && t.hybrid && cpu_experts_ != nullptr;
   const uint8_t *skip = hybrid ? skip_dev_.as<uint8_t>() : nullptr;
   // 8-bit gate/up products read the tokens' quantized rows through idx: no gathered copy of them.
   const bool gate_q8 = q8_ && Q8ActFor(t.ge.gate_shape.type) != Q8Act::kNone;
@@ -527,7 +538,6 @@ bool CudaBackend::RoutedExperts(const model::RoutedExpertsArgs &a) {
                       bracket_ == Bracket::kCapture;
   // Experts a prediction copied ahead for this layer are the copier's: the CPU sees them resident.
   const bool predicted = copies && pf_layer_ == a.layer;
-  const void *const *cpu_tab = predicted ? pf_stage_[pf_set_].gate : t.ge.gate;
   // By the copy engines: this layer's cold experts (less those its prediction already copied),
   // then the next layer's predicted ones, while the products wait only for the first.
   GroupedExperts from = t.ge;
@@ -560,7 +570,7 @@ bool CudaBackend::RoutedExperts(const model::RoutedExpertsArgs &a) {
     planned = copies;
     xq = *buf;
   } else if (!Note(cuda::Route(*ra, a.logits, a.n_tok, a.sel, a.wts, s)) ||
-             (hybrid && !Note(cpu_experts_->Start(a.layer, a.n_tok, k, n_expert, a.sel, a.h, cpu_tab,
+             (hybrid && !Note(cpu_experts_->Start(a.layer, a.n_tok, k, n_expert, a.sel, a.h, from,
                                                   skip_dev_.as<uint8_t>(), s))) ||
              !Note(GroupByExpert(a.sel, a.n_tok, k, n_expert, a.idx, pl, s))) {
     return true;
@@ -617,14 +627,15 @@ bool CudaBackend::RoutedExperts(const model::RoutedExpertsArgs &a) {
   Stamp("products");
   // With the tier the selections come back for its hotness, written by the sum's kernel into mapped
   // memory: a copy of them would be a copy node in a recorded step, costing each layer.
-  int32_t *sel_back = tiered ? hist_dev_ + static_cast<size_t>(a.layer) * kDeviceRouteMaxRows : nullptr;
+  const bool back = tiered || tier_share;
+  int32_t *sel_back = back ? hist_dev_ + static_cast<size_t>(a.layer) * kDeviceRouteMaxRows : nullptr;
   if ((hybrid && !Note(cpu_experts_->Finish(pl, n_max, skip, a.yg, s))) ||
       !Note(cuda::WeightedRowSum(a.yg, a.idx + rows, a.wts, a.n_tok, k, n_embd, a.out, s, a.sel, sel_back)) ||
       (join && !Note(stream_.Wait(pf_join_.get())))) {
     return true;
   }
   Stamp("sum");
-  if (tiered) {
+  if (back) {
     if (bracket_ != Bracket::kNone) {
       step_hist_.emplace_back(a.layer, rows);  // the tier hears of it after the step
     } else if (Note(t.hist_done.Record(s))) {

@@ -206,6 +206,12 @@ model::Backend::StepMode CudaBackend::BeginStepImpl(const model::StepKey &key) {
       host_part_s_[0] = std::chrono::duration<double>(t1 - t0).count();
       host_part_s_[1] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
     }
+  } else if (external_tables_ && hist_dev_ != nullptr) {
+    // The tiers' tables with the CPU's share: the last step's counts, then the step's paths.
+    for (size_t l = 0; l < tables_.size(); ++l) {
+      if (tables_[l].ok && !Note(UpdateTierLayer(static_cast<int>(l)))) return StepMode::kEager;
+    }
+    UpdatePaths(key.n_tok);
   }
   step_key_ = GraphKey{key, paths_};
   step_hist_.clear();
@@ -258,6 +264,10 @@ absl::Status CudaBackend::EndStep() {
   if (!g.ok() || !err_.ok()) {
     // Nothing ran: the caller runs the step again outside a bracket. This key is not recorded again.
     absl::Status why = !err_.ok() ? err_ : g.status();
+    if (graph_trace_) {
+      std::fprintf(stderr, "cuda graphs: step %lld not recorded: %s\n", static_cast<long long>(steps_ - 1),
+                   std::string(why.message()).c_str());
+    }
     err_ = absl::OkStatus();
     refused_.insert(step_key_);
     step_hist_.clear();
