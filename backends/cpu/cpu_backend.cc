@@ -192,6 +192,9 @@ void CpuBackend::PlaceActivations(const std::vector<MatOp *> &ops, std::vector<u
 // Quantizes the operations' activations (q8 mode), then runs every output row of all of them in one
 // parallel loop.
 void CpuBackend::RunOps(const std::vector<MatOp *> &ops) {
+  if (observer_ != nullptr) {
+    for (const MatOp *op : ops) observer_->OnProduct(*op->w, op->x, op->n_tok);
+  }
   std::vector<const MatOp *> qlist;
   std::vector<int64_t> qstart{0}, start{0};
   int64_t max_cols_tok = 1;  // the most multiply-adds a row takes

@@ -66,6 +66,10 @@ class CpuBackend final : public model::Backend {
     double setup_s = 0, gate_up_s = 0, act_s = 0, down_s = 0;
   };
   void set_experts_ffn_times(ExpertsFfnTimes *t) { ffn_times_ = t; }
+  bool ObserveActivations(model::ActivationObserver *o) override {
+    observer_ = o;
+    return true;
+  }
 
   ThreadPool &pool() { return pool_; }
   MatMulMode matmul_mode() const { return mode_; }
@@ -102,6 +106,7 @@ class CpuBackend final : public model::Backend {
   MatMulMode mode_;
   kernels::Isa isa_;
   ExpertsFfnTimes *ffn_times_ = nullptr;
+  model::ActivationObserver *observer_ = nullptr;
 };
 
 }  // namespace strata::cpu

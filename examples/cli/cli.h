@@ -1,7 +1,8 @@
 // The `strata` command line's shared pieces: the parsed flags (Args), the one-line errors (Die:
 // `strata: error: <what>`, exit status 1, thrown to main), RAII for the C handles, and the helpers
 // and commands the CLI's files share (strata.cc: parsing, run, chat, logits, tokenize; bench_cmds.cc:
-// bench, sweep, profile; model_cmds.cc: inspect, plan, pack, synth; serve_cmd.cc: serve).
+// bench, sweep, profile; model_cmds.cc: inspect, plan, pack, synth; serve_cmd.cc: serve;
+// quality_cmds.cc: perplexity, imatrix).
 #pragma once
 
 #include <cstdint>
@@ -97,6 +98,10 @@ struct Args {
   std::string host = "127.0.0.1", api_key;
   int64_t port = 8080, parallel = 4, queue = 64;
   uint64_t max_body = 1 << 20;
+  // perplexity, imatrix
+  std::string text_file, kl_base;
+  bool kl_divergence = false;
+  int64_t chunks = 0;
   // batching (bench --sessions, and any command opening a context)
   int64_t sessions = 1, max_batch_tokens = 0, prefill_token_max = 0, prefill_layer_min = 0;
 };
@@ -126,6 +131,10 @@ const char *EndOfTurn(const std::string &tmpl);
 
 // serve_cmd.cc
 int CmdServe(const Args &a);
+
+// quality_cmds.cc
+int CmdPerplexity(const Args &a);
+int CmdImatrix(const Args &a);
 
 // bench_cmds.cc
 int CmdSweep(const Args &a);

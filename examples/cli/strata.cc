@@ -83,6 +83,16 @@ const char kUsage[] =
     "           routers F32; each expert's gate|up|down contiguous and 4 KiB-aligned; with --hotlist\n"
     "           (lines 'layer expert count', hottest first) the hottest experts come first; tensors\n"
     "           already in the type asked for keep their bytes\n"
+    "  perplexity --model PATH --file TEXT [-c N] [--chunks N] [-b N] [--json]\n"
+    "           [--kl-divergence-base FILE [--kl-divergence]]\n"
+    "           perplexity over TEXT as llama-perplexity computes it: windows of -c tokens (default 512),\n"
+    "           each scored on its second half, with its +/- estimate; --kl-divergence-base FILE saves\n"
+    "           the model's distributions, and with --kl-divergence compares against them (mean KL\n"
+    "           divergence, its percentiles, top-token agreement); --json: one object (ppl, tokens, ...)\n"
+    "  imatrix  --model PATH --file TEXT --out FILE [-c N] [--chunks N]\n"
+    "           the importance matrix of a GGUF model's weights over TEXT (the squares of every column\n"
+    "           entering each blk.* tensor, per routed expert), on the CPU, in llama.cpp's GGUF imatrix\n"
+    "           format\n"
     "  synth    --shape NAME --out FILE [--codec q4_k] [--attention q8_0] [--layers N] [--seed S] [--sparse]\n"
     "           [--routing concentrated|spread|skewed]   shapes: qwen3-30b-a3b, qwen3-235b-a22b, deepseek-v3,\n"
     "           gpt-oss-120b, olmoe-1b-7b, mixtral-8x7b, tiny\n"
@@ -184,7 +194,12 @@ Args ParseArgs(int argc, char **argv) {
     else if (f == "--prefill-token-max") a.prefill_token_max = integer(0, 1 << 24);
     else if (f == "--prefill-layer-min") a.prefill_layer_min = integer(0, 1 << 24);
     else if (f == "--threads" || f == "-t") a.n_threads = integer(0, 4096);
-    else if (f == "--n-ctx") a.n_ctx = integer(0, 1 << 24);
+    else if (f == "--n-ctx" || f == "-c" || f == "--ctx-size") a.n_ctx = integer(0, 1 << 24);
+    else if (f == "--file" || f == "-f") a.text_file = path();
+    else if (f == "--chunks") a.chunks = integer(0, 1 << 30);
+    else if (f == "--kl-divergence-base") a.kl_base = path();
+    else if (f == "--kl-divergence") a.kl_divergence = true;
+    else if (f == "-b" || f == "--batch-size") a.max_batch_tokens = integer(0, 1 << 24);
     else if (f == "--max-sessions") a.max_sessions = integer(1, 1 << 20);
     else if (f == "--kv-budget") a.kv_budget = size();
     else if (f == "--kv-spill-dir") a.kv_spill_dir = path();
@@ -809,6 +824,8 @@ int main(int argc, char **argv) {
     if (a.command == "pack") return CmdPack(a);
     if (a.command == "synth") return CmdSynth(a);
     if (a.command == "serve") return CmdServe(a);
+    if (a.command == "perplexity") return CmdPerplexity(a);
+    if (a.command == "imatrix") return CmdImatrix(a);
     if (a.command == "help" || a.command == "--help" || a.command == "-h") {
       std::fputs(kUsage, stdout);
       return 0;

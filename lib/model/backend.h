@@ -180,6 +180,15 @@ struct StepKey {
   }
 };
 
+// Watches the inputs of a backend's weight products: for each product y = x · wᵀ, the n_rows rows
+// of x (each w.cols floats, host memory) before it runs. An importance matrix (lib/quant/imatrix.h)
+// sums their squares per column. Called on the thread that issues the product.
+class ActivationObserver {
+ public:
+  virtual ~ActivationObserver() = default;
+  virtual void OnProduct(const Matrix &w, const float *x, int64_t n_rows) = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -333,6 +342,9 @@ class Backend {
   enum class StepMode { kEager, kCapture, kReplay };
   virtual StepMode BeginStep(const StepKey &key) { return StepMode::kEager; }
   virtual absl::Status EndStep() { return absl::OkStatus(); }
+  // Optional: every weight product's input from now on goes to `o` first (null: none); false where
+  // the backend cannot show them (its activations are not in host memory).
+  virtual bool ObserveActivations(ActivationObserver *o) { return false; }
 
 };
 

@@ -779,6 +779,15 @@ ContextStats Context::Stats() const {
   return st;
 }
 
+absl::Status Context::ObserveActivations(model::ActivationObserver *o) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (!backend_->ObserveActivations(o)) {
+    return Errorf(MOE_ERR_UNSUPPORTED_BACKEND,
+                  "this backend cannot show its activations to the host: open the model on the CPU backend");
+  }
+  return absl::OkStatus();
+}
+
 std::vector<uint64_t> Context::ExpertCounts() const {
   std::lock_guard<std::mutex> lk(const_cast<std::mutex &>(mu_));
   return expert_counts_;

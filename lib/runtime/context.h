@@ -242,6 +242,9 @@ class Context {
   // Selections per routed expert (index layer * n_expert + expert) since open or the last reset.
   std::vector<uint64_t> ExpertCounts() const;
   void ResetStats();
+  // Shows `o` every weight product's input from the next step on (null: stop); MOE_ERR_UNSUPPORTED_BACKEND
+  // where the backend's activations are not in host memory (open the context on the CPU).
+  absl::Status ObserveActivations(model::ActivationObserver *o);
   // The RAM expert cache when experts stream; nullptr when all are resident.
   store::ExpertCache *expert_cache() { return cache_.get(); }
   const store::ExpertTable &expert_table() const { return *table_; }
