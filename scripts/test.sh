@@ -19,7 +19,7 @@ fi
 # libFuzzer targets of every parser over that same library. Each fuzz target replays its corpus,
 # then fuzzes briefly; new inputs go to a scratch directory, crash reproducers to
 # build-fuzz/artifacts/. A finding or a sanitizer report fails the script.
-fuzz_targets=(gguf safetensors hf_config tokenizer chat_template snapshot hotlist http_body)
+fuzz_targets=(gguf safetensors hf_config tokenizer chat_template snapshot hotlist http_body imatrix)
 CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O1 -gline-tables-only -DNDEBUG" \
   "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -gline-tables-only -DNDEBUG" \

@@ -8,6 +8,7 @@ byte. The other targets start from the project's own real files, plus a few hand
   chat_template  a selector byte, then NUL-separated: each template's Jinja source (its fixture), then
                  role / content pairs of a fixture conversation and of the injection cases
   hotlist        two bytes (the demo model's layers - 1 and experts - 1), then its hotlist
+  imatrix        importance matrices in llama.cpp's GGUF and .dat layouts, built here
   http_body      a byte choosing the route (odd: chat), then a request body: OpenAI's documented
                  shapes, every field the server checks, and hostile ones (a prompt nested 100,000
                  deep, whose echo in an error once recursed past the stack)
@@ -215,6 +216,31 @@ def hotlist_corpus():
     yield "signs_and_junk", bytes([3, 15]) + b"+1 2 3\n-1 2 3\n1 2\n1 2 3 4\n# only a comment\n\n"
 
 
+def imatrix_corpus():
+    """llama.cpp's importance-matrix files: GGUF (sums and counts per tensor) and the older .dat."""
+    meta = [kv("general.type", STR, gstr("imatrix")), kv("imatrix.datasets", ARR, arr(STR, ["train.txt"])),
+            kv("imatrix.chunk_count", U32, struct.pack("<I", 3)), kv("imatrix.chunk_size", U32, struct.pack("<I", 512))]
+
+    def with_floats(blob, floats):
+        # The data section (the last len(floats) * 4 bytes, tensors packed 32-aligned) set to floats.
+        return blob[:len(blob) - 4 * len(floats)] + struct.pack("<%df" % len(floats), *floats)
+    dense = [("blk.0.attn_q.weight.in_sum2", [8, 1], T_F32), ("blk.0.attn_q.weight.counts", [1, 1], T_F32, 32)]
+    yield "dense.gguf", with_floats(gguf(meta, dense), [1.5, 2, 0, 4, 8, 16, 0.25, 3, 512] + [0] * 7)
+    experts = [("blk.1.ffn_down_exps.weight.in_sum2", [4, 3], T_F32),
+               ("blk.1.ffn_down_exps.weight.counts", [1, 3], T_F32, 64)]
+    sums = [0.5 * i for i in range(12)]
+    yield "experts.gguf", with_floats(gguf(meta, experts), sums + [0] * 4 + [7, 0, 30] + [0] * 5)
+    yield "sums_only.gguf", gguf(meta, dense[:1])
+    yield "no_metadata.gguf", gguf([], dense)
+    yield "counts_not_dividing.gguf", gguf(meta, [("x.in_sum2", [5], T_F32), ("x.counts", [2], T_F32, 32)])
+    name = b"blk.3.ffn_up.weight"
+    dat = struct.pack("<i", 1) + struct.pack("<i", len(name)) + name + struct.pack("<ii", 10, 4)
+    dat += struct.pack("<4f", 20, 0.5, 3, 100)
+    yield "legacy.dat", dat + struct.pack("<ii", 10, 5) + b"x.txt"
+    yield "legacy_bare.dat", dat
+    yield "legacy_lies.dat", struct.pack("<iii", 1, 1 << 30, 0)
+
+
 def http_body_corpus():
     def body(chat, obj):
         return bytes([1 if chat else 0]) + (obj if isinstance(obj, bytes) else json.dumps(obj).encode())
@@ -272,6 +298,7 @@ def main():
     write_corpus("tokenizer", tokenizer_corpus(), "")
     write_corpus("chat_template", chat_template_corpus(), "")
     write_corpus("hotlist", hotlist_corpus(), "")
+    write_corpus("imatrix", imatrix_corpus(), "")
     write_corpus("http_body", http_body_corpus(), "")
     if strata is not None:
         write_corpus("snapshot", list(snapshot_corpus(strata)), ".session")
