@@ -1,3 +1,4 @@
+#include "lib/util/log.h"
 #include "backends/cuda/cold_copier.h"
 
 #include <algorithm>
@@ -88,7 +89,7 @@ ColdCopier::~ColdCopier() {
     unsigned long long waited = 0;
     (void)cudaMemcpy(&waited, mb_.waited_ns, sizeof(waited), cudaMemcpyDeviceToHost);
     (void)cudaGetLastError();
-    std::fprintf(stderr,
+    strata::LogPrintf(strata::LogLevel::kDebug, 
                  "expert copies: %u requests, %llu experts, %.1f MiB; copy stream busy %.1f ms (%.1f GB/s), idle "
                  "between requests %.1f ms; the compute stream waited %.1f ms\n",
                  served, static_cast<unsigned long long>(copied_.load()), traced_bytes_ / 1048576.0, busy_ms_,
@@ -96,7 +97,7 @@ ColdCopier::~ColdCopier() {
     const double n = fit_[0], d = n * fit_[3] - fit_[1] * fit_[1];
     if (served > 0 && n > 1 && d > 0) {
       const double slope = (n * fit_[4] - fit_[1] * fit_[2]) / d, at0 = (fit_[2] - slope * fit_[1]) / n;
-      std::fprintf(stderr,
+      strata::LogPrintf(strata::LogLevel::kDebug, 
                    "expert copies: issuing %.1f us a request on the host (its copies %.1f); a request's copies %.1f "
                    "us + bytes at %.1f GB/s, its number %.1f us (%s)\n",
                    issue_us_ / served, serve_us_ / served, at0 * 1e3, slope > 0 ? 1.0 / slope : 0.0, number_ms_ * 1e3 / served,
@@ -115,7 +116,7 @@ ColdCopier::~ColdCopier() {
         std::snprintf(buf, sizeof buf, "%s%d %.1f", j > 0 ? ", " : "", order[j], idle_layer_ms_[order[j]]);
         top += buf;
       }
-      std::fprintf(stderr,
+      strata::LogPrintf(strata::LogLevel::kDebug, 
                    "expert copies: idle before a layer's own requests %.1f ms (%llu), before predictions %.1f ms "
                    "(%llu), before a step's first request %.1f ms (%llu); by layer (ms): %s\n",
                    idle_kind_ms_[1], static_cast<unsigned long long>(idle_kind_n_[1]), idle_kind_ms_[0],
@@ -123,7 +124,7 @@ ColdCopier::~ColdCopier() {
                    static_cast<unsigned long long>(idle_start_n_), top.c_str());
     }
     if (traced_copies_ > 0) {
-      std::fprintf(stderr, "expert copies: %llu copies for %llu matrices (%s)\n",
+      strata::LogPrintf(strata::LogLevel::kDebug, "expert copies: %llu copies for %llu matrices (%s)\n",
                    static_cast<unsigned long long>(traced_copies_), static_cast<unsigned long long>(traced_matrices_),
                    coalesce_ ? "adjacent ones joined" : "one a matrix");
     }

@@ -1,3 +1,4 @@
+#include "lib/util/log.h"
 #include "backends/cuda/cpu_experts.h"
 
 #include <algorithm>
@@ -110,7 +111,7 @@ CpuExperts::~CpuExperts() {
     (void)cudaMemcpy(waited, dev_box_.waited_ns, sizeof(waited), cudaMemcpyDeviceToHost);
     const double c = static_cast<double>(tr_.calls), us = 1e6;
     const double jobs = std::max<double>(1, static_cast<double>(tr_.jobs));
-    std::fprintf(stderr,
+    strata::LogPrintf(strata::LogLevel::kDebug, 
                  "cpu experts: %llu calls, %llu jobs; us per call: decide %.1f, the device waiting for the decision "
                  "%.1f, the worker idle between calls %.1f; us per job: the job %.1f, the device waiting for it "
                  "%.1f; rates: link %.1f GB/s + %.1f us a layer, CPU %.1f GB/s + %.1f us a job (token share %.2f), "
@@ -123,7 +124,7 @@ CpuExperts::~CpuExperts() {
     for (const auto *ft : {&calib_times_, &job_times_}) {
       if (ft->calls == 0) continue;
       const double n = static_cast<double>(ft->calls);
-      std::fprintf(stderr,
+      strata::LogPrintf(strata::LogLevel::kDebug, 
                    "cpu experts: %s, %llu jobs; us per job: setup %.1f, gate and up %.1f, SwiGLU %.1f, down %.1f\n",
                    ft == &calib_times_ ? "calibration" : "decode", static_cast<unsigned long long>(ft->calls),
                    us * ft->setup_s / n, us * ft->gate_up_s / n, us * ft->act_s / n, us * ft->down_s / n);
@@ -201,7 +202,7 @@ absl::Status CpuExperts::Calibrate() {
           const auto [secs, bytes] = job(n, 1, sliced);
           fit_.Add(bytes, secs);
           if (trace_) {
-            std::fprintf(stderr, "cpu experts calibration: %d %s of one token, %.2f MiB: %.1f us (%.1f GB/s)\n", n,
+            strata::LogPrintf(strata::LogLevel::kDebug, "cpu experts calibration: %d %s of one token, %.2f MiB: %.1f us (%.1f GB/s)\n", n,
                          sliced ? "slices" : "experts", bytes / (1 << 20), 1e6 * secs, bytes / secs / 1e9);
           }
         }
@@ -209,7 +210,7 @@ absl::Status CpuExperts::Calibrate() {
     }
     fit_.HoldFixed();
     if (trace_) {
-      std::fprintf(stderr, "cpu experts calibration: fit %.1f GB/s + %.1f us a job\n", fit_.rate() / 1e9,
+      strata::LogPrintf(strata::LogLevel::kDebug, "cpu experts calibration: fit %.1f GB/s + %.1f us a job\n", fit_.rate() / 1e9,
                    1e6 * fit_.fixed());
     }
     double share = 0;

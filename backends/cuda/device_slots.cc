@@ -1,4 +1,5 @@
 // CUDA device slots for the VRAM expert tier.
+#include "lib/util/log.h"
 #include "backends/cuda/device_slots.h"
 
 #include <algorithm>
@@ -118,7 +119,7 @@ bool CudaBackend::EnableExpertTables() {
   tables_bytes_ = tab_dev_.size();
   // Best effort: without the copy engines the kernels read RAM's experts in place, the same bytes.
   if (absl::Status st = EnableTierCopies(n_expert_max); !st.ok()) {
-    std::fprintf(stderr, "strata: the copy engines stay off for the tiers' tables: %s\n",
+    strata::LogPrintf(strata::LogLevel::kWarn, "strata: the copy engines stay off for the tiers' tables: %s\n",
                  std::string(st.message()).c_str());
   }
   // Best effort too: without it the device computes every expert.

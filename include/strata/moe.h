@@ -40,7 +40,7 @@ extern "C" {
  * Version
  * ------------------------------------------------------------------------------------------- */
 #define MOE_VERSION_MAJOR 0
-#define MOE_VERSION_MINOR 1
+#define MOE_VERSION_MINOR 7
 #define MOE_VERSION_PATCH 0
 #define MOE_VERSION_NUMBER (MOE_VERSION_MAJOR * 10000 + MOE_VERSION_MINOR * 100 + MOE_VERSION_PATCH)
 
@@ -68,6 +68,7 @@ typedef int32_t moe_status;
 #define MOE_ERR_BACKEND 7          /* a compute backend (e.g. CUDA) failed */
 #define MOE_ERR_INTERNAL 8         /* a bug in Strata; please report it */
 #define MOE_ERR_LIMIT 9            /* a fixed limit was reached (context length, sessions) */
+#define MOE_ERR_CANCELLED 10       /* the host asked to stop (a load callback returned 0). Since: 0.7. */
 
 #define MOE_ERR_IO_READ (MOE_ERR_IO | (1 << 8))          /* read failed (EIO, ...) */
 #define MOE_ERR_IO_OPEN (MOE_ERR_IO | (2 << 8))          /* file or directory cannot be opened */
@@ -86,6 +87,7 @@ typedef int32_t moe_status;
 #define MOE_ERR_UNSUPPORTED_BACKEND (MOE_ERR_UNSUPPORTED | (3 << 8)) /* backend not built in or no device */
 #define MOE_ERR_LIMIT_CONTEXT (MOE_ERR_LIMIT | (1 << 8)) /* session context (n_ctx) is full */
 #define MOE_ERR_LIMIT_KV (MOE_ERR_LIMIT | (2 << 8))      /* the context's KV budget is used up */
+#define MOE_ERR_ABORTED (MOE_ERR_CANCELLED | (1 << 8))   /* a step stopped by moe_ctx_abort. Since: 0.7. */
 
 /* The name of a status ("MOE_ERR_FORMAT_TENSOR"), or "MOE_ERR_UNKNOWN"; static storage.
  * Thread-safety: safe. Since: 0.1. */
@@ -94,6 +96,28 @@ MOE_API const char *moe_status_string(moe_status st);
 /* The message of the last failing call on this thread ("" if none). Owned by the library, valid
  * until the next failing call on the same thread. Thread-safety: thread-local. Since: 0.1. */
 MOE_API const char *moe_last_error(void);
+
+/* ---------------------------------------------------------------------------------------------
+ * Logging. The library writes a few lines of its own outside returned statuses: warnings (a
+ * tunable's environment variable it cannot read, an optional GPU path it turns off) and the traces
+ * that tunables switch on (STRATA_*_TRACE, STRATA_CUDA_PROFILE). By default they go to stderr.
+ * ------------------------------------------------------------------------------------------- */
+#define MOE_LOG_ERROR 0
+#define MOE_LOG_WARN 1
+#define MOE_LOG_INFO 2
+#define MOE_LOG_DEBUG 3 /* traces a tunable turned on */
+
+/* Receives one line (UTF-8, NUL-terminated, no trailing newline; valid during the call) at a level
+ * MOE_LOG_*. Called on whatever thread logs, one call at a time; it must not call into Strata.
+ * Since: 0.7. */
+typedef void (*moe_log_fn)(int32_t level, const char *msg, void *user);
+
+/* Sends every line the library logs to fn (with `user`) instead of stderr: once set, the library
+ * writes nothing to stderr (progress bars of the library's own tools stay off). fn NULL restores
+ * stderr. Process-wide. Once it returns, the previous callback is not running and is never called
+ * again, so its user data may be freed.
+ * Thread-safety: safe; must not be called from inside a log callback. Since: 0.7. */
+MOE_API void moe_log_set(moe_log_fn fn, void *user);
 
 /* ---------------------------------------------------------------------------------------------
  * Handles
@@ -122,6 +146,10 @@ MOE_API int32_t moe_backend_available(int32_t kind);
 /* Progress of a load: bytes read so far of the total, and the user pointer given with the callback.
  * Since: 0.5. */
 typedef void (*moe_load_progress_fn)(uint64_t done_bytes, uint64_t total_bytes, void *user);
+
+/* Asked during a load whether to go on: nonzero continues, 0 cancels moe_ctx_open, which then
+ * returns MOE_ERR_CANCELLED having freed everything it had allocated. Since: 0.7. */
+typedef int32_t (*moe_load_continue_fn)(uint64_t done_bytes, uint64_t total_bytes, void *user);
 
 typedef struct moe_params {
   uint32_t struct_size;
@@ -193,6 +221,13 @@ typedef struct moe_params {
   int32_t cuda_streaming;     /* moe_switch: --backend cuda over a streaming context, the GPU reading
                                  experts where the RAM cache holds them (STRATA_CUDA_STREAMING, on by
                                  default); off refuses that with MOE_ERR_UNSUPPORTED_BACKEND */
+  /* Since 0.7 (appended): a load the host can cancel. */
+  moe_load_continue_fn load_continue; /* NULL (default) = never cancel. Called on the thread in
+                                 moe_ctx_open with load_progress_user: once with done == 0 before
+                                 the weights are read, then where load_progress is called (at most
+                                 every 0.1 s while reading, and once with done == total); returning 0
+                                 stops the open with MOE_ERR_CANCELLED and nothing left allocated.
+                                 It must not call into Strata */
 } moe_params;
 
 /* A choice whose default is a tunable (moe_params.cuda_graphs, huge_pages, cuda_streaming). Since: 0.6. */

@@ -14,6 +14,7 @@
 #include "lib/model/backend_registry.h"
 #include "lib/runtime/context.h"
 #include "lib/text/chat_template.h"
+#include "lib/util/log.h"
 #include "lib/util/safe_text.h"
 #include "lib/util/status.h"
 
@@ -99,7 +100,7 @@ struct StructSizes<moe_params> {
       STRATA_SIZE_BEFORE(moe_params, cache_policy),     STRATA_SIZE_BEFORE(moe_params, max_batch_tokens),
       STRATA_SIZE_BEFORE(moe_params, kv_budget_bytes),  STRATA_SIZE_BEFORE(moe_params, cpu_experts),
       STRATA_SIZE_BEFORE(moe_params, load_progress),    STRATA_SIZE_BEFORE(moe_params, cuda_graphs),
-      Newest<moe_params>()};
+      STRATA_SIZE_BEFORE(moe_params, load_continue),    Newest<moe_params>()};
 };
 template <>
 struct StructSizes<moe_session_params> {
@@ -223,6 +224,11 @@ strata::runtime::ContextOptions ToOptions(const moe_params &p) {
       fn(done, total, user);
     };
   }
+  if (p.load_continue != nullptr) {
+    o.load_continue = [fn = p.load_continue, user = p.load_progress_user](uint64_t done, uint64_t total) {
+      return fn(done, total, user) != 0;
+    };
+  }
   o.cuda_graphs = FromSwitch(p.cuda_graphs);
   if (p.cuda_cold_copies != 0) o.cuda_cold_copies = std::max(0, p.cuda_cold_copies);
   o.huge_pages = FromSwitch(p.huge_pages);
@@ -332,7 +338,15 @@ extern "C" {
 
 int32_t moe_version_number(void) { return MOE_VERSION_NUMBER; }
 
-const char *moe_version_string(void) { return "0.1.0"; }
+#define STRATA_STR_(x) #x
+#define STRATA_STR(x) STRATA_STR_(x)
+const char *moe_version_string(void) {
+  return STRATA_STR(MOE_VERSION_MAJOR) "." STRATA_STR(MOE_VERSION_MINOR) "." STRATA_STR(MOE_VERSION_PATCH);
+}
+#undef STRATA_STR
+#undef STRATA_STR_
+
+void moe_log_set(moe_log_fn fn, void *user) { strata::SetLogCallback(fn, user); }
 
 const char *moe_status_string(moe_status st) {
   switch (st) {
@@ -365,6 +379,8 @@ const char *moe_status_string(moe_status st) {
     MOE_NAME(MOE_ERR_UNSUPPORTED_BACKEND)
     MOE_NAME(MOE_ERR_LIMIT_CONTEXT)
     MOE_NAME(MOE_ERR_LIMIT_KV)
+    MOE_NAME(MOE_ERR_CANCELLED)
+    MOE_NAME(MOE_ERR_ABORTED)
 #undef MOE_NAME
     default: return "MOE_ERR_UNKNOWN";
   }

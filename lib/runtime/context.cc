@@ -173,6 +173,7 @@ absl::StatusOr<std::unique_ptr<Context>> Context::Open(const ContextOptions &o) 
     lo.n_threads = o.n_threads;
     lo.numa_node = bind.bound() ? backend_node : -1;
     lo.progress = o.load_progress;
+    lo.keep_going = o.load_continue;
     lo.huge_pages = o.huge_pages;
     STRATA_RETURN_IF_ERROR(ctx->store_.Load(*ctx->file_, ctx->weights_, /*routed_experts=*/!streaming, lo));
     if (bind.bound()) ctx->numa_node_ = backend_node;

@@ -54,6 +54,9 @@ struct ContextOptions {
   int prefill_layer_min = 0;
   // Progress of the weights' load at open (model::LoadOptions::progress); empty = none.
   std::function<void(uint64_t done, uint64_t total)> load_progress;
+  // Asked whether to go on, before and while the weights load (model::LoadOptions::keep_going):
+  // false fails the open with MOE_ERR_CANCELLED. Empty = never cancel.
+  std::function<bool(uint64_t done, uint64_t total)> load_continue;
   // Choices whose defaults are tunables (lib/util/tunables.h): unset follows the tunable, a set one
   // wins over the environment. Graphs and cold copies go to the CUDA backend
   // (cuda::BackendChoices), huge pages to the weights' load (model::LoadOptions::huge_pages).

@@ -12,7 +12,7 @@ LD_LIBRARY_PATH="$tmp/prefix/lib" "$tmp/cmake-build/consumer" "$model" | grep -q
 # 2. pkg-config, strict C99.
 export PKG_CONFIG_PATH="$tmp/prefix/lib/pkgconfig"
 pkg-config --exists strata
-pkg-config --modversion strata | grep -qx "0.1.0"
+pkg-config --modversion strata | grep -qx "0.7.0"
 "$cc" -std=c99 -pedantic -Wall -Werror -o "$tmp/pc-consumer" "$src/main.c" $(pkg-config --cflags --libs strata)
 LD_LIBRARY_PATH="$tmp/prefix/lib" "$tmp/pc-consumer" "$model" | grep -q "vocab 256"
 # 3. Only the C ABI is exported from the shared library.
