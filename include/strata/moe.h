@@ -535,6 +535,19 @@ MOE_API moe_status moe_ctx_step(moe_ctx *ctx, uint32_t *n_pending);
  * Thread-safety: as moe_ctx_step. Since: 0.1. */
 MOE_API moe_status moe_ctx_step_for(moe_ctx *ctx, uint64_t budget_us, uint32_t *n_pending, uint32_t *n_steps);
 
+/* Asks the step running on ctx (moe_ctx_step or moe_ctx_step_for on another thread) to stop: it
+ * stops at its next layer boundary (a decode step the CUDA backend replays as one graph stops after
+ * it) and returns MOE_ERR_ABORTED. An aborted step is undone as any failed step is: every session it
+ * ran keeps its queued input, its KV position and its logits as before the step, so the next step
+ * gives the logits it would have given had the aborted one never run; moe_ctx_step_for keeps the
+ * batches that completed before the abort. One request stops one step call: when no step is
+ * running, the next one to start returns MOE_ERR_ABORTED before computing anything (so an abort
+ * that races with the step's end is never lost), and the request is then spent.
+ * @return MOE_OK; MOE_ERR_INVALID_ARGUMENT (NULL).
+ * Thread-safety: safe from any thread, also while another thread steps the context (that is its
+ *   purpose); not concurrently with moe_ctx_close. Since: 0.7. */
+MOE_API moe_status moe_ctx_abort(moe_ctx *ctx);
+
 /* Polling: 1 when every token fed to the session has been processed and its logits can be sampled,
  * 0 while input is queued or before any input; -1 for NULL.
  * Thread-safety: safe, also while another thread steps the context. Since: 0.1. */
@@ -626,6 +639,47 @@ MOE_API moe_status moe_session_save(moe_session *s, const char *path);
  * Thread-safety: safe against other session calls on the same context. Since: 0.1. */
 MOE_API moe_status moe_session_load(moe_ctx *ctx, const char *path, const moe_session_params *p,
                                     moe_session **out);
+
+/* moe_session_save into memory: the same bytes moe_session_save writes to a file (format, header
+ * naming the model, CRC-32C), for a host's own save system. With buf NULL or cap smaller than the
+ * snapshot, nothing is written, *n_written receives the bytes needed and the call returns
+ * MOE_ERR_LIMIT (a size query); else the snapshot is written to buf[0, *n_written).
+ * @return MOE_OK; MOE_ERR_INVALID_ARGUMENT (s or n_written NULL); MOE_ERR_LIMIT (as above);
+ *   MOE_ERR_IO_READ (an evicted session's spill file). The session is unchanged either way.
+ * Thread-safety: one thread per session; serialised with moe_ctx_step internally. Since: 0.7. */
+MOE_API moe_status moe_session_save_buffer(moe_session *s, void *buf, size_t cap, size_t *n_written);
+
+/* moe_session_load from n bytes in memory written by moe_session_save_buffer or moe_session_save,
+ * with the same checks, params rule and errors (MOE_ERR_FORMAT_HEADER, _TRUNCATED, _CHECKSUM,
+ * _FOREIGN for another model, MOE_ERR_UNSUPPORTED for another format version, ...). The bytes are
+ * only read during the call. On failure *out is untouched and no session is opened.
+ * @return as moe_session_load, without the MOE_ERR_IO_* codes; MOE_ERR_INVALID_ARGUMENT (ctx, out
+ *   or buf NULL). Thread-safety: as moe_session_load. Since: 0.7. */
+MOE_API moe_status moe_session_load_buffer(moe_ctx *ctx, const void *buf, size_t n, const moe_session_params *p,
+                                           moe_session **out);
+
+/* Opens a copy of the session on its context: the same params, processed tokens, queued input,
+ * logits and sampler state, so it samples and continues exactly as the original would. The copy
+ * shares the original's KV blocks (128 positions each) copy-on-write: a shared block is copied only
+ * when one of the two writes into it, so a fork costs next to no KV memory until it diverges (NPCs
+ * that share a persona prompt). Writes to one never change the other; either may be closed first.
+ * moe_ctx_kv_usage counts a shared block once; moe_session_kv_bytes counts it in each session. The
+ * text in progress of moe_session_sample_text is not copied: the fork starts a new text. An evicted
+ * session's KV is read back first.
+ * @return MOE_OK and *out set; MOE_ERR_INVALID_ARGUMENT (NULL); MOE_ERR_NO_MEMORY; MOE_ERR_LIMIT_KV /
+ *   MOE_ERR_IO_READ (an evicted original that cannot come back). On failure *out is untouched.
+ * Thread-safety: one thread per session; serialised with moe_ctx_step internally. Since: 0.7. */
+MOE_API moe_status moe_session_fork(moe_session *s, moe_session **out);
+
+/* Forgets the last n_tokens processed tokens (dialogue trees, retries): the position goes back by
+ * n_tokens, the token history loses them and the KV blocks no position uses any more are freed, so
+ * feeding the same tokens again gives bit-identical logits. The logits go with them: until a step
+ * processes new input, moe_session_logits answers MOE_ERR_STATE (n_tokens 0 changes nothing). The
+ * sampler's generator state is kept; the text in progress of moe_session_sample_text starts anew.
+ * @return MOE_OK; MOE_ERR_INVALID_ARGUMENT (NULL, n_tokens negative or more than moe_session_n_past:
+ *   nothing changes); MOE_ERR_STATE (input is queued: step or rewind after it is processed).
+ * Thread-safety: one thread per session; serialised with moe_ctx_step internally. Since: 0.7. */
+MOE_API moe_status moe_session_rewind(moe_session *s, int32_t n_tokens);
 
 /* Why moe_session_sample_text ended the text. */
 #define MOE_STOP_NONE 0   /* not ended: feed the token and continue */

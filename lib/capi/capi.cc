@@ -683,6 +683,12 @@ moe_status moe_ctx_step_for(moe_ctx *ctx, uint64_t budget_us, uint32_t *n_pendin
   });
 }
 
+moe_status moe_ctx_abort(moe_ctx *ctx) {
+  if (ctx == nullptr) return Fail(MOE_ERR_INVALID_ARGUMENT, "ctx is NULL");
+  ctx->impl->Abort();  // one atomic store: nothing here can throw
+  return MOE_OK;
+}
+
 int32_t moe_session_ready(const moe_session *s) { return s ? (s->impl->Ready() ? 1 : 0) : -1; }
 
 int32_t moe_session_n_pending(const moe_session *s) {
@@ -798,6 +804,48 @@ moe_status moe_session_load(moe_ctx *ctx, const char *path, const moe_session_pa
     auto s = ctx->impl->LoadSession(path, p != nullptr ? &o : nullptr);
     if (!s.ok()) return FromStatus(s.status());
     return AddSession(ctx, *s, out);
+  });
+}
+
+moe_status moe_session_save_buffer(moe_session *s, void *buf, size_t cap, size_t *n_written) {
+  return Guard([&]() -> moe_status {
+    if (s == nullptr || n_written == nullptr) return Fail(MOE_ERR_INVALID_ARGUMENT, "session or n_written is NULL");
+    return FromStatus(s->ctx->impl->SaveSessionBuffer(s->impl, buf, cap, n_written));
+  });
+}
+
+moe_status moe_session_load_buffer(moe_ctx *ctx, const void *buf, size_t n, const moe_session_params *p,
+                                   moe_session **out) {
+  return Guard([&]() -> moe_status {
+    if (ctx == nullptr || buf == nullptr || out == nullptr) {
+      return Fail(MOE_ERR_INVALID_ARGUMENT, "ctx, buf or out is NULL");
+    }
+    strata::runtime::SessionOptions o;
+    if (p != nullptr) {
+      moe_session_params sp;
+      if (moe_status st = ReadParams(p, &sp, moe_session_params_fill_defaults); st != MOE_OK) return st;
+      if (moe_status st = ToSessionOptions(sp, &o); st != MOE_OK) return st;
+    }
+    auto s = ctx->impl->LoadSessionBytes(static_cast<const uint8_t *>(buf), n,
+                                         "(a buffer of " + std::to_string(n) + " bytes)", p != nullptr ? &o : nullptr);
+    if (!s.ok()) return FromStatus(s.status());
+    return AddSession(ctx, *s, out);
+  });
+}
+
+moe_status moe_session_fork(moe_session *s, moe_session **out) {
+  return Guard([&]() -> moe_status {
+    if (s == nullptr || out == nullptr) return Fail(MOE_ERR_INVALID_ARGUMENT, "session or out is NULL");
+    auto fork = s->ctx->impl->ForkSession(s->impl);
+    if (!fork.ok()) return FromStatus(fork.status());
+    return AddSession(s->ctx, *fork, out);
+  });
+}
+
+moe_status moe_session_rewind(moe_session *s, int32_t n_tokens) {
+  return Guard([&]() -> moe_status {
+    if (s == nullptr) return Fail(MOE_ERR_INVALID_ARGUMENT, "session is NULL");
+    return FromStatus(s->ctx->impl->RewindSession(s->impl, n_tokens));
   });
 }
 
