@@ -21,4 +21,8 @@ bad=$(nm -D --defined-only "$lib" | awk '{print $3}' | grep -v '^moe_' | grep -v
 if [ -n "$bad" ]; then echo "non-moe_ symbols exported: $bad" >&2; exit 1; fi
 # 4. The installed CLI runs the installed demo model.
 "$tmp/prefix/bin/strata" run -n 2 >/dev/null 2>&1 || { echo "installed strata run failed" >&2; exit 1; }
+# 5. The C++ wrapper is installed beside moe.h and builds against the installed package.
+printf '#include <strata/moe.hpp>\nint main() { return strata::version() == "0.7.0" ? 0 : 1; }\n' > "$tmp/hpp.cc"
+c++ -std=c++17 -pedantic -Wall -Werror -o "$tmp/hpp" "$tmp/hpp.cc" $(pkg-config --cflags --libs strata)
+LD_LIBRARY_PATH="$tmp/prefix/lib" "$tmp/hpp"
 echo "package consumer: ok"
