@@ -121,7 +121,7 @@ struct ScopedLayerHook {
 
 }  // namespace
 
-TEST_CASE("abort: NULL is refused; an abort before a step stops that step and is then spent", "[capi][abort]") {
+TEST_CASE("abort: NULL is refused, an abort before a step stops that step and is then spent", "[capi][abort]") {
   CHECK(moe_ctx_abort(nullptr) == MOE_ERR_INVALID_ARGUMENT);
   CHECK(std::string(moe_last_error()).find("NULL") != std::string::npos);
   std::mt19937_64 rng(std::random_device{}());

@@ -78,7 +78,7 @@ std::string RandomWord(std::mt19937_64 &rng) {
 
 }  // namespace
 
-TEST_CASE("log: once a callback is set nothing reaches stderr; NULL restores stderr", "[capi][log]") {
+TEST_CASE("log: once a callback is set nothing reaches stderr, NULL restores stderr", "[capi][log]") {
   std::mt19937_64 rng(std::random_device{}());
   const std::string a = RandomWord(rng), b = RandomWord(rng), c = RandomWord(rng);
   Heard heard;

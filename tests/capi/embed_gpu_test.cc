@@ -93,7 +93,7 @@ void AbortHook(int, void *user) {
 
 }  // namespace
 
-TEST_CASE("embedding on CUDA: forks share device blocks and diverge; rewinds; buffers", "[gpu][capi][fork]") {
+TEST_CASE("embedding on CUDA: forks share device blocks and diverge, rewinds, buffers", "[gpu][capi][fork]") {
   if (!HaveCuda()) return;
   std::mt19937_64 rng(std::random_device{}());
   moe_ctx *ctx = OpenCuda();

@@ -109,7 +109,7 @@ std::vector<uint8_t> ReadFile(const std::string &path) {
 
 // ---- snapshots in memory ---------------------------------------------------------------------
 
-TEST_CASE("save_buffer: the bytes of moe_session_save; a size query; a short buffer left untouched",
+TEST_CASE("save_buffer: the bytes of moe_session_save, a size query, a short buffer left untouched",
           "[capi][snapshot_buffer]") {
   std::mt19937_64 rng(std::random_device{}());
   moe_ctx *ctx = Open();
@@ -295,7 +295,7 @@ TEST_CASE("fork: the copy continues exactly as the original, sampling included",
   moe_ctx_close(ctx);
 }
 
-TEST_CASE("fork: writes to one never change the other; each matches a session run alone", "[capi][fork]") {
+TEST_CASE("fork: writes to one never change the other, each matches a session run alone", "[capi][fork]") {
   std::mt19937_64 rng(std::random_device{}());
   moe_ctx *ctx = Open();
   // A prompt ending inside a block, so both write into the block they share.
@@ -325,7 +325,7 @@ TEST_CASE("fork: writes to one never change the other; each matches a session ru
   moe_ctx_close(ctx);
 }
 
-TEST_CASE("fork: before it diverges a fork takes no KV block; a write copies one block", "[capi][fork]") {
+TEST_CASE("fork: before it diverges a fork takes no KV block, a write copies one block", "[capi][fork]") {
   std::mt19937_64 rng(std::random_device{}());
   moe_ctx *ctx = Open();
   moe_cache_plan plan;
@@ -362,7 +362,7 @@ TEST_CASE("fork: before it diverges a fork takes no KV block; a write copies one
   moe_ctx_close(ctx);
 }
 
-TEST_CASE("fork: the original closed first, the fork goes on alone; misuse", "[capi][fork]") {
+TEST_CASE("fork: the original closed first, the fork goes on alone, misuse", "[capi][fork]") {
   std::mt19937_64 rng(std::random_device{}());
   moe_ctx *ctx = Open();
   const std::vector<int32_t> prompt = Tokens(rng, 1 + rng() % 250), more = Tokens(rng, 1 + rng() % 30);
@@ -427,7 +427,7 @@ TEST_CASE("fork: an evicted session is read back and shared", "[capi][fork]") {
 
 // ---- rewind ----------------------------------------------------------------------------------
 
-TEST_CASE("rewind: re-feeding the forgotten tokens gives the same logits; other tokens a fresh run's",
+TEST_CASE("rewind: re-feeding the forgotten tokens gives the same logits, other tokens a fresh run's",
           "[capi][rewind]") {
   std::mt19937_64 rng(std::random_device{}());
   moe_ctx *ctx = Open();

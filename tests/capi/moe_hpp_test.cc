@@ -117,7 +117,7 @@ TEST_CASE("moe.hpp: sessions step, fork, rewind and round-trip as through the C 
   CHECK(t < ctx.vocab_size());
 }
 
-TEST_CASE("moe.hpp: handles close what they own; a session keeps its context open", "[capi][hpp]") {
+TEST_CASE("moe.hpp: handles close what they own, a session keeps its context open", "[capi][hpp]") {
   std::mt19937_64 rng(std::random_device{}());
   strata::Session survivor;
   CHECK_FALSE(survivor);
