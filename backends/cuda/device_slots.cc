@@ -1,5 +1,4 @@
 // CUDA device slots for the VRAM expert tier.
-#include "lib/util/log.h"
 #include "backends/cuda/device_slots.h"
 
 #include <algorithm>
@@ -13,6 +12,7 @@
 #include "backends/cuda/cuda_status.h"
 #include "lib/model/placement.h"
 #include "lib/util/tunables.h"
+#include "lib/util/log.h"
 
 namespace strata::cuda {
 
@@ -119,8 +119,8 @@ bool CudaBackend::EnableExpertTables() {
   tables_bytes_ = tab_dev_.size();
   // Best effort: without the copy engines the kernels read RAM's experts in place, the same bytes.
   if (absl::Status st = EnableTierCopies(n_expert_max); !st.ok()) {
-    strata::LogPrintf(strata::LogLevel::kWarn, "strata: the copy engines stay off for the tiers' tables: %s\n",
-                 std::string(st.message()).c_str());
+    LogWarn("strata: the copy engines stay off for the tiers' tables: %s\n",
+            std::string(st.message()).c_str());
   }
   // Best effort too: without it the device computes every expert.
   if (absl::Status st = EnableTierCpuShare(n_expert_max); !st.ok()) {

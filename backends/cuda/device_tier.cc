@@ -1,7 +1,6 @@
 // CudaBackend's VRAM expert tier, used when the routed experts do not all fit the budget: the
 // slots (filled, evicted, staged), each layer's device table of expert addresses, route hotness,
 // promotions and re-plans. A slot is refilled only after the last computation that read it.
-#include "lib/util/log.h"
 #include "backends/cuda/cuda_backend.h"
 
 #include <algorithm>
@@ -15,6 +14,7 @@
 #include "backends/cuda/cuda_status.h"
 #include "lib/model/placement.h"
 #include "lib/util/tunables.h"
+#include "lib/util/log.h"
 
 namespace strata::cuda {
 
@@ -190,8 +190,8 @@ absl::Status CudaBackend::SlotsFor(const std::vector<const model::ExpertWeights 
       uint64_t bytes = 0;
       for (const PendingCopy &c : copies) bytes += c.bytes;
       const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - c0t).count();
-      strata::LogPrintf(strata::LogLevel::kDebug, "prompt experts: %zu fills, %zu staged, %zu batched copies of %.1f MiB in %.1f us (%.1f GB/s)\n",
-                   fills.size(), staged.size(), copies.size(), bytes / 1048576.0, us, us > 0 ? bytes / us * 1e-3 : 0.0);
+      LogDebug("prompt experts: %zu fills, %zu staged, %zu batched copies of %.1f MiB in %.1f us (%.1f GB/s)\n",
+               fills.size(), staged.size(), copies.size(), bytes / 1048576.0, us, us > 0 ? bytes / us * 1e-3 : 0.0);
     }
     for (const auto &[i, v] : fills) {
       Slot &sl = slots_[v];

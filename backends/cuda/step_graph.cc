@@ -1,7 +1,6 @@
 // CudaBackend's decode steps: the bracket (BeginStep, EndStep), graphs recorded and replayed per
 // step key and path set, the host round trips that keep a step from being recorded, and the step's
 // diagnostics (profile, stamps). A key is recorded only after a watched step of it stayed clean.
-#include "lib/util/log.h"
 #include "backends/cuda/cuda_backend.h"
 
 #include <cuda_profiler_api.h>
@@ -15,6 +14,7 @@
 
 #include "backends/cuda/cuda_backend_internal.h"
 #include "backends/cuda/cuda_status.h"
+#include "lib/util/log.h"
 
 namespace strata::cuda {
 
@@ -78,8 +78,8 @@ absl::StatusOr<bool> CudaBackend::HistLanded(LayerTable &t) {
 
 absl::Status CudaBackend::HostRoundTrip(const char *what, bool growth) {
   if (bracket_ == Bracket::kWatch && step_clean_ && graph_trace_) {
-    strata::LogPrintf(strata::LogLevel::kDebug, "cuda graphs: step %lld %s: %s\n", static_cast<long long>(steps_ - 1),
-                 growth ? "grew" : "not clean", what);
+    LogDebug("cuda graphs: step %lld %s: %s\n", static_cast<long long>(steps_ - 1),
+             growth ? "grew" : "not clean", what);
   }
   if (bracket_ == Bracket::kWatch && !growth) step_clean_ = false;
   if (bracket_ == Bracket::kCapture) return Errorf(MOE_ERR_INTERNAL, "%s inside a recorded decode step", what);
@@ -170,7 +170,7 @@ model::Backend::StepMode CudaBackend::BeginStepImpl(const model::StepKey &key) {
   if (profiler_step_ >= 0 && steps_ == profiler_step_ + 1) (void)cudaProfilerStop();
   if (steps_++ == profiler_step_) {
     (void)cudaProfilerStart();
-    strata::LogPrintf(strata::LogLevel::kDebug, "strata: profiler on for step %lld\n", static_cast<long long>(profiler_step_));
+    LogDebug("strata: profiler on for step %lld\n", static_cast<long long>(profiler_step_));
   }
   pf_layer_ = -1;  // a prediction is for the step that made it
   if (stamped_ != nullptr) ReadStamps();
@@ -228,7 +228,7 @@ model::Backend::StepMode CudaBackend::BeginStepImpl(const model::StepKey &key) {
   }
   if (!Note(IssuePassFills())) return StepMode::kEager;  // not inside a recording
   if (clean_.count(step_key_) != 0 && refused_.count(step_key_) == 0 && Graph::BeginCapture(stream_.get()).ok()) {
-    if (graph_trace_) strata::LogPrintf(strata::LogLevel::kDebug, "cuda graphs: step %lld recorded (paths %u)\n", static_cast<long long>(steps_ - 1), paths_);
+    if (graph_trace_) LogDebug("cuda graphs: step %lld recorded (paths %u)\n", static_cast<long long>(steps_ - 1), paths_);
     capture_t0_ = std::chrono::steady_clock::now();
     bracket_ = Bracket::kCapture;
     stamp_names_.clear();
@@ -236,7 +236,7 @@ model::Backend::StepMode CudaBackend::BeginStepImpl(const model::StepKey &key) {
     return StepMode::kCapture;
   }
   (void)cudaGetLastError();
-  if (graph_trace_) strata::LogPrintf(strata::LogLevel::kDebug, "cuda graphs: step %lld watched (paths %u)\n", static_cast<long long>(steps_ - 1), paths_);
+  if (graph_trace_) LogDebug("cuda graphs: step %lld watched (paths %u)\n", static_cast<long long>(steps_ - 1), paths_);
   bracket_ = Bracket::kWatch;
   step_clean_ = true;
   return StepMode::kEager;
@@ -258,9 +258,9 @@ absl::Status CudaBackend::EndStep() {
   absl::StatusOr<Graph> g = Graph::EndCapture(stream_.get(), graph_trace_ ? &nodes : nullptr);
   if (graph_trace_) {
     auto ms = [](auto a, auto b) { return std::chrono::duration<double, std::milli>(b - a).count(); };
-    strata::LogPrintf(strata::LogLevel::kDebug, "cuda graphs: step %lld: %zu nodes, %.2f ms recording, %.2f ms instantiating\n",
-                 static_cast<long long>(steps_ - 1), nodes, ms(capture_t0_, t_end),
-                 ms(t_end, std::chrono::steady_clock::now()));
+    LogDebug("cuda graphs: step %lld: %zu nodes, %.2f ms recording, %.2f ms instantiating\n",
+             static_cast<long long>(steps_ - 1), nodes, ms(capture_t0_, t_end),
+             ms(t_end, std::chrono::steady_clock::now()));
   }
   if (!g.ok() || !err_.ok()) {
     // Nothing ran: the caller runs the step again outside a bracket. This key is not recorded again.

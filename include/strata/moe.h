@@ -17,6 +17,8 @@
  *  - moe_last_error() is one line of valid UTF-8: control bytes, NUL and invalid UTF-8 that a
  *    message quotes (from a file or an argument) are written as \xNN.
  *  - No C++ exception, abort or exit ever crosses this ABI.
+ *  - The library writes nothing to stdout, and to stderr only its log lines (warnings, traces a
+ *    tunable turns on), which moe_log_set sends to the host instead.
  *  - Thread safety is stated per function. A context may be used from several threads; a session is
  *    used by one thread at a time.
  */
@@ -489,7 +491,7 @@ static inline void moe_session_params_init(moe_session_params *p) {
 MOE_API moe_status moe_session_open(moe_ctx *ctx, const moe_session_params *p, moe_session **out);
 
 /* Closes a session; NULL is a no-op. Its queued input is dropped and its KV blocks go back to the
- * context's budget (an evicted session's spill file is removed).
+ * context's budget, but for those a fork still shares (an evicted session's spill file is removed).
  * Thread-safety: may run while another thread steps the context (it waits for that step to end);
  * no other call on this session may run concurrently or follow. Since: 0.1. */
 MOE_API void moe_session_close(moe_session *s);
@@ -536,8 +538,9 @@ MOE_API moe_status moe_ctx_step(moe_ctx *ctx, uint32_t *n_pending);
 MOE_API moe_status moe_ctx_step_for(moe_ctx *ctx, uint64_t budget_us, uint32_t *n_pending, uint32_t *n_steps);
 
 /* Asks the step running on ctx (moe_ctx_step or moe_ctx_step_for on another thread) to stop: it
- * stops at its next layer boundary (a decode step the CUDA backend replays as one graph stops after
- * it) and returns MOE_ERR_ABORTED. An aborted step is undone as any failed step is: every session it
+ * stops at its next layer boundary and returns MOE_ERR_ABORTED (a decode step the CUDA backend
+ * replays as one recorded graph has no boundary inside: it completes, and the request stops the
+ * next step). An aborted step is undone as any failed step is: every session it
  * ran keeps its queued input, its KV position and its logits as before the step, so the next step
  * gives the logits it would have given had the aborted one never run; moe_ctx_step_for keeps the
  * batches that completed before the abort. One request stops one step call: when no step is
@@ -589,11 +592,13 @@ MOE_API int32_t moe_session_n_past(const moe_session *s);
  * KV cache residency and session snapshots
  * ------------------------------------------------------------------------------------------- */
 
-/* Bytes of KV blocks the session holds in RAM (0 while evicted, or for NULL).
+/* Bytes of KV blocks the session holds in RAM (0 while evicted, or for NULL); blocks it shares with
+ * a fork (moe_session_fork) count in each of them.
  * Thread-safety: one thread per session; not concurrently with moe_ctx_step. Since: 0.1. */
 MOE_API uint64_t moe_session_kv_bytes(const moe_session *s);
 
-/* KV bytes all sessions of the context hold in RAM (*used) and the budget they share (*budget);
+/* KV bytes all sessions of the context hold in RAM (*used; a block forks share counts once) and the
+ * budget they share (*budget);
  * either may be NULL. @return MOE_OK; MOE_ERR_INVALID_ARGUMENT (ctx NULL). Thread-safety: safe.
  * Since: 0.1. */
 MOE_API moe_status moe_ctx_kv_usage(const moe_ctx *ctx, uint64_t *used, uint64_t *budget);

@@ -45,14 +45,13 @@ void LogLine(LogLevel level, const std::string &line) {
   std::fputc('\n', stderr);
 }
 
-void LogPrintf(LogLevel level, const char *fmt, ...) {
+namespace {
+
+void LogV(LogLevel level, const char *fmt, va_list ap) {
   char small[512];
-  va_list ap;
-  va_start(ap, fmt);
   va_list again;
   va_copy(again, ap);
   const int len = std::vsnprintf(small, sizeof small, fmt, ap);
-  va_end(ap);
   std::string text;
   try {
     if (len >= 0 && static_cast<size_t>(len) < sizeof small) {
@@ -66,6 +65,29 @@ void LogPrintf(LogLevel level, const char *fmt, ...) {
   }
   va_end(again);
   if (!text.empty()) LogLine(level, text);
+}
+
+}  // namespace
+
+void LogPrintf(LogLevel level, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  LogV(level, fmt, ap);
+  va_end(ap);
+}
+
+void LogDebug(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  LogV(LogLevel::kDebug, fmt, ap);
+  va_end(ap);
+}
+
+void LogWarn(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  LogV(LogLevel::kWarn, fmt, ap);
+  va_end(ap);
 }
 
 }  // namespace strata

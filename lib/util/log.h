@@ -31,5 +31,8 @@ void LogLine(LogLevel level, const std::string &line);
 
 // printf-style LogLine, for the traces (format strings as for std::fprintf).
 void LogPrintf(LogLevel level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+// LogPrintf at kDebug (the traces tunables turn on) and at kWarn.
+void LogDebug(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void LogWarn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 }  // namespace strata

@@ -322,6 +322,11 @@ TEST_CASE("fork: writes to one never change the other, each matches a session ru
   StepAll(ctx);
   CHECK(LogitsOf(a) == want_a[2]);
   CHECK(LogitsOf(b) == want_b[2]);
+  // And as a session fed the same tokens from scratch, in one go.
+  std::vector<int32_t> all_b = prompt;
+  all_b.insert(all_b.end(), y1.begin(), y1.end());
+  all_b.insert(all_b.end(), y2.begin(), y2.end());
+  CHECK(LogitsOf(b) == Reference(ctx, {all_b})[0]);
   moe_ctx_close(ctx);
 }
 
@@ -461,6 +466,9 @@ TEST_CASE("rewind: re-feeding the forgotten tokens gives the same logits, other 
   Feed(s, y);
   StepAll(ctx);
   CHECK(LogitsOf(s) == want_y[1]);
+  std::vector<int32_t> prompt_y = prompt;
+  prompt_y.insert(prompt_y.end(), y.begin(), y.end());
+  CHECK(LogitsOf(s) == Reference(ctx, {prompt_y})[0]);  // as fed from scratch in one go
   // Everything: the session is as new.
   REQUIRE(moe_session_rewind(s, moe_session_n_past(s)) == MOE_OK);
   CHECK(moe_session_n_past(s) == 0);
