@@ -244,7 +244,7 @@ void KvCache::Trim(int n) {
 
 absl::Status KvCache::Unshare(int pos0, int64_t n) {
   if (n <= 0 || spilled()) return absl::OkStatus();
-  const int last = std::min<int64_t>(n_blocks() - 1, (pos0 + n - 1) / kKvBlockTokens);
+  const int last = static_cast<int>(std::min<int64_t>(n_blocks() - 1, (pos0 + n - 1) / kKvBlockTokens));
   std::vector<char> host;
   for (int b = pos0 / kKvBlockTokens; b <= last; ++b) {
     if (blocks_[b].use_count() <= 1) continue;
@@ -293,6 +293,14 @@ int KvCache::shared_blocks() const {
   int n = 0;
   for (const BlockRef &b : blocks_) n += b.use_count() > 1 ? 1 : 0;
   return n;
+}
+
+int KvCache::SharedBlocksIn(int pos0, int64_t n) const {
+  if (n <= 0 || spilled()) return 0;
+  const int last = static_cast<int>(std::min<int64_t>(n_blocks() - 1, (pos0 + n - 1) / kKvBlockTokens));
+  int shared = 0;
+  for (int b = pos0 / kKvBlockTokens; b <= last; ++b) shared += blocks_[b].use_count() > 1 ? 1 : 0;
+  return shared;
 }
 
 absl::Status KvCache::Spill(const std::string &dir, int n) {

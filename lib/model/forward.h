@@ -74,8 +74,13 @@ class KvCache {
   // (Prepare), so each sees only its own writes; its budget is given back when its last holder lets
   // it go. MOE_ERR_STATE when src is spilled or this cache is not empty.
   absl::Status ShareFrom(const KvCache &src);
-  // Blocks this cache shares with another (tests, stats).
+  // Blocks this cache shares with another (tests, stats), and those of them holding a position of
+  // [pos0, pos0 + n): the blocks a write there copies first.
   int shared_blocks() const;
+  int SharedBlocksIn(int pos0, int64_t n) const;
+  // Copies every shared block holding a position of [pos0, pos0 + n) into one of this cache's own
+  // (Prepare does it before a write; a step's KV admission does it ahead, against the budget).
+  absl::Status Unshare(int pos0, int64_t n);
 
   KvView layer(int l) {
     return KvView{k_tab_[l].data(), v_tab_[l].data(), capacity(), w_.k, w_.v, masked_.data()};
@@ -133,8 +138,6 @@ class KvCache {
   using BlockRef = std::shared_ptr<Block>;
   absl::Status AddBlocks(int n, std::vector<BlockRef> *out);
   void Adopt(std::vector<BlockRef> *blocks);
-  // Copies every shared block holding a position of [pos0, pos0 + n) into one of this cache's own.
-  absl::Status Unshare(int pos0, int64_t n);
   // Block memory <-> host, through the backend when there is one.
   void ToHost(void *dst, const void *src, size_t bytes) const;
   void FromHost(void *dst, const void *src, size_t bytes) const;

@@ -743,8 +743,14 @@ absl::Status Context::AdmitKv(const std::vector<size_t> &order, const std::vecto
     if ((*take)[idx] == 0) continue;
     Session &s = *sessions_[idx];
     const int positions = s.n_past() + static_cast<int>(want[idx]);
-    const uint64_t need =
-        static_cast<uint64_t>(std::max<int64_t>(0, blocks_for(positions) - s.kv_.n_blocks())) * s.kv_.block_bytes();
+    // New blocks, and the blocks shared with a fork that the input writes into (each is copied
+    // first; an eviction below may end the sharing, so it is counted again).
+    auto need_now = [&] {
+      return static_cast<uint64_t>(std::max<int64_t>(0, blocks_for(positions) - s.kv_.n_blocks()) +
+                                   s.kv_.SharedBlocksIn(s.n_past(), static_cast<int64_t>(want[idx]))) *
+             s.kv_.block_bytes();
+    };
+    uint64_t need = need_now();
     if (need > free_bytes() && !kv_spill_dir_.empty()) {
       // Who can make room: idle sessions, least recently run first, then the ones after this one
       // in the order, the last first (they leave this step).
@@ -770,6 +776,7 @@ absl::Status Context::AdmitKv(const std::vector<size_t> &order, const std::vecto
             rollback();
             return Annotate(st, "evicting a session to make KV room");
           }
+          need = need_now();
         }
       }
     }
@@ -779,6 +786,7 @@ absl::Status Context::AdmitKv(const std::vector<size_t> &order, const std::vecto
       continue;
     }
     absl::Status st = s.kv_.Unspill();
+    if (st.ok()) st = s.kv_.Unshare(s.n_past(), static_cast<int64_t>(want[idx]));
     if (st.ok()) st = s.kv_.Reserve(positions);
     if (!st.ok()) {
       // Unspill may have brought the blocks back: as resident they are the same session.

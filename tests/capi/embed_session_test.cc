@@ -367,6 +367,54 @@ TEST_CASE("fork: before it diverges a fork takes no KV block, a write copies one
   moe_ctx_close(ctx);
 }
 
+TEST_CASE("fork: a step admits a fork's first write only with room for the block it copies", "[capi][fork]") {
+  std::mt19937_64 rng(std::random_device{}());
+  const std::vector<int32_t> prompt = Tokens(rng, kBlock + 1 + rng() % (kBlock - 2));  // two blocks
+  const std::vector<int32_t> next = Tokens(rng, 1);
+  moe_ctx *roomy = Open();
+  const auto want = Reference(roomy, {prompt, next});
+  moe_cache_plan plan;
+  moe_cache_plan_init(&plan);
+  REQUIRE(moe_ctx_plan(roomy, &plan) == MOE_OK);
+  moe_ctx_close(roomy);
+  const uint64_t block = plan.kv_bytes_per_token * plan.kv_block_tokens;
+  for (bool spill : {false, true}) {
+    INFO((spill ? "with a spill directory" : "without one"));
+    const std::string dir = TempPath("spill");
+    if (spill) REQUIRE(mkdir(dir.c_str(), 0700) == 0);
+    moe_params p;
+    moe_params_init(&p);
+    p.model_path = kModel.c_str();
+    p.backend = MOE_BACKEND_CPU;
+    p.n_ctx = 1024;
+    p.kv_budget_bytes = 2 * block;  // the prompt's two blocks and nothing more
+    p.kv_spill_dir = spill ? dir.c_str() : nullptr;
+    moe_ctx *ctx = nullptr;
+    REQUIRE(moe_ctx_open(&p, &ctx) == MOE_OK);
+    moe_session *a = NewSession(ctx);
+    Feed(a, prompt);
+    StepAll(ctx);
+    moe_session *b = nullptr;
+    REQUIRE(moe_session_fork(a, &b) == MOE_OK);
+    Feed(b, next);
+    if (!spill) {
+      // No room for the copy of the shared last block: the step says so and changes nothing.
+      CHECK(moe_ctx_step(ctx, nullptr) == MOE_ERR_LIMIT_KV);
+      CHECK(std::string(moe_last_error()).find("KV budget") != std::string::npos);
+      CHECK(moe_session_n_pending(b) == 1);
+      CHECK(moe_session_n_past(b) == static_cast<int32_t>(prompt.size()));
+      CHECK(KvUsed(ctx) == 2 * block);
+      moe_session_close(a);  // the blocks are b's alone now: nothing to copy
+    }
+    // With a spill directory the idle original is evicted, which ends the sharing.
+    REQUIRE(moe_ctx_step(ctx, nullptr) == MOE_OK);
+    CHECK(LogitsOf(b) == want[1]);
+    CHECK(KvUsed(ctx) == 2 * block);
+    moe_ctx_close(ctx);
+    if (spill) rmdir(dir.c_str());
+  }
+}
+
 TEST_CASE("fork: the original closed first, the fork goes on alone, misuse", "[capi][fork]") {
   std::mt19937_64 rng(std::random_device{}());
   moe_ctx *ctx = Open();
