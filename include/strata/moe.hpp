@@ -19,6 +19,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
 #include <memory>
 #include <stdexcept>
@@ -86,6 +87,28 @@ struct TextPiece {
 inline std::string version() { return moe_version_string(); }
 // moe_log_set: lines to fn(level, msg, user) instead of stderr; nullptr restores stderr.
 inline void set_log(moe_log_fn fn, void *user = nullptr) noexcept { moe_log_set(fn, user); }
+
+namespace detail {
+inline std::function<void(int32_t, std::string_view)> &LogFunction() {
+  static std::function<void(int32_t, std::string_view)> fn;
+  return fn;
+}
+inline void LogTrampoline(int32_t level, const char *msg, void *) {
+  try {
+    LogFunction()(level, msg);
+  } catch (...) {
+    // An exception from the host's function must not unwind into the library.
+  }
+}
+}  // namespace detail
+
+// The library's log lines to a C++ callable (level MOE_LOG_*, the line without its newline); an
+// empty function restores stderr. Not to be called from inside the callable.
+inline void set_log(std::function<void(int32_t level, std::string_view line)> fn) {
+  moe_log_set(nullptr, nullptr);  // the old callable is no longer running once this returns
+  detail::LogFunction() = std::move(fn);
+  if (detail::LogFunction()) moe_log_set(detail::LogTrampoline, nullptr);
+}
 
 class Context;
 

@@ -24,6 +24,8 @@ int strata_cxx17_header_check(const char *path) {
     (void)ctx.kv_usage();
     ctx.abort();
     strata::set_log(nullptr);
+    strata::set_log([](int32_t, std::string_view) {});
+    strata::set_log(std::function<void(int32_t, std::string_view)>());
     return static_cast<int>(l.size()) + s.sample() + static_cast<int>(strata::version().size());
   } catch (const strata::Error &e) {
     return -static_cast<int>(e.category());

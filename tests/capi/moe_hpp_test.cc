@@ -4,10 +4,13 @@
 #include <catch2/catch.hpp>
 
 #include <random>
+#include <stdexcept>
+#include <utility>
 #include <string>
 #include <vector>
 
 #include "include/strata/moe.hpp"
+#include "lib/util/log.h"
 
 namespace {
 
@@ -152,6 +155,17 @@ TEST_CASE("moe.hpp: handles close what they own, a session keeps its context ope
   CHECK(survivor.n_pending() == 1);
   survivor.reset();
   CHECK_FALSE(survivor);
+}
+
+TEST_CASE("moe.hpp: set_log takes a C++ callable and an empty one restores stderr", "[capi][hpp][log]") {
+  std::vector<std::pair<int32_t, std::string>> lines;
+  strata::set_log([&](int32_t level, std::string_view line) { lines.emplace_back(level, std::string(line)); });
+  strata::LogWarn("a warning %d", 1);
+  strata::set_log([](int32_t, std::string_view) { throw std::runtime_error("never crosses into the library"); });
+  strata::LogWarn("swallowed");
+  strata::set_log(std::function<void(int32_t, std::string_view)>());
+  REQUIRE(lines.size() == 1);
+  CHECK(lines[0] == std::make_pair(int32_t{MOE_LOG_WARN}, std::string("a warning 1")));
 }
 
 TEST_CASE("moe.hpp: text through the model's tokenizer", "[capi][hpp]") {
