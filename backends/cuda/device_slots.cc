@@ -125,7 +125,7 @@ bool CudaBackend::EnableExpertTables() {
   // Best effort too: without it the device computes every expert.
   if (absl::Status st = EnableTierCpuShare(n_expert_max); !st.ok()) {
     if (cpu_opts_.mode == CpuExpertMode::kAlways) err_ = st;  // asked for: the steps say why they fail
-    std::fprintf(stderr, "strata: CPU experts off for the tiers' tables: %s\n", std::string(st.message()).c_str());
+    LogWarn("strata: CPU experts off for the tiers' tables: %s\n", std::string(st.message()).c_str());
     cpu_experts_.reset();
     regime_.reset();
   }

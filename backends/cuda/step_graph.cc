@@ -266,8 +266,8 @@ absl::Status CudaBackend::EndStep() {
     // Nothing ran: the caller runs the step again outside a bracket. This key is not recorded again.
     absl::Status why = !err_.ok() ? err_ : g.status();
     if (graph_trace_) {
-      std::fprintf(stderr, "cuda graphs: step %lld not recorded: %s\n", static_cast<long long>(steps_ - 1),
-                   std::string(why.message()).c_str());
+      LogDebug("cuda graphs: step %lld not recorded: %s\n", static_cast<long long>(steps_ - 1),
+               std::string(why.message()).c_str());
     }
     err_ = absl::OkStatus();
     refused_.insert(step_key_);
