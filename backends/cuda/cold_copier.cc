@@ -11,6 +11,7 @@
 #include "backends/cuda/cuda_status.h"
 #include "lib/util/thread_pool.h"
 #include "lib/util/tunables.h"
+#include "lib/util/log.h"
 
 namespace strata::cuda {
 
@@ -88,19 +89,17 @@ ColdCopier::~ColdCopier() {
     unsigned long long waited = 0;
     (void)cudaMemcpy(&waited, mb_.waited_ns, sizeof(waited), cudaMemcpyDeviceToHost);
     (void)cudaGetLastError();
-    std::fprintf(stderr,
-                 "expert copies: %u requests, %llu experts, %.1f MiB; copy stream busy %.1f ms (%.1f GB/s), idle "
-                 "between requests %.1f ms; the compute stream waited %.1f ms\n",
-                 served, static_cast<unsigned long long>(copied_.load()), traced_bytes_ / 1048576.0, busy_ms_,
-                 busy_ms_ > 0 ? traced_bytes_ / (busy_ms_ * 1e6) : 0.0, idle_ms_, waited * 1e-6);
+    LogDebug("expert copies: %u requests, %llu experts, %.1f MiB; copy stream busy %.1f ms (%.1f GB/s), idle "
+             "between requests %.1f ms; the compute stream waited %.1f ms\n",
+             served, static_cast<unsigned long long>(copied_.load()), traced_bytes_ / 1048576.0, busy_ms_,
+             busy_ms_ > 0 ? traced_bytes_ / (busy_ms_ * 1e6) : 0.0, idle_ms_, waited * 1e-6);
     const double n = fit_[0], d = n * fit_[3] - fit_[1] * fit_[1];
     if (served > 0 && n > 1 && d > 0) {
       const double slope = (n * fit_[4] - fit_[1] * fit_[2]) / d, at0 = (fit_[2] - slope * fit_[1]) / n;
-      std::fprintf(stderr,
-                   "expert copies: issuing %.1f us a request on the host (its copies %.1f); a request's copies %.1f "
-                   "us + bytes at %.1f GB/s, its number %.1f us (%s)\n",
-                   issue_us_ / served, serve_us_ / served, at0 * 1e3, slope > 0 ? 1.0 / slope : 0.0, number_ms_ * 1e3 / served,
-                   write_value_ ? "written by the stream" : "copied");
+      LogDebug("expert copies: issuing %.1f us a request on the host (its copies %.1f); a request's copies %.1f "
+               "us + bytes at %.1f GB/s, its number %.1f us (%s)\n",
+               issue_us_ / served, serve_us_ / served, at0 * 1e3, slope > 0 ? 1.0 / slope : 0.0, number_ms_ * 1e3 / served,
+               write_value_ ? "written by the stream" : "copied");
     }
     if (idle_ms_ > 0) {
       // The layers the link waited longest before, in order of that wait.
@@ -115,17 +114,16 @@ ColdCopier::~ColdCopier() {
         std::snprintf(buf, sizeof buf, "%s%d %.1f", j > 0 ? ", " : "", order[j], idle_layer_ms_[order[j]]);
         top += buf;
       }
-      std::fprintf(stderr,
-                   "expert copies: idle before a layer's own requests %.1f ms (%llu), before predictions %.1f ms "
-                   "(%llu), before a step's first request %.1f ms (%llu); by layer (ms): %s\n",
-                   idle_kind_ms_[1], static_cast<unsigned long long>(idle_kind_n_[1]), idle_kind_ms_[0],
-                   static_cast<unsigned long long>(idle_kind_n_[0]), idle_start_ms_,
-                   static_cast<unsigned long long>(idle_start_n_), top.c_str());
+      LogDebug("expert copies: idle before a layer's own requests %.1f ms (%llu), before predictions %.1f ms "
+               "(%llu), before a step's first request %.1f ms (%llu); by layer (ms): %s\n",
+               idle_kind_ms_[1], static_cast<unsigned long long>(idle_kind_n_[1]), idle_kind_ms_[0],
+               static_cast<unsigned long long>(idle_kind_n_[0]), idle_start_ms_,
+               static_cast<unsigned long long>(idle_start_n_), top.c_str());
     }
     if (traced_copies_ > 0) {
-      std::fprintf(stderr, "expert copies: %llu copies for %llu matrices (%s)\n",
-                   static_cast<unsigned long long>(traced_copies_), static_cast<unsigned long long>(traced_matrices_),
-                   coalesce_ ? "adjacent ones joined" : "one a matrix");
+      LogDebug("expert copies: %llu copies for %llu matrices (%s)\n",
+               static_cast<unsigned long long>(traced_copies_), static_cast<unsigned long long>(traced_matrices_),
+               coalesce_ ? "adjacent ones joined" : "one a matrix");
     }
   }
 }

@@ -13,6 +13,7 @@
 #include "lib/util/thread_pool.h"
 #include "lib/util/thread_start.h"
 #include "lib/util/tunables.h"
+#include "lib/util/log.h"
 
 namespace strata::cuda {
 namespace {
@@ -110,23 +111,21 @@ CpuExperts::~CpuExperts() {
     (void)cudaMemcpy(waited, dev_box_.waited_ns, sizeof(waited), cudaMemcpyDeviceToHost);
     const double c = static_cast<double>(tr_.calls), us = 1e6;
     const double jobs = std::max<double>(1, static_cast<double>(tr_.jobs));
-    std::fprintf(stderr,
-                 "cpu experts: %llu calls, %llu jobs; us per call: decide %.1f, the device waiting for the decision "
-                 "%.1f, the worker idle between calls %.1f; us per job: the job %.1f, the device waiting for it "
-                 "%.1f; rates: link %.1f GB/s + %.1f us a layer, CPU %.1f GB/s + %.1f us a job (token share %.2f), "
-                 "round trip %.1f us\n",
-                 static_cast<unsigned long long>(tr_.calls), static_cast<unsigned long long>(tr_.jobs),
-                 us * tr_.decide_s / c, 1e-3 * static_cast<double>(waited[0]) / c, us * tr_.between_s / c,
-                 us * tr_.job_s / jobs, 1e-3 * static_cast<double>(waited[1]) / jobs, link_bytes_s_ / 1e9,
-                 us * link_fixed_s_, cpu_bytes_s_.load() / 1e9, us * cpu_fixed_s_.load(), token_share_,
-                 us * round_trip_s_);
+    LogDebug("cpu experts: %llu calls, %llu jobs; us per call: decide %.1f, the device waiting for the decision "
+             "%.1f, the worker idle between calls %.1f; us per job: the job %.1f, the device waiting for it "
+             "%.1f; rates: link %.1f GB/s + %.1f us a layer, CPU %.1f GB/s + %.1f us a job (token share %.2f), "
+             "round trip %.1f us\n",
+             static_cast<unsigned long long>(tr_.calls), static_cast<unsigned long long>(tr_.jobs),
+             us * tr_.decide_s / c, 1e-3 * static_cast<double>(waited[0]) / c, us * tr_.between_s / c,
+             us * tr_.job_s / jobs, 1e-3 * static_cast<double>(waited[1]) / jobs, link_bytes_s_ / 1e9,
+             us * link_fixed_s_, cpu_bytes_s_.load() / 1e9, us * cpu_fixed_s_.load(), token_share_,
+             us * round_trip_s_);
     for (const auto *ft : {&calib_times_, &job_times_}) {
       if (ft->calls == 0) continue;
       const double n = static_cast<double>(ft->calls);
-      std::fprintf(stderr,
-                   "cpu experts: %s, %llu jobs; us per job: setup %.1f, gate and up %.1f, SwiGLU %.1f, down %.1f\n",
-                   ft == &calib_times_ ? "calibration" : "decode", static_cast<unsigned long long>(ft->calls),
-                   us * ft->setup_s / n, us * ft->gate_up_s / n, us * ft->act_s / n, us * ft->down_s / n);
+      LogDebug("cpu experts: %s, %llu jobs; us per job: setup %.1f, gate and up %.1f, SwiGLU %.1f, down %.1f\n",
+               ft == &calib_times_ ? "calibration" : "decode", static_cast<unsigned long long>(ft->calls),
+               us * ft->setup_s / n, us * ft->gate_up_s / n, us * ft->act_s / n, us * ft->down_s / n);
     }
   }
 }
@@ -201,16 +200,16 @@ absl::Status CpuExperts::Calibrate() {
           const auto [secs, bytes] = job(n, 1, sliced);
           fit_.Add(bytes, secs);
           if (trace_) {
-            std::fprintf(stderr, "cpu experts calibration: %d %s of one token, %.2f MiB: %.1f us (%.1f GB/s)\n", n,
-                         sliced ? "slices" : "experts", bytes / (1 << 20), 1e6 * secs, bytes / secs / 1e9);
+            LogDebug("cpu experts calibration: %d %s of one token, %.2f MiB: %.1f us (%.1f GB/s)\n", n,
+                     sliced ? "slices" : "experts", bytes / (1 << 20), 1e6 * secs, bytes / secs / 1e9);
           }
         }
       }
     }
     fit_.HoldFixed();
     if (trace_) {
-      std::fprintf(stderr, "cpu experts calibration: fit %.1f GB/s + %.1f us a job\n", fit_.rate() / 1e9,
-                   1e6 * fit_.fixed());
+      LogDebug("cpu experts calibration: fit %.1f GB/s + %.1f us a job\n", fit_.rate() / 1e9,
+               1e6 * fit_.fixed());
     }
     double share = 0;
     if (fit_.rate() > 0) {

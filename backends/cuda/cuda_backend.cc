@@ -19,6 +19,7 @@
 #include "lib/model/placement.h"
 #include "lib/quant/codec.h"
 #include "lib/util/tunables.h"
+#include "lib/util/log.h"
 
 namespace strata::cuda {
 namespace {
@@ -85,7 +86,7 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const model::Mo
     // The path is an optimisation under auto: without it the GPU runs every miss, as with off.
     if (!st.ok() && cpu.mode == CpuExpertMode::kAlways) return Annotate(st, "setting up CPU experts");
     if (!st.ok()) {
-      std::fprintf(stderr, "strata: CPU experts off: %s\n", std::string(st.message()).c_str());
+      LogWarn("strata: CPU experts off: %s\n", std::string(st.message()).c_str());
       be->cpu_experts_.reset();
     }
     // With the copy engines on offer as well, auto times the two ways (model::RegimeProbe).
@@ -116,41 +117,39 @@ absl::Status CudaBackend::WarmUpBlas() {
 
 CudaBackend::~CudaBackend() {
   if (regime_ != nullptr && cpu_experts_ != nullptr && cpu_experts_->tracing()) {
-    std::fprintf(stderr,
-                 "cpu experts regime: %d probes, holding %s; last timed: link %.2f ms, hybrid %.2f ms a step; "
-                 "%lld path changes inside probes (their steps untimed), %lld probe steps of the share held on the "
-                 "link\n",
-                 regime_->probes(), regime_->held() == model::RegimeProbe::Regime::kLink ? "link" : "hybrid",
-                 regime_->link_s() * 1e3, regime_->hybrid_s() * 1e3, static_cast<long long>(regime_->resettles()),
-                 static_cast<long long>(regime_->declines()));
+    LogDebug("cpu experts regime: %d probes, holding %s; last timed: link %.2f ms, hybrid %.2f ms a step; "
+             "%lld path changes inside probes (their steps untimed), %lld probe steps of the share held on the "
+             "link\n",
+             regime_->probes(), regime_->held() == model::RegimeProbe::Regime::kLink ? "link" : "hybrid",
+             regime_->link_s() * 1e3, regime_->hybrid_s() * 1e3, static_cast<long long>(regime_->resettles()),
+             static_cast<long long>(regime_->declines()));
   }
   if (host_trace_ && host_n_ > 0) {
     const double n = static_cast<double>(host_n_);
-    std::fprintf(stderr,
-                 "cuda host: %llu replayed steps; a step: %.1f us from the last download to BeginStep, %.1f us in "
-                 "it before the launch (%.1f the layers' tier, %.1f their paths), %.1f us launching, %.1f us "
-                 "waiting for the download\n",
-                 static_cast<unsigned long long>(host_n_), 1e6 * host_s_[0] / n, 1e6 * host_s_[1] / n,
-                 1e6 * host_s_[4] / n, 1e6 * host_s_[5] / n, 1e6 * host_s_[2] / n, 1e6 * host_s_[3] / n);
+    LogDebug("cuda host: %llu replayed steps; a step: %.1f us from the last download to BeginStep, %.1f us in "
+             "it before the launch (%.1f the layers' tier, %.1f their paths), %.1f us launching, %.1f us "
+             "waiting for the download\n",
+             static_cast<unsigned long long>(host_n_), 1e6 * host_s_[0] / n, 1e6 * host_s_[1] / n,
+             1e6 * host_s_[4] / n, 1e6 * host_s_[5] / n, 1e6 * host_s_[2] / n, 1e6 * host_s_[3] / n);
   }
   ReadStamps();
   if (!stamp_table_.empty()) {
     std::vector<std::pair<std::string, std::pair<double, uint64_t>>> rows(stamp_table_.begin(), stamp_table_.end());
     std::sort(rows.begin(), rows.end(), [](auto &a, auto &b) { return a.second.first > b.second.first; });
-    std::fprintf(stderr, "cuda stamps over %llu recorded steps: up to mark, marks, ms a step, us a mark\n",
-                 static_cast<unsigned long long>(stamped_steps_));
+    LogDebug("cuda stamps over %llu recorded steps: up to mark, marks, ms a step, us a mark\n",
+             static_cast<unsigned long long>(stamped_steps_));
     for (auto &[name, r] : rows) {
-      std::fprintf(stderr, "  %-20s %8llu %8.3f %8.2f\n", name.c_str(), static_cast<unsigned long long>(r.second),
-                   1e3 * r.first / std::max<uint64_t>(stamped_steps_, 1), 1e6 * r.first / std::max<uint64_t>(r.second, 1));
+      LogDebug("  %-20s %8llu %8.3f %8.2f\n", name.c_str(), static_cast<unsigned long long>(r.second),
+               1e3 * r.first / std::max<uint64_t>(stamped_steps_, 1), 1e6 * r.first / std::max<uint64_t>(r.second, 1));
     }
   }
   if (profile_ && !profile_table_.empty()) {
     std::vector<std::pair<std::string, std::pair<double, uint64_t>>> rows(profile_table_.begin(), profile_table_.end());
     std::sort(rows.begin(), rows.end(), [](auto &a, auto &b) { return a.second.first > b.second.first; });
-    std::fprintf(stderr, "cuda profile: operation, calls, total s, us per call\n");
+    LogDebug("cuda profile: operation, calls, total s, us per call\n");
     for (auto &[op, r] : rows) {
-      std::fprintf(stderr, "  %-16s %10llu %10.4f %10.2f\n", op.c_str(), static_cast<unsigned long long>(r.second),
-                   r.first, 1e6 * r.first / std::max<uint64_t>(r.second, 1));
+      LogDebug("  %-16s %10llu %10.4f %10.2f\n", op.c_str(), static_cast<unsigned long long>(r.second),
+               r.first, 1e6 * r.first / std::max<uint64_t>(r.second, 1));
     }
   }
   // Work still queued may use the buffers about to be freed. The compute stream first: its layers
@@ -172,8 +171,8 @@ absl::StatusOr<void *> CudaBackend::Grow(DeviceBuffer &b, size_t bytes) {
     // recording took (a prompt's own) grow without dropping the decode graphs.
     if (graph_bufs_.count(&b) != 0) {
       if (graph_trace_) {
-        std::fprintf(stderr, "cuda graphs: a recorded scratch buffer grew (%zu to %zu bytes): %zu graphs dropped\n",
-                     b.size(), bytes, graphs_.size());
+        LogDebug("cuda graphs: a recorded scratch buffer grew (%zu to %zu bytes): %zu graphs dropped\n",
+                 b.size(), bytes, graphs_.size());
       }
       ReadStamps();
       graphs_.clear();
@@ -410,10 +409,10 @@ void CudaBackend::MatMul(const model::Matrix &w, const float *x, int64_t n_tok, 
   if (Note(dm.status())) Note(MatMulDevice(*dm, x, n_tok, y, w.codec->id));
   if (timed) {
     (void)stream_.Synchronize();
-    std::fprintf(stderr, "prompt matmul: %s (%lld x %lld, %s) x %lld tokens: %.1f us\n", w.name.c_str(),
-                 static_cast<long long>(w.rows), static_cast<long long>(w.cols),
-                 std::string(quant::TypeName(static_cast<uint32_t>(w.codec->id))).c_str(), static_cast<long long>(n_tok),
-                 std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+    LogDebug("prompt matmul: %s (%lld x %lld, %s) x %lld tokens: %.1f us\n", w.name.c_str(),
+             static_cast<long long>(w.rows), static_cast<long long>(w.cols),
+             std::string(quant::TypeName(static_cast<uint32_t>(w.codec->id))).c_str(), static_cast<long long>(n_tok),
+             std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
   }
 }
 

@@ -12,6 +12,7 @@
 #include "backends/cuda/cuda_status.h"
 #include "lib/model/placement.h"
 #include "lib/util/tunables.h"
+#include "lib/util/log.h"
 
 namespace strata::cuda {
 
@@ -118,13 +119,13 @@ bool CudaBackend::EnableExpertTables() {
   tables_bytes_ = tab_dev_.size();
   // Best effort: without the copy engines the kernels read RAM's experts in place, the same bytes.
   if (absl::Status st = EnableTierCopies(n_expert_max); !st.ok()) {
-    std::fprintf(stderr, "strata: the copy engines stay off for the tiers' tables: %s\n",
-                 std::string(st.message()).c_str());
+    LogWarn("strata: the copy engines stay off for the tiers' tables: %s\n",
+            std::string(st.message()).c_str());
   }
   // Best effort too: without it the device computes every expert.
   if (absl::Status st = EnableTierCpuShare(n_expert_max); !st.ok()) {
     if (cpu_opts_.mode == CpuExpertMode::kAlways) err_ = st;  // asked for: the steps say why they fail
-    std::fprintf(stderr, "strata: CPU experts off for the tiers' tables: %s\n", std::string(st.message()).c_str());
+    LogWarn("strata: CPU experts off for the tiers' tables: %s\n", std::string(st.message()).c_str());
     cpu_experts_.reset();
     regime_.reset();
   }

@@ -14,6 +14,7 @@
 #include "backends/cuda/cuda_status.h"
 #include "lib/model/placement.h"
 #include "lib/util/tunables.h"
+#include "lib/util/log.h"
 
 namespace strata::cuda {
 
@@ -189,8 +190,8 @@ absl::Status CudaBackend::SlotsFor(const std::vector<const model::ExpertWeights 
       uint64_t bytes = 0;
       for (const PendingCopy &c : copies) bytes += c.bytes;
       const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - c0t).count();
-      std::fprintf(stderr, "prompt experts: %zu fills, %zu staged, %zu batched copies of %.1f MiB in %.1f us (%.1f GB/s)\n",
-                   fills.size(), staged.size(), copies.size(), bytes / 1048576.0, us, us > 0 ? bytes / us * 1e-3 : 0.0);
+      LogDebug("prompt experts: %zu fills, %zu staged, %zu batched copies of %.1f MiB in %.1f us (%.1f GB/s)\n",
+               fills.size(), staged.size(), copies.size(), bytes / 1048576.0, us, us > 0 ? bytes / us * 1e-3 : 0.0);
     }
     for (const auto &[i, v] : fills) {
       Slot &sl = slots_[v];

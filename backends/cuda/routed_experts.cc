@@ -17,6 +17,7 @@
 #include "backends/cuda/cuda_status.h"
 #include "lib/model/placement.h"
 #include "lib/util/tunables.h"
+#include "lib/util/log.h"
 
 namespace strata::cuda {
 
@@ -152,9 +153,9 @@ void CudaBackend::UpdatePaths(int64_t n_tok) {
       if (regime_ != nullptr) regime_->Declined();
     }
     if ((tracing || graph_trace_) && gain > 0) {
-      std::fprintf(stderr, "cuda paths: step %lld: %s held (%.1f us a step against %.2f ms to record again)\n",
-                   static_cast<long long>(steps_ - 1), hold_entry ? "CPU's share" : "changes", gain * 1e6,
-                   record_cost * 1e3);
+      LogDebug("cuda paths: step %lld: %s held (%.1f us a step against %.2f ms to record again)\n",
+               static_cast<long long>(steps_ - 1), hold_entry ? "CPU's share" : "changes", gain * 1e6,
+               record_cost * 1e3);
     }
     return;
   }
@@ -171,8 +172,8 @@ void CudaBackend::UpdatePaths(int64_t n_tok) {
       n_hybrid += t.ok && t.hybrid ? 1 : 0;
       n_copies += t.ok && t.stage && t.copies ? 1 : 0;
     }
-    std::fprintf(stderr, "cuda paths: step %lld: %d layers with the CPU's share, %d with the copy engines (set %u%s)\n",
-                 static_cast<long long>(steps_ - 1), n_hybrid, n_copies, want, recorded ? ", recorded" : "");
+    LogDebug("cuda paths: step %lld: %d layers with the CPU's share, %d with the copy engines (set %u%s)\n",
+             static_cast<long long>(steps_ - 1), n_hybrid, n_copies, want, recorded ? ", recorded" : "");
   }
   // Paths without a graph record again: this step and the next are no sample of either regime.
   if (changed && !recorded && regime_ != nullptr) regime_->Disturbed();
@@ -384,9 +385,9 @@ absl::Status CudaBackend::PromptExperts(const std::vector<const model::ExpertWei
       if (trace) {
         const auto h1 = Clock::now();
         mark(&t1);
-        std::fprintf(stderr, "prompt experts: %zu experts, slots: host %.1f us, copies done %.1f us later\n",
-                     c1 - c0, std::chrono::duration<double, std::micro>(h1 - h0).count(),
-                     std::chrono::duration<double, std::micro>(t1 - h1).count());
+        LogDebug("prompt experts: %zu experts, slots: host %.1f us, copies done %.1f us later\n",
+                 c1 - c0, std::chrono::duration<double, std::micro>(h1 - h0).count(),
+                 std::chrono::duration<double, std::micro>(t1 - h1).count());
       }
     } else {
       slot.assign(m, nullptr);
@@ -451,9 +452,9 @@ absl::Status CudaBackend::PromptExperts(const std::vector<const model::ExpertWei
     }
     mark(&t3);
     if (trace) {
-      std::fprintf(stderr, "prompt experts: %d experts, %lld rows: gate/up %.1f us, down %.1f us\n", m,
-                   static_cast<long long>(rows), std::chrono::duration<double, std::micro>(t2 - t1).count(),
-                   std::chrono::duration<double, std::micro>(t3 - t2).count());
+      LogDebug("prompt experts: %d experts, %lld rows: gate/up %.1f us, down %.1f us\n", m,
+               static_cast<long long>(rows), std::chrono::duration<double, std::micro>(t2 - t1).count(),
+               std::chrono::duration<double, std::micro>(t3 - t2).count());
     }
     for (int i = 0; i < m; ++i) prompt_pending_.erase(ew[c0 + i]->gate.data);
     bool promoted = false;

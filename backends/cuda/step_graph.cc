@@ -14,6 +14,7 @@
 
 #include "backends/cuda/cuda_backend_internal.h"
 #include "backends/cuda/cuda_status.h"
+#include "lib/util/log.h"
 
 namespace strata::cuda {
 
@@ -77,8 +78,8 @@ absl::StatusOr<bool> CudaBackend::HistLanded(LayerTable &t) {
 
 absl::Status CudaBackend::HostRoundTrip(const char *what, bool growth) {
   if (bracket_ == Bracket::kWatch && step_clean_ && graph_trace_) {
-    std::fprintf(stderr, "cuda graphs: step %lld %s: %s\n", static_cast<long long>(steps_ - 1),
-                 growth ? "grew" : "not clean", what);
+    LogDebug("cuda graphs: step %lld %s: %s\n", static_cast<long long>(steps_ - 1),
+             growth ? "grew" : "not clean", what);
   }
   if (bracket_ == Bracket::kWatch && !growth) step_clean_ = false;
   if (bracket_ == Bracket::kCapture) return Errorf(MOE_ERR_INTERNAL, "%s inside a recorded decode step", what);
@@ -169,7 +170,7 @@ model::Backend::StepMode CudaBackend::BeginStepImpl(const model::StepKey &key) {
   if (profiler_step_ >= 0 && steps_ == profiler_step_ + 1) (void)cudaProfilerStop();
   if (steps_++ == profiler_step_) {
     (void)cudaProfilerStart();
-    std::fprintf(stderr, "strata: profiler on for step %lld\n", static_cast<long long>(profiler_step_));
+    LogDebug("strata: profiler on for step %lld\n", static_cast<long long>(profiler_step_));
   }
   pf_layer_ = -1;  // a prediction is for the step that made it
   if (stamped_ != nullptr) ReadStamps();
@@ -227,7 +228,7 @@ model::Backend::StepMode CudaBackend::BeginStepImpl(const model::StepKey &key) {
   }
   if (!Note(IssuePassFills())) return StepMode::kEager;  // not inside a recording
   if (clean_.count(step_key_) != 0 && refused_.count(step_key_) == 0 && Graph::BeginCapture(stream_.get()).ok()) {
-    if (graph_trace_) std::fprintf(stderr, "cuda graphs: step %lld recorded (paths %u)\n", static_cast<long long>(steps_ - 1), paths_);
+    if (graph_trace_) LogDebug("cuda graphs: step %lld recorded (paths %u)\n", static_cast<long long>(steps_ - 1), paths_);
     capture_t0_ = std::chrono::steady_clock::now();
     bracket_ = Bracket::kCapture;
     stamp_names_.clear();
@@ -235,7 +236,7 @@ model::Backend::StepMode CudaBackend::BeginStepImpl(const model::StepKey &key) {
     return StepMode::kCapture;
   }
   (void)cudaGetLastError();
-  if (graph_trace_) std::fprintf(stderr, "cuda graphs: step %lld watched (paths %u)\n", static_cast<long long>(steps_ - 1), paths_);
+  if (graph_trace_) LogDebug("cuda graphs: step %lld watched (paths %u)\n", static_cast<long long>(steps_ - 1), paths_);
   bracket_ = Bracket::kWatch;
   step_clean_ = true;
   return StepMode::kEager;
@@ -257,16 +258,16 @@ absl::Status CudaBackend::EndStep() {
   absl::StatusOr<Graph> g = Graph::EndCapture(stream_.get(), graph_trace_ ? &nodes : nullptr);
   if (graph_trace_) {
     auto ms = [](auto a, auto b) { return std::chrono::duration<double, std::milli>(b - a).count(); };
-    std::fprintf(stderr, "cuda graphs: step %lld: %zu nodes, %.2f ms recording, %.2f ms instantiating\n",
-                 static_cast<long long>(steps_ - 1), nodes, ms(capture_t0_, t_end),
-                 ms(t_end, std::chrono::steady_clock::now()));
+    LogDebug("cuda graphs: step %lld: %zu nodes, %.2f ms recording, %.2f ms instantiating\n",
+             static_cast<long long>(steps_ - 1), nodes, ms(capture_t0_, t_end),
+             ms(t_end, std::chrono::steady_clock::now()));
   }
   if (!g.ok() || !err_.ok()) {
     // Nothing ran: the caller runs the step again outside a bracket. This key is not recorded again.
     absl::Status why = !err_.ok() ? err_ : g.status();
     if (graph_trace_) {
-      std::fprintf(stderr, "cuda graphs: step %lld not recorded: %s\n", static_cast<long long>(steps_ - 1),
-                   std::string(why.message()).c_str());
+      LogDebug("cuda graphs: step %lld not recorded: %s\n", static_cast<long long>(steps_ - 1),
+               std::string(why.message()).c_str());
     }
     err_ = absl::OkStatus();
     refused_.insert(step_key_);

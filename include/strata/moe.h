@@ -17,6 +17,8 @@
  *  - moe_last_error() is one line of valid UTF-8: control bytes, NUL and invalid UTF-8 that a
  *    message quotes (from a file or an argument) are written as \xNN.
  *  - No C++ exception, abort or exit ever crosses this ABI.
+ *  - The library writes nothing to stdout, and to stderr only its log lines (warnings, traces a
+ *    tunable turns on), which moe_log_set sends to the host instead.
  *  - Thread safety is stated per function. A context may be used from several threads; a session is
  *    used by one thread at a time.
  */
@@ -40,7 +42,7 @@ extern "C" {
  * Version
  * ------------------------------------------------------------------------------------------- */
 #define MOE_VERSION_MAJOR 0
-#define MOE_VERSION_MINOR 1
+#define MOE_VERSION_MINOR 7
 #define MOE_VERSION_PATCH 0
 #define MOE_VERSION_NUMBER (MOE_VERSION_MAJOR * 10000 + MOE_VERSION_MINOR * 100 + MOE_VERSION_PATCH)
 
@@ -68,6 +70,7 @@ typedef int32_t moe_status;
 #define MOE_ERR_BACKEND 7          /* a compute backend (e.g. CUDA) failed */
 #define MOE_ERR_INTERNAL 8         /* a bug in Strata; please report it */
 #define MOE_ERR_LIMIT 9            /* a fixed limit was reached (context length, sessions) */
+#define MOE_ERR_CANCELLED 10       /* the host asked to stop (a load callback returned 0). Since: 0.7. */
 
 #define MOE_ERR_IO_READ (MOE_ERR_IO | (1 << 8))          /* read failed (EIO, ...) */
 #define MOE_ERR_IO_OPEN (MOE_ERR_IO | (2 << 8))          /* file or directory cannot be opened */
@@ -86,6 +89,7 @@ typedef int32_t moe_status;
 #define MOE_ERR_UNSUPPORTED_BACKEND (MOE_ERR_UNSUPPORTED | (3 << 8)) /* backend not built in or no device */
 #define MOE_ERR_LIMIT_CONTEXT (MOE_ERR_LIMIT | (1 << 8)) /* session context (n_ctx) is full */
 #define MOE_ERR_LIMIT_KV (MOE_ERR_LIMIT | (2 << 8))      /* the context's KV budget is used up */
+#define MOE_ERR_ABORTED (MOE_ERR_CANCELLED | (1 << 8))   /* a step stopped by moe_ctx_abort. Since: 0.7. */
 
 /* The name of a status ("MOE_ERR_FORMAT_TENSOR"), or "MOE_ERR_UNKNOWN"; static storage.
  * Thread-safety: safe. Since: 0.1. */
@@ -94,6 +98,28 @@ MOE_API const char *moe_status_string(moe_status st);
 /* The message of the last failing call on this thread ("" if none). Owned by the library, valid
  * until the next failing call on the same thread. Thread-safety: thread-local. Since: 0.1. */
 MOE_API const char *moe_last_error(void);
+
+/* ---------------------------------------------------------------------------------------------
+ * Logging. The library writes a few lines of its own outside returned statuses: warnings (a
+ * tunable's environment variable it cannot read, an optional GPU path it turns off) and the traces
+ * that tunables switch on (STRATA_*_TRACE, STRATA_CUDA_PROFILE). By default they go to stderr.
+ * ------------------------------------------------------------------------------------------- */
+#define MOE_LOG_ERROR 0
+#define MOE_LOG_WARN 1
+#define MOE_LOG_INFO 2
+#define MOE_LOG_DEBUG 3 /* traces a tunable turned on */
+
+/* Receives one line (UTF-8, NUL-terminated, no trailing newline; valid during the call) at a level
+ * MOE_LOG_*. Called on whatever thread logs, one call at a time; it must not call into Strata.
+ * Since: 0.7. */
+typedef void (*moe_log_fn)(int32_t level, const char *msg, void *user);
+
+/* Sends every line the library logs to fn (with `user`) instead of stderr: once set, the library
+ * writes nothing to stderr (progress bars of the library's own tools stay off). fn NULL restores
+ * stderr. Process-wide. Once it returns, the previous callback is not running and is never called
+ * again, so its user data may be freed.
+ * Thread-safety: safe; must not be called from inside a log callback. Since: 0.7. */
+MOE_API void moe_log_set(moe_log_fn fn, void *user);
 
 /* ---------------------------------------------------------------------------------------------
  * Handles
@@ -122,6 +148,10 @@ MOE_API int32_t moe_backend_available(int32_t kind);
 /* Progress of a load: bytes read so far of the total, and the user pointer given with the callback.
  * Since: 0.5. */
 typedef void (*moe_load_progress_fn)(uint64_t done_bytes, uint64_t total_bytes, void *user);
+
+/* Asked during a load whether to go on: nonzero continues, 0 cancels moe_ctx_open, which then
+ * returns MOE_ERR_CANCELLED having freed everything it had allocated. Since: 0.7. */
+typedef int32_t (*moe_load_continue_fn)(uint64_t done_bytes, uint64_t total_bytes, void *user);
 
 typedef struct moe_params {
   uint32_t struct_size;
@@ -193,6 +223,13 @@ typedef struct moe_params {
   int32_t cuda_streaming;     /* moe_switch: --backend cuda over a streaming context, the GPU reading
                                  experts where the RAM cache holds them (STRATA_CUDA_STREAMING, on by
                                  default); off refuses that with MOE_ERR_UNSUPPORTED_BACKEND */
+  /* Since 0.7 (appended): a load the host can cancel. */
+  moe_load_continue_fn load_continue; /* NULL (default) = never cancel. Called on the thread in
+                                 moe_ctx_open with load_progress_user: once with done == 0 before
+                                 the weights are read, then where load_progress is called (at most
+                                 every 0.1 s while reading, and once with done == total); returning 0
+                                 stops the open with MOE_ERR_CANCELLED and nothing left allocated.
+                                 It must not call into Strata */
 } moe_params;
 
 /* A choice whose default is a tunable (moe_params.cuda_graphs, huge_pages, cuda_streaming). Since: 0.6. */
@@ -454,7 +491,7 @@ static inline void moe_session_params_init(moe_session_params *p) {
 MOE_API moe_status moe_session_open(moe_ctx *ctx, const moe_session_params *p, moe_session **out);
 
 /* Closes a session; NULL is a no-op. Its queued input is dropped and its KV blocks go back to the
- * context's budget (an evicted session's spill file is removed).
+ * context's budget, but for those a fork still shares (an evicted session's spill file is removed).
  * Thread-safety: may run while another thread steps the context (it waits for that step to end);
  * no other call on this session may run concurrently or follow. Since: 0.1. */
 MOE_API void moe_session_close(moe_session *s);
@@ -500,6 +537,20 @@ MOE_API moe_status moe_ctx_step(moe_ctx *ctx, uint32_t *n_pending);
  * Thread-safety: as moe_ctx_step. Since: 0.1. */
 MOE_API moe_status moe_ctx_step_for(moe_ctx *ctx, uint64_t budget_us, uint32_t *n_pending, uint32_t *n_steps);
 
+/* Asks the step running on ctx (moe_ctx_step or moe_ctx_step_for on another thread) to stop: it
+ * stops at its next layer boundary and returns MOE_ERR_ABORTED (a decode step the CUDA backend
+ * replays as one recorded graph has no boundary inside: it completes, and the request stops the
+ * next step). An aborted step is undone as any failed step is: every session it
+ * ran keeps its queued input, its KV position and its logits as before the step, so the next step
+ * gives the logits it would have given had the aborted one never run; moe_ctx_step_for keeps the
+ * batches that completed before the abort. One request stops one step call: when no step is
+ * running, the next one to start returns MOE_ERR_ABORTED before computing anything (so an abort
+ * that races with the step's end is never lost), and the request is then spent.
+ * @return MOE_OK; MOE_ERR_INVALID_ARGUMENT (NULL).
+ * Thread-safety: safe from any thread, also while another thread steps the context (that is its
+ *   purpose); not concurrently with moe_ctx_close. Since: 0.7. */
+MOE_API moe_status moe_ctx_abort(moe_ctx *ctx);
+
 /* Polling: 1 when every token fed to the session has been processed and its logits can be sampled,
  * 0 while input is queued or before any input; -1 for NULL.
  * Thread-safety: safe, also while another thread steps the context. Since: 0.1. */
@@ -541,11 +592,13 @@ MOE_API int32_t moe_session_n_past(const moe_session *s);
  * KV cache residency and session snapshots
  * ------------------------------------------------------------------------------------------- */
 
-/* Bytes of KV blocks the session holds in RAM (0 while evicted, or for NULL).
+/* Bytes of KV blocks the session holds in RAM (0 while evicted, or for NULL); blocks it shares with
+ * a fork (moe_session_fork) count in each of them.
  * Thread-safety: one thread per session; not concurrently with moe_ctx_step. Since: 0.1. */
 MOE_API uint64_t moe_session_kv_bytes(const moe_session *s);
 
-/* KV bytes all sessions of the context hold in RAM (*used) and the budget they share (*budget);
+/* KV bytes all sessions of the context hold in RAM (*used; a block forks share counts once) and the
+ * budget they share (*budget);
  * either may be NULL. @return MOE_OK; MOE_ERR_INVALID_ARGUMENT (ctx NULL). Thread-safety: safe.
  * Since: 0.1. */
 MOE_API moe_status moe_ctx_kv_usage(const moe_ctx *ctx, uint64_t *used, uint64_t *budget);
@@ -591,6 +644,47 @@ MOE_API moe_status moe_session_save(moe_session *s, const char *path);
  * Thread-safety: safe against other session calls on the same context. Since: 0.1. */
 MOE_API moe_status moe_session_load(moe_ctx *ctx, const char *path, const moe_session_params *p,
                                     moe_session **out);
+
+/* moe_session_save into memory: the same bytes moe_session_save writes to a file (format, header
+ * naming the model, CRC-32C), for a host's own save system. With buf NULL or cap smaller than the
+ * snapshot, nothing is written, *n_written receives the bytes needed and the call returns
+ * MOE_ERR_LIMIT (a size query); else the snapshot is written to buf[0, *n_written).
+ * @return MOE_OK; MOE_ERR_INVALID_ARGUMENT (s or n_written NULL); MOE_ERR_LIMIT (as above);
+ *   MOE_ERR_IO_READ (an evicted session's spill file). The session is unchanged either way.
+ * Thread-safety: one thread per session; serialised with moe_ctx_step internally. Since: 0.7. */
+MOE_API moe_status moe_session_save_buffer(moe_session *s, void *buf, size_t cap, size_t *n_written);
+
+/* moe_session_load from n bytes in memory written by moe_session_save_buffer or moe_session_save,
+ * with the same checks, params rule and errors (MOE_ERR_FORMAT_HEADER, _TRUNCATED, _CHECKSUM,
+ * _FOREIGN for another model, MOE_ERR_UNSUPPORTED for another format version, ...). The bytes are
+ * only read during the call. On failure *out is untouched and no session is opened.
+ * @return as moe_session_load, without the MOE_ERR_IO_* codes; MOE_ERR_INVALID_ARGUMENT (ctx, out
+ *   or buf NULL). Thread-safety: as moe_session_load. Since: 0.7. */
+MOE_API moe_status moe_session_load_buffer(moe_ctx *ctx, const void *buf, size_t n, const moe_session_params *p,
+                                           moe_session **out);
+
+/* Opens a copy of the session on its context: the same params, processed tokens, queued input,
+ * logits and sampler state, so it samples and continues exactly as the original would. The copy
+ * shares the original's KV blocks (128 positions each) copy-on-write: a shared block is copied only
+ * when one of the two writes into it, so a fork costs next to no KV memory until it diverges (NPCs
+ * that share a persona prompt). Writes to one never change the other; either may be closed first.
+ * moe_ctx_kv_usage counts a shared block once; moe_session_kv_bytes counts it in each session. The
+ * text in progress of moe_session_sample_text is not copied: the fork starts a new text. An evicted
+ * session's KV is read back first.
+ * @return MOE_OK and *out set; MOE_ERR_INVALID_ARGUMENT (NULL); MOE_ERR_NO_MEMORY; MOE_ERR_LIMIT_KV /
+ *   MOE_ERR_IO_READ (an evicted original that cannot come back). On failure *out is untouched.
+ * Thread-safety: one thread per session; serialised with moe_ctx_step internally. Since: 0.7. */
+MOE_API moe_status moe_session_fork(moe_session *s, moe_session **out);
+
+/* Forgets the last n_tokens processed tokens (dialogue trees, retries): the position goes back by
+ * n_tokens, the token history loses them and the KV blocks no position uses any more are freed, so
+ * feeding the same tokens again gives bit-identical logits. The logits go with them: until a step
+ * processes new input, moe_session_logits answers MOE_ERR_STATE (n_tokens 0 changes nothing). The
+ * sampler's generator state is kept; the text in progress of moe_session_sample_text starts anew.
+ * @return MOE_OK; MOE_ERR_INVALID_ARGUMENT (NULL, n_tokens negative or more than moe_session_n_past:
+ *   nothing changes); MOE_ERR_STATE (input is queued: step or rewind after it is processed).
+ * Thread-safety: one thread per session; serialised with moe_ctx_step internally. Since: 0.7. */
+MOE_API moe_status moe_session_rewind(moe_session *s, int32_t n_tokens);
 
 /* Why moe_session_sample_text ended the text. */
 #define MOE_STOP_NONE 0   /* not ended: feed the token and continue */

@@ -14,6 +14,7 @@
 #include "lib/model/backend_registry.h"
 #include "lib/runtime/context.h"
 #include "lib/text/chat_template.h"
+#include "lib/util/log.h"
 #include "lib/util/safe_text.h"
 #include "lib/util/status.h"
 
@@ -99,7 +100,7 @@ struct StructSizes<moe_params> {
       STRATA_SIZE_BEFORE(moe_params, cache_policy),     STRATA_SIZE_BEFORE(moe_params, max_batch_tokens),
       STRATA_SIZE_BEFORE(moe_params, kv_budget_bytes),  STRATA_SIZE_BEFORE(moe_params, cpu_experts),
       STRATA_SIZE_BEFORE(moe_params, load_progress),    STRATA_SIZE_BEFORE(moe_params, cuda_graphs),
-      Newest<moe_params>()};
+      STRATA_SIZE_BEFORE(moe_params, load_continue),    Newest<moe_params>()};
 };
 template <>
 struct StructSizes<moe_session_params> {
@@ -223,6 +224,11 @@ strata::runtime::ContextOptions ToOptions(const moe_params &p) {
       fn(done, total, user);
     };
   }
+  if (p.load_continue != nullptr) {
+    o.load_continue = [fn = p.load_continue, user = p.load_progress_user](uint64_t done, uint64_t total) {
+      return fn(done, total, user) != 0;
+    };
+  }
   o.cuda_graphs = FromSwitch(p.cuda_graphs);
   if (p.cuda_cold_copies != 0) o.cuda_cold_copies = std::max(0, p.cuda_cold_copies);
   o.huge_pages = FromSwitch(p.huge_pages);
@@ -332,7 +338,15 @@ extern "C" {
 
 int32_t moe_version_number(void) { return MOE_VERSION_NUMBER; }
 
-const char *moe_version_string(void) { return "0.1.0"; }
+#define STRATA_STR_(x) #x
+#define STRATA_STR(x) STRATA_STR_(x)
+const char *moe_version_string(void) {
+  return STRATA_STR(MOE_VERSION_MAJOR) "." STRATA_STR(MOE_VERSION_MINOR) "." STRATA_STR(MOE_VERSION_PATCH);
+}
+#undef STRATA_STR
+#undef STRATA_STR_
+
+void moe_log_set(moe_log_fn fn, void *user) { strata::SetLogCallback(fn, user); }
 
 const char *moe_status_string(moe_status st) {
   switch (st) {
@@ -365,6 +379,8 @@ const char *moe_status_string(moe_status st) {
     MOE_NAME(MOE_ERR_UNSUPPORTED_BACKEND)
     MOE_NAME(MOE_ERR_LIMIT_CONTEXT)
     MOE_NAME(MOE_ERR_LIMIT_KV)
+    MOE_NAME(MOE_ERR_CANCELLED)
+    MOE_NAME(MOE_ERR_ABORTED)
 #undef MOE_NAME
     default: return "MOE_ERR_UNKNOWN";
   }
@@ -667,6 +683,12 @@ moe_status moe_ctx_step_for(moe_ctx *ctx, uint64_t budget_us, uint32_t *n_pendin
   });
 }
 
+moe_status moe_ctx_abort(moe_ctx *ctx) {
+  if (ctx == nullptr) return Fail(MOE_ERR_INVALID_ARGUMENT, "ctx is NULL");
+  ctx->impl->Abort();  // one atomic store: nothing here can throw
+  return MOE_OK;
+}
+
 int32_t moe_session_ready(const moe_session *s) { return s ? (s->impl->Ready() ? 1 : 0) : -1; }
 
 int32_t moe_session_n_pending(const moe_session *s) {
@@ -782,6 +804,48 @@ moe_status moe_session_load(moe_ctx *ctx, const char *path, const moe_session_pa
     auto s = ctx->impl->LoadSession(path, p != nullptr ? &o : nullptr);
     if (!s.ok()) return FromStatus(s.status());
     return AddSession(ctx, *s, out);
+  });
+}
+
+moe_status moe_session_save_buffer(moe_session *s, void *buf, size_t cap, size_t *n_written) {
+  return Guard([&]() -> moe_status {
+    if (s == nullptr || n_written == nullptr) return Fail(MOE_ERR_INVALID_ARGUMENT, "session or n_written is NULL");
+    return FromStatus(s->ctx->impl->SaveSessionBuffer(s->impl, buf, cap, n_written));
+  });
+}
+
+moe_status moe_session_load_buffer(moe_ctx *ctx, const void *buf, size_t n, const moe_session_params *p,
+                                   moe_session **out) {
+  return Guard([&]() -> moe_status {
+    if (ctx == nullptr || buf == nullptr || out == nullptr) {
+      return Fail(MOE_ERR_INVALID_ARGUMENT, "ctx, buf or out is NULL");
+    }
+    strata::runtime::SessionOptions o;
+    if (p != nullptr) {
+      moe_session_params sp;
+      if (moe_status st = ReadParams(p, &sp, moe_session_params_fill_defaults); st != MOE_OK) return st;
+      if (moe_status st = ToSessionOptions(sp, &o); st != MOE_OK) return st;
+    }
+    auto s = ctx->impl->LoadSessionBytes(static_cast<const uint8_t *>(buf), n,
+                                         "(a buffer of " + std::to_string(n) + " bytes)", p != nullptr ? &o : nullptr);
+    if (!s.ok()) return FromStatus(s.status());
+    return AddSession(ctx, *s, out);
+  });
+}
+
+moe_status moe_session_fork(moe_session *s, moe_session **out) {
+  return Guard([&]() -> moe_status {
+    if (s == nullptr || out == nullptr) return Fail(MOE_ERR_INVALID_ARGUMENT, "session or out is NULL");
+    auto fork = s->ctx->impl->ForkSession(s->impl);
+    if (!fork.ok()) return FromStatus(fork.status());
+    return AddSession(s->ctx, *fork, out);
+  });
+}
+
+moe_status moe_session_rewind(moe_session *s, int32_t n_tokens) {
+  return Guard([&]() -> moe_status {
+    if (s == nullptr) return Fail(MOE_ERR_INVALID_ARGUMENT, "session is NULL");
+    return FromStatus(s->ctx->impl->RewindSession(s->impl, n_tokens));
   });
 }
 

@@ -47,8 +47,7 @@ KvCache::Widths KvCache::WidthsFor(const HParams &hp) {
 KvCache::~KvCache() { FreeAll(); }
 
 void KvCache::FreeAll() {
-  if (budget_ != nullptr) budget_->Give(resident_bytes());
-  blocks_.clear();
+  blocks_.clear();  // each block gives its budget back when its last holder lets it go
   for (auto &t : k_tab_) t.clear();
   for (auto &t : v_tab_) t.clear();
   masked_.clear();
@@ -147,7 +146,7 @@ int KvCache::WindowFor(const HParams &hp, int l) const {
 }
 
 // Allocates n blocks (zeroed) against the budget, into *out; all or nothing.
-absl::Status KvCache::AddBlocks(int n, std::vector<std::unique_ptr<Buffer>> *out) {
+absl::Status KvCache::AddBlocks(int n, std::vector<BlockRef> *out) {
   const uint64_t bytes = static_cast<uint64_t>(n) * block_bytes();
   if (budget_ != nullptr && !budget_->Take(bytes)) {
     return Errorf(MOE_ERR_LIMIT_KV,
@@ -155,21 +154,33 @@ absl::Status KvCache::AddBlocks(int n, std::vector<std::unique_ptr<Buffer>> *out
                   "raise moe_params.kv_budget_bytes or max_sessions, close or evict sessions",
                   budget_->limit(), n, block_bytes(), budget_->used());
   }
+  // Each block owns its share of the charge from here on; a failure gives back the shares of the
+  // blocks not made (the blocks made give theirs as they go).
   for (int i = 0; i < n; ++i) {
+    auto fail = [&] {
+      if (budget_ != nullptr) budget_->Give(static_cast<uint64_t>(n - i) * block_bytes());
+      out->clear();
+      return Errorf(MOE_ERR_NO_MEMORY, "cannot allocate %d KV block(s) of %u bytes", n, block_bytes());
+    };
+    BlockRef block;
+    try {
+      block = std::make_shared<Block>();
+    } catch (const std::bad_alloc &) {
+      return fail();
+    }
     absl::StatusOr<std::unique_ptr<Buffer>> b =
         be_ != nullptr ? be_->Allocate(block_bytes()) : HostBlock::Allocate(block_bytes());
-    if (!b.ok()) {
-      out->clear();
-      if (budget_ != nullptr) budget_->Give(bytes);
-      return Errorf(MOE_ERR_NO_MEMORY, "cannot allocate %d KV block(s) of %u bytes", n, block_bytes());
-    }
-    out->push_back(std::move(*b));
+    if (!b.ok()) return fail();
+    block->buf = std::move(*b);
+    block->budget = budget_;
+    block->charged = budget_ != nullptr ? block_bytes() : 0;
+    out->push_back(std::move(block));  // reserved by the caller (no throw)
   }
   return absl::OkStatus();
 }
 
 // Appends allocated blocks to the tables.
-void KvCache::Adopt(std::vector<std::unique_ptr<Buffer>> *blocks) {
+void KvCache::Adopt(std::vector<BlockRef> *blocks) {
   const size_t per_layer = static_cast<size_t>(kKvBlockTokens) * (w_.k + w_.v);
   for (auto &b : *blocks) {
     float *base = Data(b);
@@ -195,7 +206,8 @@ absl::Status KvCache::Reserve(int n) {
   if (n <= capacity()) return absl::OkStatus();
   if (spilled()) return Errorf(MOE_ERR_STATE, "the KV cache is spilled to disk");
   const int need = (n + kKvBlockTokens - 1) / kKvBlockTokens - n_blocks();
-  std::vector<std::unique_ptr<Buffer>> fresh;
+  std::vector<BlockRef> fresh;
+  fresh.reserve(static_cast<size_t>(need));
   STRATA_RETURN_IF_ERROR(AddBlocks(need, &fresh));
   Adopt(&fresh);
   return absl::OkStatus();
@@ -206,6 +218,7 @@ absl::Status KvCache::Prepare(int pos0, const int32_t *tokens, int64_t n) {
     return Errorf(MOE_ERR_LIMIT_CONTEXT, "positions %d..%d do not fit the context of %d tokens", pos0,
                   pos0 + n - 1, n_ctx_);
   }
+  STRATA_RETURN_IF_ERROR(Unshare(pos0, n));
   STRATA_RETURN_IF_ERROR(Reserve(static_cast<int>(pos0 + n)));
   for (int64_t t = 0; t < n; ++t) {
     uint8_t &m = masked_[pos0 + t];
@@ -221,13 +234,73 @@ void KvCache::Trim(int n) {
   if (spilled()) return;
   const int keep = (std::max(0, n) + kKvBlockTokens - 1) / kKvBlockTokens;
   if (keep >= n_blocks()) return;
-  if (budget_ != nullptr) budget_->Give(static_cast<uint64_t>(n_blocks() - keep) * block_bytes());
-  blocks_.resize(keep);
+  blocks_.resize(keep);  // a block's budget goes back with its last holder
   for (auto &t : k_tab_) t.resize(keep);
   for (auto &t : v_tab_) t.resize(keep);
   masked_.resize(capacity());
   RecountMask();
   dev_tab_dirty_ = true;
+}
+
+absl::Status KvCache::Unshare(int pos0, int64_t n) {
+  if (n <= 0 || spilled()) return absl::OkStatus();
+  const int last = static_cast<int>(std::min<int64_t>(n_blocks() - 1, (pos0 + n - 1) / kKvBlockTokens));
+  std::vector<char> host;
+  for (int b = pos0 / kKvBlockTokens; b <= last; ++b) {
+    if (blocks_[b].use_count() <= 1) continue;
+    std::vector<BlockRef> fresh;
+    fresh.reserve(1);
+    STRATA_RETURN_IF_ERROR(AddBlocks(1, &fresh));
+    const size_t bytes = block_bytes();
+    if (be_ == nullptr) {
+      std::memcpy(fresh[0]->buf->data(), blocks_[b]->buf->data(), bytes);
+    } else {
+      host.resize(bytes);
+      be_->Download(host.data(), blocks_[b]->buf->data(), bytes);
+      be_->Upload(fresh[0]->buf->data(), host.data(), bytes);
+      STRATA_RETURN_IF_ERROR(be_->TakeError());
+    }
+    blocks_[b] = std::move(fresh[0]);
+    const size_t per_layer = static_cast<size_t>(kKvBlockTokens) * (w_.k + w_.v);
+    float *base = Data(blocks_[b]);
+    for (int l = 0; l < n_layer_; ++l) {
+      k_tab_[l][b] = base + l * per_layer;
+      v_tab_[l][b] = k_tab_[l][b] + static_cast<size_t>(kKvBlockTokens) * w_.k;
+    }
+    dev_tab_dirty_ = true;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status KvCache::ShareFrom(const KvCache &src) {
+  if (src.spilled()) return Errorf(MOE_ERR_STATE, "the KV cache to share is spilled to disk");
+  if (n_blocks() > 0 || spilled()) return Errorf(MOE_ERR_STATE, "a KV cache shares another's blocks only while empty");
+  if (src.n_layer_ != n_layer_ || src.w_.k != w_.k || src.w_.v != w_.v || src.n_ctx_ > n_ctx_) {
+    return Errorf(MOE_ERR_INTERNAL, "KV caches of different shapes cannot share blocks");
+  }
+  blocks_ = src.blocks_;
+  k_tab_ = src.k_tab_;
+  v_tab_ = src.v_tab_;
+  const size_t had = masked_.size();
+  masked_ = src.masked_;
+  mask_nonzero_ = src.mask_nonzero_;
+  MaskChanged(0, std::max(had, masked_.size()));
+  dev_tab_dirty_ = true;
+  return absl::OkStatus();
+}
+
+int KvCache::shared_blocks() const {
+  int n = 0;
+  for (const BlockRef &b : blocks_) n += b.use_count() > 1 ? 1 : 0;
+  return n;
+}
+
+int KvCache::SharedBlocksIn(int pos0, int64_t n) const {
+  if (n <= 0 || spilled()) return 0;
+  const int last = static_cast<int>(std::min<int64_t>(n_blocks() - 1, (pos0 + n - 1) / kKvBlockTokens));
+  int shared = 0;
+  for (int b = pos0 / kKvBlockTokens; b <= last; ++b) shared += blocks_[b].use_count() > 1 ? 1 : 0;
+  return shared;
 }
 
 absl::Status KvCache::Spill(const std::string &dir, int n) {
@@ -243,7 +316,7 @@ absl::Status KvCache::Spill(const std::string &dir, int n) {
   std::vector<char> host(block_bytes());
   for (int b = 0; b < keep; ++b) {
     const uint64_t bytes = block_bytes();
-    ToHost(host.data(), blocks_[b]->data(), bytes);
+    ToHost(host.data(), blocks_[b]->buf->data(), bytes);
     const char *p = host.data();
     crc = Crc32c(crc, p, bytes);
     uint64_t done = 0;
@@ -271,7 +344,8 @@ absl::Status KvCache::Spill(const std::string &dir, int n) {
 
 absl::Status KvCache::Unspill() {
   if (!spilled()) return absl::OkStatus();
-  std::vector<std::unique_ptr<Buffer>> fresh;
+  std::vector<BlockRef> fresh;
+  fresh.reserve(static_cast<size_t>(spill_blocks_));
   STRATA_RETURN_IF_ERROR(AddBlocks(spill_blocks_, &fresh));
   const uint64_t bytes = block_bytes();
   uint32_t crc = 0;
@@ -283,17 +357,15 @@ absl::Status KvCache::Unspill() {
       ssize_t r = pread(spill_fd_, p + done, bytes - done, static_cast<off_t>(b * bytes + done));
       if (r < 0 && errno == EINTR) continue;
       if (r <= 0) {
-        const int err = errno;
-        if (budget_ != nullptr) budget_->Give(static_cast<uint64_t>(spill_blocks_) * bytes);
+        const int err = errno;  // the fresh blocks give their budget back as they go
         return Errorf(MOE_ERR_IO_READ, "reading the KV spill file back: %s", r < 0 ? std::strerror(err) : "end of file");
       }
       done += static_cast<uint64_t>(r);
     }
     crc = Crc32c(crc, p, bytes);
-    FromHost(fresh[b]->data(), p, bytes);
+    FromHost(fresh[b]->buf->data(), p, bytes);
   }
   if (crc != spill_crc_) {
-    if (budget_ != nullptr) budget_->Give(static_cast<uint64_t>(spill_blocks_) * bytes);
     return Errorf(MOE_ERR_IO_READ, "the KV spill file came back different from what was written (checksum)");
   }
   std::vector<uint8_t> mask = std::move(masked_);
@@ -778,8 +850,27 @@ size_t ForwardWorkspaceBytes(const HParams &hp, int64_t n_tok, int64_t n_out, in
   return Lay(hp, n_tok, n_out, n_seq, nullptr, &s);
 }
 
+namespace {
+void (*g_layer_hook)(int, void *) = nullptr;
+void *g_layer_hook_user = nullptr;
+}  // namespace
+
+void SetLayerHookForTesting(void (*fn)(int layer, void *user), void *user) {
+  g_layer_hook = fn;
+  g_layer_hook_user = user;
+}
+
 absl::Status Forward(const HParams &hp, const ModelWeights &w, Backend &be, const ForwardArgs &a,
                      std::vector<std::vector<float>> *logits) {
+  // Between layers: the test hook, then the host's abort request.
+  auto aborted = [&](int l) {
+    if (g_layer_hook != nullptr) g_layer_hook(l, g_layer_hook_user);
+    return a.abort != nullptr && a.abort->load(std::memory_order_acquire);
+  };
+  auto abort_status = [&](int l) {
+    return Errorf(MOE_ERR_ABORTED, "the step was aborted (moe_ctx_abort) before layer %d of %d", l, hp.n_layer);
+  };
+  if (aborted(0)) return abort_status(0);
   const size_t n_seq = a.seqs.size();
   if (n_seq == 0) return Errorf(MOE_ERR_INVALID_ARGUMENT, "forward pass over no sequence");
   // Row offsets of each sequence in the concatenated batch.
@@ -895,12 +986,21 @@ absl::Status Forward(const HParams &hp, const ModelWeights &w, Backend &be, cons
     }
     be.DownloadParts(S.logits, parts.data(), parts.size());
   };
+  // While a backend records the step (a graph), nothing runs yet: no layer boundary to stop at.
+  bool recording = false;
   // The step's device work, from the embeddings to the logits.
   auto run = [&]() -> absl::Status {
     be.GetRows(w.tok_embd, S.tok, T, S.x);  // x (T, D): every sequence's rows in order
     // Each residual add is fused with the norm that follows it (the next block's input).
     be.RmsNorm(S.x, w.layers[0].attn_norm.values.data(), T, D, hp.rms_eps, S.h);
     for (int l = 0; l < hp.n_layer; ++l) {
+      if (l > 0 && !recording && aborted(l)) {
+        // The work queued so far ends before the caller frees what it writes (KV blocks).
+        float sink;
+        be.Download(&sink, S.x, sizeof sink);
+        (void)be.TakeError();
+        return abort_status(l);
+      }
       const LayerWeights &L = w.layers[l];
       SelfAttention(hp, L, l, be, seq_rows, rows, S.h, T, S, S.o);
       be.AddRmsNorm(S.x, S.o, L.ffn_norm.values.data(), T, D, hp.rms_eps, S.h);
@@ -945,7 +1045,9 @@ absl::Status Forward(const HParams &hp, const ModelWeights &w, Backend &be, cons
     // routed in backend memory.
     for (int l = 0; l < hp.n_layer; ++l) routed_on_backend[l] = hp.n_expert > 0 && !hp.is_dense(l);
   } else {
+    recording = mode == Backend::StepMode::kCapture;
     absl::Status st = run();
+    recording = false;
     absl::Status end = decode ? be.EndStep() : absl::OkStatus();
     if (mode == Backend::StepMode::kCapture && !(st.ok() && end.ok())) {
       (void)be.TakeError();  // the recording failed and nothing ran: run the step as usual

@@ -67,8 +67,20 @@ class KvCache {
   absl::Status Reserve(int n);
   // Reserve(pos0 + n) and records the mask of tokens[0, n) at positions pos0...
   absl::Status Prepare(int pos0, const int32_t *tokens, int64_t n);
-  // Frees the blocks that hold no position below n.
+  // Frees the blocks that hold no position below n (a block shared with another cache stays with it).
   void Trim(int n);
+  // Makes this cache (Init'ed with the same shape, holding nothing) a copy of `src`, sharing its
+  // blocks copy-on-write: a block held by several caches is copied by the one that writes into it
+  // (Prepare), so each sees only its own writes; its budget is given back when its last holder lets
+  // it go. MOE_ERR_STATE when src is spilled or this cache is not empty.
+  absl::Status ShareFrom(const KvCache &src);
+  // Blocks this cache shares with another (tests, stats), and those of them holding a position of
+  // [pos0, pos0 + n): the blocks a write there copies first.
+  int shared_blocks() const;
+  int SharedBlocksIn(int pos0, int64_t n) const;
+  // Copies every shared block holding a position of [pos0, pos0 + n) into one of this cache's own
+  // (Prepare does it before a write; a step's KV admission does it ahead, against the budget).
+  absl::Status Unshare(int pos0, int64_t n);
 
   KvView layer(int l) {
     return KvView{k_tab_[l].data(), v_tab_[l].data(), capacity(), w_.k, w_.v, masked_.data()};
@@ -111,12 +123,25 @@ class KvCache {
   }
 
  private:
-  absl::Status AddBlocks(int n, std::vector<std::unique_ptr<Buffer>> *out);
-  void Adopt(std::vector<std::unique_ptr<Buffer>> *blocks);
+  // One block of KV memory, charged to the budget until its last holder lets it go.
+  struct Block {
+    std::unique_ptr<Buffer> buf;
+    KvBudget *budget = nullptr;
+    uint64_t charged = 0;
+    Block() = default;
+    Block(const Block &) = delete;
+    Block &operator=(const Block &) = delete;
+    ~Block() {
+      if (budget != nullptr) budget->Give(charged);
+    }
+  };
+  using BlockRef = std::shared_ptr<Block>;
+  absl::Status AddBlocks(int n, std::vector<BlockRef> *out);
+  void Adopt(std::vector<BlockRef> *blocks);
   // Block memory <-> host, through the backend when there is one.
   void ToHost(void *dst, const void *src, size_t bytes) const;
   void FromHost(void *dst, const void *src, size_t bytes) const;
-  static float *Data(const std::unique_ptr<Buffer> &b) { return static_cast<float *>(b->data()); }
+  static float *Data(const BlockRef &b) { return static_cast<float *>(b->buf->data()); }
   void FreeAll();
   // Positions [lo, hi) of masked_ may differ from the backend's copy.
   void MaskChanged(size_t lo, size_t hi);
@@ -130,8 +155,9 @@ class KvCache {
   Widths w_;
   KvBudget *budget_ = nullptr;
   Backend *be_ = nullptr;
-  // blocks_[b]: (n_layer, [k (kKvBlockTokens, w.k) | v (kKvBlockTokens, w.v)]) floats.
-  std::vector<std::unique_ptr<Buffer>> blocks_;
+  // blocks_[b]: (n_layer, [k (kKvBlockTokens, w.k) | v (kKvBlockTokens, w.v)]) floats; shared with
+  // forks (ShareFrom) until one of them writes into it.
+  std::vector<BlockRef> blocks_;
   std::vector<std::vector<float *>> k_tab_, v_tab_;  // per layer, per block
   std::vector<uint8_t> masked_;
   int window_ = 0;
@@ -211,7 +237,14 @@ struct ForwardArgs {
   // Caller-owned activation workspace in the backend's memory, replaced by a larger one when it
   // holds fewer than ForwardWorkspaceBytes; nullptr: one for this call only.
   std::unique_ptr<Buffer> *workspace = nullptr;
+  // Set by another thread to stop the pass at its next layer boundary with MOE_ERR_ABORTED (checked
+  // before the first layer too); the caches are then as after any failure below. nullptr: never.
+  const std::atomic<bool> *abort = nullptr;
 };
+
+// Tests only: fn(layer, user) runs on the stepping thread at every layer boundary of every forward
+// pass, before the abort flag is read (so a test can abort at a chosen layer). nullptr: none.
+void SetLayerHookForTesting(void (*fn)(int layer, void *user), void *user);
 
 // The logits rows a forward pass holds in backend memory at once, beyond one a sequence. A batch
 // that wants more (a prompt whose every position's logits are asked) runs its output head in chunks

@@ -19,6 +19,7 @@
 #include "absl/strings/str_split.h"
 #include "lib/format/gguf_writer.h"
 #include "lib/model/weights.h"
+#include "lib/util/log.h"
 
 namespace strata::model {
 namespace {
@@ -279,8 +280,10 @@ void WriteLlamaCppHParams(const std::string &arch, const std::string &name, cons
   if (hp.sliding_window > 0) u32("attention.sliding_window", hp.sliding_window);
 }
 
+// The bar draws itself on the terminal's stderr (the CLI turns it on there); with a host's log
+// callback set, stderr is the host's and the bar stays off.
 ProgressBar::ProgressBar(bool on, uint64_t total_bytes, std::string label)
-    : on_(on), total_(total_bytes), label_(std::move(label)) {}
+    : on_(on && !LogToHost()), total_(total_bytes), label_(std::move(label)) {}
 
 ProgressBar::~ProgressBar() {
   if (on_ && drawn_) std::fputc('\n', stderr);

@@ -567,6 +567,10 @@ absl::Status WeightStore::Load(const ModelFile &mf, ModelWeights &w, bool routed
   std::atomic<uint64_t> done{0};
   std::atomic<bool> failed{false};
   std::mutex mu;
+  auto cancelled = [&](uint64_t d) {
+    return Errorf(MOE_ERR_CANCELLED, "the load was cancelled by the host's callback at %u of %u bytes", d, to_read);
+  };
+  if (lo.keep_going && !lo.keep_going(0, to_read)) return cancelled(0);
   size_t failed_at = pieces.size();  // the first failing piece (under mu)
   absl::Status failure;
   using Clock = std::chrono::steady_clock;
@@ -589,11 +593,18 @@ absl::Status WeightStore::Load(const ModelFile &mf, ModelWeights &w, bool routed
         return;
       }
       const uint64_t d = done.fetch_add(p.n, std::memory_order_relaxed) + p.n;
-      if (reporter && lo.progress && d < to_read) {
+      if (reporter && (lo.progress || lo.keep_going) && d < to_read) {
         const Clock::time_point now = Clock::now();
         if (std::chrono::duration<double>(now - last).count() >= kLoadProgressSeconds) {
           last = now;
-          lo.progress(d, to_read);
+          if (lo.progress) lo.progress(d, to_read);
+          if (lo.keep_going && !lo.keep_going(d, to_read)) {
+            std::lock_guard<std::mutex> lk(mu);
+            failed_at = 0;
+            failure = cancelled(d);
+            failed.store(true, std::memory_order_relaxed);
+            return;
+          }
         }
       }
     }
@@ -614,6 +625,7 @@ absl::Status WeightStore::Load(const ModelFile &mf, ModelWeights &w, bool routed
   for (std::thread &t : readers) t.join();
   if (failed.load()) return failure;
   if (lo.progress) lo.progress(to_read, to_read);
+  if (lo.keep_going && !lo.keep_going(to_read, to_read)) return cancelled(to_read);
   ForEachMatrix(w, [&](Matrix &m) { m.data = arena_ + placement[m.tensor] + m.sub_offset; }, routed_experts);
   // Norm vectors are small: convert them to float once.
   absl::Status status = absl::OkStatus();

@@ -119,6 +119,9 @@ struct LoadOptions {
   // Called on the loading thread with the bytes read so far and the total: at most every
   // kLoadProgressSeconds while reading, and once with done == total when every byte is in.
   std::function<void(uint64_t done, uint64_t total)> progress;
+  // Asked once with done == 0 before the first read, then after each progress call: false stops
+  // the load (the readers finish the piece they hold) and Load fails with MOE_ERR_CANCELLED.
+  std::function<bool(uint64_t done, uint64_t total)> keep_going;
   // The arena in transparent huge pages (AllocateLarge); unset = the STRATA_HUGEPAGES tunable.
   std::optional<bool> huge_pages;
 };

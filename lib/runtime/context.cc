@@ -173,6 +173,7 @@ absl::StatusOr<std::unique_ptr<Context>> Context::Open(const ContextOptions &o) 
     lo.n_threads = o.n_threads;
     lo.numa_node = bind.bound() ? backend_node : -1;
     lo.progress = o.load_progress;
+    lo.keep_going = o.load_continue;
     lo.huge_pages = o.huge_pages;
     STRATA_RETURN_IF_ERROR(ctx->store_.Load(*ctx->file_, ctx->weights_, /*routed_experts=*/!streaming, lo));
     if (bind.bound()) ctx->numa_node_ = backend_node;
@@ -345,6 +346,54 @@ void Context::CloseSession(Session *s) {
                   sessions_.end());
 }
 
+absl::StatusOr<Session *> Context::ForkSession(Session *src) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto s = std::unique_ptr<Session>(new Session(this, src->opts_));
+  std::lock_guard<std::mutex> slk(src->mu_);
+  s->n_ctx_ = src->n_ctx_;
+  STRATA_RETURN_IF_ERROR(s->kv_.Init(hp_, s->n_ctx_, kv_budget_.get(), backend_.get()));
+  s->kv_.SetMask(src->opts_.window, src->opts_.blocked_tokens);
+  if (src->kv_.spilled()) {
+    STRATA_RETURN_IF_ERROR(Annotate(WithKvRoom(src, [&]() { return src->kv_.Unspill(); }),
+                                    "reading the evicted session back to fork it"));
+  }
+  STRATA_RETURN_IF_ERROR(s->kv_.ShareFrom(src->kv_));
+  s->n_past_ = src->n_past_;
+  s->pending_ = src->pending_;
+  s->logits_ = src->logits_;
+  s->n_logit_rows_ = src->n_logit_rows_;
+  s->rows_open_ = src->rows_open_;
+  s->history_ = src->history_;
+  uint64_t rng[4];
+  src->rng_.GetState(rng);
+  s->rng_.SetState(rng);
+  s->last_step_ = src->last_step_;
+  sessions_.push_back(std::move(s));
+  return sessions_.back().get();
+}
+
+absl::Status Context::RewindSession(Session *s, int n) {
+  std::lock_guard<std::mutex> lk(mu_);  // no step runs the session meanwhile
+  std::lock_guard<std::mutex> slk(s->mu_);
+  if (n < 0 || n > s->n_past_) {
+    return Errorf(MOE_ERR_INVALID_ARGUMENT, "cannot rewind %d tokens: the session has processed %d", n, s->n_past_);
+  }
+  if (!s->pending_.empty()) {
+    return Errorf(MOE_ERR_STATE, "the session has %u tokens of input queued; rewind once a step has processed them",
+                  s->pending_.size());
+  }
+  if (n == 0) return absl::OkStatus();
+  s->n_past_ -= n;
+  s->history_.resize(static_cast<size_t>(s->n_past_));
+  s->kv_.Trim(s->n_past_);  // positions past n_past_ in a kept block are written again before use
+  s->logits_.clear();
+  s->n_logit_rows_ = 0;
+  s->rows_open_ = false;
+  s->detok_.reset();
+  s->stop_filter_.reset();
+  return absl::OkStatus();
+}
+
 // Counts every routing selection per (layer, expert), then defers to the real source. In layer-major
 // mode (a long prefill pass) it also asks the expert cache for the whole next layer once this
 // layer's experts are in, so the reads of layer l+1 overlap layer l's compute without waiting for a
@@ -411,8 +460,13 @@ class ResidentExperts final : public model::ExpertSource {
 absl::Status Context::Step(uint32_t *n_pending) {
   std::lock_guard<std::mutex> lk(mu_);
   bool ran = false;
-  absl::Status st = StepLocked(max_batch_tokens_, &ran);
+  absl::Status st = SpendAbort(StepLocked(max_batch_tokens_, &ran));
   if (n_pending != nullptr) *n_pending = CountPendingLocked();
+  return st;
+}
+
+absl::Status Context::SpendAbort(absl::Status st) {
+  if (StatusToMoe(st) == MOE_ERR_ABORTED) abort_.store(false, std::memory_order_release);
   return st;
 }
 
@@ -437,7 +491,7 @@ absl::Status Context::StepFor(int64_t budget_us, uint32_t *n_pending, uint32_t *
       cap = 1;  // the first pass always runs: progress even when the budget is below one token
     }
     bool ran = false;
-    st = StepLocked(cap, &ran);
+    st = SpendAbort(StepLocked(cap, &ran));
     if (!st.ok() || !ran) break;
     ++steps;
   }
@@ -454,6 +508,9 @@ uint32_t Context::CountPendingLocked() const {
 
 absl::Status Context::StepLocked(int cap, bool *ran) {
   *ran = false;
+  if (abort_.load(std::memory_order_acquire)) {
+    return Errorf(MOE_ERR_ABORTED, "the step was aborted (moe_ctx_abort) before it started");
+  }
   // --- take each session's chunk: round-robin from rr_next_, a fair share each round ---
   struct Chunk {
     Session *s;
@@ -566,6 +623,7 @@ absl::Status Context::StepLocked(int cap, bool *ran) {
     counting.layer_major = cache_ != nullptr && pass_tok >= prefill_layer_min_;
     a.experts = &counting;
     a.workspace = &workspace_;
+    a.abort = &abort_;
     // On failure no session is committed: the KV rows written at positions >= n_past are not part
     // of any session and are overwritten by the retry, and step_logits_ is not read.
     if (absl::Status st = model::Forward(hp_, weights_, *backend_, a, nullptr); !st.ok()) {
@@ -685,8 +743,14 @@ absl::Status Context::AdmitKv(const std::vector<size_t> &order, const std::vecto
     if ((*take)[idx] == 0) continue;
     Session &s = *sessions_[idx];
     const int positions = s.n_past() + static_cast<int>(want[idx]);
-    const uint64_t need =
-        static_cast<uint64_t>(std::max<int64_t>(0, blocks_for(positions) - s.kv_.n_blocks())) * s.kv_.block_bytes();
+    // New blocks, and the blocks shared with a fork that the input writes into (each is copied
+    // first; an eviction below may end the sharing, so it is counted again).
+    auto need_now = [&] {
+      return static_cast<uint64_t>(std::max<int64_t>(0, blocks_for(positions) - s.kv_.n_blocks()) +
+                                   s.kv_.SharedBlocksIn(s.n_past(), static_cast<int64_t>(want[idx]))) *
+             s.kv_.block_bytes();
+    };
+    uint64_t need = need_now();
     if (need > free_bytes() && !kv_spill_dir_.empty()) {
       // Who can make room: idle sessions, least recently run first, then the ones after this one
       // in the order, the last first (they leave this step).
@@ -712,6 +776,7 @@ absl::Status Context::AdmitKv(const std::vector<size_t> &order, const std::vecto
             rollback();
             return Annotate(st, "evicting a session to make KV room");
           }
+          need = need_now();
         }
       }
     }
@@ -721,6 +786,7 @@ absl::Status Context::AdmitKv(const std::vector<size_t> &order, const std::vecto
       continue;
     }
     absl::Status st = s.kv_.Unspill();
+    if (st.ok()) st = s.kv_.Unshare(s.n_past(), static_cast<int64_t>(want[idx]));
     if (st.ok()) st = s.kv_.Reserve(positions);
     if (!st.ok()) {
       // Unspill may have brought the blocks back: as resident they are the same session.

@@ -4,6 +4,7 @@
 // was before the step (input still queued, KV position unchanged).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -54,6 +55,9 @@ struct ContextOptions {
   int prefill_layer_min = 0;
   // Progress of the weights' load at open (model::LoadOptions::progress); empty = none.
   std::function<void(uint64_t done, uint64_t total)> load_progress;
+  // Asked whether to go on, before and while the weights load (model::LoadOptions::keep_going):
+  // false fails the open with MOE_ERR_CANCELLED. Empty = never cancel.
+  std::function<bool(uint64_t done, uint64_t total)> load_continue;
   // Choices whose defaults are tunables (lib/util/tunables.h): unset follows the tunable, a set one
   // wins over the environment. Graphs and cold copies go to the CUDA backend
   // (cuda::BackendChoices), huge pages to the weights' load (model::LoadOptions::huge_pages).
@@ -157,6 +161,8 @@ class Session {
   // KV bytes the session holds in RAM (0 while evicted to disk), and whether it is evicted.
   uint64_t kv_resident_bytes() const { return kv_.resident_bytes(); }
   bool kv_evicted() const { return kv_.spilled(); }
+  // KV blocks shared with a fork (or the session it was forked from).
+  int kv_shared_blocks() const { return kv_.shared_blocks(); }
 
  private:
   friend class Context;
@@ -210,6 +216,13 @@ class Context {
 
   absl::StatusOr<Session *> OpenSession(const SessionOptions &o);
   void CloseSession(Session *s);
+  // A new session that continues exactly as s would: its options, tokens, queued input, logits and
+  // generator state, and its KV blocks shared copy-on-write (KvCache::ShareFrom). An evicted s is
+  // read back first. The text in progress (NextText) is not copied.
+  absl::StatusOr<Session *> ForkSession(Session *s);
+  // Forgets the last n processed tokens of s (its KV blocks past the new position are let go, its
+  // logits dropped). MOE_ERR_INVALID_ARGUMENT for n < 0 or n > n_past, MOE_ERR_STATE with queued input.
+  absl::Status RewindSession(Session *s, int n);
   // One forward pass over the pending input of all sessions (continuous batching, at most
   // max_batch_tokens tokens, shared round-robin so every session with input gets a chunk; a very
   // short input runs token by token, which takes a few passes). A failed step leaves every session
@@ -223,6 +236,9 @@ class Context {
   // the same directory, fsync, rename, directory fsync). Load opens a new session from it, with
   // the saved options or *o (nullable) instead; the snapshot must have been written for this model.
   absl::Status SaveSession(Session *s, const std::string &path);
+  // The snapshot's bytes into buf[0, cap): *n_written receives its size; MOE_ERR_LIMIT (nothing
+  // written) when buf is null or cap smaller.
+  absl::Status SaveSessionBuffer(Session *s, void *buf, size_t cap, size_t *n_written);
   absl::StatusOr<Session *> LoadSession(const std::string &path, const SessionOptions *o);
   // LoadSession from a snapshot's bytes in memory; `name` stands for the path in messages.
   absl::StatusOr<Session *> LoadSessionBytes(const uint8_t *data, uint64_t size, const std::string &name,
@@ -238,6 +254,9 @@ class Context {
   // the first pass always runs, sized to the budget from the measured time per token. *n_steps
   // (nullable) receives the passes run.
   absl::Status StepFor(int64_t budget_us, uint32_t *n_pending, uint32_t *n_steps);
+  // Asks the step in progress (or, with none, the next one) to stop with MOE_ERR_ABORTED at a layer
+  // boundary, undone like any failed step. Thread-safe, lock-free: callable while a step runs.
+  void Abort() { abort_.store(true, std::memory_order_release); }
   ContextStats Stats() const;
   // Selections per routed expert (index layer * n_expert + expert) since open or the last reset.
   std::vector<uint64_t> ExpertCounts() const;
@@ -254,6 +273,9 @@ class Context {
   // One step (see Step) of at most `cap` tokens; *ran = false when no session had input. Locked.
   absl::Status StepLocked(int cap, bool *ran);
   uint32_t CountPendingLocked() const;
+  // A snapshot of s (snapshot.h) streamed to sink, begin(total bytes) first. Holds mu_ and s->mu_.
+  absl::Status WriteSnapshotLocked(Session *s, const std::function<absl::Status(uint64_t)> &begin,
+                                   const std::function<absl::Status(const char *, size_t)> &sink);
   std::unique_ptr<model::ModelFile> file_;
   model::HParams hp_;
   model::ModelWeights weights_;
@@ -296,6 +318,10 @@ class Context {
   int prefill_layer_min_ = kNoLayerMajor;
   size_t rr_next_ = 0;          // round-robin: the session index served first by the next step
   double us_per_token_ = 0;     // measured cost of a token in a pass (moving average), for StepFor
+  // Abort's request: read by the passes, spent (cleared) by the step call it stops.
+  std::atomic<bool> abort_{false};
+  // StepLocked's result, with an abort request spent when it stopped the step.
+  absl::Status SpendAbort(absl::Status st);
   std::mutex mu_;  // guards sessions_ and serialises Step
   std::vector<std::unique_ptr<Session>> sessions_;
 };

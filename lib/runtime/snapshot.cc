@@ -13,6 +13,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -80,10 +81,12 @@ class Buf {
   std::vector<char> b_;
 };
 
-// A file written through a buffer, with a running CRC-32C of everything written.
+// Bytes written through a buffer to a sink (a file, or the host's memory), with a running CRC-32C
+// of everything written.
 class Writer {
  public:
-  Writer(int fd, std::string name) : fd_(fd), name_(std::move(name)) { buf_.reserve(kCap); }
+  using Sink = std::function<absl::Status(const char *, size_t)>;
+  explicit Writer(Sink sink) : sink_(std::move(sink)) { buf_.reserve(kCap); }
   absl::Status Write(const void *p, size_t n) {
     crc_ = Crc32c(crc_, p, n);
     const char *c = static_cast<const char *>(p);
@@ -97,7 +100,7 @@ class Writer {
     return absl::OkStatus();
   }
   absl::Status Flush() {
-    STRATA_RETURN_IF_ERROR(format::WriteAll(fd_, buf_.data(), buf_.size(), name_));
+    STRATA_RETURN_IF_ERROR(sink_(buf_.data(), buf_.size()));
     buf_.clear();
     return absl::OkStatus();
   }
@@ -105,8 +108,7 @@ class Writer {
 
  private:
   static constexpr size_t kCap = 1 << 20;
-  int fd_;
-  std::string name_;
+  Sink sink_;
   std::vector<char> buf_;
   uint32_t crc_ = 0;
 };
@@ -292,10 +294,8 @@ absl::StatusOr<uint64_t> WeightsDigest(const model::ModelFile &mf) {
   return h;
 }
 
-absl::Status Context::SaveSession(Session *s, const std::string &path) {
-  if (path.empty()) return Errorf(MOE_ERR_INVALID_ARGUMENT, "empty snapshot path");
-  std::lock_guard<std::mutex> lk(mu_);  // no step changes the session while it is written
-  std::lock_guard<std::mutex> slk(s->mu_);
+absl::Status Context::WriteSnapshotLocked(Session *s, const std::function<absl::Status(uint64_t)> &begin,
+                                          const std::function<absl::Status(const char *, size_t)> &sink) {
   const model::KvCache::Widths w = s->kv_.widths();
   const int n = s->n_past_;
   // The small sections first, in memory.
@@ -333,16 +333,8 @@ absl::Status Context::SaveSession(Session *s, const std::string &path) {
   if (header.bytes().size() != kSnapshotHeaderBytes) {
     return Errorf(MOE_ERR_INTERNAL, "snapshot header is %u bytes", header.bytes().size());
   }
-
-  TempFile tmp;
-  tmp.path = path + ".tmp-XXXXXX";
-  tmp.fd = mkstemp(tmp.path.data());
-  if (tmp.fd < 0) {
-    tmp.path.clear();
-    return Errorf(MOE_ERR_IO_OPEN, "cannot create a temporary file next to '%s': %s", path, std::strerror(errno));
-  }
-  auto fail = [&](const absl::Status &st) { return Annotate(st, strata::StrFormat("saving session to '%s'", path)); };
-  Writer out(tmp.fd, tmp.path);
+  STRATA_RETURN_IF_ERROR(begin(total));
+  Writer out(sink);
   absl::Status st = out.Write(header.bytes().data(), header.bytes().size());
   for (int i = 0; i < 5 && st.ok(); ++i) {
     const uint32_t tag = tags[i], zero = 0;
@@ -352,7 +344,7 @@ absl::Status Context::SaveSession(Session *s, const std::string &path) {
     st.Update(out.Write(&len, 8));
     st.Update(out.Write(small[i]->bytes().data(), len));
   }
-  if (!st.ok()) return fail(st);
+  STRATA_RETURN_IF_ERROR(st);
   {
     const uint32_t tag = kTagKv, zero = 0;
     const uint64_t len = kv_bytes;
@@ -371,11 +363,34 @@ absl::Status Context::SaveSession(Session *s, const std::string &path) {
       }
     }
   }
-  if (!st.ok()) return fail(st);
+  STRATA_RETURN_IF_ERROR(st);
   const uint32_t crc = out.crc();
   st.Update(out.Write(&crc, 4));
   st.Update(out.Flush());
-  if (!st.ok()) return fail(st);
+  return st;
+}
+
+absl::Status Context::SaveSession(Session *s, const std::string &path) {
+  if (path.empty()) return Errorf(MOE_ERR_INVALID_ARGUMENT, "empty snapshot path");
+  std::lock_guard<std::mutex> lk(mu_);  // no step changes the session while it is written
+  std::lock_guard<std::mutex> slk(s->mu_);
+  TempFile tmp;
+  auto fail = [&](const absl::Status &st) { return Annotate(st, strata::StrFormat("saving session to '%s'", path)); };
+  // The temporary file is made once the snapshot's size is known, next to `path`.
+  auto begin = [&](uint64_t) -> absl::Status {
+    tmp.path = path + ".tmp-XXXXXX";
+    tmp.fd = mkstemp(tmp.path.data());
+    if (tmp.fd < 0) {
+      tmp.path.clear();
+      return Errorf(MOE_ERR_IO_OPEN, "cannot create a temporary file next to '%s': %s", path, std::strerror(errno));
+    }
+    return absl::OkStatus();
+  };
+  auto sink = [&](const char *p, size_t n) { return format::WriteAll(tmp.fd, p, n, tmp.path); };
+  if (absl::Status st = WriteSnapshotLocked(s, begin, sink); !st.ok()) {
+    // A temporary file that could not be made is named in the message already.
+    return tmp.fd < 0 ? st : fail(st);
+  }
   if (absl::Status sync = format::SyncFile(tmp.fd, tmp.path); !sync.ok()) return fail(sync);
   if (close(tmp.fd) != 0) {
     tmp.fd = -1;
@@ -393,6 +408,31 @@ absl::Status Context::SaveSession(Session *s, const std::string &path) {
   const absl::Status sync = format::SyncFile(dfd, dir);
   close(dfd);
   if (!sync.ok()) return fail(sync);
+  return absl::OkStatus();
+}
+
+absl::Status Context::SaveSessionBuffer(Session *s, void *buf, size_t cap, size_t *n_written) {
+  std::lock_guard<std::mutex> lk(mu_);
+  std::lock_guard<std::mutex> slk(s->mu_);
+  size_t at = 0, total = 0;
+  auto begin = [&](uint64_t bytes) -> absl::Status {
+    if (bytes > SIZE_MAX) return Errorf(MOE_ERR_LIMIT, "the snapshot of %u bytes does not fit this address space", bytes);
+    total = static_cast<size_t>(bytes);
+    *n_written = total;
+    if (buf == nullptr || cap < total) {
+      return Errorf(MOE_ERR_LIMIT, "the session's snapshot takes %u bytes; the buffer %s", total,
+                    buf == nullptr ? std::string("is NULL") : strata::StrFormat("holds %u", cap));
+    }
+    return absl::OkStatus();
+  };
+  auto sink = [&](const char *p, size_t n) -> absl::Status {
+    if (n > total - at) return Errorf(MOE_ERR_INTERNAL, "the snapshot ran past the %u bytes it announced", total);
+    std::memcpy(static_cast<char *>(buf) + at, p, n);
+    at += n;
+    return absl::OkStatus();
+  };
+  STRATA_RETURN_IF_ERROR(WriteSnapshotLocked(s, begin, sink));
+  if (at != total) return Errorf(MOE_ERR_INTERNAL, "the snapshot wrote %u of the %u bytes it announced", at, total);
   return absl::OkStatus();
 }
 

@@ -3,6 +3,8 @@
 // fails the build's tests when a getenv of one appears elsewhere.
 #include "lib/util/tunables.h"
 
+#include "lib/util/log.h"
+
 #include <atomic>
 #include <cerrno>
 #include <cmath>
@@ -127,7 +129,7 @@ const Values &Get() {
   static const Values values = [] {
     std::vector<std::string> complaints;
     Values v = Read([](const char *name) { return std::getenv(name); }, &complaints);
-    for (const std::string &c : complaints) std::fprintf(stderr, "strata: %s\n", c.c_str());
+    for (const std::string &c : complaints) LogLine(LogLevel::kWarn, "strata: " + c);
     return v;
   }();
   return values;

@@ -186,6 +186,22 @@ class Model:
                    "cannot load the session '%s'" % path)
             return Session._adopt(self, s, None)
 
+    def load_session_bytes(self, data):
+        """A session restored from bytes of Session.save_bytes (or a file of Session.save) for this model."""
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise TypeError("data must be bytes, not %s" % type(data).__name__)
+        buf = bytes(data)
+        with self._lock:
+            s = ctypes.c_void_p()
+            _check(_capi.lib.moe_session_load_buffer(self._handle(), buf, len(buf), None, ctypes.byref(s)),
+                   "cannot load the session from %d bytes" % len(buf))
+            return Session._adopt(self, s, None)
+
+    def abort(self):
+        """Stops the step another thread is running (or the next one) with MOE_ERR_ABORTED; the sessions
+        stay as before that step. Safe from any thread."""
+        _check(_capi.lib.moe_ctx_abort(self._handle()), "abort")
+
     def generate(self, prompt, max_tokens=32, temperature=0.8, seed=42, top_k=40, top_p=0.95, min_p=0.0,
                  repeat_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0, stop=None, stream=False):
         """The text the model writes after prompt (a str, tokenized with BOS where the model asks for it,
@@ -316,6 +332,28 @@ class Session:
         if not isinstance(path, str):
             raise TypeError("path must be a str, not %s" % type(path).__name__)
         _check(_capi.lib.moe_session_save(self._handle(), path.encode()), "cannot save the session to '%s'" % path)
+
+    def save_bytes(self):
+        """The session as bytes (the format of Session.save), for Model.load_session_bytes."""
+        s = self._handle()
+        need = ctypes.c_size_t()
+        st = _capi.lib.moe_session_save_buffer(s, None, 0, ctypes.byref(need))
+        if st != _capi.ERR_LIMIT:
+            _check(st, "save")
+        buf = ctypes.create_string_buffer(need.value)
+        _check(_capi.lib.moe_session_save_buffer(s, buf, need.value, ctypes.byref(need)), "save")
+        return buf.raw[: need.value]
+
+    def fork(self):
+        """A copy that continues as this session would, sharing its KV blocks until the two diverge."""
+        with self._model._lock:
+            f = ctypes.c_void_p()
+            _check(_capi.lib.moe_session_fork(self._handle(), ctypes.byref(f)), "cannot fork the session")
+            return Session._adopt(self._model, f, None)
+
+    def rewind(self, n_tokens):
+        """Forgets the last n_tokens processed tokens (their logits too, until the next eval)."""
+        _check(_capi.lib.moe_session_rewind(self._handle(), _int(n_tokens, "n_tokens", 0, (1 << 31) - 1)), "rewind")
 
     def _generate(self, ids, max_tokens):
         """Pieces of text after feeding ids: the session samples, turns tokens into text (holding back

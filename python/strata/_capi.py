@@ -152,6 +152,12 @@ _sig("moe_session_text_end", _status, _sess, ctypes.POINTER(ctypes.c_void_p), ct
 _sig("moe_session_n_past", ctypes.c_int32, _sess)
 _sig("moe_session_save", _status, _sess, ctypes.c_char_p)
 _sig("moe_session_load", _status, _ctx, ctypes.c_char_p, ctypes.POINTER(SessionParams), ctypes.POINTER(_sess))
+_sig("moe_session_save_buffer", _status, _sess, ctypes.c_void_p, c_size_t, ctypes.POINTER(c_size_t))
+_sig("moe_session_load_buffer", _status, _ctx, ctypes.c_void_p, c_size_t, ctypes.POINTER(SessionParams),
+     ctypes.POINTER(_sess))
+_sig("moe_session_fork", _status, _sess, ctypes.POINTER(_sess))
+_sig("moe_session_rewind", _status, _sess, ctypes.c_int32)
+_sig("moe_ctx_abort", _status, _ctx)
 _sig("moe_tokenize", _status, _ctx, ctypes.c_char_p, c_size_t, ctypes.c_uint32, c_int32_p, c_size_t,
      ctypes.POINTER(c_size_t))
 _sig("moe_detokenize", _status, _ctx, c_int32_p, c_size_t, ctypes.c_char_p, c_size_t, ctypes.POINTER(c_size_t))

@@ -37,7 +37,11 @@ moe_ctx *OpenCtx(uint32_t n_ctx = 0) {
 
 TEST_CASE("version and status names", "[capi]") {
   CHECK(moe_version_number() == MOE_VERSION_NUMBER);
-  CHECK(std::string(moe_version_string()) == "0.1.0");
+  CHECK(MOE_VERSION_NUMBER == 700);
+  CHECK(std::string(moe_version_string()) == "0.7.0");
+  CHECK(std::string(moe_status_string(MOE_ERR_CANCELLED)) == "MOE_ERR_CANCELLED");
+  CHECK(std::string(moe_status_string(MOE_ERR_ABORTED)) == "MOE_ERR_ABORTED");
+  CHECK(MOE_STATUS_CATEGORY(MOE_ERR_ABORTED) == MOE_ERR_CANCELLED);
   CHECK(std::string(moe_status_string(MOE_OK)) == "MOE_OK");
   CHECK(std::string(moe_status_string(MOE_ERR_FORMAT_TENSOR)) == "MOE_ERR_FORMAT_TENSOR");
   CHECK(std::string(moe_status_string(12345)) == "MOE_ERR_UNKNOWN");

@@ -172,3 +172,48 @@ def test_errors_never_crash(tmp_path):
     with pytest.raises(strata.Error):
         m.stats()
     s.close()
+
+
+def test_fork_rewind_and_bytes(demo, rng):
+    prompt = demo.tokenize(" ".join(rng.sample(WORDS, 3)), add_bos=True)
+    more = demo.tokenize(" " + rng.choice(WORDS))
+    a = demo.session(temperature=0.9, seed=rng.randrange(1 << 30))
+    a.eval(prompt)
+    b = a.fork()
+    data = a.save_bytes()
+    assert isinstance(data, bytes) and len(data) > 112
+    c = demo.load_session_bytes(data)
+    want = a.eval(more)
+    assert np.array_equal(b.eval(more), want)
+    assert np.array_equal(c.eval(more), want)
+    assert a.sample() == b.sample() == c.sample()
+    a.rewind(len(more))
+    assert a.n_past == len(prompt)
+    assert np.array_equal(a.eval(more), want)
+    with pytest.raises(strata.Error) as e:
+        a.rewind(a.n_past + 1)
+    assert e.value.status_name == "MOE_ERR_INVALID_ARGUMENT"
+    with pytest.raises(strata.Error) as e:
+        demo.load_session_bytes(data[: len(data) // 2])
+    assert e.value.status_name.startswith("MOE_ERR_FORMAT")
+    with pytest.raises(TypeError):
+        demo.load_session_bytes("not bytes")
+    for s in (a, b, c):
+        s.close()
+    with pytest.raises(strata.Error):
+        b.fork()  # closed
+
+
+def test_abort_from_another_thread(demo, rng):
+    ids = demo.tokenize(" ".join(rng.choice(WORDS) for _ in range(40)), add_bos=True)
+    want = demo.session().eval(ids)
+    s = demo.session()
+    t = threading.Thread(target=demo.abort)  # no step runs: the request stops the next one
+    t.start()
+    t.join()
+    with pytest.raises(strata.Error) as e:
+        s.eval(ids)
+    assert e.value.status_name == "MOE_ERR_ABORTED"
+    assert s.n_past == 0
+    assert np.array_equal(s.eval([]), want)  # the input stayed queued; this step runs it
+    s.close()
