@@ -89,6 +89,7 @@ struct Args {
   std::string experts_type = "q4_k", attention_type = "q8_0", boost_type = "q6_k";
   std::string routing = "concentrated";
   std::string boost_layers, hotlist;
+  bool expert_contiguous = false;
   // synth
   std::string shape, codec;  // synth: empty = the shape's expert codec
   std::string decode_tokens;  // bench: teacher-forced decode input instead of sampled tokens

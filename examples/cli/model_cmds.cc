@@ -225,6 +225,7 @@ int CmdPack(const Args &a) {
     o.boost_layers.assign(layers->begin(), layers->end());
   }
   o.hotlist_path = a.hotlist;
+  if (a.expert_contiguous) o.layout = strata::model::ExpertLayout::kExpertContiguous;
   o.progress = isatty(STDERR_FILENO) != 0;
   const std::string temp = out + ".tmp." + std::to_string(getpid());
   if (temp.size() < sizeof g_pack_temp) {

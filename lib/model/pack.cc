@@ -45,6 +45,8 @@ struct Job {
   uint64_t raw_bytes = 0;   // > 0: copy this many bytes unchanged (tensors pack does not know)
   int permute_head_dim = 0; // > 0: rows are HF rotate-half heads of this size, reorder to adjacent pairs
   bool expert = false;
+  // A stacked tensor (ne[2] matrices): its matrices' jobs, converted in turn into its data.
+  std::vector<Job> parts;
 };
 
 const quant::Codec &CodecFor(TypeId t) { return *quant::FindCodec(t); }
@@ -84,6 +86,30 @@ class Planner {
  public:
   void AddMatrix(const std::string &name, const Matrix &m, TypeId want, bool expert, uint64_t align,
                  int permute_head_dim = 0) {
+    jobs_.push_back(MatrixJob(name, m, want, expert, align, permute_head_dim));
+  }
+
+  // One tensor of ne {cols, rows, n} holding the n matrices (of one shape) in order: llama.cpp's
+  // stacked routed experts, blk.L.ffn_gate_exps.weight and the like.
+  void AddStacked(const std::string &name, const std::vector<const Matrix *> &ms, TypeId want) {
+    Job j;
+    j.name = name;
+    j.n_dims = 3;
+    j.expert = true;
+    const size_t before = fallbacks_.size();
+    for (const Matrix *m : ms) {
+      j.parts.push_back(MatrixJob(name, *m, want, true, 0, 0));
+      fallbacks_.resize(std::min(fallbacks_.size(), before + 1));  // one report for the stack
+    }
+    j.type = j.parts[0].type;
+    j.ne[0] = ms[0]->cols;
+    j.ne[1] = ms[0]->rows;
+    j.ne[2] = static_cast<int64_t>(ms.size());
+    jobs_.push_back(std::move(j));
+  }
+
+  Job MatrixJob(const std::string &name, const Matrix &m, TypeId want, bool expert, uint64_t align,
+                int permute_head_dim) {
     Job j;
     j.name = name;
     j.type = Fit(want, m.cols);
@@ -105,7 +131,7 @@ class Planner {
       j.raw_bytes = quant::RowBytes(j.src_type, m.cols).value_or(0) * static_cast<uint64_t>(m.rows);
     }
     Mark(m.tensor);
-    jobs_.push_back(std::move(j));
+    return j;
   }
 
   void AddVec(const std::string &name, const Vec &v) {
@@ -152,6 +178,8 @@ class Planner {
 
 absl::Status Convert(const ModelFile &mf, const Job &j, format::GgufWriter &w, std::vector<uint8_t> &src,
                      std::vector<float> &vals, std::vector<float> &perm, std::vector<uint8_t> &dst) {
+  for (const Job &part : j.parts) STRATA_RETURN_IF_ERROR(Convert(mf, part, w, src, vals, perm, dst));
+  if (!j.parts.empty()) return absl::OkStatus();
   const format::File &file = mf.file(j.src_file);
   auto read = [&](uint64_t off, void *p, uint64_t n) {
     absl::Status st = file.ReadAt(off, p, n);
@@ -400,6 +428,11 @@ absl::StatusOr<PackReport> Pack(const std::string &in, const std::string &out, c
     plan.AddVec(n("ffn_norm"), L.ffn_norm);
     plan.AddMatrix(n("ffn_gate_inp"), L.router, TypeId::kF32, false, 0);
   }
+  const bool contiguous = o.layout == ExpertLayout::kExpertContiguous;
+  if (!contiguous && !hot.empty()) {
+    return Errorf(MOE_ERR_INVALID_ARGUMENT,
+                  "--hotlist orders the experts of the expert-contiguous layout: give --expert-contiguous too");
+  }
   // Expert order: the hotlist's (hottest first), then the rest by layer and id.
   std::vector<std::pair<int, int>> order;
   std::vector<bool> placed(static_cast<size_t>(hp.n_layer) * hp.n_expert, false);
@@ -413,7 +446,23 @@ absl::StatusOr<PackReport> Pack(const std::string &in, const std::string &out, c
     }
   }
   const size_t first_expert_job = plan.jobs().size();
+  for (int l = 0; l < hp.n_layer && !contiguous; ++l) {
+    const TypeId t = boosted[l] ? o.boost : o.experts;
+    const auto &ex = w.layers[l].experts;
+    std::vector<const Matrix *> gate, up, down;
+    for (const ExpertWeights &x : ex) {
+      gate.push_back(&x.gate);
+      up.push_back(&x.up);
+      down.push_back(&x.down);
+    }
+    if (ex.empty()) continue;
+    auto n = [l](const char *s) { return strata::StrFormat("blk.%d.%s.weight", l, s); };
+    plan.AddStacked(n("ffn_gate_exps"), gate, t);
+    plan.AddStacked(n("ffn_up_exps"), up, t);
+    plan.AddStacked(n("ffn_down_exps"), down, t);
+  }
   for (const auto &[l, e] : order) {
+    if (!contiguous) break;
     const ExpertWeights &x = w.layers[l].experts[e];
     const TypeId t = boosted[l] ? o.boost : o.experts;
     auto n = [l = l, e = e](const char *s) { return strata::StrFormat("blk.%d.%s.%d.weight", l, s, e); };
@@ -449,7 +498,8 @@ absl::StatusOr<PackReport> Pack(const std::string &in, const std::string &out, c
     writer.RemoveValue("general.file_type");
   }
   writer.SetValue("strata.pack.version", format::GgufUint32(kPackVersion));
-  writer.SetValue("strata.pack.expert_alignment", format::GgufUint32(kPackExpertAlignment));
+  writer.SetValue("strata.pack.expert_layout", format::GgufString(contiguous ? "expert-contiguous" : "stacked"));
+  if (contiguous) writer.SetValue("strata.pack.expert_alignment", format::GgufUint32(kPackExpertAlignment));
   writer.SetValue("strata.pack.expert_type", format::GgufString(Name(o.experts)));
   writer.SetValue("strata.pack.attention_type", format::GgufString(Name(o.attention)));
   if (!o.boost_layers.empty()) {
@@ -457,7 +507,7 @@ absl::StatusOr<PackReport> Pack(const std::string &in, const std::string &out, c
     std::vector<int64_t> bl(o.boost_layers.begin(), o.boost_layers.end());
     writer.SetValue("strata.pack.boost_layers", format::GgufIntArray(GgufType::kUint32, bl));
   }
-  writer.SetValue("strata.pack.expert_order", format::GgufString(hot.empty() ? "layer" : "hotlist"));
+  if (contiguous) writer.SetValue("strata.pack.expert_order", format::GgufString(hot.empty() ? "layer" : "hotlist"));
   if (!hot.empty()) {
     std::vector<int64_t> hl, he, hc;
     for (const HotExpert &h : hot) {

@@ -1,7 +1,10 @@
-// `strata pack`: rewrites a GGUF file or HF checkpoint as a mixed-precision GGUF whose routed experts
-// are per-expert tensors `blk.L.ffn_{gate,up,down}.E.weight`, gate|up|down of one expert adjacent
-// (only the 32-byte tensor alignment between them) and each expert's start 4096-aligned in the file,
-// so a cache miss is one sequential read. Tensors are converted one at a time (no whole-model buffer).
+// `strata pack`: rewrites a GGUF file or HF checkpoint as a mixed-precision GGUF. By default the
+// routed experts are llama.cpp's stacked tensors `blk.L.ffn_{gate,up,down}_exps.weight` (ne {cols,
+// rows, n_expert}), so llama.cpp and the `gguf` package load the file. ExpertLayout::kExpertContiguous
+// writes per-expert tensors `blk.L.ffn_{gate,up,down}.E.weight` instead, gate|up|down of one expert
+// adjacent (only the 32-byte tensor alignment between them) and each expert's start 4096-aligned in
+// the file, so a cache miss is one sequential read (a layout only Strata reads). Tensors are
+// converted one at a time (no whole-model buffer).
 #pragma once
 
 #include <cstdint>
@@ -23,12 +26,16 @@ constexpr uint32_t kPackVersion = 1;
 constexpr uint32_t kPackExpertAlignment = 4096;
 constexpr uint32_t kPackFileAlignment = 32;
 
+enum class ExpertLayout { kStacked, kExpertContiguous };
+
 struct PackOptions {
+  ExpertLayout layout = ExpertLayout::kStacked;
   quant::TypeId experts = quant::TypeId::kQ4_K;    // routed experts
   quant::TypeId attention = quant::TypeId::kQ8_0;  // attention, embeddings, output (and shared experts)
   quant::TypeId boost = quant::TypeId::kQ6_K;      // routed experts of the boost layers
   std::vector<int> boost_layers;
-  // Hotlist file (format: see ReadHotlist); empty keeps the experts in (layer, expert) order.
+  // Hotlist file (format: see ReadHotlist), the expert-contiguous layout only; empty keeps the
+  // experts in (layer, expert) order.
   std::string hotlist_path;
   bool progress = false;  // draw a progress bar on stderr (the CLI sets it when stderr is a terminal)
   bool verbose = true;    // print each fallback and a summary on stderr

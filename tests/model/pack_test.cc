@@ -110,8 +110,10 @@ void CheckSameMetadata(const strata::format::GgufFile &g, const strata::format::
   }
 }
 
+// The expert-contiguous layout, whose per-expert tensors and alignment CheckLayout checks.
 PackOptions AllQ8() {
   PackOptions o;
+  o.layout = strata::model::ExpertLayout::kExpertContiguous;
   o.experts = TypeId::kQ8_0;
   o.attention = TypeId::kQ8_0;
   return o;
@@ -198,6 +200,7 @@ TEST_CASE("pack q8_0: goldens from HF and GGUF run within bounds, experts aligne
 TEST_CASE("pack of OLMoE from HF and GGUF keeps the model", "[pack]") {
   const std::string dir = kGolden + "olmoe_f32/";
   strata::model::PackOptions o;
+  o.layout = strata::model::ExpertLayout::kExpertContiguous;
   o.experts = o.attention = TypeId::kF32;
   o.verbose = false;
   const auto golden = Parse(dir + "model-f32.gguf");
@@ -222,6 +225,7 @@ TEST_CASE("pack with q4_k experts on 64/32 goldens falls back to Q8_0 and says s
   TempDir tmp;
   const std::string dir = kGolden + "qwen3moe_f32/";
   PackOptions o;  // defaults: q4_k experts, q8_0 attention
+  o.layout = strata::model::ExpertLayout::kExpertContiguous;
   Packed p = PackOrFail(dir + "hf", tmp.File("p.gguf"), o);
   REQUIRE(p.report.fallbacks.size() == 3 * 8 * 3);
   for (const auto &f : p.report.fallbacks) {
@@ -241,7 +245,7 @@ TEST_CASE("pack with q4_k experts on 64/32 goldens falls back to Q8_0 and says s
 
 #ifdef STRATA_CLI_PATH
   // The CLI reports each fallback on stderr.
-  Result r = Cli("pack " + dir + "hf " + tmp.File("cli.gguf"));
+  Result r = Cli("pack " + dir + "hf " + tmp.File("cli.gguf") + " --expert-contiguous");
   INFO(r.err);
   REQUIRE(r.exit_code == 0);
   CHECK(r.err.find("fallback: blk.0.ffn_gate.0.weight: row length 64 is not a multiple of the Q4_K block; stored as Q8_0") !=
@@ -370,6 +374,7 @@ TEST_CASE("pack of bad input fails with exit 1 and leaves no output or temp file
       "pack " + tmp.File("missing.gguf") + " " + out,
       "pack " + hf + " " + out + " --experts q9_z",
       "pack " + hf + " " + out + " --boost-layers 7",
+      "pack " + hf + " " + out + " --hotlist " + tmp.File("hot.txt") + " --expert-contiguous",
       "pack " + hf + " " + out + " --hotlist " + tmp.File("hot.txt"),
       "pack " + hf + " " + tmp.File("no/such/dir/out.gguf"),
       "pack " + hf,
@@ -398,6 +403,7 @@ TEST_CASE("pack q4_k experts of the mixed golden", "[pack]") {
   }
   TempDir tmp;
   PackOptions o;  // q4_k experts, q8_0 attention
+  o.layout = strata::model::ExpertLayout::kExpertContiguous;
   Packed p = PackOrFail(dir + "model-mixed.gguf", tmp.File("m.gguf"), o);
   CHECK(p.report.fallbacks.empty());
   const auto g = Parse(p.path);
@@ -454,14 +460,24 @@ TEST_CASE("pack keeps the bytes of tensors already in the wanted type", "[pack]"
   Packed p = PackOrFail(tmp.File("in.gguf"), tmp.File("out.gguf"), o);
   const auto g = Parse(p.path);
   const std::string out = Slurp(p.path);
+  const auto *t = g.FindTensor("blk.0.ffn_down_exps.weight");  // the default, stacked layout
+  REQUIRE(t != nullptr);
+  CHECK(t->type == static_cast<uint32_t>(TypeId::kQ4_K));
+  REQUIRE(t->nbytes == down->nbytes);
+  CHECK(out.compare(t->offset, t->nbytes, bytes, down->offset, down->nbytes) == 0);
+  // And expert by expert in the expert-contiguous layout.
+  o.layout = strata::model::ExpertLayout::kExpertContiguous;
+  Packed pc = PackOrFail(tmp.File("in.gguf"), tmp.File("out_c.gguf"), o);
+  const auto gc = Parse(pc.path);
+  const std::string outc = Slurp(pc.path);
   const uint64_t per_expert = down->nbytes / 8;
   for (int e = 0; e < 8; ++e) {
     INFO("expert " << e);
-    const auto *t = g.FindTensor("blk.0.ffn_down." + std::to_string(e) + ".weight");
-    REQUIRE(t != nullptr);
-    CHECK(t->type == static_cast<uint32_t>(TypeId::kQ4_K));
-    REQUIRE(t->nbytes == per_expert);
-    CHECK(out.compare(t->offset, per_expert, bytes, down->offset + e * per_expert, per_expert) == 0);
+    const auto *x = gc.FindTensor("blk.0.ffn_down." + std::to_string(e) + ".weight");
+    REQUIRE(x != nullptr);
+    CHECK(x->type == static_cast<uint32_t>(TypeId::kQ4_K));
+    REQUIRE(x->nbytes == per_expert);
+    CHECK(outc.compare(x->offset, per_expert, bytes, down->offset + e * per_expert, per_expert) == 0);
   }
   // The Q8_0 embeddings, asked for as Q8_0, are kept as well; the Q4_0 attention is converted.
   const auto *embd = src.FindTensor("token_embd.weight");
@@ -470,4 +486,62 @@ TEST_CASE("pack keeps the bytes of tensors already in the wanted type", "[pack]"
   REQUIRE(embd_out != nullptr);
   CHECK(out.compare(embd_out->offset, embd->nbytes, bytes, embd->offset, embd->nbytes) == 0);
   CHECK(g.FindTensor("blk.0.attn_q.weight")->type == static_cast<uint32_t>(TypeId::kQ8_0));
+}
+
+// The default layout is llama.cpp's: per layer, ffn_{gate,up,down}_exps of ne {cols, rows, experts},
+// each the experts' matrices in order, byte for byte those of the expert-contiguous file, so the
+// model computes the same bits from either.
+TEST_CASE("pack writes llama.cpp's stacked expert tensors by default", "[pack]") {
+  TempDir tmp;
+  const std::string dir = kGolden + "qwen3moe_f32/";
+  PackOptions stacked;  // defaults: q4_k experts (falling back to Q8_0 at these widths), q8_0 attention
+  Packed s = PackOrFail(dir + "hf", tmp.File("s.gguf"), stacked);
+  PackOptions contiguous = stacked;
+  contiguous.layout = strata::model::ExpertLayout::kExpertContiguous;
+  Packed c = PackOrFail(dir + "hf", tmp.File("c.gguf"), contiguous);
+  CHECK(s.report.fallbacks.size() == 3 * 3);  // one report per stacked tensor
+  const auto gs = Parse(s.path), gc = Parse(c.path);
+  CHECK(gs.GetString("strata.pack.expert_layout").value() == "stacked");
+  CHECK(gc.GetString("strata.pack.expert_layout").value() == "expert-contiguous");
+  CHECK(gs.Find("strata.pack.expert_alignment") == nullptr);
+  const std::string sb = Slurp(s.path), cb = Slurp(c.path);
+  for (int l = 0; l < 3; ++l) {
+    for (const char *part : {"ffn_gate", "ffn_up", "ffn_down"}) {
+      const std::string name = "blk." + std::to_string(l) + "." + part + "_exps.weight";
+      const auto *t = gs.FindTensor(name);
+      REQUIRE(t != nullptr);
+      CHECK(t->n_dims == 3);
+      CHECK(t->ne[2] == 8);
+      CHECK((t->offset - gs.data_offset) % 32 == 0);
+      std::string joined;
+      for (int e = 0; e < 8; ++e) {
+        const auto *x = gc.FindTensor("blk." + std::to_string(l) + "." + part + "." + std::to_string(e) + ".weight");
+        REQUIRE(x != nullptr);
+        CHECK(x->ne[0] == t->ne[0]);
+        CHECK(x->ne[1] == t->ne[1]);
+        CHECK(x->type == t->type);
+        joined += cb.substr(x->offset, x->nbytes);
+      }
+      CHECK(sb.substr(t->offset, t->nbytes) == joined);
+      CHECK(gs.FindTensor("blk." + std::to_string(l) + "." + part + ".0.weight") == nullptr);
+    }
+  }
+  const auto tokens = ReadBinary<int32_t>(dir + "tokens.bin");
+  CHECK(TeacherForced(s.path, tokens, 6) == TeacherForced(c.path, tokens, 6));
+  // Back and forth between the layouts: the experts' bytes go over unchanged.
+  Packed back = PackOrFail(c.path, tmp.File("back.gguf"), stacked);
+  const auto gb = Parse(back.path);
+  const std::string bb = Slurp(back.path);
+  for (const auto &t : gs.tensors) {
+    if (t.name.find("_exps.") == std::string::npos) continue;
+    const auto *x = gb.FindTensor(t.name);
+    REQUIRE(x != nullptr);
+    CHECK(bb.substr(x->offset, x->nbytes) == sb.substr(t.offset, t.nbytes));
+  }
+  // A hotlist orders the experts of the expert-contiguous layout only.
+  std::ofstream(tmp.File("hot.txt")) << "0 1 5\n";
+  stacked.hotlist_path = tmp.File("hot.txt");
+  auto refused = strata::model::Pack(dir + "hf", tmp.File("h.gguf"), stacked);
+  REQUIRE(!refused.ok());
+  CHECK(std::string(refused.status().message()).find("--expert-contiguous") != std::string::npos);
 }

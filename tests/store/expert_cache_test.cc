@@ -374,6 +374,7 @@ TEST_CASE("packed files stream past the page cache with identical numbers", "[st
   strata::format::testing::TempDir tmp;
   const std::string packed = tmp.File("packed.gguf");
   strata::model::PackOptions o;
+  o.layout = strata::model::ExpertLayout::kExpertContiguous;  // one read per expert
   o.experts = strata::quant::TypeId::kQ4_K;  // the mixed golden's rows are multiples of 256
   o.attention = strata::quant::TypeId::kQ8_0;
   REQUIRE(strata::model::Pack(kGolden + "qwen3moe_mixed/model-mixed.gguf", packed, o).ok());
