@@ -144,11 +144,12 @@ double Percentile(const std::vector<double> &sorted, double q) {
 }
 
 // The base file of --kl-divergence-base: magic, version, n_ctx, n_vocab, n_chunk, the windows'
-// tokens, then for each scored token its n_vocab log-probabilities as IEEE half floats.
+// tokens, each scored token's most probable next token (from the exact logits: two that round to one
+// half float stay apart), then for each scored token its n_vocab log-probabilities as IEEE half floats.
 struct KlBase {
   int n_ctx = 0, n_chunk = 0;
   int32_t n_vocab = 0;
-  std::vector<int32_t> tokens;
+  std::vector<int32_t> tokens, top;
   std::vector<uint16_t> logp;
 };
 
@@ -174,14 +175,16 @@ KlBase ReadKlBase(const std::string &path) {
   }
   in.seekg(0, std::ios::end);
   const uint64_t size = static_cast<uint64_t>(in.tellg());
-  const uint64_t want = sizeof magic + sizeof head + 4 * n_tok + 2 * scored * static_cast<uint64_t>(b.n_vocab);
+  const uint64_t want = sizeof magic + sizeof head + 4 * n_tok + 4 * scored + 2 * scored * static_cast<uint64_t>(b.n_vocab);
   if (size != want) {
     Die("'" + path + "' is " + std::to_string(size) + " bytes; its header says " + std::to_string(want));
   }
   in.seekg(sizeof magic + sizeof head);
   b.tokens.resize(n_tok);
+  b.top.resize(scored);
   b.logp.resize(scored * static_cast<uint64_t>(b.n_vocab));
   in.read(reinterpret_cast<char *>(b.tokens.data()), static_cast<std::streamsize>(4 * n_tok));
+  in.read(reinterpret_cast<char *>(b.top.data()), static_cast<std::streamsize>(4 * scored));
   in.read(reinterpret_cast<char *>(b.logp.data()), static_cast<std::streamsize>(2 * b.logp.size()));
   if (!in) Die("cannot read '" + path + "'");
   return b;
@@ -210,6 +213,7 @@ int CmdPerplexity(const Args &a) {
     }
   }
   std::vector<uint16_t> saved;
+  std::vector<int32_t> saved_top;
   double nll = 0, nll2 = 0, base_nll = 0;
   int64_t count = 0, same_top = 0;
   std::vector<double> lp, klds;
@@ -222,21 +226,21 @@ int CmdPerplexity(const Args &a) {
       nll += v;
       nll2 += v * v;
       ++count;
+      int32_t top_n = 0;
+      for (int32_t t = 1; t < sc.n_vocab; ++t) top_n = lp[t] > lp[top_n] ? t : top_n;
       if (save) {
         for (double x : lp) saved.push_back(quant::FloatToHalf(static_cast<float>(x)));
+        saved_top.push_back(top_n);
       }
       if (a.kl_divergence) {
         const uint16_t *b = base.logp.data() + at * static_cast<size_t>(sc.n_vocab);
         double kld = 0;
-        int32_t top_b = 0, top_n = 0;
         for (int32_t t = 0; t < sc.n_vocab; ++t) {
           const double lb = quant::HalfToFloat(b[t]);
           kld += std::exp(lb) * (lb - lp[t]);
-          if (lb > quant::HalfToFloat(b[top_b])) top_b = t;
-          if (lp[t] > lp[top_n]) top_n = t;
         }
         klds.push_back(kld);
-        same_top += top_b == top_n ? 1 : 0;
+        same_top += base.top[at] == top_n ? 1 : 0;
         base_nll += -static_cast<double>(quant::HalfToFloat(b[win[j + 1]]));
       }
       ++at;
@@ -257,6 +261,7 @@ int CmdPerplexity(const Args &a) {
     put(kKlMagic, sizeof kKlMagic);
     put(head, sizeof head);
     put(sc.tokens.data(), static_cast<size_t>(sc.n_chunk) * sc.n_ctx * sizeof(int32_t));
+    put(saved_top.data(), saved_top.size() * sizeof(int32_t));
     put(saved.data(), saved.size() * sizeof(uint16_t));
     WriteFileAtomically(a.kl_base, out.data(), out.size());
   }

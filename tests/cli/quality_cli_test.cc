@@ -200,7 +200,7 @@ TEST_CASE("strata perplexity: KL divergence against a saved base", "[cli][qualit
       for (size_t t = 0; t < pa.size(); ++t) {
         const long double base_lp = strata::quant::HalfToFloat(strata::quant::FloatToHalf(static_cast<float>(pa[t])));
         kld += std::exp(base_lp) * (base_lp - pb[t]);
-        if (base_lp > strata::quant::HalfToFloat(strata::quant::FloatToHalf(static_cast<float>(pa[top_a])))) top_a = t;
+        if (pa[t] > pa[top_a]) top_a = t;
         if (pb[t] > pb[top_b]) top_b = t;
       }
       klds.push_back(static_cast<double>(kld));
