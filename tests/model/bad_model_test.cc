@@ -265,7 +265,7 @@ TEST_CASE("HF checkpoints with a bad config.json are refused", "[model][bad-inpu
   CHECK(msg.find("config.json") != std::string::npos);
 }
 
-TEST_CASE("a tokenizer larger than the model's vocabulary is refused; no tokenizer is reported", "[model][bad-input]") {
+TEST_CASE("a tokenizer larger than the model's vocabulary is refused, and no tokenizer is reported", "[model][bad-input]") {
   TempDir tmp;
   const std::string src = kGolden + "qwen3moe_f32/hf";
   const std::string dir = tmp.File("ck");

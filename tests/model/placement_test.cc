@@ -472,7 +472,7 @@ TEST_CASE("placement: a regime probe whose share the backend holds on the link",
   }
 }
 
-TEST_CASE("placement: a step of another size ends a regime probe; each size keeps its verdict", "[placement]") {
+TEST_CASE("placement: a step of another size ends a regime probe, each size keeping its verdict", "[placement]") {
   using R = RegimeProbe::Regime;
   RegimeProbe p;
   World w;

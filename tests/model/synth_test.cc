@@ -91,7 +91,7 @@ void CheckShape(const strata::format::GgufFile &g, const std::string &name, uint
 
 }  // namespace
 
-TEST_CASE("synth tiny: llama.cpp metadata, names and shapes; runs through the C ABI", "[synth]") {
+TEST_CASE("synth tiny: llama.cpp metadata, names and shapes, run through the C ABI", "[synth]") {
   TempDir dir;
   const auto codec = GENERATE(std::string("q4_k"), std::string("q8_0"));
   const uint32_t type = codec == "q4_k" ? 12u : 8u;

@@ -27,7 +27,7 @@ std::string FakeSysfs(const std::string &bus_id, const std::string &content) {
 
 }  // namespace
 
-TEST_CASE("numa: a PCI device's node comes from sysfs; unknown is -1", "[numa]") {
+TEST_CASE("numa: a PCI device's node comes from sysfs, unknown is -1", "[numa]") {
   using strata::numa::PciDeviceNode;
   const std::string root = FakeSysfs("0000:65:00.0", "1\n");
   CHECK(PciDeviceNode("0000:65:00.0", root) == 1);
@@ -48,7 +48,7 @@ TEST_CASE("numa: a PCI device's node comes from sysfs; unknown is -1", "[numa]")
   std::filesystem::remove_all(upper);
 }
 
-TEST_CASE("numa: a bound thread's new pages come from its node; absent nodes bind nothing", "[numa]") {
+TEST_CASE("numa: a bound thread's new pages come from its node, absent nodes bind nothing", "[numa]") {
   using strata::numa::MemoryNode;
   using strata::numa::NodeCount;
   using strata::numa::ScopedNodeBinding;
