@@ -1,0 +1,190 @@
+#!/usr/bin/env python3
+# Oracle for tests/text/jinja_test.cc: renders chat templates with PyPI jinja2 in exactly the
+# environment transformers' apply_chat_template builds (ImmutableSandboxedEnvironment with
+# trim_blocks, lstrip_blocks and loopcontrols; tojson = json.dumps(ensure_ascii=False, ...);
+# raise_exception; strftime_now), over a fixed set of conversations, and records the text (or
+# that jinja2 refused) in tests/text/fixtures/jinja/expected.json.
+#
+# Templates: tests/text/fixtures/jinja/templates/*.jinja (published model templates, copied as
+# data) and the ten of tests/text/fixtures/templates/expected.json (the families Strata renders in
+# C++). strftime_now formats a fixed instant (2024-07-26 09:30:00) so the fixtures do not depend
+# on the day; the C++ test passes the same function.
+#
+# Usage (by hand; CI reads the committed fixtures): python3 tests/text/make_jinja_fixtures.py
+import copy
+import datetime
+import json
+import os
+
+import jinja2
+from jinja2.ext import loopcontrols
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+FIX = os.path.join(ROOT, "tests", "text", "fixtures")
+OUT = os.path.join(FIX, "jinja", "expected.json")
+FIXED_NOW = datetime.datetime(2024, 7, 26, 9, 30, 0)
+
+
+class Generation(jinja2.ext.Extension):
+    # transformers' AssistantTracker: {% generation %}...{% endgeneration %} renders its body.
+    tags = {"generation"}
+
+    def parse(self, parser):
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(["name:endgeneration"], drop_needle=True)
+        return jinja2.nodes.Scope(body, lineno=lineno)
+
+
+def make_env():
+    def raise_exception(message):
+        raise jinja2.exceptions.TemplateError(message)
+
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+    def strftime_now(fmt):
+        return FIXED_NOW.strftime(fmt)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[Generation, loopcontrols])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = strftime_now
+    return env
+
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get the current weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "description": "The city, e.g. Paris"},
+                "unit": {"type": ["string", "null"], "enum": ["celsius", "fahrenheit"], "description": " Unit "},
+                "days": {"type": "array", "items": {"type": "integer"}, "description": "Days ahead"},
+            },
+            "required": ["city"],
+        },
+    },
+}
+TIME_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "description": "Current time (no arguments).",
+        "parameters": {"type": "object", "properties": {}},
+    },
+}
+
+
+def tool_call(args, as_string=False):
+    return {
+        "id": "call_0123456789",
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": json.dumps(args) if as_string else args},
+    }
+
+
+# name -> (messages, tools, extra variables)
+CONVERSATIONS = {
+    "single": ([{"role": "user", "content": "Hello!"}], None, {}),
+    "system": ([
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "What is 2+2?"},
+        {"role": "assistant", "content": "4"},
+        {"role": "user", "content": "And 3+3?"},
+    ], None, {}),
+    "multi": ([
+        {"role": "user", "content": "  Hi there  "},
+        {"role": "assistant", "content": "Hello! How can I help?\n"},
+        {"role": "user", "content": "Tell me a joke."},
+        {"role": "assistant", "content": "Why did the chicken cross the road?"},
+    ], None, {}),
+    "unicode": ([
+        {"role": "user", "content": "Ça va? 日本語 \"quotes\" 'single' back\\slash\ttab <|im_end|> {{ not_jinja }}"},
+        {"role": "assistant", "content": "Très bien — ✓ 🎉"},
+        {"role": "user", "content": "\n\nmore\n"},
+    ], None, {}),
+    "parts": ([
+        {"role": "system", "content": [{"type": "text", "text": "System in parts."}]},
+        {"role": "user", "content": [{"type": "text", "text": "Describe "}, {"type": "text", "text": "this."}]},
+    ], None, {}),
+    "think": ([
+        {"role": "user", "content": "Think first."},
+        {"role": "assistant", "content": "<think>\nLet me see.\n</think>\n\nThe answer.", "reasoning_content": "Let me see."},
+        {"role": "user", "content": "Again?"},
+    ], None, {}),
+    "tools": ([
+        {"role": "system", "content": "Use tools when needed."},
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": "", "tool_calls": [tool_call({"city": "Paris", "days": [1, 2]})]},
+        {"role": "tool", "name": "get_weather", "tool_call_id": "call_0123456789", "content": "{\"temp\": 21.5}"},
+        {"role": "assistant", "content": "It is 21.5 degrees."},
+    ], [WEATHER_TOOL, TIME_TOOL], {}),
+    "tools_nosys": ([
+        {"role": "user", "content": "Weather in Oslo?"},
+        {"role": "assistant", "content": None, "tool_calls": [tool_call({"city": "Oslo"}, as_string=True)]},
+        {"role": "tool", "name": "get_weather", "tool_call_id": "call_0123456789", "content": "cold"},
+    ], [WEATHER_TOOL], {}),
+    "tools_offered": ([
+        {"role": "user", "content": "What time is it?"},
+    ], [TIME_TOOL], {"enable_thinking": False}),
+    "bad_order": ([
+        {"role": "assistant", "content": "I speak first."},
+        {"role": "assistant", "content": "Twice."},
+    ], None, {}),
+}
+
+TOKENS = {"bos_token": "<s>", "eos_token": "</s>"}
+
+
+def load_templates():
+    templates = {}
+    with open(os.path.join(FIX, "templates", "expected.json")) as f:
+        known = json.load(f)["templates"]
+    for name, t in known.items():
+        templates[name] = {"source": t["jinja"], "bos_token": t["bos_token"], "eos_token": t["eos_token"],
+                           "file": None}
+    tdir = os.path.join(FIX, "jinja", "templates")
+    for fn in sorted(os.listdir(tdir)):
+        if fn.endswith(".jinja"):
+            with open(os.path.join(tdir, fn), encoding="utf-8", newline="") as f:
+                templates[fn[:-6]] = {"source": f.read(), "file": fn, **TOKENS}
+    return templates
+
+
+def main():
+    env = make_env()
+    templates = load_templates()
+    cases = []
+    for name, t in templates.items():
+        compiled = env.from_string(t["source"])
+        for conv, (messages, tools, extra) in CONVERSATIONS.items():
+            for gen in (False, True):
+                kwargs = dict(messages=copy.deepcopy(messages), tools=copy.deepcopy(tools), documents=None,
+                              add_generation_prompt=gen, bos_token=t["bos_token"], eos_token=t["eos_token"], **extra)
+                case = {"template": name, "conversation": conv, "add_generation_prompt": gen}
+                try:
+                    case["text"] = compiled.render(**kwargs)
+                except Exception as e:  # jinja2 refuses: the engine must refuse too
+                    case["error"] = f"{type(e).__name__}: {e}"
+                cases.append(case)
+    out = {
+        "generator": "tests/text/make_jinja_fixtures.py",
+        "jinja2": jinja2.__version__,
+        "templates": {n: ({"file": t["file"]} if t["file"] else {"source": t["source"]}) |
+                      {"bos_token": t["bos_token"], "eos_token": t["eos_token"]} for n, t in templates.items()},
+        "conversations": {n: {"messages": m, "tools": tl, "extra": ex} for n, (m, tl, ex) in CONVERSATIONS.items()},
+        "cases": cases,
+    }
+    with open(OUT, "w", encoding="utf-8") as f:
+        json.dump(out, f, ensure_ascii=False, indent=1)
+        f.write("\n")
+    ok = sum(1 for c in cases if "text" in c)
+    print(f"{len(templates)} templates, {len(cases)} cases ({ok} rendered, {len(cases) - ok} refused) -> {OUT}")
+
+
+if __name__ == "__main__":
+    main()
