@@ -3,6 +3,8 @@
 // strftime_now) and tojson (json.dumps with ensure_ascii=False).
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <ctime>
 
 #include "lib/text/jinja_eval.h"
@@ -72,8 +74,10 @@ std::string JinjaTitle(const std::string &s) {
   return out;
 }
 
-std::string Replace(const std::string &s, const std::string &from, const std::string &to, int64_t count) {
+absl::StatusOr<std::string> Replace(const std::string &s, const std::string &from, const std::string &to, int64_t count,
+                                    size_t cap) {
   std::string out;
+  auto too_big = [&]() { return out.size() > cap; };
   if (from.empty()) {
     // Python inserts `to` around every character.
     const auto cps = CodePoints(s);
@@ -84,6 +88,7 @@ std::string Replace(const std::string &s, const std::string &from, const std::st
         ++n;
       }
       if (k < cps.size()) out.append(cps[k]);
+      if (too_big()) return MakeError(MOE_ERR_LIMIT, "replace: the result would pass " + std::to_string(cap) + " bytes");
     }
     return out;
   }
@@ -96,6 +101,7 @@ std::string Replace(const std::string &s, const std::string &from, const std::st
     out += to;
     at = f + from.size();
     ++n;
+    if (too_big()) return MakeError(MOE_ERR_LIMIT, "replace: the result would pass " + std::to_string(cap) + " bytes");
   }
   out.append(s, at, std::string::npos);
   return out;
@@ -302,7 +308,7 @@ absl::StatusOr<Value> AttrPath(Evaluator &ev, const Value &obj, const std::strin
   return cur;
 }
 
-absl::StatusOr<Value> ToJson(const Value &v, CallArgs &args) {
+absl::StatusOr<Value> ToJson(const Value &v, CallArgs &args, size_t cap) {
   // transformers: tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False)
   JsonStyle style;
   style.ensure_ascii = Truthy(args.Get(0, "ensure_ascii", Value::Bool(false)));
@@ -319,13 +325,14 @@ absl::StatusOr<Value> ToJson(const Value &v, CallArgs &args) {
     style.key_sep = S((*seps.list)[1]);
   }
   style.sort_keys = Truthy(args.Get(3, "sort_keys", Value::Bool(false)));
+  style.max_bytes = cap;
   std::string out;
   STRATA_RETURN_IF_ERROR(AppendJson(v, style, 0, &out));
   return Derived(v, std::move(out));
 }
 
 // jinja2's indent filter (width may be a string used as the indentation).
-absl::StatusOr<Value> Indent(const Value &v, CallArgs &args) {
+absl::StatusOr<Value> Indent(const Value &v, CallArgs &args, size_t cap) {
   const Value width = args.Get(0, "width", Value::Int(4));
   const bool first = Truthy(args.Get(1, "first", Value::Bool(false)));
   const bool blank = Truthy(args.Get(2, "blank", Value::Bool(false)));
@@ -336,18 +343,32 @@ absl::StatusOr<Value> Indent(const Value &v, CallArgs &args) {
   const std::vector<std::string> lines = SplitLines(S(v) + "\n");
   std::string rv;
   if (blank) {
-    for (size_t k = 0; k < lines.size(); ++k) rv += (k ? "\n" + ind : "") + lines[k];
+    for (size_t k = 0; k < lines.size(); ++k) {
+      rv += (k ? "\n" + ind : "") + lines[k];
+      if (rv.size() > cap) return MakeError(MOE_ERR_LIMIT, "indent: the result would pass " + std::to_string(cap) + " bytes");
+    }
   } else {
     rv = lines.empty() ? "" : lines[0];
-    for (size_t k = 1; k < lines.size(); ++k) rv += "\n" + (lines[k].empty() ? "" : ind + lines[k]);
+    for (size_t k = 1; k < lines.size(); ++k) {
+      rv += "\n" + (lines[k].empty() ? "" : ind + lines[k]);
+      if (rv.size() > cap) return MakeError(MOE_ERR_LIMIT, "indent: the result would pass " + std::to_string(cap) + " bytes");
+    }
   }
   if (first) rv = ind + rv;
   return Derived(v, std::move(rv));
 }
 
 double PyRound(double x, int64_t digits) {
-  const double m = std::pow(10.0, static_cast<double>(digits));
-  return std::nearbyint(x * m) / m;
+  // Python rounds the exact binary value to `digits` decimals, ties to even: what printf's %.*f
+  // does (7.45 is 7.4500000000000001776..., so it rounds up).
+  if (!std::isfinite(x)) return x;
+  if (digits >= 0) {
+    char buf[512];
+    std::snprintf(buf, sizeof buf, "%.*f", static_cast<int>(std::min<int64_t>(digits, 300)), x);
+    return std::strtod(buf, nullptr);
+  }
+  const double m = std::pow(10.0, static_cast<double>(-digits));
+  return std::nearbyint(x / m) * m;
 }
 
 }  // namespace internal
@@ -412,7 +433,7 @@ absl::StatusOr<Value> BinaryOp(Evaluator &ev, std::string_view op, const Value &
       return out;
     }
     if (a.is_list() && a.kind == b.kind) {
-      STRATA_RETURN_IF_ERROR(ev.CheckSize(a.list->size() + b.list->size()));
+      STRATA_RETURN_IF_ERROR(ev.CheckItems(a.list->size() + b.list->size()));
       List items = *a.list;
       items.insert(items.end(), b.list->begin(), b.list->end());
       return Value::MakeList(std::move(items), a.kind == Kind::kTuple);
@@ -432,7 +453,10 @@ absl::StatusOr<Value> BinaryOp(Evaluator &ev, std::string_view op, const Value &
     if ((seq->is_string() || seq->is_list()) && (times->kind == Kind::kInt || times->kind == Kind::kBool)) {
       const int64_t n = std::max<int64_t>(0, times->i);
       const size_t unit = seq->is_string() ? seq->str.size() : seq->list->size();
-      if (unit > 0 && static_cast<uint64_t>(n) > ev.limits().max_output / unit) return ev.CheckSize(SIZE_MAX);
+      const size_t cap = seq->is_string() ? ev.limits().max_output : ev.limits().max_items;
+      if (unit > 0 && static_cast<uint64_t>(n) > cap / unit) {
+        return seq->is_string() ? ev.CheckSize(SIZE_MAX) : ev.CheckItems(SIZE_MAX);
+      }
       if (seq->is_string()) {
         std::string s;
         for (int64_t k = 0; k < n; ++k) s += seq->str;
@@ -580,8 +604,7 @@ absl::StatusOr<Value> StrMethod(const Value &obj, const std::string &name) {
       const Value from = a.Get(0, "old"), to = a.Get(1, "new");
       if (!from.is_string() || !to.is_string()) return Bad("replace needs two strings");
       STRATA_ASSIGN_OR_RETURN(int64_t n, ToIndex(a.Get(2, "count", Value::Int(-1)), "count"));
-      std::string r = Replace(self.str, from.str, to.str, n);
-      STRATA_RETURN_IF_ERROR(ev.CheckSize(r.size()));
+      STRATA_ASSIGN_OR_RETURN(std::string r, Replace(self.str, from.str, to.str, n, ev.limits().max_output));
       return self.tainted() || to.tainted() ? Value::CallerStr(std::move(r)) : Value::Str(std::move(r));
     });
   }
@@ -678,6 +701,7 @@ absl::StatusOr<Value> DictMethod(const Value &obj, const std::string &name) {
     return Method("dict.copy", [self](Evaluator &, CallArgs &) -> absl::StatusOr<Value> {
       Value d = Value::MakeDict();
       *d.dict = *self.dict;
+      d.depth = self.depth;
       return d;
     });
   }
@@ -825,7 +849,7 @@ Value Global(std::string_view name) {
       }
       if (step == 0) return Bad("range() arg 3 must not be zero");
       const double count = std::ceil((static_cast<double>(stop) - static_cast<double>(start)) / static_cast<double>(step));
-      if (count > 0) STRATA_RETURN_IF_ERROR(ev.CheckSize(static_cast<size_t>(std::min(count, 1e18))));
+      if (count > 0) STRATA_RETURN_IF_ERROR(ev.CheckItems(static_cast<size_t>(std::min(count, 1e18))));
       List items;
       for (int64_t k = start; step > 0 ? k < stop : k > stop; k += step) items.push_back(Value::Int(k));
       return Value::MakeList(std::move(items));
@@ -833,13 +857,14 @@ Value Global(std::string_view name) {
   }
   if (name == "namespace" || name == "dict") {
     const bool ns = name == "namespace";
-    return Value::Fn(std::string(name), [ns](Evaluator &, CallArgs &a) -> absl::StatusOr<Value> {
+    return Value::Fn(std::string(name), [ns](Evaluator &ev, CallArgs &a) -> absl::StatusOr<Value> {
       Value d = ns ? Value::MakeNamespace() : Value::MakeDict();
       for (const Value &p : a.pos) {
         if (p.kind != Kind::kDict) return Bad(std::string(ns ? "namespace" : "dict") + "() takes a mapping");
-        for (const auto &kv : p.dict->items) d.dict->Set(kv.first, kv.second);
+        for (const auto &kv : p.dict->items) d.Set(kv.first, kv.second);
       }
-      for (const auto &kv : a.kw) d.dict->Set(Value::Str(kv.first), kv.second);
+      for (const auto &kv : a.kw) d.Set(Value::Str(kv.first), kv.second);
+      if (ns) ev.Track(d);
       return d;
     });
   }

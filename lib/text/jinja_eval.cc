@@ -73,6 +73,13 @@ absl::Status Evaluator::CheckSize(size_t n) const {
   return absl::OkStatus();
 }
 
+absl::Status Evaluator::CheckItems(size_t n) const {
+  if (n > limits_.max_items) {
+    return MakeError(MOE_ERR_LIMIT, "a list would pass " + std::to_string(limits_.max_items) + " items");
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Evaluator::Run(const Program &program, Rendered *out) {
   Frame root;
   root_ = &root;
@@ -167,7 +174,10 @@ absl::StatusOr<Evaluator::Flow> Evaluator::Exec(const Node &n, Frame *frame) {
     case NodeKind::kCallBlock: {
       // `caller()` renders the block's body in the scope where the block stands.
       const Node *block = &n;
-      Value caller = Value::Fn("caller", [this, block, frame](Evaluator &ev, CallArgs &args) -> absl::StatusOr<Value> {
+      // `caller` points into this block's frame: calling it after the block ended is refused.
+      auto alive = std::make_shared<bool>(true);
+      Value caller = Value::Fn("caller", [this, block, frame, alive](Evaluator &ev, CallArgs &args) -> absl::StatusOr<Value> {
+        if (!*alive) return MakeError(MOE_ERR_INVALID_ARGUMENT, "caller() used after its {% call %} block ended");
         Frame f;
         f.parent = frame;
         for (size_t k = 0; k < block->targets.size(); ++k) {
@@ -184,7 +194,9 @@ absl::StatusOr<Evaluator::Flow> Evaluator::Exec(const Node &n, Frame *frame) {
       CallArgs args;
       STRATA_RETURN_IF_ERROR(EvalArgs(call, 1, frame, &args));
       args.kw.emplace_back("caller", caller);
-      STRATA_ASSIGN_OR_RETURN(Value r, Call(fn, args));
+      absl::StatusOr<Value> called = Call(fn, args);
+      *alive = false;
+      STRATA_ASSIGN_OR_RETURN(Value r, std::move(called));
       STRATA_RETURN_IF_ERROR(AtLine(Emit(r), n.line));
       return Flow::kNormal;
     }
@@ -267,29 +279,25 @@ absl::StatusOr<Evaluator::Flow> Evaluator::ExecFor(const Node &n, Frame *frame) 
     return fl;
   }
   const int64_t len = static_cast<int64_t>(items.size());
-  Value parent_loop = Lookup("loop", frame);
-  const int64_t depth = parent_loop.kind == Kind::kDict && parent_loop.dict->Find("depth")
-                            ? parent_loop.dict->Find("depth")->i + 1
-                            : 1;
+  const int64_t depth = 1;  // loop.depth grows only in recursive loops, which are not supported
   for (int64_t k = 0; k < len; ++k) {
     STRATA_RETURN_IF_ERROR(AtLine(Step(), n.line));
     Frame f;
     f.parent = frame;
     STRATA_RETURN_IF_ERROR(Unpack(n.targets, items[k], &f, n.line));
     Value loop = Value::MakeDict();
-    Dict &d = *loop.dict;
-    d.Set(Value::Str("index"), Value::Int(k + 1));
-    d.Set(Value::Str("index0"), Value::Int(k));
-    d.Set(Value::Str("revindex"), Value::Int(len - k));
-    d.Set(Value::Str("revindex0"), Value::Int(len - k - 1));
-    d.Set(Value::Str("first"), Value::Bool(k == 0));
-    d.Set(Value::Str("last"), Value::Bool(k == len - 1));
-    d.Set(Value::Str("length"), Value::Int(len));
-    d.Set(Value::Str("depth"), Value::Int(depth));
-    d.Set(Value::Str("depth0"), Value::Int(depth - 1));
-    d.Set(Value::Str("previtem"), k > 0 ? items[k - 1] : Value::Undefined("there is no previous item"));
-    d.Set(Value::Str("nextitem"), k + 1 < len ? items[k + 1] : Value::Undefined("there is no next item"));
-    d.Set(Value::Str("cycle"), Value::Fn("loop.cycle", [k](Evaluator &, CallArgs &args) -> absl::StatusOr<Value> {
+    loop.Set(Value::Str("index"), Value::Int(k + 1));
+    loop.Set(Value::Str("index0"), Value::Int(k));
+    loop.Set(Value::Str("revindex"), Value::Int(len - k));
+    loop.Set(Value::Str("revindex0"), Value::Int(len - k - 1));
+    loop.Set(Value::Str("first"), Value::Bool(k == 0));
+    loop.Set(Value::Str("last"), Value::Bool(k == len - 1));
+    loop.Set(Value::Str("length"), Value::Int(len));
+    loop.Set(Value::Str("depth"), Value::Int(depth));
+    loop.Set(Value::Str("depth0"), Value::Int(depth - 1));
+    loop.Set(Value::Str("previtem"), k > 0 ? items[k - 1] : Value::Undefined("there is no previous item"));
+    loop.Set(Value::Str("nextitem"), k + 1 < len ? items[k + 1] : Value::Undefined("there is no next item"));
+    loop.Set(Value::Str("cycle"), Value::Fn("loop.cycle", [k](Evaluator &, CallArgs &args) -> absl::StatusOr<Value> {
             if (args.pos.empty()) return MakeError(MOE_ERR_INVALID_ARGUMENT, "loop.cycle() needs at least one item");
             return args.pos[static_cast<size_t>(k) % args.pos.size()];
           }));
@@ -314,7 +322,7 @@ absl::StatusOr<Value> Evaluator::CallMacro(const Node &macro, CallArgs &args, co
   for (auto &kv : args.kw) {
     bool is_param = false;
     for (const auto &t : macro.targets) is_param = is_param || t == kv.first;
-    if (!is_param && kv.first != "caller") kwargs.dict->Set(Value::Str(kv.first), kv.second);
+    if (!is_param && kv.first != "caller") kwargs.Set(Value::Str(kv.first), kv.second);
     if (kv.first == "caller") f.vars["caller"] = kv.second;
   }
   for (size_t k = 0; k < n; ++k) {
@@ -324,7 +332,7 @@ absl::StatusOr<Value> Evaluator::CallMacro(const Node &macro, CallArgs &args, co
     }
     f.vars[macro.targets[k]] = std::move(v);
   }
-  f.vars["varargs"] = Value::MakeList(std::move(varargs));
+  f.vars["varargs"] = Value::MakeList(std::move(varargs), /*tuple=*/true);
   f.vars["kwargs"] = std::move(kwargs);
   if (caller != nullptr) f.vars["caller"] = *caller;
   return Capture(macro.body, &f);
@@ -358,6 +366,10 @@ absl::StatusOr<Value> Evaluator::Eval(const Expr &e, Frame *frame) {
   }
   absl::StatusOr<Value> r = EvalInner(e, frame);
   if (!r.ok()) return AtLine(r.status(), e.line);
+  if (r->depth > kMaxNesting) {
+    return MakeError(MOE_ERR_LIMIT, std::string(kLinePrefix) + std::to_string(e.line) + ": values nest deeper than " +
+                                        std::to_string(kMaxNesting));
+  }
   return r;
 }
 
@@ -385,7 +397,7 @@ absl::StatusOr<Value> Evaluator::EvalInner(const Expr &e, Frame *frame) {
         if (key.is_list() || key.is_mapping() || key.is_undefined()) {
           return MakeError(MOE_ERR_INVALID_ARGUMENT, "unhashable type: '" + TypeName(key) + "'");
         }
-        d.dict->Set(std::move(key), std::move(v));
+        d.Set(std::move(key), std::move(v));
       }
       return d;
     }
@@ -515,7 +527,7 @@ Value FromJson(const nlohmann::ordered_json &j, bool caller) {
     }
     case nlohmann::ordered_json::value_t::object: {
       Value d = Value::MakeDict();
-      for (auto it = j.begin(); it != j.end(); ++it) d.dict->Set(Value::Str(it.key()), FromJson(it.value(), caller));
+      for (auto it = j.begin(); it != j.end(); ++it) d.Set(Value::Str(it.key()), FromJson(it.value(), caller));
       return d;
     }
     default:

@@ -30,7 +30,15 @@ class Evaluator {
   absl::Status Step();
   // MOE_ERR_LIMIT when `n` bytes (or items) would pass the output limit.
   absl::Status CheckSize(size_t n) const;
+  // MOE_ERR_LIMIT when a list of `n` items would pass the item limit.
+  absl::Status CheckItems(size_t n) const;
   const RenderLimits &limits() const { return limits_; }
+  // Remembers a namespace() so that Run can empty it at the end: a namespace may hold itself
+  // ({% set ns.me = ns %}), a cycle its shared_ptr would never free.
+  void Track(const Value &ns) { namespaces_.push_back(ns.dict); }
+  ~Evaluator() {
+    for (auto &d : namespaces_) d->items.clear();
+  }
 
  private:
   enum class Flow { kNormal, kBreak, kContinue };
@@ -55,6 +63,7 @@ class Evaluator {
   uint64_t steps_ = 0;
   int depth_ = 0;
   const Value *hole_ = nullptr;  // the body text a {% filter %} block filters
+  std::vector<std::shared_ptr<Dict>> namespaces_;
 };
 
 // --- built-ins (jinja_builtins.cc) ---
@@ -87,15 +96,16 @@ std::string AsciiLower(std::string s);
 std::string AsciiUpper(std::string s);
 std::string JinjaTitle(const std::string &s);
 std::string Capitalize(const std::string &s);
-std::string Replace(const std::string &s, const std::string &from, const std::string &to, int64_t count);
+absl::StatusOr<std::string> Replace(const std::string &s, const std::string &from, const std::string &to, int64_t count,
+                                    size_t cap);
 int64_t Len(const Value &v);
 absl::StatusOr<int64_t> ToIndex(const Value &v, const char *what);
 absl::StatusOr<Value> PercentFormat(const Value &fmt, const Value &args);
 absl::StatusOr<bool> Less(const Value &a, const Value &b);
 Value Folded(const Value &v, bool case_sensitive);
 absl::StatusOr<Value> AttrPath(Evaluator &ev, const Value &obj, const std::string &path);
-absl::StatusOr<Value> ToJson(const Value &v, CallArgs &args);
-absl::StatusOr<Value> Indent(const Value &v, CallArgs &args);
+absl::StatusOr<Value> ToJson(const Value &v, CallArgs &args, size_t cap);
+absl::StatusOr<Value> Indent(const Value &v, CallArgs &args, size_t cap);
 double PyRound(double x, int64_t digits);
 }  // namespace internal
 

@@ -145,7 +145,7 @@ absl::StatusOr<Value> ApplyFilter(Evaluator &ev, std::string_view name, const Va
   }
   if (n == "safe") return v;
   if (n == "string") return ToStrValue(v);
-  if (n == "tojson") return ToJson(v, args);
+  if (n == "tojson") return ToJson(v, args, ev.limits().max_output);
   if (n == "length" || n == "count") {
     if (v.is_number() || v.is_none() || v.kind == Kind::kCallable) return Bad(n + ": object of type '" + TypeName(v) + "' has no len()");
     return Value::Int(Len(v));
@@ -171,8 +171,7 @@ absl::StatusOr<Value> ApplyFilter(Evaluator &ev, std::string_view name, const Va
     if (!count.is_none()) {
       STRATA_ASSIGN_OR_RETURN(c, ToIndex(count, "replace count"));
     }
-    std::string r = Replace(s.str, from.str, to.str, c);
-    STRATA_RETURN_IF_ERROR(ev.CheckSize(r.size()));
+    STRATA_ASSIGN_OR_RETURN(std::string r, Replace(s.str, from.str, to.str, c, ev.limits().max_output));
     return s.tainted() || to.tainted() ? Value::CallerStr(std::move(r)) : Value::Str(std::move(r));
   }
   if (n == "e" || n == "escape") return Derived(v, HtmlEscape(S(v)));
@@ -180,7 +179,7 @@ absl::StatusOr<Value> ApplyFilter(Evaluator &ev, std::string_view name, const Va
     Value tuple = Value::MakeList(args.pos, true);
     return PercentFormat(ToStrValue(v), tuple);
   }
-  if (n == "indent") return Indent(v, args);
+  if (n == "indent") return Indent(v, args, ev.limits().max_output);
   if (n == "center" || n == "truncate" || n == "wordcount") {
     const std::string s = S(v);
     if (n == "wordcount") {

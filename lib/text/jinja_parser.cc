@@ -269,16 +269,12 @@ class Parser {
       n->kind = name == "break" ? NodeKind::kBreak : NodeKind::kContinue;
     } else if (name == "include" || name == "extends" || name == "import" || name == "from" || name == "block") {
       return Error("'{% " + name + " %}' is not supported: a chat template is a single template");
+    } else if (name.compare(0, 3, "end") == 0 || name == "elif" || name == "else") {
+      return Error("'{% " + name + " %}' closes no open block");
     } else {
       return Error("unknown tag '" + name + "'");
     }
-    if (n->kind != NodeKind::kIf && n->kind != NodeKind::kFor && n->kind != NodeKind::kSetBlock &&
-        n->kind != NodeKind::kMacro && n->kind != NodeKind::kCallBlock && n->kind != NodeKind::kFilterBlock &&
-        n->kind != NodeKind::kScope) {
-      STRATA_RETURN_IF_ERROR(BlockEnd());
-    } else {
-      STRATA_RETURN_IF_ERROR(BlockEnd());  // the end tag's %}
-    }
+    STRATA_RETURN_IF_ERROR(BlockEnd());  // the statement's %}, or its end tag's
     body->push_back(std::move(n));
     return absl::OkStatus();
   }

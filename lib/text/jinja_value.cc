@@ -38,19 +38,25 @@ Value Value::MakeNamespace() {
   return v;
 }
 
-bool Value::tainted() const {
+void Value::Set(Value key, Value value) {
+  depth = std::max({depth, key.depth + 1, value.depth + 1});
+  dict->Set(std::move(key), std::move(value));
+}
+
+bool Value::tainted(int level) const {
+  if (level > kMaxReprDepth) return true;  // a namespace that holds itself: assume the caller's
   switch (kind) {
     case Kind::kString:
       return !spans.empty();
     case Kind::kList:
     case Kind::kTuple:
       for (const Value &v : *list)
-        if (v.tainted()) return true;
+        if (v.tainted(level + 1)) return true;
       return false;
     case Kind::kDict:
     case Kind::kNamespace:
       for (const auto &kv : dict->items)
-        if (kv.first.tainted() || kv.second.tainted()) return true;
+        if (kv.first.tainted(level + 1) || kv.second.tainted(level + 1)) return true;
       return false;
     default:
       return false;
@@ -242,7 +248,11 @@ void AppendStrRepr(std::string_view s, std::string *out) {
 
 }  // namespace
 
-void AppendRepr(const Value &v, std::string *out) {
+void AppendRepr(const Value &v, std::string *out, int level) {
+  if (level > kMaxReprDepth) {
+    out->append("...");  // only a namespace holding itself nests this deep
+    return;
+  }
   switch (v.kind) {
     case Kind::kString:
       AppendStrRepr(v.str, out);
@@ -253,7 +263,7 @@ void AppendRepr(const Value &v, std::string *out) {
       out->push_back(tuple ? '(' : '[');
       for (size_t k = 0; k < v.list->size(); ++k) {
         if (k) out->append(", ");
-        AppendRepr((*v.list)[k], out);
+        AppendRepr((*v.list)[k], out, level + 1);
       }
       if (tuple && v.list->size() == 1) out->push_back(',');
       out->push_back(tuple ? ')' : ']');
@@ -265,9 +275,9 @@ void AppendRepr(const Value &v, std::string *out) {
       for (const auto &kv : v.dict->items) {
         if (!first) out->append(", ");
         first = false;
-        AppendRepr(kv.first, out);
+        AppendRepr(kv.first, out, level + 1);
         out->append(": ");
-        AppendRepr(kv.second, out);
+        AppendRepr(kv.second, out, level + 1);
       }
       out->push_back('}');
       return;
@@ -278,9 +288,9 @@ void AppendRepr(const Value &v, std::string *out) {
       for (const auto &kv : v.dict->items) {
         if (!first) out->append(", ");
         first = false;
-        AppendRepr(kv.first, out);
+        AppendRepr(kv.first, out, level + 1);
         out->append(": ");
-        AppendRepr(kv.second, out);
+        AppendRepr(kv.second, out, level + 1);
       }
       out->append("}>");
       return;
@@ -396,6 +406,9 @@ absl::Status AppendJson(const Value &v, const JsonStyle &style, int depth, std::
   const std::string &item_sep = style.item_sep, &key_sep = style.key_sep;
   const bool sort_keys = style.sort_keys;
   if (depth > 64) return MakeError(MOE_ERR_INVALID_ARGUMENT, "tojson: the value nests deeper than 64 levels");
+  if (out->size() > style.max_bytes) {
+    return MakeError(MOE_ERR_LIMIT, "tojson: the text would pass " + std::to_string(style.max_bytes) + " bytes");
+  }
   auto newline = [&](int level) {
     if (indent < 0) return;
     out->push_back('\n');

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <algorithm>
 #include <functional>
 #include <memory>
 #include <string>
@@ -71,6 +72,7 @@ class Value {
   }
   static Value MakeList(List items, bool tuple = false) {
     Value v = Of(tuple ? Kind::kTuple : Kind::kList);
+    for (const Value &x : items) v.depth = std::max(v.depth, x.depth + 1);
     v.list = std::make_shared<List>(std::move(items));
     return v;
   }
@@ -84,6 +86,7 @@ class Value {
   }
 
   Kind kind = Kind::kUndefined;
+  uint32_t depth = 0;  // containers: 1 + the deepest value inside (as built; bounds recursion)
   int64_t i = 0;   // kBool (0/1), kInt
   double f = 0;    // kFloat
   std::string str;  // kString: the text; kUndefined: why it is undefined; kCallable: its name
@@ -98,7 +101,9 @@ class Value {
   bool is_number() const { return kind == Kind::kInt || kind == Kind::kFloat || kind == Kind::kBool; }
   bool is_list() const { return kind == Kind::kList || kind == Kind::kTuple; }
   bool is_mapping() const { return kind == Kind::kDict || kind == Kind::kNamespace; }
-  bool tainted() const;  // any caller byte inside (recursively for containers)
+  bool tainted(int level = 0) const;  // any caller byte inside (recursively for containers)
+  // Sets key -> value in a dict or namespace, keeping `depth`.
+  void Set(Value key, Value value);
   double as_double() const { return kind == Kind::kFloat ? f : static_cast<double>(i); }
 
  private:
@@ -135,13 +140,18 @@ void AppendStr(const Value &v, std::string *out, std::vector<Span> *out_spans);
 std::string ToStr(const Value &v);
 Value ToStrValue(const Value &v);
 // Python's repr(v).
-void AppendRepr(const Value &v, std::string *out);
+void AppendRepr(const Value &v, std::string *out, int level = 0);
+// Values nest at most this deep (the evaluator refuses deeper ones, except through a namespace that
+// holds itself, which printing cuts off here).
+constexpr uint32_t kMaxNesting = 128;
+constexpr int kMaxReprDepth = 256;
 // json.dumps(v, ensure_ascii, indent=indent (<0: none), sort_keys) with the given separators.
 struct JsonStyle {
   bool ensure_ascii = false;
   int indent = -1;
   std::string item_sep = ", ", key_sep = ": ";
   bool sort_keys = false;
+  size_t max_bytes = SIZE_MAX;  // MOE_ERR_LIMIT past this much text
 };
 absl::Status AppendJson(const Value &v, const JsonStyle &style, int depth, std::string *out);
 // Python's repr of a float ("1.0", "0.1", "1e+20").

@@ -111,3 +111,37 @@ TEST_CASE("jinja engine renders model templates byte-identical to jinja2", "[jin
 }
 
 }  // namespace strata::text::jinja
+
+namespace strata::text::jinja {
+
+TEST_CASE("jinja engine matches jinja2 on undefined values, printing, operators and refusals", "[jinja]") {
+  const auto &fx = Fixtures();
+  REQUIRE(fx["snippets"].size() >= 40);
+  const auto &msgs = fx["conversations"]["system"]["messages"];
+  for (const auto &c : fx["snippets"]) {
+    const std::string src = c["source"];
+    INFO(src);
+    Value ctx = Value::MakeDict();
+    ctx.Set(Value::Str("messages"), FromJson(msgs, true));
+    ctx.Set(Value::Str("d"), FromJson(nlohmann::ordered_json::parse(R"({"a": 1, "items": [1, 2]})"), false));
+    ctx.Set(Value::Str("s"), Value::Str("Text"));
+    ctx.Set(Value::Str("n"), Value::None());
+    ctx.Set(Value::Str("bos_token"), Value::Str("<s>"));
+    ctx.Set(Value::Str("eos_token"), Value::Str("</s>"));
+    ctx.Set(Value::Str("add_generation_prompt"), Value::Bool(false));
+    absl::StatusOr<Template> t = Template::Parse(src);
+    absl::StatusOr<Rendered> r = t.ok() ? t->Render(ctx) : absl::StatusOr<Rendered>(t.status());
+    if (c.contains("error")) {
+      INFO("jinja2: " << c["error"].get<std::string>());
+      REQUIRE(!r.ok());
+      INFO("engine: " << r.status().message());
+      CHECK(r.status().message().find("chat template line ") == 0);
+      continue;
+    }
+    INFO((r.ok() ? std::string() : std::string(r.status().message())));
+    REQUIRE(r.ok());
+    CHECK(r->text == c["text"].get<std::string>());
+  }
+}
+
+}  // namespace strata::text::jinja

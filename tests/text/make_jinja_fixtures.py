@@ -139,6 +139,65 @@ CONVERSATIONS = {
 
 TOKENS = {"bos_token": "<s>", "eos_token": "</s>"}
 
+# Small templates for behaviours the model templates rarely reach: jinja2's Undefined, printing,
+# operators, whitespace control, and refusals. Rendered with messages = CONVERSATIONS["system"],
+# d = {"a": 1, "items": [1, 2]}, s = "Text", n = None.
+SNIPPETS = [
+    "{{ foo }}|{{ foo is defined }}|{{ foo is undefined }}|{{ foo | default('d') }}|{{ foo ~ 'a' }}|{{ foo | length }}",
+    "{% for i in foo %}x{% else %}empty{% endfor %}|{% if foo %}T{% else %}F{% endif %}|{{ not foo }}|{{ foo == none }}",
+    "{{ foo | upper }}|{{ foo | trim }}|{{ foo | list }}|{{ foo | join(',') }}|{{ foo | items | list }}",
+    "{{ foo.bar }}",
+    "{{ foo['bar'] }}",
+    "{{ foo() }}",
+    "{{ foo + 1 }}",
+    "{{ foo | tojson }}",
+    "{{ d.missing }}|{{ d.missing is defined }}|{{ d['missing'] }}|{{ d.get('missing') }}|{{ d.get('missing', 0) }}",
+    "{{ d.missing.deeper }}",
+    "{{ n.attr }}|{{ n is none }}|{{ s.nosuch }}|{{ [1][5] }}|{{ 'ab'[9] }}|{{ [] | first }}|{{ [] | last }}",
+    "{{ d['items'] }}|{{ d.a }}|{{ d['a'] }}|{{ messages[0].role }}|{{ messages[-1]['content'] }}|{{ messages | length }}",
+    "{{ True }}|{{ none }}|{{ 1.0 }}|{{ 1e20 }}|{{ 1.5e-7 }}|{{ 123456789012345678 }}|{{ -0.0 }}|{{ 2**62 }}|{{ 1/3 }}",
+    "{{ [1, 'a', none, true, 2.5, ('t',), {'k': [none]}] }}|{{ ('a', 'b') }}|{{ {'q': \"it's\"} }}|{{ ['\\n', '\\x01', 'é'] }}",
+    "{{ 'a' + 1 }}",
+    "{{ 1 + 'a' }}",
+    "{{ 1 / 0 }}",
+    "{{ [1, 2].append(3) }}",
+    "{{ d.update({'b': 2}) }}",
+    "{{ raise_exception('the template says no') }}",
+    "{{ 'x' is nosuchtest }}",
+    "{{ 'x' | nosuchfilter }}",
+    "{% if true %}never closed",
+    "{% for x in [1] %}{% endif %}",
+    "{% endfor %}",
+    "{{ 1 + }}",
+    "{{ 'unterminated }}",
+    "{# comment",
+    "{{ x",
+    "{% break %}",
+    "{% include 'other.jinja' %}",
+    "{% set ns = namespace(a=1) %}{% set ns.b = 2 %}{{ ns.a }}{{ ns.b }}{{ ns.c }}|{% set t = 5 %}{% set t.x = 1 %}",
+    "{% macro m(a, b=2) %}{{ a }}-{{ b }}-{{ varargs }}-{{ kwargs }}{% endmacro %}{{ m(1) }}|{{ m(1, 3) }}|{{ m(b=4, a=0) }}|{{ m(1, 2, 3) }}|{{ m(1, z=9) }}",
+    "{% macro wrap() %}<{{ caller() }}>{% endmacro %}{% call wrap() %}inner {{ s }}{% endcall %}",
+    "{% set x = 1 %}{% for i in [1, 2] %}{% set x = x + i %}{{ x }}{% endfor %}{{ x }}|{% if true %}{% set y = 3 %}{% endif %}{{ y }}",
+    "{% for a, b in [[1, 2], [3, 4]] %}{{ a }}{{ b }}{% endfor %}|{% for k in {'z': 1, 'a': 2} %}{{ k }}{% endfor %}|{% for c in 'héllo' %}{{ c }}.{% endfor %}",
+    "{% for a, b in [[1, 2, 3]] %}{{ a }}{% endfor %}",
+    "{% for i in range(3) %}{{ loop.cycle('a', 'b') }}{{ loop.index0 }}{{ loop.revindex0 }}{{ loop.depth }}{% for j in [0] %}{{ loop.depth }}{% endfor %}{% endfor %}",
+    "  {%- if true -%}  \n  a  \n  {%- endif -%}  \n  b\n{{- ' c ' -}}\n  d  {#- x -#}  e\n  {% raw -%}  {{ raw }}  {%- endraw %}  f",
+    "line\n    {% if true %}\n    kept\n    {% endif %}\n\tx {% if true %}y{% endif %}\n{%+ if true %}z{% endif %}\n",
+    "a\r\nb\rc\n",
+    "{{ '\\u00e9\\x41\\101\\t\\'\\\"\\q' }}|{{ \"adj\" 'acent' }}",
+    "{{ 'ABC' | lower | capitalize }}|{{ 'a  b' | wordcount }}|{{ 'x' * 3 }}|{{ 3 * [0] }}|{{ 'abc' | reverse }}|{{ [3, 1] | reverse | list }}",
+    "{{ {'b': 1, 'A': 2, 'a': 3} | dictsort }}|{{ {'b': 1, 'A': 2} | dictsort(true) }}|{{ {'x': 2, 'y': 1} | dictsort(by='value') }}|{{ ['b', 'a', 'B'] | unique | list }}",
+    "{{ ' \\t x \\n' | trim }}|{{ 'aXbXc'.split('X', 1) }}|{{ 'a b'.rsplit(' ', 1) }}|{{ 'abc'.find('c') }}|{{ 'a.b.c'.count('.') }}|{{ 'x\\ny'.splitlines() }}|{{ '12'.isdigit() }}",
+    "{{ 5 | string ~ 'x' }}|{{ [1, 2] | string }}|{{ none | string }}|{{ 7 | round }}|{{ 7.45 | round(1) }}|{{ 7.5 | round(0, 'floor') }}|{{ -2.5 | round }}|{{ '3.7' | float }}|{{ '3.7' | int }}",
+    "{{ [{'n': 'b', 'v': 2}, {'n': 'a', 'v': 1}] | sort(attribute='n') | map(attribute='v') | list }}|{{ [{'a': {'b': 5}}] | map(attribute='a.b') | list }}|{{ [1, 2, 3] | sum(start=10) }}",
+    "{{ s is string and s is not number }}|{{ 1 is integer }}|{{ 1.0 is float }}|{{ true is boolean }}|{{ none is none }}|{{ d is mapping }}|{{ 3 is gt 2 }}|{{ 'a' is in 'cat' }}|{{ 'AB' is upper }}|{{ raise_exception is callable }}",
+    "{{ 'tojson' is filter }}|{{ 'even' is test }}|{{ messages | selectattr('role', 'in', ['user', 'system']) | map(attribute='role') | join(',') }}|{{ messages | map(attribute='nope', default='dflt') | list }}",
+    "{{ 'a\\nb' | indent(2, first=true) }}|{{ 'a\\n\\nb' | indent('> ', blank=true) }}|{{ '%s-%s' | format('x', 2) }}|{{ '<&>' | e }}|{{ 'x' | safe }}",
+    "{% set s2 %}  block {{ s }}  {% endset %}[{{ s2 }}]|{% filter trim | upper %}  filtered  {% endfilter %}|{% generation %}gen{% endgeneration %}",
+    "{{ x if false }}|{{ 'a' if true else 'b' }}|{{ (1, 2)[1] }}|{{ [1, 2, 3][::-1] }}|{{ [1, 2, 3][-2:] }}|{{ 'abcdef'[1:5:2] }}|{{ (range(5) | list)[1:3] }}",
+    "{{ {'a': 'ü', 'b': [1, 2.0, true, none]} | tojson(indent=2) }}|{{ {'z': 1, 'a': 2} | tojson(sort_keys=true) }}|{{ 'é' | tojson(true) }}|{{ [1, 2] | tojson(separators=(',', ':')) }}",
+]
+
 
 def load_templates():
     templates = {}
@@ -171,6 +230,16 @@ def main():
                 except Exception as e:  # jinja2 refuses: the engine must refuse too
                     case["error"] = f"{type(e).__name__}: {e}"
                 cases.append(case)
+    snippets = []
+    svars = dict(messages=CONVERSATIONS["system"][0], d={"a": 1, "items": [1, 2]}, s="Text", n=None,
+                 bos_token="<s>", eos_token="</s>", add_generation_prompt=False)
+    for src in SNIPPETS:
+        case = {"source": src}
+        try:
+            case["text"] = env.from_string(src).render(**copy.deepcopy(svars))
+        except Exception as e:
+            case["error"] = f"{type(e).__name__}: {e}"
+        snippets.append(case)
     out = {
         "generator": "tests/text/make_jinja_fixtures.py",
         "jinja2": jinja2.__version__,
@@ -178,6 +247,7 @@ def main():
                       {"bos_token": t["bos_token"], "eos_token": t["eos_token"]} for n, t in templates.items()},
         "conversations": {n: {"messages": m, "tools": tl, "extra": ex} for n, (m, tl, ex) in CONVERSATIONS.items()},
         "cases": cases,
+        "snippets": snippets,
     }
     with open(OUT, "w", encoding="utf-8") as f:
         json.dump(out, f, ensure_ascii=False, indent=1)
