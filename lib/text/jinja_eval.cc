@@ -362,7 +362,8 @@ absl::Status Evaluator::EvalArgs(const Expr &e, size_t first, Frame *frame, Call
 absl::StatusOr<Value> Evaluator::Eval(const Expr &e, Frame *frame) {
   DepthGuard g(&depth_);
   if (depth_ > limits_.max_depth) {
-    return ErrorAt(e.line, "expressions nest deeper than " + std::to_string(limits_.max_depth));
+    return MakeError(MOE_ERR_LIMIT, std::string(kLinePrefix) + std::to_string(e.line) + ": evaluation nests deeper than " +
+                                        std::to_string(limits_.max_depth));
   }
   absl::StatusOr<Value> r = EvalInner(e, frame);
   if (!r.ok()) return AtLine(r.status(), e.line);

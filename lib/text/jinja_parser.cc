@@ -79,6 +79,13 @@ class Parser {
     return absl::OkStatus();
   }
 
+  // A left-deep chain (a + b + c, x|f|g, a.b.c) nests its tree one level per link: each link
+  // counts against the same bound as nested parentheses.
+  absl::Status Link(int *links) {
+    if (++*links + depth_ > kMaxDepth) return Error("an expression chains more than " + std::to_string(kMaxDepth) + " operations");
+    return absl::OkStatus();
+  }
+
   struct DepthGuard {
     explicit DepthGuard(int *d) : d(d) { ++*d; }
     ~DepthGuard() { --*d; }
@@ -339,7 +346,9 @@ class Parser {
     if (depth_ > kMaxDepth) return Error("expressions nest deeper than " + std::to_string(kMaxDepth));
     STRATA_ASSIGN_OR_RETURN(ExprPtr e, Or());
     if (!with_condexpr) return e;
+    int links = 0;
     while (IsName("if")) {
+      STRATA_RETURN_IF_ERROR(Link(&links));
       const int line = Cur().line;
       Next();
       ExprPtr c = Make(ExprKind::kCond, line);
@@ -359,7 +368,9 @@ class Parser {
 
   absl::StatusOr<ExprPtr> Or() {
     STRATA_ASSIGN_OR_RETURN(ExprPtr e, And());
+    int links = 0;
     while (IsName("or")) {
+      STRATA_RETURN_IF_ERROR(Link(&links));
       ExprPtr o = Make(ExprKind::kOr, Cur().line);
       Next();
       STRATA_ASSIGN_OR_RETURN(ExprPtr r, And());
@@ -372,7 +383,9 @@ class Parser {
 
   absl::StatusOr<ExprPtr> And() {
     STRATA_ASSIGN_OR_RETURN(ExprPtr e, Not());
+    int links = 0;
     while (IsName("and")) {
+      STRATA_RETURN_IF_ERROR(Link(&links));
       ExprPtr o = Make(ExprKind::kAnd, Cur().line);
       Next();
       STRATA_ASSIGN_OR_RETURN(ExprPtr r, Not());
@@ -429,10 +442,12 @@ class Parser {
 
   absl::StatusOr<ExprPtr> Binary(absl::StatusOr<ExprPtr> (Parser::*sub)(), std::initializer_list<std::string_view> ops) {
     STRATA_ASSIGN_OR_RETURN(ExprPtr e, (this->*sub)());
+    int links = 0;
     while (Cur().type == Tok::kOp) {
       bool match = false;
       for (auto o : ops) match = match || Cur().text == o;
       if (!match) break;
+      STRATA_RETURN_IF_ERROR(Link(&links));
       ExprPtr b = Make(ExprKind::kBinary, Cur().line);
       b->name = Cur().text;
       Next();
@@ -538,7 +553,9 @@ class Parser {
   }
 
   absl::StatusOr<ExprPtr> Postfix(ExprPtr e) {
+    int links = 0;
     while (true) {
+      if (IsOp(".") || IsOp("[") || IsOp("(")) STRATA_RETURN_IF_ERROR(Link(&links));
       if (IsOp(".")) {
         const int line = Cur().line;
         Next();
@@ -638,7 +655,9 @@ class Parser {
 
   // | filter(args), is [not] test(args), (call): jinja2's parse_filter_expr.
   absl::StatusOr<ExprPtr> Filters(ExprPtr e, bool first_without_pipe) {
+    int links = 0;
     while (true) {
+      if (IsOp("|") || IsName("is") || IsOp("(") || first_without_pipe) STRATA_RETURN_IF_ERROR(Link(&links));
       if (IsOp("|") || first_without_pipe) {
         if (!first_without_pipe) Next();
         first_without_pipe = false;
