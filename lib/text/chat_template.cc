@@ -1,12 +1,15 @@
-// Chat templates rendered in C++. Each Render* below follows its family's published Jinja source
-// line by line (kept in scripts/text/make_template_fixtures.py, which also records transformers'
-// output for the tests); Jinja's `trim` is Python's str.strip(), so it strips Unicode whitespace.
+// Chat templates rendered in C++, and the model's own source on the Jinja engine. Each Render*
+// below follows its family's published Jinja source line by line (kept in
+// scripts/text/make_template_fixtures.py, which also records transformers' output for the tests);
+// Jinja's `trim` is Python's str.strip(), so it strips Unicode whitespace.
 #include "lib/text/chat_template.h"
 
+#include <algorithm>
 #include <array>
 
 #include <initializer_list>
 
+#include "lib/text/jinja.h"
 #include "lib/text/unicode.h"
 
 namespace strata::text {
@@ -301,6 +304,38 @@ absl::StatusOr<RenderedChat> RenderGptOss(absl::Span<const ChatMessage> m, bool 
   return out;
 }
 
+// The conversation on the engine, as transformers passes it: messages (role and content, both the
+// caller's), tools and documents None, add_generation_prompt, bos_token and eos_token. The
+// template ranges are the bytes outside the caller's spans.
+absl::StatusOr<RenderedChat> RenderJinja(const jinja::Template &t, absl::Span<const ChatMessage> m, bool gen,
+                                         const ChatSpecialTokens &sp) {
+  using jinja::Value;
+  jinja::List msgs;
+  for (const ChatMessage &msg : m) {
+    Value d = Value::MakeDict();
+    d.Set(Value::Str("role"), Value::CallerStr(std::string(msg.role)));
+    d.Set(Value::Str("content"), Value::CallerStr(std::string(msg.content)));
+    msgs.push_back(std::move(d));
+  }
+  Value ctx = Value::MakeDict();
+  ctx.Set(Value::Str("messages"), Value::MakeList(std::move(msgs)));
+  ctx.Set(Value::Str("tools"), Value::None());
+  ctx.Set(Value::Str("documents"), Value::None());
+  ctx.Set(Value::Str("add_generation_prompt"), Value::Bool(gen));
+  ctx.Set(Value::Str("bos_token"), Value::Str(sp.bos));
+  ctx.Set(Value::Str("eos_token"), Value::Str(sp.eos));
+  STRATA_ASSIGN_OR_RETURN(jinja::Rendered r, t.Render(ctx));
+  RenderedChat out;
+  out.text = std::move(r.text);
+  size_t at = 0;
+  for (const jinja::Span &c : r.caller_spans) {
+    if (c.begin > at) out.template_ranges.push_back({at, c.begin});
+    at = std::max(at, c.end);
+  }
+  if (at < out.text.size()) out.template_ranges.push_back({at, out.text.size()});
+  return out;
+}
+
 // The source with runs of whitespace removed and double quotes made single: equal for two
 // spellings of the same simple template.
 std::string Squash(std::string_view s) {
@@ -336,6 +371,7 @@ std::vector<std::string_view> ChatTemplate::Names() {
 }
 
 const char *ChatTemplate::name() const {
+  if (family_ == ChatFamily::kJinja) return "jinja";
   for (const auto &f : kFamilies)
     if (f.family == family_) return f.name;
   return "?";
@@ -344,12 +380,57 @@ const char *ChatTemplate::name() const {
 absl::StatusOr<ChatTemplate> ChatTemplate::ByName(std::string_view name) {
   for (const auto &f : kFamilies)
     if (name == f.name) return ChatTemplate(f.family);
-  return MakeError(MOE_ERR_UNSUPPORTED, Cat({"unknown chat template '", name,
-                                                     "' (known: ", Join(Names(), ", "), ")"}));
+  if (name == "jinja") {
+    return MakeError(MOE_ERR_UNSUPPORTED, "chat template 'jinja' renders the model's own Jinja source, and the model "
+                                          "carries none");
+  }
+  return MakeError(MOE_ERR_UNSUPPORTED, Cat({"unknown chat template '", name, "' (known: ", Join(Names(), ", "),
+                                             ", or jinja for the model's own)"}));
 }
 
-absl::StatusOr<ChatTemplate> ChatTemplate::FromJinja(std::string_view s) {
-  auto is = [](ChatFamily f) { return absl::StatusOr<ChatTemplate>(ChatTemplate(f)); };
+absl::StatusOr<ChatTemplate> ChatTemplate::FromJinjaEngine(std::string_view source) {
+  absl::StatusOr<jinja::Template> t = jinja::Template::Parse(source);
+  if (!t.ok()) {
+    return MakeError(MOE_ERR_UNSUPPORTED, "the model's chat template cannot be rendered: " + std::string(t.status().message()));
+  }
+  ChatTemplate ct(ChatFamily::kJinja);
+  ct.jinja_ = std::make_shared<const jinja::Template>(std::move(*t));
+  return ct;
+}
+
+namespace {
+
+// Whether two templates render the probe conversations alike (text and refusals). Their template
+// ranges may differ on role names: the engine marks a role the template spells as a literal
+// ('system') as the template's, a C++ renderer may mark it as the caller's; either keeps every
+// caller byte out of special-token parsing.
+bool AgreeOnProbes(const ChatTemplate &a, const ChatTemplate &b) {
+  const ChatSpecialTokens sp{"<s>", "</s>"};
+  const std::vector<ChatMessage> probes[] = {
+      {{"system", "Be brief."}, {"user", " Hi there \n"}, {"assistant", "Hello."}, {"user", "Bye"}},
+      {{"user", "hi"}},
+      {{"user", "hi"}, {"assistant", "<think>\nhm\n</think>\n\nyes"}},
+  };
+  for (const auto &m : probes) {
+    for (bool gen : {false, true}) {
+      absl::StatusOr<RenderedChat> x = a.RenderTagged(m, gen, sp), y = b.RenderTagged(m, gen, sp);
+      if (x.ok() != y.ok()) return false;
+      if (!x.ok()) continue;
+      if (x->text != y->text) return false;
+    }
+  }
+  return true;
+}
+
+// The family a published source is, by its markers; kJinja when none.
+ChatFamily Recognise(std::string_view s);
+
+}  // namespace
+
+namespace {
+
+ChatFamily Recognise(std::string_view s) {
+  auto is = [](ChatFamily f) { return f; };
   // Markers of template versions whose output Strata does not reproduce: dated system blocks
   // (Llama 3.1+), reasoning prompts (DeepSeek-R1), anything that reads the clock.
   const bool dated = Has(s, "strftime_now") || Has(s, "Cutting Knowledge Date") || Has(s, "date_string");
@@ -383,12 +464,19 @@ absl::StatusOr<ChatTemplate> ChatTemplate::FromJinja(std::string_view s) {
       if (Squash(s) == Squash(kChatmlSource)) return is(ChatFamily::kChatml);
     }
   }
-  std::string head(s.substr(0, 80));
-  for (char &c : head) c = (c == '\n' || c == '\r' || c == '\t') ? ' ' : c;
-  return MakeError(MOE_ERR_UNSUPPORTED,
-                   Cat({"the model's chat template is not one Strata renders (it begins \"", head,
-                                s.size() > 80 ? "..." : "", "\"); choose one by name: ",
-                                Join(Names(), ", ")}));
+  return ChatFamily::kJinja;
+}
+
+}  // namespace
+
+absl::StatusOr<ChatTemplate> ChatTemplate::FromJinja(std::string_view s) {
+  absl::StatusOr<ChatTemplate> engine = FromJinjaEngine(s);
+  const ChatFamily family = Recognise(s);
+  if (family == ChatFamily::kJinja) return engine;
+  // A recognised family keeps its C++ renderer only where the engine renders the source alike
+  // (or cannot parse it at all).
+  if (!engine.ok() || AgreeOnProbes(ChatTemplate(family), *engine)) return ChatTemplate(family);
+  return engine;
 }
 
 absl::StatusOr<ChatTemplate> ChatTemplate::ForArchitecture(std::string_view arch) {
@@ -413,6 +501,8 @@ absl::StatusOr<RenderedChat> ChatTemplate::RenderTagged(absl::Span<const ChatMes
                                                  const ChatSpecialTokens &sp) const {
   if (m.empty()) return BadArg(Cat({"chat template ", name(), ": the conversation has no messages"}));
   switch (family_) {
+    case ChatFamily::kJinja:
+      return RenderJinja(*jinja_, m, gen, sp);
     case ChatFamily::kChatml:
       return RenderChatml(m, gen, "");
     case ChatFamily::kQwen2:
@@ -449,6 +539,7 @@ absl::StatusOr<std::string> ChatTemplate::Render(absl::Span<const ChatMessage> m
 
 absl::StatusOr<ChatTemplate> ResolveChatTemplate(std::string_view override_name, std::string_view jinja,
                                                  std::string_view arch) {
+  if (override_name == "jinja" && !jinja.empty()) return ChatTemplate::FromJinjaEngine(jinja);
   if (!override_name.empty()) return ChatTemplate::ByName(override_name);
   if (!jinja.empty()) return ChatTemplate::FromJinja(jinja);
   return ChatTemplate::ForArchitecture(arch);

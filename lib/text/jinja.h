@@ -22,7 +22,7 @@ struct Program;
 
 struct RenderLimits {
   size_t max_output = size_t{64} << 20;  // bytes of output, and of any one string built
-  size_t max_items = size_t{1} << 20;    // items of any one list built (range, +, *)
+  size_t max_items = size_t{1} << 18;    // items of any one list built (range, +, *)
   uint64_t max_steps = 5'000'000;        // statements run, loop iterations, filters and calls
   int max_depth = 256;                   // nested evaluation (expressions, blocks, macro calls)
 };

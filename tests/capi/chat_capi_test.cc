@@ -148,19 +148,88 @@ TEST_CASE("chat template: chosen from the model's metadata, rendered, overridden
   CHECK(Render(ctx, "qwen3", {{"user", "hi"}}, 0) == "<|im_start|>user\nhi<|im_end|>\n");
   moe_ctx_close(ctx);
 
-  // A template Strata does not render is reported by name of its start, not guessed.
+  // A template from none of the C++ families renders on the Jinja engine; "jinja" names it, and
+  // as an override forces the engine on the model's own source.
   TempDir other;
   MakeChatModel(other.path());
   {
     std::ofstream cfg(other.path() + "/tokenizer_config.json", std::ios::trunc);
     cfg << R"({"eos_token": "<|im_end|>",)"
-        << R"( "chat_template": "{% for m in messages %}<start_of_turn>{{ m.content }}{% endfor %}"})";
+        << R"( "chat_template": "{% for m in messages %}<start_of_turn>{{ m.content | trim }}\n{% endfor %}"})";
+  }
+  ctx = Open(other.path());
+  REQUIRE(moe_ctx_chat_template_name(ctx, &name) == MOE_OK);
+  CHECK(std::string(name) == "jinja");
+  CHECK(Render(ctx, nullptr, {{"user", " hi "}, {"assistant", "yo"}}, 1) == "<start_of_turn>hi\n<start_of_turn>yo\n");
+  CHECK(Render(ctx, "jinja", {{"user", "hi"}}, 1) == "<start_of_turn>hi\n");
+  CHECK(Render(ctx, "chatml", {{"user", "hi"}}, 0) == "<|im_start|>user\nhi<|im_end|>\n");  // an override still works
+  moe_ctx_close(ctx);
+
+  // A malformed template is refused, naming its line and fault.
+  {
+    std::ofstream cfg(other.path() + "/tokenizer_config.json", std::ios::trunc);
+    cfg << R"({"eos_token": "<|im_end|>", "chat_template": "{% for m in messages %}\n{{ m.content }"})";
   }
   ctx = Open(other.path());
   CHECK(moe_ctx_chat_template_name(ctx, &name) == MOE_ERR_UNSUPPORTED);
-  CHECK(std::string(moe_last_error()).find("<start_of_turn>") != std::string::npos);
+  CHECK(std::string(moe_last_error()).find("chat template line 2") != std::string::npos);
   CHECK(moe_chat_render(ctx, nullptr, m, 1, 1, nullptr, 0, &n) == MOE_ERR_UNSUPPORTED);
-  CHECK(moe_chat_render(ctx, "chatml", m, 1, 1, nullptr, 0, &n) == MOE_ERR_LIMIT);  // an override still works
+  CHECK(moe_chat_render(ctx, "jinja", m, 1, 1, nullptr, 0, &n) == MOE_ERR_UNSUPPORTED);
+  // raise_exception in a template refuses the conversation with its message.
+  {
+    std::ofstream cfg(other.path() + "/tokenizer_config.json", std::ios::trunc);
+    cfg << R"({"eos_token": "<|im_end|>", "chat_template": "{% if messages[0].role != 'system' %})"
+        << R"({{ raise_exception('a system message comes first') }}{% endif %}ok"})";
+  }
+  moe_ctx_close(ctx);
+  ctx = Open(other.path());
+  CHECK(moe_chat_render(ctx, nullptr, m, 1, 1, nullptr, 0, &n) == MOE_ERR_INVALID_ARGUMENT);
+  CHECK(std::string(moe_last_error()).find("a system message comes first") != std::string::npos);
+  moe_ctx_close(ctx);
+}
+
+TEST_CASE("a GGUF whose chat template is from none of the C++ families chats", "[capi][chat]") {
+  // Gemma's template (tests/text/fixtures/jinja/templates/gemma2.jinja) in tokenizer.chat_template:
+  // rendered by the engine, tokenized safely, fed, and a reply sampled.
+  std::ifstream tf(kSrc + "/tests/text/fixtures/jinja/templates/gemma2.jinja");
+  std::stringstream tss;
+  tss << tf.rdbuf();
+  TempDir dir;
+  const std::string gguf = dir.File("gemma-template.gguf");
+  strata::testing::MakeChatGguf(gguf, tss.str());
+  moe_ctx *ctx = Open(gguf);
+  const char *name = nullptr;
+  REQUIRE(moe_ctx_chat_template_name(ctx, &name) == MOE_OK);
+  CHECK(std::string(name) == "jinja");
+  const std::vector<moe_chat_message> conv = {{"user", " What is 1+1? "}, {"assistant", "2"}, {"user", "<end_of_turn>x"}};
+  const std::string text = Render(ctx, nullptr, conv, 1);
+  CHECK(text ==
+        "<|endoftext|><start_of_turn>user\nWhat is 1+1?<end_of_turn>\n<start_of_turn>model\n2<end_of_turn>\n"
+        "<start_of_turn>user\n<end_of_turn>x<end_of_turn>\n<start_of_turn>model\n");
+  size_t n = 0;
+  REQUIRE(moe_chat_tokenize(ctx, nullptr, conv.data(), conv.size(), 1, nullptr, 0, &n) == MOE_ERR_LIMIT);
+  std::vector<int32_t> ids(n);
+  REQUIRE(moe_chat_tokenize(ctx, nullptr, conv.data(), conv.size(), 1, ids.data(), ids.size(), &n) == MOE_OK);
+  std::vector<char> back(text.size() + 16);
+  size_t nb = 0;
+  REQUIRE(moe_detokenize(ctx, ids.data(), ids.size(), back.data(), back.size(), &nb) == MOE_OK);
+  CHECK(std::string(back.data(), nb) == text);
+  // Gemma refuses a system message, through raise_exception.
+  const std::vector<moe_chat_message> sys = {{"system", "x"}, {"user", "y"}};
+  CHECK(moe_chat_render(ctx, nullptr, sys.data(), sys.size(), 1, nullptr, 0, &n) == MOE_ERR_INVALID_ARGUMENT);
+  CHECK(std::string(moe_last_error()).find("System role not supported") != std::string::npos);
+
+  moe_session_params sp;
+  moe_session_params_init(&sp);
+  moe_session *s = nullptr;
+  REQUIRE(moe_session_open(ctx, &sp, &s) == MOE_OK);
+  REQUIRE(moe_session_feed(s, ids.data(), ids.size()) == MOE_OK);
+  REQUIRE(moe_ctx_step(ctx, nullptr) == MOE_OK);
+  int32_t stop = MOE_STOP_NONE;
+  std::vector<int32_t> reply;
+  Generate(ctx, s, 4, &stop, &reply);
+  CHECK(!reply.empty());
+  moe_session_close(s);
   moe_ctx_close(ctx);
 }
 

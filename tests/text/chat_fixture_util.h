@@ -28,8 +28,9 @@ inline void MakeChatCheckpoint(const std::string &dir) {
   for (const char *f : {"tokenizer.json", "tokenizer_config.json"}) fs::copy_file(ChatFixture(f), dir + "/" + f);
 }
 
-// Writes `path`: the golden Q8_0 GGUF with the tokenizer GGUF's tokenizer.* keys added.
-inline void MakeChatGguf(const std::string &path) {
+// Writes `path`: the golden Q8_0 GGUF with the tokenizer GGUF's tokenizer.* keys added, and
+// `chat_template` as tokenizer.chat_template when not empty (else the fixture's Llama-3 template).
+inline void MakeChatGguf(const std::string &path, const std::string &chat_template = "") {
   auto model_file = format::File::Open(std::string(STRATA_SOURCE_DIR) + "/tests/golden/qwen3moe_f32/model-q8_0.gguf");
   auto tok_file = format::File::Open(ChatFixture("tokenizer.gguf"));
   REQUIRE((model_file.ok() && tok_file.ok()));
@@ -41,6 +42,12 @@ inline void MakeChatGguf(const std::string &path) {
     if (k != "general.alignment") w.SetValue(k, v);
   for (const auto &[k, v] : tok->kv)
     if (k.rfind("tokenizer.", 0) == 0) w.SetValue(k, v);
+  if (!chat_template.empty()) {
+    format::GgufValue t;
+    t.type = format::GgufType::kString;
+    t.s = chat_template;
+    w.SetValue("tokenizer.chat_template", t);
+  }
   for (const auto &t : model->tensors) REQUIRE(w.AddTensor(t.name, t.type, t.n_dims, t.ne).ok());
   REQUIRE(w.Begin().ok());
   for (const auto &t : model->tensors) {

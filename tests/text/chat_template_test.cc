@@ -69,16 +69,69 @@ TEST_CASE("chat templates are recognised from their Jinja source", "[text][chat]
     REQUIRE(tmpl.ok());
     CHECK(std::string(tmpl->name()) == name);
   }
+  // Sources of no family (dated Llama 3.1, Gemma, DeepSeek-R1) run on the Jinja engine.
   for (const auto &[name, src] : Fixtures()["unrecognised"].items()) {
     INFO(name);
     auto tmpl = ChatTemplate::FromJinja(src.get<std::string>());
-    REQUIRE(!tmpl.ok());
-    CHECK(StatusToMoe(tmpl.status()) == MOE_ERR_UNSUPPORTED);
-    CHECK(std::string(tmpl.status().message()).find("not one Strata renders") != std::string::npos);
+    INFO(tmpl.status().ToString());
+    REQUIRE(tmpl.ok());
+    CHECK(std::string(tmpl->name()) == "jinja");
+    CHECK(tmpl->Render({{"user", "hi"}}, true, {"<s>", "</s>"}).ok());
   }
-  // Small edits of a known source are not claimed either.
+  // Small edits of a known source are not claimed either: the engine renders them as written.
   std::string chatml = Fixtures()["templates"]["chatml"]["jinja"];
-  CHECK(ChatTemplate::FromJinja(chatml + "{{ eos_token }}").status().code() != absl::StatusCode::kOk);
+  auto edited = ChatTemplate::FromJinja(chatml + "{{ eos_token }}");
+  REQUIRE(edited.ok());
+  CHECK(std::string(edited->name()) == "jinja");
+  CHECK(*edited->Render({{"user", "hi"}}, false, {"<s>", "</s>"}) == "<|im_start|>user\nhi<|im_end|>\n</s>");
+  // A source the engine cannot parse is refused, naming the line.
+  auto broken = ChatTemplate::FromJinja("{% for m in messages %}\n{{ m.content }}");
+  REQUIRE(!broken.ok());
+  CHECK(StatusToMoe(broken.status()) == MOE_ERR_UNSUPPORTED);
+  CHECK_THAT(std::string(broken.status().message()), Catch::Contains("chat template line 2"));
+  // A recognised family whose source the engine renders differently keeps the engine's output:
+  // Llama-3's markers with a different system header.
+  std::string llama3 = Fixtures()["templates"]["llama3"]["jinja"];
+  const size_t at = llama3.find("<|start_header_id|>");
+  REQUIRE(at != std::string::npos);
+  llama3.insert(at, "[variant]");
+  auto variant = ChatTemplate::FromJinja(llama3);
+  REQUIRE(variant.ok());
+  CHECK(std::string(variant->name()) == "jinja");
+}
+
+TEST_CASE("the C++ renderers agree with the Jinja engine on their families' sources", "[text][chat][jinja]") {
+  // Every transformers case of every family through the exact renderer and through the engine on
+  // the family's published source: the same bytes (the fast path is only kept where this holds).
+  size_t n_checked = 0;
+  for (const auto &c : Fixtures()["cases"]) {
+    const std::string name = c["template"];
+    const bool gen = c["add_generation_prompt"];
+    INFO(name << " / " << c["conversation"].get<std::string>() << " / add_generation_prompt=" << gen);
+    auto exact = ChatTemplate::ByName(name);
+    auto engine = ChatTemplate::FromJinjaEngine(Fixtures()["templates"][name]["jinja"].get<std::string>());
+    REQUIRE(exact.ok());
+    REQUIRE(engine.ok());
+    CHECK(std::string(engine->name()) == "jinja");
+    std::vector<std::string> roles, contents;
+    for (const auto &m : c["messages"]) roles.push_back(m["role"]), contents.push_back(m["content"]);
+    std::vector<ChatMessage> msgs;
+    for (size_t i = 0; i < roles.size(); ++i) msgs.push_back({roles[i], contents[i]});
+    auto a = exact->Render(msgs, gen, Special(name));
+    auto b = engine->Render(msgs, gen, Special(name));
+    if (!c["error"].is_null()) {
+      CHECK(!a.ok());
+      CHECK(!b.ok());
+      continue;
+    }
+    INFO(b.status().ToString());
+    REQUIRE(a.ok());
+    REQUIRE(b.ok());
+    CHECK(*b == c["expected"].get<std::string>());
+    CHECK(*a == *b);
+    ++n_checked;
+  }
+  CHECK(n_checked >= 100);
 }
 
 TEST_CASE("chat template resolution: override, then Jinja source, then architecture", "[text][chat]") {
@@ -93,8 +146,11 @@ TEST_CASE("chat template resolution: override, then Jinja source, then architect
   auto unknown_name = ResolveChatTemplate("vicuna", "", "qwen3moe");
   CHECK(StatusToMoe(unknown_name.status()) == MOE_ERR_UNSUPPORTED);
   CHECK(std::string(unknown_name.status().message()).find("vicuna") != std::string::npos);
-  // An unrecognised source is reported even when the architecture has a usual template.
-  CHECK(!ResolveChatTemplate("", "{{ messages }}", "qwen3moe").ok());
+  // A source of no family runs on the engine even when the architecture has a usual template;
+  // "jinja" forces the engine on the model's source, and needs one.
+  CHECK(std::string(ResolveChatTemplate("", "{{ messages }}", "qwen3moe")->name()) == "jinja");
+  CHECK(std::string(ResolveChatTemplate("jinja", qwen3, "qwen3moe")->name()) == "jinja");
+  CHECK(StatusToMoe(ResolveChatTemplate("jinja", "", "qwen3moe").status()) == MOE_ERR_UNSUPPORTED);
   CHECK(ChatTemplate::Names().size() == 10);
 }
 
