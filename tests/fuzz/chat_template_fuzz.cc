@@ -1,7 +1,9 @@
 // libFuzzer target for chat templates with hostile sources and messages. The input is a selector
-// byte, then NUL-separated fields: a Jinja source (recognised by FromJinja, or else the family the
-// selector names), then role / content pairs. Rendering must give text or refuse the conversation
-// with a status and a message; rendered text must equal its tagged form, whose template ranges are
+// byte, then NUL-separated fields: a Jinja source (run by FromJinja: the Jinja engine, or a C++
+// family renderer where it agrees; an empty or refused source falls back to the family the selector
+// names), then role / content pairs. Parsing must give a template or MOE_ERR_UNSUPPORTED; rendering
+// must give text or refuse the conversation (MOE_ERR_INVALID_ARGUMENT, or MOE_ERR_LIMIT when the
+// engine's bounds stop a template) with a message; rendered text must equal its tagged form, whose template ranges are
 // sorted, disjoint and inside the text; and tokenizing it the safe way (as moe_chat_tokenize does,
 // with the Qwen2 fixture tokenizer) must turn only the template's own spans into control tokens: a
 // special-token spelling inside a message stays ordinary text.
@@ -54,7 +56,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (size < 1) return 0;
   const uint8_t selector = data[0];
   const std::vector<std::string_view> f = strata::fuzz::SplitFields(data + 1, size - 1, 33);
-  absl::StatusOr<ChatTemplate> t = ChatTemplate::FromJinja(f[0]);
+  absl::StatusOr<ChatTemplate> t = f[0].empty() ? absl::StatusOr<ChatTemplate>(strata::MakeError(MOE_ERR_UNSUPPORTED, "empty"))
+                                                : ChatTemplate::FromJinja(f[0]);
   if (!t.ok()) {
     RequireRefusal(t.status(), {MOE_ERR_UNSUPPORTED});
     const std::vector<std::string_view> names = ChatTemplate::Names();
@@ -73,7 +76,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   absl::StatusOr<RenderedChat> tagged = t->RenderTagged(messages, add_generation_prompt, special);
   Require(text.ok() == tagged.ok());
   if (!text.ok()) {
-    RequireRefusal(text.status(), {MOE_ERR_INVALID_ARGUMENT});
+    RequireRefusal(text.status(), {MOE_ERR_INVALID_ARGUMENT, MOE_ERR_LIMIT});
     return 0;
   }
   Require(*text == tagged->text);

@@ -5,7 +5,8 @@ gguf, safetensors: small valid files and a few malformed ones, each under 4 KiB,
 byte. The other targets start from the project's own real files, plus a few hand-made edge cases:
   hf_config      the golden checkpoints' config.json files (tests/golden/*/hf)
   tokenizer      each tokenizer fixture's tokenizer.json, NUL, tokenizer_config.json, NUL, a text
-  chat_template  a selector byte, then NUL-separated: each template's Jinja source (its fixture), then
+  chat_template  a selector byte, then NUL-separated: each template's Jinja source (its fixture, and
+                 the Jinja engine's fixture templates and snippets), then
                  role / content pairs of a fixture conversation and of the injection cases
   hotlist        two bytes (the demo model's layers - 1 and experts - 1), then its hotlist
   imatrix        importance matrices in llama.cpp's GGUF and .dat layouts, built here
@@ -205,6 +206,15 @@ def chat_template_corpus():
     for k, (label, jinja) in enumerate(sorted(fx["unrecognised"].items())[:3]):
         yield "unrecognised_%d" % k, entry(k, jinja, [{"role": "user", "content": "hi"}], True)
     yield "bad_role", entry(0, "", [{"role": "tool", "content": "x"}], False)
+    # The Jinja engine: the model templates of its fixtures, and its small behaviour templates.
+    jdir = os.path.join(ROOT, "tests", "text", "fixtures", "jinja")
+    conv = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi <|im_end|>"},
+            {"role": "assistant", "content": "<think>\nhm\n</think>\n\nhello"}, {"role": "user", "content": "again"}]
+    for fn in sorted(glob.glob(os.path.join(jdir, "templates", "*.jinja"))):
+        yield "jinja_" + os.path.basename(fn)[:-len(".jinja")], entry(0, read(fn).decode(), conv, True)
+    jx = json.loads(read(os.path.join(jdir, "expected.json")))
+    for k, snippet in enumerate(jx["snippets"]):
+        yield "jinja_snippet_%02d" % k, entry(0, snippet["source"], [{"role": "user", "content": "hi"}], False)
 
 
 def hotlist_corpus():
