@@ -742,12 +742,16 @@ MOE_API int32_t moe_ctx_token_eos(const moe_ctx *ctx);
 
 /* ---------------------------------------------------------------------------------------------
  * Chat templates: a conversation rendered as the prompt text the model was trained on,
- * byte-identical to transformers' apply_chat_template for the families Strata knows: "chatml",
- * "qwen2", "qwen2.5", "qwen3", "mistral-v1" (Mixtral-8x7B-Instruct-v0.1), "mistral-v3"
- * (Mistral-7B-Instruct-v0.3), "llama3", "deepseek-v2", "deepseek-v3", "gpt-oss". The model's own
- * template (GGUF tokenizer.chat_template; chat_template in tokenizer_config.json) is recognised by
- * its markers; a model without one falls back to its architecture's usual template. A template
- * Strata does not reproduce is reported (MOE_ERR_UNSUPPORTED), never guessed: pass a name instead.
+ * byte-identical to transformers' apply_chat_template. The model's own template (GGUF
+ * tokenizer.chat_template; chat_template in tokenizer_config.json or chat_template.jinja) runs on
+ * Strata's Jinja engine (name "jinja"); ten families also have built-in renderers, selectable by
+ * name: "chatml", "qwen2", "qwen2.5", "qwen3", "mistral-v1" (Mixtral-8x7B-Instruct-v0.1),
+ * "mistral-v3" (Mistral-7B-Instruct-v0.3), "llama3", "deepseek-v2", "deepseek-v3", "gpt-oss"; a
+ * model's template recognised as one of them uses that renderer where it renders the same text. A
+ * model without a template falls back to its architecture's usual one. A template the engine
+ * cannot parse is reported (MOE_ERR_UNSUPPORTED, naming its line), never guessed: pass a name
+ * instead. The engine passes messages (role, content), add_generation_prompt, bos_token and
+ * eos_token; tools and documents are None.
  * Feed a conversation with moe_chat_tokenize: message contents never become special tokens.
  * ------------------------------------------------------------------------------------------- */
 typedef struct moe_chat_message {
@@ -755,13 +759,15 @@ typedef struct moe_chat_message {
   const char *content; /* NUL-terminated UTF-8 */
 } moe_chat_message;
 
-/* The name of the template the model's metadata selects (static storage).
- * @return MOE_OK; MOE_ERR_INVALID_ARGUMENT (NULL); MOE_ERR_UNSUPPORTED (the model's template is not
- *   one Strata renders, or it has none and its architecture settles none; the message says which).
+/* The name of the template the model's metadata selects (static storage): "jinja" for the model's
+ * own source on the Jinja engine, else a built-in family's name.
+ * @return MOE_OK; MOE_ERR_INVALID_ARGUMENT (NULL); MOE_ERR_UNSUPPORTED (the model's template cannot
+ *   be parsed, or it has none and its architecture settles none; the message says which).
  * Thread-safety: safe. Since: 0.1. */
 MOE_API moe_status moe_ctx_chat_template_name(const moe_ctx *ctx, const char **name);
 
-/* Renders n messages with the template `template_name` (NULL: the model's, as above), writing the
+/* Renders n messages with the template `template_name` (NULL: the model's, as above; "jinja": the
+ * model's own source on the engine even where a built-in renderer would be used), writing the
  * text, not NUL-terminated, to buf when it fits; *n_bytes receives the length needed, also on
  * MOE_ERR_LIMIT. With add_generation_prompt != 0 the text ends where the assistant's reply begins.
  * The text contains the template's special tokens (BOS included where the template writes it).
@@ -769,9 +775,11 @@ MOE_API moe_status moe_ctx_chat_template_name(const moe_ctx *ctx, const char **n
  * MOE_TOKENIZE_PARSE_SPECIAL a message that spells a special token ("<|im_end|>") would become that
  * control token, letting a user forge turns; without it the template's own markers would not.
  * @return MOE_OK; MOE_ERR_INVALID_ARGUMENT (NULL, no messages, a role or order the template refuses:
- *   Mistral's need user/assistant alternating after an optional system message); MOE_ERR_UNSUPPORTED
- *   (unknown template name, model template not recognised, no tokenizer); MOE_ERR_LIMIT (capacity
- *   too small: nothing written). Thread-safety: safe. Since: 0.1. */
+ *   Mistral's need user/assistant alternating after an optional system message; a Jinja template's
+ *   raise_exception message or runtime fault, with its line); MOE_ERR_UNSUPPORTED (unknown template
+ *   name, model template that cannot be parsed, no tokenizer); MOE_ERR_LIMIT (capacity too small:
+ *   nothing written; or a Jinja template passed the engine's bounds on steps, depth or output).
+ *   Thread-safety: safe. Since: 0.1. */
 MOE_API moe_status moe_chat_render(const moe_ctx *ctx, const char *template_name, const moe_chat_message *msgs,
                                    size_t n, int32_t add_generation_prompt, char *buf, size_t capacity,
                                    size_t *n_bytes);
@@ -785,9 +793,9 @@ MOE_API moe_status moe_chat_render(const moe_ctx *ctx, const char *template_name
  * moe_session_feed the ids as they are. At most `capacity` ids are written to `tokens`;
  * *n_tokens receives the number needed, also on MOE_ERR_LIMIT.
  * @return MOE_OK; MOE_ERR_INVALID_ARGUMENT (NULL, no messages, a role or order the template
- *   refuses); MOE_ERR_UNSUPPORTED (unknown template name, model template not recognised, no
- *   tokenizer); MOE_ERR_LIMIT (capacity too small: nothing written). On failure `tokens` is
- *   untouched.
+ *   refuses); MOE_ERR_UNSUPPORTED (unknown template name, model template that cannot be parsed, no
+ *   tokenizer); MOE_ERR_LIMIT (capacity too small: nothing written; or the engine's bounds, as
+ *   moe_chat_render). On failure `tokens` is untouched.
  * Thread-safety: safe. Since: 0.6. */
 MOE_API moe_status moe_chat_tokenize(const moe_ctx *ctx, const char *template_name, const moe_chat_message *msgs,
                                      size_t n, int32_t add_generation_prompt, int32_t *tokens, size_t capacity,

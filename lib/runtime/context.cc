@@ -59,7 +59,8 @@ absl::StatusOr<std::unique_ptr<text::Tokenizer>> LoadTokenizer(const model::Mode
 }
 
 // The model's Jinja chat template, "" when it has none. A template stored in a shape Strata cannot
-// read (a list without a "default" entry) is kept as a marker text, so it is reported, not skipped.
+// read (a list without a "default" entry) becomes a template that refuses every conversation with
+// that reason, so it is reported, not skipped.
 // A template file that is there but cannot be read (a FIFO, a device, too large, not JSON) fails
 // the open, naming the file.
 absl::StatusOr<std::string> LoadChatTemplate(const model::ModelFile &mf) {
@@ -89,7 +90,8 @@ absl::StatusOr<std::string> LoadChatTemplate(const model::ModelFile &mf) {
     }
   }
   return std::string(
-      "(a chat_template in tokenizer_config.json that is neither a string nor a list with a default)");
+      "{{ raise_exception('the chat_template in tokenizer_config.json is neither a string nor a list with a "
+      "default entry') }}");
 }
 
 int DefaultPrefillLayerMin(int n_expert, int n_expert_used) {

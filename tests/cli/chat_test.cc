@@ -150,6 +150,22 @@ TEST_CASE("strata chat on a GGUF with tokenizer.chat_template", "[cli][chat]") {
   CHECK(Cli("chat --model " + gguf + " -n 5 --temp 0 -v", "Hi\nBye\n").out == r.out);
 }
 
+TEST_CASE("strata chat on a GGUF whose template is from none of the built-in families", "[cli][chat][jinja]") {
+  // Gemma's template (a system message refused through raise_exception) runs on the Jinja engine.
+  TempDir dir;
+  const std::string gguf = dir.File("gemma.gguf");
+  strata::testing::MakeChatGguf(gguf, Slurp(kSrc + "/tests/text/fixtures/jinja/templates/gemma2.jinja"));
+  Result r = Cli("chat --model " + gguf + " -n 5 --temp 0 -v", "Hi\nBye\n");
+  INFO("stderr: " << r.err);
+  REQUIRE(r.exit_code == 0);
+  auto turns = Turns(r.err);
+  REQUIRE(turns.size() == 2);
+  // <|endoftext|> (the BOS, one token), then one token per byte of the turn markers.
+  CHECK(turns[0].fed == static_cast<int>(1 + std::string("<start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n").size()));
+  CHECK(turns[1].context == turns[0].context + turns[1].fed + turns[1].generated);
+  ExpectError(Cli("chat --model " + gguf + " --system 'Be brief.' -n 5", "Hi\n"), "System role not supported");
+}
+
 TEST_CASE("strata chat on a synthesized model (strata synth --shape tiny)", "[cli][chat]") {
   TempDir dir;
   const std::string gguf = dir.File("tiny.gguf");
