@@ -22,52 +22,149 @@ absl::Status UndefinedError(const Value &v) {
 // Python's str() of a value without caller spans.
 std::string S(const Value &v) { return ToStr(v); }
 
-std::string AsciiLower(std::string s) {
-  for (char &c : s) c = (c >= 'A' && c <= 'Z') ? c + 32 : c;
-  return s;
+// Python's simple case mapping for the scripts chat templates meet: ASCII, Latin-1, Latin
+// Extended-A, Greek and Cyrillic (other code points keep their case); the one-to-many mappings
+// Python applies there too (ß -> SS, İ -> i̇, ŉ -> ʼN) and Greek final sigma.
+uint32_t LowerCp(uint32_t c) {
+  if (c < 0x80) return c >= 'A' && c <= 'Z' ? c + 32 : c;
+  if (c >= 0xC0 && c <= 0xDE && c != 0xD7) return c + 32;
+  if ((c >= 0x100 && c <= 0x137 && c != 0x130) || (c >= 0x14A && c <= 0x177)) return c | 1;
+  if ((c >= 0x139 && c <= 0x148) || (c >= 0x179 && c <= 0x17E)) return c & 1 ? c + 1 : c;
+  if (c == 0x178) return 0xFF;
+  if (c >= 0x391 && c <= 0x3A9 && c != 0x3A2) return c + 32;
+  if (c == 0x386) return 0x3AC;
+  if (c >= 0x388 && c <= 0x38A) return c + 37;
+  if (c == 0x38C) return 0x3CC;
+  if (c == 0x38E || c == 0x38F) return c + 63;
+  if (c >= 0x410 && c <= 0x42F) return c + 32;
+  if (c >= 0x400 && c <= 0x40F) return c + 80;
+  return c;
 }
-std::string AsciiUpper(std::string s) {
-  for (char &c : s) c = (c >= 'a' && c <= 'z') ? c - 32 : c;
-  return s;
-}
-bool IsAlpha(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); }
 
-// Python's str.title(): a letter after a non-letter is upper-cased, other letters lower-cased.
-std::string PyTitle(const std::string &s) {
+uint32_t UpperCp(uint32_t c) {
+  if (c < 0x80) return c >= 'a' && c <= 'z' ? c - 32 : c;
+  if (c >= 0xE0 && c <= 0xFE && c != 0xF7) return c - 32;
+  if (c == 0xFF) return 0x178;
+  if (c == 0xB5) return 0x39C;
+  if (c == 0x131) return 'I';
+  if (c == 0x17F) return 'S';
+  if ((c >= 0x100 && c <= 0x137 && c != 0x130) || (c >= 0x14A && c <= 0x177)) return c & ~1u;
+  if ((c >= 0x139 && c <= 0x148) || (c >= 0x179 && c <= 0x17E)) return c & 1 ? c : c - 1;
+  if (c == 0x3C2) return 0x3A3;
+  if (c >= 0x3B1 && c <= 0x3C9) return c - 32;
+  if (c == 0x3AC) return 0x386;
+  if (c >= 0x3AD && c <= 0x3AF) return c - 37;
+  if (c == 0x3CC) return 0x38C;
+  if (c == 0x3CD || c == 0x3CE) return c - 63;
+  if (c >= 0x430 && c <= 0x44F) return c - 32;
+  if (c >= 0x450 && c <= 0x45F) return c - 80;
+  return c;
+}
+
+// Whether a code point has case (what Python's title() and final-sigma rules look at).
+bool Cased(uint32_t c) { return LowerCp(c) != c || UpperCp(c) != c || c == 0xDF || c == 0x149 || c == 0x130; }
+
+void AppendUpper(uint32_t c, std::string *out) {
+  if (c == 0xDF) out->append("SS");
+  else if (c == 0x149) out->append("\xCA\xBCN");
+  else AppendUtf8(UpperCp(c), out);
+}
+
+std::vector<uint32_t> Decode(const std::string &s) {
+  std::vector<uint32_t> cps;
+  for (size_t k = 0; k < s.size();) {
+    size_t len;
+    const uint32_t c = DecodeUtf8(s, k, &len);
+    // An invalid byte stays itself (kept as a raw byte, marked above the Unicode range).
+    cps.push_back(c == 0xFFFD && len == 1 && static_cast<unsigned char>(s[k]) >= 0x80
+                      ? 0x80000000u | static_cast<unsigned char>(s[k])
+                      : c);
+    k += len;
+  }
+  return cps;
+}
+
+void Encode(uint32_t c, std::string *out) {
+  if (c & 0x80000000u) out->push_back(static_cast<char>(c & 0xFF));
+  else AppendUtf8(c, out);
+}
+
+void AppendLower(const std::vector<uint32_t> &cps, size_t k, std::string *out) {
+  const uint32_t c = cps[k];
+  if (c == 0x130) {
+    out->append("i\xCC\x87");
+  } else if (c == 0x3A3) {
+    // Final sigma: after a cased letter and not before one.
+    const bool after = k > 0 && Cased(cps[k - 1]);
+    const bool before = k + 1 < cps.size() && Cased(cps[k + 1]);
+    AppendUtf8(after && !before ? 0x3C2 : 0x3C3, out);
+  } else if (c & 0x80000000u) {
+    Encode(c, out);
+  } else {
+    AppendUtf8(LowerCp(c), out);
+  }
+}
+
+std::string PyLower(std::string s) {
+  const std::vector<uint32_t> cps = Decode(s);
   std::string out;
-  bool prev_cased = false;
-  for (size_t k = 0; k < s.size(); ++k) {
-    const char c = s[k];
-    const bool non_ascii_letter = static_cast<unsigned char>(c) >= 0x80;
-    if (IsAlpha(c)) {
-      out += prev_cased ? AsciiLower(std::string(1, c)) : AsciiUpper(std::string(1, c));
-      prev_cased = true;
-    } else {
-      out += c;
-      prev_cased = non_ascii_letter && prev_cased;
-    }
+  for (size_t k = 0; k < cps.size(); ++k) AppendLower(cps, k, &out);
+  return out;
+}
+
+std::string PyUpper(std::string s) {
+  std::string out;
+  for (uint32_t c : Decode(s)) {
+    if (c & 0x80000000u) Encode(c, &out);
+    else AppendUpper(c, &out);
   }
   return out;
 }
 
-std::string Capitalize(const std::string &s) {
-  std::string out = AsciiLower(s);
-  if (!out.empty()) out[0] = AsciiUpper(out.substr(0, 1))[0];
+bool IsAlpha(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); }
+
+// Python's str.title(): a cased letter after an uncased character is upper-cased, later ones
+// lower-cased.
+std::string PyTitle(const std::string &s) {
+  const std::vector<uint32_t> cps = Decode(s);
+  std::string out;
+  bool prev_cased = false;
+  for (size_t k = 0; k < cps.size(); ++k) {
+    const bool cased = !(cps[k] & 0x80000000u) && Cased(cps[k]);
+    if (cased && !prev_cased) AppendUpper(cps[k], &out);
+    else AppendLower(cps, k, &out);
+    prev_cased = cased;
+  }
   return out;
 }
 
-// jinja2's title filter: words begin after runs of whitespace, '-', '(', '{', '[' or '<'.
+// Python's str.capitalize(): the first character upper-cased, the rest lower-cased.
+std::string Capitalize(const std::string &s) {
+  const std::vector<uint32_t> cps = Decode(s);
+  std::string out;
+  for (size_t k = 0; k < cps.size(); ++k) {
+    if (k == 0 && !(cps[0] & 0x80000000u)) AppendUpper(cps[0], &out);
+    else AppendLower(cps, k, &out);
+  }
+  return out;
+}
+
+// jinja2's title filter: each word (split after runs of whitespace, '-', '(', '{', '[' or '<')
+// gets its first character upper-cased and the rest lower-cased.
 std::string JinjaTitle(const std::string &s) {
+  const std::vector<uint32_t> cps = Decode(s);
   std::string out;
   bool at_start = true;
-  for (char c : s) {
-    const bool sep = c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v' || c == '-' ||
-                     c == '(' || c == '{' || c == '[' || c == '<';
+  for (size_t k = 0; k < cps.size(); ++k) {
+    const uint32_t c = cps[k];
+    const bool sep = (!(c & 0x80000000u) && (IsWhitespace(c) || (c >= 0x1c && c <= 0x1f))) || c == '-' || c == '(' || c == '{' || c == '[' ||
+                     c == '<';
     if (sep) {
-      out += c;
+      Encode(c, &out);
       at_start = true;
     } else {
-      out += at_start ? AsciiUpper(std::string(1, c)) : AsciiLower(std::string(1, c));
+      if (at_start && !(c & 0x80000000u)) AppendUpper(c, &out);
+      else AppendLower(cps, k, &out);
       at_start = false;
     }
   }
@@ -285,7 +382,7 @@ absl::StatusOr<bool> Less(const Value &a, const Value &b) {
 
 // Sort key for jinja2's case-insensitive filters (sort, dictsort, unique, min, max).
 Value Folded(const Value &v, bool case_sensitive) {
-  if (!case_sensitive && v.is_string()) return Value::Str(AsciiLower(v.str));
+  if (!case_sensitive && v.is_string()) return Value::Str(PyLower(v.str));
   return v;
 }
 
@@ -593,8 +690,8 @@ absl::StatusOr<Value> StrMethod(const Value &obj, const std::string &name) {
   }
   if (name == "upper" || name == "lower" || name == "title" || name == "capitalize") {
     return m([self, name](Evaluator &, CallArgs &) -> absl::StatusOr<Value> {
-      if (name == "upper") return Derived(self, AsciiUpper(self.str));
-      if (name == "lower") return Derived(self, AsciiLower(self.str));
+      if (name == "upper") return Derived(self, PyUpper(self.str));
+      if (name == "lower") return Derived(self, PyLower(self.str));
       if (name == "title") return Derived(self, PyTitle(self.str));
       return Derived(self, Capitalize(self.str));
     });

@@ -92,8 +92,8 @@ namespace internal {
 absl::Status Bad(std::string msg);
 absl::Status UndefinedError(const Value &v);
 std::string S(const Value &v);
-std::string AsciiLower(std::string s);
-std::string AsciiUpper(std::string s);
+std::string PyLower(std::string s);
+std::string PyUpper(std::string s);
 std::string JinjaTitle(const std::string &s);
 std::string Capitalize(const std::string &s);
 absl::StatusOr<std::string> Replace(const std::string &s, const std::string &from, const std::string &to, int64_t count,

@@ -158,8 +158,8 @@ absl::StatusOr<Value> ApplyFilter(Evaluator &ev, std::string_view name, const Va
   }
   if (n == "upper" || n == "lower" || n == "capitalize" || n == "title") {
     const Value s = ToStrValue(v);
-    if (n == "upper") return Derived(s, AsciiUpper(s.str));
-    if (n == "lower") return Derived(s, AsciiLower(s.str));
+    if (n == "upper") return Derived(s, PyUpper(s.str));
+    if (n == "lower") return Derived(s, PyLower(s.str));
     if (n == "capitalize") return Derived(s, Capitalize(s.str));
     return Derived(s, JinjaTitle(s.str));
   }
@@ -403,7 +403,7 @@ absl::StatusOr<bool> ApplyTest(Evaluator &ev, std::string_view name, const Value
   if (n == "escaped") return false;
   if (n == "lower" || n == "upper") {
     if (!v.is_string()) return Bad("the '" + n + "' test needs a string");
-    return n == "lower" ? AsciiLower(v.str) == v.str : AsciiUpper(v.str) == v.str;
+    return n == "lower" ? PyLower(v.str) == v.str : PyUpper(v.str) == v.str;
   }
   if (n == "even" || n == "odd" || n == "divisibleby") {
     if (v.kind != Kind::kInt && v.kind != Kind::kBool) return Bad("the '" + n + "' test needs an integer, not " + TypeName(v));

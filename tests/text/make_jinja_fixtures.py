@@ -195,6 +195,8 @@ SNIPPETS = [
     "{{ 'a\\nb' | indent(2, first=true) }}|{{ 'a\\n\\nb' | indent('> ', blank=true) }}|{{ '%s-%s' | format('x', 2) }}|{{ '<&>' | e }}|{{ 'x' | safe }}",
     "{% set s2 %}  block {{ s }}  {% endset %}[{{ s2 }}]|{% filter trim | upper %}  filtered  {% endfilter %}|{% generation %}gen{% endgeneration %}",
     "{{ x if false }}|{{ 'a' if true else 'b' }}|{{ (1, 2)[1] }}|{{ [1, 2, 3][::-1] }}|{{ [1, 2, 3][-2:] }}|{{ 'abcdef'[1:5:2] }}|{{ (range(5) | list)[1:3] }}",
+    "{{ 'Élan ÇA Ÿ ß İ ΟΔΟΣ Σ ΣΑ ΆΈ ПРИВЕТ Ёж ĲŁŹ' | lower }}|{{ 'élan ça ÿ straße ı ſ µ οδος ς άέ привет ёж ĳłź ŉ' | upper }}",
+    "{{ 'éLAN çA-ÿo (ß x1y' | title }}|{{ 'éLAN ÇA' | capitalize }}|{{ 'hello wORLD élan ĳs 1a' .title() }}|{{ 'ÉA'.lower() }}|{{ 'é' is lower }}|{{ 'É' is upper }}|{{ 'ÉA'.capitalize() }}",
     "{{ {'a': 'ü', 'b': [1, 2.0, true, none]} | tojson(indent=2) }}|{{ {'z': 1, 'a': 2} | tojson(sort_keys=true) }}|{{ 'é' | tojson(true) }}|{{ [1, 2] | tojson(separators=(',', ':')) }}",
 ]
 
