@@ -104,6 +104,8 @@ struct Node {
   std::vector<std::string> targets;
   std::vector<ExprPtr> defaults;  // kMacro / kCallBlock: one per target, null when none
   Body body, else_body;
+  bool uses_varargs = false;  // kMacro: its body reads `varargs` (then extra positional arguments are allowed)
+  bool uses_kwargs = false;   // kMacro: its body reads `kwargs` (then unknown keyword arguments are allowed)
 };
 
 struct Program {

@@ -316,6 +316,17 @@ absl::StatusOr<Value> Evaluator::CallMacro(const Node &macro, CallArgs &args, co
   Frame f;
   f.parent = root_;
   const size_t n = macro.targets.size();
+  if (args.pos.size() > n && !macro.uses_varargs) {
+    return MakeError(MOE_ERR_INVALID_ARGUMENT,
+                     "macro '" + macro.text + "' takes not more than " + std::to_string(n) + " argument(s)");
+  }
+  for (const auto &kv : args.kw) {
+    bool is_param = kv.first == "caller";
+    for (const auto &t : macro.targets) is_param = is_param || t == kv.first;
+    if (!is_param && !macro.uses_kwargs) {
+      return MakeError(MOE_ERR_INVALID_ARGUMENT, "macro '" + macro.text + "' takes no keyword argument '" + kv.first + "'");
+    }
+  }
   List varargs;
   for (size_t k = n; k < args.pos.size(); ++k) varargs.push_back(args.pos[k]);
   Value kwargs = Value::MakeDict();

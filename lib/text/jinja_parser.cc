@@ -10,6 +10,31 @@ namespace {
 
 constexpr int kMaxDepth = 200;
 
+// Whether an expression or a body reads the variable `name` anywhere.
+bool Mentions(const Expr *e, std::string_view name) {
+  if (e == nullptr) return false;
+  if (e->kind == ExprKind::kName && e->name == name) return true;
+  for (const auto &a : e->args)
+    if (Mentions(a.get(), name)) return true;
+  for (const auto &kv : e->kwargs)
+    if (Mentions(kv.second.get(), name)) return true;
+  return false;
+}
+
+bool Mentions(const Body &body, std::string_view name) {
+  for (const auto &n : body) {
+    if (Mentions(n->expr.get(), name) || Mentions(n->cond.get(), name)) return true;
+    for (const auto &c : n->conds)
+      if (Mentions(c.get(), name)) return true;
+    for (const auto &d : n->defaults)
+      if (Mentions(d.get(), name)) return true;
+    for (const auto &b : n->branches)
+      if (Mentions(b, name)) return true;
+    if (Mentions(n->body, name) || Mentions(n->else_body, name)) return true;
+  }
+  return false;
+}
+
 const char *TokName(Tok t) {
   switch (t) {
     case Tok::kText: return "text";
@@ -242,6 +267,8 @@ class Parser {
       absl::Status st = Subparse({name == "macro" ? "endmacro" : "endcall"}, &n->body, &end);
       loop_depth_ = saved;
       STRATA_RETURN_IF_ERROR(st);
+      n->uses_varargs = Mentions(n->body, "varargs");
+      n->uses_kwargs = Mentions(n->body, "kwargs");
     } else if (name == "filter") {
       n->kind = NodeKind::kFilterBlock;
       auto hole = std::make_unique<Expr>();
