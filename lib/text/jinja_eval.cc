@@ -104,7 +104,7 @@ Value Evaluator::Lookup(const std::string &name, Frame *frame) const {
 }
 
 absl::Status Evaluator::Emit(const Value &v) {
-  AppendStr(v, out_, spans_);
+  AppendStr(v, out_, spans_, limits_.max_output);
   return CheckSize(out_->size());
 }
 

@@ -144,7 +144,11 @@ absl::StatusOr<Value> ApplyFilter(Evaluator &ev, std::string_view name, const Va
     return v;
   }
   if (n == "safe") return v;
-  if (n == "string") return ToStrValue(v);
+  if (n == "string") {
+    Value r = ToStrValue(v);
+    STRATA_RETURN_IF_ERROR(ev.CheckSize(r.str.size()));
+    return r;
+  }
   if (n == "tojson") return ToJson(v, args, ev.limits().max_output);
   if (n == "length" || n == "count") {
     if (v.is_number() || v.is_none() || v.kind == Kind::kCallable) return Bad(n + ": object of type '" + TypeName(v) + "' has no len()");

@@ -43,24 +43,33 @@ void Value::Set(Value key, Value value) {
   dict->Set(std::move(key), std::move(value));
 }
 
-bool Value::tainted(int level) const {
-  if (level > kMaxReprDepth) return true;  // a namespace that holds itself: assume the caller's
-  switch (kind) {
+namespace {
+
+bool Tainted(const Value &v, int level, uint64_t *visits) {
+  if (level > kMaxReprDepth || ++*visits > kMaxVisits) return true;  // assume the caller's
+  switch (v.kind) {
     case Kind::kString:
-      return !spans.empty();
+      return !v.spans.empty();
     case Kind::kList:
     case Kind::kTuple:
-      for (const Value &v : *list)
-        if (v.tainted(level + 1)) return true;
+      for (const Value &x : *v.list)
+        if (Tainted(x, level + 1, visits)) return true;
       return false;
     case Kind::kDict:
     case Kind::kNamespace:
-      for (const auto &kv : dict->items)
-        if (kv.first.tainted(level + 1) || kv.second.tainted(level + 1)) return true;
+      for (const auto &kv : v.dict->items)
+        if (Tainted(kv.first, level + 1, visits) || Tainted(kv.second, level + 1, visits)) return true;
       return false;
     default:
       return false;
   }
+}
+
+}  // namespace
+
+bool Value::tainted() const {
+  uint64_t visits = 0;
+  return Tainted(*this, 0, &visits);
 }
 
 const Value *Dict::Find(const Value &key) const {
@@ -123,7 +132,10 @@ bool Truthy(const Value &v) {
   return false;
 }
 
-bool Equal(const Value &a, const Value &b) {
+namespace {
+
+bool EqualImpl(const Value &a, const Value &b, uint64_t *visits) {
+  if (++*visits > kMaxVisits) return false;
   if (a.is_number() && b.is_number()) {
     if (a.kind == Kind::kFloat || b.kind == Kind::kFloat) return a.as_double() == b.as_double();
     return a.i == b.i;
@@ -137,15 +149,23 @@ bool Equal(const Value &a, const Value &b) {
       return a.str == b.str;
     case Kind::kList:
     case Kind::kTuple:
+      if (a.list == b.list) return true;
       if (a.list->size() != b.list->size()) return false;
       for (size_t k = 0; k < a.list->size(); ++k)
-        if (!Equal((*a.list)[k], (*b.list)[k])) return false;
+        if (!EqualImpl((*a.list)[k], (*b.list)[k], visits)) return false;
       return true;
     case Kind::kDict:
+      if (a.dict == b.dict) return true;
       if (a.dict->items.size() != b.dict->items.size()) return false;
       for (const auto &kv : a.dict->items) {
-        const Value *o = b.dict->Find(kv.first);
-        if (o == nullptr || !Equal(kv.second, *o)) return false;
+        const Value *o = nullptr;
+        for (const auto &okv : b.dict->items) {
+          if (EqualImpl(kv.first, okv.first, visits)) {
+            o = &okv.second;
+            break;
+          }
+        }
+        if (o == nullptr || !EqualImpl(kv.second, *o, visits)) return false;
       }
       return true;
     case Kind::kNamespace:
@@ -155,6 +175,13 @@ bool Equal(const Value &a, const Value &b) {
     default:
       return false;
   }
+}
+
+}  // namespace
+
+bool Equal(const Value &a, const Value &b) {
+  uint64_t visits = 0;
+  return EqualImpl(a, b, &visits);
 }
 
 std::string FloatRepr(double d) {
@@ -248,7 +275,8 @@ void AppendStrRepr(std::string_view s, std::string *out) {
 
 }  // namespace
 
-void AppendRepr(const Value &v, std::string *out, int level) {
+void AppendRepr(const Value &v, std::string *out, int level, size_t limit) {
+  if (out->size() > limit) return;  // the caller sees the size and refuses
   if (level > kMaxReprDepth) {
     out->append("...");  // only a namespace holding itself nests this deep
     return;
@@ -263,7 +291,7 @@ void AppendRepr(const Value &v, std::string *out, int level) {
       out->push_back(tuple ? '(' : '[');
       for (size_t k = 0; k < v.list->size(); ++k) {
         if (k) out->append(", ");
-        AppendRepr((*v.list)[k], out, level + 1);
+        AppendRepr((*v.list)[k], out, level + 1, limit);
       }
       if (tuple && v.list->size() == 1) out->push_back(',');
       out->push_back(tuple ? ')' : ']');
@@ -275,9 +303,9 @@ void AppendRepr(const Value &v, std::string *out, int level) {
       for (const auto &kv : v.dict->items) {
         if (!first) out->append(", ");
         first = false;
-        AppendRepr(kv.first, out, level + 1);
+        AppendRepr(kv.first, out, level + 1, limit);
         out->append(": ");
-        AppendRepr(kv.second, out, level + 1);
+        AppendRepr(kv.second, out, level + 1, limit);
       }
       out->push_back('}');
       return;
@@ -288,9 +316,9 @@ void AppendRepr(const Value &v, std::string *out, int level) {
       for (const auto &kv : v.dict->items) {
         if (!first) out->append(", ");
         first = false;
-        AppendRepr(kv.first, out, level + 1);
+        AppendRepr(kv.first, out, level + 1, limit);
         out->append(": ");
-        AppendRepr(kv.second, out, level + 1);
+        AppendRepr(kv.second, out, level + 1, limit);
       }
       out->append("}>");
       return;
@@ -302,7 +330,7 @@ void AppendRepr(const Value &v, std::string *out, int level) {
   }
 }
 
-void AppendStr(const Value &v, std::string *out, std::vector<Span> *out_spans) {
+void AppendStr(const Value &v, std::string *out, std::vector<Span> *out_spans, size_t limit) {
   switch (v.kind) {
     case Kind::kUndefined:
       return;
@@ -326,7 +354,7 @@ void AppendStr(const Value &v, std::string *out, std::vector<Span> *out_spans) {
       return;
     default: {
       const size_t at = out->size();
-      AppendRepr(v, out);
+      AppendRepr(v, out, 0, limit);
       if (out_spans != nullptr && out->size() > at && v.tainted()) {
         AppendTainted(out, out_spans, "", {});
         if (!out_spans->empty() && out_spans->back().end >= at) {

@@ -26,6 +26,13 @@ struct Span {
 // that touch.
 void AppendTainted(std::string *out, std::vector<Span> *out_spans, std::string_view s, const std::vector<Span> &spans);
 
+// Values nest at most this deep (the evaluator refuses deeper ones, except through a namespace that
+// holds itself, which printing cuts off here).
+constexpr uint32_t kMaxNesting = 128;
+constexpr int kMaxReprDepth = 256;
+constexpr size_t kMaxText = size_t{8} << 20;    // printing stops past this many bytes
+constexpr uint64_t kMaxVisits = uint64_t{1} << 22;  // values one comparison or taint check visits
+
 enum class Kind : uint8_t { kUndefined, kNone, kBool, kInt, kFloat, kString, kList, kTuple, kDict, kNamespace, kCallable };
 
 class Value;
@@ -101,7 +108,9 @@ class Value {
   bool is_number() const { return kind == Kind::kInt || kind == Kind::kFloat || kind == Kind::kBool; }
   bool is_list() const { return kind == Kind::kList || kind == Kind::kTuple; }
   bool is_mapping() const { return kind == Kind::kDict || kind == Kind::kNamespace; }
-  bool tainted(int level = 0) const;  // any caller byte inside (recursively for containers)
+  // Any caller byte inside (recursively for containers; true past kMaxVisits values, which only a
+  // list built from copies of itself reaches).
+  bool tainted() const;
   // Sets key -> value in a dict or namespace, keeping `depth`.
   void Set(Value key, Value value);
   double as_double() const { return kind == Kind::kFloat ? f : static_cast<double>(i); }
@@ -132,19 +141,17 @@ struct CallArgs {
 
 // Python truthiness (jinja2's Undefined is falsy).
 bool Truthy(const Value &v);
-// Python ==.
+// Python == (identical containers are equal without a visit; past kMaxVisits values compared,
+// unequal: only lists built from copies of themselves get there).
 bool Equal(const Value &a, const Value &b);
 // Python's str(v) as jinja2 prints it ({{ v }}); `out_spans` gets the caller spans (a container's
 // text is wholly the caller's when anything inside it is).
-void AppendStr(const Value &v, std::string *out, std::vector<Span> *out_spans);
+// Appending stops once *out passes `limit` bytes (the caller checks its size).
+void AppendStr(const Value &v, std::string *out, std::vector<Span> *out_spans, size_t limit = kMaxText);
 std::string ToStr(const Value &v);
 Value ToStrValue(const Value &v);
 // Python's repr(v).
-void AppendRepr(const Value &v, std::string *out, int level = 0);
-// Values nest at most this deep (the evaluator refuses deeper ones, except through a namespace that
-// holds itself, which printing cuts off here).
-constexpr uint32_t kMaxNesting = 128;
-constexpr int kMaxReprDepth = 256;
+void AppendRepr(const Value &v, std::string *out, int level = 0, size_t limit = kMaxText);
 // json.dumps(v, ensure_ascii, indent=indent (<0: none), sort_keys) with the given separators.
 struct JsonStyle {
   bool ensure_ascii = false;

@@ -113,6 +113,27 @@ TEST_CASE("jinja limits stop hostile templates with MOE_ERR_LIMIT", "[jinja]") {
   CHECK(StatusToMoe(r.status()) == MOE_ERR_LIMIT);
 }
 
+TEST_CASE("jinja values shared into exponential trees stay bounded", "[jinja]") {
+  // A list of itself twice, 60 times over, has 2^60 leaves: printing, JSON, comparison and the
+  // caller-taint check all stop at their budgets instead of walking it.
+  const std::string grow = "{% set ns = namespace(x=[s], y=[s]) %}{% for i in range(60) %}"
+                           "{% set ns.x = [ns.x, ns.x] %}{% set ns.y = [ns.y, ns.y] %}{% endfor %}";
+  Value ctx = Value::MakeDict();
+  ctx.Set(Value::Str("s"), Value::CallerStr("caller text"));
+  for (const std::string &use : {"{{ ns.x }}", "{{ ns.x | tojson }}", "{{ ns.x | string | length }}",
+                                 "{{ ns.x ~ '' }}"}) {
+    INFO(use);
+    auto r = RenderWith(grow + use, ctx);
+    REQUIRE(!r.ok());
+    CHECK(StatusToMoe(r.status()) == MOE_ERR_LIMIT);
+  }
+  auto r = RenderWith(grow + "{{ ns.x == ns.x }}|{{ ns.x | length }}|{{ [ns.x] | unique | list | length }}", ctx);
+  REQUIRE(r.ok());
+  CHECK(r->text == "True|2|1");
+  r = RenderWith(grow + "{{ ns.x == ns.y }}", ctx);  // distinct trees: the comparison's budget ends it
+  CHECK(r.ok());
+}
+
 TEST_CASE("jinja parser bounds nesting and chains", "[jinja]") {
   const std::string deep[] = {
       "{{ " + Repeat("(", 5000) + "1" + Repeat(")", 5000) + " }}",
