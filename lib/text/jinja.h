@@ -21,10 +21,11 @@ namespace strata::text::jinja {
 struct Program;
 
 struct RenderLimits {
-  size_t max_output = size_t{8} << 20;   // bytes of output, and of any one string built
-  size_t max_items = size_t{1} << 18;    // items of any one list built (range, +, *)
-  uint64_t max_steps = 2'000'000;        // statements run, loop iterations, filters and calls
-  int max_depth = 256;                   // nested evaluation (expressions, blocks, macro calls)
+  size_t max_output = size_t{8} << 20;  // bytes of output, and of any one string built
+  size_t max_items = size_t{1} << 18;   // items of any one list built (range, +, *)
+  uint64_t max_steps = 2'000'000;       // statements run, loop iterations, filters and calls
+  uint64_t max_work = 128'000'000;      // work inside operations (jinja_value.h, namespace work)
+  int max_depth = 256;                  // nested evaluation (expressions, blocks, macro calls)
 };
 
 // Rendered text and the byte ranges of it that came from the caller's values (sorted, disjoint).

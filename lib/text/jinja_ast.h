@@ -19,10 +19,10 @@ enum class Tok : uint8_t {
   kVarBegin,    // {{
   kVarEnd,      // }}
   kName,
-  kString,      // value already unescaped
+  kString,  // value already unescaped
   kInt,
   kFloat,
-  kOp,          // an operator or punctuation: text holds it
+  kOp,  // an operator or punctuation: text holds it
   kEof,
 };
 
@@ -38,25 +38,25 @@ absl::StatusOr<std::vector<Token>> Lex(std::string_view source);
 
 // --- Expressions -------------------------------------------------------------------------------
 enum class ExprKind : uint8_t {
-  kLiteral,   // literal
-  kName,      // name
-  kList,      // [args...]
-  kTuple,     // (args...)
-  kDict,      // {args[0]: args[1], ...}
-  kAttr,      // args[0].name
-  kItem,      // args[0][args[1]]
-  kSlice,     // args[0][args[1]:args[2]:args[3]] (null parts absent)
-  kCall,      // args[0](args[1..], kwargs)
-  kFilter,    // args[0] | name(args[1..], kwargs)
-  kTest,      // args[0] is [not] name(args[1..])
-  kNot,       // not args[0]
-  kNeg,       // -args[0]
-  kPos,       // +args[0]
-  kBinary,    // args[0] name args[1]: + - * / // % ** ~
-  kCompare,   // args[0] ops[0] args[1] ops[1] args[2] ...
+  kLiteral,  // literal
+  kName,     // name
+  kList,     // [args...]
+  kTuple,    // (args...)
+  kDict,     // {args[0]: args[1], ...}
+  kAttr,     // args[0].name
+  kItem,     // args[0][args[1]]
+  kSlice,    // args[0][args[1]:args[2]:args[3]] (null parts absent)
+  kCall,     // args[0](args[1..], kwargs)
+  kFilter,   // args[0] | name(args[1..], kwargs)
+  kTest,     // args[0] is [not] name(args[1..])
+  kNot,      // not args[0]
+  kNeg,      // -args[0]
+  kPos,      // +args[0]
+  kBinary,   // args[0] name args[1]: + - * / // % ** ~
+  kCompare,  // args[0] ops[0] args[1] ops[1] args[2] ...
   kAnd,
   kOr,
-  kCond,      // args[0] if args[1] else args[2] (args[2] may be null)
+  kCond,  // args[0] if args[1] else args[2] (args[2] may be null)
 };
 
 struct Expr;
@@ -75,18 +75,18 @@ struct Expr {
 
 // --- Statements --------------------------------------------------------------------------------
 enum class NodeKind : uint8_t {
-  kText,      // text
-  kOutput,    // {{ expr }}
-  kIf,        // conds[k] -> branches[k]; a trailing branch without cond is else
-  kFor,       // for targets in expr [if cond] body [else else_body]
-  kSet,       // set targets (or targets[0].attr) = expr
-  kSetBlock,  // set targets[0] %} body {% endset
-  kMacro,     // macro name(targets, defaults) body
-  kCallBlock, // call(targets) expr %} body {% endcall: `caller` is the body
+  kText,         // text
+  kOutput,       // {{ expr }}
+  kIf,           // conds[k] -> branches[k]; a trailing branch without cond is else
+  kFor,          // for targets in expr [if cond] body [else else_body]
+  kSet,          // set targets (or targets[0].attr) = expr
+  kSetBlock,     // set targets[0] %} body {% endset
+  kMacro,        // macro name(targets, defaults) body
+  kCallBlock,    // call(targets) expr %} body {% endcall: `caller` is the body
   kFilterBlock,  // filter expr(name, args) body
   kBreak,
   kContinue,
-  kScope,     // body in its own frame ({% generation %} and {% with %} bodies)
+  kScope,  // body in its own frame ({% generation %} and {% with %} bodies)
 };
 
 struct Node;
@@ -96,9 +96,9 @@ using Body = std::vector<NodePtr>;
 struct Node {
   NodeKind kind;
   int line = 0;
-  std::string text;   // kText; kMacro: its name; kSet: the attribute of a namespace target
+  std::string text;  // kText; kMacro: its name; kSet: the attribute of a namespace target
   ExprPtr expr;
-  ExprPtr cond;       // kFor: the loop filter
+  ExprPtr cond;  // kFor: the loop filter
   std::vector<ExprPtr> conds;
   std::vector<Body> branches;
   std::vector<std::string> targets;

@@ -15,9 +15,7 @@ namespace internal {
 
 absl::Status Bad(std::string msg) { return MakeError(MOE_ERR_INVALID_ARGUMENT, std::move(msg)); }
 
-absl::Status UndefinedError(const Value &v) {
-  return Bad(v.str.empty() ? "an undefined value was used" : v.str);
-}
+absl::Status UndefinedError(const Value &v) { return Bad(v.str.empty() ? "an undefined value was used" : v.str); }
 
 // Python's str() of a value without caller spans.
 std::string S(const Value &v) { return ToStr(v); }
@@ -65,9 +63,12 @@ uint32_t UpperCp(uint32_t c) {
 bool Cased(uint32_t c) { return LowerCp(c) != c || UpperCp(c) != c || c == 0xDF || c == 0x149 || c == 0x130; }
 
 void AppendUpper(uint32_t c, std::string *out) {
-  if (c == 0xDF) out->append("SS");
-  else if (c == 0x149) out->append("\xCA\xBCN");
-  else AppendUtf8(UpperCp(c), out);
+  if (c == 0xDF)
+    out->append("SS");
+  else if (c == 0x149)
+    out->append("\xCA\xBCN");
+  else
+    AppendUtf8(UpperCp(c), out);
 }
 
 std::vector<uint32_t> Decode(const std::string &s) {
@@ -85,8 +86,10 @@ std::vector<uint32_t> Decode(const std::string &s) {
 }
 
 void Encode(uint32_t c, std::string *out) {
-  if (c & 0x80000000u) out->push_back(static_cast<char>(c & 0xFF));
-  else AppendUtf8(c, out);
+  if (c & 0x80000000u)
+    out->push_back(static_cast<char>(c & 0xFF));
+  else
+    AppendUtf8(c, out);
 }
 
 void AppendLower(const std::vector<uint32_t> &cps, size_t k, std::string *out) {
@@ -115,8 +118,10 @@ std::string PyLower(std::string s) {
 std::string PyUpper(std::string s) {
   std::string out;
   for (uint32_t c : Decode(s)) {
-    if (c & 0x80000000u) Encode(c, &out);
-    else AppendUpper(c, &out);
+    if (c & 0x80000000u)
+      Encode(c, &out);
+    else
+      AppendUpper(c, &out);
   }
   return out;
 }
@@ -131,8 +136,10 @@ std::string PyTitle(const std::string &s) {
   bool prev_cased = false;
   for (size_t k = 0; k < cps.size(); ++k) {
     const bool cased = !(cps[k] & 0x80000000u) && Cased(cps[k]);
-    if (cased && !prev_cased) AppendUpper(cps[k], &out);
-    else AppendLower(cps, k, &out);
+    if (cased && !prev_cased)
+      AppendUpper(cps[k], &out);
+    else
+      AppendLower(cps, k, &out);
     prev_cased = cased;
   }
   return out;
@@ -143,8 +150,10 @@ std::string Capitalize(const std::string &s) {
   const std::vector<uint32_t> cps = Decode(s);
   std::string out;
   for (size_t k = 0; k < cps.size(); ++k) {
-    if (k == 0 && !(cps[0] & 0x80000000u)) AppendUpper(cps[0], &out);
-    else AppendLower(cps, k, &out);
+    if (k == 0 && !(cps[0] & 0x80000000u))
+      AppendUpper(cps[0], &out);
+    else
+      AppendLower(cps, k, &out);
   }
   return out;
 }
@@ -157,14 +166,16 @@ std::string JinjaTitle(const std::string &s) {
   bool at_start = true;
   for (size_t k = 0; k < cps.size(); ++k) {
     const uint32_t c = cps[k];
-    const bool sep = (!(c & 0x80000000u) && (IsWhitespace(c) || (c >= 0x1c && c <= 0x1f))) || c == '-' || c == '(' || c == '{' || c == '[' ||
-                     c == '<';
+    const bool sep = (!(c & 0x80000000u) && (IsWhitespace(c) || (c >= 0x1c && c <= 0x1f))) || c == '-' || c == '(' ||
+                     c == '{' || c == '[' || c == '<';
     if (sep) {
       Encode(c, &out);
       at_start = true;
     } else {
-      if (at_start && !(c & 0x80000000u)) AppendUpper(c, &out);
-      else AppendLower(cps, k, &out);
+      if (at_start && !(c & 0x80000000u))
+        AppendUpper(c, &out);
+      else
+        AppendLower(cps, k, &out);
       at_start = false;
     }
   }
@@ -185,7 +196,8 @@ absl::StatusOr<std::string> Replace(const std::string &s, const std::string &fro
         ++n;
       }
       if (k < cps.size()) out.append(cps[k]);
-      if (too_big()) return MakeError(MOE_ERR_LIMIT, "replace: the result would pass " + std::to_string(cap) + " bytes");
+      if (too_big())
+        return MakeError(MOE_ERR_LIMIT, "replace: the result would pass " + std::to_string(cap) + " bytes");
     }
     return out;
   }
@@ -201,6 +213,7 @@ absl::StatusOr<std::string> Replace(const std::string &s, const std::string &fro
     if (too_big()) return MakeError(MOE_ERR_LIMIT, "replace: the result would pass " + std::to_string(cap) + " bytes");
   }
   out.append(s, at, std::string::npos);
+  work::ChargeBytes(out.size());
   return out;
 }
 
@@ -259,8 +272,8 @@ std::vector<std::string> SplitLines(const std::string &s) {
   while (k < s.size()) {
     size_t len;
     const uint32_t cp = DecodeUtf8(s, k, &len);
-    const bool brk = cp == '\n' || cp == '\r' || cp == 0x0b || cp == 0x0c || cp == 0x1c || cp == 0x1d ||
-                     cp == 0x1e || cp == 0x85 || cp == 0x2028 || cp == 0x2029;
+    const bool brk = cp == '\n' || cp == '\r' || cp == 0x0b || cp == 0x0c || cp == 0x1c || cp == 0x1d || cp == 0x1e ||
+                     cp == 0x85 || cp == 0x2028 || cp == 0x2029;
     if (!brk) {
       k += len;
       continue;
@@ -276,12 +289,16 @@ std::vector<std::string> SplitLines(const std::string &s) {
 
 int64_t Len(const Value &v) {
   switch (v.kind) {
-    case Kind::kString: return static_cast<int64_t>(CodePoints(v.str).size());
+    case Kind::kString:
+      return static_cast<int64_t>(CodePoints(v.str).size());
     case Kind::kList:
-    case Kind::kTuple: return static_cast<int64_t>(v.list->size());
+    case Kind::kTuple:
+      return static_cast<int64_t>(v.list->size());
     case Kind::kDict:
-    case Kind::kNamespace: return static_cast<int64_t>(v.dict->items.size());
-    default: return 0;
+    case Kind::kNamespace:
+      return static_cast<int64_t>(v.dict->items.size());
+    default:
+      return 0;
   }
 }
 
@@ -293,8 +310,10 @@ absl::StatusOr<int64_t> ToIndex(const Value &v, const char *what) {
 // Python's str % args for the conversions templates use (%s %d %i %r %f %%).
 absl::StatusOr<Value> PercentFormat(const Value &fmt, const Value &args) {
   List items;
-  if (args.kind == Kind::kTuple) items = *args.list;
-  else items.push_back(args);
+  if (args.kind == Kind::kTuple)
+    items = *args.list;
+  else
+    items.push_back(args);
   Value out = Value::Str("");
   size_t next = 0;
   const std::string &f = fmt.str;
@@ -311,13 +330,19 @@ absl::StatusOr<Value> PercentFormat(const Value &fmt, const Value &args) {
     }
     if (next >= items.size()) return Bad("not enough arguments for format string");
     const Value &a = items[next++];
-    if (c == 's') AppendStr(a, &out.str, &out.spans);
-    else if (c == 'r') AppendRepr(a, &out.str);
-    else if ((c == 'd' || c == 'i') && a.is_number()) out.str += std::to_string(a.kind == Kind::kFloat ? static_cast<int64_t>(a.f) : a.i);
-    else if (c == 'f' && a.is_number()) out.str += StrFormat("%f", a.as_double());
-    else return Bad(std::string("unsupported format character '") + c + "' or argument type");
+    if (c == 's')
+      AppendStr(a, &out.str, &out.spans);
+    else if (c == 'r')
+      AppendRepr(a, &out.str);
+    else if ((c == 'd' || c == 'i') && a.is_number())
+      out.str += std::to_string(a.kind == Kind::kFloat ? static_cast<int64_t>(a.f) : a.i);
+    else if (c == 'f' && a.is_number())
+      out.str += StrFormat("%f", a.as_double());
+    else
+      return Bad(std::string("unsupported format character '") + c + "' or argument type");
   }
-  if (next < items.size() && args.kind == Kind::kTuple) return Bad("not all arguments converted during string formatting");
+  if (next < items.size() && args.kind == Kind::kTuple)
+    return Bad("not all arguments converted during string formatting");
   if (fmt.tainted()) return Derived(fmt, out.str);
   return out;
 }
@@ -434,25 +459,30 @@ absl::StatusOr<Value> Indent(const Value &v, CallArgs &args, size_t cap) {
   const bool first = Truthy(args.Get(1, "first", Value::Bool(false)));
   const bool blank = Truthy(args.Get(2, "blank", Value::Bool(false)));
   std::string ind;
-  if (width.is_string()) ind = width.str;
-  else if (width.kind == Kind::kInt) ind.assign(static_cast<size_t>(std::max<int64_t>(0, std::min<int64_t>(width.i, 256))), ' ');
-  else return Bad("indent: width must be an integer or a string");
+  if (width.is_string())
+    ind = width.str;
+  else if (width.kind == Kind::kInt)
+    ind.assign(static_cast<size_t>(std::max<int64_t>(0, std::min<int64_t>(width.i, 256))), ' ');
+  else
+    return Bad("indent: width must be an integer or a string");
   const std::vector<std::string> lines = SplitLines(S(v) + "\n");
   std::string rv;
   if (blank) {
     for (size_t k = 0; k < lines.size(); ++k) {
       rv += (k ? "\n" + ind : "") + lines[k];
-      if (rv.size() > cap) return MakeError(MOE_ERR_LIMIT, "indent: the result would pass " + std::to_string(cap) + " bytes");
+      if (rv.size() > cap)
+        return MakeError(MOE_ERR_LIMIT, "indent: the result would pass " + std::to_string(cap) + " bytes");
     }
   } else {
     rv = lines.empty() ? "" : lines[0];
     for (size_t k = 1; k < lines.size(); ++k) {
       rv += "\n" + (lines[k].empty() ? "" : ind + lines[k]);
-      if (rv.size() > cap) return MakeError(MOE_ERR_LIMIT, "indent: the result would pass " + std::to_string(cap) + " bytes");
+      if (rv.size() > cap)
+        return MakeError(MOE_ERR_LIMIT, "indent: the result would pass " + std::to_string(cap) + " bytes");
     }
   }
   if (first) rv = ind + rv;
-  return Derived(v, std::move(rv));
+  return Derived(v, std::move(rv));  // charges the text made
 }
 
 double PyRound(double x, int64_t digits) {
@@ -473,10 +503,14 @@ double PyRound(double x, int64_t digits) {
 using namespace internal;
 
 Value Derived(const Value &src, std::string s) {
+  work::ChargeBytes(s.size());
   return src.tainted() ? Value::CallerStr(std::move(s)) : Value::Str(std::move(s));
 }
 
 absl::StatusOr<List> Iterate(const Value &v) {
+  if (v.is_list()) work::Charge(v.list->size());
+  if (v.is_mapping()) work::Charge(v.dict->items.size());
+  if (v.is_string()) work::ChargeBytes(v.str.size() * 64);  // one unit per character made
   switch (v.kind) {
     case Kind::kUndefined:
       return List{};
@@ -513,8 +547,9 @@ absl::StatusOr<Value> BinaryOp(Evaluator &ev, std::string_view op, const Value &
   const bool nums = a.is_number() && b.is_number();
   const bool ints = nums && a.kind != Kind::kFloat && b.kind != Kind::kFloat;
   auto type_error = [&]() {
-    return Bad("unsupported operand type(s) for " + std::string(op) + ": '" + TypeName(a).substr(0, TypeName(a).find(' ')) +
-               "' and '" + TypeName(b).substr(0, TypeName(b).find(' ')) + "'");
+    return Bad("unsupported operand type(s) for " + std::string(op) + ": '" +
+               TypeName(a).substr(0, TypeName(a).find(' ')) + "' and '" + TypeName(b).substr(0, TypeName(b).find(' ')) +
+               "'");
   };
   if (op == "+") {
     if (ints) {
@@ -535,7 +570,8 @@ absl::StatusOr<Value> BinaryOp(Evaluator &ev, std::string_view op, const Value &
       items.insert(items.end(), b.list->begin(), b.list->end());
       return Value::MakeList(std::move(items), a.kind == Kind::kTuple);
     }
-    if (a.is_string()) return Bad("can only concatenate str (not \"" + TypeName(b).substr(0, TypeName(b).find(' ')) + "\") to str");
+    if (a.is_string())
+      return Bad("can only concatenate str (not \"" + TypeName(b).substr(0, TypeName(b).find(' ')) + "\") to str");
     return type_error();
   }
   if (op == "*") {
@@ -613,8 +649,10 @@ absl::StatusOr<bool> CompareOp(std::string_view op, const Value &a, const Value 
     if (b.is_string()) {
       if (!a.is_string()) {
         if (a.is_undefined()) return UndefinedError(a);
-        return Bad("'in <string>' requires string as left operand, not " + TypeName(a).substr(0, TypeName(a).find(' ')));
+        return Bad("'in <string>' requires string as left operand, not " +
+                   TypeName(a).substr(0, TypeName(a).find(' ')));
       }
+      work::ChargeBytes(b.str.size());
       found = b.str.find(a.str) != std::string::npos;
     } else if (b.is_list()) {
       for (const Value &x : *b.list) found = found || Equal(a, x);
@@ -648,7 +686,14 @@ Value Method(std::string name, Function fn) { return Value::Fn(std::move(name), 
 
 absl::StatusOr<Value> StrMethod(const Value &obj, const std::string &name) {
   const Value self = obj;
-  auto m = [&](Function fn) { return Method("str." + name, std::move(fn)); };
+  // Every method scans its string once: charged when called.
+  auto m = [&](Function fn) {
+    const size_t size = obj.str.size();
+    return Method("str." + name, [fn = std::move(fn), size](Evaluator &ev, CallArgs &a) {
+      work::ChargeBytes(size);
+      return fn(ev, a);
+    });
+  };
   if (name == "strip" || name == "lstrip" || name == "rstrip") {
     const bool l = name != "rstrip", r = name != "lstrip";
     return m([self, l, r](Evaluator &, CallArgs &a) -> absl::StatusOr<Value> {
@@ -665,7 +710,8 @@ absl::StatusOr<Value> StrMethod(const Value &obj, const std::string &name) {
       if (!sep.is_none() && !sep.is_string()) return Bad("split: the separator must be a string or None");
       if (sep.is_string() && sep.str.empty()) return Bad("empty separator");
       STRATA_ASSIGN_OR_RETURN(int64_t n, ToIndex(max, "maxsplit"));
-      std::vector<std::string> parts = right && sep.is_string() ? RSplit(self.str, sep.str, n) : Split(self.str, sep, n);
+      std::vector<std::string> parts =
+          right && sep.is_string() ? RSplit(self.str, sep.str, n) : Split(self.str, sep, n);
       List items;
       for (auto &p : parts) items.push_back(Derived(self, std::move(p)));
       return Value::MakeList(std::move(items));
@@ -676,10 +722,13 @@ absl::StatusOr<Value> StrMethod(const Value &obj, const std::string &name) {
     return m([self, start](Evaluator &, CallArgs &a) -> absl::StatusOr<Value> {
       const Value p = a.Get(0, "prefix");
       List options;
-      if (p.is_list()) options = *p.list;
-      else options.push_back(p);
+      if (p.is_list())
+        options = *p.list;
+      else
+        options.push_back(p);
       for (const Value &o : options) {
-        if (!o.is_string()) return Bad(std::string(start ? "startswith" : "endswith") + " needs a string or a tuple of strings");
+        if (!o.is_string())
+          return Bad(std::string(start ? "startswith" : "endswith") + " needs a string or a tuple of strings");
         const std::string &s = self.str;
         if (start ? s.compare(0, o.str.size(), o.str) == 0
                   : s.size() >= o.str.size() && s.compare(s.size() - o.str.size(), o.str.size(), o.str) == 0)
@@ -755,9 +804,12 @@ absl::StatusOr<Value> StrMethod(const Value &obj, const std::string &name) {
       for (size_t k = 0; k < s.size(); ++k) {
         const char c = s[k];
         size_t len;
-        if (name == "isdigit") ok = ok && c >= '0' && c <= '9';
-        else if (name == "isalpha") ok = ok && IsAlpha(c);
-        else if (name == "isalnum") ok = ok && (IsAlpha(c) || (c >= '0' && c <= '9'));
+        if (name == "isdigit")
+          ok = ok && c >= '0' && c <= '9';
+        else if (name == "isalpha")
+          ok = ok && IsAlpha(c);
+        else if (name == "isalnum")
+          ok = ok && (IsAlpha(c) || (c >= '0' && c <= '9'));
         else if (name == "isspace") {
           ok = ok && PySpaceAt(s, k, &len);
           if (ok) k += len - 1;
@@ -788,8 +840,10 @@ absl::StatusOr<Value> DictMethod(const Value &obj, const std::string &name) {
     return Method("dict." + name, [self, name](Evaluator &, CallArgs &) -> absl::StatusOr<Value> {
       List items;
       for (const auto &kv : self.dict->items) {
-        if (name == "items") items.push_back(Value::MakeList({kv.first, kv.second}, true));
-        else items.push_back(name == "keys" ? kv.first : kv.second);
+        if (name == "items")
+          items.push_back(Value::MakeList({kv.first, kv.second}, true));
+        else
+          items.push_back(name == "keys" ? kv.first : kv.second);
       }
       return Value::MakeList(std::move(items));
     });
@@ -807,7 +861,8 @@ absl::StatusOr<Value> DictMethod(const Value &obj, const std::string &name) {
 
 bool Unsafe(const Value &obj, const std::string &name) {
   // ImmutableSandboxedEnvironment refuses the methods that change a list or dict.
-  static const char *kList[] = {"append", "extend", "insert", "pop", "remove", "clear", "sort", "reverse", "__setitem__"};
+  static const char *kList[] = {"append", "extend", "insert",  "pop",        "remove",
+                                "clear",  "sort",   "reverse", "__setitem__"};
   static const char *kDict[] = {"pop", "popitem", "setdefault", "update", "clear", "__setitem__"};
   if (obj.is_list()) {
     for (const char *m : kList)
@@ -909,8 +964,10 @@ absl::StatusOr<Value> GetSlice(Evaluator &ev, const Value &obj, const Value &sta
     }
     STRATA_ASSIGN_OR_RETURN(int64_t x, ToIndex(v, "slice index"));
     if (x < 0) x += n;
-    if (st > 0) x = std::min(std::max<int64_t>(x, 0), n);
-    else x = std::min(std::max<int64_t>(x, -1), n - 1);
+    if (st > 0)
+      x = std::min(std::max<int64_t>(x, 0), n);
+    else
+      x = std::min(std::max<int64_t>(x, -1), n - 1);
     *out = x;
     return absl::OkStatus();
   };
@@ -920,8 +977,10 @@ absl::StatusOr<Value> GetSlice(Evaluator &ev, const Value &obj, const Value &sta
   std::string s;
   List items;
   for (int64_t k = b; st > 0 ? k < e : k > e; k += st) {
-    if (obj.is_string()) s.append(cps[static_cast<size_t>(k)]);
-    else items.push_back((*obj.list)[static_cast<size_t>(k)]);
+    if (obj.is_string())
+      s.append(cps[static_cast<size_t>(k)]);
+    else
+      items.push_back((*obj.list)[static_cast<size_t>(k)]);
   }
   if (obj.is_string()) return Derived(obj, std::move(s));
   return Value::MakeList(std::move(items), obj.kind == Kind::kTuple);
@@ -945,7 +1004,8 @@ Value Global(std::string_view name) {
         return Bad("range expected 1 to 3 arguments, got " + std::to_string(a.pos.size()));
       }
       if (step == 0) return Bad("range() arg 3 must not be zero");
-      const double count = std::ceil((static_cast<double>(stop) - static_cast<double>(start)) / static_cast<double>(step));
+      const double count =
+          std::ceil((static_cast<double>(stop) - static_cast<double>(start)) / static_cast<double>(step));
       if (count > 0) STRATA_RETURN_IF_ERROR(ev.CheckItems(static_cast<size_t>(std::min(count, 1e18))));
       List items;
       for (int64_t k = start; step > 0 ? k < stop : k > stop; k += step) items.push_back(Value::Int(k));

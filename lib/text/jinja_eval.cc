@@ -62,13 +62,17 @@ absl::Status Evaluator::Step() {
   if (++steps_ > limits_.max_steps) {
     return MakeError(MOE_ERR_LIMIT, "rendering took more than " + std::to_string(limits_.max_steps) + " steps");
   }
+  if (work::Exhausted()) {
+    return MakeError(MOE_ERR_LIMIT, "rendering did more than " + std::to_string(limits_.max_work) +
+                                        " units of work inside operations (comparisons, string scans)");
+  }
   return absl::OkStatus();
 }
 
 absl::Status Evaluator::CheckSize(size_t n) const {
   if (n > limits_.max_output) {
-    return MakeError(MOE_ERR_LIMIT, "a rendered text or value would pass " + std::to_string(limits_.max_output) +
-                                        " bytes (items)");
+    return MakeError(MOE_ERR_LIMIT,
+                     "a rendered text or value would pass " + std::to_string(limits_.max_output) + " bytes (items)");
   }
   return absl::OkStatus();
 }
@@ -81,6 +85,7 @@ absl::Status Evaluator::CheckItems(size_t n) const {
 }
 
 absl::Status Evaluator::Run(const Program &program, Rendered *out) {
+  work::Start(limits_.max_work);
   Frame root;
   root_ = &root;
   out_ = &out->text;
@@ -166,9 +171,8 @@ absl::StatusOr<Evaluator::Flow> Evaluator::Exec(const Node &n, Frame *frame) {
     }
     case NodeKind::kMacro: {
       const Node *macro = &n;
-      frame->vars[n.text] = Value::Fn(n.text, [macro](Evaluator &ev, CallArgs &args) {
-        return ev.CallMacro(*macro, args, nullptr);
-      });
+      frame->vars[n.text] =
+          Value::Fn(n.text, [macro](Evaluator &ev, CallArgs &args) { return ev.CallMacro(*macro, args, nullptr); });
       return Flow::kNormal;
     }
     case NodeKind::kCallBlock: {
@@ -176,19 +180,20 @@ absl::StatusOr<Evaluator::Flow> Evaluator::Exec(const Node &n, Frame *frame) {
       const Node *block = &n;
       // `caller` points into this block's frame: calling it after the block ended is refused.
       auto alive = std::make_shared<bool>(true);
-      Value caller = Value::Fn("caller", [this, block, frame, alive](Evaluator &ev, CallArgs &args) -> absl::StatusOr<Value> {
-        if (!*alive) return MakeError(MOE_ERR_INVALID_ARGUMENT, "caller() used after its {% call %} block ended");
-        Frame f;
-        f.parent = frame;
-        for (size_t k = 0; k < block->targets.size(); ++k) {
-          Value v = args.Get(k, block->targets[k]);
-          if (v.is_undefined() && block->defaults[k]) {
-            STRATA_ASSIGN_OR_RETURN(v, Eval(*block->defaults[k], &f));
-          }
-          f.vars[block->targets[k]] = std::move(v);
-        }
-        return Capture(block->body, &f);
-      });
+      Value caller =
+          Value::Fn("caller", [this, block, frame, alive](Evaluator &ev, CallArgs &args) -> absl::StatusOr<Value> {
+            if (!*alive) return MakeError(MOE_ERR_INVALID_ARGUMENT, "caller() used after its {% call %} block ended");
+            Frame f;
+            f.parent = frame;
+            for (size_t k = 0; k < block->targets.size(); ++k) {
+              Value v = args.Get(k, block->targets[k]);
+              if (v.is_undefined() && block->defaults[k]) {
+                STRATA_ASSIGN_OR_RETURN(v, Eval(*block->defaults[k], &f));
+              }
+              f.vars[block->targets[k]] = std::move(v);
+            }
+            return Capture(block->body, &f);
+          });
       const Expr &call = *n.expr;
       STRATA_ASSIGN_OR_RETURN(Value fn, Eval(*call.args[0], frame));
       CallArgs args;
@@ -298,9 +303,9 @@ absl::StatusOr<Evaluator::Flow> Evaluator::ExecFor(const Node &n, Frame *frame) 
     loop.Set(Value::Str("previtem"), k > 0 ? items[k - 1] : Value::Undefined("there is no previous item"));
     loop.Set(Value::Str("nextitem"), k + 1 < len ? items[k + 1] : Value::Undefined("there is no next item"));
     loop.Set(Value::Str("cycle"), Value::Fn("loop.cycle", [k](Evaluator &, CallArgs &args) -> absl::StatusOr<Value> {
-            if (args.pos.empty()) return MakeError(MOE_ERR_INVALID_ARGUMENT, "loop.cycle() needs at least one item");
-            return args.pos[static_cast<size_t>(k) % args.pos.size()];
-          }));
+               if (args.pos.empty()) return MakeError(MOE_ERR_INVALID_ARGUMENT, "loop.cycle() needs at least one item");
+               return args.pos[static_cast<size_t>(k) % args.pos.size()];
+             }));
     f.vars["loop"] = std::move(loop);
     STRATA_ASSIGN_OR_RETURN(Flow fl, ExecBody(n.body, &f));
     if (fl == Flow::kBreak) break;
@@ -324,7 +329,8 @@ absl::StatusOr<Value> Evaluator::CallMacro(const Node &macro, CallArgs &args, co
     bool is_param = kv.first == "caller";
     for (const auto &t : macro.targets) is_param = is_param || t == kv.first;
     if (!is_param && !macro.uses_kwargs) {
-      return MakeError(MOE_ERR_INVALID_ARGUMENT, "macro '" + macro.text + "' takes no keyword argument '" + kv.first + "'");
+      return MakeError(MOE_ERR_INVALID_ARGUMENT,
+                       "macro '" + macro.text + "' takes no keyword argument '" + kv.first + "'");
     }
   }
   List varargs;
@@ -352,7 +358,8 @@ absl::StatusOr<Value> Evaluator::CallMacro(const Node &macro, CallArgs &args, co
 absl::StatusOr<Value> Evaluator::Call(const Value &fn, CallArgs &args) {
   STRATA_RETURN_IF_ERROR(Step());
   if (fn.kind != Kind::kCallable) {
-    if (fn.is_undefined()) return MakeError(MOE_ERR_INVALID_ARGUMENT, fn.str.empty() ? "undefined is not callable" : fn.str);
+    if (fn.is_undefined())
+      return MakeError(MOE_ERR_INVALID_ARGUMENT, fn.str.empty() ? "undefined is not callable" : fn.str);
     return MakeError(MOE_ERR_INVALID_ARGUMENT, "'" + TypeName(fn) + "' is not callable");
   }
   return (*fn.fn)(*this, args);
@@ -373,9 +380,10 @@ absl::Status Evaluator::EvalArgs(const Expr &e, size_t first, Frame *frame, Call
 absl::StatusOr<Value> Evaluator::Eval(const Expr &e, Frame *frame) {
   DepthGuard g(&depth_);
   if (depth_ > limits_.max_depth) {
-    return MakeError(MOE_ERR_LIMIT, std::string(kLinePrefix) + std::to_string(e.line) + ": evaluation nests deeper than " +
-                                        std::to_string(limits_.max_depth));
+    return MakeError(MOE_ERR_LIMIT, std::string(kLinePrefix) + std::to_string(e.line) +
+                                        ": evaluation nests deeper than " + std::to_string(limits_.max_depth));
   }
+  if (work::Exhausted()) return AtLine(Step(), e.line);
   absl::StatusOr<Value> r = EvalInner(e, frame);
   if (!r.ok()) return AtLine(r.status(), e.line);
   if (r->depth > kMaxNesting) {
@@ -457,7 +465,8 @@ absl::StatusOr<Value> Evaluator::EvalInner(const Expr &e, Frame *frame) {
       if (v.is_undefined()) return MakeError(MOE_ERR_INVALID_ARGUMENT, v.str.empty() ? "undefined value" : v.str);
       if (!v.is_number()) {
         return MakeError(MOE_ERR_INVALID_ARGUMENT, std::string("bad operand type for unary ") +
-                                                       (e.kind == ExprKind::kNeg ? "-" : "+") + ": '" + TypeName(v) + "'");
+                                                       (e.kind == ExprKind::kNeg ? "-" : "+") + ": '" + TypeName(v) +
+                                                       "'");
       }
       if (e.kind == ExprKind::kPos) return v.kind == Kind::kBool ? Value::Int(v.i) : v;
       if (v.kind == Kind::kFloat) return Value::Float(-v.f);

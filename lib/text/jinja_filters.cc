@@ -13,18 +13,18 @@ using namespace internal;
 namespace {
 
 constexpr const char *kFilters[] = {
-    "abs",   "attr",    "capitalize", "count",   "d",        "default", "dictsort", "e",       "escape",
-    "first", "float",   "format",     "indent",  "int",      "items",   "join",     "last",    "length",
-    "list",  "lower",   "map",        "max",     "min",      "reject",  "rejectattr", "replace", "reverse",
-    "round", "safe",    "select",     "selectattr", "sort",  "string",  "sum",      "title",   "tojson",
-    "trim",  "unique",  "upper",      "wordcount", "center", "batch",   "groupby",  "truncate",
+    "abs",   "attr",   "capitalize", "count",      "d",      "default", "dictsort",   "e",        "escape",
+    "first", "float",  "format",     "indent",     "int",    "items",   "join",       "last",     "length",
+    "list",  "lower",  "map",        "max",        "min",    "reject",  "rejectattr", "replace",  "reverse",
+    "round", "safe",   "select",     "selectattr", "sort",   "string",  "sum",        "title",    "tojson",
+    "trim",  "unique", "upper",      "wordcount",  "center", "batch",   "groupby",    "truncate",
 };
 constexpr const char *kTests[] = {
-    "boolean", "callable", "defined", "divisibleby", "eq",     "equalto", "escaped",  "even",   "false",
-    "filter",  "float",    "ge",      "greaterthan", "gt",     "in",      "integer",  "iterable", "le",
-    "lessthan", "lower",   "lt",      "mapping",     "ne",     "none",    "number",   "odd",    "sameas",
-    "sequence", "string",  "test",    "true",        "undefined", "upper", "==",      "!=",     "<",
-    "<=",      ">",        ">=",
+    "boolean",  "callable", "defined",  "divisibleby", "eq",          "equalto", "escaped", "even",
+    "false",    "filter",   "float",    "ge",          "greaterthan", "gt",      "in",      "integer",
+    "iterable", "le",       "lessthan", "lower",       "lt",          "mapping", "ne",      "none",
+    "number",   "odd",      "sameas",   "sequence",    "string",      "test",    "true",    "undefined",
+    "upper",    "==",       "!=",       "<",           "<=",          ">",       ">=",
 };
 
 bool In(std::string_view name, const char *const *begin, const char *const *end) {
@@ -101,7 +101,8 @@ absl::StatusOr<Value> Map(Evaluator &ev, const Value &v, CallArgs &args) {
   return Value::MakeList(std::move(out));
 }
 
-absl::Status SortValues(List *items, bool case_sensitive, bool reverse, const std::function<Value(const Value &)> &key) {
+absl::Status SortValues(List *items, bool case_sensitive, bool reverse,
+                        const std::function<Value(const Value &)> &key) {
   absl::Status st;
   std::stable_sort(items->begin(), items->end(), [&](const Value &a, const Value &b) {
     if (!st.ok()) return false;
@@ -119,12 +120,23 @@ std::string HtmlEscape(const std::string &s) {
   std::string out;
   for (char c : s) {
     switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&#34;"; break;
-      case '\'': out += "&#39;"; break;
-      default: out += c;
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&#34;";
+        break;
+      case '\'':
+        out += "&#39;";
+        break;
+      default:
+        out += c;
     }
   }
   return out;
@@ -137,6 +149,9 @@ bool IsTest(std::string_view name) { return In(name, std::begin(kTests), std::en
 
 absl::StatusOr<Value> ApplyFilter(Evaluator &ev, std::string_view name, const Value &v, CallArgs &args) {
   STRATA_RETURN_IF_ERROR(ev.Step());
+  // A filter scans its input once (the work of visiting nested values is charged where it happens).
+  if (v.is_string()) work::ChargeBytes(v.str.size());
+  if (v.is_list()) work::Charge(v.list->size());
   const std::string n(name);
   if (n == "default" || n == "d") {
     const bool boolean = Truthy(args.Get(1, "boolean", Value::Bool(false)));
@@ -151,7 +166,8 @@ absl::StatusOr<Value> ApplyFilter(Evaluator &ev, std::string_view name, const Va
   }
   if (n == "tojson") return ToJson(v, args, ev.limits().max_output);
   if (n == "length" || n == "count") {
-    if (v.is_number() || v.is_none() || v.kind == Kind::kCallable) return Bad(n + ": object of type '" + TypeName(v) + "' has no len()");
+    if (v.is_number() || v.is_none() || v.kind == Kind::kCallable)
+      return Bad(n + ": object of type '" + TypeName(v) + "' has no len()");
     return Value::Int(Len(v));
   }
   if (n == "trim") {
@@ -212,7 +228,8 @@ absl::StatusOr<Value> ApplyFilter(Evaluator &ev, std::string_view name, const Va
       const long long x = std::strtoll(t.c_str(), &end, 10);
       if (!t.empty() && end == t.c_str() + t.size() && errno == 0) return Value::Int(x);
       const double d = std::strtod(t.c_str(), &end);
-      if (!t.empty() && end == t.c_str() + t.size() && std::isfinite(d) && std::fabs(d) < 9.2e18) return Value::Int(static_cast<int64_t>(d));
+      if (!t.empty() && end == t.c_str() + t.size() && std::isfinite(d) && std::fabs(d) < 9.2e18)
+        return Value::Int(static_cast<int64_t>(d));
     }
     return dflt;
   }
@@ -410,7 +427,8 @@ absl::StatusOr<bool> ApplyTest(Evaluator &ev, std::string_view name, const Value
     return n == "lower" ? PyLower(v.str) == v.str : PyUpper(v.str) == v.str;
   }
   if (n == "even" || n == "odd" || n == "divisibleby") {
-    if (v.kind != Kind::kInt && v.kind != Kind::kBool) return Bad("the '" + n + "' test needs an integer, not " + TypeName(v));
+    if (v.kind != Kind::kInt && v.kind != Kind::kBool)
+      return Bad("the '" + n + "' test needs an integer, not " + TypeName(v));
     int64_t d = 2;
     if (n == "divisibleby") {
       STRATA_ASSIGN_OR_RETURN(d, ToIndex(args.Get(0, "num"), "divisibleby"));

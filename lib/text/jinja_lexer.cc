@@ -170,8 +170,8 @@ class Lexer {
         Emit(Tok::kName, src_.substr(at, e - at), at);
         at = e;
       } else {
-        static const char *kOps[] = {"//", "**", "==", "!=", "<=", ">=", "+", "-", "*", "/", "%", "~", "<", ">",
-                                     "=",  ".",  ",",  ":",  "|",  "(",  ")", "[", "]", "{", "}", ";"};
+        static const char *kOps[] = {"//", "**", "==", "!=", "<=", ">=", "+", "-", "*", "/", "%", "~", "<",
+                                     ">",  "=",  ".",  ",",  ":",  "|",  "(", ")", "[", "]", "{", "}", ";"};
         const char *op = nullptr;
         for (const char *o : kOps)
           if (StartsAt(src_, at, o)) {
@@ -201,8 +201,9 @@ class Lexer {
 
   size_t Number(size_t at) {
     auto digits = [&](size_t e) {
-      while (e < src_.size() && (std::isdigit(static_cast<unsigned char>(src_[e])) ||
-                                 (src_[e] == '_' && e + 1 < src_.size() && std::isdigit(static_cast<unsigned char>(src_[e + 1])))))
+      while (e < src_.size() &&
+             (std::isdigit(static_cast<unsigned char>(src_[e])) ||
+              (src_[e] == '_' && e + 1 < src_.size() && std::isdigit(static_cast<unsigned char>(src_[e + 1])))))
         ++e;
       return e;
     };
@@ -253,17 +254,38 @@ class Lexer {
         return true;
       };
       switch (e) {
-        case '\n': break;
-        case '\\': out += '\\'; break;
-        case '\'': out += '\''; break;
-        case '"': out += '"'; break;
-        case 'a': out += '\a'; break;
-        case 'b': out += '\b'; break;
-        case 'f': out += '\f'; break;
-        case 'n': out += '\n'; break;
-        case 'r': out += '\r'; break;
-        case 't': out += '\t'; break;
-        case 'v': out += '\v'; break;
+        case '\n':
+          break;
+        case '\\':
+          out += '\\';
+          break;
+        case '\'':
+          out += '\'';
+          break;
+        case '"':
+          out += '"';
+          break;
+        case 'a':
+          out += '\a';
+          break;
+        case 'b':
+          out += '\b';
+          break;
+        case 'f':
+          out += '\f';
+          break;
+        case 'n':
+          out += '\n';
+          break;
+        case 'r':
+          out += '\r';
+          break;
+        case 't':
+          out += '\t';
+          break;
+        case 'v':
+          out += '\v';
+          break;
         case 'x':
           if (!hex(2)) return LexError(LineAt(k), "bad \\x escape in a string");
           break;

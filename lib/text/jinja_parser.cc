@@ -37,17 +37,28 @@ bool Mentions(const Body &body, std::string_view name) {
 
 const char *TokName(Tok t) {
   switch (t) {
-    case Tok::kText: return "text";
-    case Tok::kBlockBegin: return "'{%'";
-    case Tok::kBlockEnd: return "'%}'";
-    case Tok::kVarBegin: return "'{{'";
-    case Tok::kVarEnd: return "'}}'";
-    case Tok::kName: return "name";
-    case Tok::kString: return "string";
-    case Tok::kInt: return "integer";
-    case Tok::kFloat: return "float";
-    case Tok::kOp: return "operator";
-    case Tok::kEof: return "end of template";
+    case Tok::kText:
+      return "text";
+    case Tok::kBlockBegin:
+      return "'{%'";
+    case Tok::kBlockEnd:
+      return "'%}'";
+    case Tok::kVarBegin:
+      return "'{{'";
+    case Tok::kVarEnd:
+      return "'}}'";
+    case Tok::kName:
+      return "name";
+    case Tok::kString:
+      return "string";
+    case Tok::kInt:
+      return "integer";
+    case Tok::kFloat:
+      return "float";
+    case Tok::kOp:
+      return "operator";
+    case Tok::kEof:
+      return "end of template";
   }
   return "?";
 }
@@ -107,7 +118,8 @@ class Parser {
   // A left-deep chain (a + b + c, x|f|g, a.b.c) nests its tree one level per link: each link
   // counts against the same bound as nested parentheses.
   absl::Status Link(int *links) {
-    if (++*links + depth_ > kMaxDepth) return Error("an expression chains more than " + std::to_string(kMaxDepth) + " operations");
+    if (++*links + depth_ > kMaxDepth)
+      return Error("an expression chains more than " + std::to_string(kMaxDepth) + " operations");
     return absl::OkStatus();
   }
 
@@ -347,7 +359,8 @@ class Parser {
   }
 
   // Expressions separated by commas make a tuple (jinja2's parse_tuple).
-  absl::StatusOr<ExprPtr> Tuple(bool with_condexpr, bool explicit_parens, std::initializer_list<std::string_view> extra) {
+  absl::StatusOr<ExprPtr> Tuple(bool with_condexpr, bool explicit_parens,
+                                std::initializer_list<std::string_view> extra) {
     const int line = Cur().line;
     std::vector<ExprPtr> items;
     bool is_tuple = false;
@@ -356,8 +369,10 @@ class Parser {
       if (TupleEnd(extra)) break;
       STRATA_ASSIGN_OR_RETURN(ExprPtr e, Expression(with_condexpr));
       items.push_back(std::move(e));
-      if (IsOp(",")) is_tuple = true;
-      else break;
+      if (IsOp(","))
+        is_tuple = true;
+      else
+        break;
     }
     if (!is_tuple) {
       if (!items.empty()) return std::move(items[0]);
@@ -467,7 +482,8 @@ class Parser {
     return c ? std::move(c) : std::move(first);
   }
 
-  absl::StatusOr<ExprPtr> Binary(absl::StatusOr<ExprPtr> (Parser::*sub)(), std::initializer_list<std::string_view> ops) {
+  absl::StatusOr<ExprPtr> Binary(absl::StatusOr<ExprPtr> (Parser::*sub)(),
+                                 std::initializer_list<std::string_view> ops) {
     STRATA_ASSIGN_OR_RETURN(ExprPtr e, (this->*sub)());
     int links = 0;
     while (Cur().type == Tok::kOp) {
@@ -516,9 +532,12 @@ class Parser {
     if (tk.type == Tok::kName) {
       ExprPtr e = Make(ExprKind::kLiteral, line);
       const std::string &n = tk.text;
-      if (n == "true" || n == "True") e->literal = Value::Bool(true);
-      else if (n == "false" || n == "False") e->literal = Value::Bool(false);
-      else if (n == "none" || n == "None") e->literal = Value::None();
+      if (n == "true" || n == "True")
+        e->literal = Value::Bool(true);
+      else if (n == "false" || n == "False")
+        e->literal = Value::Bool(false);
+      else if (n == "none" || n == "None")
+        e->literal = Value::None();
       else {
         e->kind = ExprKind::kName;
         e->name = n;

@@ -11,7 +11,23 @@
 
 namespace strata::text::jinja {
 
+namespace work {
+namespace {
+struct Meter {
+  uint64_t used = 0;
+  uint64_t limit = UINT64_MAX;
+};
+thread_local Meter meter;
+}  // namespace
+
+void Start(uint64_t limit) { meter = Meter{0, limit}; }
+void Charge(uint64_t units) { meter.used = meter.used > UINT64_MAX - units ? UINT64_MAX : meter.used + units; }
+bool Exhausted() { return meter.used > meter.limit; }
+
+}  // namespace work
+
 void AppendTainted(std::string *out, std::vector<Span> *out_spans, std::string_view s, const std::vector<Span> &spans) {
+  work::ChargeBytes(s.size());
   const size_t base = out->size();
   out->append(s.data(), s.size());
   if (out_spans == nullptr) return;
@@ -47,6 +63,7 @@ namespace {
 
 bool Tainted(const Value &v, int level, uint64_t *visits) {
   if (level > kMaxReprDepth || ++*visits > kMaxVisits) return true;  // assume the caller's
+  work::Charge(1);
   switch (v.kind) {
     case Kind::kString:
       return !v.spans.empty();
@@ -73,12 +90,14 @@ bool Value::tainted() const {
 }
 
 const Value *Dict::Find(const Value &key) const {
+  work::Charge(items.size());
   for (const auto &kv : items)
     if (Equal(kv.first, key)) return &kv.second;
   return nullptr;
 }
 
 const Value *Dict::Find(std::string_view key) const {
+  work::Charge(items.size());
   for (const auto &kv : items)
     if (kv.first.kind == Kind::kString && kv.first.str == key) return &kv.second;
   return nullptr;
@@ -136,6 +155,7 @@ namespace {
 
 bool EqualImpl(const Value &a, const Value &b, uint64_t *visits) {
   if (++*visits > kMaxVisits) return false;
+  work::Charge(1);
   if (a.is_number() && b.is_number()) {
     if (a.kind == Kind::kFloat || b.kind == Kind::kFloat) return a.as_double() == b.as_double();
     return a.i == b.i;
@@ -146,6 +166,7 @@ bool EqualImpl(const Value &a, const Value &b, uint64_t *visits) {
     case Kind::kNone:
       return true;
     case Kind::kString:
+      work::ChargeBytes(std::min(a.str.size(), b.str.size()));
       return a.str == b.str;
     case Kind::kList:
     case Kind::kTuple:
@@ -261,9 +282,12 @@ void AppendStrRepr(std::string_view s, std::string *out) {
       out->append(buf);
     } else if (!Printable(cp)) {
       char buf[16];
-      if (cp < 0x100) std::snprintf(buf, sizeof buf, "\\x%02x", cp);
-      else if (cp < 0x10000) std::snprintf(buf, sizeof buf, "\\u%04x", cp);
-      else std::snprintf(buf, sizeof buf, "\\U%08x", cp);
+      if (cp < 0x100)
+        std::snprintf(buf, sizeof buf, "\\x%02x", cp);
+      else if (cp < 0x10000)
+        std::snprintf(buf, sizeof buf, "\\u%04x", cp);
+      else
+        std::snprintf(buf, sizeof buf, "\\U%08x", cp);
       out->append(buf);
     } else {
       out->append(s.substr(k, len));
@@ -277,6 +301,7 @@ void AppendStrRepr(std::string_view s, std::string *out) {
 
 void AppendRepr(const Value &v, std::string *out, int level, size_t limit) {
   if (out->size() > limit) return;  // the caller sees the size and refuses
+  work::Charge(1);
   if (level > kMaxReprDepth) {
     out->append("...");  // only a namespace holding itself nests this deep
     return;
@@ -401,13 +426,27 @@ void AppendJsonString(std::string_view s, bool ensure_ascii, std::string *out) {
       continue;
     }
     switch (c) {
-      case '"': out->append("\\\""); break;
-      case '\\': out->append("\\\\"); break;
-      case '\n': out->append("\\n"); break;
-      case '\r': out->append("\\r"); break;
-      case '\t': out->append("\\t"); break;
-      case '\b': out->append("\\b"); break;
-      case '\f': out->append("\\f"); break;
+      case '"':
+        out->append("\\\"");
+        break;
+      case '\\':
+        out->append("\\\\");
+        break;
+      case '\n':
+        out->append("\\n");
+        break;
+      case '\r':
+        out->append("\\r");
+        break;
+      case '\t':
+        out->append("\\t");
+        break;
+      case '\b':
+        out->append("\\b");
+        break;
+      case '\f':
+        out->append("\\f");
+        break;
       default:
         if (static_cast<unsigned char>(c) < 0x20) {
           char buf[8];
@@ -422,9 +461,12 @@ void AppendJsonString(std::string_view s, bool ensure_ascii, std::string *out) {
 }
 
 void AppendJsonFloat(double d, std::string *out) {
-  if (std::isnan(d)) out->append("NaN");
-  else if (std::isinf(d)) out->append(d < 0 ? "-Infinity" : "Infinity");
-  else out->append(FloatRepr(d));
+  if (std::isnan(d))
+    out->append("NaN");
+  else if (std::isinf(d))
+    out->append(d < 0 ? "-Infinity" : "Infinity");
+  else
+    out->append(FloatRepr(d));
 }
 
 }  // namespace
@@ -486,12 +528,19 @@ absl::Status AppendJson(const Value &v, const JsonStyle &style, int depth, std::
       for (const auto &kv : v.dict->items) {
         std::string key;
         const Value &k = kv.first;
-        if (k.kind == Kind::kString) key = k.str;
-        else if (k.kind == Kind::kNone) key = "null";
-        else if (k.kind == Kind::kBool) key = k.i ? "true" : "false";
-        else if (k.kind == Kind::kInt) key = std::to_string(k.i);
-        else if (k.kind == Kind::kFloat) AppendJsonFloat(k.f, &key);
-        else return MakeError(MOE_ERR_INVALID_ARGUMENT, "tojson: keys must be str, int, float, bool or None, not " + TypeName(k));
+        if (k.kind == Kind::kString)
+          key = k.str;
+        else if (k.kind == Kind::kNone)
+          key = "null";
+        else if (k.kind == Kind::kBool)
+          key = k.i ? "true" : "false";
+        else if (k.kind == Kind::kInt)
+          key = std::to_string(k.i);
+        else if (k.kind == Kind::kFloat)
+          AppendJsonFloat(k.f, &key);
+        else
+          return MakeError(MOE_ERR_INVALID_ARGUMENT,
+                           "tojson: keys must be str, int, float, bool or None, not " + TypeName(k));
         items.emplace_back(std::move(key), &kv.second);
       }
       if (sort_keys) {
@@ -513,25 +562,36 @@ absl::Status AppendJson(const Value &v, const JsonStyle &style, int depth, std::
       return absl::OkStatus();
     }
     default:
-      return MakeError(MOE_ERR_INVALID_ARGUMENT,
-                       "tojson: Object of type " + std::string(v.is_undefined() ? "Undefined" : TypeName(v)) +
-                           " is not JSON serializable");
+      return MakeError(MOE_ERR_INVALID_ARGUMENT, "tojson: Object of type " +
+                                                     std::string(v.is_undefined() ? "Undefined" : TypeName(v)) +
+                                                     " is not JSON serializable");
   }
 }
 
 std::string TypeName(const Value &v) {
   switch (v.kind) {
-    case Kind::kUndefined: return "Undefined";
-    case Kind::kNone: return "NoneType object";
-    case Kind::kBool: return "bool object";
-    case Kind::kInt: return "int object";
-    case Kind::kFloat: return "float object";
-    case Kind::kString: return "str object";
-    case Kind::kList: return "list object";
-    case Kind::kTuple: return "tuple object";
-    case Kind::kDict: return "dict object";
-    case Kind::kNamespace: return "Namespace object";
-    case Kind::kCallable: return "function object";
+    case Kind::kUndefined:
+      return "Undefined";
+    case Kind::kNone:
+      return "NoneType object";
+    case Kind::kBool:
+      return "bool object";
+    case Kind::kInt:
+      return "int object";
+    case Kind::kFloat:
+      return "float object";
+    case Kind::kString:
+      return "str object";
+    case Kind::kList:
+      return "list object";
+    case Kind::kTuple:
+      return "tuple object";
+    case Kind::kDict:
+      return "dict object";
+    case Kind::kNamespace:
+      return "Namespace object";
+    case Kind::kCallable:
+      return "function object";
   }
   return "object";
 }

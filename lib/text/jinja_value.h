@@ -4,8 +4,8 @@
 // schemas), so the rendered text can tell the template's own bytes from the caller's.
 #pragma once
 
-#include <cstdint>
 #include <algorithm>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -30,10 +30,33 @@ void AppendTainted(std::string *out, std::vector<Span> *out_spans, std::string_v
 // holds itself, which printing cuts off here).
 constexpr uint32_t kMaxNesting = 128;
 constexpr int kMaxReprDepth = 256;
-constexpr size_t kMaxText = size_t{8} << 20;    // printing stops past this many bytes
+constexpr size_t kMaxText = size_t{8} << 20;        // printing stops past this many bytes
 constexpr uint64_t kMaxVisits = uint64_t{1} << 22;  // values one comparison or taint check visits
 
-enum class Kind : uint8_t { kUndefined, kNone, kBool, kInt, kFloat, kString, kList, kTuple, kDict, kNamespace, kCallable };
+// The work one render does inside single operations: values visited by comparisons, taint checks
+// and printing, bytes scanned by string operations (one unit per 64), items scanned by lookups.
+// Counted per thread (a render runs on one thread); the evaluator starts it and refuses to go on
+// once it passes the limit, so a loop cannot repeat an expensive operation without end.
+namespace work {
+void Start(uint64_t limit);
+void Charge(uint64_t units);
+inline void ChargeBytes(size_t n) { Charge(n / 64 + 1); }
+bool Exhausted();
+}  // namespace work
+
+enum class Kind : uint8_t {
+  kUndefined,
+  kNone,
+  kBool,
+  kInt,
+  kFloat,
+  kString,
+  kList,
+  kTuple,
+  kDict,
+  kNamespace,
+  kCallable
+};
 
 class Value;
 struct Dict;
@@ -93,13 +116,13 @@ class Value {
   }
 
   Kind kind = Kind::kUndefined;
-  uint32_t depth = 0;  // containers: 1 + the deepest value inside (as built; bounds recursion)
-  int64_t i = 0;   // kBool (0/1), kInt
-  double f = 0;    // kFloat
-  std::string str;  // kString: the text; kUndefined: why it is undefined; kCallable: its name
-  std::vector<Span> spans;  // kString: caller bytes, sorted and disjoint
-  std::shared_ptr<List> list;  // kList, kTuple
-  std::shared_ptr<Dict> dict;  // kDict, kNamespace
+  uint32_t depth = 0;            // containers: 1 + the deepest value inside (as built; bounds recursion)
+  int64_t i = 0;                 // kBool (0/1), kInt
+  double f = 0;                  // kFloat
+  std::string str;               // kString: the text; kUndefined: why it is undefined; kCallable: its name
+  std::vector<Span> spans;       // kString: caller bytes, sorted and disjoint
+  std::shared_ptr<List> list;    // kList, kTuple
+  std::shared_ptr<Dict> dict;    // kDict, kNamespace
   std::shared_ptr<Function> fn;  // kCallable
 
   bool is_undefined() const { return kind == Kind::kUndefined; }

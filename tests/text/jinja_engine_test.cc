@@ -89,23 +89,35 @@ TEST_CASE("jinja limits stop hostile templates with MOE_ERR_LIMIT", "[jinja]") {
   small.max_output = 1 << 16;
   small.max_items = 1 << 12;
   small.max_steps = 100'000;
+  small.max_work = 10'000'000;
   const std::string hostile[] = {
-      "{% for i in range(1000000000) %}{% endfor %}",                                            // items
-      "{{ [0] * 100000000 }}",                                                                    // items
-      "{{ 'x' * 100000000 }}",                                                                    // bytes
-      "{% for i in range(4000) %}{% for j in range(4000) %}{% endfor %}{% endfor %}",              // steps
-      "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}",                                   // depth
+      "{% for i in range(1000000000) %}{% endfor %}",                                                      // items
+      "{{ [0] * 100000000 }}",                                                                             // items
+      "{{ 'x' * 100000000 }}",                                                                             // bytes
+      "{% for i in range(4000) %}{% for j in range(4000) %}{% endfor %}{% endfor %}",                      // steps
+      "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}",                                            // depth
       "{% set ns = namespace(s='ab') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}",  // bytes
-      "{% set ns = namespace(x=[]) %}{% for i in range(1000) %}{% set ns.x = [ns.x] %}{% endfor %}",  // nesting
+      "{% set ns = namespace(x=[]) %}{% for i in range(1000) %}{% set ns.x = [ns.x] %}{% endfor %}",       // nesting
       "{% set ns = namespace(s='aaaa') %}{% for i in range(40) %}{% set ns.s = ns.s.replace('a', 'aa') %}{% endfor %}",
       "{% for i in range(4000) %}{{ 'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx' }}{% endfor %}",  // output
       "{{ ('a\\n' * 4000) | indent(200) }}",
+      // Cheap in steps, expensive inside each operation: the work budget ends them.
+      "{% set s = 'x' * 60000 %}"
+      "{% for i in range(200) %}{% for j in range(100) %}{% if 'y' in s %}{% endif %}{% endfor %}{% endfor %}",
+      "{% set s = 'x' * 60000 %}"
+      "{% for i in range(200) %}{% for j in range(100) %}{% set t = s.replace('y', 'z') %}{% endfor %}{% endfor %}",
+      "{% set s = 'x' * 60000 %}"
+      "{% for i in range(200) %}{% for j in range(100) %}{% set t = s | length %}{% endfor %}{% endfor %}",
+      "{% set ns = namespace(x=[1], y=[1]) %}{% for i in range(40) %}{% set ns.x = [ns.x, ns.x] %}"
+      "{% set ns.y = [ns.y, ns.y] %}{% endfor %}"
+      "{% for i in range(200) %}{% for j in range(100) %}{% if ns.x == ns.y %}{% endif %}{% endfor %}{% endfor %}",
   };
   for (const std::string &src : hostile) {
     INFO(src);
     auto r = RenderSrc(src, small);
     REQUIRE(!r.ok());
     CHECK(StatusToMoe(r.status()) == MOE_ERR_LIMIT);
+    if (src.find("range(100)") != std::string::npos) CHECK_THAT(Message(r.status()), Catch::Contains("units of work"));
   }
   // With the default limits too, deep recursion ends in a status, not a crashed stack.
   auto r = RenderSrc("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}");
@@ -116,12 +128,13 @@ TEST_CASE("jinja limits stop hostile templates with MOE_ERR_LIMIT", "[jinja]") {
 TEST_CASE("jinja values shared into exponential trees stay bounded", "[jinja]") {
   // A list of itself twice, 60 times over, has 2^60 leaves: printing, JSON, comparison and the
   // caller-taint check all stop at their budgets instead of walking it.
-  const std::string grow = "{% set ns = namespace(x=[s], y=[s]) %}{% for i in range(60) %}"
-                           "{% set ns.x = [ns.x, ns.x] %}{% set ns.y = [ns.y, ns.y] %}{% endfor %}";
+  const std::string grow =
+      "{% set ns = namespace(x=[s], y=[s]) %}{% for i in range(60) %}"
+      "{% set ns.x = [ns.x, ns.x] %}{% set ns.y = [ns.y, ns.y] %}{% endfor %}";
   Value ctx = Value::MakeDict();
   ctx.Set(Value::Str("s"), Value::CallerStr("caller text"));
-  for (const std::string &use : {"{{ ns.x }}", "{{ ns.x | tojson }}", "{{ ns.x | string | length }}",
-                                 "{{ ns.x ~ '' }}"}) {
+  for (const std::string &use :
+       {"{{ ns.x }}", "{{ ns.x | tojson }}", "{{ ns.x | string | length }}", "{{ ns.x ~ '' }}"}) {
     INFO(use);
     auto r = RenderWith(grow + use, ctx);
     REQUIRE(!r.ok());
@@ -156,7 +169,8 @@ TEST_CASE("jinja parser bounds nesting and chains", "[jinja]") {
 }
 
 TEST_CASE("jinja namespaces that hold themselves print and free", "[jinja]") {
-  auto r = RenderSrc("{% set ns = namespace(a=1) %}{% set ns.me = ns %}{{ ns.me.me.a }}{% set ns.l = [ns] %}{{ ns.l | length }}");
+  auto r = RenderSrc(
+      "{% set ns = namespace(a=1) %}{% set ns.me = ns %}{{ ns.me.me.a }}{% set ns.l = [ns] %}{{ ns.l | length }}");
   REQUIRE(r.ok());
   CHECK(r->text == "11");
   r = RenderSrc("{% set ns = namespace() %}{% set ns.me = ns %}{{ ns }}");

@@ -1,12 +1,13 @@
 // The Jinja engine against PyPI jinja2 in transformers' environment (fixtures from
 // tests/text/make_jinja_fixtures.py): every committed template over every conversation renders
 // byte-identical, or is refused where jinja2 refused; caller spans cover exactly the caller's text.
+#include "lib/text/jinja.h"
+
 #include <catch2/catch.hpp>
 #include <ctime>
 #include <fstream>
 #include <sstream>
 
-#include "lib/text/jinja.h"
 #include "nlohmann/json.hpp"
 
 namespace strata::text::jinja {
