@@ -1,6 +1,6 @@
 // The Jinja evaluator: runs a parsed template over a context with jinja2's scoping (a for-loop
 // iteration and a macro call are scopes, if is not; namespace() objects carry values out of
-// loops), its Undefined, and bounds on depth, steps and output size.
+// loops), its Undefined, and bounds on depth, steps, work inside operations and output size.
 #include "lib/text/jinja_eval.h"
 
 #include "nlohmann/json.hpp"
@@ -53,7 +53,8 @@ absl::Status ValidateBody(const Body &body) {
   return absl::OkStatus();
 }
 
-// Names a macro body reads as `varargs` / `kwargs` / `caller` are bound on every call.
+// The literal a {% filter %} block's chain starts from (jinja_parser.cc names it so): it stands
+// for the block's rendered text.
 constexpr const char *kHole = "\x01hole";
 
 }  // namespace
