@@ -131,6 +131,13 @@ CONVERSATIONS = {
     "tools_offered": ([
         {"role": "user", "content": "What time is it?"},
     ], [TIME_TOOL], {"enable_thinking": False}),
+    "only_system": ([{"role": "system", "content": "Only a system message."}], None, {}),
+    "empty_contents": ([
+        {"role": "system", "content": ""},
+        {"role": "user", "content": ""},
+        {"role": "assistant", "content": ""},
+        {"role": "user", "content": " "},
+    ], None, {}),
     "bad_order": ([
         {"role": "assistant", "content": "I speak first."},
         {"role": "assistant", "content": "Twice."},
