@@ -4,7 +4,8 @@
 // loopcontrols, its tojson / raise_exception / strftime_now). Templates are untrusted input: every
 // malformed one is an error naming the line, and rendering is bounded in depth, steps and output.
 // Split by concern: jinja_lexer.cc, jinja_parser.cc (syntax, jinja_ast.h), jinja_eval.cc
-// (statements and expressions), jinja_builtins.cc (filters, tests, methods, globals),
+// (statements and expressions), jinja_builtins.cc (methods, operators, lookups, globals),
+// jinja_filters.cc (filters and tests), jinja_strings.cc (Python's string algorithms),
 // jinja_value.{h,cc} (Python's data model and printing).
 #pragma once
 

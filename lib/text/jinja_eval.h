@@ -95,7 +95,14 @@ std::string S(const Value &v);
 std::string PyLower(std::string s);
 std::string PyUpper(std::string s);
 std::string JinjaTitle(const std::string &s);
+std::string PyTitle(const std::string &s);
 std::string Capitalize(const std::string &s);
+bool IsAlpha(char c);  // ASCII letters (str.isalpha on ASCII)
+// str.split(sep, maxsplit) (sep None: runs of whitespace), str.rsplit with a separator,
+// str.splitlines().
+std::vector<std::string> Split(const std::string &s, const Value &sep, int64_t maxsplit);
+std::vector<std::string> RSplit(const std::string &s, const std::string &d, int64_t maxsplit);
+std::vector<std::string> SplitLines(const std::string &s);
 absl::StatusOr<std::string> Replace(const std::string &s, const std::string &from, const std::string &to, int64_t count,
                                     size_t cap);
 int64_t Len(const Value &v);
