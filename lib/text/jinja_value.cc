@@ -299,13 +299,18 @@ void AppendStrRepr(std::string_view s, std::string *out) {
 
 }  // namespace
 
-void AppendRepr(const Value &v, std::string *out, int level, size_t limit) {
+namespace {
+
+// repr() with Python's guard against a container that holds itself (only a namespace can): it
+// prints as {...} (a namespace's attributes) or [...] where it recurs.
+void Repr(const Value &v, std::string *out, int level, size_t limit, std::vector<const void *> *open) {
   if (out->size() > limit) return;  // the caller sees the size and refuses
   work::Charge(1);
   if (level > kMaxReprDepth) {
-    out->append("...");  // only a namespace holding itself nests this deep
+    out->append("...");
     return;
   }
+  auto recurs = [&](const void *p) { return std::find(open->begin(), open->end(), p) != open->end(); };
   switch (v.kind) {
     case Kind::kString:
       AppendStrRepr(v.str, out);
@@ -313,39 +318,42 @@ void AppendRepr(const Value &v, std::string *out, int level, size_t limit) {
     case Kind::kList:
     case Kind::kTuple: {
       const bool tuple = v.kind == Kind::kTuple;
+      if (!tuple && recurs(v.list.get())) {
+        out->append("[...]");
+        return;
+      }
+      open->push_back(v.list.get());
       out->push_back(tuple ? '(' : '[');
       for (size_t k = 0; k < v.list->size(); ++k) {
         if (k) out->append(", ");
-        AppendRepr((*v.list)[k], out, level + 1, limit);
+        Repr((*v.list)[k], out, level + 1, limit, open);
       }
       if (tuple && v.list->size() == 1) out->push_back(',');
       out->push_back(tuple ? ')' : ']');
+      open->pop_back();
       return;
     }
-    case Kind::kDict: {
-      out->push_back('{');
-      bool first = true;
-      for (const auto &kv : v.dict->items) {
-        if (!first) out->append(", ");
-        first = false;
-        AppendRepr(kv.first, out, level + 1, limit);
-        out->append(": ");
-        AppendRepr(kv.second, out, level + 1, limit);
-      }
-      out->push_back('}');
-      return;
-    }
+    case Kind::kDict:
     case Kind::kNamespace: {
-      out->append("<Namespace {");
-      bool first = true;
-      for (const auto &kv : v.dict->items) {
-        if (!first) out->append(", ");
-        first = false;
-        AppendRepr(kv.first, out, level + 1, limit);
-        out->append(": ");
-        AppendRepr(kv.second, out, level + 1, limit);
+      const bool ns = v.kind == Kind::kNamespace;
+      if (ns) out->append("<Namespace ");
+      if (recurs(v.dict.get())) {
+        out->append("{...}");
+      } else {
+        open->push_back(v.dict.get());
+        out->push_back('{');
+        bool first = true;
+        for (const auto &kv : v.dict->items) {
+          if (!first) out->append(", ");
+          first = false;
+          Repr(kv.first, out, level + 1, limit, open);
+          out->append(": ");
+          Repr(kv.second, out, level + 1, limit, open);
+        }
+        out->push_back('}');
+        open->pop_back();
       }
-      out->append("}>");
+      if (ns) out->push_back('>');
       return;
     }
     case Kind::kUndefined:
@@ -353,6 +361,13 @@ void AppendRepr(const Value &v, std::string *out, int level, size_t limit) {
     default:
       AppendStr(v, out, nullptr);
   }
+}
+
+}  // namespace
+
+void AppendRepr(const Value &v, std::string *out, int level, size_t limit) {
+  std::vector<const void *> open;
+  Repr(v, out, level, limit, &open);
 }
 
 void AppendStr(const Value &v, std::string *out, std::vector<Span> *out_spans, size_t limit) {

@@ -175,7 +175,7 @@ TEST_CASE("jinja namespaces that hold themselves print and free", "[jinja]") {
   CHECK(r->text == "11");
   r = RenderSrc("{% set ns = namespace() %}{% set ns.me = ns %}{{ ns }}");
   REQUIRE(r.ok());
-  CHECK_THAT(r->text, Catch::Contains("..."));
+  CHECK(r->text == "<Namespace {'me': <Namespace {...}>}>");
 }
 
 TEST_CASE("jinja caller spans cover exactly the caller's bytes", "[jinja]") {

@@ -186,6 +186,7 @@ SNIPPETS = [
     "{% macro m(a) %}{{ a }}{% endmacro %}{{ m(1) }}{{ m(1, 2) }}",
     "{% macro m(a) %}{{ a }}{% endmacro %}{{ m(a=1) }}{{ m(1, b=2) }}",
     "{% macro m(a) %}{{ a }}{% endmacro %}{{ m() }}|{% macro k() %}{{ kwargs }}{% endmacro %}{{ k(z=1) }}",
+    "{% set ns = namespace(a=1) %}{{ ns }}|{% set ns.me = ns %}{% set ns.l = [ns] %}{{ ns }}|{{ [ns, {'k': ns}] }}",
     "{% macro wrap() %}<{{ caller() }}>{% endmacro %}{% call wrap() %}inner {{ s }}{% endcall %}",
     "{% set x = 1 %}{% for i in [1, 2] %}{% set x = x + i %}{{ x }}{% endfor %}{{ x }}|{% if true %}{% set y = 3 %}{% endif %}{{ y }}",
     "{% for a, b in [[1, 2], [3, 4]] %}{{ a }}{{ b }}{% endfor %}|{% for k in {'z': 1, 'a': 2} %}{{ k }}{% endfor %}|{% for c in 'héllo' %}{{ c }}.{% endfor %}",
