@@ -1,7 +1,8 @@
 // Chat template tests against transformers' apply_chat_template (fixtures from
 // scripts/text/make_template_fixtures.py): every family renders every committed conversation byte
 // for byte, with and without the generation prompt; each published Jinja source is recognised as
-// its family, and sources Strata does not reproduce are reported, not guessed.
+// its family, and the C++ renderer agrees with the Jinja engine on it; other sources run on the
+// engine, and one it cannot parse is reported with its line.
 #include <catch2/catch.hpp>
 #include <fstream>
 #include <sstream>

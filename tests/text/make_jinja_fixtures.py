@@ -10,7 +10,8 @@
 # C++). strftime_now formats a fixed instant (2024-07-26 09:30:00) so the fixtures do not depend
 # on the day; the C++ test passes the same function.
 #
-# Usage (by hand; CI reads the committed fixtures): python3 tests/text/make_jinja_fixtures.py
+# Usage (by hand; CI reads the committed fixtures; needs PyPI jinja2 >= 3.1, e.g. pip install jinja2):
+#   python3 tests/text/make_jinja_fixtures.py
 import copy
 import datetime
 import json
