@@ -45,7 +45,7 @@ float DotMXFP4(const void *row, const float *x, int64_t n) {
 
 namespace internal {
 const Codec kCodecMXFP4 = {TypeId::kMXFP4, "MXFP4", kElems, kBytes, &DequantizeMXFP4, nullptr,
-                           &DotMXFP4};
+                           &DotMXFP4, nullptr};
 }  // namespace internal
 
 }  // namespace strata::quant
