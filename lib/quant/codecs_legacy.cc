@@ -324,7 +324,8 @@ void QuantizeQ8_0(const float *src, void *dst, int64_t n) {
     StoreU16(b, FloatToHalf(d));
     for (int j = 0; j < kQK; ++j) {
       const float r = std::round(src[j] * id);
-      const int q = r >= 127.0f ? 127 : (r <= -127.0f ? -127 : static_cast<int>(r));
+      // NaN (from a non-finite input) gives 0, as ggml's x86 build's conversion does.
+      const int q = r >= 127.0f ? 127 : (r <= -127.0f ? -127 : (r == r ? static_cast<int>(r) : 0));
       b[2 + j] = static_cast<uint8_t>(static_cast<int8_t>(q));
     }
   }

@@ -62,8 +62,12 @@ void QuantizeMXFP4(const float *src, void *dst, int64_t n) {
     for (int j = 0; j < kElems; ++j) {
       if (amax < std::fabs(src[j])) amax = std::fabs(src[j]);
     }
-    const auto e = amax > 0.0f ? static_cast<uint8_t>(static_cast<int>(std::floor(std::log2(amax)) - 2.0f + 127.0f))
-                               : uint8_t{0};
+    // ggml casts the float exponent straight to a byte; its x86 build goes through a 32-bit int
+    // (an out-of-range value, from an infinite amax, becomes INT_MIN), which this spells out
+    // without undefined behaviour.
+    const float ef = amax > 0.0f ? std::floor(std::log2(amax)) - 2.0f + 127.0f : 0.0f;
+    const int32_t ei = ef > -2147483648.0f && ef < 2147483648.0f ? static_cast<int32_t>(ef) : INT32_MIN;
+    const auto e = static_cast<uint8_t>(ei);
     const float d = HalfScale(e);
     b[0] = e;
     for (int j = 0; j < 16; ++j) {
