@@ -57,7 +57,7 @@ struct Codec {
   // Quantizes n elements (multiple of block_elems) without importance weights; null when Strata
   // has no quantizer for the type. Byte-identical to ggml's ggml_quantize_chunk with imatrix NULL
   // (tests/quant/fixtures/ggml_*.bin): F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 (also equal to
-  // gguf.quants.quantize), Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS.
+  // gguf.quants.quantize), Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, MXFP4, TQ1_0 and TQ2_0.
   void (*quantize)(const float *src, void *dst, int64_t n);
   // Reference dot product of one quantized row (n elements) with float activations x. Products and
   // their sum are formed in double and rounded to float once, so the result is within about one
@@ -69,7 +69,7 @@ struct Codec {
   // entering that column). Byte-identical to ggml_quantize_chunk with that imatrix, which for the
   // legacy types depends on the whole row (a mean square over the row), so callers pass rows one
   // at a time. Null when the type has no weighted search: then ggml ignores the weights (Q8_0,
-  // F16, BF16) or Strata has no quantizer; QuantizeRow below picks the right entry.
+  // MXFP4, TQ1_0, TQ2_0, F16, BF16) or Strata has no quantizer; QuantizeRow picks the entry.
   void (*quantize_weighted)(const float *src, void *dst, int64_t n, const float *weights);
 };
 

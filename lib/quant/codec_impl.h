@@ -34,6 +34,8 @@ extern const Codec kCodecIQ3_S;
 extern const Codec kCodecIQ1_S;
 extern const Codec kCodecIQ1_M;
 extern const Codec kCodecMXFP4;
+extern const Codec kCodecTQ1_0;
+extern const Codec kCodecTQ2_0;
 
 // The IQ4 levels, fixed by the format (ggml's kvalues_iq4nl).
 inline constexpr int8_t kIQ4Levels[16] = {-127, -104, -83, -65, -49, -35, -22, -10,

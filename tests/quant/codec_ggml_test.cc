@@ -87,8 +87,10 @@ void CheckType(TypeId id, bool weighted) {
   const Codec *c = FindCodec(id);
   REQUIRE(c != nullptr);
   REQUIRE(c->quantize != nullptr);
-  // ggml ignores importance weights for Q8_0 and MXFP4; the others have a weighted search.
-  if (weighted && id != TypeId::kQ8_0 && id != TypeId::kMXFP4) REQUIRE(c->quantize_weighted != nullptr);
+  // ggml ignores importance weights for Q8_0, MXFP4, TQ1_0 and TQ2_0; the others have a weighted search.
+  const bool ignores_weights = id == TypeId::kQ8_0 || id == TypeId::kMXFP4 || id == TypeId::kTQ1_0 ||
+                               id == TypeId::kTQ2_0;
+  if (weighted) REQUIRE((c->quantize_weighted == nullptr) == ignores_weights);
   const std::vector<Case> cases = LoadInputs();
   const std::vector<uint8_t> data = ReadFile("ggml_" + std::string(c->name) + ".bin");
   Reader r{data};
@@ -131,7 +133,8 @@ void CheckType(TypeId id, bool weighted) {
 
 constexpr TypeId kGgmlTypes[] = {TypeId::kQ4_0, TypeId::kQ4_1, TypeId::kQ5_0, TypeId::kQ5_1, TypeId::kQ8_0,
                                  TypeId::kQ2_K, TypeId::kQ3_K, TypeId::kQ4_K, TypeId::kQ5_K, TypeId::kQ6_K,
-                                 TypeId::kIQ4_NL, TypeId::kIQ4_XS, TypeId::kMXFP4};
+                                 TypeId::kIQ4_NL, TypeId::kIQ4_XS, TypeId::kMXFP4, TypeId::kTQ1_0,
+                                 TypeId::kTQ2_0};
 
 }  // namespace
 

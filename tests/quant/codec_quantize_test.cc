@@ -18,7 +18,7 @@ namespace {
 constexpr TypeId kRunnable[] = {
     TypeId::kF32,  TypeId::kF16,  TypeId::kBF16, TypeId::kQ4_0, TypeId::kQ4_1,   TypeId::kQ5_0,
     TypeId::kQ5_1, TypeId::kQ8_0, TypeId::kQ2_K, TypeId::kQ3_K, TypeId::kQ4_K,   TypeId::kQ5_K,
-    TypeId::kQ6_K, TypeId::kIQ4_NL, TypeId::kIQ4_XS, TypeId::kMXFP4};
+    TypeId::kQ6_K, TypeId::kIQ4_NL, TypeId::kIQ4_XS, TypeId::kMXFP4, TypeId::kTQ1_0, TypeId::kTQ2_0};
 
 // n Gaussian values; every run of 256 gets its own scale in [0.1, 1000] (f16 scales stay normal),
 // and a few runs are special: all zero, constant, all positive, one outlier.
@@ -220,6 +220,8 @@ std::vector<int> HalfFields(TypeId id) {
     case TypeId::kQ2_K: return {80, 82};
     case TypeId::kQ3_K: return {108};
     case TypeId::kQ6_K: return {208};
+    case TypeId::kTQ1_0: return {52};
+    case TypeId::kTQ2_0: return {64};
     default: return {};
   }
 }
