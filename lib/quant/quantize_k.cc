@@ -65,7 +65,9 @@ void FinishQ2_K(const float *x, float d, float dmin, uint8_t *b, uint8_t *codes)
     const float dl = d * static_cast<float>(scales[j] & 0x0f);
     if (dl == 0.0f) continue;
     const float ml = dmin * static_cast<float>(scales[j] >> 4);
-    for (int i = 0; i < 16; ++i) codes[16 * j + i] = static_cast<uint8_t>(Clamp(NearestInt((x[16 * j + i] + ml) / dl), 0, 3));
+    for (int i = 0; i < 16; ++i) {
+      codes[16 * j + i] = static_cast<uint8_t>(Clamp(NearestInt((x[16 * j + i] + ml) / dl), 0, 3));
+    }
   }
   Pack2Bit(codes, b + 16);
 }
@@ -143,7 +145,9 @@ void FinishQ3_K(const float *x, uint8_t *b, int8_t *codes) {
     const int sc = (lo | (((s[8 + j % 4] >> (2 * (j / 4))) & 3) << 4)) - 32;
     const float dl = d * static_cast<float>(static_cast<int8_t>(sc));
     if (dl == 0.0f) continue;
-    for (int i = 0; i < 16; ++i) codes[16 * j + i] = static_cast<int8_t>(Clamp(NearestInt(x[16 * j + i] / dl), -4, 3) + 4);
+    for (int i = 0; i < 16; ++i) {
+      codes[16 * j + i] = static_cast<int8_t>(Clamp(NearestInt(x[16 * j + i] / dl), -4, 3) + 4);
+    }
   }
   uint8_t *hmask = b;
   std::memset(hmask, 0, 32);
@@ -232,7 +236,9 @@ void RequantizeK(const float *x, const uint8_t *b, int qmax, uint8_t *codes) {
     const float dl = d * static_cast<float>(sc);
     if (dl == 0.0f) continue;
     const float ml = dmin * static_cast<float>(m);
-    for (int i = 0; i < 32; ++i) codes[32 * j + i] = static_cast<uint8_t>(Clamp(NearestInt((x[32 * j + i] + ml) / dl), 0, qmax));
+    for (int i = 0; i < 32; ++i) {
+      codes[32 * j + i] = static_cast<uint8_t>(Clamp(NearestInt((x[32 * j + i] + ml) / dl), 0, qmax));
+    }
   }
 }
 
@@ -293,7 +299,9 @@ void FitKAffineWeighted(const float *x, uint8_t *b, int qmax, const float *qw, b
 // Q4_K codes: element 64c + 32k + l is nibble k of qs[32c + l].
 void PackQ4_K(const uint8_t *codes, uint8_t *qs) {
   for (int c = 0; c < 4; ++c) {
-    for (int l = 0; l < 32; ++l) qs[32 * c + l] = static_cast<uint8_t>(codes[64 * c + l] | (codes[64 * c + 32 + l] << 4));
+    for (int l = 0; l < 32; ++l) {
+      qs[32 * c + l] = static_cast<uint8_t>(codes[64 * c + l] | (codes[64 * c + 32 + l] << 4));
+    }
   }
 }
 
@@ -337,7 +345,9 @@ void QuantizeBlockQ6_K(const float *x, uint8_t *b, const float *qw) {
   for (int j = 0; j < 16; ++j) {
     const float dl = d * static_cast<float>(scales[j]);
     if (dl == 0.0f) continue;
-    for (int i = 0; i < 16; ++i) codes[16 * j + i] = static_cast<int8_t>(Clamp(NearestInt(x[16 * j + i] / dl), -32, 31) + 32);
+    for (int i = 0; i < 16; ++i) {
+      codes[16 * j + i] = static_cast<int8_t>(Clamp(NearestInt(x[16 * j + i] / dl), -32, 31) + 32);
+    }
   }
   uint8_t *ql = b;
   uint8_t *qh = b + 128;
