@@ -27,10 +27,11 @@ fi
 
 # The Python tests' environment: a virtual environment in the build tree (build/venv, or STRATA_VENV)
 # with the official `openai` client (the server test), numpy and pytest (the Python package's tests)
+# and gguf (scripts/quant: the codec fixtures' oracle and the GGUF reader)
 # from PyPI, so nothing is installed into the system's Python.
 venv="${STRATA_VENV:-$(cd "$(dirname "$0")/.." && pwd)/build/venv}"
-if ! "$venv/bin/python3" -c "import openai, numpy, pytest" 2>/dev/null; then
-  echo "strata: making $venv with openai, numpy and pytest" >&2
+if ! "$venv/bin/python3" -c "import openai, numpy, pytest, gguf" 2>/dev/null; then
+  echo "strata: making $venv with openai, numpy, pytest and gguf" >&2
   python3 -m venv "$venv"
-  "$venv/bin/python3" -m pip install -q --disable-pip-version-check "openai>=1.0" numpy pytest
+  "$venv/bin/python3" -m pip install -q --disable-pip-version-check "openai>=1.0" numpy pytest gguf
 fi

@@ -100,33 +100,6 @@ void SetBlockScale(TypeId t, uint8_t *block, uint16_t h) {
   }
 }
 
-// MXFP4 as ggml's reference quantizer writes it: the block's E8M0 exponent e from its largest
-// magnitude (amax / 2^(e - 128) in [8, 16)), each value the nearest of the doubled E2M1 levels (the
-// first on a tie). Strata's codec table has no MXFP4 quantizer; synth needs one only for its pools.
-void QuantizeMXFP4(const float *x, uint8_t *y, int64_t n) {
-  constexpr int8_t kLevels[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
-  auto nearest = [&](float v, float d) {
-    int best = 0;
-    float best_err = std::fabs(kLevels[0] * d - v);
-    for (int i = 1; i < 16; ++i) {
-      const float err = std::fabs(kLevels[i] * d - v);
-      if (err < best_err) {
-        best = i;
-        best_err = err;
-      }
-    }
-    return static_cast<uint8_t>(best);
-  };
-  for (int64_t b = 0; b < n; b += 32, x += 32, y += 17) {
-    float amax = 0;
-    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[j]));
-    const int e = amax > 0 ? static_cast<int>(std::floor(std::log2(amax))) - 2 + 127 : 0;
-    const float d = std::ldexp(1.0f, e - 128);
-    y[0] = static_cast<uint8_t>(e);
-    for (int j = 0; j < 16; ++j) y[1 + j] = static_cast<uint8_t>(nearest(x[j], d) | nearest(x[j + 16], d) << 4);
-  }
-}
-
 Pool MakePool(const quant::Codec &c, float std_dev, uint64_t seed) {
   // Pools of another scale draw other values (not the default pool scaled).
   uint64_t stream = Mix(seed, 0x706F6F6C0000ull + static_cast<uint64_t>(c.id));
@@ -156,11 +129,7 @@ Pool MakePool(const quant::Codec &c, float std_dev, uint64_t seed) {
   }
   std::vector<float> vals(kPoolUnits * kUnitElems);
   for (float &v : vals) v = std_dev * rng.Normal();
-  if (c.id == TypeId::kMXFP4) {
-    QuantizeMXFP4(vals.data(), p.bytes.data(), static_cast<int64_t>(vals.size()));
-  } else {
-    c.quantize(vals.data(), p.bytes.data(), static_cast<int64_t>(vals.size()));
-  }
+  c.quantize(vals.data(), p.bytes.data(), static_cast<int64_t>(vals.size()));
   return p;
 }
 
@@ -297,7 +266,7 @@ std::vector<Tensor> PlanTensors(const SynthShape &s, TypeId experts, TypeId atte
 absl::StatusOr<TypeId> ParseCodec(const std::string &name, const char *what) {
   auto t = ParseTypeName(name);
   if (!t.ok()) return Errorf(MOE_ERR_INVALID_ARGUMENT, "%s: %s", what, t.status().message());
-  if (!DrawnBlocks(*t) && *t != TypeId::kMXFP4) STRATA_RETURN_IF_ERROR(RequireQuantizer(*t, what));
+  if (!DrawnBlocks(*t)) STRATA_RETURN_IF_ERROR(RequireQuantizer(*t, what));
   const quant::Codec *c = quant::FindCodec(*t);
   if (kUnitElems % c->block_elems != 0) {
     return Errorf(MOE_ERR_UNSUPPORTED_TYPE, "%s type %s: blocks of %d values are not supported by synth", what,

@@ -107,9 +107,6 @@ struct SynthReport {
 // experts, top expert 4.3%; 58 of 128 on single-domain Python): a measure of others, not of Strata.
 // Written as strata.synth.routing.
 //
-// MXFP4 has no quantizer in Strata's codec table: synth quantizes its pool the way ggml's reference
-// quantizer does (the block's exponent from its largest value, each value to the nearest level).
-//
 // Errors: MOE_ERR_INVALID_ARGUMENT naming the unknown shape, codec or routing, or a layer count outside
 // [1, the shape's layers] ([1, 1024] for tiny); MOE_ERR_UNSUPPORTED_TYPE for a codec Strata cannot quantize or whose block does not
 // divide the rows; MOE_ERR_IO_WRITE naming `out` for any write failure.

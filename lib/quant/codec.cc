@@ -71,7 +71,8 @@ constexpr const Codec *kCodecs[] = {
     &internal::kCodecQ2_K, &internal::kCodecQ3_K, &internal::kCodecQ4_K, &internal::kCodecQ5_K,
     &internal::kCodecQ6_K, &internal::kCodecIQ4_NL, &internal::kCodecIQ4_XS, &internal::kCodecMXFP4,
     &internal::kCodecIQ2_XXS, &internal::kCodecIQ2_XS, &internal::kCodecIQ2_S, &internal::kCodecIQ3_XXS,
-    &internal::kCodecIQ3_S, &internal::kCodecIQ1_S, &internal::kCodecIQ1_M,
+    &internal::kCodecIQ3_S, &internal::kCodecIQ1_S, &internal::kCodecIQ1_M, &internal::kCodecTQ1_0,
+    &internal::kCodecTQ2_0,
 };
 
 // "type<id>" for unknown ids must outlive the call: ids below 256 get permanent strings (built once,

@@ -54,16 +54,35 @@ struct Codec {
   // Dequantizes n elements (a multiple of block_elems) from src to dst. Never null for a
   // registered codec that can run.
   void (*dequantize)(const void *src, float *dst, int64_t n);
-  // Quantizes n elements (multiple of block_elems); null when Strata has no quantizer for it.
-  // F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 are byte-identical to gguf.quants.quantize; Q4_K,
-  // Q5_K and Q6_K (which gguf cannot quantize) are Strata's own, with bounds in codec_test files.
+  // Quantizes n elements (multiple of block_elems) without importance weights; null when Strata
+  // has no quantizer for the type. Byte-identical to ggml's ggml_quantize_chunk with imatrix NULL
+  // (tests/quant/fixtures/ggml_*.bin): F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 (also equal to
+  // gguf.quants.quantize), Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, MXFP4, TQ1_0 and TQ2_0.
   void (*quantize)(const float *src, void *dst, int64_t n);
   // Reference dot product of one quantized row (n elements) with float activations x. Products and
   // their sum are formed in double and rounded to float once, so the result is within about one
   // float ulp of the exact dot of the dequantized row with x (optimized kernels are checked against
   // it). Never null for a registered codec.
   float (*dot)(const void *row, const float *x, int64_t n);
+  // Quantizes ONE ROW of n elements (multiple of block_elems) under importance weights: weights[i]
+  // (finite, >= 0) is the importance of column i, as an imatrix gives it (mean squared activation
+  // entering that column). Byte-identical to ggml_quantize_chunk with that imatrix, which for the
+  // legacy types depends on the whole row (a mean square over the row), so callers pass rows one
+  // at a time. Null when the type has no weighted search: then ggml ignores the weights (Q8_0,
+  // MXFP4, TQ1_0, TQ2_0, F16, BF16) or Strata has no quantizer; QuantizeRow picks the entry.
+  void (*quantize_weighted)(const float *src, void *dst, int64_t n, const float *weights);
 };
+
+// Quantizes one row of n elements with c: under weights (one per column, may be null) when the
+// codec has a weighted search, else without them, exactly as ggml_quantize_chunk does for one row.
+// c.quantize must not be null.
+inline void QuantizeRow(const Codec &c, const float *src, void *dst, int64_t n, const float *weights) {
+  if (weights != nullptr && c.quantize_weighted != nullptr) {
+    c.quantize_weighted(src, dst, n, weights);
+  } else {
+    c.quantize(src, dst, n);
+  }
+}
 
 // The codec for a GGUF type id, or nullptr when the id is unknown or Strata cannot decode it.
 const Codec *FindCodec(uint32_t type_id);

@@ -34,6 +34,29 @@ extern const Codec kCodecIQ3_S;
 extern const Codec kCodecIQ1_S;
 extern const Codec kCodecIQ1_M;
 extern const Codec kCodecMXFP4;
+extern const Codec kCodecTQ1_0;
+extern const Codec kCodecTQ2_0;
+
+// The IQ4 levels, fixed by the format (ggml's kvalues_iq4nl).
+inline constexpr int8_t kIQ4Levels[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                          1,    13,   25,  38,  53,  69,  89,  113};
+
+// Quantizers that live apart from their codec's layout file (quantize_k.cc, quantize_iq4.cc): the
+// unweighted entry and the weighted one (see Codec::quantize_weighted) of each type.
+void QuantizeQ2_K(const float *src, void *dst, int64_t n);
+void QuantizeQ2_KWeighted(const float *src, void *dst, int64_t n, const float *weights);
+void QuantizeQ3_K(const float *src, void *dst, int64_t n);
+void QuantizeQ3_KWeighted(const float *src, void *dst, int64_t n, const float *weights);
+void QuantizeQ4_K(const float *src, void *dst, int64_t n);
+void QuantizeQ4_KWeighted(const float *src, void *dst, int64_t n, const float *weights);
+void QuantizeQ5_K(const float *src, void *dst, int64_t n);
+void QuantizeQ5_KWeighted(const float *src, void *dst, int64_t n, const float *weights);
+void QuantizeQ6_K(const float *src, void *dst, int64_t n);
+void QuantizeQ6_KWeighted(const float *src, void *dst, int64_t n, const float *weights);
+void QuantizeIQ4_NL(const float *src, void *dst, int64_t n);
+void QuantizeIQ4_NLWeighted(const float *src, void *dst, int64_t n, const float *weights);
+void QuantizeIQ4_XS(const float *src, void *dst, int64_t n);
+void QuantizeIQ4_XSWeighted(const float *src, void *dst, int64_t n, const float *weights);
 
 // GGUF is little-endian and block fields are unaligned; memcpy keeps the reads defined behaviour.
 // (Strata only builds for little-endian hosts.)
@@ -48,6 +71,20 @@ inline uint32_t LoadU32(const uint8_t *p) {
   return v;
 }
 inline void StoreU16(uint8_t *p, uint16_t v) { std::memcpy(p, &v, sizeof v); }
+
+// Q4_K/Q5_K: eight 6-bit scales and eight 6-bit mins packed in 12 bytes. For j < 4 they are the low
+// six bits of bytes j and j + 4; for j >= 4 the low nibble comes from byte j + 4 (scale: low half,
+// min: high half) and the top two bits from the spare top bits of bytes j - 4 and j.
+inline void KScaleMin(const uint8_t *s, int j, int *sc, int *m) {
+  if (j < 4) {
+    *sc = s[j] & 0x3f;
+    *m = s[j + 4] & 0x3f;
+  } else {
+    *sc = (s[j + 4] & 0x0f) | ((s[j - 4] >> 2) & 0x30);
+    *m = (s[j + 4] >> 4) | ((s[j] >> 2) & 0x30);
+  }
+}
+
 
 // The reference dot of every codec: dequantize 256 elements at a time (a multiple of every block
 // size) and accumulate dequantized * x in double, rounding to float once at the end. Each product

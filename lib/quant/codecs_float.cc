@@ -59,9 +59,12 @@ float DotBF16(const void *row, const float *x, int64_t n) {
 }  // namespace
 
 namespace internal {
-const Codec kCodecF32 = {TypeId::kF32, "F32", 1, 4, &DequantizeF32, &QuantizeF32, &DotF32};
-const Codec kCodecF16 = {TypeId::kF16, "F16", 1, 2, &DequantizeF16, &QuantizeF16, &DotF16};
-const Codec kCodecBF16 = {TypeId::kBF16, "BF16", 1, 2, &DequantizeBF16, &QuantizeBF16, &DotBF16};
+const Codec kCodecF32 = {TypeId::kF32, "F32", 1, 4, &DequantizeF32, &QuantizeF32, &DotF32,
+                         nullptr};
+const Codec kCodecF16 = {TypeId::kF16, "F16", 1, 2, &DequantizeF16, &QuantizeF16, &DotF16,
+                         nullptr};
+const Codec kCodecBF16 = {TypeId::kBF16, "BF16", 1, 2, &DequantizeBF16, &QuantizeBF16, &DotBF16,
+                         nullptr};
 }  // namespace internal
 
 }  // namespace strata::quant

@@ -3,7 +3,7 @@
 // IQ1_M (256-element super-blocks): each code indexes a lattice grid of 8 (IQ2, IQ1) or 4 (IQ3)
 // values (iq_grids.h), under a sub-block scale and per-element signs (IQ2, IQ3) or a shift (IQ1).
 // Dequantization follows the gguf Python package in float32, operation for operation, so it is
-// bit-identical to it.
+// bit-identical to it. IQ4_NL and IQ4_XS quantize as ggml does (quantize_iq4.cc).
 #include <cstdint>
 #include <cstring>
 
@@ -18,9 +18,8 @@ namespace {
 using internal::LoadU16;
 using internal::LoadU32;
 
-// The IQ4 levels, fixed by the format (ggml's kvalues_iq4nl).
-constexpr int8_t kLevels[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
-                                1,    13,   25,  38,  53,  69,  89,  113};
+// The IQ4 levels, fixed by the format (codec_impl.h).
+constexpr const int8_t *kLevels = internal::kIQ4Levels;
 
 // Byte layouts (little-endian, no padding):
 //   IQ4_NL (18):  f16 d | u8 qs[16]; element j < 16 = low nibble of qs[j], j + 16 = high nibble;
@@ -253,23 +252,23 @@ void SetIQ1_MScaleBits(uint8_t *block, uint16_t h) {
 
 namespace internal {
 const Codec kCodecIQ4_NL = {TypeId::kIQ4_NL, "IQ4_NL", kNlElems, kNlBytes,
-                            &DequantizeIQ4_NL, nullptr, &DotIQ4_NL};
+                            &DequantizeIQ4_NL, &QuantizeIQ4_NL, &DotIQ4_NL, &QuantizeIQ4_NLWeighted};
 const Codec kCodecIQ4_XS = {TypeId::kIQ4_XS, "IQ4_XS", kXsElems, kXsBytes,
-                            &DequantizeIQ4_XS, nullptr, &DotIQ4_XS};
+                            &DequantizeIQ4_XS, &QuantizeIQ4_XS, &DotIQ4_XS, &QuantizeIQ4_XSWeighted};
 const Codec kCodecIQ2_XXS = {TypeId::kIQ2_XXS, "IQ2_XXS", kIqElems, 66, &DequantizeIQ2_XXS, nullptr,
-                             &DotIq<&DequantizeIQ2_XXS, 66>};
+                             &DotIq<&DequantizeIQ2_XXS, 66>, nullptr};
 const Codec kCodecIQ2_XS = {TypeId::kIQ2_XS, "IQ2_XS", kIqElems, 74, &DequantizeIQ2_XS, nullptr,
-                             &DotIq<&DequantizeIQ2_XS, 74>};
+                             &DotIq<&DequantizeIQ2_XS, 74>, nullptr};
 const Codec kCodecIQ2_S = {TypeId::kIQ2_S, "IQ2_S", kIqElems, 82, &DequantizeIQ2_S, nullptr,
-                             &DotIq<&DequantizeIQ2_S, 82>};
+                             &DotIq<&DequantizeIQ2_S, 82>, nullptr};
 const Codec kCodecIQ3_XXS = {TypeId::kIQ3_XXS, "IQ3_XXS", kIqElems, 98, &DequantizeIQ3_XXS, nullptr,
-                             &DotIq<&DequantizeIQ3_XXS, 98>};
+                             &DotIq<&DequantizeIQ3_XXS, 98>, nullptr};
 const Codec kCodecIQ3_S = {TypeId::kIQ3_S, "IQ3_S", kIqElems, 110, &DequantizeIQ3_S, nullptr,
-                             &DotIq<&DequantizeIQ3_S, 110>};
+                             &DotIq<&DequantizeIQ3_S, 110>, nullptr};
 const Codec kCodecIQ1_S = {TypeId::kIQ1_S, "IQ1_S", kIqElems, 50, &DequantizeIQ1_S, nullptr,
-                             &DotIq<&DequantizeIQ1_S, 50>};
+                             &DotIq<&DequantizeIQ1_S, 50>, nullptr};
 const Codec kCodecIQ1_M = {TypeId::kIQ1_M, "IQ1_M", kIqElems, 56, &DequantizeIQ1_M, nullptr,
-                             &DotIq<&DequantizeIQ1_M, 56>};
+                             &DotIq<&DequantizeIQ1_M, 56>, nullptr};
 }  // namespace internal
 
 }  // namespace strata::quant

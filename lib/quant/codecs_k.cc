@@ -2,10 +2,8 @@
 // gguf Python package operation by operation in float32 (sub-block scale d * sc first, then times
 // the code, then minus dmin * m), so it is bit-identical to it. The Q4_K/Q5_K/Q6_K quantizers are
 // Strata's own (gguf has none): least-squares fits per sub-block; bounds are in codec_test.cc.
-#include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <utility>
 
 #include "lib/quant/codec.h"
 #include "lib/quant/codec_impl.h"
@@ -15,7 +13,6 @@ namespace strata::quant {
 namespace {
 
 using internal::LoadU16;
-using internal::StoreU16;
 
 constexpr int64_t kQK = 256;  // elements per super-block (ggml's QK_K)
 
@@ -43,19 +40,6 @@ constexpr int64_t kQ3Bytes = 110;
 constexpr int64_t kQ4Bytes = 144;
 constexpr int64_t kQ5Bytes = 176;
 constexpr int64_t kQ6Bytes = 210;
-
-// Q4_K/Q5_K: eight 6-bit scales and eight 6-bit mins packed in 12 bytes. For j < 4 they are the low
-// six bits of bytes j and j + 4; for j >= 4 the low nibble comes from byte j + 4 (scale: low half,
-// min: high half) and the top two bits from the spare top bits of bytes j - 4 and j.
-void KScaleMin(const uint8_t *s, int j, int *sc, int *m) {
-  if (j < 4) {
-    *sc = s[j] & 0x3f;
-    *m = s[j + 4] & 0x3f;
-  } else {
-    *sc = (s[j + 4] & 0x0f) | ((s[j - 4] >> 2) & 0x30);
-    *m = (s[j + 4] >> 4) | ((s[j] >> 2) & 0x30);
-  }
-}
 
 // Q3_K: sixteen 6-bit scales. Low nibble: bytes 0..7 (scale i < 8 low half of byte i, i >= 8 high
 // half of byte i - 8); top two bits: bits 2(i / 4).. of byte 8 + i % 4. Stored with a +32 bias.
@@ -118,7 +102,7 @@ void DequantizeQ4_K(const void *src, float *dst, int64_t n) {
     const uint8_t *qs = b + 16;
     for (int j = 0; j < 8; ++j) {
       int sc, m;
-      KScaleMin(scales, j, &sc, &m);
+      internal::KScaleMin(scales, j, &sc, &m);
       const float dl = d * static_cast<float>(sc);
       const float ml = dmin * static_cast<float>(m);
       const uint8_t *q = qs + 32 * (j / 2);
@@ -143,7 +127,7 @@ void DequantizeQ5_K(const void *src, float *dst, int64_t n) {
     const uint8_t *qs = b + 48;
     for (int j = 0; j < 8; ++j) {
       int sc, m;
-      KScaleMin(scales, j, &sc, &m);
+      internal::KScaleMin(scales, j, &sc, &m);
       const float dl = d * static_cast<float>(sc);
       const float ml = dmin * static_cast<float>(m);
       const uint8_t *q = qs + 32 * (j / 2);
@@ -176,241 +160,6 @@ void DequantizeQ6_K(const void *src, float *dst, int64_t n) {
   }
 }
 
-// ---- Quantizers (Q4_K, Q5_K, Q6_K) ----
-//
-// Two levels, as the formats dictate: first each sub-block gets the real-valued scale (and min)
-// that minimizes its squared error, searched over a few candidate grids and refined by least
-// squares with the codes held fixed; then those scales are themselves quantized (6 or 8 bits
-// against an f16 super-block scale) and every code is recomputed against the scale actually
-// stored, so what dequantize reproduces is exactly what was fitted last. Non-finite inputs give
-// unspecified codes but never undefined behaviour.
-
-constexpr float kMaxHalf = 65504.0f;
-
-// round(v) clamped to [lo, hi]; NaN gives lo.
-int ClampRound(float v, int lo, int hi) {
-  if (!(v >= static_cast<float>(lo))) return lo;
-  if (v >= static_cast<float>(hi)) return hi;
-  return static_cast<int>(std::nearbyint(v));
-}
-
-// A scale that fits in f16 (stored fields saturate rather than becoming inf) and its stored value.
-float StoreScale(float v, uint8_t *field) {
-  const uint16_t h = FloatToHalf(std::min(v, kMaxHalf));
-  StoreU16(field, h);
-  return HalfToFloat(h);
-}
-
-// Symmetric fit: the scale s minimizing sum (x - s*q)^2 with q = clamp(round(x/s), lo, hi).
-// Candidates map the signed extreme onto codes near lo or near hi; each is refined once by least
-// squares (s = sum xq / sum qq) with its codes fixed.
-float FitSymmetric(const float *x, int n, int lo, int hi) {
-  float amax = 0.0f, ext = 0.0f;
-  for (int i = 0; i < n; ++i) {
-    if (std::fabs(x[i]) > amax) {
-      amax = std::fabs(x[i]);
-      ext = x[i];
-    }
-  }
-  if (amax == 0.0f) return 0.0f;
-  auto sse = [&](float s) {
-    double e = 0.0;
-    for (int i = 0; i < n; ++i) {
-      const double r = x[i] - static_cast<double>(s) * ClampRound(x[i] / s, lo, hi);
-      e += r * r;
-    }
-    return e;
-  };
-  float best = ext / static_cast<float>(lo);
-  double best_err = sse(best);
-  for (int t = 0; t <= 16; ++t) {
-    for (float target : {static_cast<float>(lo) + 0.25f * t, static_cast<float>(hi) - 0.25f * t}) {
-      float s = ext / target;
-      double sxq = 0.0, sqq = 0.0;
-      for (int i = 0; i < n; ++i) {
-        const int q = ClampRound(x[i] / s, lo, hi);
-        sxq += static_cast<double>(x[i]) * q;
-        sqq += static_cast<double>(q) * q;
-      }
-      for (float cand : {s, sqq > 0 ? static_cast<float>(sxq / sqq) : s}) {
-        if (!(cand != 0.0f) || !std::isfinite(cand)) continue;
-        const double e = sse(cand);
-        if (e < best_err) {
-          best_err = e;
-          best = cand;
-        }
-      }
-    }
-  }
-  return best;
-}
-
-// Affine fit for x ~ a*q - b with q in [0, qmax], a >= 0, b >= 0 (the formats store the offset as
-// a subtracted non-negative min, so a block above zero is fitted with b = 0).
-void FitAffine(const float *x, int n, int qmax, float *a_out, float *b_out) {
-  float mn = x[0], mx = x[0];
-  for (int i = 1; i < n; ++i) {
-    mn = std::min(mn, x[i]);
-    mx = std::max(mx, x[i]);
-  }
-  mn = std::min(mn, 0.0f);
-  if (!(mx > mn)) {  // constant non-positive block (or NaN): all codes 0
-    *a_out = 0.0f;
-    *b_out = -mn;
-    return;
-  }
-  auto sse = [&](float a, float b) {
-    double e = 0.0;
-    for (int i = 0; i < n; ++i) {
-      const double r = x[i] - (static_cast<double>(a) * ClampRound((x[i] + b) / a, 0, qmax) - b);
-      e += r * r;
-    }
-    return e;
-  };
-  float best_a = (mx - mn) / static_cast<float>(qmax), best_b = -mn;
-  double best_err = sse(best_a, best_b);
-  for (int t = -4; t <= 8; ++t) {
-    const float a0 = (mx - mn) / (static_cast<float>(qmax) + 0.125f * t);
-    const float b0 = -mn;
-    // Least squares for (a, b) with the codes of (a0, b0) fixed: minimize sum (a q - b - x)^2.
-    double sq = 0, sqq = 0, sx = 0, sxq = 0;
-    for (int i = 0; i < n; ++i) {
-      const int q = ClampRound((x[i] + b0) / a0, 0, qmax);
-      sq += q;
-      sqq += static_cast<double>(q) * q;
-      sx += x[i];
-      sxq += static_cast<double>(x[i]) * q;
-    }
-    const double det = n * sqq - sq * sq;
-    float a1 = a0, b1 = b0;
-    if (det > 0) {
-      a1 = static_cast<float>((n * sxq - sq * sx) / det);
-      b1 = static_cast<float>(-(sqq * sx - sq * sxq) / det);
-      if (b1 < 0.0f) {  // a positive offset is not representable: refit the scale alone
-        b1 = 0.0f;
-        a1 = sqq > 0 ? static_cast<float>(sxq / sqq) : a0;
-      }
-    }
-    for (auto [a, b] : {std::pair<float, float>{a0, b0}, std::pair<float, float>{a1, b1}}) {
-      if (!(a > 0.0f) || !std::isfinite(a) || !std::isfinite(b)) continue;
-      const double e = sse(a, b);
-      if (e < best_err) {
-        best_err = e;
-        best_a = a;
-        best_b = b;
-      }
-    }
-  }
-  *a_out = best_a;
-  *b_out = best_b;
-}
-
-// Inverse of KScaleMin.
-void PackKScaleMin(const int *sc, const int *m, uint8_t *s) {
-  for (int j = 0; j < 4; ++j) {
-    s[j] = static_cast<uint8_t>((sc[j] & 0x3f) | ((sc[j + 4] >> 4) << 6));
-    s[j + 4] = static_cast<uint8_t>((m[j] & 0x3f) | ((m[j + 4] >> 4) << 6));
-    s[j + 8] = static_cast<uint8_t>((sc[j + 4] & 0x0f) | ((m[j + 4] & 0x0f) << 4));
-  }
-}
-
-// Shared by Q4_K (qmax 15) and Q5_K (qmax 31): fills d, dmin, the packed scales and the codes
-// q[256] of one super-block.
-void QuantizeKAffine(const float *x, int qmax, uint8_t *d_field, uint8_t *dmin_field,
-                     uint8_t *scales, int *q) {
-  float a[8], b[8];
-  float amax = 0.0f, bmax = 0.0f;
-  for (int j = 0; j < 8; ++j) {
-    FitAffine(x + 32 * j, 32, qmax, &a[j], &b[j]);
-    amax = std::max(amax, a[j]);
-    bmax = std::max(bmax, b[j]);
-  }
-  const float d = StoreScale(amax / 63.0f, d_field);
-  const float dmin = StoreScale(bmax / 63.0f, dmin_field);
-  int sc[8], m[8];
-  for (int j = 0; j < 8; ++j) {
-    sc[j] = d > 0.0f ? ClampRound(a[j] / d, 0, 63) : 0;
-    m[j] = dmin > 0.0f ? ClampRound(b[j] / dmin, 0, 63) : 0;
-    // The codes are recomputed against the scale and min exactly as dequantize will form them.
-    const float dl = d * static_cast<float>(sc[j]);
-    const float ml = dmin * static_cast<float>(m[j]);
-    for (int l = 0; l < 32; ++l) {
-      q[32 * j + l] = dl > 0.0f ? ClampRound((x[32 * j + l] + ml) / dl, 0, qmax) : 0;
-    }
-  }
-  PackKScaleMin(sc, m, scales);
-}
-
-void QuantizeQ4_K(const float *src, void *dst, int64_t n) {
-  auto *b = static_cast<uint8_t *>(dst);
-  for (int64_t i = 0; i < n; i += kQK, b += kQ4Bytes, src += kQK) {
-    int q[kQK];
-    QuantizeKAffine(src, 15, b, b + 2, b + 4, q);
-    uint8_t *qs = b + 16;
-    for (int c = 0; c < 4; ++c) {
-      for (int l = 0; l < 32; ++l) {
-        qs[32 * c + l] = static_cast<uint8_t>(q[64 * c + l] | (q[64 * c + 32 + l] << 4));
-      }
-    }
-  }
-}
-
-void QuantizeQ5_K(const float *src, void *dst, int64_t n) {
-  auto *b = static_cast<uint8_t *>(dst);
-  for (int64_t i = 0; i < n; i += kQK, b += kQ5Bytes, src += kQK) {
-    int q[kQK];
-    QuantizeKAffine(src, 31, b, b + 2, b + 4, q);
-    uint8_t *qh = b + 16;
-    uint8_t *qs = b + 48;
-    for (int l = 0; l < 32; ++l) {
-      int h = 0;
-      for (int j = 0; j < 8; ++j) h |= (q[32 * j + l] >> 4) << j;
-      qh[l] = static_cast<uint8_t>(h);
-    }
-    for (int c = 0; c < 4; ++c) {
-      for (int l = 0; l < 32; ++l) {
-        qs[32 * c + l] =
-            static_cast<uint8_t>((q[64 * c + l] & 0x0f) | ((q[64 * c + 32 + l] & 0x0f) << 4));
-      }
-    }
-  }
-}
-
-void QuantizeQ6_K(const float *src, void *dst, int64_t n) {
-  auto *b = static_cast<uint8_t *>(dst);
-  for (int64_t i = 0; i < n; i += kQK, b += kQ6Bytes, src += kQK) {
-    float s[16];
-    float smax = 0.0f;
-    for (int j = 0; j < 16; ++j) {
-      s[j] = FitSymmetric(src + 16 * j, 16, -32, 31);
-      smax = std::max(smax, std::fabs(s[j]));
-    }
-    const float d = StoreScale(smax / 127.0f, b + 208);
-    auto *scales = reinterpret_cast<int8_t *>(b + 192);
-    int q[kQK];
-    for (int j = 0; j < 16; ++j) {
-      const int sc = d > 0.0f ? ClampRound(s[j] / d, -127, 127) : 0;
-      scales[j] = static_cast<int8_t>(sc);
-      const float dl = d * static_cast<float>(sc);
-      for (int l = 0; l < 16; ++l) {
-        q[16 * j + l] = (dl != 0.0f ? ClampRound(src[16 * j + l] / dl, -32, 31) : 0) + 32;
-      }
-    }
-    uint8_t *ql = b;
-    uint8_t *qh = b + 128;
-    for (int h = 0; h < 2; ++h) {
-      const int *qq = q + 128 * h;
-      for (int l = 0; l < 64; ++l) {
-        ql[64 * h + l] = static_cast<uint8_t>((qq[l] & 0x0f) | ((qq[l + 64] & 0x0f) << 4));
-      }
-      for (int l = 0; l < 32; ++l) {
-        qh[32 * h + l] = static_cast<uint8_t>((qq[l] >> 4) | ((qq[l + 32] >> 4) << 2) |
-                                              ((qq[l + 64] >> 4) << 4) | ((qq[l + 96] >> 4) << 6));
-      }
-    }
-  }
-}
-
 float DotQ2_K(const void *row, const float *x, int64_t n) {
   return internal::DotViaDequantize(&DequantizeQ2_K, kQK, kQ2Bytes, row, x, n);
 }
@@ -430,11 +179,16 @@ float DotQ6_K(const void *row, const float *x, int64_t n) {
 }  // namespace
 
 namespace internal {
-const Codec kCodecQ2_K = {TypeId::kQ2_K, "Q2_K", kQK, kQ2Bytes, &DequantizeQ2_K, nullptr, &DotQ2_K};
-const Codec kCodecQ3_K = {TypeId::kQ3_K, "Q3_K", kQK, kQ3Bytes, &DequantizeQ3_K, nullptr, &DotQ3_K};
-const Codec kCodecQ4_K = {TypeId::kQ4_K, "Q4_K", kQK, kQ4Bytes, &DequantizeQ4_K, &QuantizeQ4_K, &DotQ4_K};
-const Codec kCodecQ5_K = {TypeId::kQ5_K, "Q5_K", kQK, kQ5Bytes, &DequantizeQ5_K, &QuantizeQ5_K, &DotQ5_K};
-const Codec kCodecQ6_K = {TypeId::kQ6_K, "Q6_K", kQK, kQ6Bytes, &DequantizeQ6_K, &QuantizeQ6_K, &DotQ6_K};
+const Codec kCodecQ2_K = {TypeId::kQ2_K, "Q2_K", kQK, kQ2Bytes, &DequantizeQ2_K, &QuantizeQ2_K, &DotQ2_K,
+                          &QuantizeQ2_KWeighted};
+const Codec kCodecQ3_K = {TypeId::kQ3_K, "Q3_K", kQK, kQ3Bytes, &DequantizeQ3_K, &QuantizeQ3_K, &DotQ3_K,
+                          &QuantizeQ3_KWeighted};
+const Codec kCodecQ4_K = {TypeId::kQ4_K, "Q4_K", kQK, kQ4Bytes, &DequantizeQ4_K, &QuantizeQ4_K, &DotQ4_K,
+                          &QuantizeQ4_KWeighted};
+const Codec kCodecQ5_K = {TypeId::kQ5_K, "Q5_K", kQK, kQ5Bytes, &DequantizeQ5_K, &QuantizeQ5_K, &DotQ5_K,
+                          &QuantizeQ5_KWeighted};
+const Codec kCodecQ6_K = {TypeId::kQ6_K, "Q6_K", kQK, kQ6Bytes, &DequantizeQ6_K, &QuantizeQ6_K, &DotQ6_K,
+                          &QuantizeQ6_KWeighted};
 }  // namespace internal
 
 }  // namespace strata::quant

@@ -6,6 +6,7 @@
 
 #include "lib/quant/codec.h"
 #include "lib/quant/codec_impl.h"
+#include "lib/quant/fit.h"
 #include "lib/quant/fp_contract_off.h"
 
 namespace strata::quant {
@@ -62,6 +63,49 @@ void MinMax(const float *x, float *mn, float *mx) {
   *mx = hi;
 }
 
+// ---- weighted quantization, shared ----
+//
+// ggml's weighted legacy quantizers weigh element i of a row by qw[i] * sqrt(sigma2 + x[i]^2), with
+// sigma2 the mean square of the WHOLE ROW (so the result depends on where rows end), then fit each
+// block with the searches of fit.h.
+
+float RowSigma2(const float *x, int64_t n) {
+  float s = 0.0f;
+  for (int64_t i = 0; i < n; ++i) s += x[i] * x[i];
+  return s / static_cast<float>(n);
+}
+
+void BlockWeights(const float *x, const float *qw, float sigma2, float *w) {
+  for (int64_t j = 0; j < kQK; ++j) w[j] = qw[j] * std::sqrt(sigma2 + x[j] * x[j]);
+}
+
+// Symmetric types (Q4_0: nmax 8, Q5_0: nmax 16): d and codes 0..2 nmax - 1 of one block.
+float FitSignedBlock(const float *x, const float *qw, float sigma2, int nmax, int *q) {
+  float w[kQK];
+  int8_t codes[kQK];
+  BlockWeights(x, qw, sigma2, w);
+  const float d = internal::FitSigned(static_cast<int>(kQK), nmax, x, w, codes);
+  for (int64_t j = 0; j < kQK; ++j) q[j] = codes[j];
+  return d;
+}
+
+// Affine types (Q4_1: nmax 15, Q5_1: nmax 31): d, the offset m (x ~ d q + m) and codes.
+float FitAffineBlock(const float *x, const float *qw, float sigma2, int nmax, float *m, int *q) {
+  float w[kQK];
+  uint8_t codes[kQK], scratch[kQK];
+  BlockWeights(x, qw, sigma2, w);
+  float neg_min;
+  const float d = internal::FitAffine(static_cast<int>(kQK), nmax, x, w, codes, &neg_min, scratch,
+                                      {-0.9f, 0.05f, 36, false});
+  *m = -neg_min;
+  for (int64_t j = 0; j < kQK; ++j) q[j] = codes[j];
+  return d;
+}
+
+void PackNibbles(const int *q, uint8_t *qs) {
+  for (int j = 0; j < 16; ++j) qs[j] = static_cast<uint8_t>(q[j] | (q[j + 16] << 4));
+}
+
 // ---- Q4_0 ----
 
 void DequantizeQ4_0(const void *src, float *dst, int64_t n) {
@@ -88,6 +132,16 @@ void QuantizeQ4_0(const float *src, void *dst, int64_t n) {
       const int q1 = ClampTrunc(src[j + 16] * id + 8.5f, 0, 15);
       b[2 + j] = static_cast<uint8_t>(q0 | (q1 << 4));
     }
+  }
+}
+
+void QuantizeQ4_0Weighted(const float *src, void *dst, int64_t n, const float *weights) {
+  const float sigma2 = RowSigma2(src, n);
+  auto *b = static_cast<uint8_t *>(dst);
+  for (int64_t i = 0; i < n; i += kQK, b += kQ4_0Bytes) {
+    int q[kQK];
+    StoreU16(b, FloatToHalf(FitSignedBlock(src + i, weights + i, sigma2, 8, q)));
+    PackNibbles(q, b + 2);
   }
 }
 
@@ -127,6 +181,18 @@ void QuantizeQ4_1(const float *src, void *dst, int64_t n) {
       const int q1 = ClampTrunc((src[j + 16] - mn) * id + 0.5f, 0, 15);
       b[4 + j] = static_cast<uint8_t>(q0 | (q1 << 4));
     }
+  }
+}
+
+void QuantizeQ4_1Weighted(const float *src, void *dst, int64_t n, const float *weights) {
+  const float sigma2 = RowSigma2(src, n);
+  auto *b = static_cast<uint8_t *>(dst);
+  for (int64_t i = 0; i < n; i += kQK, b += kQ4_1Bytes) {
+    int q[kQK];
+    float m;
+    StoreU16(b, FloatToHalf(FitAffineBlock(src + i, weights + i, sigma2, 15, &m, q)));
+    StoreU16(b + 2, FloatToHalf(m));
+    PackNibbles(q, b + 4);
   }
 }
 
@@ -173,6 +239,16 @@ void QuantizeQ5_0(const float *src, void *dst, int64_t n) {
   }
 }
 
+void QuantizeQ5_0Weighted(const float *src, void *dst, int64_t n, const float *weights) {
+  const float sigma2 = RowSigma2(src, n);
+  auto *b = static_cast<uint8_t *>(dst);
+  for (int64_t i = 0; i < n; i += kQK, b += kQ5_0Bytes) {
+    int q[kQK];
+    StoreU16(b, FloatToHalf(FitSignedBlock(src + i, weights + i, sigma2, 16, q)));
+    PackQ5(q, b + 2, b + 6);
+  }
+}
+
 float DotQ5_0(const void *row, const float *x, int64_t n) {
   return internal::DotViaDequantize(&DequantizeQ5_0, kQK, kQ5_0Bytes, row, x, n);
 }
@@ -209,6 +285,18 @@ void QuantizeQ5_1(const float *src, void *dst, int64_t n) {
   }
 }
 
+void QuantizeQ5_1Weighted(const float *src, void *dst, int64_t n, const float *weights) {
+  const float sigma2 = RowSigma2(src, n);
+  auto *b = static_cast<uint8_t *>(dst);
+  for (int64_t i = 0; i < n; i += kQK, b += kQ5_1Bytes) {
+    int q[kQK];
+    float m;
+    StoreU16(b, FloatToHalf(FitAffineBlock(src + i, weights + i, sigma2, 31, &m, q)));
+    StoreU16(b + 2, FloatToHalf(m));
+    PackQ5(q, b + 4, b + 8);
+  }
+}
+
 float DotQ5_1(const void *row, const float *x, int64_t n) {
   return internal::DotViaDequantize(&DequantizeQ5_1, kQK, kQ5_1Bytes, row, x, n);
 }
@@ -236,7 +324,8 @@ void QuantizeQ8_0(const float *src, void *dst, int64_t n) {
     StoreU16(b, FloatToHalf(d));
     for (int j = 0; j < kQK; ++j) {
       const float r = std::round(src[j] * id);
-      const int q = r >= 127.0f ? 127 : (r <= -127.0f ? -127 : static_cast<int>(r));
+      // NaN (from a non-finite input) gives 0, as ggml's x86 build's conversion does.
+      const int q = r >= 127.0f ? 127 : (r <= -127.0f ? -127 : (r == r ? static_cast<int>(r) : 0));
       b[2 + j] = static_cast<uint8_t>(static_cast<int8_t>(q));
     }
   }
@@ -250,15 +339,16 @@ float DotQ8_0(const void *row, const float *x, int64_t n) {
 
 namespace internal {
 const Codec kCodecQ4_0 = {TypeId::kQ4_0, "Q4_0", kQK, kQ4_0Bytes,
-                          &DequantizeQ4_0, &QuantizeQ4_0, &DotQ4_0};
+                          &DequantizeQ4_0, &QuantizeQ4_0, &DotQ4_0, &QuantizeQ4_0Weighted};
 const Codec kCodecQ4_1 = {TypeId::kQ4_1, "Q4_1", kQK, kQ4_1Bytes,
-                          &DequantizeQ4_1, &QuantizeQ4_1, &DotQ4_1};
+                          &DequantizeQ4_1, &QuantizeQ4_1, &DotQ4_1, &QuantizeQ4_1Weighted};
 const Codec kCodecQ5_0 = {TypeId::kQ5_0, "Q5_0", kQK, kQ5_0Bytes,
-                          &DequantizeQ5_0, &QuantizeQ5_0, &DotQ5_0};
+                          &DequantizeQ5_0, &QuantizeQ5_0, &DotQ5_0, &QuantizeQ5_0Weighted};
 const Codec kCodecQ5_1 = {TypeId::kQ5_1, "Q5_1", kQK, kQ5_1Bytes,
-                          &DequantizeQ5_1, &QuantizeQ5_1, &DotQ5_1};
+                          &DequantizeQ5_1, &QuantizeQ5_1, &DotQ5_1, &QuantizeQ5_1Weighted};
 const Codec kCodecQ8_0 = {TypeId::kQ8_0, "Q8_0", kQK, kQ8_0Bytes,
-                          &DequantizeQ8_0, &QuantizeQ8_0, &DotQ8_0};
+                          &DequantizeQ8_0, &QuantizeQ8_0, &DotQ8_0,
+                          nullptr};  // ggml ignores importance weights for Q8_0
 }  // namespace internal
 
 }  // namespace strata::quant

@@ -128,7 +128,7 @@ TEST_CASE("dequantize is bit-identical to gguf.quants.dequantize", "[quant]") {
                     TypeId::kQ5_0, TypeId::kQ5_1, TypeId::kQ8_0, TypeId::kQ2_K, TypeId::kQ3_K,
                     TypeId::kQ4_K, TypeId::kQ5_K, TypeId::kQ6_K, TypeId::kIQ4_NL, TypeId::kIQ4_XS,
                     TypeId::kMXFP4, TypeId::kIQ2_XXS, TypeId::kIQ2_XS, TypeId::kIQ2_S, TypeId::kIQ3_XXS,
-                    TypeId::kIQ3_S, TypeId::kIQ1_S, TypeId::kIQ1_M}) {
+                    TypeId::kIQ3_S, TypeId::kIQ1_S, TypeId::kIQ1_M, TypeId::kTQ1_0, TypeId::kTQ2_0}) {
     DYNAMIC_SECTION("type " << TypeName(static_cast<uint32_t>(id))) { CheckDequantFixture(id); }
   }
 }
