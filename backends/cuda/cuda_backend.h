@@ -545,6 +545,11 @@ class CudaBackend final : public model::Backend {
   // Before a step with the tiers' tables: layer l's last selections update its average of experts
   // served from RAM and of the CPU's saving on them, which UpdatePaths weighs.
   absl::Status UpdateTierLayer(int l);
+  // Layer l's last selections once they are in host memory (hist_): their count, 0 while there are
+  // none or they have not landed (the next call looks again); *sel points at them.
+  absl::StatusOr<int64_t> TakeSelections(int l, const int32_t **sel);
+  // A call's count of experts served from host memory: the layer's averages UpdatePaths weighs.
+  void NoteColdExperts(LayerTable &t, int cold, uint64_t expert_bytes);
   const uint8_t *tier_copies_ = nullptr;
   uint64_t tables_bytes_ = 0;
   absl::Status SetUpColdCopies(int n_expert_max, const uint8_t *host, const uint8_t *dev, size_t bytes);

@@ -178,12 +178,9 @@ absl::Status CudaBackend::EnableTierCpuShare(int n_expert_max) {
 
 absl::Status CudaBackend::UpdateTierLayer(int l) {
   LayerTable &t = tables_[l];
-  if (t.hist_rows == 0) return absl::OkStatus();
-  STRATA_ASSIGN_OR_RETURN(bool done, HistLanded(t));
-  if (!done) return absl::OkStatus();  // the next call looks again
-  const int32_t *sel = hist_.as<int32_t>() + static_cast<size_t>(l) * kDeviceRouteMaxRows;
-  const int64_t rows = t.hist_rows;
-  t.hist_rows = 0;
+  const int32_t *sel = nullptr;
+  STRATA_ASSIGN_OR_RETURN(const int64_t rows, TakeSelections(l, &sel));
+  if (rows == 0) return absl::OkStatus();
   const int n = t.ge.n_expert;
   const void *const *gate = tab_host_.data() + t.tab_off;
   std::vector<char> seen(n, 0);
@@ -196,15 +193,7 @@ absl::Status CudaBackend::UpdateTierLayer(int l) {
     const auto a = reinterpret_cast<uintptr_t>(gate[x]);
     if (a >= stage_.host_lo && a < stage_.host_hi) ++cold;  // served from RAM's slab
   }
-  t.cold_avg = 0.75 * t.cold_avg + 0.25 * cold;
-  if (cpu_experts_ != nullptr) {
-    // As for the backend's own tier (UpdateTier): the saving of this call's cold experts, averaged.
-    const model::ExpertWeights &e = w_->layers[l].experts[0];
-    const uint64_t bytes = e.nbytes();
-    const double saving = model::HybridSavingSeconds(static_cast<double>(cold) * static_cast<double>(bytes), bytes,
-                                                     cpu_experts_->rates());
-    t.cpu_saving = 0.75 * t.cpu_saving + 0.25 * saving;
-  }
+  NoteColdExperts(t, cold, w_->layers[l].experts[0].nbytes());
   return absl::OkStatus();
 }
 

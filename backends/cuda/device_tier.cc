@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "backends/cuda/cuda_backend_internal.h"
@@ -763,14 +764,31 @@ absl::Status CudaBackend::EnterLandedFills() {
   return absl::OkStatus();
 }
 
+absl::StatusOr<int64_t> CudaBackend::TakeSelections(int l, const int32_t **sel) {
+  LayerTable &t = tables_[l];
+  if (t.hist_rows == 0) return 0;
+  STRATA_ASSIGN_OR_RETURN(bool done, HistLanded(t));
+  if (!done) return 0;  // the next call looks again
+  *sel = hist_.as<int32_t>() + static_cast<size_t>(l) * kDeviceRouteMaxRows;
+  return std::exchange(t.hist_rows, 0);
+}
+
+void CudaBackend::NoteColdExperts(LayerTable &t, int cold, uint64_t expert_bytes) {
+  t.cold_avg = 0.75 * t.cold_avg + 0.25 * cold;
+  if (cpu_experts_ == nullptr) return;
+  // The saving of this call's cold experts, averaged: the saving at the average count would miss
+  // that a layer with one cold expert half the time gains whenever it has one (Mixtral's 99 MB
+  // experts: one is cheaper on the CPU than over the link).
+  const double saving = model::HybridSavingSeconds(static_cast<double>(cold) * static_cast<double>(expert_bytes),
+                                                   expert_bytes, cpu_experts_->rates());
+  t.cpu_saving = 0.75 * t.cpu_saving + 0.25 * saving;
+}
+
 absl::Status CudaBackend::UpdateTier(int l) {
   LayerTable &t = tables_[l];
-  if (t.hist_rows == 0) return absl::OkStatus();
-  STRATA_ASSIGN_OR_RETURN(bool done, HistLanded(t));
-  if (!done) return absl::OkStatus();  // the next call looks again
-  const int32_t *sel = hist_.as<int32_t>() + static_cast<size_t>(l) * kDeviceRouteMaxRows;
-  const int64_t rows = t.hist_rows;
-  t.hist_rows = 0;
+  const int32_t *sel = nullptr;
+  STRATA_ASSIGN_OR_RETURN(const int64_t rows, TakeSelections(l, &sel));
+  if (rows == 0) return absl::OkStatus();
   if (t.heat.OnDecodeToken()) {
     victim_floor_ >>= 1;  // a slot's heat halves at most once for this layer's decay
   }
@@ -791,15 +809,7 @@ absl::Status CudaBackend::UpdateTier(int l) {
     fill_credit_ += static_cast<double>(slot_bytes_) / 8;
     if (in == slot_of_.end() && (best < 0 || t.heat[x] > t.heat[best])) best = x;
   }
-  t.cold_avg = 0.75 * t.cold_avg + 0.25 * cold;
-  if (cpu_experts_ != nullptr) {
-    // The saving of this call's cold experts, averaged: the saving at the average count would miss
-    // that a layer with one cold expert half the time gains whenever it has one (Mixtral's 99 MB
-    // experts: one is cheaper on the CPU than over the link).
-    const double saving = model::HybridSavingSeconds(static_cast<double>(cold) * static_cast<double>(slot_bytes_),
-                                                     slot_bytes_, cpu_experts_->rates());
-    t.cpu_saving = 0.75 * t.cpu_saving + 0.25 * saving;
-  }
+  NoteColdExperts(t, cold, slot_bytes_);
   fill_credit_ = std::min(fill_credit_, 4.0 * static_cast<double>(slot_bytes_));
   if (best < 0 || fill_credit_ < static_cast<double>(slot_bytes_)) return absl::OkStatus();
   // The victim: an empty slot, else the coldest settled one; `best` must be markedly hotter (with
