@@ -90,6 +90,7 @@ struct Args {
   std::string routing = "concentrated";
   std::string boost_layers, hotlist;
   bool expert_contiguous = false;
+  std::string imatrix;  // pack --imatrix
   // synth
   std::string shape, codec;  // synth: empty = the shape's expert codec
   std::string decode_tokens;  // bench: teacher-forced decode input instead of sampled tokens

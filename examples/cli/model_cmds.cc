@@ -226,6 +226,7 @@ int CmdPack(const Args &a) {
   }
   o.hotlist_path = a.hotlist;
   if (a.expert_contiguous) o.layout = strata::model::ExpertLayout::kExpertContiguous;
+  o.imatrix_path = a.imatrix;
   o.progress = isatty(STDERR_FILENO) != 0;
   const std::string temp = out + ".tmp." + std::to_string(getpid());
   if (temp.size() < sizeof g_pack_temp) {
@@ -243,6 +244,10 @@ int CmdPack(const Args &a) {
   std::fprintf(stderr, "strata: pack: wrote %s: %d tensors, %s (routed experts %s), %zu fallback(s)\n", out.c_str(),
                report->n_tensors, HumanBytes(report->file_bytes).c_str(), HumanBytes(report->expert_bytes).c_str(),
                report->fallbacks.size());
+  if (!a.imatrix.empty()) {
+    std::fprintf(stderr, "strata: pack: importance weights for %d matrices (%d quantized without: no entry)\n",
+                 report->imatrix_used, report->imatrix_missing);
+  }
   return 0;
 }
 

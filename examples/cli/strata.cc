@@ -79,13 +79,14 @@ const char kUsage[] =
     "  profile  --model PATH --prompts FILE --out HOTLIST [-n N]   count (layer, expert) selections over\n"
     "           a prompt set (one prompt a line: text, or token ids 1,2,3) into a hotlist\n"
     "  pack     IN OUT [--experts q4_k] [--attention q8_0] [--boost-layers 0,1] [--boost q6_k]\n"
-    "           [--expert-contiguous [--hotlist FILE]]   rewrite IN as a mixed-precision GGUF: routed\n"
+    "           [--imatrix FILE] [--expert-contiguous [--hotlist FILE]]   rewrite IN as a mixed-precision GGUF: routed\n"
     "           experts in --experts (--boost for the listed layers), attention/embeddings/output in\n"
     "           --attention, norms and routers F32, as llama.cpp's stacked expert tensors (the file\n"
     "           loads in llama.cpp); --expert-contiguous: each expert's gate|up|down contiguous and\n"
     "           4 KiB-aligned instead (a layout only Strata reads), and with --hotlist (lines 'layer\n"
     "           expert count', hottest first) the hottest experts first; tensors already in the type\n"
-    "           asked for keep their bytes\n"
+    "           asked for keep their bytes; --imatrix: the quantizers weigh each column by an importance\n"
+    "           matrix (`strata imatrix`, or llama.cpp's), as llama-quantize --imatrix does\n"
     "  perplexity --model PATH --file TEXT [-c N] [--chunks N] [-b N] [--json]\n"
     "           [--kl-divergence-base FILE [--kl-divergence]]\n"
     "           perplexity over TEXT as llama-perplexity computes it: windows of -c tokens (default 512),\n"
@@ -218,6 +219,7 @@ Args ParseArgs(int argc, char **argv) {
     else if (f == "--boost-layers") a.boost_layers = value();
     else if (f == "--hotlist") a.hotlist = path();
     else if (f == "--expert-contiguous") a.expert_contiguous = true;
+    else if (f == "--imatrix") a.imatrix = path();
     else if (f == "--shape") a.shape = value();
     else if (f == "--codec") a.codec = value();
     else if (f == "--layers") a.layers = integer(1, 1024);

@@ -18,6 +18,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "lib/format/gguf_writer.h"
+#include "lib/model/imatrix.h"
 #include "lib/model/weights.h"
 #include "lib/util/log.h"
 
@@ -47,6 +48,11 @@ struct Job {
   bool expert = false;
   // A stacked tensor (ne[2] matrices): its matrices' jobs, converted in turn into its data.
   std::vector<Job> parts;
+  // Where an importance matrix keeps this matrix's weights (llama.cpp's name: a routed expert is
+  // matrix imatrix_m of its layer's stacked tensor), and the weights once looked up.
+  std::string imatrix_name;
+  int64_t imatrix_m = 0;
+  std::vector<float> weights;
 };
 
 const quant::Codec &CodecFor(TypeId t) { return *quant::FindCodec(t); }
@@ -99,6 +105,7 @@ class Planner {
     const size_t before = fallbacks_.size();
     for (const Matrix *m : ms) {
       j.parts.push_back(MatrixJob(name, *m, want, true, 0, 0));
+      j.parts.back().imatrix_m = static_cast<int64_t>(j.parts.size()) - 1;
       fallbacks_.resize(std::min(fallbacks_.size(), before + 1));  // one report for the stack
     }
     j.type = j.parts[0].type;
@@ -112,6 +119,7 @@ class Planner {
                 int permute_head_dim) {
     Job j;
     j.name = name;
+    j.imatrix_name = name;
     j.type = Fit(want, m.cols);
     if (j.type != want) fallbacks_.push_back({name, want, j.type, m.cols});
     j.n_dims = 2;
@@ -215,6 +223,7 @@ absl::Status Convert(const ModelFile &mf, const Job &j, format::GgufWriter &w, s
     dst.resize(out_row * k);
     STRATA_RETURN_IF_ERROR(read(j.src_offset + in_row * r0, src.data(), src.size()));
     in->dequantize(src.data(), vals.data(), static_cast<int64_t>(n));
+    // (rows are quantized one at a time under importance weights: see quant::QuantizeRow)
     const float *rows = vals.data();
     if (j.permute_head_dim > 0) {
       // HF rotate-half order → adjacent pairs, as convert_hf_to_gguf.py:
@@ -231,7 +240,13 @@ absl::Status Convert(const ModelFile &mf, const Job &j, format::GgufWriter &w, s
       }
       rows = perm.data();
     }
-    out.quantize(rows, dst.data(), static_cast<int64_t>(n));
+    if (j.weights.empty()) {
+      out.quantize(rows, dst.data(), static_cast<int64_t>(n));
+    } else {
+      for (int64_t r = 0; r < k; ++r) {
+        quant::QuantizeRow(out, rows + r * j.cols, dst.data() + out_row * r, j.cols, j.weights.data());
+      }
+    }
     STRATA_RETURN_IF_ERROR(w.Write(dst.data(), dst.size()));
   }
   return absl::OkStatus();
@@ -469,6 +484,13 @@ absl::StatusOr<PackReport> Pack(const std::string &in, const std::string &out, c
     plan.AddMatrix(n("ffn_gate"), x.gate, t, true, kPackExpertAlignment);
     plan.AddMatrix(n("ffn_up"), x.up, t, true, 0);
     plan.AddMatrix(n("ffn_down"), x.down, t, true, 0);
+    // An importance matrix names a routed expert as a matrix of its layer's stacked tensor.
+    const char *stacked[3] = {"ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"};
+    for (int k = 0; k < 3; ++k) {
+      Job &job = plan.jobs()[plan.jobs().size() - 3 + k];
+      job.imatrix_name = strata::StrFormat("blk.%d.%s.weight", l, stacked[k]);
+      job.imatrix_m = e;
+    }
   }
   // Tensors of a GGUF input that the model binding does not use are carried over unchanged (placed
   // before the experts); an HF checkpoint's extras (e.g. rotary caches) are not model weights.
@@ -527,6 +549,26 @@ absl::StatusOr<PackReport> Pack(const std::string &in, const std::string &out, c
   writer.SetValue("strata.pack.fallbacks", format::GgufStringArray(std::move(fb)));
 
   PackReport report;
+  if (!o.imatrix_path.empty()) {
+    STRATA_ASSIGN_OR_RETURN(const Imatrix im, ReadImatrix(o.imatrix_path));
+    auto look_up = [&](Job &j) {
+      if (j.raw_bytes > 0 || j.n_dims != 2 || static_cast<uint32_t>(j.type) == j.src_type) return;
+      j.weights = im.Weights(j.imatrix_name, j.imatrix_m, j.cols);
+      ++(j.weights.empty() ? report.imatrix_missing : report.imatrix_used);
+    };
+    for (Job &j : jobs) {
+      if (j.type == TypeId::kF32 || j.type == TypeId::kF16 || j.type == TypeId::kBF16) continue;
+      look_up(j);
+      for (Job &p : j.parts) look_up(p);
+    }
+    // llama-quantize's keys, so other tools see how the file was made.
+    std::string file = o.imatrix_path;
+    file = file.substr(file.find_last_of('/') + 1);
+    writer.SetValue("quantize.imatrix.file", format::GgufString(file));
+    if (!im.datasets.empty()) writer.SetValue("quantize.imatrix.dataset", format::GgufString(im.datasets.back()));
+    writer.SetValue("quantize.imatrix.entries_count", format::GgufInt32(static_cast<int32_t>(im.entries.size())));
+    writer.SetValue("quantize.imatrix.chunks_count", format::GgufInt32(static_cast<int32_t>(im.chunk_count)));
+  }
   for (const Job &j : jobs) {
     auto added = writer.AddTensor(j.name, static_cast<uint32_t>(j.type), j.n_dims, j.ne, j.file_alignment);
     if (!added.ok()) return Annotate(added.status(), absl::StrCat("packing '", out, "'"));

@@ -37,6 +37,10 @@ struct PackOptions {
   // Hotlist file (format: see ReadHotlist), the expert-contiguous layout only; empty keeps the
   // experts in (layer, expert) order.
   std::string hotlist_path;
+  // An importance matrix (lib/model/imatrix.h: llama.cpp's GGUF or .dat) whose per-column weights
+  // the quantizers take, as llama-quantize --imatrix does; a tensor it has no entry for, or one
+  // kept in its type (its bytes go over unchanged), is quantized without them.
+  std::string imatrix_path;
   bool progress = false;  // draw a progress bar on stderr (the CLI sets it when stderr is a terminal)
   bool verbose = true;    // print each fallback and a summary on stderr
 };
@@ -58,6 +62,7 @@ struct PackFallback {
 
 struct PackReport {
   int n_tensors = 0;
+  int imatrix_used = 0, imatrix_missing = 0;  // quantized matrices with and without importance weights
   uint64_t file_bytes = 0;
   uint64_t expert_bytes = 0;      // gate|up|down of every routed expert, padding excluded
   std::vector<PackFallback> fallbacks;

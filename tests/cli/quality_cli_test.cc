@@ -414,3 +414,67 @@ TEST_CASE("imatrix files: GGUF round trip, the .dat layout, and malformed files"
   REQUIRE(!lie.ok());
   CHECK(std::string(lie.status().message()).find("lie.dat") != std::string::npos);
 }
+
+// pack --imatrix: each quantized matrix's rows are quantized under its importance weights, a routed
+// expert's looked up as a matrix of its layer's stacked tensor (the demo file stores one tensor per
+// expert); recomputed here from the demo's rows, the imatrix and the codec's QuantizeRow.
+TEST_CASE("strata pack --imatrix quantizes under the importance weights", "[cli][quality][imatrix]") {
+  std::mt19937 rng(std::random_device{}());
+  TempDir tmp;
+  const std::string text = tmp.File("text.txt"), im_path = tmp.File("im.gguf");
+  {
+    std::ofstream(text) << RandomText(rng, 300);
+  }
+  REQUIRE(Cli("imatrix --model " + kDemo + " --file " + text + " -c 64 --chunks 2 --out " + im_path).exit_code == 0);
+  const std::string plain = tmp.File("plain.gguf"), weighted = tmp.File("weighted.gguf");
+  REQUIRE(Cli("pack " + kDemo + " " + plain + " --experts q2_k").exit_code == 0);
+  const Result r = Cli("pack " + kDemo + " " + weighted + " --experts q2_k --imatrix " + im_path);
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.err.find("importance weights for") != std::string::npos);
+  auto im = strata::model::ReadImatrix(im_path);
+  REQUIRE(im.ok());
+  auto parse = [](const std::string &path) {
+    auto f = strata::format::File::Open(path);
+    REQUIRE(f.ok());
+    auto g = strata::format::ParseGguf(**f);
+    REQUIRE(g.ok());
+    return std::make_pair(std::move(*f), std::move(*g));
+  };
+  auto [demo_f, demo] = parse(kDemo);
+  auto [w_f, w] = parse(weighted);
+  auto [p_f, p] = parse(plain);
+  REQUIRE(w.GetString("quantize.imatrix.file").ok());
+  CHECK(w.GetUint("quantize.imatrix.chunks_count").value() == 2);
+  const strata::quant::Codec *q2 = strata::quant::FindCodec(strata::quant::TypeId::kQ2_K);
+  const strata::quant::Codec *q4 = strata::quant::FindCodec(strata::quant::TypeId::kQ4_K);
+  REQUIRE(q2 != nullptr);
+  const auto *wt = w.FindTensor("blk.1.ffn_down_exps.weight");
+  const auto *pt = p.FindTensor("blk.1.ffn_down_exps.weight");
+  REQUIRE(wt != nullptr);
+  REQUIRE(pt != nullptr);
+  REQUIRE(wt->type == static_cast<uint32_t>(strata::quant::TypeId::kQ2_K));
+  std::string wb(wt->nbytes, '\0'), pb(pt->nbytes, '\0');
+  REQUIRE(w_f->ReadAt(wt->offset, wb.data(), wb.size()).ok());
+  REQUIRE(p_f->ReadAt(pt->offset, pb.data(), pb.size()).ok());
+  CHECK(wb != pb);  // the weights moved some rows' codes
+  const int64_t cols = 256, rows = 512, row_bytes = cols / 256 * 84;
+  for (int e : {0, 7, 15}) {
+    INFO("expert " << e);
+    const auto *src = demo.FindTensor("blk.1.ffn_down." + std::to_string(e) + ".weight");
+    REQUIRE(src != nullptr);
+    std::string raw(src->nbytes, '\0');
+    REQUIRE(demo_f->ReadAt(src->offset, raw.data(), raw.size()).ok());
+    std::vector<float> vals(static_cast<size_t>(rows * cols));
+    q4->dequantize(raw.data(), vals.data(), rows * cols);
+    const std::vector<float> weights = im->Weights("blk.1.ffn_down_exps.weight", e, cols);
+    REQUIRE(weights.size() == static_cast<size_t>(cols));
+    std::string want(static_cast<size_t>(rows * row_bytes), '\x5a');
+    for (int64_t r0 = 0; r0 < rows; ++r0) {
+      strata::quant::QuantizeRow(*q2, vals.data() + r0 * cols, want.data() + r0 * row_bytes, cols, weights.data());
+    }
+    CHECK(wb.compare(static_cast<size_t>(e) * want.size(), want.size(), want) == 0);
+  }
+  ExpectError(Cli("pack " + kDemo + " " + tmp.File("x.gguf") + " --experts q2_k --imatrix " + tmp.File("none.gguf")),
+              "none.gguf");
+}
