@@ -195,8 +195,12 @@ std::vector<float> Imatrix::Weights(const std::string &name, int64_t m, int64_t 
 absl::StatusOr<Imatrix> ParseImatrix(const format::Source &src) {
   char magic[4] = {};
   if (src.size() >= 4) STRATA_RETURN_IF_ERROR(src.ReadAt(0, magic, 4));
-  if (std::memcmp(magic, "GGUF", 4) == 0) return ParseGgufImatrix(src);
-  return ParseDat(src);
+  absl::StatusOr<Imatrix> im = std::memcmp(magic, "GGUF", 4) == 0 ? ParseGgufImatrix(src) : ParseDat(src);
+  // Every refusal names the file (a metadata getter's message names only the key).
+  if (!im.ok() && im.status().message().find(src.name()) == std::string_view::npos) {
+    return Annotate(im.status(), "imatrix '" + src.name() + "'");
+  }
+  return im;
 }
 
 absl::StatusOr<Imatrix> ReadImatrix(const std::string &path) {
