@@ -208,9 +208,17 @@ void RemovePackTempAndDie(int sig) {
 }
 
 int CmdPack(const Args &a) {
-  if (a.positional.size() != 2) Die("pack needs IN and OUT (strata pack IN OUT [options])");
+  if (a.positional.size() != 2 && a.positional.size() != 3) {
+    Die("pack needs IN and OUT, and optionally a llama-quantize type (strata pack IN OUT [Q4_K_M] [options])");
+  }
   const std::string &in = a.positional[0], &out = a.positional[1];
   strata::model::PackOptions o;
+  if (a.positional.size() == 3) {
+    auto r = strata::model::ParseRecipe(a.positional[2]);
+    if (!r.ok()) Die(std::string(r.status().message()));
+    if (!a.boost_layers.empty()) Die("--boost-layers and a file type (" + a.positional[2] + ") do not go together");
+    o.recipe = *r;
+  }
   auto type = [](const char *flag, const std::string &v) {
     auto t = strata::model::ParseTypeName(v);
     if (!t.ok()) Die(std::string(flag) + ": " + std::string(t.status().message()));

@@ -52,6 +52,7 @@ struct Job {
   // matrix imatrix_m of its layer's stacked tensor), and the weights once looked up.
   std::string imatrix_name;
   int64_t imatrix_m = 0;
+  bool carried = false;  // a tensor of the input that pack does not know, copied as it is
   std::vector<float> weights;
 };
 
@@ -168,6 +169,7 @@ class Planner {
     j.src_offset = t.offset;
     j.src_type = t.type;
     j.raw_bytes = t.nbytes;
+    j.carried = true;
     return j;
   }
 
@@ -548,6 +550,39 @@ absl::StatusOr<PackReport> Pack(const std::string &in, const std::string &out, c
   }
   writer.SetValue("strata.pack.fallbacks", format::GgufStringArray(std::move(fb)));
 
+  if (o.recipe.has_value()) {
+    // llama.cpp's rules, in the order llama-quantize meets the tensors (attention layer by layer).
+    RecipeModel rm;
+    rm.n_layer = hp.n_layer;
+    rm.n_expert = hp.n_expert;
+    rm.n_gqa = hp.n_head_kv > 0 ? hp.n_head / hp.n_head_kv : 1;
+    rm.tied_embeddings = hp.tied_embeddings;
+    for (const Job &j : jobs) rm.n_attn_v += j.name.find("attn_v.weight") != std::string::npos ? 1 : 0;
+    RecipeTyper typer(*o.recipe, rm, !o.imatrix_path.empty());
+    auto retype = [](Job &j, TypeId t) {
+      j.type = t;
+      j.raw_bytes = 0;
+      if (static_cast<uint32_t>(t) == j.src_type && j.permute_head_dim == 0 && j.parts.empty()) {
+        j.raw_bytes = quant::RowBytes(j.src_type, j.cols).value_or(0) * static_cast<uint64_t>(j.rows);
+      }
+    };
+    for (Job &j : jobs) {
+      if (j.carried) continue;  // a tensor pack does not know goes over as it is
+      const TypeId t = typer.TypeFor(j.name, j.n_dims, j.ne[0], j.type);
+      if (j.parts.empty()) {
+        retype(j, t);
+      } else {
+        j.type = t;
+        for (Job &p : j.parts) retype(p, t);
+      }
+      if (j.raw_bytes == 0 && j.parts.empty() && j.n_dims >= 2) STRATA_RETURN_IF_ERROR(RequireQuantizer(t, j.name.c_str()));
+    }
+    plan.fallbacks().clear();  // the types asked for were the recipe's, not --experts / --attention
+    writer.RemoveValue("strata.pack.expert_type");
+    writer.RemoveValue("strata.pack.attention_type");
+    writer.SetValue("general.file_type", format::GgufUint32(RecipeFileType(*o.recipe)));
+    writer.SetValue("strata.pack.recipe", format::GgufString(RecipeName(*o.recipe)));
+  }
   PackReport report;
   if (!o.imatrix_path.empty()) {
     STRATA_ASSIGN_OR_RETURN(const Imatrix im, ReadImatrix(o.imatrix_path));

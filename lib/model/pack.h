@@ -8,11 +8,13 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "lib/model/hparams.h"
+#include "lib/model/recipe.h"
 #include "lib/quant/codec.h"
 #include "lib/util/status.h"
 
@@ -41,6 +43,9 @@ struct PackOptions {
   // the quantizers take, as llama-quantize --imatrix does; a tensor it has no entry for, or one
   // kept in its type (its bytes go over unchanged), is quantized without them.
   std::string imatrix_path;
+  // A llama-quantize file type ("q4_k_m"): every matrix's type by llama.cpp's per-tensor rules for
+  // it, instead of experts / attention / boost (which are then ignored).
+  std::optional<Recipe> recipe;
   bool progress = false;  // draw a progress bar on stderr (the CLI sets it when stderr is a terminal)
   bool verbose = true;    // print each fallback and a summary on stderr
 };
