@@ -91,6 +91,9 @@ struct Args {
   std::string boost_layers, hotlist;
   bool expert_contiguous = false;
   std::string imatrix;  // pack --imatrix
+  std::vector<std::string> tensor_types;  // pack --tensor-type PATTERN=TYPE
+  uint64_t target_size = 0;              // pack --target-size
+  std::string sensitivity;               // pack --sensitivity FILE (of strata sensitivity --out)
   // synth
   std::string shape, codec;  // synth: empty = the shape's expert codec
   std::string decode_tokens;  // bench: teacher-forced decode input instead of sampled tokens
@@ -137,6 +140,9 @@ int CmdServe(const Args &a);
 // quality_cmds.cc
 int CmdPerplexity(const Args &a);
 int CmdImatrix(const Args &a);
+int CmdSensitivity(const Args &a);
+// The pattern (pack --tensor-type) of layer l's "attention" or "experts" group.
+std::string GroupPattern(int l, const std::string &group);
 
 // bench_cmds.cc
 int CmdSweep(const Args &a);

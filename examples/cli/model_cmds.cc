@@ -207,6 +207,69 @@ void RemovePackTempAndDie(int sig) {
   std::raise(sig);
 }
 
+namespace {
+
+// pack --target-size: every tensor keeps its type except the groups whose measured step down
+// (strata sensitivity) costs the least KL divergence per byte saved, taken in that order until the
+// file fits.
+int PackToSize(const Args &a, const std::string &in, const std::string &out, strata::model::PackOptions o) {
+  std::ifstream f(a.sensitivity);
+  if (!f) Die("cannot read '" + a.sensitivity + "'");
+  nlohmann::json j = nlohmann::json::parse(f, nullptr, false);
+  if (j.is_discarded() || !j.contains("rows") || !j["rows"].is_array()) {
+    Die("'" + a.sensitivity + "' is not a table of strata sensitivity --out");
+  }
+  struct Step {
+    int layer;
+    std::string group;
+    strata::quant::TypeId to;
+    uint64_t saved;
+    double kld;
+  };
+  std::vector<Step> steps;
+  for (const auto &r : j["rows"]) {
+    if (!r.contains("layer") || !r["layer"].is_number_integer() || !r.contains("group") || !r["group"].is_string() ||
+        !r.contains("to") || !r["to"].is_string() || !r.contains("saved_bytes") || !r["saved_bytes"].is_number() ||
+        !r.contains("kld") || !r["kld"].is_number()) {
+      Die("'" + a.sensitivity + "' has a row without layer, group, to, saved_bytes and kld");
+    }
+    auto t = strata::model::ParseTypeName(r["to"].get<std::string>());
+    if (!t.ok()) Die("'" + a.sensitivity + "': " + std::string(t.status().message()));
+    steps.push_back({r["layer"].get<int>(), r["group"].get<std::string>(), *t, r["saved_bytes"].get<uint64_t>(),
+                     r["kld"].get<double>()});
+  }
+  std::sort(steps.begin(), steps.end(), [](const Step &x, const Step &y) {
+    return x.kld * static_cast<double>(y.saved + 1) < y.kld * static_cast<double>(x.saved + 1);
+  });
+  o.keep_types = true;
+  o.progress = false;
+  o.verbose = false;
+  const auto base_rules = o.tensor_types;
+  for (size_t taken = 0;; ++taken) {
+    o.tensor_types = base_rules;
+    for (size_t i = 0; i < taken; ++i) {
+      const Step &s = steps[i];
+      o.tensor_types.emplace_back(GroupPattern(s.layer, s.group), s.to);
+    }
+    auto report = strata::model::Pack(in, out, o);
+    if (!report.ok()) Die("pack '" + in + "': " + StatusText(report.status()));
+    if (report->file_bytes <= a.target_size) {
+      std::fprintf(stderr, "strata: pack: wrote %s: %s, %zu of %zu groups one step lower:", out.c_str(),
+                   HumanBytes(report->file_bytes).c_str(), taken, steps.size());
+      for (size_t i = 0; i < taken; ++i) std::fprintf(stderr, " %d/%s", steps[i].layer, steps[i].group.c_str());
+      std::fputc('\n', stderr);
+      return 0;
+    }
+    if (taken == steps.size()) {
+      std::remove(out.c_str());
+      Die("every group one step lower still takes " + HumanBytes(report->file_bytes) + ", more than --target-size " +
+          HumanBytes(a.target_size));
+    }
+  }
+}
+
+}  // namespace
+
 int CmdPack(const Args &a) {
   if (a.positional.size() != 2 && a.positional.size() != 3) {
     Die("pack needs IN and OUT, and optionally a llama-quantize type (strata pack IN OUT [Q4_K_M] [options])");
@@ -235,6 +298,13 @@ int CmdPack(const Args &a) {
   o.hotlist_path = a.hotlist;
   if (a.expert_contiguous) o.layout = strata::model::ExpertLayout::kExpertContiguous;
   o.imatrix_path = a.imatrix;
+  for (const std::string &tt : a.tensor_types) {
+    const size_t eq = tt.rfind('=');
+    if (eq == std::string::npos || eq == 0) Die("--tensor-type needs PATTERN=TYPE, got '" + tt + "'");
+    o.tensor_types.emplace_back(tt.substr(0, eq), type("--tensor-type", tt.substr(eq + 1)));
+  }
+  if ((a.target_size > 0) != !a.sensitivity.empty()) Die("--target-size and --sensitivity FILE go together");
+  if (a.target_size > 0) return PackToSize(a, in, out, o);
   o.progress = isatty(STDERR_FILENO) != 0;
   const std::string temp = out + ".tmp." + std::to_string(getpid());
   if (temp.size() < sizeof g_pack_temp) {

@@ -6,9 +6,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <optional>
 #include <fstream>
 #include <memory>
 #include <sstream>
@@ -16,7 +19,9 @@
 #include <vector>
 
 #include "examples/cli/cli.h"
+#include "lib/format/gguf.h"
 #include "lib/model/imatrix.h"
+#include "lib/model/pack.h"
 #include "lib/quant/codec.h"
 #include "lib/text/tokenizer.h"
 
@@ -343,6 +348,156 @@ int CmdImatrix(const Args &a) {
   std::printf("%s: %zu tensors over %d windows of %d tokens (%zu with matrices no token reached); PPL %.4f\n",
               a.out.c_str(), im.entries.size(), sc.n_chunk, sc.n_ctx, partial,
               std::exp(nll / static_cast<double>(count)));
+  return 0;
+}
+
+}  // namespace strata::cli
+
+namespace strata::cli {
+namespace {
+
+// One step down the ladder the sensitivity measures: float to Q8_0, then the K-quants to Q2_K.
+std::optional<quant::TypeId> StepDown(uint32_t t) {
+  using quant::TypeId;
+  switch (static_cast<TypeId>(t)) {
+    case TypeId::kF32:
+    case TypeId::kF16:
+    case TypeId::kBF16: return TypeId::kQ8_0;
+    case TypeId::kQ8_0: return TypeId::kQ6_K;
+    case TypeId::kQ6_K: return TypeId::kQ5_K;
+    case TypeId::kQ5_K: return TypeId::kQ4_K;
+    case TypeId::kQ4_K: return TypeId::kQ3_K;
+    case TypeId::kQ3_K: return TypeId::kQ2_K;
+    default: return std::nullopt;
+  }
+}
+
+}  // namespace
+
+// The tensors of layer l's group as a pattern over the names pack writes (stacked experts, or one
+// tensor an expert).
+std::string GroupPattern(int l, const std::string &group) {
+  const std::string blk = "^blk\\." + std::to_string(l) + "\\.";
+  return group == "attention" ? blk + "attn_(q|k|v|output)\\.weight$"
+                              : blk + "ffn_(gate|up|down)(_exps|\\.[0-9]+)\\.weight$";
+}
+
+namespace {
+
+// The tensors of layer l's group: "attention" (q, k, v, output) or "experts" (the routed experts'
+// gate, up and down, stacked or one tensor an expert).
+bool InGroup(const std::string &name, int l, const std::string &group) {
+  const std::string blk = "blk." + std::to_string(l) + ".";
+  if (name.rfind(blk, 0) != 0) return false;
+  const std::string rest = name.substr(blk.size());
+  if (group == "attention") {
+    return rest == "attn_q.weight" || rest == "attn_k.weight" || rest == "attn_v.weight" || rest == "attn_output.weight";
+  }
+  for (const char *p : {"ffn_gate", "ffn_up", "ffn_down"}) {
+    const std::string s(p);
+    if (rest == s + "_exps.weight") return true;
+    if (rest.rfind(s + ".", 0) == 0 && rest.size() > s.size() + 8 &&
+        rest.compare(rest.size() - 7, 7, ".weight") == 0 && std::isdigit(static_cast<unsigned char>(rest[s.size() + 1]))) {
+      return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace
+
+int CmdSensitivity(const Args &a) {
+  Scorer base = OpenScorer(a, "sensitivity", MOE_BACKEND_CPU);
+  auto file = format::File::Open(a.model);
+  if (!file.ok()) Die(StatusText(file.status()));
+  auto g = format::ParseGguf(**file);
+  if (!g.ok()) Die("sensitivity reads a GGUF model: " + StatusText(g.status()));
+  // The model's own distributions over the scored tokens.
+  std::vector<float> base_lp;
+  std::vector<double> lp;
+  for (int c = 0; c < base.n_chunk; ++c) {
+    RunWindow(base, c, [&](int, const float *logits) {
+      LogSoftmax(logits, base.n_vocab, &lp);
+      base_lp.insert(base_lp.end(), lp.begin(), lp.end());
+    });
+  }
+  const int n_layer = base.ctx->hparams().n_layer;
+  base.ctx.reset();
+  struct Row {
+    int layer;
+    std::string group, from, to;
+    uint64_t saved = 0;
+    double kld = 0;
+  };
+  std::vector<Row> rows;
+  // Each variant is written here and removed once scored.
+  const std::string variant =
+      (std::filesystem::temp_directory_path() / ("strata-sensitivity-" + std::to_string(getpid()) + ".gguf")).string();
+  struct Remover {
+    std::string path;
+    ~Remover() { std::remove(path.c_str()); }
+  } remover{variant};
+  for (int l = 0; l < n_layer; ++l) {
+    for (const std::string group : {"attention", "experts"}) {
+      model::PackOptions o;
+      o.keep_types = true;
+      o.verbose = false;
+      Row row{l, group, "", "", 0, 0};
+      for (const format::GgufTensorInfo &t : g->tensors) {
+        if (!InGroup(t.name, l, group)) continue;
+        const std::optional<quant::TypeId> lower = StepDown(t.type);
+        if (!lower) continue;
+        auto bytes = quant::RowBytes(static_cast<uint32_t>(*lower), t.ne[0]);
+        if (!bytes.ok() || t.ne[0] % quant::FindCodec(*lower)->block_elems != 0) continue;
+        if (o.tensor_types.empty()) o.tensor_types.emplace_back(GroupPattern(l, group), *lower);
+        row.from = std::string(quant::TypeName(t.type));
+        row.to = std::string(quant::TypeName(static_cast<uint32_t>(*lower)));
+        const uint64_t now = *bytes * static_cast<uint64_t>(t.ne[1] * t.ne[2] * t.ne[3]);
+        row.saved += t.nbytes > now ? t.nbytes - now : 0;
+      }
+      if (o.tensor_types.empty()) continue;
+      auto packed = model::Pack(a.model, variant, o);
+      if (!packed.ok()) Die("packing layer " + std::to_string(l) + "'s " + group + ": " + StatusText(packed.status()));
+      Args va = a;
+      va.model = variant;
+      Scorer sc = OpenScorer(va, "sensitivity", MOE_BACKEND_CPU);
+      size_t at = 0;
+      double sum = 0;
+      for (int c = 0; c < sc.n_chunk && c < base.n_chunk; ++c) {
+        RunWindow(sc, c, [&](int, const float *logits) {
+          LogSoftmax(logits, sc.n_vocab, &lp);
+          const float *b = base_lp.data() + at * static_cast<size_t>(sc.n_vocab);
+          double kld = 0;
+          for (int32_t t = 0; t < sc.n_vocab; ++t) kld += std::exp(static_cast<double>(b[t])) * (b[t] - lp[t]);
+          sum += kld;
+          ++at;
+        });
+      }
+      row.kld = at > 0 ? sum / static_cast<double>(at) : 0;
+      rows.push_back(row);
+      if (isatty(STDERR_FILENO) != 0) std::fprintf(stderr, "\r[%zu] layer %d %s", rows.size(), l, group.c_str());
+    }
+  }
+  if (isatty(STDERR_FILENO) != 0) std::fputc('\n', stderr);
+  std::string json = "{\"model\": \"" + a.model + "\", \"file_bytes\": " + std::to_string(g->file_size) + ", \"rows\": [";
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const Row &r = rows[i];
+    json += std::string(i ? ", " : "") + "{\"layer\": " + std::to_string(r.layer) + ", \"group\": \"" + r.group +
+            "\", \"from\": \"" + r.from + "\", \"to\": \"" + r.to + "\", \"saved_bytes\": " + std::to_string(r.saved) +
+            ", \"kld\": " + Num(r.kld, 10) + "}";
+  }
+  json += "]}\n";
+  if (!a.out.empty()) WriteFileAtomically(a.out, json.data(), json.size());
+  if (a.json) {
+    std::fputs(json.c_str(), stdout);
+  } else {
+    std::printf("%-6s %-10s %-14s %12s %12s %14s\n", "layer", "group", "step", "saved MiB", "mean KLD", "KLD per MiB");
+    for (const Row &r : rows) {
+      const double mib = static_cast<double>(r.saved) / (1 << 20);
+      std::printf("%-6d %-10s %-14s %12.3f %12.6f %14.6f\n", r.layer, r.group.c_str(), (r.from + "->" + r.to).c_str(),
+                  mib, r.kld, mib > 0 ? r.kld / mib : 0.0);
+    }
+  }
   return 0;
 }
 

@@ -88,7 +88,10 @@ const char kUsage[] =
     "           asked for keep their bytes; --imatrix: the quantizers weigh each column by an importance\n"
     "           matrix (`strata imatrix`, or llama.cpp's), as llama-quantize --imatrix does; TYPE: a\n"
     "           llama-quantize file type (Q4_K_M, Q3_K_S, IQ4_XS, MXFP4_MOE, ...): every matrix's type by\n"
-    "           llama.cpp's rules for it, instead of --experts and --attention\n"
+    "           llama.cpp's rules for it, instead of --experts and --attention; --tensor-type RE=TYPE\n"
+    "           (repeatable): tensors whose name RE finds in TYPE; --target-size SIZE --sensitivity FILE:\n"
+    "           every tensor keeps its type but the groups whose step down costs the least KL divergence\n"
+    "           per byte (strata sensitivity), lowered until the file fits SIZE\n"
     "  perplexity --model PATH --file TEXT [-c N] [--chunks N] [-b N] [--json]\n"
     "           [--kl-divergence-base FILE [--kl-divergence]]\n"
     "           perplexity over TEXT as llama-perplexity computes it: windows of -c tokens (default 512),\n"
@@ -99,6 +102,10 @@ const char kUsage[] =
     "           the importance matrix of a GGUF model's weights over TEXT (the squares of every column\n"
     "           entering each blk.* tensor, per routed expert), on the CPU, in llama.cpp's GGUF imatrix\n"
     "           format\n"
+    "  sensitivity --model PATH --file TEXT [-c N] [--chunks N] [--out FILE] [--json]\n"
+    "           per layer, the KL divergence from the model when its attention, or its routed experts,\n"
+    "           are stored one step lower (float to Q8_0, Q8_0 to Q6_K, ... Q3_K to Q2_K), and the bytes\n"
+    "           saved; --out FILE keeps the table for pack --target-size\n"
     "  synth    --shape NAME --out FILE [--codec q4_k] [--attention q8_0] [--layers N] [--seed S] [--sparse]\n"
     "           [--routing concentrated|spread|skewed]   shapes: qwen3-30b-a3b, qwen3-235b-a22b, deepseek-v3,\n"
     "           gpt-oss-120b, olmoe-1b-7b, mixtral-8x7b, tiny\n"
@@ -222,6 +229,9 @@ Args ParseArgs(int argc, char **argv) {
     else if (f == "--hotlist") a.hotlist = path();
     else if (f == "--expert-contiguous") a.expert_contiguous = true;
     else if (f == "--imatrix") a.imatrix = path();
+    else if (f == "--tensor-type") a.tensor_types.push_back(value());
+    else if (f == "--target-size") a.target_size = size();
+    else if (f == "--sensitivity") a.sensitivity = path();
     else if (f == "--shape") a.shape = value();
     else if (f == "--codec") a.codec = value();
     else if (f == "--layers") a.layers = integer(1, 1024);
@@ -834,6 +844,7 @@ int main(int argc, char **argv) {
     if (a.command == "serve") return CmdServe(a);
     if (a.command == "perplexity") return CmdPerplexity(a);
     if (a.command == "imatrix") return CmdImatrix(a);
+    if (a.command == "sensitivity") return CmdSensitivity(a);
     if (a.command == "help" || a.command == "--help" || a.command == "-h") {
       std::fputs(kUsage, stdout);
       return 0;

@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <regex>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
@@ -550,6 +551,33 @@ absl::StatusOr<PackReport> Pack(const std::string &in, const std::string &out, c
   }
   writer.SetValue("strata.pack.fallbacks", format::GgufStringArray(std::move(fb)));
 
+  auto retype_job = [](Job &j, TypeId t) {
+    j.type = t;
+    j.raw_bytes = 0;
+    if (static_cast<uint32_t>(t) == j.src_type && j.permute_head_dim == 0 && j.parts.empty()) {
+      j.raw_bytes = quant::RowBytes(j.src_type, j.cols).value_or(0) * static_cast<uint64_t>(j.rows);
+    }
+  };
+  auto retype_all = [&](Job &j, TypeId t) -> absl::Status {
+    if (j.parts.empty()) {
+      retype_job(j, t);
+    } else {
+      j.type = t;
+      for (Job &p : j.parts) retype_job(p, t);
+    }
+    if (j.raw_bytes == 0 && j.parts.empty() && j.n_dims >= 2) return RequireQuantizer(t, j.name.c_str());
+    return absl::OkStatus();
+  };
+  if (o.keep_types && !o.recipe.has_value()) {
+    for (Job &j : jobs) {
+      if (j.carried || j.n_dims < 2) continue;
+      const uint32_t src = j.parts.empty() ? j.src_type : j.parts[0].src_type;
+      const quant::Codec *c = quant::FindCodec(src);
+      if (c == nullptr || c->quantize == nullptr) continue;  // stays as planned
+      STRATA_RETURN_IF_ERROR(retype_all(j, static_cast<TypeId>(src)));
+    }
+    plan.fallbacks().clear();
+  }
   if (o.recipe.has_value()) {
     // llama.cpp's rules, in the order llama-quantize meets the tensors (attention layer by layer).
     RecipeModel rm;
@@ -559,29 +587,33 @@ absl::StatusOr<PackReport> Pack(const std::string &in, const std::string &out, c
     rm.tied_embeddings = hp.tied_embeddings;
     for (const Job &j : jobs) rm.n_attn_v += j.name.find("attn_v.weight") != std::string::npos ? 1 : 0;
     RecipeTyper typer(*o.recipe, rm, !o.imatrix_path.empty());
-    auto retype = [](Job &j, TypeId t) {
-      j.type = t;
-      j.raw_bytes = 0;
-      if (static_cast<uint32_t>(t) == j.src_type && j.permute_head_dim == 0 && j.parts.empty()) {
-        j.raw_bytes = quant::RowBytes(j.src_type, j.cols).value_or(0) * static_cast<uint64_t>(j.rows);
-      }
-    };
     for (Job &j : jobs) {
       if (j.carried) continue;  // a tensor pack does not know goes over as it is
-      const TypeId t = typer.TypeFor(j.name, j.n_dims, j.ne[0], j.type);
-      if (j.parts.empty()) {
-        retype(j, t);
-      } else {
-        j.type = t;
-        for (Job &p : j.parts) retype(p, t);
-      }
-      if (j.raw_bytes == 0 && j.parts.empty() && j.n_dims >= 2) STRATA_RETURN_IF_ERROR(RequireQuantizer(t, j.name.c_str()));
+      STRATA_RETURN_IF_ERROR(retype_all(j, typer.TypeFor(j.name, j.n_dims, j.ne[0], j.type)));
     }
     plan.fallbacks().clear();  // the types asked for were the recipe's, not --experts / --attention
     writer.RemoveValue("strata.pack.expert_type");
     writer.RemoveValue("strata.pack.attention_type");
     writer.SetValue("general.file_type", format::GgufUint32(RecipeFileType(*o.recipe)));
     writer.SetValue("strata.pack.recipe", format::GgufString(RecipeName(*o.recipe)));
+  }
+  if (!o.tensor_types.empty()) {
+    std::vector<std::pair<std::regex, TypeId>> rules;
+    for (const auto &[pattern, t] : o.tensor_types) {
+      try {
+        rules.emplace_back(std::regex(pattern), t);
+      } catch (const std::regex_error &e) {
+        return Errorf(MOE_ERR_INVALID_ARGUMENT, "--tensor-type pattern '%s': %s", pattern, e.what());
+      }
+    }
+    for (Job &j : jobs) {
+      if (j.carried || j.n_dims < 2) continue;
+      for (const auto &[re, t] : rules) {
+        if (!std::regex_search(j.name, re)) continue;
+        STRATA_RETURN_IF_ERROR(retype_all(j, RecipeFallback(t, j.ne[0])));
+        break;
+      }
+    }
   }
   PackReport report;
   if (!o.imatrix_path.empty()) {

@@ -46,6 +46,13 @@ struct PackOptions {
   // A llama-quantize file type ("q4_k_m"): every matrix's type by llama.cpp's per-tensor rules for
   // it, instead of experts / attention / boost (which are then ignored).
   std::optional<Recipe> recipe;
+  // Every matrix keeps its input's type (its bytes go over unchanged) unless a rule below says
+  // otherwise; experts / attention / boost are then ignored.
+  bool keep_types = false;
+  // llama-quantize's --tensor-type: a tensor whose name the pattern (ECMAScript regex) finds is stored
+  // in the type (the first pattern that matches; after the recipe or keep_types), with llama.cpp's
+  // fallback where its rows are not whole blocks.
+  std::vector<std::pair<std::string, quant::TypeId>> tensor_types;
   bool progress = false;  // draw a progress bar on stderr (the CLI sets it when stderr is a terminal)
   bool verbose = true;    // print each fallback and a summary on stderr
 };

@@ -80,6 +80,8 @@ TypeId Fallback(TypeId t, int64_t cols) {
 
 }  // namespace
 
+TypeId RecipeFallback(TypeId t, int64_t cols) { return Fallback(t, cols); }
+
 absl::StatusOr<Recipe> ParseRecipe(const std::string &name) {
   std::string up;
   for (char c : name) up += static_cast<char>(std::toupper(static_cast<unsigned char>(c)));

@@ -28,6 +28,9 @@ quant::TypeId RecipeBaseType(Recipe r);
 // llama.cpp's general.file_type value of the recipe.
 uint32_t RecipeFileType(Recipe r);
 
+// llama.cpp's fallback for a type whose blocks do not divide rows of `cols` (Q4_K to Q5_0, ..., then F16).
+quant::TypeId RecipeFallback(quant::TypeId t, int64_t cols);
+
 struct RecipeModel {
   int n_layer = 0;
   int n_expert = 0;   // routed experts a layer (0: dense)

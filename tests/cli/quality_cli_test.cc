@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <random>
@@ -477,4 +478,61 @@ TEST_CASE("strata pack --imatrix quantizes under the importance weights", "[cli]
   }
   ExpectError(Cli("pack " + kDemo + " " + tmp.File("x.gguf") + " --experts q2_k --imatrix " + tmp.File("none.gguf")),
               "none.gguf");
+}
+
+// strata sensitivity: each (layer, group) row lowers just that group one step, so the file it
+// measured differs from the model in that group only, with a KL divergence above zero; pack
+// --target-size then lowers the cheapest groups per byte, in that order, until the file fits, and
+// refuses a size nothing reaches.
+TEST_CASE("strata sensitivity and pack --target-size", "[cli][quality]") {
+  std::mt19937 rng(std::random_device{}());
+  TempDir tmp;
+  const std::string text = tmp.File("text.txt"), table = tmp.File("s.json");
+  {
+    std::ofstream(text) << RandomText(rng, 300);
+  }
+  Result r = Cli("sensitivity --model " + kDemo + " --file " + text + " -c 64 --chunks 2 --out " + table + " --json");
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  const auto j = nlohmann::json::parse(r.out);
+  CHECK(nlohmann::json::parse(Slurp(table)) == j);
+  REQUIRE(j["rows"].size() == 8);  // 4 layers: attention, experts
+  for (const auto &row : j["rows"]) {
+    INFO(row.dump());
+    CHECK(row["kld"].get<double>() > 0);
+    CHECK(row["saved_bytes"].get<uint64_t>() > 0);
+    const std::string group = row["group"];
+    CHECK(row["from"] == (group == "attention" ? "Q8_0" : "Q4_K"));
+    CHECK(row["to"] == (group == "attention" ? "Q6_K" : "Q3_K"));
+    // 16 experts of gate, up (256 x 512) and down (512 x 256): Q4_K 144 bytes a block, Q3_K 110.
+    if (group == "experts") CHECK(row["saved_bytes"].get<uint64_t>() == 16ull * 3 * 512 * (144 - 110));
+  }
+  const uint64_t demo_bytes = std::filesystem::file_size(kDemo);
+  const uint64_t target = demo_bytes - 300000;
+  const std::string out = tmp.File("fit.gguf");
+  r = Cli("pack " + kDemo + " " + out + " --target-size " + std::to_string(target) + " --sensitivity " + table);
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  CHECK(std::filesystem::file_size(out) <= target);
+  // The cheapest group per byte went down first: its tensors are in the lower type, a costlier one's are not.
+  std::vector<nlohmann::json> rows(j["rows"].begin(), j["rows"].end());
+  std::sort(rows.begin(), rows.end(), [](const nlohmann::json &a, const nlohmann::json &b) {
+    return a["kld"].get<double>() * (b["saved_bytes"].get<double>() + 1) <
+           b["kld"].get<double>() * (a["saved_bytes"].get<double>() + 1);
+  });
+  auto f = strata::format::File::Open(out);
+  REQUIRE(f.ok());
+  auto g = strata::format::ParseGguf(**f);
+  REQUIRE(g.ok());
+  auto type_of = [&](const nlohmann::json &row) {
+    const std::string blk = "blk." + std::to_string(row["layer"].get<int>()) + ".";
+    const auto *t = g->FindTensor(blk + (row["group"] == "attention" ? "attn_q.weight" : "ffn_up_exps.weight"));
+    REQUIRE(t != nullptr);
+    return std::string(strata::quant::TypeName(t->type));
+  };
+  CHECK(type_of(rows.front()) == rows.front()["to"].get<std::string>());
+  CHECK(type_of(rows.back()) == rows.back()["from"].get<std::string>());
+  ExpectError(Cli("pack " + kDemo + " " + tmp.File("tiny.gguf") + " --target-size 1000000 --sensitivity " + table),
+              "--target-size");
+  ExpectError(Cli("pack " + kDemo + " " + tmp.File("x.gguf") + " --target-size 1000000"), "--sensitivity");
 }
