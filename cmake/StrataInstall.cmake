@@ -26,3 +26,28 @@ install(FILES ${PROJECT_BINARY_DIR}/strataConfig.cmake ${PROJECT_BINARY_DIR}/str
 
 configure_file(${PROJECT_SOURCE_DIR}/cmake/strata.pc.in ${PROJECT_BINARY_DIR}/strata.pc @ONLY)
 install(FILES ${PROJECT_BINARY_DIR}/strata.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
+
+# The static archive (CPU backend) and strata-static.pc, which names the static archives of its
+# dependencies: Abseil's in one linker group (their order then does not matter), liburing, libnuma.
+install(TARGETS strata_static ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})
+get_filename_component(absl_libdir "${absl_DIR}/../.." REALPATH)
+file(GLOB STRATA_ABSL_ARCHIVES "${absl_libdir}/libabsl_*.a")
+find_library(STRATA_URING_ARCHIVE NAMES liburing.a)
+find_library(STRATA_NUMA_ARCHIVE NAMES libnuma.a)
+set(STRATA_STATIC_LIBS "")
+if(STRATA_ABSL_ARCHIVES)
+  list(JOIN STRATA_ABSL_ARCHIVES " " absl_joined)
+  string(APPEND STRATA_STATIC_LIBS "-Wl,--start-group ${absl_joined} -Wl,--end-group")
+endif()
+if(URING_FOUND AND STRATA_URING_ARCHIVE)
+  string(APPEND STRATA_STATIC_LIBS " ${STRATA_URING_ARCHIVE}")
+elseif(URING_FOUND)
+  string(APPEND STRATA_STATIC_LIBS " -luring")
+endif()
+if(NUMA_FOUND AND STRATA_NUMA_ARCHIVE)
+  string(APPEND STRATA_STATIC_LIBS " ${STRATA_NUMA_ARCHIVE}")
+elseif(NUMA_FOUND)
+  string(APPEND STRATA_STATIC_LIBS " -lnuma")
+endif()
+configure_file(${PROJECT_SOURCE_DIR}/cmake/strata-static.pc.in ${PROJECT_BINARY_DIR}/strata-static.pc @ONLY)
+install(FILES ${PROJECT_BINARY_DIR}/strata-static.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)

@@ -25,4 +25,11 @@ if [ -n "$bad" ]; then echo "non-moe_ symbols exported: $bad" >&2; exit 1; fi
 printf '#include <strata/moe.hpp>\nint main() { return strata::version() == "0.7.0" ? 0 : 1; }\n' > "$tmp/hpp.cc"
 c++ -std=c++17 -pedantic -Wall -Werror -o "$tmp/hpp" "$tmp/hpp.cc" $(pkg-config --cflags --libs strata)
 LD_LIBRARY_PATH="$tmp/prefix/lib" "$tmp/hpp"
+# 6. The static archive: a C host linked against it runs with no library path, and needs none of
+#    Abseil's, liburing's, libnuma's or CUDA's shared objects.
+"$cc" -std=c99 -o "$tmp/static-consumer" "$src/main.c" $(pkg-config --cflags --libs strata-static)
+LD_LIBRARY_PATH= "$tmp/static-consumer" "$model" | grep -q "vocab 256"
+needed=$(ldd "$tmp/static-consumer" | awk '{print $1}')
+extra=$(echo "$needed" | grep -v -E '^(linux-vdso\.so|/lib64/ld-linux|libc\.so|libm\.so|libstdc\+\+\.so|libgcc_s\.so)' || true)
+if [ -n "$extra" ]; then echo "the static consumer needs: $extra" >&2; exit 1; fi
 echo "package consumer: ok"
