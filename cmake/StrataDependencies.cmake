@@ -1,8 +1,7 @@
 # Dependency lookup. Everything comes from Debian 12 packages (cmake/install_deps.sh installs them).
-# Abseil and Eigen are private to the library: none of their types appear in public headers.
+# Abseil is private to the library: none of its types appear in public headers.
 find_package(Threads REQUIRED)
 find_package(absl REQUIRED)
-find_package(Eigen3 3.4 REQUIRED NO_MODULE)
 find_package(nlohmann_json 3.10 REQUIRED)
 find_package(PkgConfig REQUIRED)
 pkg_check_modules(URING IMPORTED_TARGET liburing)

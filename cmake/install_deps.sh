@@ -5,7 +5,7 @@ set -euo pipefail
 
 packages=(
   build-essential cmake ninja-build pkg-config git
-  libabsl-dev libeigen3-dev nlohmann-json3-dev liburing-dev libnuma-dev
+  libabsl-dev nlohmann-json3-dev liburing-dev libnuma-dev
   libcpp-httplib-dev      # strata serve's HTTP server
   catch2 libbenchmark-dev
   clang libclang-rt-dev   # libFuzzer targets replay their corpus in the tests
