@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/cli/cli_test_util.h"
 #include "tests/format/format_test_util.h"
 #include "tests/text/chat_fixture_util.h"
 
@@ -25,40 +26,13 @@ using strata::format::testing::TempDir;
 
 const std::string kSrc = std::string(STRATA_SOURCE_DIR);
 
-struct Result {
-  int exit_code = -1;
-  std::string out, err;
-};
-
-std::string Slurp(const std::string &path) {
-  std::ifstream f(path, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-}
+using Result = strata::testing::CliResult;
+using strata::testing::Slurp;
 
 // Runs strata with `input` on stdin.
-Result Cli(const std::string &args, const std::string &input = "") {
-  TempDir tmp;
-  {
-    std::ofstream in(tmp.File("in"), std::ios::binary);
-    in << input;
-  }
-  const std::string cmd = std::string(STRATA_CLI_PATH) + " " + args + " <" + tmp.File("in") + " >" + tmp.File("out") +
-                          " 2>" + tmp.File("err");
-  int rc = std::system(cmd.c_str());
-  Result r;
-  r.exit_code = WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
-  r.out = Slurp(tmp.File("out"));
-  r.err = Slurp(tmp.File("err"));
-  return r;
-}
+Result Cli(const std::string &args, const std::string &input = "") { return strata::testing::RunCli(args, input); }
 
-void ExpectError(const Result &r, const std::string &mention) {
-  INFO("stderr: " << r.err);
-  CHECK(r.exit_code == 1);
-  CHECK(r.err.rfind("strata: error: ", 0) == 0);
-  CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
-  CHECK(r.err.find(mention) != std::string::npos);
-}
+void ExpectError(const Result &r, const std::string &mention) { strata::testing::ExpectCliError(r, mention); }
 
 void MakeChatModel(const std::string &dir) { strata::testing::MakeChatCheckpoint(dir); }
 

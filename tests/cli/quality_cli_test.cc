@@ -22,6 +22,7 @@
 #include "lib/model/imatrix.h"
 #include "lib/quant/codec.h"
 #include "nlohmann/json.hpp"
+#include "tests/cli/cli_test_util.h"
 #include "tests/format/format_test_util.h"
 
 namespace {
@@ -30,34 +31,12 @@ using strata::format::testing::TempDir;
 
 const std::string kDemo = std::string(STRATA_SOURCE_DIR) + "/examples/models/austen-moe-q4_k.gguf";
 
-struct Result {
-  int exit_code = -1;
-  std::string out, err;
-};
+using Result = strata::testing::CliResult;
+using strata::testing::Slurp;
 
-std::string Slurp(const std::string &path) {
-  std::ifstream f(path, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-}
+Result Cli(const std::string &args) { return strata::testing::RunCli(args); }
 
-Result Cli(const std::string &args) {
-  TempDir tmp;
-  const std::string cmd =
-      std::string(STRATA_CLI_PATH) + " " + args + " >" + tmp.File("out") + " 2>" + tmp.File("err") + " </dev/null";
-  const int rc = std::system(cmd.c_str());
-  Result r;
-  r.exit_code = WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
-  r.out = Slurp(tmp.File("out"));
-  r.err = Slurp(tmp.File("err"));
-  return r;
-}
-
-void ExpectError(const Result &r, const std::string &mention) {
-  INFO("stderr: " << r.err);
-  CHECK(r.exit_code == 1);
-  CHECK(r.err.rfind("strata: error: ", 0) == 0);
-  CHECK(r.err.find(mention) != std::string::npos);
-}
+void ExpectError(const Result &r, const std::string &mention) { strata::testing::ExpectCliError(r, mention); }
 
 // Fresh prose-like text: words drawn at random.
 std::string RandomText(std::mt19937 &rng, int n_words) {
