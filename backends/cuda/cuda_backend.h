@@ -522,6 +522,7 @@ class CudaBackend final : public model::Backend {
   // a slot fill of unconverted bytes is then DMA straight from the arena, no staging copy.
   bool arena_registered_ = false;
   std::vector<const uint8_t *> mapped_;  // MapHostMemory's ranges (regions_ holds their mappings)
+  bool InMappedHost(const uint8_t *p) const;  // p lies in one of them
   bool prompt_lru_ = false;  // PromptVictim takes the least recently used slot (a measuring knob)
   std::map<const float *, DeviceVec> vecs_;         // keyed by host values.data()
   // Device tables for RoutedExperts: per layer [gate x n_expert | up x n_expert | down x n_expert].

@@ -241,6 +241,16 @@ absl::Status CudaBackend::EnableTierCopies(int n_expert_max) {
   }
   tier_copies_ = host;
   tables_bytes_ = tab_dev_.size() + stage_buf_.size();
+  // The same memory stages a prompt's experts from RAM (PromptStage): one DMA copy each from the
+  // page-locked slab, where the prompt's products would read them over the link once per tile.
+  if (tunables::Get().cuda_prompt_stage) {
+    slot_bytes_ = slot;
+    prompt_stage_.resize(3 * n_stage);
+    for (Slot &sl : prompt_stage_) {
+      STRATA_ASSIGN_OR_RETURN(sl.used, Event::Create());
+      STRATA_ASSIGN_OR_RETURN(sl.fill, Event::Create());
+    }
+  }
   return absl::OkStatus();
 }
 

@@ -245,13 +245,22 @@ int CudaBackend::PromptVictim(int layer, const std::vector<char> *taken) const {
 
 bool CudaBackend::PromptStages(const model::ExpertWeights &e) const {
   if (prompt_stage_.empty() || e.gate.data == nullptr) return false;
-  if (regions_.count(e.gate.data) != 0 || slot_of_.count(e.gate.data) != 0) return false;  // in VRAM
-  auto id = expert_id_.find(e.gate.data);
-  if (id == expert_id_.end() || !tables_[id->second.first].ok) return false;
   for (const model::Matrix *m : {&e.gate, &e.up, &e.down}) {
     if (m->tensor != nullptr && m->data != nullptr && NeedsConversion(*m)) return false;
   }
-  return true;
+  if (tier_copies_ != nullptr) {
+    // The tiers' tables: an expert the RAM tier serves lies in its slab (one in a VRAM slot does not).
+    const Region &slab = regions_.at(tier_copies_);
+    for (const model::Matrix *m : {&e.gate, &e.up, &e.down}) {
+      if (m->tensor != nullptr && (m->data < tier_copies_ || m->data + m->nbytes() > tier_copies_ + slab.bytes)) {
+        return false;
+      }
+    }
+    return true;
+  }
+  if (regions_.count(e.gate.data) != 0 || slot_of_.count(e.gate.data) != 0) return false;  // in VRAM
+  auto id = expert_id_.find(e.gate.data);
+  return id != expert_id_.end() && tables_[id->second.first].ok;
 }
 
 absl::StatusOr<CudaBackend::Slot *> CudaBackend::PromptStage(const model::ExpertWeights &e) {
@@ -266,10 +275,12 @@ absl::StatusOr<CudaBackend::Slot *> CudaBackend::PromptStage(const model::Expert
     STRATA_RETURN_IF_ERROR(sl.fill.Record(copy_stream_.get()));
     STRATA_RETURN_IF_ERROR(stream_.Wait(sl.fill.get()));  // the computation waits for the copy
   }
-  const auto &id = expert_id_.at(e.gate.data);
+  // A RAM tier's slab slot names no expert for good: its stage is the call's alone (no heat, no
+  // promotion), and SlotUsed unstages it before the slab slot may take another expert.
+  auto id = expert_id_.find(e.gate.data);
   sl.key = e.gate.data;
-  sl.layer = id.first;
-  sl.expert = id.second;
+  sl.layer = id != expert_id_.end() ? id->second.first : -1;
+  sl.expert = id != expert_id_.end() ? id->second.second : -1;
   ++fills_;
   fill_bytes_ += off;
   return &sl;
@@ -501,9 +512,9 @@ void CudaBackend::HostTable(int l, int x) {
 absl::Status CudaBackend::SlotUsed(Slot *slot, int64_t n_tok) {
   STRATA_RETURN_IF_ERROR(slot->used.Record(stream_.get()));
   // A batch on the host path (a prompt) counts into the route hotness the next step plans from.
-  LayerTable &t = tables_[slot->layer];
-  if (t.ok && slot->expert < static_cast<int>(t.heat.size())) {
-    t.heat.Add(slot->expert, static_cast<uint32_t>(std::min<int64_t>(n_tok, 1 << 20)));
+  LayerTable *t = slot->layer >= 0 ? &tables_[slot->layer] : nullptr;
+  if (t != nullptr && t->ok && slot->expert < static_cast<int>(t->heat.size())) {
+    t->heat.Add(slot->expert, static_cast<uint32_t>(std::min<int64_t>(n_tok, 1 << 20)));
     replan_ = true;
   }
   if (Staging(slot)) Unstage(*slot);  // its bytes stay, protected by `used`, until the ring comes round

@@ -232,7 +232,15 @@ void CudaBackend::ExpertFfn(const model::ExpertWeights &e, const float *x, int64
     ExpertFfnOne(e, x, n_tok, y);
   }
   // A streamed expert's slot may take another expert once this returns: its reads are done first.
-  if (!mapped_.empty()) Note(stream_.Synchronize());
+  // (A resident one, such as a shared expert, needs no wait: a recorded step holds none.)
+  if (InMappedHost(e.gate.data)) Note(stream_.Synchronize());
+}
+
+bool CudaBackend::InMappedHost(const uint8_t *p) const {
+  for (const uint8_t *m : mapped_) {
+    if (p >= m && p < m + regions_.at(m).bytes) return true;
+  }
+  return false;
 }
 
 void CudaBackend::ExpertsFfn(const model::ExpertWeights *const *ew, int n, const int64_t *first, const float *xg,
@@ -390,7 +398,13 @@ absl::Status CudaBackend::PromptExperts(const std::vector<const model::ExpertWei
                  std::chrono::duration<double, std::micro>(t1 - h1).count());
       }
     } else {
+      // The tiers' tables: the chunk's experts from RAM go to the staging ring, the products
+      // waiting for their copies.
       slot.assign(m, nullptr);
+      for (int i = 0; i < m; ++i) {
+        if (!stages[c0 + i]) continue;
+        STRATA_ASSIGN_OR_RETURN(slot[i], PromptStage(*ew[c0 + i]));
+      }
     }
     // span (2 m int64) | gate (m) | up (m) | down (m) pointers
     std::vector<uint64_t> tab(5 * static_cast<size_t>(m));
@@ -477,6 +491,11 @@ void CudaBackend::ExpertFfnOne(const model::ExpertWeights &e, const float *x, in
   Slot *slot = nullptr;
   if (!slots_.empty() && e.gate.data != nullptr && regions_.count(e.gate.data) == 0) {
     auto s = SlotFor(e);
+    if (!Note(s.status())) return;
+    slot = *s;
+  } else if (slots_.empty() && host_batch_rows_ > kDeviceRouteMaxRows && PromptStages(e)) {
+    // The tiers' tables: a prompt's expert from RAM is staged, as PromptExperts stages its chunks.
+    auto s = PromptStage(e);
     if (!Note(s.status())) return;
     slot = *s;
   }

@@ -413,7 +413,8 @@ typedef struct moe_stats {
   uint64_t vram_replans;       /* times a prompt's route hotness re-planned the VRAM slots */
   /* Since 0.6: the VRAM tier stacked over a streamed RAM tier (the two hold distinct experts; the
    * hits of each tier and the file's reads add up to the expert uses). There vram_expert_slots,
-   * vram_fills, vram_fill_bytes and vram_promotions count that tier's slots and moves up. */
+   * vram_fills, vram_fill_bytes and vram_promotions count that tier's slots and moves up (vram_fills
+   * and vram_fill_bytes also a prompt's experts copied up from RAM for its products). */
   uint64_t vram_hits;          /* expert uses served from a VRAM slot */
   uint64_t vram_demotions;     /* VRAM residents moved down into RAM to make room */
   /* Since 0.6: the part of the RAM tier's slab locked in RAM, from its start (memory_locked is 1

@@ -568,8 +568,9 @@ moe_status moe_ctx_stats(const moe_ctx *ctx, moe_stats *out) {
     st.vram_replans = cs.device.replans;
     if (cs.vram.n_slots > 0) {  // the VRAM tier over the streamed RAM tier
       st.vram_expert_slots = cs.vram.n_slots;
-      st.vram_fills = cs.vram.promotions;
-      st.vram_fill_bytes = cs.vram.bytes_up;
+      // Moves up, and a prompt's experts staged from RAM (the backend's copies).
+      st.vram_fills = cs.vram.promotions + cs.device.fills;
+      st.vram_fill_bytes = cs.vram.bytes_up + cs.device.fill_bytes;
       st.vram_promotions = cs.vram.promotions;
       st.vram_hits = cs.vram.hits;
       st.vram_demotions = cs.vram.demotions;

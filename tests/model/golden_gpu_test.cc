@@ -912,7 +912,8 @@ TEST_CASE("CUDA backend: decode steps replay from a CUDA graph, bit-identical to
 TEST_CASE("CUDA backend: VRAM over RAM over the file is bit-identical at every budget pair", "[gpu][golden][tiers]") {
   if (!strata::cuda::test::HaveGpu()) return;
   std::mt19937 rng(std::random_device{}());
-  for (const char *rel : {"qwen3moe_f32/model-q8_0.gguf", "mixtral_f32/model-q8_0.gguf", "olmoe_f32/model-f32.gguf"}) {
+  for (const char *rel : {"qwen3moe_f32/model-q8_0.gguf", "mixtral_f32/model-q8_0.gguf", "olmoe_f32/model-f32.gguf",
+                          "qwen2moe_f32/model-f32.gguf"}) {
     const std::string model = kGolden + rel;
     const std::string dir = model.substr(0, model.find('/', kGolden.size()) + 1);
     const auto tokens = ReadBinary<int32_t>(dir + "tokens.bin");
@@ -969,15 +970,62 @@ TEST_CASE("CUDA backend: VRAM over RAM over the file is bit-identical at every b
   }
 }
 
+// A prompt over complete tiers (a third of the experts in VRAM, the rest in a streamed RAM tier
+// that holds them all): its experts from RAM are copied up into the staging ring for their
+// products (each layer's chunks on the tensor cores with 8-bit activations, one at a time with float
+// ones) instead of read over the link once per tile. Fresh random tokens, a 300-token prompt and a
+// decode step; bit-identical to all-resident, staged or not, and the staged run copied experts up
+// beyond its promotions.
+TEST_CASE("CUDA backend: complete tiers stage a prompt's experts from RAM", "[gpu][golden][tiers]") {
+  if (!strata::cuda::test::HaveGpu()) return;
+  strata::format::testing::TempDir dir;
+  const std::string model = TinySpread(dir);
+  moe_params p;
+  moe_params_init(&p);
+  p.model_path = model.c_str();
+  p.backend = MOE_BACKEND_CUDA;
+  p.ram_budget_bytes = 1;
+  moe_cache_plan plan;
+  moe_cache_plan_init(&plan);
+  REQUIRE(moe_plan(&p, &plan) == MOE_OK);
+  const uint32_t routed = plan.n_routed_experts;
+  const uint32_t vram_n = routed / 3, ram_n = routed - vram_n + 1;
+  REQUIRE(ram_n < routed);
+  const uint64_t ram = plan.ram_fixed_bytes + uint64_t{ram_n} * plan.expert_slot_bytes;
+  const uint64_t vram = plan.vram_fixed_bytes + uint64_t{vram_n} * plan.expert_slot_bytes;
+  const unsigned seed = std::random_device{}();
+  INFO("seed " << seed << "; RAM " << ram_n << " VRAM " << vram_n << " of " << routed);
+  const std::vector<int32_t> tokens = RandomTokens(301, seed);
+  for (bool q8 : {false, true}) {
+    INFO("8-bit activations " << q8);
+    const auto all = TeacherForced(model, tokens, 300, MOE_BACKEND_CUDA, 0, nullptr, nullptr, nullptr,
+                                   MOE_CPU_EXPERTS_OFF, q8);
+    moe_stats st, ust;
+    const auto staged = TeacherForced(model, tokens, 300, MOE_BACKEND_CUDA, vram, nullptr, nullptr, &st,
+                                      MOE_CPU_EXPERTS_OFF, q8, nullptr, nullptr, ram);
+    REQUIRE(SetKnob("STRATA_CUDA_PROMPT_STAGE", "0") == 0);
+    const auto unstaged = TeacherForced(model, tokens, 300, MOE_BACKEND_CUDA, vram, nullptr, nullptr, &ust,
+                                        MOE_CPU_EXPERTS_OFF, q8, nullptr, nullptr, ram);
+    UnsetKnob("STRATA_CUDA_PROMPT_STAGE");
+    INFO("staged: fills " << st.vram_fills << " promotions " << st.vram_promotions << "; unstaged: fills "
+                          << ust.vram_fills << " promotions " << ust.vram_promotions);
+    CHECK(st.streaming == 1);
+    CHECK(st.expert_misses == 0);
+    CHECK(staged == all);
+    CHECK(unstaged == all);
+    CHECK(st.vram_fills > st.vram_promotions);
+    CHECK(ust.vram_fills == ust.vram_promotions);
+  }
+}
+
 // The tiers' tables with the CPU's share: experts RAM serves are computed by the CPU from their RAM
 // slots (wherever the tier put them) while the device computes the rest, so the logits are the CPU
 // backend's to the hybrid path's tolerance, and the counters say the CPU took part.
-// (Qwen2-MoE is left out: on the tiers' tables its decode steps are not recorded yet, the capture
-// invalidated, with or without the CPU's share.)
 TEST_CASE("CUDA backend: complete tiers give the CPU a share of RAM's experts", "[gpu][golden][tiers]") {
   if (!strata::cuda::test::HaveGpu()) return;
   std::mt19937 rng(std::random_device{}());
-  for (const char *rel : {"qwen3moe_f32/model-q8_0.gguf", "mixtral_f32/model-q8_0.gguf", "olmoe_f32/model-f32.gguf"}) {
+  for (const char *rel : {"qwen3moe_f32/model-q8_0.gguf", "mixtral_f32/model-q8_0.gguf", "olmoe_f32/model-f32.gguf",
+                          "qwen2moe_f32/model-f32.gguf"}) {
     const std::string model = kGolden + rel;
     const std::string dir = model.substr(0, model.find('/', kGolden.size()) + 1);
     const auto tokens = ReadBinary<int32_t>(dir + "tokens.bin");
