@@ -523,6 +523,12 @@ class CudaBackend final : public model::Backend {
   bool arena_registered_ = false;
   std::vector<const uint8_t *> mapped_;  // MapHostMemory's ranges (regions_ holds their mappings)
   bool InMappedHost(const uint8_t *p) const;  // p lies in one of them
+  // Device copies of the vectors by the tensor rows they hold (sub_offset), for the copies of a
+  // streamed expert's bias vectors its views carry.
+  std::map<std::pair<const model::TensorRef *, uint64_t>, float *> vec_refs_;
+  absl::StatusOr<const float *> Resolve(const model::Vec &v) const;
+  // x (n_rows, n) += the bias vector, wherever its host copy lies.
+  absl::Status AddBiasOf(float *x, int64_t n_rows, int64_t n, const model::Vec &bias);
   bool prompt_lru_ = false;  // PromptVictim takes the least recently used slot (a measuring knob)
   std::map<const float *, DeviceVec> vecs_;         // keyed by host values.data()
   // Device tables for RoutedExperts: per layer [gate x n_expert | up x n_expert | down x n_expert].

@@ -71,15 +71,15 @@ absl::Status CudaBackend::MapHostMemory(const uint8_t *p, size_t bytes) {
   if (p == nullptr || bytes == 0) return Errorf(MOE_ERR_INVALID_ARGUMENT, "mapping %zu bytes at %p", bytes, p);
   for (const model::LayerWeights &L : w_->layers) {
     for (const model::ExpertWeights &e : L.experts) {
-      // A streamed expert's bias vectors are the cache's copies, which the device does not hold.
-      const bool biased = e.gate_bias.tensor != nullptr || e.up_bias.tensor != nullptr || e.down_bias.tensor != nullptr;
+      // (A streamed expert's bias vectors are resolved by the tensor rows they copy: Resolve(Vec).)
       for (const model::Matrix *m : {&e.gate, &e.up, &e.down}) {
-        if (m->tensor != nullptr && (e.input_major || biased || NeedsConversion(*m))) {
+        if (m->tensor != nullptr && (e.input_major || NeedsConversion(*m))) {
           return Errorf(MOE_ERR_UNSUPPORTED_BACKEND,
                         "the CUDA backend reads streamed experts where they lie, which %s (%s, %lld x %lld%s) does "
                         "not allow",
                         m->name, std::string(quant::TypeName(static_cast<uint32_t>(m->codec->id))),
-                        static_cast<long long>(m->rows), static_cast<long long>(m->cols), biased ? ", biased" : "");
+                        static_cast<long long>(m->rows), static_cast<long long>(m->cols),
+                        e.input_major ? ", input-major" : "");
         }
       }
     }
@@ -210,6 +210,7 @@ absl::Status CudaBackend::Adopt(const model::ModelWeights &w, const uint8_t *are
   for (const model::Vec *v : vecs) {
     std::copy(v->values.begin(), v->values.end(), packed.begin() + off);
     vecs_[v->values.data()] = DeviceVec{static_cast<int64_t>(v->values.size()), vec_buf_.as<float>() + off};
+    vec_refs_[{v->tensor, v->sub_offset}] = vec_buf_.as<float>() + off;
     off += Align(v->values.size() * sizeof(float)) / sizeof(float);
   }
   if (!packed.empty()) {
@@ -334,6 +335,15 @@ absl::StatusOr<DeviceMatrix> CudaBackend::Resolve(const model::Matrix &w) const 
   const int64_t row = static_cast<int64_t>(off / r->host_row_bytes);
   return DeviceMatrix{quant::TypeId::kF32, r->dev + row * r->cols * sizeof(float), w.rows, w.cols,
                       static_cast<uint64_t>(r->cols) * 4};
+}
+
+absl::StatusOr<const float *> CudaBackend::Resolve(const model::Vec &v) const {
+  if (v.tensor == nullptr) return static_cast<const float *>(nullptr);
+  if (absl::StatusOr<const float *> d = Resolve(v.values.data()); d.ok()) return d;
+  // A streamed expert's views carry copies of its bias vectors: the same rows of the same tensors.
+  auto it = vec_refs_.find({v.tensor, v.sub_offset});
+  if (it == vec_refs_.end()) return Errorf(MOE_ERR_INTERNAL, "%s is not on the device", v.name);
+  return static_cast<const float *>(it->second);
 }
 
 absl::StatusOr<const float *> CudaBackend::Resolve(const float *host_vec) const {

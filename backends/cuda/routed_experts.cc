@@ -205,22 +205,27 @@ absl::Status CudaBackend::ExpertFfnImpl(const model::ExpertWeights &e, const flo
   if (e.input_major) {
     // gu (n_tok, 2 n_ff) = x · gate_up, gate and up in alternating columns; bias before the split.
     MatMulInputMajor(e.gate, x, n_tok, g);
-    if (e.gate_bias.tensor != nullptr) AddBias(g, n_tok, 2 * n_ff, e.gate_bias.values.data());
+    if (e.gate_bias.tensor != nullptr) STRATA_RETURN_IF_ERROR(AddBiasOf(g, n_tok, 2 * n_ff, e.gate_bias));
     STRATA_RETURN_IF_ERROR(TakeError());
     STRATA_RETURN_IF_ERROR(GatedAct(g, g + 1, 2 * n_ff, 2, n_tok, n_ff, e.swiglu_limit, h, stream_.get()));
     MatMulInputMajor(e.down, h, n_tok, y);
   } else {
     MatMul(e.gate, x, n_tok, g);
     MatMul(e.up, x, n_tok, u);
-    if (e.gate_bias.tensor != nullptr) AddBias(g, n_tok, n_ff, e.gate_bias.values.data());
-    if (e.up_bias.tensor != nullptr) AddBias(u, n_tok, n_ff, e.up_bias.values.data());
+    if (e.gate_bias.tensor != nullptr) STRATA_RETURN_IF_ERROR(AddBiasOf(g, n_tok, n_ff, e.gate_bias));
+    if (e.up_bias.tensor != nullptr) STRATA_RETURN_IF_ERROR(AddBiasOf(u, n_tok, n_ff, e.up_bias));
     STRATA_RETURN_IF_ERROR(TakeError());
     STRATA_RETURN_IF_ERROR(GatedAct(g, u, n_ff, 1, n_tok, n_ff, e.swiglu_limit, h, stream_.get()));
     MatMul(e.down, h, n_tok, y);
   }
   const int64_t n_embd = e.input_major ? e.gate.rows : e.down.rows;
-  if (e.down_bias.tensor != nullptr) AddBias(y, n_tok, n_embd, e.down_bias.values.data());
+  if (e.down_bias.tensor != nullptr) STRATA_RETURN_IF_ERROR(AddBiasOf(y, n_tok, n_embd, e.down_bias));
   return TakeError();
+}
+
+absl::Status CudaBackend::AddBiasOf(float *x, int64_t n_rows, int64_t n, const model::Vec &bias) {
+  STRATA_ASSIGN_OR_RETURN(const float *b, Resolve(bias));
+  return cuda::AddBias(x, n_rows, n, b, stream_.get());
 }
 
 void CudaBackend::ExpertFfn(const model::ExpertWeights &e, const float *x, int64_t n_tok, float *y) {

@@ -970,6 +970,48 @@ TEST_CASE("CUDA backend: VRAM over RAM over the file is bit-identical at every b
   }
 }
 
+// gpt-oss's experts carry bias vectors: streamed, their views hold copies of them, which the
+// device resolves by the tensor rows they copy. At (RAM, VRAM) pairs from the smallest RAM tier to
+// complete tiers, each in both codecs of the golden, the logits are bit-identical to all-resident
+// and the VRAM tier serves uses.
+TEST_CASE("CUDA backend: gpt-oss's biased experts stream through the tiers, bit-identical", "[gpu][golden][tiers]") {
+  if (!strata::cuda::test::HaveGpu()) return;
+  std::mt19937 rng(std::random_device{}());
+  for (const char *rel : {"gptoss_f32/model-mxfp4.gguf", "gptoss_f32/model-f32.gguf"}) {
+    const std::string model = kGolden + rel;
+    const std::string dir = model.substr(0, model.find('/', kGolden.size()) + 1);
+    const auto tokens = ReadBinary<int32_t>(dir + "tokens.bin");
+    moe_stats all_st;
+    const auto all = TeacherForced(model, tokens, 12, MOE_BACKEND_CUDA, 0, nullptr, nullptr, &all_st);
+    moe_params p;
+    moe_params_init(&p);
+    p.model_path = model.c_str();
+    p.backend = MOE_BACKEND_CUDA;
+    p.ram_budget_bytes = 1;
+    moe_cache_plan plan;
+    moe_cache_plan_init(&plan);
+    REQUIRE(moe_plan(&p, &plan) == MOE_OK);
+    const uint32_t routed = plan.n_routed_experts, ram_min = plan.ram_expert_slots;
+    REQUIRE(ram_min + 2 < routed);
+    const uint32_t vram_n = 1 + static_cast<uint32_t>(rng() % (routed / 3));
+    const uint32_t pairs[][2] = {{ram_min, vram_n}, {routed - vram_n + 1, vram_n}};
+    for (const auto &pair : pairs) {
+      const uint64_t ram = plan.ram_fixed_bytes + uint64_t{pair[0]} * plan.expert_slot_bytes;
+      const uint64_t vram = plan.vram_fixed_bytes + uint64_t{pair[1]} * plan.expert_slot_bytes;
+      moe_stats st;
+      uint32_t slots = 0;
+      INFO(rel << ": RAM " << pair[0] << " VRAM " << pair[1] << " of " << routed << ": " << moe_last_error());
+      const auto got = TeacherForced(model, tokens, 12, MOE_BACKEND_CUDA, vram, &slots, nullptr, &st,
+                                     MOE_CPU_EXPERTS_OFF, false, nullptr, nullptr, ram);
+      CHECK(slots == pair[1]);
+      CHECK(st.streaming == 1);
+      CHECK(st.vram_hits > 0);
+      CHECK(st.vram_hits + st.expert_hits + st.expert_misses == all_st.expert_hits);
+      CHECK(got == all);
+    }
+  }
+}
+
 // A prompt over complete tiers (a third of the experts in VRAM, the rest in a streamed RAM tier
 // that holds them all): its experts from RAM are copied up into the staging ring for their
 // products (each layer's chunks on the tensor cores with 8-bit activations, one at a time with float
