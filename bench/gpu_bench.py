@@ -144,12 +144,27 @@ def model_bytes(strata, model):
     return other + embd_row, expert, n_layer, n_expert, k
 
 
+# The ids both engines are fed: prompt i, decode step i (within every shape's vocabulary).
+def prompt_id(i, base=1000):
+    return (base + 37 * i) % 100000
+
+
+def decode_id(i, base=2000):
+    return (base + 53 * i) % 100000
+
+
+# A prompt longer than this goes to Strata as --prompt-tokens (its own seeded ids): a single
+# command-line argument is capped at 128 KiB.
+LONG_PROMPT = 16384
+
+
 def run_strata(strata, model, budget, prefill, decode, ram_budget, cpu_experts, threads, warmup=0):
-    tokens = ",".join(str(1000 + 37 * i) for i in range(prefill))
-    forced = ",".join(str(2000 + 53 * i) for i in range(decode))
+    forced = ",".join(str(decode_id(i)) for i in range(decode))
     n_ctx = prefill + max(decode, warmup) + 16
+    prompt = (["--prompt-tokens", str(prefill)] if prefill > LONG_PROMPT else
+              ["--tokens", ",".join(str(prompt_id(i)) for i in range(prefill))])
     cmd = [strata, "bench", "--model", model, "--backend", "cuda", "--ram-budget", ram_budget, "--vram-budget",
-           str(budget), "--tokens", tokens, "--decode-tokens", forced, "--n-ctx", str(n_ctx), "--json",
+           str(budget)] + prompt + ["--decode-tokens", forced, "--n-ctx", str(n_ctx), "--json",
            "--cpu-experts", cpu_experts, "--threads", str(threads), "--q8-activations", "--warmup", str(warmup)]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
@@ -169,16 +184,16 @@ def run_llama(lib_dir, model, n_cpu_moe, prefill, decode, threads, warmup=0):
     one = (L.llama_token * 1)()
     if warmup > 0:
         # As strata bench --warmup: a round of other ids first, then the KV cache emptied.
-        warm = (L.llama_token * prefill)(*[1001 + 37 * i for i in range(prefill)])
+        warm = (L.llama_token * prefill)(*[prompt_id(i, 1001) for i in range(prefill)])
         if L.llama_decode(ctx, L.llama_batch_get_one(warm, prefill)) != 0:
             raise RuntimeError("llama_decode failed on the warm-up prompt")
         for i in range(warmup):
-            one[0] = 2001 + 53 * i
+            one[0] = decode_id(i, 2001)
             if L.llama_decode(ctx, L.llama_batch_get_one(one, 1)) != 0:
                 raise RuntimeError("llama_decode failed at warm-up step %d" % i)
         L.llama_synchronize(ctx)
         L.llama_memory_clear(L.llama_get_memory(ctx), True)
-    toks = (L.llama_token * prefill)(*[1000 + 37 * i for i in range(prefill)])
+    toks = (L.llama_token * prefill)(*[prompt_id(i) for i in range(prefill)])
     t1 = time.time()
     if L.llama_decode(ctx, L.llama_batch_get_one(toks, prefill)) != 0:
         raise RuntimeError("llama_decode failed on the prompt")
@@ -186,7 +201,7 @@ def run_llama(lib_dir, model, n_cpu_moe, prefill, decode, threads, warmup=0):
     t2 = time.time()
     step_ms = []
     for i in range(decode):
-        one[0] = 2000 + 53 * i
+        one[0] = decode_id(i)
         ts = time.perf_counter()
         if L.llama_decode(ctx, L.llama_batch_get_one(one, 1)) != 0:
             raise RuntimeError("llama_decode failed at step %d" % i)
