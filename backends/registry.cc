@@ -46,6 +46,8 @@ int CudaNumaNode() { return cuda::DeviceNumaNode(); }
 
 uint64_t CudaFreeBytes() { return cuda::DeviceFreeBytes(); }
 
+bool CudaReadsInPlace(const model::ModelWeights &w) { return cuda::CudaBackend::ReadsExpertsInPlace(w); }
+
 absl::StatusOr<std::unique_ptr<model::Backend>> CreateCuda(const model::BackendRequest &req) {
   // With streaming, the backend reads each expert where the RAM cache's slot holds it
   // (MapHostMemory), and a VRAM tier of its device slots stacks over the RAM tier (the context
@@ -81,15 +83,17 @@ int CudaNumaNode() { return -1; }
 
 uint64_t CudaFreeBytes() { return 0; }
 
+bool CudaReadsInPlace(const model::ModelWeights &) { return false; }
+
 absl::StatusOr<std::unique_ptr<model::Backend>> CreateCuda(const model::BackendRequest &) { return CudaAvailable(); }
 #endif
 
 // AUTO's order of preference: the GPU first, the CPU as the last resort.
 const BackendEntry kEntries[] = {
     {MOE_BACKEND_CUDA, "CUDA", kCudaBuiltIn, /*auto_when_streaming=*/true, /*device_memory=*/true, CudaAvailable,
-     CudaNumaNode, CreateCuda, CudaFreeBytes},
+     CudaNumaNode, CreateCuda, CudaFreeBytes, CudaReadsInPlace},
     {MOE_BACKEND_CPU, "CPU", true, /*auto_when_streaming=*/true, /*device_memory=*/false, CpuAvailable, NoNumaNode,
-     CreateCpu, nullptr},
+     CreateCpu, nullptr, nullptr},
 };
 
 }  // namespace
@@ -146,6 +150,11 @@ uint64_t DeviceFreeBytes(moe_backend_kind kind) {
 bool HasDeviceMemory(moe_backend_kind kind) {
   const BackendEntry *e = Find(kind);
   return e != nullptr && e->built_in && e->device_memory;
+}
+
+bool ReadsExpertsInPlace(moe_backend_kind kind, const model::ModelWeights &w) {
+  const BackendEntry *e = Find(kind);
+  return e != nullptr && e->built_in && (e->reads_in_place == nullptr || e->reads_in_place(w));
 }
 
 absl::StatusOr<std::unique_ptr<model::Backend>> Create(moe_backend_kind kind, const model::BackendRequest &req) {

@@ -28,6 +28,8 @@ struct BackendEntry {
   absl::StatusOr<std::unique_ptr<model::Backend>> (*create)(const model::BackendRequest &req);
   // Bytes of its device memory free now (null: it has none).
   uint64_t (*free_bytes)();
+  // Whether it computes every routed expert of the weights where a RAM slot holds it (null: yes).
+  bool (*reads_in_place)(const model::ModelWeights &w);
 };
 
 // The table: *n entries.

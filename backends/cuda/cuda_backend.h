@@ -161,6 +161,10 @@ class CudaBackend final : public model::Backend {
   // link, and each expert call waits for its reads before it returns. Refused (nothing mapped)
   // where a routed expert's codec or shape cannot be read in place.
   absl::Status MapHostMemory(const uint8_t *p, size_t bytes) override;
+  // Whether every routed expert of `w` can be read in place (MapHostMemory accepts it): OK, or
+  // MOE_ERR_UNSUPPORTED_BACKEND naming the first matrix that cannot.
+  static absl::Status CheckReadsInPlace(const model::ModelWeights &w);
+  static bool ReadsExpertsInPlace(const model::ModelWeights &w) { return CheckReadsInPlace(w).ok(); }
   void UnmapHostMemory(const uint8_t *p) override;
   // The VRAM tier's slots (CudaDeviceSlots): device memory whose addresses the views of the experts
   // it holds carry, resolved to themselves (AddDeviceRegion) until the slots go.

@@ -67,9 +67,8 @@ void HostForm(const model::Matrix &m, uint8_t *dst, bool convert) {
   for (int64_t r = 0; r < m.rows; ++r) m.codec->dequantize(m.row(r), out + r * m.cols, m.cols);
 }
 
-absl::Status CudaBackend::MapHostMemory(const uint8_t *p, size_t bytes) {
-  if (p == nullptr || bytes == 0) return Errorf(MOE_ERR_INVALID_ARGUMENT, "mapping %zu bytes at %p", bytes, p);
-  for (const model::LayerWeights &L : w_->layers) {
+absl::Status CudaBackend::CheckReadsInPlace(const model::ModelWeights &w) {
+  for (const model::LayerWeights &L : w.layers) {
     for (const model::ExpertWeights &e : L.experts) {
       // (A streamed expert's bias vectors are resolved by the tensor rows they copy: Resolve(Vec).)
       for (const model::Matrix *m : {&e.gate, &e.up, &e.down}) {
@@ -84,6 +83,12 @@ absl::Status CudaBackend::MapHostMemory(const uint8_t *p, size_t bytes) {
       }
     }
   }
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::MapHostMemory(const uint8_t *p, size_t bytes) {
+  if (p == nullptr || bytes == 0) return Errorf(MOE_ERR_INVALID_ARGUMENT, "mapping %zu bytes at %p", bytes, p);
+  STRATA_RETURN_IF_ERROR(CheckReadsInPlace(*w_));
   if (cudaError_t e = cudaHostRegister(const_cast<uint8_t *>(p), bytes, cudaHostRegisterMapped); e != cudaSuccess) {
     (void)cudaGetLastError();
     return Errorf(MOE_ERR_NO_MEMORY, "cannot page-lock the %zu bytes of the expert cache for the GPU: %s", bytes,

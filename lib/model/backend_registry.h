@@ -41,6 +41,10 @@ bool HasDeviceMemory(moe_backend_kind kind);
 // Bytes of `kind`'s device memory free now; 0 for a backend without one, or when it cannot tell.
 uint64_t DeviceFreeBytes(moe_backend_kind kind);
 
+// Whether `kind` computes every routed expert of `w` where a RAM tier's slot holds it (a device
+// backend reading host memory over its link), so the tiers of lib/store can serve it.
+bool ReadsExpertsInPlace(moe_backend_kind kind, const model::ModelWeights &w);
+
 // Makes a `kind` backend (Resolve's answer) for `req`. Errors: the backend's own, and
 // MOE_ERR_UNSUPPORTED_BACKEND when `req` asks what it cannot do (the CUDA backend over streamed
 // experts with STRATA_CUDA_STREAMING=0: "the CUDA backend needs every expert resident: ...").

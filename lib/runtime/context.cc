@@ -17,6 +17,7 @@
 #include "lib/runtime/snapshot.h"
 #include "lib/store/vram_tier.h"
 #include "lib/util/numa.h"
+#include "lib/util/tunables.h"
 
 namespace strata::runtime {
 
@@ -152,8 +153,19 @@ absl::StatusOr<std::unique_ptr<Context>> Context::Open(const ContextOptions &o) 
     in.device_activations = device_activations;
     STRATA_ASSIGN_OR_RETURN(ctx->plan_, store::MakePlan(ctx->hp_, ctx->weights_, in));
   }
-  // Experts stream when the plan's RAM tier cannot hold them all.
-  const bool streaming = ctx->plan_.ram_expert_slots < ctx->plan_.n_routed_experts;
+  // Experts stream when the plan's RAM tier cannot hold them all; with the device_tiers knob, also
+  // when a device's VRAM budget holds part of them and RAM the rest: the tiers of lib/store then
+  // serve them (VRAM over a RAM tier of the experts VRAM does not hold, with one to spare), not the
+  // backend's own VRAM tier.
+  bool streaming = ctx->plan_.ram_expert_slots < ctx->plan_.n_routed_experts;
+  if (!streaming && tunables::Get().device_tiers && o.vram_budget_bytes > 0 && backends::HasDeviceMemory(kind) &&
+      ctx->plan_.vram_expert_slots > 0 && ctx->plan_.vram_expert_slots < ctx->plan_.n_routed_experts &&
+      backends::ReadsExpertsInPlace(kind, ctx->weights_)) {
+    const uint32_t routed = ctx->plan_.n_routed_experts;
+    const uint32_t least = std::min<uint32_t>(routed - 1, 2 * static_cast<uint32_t>(ctx->hp_.n_expert_used));
+    ctx->plan_.ram_expert_slots = std::max(routed - ctx->plan_.vram_expert_slots + 1, least);
+    streaming = ctx->plan_.ram_expert_slots < routed;
+  }
   // A backend with memory of its own (or the tests' host-memory device) plans a VRAM tier; the RAM
   // tier's arithmetic is the same either way.
   // With experts streaming and no VRAM budget, a device's tier takes 90% of its free memory (the

@@ -1012,6 +1012,47 @@ TEST_CASE("CUDA backend: gpt-oss's biased experts stream through the tiers, bit-
   }
 }
 
+// STRATA_DEVICE_TIERS=1: a VRAM budget short of the experts over a RAM budget that holds them all
+// runs the tiers of lib/store (complete: VRAM's share, RAM the rest with one to spare), not the
+// backend's own VRAM tier; the logits are the all-resident run's bits and every use is a hit of one
+// tier or the other.
+TEST_CASE("CUDA backend: the tiers of lib/store serve a context whose experts all fit RAM", "[gpu][golden][tiers]") {
+  if (!strata::cuda::test::HaveGpu()) return;
+  std::mt19937 rng(std::random_device{}());
+  for (const char *rel : {"qwen3moe_f32/model-q8_0.gguf", "mixtral_f32/model-q8_0.gguf", "olmoe_f32/model-f32.gguf",
+                          "qwen2moe_f32/model-f32.gguf", "gptoss_f32/model-mxfp4.gguf"}) {
+    const std::string model = kGolden + rel;
+    const std::string dir = model.substr(0, model.find('/', kGolden.size()) + 1);
+    const auto tokens = ReadBinary<int32_t>(dir + "tokens.bin");
+    moe_stats all_st;
+    const auto all = TeacherForced(model, tokens, 12, MOE_BACKEND_CUDA, 0, nullptr, nullptr, &all_st);
+    moe_params p;
+    moe_params_init(&p);
+    p.model_path = model.c_str();
+    p.backend = MOE_BACKEND_CUDA;
+    p.vram_budget_bytes = 1;
+    moe_cache_plan plan;
+    moe_cache_plan_init(&plan);
+    REQUIRE(moe_plan(&p, &plan) == MOE_OK);
+    const uint32_t routed = plan.n_routed_experts;
+    const uint32_t vram_n = 1 + static_cast<uint32_t>(rng() % (routed - 1));
+    const uint64_t vram = plan.vram_fixed_bytes + uint64_t{vram_n} * plan.expert_slot_bytes;
+    REQUIRE(SetKnob("STRATA_DEVICE_TIERS", "1") == 0);
+    moe_stats st;
+    uint32_t slots = 0;
+    const auto got = TeacherForced(model, tokens, 12, MOE_BACKEND_CUDA, vram, &slots, nullptr, &st);
+    UnsetKnob("STRATA_DEVICE_TIERS");
+    INFO(rel << ": VRAM " << vram_n << " of " << routed << ", RAM slots " << st.cache_slots);
+    CHECK(slots == vram_n);
+    CHECK(st.streaming == 1);
+    CHECK(st.cache_slots >= routed - vram_n + 1);  // complete: one to spare
+    CHECK(st.cache_slots < routed);                  // distinct experts: RAM need not hold VRAM's
+    CHECK(st.expert_misses == 0);
+    CHECK(st.vram_hits + st.expert_hits == all_st.expert_hits);
+    CHECK(got == all);
+  }
+}
+
 // A prompt over complete tiers (a third of the experts in VRAM, the rest in a streamed RAM tier
 // that holds them all): its experts from RAM are copied up into the staging ring for their
 // products (each layer's chunks on the tensor cores with 8-bit activations, one at a time with float
