@@ -161,9 +161,10 @@ absl::StatusOr<std::unique_ptr<Context>> Context::Open(const ContextOptions &o) 
   if (!streaming && tunables::Get().device_tiers && o.vram_budget_bytes > 0 && backends::HasDeviceMemory(kind) &&
       ctx->plan_.vram_expert_slots > 0 && ctx->plan_.vram_expert_slots < ctx->plan_.n_routed_experts &&
       backends::ReadsExpertsInPlace(kind, ctx->weights_)) {
+    // The RAM tier holds one layer's experts at least (ExpertCache's floor).
     const uint32_t routed = ctx->plan_.n_routed_experts;
-    const uint32_t least = std::min<uint32_t>(routed - 1, 2 * static_cast<uint32_t>(ctx->hp_.n_expert_used));
-    ctx->plan_.ram_expert_slots = std::max(routed - ctx->plan_.vram_expert_slots + 1, least);
+    const uint32_t least = std::max<uint32_t>(ctx->hp_.n_expert, 2 * static_cast<uint32_t>(ctx->hp_.n_expert_used));
+    ctx->plan_.ram_expert_slots = std::min(routed, std::max(routed - ctx->plan_.vram_expert_slots + 1, least));
     streaming = ctx->plan_.ram_expert_slots < routed;
   }
   // A backend with memory of its own (or the tests' host-memory device) plans a VRAM tier; the RAM

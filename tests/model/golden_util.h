@@ -76,8 +76,9 @@ inline std::vector<float> TeacherForced(const std::string &model, const std::vec
   p.gpu_q8_activations = q8_activations ? 1 : 0;
   p.n_threads = 2;
   moe_ctx *ctx = nullptr;
+  const moe_status opened = moe_ctx_open(&p, &ctx);
   INFO(model << ": " << moe_last_error());
-  REQUIRE(moe_ctx_open(&p, &ctx) == MOE_OK);
+  REQUIRE(opened == MOE_OK);
   if (vram_slots != nullptr || n_routed != nullptr) {
     moe_cache_plan plan;
     moe_cache_plan_init(&plan);
