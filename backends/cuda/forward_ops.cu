@@ -614,6 +614,7 @@ namespace {
 // are too few to fill the device and the keys span several chunks.
 int AttentionSplits(const AttentionExtArgs &a, int64_t n_tok) {
   if (n_tok <= 0 || a.head_dim > kAttnMaxHeadDim || a.v_dim > 32 * kAttnMaxVPerLane) return 0;
+  if (FlashAttentionApplies(a, n_tok)) return 0;
   if (a.rows != nullptr) return std::max(1, (a.max_keys + kAttnChunk - 1) / kAttnChunk);
   if (n_tok * a.n_head >= 256) return 0;
   const int last = a.pos0 + static_cast<int>(n_tok) - 1;
@@ -636,6 +637,7 @@ absl::Status AttentionExt(const float *q, const AttentionExtArgs &a, int64_t n_t
                   a.n_head_kv, a.head_dim);
   }
   if (n_tok <= 0) return absl::OkStatus();
+  if (FlashAttentionApplies(a, n_tok)) return FlashAttention(q, a, n_tok, out, stream);
   const int n_split = AttentionSplits(a, n_tok);
   if (n_split > kAttnMaxSplits) {  // the combine keeps two floats a chunk in 48 KiB of shared memory
     return Errorf(MOE_ERR_UNSUPPORTED, "attention over %d keys (at most %d)", n_split * kAttnChunk,

@@ -1,0 +1,331 @@
+// Flash attention for prompts over the KV cache's block tables (AttentionExt's prefill path): tiled
+// over query rows and key tiles with an online softmax, so no score matrix is kept, and the two
+// products (Q K^T, P V) on tensor cores with mma.sync. The cache is float32, so each product runs
+// in 3xTF32: an operand x is split into big = tf32(x) and small = tf32(x - big), and
+// a b ~ big_a small_b + small_a big_b + big_a big_b, which keeps about float32's accuracy (the
+// dropped small_a small_b term is ~2^-22 relative).
+//
+// A tile's 64 rows are (query token, head of the GQA group) pairs of one KV head, so each K/V tile
+// loaded into shared memory serves every head of the group. K/V tiles are double buffered with
+// cp.async: tile i + 1 is in flight while tile i is used.
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "backends/cuda/cuda_status.h"
+#include "backends/cuda/kernels.h"
+#include "backends/cuda/launch.cuh"
+
+namespace strata::cuda {
+namespace {
+
+constexpr int kRows = 64;           // query rows of a tile: (token, head) pairs
+constexpr int kWarps = kRows / 16;  // a warp's 16 rows are one mma row block
+constexpr int kFlashThreads = kWarps * 32;
+constexpr int kMinTokens = 16;      // fewer tokens keep the per-(token, head) kernels
+
+// Shared memory row strides (floats). Fragment reads are conflict-free when a row's stride is
+// 4 mod 32 for Q, K and P (lanes read rows lane / 4, columns lane % 4) and 8 mod 32 for V (lanes
+// read rows lane % 4, columns lane / 4).
+template <int D>
+struct FlashShape {
+  static constexpr int kKeys = D <= 64 ? 64 : 32;  // keys of a K/V tile
+  static constexpr int kQStride = D + 4, kKStride = D + 4, kVStride = D + 8, kPStride = kKeys + 4;
+  static constexpr int kQFloats = kRows * kQStride;
+  static constexpr int kKFloats = kKeys * kKStride, kVFloats = kKeys * kVStride;
+  static constexpr int kPFloats = kRows * kPStride;
+  // Q, two K and two V buffers, P, then the tile's mask flags (one int a key, two buffers).
+  static constexpr size_t kBytes =
+      (static_cast<size_t>(kQFloats) + 2 * kKFloats + 2 * kVFloats + kPFloats + 2 * kKeys) * sizeof(float);
+};
+
+__device__ __forceinline__ uint32_t Tf32(float x) {
+  uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+  return r;
+}
+// x as big + small tf32 parts.
+__device__ __forceinline__ void Split(float x, uint32_t &big, uint32_t &small) {
+  big = Tf32(x);
+  small = Tf32(x - __uint_as_float(big));
+}
+
+// c += a b over one m16n8k8 tile (tf32 inputs, float32 accumulation).
+__device__ __forceinline__ void Mma(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+// 3xTF32: the small cross terms first, then the big product.
+__device__ __forceinline__ void Mma3(float (&c)[4], const uint32_t (&ab)[4], const uint32_t (&as)[4],
+                                     const uint32_t (&bb)[2], const uint32_t (&bs)[2]) {
+  Mma(c, ab, bs);
+  Mma(c, as, bb);
+  Mma(c, ab, bb);
+}
+
+// 16 bytes from global to shared memory, or zeros when !valid (src is then not read).
+__device__ __forceinline__ void CpAsync16(float *dst, const float *src, bool valid) {
+  const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(valid ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+// Block (query tile x, KV head y): tokens t0 .. t0 + tq - 1 (tq = kRows / group) and the group's
+// heads; row r is token t0 + r / group, head y group + r % group. Keys from the first one the
+// tile's first token sees to the last token's own position, kKeys at a time.
+template <int D>
+__global__ void __launch_bounds__(kFlashThreads) FlashAttentionKernel(const float *q, AttentionExtArgs a,
+                                                                      int64_t n_tok, float *out) {
+  using S = FlashShape<D>;
+  constexpr int kKeys = S::kKeys;
+  dev::AwaitPrior();
+  extern __shared__ __align__(16) float sm[];
+  float *qs = sm;
+  float *ks = qs + S::kQFloats;           // 2 buffers
+  float *vs = ks + 2 * S::kKFloats;       // 2 buffers
+  float *ps = vs + 2 * S::kVFloats;
+  int *flags = reinterpret_cast<int *>(ps + S::kPFloats);  // 2 buffers of kKeys
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int group = a.n_head / a.n_head_kv, tq = kRows / group;
+  const int kvh = blockIdx.y;
+  const int64_t t0 = static_cast<int64_t>(blockIdx.x) * tq;
+  const int64_t t_end = min(n_tok, t0 + tq);
+  const int p_lo = a.pos0 + static_cast<int>(t0), p_hi = a.pos0 + static_cast<int>(t_end) - 1;
+  const int k_begin = a.window > 0 ? max(0, p_lo - a.window + 1) : 0;
+  const int n_tiles = (p_hi - k_begin) / kKeys + 1;
+
+  // The query rows, zeros past the tile's tokens.
+  constexpr int kChunks = D / 4;  // 16-byte pieces of a row
+  for (int c = threadIdx.x; c < kRows * kChunks; c += kFlashThreads) {
+    const int r = c / kChunks, col = (c % kChunks) * 4;
+    const int64_t t = t0 + r / group;
+    const bool valid = r < tq * group && t < t_end;
+    const float *src = valid ? q + (t * a.n_head + kvh * group + r % group) * D + col : q;
+    CpAsync16(qs + r * S::kQStride + col, src, valid);
+  }
+  // Tile i's keys and values (the first v_dim floats of the key rows when latent: no V copy), zeros
+  // past the last position (those cache rows may hold anything), and each key's mask flag.
+  auto load_tile = [&](int i) {
+    const int kt = k_begin + i * kKeys;
+    float *kd = ks + (i & 1) * S::kKFloats, *vd = vs + (i & 1) * S::kVFloats;
+    for (int c = threadIdx.x; c < kKeys * kChunks; c += kFlashThreads) {
+      const int j = c / kChunks, col = (c % kChunks) * 4;
+      const int kp = kt + j;
+      const bool valid = kp <= p_hi;
+      const int blk = valid ? kp / a.block_tokens : 0, in_block = valid ? kp % a.block_tokens : 0;
+      const float *krow = valid ? a.k_blocks[blk] + static_cast<int64_t>(in_block) * a.k_stride +
+                                      static_cast<int64_t>(kvh) * D
+                                : q;
+      CpAsync16(kd + j * S::kKStride + col, krow + (valid ? col : 0), valid);
+      if (!a.latent) {
+        const float *vrow = valid ? a.v_blocks[blk] + static_cast<int64_t>(in_block) * a.v_stride +
+                                        static_cast<int64_t>(kvh) * D
+                                  : q;
+        CpAsync16(vd + j * S::kVStride + col, vrow + (valid ? col : 0), valid);
+      }
+    }
+    for (int j = threadIdx.x; j < kKeys; j += kFlashThreads) {
+      const int kp = kt + j;
+      flags[(i & 1) * kKeys + j] = kp <= p_hi && a.masked != nullptr && a.masked[kp] != 0 ? 1 : 0;
+    }
+  };
+  load_tile(0);
+  CpAsyncCommit();
+
+  // This thread's two rows (lane / 4 and lane / 4 + 8 of the warp's 16): position and first key; a
+  // padding row gets position -1, which sees no key.
+  int rpos[2], rfirst[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = warp * 16 + lane / 4 + 8 * h;
+    const int64_t t = t0 + r / group;
+    const bool valid = r < tq * group && t < t_end;
+    rpos[h] = valid ? a.pos0 + static_cast<int>(t) : -1;
+    rfirst[h] = valid && a.window > 0 ? max(0, rpos[h] - a.window + 1) : 0;
+  }
+  float o[D / 8][4];
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  const float *qw = qs + warp * 16 * S::kQStride;
+  float *pw = ps + warp * 16 * S::kPStride;
+  const int qr = lane / 4, qc = lane % 4;
+
+  for (int i = 0; i < n_tiles; ++i) {
+    if (i + 1 < n_tiles) {
+      load_tile(i + 1);
+      CpAsyncCommit();
+      CpAsyncWait<1>();
+    } else {
+      CpAsyncWait<0>();
+    }
+    __syncthreads();
+    const int kt = k_begin + i * kKeys;
+    const float *kb = ks + (i & 1) * S::kKFloats;
+    const float *vb = a.latent ? kb : vs + (i & 1) * S::kVFloats;
+    const int vstride = a.latent ? S::kKStride : S::kVStride;
+    const int *fl = flags + (i & 1) * kKeys;
+    // A warp none of whose 16 rows sees a key of the tile (all before it, or past their window)
+    // skips it.
+    bool any = false;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) any |= rpos[h] >= kt && rpos[h] >= 0 && rfirst[h] <= kt + kKeys - 1;
+    any = __any_sync(0xffffffffu, any);
+    if (any) {
+      // Scores s = Q K^T for the warp's 16 rows and the tile's keys.
+      float s[kKeys / 8][4];
+#pragma unroll
+      for (int n = 0; n < kKeys / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+#pragma unroll 2
+      for (int kk = 0; kk < D / 8; ++kk) {
+        uint32_t ab[4], as[4];
+        Split(qw[qr * S::kQStride + kk * 8 + qc], ab[0], as[0]);
+        Split(qw[(qr + 8) * S::kQStride + kk * 8 + qc], ab[1], as[1]);
+        Split(qw[qr * S::kQStride + kk * 8 + qc + 4], ab[2], as[2]);
+        Split(qw[(qr + 8) * S::kQStride + kk * 8 + qc + 4], ab[3], as[3]);
+#pragma unroll
+        for (int n = 0; n < kKeys / 8; ++n) {
+          uint32_t bb[2], bs[2];
+          Split(kb[(n * 8 + qr) * S::kKStride + kk * 8 + qc], bb[0], bs[0]);
+          Split(kb[(n * 8 + qr) * S::kKStride + kk * 8 + qc + 4], bb[1], bs[1]);
+          Mma3(s[n], ab, as, bb, bs);
+        }
+      }
+      // Scale, mask (a masked key is no key but for its own position's query), online softmax.
+      float mt[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+      for (int n = 0; n < kKeys / 8; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int h = e / 2, j = n * 8 + qc * 2 + (e & 1), kp = kt + j;
+          const bool vis = kp <= rpos[h] && kp >= rfirst[h] && (kp == rpos[h] || fl[j] == 0);
+          s[n][e] = vis ? __fmul_rn(s[n][e], a.scale) : -INFINITY;
+          mt[h] = fmaxf(mt[h], s[n][e]);
+        }
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        mt[h] = fmaxf(mt[h], __shfl_xor_sync(0xffffffffu, mt[h], 1));
+        mt[h] = fmaxf(mt[h], __shfl_xor_sync(0xffffffffu, mt[h], 2));
+        const float mn = fmaxf(m[h], mt[h]);
+        const float base = mn == -INFINITY ? 0.f : mn;  // a row with no key yet stays at zero
+        const float alpha = expf(m[h] - base);
+        m[h] = mn;
+        mt[h] = base;
+        l[h] *= alpha;
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n) {
+          o[n][2 * h] *= alpha;
+          o[n][2 * h + 1] *= alpha;
+        }
+      }
+#pragma unroll
+      for (int n = 0; n < kKeys / 8; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int h = e / 2;
+          const float p = expf(s[n][e] - mt[h]);
+          l[h] += p;
+          pw[(qr + 8 * h) * S::kPStride + n * 8 + qc * 2 + (e & 1)] = p;
+        }
+      }
+      __syncwarp();
+      // o += P V.
+#pragma unroll 2
+      for (int kk = 0; kk < kKeys / 8; ++kk) {
+        uint32_t ab[4], as[4];
+        Split(pw[qr * S::kPStride + kk * 8 + qc], ab[0], as[0]);
+        Split(pw[(qr + 8) * S::kPStride + kk * 8 + qc], ab[1], as[1]);
+        Split(pw[qr * S::kPStride + kk * 8 + qc + 4], ab[2], as[2]);
+        Split(pw[(qr + 8) * S::kPStride + kk * 8 + qc + 4], ab[3], as[3]);
+        const float *v0 = vb + (kk * 8 + qc) * vstride, *v1 = v0 + 4 * vstride;
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n) {
+          uint32_t bb[2], bs[2];
+          Split(v0[n * 8 + qr], bb[0], bs[0]);
+          Split(v1[n * 8 + qr], bb[1], bs[1]);
+          Mma3(o[n], ab, as, bb, bs);
+        }
+      }
+      __syncwarp();
+    }
+    __syncthreads();  // the buffers of tile i are free for tile i + 2
+  }
+
+  // Row sums over the quad, the sink logit, and the normalised rows out.
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+    const int r = warp * 16 + qr + 8 * h;
+    if (rpos[h] < 0) continue;
+    const int head = kvh * group + r % group;
+    float scale_o = 1.f;
+    if (a.sinks != nullptr) {  // one more logit whose value row is zero
+      const float sink = a.sinks[head];
+      const float mn = fmaxf(m[h], sink);
+      scale_o = expf(m[h] - mn);
+      l[h] = l[h] * scale_o + expf(sink - mn);
+    }
+    const float inv = scale_o / l[h];
+    float *dst = out + ((t0 + r / group) * a.n_head + head) * a.v_dim;
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+      const int c = n * 8 + qc * 2;
+      if (c < a.v_dim) dst[c] = o[n][2 * h] * inv;
+      if (c + 1 < a.v_dim) dst[c + 1] = o[n][2 * h + 1] * inv;
+    }
+  }
+}
+
+template <int D>
+absl::Status LaunchFlash(const float *q, const AttentionExtArgs &a, int64_t n_tok, float *out, cudaStream_t stream) {
+  using S = FlashShape<D>;
+  // Opt in to the shared memory once per instantiation (the kernels run on one device per process).
+  static const cudaError_t opt_in = cudaFuncSetAttribute(
+      FlashAttentionKernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(S::kBytes));
+  STRATA_CUDA_RETURN_IF_ERROR(opt_in);
+  const int tq = kRows / (a.n_head / a.n_head_kv);
+  const int64_t tiles = (n_tok + tq - 1) / tq;
+  if (tiles > INT32_MAX) return Errorf(MOE_ERR_INVALID_ARGUMENT, "flash attention over %d tokens", n_tok);
+  const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(a.n_head_kv));
+  Launch(FlashAttentionKernel<D>, grid, kFlashThreads, S::kBytes, stream, q, a, n_tok, out);
+  STRATA_CUDA_RETURN_IF_LAUNCH_FAILED();
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+bool FlashAttentionApplies(const AttentionExtArgs &a, int64_t n_tok) {
+  if (a.rows != nullptr || n_tok < kMinTokens) return false;
+  if (a.head_dim != 64 && a.head_dim != 128) return false;
+  if (a.n_head_kv <= 0 || a.n_head % a.n_head_kv != 0 || a.n_head / a.n_head_kv > kRows) return false;
+  // Rows are copied 16 bytes at a time: strides in whole 4-float pieces (block starts are
+  // allocations, 256-byte aligned). Latent values come from the key rows' first v_dim floats.
+  if (a.k_stride % 4 != 0 || (!a.latent && a.v_stride % 4 != 0)) return false;
+  if (a.latent ? (a.v_dim <= 0 || a.v_dim > a.head_dim || a.n_head_kv != 1) : a.v_dim != a.head_dim) return false;
+  return a.pos0 >= 0 && static_cast<int64_t>(a.pos0) + n_tok <= INT32_MAX;
+}
+
+absl::Status FlashAttention(const float *q, const AttentionExtArgs &a, int64_t n_tok, float *out,
+                            cudaStream_t stream) {
+  if (!FlashAttentionApplies(a, n_tok)) {
+    return Errorf(MOE_ERR_INVALID_ARGUMENT,
+                  "flash attention over %d tokens, %d heads, %d KV heads, head_dim %d, v_dim %d (rows mode: %d)", n_tok,
+                  a.n_head, a.n_head_kv, a.head_dim, a.v_dim, a.rows != nullptr ? 1 : 0);
+  }
+  if (a.k_blocks == nullptr || (!a.latent && a.v_blocks == nullptr) || a.block_tokens <= 0) {
+    return Errorf(MOE_ERR_INVALID_ARGUMENT, "flash attention without block tables");
+  }
+  return a.head_dim == 64 ? LaunchFlash<64>(q, a, n_tok, out, stream) : LaunchFlash<128>(q, a, n_tok, out, stream);
+}
+
+}  // namespace strata::cuda

@@ -1,0 +1,201 @@
+// AttentionExt's prompt path (the flash kernel, backends/cuda/flash_attention.cu) against the CPU
+// backend's Attention on fresh random inputs, outputs poisoned with NaN and cache rows past the
+// chunk's last position poisoned too (the kernel must not let them into a result). Both products
+// run in 3xTF32 on tensor cores: about float32's accuracy but not the CPU's order of operations,
+// so results are held to 2e-5 relative L2 (a plain TF32 product would be ~1e-3 off).
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "backends/cpu/cpu_backend.h"
+#include "backends/cuda/cuda_status.h"
+#include "tests/cuda/cuda_test_util.h"
+
+namespace strata::cuda {
+namespace {
+
+using test::Download;
+using test::HaveGpu;
+using test::Poisoned;
+using test::RandomFloats;
+using test::RelL2;
+using test::Upload;
+
+struct FlashCase {
+  int group, n_head_kv, head_dim;
+  int pos0, n_tok;
+  int window;       // 0 = unlimited
+  bool masked;      // every third earlier position masked
+  bool sinks;
+  bool latent;      // values: the key rows' first v_dim floats
+  int v_dim;        // latent only
+  float scale;      // 0: 1 / sqrt(head_dim)
+  int block_tokens;
+};
+
+std::string Describe(const FlashCase &c) {
+  return "group " + std::to_string(c.group) + " kv heads " + std::to_string(c.n_head_kv) + " head_dim " +
+         std::to_string(c.head_dim) + " pos0 " + std::to_string(c.pos0) + " tokens " + std::to_string(c.n_tok) +
+         " window " + std::to_string(c.window) + " masked " + std::to_string(c.masked) + " sinks " +
+         std::to_string(c.sinks) + " latent " + std::to_string(c.latent) + " block " + std::to_string(c.block_tokens);
+}
+
+// Runs one case on both backends; returns the relative L2 error of the device result.
+double RunCase(std::mt19937 &rng, cpu::CpuBackend &cpu, const FlashCase &c) {
+  const int n_head = c.group * c.n_head_kv, head_dim = c.head_dim;
+  const int v_dim = c.latent ? c.v_dim : head_dim;
+  const int n_tok = c.n_tok, pos0 = c.pos0;
+  // The cache covers whole blocks past the chunk; rows after its last position are NaN.
+  const int last = pos0 + n_tok - 1;
+  const int n_ctx = (last / c.block_tokens + 2) * c.block_tokens;
+  const int k_width = c.n_head_kv * head_dim, v_width = c.latent ? 0 : k_width;
+  std::vector<float> k = RandomFloats(rng, static_cast<size_t>(n_ctx) * k_width);
+  std::vector<float> v = RandomFloats(rng, std::max<size_t>(1, static_cast<size_t>(n_ctx) * v_width));
+  const std::vector<float> q = RandomFloats(rng, static_cast<size_t>(n_tok) * n_head * head_dim, -2.f, 2.f);
+  const std::vector<float> sinks = RandomFloats(rng, n_head, -1.f, 3.f);
+  std::vector<uint8_t> masked(n_ctx, 0);
+  if (c.masked) {
+    for (int p = 1; p < n_ctx; p += 3) masked[p] = 1;
+  }
+  model::AttentionParams p;
+  p.scale = c.scale;
+  p.latent = c.latent;
+  p.v_dim = v_dim;
+  if (c.sinks) p.sinks = sinks.data();
+  std::vector<float> ref(static_cast<size_t>(n_tok) * n_head * v_dim);
+  {
+    model::ContiguousKv ckv(k.data(), v.data(), n_ctx, k_width, v_width);
+    model::KvView view = ckv.view();
+    view.masked = c.masked ? masked.data() : nullptr;
+    cpu.Attention(q.data(), view, n_tok, pos0, n_head, c.n_head_kv, head_dim, c.window, ref.data(), p);
+  }
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::fill(k.begin() + static_cast<int64_t>(last + 1) * k_width, k.end(), nan);
+  if (!c.latent) std::fill(v.begin() + static_cast<int64_t>(last + 1) * v_width, v.end(), nan);
+  DeviceBuffer dk = Upload(k), dv = Upload(v), dq = Upload(q), ds = Upload(sinks), dm = Upload(masked);
+  DeviceBuffer dout = Poisoned(ref.size());
+  // The device blocks in reverse order of the memory, so a kernel that ignored the tables would
+  // read the wrong rows.
+  const int n_blocks = n_ctx / c.block_tokens;
+  std::vector<const float *> kb(n_blocks), vb(n_blocks);
+  std::vector<float> k_perm(k.size()), v_perm(v.size());
+  for (int b = 0; b < n_blocks; ++b) {
+    const int slot = n_blocks - 1 - b;
+    const int64_t kr = static_cast<int64_t>(c.block_tokens) * k_width, vr = static_cast<int64_t>(c.block_tokens) * v_width;
+    std::copy(k.begin() + b * kr, k.begin() + (b + 1) * kr, k_perm.begin() + slot * kr);
+    if (!c.latent) std::copy(v.begin() + b * vr, v.begin() + (b + 1) * vr, v_perm.begin() + slot * vr);
+    kb[b] = dk.as<float>() + slot * kr;
+    vb[b] = c.latent ? nullptr : dv.as<float>() + slot * vr;
+  }
+  REQUIRE(cudaMemcpy(dk.data(), k_perm.data(), k_perm.size() * sizeof(float), cudaMemcpyHostToDevice) == cudaSuccess);
+  if (!c.latent) {
+    REQUIRE(cudaMemcpy(dv.data(), v_perm.data(), v_perm.size() * sizeof(float), cudaMemcpyHostToDevice) ==
+            cudaSuccess);
+  }
+  DeviceBuffer dkt = Upload(kb), dvt = Upload(vb);
+  AttentionExtArgs a;
+  a.k_blocks = dkt.as<const float *>();
+  a.v_blocks = dvt.as<const float *>();
+  a.block_tokens = c.block_tokens;
+  a.k_stride = k_width;
+  a.v_stride = v_width;
+  a.pos0 = pos0;
+  a.n_head = n_head;
+  a.n_head_kv = c.n_head_kv;
+  a.head_dim = head_dim;
+  a.v_dim = v_dim;
+  a.window = c.window;
+  a.latent = c.latent;
+  a.scale = c.scale != 0.f ? c.scale : 1.0f / std::sqrt(static_cast<float>(head_dim));
+  a.sinks = c.sinks ? ds.as<float>() : nullptr;
+  a.masked = c.masked ? dm.as<uint8_t>() : nullptr;
+  const bool flash = FlashAttentionApplies(a, n_tok);
+  CHECK(flash == (n_tok >= 16));
+  if (flash) CHECK(AttentionExtWorkspaceBytes(a, n_tok) == 0);  // no split scratch on this path
+  const size_t ws_bytes = AttentionExtWorkspaceBytes(a, n_tok);
+  DeviceBuffer dws = Poisoned(std::max<size_t>(ws_bytes / sizeof(float), 1));
+  const absl::Status st = AttentionExt(dq.as<float>(), a, n_tok, dout.as<float>(), nullptr, Workspace{dws.data(), ws_bytes});
+  INFO(st.ToString());
+  REQUIRE(st.ok());
+  return RelL2(Download<float>(dout, ref.size()), ref);
+}
+
+}  // namespace
+
+TEST_CASE("Flash attention over block tables matches the CPU backend for GQA groups, head dims and prompt lengths",
+          "[gpu]") {
+  if (!HaveGpu()) return;
+  auto rng = test::Rng();
+  cpu::CpuBackend cpu(4);
+  // Lengths around the kernel's dispatch (15 / 16), its 64-row tiles and its key tiles, up to ~2,000;
+  // chunks at position 0 and after earlier chunks.
+  for (int group : {1, 4, 8}) {
+    for (int head_dim : {64, 128}) {
+      for (int n_tok : {1, 15, 16, 17, 63, 64, 65, 200, 777, 2000}) {
+        for (int pos0 : {0, 300}) {
+          if (n_tok == 2000 && pos0 > 0 && group == 1) continue;  // keeps the CPU side short
+          const FlashCase c{group, 2, head_dim, pos0, n_tok, 0, false, false, false, 0, 0.f, 128};
+          INFO(Describe(c));
+          CHECK(RunCase(rng, cpu, c) <= 2e-5);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("Flash attention with windows, masks, sinks, latent values, a set scale and odd block sizes matches the "
+          "CPU backend",
+          "[gpu]") {
+  if (!HaveGpu()) return;
+  auto rng = test::Rng();
+  cpu::CpuBackend cpu(4);
+  const FlashCase cases[] = {
+      // windows (shorter than, across and longer than the chunk), gpt-oss's shape: 64, group 8, sinks
+      {8, 1, 64, 0, 300, 128, false, true, false, 0, 0.f, 128},
+      {8, 1, 64, 500, 129, 128, false, true, false, 0, 0.f, 128},
+      {8, 2, 64, 37, 400, 33, false, false, false, 0, 0.f, 128},
+      {4, 2, 128, 1000, 50, 4096, false, false, false, 0, 0.f, 128},
+      // masked positions (blocked tokens), alone and with a window and sinks
+      {4, 2, 128, 211, 90, 0, true, false, false, 0, 0.f, 128},
+      {1, 3, 64, 70, 300, 45, true, true, false, 0, 0.37f, 128},
+      // latent values (one KV head, values the first v_dim floats of the keys)
+      {16, 1, 128, 0, 100, 0, false, false, true, 96, 0.21f, 128},
+      {8, 1, 64, 129, 64, 0, true, true, true, 64, 0.f, 128},
+      // groups that do not divide the 64-row tile, blocks that split key tiles
+      {3, 2, 128, 5, 120, 0, false, true, false, 0, 0.f, 8},
+      {6, 1, 64, 250, 77, 60, true, false, false, 0, 0.f, 48},
+      {64, 1, 64, 0, 20, 0, false, false, false, 0, 0.f, 128},
+      // large scores (a set scale of 1): the online softmax's rescaling must hold
+      {4, 1, 128, 600, 300, 0, false, true, false, 0, 1.f, 128},
+  };
+  for (const FlashCase &c : cases) {
+    INFO(Describe(c));
+    CHECK(RunCase(rng, cpu, c) <= 2e-5);
+  }
+}
+
+TEST_CASE("FlashAttention refuses calls it cannot take", "[gpu]") {
+  AttentionExtArgs a;
+  a.block_tokens = 128;
+  a.n_head = 8;
+  a.n_head_kv = 2;
+  a.head_dim = a.v_dim = 96;  // neither 64 nor 128
+  a.k_stride = a.v_stride = 192;
+  CHECK_FALSE(FlashAttentionApplies(a, 100));
+  CHECK(StatusToMoe(FlashAttention(nullptr, a, 100, nullptr, nullptr)) == MOE_ERR_INVALID_ARGUMENT);
+  a.head_dim = a.v_dim = 128;
+  a.k_stride = a.v_stride = 256;
+  CHECK(FlashAttentionApplies(a, 16));
+  CHECK_FALSE(FlashAttentionApplies(a, 15));
+  a.k_stride = 258;  // rows not in 16-byte pieces
+  CHECK_FALSE(FlashAttentionApplies(a, 100));
+  a.k_stride = 256;
+  model::KvRowRef row;
+  a.rows = &row;  // rows mode stays on the split path
+  CHECK_FALSE(FlashAttentionApplies(a, 100));
+  a.rows = nullptr;
+  CHECK(StatusToMoe(FlashAttention(nullptr, a, 100, nullptr, nullptr)) == MOE_ERR_INVALID_ARGUMENT);  // no tables
+}
+
+}  // namespace strata::cuda
