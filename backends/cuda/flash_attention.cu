@@ -102,15 +102,14 @@ __global__ void __launch_bounds__(kFlashThreads) FlashAttentionKernel(const floa
   const int k_begin = a.window > 0 ? max(0, p_lo - a.window + 1) : 0;
   const int n_tiles = (p_hi - k_begin) / kKeys + 1;
 
-  // The query rows, zeros past the tile's tokens.
-  constexpr int kChunks = D / 4;  // 16-byte pieces of a row
-  for (int c = threadIdx.x; c < kRows * kChunks; c += kFlashThreads) {
-    const int r = c / kChunks, col = (c % kChunks) * 4;
+  // The query rows, zeros past the tile's tokens (plain loads: q need not be 16-byte aligned).
+  for (int c = threadIdx.x; c < kRows * D; c += kFlashThreads) {
+    const int r = c / D, col = c % D;
     const int64_t t = t0 + r / group;
     const bool valid = r < tq * group && t < t_end;
-    const float *src = valid ? q + (t * a.n_head + kvh * group + r % group) * D + col : q;
-    CpAsync16(qs + r * S::kQStride + col, src, valid);
+    qs[r * S::kQStride + col] = valid ? q[(t * a.n_head + kvh * group + r % group) * D + col] : 0.f;
   }
+  constexpr int kChunks = D / 4;  // 16-byte pieces of a K/V row
   // Tile i's keys and values (the first v_dim floats of the key rows when latent: no V copy), zeros
   // past the last position (those cache rows may hold anything), and each key's mask flag.
   auto load_tile = [&](int i) {
@@ -308,9 +307,10 @@ bool FlashAttentionApplies(const AttentionExtArgs &a, int64_t n_tok) {
   if (a.rows != nullptr || n_tok < kMinTokens) return false;
   if (a.head_dim != 64 && a.head_dim != 128) return false;
   if (a.n_head_kv <= 0 || a.n_head % a.n_head_kv != 0 || a.n_head / a.n_head_kv > kRows) return false;
-  // Rows are copied 16 bytes at a time: strides in whole 4-float pieces (block starts are
-  // allocations, 256-byte aligned). Latent values come from the key rows' first v_dim floats.
+  // K/V rows are copied 16 bytes at a time: strides in whole 4-float pieces (the block starts must
+  // be 16-byte aligned: they are allocations, or whole blocks into one).
   if (a.k_stride % 4 != 0 || (!a.latent && a.v_stride % 4 != 0)) return false;
+  // Latent values are the key rows' first v_dim floats (one KV head).
   if (a.latent ? (a.v_dim <= 0 || a.v_dim > a.head_dim || a.n_head_kv != 1) : a.v_dim != a.head_dim) return false;
   return a.pos0 >= 0 && static_cast<int64_t>(a.pos0) + n_tok <= INT32_MAX;
 }

@@ -320,7 +320,7 @@ __global__ void __launch_bounds__(kThreads) AttentionSplitKernel(const float *q,
   dev::AwaitPrior();
   extern __shared__ float sm[];  // (GB, head_dim) queries, (GB, kAttnChunk) scores, (GB, kAttnWarps, v_dim) parts
   __shared__ float red[GB][kAttnWarps];
-  __shared__ float s_sum[GB];
+  __shared__ float s_sum[GB], s_max[GB];
   float *qs = sm, *sc = qs + GB * a.head_dim, *parts = sc + GB * kAttnChunk;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int group = a.n_head / a.n_head_kv, runs = (group + GB - 1) / GB;
@@ -368,7 +368,7 @@ __global__ void __launch_bounds__(kThreads) AttentionSplitKernel(const float *q,
 #pragma unroll
     for (int u = 0; u < kKeysPerWarp; ++u) dot[h][u] = 0.f;
   }
-#pragma unroll 2
+#pragma unroll(GB >= 4 ? 1 : 4)
   for (int d = lane; d < a.head_dim; d += 32) {
     float kd[kKeysPerWarp];
 #pragma unroll
@@ -397,32 +397,31 @@ __global__ void __launch_bounds__(kThreads) AttentionSplitKernel(const float *q,
     if (lane == 0) red[h][warp] = mx;
   }
   __syncthreads();
-  float mxs[GB];
-#pragma unroll
-  for (int h = 0; h < GB; ++h) {
-    mxs[h] = red[h][0];
-#pragma unroll
-    for (int w = 1; w < kAttnWarps; ++w) mxs[h] = fmaxf(mxs[h], red[h][w]);
-  }
   // Warp h forms head h's weights and their sum: key j's weight in lane j % 32 of half j / 32,
   // each half summed across the warp by shuffles and the halves added, as a block sum of the
   // chunk's keys, one a thread, adds them.
   static_assert(kAttnChunk == 64 && GB <= kAttnWarps, "one warp a head, two halves of the chunk");
   if (warp < GB) {
     const int h = warp, cnt = j1 - j0;
+    float mx = red[h][0];
+#pragma unroll
+    for (int w = 1; w < kAttnWarps; ++w) mx = fmaxf(mx, red[h][w]);
     float e[2];
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int j = lane + 32 * half;
       e[half] = 0.f;
       if (j < cnt) {
-        e[half] = mxs[h] == -INFINITY ? 0.f : ExpF(sc[h * kAttnChunk + j] - mxs[h]);
+        e[half] = mx == -INFINITY ? 0.f : ExpF(sc[h * kAttnChunk + j] - mx);
         sc[h * kAttnChunk + j] = e[half];
       }
 #pragma unroll
       for (int o = 16; o > 0; o >>= 1) e[half] += __shfl_xor_sync(0xffffffffu, e[half], o);
     }
-    if (lane == 0) s_sum[h] = e[0] + e[1];
+    if (lane == 0) {
+      s_sum[h] = e[0] + e[1];
+      s_max[h] = mx;
+    }
   }
   __syncthreads();
   // The warp's values, kVChunk output elements a lane of all its keys loaded at once, then added in
@@ -465,7 +464,7 @@ __global__ void __launch_bounds__(kThreads) AttentionSplitKernel(const float *q,
     } else {
       float *dst = dst_of(h);
       if (d == 0) {
-        dst[0] = mxs[h];
+        dst[0] = s_max[h];
         dst[1] = s_sum[h];
       }
       dst[2 + d] = r;

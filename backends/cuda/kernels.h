@@ -588,7 +588,8 @@ absl::Status AttentionExt(const float *q, const AttentionExtArgs &a, int64_t n_t
 // (token, head of a GQA group) rows against tiles of keys, online softmax, both products in 3xTF32
 // on tensor cores (about float32's accuracy, not its bits). Applies without rows, with at least 16
 // tokens, head_dim 64 or 128, v_dim = head_dim (latent: one KV head, v_dim <= head_dim), at most 64
-// heads a KV head and strides in whole 4-float pieces; FlashAttention fails otherwise.
+// heads a KV head and strides in whole 4-float pieces (block starts 16-byte aligned); FlashAttention
+// fails otherwise.
 bool FlashAttentionApplies(const AttentionExtArgs &a, int64_t n_tok);
 absl::Status FlashAttention(const float *q, const AttentionExtArgs &a, int64_t n_tok, float *out,
                             cudaStream_t stream);
