@@ -112,24 +112,30 @@ __global__ void __launch_bounds__(kFlashThreads) FlashAttentionKernel(const floa
   constexpr int kChunks = D / 4;  // 16-byte pieces of a K/V row
   // Tile i's keys and values (the first v_dim floats of the key rows when latent: no V copy), zeros
   // past the last position (those cache rows may hold anything), and each key's mask flag.
+  // A thread's pieces: kLoads of them, rows kRowStep apart, the same column. Their rows' addresses
+  // (block table lookups) are all formed first so those loads are in flight together.
+  constexpr int kLoads = kKeys * kChunks / kFlashThreads, kRowStep = kFlashThreads / kChunks;
+  static_assert(kKeys * kChunks % kFlashThreads == 0 && kFlashThreads % kChunks == 0, "whole rows a pass");
+  const int my_row = threadIdx.x / kChunks, my_col = (threadIdx.x % kChunks) * 4;
   auto load_tile = [&](int i) {
     const int kt = k_begin + i * kKeys;
     float *kd = ks + (i & 1) * S::kKFloats, *vd = vs + (i & 1) * S::kVFloats;
-    for (int c = threadIdx.x; c < kKeys * kChunks; c += kFlashThreads) {
-      const int j = c / kChunks, col = (c % kChunks) * 4;
-      const int kp = kt + j;
+    const float *krow[kLoads], *vrow[kLoads];
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u) {
+      const int kp = kt + my_row + u * kRowStep;
       const bool valid = kp <= p_hi;
-      const int blk = valid ? kp / a.block_tokens : 0, in_block = valid ? kp % a.block_tokens : 0;
-      const float *krow = valid ? a.k_blocks[blk] + static_cast<int64_t>(in_block) * a.k_stride +
-                                      static_cast<int64_t>(kvh) * D
-                                : q;
-      CpAsync16(kd + j * S::kKStride + col, krow + (valid ? col : 0), valid);
-      if (!a.latent) {
-        const float *vrow = valid ? a.v_blocks[blk] + static_cast<int64_t>(in_block) * a.v_stride +
-                                        static_cast<int64_t>(kvh) * D
-                                  : q;
-        CpAsync16(vd + j * S::kVStride + col, vrow + (valid ? col : 0), valid);
-      }
+      const int blk = valid ? kp / a.block_tokens : 0;
+      const int64_t off = static_cast<int64_t>(valid ? kp % a.block_tokens : 0);
+      krow[u] = valid ? a.k_blocks[blk] + off * a.k_stride + static_cast<int64_t>(kvh) * D + my_col : nullptr;
+      vrow[u] = valid && !a.latent ? a.v_blocks[blk] + off * a.v_stride + static_cast<int64_t>(kvh) * D + my_col
+                                   : nullptr;
+    }
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u) {
+      const int j = my_row + u * kRowStep;
+      CpAsync16(kd + j * S::kKStride + my_col, krow[u] != nullptr ? krow[u] : q, krow[u] != nullptr);
+      if (!a.latent) CpAsync16(vd + j * S::kVStride + my_col, vrow[u] != nullptr ? vrow[u] : q, vrow[u] != nullptr);
     }
     for (int j = threadIdx.x; j < kKeys; j += kFlashThreads) {
       const int kp = kt + j;
