@@ -10,6 +10,7 @@
 // cp.async: tile i + 1 is in flight while tile i is used.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -24,6 +25,12 @@ constexpr int kRows = 64;           // query rows of a tile: (token, head) pairs
 constexpr int kWarps = kRows / 16;  // a warp's 16 rows are one mma row block
 constexpr int kFlashThreads = kWarps * 32;
 constexpr int kMinTokens = 16;      // fewer tokens keep the per-(token, head) kernels
+
+// Query tiles of a call: kRows / group tokens each.
+int64_t QueryTiles(const AttentionExtArgs &a, int64_t n_tok) {
+  const int tq = kRows / (a.n_head / a.n_head_kv);
+  return (n_tok + tq - 1) / tq;
+}
 
 // Shared memory row strides (floats). Fragment reads are conflict-free when a row's stride is
 // 4 mod 32 for Q, K and P (lanes read rows lane / 4, columns lane % 4) and 8 mod 32 for V (lanes
@@ -81,9 +88,15 @@ __device__ __forceinline__ void CpAsyncWait() {
 // Block (query tile x, KV head y): tokens t0 .. t0 + tq - 1 (tq = kRows / group) and the group's
 // heads; row r is token t0 + r / group, head y group + r % group. Keys from the first one the
 // tile's first token sees to the last token's own position, kKeys at a time.
+//
+// With n_split > 1 (few tiles over many keys), block z takes the z-th of n_split runs of the tile's
+// key tiles and writes each row's max score, sum of weights and unnormalised output to part in the
+// split path's layout (AttentionCombine adds the runs and the sink); a run with no key of a row
+// writes m = -inf, l = 0.
 template <int D>
 __global__ void __launch_bounds__(kFlashThreads) FlashAttentionKernel(const float *q, AttentionExtArgs a,
-                                                                      int64_t n_tok, float *out) {
+                                                                      int64_t n_tok, float *out, int n_split,
+                                                                      float *part) {
   using S = FlashShape<D>;
   constexpr int kKeys = S::kKeys;
   dev::AwaitPrior();
@@ -100,7 +113,10 @@ __global__ void __launch_bounds__(kFlashThreads) FlashAttentionKernel(const floa
   const int64_t t_end = min(n_tok, t0 + tq);
   const int p_lo = a.pos0 + static_cast<int>(t0), p_hi = a.pos0 + static_cast<int>(t_end) - 1;
   const int k_begin = a.window > 0 ? max(0, p_lo - a.window + 1) : 0;
-  const int n_tiles = (p_hi - k_begin) / kKeys + 1;
+  const int n_all = (p_hi - k_begin) / kKeys + 1;  // key tiles of the query tile
+  const int per_split = (n_all + n_split - 1) / n_split;
+  const int i_begin = min(n_all, static_cast<int>(blockIdx.z) * per_split);
+  const int i_end = min(n_all, i_begin + per_split);
 
   // The query rows, zeros past the tile's tokens (plain loads: q need not be 16-byte aligned).
   for (int c = threadIdx.x; c < kRows * D; c += kFlashThreads) {
@@ -142,8 +158,10 @@ __global__ void __launch_bounds__(kFlashThreads) FlashAttentionKernel(const floa
       flags[(i & 1) * kKeys + j] = kp <= p_hi && a.masked != nullptr && a.masked[kp] != 0 ? 1 : 0;
     }
   };
-  load_tile(0);
-  CpAsyncCommit();
+  if (i_begin < i_end) {
+    load_tile(i_begin);
+    CpAsyncCommit();
+  }
 
   // This thread's two rows (lane / 4 and lane / 4 + 8 of the warp's 16): position and first key; a
   // padding row gets position -1, which sees no key.
@@ -164,8 +182,8 @@ __global__ void __launch_bounds__(kFlashThreads) FlashAttentionKernel(const floa
   float *pw = ps + warp * 16 * S::kPStride;
   const int qr = lane / 4, qc = lane % 4;
 
-  for (int i = 0; i < n_tiles; ++i) {
-    if (i + 1 < n_tiles) {
+  for (int i = i_begin; i < i_end; ++i) {
+    if (i + 1 < i_end) {
       load_tile(i + 1);
       CpAsyncCommit();
       CpAsyncWait<1>();
@@ -273,6 +291,21 @@ __global__ void __launch_bounds__(kFlashThreads) FlashAttentionKernel(const floa
     const int r = warp * 16 + qr + 8 * h;
     if (rpos[h] < 0) continue;
     const int head = kvh * group + r % group;
+    const int64_t th = (t0 + r / group) * a.n_head + head;
+    if (n_split > 1) {
+      float *dst = part + (th * n_split + blockIdx.z) * (a.v_dim + 2);
+      if (qc == 0) {
+        dst[0] = m[h];
+        dst[1] = l[h];
+      }
+#pragma unroll
+      for (int n = 0; n < D / 8; ++n) {
+        const int c = n * 8 + qc * 2;
+        if (c < a.v_dim) dst[2 + c] = o[n][2 * h];
+        if (c + 1 < a.v_dim) dst[2 + c + 1] = o[n][2 * h + 1];
+      }
+      continue;
+    }
     float scale_o = 1.f;
     if (a.sinks != nullptr) {  // one more logit whose value row is zero
       const float sink = a.sinks[head];
@@ -281,7 +314,7 @@ __global__ void __launch_bounds__(kFlashThreads) FlashAttentionKernel(const floa
       l[h] = l[h] * scale_o + expf(sink - mn);
     }
     const float inv = scale_o / l[h];
-    float *dst = out + ((t0 + r / group) * a.n_head + head) * a.v_dim;
+    float *dst = out + th * a.v_dim;
 #pragma unroll
     for (int n = 0; n < D / 8; ++n) {
       const int c = n * 8 + qc * 2;
@@ -292,22 +325,46 @@ __global__ void __launch_bounds__(kFlashThreads) FlashAttentionKernel(const floa
 }
 
 template <int D>
-absl::Status LaunchFlash(const float *q, const AttentionExtArgs &a, int64_t n_tok, float *out, cudaStream_t stream) {
+absl::Status LaunchFlash(const float *q, const AttentionExtArgs &a, int64_t n_tok, float *out, int n_split,
+                         float *part, cudaStream_t stream) {
   using S = FlashShape<D>;
   // Opt in to the shared memory once per instantiation (the kernels run on one device per process).
   static const cudaError_t opt_in = cudaFuncSetAttribute(
       FlashAttentionKernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(S::kBytes));
   STRATA_CUDA_RETURN_IF_ERROR(opt_in);
-  const int tq = kRows / (a.n_head / a.n_head_kv);
-  const int64_t tiles = (n_tok + tq - 1) / tq;
+  const int64_t tiles = QueryTiles(a, n_tok);
   if (tiles > INT32_MAX) return Errorf(MOE_ERR_INVALID_ARGUMENT, "flash attention over %d tokens", n_tok);
-  const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(a.n_head_kv));
-  Launch(FlashAttentionKernel<D>, grid, kFlashThreads, S::kBytes, stream, q, a, n_tok, out);
+  const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(a.n_head_kv), static_cast<unsigned>(n_split));
+  Launch(FlashAttentionKernel<D>, grid, kFlashThreads, S::kBytes, stream, q, a, n_tok, out, n_split, part);
   STRATA_CUDA_RETURN_IF_LAUNCH_FAILED();
+  if (n_split > 1) return AttentionCombine(part, a, n_tok, n_split, out, stream);
   return absl::OkStatus();
 }
 
+// Runs of key tiles a call splits into: as many as keep the (query tile, KV head, run) blocks within
+// one wave of the device (two blocks a multiprocessor of an H200-sized part), each run at least
+// kMinSplitTiles key tiles; 1 when the query tiles fill half the wave or more (a 512-token chunk of
+// a group of 8 over 4 KV heads: 256 blocks, unsplit).
+constexpr int64_t kFillBlocks = 264;
+constexpr int kMinSplitTiles = 8;
+int FlashSplits(const AttentionExtArgs &a, int64_t n_tok) {
+  const int64_t blocks = QueryTiles(a, n_tok) * a.n_head_kv;
+  if (2 * blocks > kFillBlocks) return 1;
+  // Keys of the last query tile (the most any tile has).
+  const int64_t last = a.pos0 + n_tok - 1;
+  const int64_t keys = a.window > 0 ? std::min<int64_t>(last + 1, a.window + kRows) : last + 1;
+  const int64_t key_tiles = (keys + 31) / 32;  // tiles of the head_dim 128 kernel (64 has fewer)
+  const int64_t by_keys = key_tiles / kMinSplitTiles, by_fill = kFillBlocks / blocks;
+  return static_cast<int>(std::max<int64_t>(1, std::min(by_keys, by_fill)));
+}
+
 }  // namespace
+
+size_t FlashAttentionWorkspaceBytes(const AttentionExtArgs &a, int64_t n_tok) {
+  if (!FlashAttentionApplies(a, n_tok)) return 0;
+  const int n = FlashSplits(a, n_tok);
+  return n <= 1 ? 0 : static_cast<size_t>(n_tok) * a.n_head * n * (a.v_dim + 2) * sizeof(float);
+}
 
 bool FlashAttentionApplies(const AttentionExtArgs &a, int64_t n_tok) {
   if (a.rows != nullptr || n_tok < kMinTokens) return false;
@@ -322,7 +379,7 @@ bool FlashAttentionApplies(const AttentionExtArgs &a, int64_t n_tok) {
 }
 
 absl::Status FlashAttention(const float *q, const AttentionExtArgs &a, int64_t n_tok, float *out,
-                            cudaStream_t stream) {
+                            cudaStream_t stream, Workspace ws) {
   if (!FlashAttentionApplies(a, n_tok)) {
     return Errorf(MOE_ERR_INVALID_ARGUMENT,
                   "flash attention over %d tokens, %d heads, %d KV heads, head_dim %d, v_dim %d (rows mode: %d)", n_tok,
@@ -331,7 +388,13 @@ absl::Status FlashAttention(const float *q, const AttentionExtArgs &a, int64_t n
   if (a.k_blocks == nullptr || (!a.latent && a.v_blocks == nullptr) || a.block_tokens <= 0) {
     return Errorf(MOE_ERR_INVALID_ARGUMENT, "flash attention without block tables");
   }
-  return a.head_dim == 64 ? LaunchFlash<64>(q, a, n_tok, out, stream) : LaunchFlash<128>(q, a, n_tok, out, stream);
+  // The split needs its workspace; without it the call runs unsplit.
+  const size_t need = FlashAttentionWorkspaceBytes(a, n_tok);
+  const bool split = need > 0 && ws.data != nullptr && ws.bytes >= need;
+  const int n_split = split ? FlashSplits(a, n_tok) : 1;
+  float *part = split ? static_cast<float *>(ws.data) : nullptr;
+  return a.head_dim == 64 ? LaunchFlash<64>(q, a, n_tok, out, n_split, part, stream)
+                          : LaunchFlash<128>(q, a, n_tok, out, n_split, part, stream);
 }
 
 }  // namespace strata::cuda

@@ -685,6 +685,7 @@ int SplitHeads(const AttentionExtArgs &a) {
 }  // namespace
 
 size_t AttentionExtWorkspaceBytes(const AttentionExtArgs &a, int64_t n_tok) {
+  if (FlashAttentionApplies(a, n_tok)) return FlashAttentionWorkspaceBytes(a, n_tok);
   const int n = AttentionSplits(a, n_tok);
   return n == 0 ? 0 : static_cast<size_t>(n_tok) * a.n_head * n * (a.v_dim + 2) * sizeof(float);
 }
@@ -696,7 +697,7 @@ absl::Status AttentionExt(const float *q, const AttentionExtArgs &a, int64_t n_t
                   a.n_head_kv, a.head_dim);
   }
   if (n_tok <= 0) return absl::OkStatus();
-  if (FlashAttentionApplies(a, n_tok)) return FlashAttention(q, a, n_tok, out, stream);
+  if (FlashAttentionApplies(a, n_tok)) return FlashAttention(q, a, n_tok, out, stream, ws);
   const int n_split = AttentionSplits(a, n_tok);
   if (n_split > kAttnMaxSplits) {  // the combine keeps two floats a chunk in 48 KiB of shared memory
     return Errorf(MOE_ERR_UNSUPPORTED, "attention over %d keys (at most %d)", n_split * kAttnChunk,
@@ -761,6 +762,18 @@ absl::Status AttentionExt(const float *q, const AttentionExtArgs &a, int64_t n_t
                                                      static_cast<int>(smem)));
   }
   Launch(AttentionExtKernel, static_cast<unsigned>(n_tok * a.n_head), kThreads, smem, stream, q, a, out);
+  STRATA_CUDA_RETURN_IF_LAUNCH_FAILED();
+  return absl::OkStatus();
+}
+
+absl::Status AttentionCombine(const float *part, const AttentionExtArgs &a, int64_t n_tok, int n_split, float *out,
+                              cudaStream_t stream) {
+  if (n_split <= 0 || n_split > kAttnMaxSplits || n_tok < 0 || part == nullptr) {
+    return Errorf(MOE_ERR_INVALID_ARGUMENT, "combining %d attention parts (at most %d)", n_split, kAttnMaxSplits);
+  }
+  if (n_tok == 0) return absl::OkStatus();
+  Launch(AttentionCombineKernel, static_cast<unsigned>(n_tok * a.n_head), 128, 2 * n_split * sizeof(float), stream,
+         part, a, n_split, out);
   STRATA_CUDA_RETURN_IF_LAUNCH_FAILED();
   return absl::OkStatus();
 }

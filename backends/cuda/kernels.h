@@ -590,9 +590,17 @@ absl::Status AttentionExt(const float *q, const AttentionExtArgs &a, int64_t n_t
 // tokens, head_dim 64 or 128, v_dim = head_dim (latent: one KV head, v_dim <= head_dim), at most 64
 // heads a KV head and strides in whole 4-float pieces (block starts 16-byte aligned); FlashAttention
 // fails otherwise.
+// When its query tiles are too few to fill the device over many keys (a short prompt after a long
+// context), the keys are split into runs combined as the split path's chunks (AttentionCombine);
+// that needs FlashAttentionWorkspaceBytes of ws, and without it the call runs unsplit.
 bool FlashAttentionApplies(const AttentionExtArgs &a, int64_t n_tok);
+size_t FlashAttentionWorkspaceBytes(const AttentionExtArgs &a, int64_t n_tok);
 absl::Status FlashAttention(const float *q, const AttentionExtArgs &a, int64_t n_tok, float *out,
-                            cudaStream_t stream);
+                            cudaStream_t stream, Workspace ws = {});
+// The split path's second phase: for each (token, head) its n_split parts (m, l, out...) at
+// part[(th * n_split + s) * (v_dim + 2)], with the optional sink logit, into out (n_tok, n_head, v_dim).
+absl::Status AttentionCombine(const float *part, const AttentionExtArgs &a, int64_t n_tok, int n_split, float *out,
+                              cudaStream_t stream);
 
 // Writes row t of k (n, k_width) and v (n, v_width) at rows[t].pos through rows[t]'s block tables
 // (blocks of block_tokens rows; v_width 0: keys only). One launch for every session of a step.

@@ -32,6 +32,8 @@ struct FlashCase {
   int v_dim;        // latent only
   float scale;      // 0: 1 / sqrt(head_dim)
   int block_tokens;
+  bool split = false;     // the keys split into runs (a short prompt after a long context)
+  bool no_split_ws = false;  // ... but called without the workspace: one unsplit pass
 };
 
 std::string Describe(const FlashCase &c) {
@@ -112,8 +114,8 @@ double RunCase(std::mt19937 &rng, cpu::CpuBackend &cpu, const FlashCase &c) {
   a.masked = c.masked ? dm.as<uint8_t>() : nullptr;
   const bool flash = FlashAttentionApplies(a, n_tok);
   CHECK(flash == (n_tok >= 16));
-  if (flash) CHECK(AttentionExtWorkspaceBytes(a, n_tok) == 0);  // no split scratch on this path
-  const size_t ws_bytes = AttentionExtWorkspaceBytes(a, n_tok);
+  if (c.split) CHECK(AttentionExtWorkspaceBytes(a, n_tok) > 0);  // the split's scratch
+  const size_t ws_bytes = c.no_split_ws ? 0 : AttentionExtWorkspaceBytes(a, n_tok);
   DeviceBuffer dws = Poisoned(std::max<size_t>(ws_bytes / sizeof(float), 1));
   const absl::Status st = AttentionExt(dq.as<float>(), a, n_tok, dout.as<float>(), nullptr, Workspace{dws.data(), ws_bytes});
   INFO(st.ToString());
@@ -168,6 +170,13 @@ TEST_CASE("Flash attention with windows, masks, sinks, latent values, a set scal
       {64, 1, 64, 0, 20, 0, false, false, false, 0, 0.f, 128},
       // large scores (a set scale of 1): the online softmax's rescaling must hold
       {4, 1, 128, 600, 300, 0, false, true, false, 0, 1.f, 128},
+      // short prompts after long contexts: the keys split into runs (some empty for a window's
+      // rows), combined with the sinks; and the same without the workspace, unsplit
+      {8, 2, 128, 5000, 40, 0, true, true, false, 0, 0.f, 128, true},
+      {4, 1, 64, 3000, 100, 500, true, true, false, 0, 0.f, 128, true},
+      {1, 4, 128, 2000, 16, 0, false, false, false, 0, 0.f, 48, true},
+      {16, 1, 128, 4000, 30, 0, false, true, true, 80, 0.f, 128, true},
+      {8, 2, 128, 5000, 40, 0, true, true, false, 0, 0.f, 128, true, true},
   };
   for (const FlashCase &c : cases) {
     INFO(Describe(c));
