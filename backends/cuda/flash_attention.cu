@@ -24,7 +24,11 @@ namespace {
 constexpr int kRows = 64;           // query rows of a tile: (token, head) pairs
 constexpr int kWarps = kRows / 16;  // a warp's 16 rows are one mma row block
 constexpr int kFlashThreads = kWarps * 32;
-constexpr int kMinTokens = 16;      // fewer tokens keep the per-(token, head) kernels
+// A call takes the flash kernel with at least 16 tokens, or with 2 or more whose rows fill half a
+// tile (a group of 8: 4 tokens). Fewer keep the per-(token, head) kernels, which need no tile of
+// mostly padding rows; a lone token (decode) always does.
+constexpr int kMinTokens = 16;
+constexpr int kMinRows = kRows / 2;
 
 // Query tiles of a call: kRows / group tokens each.
 int64_t QueryTiles(const AttentionExtArgs &a, int64_t n_tok) {
@@ -367,9 +371,10 @@ size_t FlashAttentionWorkspaceBytes(const AttentionExtArgs &a, int64_t n_tok) {
 }
 
 bool FlashAttentionApplies(const AttentionExtArgs &a, int64_t n_tok) {
-  if (a.rows != nullptr || n_tok < kMinTokens) return false;
+  if (a.rows != nullptr || n_tok < 2) return false;
   if (a.head_dim != 64 && a.head_dim != 128) return false;
   if (a.n_head_kv <= 0 || a.n_head % a.n_head_kv != 0 || a.n_head / a.n_head_kv > kRows) return false;
+  if (n_tok < kMinTokens && n_tok * (a.n_head / a.n_head_kv) < kMinRows) return false;
   // K/V rows are copied 16 bytes at a time: strides in whole 4-float pieces (the block starts must
   // be 16-byte aligned: they are allocations, or whole blocks into one).
   if (a.k_stride % 4 != 0 || (!a.latent && a.v_stride % 4 != 0)) return false;

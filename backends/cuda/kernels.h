@@ -587,7 +587,7 @@ absl::Status AttentionExt(const float *q, const AttentionExtArgs &a, int64_t n_t
 // Flash attention for a prompt over the block tables (AttentionExt's path for it): tiles of 64
 // (token, head of a GQA group) rows against tiles of keys, online softmax, both products in 3xTF32
 // on tensor cores (about float32's accuracy, not its bits). Applies without rows, with at least 16
-// tokens, head_dim 64 or 128, v_dim = head_dim (latent: one KV head, v_dim <= head_dim), at most 64
+// tokens or 2 whose (token, head) rows fill half a tile, head_dim 64 or 128, v_dim = head_dim (latent: one KV head, v_dim <= head_dim), at most 64
 // heads a KV head and strides in whole 4-float pieces (block starts 16-byte aligned); FlashAttention
 // fails otherwise.
 // When its query tiles are too few to fill the device over many keys (a short prompt after a long

@@ -113,7 +113,7 @@ double RunCase(std::mt19937 &rng, cpu::CpuBackend &cpu, const FlashCase &c) {
   a.sinks = c.sinks ? ds.as<float>() : nullptr;
   a.masked = c.masked ? dm.as<uint8_t>() : nullptr;
   const bool flash = FlashAttentionApplies(a, n_tok);
-  CHECK(flash == (n_tok >= 16));
+  CHECK(flash == (n_tok >= 16 || (n_tok >= 2 && n_tok * c.group >= 32 && (head_dim == 64 || head_dim == 128))));
   if (c.split) CHECK(AttentionExtWorkspaceBytes(a, n_tok) > 0);  // the split's scratch
   const size_t ws_bytes = c.no_split_ws ? 0 : AttentionExtWorkspaceBytes(a, n_tok);
   DeviceBuffer dws = Poisoned(std::max<size_t>(ws_bytes / sizeof(float), 1));
@@ -130,11 +130,12 @@ TEST_CASE("Flash attention over block tables matches the CPU backend for GQA gro
   if (!HaveGpu()) return;
   auto rng = test::Rng();
   cpu::CpuBackend cpu(4);
-  // Lengths around the kernel's dispatch (15 / 16), its 64-row tiles and its key tiles, up to ~2,000;
+  // Lengths around the kernel's dispatch (15 / 16 tokens; a group of 8 from 4, of 4 from 8), its
+  // 64-row tiles and its key tiles, up to ~2,000;
   // chunks at position 0 and after earlier chunks.
   for (int group : {1, 4, 8}) {
     for (int head_dim : {64, 128}) {
-      for (int n_tok : {1, 15, 16, 17, 63, 64, 65, 200, 777, 2000}) {
+      for (int n_tok : {1, 3, 4, 7, 8, 15, 16, 17, 63, 64, 65, 200, 777, 2000}) {
         for (int pos0 : {0, 300}) {
           if (n_tok == 2000 && pos0 > 0 && group == 1) continue;  // keeps the CPU side short
           const FlashCase c{group, 2, head_dim, pos0, n_tok, 0, false, false, false, 0, 0.f, 128};
@@ -196,7 +197,9 @@ TEST_CASE("FlashAttention refuses calls it cannot take", "[gpu]") {
   a.head_dim = a.v_dim = 128;
   a.k_stride = a.v_stride = 256;
   CHECK(FlashAttentionApplies(a, 16));
-  CHECK_FALSE(FlashAttentionApplies(a, 15));
+  CHECK(FlashAttentionApplies(a, 8));  // a group of 4: 32 rows
+  CHECK_FALSE(FlashAttentionApplies(a, 7));
+  CHECK_FALSE(FlashAttentionApplies(a, 1));
   a.k_stride = 258;  // rows not in 16-byte pieces
   CHECK_FALSE(FlashAttentionApplies(a, 100));
   a.k_stride = 256;
