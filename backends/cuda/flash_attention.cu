@@ -1,13 +1,11 @@
-// Flash attention for prompts over the KV cache's block tables (AttentionExt's prefill path): tiled
-// over query rows and key tiles with an online softmax, so no score matrix is kept, and the two
-// products (Q K^T, P V) on tensor cores with mma.sync. The cache is float32, so each product runs
-// in 3xTF32: an operand x is split into big = tf32(x) and small = tf32(x - big), and
-// a b ~ big_a small_b + small_a big_b + big_a big_b, which keeps about float32's accuracy (the
-// dropped small_a small_b term is ~2^-22 relative).
+// Flash attention for prompts over the KV cache's block tables (AttentionExt's prompt path): tiles of
+// a GQA group's (token, head) rows against double-buffered key tiles, online softmax, no score
+// matrix; both products on tensor cores in 3xTF32 (about float32's accuracy, not its bits).
 //
-// A tile's 64 rows are (query token, head of the GQA group) pairs of one KV head, so each K/V tile
-// loaded into shared memory serves every head of the group. K/V tiles are double buffered with
-// cp.async: tile i + 1 is in flight while tile i is used.
+// 3xTF32: an operand x splits into big = tf32(x) and small = tf32(x - big), and a b is taken as
+// big_a small_b + small_a big_b + big_a big_b (the dropped small_a small_b is ~2^-22 relative). A
+// tile's 64 rows are (token, head) pairs of one KV head, so each K/V tile in shared memory serves
+// the whole group; K/V tiles come by cp.async, tile i + 1 in flight while tile i is used.
 #include <cuda_runtime.h>
 
 #include <algorithm>
