@@ -3,7 +3,7 @@
 // matrix; both products on tensor cores in 3xTF32 (about float32's accuracy, not its bits).
 //
 // 3xTF32: an operand x splits into big = tf32(x) and small = tf32(x - big), and a b is taken as
-// big_a small_b + small_a big_b + big_a big_b (the dropped small_a small_b is ~2^-22 relative). A
+// big_a small_b + small_a big_b + big_a big_b (the dropped small_a small_b is ~2^-21 relative). A
 // tile's 64 rows are (token, head) pairs of one KV head, so each K/V tile in shared memory serves
 // the whole group; K/V tiles come by cp.async, tile i + 1 in flight while tile i is used.
 #include <cuda_runtime.h>
@@ -49,15 +49,13 @@ struct FlashShape {
       (static_cast<size_t>(kQFloats) + 2 * kKFloats + 2 * kVFloats + kPFloats + 2 * kKeys) * sizeof(float);
 };
 
-__device__ __forceinline__ uint32_t Tf32(float x) {
-  uint32_t r;
-  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
-  return r;
-}
-// x as big + small tf32 parts.
+// x as big + small tf32 parts, with integer operations rather than conversions: big rounds x's
+// mantissa to 10 bits (half up in magnitude), small is the rest truncated to 10 bits, so a
+// product of two splits is within ~2^-21 of float32's. Both have their 13 low bits zero, as the
+// tf32 operands of mma take them.
 __device__ __forceinline__ void Split(float x, uint32_t &big, uint32_t &small) {
-  big = Tf32(x);
-  small = Tf32(x - __uint_as_float(big));
+  big = (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
+  small = __float_as_uint(x - __uint_as_float(big)) & 0xffffe000u;
 }
 
 // c += a b over one m16n8k8 tile (tf32 inputs, float32 accumulation).
@@ -96,7 +94,7 @@ __device__ __forceinline__ void CpAsyncWait() {
 // split path's layout (AttentionCombine adds the runs and the sink); a run with no key of a row
 // writes m = -inf, l = 0.
 template <int D>
-__global__ void __launch_bounds__(kFlashThreads) FlashAttentionKernel(const float *q, AttentionExtArgs a,
+__global__ void __launch_bounds__(kFlashThreads, 2) FlashAttentionKernel(const float *q, AttentionExtArgs a,
                                                                       int64_t n_tok, float *out, int n_split,
                                                                       float *part) {
   using S = FlashShape<D>;
