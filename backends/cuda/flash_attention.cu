@@ -112,7 +112,10 @@ __global__ void __launch_bounds__(kFlashThreads, 2) FlashAttentionKernel(const f
   const int64_t t0 = static_cast<int64_t>(blockIdx.x) * tq;
   const int64_t t_end = min(n_tok, t0 + tq);
   const int p_lo = a.pos0 + static_cast<int>(t0), p_hi = a.pos0 + static_cast<int>(t_end) - 1;
-  const int k_begin = a.window > 0 ? max(0, p_lo - a.window + 1) : 0;
+  // Key tiles start at multiples of kKeys, so a row meets the same tiles in whatever query tile and
+  // call it comes (a tile wholly outside a row's keys changes none of its numbers): unsplit, a
+  // token's bits do not depend on how the prompt was cut into calls.
+  const int k_begin = a.window > 0 ? max(0, p_lo - a.window + 1) / kKeys * kKeys : 0;
   const int n_all = (p_hi - k_begin) / kKeys + 1;  // key tiles of the query tile
   const int per_split = (n_all + n_split - 1) / n_split;
   const int i_begin = min(n_all, static_cast<int>(blockIdx.z) * per_split);
@@ -352,7 +355,7 @@ int FlashSplits(const AttentionExtArgs &a, int64_t n_tok) {
   if (2 * blocks > kFillBlocks) return 1;
   // Keys of the last query tile (the most any tile has).
   const int64_t last = a.pos0 + n_tok - 1;
-  const int64_t keys = a.window > 0 ? std::min<int64_t>(last + 1, a.window + kRows) : last + 1;
+  const int64_t keys = a.window > 0 ? std::min<int64_t>(last + 1, a.window + kRows + 64) : last + 1;
   const int64_t key_tiles = (keys + 31) / 32;  // tiles of the head_dim 128 kernel (64 has fewer)
   const int64_t by_keys = key_tiles / kMinSplitTiles, by_fill = kFillBlocks / blocks;
   return static_cast<int>(std::max<int64_t>(1, std::min(by_keys, by_fill)));

@@ -185,6 +185,58 @@ TEST_CASE("Flash attention with windows, masks, sinks, latent values, a set scal
   }
 }
 
+// A token's output bits do not depend on how its prompt is cut into calls (unsplit: no workspace),
+// so a session rewound and fed again, or fed in other chunks, gets the same numbers.
+TEST_CASE("Flash attention gives a token the same bits however the prompt is cut into calls", "[gpu]") {
+  if (!HaveGpu()) return;
+  auto rng = test::Rng();
+  struct Cut { int group, n_head_kv, head_dim, window; bool masked, sinks; int n, cut; };
+  for (const Cut &c : {Cut{4, 2, 128, 70, true, true, 300, 120}, Cut{8, 1, 64, 0, false, false, 333, 17},
+                       Cut{1, 2, 64, 100, true, false, 260, 131}}) {
+    INFO("group " << c.group << " head_dim " << c.head_dim << " window " << c.window << " cut at " << c.cut);
+    const int n_head = c.group * c.n_head_kv, width = c.n_head_kv * c.head_dim, bt = 128;
+    const int n_ctx = (c.n + bt - 1) / bt * bt;
+    DeviceBuffer dk = Upload(RandomFloats(rng, static_cast<size_t>(n_ctx) * width));
+    DeviceBuffer dv = Upload(RandomFloats(rng, static_cast<size_t>(n_ctx) * width));
+    std::vector<uint8_t> masked(n_ctx, 0);
+    if (c.masked) {
+      for (int p = 2; p < n_ctx; p += 7) masked[p] = 1;
+    }
+    DeviceBuffer dm = Upload(masked), ds = Upload(RandomFloats(rng, n_head));
+    std::vector<const float *> kb, vb;
+    for (int p = 0; p < n_ctx; p += bt) {
+      kb.push_back(dk.as<float>() + static_cast<int64_t>(p) * width);
+      vb.push_back(dv.as<float>() + static_cast<int64_t>(p) * width);
+    }
+    DeviceBuffer dkt = Upload(kb), dvt = Upload(vb);
+    const std::vector<float> q = RandomFloats(rng, static_cast<size_t>(c.n) * n_head * c.head_dim);
+    AttentionExtArgs a;
+    a.k_blocks = dkt.as<const float *>();
+    a.v_blocks = dvt.as<const float *>();
+    a.block_tokens = bt;
+    a.k_stride = a.v_stride = width;
+    a.n_head = n_head;
+    a.n_head_kv = c.n_head_kv;
+    a.head_dim = a.v_dim = c.head_dim;
+    a.window = c.window;
+    a.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+    a.masked = c.masked ? dm.as<uint8_t>() : nullptr;
+    a.sinks = c.sinks ? ds.as<float>() : nullptr;
+    const int64_t row = static_cast<int64_t>(n_head) * c.head_dim;
+    auto run = [&](int pos0, int n_tok) {
+      a.pos0 = pos0;
+      REQUIRE(FlashAttentionApplies(a, n_tok));
+      const std::vector<float> qq(q.begin() + pos0 * row, q.begin() + (pos0 + n_tok) * row);
+      DeviceBuffer dq = Upload(qq), dout = Poisoned(qq.size());
+      REQUIRE(AttentionExt(dq.as<float>(), a, n_tok, dout.as<float>(), nullptr).ok());
+      return Download<float>(dout, qq.size());
+    };
+    const std::vector<float> whole = run(0, c.n), first = run(0, c.cut), rest = run(c.cut, c.n - c.cut);
+    CHECK(first == std::vector<float>(whole.begin(), whole.begin() + c.cut * row));
+    CHECK(rest == std::vector<float>(whole.begin() + c.cut * row, whole.end()));
+  }
+}
+
 TEST_CASE("FlashAttention refuses calls it cannot take", "[gpu]") {
   AttentionExtArgs a;
   a.block_tokens = 128;
