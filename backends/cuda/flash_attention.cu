@@ -372,7 +372,9 @@ size_t FlashAttentionWorkspaceBytes(const AttentionExtArgs &a, int64_t n_tok) {
 bool FlashAttentionApplies(const AttentionExtArgs &a, int64_t n_tok) {
   if (a.rows != nullptr || n_tok < 2) return false;
   if (a.head_dim != 64 && a.head_dim != 128) return false;
-  if (a.n_head_kv <= 0 || a.n_head % a.n_head_kv != 0 || a.n_head / a.n_head_kv > kRows) return false;
+  if (a.n_head <= 0 || a.n_head_kv <= 0 || a.n_head % a.n_head_kv != 0 || a.n_head / a.n_head_kv > kRows) {
+    return false;
+  }
   if (n_tok < kMinTokens && n_tok * (a.n_head / a.n_head_kv) < kMinRows) return false;
   // K/V rows are copied 16 bytes at a time: strides in whole 4-float pieces (the block starts must
   // be 16-byte aligned: they are allocations, or whole blocks into one).

@@ -252,6 +252,9 @@ TEST_CASE("FlashAttention refuses calls it cannot take", "[gpu]") {
   CHECK(FlashAttentionApplies(a, 8));  // a group of 4: 32 rows
   CHECK_FALSE(FlashAttentionApplies(a, 7));
   CHECK_FALSE(FlashAttentionApplies(a, 1));
+  a.n_head = 0;  // no heads: no tiles (and no division by a group of 0)
+  CHECK_FALSE(FlashAttentionApplies(a, 100));
+  a.n_head = 8;
   a.k_stride = 258;  // rows not in 16-byte pieces
   CHECK_FALSE(FlashAttentionApplies(a, 100));
   a.k_stride = 256;
