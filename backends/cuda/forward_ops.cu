@@ -692,7 +692,8 @@ size_t AttentionExtWorkspaceBytes(const AttentionExtArgs &a, int64_t n_tok) {
 
 absl::Status AttentionExt(const float *q, const AttentionExtArgs &a, int64_t n_tok, float *out, cudaStream_t stream,
                           Workspace ws) {
-  if (a.n_head_kv <= 0 || a.n_head % a.n_head_kv != 0 || a.head_dim <= 0 || a.v_dim <= 0 || a.block_tokens <= 0) {
+  if (a.n_head <= 0 || a.n_head_kv <= 0 || a.n_head % a.n_head_kv != 0 || a.head_dim <= 0 || a.v_dim <= 0 ||
+      a.block_tokens <= 0) {
     return Errorf(MOE_ERR_INVALID_ARGUMENT, "attention over %d heads, %d KV heads, head_dim %d", a.n_head,
                   a.n_head_kv, a.head_dim);
   }
