@@ -15,6 +15,7 @@
 #include "backends/cuda/cuda_status.h"
 #include "backends/cuda/kernels.h"
 #include "backends/cuda/launch.cuh"
+#include "lib/util/tunables.h"
 
 namespace strata::cuda {
 namespace {
@@ -370,7 +371,7 @@ size_t FlashAttentionWorkspaceBytes(const AttentionExtArgs &a, int64_t n_tok) {
 }
 
 bool FlashAttentionApplies(const AttentionExtArgs &a, int64_t n_tok) {
-  if (a.rows != nullptr || n_tok < 2) return false;
+  if (a.rows != nullptr || n_tok < 2 || !tunables::Get().cuda_flash_attention) return false;
   if (a.head_dim != 64 && a.head_dim != 128) return false;
   if (a.n_head <= 0 || a.n_head_kv <= 0 || a.n_head % a.n_head_kv != 0 || a.n_head / a.n_head_kv > kRows) {
     return false;
