@@ -300,41 +300,50 @@ __global__ void __launch_bounds__(kThreads) AttentionExtKernel(const float *q, A
   }
 }
 
-// Split attention, phase 1: block (token x head, chunk s) over keys [s kAttnChunk, (s + 1)
-// kAttnChunk) of the visible range: its max score m, l = sum of exp(score - m) and the unnormalised
-// output sum of exp(score - m) v, into part[(th * n_split + s) * (v_dim + 2)] as (m, l, out...). A
-// chunk past the visible range, or wholly masked, writes m = -inf, l = 0. With one chunk and no
-// sink logit (`direct`), the block writes the output itself, the same bits the combine would.
+// Split attention, phase 1: block (token x KV head x run of GB heads of its group, chunk s) over keys
+// [s kAttnChunk, (s + 1) kAttnChunk) of the visible range; for each of its heads the max score m,
+// l = sum of exp(score - m) and the unnormalised output sum of exp(score - m) v, into
+// part[(th * n_split + s) * (v_dim + 2)] as (m, l, out...) (th = token x head). A chunk past the
+// visible range, or wholly masked, writes m = -inf, l = 0. With one chunk and no sink logit
+// (`direct`), the block writes the outputs itself, the same bits the combine would.
+//
+// The block's heads share their keys and values: each key and value is read once for all of them.
+// Each head's numbers are formed in the same order whatever GB is (and as with one head a block):
+// a key's dot over d in order, the chunk's sum as a 256-thread block sum would add it, each warp's
+// keys' values in key order, the warps' parts in warp order.
 //
 // Decode attention is a chain of dependent memory round trips, so each stage issues all of its loads
 // before using any: a warp's keys' block tables, mask bytes and key rows together, then its values.
+template <int GB>
 __global__ void __launch_bounds__(kThreads) AttentionSplitKernel(const float *q, AttentionExtArgs a, int n_split,
                                                                  float *part, float *out, bool direct) {
   dev::AwaitPrior();
-  __shared__ float qs_sm[kAttnMaxHeadDim];
-  __shared__ float sc[kAttnChunk];
-  __shared__ float red[32];
-  extern __shared__ float sm[];  // (kAttnWarps, v_dim) partial outputs
+  extern __shared__ float sm[];  // (GB, head_dim) queries, (GB, kAttnChunk) scores, (GB, kAttnWarps, v_dim) parts
+  __shared__ float red[GB][kAttnWarps];
+  __shared__ float s_sum[GB], s_max[GB];
+  float *qs = sm, *sc = qs + GB * a.head_dim, *parts = sc + GB * kAttnChunk;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int64_t th = blockIdx.x;
-  const int64_t t = th / a.n_head;
-  const int h = static_cast<int>(th % a.n_head);
-  const int kvh = h / (a.n_head / a.n_head_kv);
+  const int group = a.n_head / a.n_head_kv, runs = (group + GB - 1) / GB;
+  const int64_t t = blockIdx.x / (a.n_head_kv * runs);
+  const int kr = static_cast<int>(blockIdx.x % (a.n_head_kv * runs));
+  const int kvh = kr / runs;
+  const int h0 = kvh * group + (kr % runs) * GB, nh = min(GB, kvh * group + group - h0);
   const AttnRowView rv = RowOf(a, t);
   const int pos = rv.pos;
   const int first = rv.window > 0 ? max(0, pos - rv.window + 1) : 0;
   const int n = pos + 1 - first;
   const int j0 = static_cast<int>(blockIdx.y) * kAttnChunk, j1 = min(n, j0 + kAttnChunk);
-  float *dst = part + (th * n_split + blockIdx.y) * (a.v_dim + 2);
+  auto dst_of = [&](int h) { return part + ((t * a.n_head + h0 + h) * n_split + blockIdx.y) * (a.v_dim + 2); };
   if (j0 >= n) {
-    if (threadIdx.x == 0) {
+    if (threadIdx.x < nh) {
+      float *dst = dst_of(threadIdx.x);
       dst[0] = -INFINITY;
       dst[1] = 0.f;
     }
     return;
   }
   // Warp w takes keys j0 + w + kAttnWarps u, u < kKeysPerWarp (past the chunk: the last key read
-  // again, unused). A key's dot still runs over d in order, so its bits do not depend on the schedule.
+  // again, unused).
   constexpr int kKeysPerWarp = kAttnChunk / kAttnWarps;
   const float *kj[kKeysPerWarp], *vj[kKeysPerWarp];
   bool masked[kKeysPerWarp];
@@ -347,45 +356,80 @@ __global__ void __launch_bounds__(kThreads) AttentionSplitKernel(const float *q,
                      : rv.vb[blk] + in_block * a.v_stride + static_cast<int64_t>(kvh) * a.head_dim;
     masked[u] = row != pos && rv.masked != nullptr && rv.masked[row] != 0;
   }
-  const float *qh = q + (t * a.n_head + h) * a.head_dim;
-  for (int d = threadIdx.x; d < a.head_dim; d += blockDim.x) qs_sm[d] = qh[d];
+  // The run's queries (a head past the group repeats the last one, unused).
+  for (int i = threadIdx.x; i < GB * a.head_dim; i += blockDim.x) {
+    const int h = min(i / a.head_dim, nh - 1);
+    qs[i] = q[(t * a.n_head + h0 + h) * a.head_dim + i % a.head_dim];
+  }
   __syncthreads();
-  float dot[kKeysPerWarp];
+  float dot[GB][kKeysPerWarp];
 #pragma unroll
-  for (int u = 0; u < kKeysPerWarp; ++u) dot[u] = 0.f;
-#pragma unroll 4
+  for (int h = 0; h < GB; ++h) {
+#pragma unroll
+    for (int u = 0; u < kKeysPerWarp; ++u) dot[h][u] = 0.f;
+  }
+#pragma unroll(GB >= 4 ? 1 : 4)
   for (int d = lane; d < a.head_dim; d += 32) {
-    const float qd = qs_sm[d];
+    float kd[kKeysPerWarp];
 #pragma unroll
-    for (int u = 0; u < kKeysPerWarp; ++u) dot[u] = fmaf(qd, kj[u][d], dot[u]);
+    for (int u = 0; u < kKeysPerWarp; ++u) kd[u] = kj[u][d];
+#pragma unroll
+    for (int h = 0; h < GB; ++h) {
+      const float qd = qs[h * a.head_dim + d];
+#pragma unroll
+      for (int u = 0; u < kKeysPerWarp; ++u) dot[h][u] = fmaf(qd, kd[u], dot[h][u]);
+    }
   }
-  float mx = -INFINITY;
 #pragma unroll
-  for (int u = 0; u < kKeysPerWarp; ++u) {
-    const int j = j0 + warp + kAttnWarps * u;
+  for (int h = 0; h < GB; ++h) {
+    float mx = -INFINITY;
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) dot[u] += __shfl_xor_sync(0xffffffffu, dot[u], o);
-    if (j >= j1) continue;
-    const float sv = masked[u] ? -INFINITY : __fmul_rn(dot[u], a.scale);
-    if (lane == 0) sc[j - j0] = sv;
-    mx = fmaxf(mx, sv);
+    for (int u = 0; u < kKeysPerWarp; ++u) {
+      const int j = j0 + warp + kAttnWarps * u;
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) dot[h][u] += __shfl_xor_sync(0xffffffffu, dot[h][u], o);
+      if (j >= j1) continue;
+      const float sv = masked[u] ? -INFINITY : __fmul_rn(dot[h][u], a.scale);
+      if (lane == 0) sc[h * kAttnChunk + j - j0] = sv;
+      mx = fmaxf(mx, sv);
+    }
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    if (lane == 0) red[h][warp] = mx;
   }
-  mx = BlockReduceMax(mx, red);
   __syncthreads();
-  float sum = 0.f;
-  for (int j = threadIdx.x; j < j1 - j0; j += blockDim.x) {
-    const float e = mx == -INFINITY ? 0.f : ExpF(sc[j] - mx);
-    sc[j] = e;
-    sum += e;
+  // Warp h forms head h's weights and their sum: key j's weight in lane j % 32 of half j / 32,
+  // each half summed across the warp by shuffles and the halves added, as a block sum of the
+  // chunk's keys, one a thread, adds them.
+  static_assert(kAttnChunk == 64 && GB <= kAttnWarps, "one warp a head, two halves of the chunk");
+  if (warp < GB) {
+    const int h = warp, cnt = j1 - j0;
+    float mx = red[h][0];
+#pragma unroll
+    for (int w = 1; w < kAttnWarps; ++w) mx = fmaxf(mx, red[h][w]);
+    float e[2];
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int j = lane + 32 * half;
+      e[half] = 0.f;
+      if (j < cnt) {
+        e[half] = mx == -INFINITY ? 0.f : ExpF(sc[h * kAttnChunk + j] - mx);
+        sc[h * kAttnChunk + j] = e[half];
+      }
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) e[half] += __shfl_xor_sync(0xffffffffu, e[half], o);
+    }
+    if (lane == 0) {
+      s_sum[h] = e[0] + e[1];
+      s_max[h] = mx;
+    }
   }
-  sum = BlockReduceSum(sum, red);
   __syncthreads();
   // The warp's values, kVChunk output elements a lane of all its keys loaded at once, then added in
-  // key order.
+  // key order for each head.
   constexpr int kVChunk = 4;
-  float p[kKeysPerWarp];
+  int pidx[kKeysPerWarp];
 #pragma unroll
-  for (int u = 0; u < kKeysPerWarp; ++u) p[u] = sc[min(j0 + warp + kAttnWarps * u, j1 - 1) - j0];
+  for (int u = 0; u < kKeysPerWarp; ++u) pidx[u] = min(j0 + warp + kAttnWarps * u, j1 - 1) - j0;
   const int n_mine = j1 - j0 > warp ? (j1 - j0 - warp + kAttnWarps - 1) / kAttnWarps : 0;  // the warp's keys
   for (int m0 = 0; m0 < kAttnMaxVPerLane && lane + 32 * m0 < a.v_dim; m0 += kVChunk) {
     float v[kVChunk][kKeysPerWarp];
@@ -396,35 +440,35 @@ __global__ void __launch_bounds__(kThreads) AttentionSplitKernel(const float *q,
       for (int u = 0; u < kKeysPerWarp; ++u) v[i][u] = d < a.v_dim ? vj[u][d] : 0.f;
     }
 #pragma unroll
-    for (int i = 0; i < kVChunk; ++i) {
-      const int d = lane + 32 * (m0 + i);
-      float acc = 0.f;
+    for (int h = 0; h < GB; ++h) {
 #pragma unroll
-      for (int u = 0; u < kKeysPerWarp; ++u) {
-        if (u < n_mine) acc = fmaf(p[u], v[i][u], acc);
+      for (int i = 0; i < kVChunk; ++i) {
+        const int d = lane + 32 * (m0 + i);
+        float acc = 0.f;
+#pragma unroll
+        for (int u = 0; u < kKeysPerWarp; ++u) {
+          if (u < n_mine) acc = fmaf(sc[h * kAttnChunk + pidx[u]], v[i][u], acc);
+        }
+        if (d < a.v_dim) parts[(h * kAttnWarps + warp) * a.v_dim + d] = acc;
       }
-      if (d < a.v_dim) sm[warp * a.v_dim + d] = acc;
     }
   }
   __syncthreads();
-  if (direct) {  // one chunk: the combine's arithmetic with a single term (exp(0) = 1)
-    const float inv = 1.0f / sum;
-    float *o = out + th * a.v_dim;
-    for (int d = threadIdx.x; d < a.v_dim; d += blockDim.x) {
-      float r = 0.f;
-      for (int w = 0; w < kAttnWarps; ++w) r += sm[w * a.v_dim + d];
-      o[d] = r * inv;
-    }
-    return;
-  }
-  if (threadIdx.x == 0) {
-    dst[0] = mx;
-    dst[1] = sum;
-  }
-  for (int d = threadIdx.x; d < a.v_dim; d += blockDim.x) {
+  for (int i = threadIdx.x; i < nh * a.v_dim; i += blockDim.x) {
+    const int h = i / a.v_dim, d = i % a.v_dim;
     float r = 0.f;
-    for (int w = 0; w < kAttnWarps; ++w) r += sm[w * a.v_dim + d];
-    dst[2 + d] = r;
+    for (int w = 0; w < kAttnWarps; ++w) r += parts[(h * kAttnWarps + w) * a.v_dim + d];
+    if (direct) {  // one chunk: the combine's arithmetic with a single term (exp(0) = 1)
+      const float inv = 1.0f / s_sum[h];
+      out[(t * a.n_head + h0 + h) * a.v_dim + d] = r * inv;
+    } else {
+      float *dst = dst_of(h);
+      if (d == 0) {
+        dst[0] = s_max[h];
+        dst[1] = s_sum[h];
+      }
+      dst[2 + d] = r;
+    }
   }
 }
 
@@ -614,6 +658,7 @@ namespace {
 // are too few to fill the device and the keys span several chunks.
 int AttentionSplits(const AttentionExtArgs &a, int64_t n_tok) {
   if (n_tok <= 0 || a.head_dim > kAttnMaxHeadDim || a.v_dim > 32 * kAttnMaxVPerLane) return 0;
+  if (FlashAttentionApplies(a, n_tok)) return 0;
   if (a.rows != nullptr) return std::max(1, (a.max_keys + kAttnChunk - 1) / kAttnChunk);
   if (n_tok * a.n_head >= 256) return 0;
   const int last = a.pos0 + static_cast<int>(n_tok) - 1;
@@ -622,20 +667,38 @@ int AttentionSplits(const AttentionExtArgs &a, int64_t n_tok) {
   return n > 1 ? n : 0;
 }
 
+// Shared memory of a split block serving gb heads: their queries, scores and per-warp parts.
+size_t SplitSmemBytes(const AttentionExtArgs &a, int gb) {
+  return static_cast<size_t>(gb) * (a.head_dim + kAttnChunk + kAttnWarps * a.v_dim) * sizeof(float);
+}
+
+// Heads of a GQA group a split block serves (8, 4, 2 or 1): as many as the group has, within the
+// 48 KiB a block gets without opting in (head_dim 128: 8; MLA's 576 / 512: 2).
+int SplitHeads(const AttentionExtArgs &a) {
+  const int group = a.n_head / a.n_head_kv;
+  for (int gb : {8, 4, 2}) {
+    if (gb <= group && SplitSmemBytes(a, gb) <= 48 * 1024) return gb;
+  }
+  return 1;
+}
+
 }  // namespace
 
 size_t AttentionExtWorkspaceBytes(const AttentionExtArgs &a, int64_t n_tok) {
+  if (FlashAttentionApplies(a, n_tok)) return FlashAttentionWorkspaceBytes(a, n_tok);
   const int n = AttentionSplits(a, n_tok);
   return n == 0 ? 0 : static_cast<size_t>(n_tok) * a.n_head * n * (a.v_dim + 2) * sizeof(float);
 }
 
 absl::Status AttentionExt(const float *q, const AttentionExtArgs &a, int64_t n_tok, float *out, cudaStream_t stream,
                           Workspace ws) {
-  if (a.n_head_kv <= 0 || a.n_head % a.n_head_kv != 0 || a.head_dim <= 0 || a.v_dim <= 0 || a.block_tokens <= 0) {
+  if (a.n_head <= 0 || a.n_head_kv <= 0 || a.n_head % a.n_head_kv != 0 || a.head_dim <= 0 || a.v_dim <= 0 ||
+      a.block_tokens <= 0) {
     return Errorf(MOE_ERR_INVALID_ARGUMENT, "attention over %d heads, %d KV heads, head_dim %d", a.n_head,
                   a.n_head_kv, a.head_dim);
   }
   if (n_tok <= 0) return absl::OkStatus();
+  if (FlashAttentionApplies(a, n_tok)) return FlashAttention(q, a, n_tok, out, stream, ws);
   const int n_split = AttentionSplits(a, n_tok);
   if (n_split > kAttnMaxSplits) {  // the combine keeps two floats a chunk in 48 KiB of shared memory
     return Errorf(MOE_ERR_UNSUPPORTED, "attention over %d keys (at most %d)", n_split * kAttnChunk,
@@ -649,10 +712,24 @@ absl::Status AttentionExt(const float *q, const AttentionExtArgs &a, int64_t n_t
   }
   if (n_split > 0 && ws.data != nullptr && ws.bytes >= AttentionExtWorkspaceBytes(a, n_tok)) {
     float *part = static_cast<float *>(ws.data);
-    const dim3 grid(static_cast<unsigned>(n_tok * a.n_head), static_cast<unsigned>(n_split));
+    const int gb = SplitHeads(a);
+    const int runs = (a.n_head / a.n_head_kv + gb - 1) / gb;
+    const dim3 grid(static_cast<unsigned>(n_tok * a.n_head_kv * runs), static_cast<unsigned>(n_split));
     const bool direct = n_split == 1 && a.sinks == nullptr;
-    Launch(AttentionSplitKernel, grid, kThreads, kAttnWarps * a.v_dim * sizeof(float), stream, q, a, n_split, part,
-           out, direct);
+    const size_t smem = SplitSmemBytes(a, gb);
+    switch (gb) {
+      case 8:
+        Launch(AttentionSplitKernel<8>, grid, kThreads, smem, stream, q, a, n_split, part, out, direct);
+        break;
+      case 4:
+        Launch(AttentionSplitKernel<4>, grid, kThreads, smem, stream, q, a, n_split, part, out, direct);
+        break;
+      case 2:
+        Launch(AttentionSplitKernel<2>, grid, kThreads, smem, stream, q, a, n_split, part, out, direct);
+        break;
+      default:
+        Launch(AttentionSplitKernel<1>, grid, kThreads, smem, stream, q, a, n_split, part, out, direct);
+    }
     if (!direct) {
       Launch(AttentionCombineKernel, static_cast<unsigned>(n_tok * a.n_head), 128, 2 * n_split * sizeof(float), stream,
              part, a, n_split, out);
@@ -686,6 +763,18 @@ absl::Status AttentionExt(const float *q, const AttentionExtArgs &a, int64_t n_t
                                                      static_cast<int>(smem)));
   }
   Launch(AttentionExtKernel, static_cast<unsigned>(n_tok * a.n_head), kThreads, smem, stream, q, a, out);
+  STRATA_CUDA_RETURN_IF_LAUNCH_FAILED();
+  return absl::OkStatus();
+}
+
+absl::Status AttentionCombine(const float *part, const AttentionExtArgs &a, int64_t n_tok, int n_split, float *out,
+                              cudaStream_t stream) {
+  if (n_split <= 0 || n_split > kAttnMaxSplits || n_tok < 0 || part == nullptr) {
+    return Errorf(MOE_ERR_INVALID_ARGUMENT, "combining %d attention parts (at most %d)", n_split, kAttnMaxSplits);
+  }
+  if (n_tok == 0) return absl::OkStatus();
+  Launch(AttentionCombineKernel, static_cast<unsigned>(n_tok * a.n_head), 128, 2 * n_split * sizeof(float), stream,
+         part, a, n_split, out);
   STRATA_CUDA_RETURN_IF_LAUNCH_FAILED();
   return absl::OkStatus();
 }

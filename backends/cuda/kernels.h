@@ -554,9 +554,9 @@ absl::Status NormRope(float *q, float *k, int64_t n_tok, int n_head, int n_head_
 // same from v_blocks, or with `latent` the first v_dim floats of each key row (one KV head, MLA); an
 // optional mask (masked[p] != 0: p is no key for another position's query); an optional sink logit
 // per head; a given score scale; window 0 = unlimited. q (n_tok, n_head, head_dim) -> out (n_tok,
-// n_head, v_dim). Block tables, mask and sinks are device arrays. Scores of one (token, head) live in
-// shared memory, so the visible keys are bounded by the device's shared memory (MOE_ERR_UNSUPPORTED
-// beyond).
+// n_head, v_dim). Block tables, mask and sinks are device arrays. Outside the flash path (below), the
+// one-pass kernel keeps the scores of one (token, head) in shared memory, so the visible keys are
+// bounded by the device's shared memory (MOE_ERR_UNSUPPORTED beyond).
 struct AttentionExtArgs {
   const float *const *k_blocks = nullptr;
   const float *const *v_blocks = nullptr;
@@ -578,9 +578,29 @@ struct AttentionExtArgs {
 // into `ws`, and a second launch combines the chunks in order (flash-decoding); the split needs
 // AttentionExtWorkspaceBytes of ws, and without it the call runs in one pass.
 constexpr int kAttnChunk = 64;
+// A prompt (FlashAttentionApplies) takes the flash kernel (flash_attention.cu) instead: no
+// workspace, no bound on the keys.
 size_t AttentionExtWorkspaceBytes(const AttentionExtArgs &a, int64_t n_tok);
 absl::Status AttentionExt(const float *q, const AttentionExtArgs &a, int64_t n_tok, float *out, cudaStream_t stream,
                           Workspace ws = {});
+
+// Flash attention for a prompt over the block tables (AttentionExt's path for it): tiles of 64
+// (token, head of a GQA group) rows against tiles of keys, online softmax, both products in 3xTF32
+// on tensor cores (about float32's accuracy, not its bits). Applies without rows, with at least 16
+// tokens or 2 whose (token, head) rows fill half a tile, head_dim 64 or 128, v_dim = head_dim (latent: one KV head, v_dim <= head_dim), at most 64
+// heads a KV head and strides in whole 4-float pieces (block starts 16-byte aligned); FlashAttention
+// fails otherwise.
+// When its query tiles are too few to fill the device over many keys (a short prompt after a long
+// context), the keys are split into runs combined as the split path's chunks (AttentionCombine);
+// that needs FlashAttentionWorkspaceBytes of ws, and without it the call runs unsplit.
+bool FlashAttentionApplies(const AttentionExtArgs &a, int64_t n_tok);
+size_t FlashAttentionWorkspaceBytes(const AttentionExtArgs &a, int64_t n_tok);
+absl::Status FlashAttention(const float *q, const AttentionExtArgs &a, int64_t n_tok, float *out,
+                            cudaStream_t stream, Workspace ws = {});
+// The split path's second phase: for each (token, head) its n_split parts (m, l, out...) at
+// part[(th * n_split + s) * (v_dim + 2)], with the optional sink logit, into out (n_tok, n_head, v_dim).
+absl::Status AttentionCombine(const float *part, const AttentionExtArgs &a, int64_t n_tok, int n_split, float *out,
+                              cudaStream_t stream);
 
 // Writes row t of k (n, k_width) and v (n, v_width) at rows[t].pos through rows[t]'s block tables
 // (blocks of block_tokens rows; v_width 0: keys only). One launch for every session of a step.

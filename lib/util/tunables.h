@@ -79,6 +79,8 @@ namespace strata::tunables {
   X(int64_t, cuda_gemv_split, "STRATA_CUDA_GEMV_SPLIT", 0, "most warps a GEMV row is split over; 0 = built-in")     \
   X(int64_t, cuda_q8_tensor, "STRATA_CUDA_Q8_TENSOR", -1,                                                           \
     "8-bit-activation products: 1 = tensor cores, 0 = GEMVs, -1 = by codec (Q4_K tensor cores, Q8_0 GEMVs)")        \
+  X(bool, cuda_flash_attention, "STRATA_CUDA_FLASH_ATTENTION", true,                                                \
+    "prompts' attention in the flash kernel (head_dim 64 / 128); off = the per-(token, head) kernels")              \
   /* Tracing and profiling. */                                                                                      \
   X(bool, cuda_profile, "STRATA_CUDA_PROFILE", false, "the CUDA backend's per-operation timings on stderr")         \
   X(bool, cuda_stamps, "STRATA_CUDA_STAMPS", false, "device timestamps at the decode step's marks")                 \

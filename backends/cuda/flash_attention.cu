@@ -1,0 +1,407 @@
+// Flash attention for prompts over the KV cache's block tables (AttentionExt's prompt path): tiles of
+// a GQA group's (token, head) rows against double-buffered key tiles, online softmax, no score
+// matrix; both products on tensor cores in 3xTF32 (about float32's accuracy, not its bits).
+//
+// 3xTF32: an operand x splits into big = tf32(x) and small = tf32(x - big), and a b is taken as
+// big_a small_b + small_a big_b + big_a big_b (the dropped small_a small_b is ~2^-21 relative). A
+// tile's 64 rows are (token, head) pairs of one KV head, so each K/V tile in shared memory serves
+// the whole group; K/V tiles come by cp.async, tile i + 1 in flight while tile i is used.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "backends/cuda/cuda_status.h"
+#include "backends/cuda/kernels.h"
+#include "backends/cuda/launch.cuh"
+#include "lib/util/tunables.h"
+
+namespace strata::cuda {
+namespace {
+
+constexpr int kRows = 64;           // query rows of a tile: (token, head) pairs
+constexpr int kWarps = kRows / 16;  // a warp's 16 rows are one mma row block
+constexpr int kFlashThreads = kWarps * 32;
+// A call takes the flash kernel with at least 16 tokens, or with 2 or more whose rows fill half a
+// tile (a group of 8: 4 tokens). Fewer keep the per-(token, head) kernels, which need no tile of
+// mostly padding rows; a lone token (decode) always does.
+constexpr int kMinTokens = 16;
+constexpr int kMinRows = kRows / 2;
+
+// Query tiles of a call: kRows / group tokens each.
+int64_t QueryTiles(const AttentionExtArgs &a, int64_t n_tok) {
+  const int tq = kRows / (a.n_head / a.n_head_kv);
+  return (n_tok + tq - 1) / tq;
+}
+
+// Shared memory row strides (floats). Fragment reads are conflict-free when a row's stride is
+// 4 mod 32 for Q, K and P (lanes read rows lane / 4, columns lane % 4) and 8 mod 32 for V (lanes
+// read rows lane % 4, columns lane / 4).
+template <int D>
+struct FlashShape {
+  static constexpr int kKeys = D <= 64 ? 64 : 32;  // keys of a K/V tile
+  static constexpr int kQStride = D + 4, kKStride = D + 4, kVStride = D + 8, kPStride = kKeys + 4;
+  static constexpr int kQFloats = kRows * kQStride;
+  static constexpr int kKFloats = kKeys * kKStride, kVFloats = kKeys * kVStride;
+  static constexpr int kPFloats = kRows * kPStride;
+  // Q, two K and two V buffers, P, then the tile's mask flags (one int a key, two buffers).
+  static constexpr size_t kBytes =
+      (static_cast<size_t>(kQFloats) + 2 * kKFloats + 2 * kVFloats + kPFloats + 2 * kKeys) * sizeof(float);
+};
+
+// x as big + small tf32 parts, with integer operations rather than conversions: big rounds x's
+// mantissa to 10 bits (half up in magnitude), small is the rest truncated to 10 bits, so a
+// product of two splits is within ~2^-21 of float32's. Both have their 13 low bits zero, as the
+// tf32 operands of mma take them.
+__device__ __forceinline__ void Split(float x, uint32_t &big, uint32_t &small) {
+  big = (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
+  small = __float_as_uint(x - __uint_as_float(big)) & 0xffffe000u;
+}
+
+// c += a b over one m16n8k8 tile (tf32 inputs, float32 accumulation).
+__device__ __forceinline__ void Mma(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+// 3xTF32: the small cross terms first, then the big product.
+__device__ __forceinline__ void Mma3(float (&c)[4], const uint32_t (&ab)[4], const uint32_t (&as)[4],
+                                     const uint32_t (&bb)[2], const uint32_t (&bs)[2]) {
+  Mma(c, ab, bs);
+  Mma(c, as, bb);
+  Mma(c, ab, bb);
+}
+
+// 16 bytes from global to shared memory, or zeros when !valid (src is then not read).
+__device__ __forceinline__ void CpAsync16(float *dst, const float *src, bool valid) {
+  const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(valid ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+// Block (query tile x, KV head y): tokens t0 .. t0 + tq - 1 (tq = kRows / group) and the group's
+// heads; row r is token t0 + r / group, head y group + r % group. Keys from the first one the
+// tile's first token sees to the last token's own position, kKeys at a time.
+//
+// With n_split > 1 (few tiles over many keys), block z takes the z-th of n_split runs of the tile's
+// key tiles and writes each row's max score, sum of weights and unnormalised output to part in the
+// split path's layout (AttentionCombine adds the runs and the sink); a run with no key of a row
+// writes m = -inf, l = 0.
+template <int D>
+__global__ void __launch_bounds__(kFlashThreads, 2) FlashAttentionKernel(const float *q, AttentionExtArgs a,
+                                                                      int64_t n_tok, float *out, int n_split,
+                                                                      float *part) {
+  using S = FlashShape<D>;
+  constexpr int kKeys = S::kKeys;
+  dev::AwaitPrior();
+  extern __shared__ __align__(16) float sm[];
+  float *qs = sm;
+  float *ks = qs + S::kQFloats;           // 2 buffers
+  float *vs = ks + 2 * S::kKFloats;       // 2 buffers
+  float *ps = vs + 2 * S::kVFloats;
+  int *flags = reinterpret_cast<int *>(ps + S::kPFloats);  // 2 buffers of kKeys
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int group = a.n_head / a.n_head_kv, tq = kRows / group;
+  const int kvh = blockIdx.y;
+  const int64_t t0 = static_cast<int64_t>(blockIdx.x) * tq;
+  const int64_t t_end = min(n_tok, t0 + tq);
+  const int p_lo = a.pos0 + static_cast<int>(t0), p_hi = a.pos0 + static_cast<int>(t_end) - 1;
+  // Key tiles start at multiples of kKeys, so a row meets the same tiles in whatever query tile and
+  // call it comes (a tile wholly outside a row's keys changes none of its numbers): unsplit, a
+  // token's bits do not depend on how the prompt was cut into calls.
+  const int k_begin = a.window > 0 ? max(0, p_lo - a.window + 1) / kKeys * kKeys : 0;
+  const int n_all = (p_hi - k_begin) / kKeys + 1;  // key tiles of the query tile
+  const int per_split = (n_all + n_split - 1) / n_split;
+  const int i_begin = min(n_all, static_cast<int>(blockIdx.z) * per_split);
+  const int i_end = min(n_all, i_begin + per_split);
+
+  // The query rows, zeros past the tile's tokens (plain loads: q need not be 16-byte aligned).
+  for (int c = threadIdx.x; c < kRows * D; c += kFlashThreads) {
+    const int r = c / D, col = c % D;
+    const int64_t t = t0 + r / group;
+    const bool valid = r < tq * group && t < t_end;
+    qs[r * S::kQStride + col] = valid ? q[(t * a.n_head + kvh * group + r % group) * D + col] : 0.f;
+  }
+  constexpr int kChunks = D / 4;  // 16-byte pieces of a K/V row
+  // Tile i's keys and values (the first v_dim floats of the key rows when latent: no V copy), zeros
+  // past the last position (those cache rows may hold anything), and each key's mask flag.
+  // A thread's pieces: kLoads of them, rows kRowStep apart, the same column. Their rows' addresses
+  // (block table lookups) are all formed first so those loads are in flight together.
+  constexpr int kLoads = kKeys * kChunks / kFlashThreads, kRowStep = kFlashThreads / kChunks;
+  static_assert(kKeys * kChunks % kFlashThreads == 0 && kFlashThreads % kChunks == 0, "whole rows a pass");
+  const int my_row = threadIdx.x / kChunks, my_col = (threadIdx.x % kChunks) * 4;
+  auto load_tile = [&](int i) {
+    const int kt = k_begin + i * kKeys;
+    float *kd = ks + (i & 1) * S::kKFloats, *vd = vs + (i & 1) * S::kVFloats;
+    const float *krow[kLoads], *vrow[kLoads];
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u) {
+      const int kp = kt + my_row + u * kRowStep;
+      const bool valid = kp <= p_hi;
+      const int blk = valid ? kp / a.block_tokens : 0;
+      const int64_t off = static_cast<int64_t>(valid ? kp % a.block_tokens : 0);
+      krow[u] = valid ? a.k_blocks[blk] + off * a.k_stride + static_cast<int64_t>(kvh) * D + my_col : nullptr;
+      vrow[u] = valid && !a.latent ? a.v_blocks[blk] + off * a.v_stride + static_cast<int64_t>(kvh) * D + my_col
+                                   : nullptr;
+    }
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u) {
+      const int j = my_row + u * kRowStep;
+      CpAsync16(kd + j * S::kKStride + my_col, krow[u] != nullptr ? krow[u] : q, krow[u] != nullptr);
+      if (!a.latent) CpAsync16(vd + j * S::kVStride + my_col, vrow[u] != nullptr ? vrow[u] : q, vrow[u] != nullptr);
+    }
+    for (int j = threadIdx.x; j < kKeys; j += kFlashThreads) {
+      const int kp = kt + j;
+      flags[(i & 1) * kKeys + j] = kp <= p_hi && a.masked != nullptr && a.masked[kp] != 0 ? 1 : 0;
+    }
+  };
+  if (i_begin < i_end) {
+    load_tile(i_begin);
+    CpAsyncCommit();
+  }
+
+  // This thread's two rows (lane / 4 and lane / 4 + 8 of the warp's 16): position and first key; a
+  // padding row gets position -1, which sees no key.
+  int rpos[2], rfirst[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = warp * 16 + lane / 4 + 8 * h;
+    const int64_t t = t0 + r / group;
+    const bool valid = r < tq * group && t < t_end;
+    rpos[h] = valid ? a.pos0 + static_cast<int>(t) : -1;
+    rfirst[h] = valid && a.window > 0 ? max(0, rpos[h] - a.window + 1) : 0;
+  }
+  float o[D / 8][4];
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  const float *qw = qs + warp * 16 * S::kQStride;
+  float *pw = ps + warp * 16 * S::kPStride;
+  const int qr = lane / 4, qc = lane % 4;
+
+  for (int i = i_begin; i < i_end; ++i) {
+    if (i + 1 < i_end) {
+      load_tile(i + 1);
+      CpAsyncCommit();
+      CpAsyncWait<1>();
+    } else {
+      CpAsyncWait<0>();
+    }
+    __syncthreads();
+    const int kt = k_begin + i * kKeys;
+    const float *kb = ks + (i & 1) * S::kKFloats;
+    const float *vb = a.latent ? kb : vs + (i & 1) * S::kVFloats;
+    const int vstride = a.latent ? S::kKStride : S::kVStride;
+    const int *fl = flags + (i & 1) * kKeys;
+    // A warp none of whose 16 rows sees a key of the tile (all before it, or past their window)
+    // skips it.
+    bool any = false;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) any |= rpos[h] >= kt && rpos[h] >= 0 && rfirst[h] <= kt + kKeys - 1;
+    any = __any_sync(0xffffffffu, any);
+    if (any) {
+      // Scores s = Q K^T for the warp's 16 rows and the tile's keys.
+      float s[kKeys / 8][4];
+#pragma unroll
+      for (int n = 0; n < kKeys / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+#pragma unroll 2
+      for (int kk = 0; kk < D / 8; ++kk) {
+        uint32_t ab[4], as[4];
+        Split(qw[qr * S::kQStride + kk * 8 + qc], ab[0], as[0]);
+        Split(qw[(qr + 8) * S::kQStride + kk * 8 + qc], ab[1], as[1]);
+        Split(qw[qr * S::kQStride + kk * 8 + qc + 4], ab[2], as[2]);
+        Split(qw[(qr + 8) * S::kQStride + kk * 8 + qc + 4], ab[3], as[3]);
+#pragma unroll
+        for (int n = 0; n < kKeys / 8; ++n) {
+          uint32_t bb[2], bs[2];
+          Split(kb[(n * 8 + qr) * S::kKStride + kk * 8 + qc], bb[0], bs[0]);
+          Split(kb[(n * 8 + qr) * S::kKStride + kk * 8 + qc + 4], bb[1], bs[1]);
+          Mma3(s[n], ab, as, bb, bs);
+        }
+      }
+      // Scale, mask (a masked key is no key but for its own position's query), online softmax.
+      float mt[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+      for (int n = 0; n < kKeys / 8; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int h = e / 2, j = n * 8 + qc * 2 + (e & 1), kp = kt + j;
+          const bool vis = kp <= rpos[h] && kp >= rfirst[h] && (kp == rpos[h] || fl[j] == 0);
+          s[n][e] = vis ? __fmul_rn(s[n][e], a.scale) : -INFINITY;
+          mt[h] = fmaxf(mt[h], s[n][e]);
+        }
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        mt[h] = fmaxf(mt[h], __shfl_xor_sync(0xffffffffu, mt[h], 1));
+        mt[h] = fmaxf(mt[h], __shfl_xor_sync(0xffffffffu, mt[h], 2));
+        const float mn = fmaxf(m[h], mt[h]);
+        const float base = mn == -INFINITY ? 0.f : mn;  // a row with no key yet stays at zero
+        const float alpha = expf(m[h] - base);
+        m[h] = mn;
+        mt[h] = base;
+        l[h] *= alpha;
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n) {
+          o[n][2 * h] *= alpha;
+          o[n][2 * h + 1] *= alpha;
+        }
+      }
+#pragma unroll
+      for (int n = 0; n < kKeys / 8; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int h = e / 2;
+          const float p = expf(s[n][e] - mt[h]);
+          l[h] += p;
+          pw[(qr + 8 * h) * S::kPStride + n * 8 + qc * 2 + (e & 1)] = p;
+        }
+      }
+      __syncwarp();
+      // o += P V.
+#pragma unroll 2
+      for (int kk = 0; kk < kKeys / 8; ++kk) {
+        uint32_t ab[4], as[4];
+        Split(pw[qr * S::kPStride + kk * 8 + qc], ab[0], as[0]);
+        Split(pw[(qr + 8) * S::kPStride + kk * 8 + qc], ab[1], as[1]);
+        Split(pw[qr * S::kPStride + kk * 8 + qc + 4], ab[2], as[2]);
+        Split(pw[(qr + 8) * S::kPStride + kk * 8 + qc + 4], ab[3], as[3]);
+        const float *v0 = vb + (kk * 8 + qc) * vstride, *v1 = v0 + 4 * vstride;
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n) {
+          uint32_t bb[2], bs[2];
+          Split(v0[n * 8 + qr], bb[0], bs[0]);
+          Split(v1[n * 8 + qr], bb[1], bs[1]);
+          Mma3(o[n], ab, as, bb, bs);
+        }
+      }
+      __syncwarp();
+    }
+    __syncthreads();  // the buffers of tile i are free for tile i + 2
+  }
+
+  // Row sums over the quad, the sink logit, and the normalised rows out.
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+    const int r = warp * 16 + qr + 8 * h;
+    if (rpos[h] < 0) continue;
+    const int head = kvh * group + r % group;
+    const int64_t th = (t0 + r / group) * a.n_head + head;
+    if (n_split > 1) {
+      float *dst = part + (th * n_split + blockIdx.z) * (a.v_dim + 2);
+      if (qc == 0) {
+        dst[0] = m[h];
+        dst[1] = l[h];
+      }
+#pragma unroll
+      for (int n = 0; n < D / 8; ++n) {
+        const int c = n * 8 + qc * 2;
+        if (c < a.v_dim) dst[2 + c] = o[n][2 * h];
+        if (c + 1 < a.v_dim) dst[2 + c + 1] = o[n][2 * h + 1];
+      }
+      continue;
+    }
+    float scale_o = 1.f;
+    if (a.sinks != nullptr) {  // one more logit whose value row is zero
+      const float sink = a.sinks[head];
+      const float mn = fmaxf(m[h], sink);
+      scale_o = expf(m[h] - mn);
+      l[h] = l[h] * scale_o + expf(sink - mn);
+    }
+    const float inv = scale_o / l[h];
+    float *dst = out + th * a.v_dim;
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+      const int c = n * 8 + qc * 2;
+      if (c < a.v_dim) dst[c] = o[n][2 * h] * inv;
+      if (c + 1 < a.v_dim) dst[c + 1] = o[n][2 * h + 1] * inv;
+    }
+  }
+}
+
+template <int D>
+absl::Status LaunchFlash(const float *q, const AttentionExtArgs &a, int64_t n_tok, float *out, int n_split,
+                         float *part, cudaStream_t stream) {
+  using S = FlashShape<D>;
+  // Opt in to the shared memory once per instantiation (the kernels run on one device per process).
+  static const cudaError_t opt_in = cudaFuncSetAttribute(
+      FlashAttentionKernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(S::kBytes));
+  STRATA_CUDA_RETURN_IF_ERROR(opt_in);
+  const int64_t tiles = QueryTiles(a, n_tok);
+  if (tiles > INT32_MAX) return Errorf(MOE_ERR_INVALID_ARGUMENT, "flash attention over %d tokens", n_tok);
+  const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(a.n_head_kv), static_cast<unsigned>(n_split));
+  Launch(FlashAttentionKernel<D>, grid, kFlashThreads, S::kBytes, stream, q, a, n_tok, out, n_split, part);
+  STRATA_CUDA_RETURN_IF_LAUNCH_FAILED();
+  if (n_split > 1) return AttentionCombine(part, a, n_tok, n_split, out, stream);
+  return absl::OkStatus();
+}
+
+// Runs of key tiles a call splits into: as many as keep the (query tile, KV head, run) blocks within
+// one wave of the device (two blocks a multiprocessor of an H200-sized part), each run at least
+// kMinSplitTiles key tiles; 1 when the query tiles fill half the wave or more (a 512-token chunk of
+// a group of 8 over 4 KV heads: 256 blocks, unsplit).
+constexpr int64_t kFillBlocks = 264;
+constexpr int kMinSplitTiles = 8;
+int FlashSplits(const AttentionExtArgs &a, int64_t n_tok) {
+  const int64_t blocks = QueryTiles(a, n_tok) * a.n_head_kv;
+  if (2 * blocks > kFillBlocks) return 1;
+  // Keys of the last query tile (the most any tile has).
+  const int64_t last = a.pos0 + n_tok - 1;
+  const int64_t keys = a.window > 0 ? std::min<int64_t>(last + 1, a.window + kRows + 64) : last + 1;
+  const int64_t key_tiles = (keys + 31) / 32;  // tiles of the head_dim 128 kernel (64 has fewer)
+  const int64_t by_keys = key_tiles / kMinSplitTiles, by_fill = kFillBlocks / blocks;
+  return static_cast<int>(std::max<int64_t>(1, std::min(by_keys, by_fill)));
+}
+
+}  // namespace
+
+size_t FlashAttentionWorkspaceBytes(const AttentionExtArgs &a, int64_t n_tok) {
+  if (!FlashAttentionApplies(a, n_tok)) return 0;
+  const int n = FlashSplits(a, n_tok);
+  return n <= 1 ? 0 : static_cast<size_t>(n_tok) * a.n_head * n * (a.v_dim + 2) * sizeof(float);
+}
+
+bool FlashAttentionApplies(const AttentionExtArgs &a, int64_t n_tok) {
+  if (a.rows != nullptr || n_tok < 2 || !tunables::Get().cuda_flash_attention) return false;
+  if (a.head_dim != 64 && a.head_dim != 128) return false;
+  if (a.n_head <= 0 || a.n_head_kv <= 0 || a.n_head % a.n_head_kv != 0 || a.n_head / a.n_head_kv > kRows) {
+    return false;
+  }
+  if (n_tok < kMinTokens && n_tok * (a.n_head / a.n_head_kv) < kMinRows) return false;
+  // K/V rows are copied 16 bytes at a time: strides in whole 4-float pieces (the block starts must
+  // be 16-byte aligned: they are allocations, or whole blocks into one).
+  if (a.k_stride % 4 != 0 || (!a.latent && a.v_stride % 4 != 0)) return false;
+  // Latent values are the key rows' first v_dim floats (one KV head).
+  if (a.latent ? (a.v_dim <= 0 || a.v_dim > a.head_dim || a.n_head_kv != 1) : a.v_dim != a.head_dim) return false;
+  return a.pos0 >= 0 && static_cast<int64_t>(a.pos0) + n_tok <= INT32_MAX;
+}
+
+absl::Status FlashAttention(const float *q, const AttentionExtArgs &a, int64_t n_tok, float *out,
+                            cudaStream_t stream, Workspace ws) {
+  if (!FlashAttentionApplies(a, n_tok)) {
+    return Errorf(MOE_ERR_INVALID_ARGUMENT,
+                  "flash attention over %d tokens, %d heads, %d KV heads, head_dim %d, v_dim %d (rows mode: %d)", n_tok,
+                  a.n_head, a.n_head_kv, a.head_dim, a.v_dim, a.rows != nullptr ? 1 : 0);
+  }
+  if (a.k_blocks == nullptr || (!a.latent && a.v_blocks == nullptr) || a.block_tokens <= 0) {
+    return Errorf(MOE_ERR_INVALID_ARGUMENT, "flash attention without block tables");
+  }
+  // The split needs its workspace; without it the call runs unsplit.
+  const size_t need = FlashAttentionWorkspaceBytes(a, n_tok);
+  const bool split = need > 0 && ws.data != nullptr && ws.bytes >= need;
+  const int n_split = split ? FlashSplits(a, n_tok) : 1;
+  float *part = split ? static_cast<float *>(ws.data) : nullptr;
+  return a.head_dim == 64 ? LaunchFlash<64>(q, a, n_tok, out, n_split, part, stream)
+                          : LaunchFlash<128>(q, a, n_tok, out, n_split, part, stream);
+}
+
+}  // namespace strata::cuda
