@@ -246,8 +246,10 @@ int Main(int argc, char **argv) {
   const int64_t cols = 4096;
   std::printf("%-7s %9s %10s %10s %8s %10s %10s\n", "codec", "rows", "MiB", "1 tok us", "GB/s", "8 tok us", "GB/s");
   const quant::TypeId types[] = {quant::TypeId::kF32,  quant::TypeId::kF16,  quant::TypeId::kBF16,
-                                 quant::TypeId::kQ8_0, quant::TypeId::kQ6_K, quant::TypeId::kQ4_K,
-                                 quant::TypeId::kIQ4_XS, quant::TypeId::kMXFP4};
+                                 quant::TypeId::kQ8_0, quant::TypeId::kQ6_K, quant::TypeId::kQ5_K,
+                                 quant::TypeId::kQ4_K, quant::TypeId::kQ3_K, quant::TypeId::kQ2_K,
+                                 quant::TypeId::kQ5_1, quant::TypeId::kQ5_0, quant::TypeId::kQ4_1,
+                                 quant::TypeId::kQ4_0, quant::TypeId::kIQ4_XS, quant::TypeId::kMXFP4};
   DeviceBuffer x = Must(DeviceBuffer::Allocate(8 * cols * sizeof(float)), "alloc");
   if (cudaMemset(x.data(), 0, 8 * cols * sizeof(float)) != cudaSuccess) return 1;
   for (quant::TypeId t : types) {

@@ -2,6 +2,8 @@
 // Every decoder works on "items" of 32 consecutive elements and yields them 8 at a time; each weight
 // is formed with the same float32 operations, in the same order, as quant::Codec::dequantize, each
 // rounded on its own (__fmul_rn/__fsub_rn are never fused), so decoded weights are bit-identical.
+// Q4_0, Q4_1, Q5_0 and Q5_1 live in codecs_legacy.cuh, included below; STRATA_CUDA_DISPATCH_CODEC
+// at the end names every decoder.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -127,6 +129,24 @@ __device__ __forceinline__ void K4ScaleMin(const uint4 &h, int j, uint32_t *sc, 
   *mn = j < 4 ? z & 63u : (w >> 4) | ((z >> 6) << 4);
 }
 
+// d * sc and dmin * m of sub-block j < 8 of a Q4_K or Q5_K super-block at b (f16 d | f16 dmin | u8
+// scales[12] ..., lib/quant's KScaleMin packing), each product rounded on its own.
+__device__ __forceinline__ void KSubScale(const uint8_t *b, int j, float *dl, float *ml) {
+  const float d = HalfBits(LoadU16(b)), dmin = HalfBits(LoadU16(b + 2));
+  const uint8_t *s = b + 4;
+  int sc, m;
+  if (j < 4) {
+    sc = __ldg(s + j) & 0x3f;
+    m = __ldg(s + j + 4) & 0x3f;
+  } else {
+    const int sj4 = __ldg(s + j + 4);
+    sc = (sj4 & 0x0f) | ((__ldg(s + j - 4) >> 2) & 0x30);
+    m = (sj4 >> 4) | ((__ldg(s + j) >> 2) & 0x30);
+  }
+  *dl = __fmul_rn(d, static_cast<float>(sc));
+  *ml = __fmul_rn(dmin, static_cast<float>(m));
+}
+
 // ---- Q4_K (144 bytes / 256): f16 d | f16 dmin | u8 scales[12] | u8 qs[128] ------------------------
 // Item j (sub-block of 32) reads nibble j % 2 of qs[32 (j / 2) ..]; x = (d * sc) * q - dmin * m.
 struct Q4_K {
@@ -135,19 +155,9 @@ struct Q4_K {
   __device__ static Item Prepare(const uint8_t *row, int64_t item) {
     const uint8_t *b = row + (item >> 3) * 144;
     const int j = static_cast<int>(item & 7);
-    const float d = HalfBits(LoadU16(b)), dmin = HalfBits(LoadU16(b + 2));
-    const uint8_t *s = b + 4;
-    int sc, m;
-    if (j < 4) {
-      sc = __ldg(s + j) & 0x3f;
-      m = __ldg(s + j + 4) & 0x3f;
-    } else {
-      const int sj4 = __ldg(s + j + 4);
-      sc = (sj4 & 0x0f) | ((__ldg(s + j - 4) >> 2) & 0x30);
-      m = (sj4 >> 4) | ((__ldg(s + j) >> 2) & 0x30);
-    }
-    return {b + 16 + 32 * (j >> 1), __fmul_rn(d, static_cast<float>(sc)), __fmul_rn(dmin, static_cast<float>(m)),
-            4 * (j & 1)};
+    float dl, ml;
+    KSubScale(b, j, &dl, &ml);
+    return {b + 16 + 32 * (j >> 1), dl, ml, 4 * (j & 1)};
   }
   __device__ static void Group(const Item &it, int g, float w[8]) {
     const uint2 v = Load8Aligned(it.q + 8 * g);
@@ -180,6 +190,93 @@ struct Q6_K {
     for (int k = 0; k < 8; ++k) {
       const int q = static_cast<int>(((ByteOf(lo, k) >> it.lo_shift) & 0x0f) | (((ByteOf(hi, k) >> it.hi_shift) & 3) << 4));
       w[k] = __fmul_rn(dl, static_cast<float>(q - 32));
+    }
+  }
+};
+
+// ---- Q5_K (176 bytes / 256): f16 d | f16 dmin | u8 scales[12] | u8 qh[32] | u8 qs[128] ------------
+// As Q4_K (item j: nibble j % 2 of qs[32 (j / 2) ..]) plus a fifth bit, bit j of qh[l];
+// x = (d * sc) * q - dmin * m.
+struct Q5_K {
+  static constexpr int kAlign = 8;
+  struct Item { const uint8_t *q, *qh; float dl, ml; int shift, bit; };
+  __device__ static Item Prepare(const uint8_t *row, int64_t item) {
+    const uint8_t *b = row + (item >> 3) * 176;
+    const int j = static_cast<int>(item & 7);
+    float dl, ml;
+    KSubScale(b, j, &dl, &ml);
+    return {b + 48 + 32 * (j >> 1), b + 16, dl, ml, 4 * (j & 1), j};
+  }
+  __device__ static void Group(const Item &it, int g, float w[8]) {
+    const uint2 lo = Load8Aligned(it.q + 8 * g), hi = Load8Aligned(it.qh + 8 * g);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      const uint32_t q = ((ByteOf(lo, k) >> it.shift) & 0x0f) | (((ByteOf(hi, k) >> it.bit) & 1) << 4);
+      w[k] = __fsub_rn(__fmul_rn(it.dl, static_cast<float>(q)), it.ml);
+    }
+  }
+};
+
+// ---- Q2_K (84 bytes / 256): u8 scales[16] | u8 qs[64] | f16 d | f16 dmin ----------------------------
+// Item j = 4h + k (h < 2, k < 4): element l < 32 is bits 2k.. of qs[32h + l], in sub-block 2j + l / 16
+// whose byte holds sc (low nibble) and m (high); x = (d * sc) * q - dmin * m.
+struct Q2_K {
+  static constexpr int kAlign = 4;
+  struct Item { const uint8_t *q; float dl0, ml0, dl1, ml1; int shift; };
+  __device__ static Item Prepare(const uint8_t *row, int64_t item) {
+    const uint8_t *b = row + (item >> 3) * 84;
+    const int j = static_cast<int>(item & 7);
+    const uint32_t dd = LoadU32(b + 80);
+    const float d = HalfBits(static_cast<uint16_t>(dd & 0xffffu)), dmin = HalfBits(static_cast<uint16_t>(dd >> 16));
+    const uint32_t s = LoadU16(b + 2 * j);  // the scale bytes of sub-blocks 2j and 2j + 1
+    return {b + 16 + 32 * (j >> 2),
+            __fmul_rn(d, static_cast<float>(s & 0x0fu)),
+            __fmul_rn(dmin, static_cast<float>((s >> 4) & 0x0fu)),
+            __fmul_rn(d, static_cast<float>((s >> 8) & 0x0fu)),
+            __fmul_rn(dmin, static_cast<float>(s >> 12)),
+            2 * (j & 3)};
+  }
+  __device__ static void Group(const Item &it, int g, float w[8]) {
+    const uint2 v = make_uint2(LoadU32(it.q + 8 * g), LoadU32(it.q + 8 * g + 4));
+    const float dl = g < 2 ? it.dl0 : it.dl1, ml = g < 2 ? it.ml0 : it.ml1;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      w[k] = __fsub_rn(__fmul_rn(dl, static_cast<float>((ByteOf(v, k) >> it.shift) & 3)), ml);
+    }
+  }
+};
+
+// Scale i < 16 of a Q3_K super-block, its 12 bytes at s (lib/quant's Q3Scale): low nibble from byte
+// i (i < 8) or the high nibble of byte i - 8, top two bits from bits 2 (i / 4).. of byte 8 + i % 4;
+// stored +32.
+__device__ __forceinline__ int Q3Scale(const uint8_t *s, int i) {
+  const int lo = i < 8 ? (__ldg(s + i) & 0x0f) : (__ldg(s + i - 8) >> 4);
+  const int hi = (__ldg(s + 8 + (i & 3)) >> (2 * (i >> 2))) & 3;
+  return (lo | (hi << 4)) - 32;
+}
+
+// ---- Q3_K (110 bytes / 256): u8 hmask[32] | u8 qs[64] | u8 scales[12] | f16 d ----------------------
+// Item j = 4h + k: element l < 32 has low bits 2k.. of qs[32h + l] and, as bit j of hmask[l], a
+// third bit whose CLEAR state subtracts 4; scale of sub-block 2j + l / 16; x = (d * scale) * q.
+struct Q3_K {
+  static constexpr int kAlign = 2;
+  struct Item { const uint8_t *q, *hm; float dl0, dl1; int shift, bit; };
+  __device__ static Item Prepare(const uint8_t *row, int64_t item) {
+    const uint8_t *b = row + (item >> 3) * 110;
+    const int j = static_cast<int>(item & 7);
+    const float d = HalfBits(LoadU16(b + 108));
+    return {b + 32 + 32 * (j >> 2), b,
+            __fmul_rn(d, static_cast<float>(Q3Scale(b + 96, 2 * j))),
+            __fmul_rn(d, static_cast<float>(Q3Scale(b + 96, 2 * j + 1))),
+            2 * (j & 3), j};
+  }
+  __device__ static void Group(const Item &it, int g, float w[8]) {
+    const uint2 lo = Load8Unaligned(it.q + 8 * g), hm = Load8Unaligned(it.hm + 8 * g);
+    const float dl = g < 2 ? it.dl0 : it.dl1;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      const int q = static_cast<int>((ByteOf(lo, k) >> it.shift) & 3) - (((ByteOf(hm, k) >> it.bit) & 1) ? 0 : 4);
+      w[k] = __fmul_rn(dl, static_cast<float>(q));
     }
   }
 };
@@ -227,6 +324,9 @@ struct MXFP4 {
 
 }  // namespace strata::cuda::dev
 
+// Q4_0, Q4_1, Q5_0, Q5_1: built on the helpers above.
+#include "backends/cuda/codecs_legacy.cuh"
+
 // Runs the statements with `C` naming the decoder of `type`; evaluates to false for a type without one.
 #define STRATA_CUDA_DISPATCH_CODEC(type, ...)                                            \
   [&]() -> bool {                                                                        \
@@ -234,8 +334,15 @@ struct MXFP4 {
       case ::strata::quant::TypeId::kF32: { using C = ::strata::cuda::dev::F32; __VA_ARGS__; return true; }     \
       case ::strata::quant::TypeId::kF16: { using C = ::strata::cuda::dev::F16; __VA_ARGS__; return true; }     \
       case ::strata::quant::TypeId::kBF16: { using C = ::strata::cuda::dev::BF16; __VA_ARGS__; return true; }   \
+      case ::strata::quant::TypeId::kQ4_0: { using C = ::strata::cuda::dev::Q4_0; __VA_ARGS__; return true; }   \
+      case ::strata::quant::TypeId::kQ4_1: { using C = ::strata::cuda::dev::Q4_1; __VA_ARGS__; return true; }   \
+      case ::strata::quant::TypeId::kQ5_0: { using C = ::strata::cuda::dev::Q5_0; __VA_ARGS__; return true; }   \
+      case ::strata::quant::TypeId::kQ5_1: { using C = ::strata::cuda::dev::Q5_1; __VA_ARGS__; return true; }   \
       case ::strata::quant::TypeId::kQ8_0: { using C = ::strata::cuda::dev::Q8_0; __VA_ARGS__; return true; }   \
+      case ::strata::quant::TypeId::kQ2_K: { using C = ::strata::cuda::dev::Q2_K; __VA_ARGS__; return true; }   \
+      case ::strata::quant::TypeId::kQ3_K: { using C = ::strata::cuda::dev::Q3_K; __VA_ARGS__; return true; }   \
       case ::strata::quant::TypeId::kQ4_K: { using C = ::strata::cuda::dev::Q4_K; __VA_ARGS__; return true; }   \
+      case ::strata::quant::TypeId::kQ5_K: { using C = ::strata::cuda::dev::Q5_K; __VA_ARGS__; return true; }   \
       case ::strata::quant::TypeId::kQ6_K: { using C = ::strata::cuda::dev::Q6_K; __VA_ARGS__; return true; }   \
       case ::strata::quant::TypeId::kIQ4_XS: { using C = ::strata::cuda::dev::IQ4_XS; __VA_ARGS__; return true; } \
       case ::strata::quant::TypeId::kMXFP4: { using C = ::strata::cuda::dev::MXFP4; __VA_ARGS__; return true; }  \

@@ -37,14 +37,57 @@ inline std::vector<float> RandomFloats(std::mt19937 &rng, size_t n, float lo = -
   return v;
 }
 
-// Random rows of a codec: quantized random floats where Strata has a quantizer; otherwise random
-// block bytes with the scale fields set to finite, moderate values (every code pattern is valid).
+inline void PutHalf(uint8_t *p, float f) {
+  const uint16_t h = quant::FloatToHalf(f);
+  std::memcpy(p, &h, 2);
+}
+
+// The codecs whose blocks RandomMatrix draws as random bytes although Strata quantizes them: every
+// code, sub-block scale and high bit takes all its values (a quantizer's output need not), with
+// RandomBlockScales setting the f16 fields.
+inline bool RandomBytesCodec(quant::TypeId type) {
+  using quant::TypeId;
+  for (TypeId t : {TypeId::kQ4_0, TypeId::kQ4_1, TypeId::kQ5_0, TypeId::kQ5_1, TypeId::kQ2_K, TypeId::kQ3_K,
+                   TypeId::kQ5_K}) {
+    if (t == type) return true;
+  }
+  return false;
+}
+
+// Finite random f16 scale fields (d, and the offset where the codec has one) in a block of random
+// bytes of a RandomBytesCodec codec: |d| in [0.001, 0.05), offsets of either sign.
+inline void RandomBlockScales(std::mt19937 &rng, quant::TypeId type, uint8_t *b) {
+  using quant::TypeId;
+  std::uniform_real_distribution<float> scale(0.001f, 0.05f);
+  std::bernoulli_distribution neg(0.5);
+  auto any_sign = [&] { return neg(rng) ? -scale(rng) : scale(rng); };
+  switch (type) {
+    case TypeId::kQ4_0:
+    case TypeId::kQ5_0: PutHalf(b, any_sign()); break;
+    case TypeId::kQ4_1:
+    case TypeId::kQ5_1: PutHalf(b, scale(rng)); PutHalf(b + 2, 8.0f * any_sign()); break;
+    case TypeId::kQ2_K: PutHalf(b + 80, scale(rng)); PutHalf(b + 82, any_sign()); break;
+    case TypeId::kQ3_K: PutHalf(b + 108, any_sign()); break;
+    case TypeId::kQ5_K: PutHalf(b, 0.1f * scale(rng)); PutHalf(b + 2, 0.1f * any_sign()); break;
+    default: FAIL("no scale fields known for " << quant::TypeName(static_cast<uint32_t>(type)));
+  }
+}
+
+// Random rows of a codec: random block bytes with finite scales for a RandomBytesCodec codec;
+// quantized random floats where Strata has a quantizer; otherwise random block bytes with the scale
+// fields set to finite, moderate values (every code pattern is valid).
 inline std::vector<uint8_t> RandomMatrix(std::mt19937 &rng, quant::TypeId type, int64_t rows, int64_t cols,
                                          uint64_t *row_bytes) {
   const quant::Codec *c = quant::FindCodec(type);
   REQUIRE(c != nullptr);
   *row_bytes = static_cast<uint64_t>(cols / c->block_elems * c->block_bytes);
   std::vector<uint8_t> out(*row_bytes * rows);
+  if (RandomBytesCodec(type)) {
+    std::uniform_int_distribution<int> byte(0, 255);
+    for (auto &b : out) b = static_cast<uint8_t>(byte(rng));
+    for (size_t i = 0; i < out.size(); i += static_cast<size_t>(c->block_bytes)) RandomBlockScales(rng, type, out.data() + i);
+    return out;
+  }
   if (c->quantize != nullptr) {
     for (int64_t r = 0; r < rows; ++r) {
       std::vector<float> x = RandomFloats(rng, cols);
@@ -61,8 +104,7 @@ inline std::vector<uint8_t> RandomMatrix(std::mt19937 &rng, quant::TypeId type, 
     if (type == quant::TypeId::kMXFP4) {
       b[0] = static_cast<uint8_t>(118 + byte(rng) % 16);  // 2^-10 .. 2^5
     } else {  // IQ4_XS: f16 d first
-      const uint16_t h = quant::FloatToHalf(scale(rng));
-      std::memcpy(b, &h, 2);
+      PutHalf(b, scale(rng));
     }
   }
   return out;

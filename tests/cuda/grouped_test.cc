@@ -337,6 +337,10 @@ TEST_CASE("Grouped SwiGLU and down GEMV are bit-identical to the per-expert GEMV
       {TypeId::kMXFP4, TypeId::kMXFP4, 1024, 160}, {TypeId::kIQ4_XS, TypeId::kIQ4_XS, 1536, 256},
       {TypeId::kF16, TypeId::kF16, 512, 224},    {TypeId::kF32, TypeId::kF32, 256, 128},
       {TypeId::kBF16, TypeId::kBF16, 384, 192},
+      // The mixes of Q5_K_M, Q3_K_M and Q2_K files, and the 32-element legacy codecs.
+      {TypeId::kQ5_K, TypeId::kQ6_K, 1024, 512}, {TypeId::kQ3_K, TypeId::kQ5_K, 768, 256},
+      {TypeId::kQ2_K, TypeId::kQ4_K, 512, 256},  {TypeId::kQ4_0, TypeId::kQ5_0, 544, 224},
+      {TypeId::kQ4_1, TypeId::kQ5_1, 320, 160},
       // Rows split over warps (GemvTeamWarps): 2 warps for MXFP4 at 1024 and IQ4_XS at 1536 columns
       // above, 4 here, 8 for the down projection of 4096 columns.
       {TypeId::kQ8_0, TypeId::kQ8_0, 2048, 512}, {TypeId::kF32, TypeId::kF16, 256, 4096},
@@ -608,7 +612,9 @@ bool CanMapHostMemory(const char *test) {
 TEST_CASE("Grouped experts read weights in mapped host memory as they read VRAM", "[gpu][grouped]") {
   if (!HaveGpu() || !CanMapHostMemory("zero-copy")) return;
   auto rng = test::Rng();
-  const CodecCase cases[] = {{TypeId::kQ4_K, TypeId::kQ6_K, 2048, 768}, {TypeId::kMXFP4, TypeId::kMXFP4, 1024, 320}};
+  const CodecCase cases[] = {{TypeId::kQ4_K, TypeId::kQ6_K, 2048, 768}, {TypeId::kMXFP4, TypeId::kMXFP4, 1024, 320},
+                             {TypeId::kQ5_K, TypeId::kQ6_K, 1024, 512},  {TypeId::kQ3_K, TypeId::kQ2_K, 768, 256},
+                             {TypeId::kQ5_0, TypeId::kQ4_1, 544, 160}};
   const int n_expert = 16, k = 4;
   const int64_t n_tok = 9;
   for (const CodecCase &c : cases) {
@@ -1093,8 +1099,8 @@ TEST_CASE("Grouped launchers refuse bad arguments with a Status", "[gpu][grouped
   }
   {
     GroupedExperts b = ge;
-    b.gate_shape.type = b.up_shape.type = TypeId::kQ2_K;
-    b.gate_shape.row_bytes = b.up_shape.row_bytes = 672;
+    b.gate_shape.type = b.up_shape.type = TypeId::kIQ2_XXS;
+    b.gate_shape.row_bytes = b.up_shape.row_bytes = 528;
     CHECK(StatusToMoe(CheckGroupedExperts(b)) == MOE_ERR_UNSUPPORTED_TYPE);
   }
   {

@@ -22,8 +22,9 @@ using test::RandomMatrix;
 using test::RelL2;
 using test::Upload;
 
-const TypeId kCodecs[] = {TypeId::kF32,  TypeId::kF16,  TypeId::kBF16,   TypeId::kQ8_0,
-                          TypeId::kQ4_K, TypeId::kQ6_K, TypeId::kIQ4_XS, TypeId::kMXFP4};
+const TypeId kCodecs[] = {TypeId::kF32,  TypeId::kF16,  TypeId::kBF16, TypeId::kQ4_0,  TypeId::kQ4_1,
+                          TypeId::kQ5_0, TypeId::kQ5_1, TypeId::kQ8_0, TypeId::kQ2_K,  TypeId::kQ3_K,
+                          TypeId::kQ4_K, TypeId::kQ5_K, TypeId::kQ6_K, TypeId::kIQ4_XS, TypeId::kMXFP4};
 
 model::Matrix HostMatrix(TypeId type, const std::vector<uint8_t> &bytes, int64_t rows, int64_t cols, uint64_t rb) {
   model::Matrix m;
@@ -169,6 +170,33 @@ TEST_CASE("GEMV matches the exact dot of the dequantized weights for every codec
   }
 }
 
+// Codecs whose blocks are a multiple of 2 bytes but not of 4: with an odd number of blocks a row,
+// every other row starts 2 bytes past a word, and the decoders' word loads must realign.
+TEST_CASE("Rows of 2-byte-aligned blocks starting mid-word decode and GEMV as lib/quant", "[gpu]") {
+  if (!HaveGpu()) return;
+  auto rng = test::Rng();
+  const int64_t rows = 37;
+  for (TypeId type : {TypeId::kQ4_0, TypeId::kQ5_0, TypeId::kQ8_0, TypeId::kQ3_K, TypeId::kQ6_K}) {
+    const int64_t cols = quant::FindCodec(type)->block_elems * 33;
+    INFO(quant::TypeName(static_cast<uint32_t>(type)) << ", " << cols << " columns");
+    uint64_t rb = 0;
+    std::vector<uint8_t> w = RandomMatrix(rng, type, rows, cols, &rb);
+    REQUIRE(rb % 4 == 2);
+    DeviceBuffer dw = Upload(w);
+    const DeviceMatrix m = test::View(type, dw, rows, cols, rb);
+    std::vector<float> ref(rows * cols);
+    for (int64_t r = 0; r < rows; ++r) quant::FindCodec(type)->dequantize(w.data() + r * rb, ref.data() + r * cols, cols);
+    DeviceBuffer out = Poisoned(rows * cols);
+    REQUIRE(Dequantize(m, out.as<float>(), nullptr).ok());
+    CHECK(std::memcmp(Download<float>(out, rows * cols).data(), ref.data(), ref.size() * sizeof(float)) == 0);
+    const int64_t n_tok = 3;
+    std::vector<float> x = RandomFloats(rng, n_tok * cols);
+    DeviceBuffer dx = Upload(x), dy = Poisoned(n_tok * rows);
+    REQUIRE(Gemv(m, dx.as<float>(), n_tok, dy.as<float>(), nullptr).ok());
+    CHECK(RelL2(Download<float>(dy, n_tok * rows), ReferenceMatMul(type, w, rows, cols, rb, x, n_tok)) <= 1e-5);
+  }
+}
+
 TEST_CASE("GEMV of a matrix tall enough to go unsplit (an output head) matches the exact dot", "[gpu]") {
   if (!HaveGpu()) return;
   auto rng = test::Rng();
@@ -232,7 +260,8 @@ TEST_CASE("cuBLASLt MatMul (GEMM path) matches the reference", "[gpu]") {
   auto blas = Blas::Create();
   auto blas_tf32 = Blas::Create(Blas::Compute::kTf32);
   REQUIRE((blas.ok() && blas_tf32.ok()));
-  for (TypeId type : {TypeId::kF32, TypeId::kBF16, TypeId::kF16, TypeId::kQ4_K, TypeId::kQ6_K}) {
+  for (TypeId type : {TypeId::kF32, TypeId::kBF16, TypeId::kF16, TypeId::kQ4_K, TypeId::kQ6_K, TypeId::kQ5_K,
+                      TypeId::kQ3_K, TypeId::kQ4_1}) {
     INFO(quant::TypeName(static_cast<uint32_t>(type)));
     uint64_t rb = 0;
     std::vector<uint8_t> w = RandomMatrix(rng, type, rows, cols, &rb);
@@ -406,7 +435,9 @@ TEST_CASE("Expert FFN matches the CPU backend on the GEMV and GEMM paths", "[gpu
   const int64_t n_embd = 512, n_ff = 768;
   struct Types { TypeId gate, up, down; };
   for (Types ty : {Types{TypeId::kQ4_K, TypeId::kQ4_K, TypeId::kQ6_K}, Types{TypeId::kMXFP4, TypeId::kMXFP4, TypeId::kMXFP4},
-                   Types{TypeId::kQ8_0, TypeId::kIQ4_XS, TypeId::kBF16}}) {
+                   Types{TypeId::kQ8_0, TypeId::kIQ4_XS, TypeId::kBF16}, Types{TypeId::kQ5_K, TypeId::kQ5_K, TypeId::kQ6_K},
+                   Types{TypeId::kQ2_K, TypeId::kQ3_K, TypeId::kQ4_K}, Types{TypeId::kQ4_0, TypeId::kQ5_0, TypeId::kQ5_1},
+                   Types{TypeId::kQ4_1, TypeId::kQ4_1, TypeId::kQ4_0}}) {
     INFO(quant::TypeName(static_cast<uint32_t>(ty.gate)) << "/" << quant::TypeName(static_cast<uint32_t>(ty.up)) << "/"
                                                          << quant::TypeName(static_cast<uint32_t>(ty.down)));
     uint64_t rbg, rbu, rbd;
@@ -437,8 +468,10 @@ TEST_CASE("Launchers refuse bad arguments with a Status", "[gpu]") {
   DeviceBuffer buf = Poisoned(4096);
   DeviceMatrix m{TypeId::kQ4_K, buf.data(), 4, 200, 144};  // 200 columns: not a whole Q4_K block
   CHECK(StatusToMoe(Gemv(m, buf.as<float>(), 1, buf.as<float>(), nullptr)) == MOE_ERR_INVALID_ARGUMENT);
-  m = {TypeId::kQ2_K, buf.data(), 4, 256, 84};
+  m = {TypeId::kIQ2_XXS, buf.data(), 4, 256, 66};
   CHECK(StatusToMoe(Gemv(m, buf.as<float>(), 1, buf.as<float>(), nullptr)) == MOE_ERR_UNSUPPORTED_TYPE);
+  m = {TypeId::kQ5_1, static_cast<uint8_t *>(buf.data()) + 2, 4, 256, 192};  // Q5_1 blocks need 4-byte alignment
+  CHECK(StatusToMoe(Gemv(m, buf.as<float>(), 1, buf.as<float>(), nullptr)) == MOE_ERR_INVALID_ARGUMENT);
   m = {TypeId::kQ4_K, static_cast<uint8_t *>(buf.data()) + 4, 4, 256, 144};  // misaligned
   CHECK(StatusToMoe(Gemv(m, buf.as<float>(), 1, buf.as<float>(), nullptr)) == MOE_ERR_INVALID_ARGUMENT);
   CHECK(StatusToMoe(SoftmaxTopK(buf.as<float>(), 1, 8, 9, false, nullptr, nullptr, nullptr)) == MOE_ERR_INVALID_ARGUMENT);
