@@ -33,7 +33,7 @@ ctest --test-dir build-fuzz --output-on-failure --label-exclude gpu --parallel "
 mkdir -p build-fuzz/artifacts
 for target in "${fuzz_targets[@]}"; do
   inputs=("tests/fuzz/corpus/${target}")
-  if [ -d "tests/fuzz/found/${target}" ]; then inputs+=("tests/fuzz/found/${target}"); fi
+  if [ -d "tests/fuzz/regressions/${target}" ]; then inputs+=("tests/fuzz/regressions/${target}"); fi
   # Small inputs, except where the seeds are larger files (tokenizers, snapshots): their sizes.
   case "$target" in tokenizer | snapshot) max_len=() ;; *) max_len=(-max_len=8192) ;; esac
   build-fuzz/tests/fuzz/${target}_fuzz -runs=0 "${inputs[@]}"
