@@ -280,7 +280,9 @@ void BlockIQ2XS(const float *x, uint8_t *b, const float *qw) {
   StoreU16(b, FloatToHalf(d));
   const float id = 1.0f / d;
   for (int i = 0; i < 32; ++i) StoreU16(b + 2 + 2 * i, static_cast<uint16_t>(f.grid[i] | (f.signs[i] << 9)));
-  for (int ib = 0; ib < 16; ++ib) b[66 + ib / 2] = static_cast<uint8_t>(b[66 + ib / 2] | (ScaleCode(id, f.scales[ib]) << (4 * (ib % 2))));
+  for (int ib = 0; ib < 16; ++ib) {
+    b[66 + ib / 2] = static_cast<uint8_t>(b[66 + ib / 2] | (ScaleCode(id, f.scales[ib]) << (4 * (ib % 2))));
+  }
 }
 
 // IQ2_S (82 bytes): f16 d | u8 qs[32] | u8 signs[32] | u8 qh[8] | u8 scales[8].
@@ -298,7 +300,9 @@ void BlockIQ2S(const float *x, uint8_t *b, const float *qw) {
   const float d = f.max_scale / 31.0f;
   StoreU16(b, FloatToHalf(d * 0.9875f));
   const float id = 1.0f / d;
-  for (int ib = 0; ib < 16; ++ib) b[74 + ib / 2] = static_cast<uint8_t>(b[74 + ib / 2] | (ScaleCode(id, f.scales[ib]) << (4 * (ib % 2))));
+  for (int ib = 0; ib < 16; ++ib) {
+    b[74 + ib / 2] = static_cast<uint8_t>(b[74 + ib / 2] | (ScaleCode(id, f.scales[ib]) << (4 * (ib % 2))));
+  }
 }
 
 // IQ3_XXS (98 bytes): f16 d | u8 qs[64] grid indices | 8 x u32 (4 x 7-bit signs | scale << 28).

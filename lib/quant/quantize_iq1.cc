@@ -116,7 +116,8 @@ void BlockIQ1S(const float *xbl, uint8_t *b, const float *qwl) {
       for (int i2 = i1; i2 <= kSub; ++i2) {
         for (int sh = 1; sh >= -1; sh -= 2) {
           const float *v = sh == 1 ? kPlus : kMinus;
-          const float sumqx = (sumx[i1] - sumx[0]) * v[0] + (sumx[i2] - sumx[i1]) * v[1] + (sumx[kSub] - sumx[i2]) * v[2];
+          const float sumqx =
+              (sumx[i1] - sumx[0]) * v[0] + (sumx[i2] - sumx[i1]) * v[1] + (sumx[kSub] - sumx[i2]) * v[2];
           const float sumq2 = (sumw[i1] - sumw[0]) * v[0] * v[0] + (sumw[i2] - sumw[i1]) * v[1] * v[1] +
                               (sumw[kSub] - sumw[i2]) * v[2] * v[2];
           if (sumq2 > 0.0f && sumqx * sumqx > best_score * sumq2) {
