@@ -22,6 +22,7 @@
 #include "lib/model/imatrix.h"
 #include "lib/model/weights.h"
 #include "lib/util/log.h"
+#include "lib/util/thread_pool.h"
 
 namespace strata::model {
 namespace {
@@ -187,9 +188,10 @@ class Planner {
 
 // ---- conversion ------------------------------------------------------------------------------
 
-absl::Status Convert(const ModelFile &mf, const Job &j, format::GgufWriter &w, std::vector<uint8_t> &src,
-                     std::vector<float> &vals, std::vector<float> &perm, std::vector<uint8_t> &dst) {
-  for (const Job &part : j.parts) STRATA_RETURN_IF_ERROR(Convert(mf, part, w, src, vals, perm, dst));
+absl::Status Convert(const ModelFile &mf, const Job &j, ThreadPool &pool, format::GgufWriter &w,
+                     std::vector<uint8_t> &src, std::vector<float> &vals, std::vector<float> &perm,
+                     std::vector<uint8_t> &dst) {
+  for (const Job &part : j.parts) STRATA_RETURN_IF_ERROR(Convert(mf, part, pool, w, src, vals, perm, dst));
   if (!j.parts.empty()) return absl::OkStatus();
   const format::File &file = mf.file(j.src_file);
   auto read = [&](uint64_t off, void *p, uint64_t n) {
@@ -243,13 +245,22 @@ absl::Status Convert(const ModelFile &mf, const Job &j, format::GgufWriter &w, s
       }
       rows = perm.data();
     }
-    if (j.weights.empty()) {
-      out.quantize(rows, dst.data(), static_cast<int64_t>(n));
-    } else {
-      for (int64_t r = 0; r < k; ++r) {
-        quant::QuantizeRow(out, rows + r * j.cols, dst.data() + out_row * r, j.cols, j.weights.data());
-      }
+    if (j.weights.empty() && out.quantize == nullptr) {
+      return Errorf(MOE_ERR_INVALID_ARGUMENT, "tensor '%s': type %s needs an importance matrix", j.name,
+                    std::string(out.name));
     }
+    // Rows quantize independently (whole blocks), so any split over the pool gives the same bytes.
+    const float *weights = j.weights.empty() ? nullptr : j.weights.data();
+    uint8_t *out_rows = dst.data();
+    pool.ParallelFor(k, 1, [&](int64_t begin, int64_t end, int) {
+      if (weights == nullptr) {
+        out.quantize(rows + begin * j.cols, out_rows + out_row * begin, (end - begin) * j.cols);
+        return;
+      }
+      for (int64_t r = begin; r < end; ++r) {
+        quant::QuantizeRow(out, rows + r * j.cols, out_rows + out_row * r, j.cols, weights);
+      }
+    });
     STRATA_RETURN_IF_ERROR(w.Write(dst.data(), dst.size()));
   }
   return absl::OkStatus();
@@ -259,7 +270,7 @@ absl::Status Convert(const ModelFile &mf, const Job &j, format::GgufWriter &w, s
 
 absl::Status RequireQuantizer(TypeId t, const char *what) {
   const quant::Codec *c = quant::FindCodec(t);
-  if (c == nullptr || c->quantize == nullptr) {
+  if (c == nullptr || !quant::CanQuantize(*c)) {
     return Errorf(MOE_ERR_UNSUPPORTED_TYPE, "%s type %s: Strata has no quantizer for it yet", what, Name(t));
   }
   return absl::OkStatus();
@@ -573,7 +584,7 @@ absl::StatusOr<PackReport> Pack(const std::string &in, const std::string &out, c
       if (j.carried || j.n_dims < 2) continue;
       const uint32_t src = j.parts.empty() ? j.src_type : j.parts[0].src_type;
       const quant::Codec *c = quant::FindCodec(src);
-      if (c == nullptr || c->quantize == nullptr) continue;  // stays as planned
+      if (c == nullptr || !quant::CanQuantize(*c)) continue;  // stays as planned
       STRATA_RETURN_IF_ERROR(retype_all(j, static_cast<TypeId>(src)));
     }
     plan.fallbacks().clear();
@@ -636,6 +647,22 @@ absl::StatusOr<PackReport> Pack(const std::string &in, const std::string &out, c
     writer.SetValue("quantize.imatrix.entries_count", format::GgufInt32(static_cast<int32_t>(im.entries.size())));
     writer.SetValue("quantize.imatrix.chunks_count", format::GgufInt32(static_cast<int32_t>(im.chunk_count)));
   }
+  // ggml makes IQ2_XXS, IQ2_XS and IQ1_S only under importance weights, and llama-quantize refuses
+  // a file that would need them without: so does pack, before writing anything.
+  for (const Job &j : jobs) {
+    auto needs_weights = [](const Job &m) {
+      if (m.raw_bytes > 0 || m.n_dims < 2 || static_cast<uint32_t>(m.type) == m.src_type) return false;
+      const quant::Codec *c = quant::FindCodec(m.type);
+      return c != nullptr && quant::RequiresImportance(*c) && m.weights.empty();
+    };
+    bool missing = j.parts.empty() && needs_weights(j);  // a stacked tensor's weights are its parts'
+    for (const Job &p : j.parts) missing = missing || needs_weights(p);
+    if (!missing) continue;
+    return Errorf(MOE_ERR_INVALID_ARGUMENT,
+                  "tensor '%s' would be stored as %s, which needs an importance matrix: %s", j.name, Name(j.type),
+                  o.imatrix_path.empty() ? std::string("pass one with --imatrix")
+                                         : StrFormat("'%s' has no entry for it", o.imatrix_path));
+  }
   for (const Job &j : jobs) {
     auto added = writer.AddTensor(j.name, static_cast<uint32_t>(j.type), j.n_dims, j.ne, j.file_alignment);
     if (!added.ok()) return Annotate(added.status(), absl::StrCat("packing '", out, "'"));
@@ -644,9 +671,10 @@ absl::StatusOr<PackReport> Pack(const std::string &in, const std::string &out, c
   ProgressBar progress(o.progress, writer.tensor_bytes_total(), "pack");
   std::vector<uint8_t> src, dst;
   std::vector<float> vals, perm;
+  ThreadPool pool(0);  // one thread per core quantizes the rows of a chunk
   uint64_t done = 0;
   for (size_t i = 0; i < jobs.size(); ++i) {
-    STRATA_RETURN_IF_ERROR(Convert(*mf, jobs[i], writer, src, vals, perm, dst));
+    STRATA_RETURN_IF_ERROR(Convert(*mf, jobs[i], pool, writer, src, vals, perm, dst));
     done += writer.tensors()[i].nbytes;
     if (jobs[i].expert) report.expert_bytes += writer.tensors()[i].nbytes;
     progress.Update(done, i + 1, jobs.size());

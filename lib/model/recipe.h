@@ -16,11 +16,12 @@ namespace strata::model {
 enum class Recipe {
   kQ2_K, kQ2_K_S, kQ3_K_S, kQ3_K_M, kQ3_K_L, kQ4_K_S, kQ4_K_M, kQ5_K_S, kQ5_K_M, kQ6_K,
   kQ4_0, kQ4_1, kQ5_0, kQ5_1, kQ8_0, kIQ4_NL, kIQ4_XS, kMXFP4_MOE, kTQ1_0, kTQ2_0,
+  kIQ2_XXS, kIQ2_XS, kIQ2_S, kIQ2_M, kIQ3_XXS, kIQ3_XS, kIQ3_S, kIQ3_M, kIQ1_S, kIQ1_M,
 };
 
 // The recipe of a llama-quantize type name (any case: "Q4_K_M", "q4_k_m"); MOE_ERR_INVALID_ARGUMENT
-// naming the known ones otherwise (the lattice i-quant recipes, whose quantizers Strata lacks,
-// included in the message as not available).
+// naming the known ones otherwise. The lattice i-quant recipes (IQ1_*, IQ2_*, IQ3_XXS) store some
+// tensors in types ggml makes only under importance weights: packing them needs an imatrix.
 absl::StatusOr<Recipe> ParseRecipe(const std::string &name);
 const char *RecipeName(Recipe r);
 // The recipe's base type: what a tensor no rule singles out is stored in.
@@ -53,7 +54,7 @@ class RecipeTyper {
   Recipe r_;
   RecipeModel m_;
   bool imatrix_;
-  int i_attn_v_ = 0, i_ffn_down_ = 0;
+  int i_attn_v_ = 0, i_ffn_down_ = 0, i_ffn_gate_ = 0, i_ffn_up_ = 0;
 };
 
 }  // namespace strata::model

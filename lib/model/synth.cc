@@ -80,8 +80,9 @@ struct Pool {
   std::vector<uint8_t> bytes;  // kPoolUnits units
 };
 
-// Codecs without a quantizer whose blocks synth draws directly (the lattice i-quants): random codes
-// under a block scale d set so that the block's values have the pool's spread.
+// Codecs whose blocks synth draws directly (the lattice i-quants, whose lattice searches are slow and
+// for three of them need importance weights): random codes under a block scale d set so that the
+// block's values have the pool's spread.
 bool DrawnBlocks(TypeId t) {
   switch (t) {
     case TypeId::kIQ2_XXS: case TypeId::kIQ2_XS: case TypeId::kIQ2_S: case TypeId::kIQ3_XXS:

@@ -55,9 +55,11 @@ struct Codec {
   // registered codec that can run.
   void (*dequantize)(const void *src, float *dst, int64_t n);
   // Quantizes n elements (multiple of block_elems) without importance weights; null when Strata
-  // has no quantizer for the type. Byte-identical to ggml's ggml_quantize_chunk with imatrix NULL
-  // (tests/quant/fixtures/ggml_*.bin): F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 (also equal to
-  // gguf.quants.quantize), Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, MXFP4, TQ1_0 and TQ2_0.
+  // has no quantizer for the type, or when the type needs importance weights (IQ2_XXS, IQ2_XS and
+  // IQ1_S, which ggml refuses to make without them: see RequiresImportance). Byte-identical to
+  // ggml's ggml_quantize_chunk with imatrix NULL (tests/quant/fixtures/ggml_*.bin): F16, BF16,
+  // Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 (also equal to gguf.quants.quantize), Q2_K, Q3_K, Q4_K, Q5_K,
+  // Q6_K, IQ4_NL, IQ4_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_M, MXFP4, TQ1_0 and TQ2_0.
   void (*quantize)(const float *src, void *dst, int64_t n);
   // Reference dot product of one quantized row (n elements) with float activations x. Products and
   // their sum are formed in double and rounded to float once, so the result is within about one
@@ -73,9 +75,16 @@ struct Codec {
   void (*quantize_weighted)(const float *src, void *dst, int64_t n, const float *weights);
 };
 
+// Whether Strata can quantize to c at all (with weights, at least).
+inline bool CanQuantize(const Codec &c) { return c.quantize != nullptr || c.quantize_weighted != nullptr; }
+
+// Whether c can only be quantized under importance weights: a quantizer exists, but no unweighted
+// one (IQ2_XXS, IQ2_XS and IQ1_S, as ggml_quantize_requires_imatrix says).
+inline bool RequiresImportance(const Codec &c) { return c.quantize == nullptr && c.quantize_weighted != nullptr; }
+
 // Quantizes one row of n elements with c: under weights (one per column, may be null) when the
 // codec has a weighted search, else without them, exactly as ggml_quantize_chunk does for one row.
-// c.quantize must not be null.
+// c.quantize must not be null unless weights are given and c.quantize_weighted is not null.
 inline void QuantizeRow(const Codec &c, const float *src, void *dst, int64_t n, const float *weights) {
   if (weights != nullptr && c.quantize_weighted != nullptr) {
     c.quantize_weighted(src, dst, n, weights);

@@ -57,6 +57,19 @@ void QuantizeIQ4_NL(const float *src, void *dst, int64_t n);
 void QuantizeIQ4_NLWeighted(const float *src, void *dst, int64_t n, const float *weights);
 void QuantizeIQ4_XS(const float *src, void *dst, int64_t n);
 void QuantizeIQ4_XSWeighted(const float *src, void *dst, int64_t n, const float *weights);
+// The lattice i-quants (quantize_iq.cc, quantize_iq1.cc). IQ2_XXS, IQ2_XS and IQ1_S have no
+// unweighted entry: ggml refuses to make them without importance weights.
+void QuantizeIQ2_XXSWeighted(const float *src, void *dst, int64_t n, const float *weights);
+void QuantizeIQ2_XSWeighted(const float *src, void *dst, int64_t n, const float *weights);
+void QuantizeIQ2_S(const float *src, void *dst, int64_t n);
+void QuantizeIQ2_SWeighted(const float *src, void *dst, int64_t n, const float *weights);
+void QuantizeIQ3_XXS(const float *src, void *dst, int64_t n);
+void QuantizeIQ3_XXSWeighted(const float *src, void *dst, int64_t n, const float *weights);
+void QuantizeIQ3_S(const float *src, void *dst, int64_t n);
+void QuantizeIQ3_SWeighted(const float *src, void *dst, int64_t n, const float *weights);
+void QuantizeIQ1_SWeighted(const float *src, void *dst, int64_t n, const float *weights);
+void QuantizeIQ1_M(const float *src, void *dst, int64_t n);
+void QuantizeIQ1_MWeighted(const float *src, void *dst, int64_t n, const float *weights);
 
 // GGUF is little-endian and block fields are unaligned; memcpy keeps the reads defined behaviour.
 // (Strata only builds for little-endian hosts.)

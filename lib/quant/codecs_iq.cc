@@ -3,7 +3,8 @@
 // IQ1_M (256-element super-blocks): each code indexes a lattice grid of 8 (IQ2, IQ1) or 4 (IQ3)
 // values (iq_grids.h), under a sub-block scale and per-element signs (IQ2, IQ3) or a shift (IQ1).
 // Dequantization follows the gguf Python package in float32, operation for operation, so it is
-// bit-identical to it. IQ4_NL and IQ4_XS quantize as ggml does (quantize_iq4.cc).
+// bit-identical to it. Every type quantizes as ggml does: IQ4_NL and IQ4_XS in quantize_iq4.cc, the
+// lattice types in quantize_iq.cc and quantize_iq1.cc.
 #include <cstdint>
 #include <cstring>
 
@@ -256,19 +257,19 @@ const Codec kCodecIQ4_NL = {TypeId::kIQ4_NL, "IQ4_NL", kNlElems, kNlBytes,
 const Codec kCodecIQ4_XS = {TypeId::kIQ4_XS, "IQ4_XS", kXsElems, kXsBytes,
                             &DequantizeIQ4_XS, &QuantizeIQ4_XS, &DotIQ4_XS, &QuantizeIQ4_XSWeighted};
 const Codec kCodecIQ2_XXS = {TypeId::kIQ2_XXS, "IQ2_XXS", kIqElems, 66, &DequantizeIQ2_XXS, nullptr,
-                             &DotIq<&DequantizeIQ2_XXS, 66>, nullptr};
+                             &DotIq<&DequantizeIQ2_XXS, 66>, &QuantizeIQ2_XXSWeighted};
 const Codec kCodecIQ2_XS = {TypeId::kIQ2_XS, "IQ2_XS", kIqElems, 74, &DequantizeIQ2_XS, nullptr,
-                             &DotIq<&DequantizeIQ2_XS, 74>, nullptr};
-const Codec kCodecIQ2_S = {TypeId::kIQ2_S, "IQ2_S", kIqElems, 82, &DequantizeIQ2_S, nullptr,
-                             &DotIq<&DequantizeIQ2_S, 82>, nullptr};
-const Codec kCodecIQ3_XXS = {TypeId::kIQ3_XXS, "IQ3_XXS", kIqElems, 98, &DequantizeIQ3_XXS, nullptr,
-                             &DotIq<&DequantizeIQ3_XXS, 98>, nullptr};
-const Codec kCodecIQ3_S = {TypeId::kIQ3_S, "IQ3_S", kIqElems, 110, &DequantizeIQ3_S, nullptr,
-                             &DotIq<&DequantizeIQ3_S, 110>, nullptr};
+                             &DotIq<&DequantizeIQ2_XS, 74>, &QuantizeIQ2_XSWeighted};
+const Codec kCodecIQ2_S = {TypeId::kIQ2_S, "IQ2_S", kIqElems, 82, &DequantizeIQ2_S, &QuantizeIQ2_S,
+                             &DotIq<&DequantizeIQ2_S, 82>, &QuantizeIQ2_SWeighted};
+const Codec kCodecIQ3_XXS = {TypeId::kIQ3_XXS, "IQ3_XXS", kIqElems, 98, &DequantizeIQ3_XXS, &QuantizeIQ3_XXS,
+                             &DotIq<&DequantizeIQ3_XXS, 98>, &QuantizeIQ3_XXSWeighted};
+const Codec kCodecIQ3_S = {TypeId::kIQ3_S, "IQ3_S", kIqElems, 110, &DequantizeIQ3_S, &QuantizeIQ3_S,
+                             &DotIq<&DequantizeIQ3_S, 110>, &QuantizeIQ3_SWeighted};
 const Codec kCodecIQ1_S = {TypeId::kIQ1_S, "IQ1_S", kIqElems, 50, &DequantizeIQ1_S, nullptr,
-                             &DotIq<&DequantizeIQ1_S, 50>, nullptr};
-const Codec kCodecIQ1_M = {TypeId::kIQ1_M, "IQ1_M", kIqElems, 56, &DequantizeIQ1_M, nullptr,
-                             &DotIq<&DequantizeIQ1_M, 56>, nullptr};
+                             &DotIq<&DequantizeIQ1_S, 50>, &QuantizeIQ1_SWeighted};
+const Codec kCodecIQ1_M = {TypeId::kIQ1_M, "IQ1_M", kIqElems, 56, &DequantizeIQ1_M, &QuantizeIQ1_M,
+                             &DotIq<&DequantizeIQ1_M, 56>, &QuantizeIQ1_MWeighted};
 }  // namespace internal
 
 }  // namespace strata::quant

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Writes tests/quant/fixtures/ggml_*.bin: quantized bytes from ggml itself, with and without
-importance weights, for the quantizers Strata must reproduce byte for byte.
+importance weights, for the quantizers Strata must reproduce byte for byte (every type ggml can
+quantize except the float ones, the lattice i-quants included).
 
 The oracle is ggml's public C API, `ggml_quantize_chunk(type, src, dst, start, nrows, n_per_row,
 imatrix)`, called through ctypes on a libggml-base.so given on the command line. This script builds
@@ -26,7 +27,10 @@ Inputs (ggml_inputs.bin), little-endian:
 Expected bytes (ggml_<TYPE>.bin), per type:
   char magic[4] = "SQGQ"; u32 version = 1; u32 type_id; u32 n_cases; u32 block_elems; u32 block_bytes;
   per case (same order as the inputs): u32 n_rows; u32 n_per_row;
-            u8 plain[n_rows * row_bytes]      ggml_quantize_chunk(..., imatrix = NULL)
+            u8 plain[n_rows * row_bytes]      ggml_quantize_chunk(..., imatrix = NULL); absent
+                                              (no bytes) for the types ggml refuses to quantize
+                                              without weights (ggml_quantize_requires_imatrix:
+                                              IQ2_XXS, IQ2_XS, IQ1_S)
             u8 weighted[n_rows * row_bytes]   ggml_quantize_chunk(..., imatrix = weights)
 """
 import argparse
@@ -44,7 +48,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 DEMO_MODEL = ROOT / "examples/models/austen-moe-q4_k.gguf"
 
 TYPES = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K,
-         T.IQ4_NL, T.IQ4_XS, T.TQ1_0, T.TQ2_0, T.MXFP4]
+         T.IQ4_NL, T.IQ4_XS, T.TQ1_0, T.TQ2_0, T.MXFP4,
+         T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ3_XXS, T.IQ3_S, T.IQ1_S, T.IQ1_M]
 
 
 def load_ggml(path: str) -> ctypes.CDLL:
@@ -56,6 +61,8 @@ def load_ggml(path: str) -> ctypes.CDLL:
     lib.ggml_quantize_init.argtypes = [ctypes.c_int]
     lib.ggml_row_size.restype = ctypes.c_size_t
     lib.ggml_row_size.argtypes = [ctypes.c_int, ctypes.c_int64]
+    lib.ggml_quantize_requires_imatrix.restype = ctypes.c_bool
+    lib.ggml_quantize_requires_imatrix.argtypes = [ctypes.c_int]
     return lib
 
 
@@ -156,9 +163,11 @@ def main():
     for qtype in TYPES:
         block_elems, block_bytes = GGML_QUANT_SIZES[qtype]
         blob = bytearray(struct.pack("<4s5I", b"SQGQ", VERSION, int(qtype), len(cases), block_elems, block_bytes))
+        needs_weights = lib.ggml_quantize_requires_imatrix(int(qtype))
         for _, x, w in cases:
             blob += struct.pack("<2I", x.shape[0], x.shape[1])
-            blob += quantize(lib, qtype, x, None)
+            if not needs_weights:   # ggml aborts on these without weights
+                blob += quantize(lib, qtype, x, None)
             blob += quantize(lib, qtype, x, w)
         (out / f"ggml_{qtype.name}.bin").write_bytes(bytes(blob))
         total += len(blob)

@@ -227,9 +227,9 @@ TEST_CASE("synth tiny: llama.cpp metadata, names and shapes, run through the C A
   }
 }
 
-// The lattice i-quants and MXFP4 have no quantizer in the codec table: synth draws the i-quants'
-// blocks (random codes, a block scale that gives the values the pool's spread) and quantizes MXFP4
-// itself, so a synthetic model can be in any of them.
+// Synth draws the lattice i-quants' blocks (random codes, a block scale that gives the values the
+// pool's spread) rather than searching the lattice, and quantizes MXFP4, so a synthetic model can be
+// in any of them.
 TEST_CASE("synth draws lattice i-quant and MXFP4 experts of the pool's spread, and the model runs", "[synth]") {
   TempDir dir;
   const auto codec = GENERATE(std::string("iq2_xxs"), std::string("iq2_xs"), std::string("iq2_s"),

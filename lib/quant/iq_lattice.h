@@ -1,0 +1,45 @@
+// Lookup structures the lattice i-quant quantizers search (IQ2_XXS, IQ2_XS, IQ2_S, IQ1_S, IQ1_M,
+// IQ3_XXS, IQ3_S), built once on first use from the grids of iq_grids.h.
+//
+// A point of a group (8 elements for the IQ2/IQ1 grids, 4 for IQ3) is described by a key: element i
+// holds a level index l (0..2 for the 2-bit grids, 0..7 for IQ3) in bits [bits * i, bits * (i + 1)).
+// A key either names a grid entry, or lists the grid entries nearest to it: every entry whose
+// squared distance (in units of 2l + 1) is among the `nwant` smallest distances found, ordered by
+// distance and then by index. This is the neighbourhood ggml's quantizers search, so a search over
+// it picks the same entry ggml picks. Not installed; only lib/quant includes it.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace strata::quant::internal {
+
+struct Lattice {
+  int dims = 0;       // elements of a group: 8 or 4
+  int bits = 0;       // key bits per element: 2 or 3
+  int grid_size = 0;  // entries of the grid
+  // Entry g's element i is pos[g * dims + i] = 2 l + 1, l its level index.
+  std::vector<int8_t> pos;
+  // Per key: the grid entry it names (>= 0), or -1 - offset of its neighbour list in `neighbours`
+  // (count first, then the entries).
+  std::vector<int32_t> slot;
+  std::vector<uint16_t> neighbours;
+
+  int Key(const int8_t *levels) const {
+    int key = 0;
+    for (int i = 0; i < dims; ++i) key |= levels[i] << (bits * i);
+    return key;
+  }
+  // The neighbour list of a key that names no entry: list[0] entries follow it.
+  const uint16_t *NeighboursOf(int key) const { return neighbours.data() + (-1 - slot[key]); }
+};
+
+// The lattices, one per grid (IQ1_S and IQ1_M share theirs). Thread-safe; built on first call.
+const Lattice &LatticeIQ2XXS();
+const Lattice &LatticeIQ2XS();
+const Lattice &LatticeIQ2S();
+const Lattice &LatticeIQ1S();
+const Lattice &LatticeIQ3XXS();
+const Lattice &LatticeIQ3S();
+
+}  // namespace strata::quant::internal
