@@ -120,6 +120,8 @@ namespace Strata
             public int huge_pages;
             public int cuda_streaming;
             public IntPtr load_continue;
+            public int type_k;
+            public int type_v;
         }
         [StructLayout(LayoutKind.Sequential)]
         public struct moe_cache_plan
