@@ -156,7 +156,9 @@ float ParseFloat(const std::string &flag, const std::string &v) {
 // A --cache-type-k / -v value (llama.cpp's type names) as a moe_kv_type.
 int KvTypeFlag(const std::string &flag, const std::string &v) {
   strata::model::KvType t;
-  if (!strata::model::ParseKvType(v, &t)) Die(flag + " must be f32, f16 or q8_0 (llama.cpp's KV cache types), got '" + v + "'");
+  if (!strata::model::ParseKvType(v, &t)) {
+    Die(flag + " must be f32, f16 or q8_0 (llama.cpp's KV cache types), got '" + v + "'");
+  }
   return t == strata::model::KvType::kF16 ? MOE_KV_F16 : (t == strata::model::KvType::kQ8_0 ? MOE_KV_Q8_0 : MOE_KV_F32);
 }
 

@@ -128,7 +128,8 @@ class KvCache {
     return static_cast<uint64_t>(n_layer) * kKvBlockTokens * RowBytesFor(w, k_type, v_type);
   }
   static uint64_t BytesFor(const HParams &hp, int n_ctx, KvType k_type = KvType::kF32, KvType v_type = KvType::kF32) {
-    return static_cast<uint64_t>(hp.n_layer) * static_cast<uint64_t>(n_ctx) * RowBytesFor(WidthsFor(hp), k_type, v_type);
+    return static_cast<uint64_t>(hp.n_layer) * static_cast<uint64_t>(n_ctx) *
+           RowBytesFor(WidthsFor(hp), k_type, v_type);
   }
 
  private:

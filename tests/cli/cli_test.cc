@@ -287,7 +287,8 @@ TEST_CASE("strata inspect and plan describe the DeepSeek and gpt-oss families", 
   Result plan = Cli("plan --model " + kGolden + "deepseek3_f32/model-f32.gguf --ram-budget 1K --n-ctx 512");
   INFO(plan.out << plan.err);
   REQUIRE(plan.exit_code == 0);
-  CHECK(plan.out.find("1 sessions x 4 blocks (n_ctx 512) x 61440 B (128 tokens x 480 B/token, K f32, V f32)") != std::string::npos);
+  CHECK(plan.out.find("1 sessions x 4 blocks (n_ctx 512) x 61440 B (128 tokens x 480 B/token, K f32, V f32)") !=
+        std::string::npos);
   CHECK(plan.out.find("shared experts + dense MLPs") != std::string::npos);
   CHECK(plan.out.find("routed experts (all)                 196608") != std::string::npos);  // 16 x 3 x 16 x 64 x 4
   CHECK(plan.out.find("= 8 slots") != std::string::npos);

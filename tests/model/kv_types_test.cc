@@ -118,7 +118,8 @@ TEST_CASE("KV types: every golden family within bounds of transformers' float32 
     double bound;
   };
   // The issue's acceptance bounds: q8_0 within 3e-2 of float32's logits, f16 within 1e-2.
-  const Bound bounds[] = {{MOE_KV_Q8_0, MOE_KV_Q8_0, 3e-2}, {MOE_KV_F16, MOE_KV_F16, 1e-2}, {MOE_KV_Q8_0, MOE_KV_F16, 3e-2}};
+  const Bound bounds[] = {
+      {MOE_KV_Q8_0, MOE_KV_Q8_0, 3e-2}, {MOE_KV_F16, MOE_KV_F16, 1e-2}, {MOE_KV_Q8_0, MOE_KV_F16, 3e-2}};
   for (const char *family : kFamilies) {
     const std::string dir = kGolden + family + "/";
     const auto tokens = ReadBinary<int32_t>(dir + "tokens.bin");
