@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "lib/quant/codec.h"
 #include "lib/store/tier.h"
@@ -59,30 +60,51 @@ void EncodeKvRow(KvType t, const float *src, int width, uint8_t *dst) {
   }
 }
 
+namespace {
+
+// Every half's float value (256 KiB), for decoding f16 rows without a conversion per value.
+const float *HalfTable() {
+  static const std::vector<float> table = [] {
+    std::vector<float> t(65536);
+    for (uint32_t h = 0; h < 65536; ++h) t[h] = quant::HalfToFloat(static_cast<uint16_t>(h));
+    return t;
+  }();
+  return table.data();
+}
+
+}  // namespace
+
 void DecodeKvCols(KvType t, const uint8_t *row, int c0, int n, float *out) {
   switch (t) {
     case KvType::kF32:
       std::memcpy(out, row + static_cast<size_t>(c0) * sizeof(float), static_cast<size_t>(n) * sizeof(float));
       return;
-    case KvType::kF16:
+    case KvType::kF16: {
+      const float *half = HalfTable();
       for (int i = 0; i < n; ++i) {
         uint16_t h;
         std::memcpy(&h, row + 2 * static_cast<size_t>(c0 + i), 2);
-        out[i] = quant::HalfToFloat(h);
+        out[i] = half[h];
       }
       return;
-    case KvType::kQ8_0:
-      for (int i = 0; i < n;) {
-        const int c = c0 + i, b = c / kKvQ8Elems;
+    }
+    case KvType::kQ8_0: {
+      const float *half = HalfTable();
+      // Block by block: the values [lo, hi) of block b, each q d.
+      for (int c = c0, end = c0 + n; c < end;) {
+        const int b = c / kKvQ8Elems, lo = c - b * kKvQ8Elems;
+        const int hi = std::min(kKvQ8Elems, end - b * kKvQ8Elems);
         const uint8_t *blk = row + static_cast<size_t>(b) * kKvQ8Bytes;
         uint16_t h;
         std::memcpy(&h, blk, 2);
-        const float d = quant::HalfToFloat(h);
+        const float d = half[h];
         const int8_t *qs = reinterpret_cast<const int8_t *>(blk + 2);
-        const int end = std::min(n, i + (b + 1) * kKvQ8Elems - c);
-        for (; i < end; ++i) out[i] = static_cast<float>(qs[(c0 + i) % kKvQ8Elems]) * d;
+        float *o = out + (c - c0);
+        for (int j = lo; j < hi; ++j) o[j - lo] = static_cast<float>(qs[j]) * d;
+        c = b * kKvQ8Elems + hi;
       }
       return;
+    }
   }
 }
 
