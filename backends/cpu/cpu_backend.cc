@@ -10,6 +10,7 @@
 #include <cstring>
 #include <vector>
 
+#include "backends/cpu/attention.h"
 #include "lib/model/routing.h"
 
 namespace strata::cpu {
@@ -377,51 +378,7 @@ void CpuBackend::Rope(float *x, int64_t n_tok, int n_heads, int head_dim, const 
 
 void CpuBackend::Attention(const float *q, const model::KvView &kv, int64_t n_tok, int pos0, int n_head,
                            int n_head_kv, int head_dim, int window, float *out, const model::AttentionParams &p) {
-  const int group = n_head / n_head_kv;
-  const float scale = p.scale != 0.f ? p.scale : 1.0f / std::sqrt(static_cast<float>(head_dim));
-  // Latent attention reads its values from the k rows (the first v_dim floats, shared by all heads).
-  const int v_dim = p.latent ? p.v_dim : head_dim;
-  pool_.ParallelFor(n_tok * n_head, 1, [&](int64_t i0, int64_t i1, int) {
-    std::vector<float> scores;
-    for (int64_t i = i0; i < i1; ++i) {
-      const int64_t t = i / n_head;
-      const int h = static_cast<int>(i % n_head);
-      const int kvh = h / group;
-      const int pos = pos0 + static_cast<int>(t);
-      const int first = window > 0 ? std::max(0, pos - window + 1) : 0;
-      const float *qh = q + (t * n_head + h) * head_dim;
-      scores.resize(pos + 1 - first);
-      float mx = -INFINITY;
-      // A masked position takes no part: no score, no weight, no value (the same numbers as if
-      // it were absent from the sequence's keys).
-      for (int j = first; j <= pos; ++j) {
-        if (j != pos && kv.is_masked(j)) continue;
-        float sc = Dot(qh, kv.k_row(j) + kvh * head_dim, head_dim) * scale;
-        scores[j - first] = sc;
-        mx = std::max(mx, sc);
-      }
-      // A sink is one more logit in the softmax whose value row is zero.
-      const float sink = p.sinks != nullptr ? p.sinks[h] : -INFINITY;
-      mx = std::max(mx, sink);
-      float sum = 0.f;
-      for (int j = first; j <= pos; ++j) {
-        if (j != pos && kv.is_masked(j)) continue;
-        float &sc = scores[j - first];
-        sc = std::exp(sc - mx);
-        sum += sc;
-      }
-      if (p.sinks != nullptr) sum += std::exp(sink - mx);
-      const float inv = 1.0f / sum;
-      float *o = out + (t * n_head + h) * v_dim;
-      std::fill(o, o + v_dim, 0.f);
-      for (int j = first; j <= pos; ++j) {
-        if (j != pos && kv.is_masked(j)) continue;
-        const float pj = scores[j - first] * inv;
-        const float *vj = p.latent ? kv.k_row(j) : kv.v_row(j) + kvh * head_dim;
-        for (int d = 0; d < v_dim; ++d) o[d] += pj * vj[d];
-      }
-    }
-  });
+  TiledAttention(pool_, q, kv, n_tok, pos0, n_head, n_head_kv, head_dim, window, out, p);
 }
 
 void CpuBackend::ExpertFfn(const model::ExpertWeights &e, const float *x, int64_t n_tok, float *y) {

@@ -543,6 +543,10 @@ absl::StatusOr<AttentionExtArgs> CudaBackend::AttentionArgs(int n_head, int n_he
 absl::Status CudaBackend::AttentionImpl(const float *q, const model::KvView &kv, int64_t n_tok, int pos0, int n_head,
                                         int n_head_kv, int head_dim, int window, float *out,
                                         const model::AttentionParams &p) {
+  if (kv.k_type != model::KvType::kF32 || (kv.v_width > 0 && kv.v_type != model::KvType::kF32)) {
+    return Errorf(MOE_ERR_UNSUPPORTED, "the CUDA backend holds the KV cache in f32 only (keys %s, values %s)",
+                  model::KvTypeName(kv.k_type), model::KvTypeName(kv.v_type));
+  }
   // The cache's block tables and mask live on the host (the KvCache owns them); one upload per
   // call brings [k table | v table | mask] to the device. The block contents are device memory.
   const int n_blocks = (kv.n_ctx + model::kKvBlockTokens - 1) / model::kKvBlockTokens;

@@ -74,6 +74,10 @@ namespace Strata
         public const int MOE_CPU_EXPERTS_AUTO = 0;
         public const int MOE_CPU_EXPERTS_OFF = 1;
         public const int MOE_CPU_EXPERTS_ALWAYS = 2;
+        // moe_kv_type
+        public const int MOE_KV_F32 = 0;
+        public const int MOE_KV_F16 = 1;
+        public const int MOE_KV_Q8_0 = 8;
         // moe_cache_policy
         public const int MOE_CACHE_LRU = 0;
         public const int MOE_CACHE_LFU = 1;
@@ -120,6 +124,8 @@ namespace Strata
             public int huge_pages;
             public int cuda_streaming;
             public IntPtr load_continue;
+            public int type_k;
+            public int type_v;
         }
         [StructLayout(LayoutKind.Sequential)]
         public struct moe_cache_plan

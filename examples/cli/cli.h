@@ -84,6 +84,7 @@ struct Args {
   int64_t max_sessions = 1;
   uint64_t kv_budget = 0;
   std::string kv_spill_dir, save_session, load_session;
+  int cache_type_k = MOE_KV_F32, cache_type_v = MOE_KV_F32;  // moe_kv_type (--cache-type-k / -v)
   std::string prompts;
   // pack
   std::string experts_type = "q4_k", attention_type = "q8_0", boost_type = "q6_k";
@@ -157,5 +158,11 @@ int CmdInspect(const Args &a);
 int CmdPlan(const Args &a);
 int CmdPack(const Args &a);
 int CmdSynth(const Args &a);
+
+// A moe_kv_type (Args::cache_type_k / v, which ParseArgs checked) as the library's KvType, for the
+// commands that open a runtime::Context directly.
+inline model::KvType KvTypeOf(int t) {
+  return t == MOE_KV_F16 ? model::KvType::kF16 : (t == MOE_KV_Q8_0 ? model::KvType::kQ8_0 : model::KvType::kF32);
+}
 
 }  // namespace strata::cli

@@ -161,6 +161,8 @@ int CmdPlan(const Args &a) {
   o.max_sessions = static_cast<int>(a.max_sessions);
   o.kv_budget_bytes = a.kv_budget;
   o.backend = a.backend;
+  o.kv_type_k = KvTypeOf(a.cache_type_k);
+  o.kv_type_v = KvTypeOf(a.cache_type_v);
   auto plan = strata::store::MakePlan(d.hp, d.weights, strata::runtime::Context::PlanInputsFor(o, d.hp));
   if (!plan.ok()) Die(std::string(plan.status().message()));
   if (plan->clamped) {
@@ -174,13 +176,15 @@ int CmdPlan(const Args &a) {
     std::printf(
         "{\"model\":%s,\"backend\":\"%s\",\"routed_experts\":%u,\"vram_expert_slots\":%u,"
         "\"ram_expert_slots\":%u,\"streamed_experts\":%u,\"ram_fixed_bytes\":%llu,\"vram_fixed_bytes\":%llu,"
-        "\"expert_slot_bytes\":%llu,\"kv_bytes_per_token\":%llu,\"ram_budget_bytes\":%llu,"
+        "\"expert_slot_bytes\":%llu,\"kv_bytes_per_token\":%llu,\"kv_type_k\":\"%s\",\"kv_type_v\":\"%s\","
+        "\"ram_budget_bytes\":%llu,"
         "\"vram_budget_bytes\":%llu,\"non_routed_bytes\":%llu,\"kv_bytes\":%llu,\"workspace_bytes\":%llu,"
         "\"routed_expert_bytes\":%llu,\"n_layers\":%u,\"experts_per_layer\":%u,\"clamped\":%s}\n",
         model.c_str(), p.vram_fixed_bytes > 0 ? "cuda" : "cpu", p.n_routed_experts, p.vram_expert_slots,
         p.ram_expert_slots, p.streamed_experts, static_cast<unsigned long long>(p.ram_fixed_bytes),
         static_cast<unsigned long long>(p.vram_fixed_bytes), static_cast<unsigned long long>(p.expert_slot_bytes),
-        static_cast<unsigned long long>(p.kv_bytes_per_token), static_cast<unsigned long long>(p.ram_budget_bytes),
+        static_cast<unsigned long long>(p.kv_bytes_per_token), strata::model::KvTypeName(p.kv_type_k),
+        strata::model::KvTypeName(p.kv_type_v), static_cast<unsigned long long>(p.ram_budget_bytes),
         static_cast<unsigned long long>(p.vram_budget_bytes), static_cast<unsigned long long>(p.non_routed_bytes),
         static_cast<unsigned long long>(p.kv_bytes), static_cast<unsigned long long>(p.workspace_bytes),
         static_cast<unsigned long long>(p.routed_expert_bytes), p.n_layers, p.n_experts_per_layer,

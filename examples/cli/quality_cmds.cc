@@ -83,6 +83,8 @@ Scorer OpenScorer(const Args &a, const std::string &what, int backend) {
   o.max_batch_tokens = static_cast<int>(a.max_batch_tokens);
   o.cpu_q8_activations = a.q8_activations;
   o.gpu_q8_activations = a.q8_activations;
+  o.kv_type_k = KvTypeOf(a.cache_type_k);
+  o.kv_type_v = KvTypeOf(a.cache_type_v);
   auto ctx = runtime::Context::Open(o);
   if (!ctx.ok()) Die("cannot open '" + a.model + "': " + StatusText(ctx.status()));
   sc.ctx = std::move(*ctx);

@@ -24,6 +24,7 @@
 #include "examples/cli/cli_util.h"
 #include "include/strata/moe.h"
 #include "lib/format/file.h"
+#include "lib/model/backend.h"
 #include "lib/model/pack.h"
 #include "lib/model/synth.h"
 #include "lib/quant/codec.h"
@@ -122,6 +123,9 @@ const char kUsage[] =
     "common options: --backend cpu|cuda|auto  --ram-budget SIZE  --vram-budget SIZE  --threads N\n"
     "                --n-ctx N  --max-sessions N  --kv-budget SIZE (KV of all sessions; default\n"
     "                max-sessions x n-ctx)  --kv-spill-dir DIR (idle sessions' KV evicted there)\n"
+    "                --cache-type-k, -ctk f32|f16|q8_0  --cache-type-v, -ctv f32|f16|q8_0  how the KV\n"
+    "                cache stores keys and values, llama.cpp's names (default f32; q8_0 is 17/64 of the\n"
+    "                bytes; the CUDA backend takes f32 only)\n"
     "                (SIZE: 512M, 8G, or bytes)\n"
     "expert cache:   --policy lru|lfu|hot  --prefetch N (layers ahead)  --io-threads N\n"
     "                --hotlist FILE [--hotlist-max N] (preload; with --vram-budget its experts\n"
@@ -148,6 +152,15 @@ float ParseFloat(const std::string &flag, const std::string &v) {
   float f = std::strtof(v.c_str(), &end);
   if (v.empty() || end != v.c_str() + v.size() || !(f == f)) Die(flag + " needs a number, got '" + v + "'");
   return f;
+}
+
+// A --cache-type-k / -v value (llama.cpp's type names) as a moe_kv_type.
+int KvTypeFlag(const std::string &flag, const std::string &v) {
+  strata::model::KvType t;
+  if (!strata::model::ParseKvType(v, &t)) {
+    Die(flag + " must be f32, f16 or q8_0 (llama.cpp's KV cache types), got '" + v + "'");
+  }
+  return t == strata::model::KvType::kF16 ? MOE_KV_F16 : (t == strata::model::KvType::kQ8_0 ? MOE_KV_Q8_0 : MOE_KV_F32);
 }
 
 // A flag's on|off as a moe_switch.
@@ -217,6 +230,8 @@ Args ParseArgs(int argc, char **argv) {
     else if (f == "--max-sessions") a.max_sessions = integer(1, 1 << 20);
     else if (f == "--kv-budget") a.kv_budget = size();
     else if (f == "--kv-spill-dir") a.kv_spill_dir = path();
+    else if (f == "--cache-type-k" || f == "-ctk") a.cache_type_k = KvTypeFlag(f, value());
+    else if (f == "--cache-type-v" || f == "-ctv") a.cache_type_v = KvTypeFlag(f, value());
     else if (f == "--save-session") a.save_session = path();
     else if (f == "--load-session") a.load_session = path();
     else if (f == "--temp") a.temp = ParseFloat(f, value());
@@ -350,6 +365,8 @@ moe_params ContextParams(const Args &a, const std::string &model) {
   p.max_sessions = static_cast<uint32_t>(std::max(a.max_sessions, a.sessions));
   p.kv_budget_bytes = a.kv_budget;
   p.kv_spill_dir = a.kv_spill_dir.empty() ? nullptr : a.kv_spill_dir.c_str();
+  p.type_k = a.cache_type_k;
+  p.type_v = a.cache_type_v;
   p.max_batch_tokens = static_cast<uint32_t>(a.max_batch_tokens);
   p.prefill_token_max = static_cast<uint32_t>(a.prefill_token_max);
   p.prefill_layer_min = static_cast<uint32_t>(a.prefill_layer_min);

@@ -230,7 +230,21 @@ typedef struct moe_params {
                                  every 0.1 s while reading, and once with done == total); returning 0
                                  stops the open with MOE_ERR_CANCELLED and nothing left allocated.
                                  It must not call into Strata */
+  /* Since 0.8 (appended): how the KV cache stores keys and values (llama.cpp's --cache-type-k /
+   * --cache-type-v and its context params' type_k / type_v; the values are ggml_type's). */
+  int32_t type_k;             /* moe_kv_type of the keys; default MOE_KV_F32. Another value fails
+                                 moe_ctx_open and moe_plan with MOE_ERR_INVALID_ARGUMENT; a type
+                                 other than f32 on the CUDA backend fails moe_ctx_open with
+                                 MOE_ERR_UNSUPPORTED (its KV cache is f32 only for now) */
+  int32_t type_v;             /* moe_kv_type of the values; default MOE_KV_F32 */
 } moe_params;
+
+/* A KV cache type (moe_params.type_k / type_v), numbered as ggml_type. Since: 0.8. */
+typedef enum moe_kv_type {
+  MOE_KV_F32 = 0,  /* float32: the numbers the golden tests hold to transformers' */
+  MOE_KV_F16 = 1,  /* IEEE half: half the bytes */
+  MOE_KV_Q8_0 = 8  /* ggml's q8_0 (32 values: an f16 scale and 32 int8): 17/64 of f32's bytes */
+} moe_kv_type;
 
 /* A choice whose default is a tunable (moe_params.cuda_graphs, huge_pages, cuda_streaming). Since: 0.6. */
 typedef enum moe_switch {

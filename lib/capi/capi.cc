@@ -100,7 +100,8 @@ struct StructSizes<moe_params> {
       STRATA_SIZE_BEFORE(moe_params, cache_policy),     STRATA_SIZE_BEFORE(moe_params, max_batch_tokens),
       STRATA_SIZE_BEFORE(moe_params, kv_budget_bytes),  STRATA_SIZE_BEFORE(moe_params, cpu_experts),
       STRATA_SIZE_BEFORE(moe_params, load_progress),    STRATA_SIZE_BEFORE(moe_params, cuda_graphs),
-      STRATA_SIZE_BEFORE(moe_params, load_continue),    Newest<moe_params>()};
+      STRATA_SIZE_BEFORE(moe_params, load_continue),    STRATA_SIZE_BEFORE(moe_params, type_k),
+      Newest<moe_params>()};
 };
 template <>
 struct StructSizes<moe_session_params> {
@@ -188,12 +189,24 @@ moe_status CheckParams(const moe_params &p) {
                   std::string("moe_params.") + name + " is " + std::to_string(v) + " (0 default, 1 on, 2 off)");
     }
   }
+  for (const auto &[name, v] : {std::pair<const char *, int32_t>{"type_k", p.type_k}, {"type_v", p.type_v}}) {
+    if (v != MOE_KV_F32 && v != MOE_KV_F16 && v != MOE_KV_Q8_0) {
+      return Fail(MOE_ERR_INVALID_ARGUMENT, std::string("moe_params.") + name + " is " + std::to_string(v) +
+                                                " (0 f32, 1 f16, 8 q8_0: moe_kv_type)");
+    }
+  }
   if (p.cuda_cold_copies < -1 || p.cuda_cold_copies > strata::runtime::kMaxColdCopies) {
     const int most = strata::runtime::kMaxColdCopies;
     return Fail(MOE_ERR_INVALID_ARGUMENT, "moe_params.cuda_cold_copies is " + std::to_string(p.cuda_cold_copies) +
                                               " (1-" + std::to_string(most) + " slots, -1 off, 0 default)");
   }
   return MOE_OK;
+}
+
+// A moe_kv_type CheckParams accepted.
+strata::model::KvType FromKvType(int32_t t) {
+  return t == MOE_KV_F16 ? strata::model::KvType::kF16
+                         : (t == MOE_KV_Q8_0 ? strata::model::KvType::kQ8_0 : strata::model::KvType::kF32);
 }
 
 strata::runtime::ContextOptions ToOptions(const moe_params &p) {
@@ -233,6 +246,8 @@ strata::runtime::ContextOptions ToOptions(const moe_params &p) {
   if (p.cuda_cold_copies != 0) o.cuda_cold_copies = std::max(0, p.cuda_cold_copies);
   o.huge_pages = FromSwitch(p.huge_pages);
   o.cuda_streaming = FromSwitch(p.cuda_streaming);
+  o.kv_type_k = FromKvType(p.type_k);
+  o.kv_type_v = FromKvType(p.type_v);
   return o;
 }
 

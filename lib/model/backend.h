@@ -34,59 +34,102 @@ namespace strata::model {
 // Positions per KV block: a session's cache grows by blocks of this many tokens.
 inline constexpr int kKvBlockTokens = 128;
 
+// How the KV cache stores a row of `width` floats (llama.cpp's cache types, by their names "f32",
+// "f16", "q8_0"): float32; IEEE half (round to nearest even); or ggml's block_q8_0, 32 values to a
+// block (an f16 scale d then 32 int8 q, x = q d), quantized as ggml's quantize_row_q8_0_ref does. A
+// q8_0 row whose width is not a multiple of 32 ends with one block over the remaining values and
+// zeros (tiny models' latent rows); a row of width 32 k is exactly k blocks_q8_0.
+enum class KvType : uint8_t { kF32 = 0, kF16 = 1, kQ8_0 = 2 };
+inline constexpr int kKvQ8Elems = 32;   // values a q8_0 block holds
+inline constexpr int kKvQ8Bytes = 34;   // bytes of a q8_0 block
+inline constexpr size_t KvRowBytes(KvType t, int width) {
+  return t == KvType::kF16    ? static_cast<size_t>(width) * 2
+         : t == KvType::kQ8_0 ? static_cast<size_t>((width + kKvQ8Elems - 1) / kKvQ8Elems) * kKvQ8Bytes
+                              : static_cast<size_t>(width) * sizeof(float);
+}
+// "f32", "f16", "q8_0".
+const char *KvTypeName(KvType t);
+// The type llama.cpp's name spells (case-insensitive); false for any other name.
+bool ParseKvType(std::string_view name, KvType *out);
+// dst (KvRowBytes(t, width) bytes) = row src (width floats) in type t.
+void EncodeKvRow(KvType t, const float *src, int width, uint8_t *dst);
+// out (n floats) = values [c0, c0 + n) of a row (stored in type t); exact for f32 and f16, q d for
+// q8_0 (the float product of the code and the block's scale, as ggml dequantizes).
+void DecodeKvCols(KvType t, const uint8_t *row, int c0, int n, float *out);
+
 // One layer's slice of a session's KV cache as a block table: position p lives in row
-// p % kKvBlockTokens of block p / kKvBlockTokens, a (kKvBlockTokens, width) row-major array. Code
-// reaches rows only through k_row / v_row, so where each block lives can change (a device backend
-// may keep the newest blocks, the hot window, in its own memory and the rest in host RAM).
+// p % kKvBlockTokens of block p / kKvBlockTokens, a (kKvBlockTokens, row bytes) row-major array of
+// rows stored in k_type (keys) or v_type (values). Code reaches rows only through k_row / v_row, so
+// where each block lives can change (a device backend may keep the newest blocks, the hot window,
+// in its own memory and the rest in host RAM).
 // masked (nullable, n_ctx bytes): masked[p] != 0 means position p is never a key for another
 // position's query (the session's blocked tokens); a query always attends to its own position.
 struct KvView {
-  float *const *k_blocks = nullptr;  // (n_ctx / kKvBlockTokens) blocks of (kKvBlockTokens, k_width)
-  float *const *v_blocks = nullptr;  // same for values; unused when v_width is 0
-  int n_ctx = 0;                     // positions the blocks cover
-  int k_width = 0;
+  uint8_t *const *k_blocks = nullptr;  // (n_ctx / kKvBlockTokens) blocks of (kKvBlockTokens, k row bytes)
+  uint8_t *const *v_blocks = nullptr;  // same for values; unused when v_width is 0
+  int n_ctx = 0;                       // positions the blocks cover
+  int k_width = 0;                     // floats a row holds
   int v_width = 0;
   const uint8_t *masked = nullptr;
-  float *k_row(int pos) const {
-    return k_blocks[pos / kKvBlockTokens] + static_cast<int64_t>(pos % kKvBlockTokens) * k_width;
+  KvType k_type = KvType::kF32, v_type = KvType::kF32;
+  size_t k_row_bytes() const { return KvRowBytes(k_type, k_width); }
+  size_t v_row_bytes() const { return KvRowBytes(v_type, v_width); }
+  uint8_t *k_row(int pos) const {
+    return k_blocks[pos / kKvBlockTokens] + static_cast<size_t>(pos % kKvBlockTokens) * k_row_bytes();
   }
-  float *v_row(int pos) const {
-    return v_blocks[pos / kKvBlockTokens] + static_cast<int64_t>(pos % kKvBlockTokens) * v_width;
+  uint8_t *v_row(int pos) const {
+    return v_blocks[pos / kKvBlockTokens] + static_cast<size_t>(pos % kKvBlockTokens) * v_row_bytes();
   }
+  // The rows as floats: only for a view whose k (v) type is f32.
+  float *k_row_f32(int pos) const { return reinterpret_cast<float *>(k_row(pos)); }
+  float *v_row_f32(int pos) const { return reinterpret_cast<float *>(v_row(pos)); }
   bool is_masked(int pos) const { return masked != nullptr && masked[pos] != 0; }
 };
 
-// A KvView over contiguous (n_ctx, width) key and value rows, for reference computations and
-// tests: its block table points into them every kKvBlockTokens rows.
+// A KvView over contiguous (n_ctx, row bytes) key and value rows, for reference computations and
+// tests: its block table points into them every kKvBlockTokens rows. The float constructor is for
+// f32 rows.
 class ContiguousKv {
  public:
-  ContiguousKv(float *k, float *v, int n_ctx, int k_width, int v_width) {
+  ContiguousKv(float *k, float *v, int n_ctx, int k_width, int v_width)
+      : ContiguousKv(reinterpret_cast<uint8_t *>(k), reinterpret_cast<uint8_t *>(v), n_ctx, k_width, v_width,
+                     KvType::kF32, KvType::kF32) {}
+  ContiguousKv(uint8_t *k, uint8_t *v, int n_ctx, int k_width, int v_width, KvType k_type, KvType v_type) {
+    const size_t kb = KvRowBytes(k_type, k_width), vb = KvRowBytes(v_type, v_width);
     for (int p = 0; p < n_ctx; p += kKvBlockTokens) {
-      k_blocks_.push_back(k + static_cast<int64_t>(p) * k_width);
-      v_blocks_.push_back(v != nullptr ? v + static_cast<int64_t>(p) * v_width : nullptr);
+      k_blocks_.push_back(k + static_cast<size_t>(p) * kb);
+      v_blocks_.push_back(v != nullptr ? v + static_cast<size_t>(p) * vb : nullptr);
     }
-    view_ = KvView{k_blocks_.data(), v_blocks_.data(), n_ctx, k_width, v_width, nullptr};
+    view_ = KvView{k_blocks_.data(), v_blocks_.data(), n_ctx, k_width, v_width, nullptr, k_type, v_type};
   }
   ContiguousKv(const ContiguousKv &) = delete;
   ContiguousKv &operator=(const ContiguousKv &) = delete;
   const KvView &view() const { return view_; }
 
  private:
-  std::vector<float *> k_blocks_, v_blocks_;
+  std::vector<uint8_t *> k_blocks_, v_blocks_;
   KvView view_;
 };
 
 // One query row of a decode step at one layer, as the backend reads it from its own memory: the
 // row's position, where its session's K/V rows of that layer are (block tables in backend memory,
-// laid out as KvView's), the session's mask (nullable) and the layer's window. A forward pass over
-// several sessions hands one per row to WriteKvRows and AttentionRows, so every session of a step
-// is served by one call, and a device backend can replay the step's work with new rows.
+// laid out as KvView's, rows in k_type / v_type), the session's mask (nullable) and the layer's
+// window. A forward pass over several sessions hands one per row to WriteKvRows and AttentionRows,
+// so every session of a step is served by one call, and a device backend can replay the step's work
+// with new rows. The tables hold block addresses: float pointers, which address floats only for
+// f32 rows (the CUDA backend's kernels read f32 alone).
 struct KvRowRef {
   float *const *k_blocks = nullptr;
   float *const *v_blocks = nullptr;  // unused when v_width is 0
   const uint8_t *masked = nullptr;
   int32_t pos = 0;
   int32_t window = 0;                // 0 = unlimited
+  KvType k_type = KvType::kF32, v_type = KvType::kF32;
+  // The view of this row's cache for a host-memory backend (rows_host): positions up to pos.
+  KvView HostView(int k_width, int v_width) const {
+    return KvView{reinterpret_cast<uint8_t *const *>(k_blocks), reinterpret_cast<uint8_t *const *>(v_blocks),
+                  pos + 1, k_width, v_width, masked, k_type, v_type};
+  }
 };
 
 // Frequencies of a RoPE call. inv_freq (head_dim / 2 values) replaces theta^(-2i / head_dim) when set
@@ -222,6 +265,11 @@ class Backend {
   // rows x width floats: dst row r (at dst + r * dst_stride) = src row r (at src + r * src_stride).
   virtual void CopyRows(float *dst, int64_t dst_stride, const float *src, int64_t src_stride, int64_t rows,
                         int64_t width) = 0;
+  // KV rows: rows x width floats of src (rows src_stride floats apart) stored in type t at dst
+  // (backend memory, rows dst_stride bytes apart), each as EncodeKvRow makes it. Default: f32
+  // through CopyRows, the other types encoded where dst lies (a host-memory backend).
+  virtual void WriteKvBytes(uint8_t *dst, int64_t dst_stride, const float *src, int64_t src_stride, int64_t rows,
+                            int width, KvType t);
   // x (n) += y (n)
   virtual void Add(float *x, const float *y, int64_t n) = 0;
   // x (n_rows, n) += bias (n, a weight pointer), per row

@@ -65,12 +65,15 @@ bool KvBudget::Take(uint64_t bytes) {
   return true;
 }
 
-absl::Status KvCache::Init(const HParams &hp, int n_ctx, KvBudget *budget, Backend *be) {
+absl::Status KvCache::Init(const HParams &hp, int n_ctx, KvBudget *budget, Backend *be, KvType k_type,
+                          KvType v_type) {
   if (n_ctx <= 0) return Errorf(MOE_ERR_INVALID_ARGUMENT, "a KV cache of %d positions", n_ctx);
   FreeAll();
   n_ctx_ = n_ctx;
   n_layer_ = hp.n_layer;
   w_ = WidthsFor(hp);
+  k_type_ = k_type;
+  v_type_ = v_type;
   budget_ = budget;
   be_ = be;
   k_tab_.assign(n_layer_, {});
@@ -93,10 +96,14 @@ absl::Status KvCache::Init(const HParams &hp, int n_ctx, KvBudget *budget, Backe
 absl::Status KvCache::SyncDevice() {
   if (dev_ == nullptr) return absl::OkStatus();
   if (dev_tab_dirty_) {
+    // KvRowRef's tables are float pointers (block addresses whatever the rows' type).
     std::vector<float *> tab(static_cast<size_t>(2) * n_layer_ * max_blocks_, nullptr);
+    auto as_float = [](uint8_t *p) { return reinterpret_cast<float *>(p); };
     for (int l = 0; l < n_layer_; ++l) {
-      std::copy(k_tab_[l].begin(), k_tab_[l].end(), tab.begin() + static_cast<size_t>(2 * l) * max_blocks_);
-      std::copy(v_tab_[l].begin(), v_tab_[l].end(), tab.begin() + static_cast<size_t>(2 * l + 1) * max_blocks_);
+      std::transform(k_tab_[l].begin(), k_tab_[l].end(), tab.begin() + static_cast<size_t>(2 * l) * max_blocks_,
+                     as_float);
+      std::transform(v_tab_[l].begin(), v_tab_[l].end(), tab.begin() + static_cast<size_t>(2 * l + 1) * max_blocks_,
+                     as_float);
     }
     be_->Upload(dev_->data(), tab.data(), tab.size() * sizeof(float *));
     dev_tab_dirty_ = false;
@@ -179,16 +186,24 @@ absl::Status KvCache::AddBlocks(int n, std::vector<BlockRef> *out) {
   return absl::OkStatus();
 }
 
+void KvCache::SetTables(int b, uint8_t *base) {
+  const size_t k_bytes = static_cast<size_t>(kKvBlockTokens) * k_row_bytes();
+  const size_t per_layer = k_bytes + static_cast<size_t>(kKvBlockTokens) * v_row_bytes();
+  for (int l = 0; l < n_layer_; ++l) {
+    uint8_t *k = base + l * per_layer;
+    k_tab_[l][b] = k;
+    v_tab_[l][b] = k + k_bytes;
+  }
+}
+
 // Appends allocated blocks to the tables.
 void KvCache::Adopt(std::vector<BlockRef> *blocks) {
-  const size_t per_layer = static_cast<size_t>(kKvBlockTokens) * (w_.k + w_.v);
   for (auto &b : *blocks) {
-    float *base = Data(b);
     for (int l = 0; l < n_layer_; ++l) {
-      float *k = base + l * per_layer;
-      k_tab_[l].push_back(k);
-      v_tab_[l].push_back(k + static_cast<size_t>(kKvBlockTokens) * w_.k);
+      k_tab_[l].push_back(nullptr);
+      v_tab_[l].push_back(nullptr);
     }
+    SetTables(n_blocks(), Data(b));
     blocks_.push_back(std::move(b));
   }
   blocks->clear();
@@ -261,12 +276,7 @@ absl::Status KvCache::Unshare(int pos0, int64_t n) {
       STRATA_RETURN_IF_ERROR(be_->TakeError());
     }
     blocks_[b] = std::move(fresh[0]);
-    const size_t per_layer = static_cast<size_t>(kKvBlockTokens) * (w_.k + w_.v);
-    float *base = Data(blocks_[b]);
-    for (int l = 0; l < n_layer_; ++l) {
-      k_tab_[l][b] = base + l * per_layer;
-      v_tab_[l][b] = k_tab_[l][b] + static_cast<size_t>(kKvBlockTokens) * w_.k;
-    }
+    SetTables(b, Data(blocks_[b]));
     dev_tab_dirty_ = true;
   }
   return absl::OkStatus();
@@ -275,7 +285,8 @@ absl::Status KvCache::Unshare(int pos0, int64_t n) {
 absl::Status KvCache::ShareFrom(const KvCache &src) {
   if (src.spilled()) return Errorf(MOE_ERR_STATE, "the KV cache to share is spilled to disk");
   if (n_blocks() > 0 || spilled()) return Errorf(MOE_ERR_STATE, "a KV cache shares another's blocks only while empty");
-  if (src.n_layer_ != n_layer_ || src.w_.k != w_.k || src.w_.v != w_.v || src.n_ctx_ > n_ctx_) {
+  if (src.n_layer_ != n_layer_ || src.w_.k != w_.k || src.w_.v != w_.v || src.n_ctx_ > n_ctx_ ||
+      src.k_type_ != k_type_ || src.v_type_ != v_type_) {
     return Errorf(MOE_ERR_INTERNAL, "KV caches of different shapes cannot share blocks");
   }
   blocks_ = src.blocks_;
@@ -381,28 +392,35 @@ absl::Status KvCache::Unspill() {
 absl::Status KvCache::ReadRows(int l, bool values, int n, float *out) const {
   const int width = values ? w_.v : w_.k;
   if (width == 0 || n <= 0) return absl::OkStatus();
-  const size_t per_layer = static_cast<size_t>(kKvBlockTokens) * (w_.k + w_.v);
-  const size_t within = l * per_layer + (values ? static_cast<size_t>(kKvBlockTokens) * w_.k : 0);
+  const KvType type = values ? v_type_ : k_type_;
+  const size_t row_bytes = values ? v_row_bytes() : k_row_bytes();
+  const size_t k_bytes = static_cast<size_t>(kKvBlockTokens) * k_row_bytes();
+  const size_t per_layer = k_bytes + static_cast<size_t>(kKvBlockTokens) * v_row_bytes();
+  const size_t within = l * per_layer + (values ? k_bytes : 0);
+  std::vector<uint8_t> raw;
   for (int p0 = 0; p0 < n; p0 += kKvBlockTokens) {
     const int b = p0 / kKvBlockTokens, rows = std::min(kKvBlockTokens, n - p0);
-    const size_t floats = static_cast<size_t>(rows) * width;
-    float *dst = out + static_cast<size_t>(p0) * width;
+    const uint64_t bytes = static_cast<uint64_t>(rows) * row_bytes;
+    raw.resize(bytes);
     if (!spilled()) {
       if (b >= n_blocks()) return Errorf(MOE_ERR_INTERNAL, "KV rows %d.. are not allocated", p0);
-      ToHost(dst, Data(blocks_[b]) + within, floats * sizeof(float));
-      continue;
-    }
-    if (b >= spill_blocks_) return Errorf(MOE_ERR_INTERNAL, "KV rows %d.. are not in the spill file", p0);
-    char *p = reinterpret_cast<char *>(dst);
-    const uint64_t bytes = floats * sizeof(float), at = b * block_bytes() + within * sizeof(float);
-    uint64_t done = 0;
-    while (done < bytes) {
-      ssize_t r = pread(spill_fd_, p + done, bytes - done, static_cast<off_t>(at + done));
-      if (r < 0 && errno == EINTR) continue;
-      if (r <= 0) {
-        return Errorf(MOE_ERR_IO_READ, "reading the KV spill file: %s", r < 0 ? std::strerror(errno) : "end of file");
+      ToHost(raw.data(), Data(blocks_[b]) + within, bytes);
+    } else {
+      if (b >= spill_blocks_) return Errorf(MOE_ERR_INTERNAL, "KV rows %d.. are not in the spill file", p0);
+      char *p = reinterpret_cast<char *>(raw.data());
+      const uint64_t at = b * block_bytes() + within;
+      uint64_t done = 0;
+      while (done < bytes) {
+        ssize_t r = pread(spill_fd_, p + done, bytes - done, static_cast<off_t>(at + done));
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) {
+          return Errorf(MOE_ERR_IO_READ, "reading the KV spill file: %s", r < 0 ? std::strerror(errno) : "end of file");
+        }
+        done += static_cast<uint64_t>(r);
       }
-      done += static_cast<uint64_t>(r);
+    }
+    for (int r = 0; r < rows; ++r) {
+      DecodeKvCols(type, raw.data() + r * row_bytes, 0, width, out + static_cast<size_t>(p0 + r) * width);
     }
   }
   return absl::OkStatus();
@@ -411,9 +429,12 @@ absl::Status KvCache::ReadRows(int l, bool values, int n, float *out) const {
 void KvCache::WriteRows(int l, bool values, int n, const float *in) {
   const int width = values ? w_.v : w_.k;
   if (width == 0) return;
+  const KvView view = layer(l);
+  const KvType type = values ? v_type_ : k_type_;
+  std::vector<uint8_t> row(KvRowBytes(type, width));
   for (int p = 0; p < n; ++p) {
-    FromHost(values ? layer(l).v_row(p) : layer(l).k_row(p), in + static_cast<size_t>(p) * width,
-             static_cast<size_t>(width) * sizeof(float));
+    EncodeKvRow(type, in + static_cast<size_t>(p) * width, width, row.data());
+    FromHost(values ? view.v_row(p) : view.k_row(p), row.data(), row.size());
   }
 }
 
@@ -564,15 +585,18 @@ size_t Lay(const HParams &hp, int64_t T, int64_t n_out, int64_t n_seq, void *bas
   return c.used();
 }
 
-// Writes width floats at column col of the k (or v) rows of positions [pos0, pos0 + T) from src
-// (T rows of src_stride): one copy per run of positions inside one block.
+// Writes the whole k (or v) rows of positions [pos0, pos0 + T) from src (T rows of src_stride
+// floats), encoded in the view's type: one call per run of positions inside one block.
 void WriteKvRows(Backend &be, const KvView &kv, bool values, int pos0, int64_t T, const float *src,
-                 int64_t src_stride, int64_t col, int64_t width) {
+                 int64_t src_stride) {
+  const int width = values ? kv.v_width : kv.k_width;
+  const KvType type = values ? kv.v_type : kv.k_type;
+  const int64_t row_bytes = static_cast<int64_t>(values ? kv.v_row_bytes() : kv.k_row_bytes());
   for (int64_t t = 0; t < T;) {
     const int pos = pos0 + static_cast<int>(t);
     const int64_t run = std::min<int64_t>(T - t, kKvBlockTokens - pos % kKvBlockTokens);
-    float *dst = (values ? kv.v_row(pos) : kv.k_row(pos)) + col;
-    be.CopyRows(dst, values ? kv.v_width : kv.k_width, src + t * src_stride, src_stride, run, width);
+    uint8_t *dst = values ? kv.v_row(pos) : kv.k_row(pos);
+    be.WriteKvBytes(dst, row_bytes, src + t * src_stride, src_stride, run, width, type);
     t += run;
   }
 }
@@ -640,8 +664,8 @@ void SelfAttention(const HParams &hp, const LayerWeights &L, int l, Backend &be,
   } else {
     for (const SeqRows &sq : seqs) {
       KvView cache = sq.kv->layer(l);
-      WriteKvRows(be, cache, false, sq.pos0, sq.n, k + sq.row0 * KVD, KVD, 0, KVD);
-      WriteKvRows(be, cache, true, sq.pos0, sq.n, v + sq.row0 * KVD, KVD, 0, KVD);
+      WriteKvRows(be, cache, false, sq.pos0, sq.n, k + sq.row0 * KVD, KVD);
+      WriteKvRows(be, cache, true, sq.pos0, sq.n, v + sq.row0 * KVD, KVD);
       be.Attention(q + sq.row0 * QD, cache, sq.n, sq.pos0, hp.n_head, hp.n_head_kv, hp.head_dim,
                    sq.kv->WindowFor(hp, l), att + sq.row0 * QD, ap);
     }
@@ -680,11 +704,11 @@ void LatentAttention(const HParams &hp, const LayerWeights &L, int l, Backend &b
   const RopeParams rp = RopeParamsFor(hp, inv_freq);
   be.Rope(S.kpe, T, 1, static_cast<int>(ROPE), pos, hp.rope_theta, hp.rope_style, rp);
   be.Rope(S.qpe, T, static_cast<int>(H), static_cast<int>(ROPE), pos, hp.rope_theta, hp.rope_style, rp);
-  for (const SeqRows &sq : seqs) {
-    KvView cache = sq.kv->layer(l);
-    WriteKvRows(be, cache, false, sq.pos0, sq.n, S.c + sq.row0 * R, R, 0, R);
-    WriteKvRows(be, cache, false, sq.pos0, sq.n, S.kpe + sq.row0 * ROPE, ROPE, R, ROPE);
-  }
+  // The cache rows [c | kpe] are put together in kva (whose raw latent is no longer needed), so each
+  // row is written (and encoded) whole.
+  be.CopyRows(S.kva, W, S.c, R, T, R);
+  be.CopyRows(S.kva + R, W, S.kpe, ROPE, T, ROPE);
+  for (const SeqRows &sq : seqs) WriteKvRows(be, sq.kv->layer(l), false, sq.pos0, sq.n, S.kva + sq.row0 * W, W);
   // qlat (T, H, R + ROPE) = [q_nope[h] · W_UK[h] | q_pe[h]]
   const bool fused = L.wkv_b.tensor != nullptr;
   for (int64_t hh = 0; hh < H; ++hh) {
@@ -945,7 +969,8 @@ absl::Status Forward(const HParams &hp, const ModelWeights &w, Backend &be, cons
       STRATA_RETURN_IF_ERROR(kv.SyncDevice());
       for (int l = 0; l < hp.n_layer; ++l) {
         rh[static_cast<int64_t>(l) * T + row0[s]] =
-            KvRowRef{kv.device_k_table(l), kv.device_v_table(l), kv.device_mask(), a.seqs[s].pos0, kv.WindowFor(hp, l)};
+            KvRowRef{kv.device_k_table(l), kv.device_v_table(l), kv.device_mask(), a.seqs[s].pos0, kv.WindowFor(hp, l),
+                     kv.k_type(), kv.v_type()};
       }
     }
     rows.dev = S.rows;

@@ -36,7 +36,8 @@ class KvBudget {
 // held in blocks of kKvBlockTokens positions that are allocated as the session grows (never more
 // than n_ctx positions) and charged to an optional KvBudget. The widths depend on the family:
 // kv_dim each for grouped-query attention; for multi-head latent attention the compressed latent
-// plus the shared RoPE key in the k rows and no v rows. Also holds the session's attention mask
+// plus the shared RoPE key in the k rows and no v rows. Keys and values are stored in their own
+// KvType (f32, f16 or q8_0: rows encoded as they are written, KvRowBytes each). Also holds the session's attention mask
 // (sliding window, blocked token ids) and can spill its blocks to an unlinked file on disk.
 // Invariant: masked_ has one byte per position the blocks cover.
 class KvCache {
@@ -51,8 +52,9 @@ class KvCache {
   KvCache &operator=(const KvCache &) = delete;
   // Sets the shape; allocates nothing. `budget` (nullable) must outlive the cache. Blocks come from
   // `be` (nullable: host memory), so they live where that backend computes; spill and snapshot
-  // copies go through its Download / Upload.
-  absl::Status Init(const HParams &hp, int n_ctx, KvBudget *budget = nullptr, Backend *be = nullptr);
+  // copies go through its Download / Upload. k_type / v_type: how key and value rows are stored.
+  absl::Status Init(const HParams &hp, int n_ctx, KvBudget *budget = nullptr, Backend *be = nullptr,
+                    KvType k_type = KvType::kF32, KvType v_type = KvType::kF32);
   // Attention mask: window > 0 limits every layer to the last `window` positions (combined with a
   // model's own per-layer window by taking the smaller); a position holding one of `blocked` is
   // never a key for another position's query.
@@ -83,7 +85,7 @@ class KvCache {
   absl::Status Unshare(int pos0, int64_t n);
 
   KvView layer(int l) {
-    return KvView{k_tab_[l].data(), v_tab_[l].data(), capacity(), w_.k, w_.v, masked_.data()};
+    return KvView{k_tab_[l].data(), v_tab_[l].data(), capacity(), w_.k, w_.v, masked_.data(), k_type_, v_type_};
   }
   // With a backend, the block tables and the mask also live in its memory, for KvRowRefs (a decode
   // step reads them there, so one call serves every session). SyncDevice brings that copy up to
@@ -96,9 +98,11 @@ class KvCache {
   const uint8_t *device_mask() const { return dev_mask_any_ ? DevMask() : nullptr; }
   int n_ctx() const { return n_ctx_; }
   Widths widths() const { return w_; }
+  KvType k_type() const { return k_type_; }
+  KvType v_type() const { return v_type_; }
   int n_blocks() const { return static_cast<int>(blocks_.size()); }
   int capacity() const { return n_blocks() * kKvBlockTokens; }  // positions the blocks cover
-  uint64_t block_bytes() const { return BlockBytesFor(n_layer_, w_); }
+  uint64_t block_bytes() const { return BlockBytesFor(n_layer_, w_, k_type_, v_type_); }
   uint64_t resident_bytes() const { return static_cast<uint64_t>(n_blocks()) * block_bytes(); }
 
   // Writes the blocks holding positions [0, n) to an unlinked file in `dir` and frees them (and
@@ -110,16 +114,22 @@ class KvCache {
   int spilled_blocks() const { return spill_blocks_; }
 
   // Snapshots: copies the key (values = false) or value rows of positions [0, n) of layer l to
-  // out (n, width), from RAM or from the spill file; WriteRows stores rows of reserved positions.
+  // out (n, width) as floats (decoded from the cache's type), from RAM or from the spill file;
+  // WriteRows stores rows of reserved positions (encoded in the cache's type: a q8_0 or f16 row read
+  // by ReadRows is written back to the same bytes).
   absl::Status ReadRows(int l, bool values, int n, float *out) const;
   void WriteRows(int l, bool values, int n, const float *in);
 
-  static uint64_t BlockBytesFor(int n_layer, Widths w) {
-    return static_cast<uint64_t>(n_layer) * kKvBlockTokens * (w.k + w.v) * sizeof(float);
+  // Bytes of one position's key and value rows of one layer.
+  static uint64_t RowBytesFor(Widths w, KvType k_type, KvType v_type) {
+    return KvRowBytes(k_type, w.k) + (w.v > 0 ? KvRowBytes(v_type, w.v) : 0);
   }
-  static uint64_t BytesFor(const HParams &hp, int n_ctx) {
-    const Widths w = WidthsFor(hp);
-    return static_cast<uint64_t>(hp.n_layer) * static_cast<uint64_t>(n_ctx) * (w.k + w.v) * sizeof(float);
+  static uint64_t BlockBytesFor(int n_layer, Widths w, KvType k_type = KvType::kF32, KvType v_type = KvType::kF32) {
+    return static_cast<uint64_t>(n_layer) * kKvBlockTokens * RowBytesFor(w, k_type, v_type);
+  }
+  static uint64_t BytesFor(const HParams &hp, int n_ctx, KvType k_type = KvType::kF32, KvType v_type = KvType::kF32) {
+    return static_cast<uint64_t>(hp.n_layer) * static_cast<uint64_t>(n_ctx) *
+           RowBytesFor(WidthsFor(hp), k_type, v_type);
   }
 
  private:
@@ -141,7 +151,11 @@ class KvCache {
   // Block memory <-> host, through the backend when there is one.
   void ToHost(void *dst, const void *src, size_t bytes) const;
   void FromHost(void *dst, const void *src, size_t bytes) const;
-  static float *Data(const BlockRef &b) { return static_cast<float *>(b->buf->data()); }
+  static uint8_t *Data(const BlockRef &b) { return static_cast<uint8_t *>(b->buf->data()); }
+  // Points the tables of block b at its memory (every layer's k and v rows).
+  void SetTables(int b, uint8_t *base);
+  size_t k_row_bytes() const { return KvRowBytes(k_type_, w_.k); }
+  size_t v_row_bytes() const { return w_.v > 0 ? KvRowBytes(v_type_, w_.v) : 0; }
   void FreeAll();
   // Positions [lo, hi) of masked_ may differ from the backend's copy.
   void MaskChanged(size_t lo, size_t hi);
@@ -153,12 +167,13 @@ class KvCache {
   int n_ctx_ = 0;
   int n_layer_ = 0;
   Widths w_;
+  KvType k_type_ = KvType::kF32, v_type_ = KvType::kF32;
   KvBudget *budget_ = nullptr;
   Backend *be_ = nullptr;
-  // blocks_[b]: (n_layer, [k (kKvBlockTokens, w.k) | v (kKvBlockTokens, w.v)]) floats; shared with
-  // forks (ShareFrom) until one of them writes into it.
+  // blocks_[b]: (n_layer, [k (kKvBlockTokens, k row bytes) | v (kKvBlockTokens, v row bytes)]) bytes;
+  // shared with forks (ShareFrom) until one of them writes into it.
   std::vector<BlockRef> blocks_;
-  std::vector<std::vector<float *>> k_tab_, v_tab_;  // per layer, per block
+  std::vector<std::vector<uint8_t *>> k_tab_, v_tab_;  // per layer, per block
   std::vector<uint8_t> masked_;
   int window_ = 0;
   std::vector<int32_t> blocked_;  // sorted, unique

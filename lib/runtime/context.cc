@@ -36,6 +36,8 @@ store::PlanInputs Context::PlanInputsFor(const ContextOptions &o, const model::H
   in.n_ctx = o.n_ctx > 0 ? std::min(o.n_ctx, hp.n_ctx_train) : std::min(hp.n_ctx_train, 4096);
   in.max_sessions = std::max(1, o.max_sessions);
   in.kv_budget_bytes = o.kv_budget_bytes;
+  in.kv_type_k = o.kv_type_k;
+  in.kv_type_v = o.kv_type_v;
   // The workspace is planned for the batches the context will run.
   in.max_batch_tokens = o.max_batch_tokens > 0 ? o.max_batch_tokens : kDefaultMaxBatchTokens;
   // A device tier is planned for the CUDA backend asked by name (Open plans AUTO's choice again).
@@ -130,6 +132,8 @@ absl::StatusOr<std::unique_ptr<Context>> Context::Open(const ContextOptions &o) 
   STRATA_ASSIGN_OR_RETURN(ctx->plan_, store::MakePlan(ctx->hp_, ctx->weights_, in));
   ctx->kv_budget_ = std::make_unique<model::KvBudget>(ctx->plan_.kv_bytes);
   ctx->kv_spill_dir_ = o.kv_spill_dir;
+  ctx->kv_type_k_ = o.kv_type_k;
+  ctx->kv_type_v_ = o.kv_type_v;
   ctx->model_id_ = ModelIdentity(ctx->hp_, *ctx->file_);
   STRATA_ASSIGN_OR_RETURN(ctx->weights_digest_, WeightsDigest(*ctx->file_));
   STRATA_ASSIGN_OR_RETURN(ctx->tokenizer_, LoadTokenizer(*ctx->file_));
@@ -146,6 +150,12 @@ absl::StatusOr<std::unique_ptr<Context>> Context::Open(const ContextOptions &o) 
   // closest to: the weights and the backend's buffers are first touched on that node.
   const moe_backend_kind kind =
       backends::Resolve(o.backend, ctx->plan_.ram_expert_slots < ctx->plan_.n_routed_experts);
+  if (kind == MOE_BACKEND_CUDA && (o.kv_type_k != model::KvType::kF32 || o.kv_type_v != model::KvType::kF32)) {
+    return Errorf(MOE_ERR_UNSUPPORTED,
+                  "the CUDA backend holds the KV cache in f32 only (asked: keys %s, values %s); use the CPU "
+                  "backend for f16 or q8_0 KV",
+                  model::KvTypeName(o.kv_type_k), model::KvTypeName(o.kv_type_v));
+  }
   const int backend_node = backends::PreferredNumaNode(kind);
   // The KV cache and the workspace are the backend's: in its own memory, not the RAM budget's.
   const bool device_activations = backends::HasDeviceMemory(kind);
@@ -347,7 +357,7 @@ absl::StatusOr<Session *> Context::OpenSession(const SessionOptions &o) {
   }
   auto s = std::unique_ptr<Session>(new Session(this, o));
   s->n_ctx_ = o.n_ctx > 0 ? o.n_ctx : n_ctx_;
-  STRATA_RETURN_IF_ERROR(s->kv_.Init(hp_, s->n_ctx_, kv_budget_.get(), backend_.get()));
+  STRATA_RETURN_IF_ERROR(s->kv_.Init(hp_, s->n_ctx_, kv_budget_.get(), backend_.get(), kv_type_k_, kv_type_v_));
   s->kv_.SetMask(o.window, o.blocked_tokens);
   std::lock_guard<std::mutex> lk(mu_);
   sessions_.push_back(std::move(s));
@@ -366,7 +376,7 @@ absl::StatusOr<Session *> Context::ForkSession(Session *src) {
   auto s = std::unique_ptr<Session>(new Session(this, src->opts_));
   std::lock_guard<std::mutex> slk(src->mu_);
   s->n_ctx_ = src->n_ctx_;
-  STRATA_RETURN_IF_ERROR(s->kv_.Init(hp_, s->n_ctx_, kv_budget_.get(), backend_.get()));
+  STRATA_RETURN_IF_ERROR(s->kv_.Init(hp_, s->n_ctx_, kv_budget_.get(), backend_.get(), kv_type_k_, kv_type_v_));
   s->kv_.SetMask(src->opts_.window, src->opts_.blocked_tokens);
   if (src->kv_.spilled()) {
     STRATA_RETURN_IF_ERROR(Annotate(WithKvRoom(src, [&]() { return src->kv_.Unspill(); }),

@@ -65,6 +65,9 @@ struct ContextOptions {
   std::optional<int> cuda_cold_copies;      // slots a set, 0 = off; STRATA_CUDA_COLD_COPIES
   std::optional<bool> huge_pages;           // STRATA_HUGEPAGES
   std::optional<bool> cuda_streaming;       // --backend cuda over a streaming context; STRATA_CUDA_STREAMING
+  // How every session's KV cache stores keys and values (the CUDA backend takes f32 alone).
+  model::KvType kv_type_k = model::KvType::kF32;
+  model::KvType kv_type_v = model::KvType::kF32;
 };
 
 // The most threads a context starts for compute or for expert I/O (ContextOptions::n_threads,
@@ -300,6 +303,7 @@ class Context {
   uint64_t weights_digest_ = 0;
   std::unique_ptr<model::KvBudget> kv_budget_;
   std::string kv_spill_dir_;
+  model::KvType kv_type_k_ = model::KvType::kF32, kv_type_v_ = model::KvType::kF32;
   uint64_t step_count_ = 0;
   // Runs fn (which may take KV budget for s) outside a step; while it fails with MOE_ERR_LIMIT_KV
   // and a spill directory is set, evicts another session (idle ones first, then the least recently

@@ -46,7 +46,9 @@ absl::StatusOr<CachePlan> MakePlan(const model::HParams &hp, const model::ModelW
   p.routed_expert_bytes = model::RoutedExpertBytes(w);
   for (const auto &L : w.layers)
     for (const auto &e : L.experts) p.expert_slot_bytes = std::max(p.expert_slot_bytes, e.nbytes());
-  p.kv_bytes_per_token = model::KvCache::BytesFor(hp, 1);
+  p.kv_bytes_per_token = model::KvCache::BytesFor(hp, 1, in.kv_type_k, in.kv_type_v);
+  p.kv_type_k = in.kv_type_k;
+  p.kv_type_v = in.kv_type_v;
   p.kv_block_bytes = p.kv_bytes_per_token * model::kKvBlockTokens;
   p.kv_blocks_per_session = static_cast<uint32_t>((in.n_ctx + model::kKvBlockTokens - 1) / model::kKvBlockTokens);
   p.kv_budget_requested = in.kv_budget_bytes > 0;
@@ -122,15 +124,17 @@ std::string FormatLedger(const CachePlan &p) {
   o << strata::StrFormat("%-28s %14u  %s  %s\n", "non-routed weights", p.non_routed_bytes, mib(p.non_routed_bytes),
                        "embeddings + attention + norms + routers + shared experts + dense MLPs + output");
   if (p.kv_budget_requested) {
-    o << strata::StrFormat("%-28s %14u  %s  requested budget: %u blocks of %u B (%d tokens x %u B/token), "
+    o << strata::StrFormat("%-28s %14u  %s  requested budget: %u blocks of %u B (%d tokens x %u B/token, K %s, V %s), "
                          "shared by all sessions, allocated on demand\n",
                          "KV cache", p.kv_bytes, mib(p.kv_bytes), p.kv_max_blocks, p.kv_block_bytes,
-                         model::kKvBlockTokens, p.kv_bytes_per_token);
+                         model::kKvBlockTokens, p.kv_bytes_per_token, model::KvTypeName(p.kv_type_k),
+                         model::KvTypeName(p.kv_type_v));
   } else {
-    o << strata::StrFormat("%-28s %14u  %s  %d sessions x %u blocks (n_ctx %d) x %u B (%d tokens x %u B/token), "
-                         "allocated on demand\n",
+    o << strata::StrFormat("%-28s %14u  %s  %d sessions x %u blocks (n_ctx %d) x %u B (%d tokens x %u B/token, "
+                         "K %s, V %s), allocated on demand\n",
                          "KV cache", p.kv_bytes, mib(p.kv_bytes), p.max_sessions, p.kv_blocks_per_session, p.n_ctx,
-                         p.kv_block_bytes, model::kKvBlockTokens, p.kv_bytes_per_token);
+                         p.kv_block_bytes, model::kKvBlockTokens, p.kv_bytes_per_token,
+                         model::KvTypeName(p.kv_type_k), model::KvTypeName(p.kv_type_v));
   }
   o << strata::StrFormat("%-28s %14u  %s  activations of a %d-token batch\n", "workspace", p.workspace_bytes,
                        mib(p.workspace_bytes), p.max_batch_tokens);

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "lib/model/backend.h"
 #include "lib/model/hparams.h"
 #include "lib/model/weights.h"
 #include "lib/util/status.h"
@@ -22,6 +23,8 @@ struct PlanInputs {
   int max_sessions = 1;
   int max_batch_tokens = 512;
   uint64_t kv_budget_bytes = 0;    // KV blocks all sessions may hold; 0 = max_sessions x n_ctx
+  model::KvType kv_type_k = model::KvType::kF32;  // how the KV cache stores keys and values
+  model::KvType kv_type_v = model::KvType::kF32;
   // The backend computes in device memory of its own (CUDA, also when planning on a machine without
   // a GPU): the plan then has a VRAM tier from vram_budget_bytes.
   bool have_gpu = false;
@@ -41,7 +44,8 @@ struct CachePlan {
   // KV: sessions allocate blocks of kKvBlockTokens positions on demand; kv_bytes is the budget all
   // sessions share: max_sessions x ceil(n_ctx / block) blocks, or the requested kv_budget_bytes.
   uint64_t kv_bytes = 0;
-  uint64_t kv_bytes_per_token = 0;  // one session, all layers
+  uint64_t kv_bytes_per_token = 0;  // one session, all layers, in the KV types below
+  model::KvType kv_type_k = model::KvType::kF32, kv_type_v = model::KvType::kF32;
   uint64_t kv_block_bytes = 0;      // one block: kKvBlockTokens positions, all layers
   uint32_t kv_blocks_per_session = 0;  // blocks a session of n_ctx positions may grow to
   uint32_t kv_max_blocks = 0;       // blocks the budget holds: floor(kv_bytes / kv_block_bytes)

@@ -54,6 +54,7 @@ TEST_CASE("struct_size: moe_params at a size no header had is refused, older siz
       Upto(offsetof(moe_params, load_progress), alignof(moe_params)),
       Upto(offsetof(moe_params, cuda_graphs), alignof(moe_params)),
       Upto(offsetof(moe_params, load_continue), alignof(moe_params)),
+      Upto(offsetof(moe_params, type_k), alignof(moe_params)),
       static_cast<uint32_t>(sizeof(moe_params))};
   for (uint32_t s : BadSizes(sizeof(moe_params), good)) {
     moe_params p;

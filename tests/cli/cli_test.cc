@@ -287,7 +287,8 @@ TEST_CASE("strata inspect and plan describe the DeepSeek and gpt-oss families", 
   Result plan = Cli("plan --model " + kGolden + "deepseek3_f32/model-f32.gguf --ram-budget 1K --n-ctx 512");
   INFO(plan.out << plan.err);
   REQUIRE(plan.exit_code == 0);
-  CHECK(plan.out.find("1 sessions x 4 blocks (n_ctx 512) x 61440 B (128 tokens x 480 B/token)") != std::string::npos);
+  CHECK(plan.out.find("1 sessions x 4 blocks (n_ctx 512) x 61440 B (128 tokens x 480 B/token, K f32, V f32)") !=
+        std::string::npos);
   CHECK(plan.out.find("shared experts + dense MLPs") != std::string::npos);
   CHECK(plan.out.find("routed experts (all)                 196608") != std::string::npos);  // 16 x 3 x 16 x 64 x 4
   CHECK(plan.out.find("= 8 slots") != std::string::npos);
@@ -406,4 +407,50 @@ TEST_CASE("strata's error messages escape control bytes and invalid UTF-8 they e
   CHECK(r.err.find('\xff') == std::string::npos);
   CHECK(r.err.find("\\xff") != std::string::npos);
   CHECK(r.err.find("\\x1b") != std::string::npos);
+}
+
+TEST_CASE("strata --cache-type-k/-ctk and --cache-type-v/-ctv: llama.cpp's names, bad names refused", "[cli][kv]") {
+  ExpectError(Cli("run --cache-type-k q3"), "--cache-type-k must be f32, f16 or q8_0");
+  ExpectError(Cli("run -ctv bogus"), "-ctv");
+  ExpectError(Cli("run --cache-type-v"), "--cache-type-v");
+  ExpectError(Cli("plan -ctk q4_0"), "q4_0");
+  const std::string model = kGolden + "qwen3moe_f32/model-f32.gguf";
+  // logits: q8_0 keys and values stay within the issue's 3e-2 of transformers' float32 logits, and
+  // differ from the float32 cache's; both spellings of the flags give the same bytes.
+  TempDir tmp;
+  auto logits = [&](const std::string &flags) {
+    const std::string out = tmp.File("l.f32");
+    std::filesystem::remove(out);
+    Result r = Cli("logits --model " + model + " --tokens " + GoldenTokens("qwen3moe_f32") + " --prefill 12 " +
+                   flags + " --out " + out);
+    INFO(r.err);
+    REQUIRE(r.exit_code == 0);
+    return Slurp(out);
+  };
+  const std::string f32 = logits(""), q8 = logits("-ctk q8_0 -ctv q8_0");
+  CHECK(logits("--cache-type-k Q8_0 --cache-type-v q8_0") == q8);
+  CHECK(q8 != f32);
+  const auto got = Floats(q8), ref = Floats(Slurp(kGolden + "qwen3moe_f32/logits.bin"));
+  REQUIRE(got.size() == ref.size());
+  double num = 0, den = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    num = std::max(num, std::fabs(double(got[i]) - ref[i]));
+    den = std::max(den, std::fabs(double(ref[i])));
+  }
+  CHECK(num / den <= 3e-2);
+  // plan: bytes per token of the chosen types (2 KV heads of 16: a 32-float row is 128 B in f32,
+  // 64 B in f16, one 34-byte q8_0 block).
+  Result f = Cli("plan --json --model " + model);
+  Result q = Cli("plan --json --model " + model + " -ctk q8_0 -ctv f16");
+  REQUIRE(f.exit_code == 0);
+  REQUIRE(q.exit_code == 0);
+  const size_t at = f.out.find("\"n_layers\":");
+  REQUIRE(at != std::string::npos);
+  const int n_layers = std::stoi(f.out.substr(at + 11));
+  CHECK(f.out.find("\"kv_bytes_per_token\":" + std::to_string(n_layers * 256) + ",") != std::string::npos);
+  CHECK(q.out.find("\"kv_bytes_per_token\":" + std::to_string(n_layers * (34 + 64)) + ",") != std::string::npos);
+  CHECK(q.out.find("\"kv_type_k\":\"q8_0\",\"kv_type_v\":\"f16\"") != std::string::npos);
+  Result ledger = Cli("plan --model " + model + " --cache-type-k q8_0 --cache-type-v q8_0");
+  REQUIRE(ledger.exit_code == 0);
+  CHECK(ledger.out.find("K q8_0, V q8_0") != std::string::npos);
 }

@@ -139,8 +139,8 @@ TEST_CASE("decode rows path: bit-identical to per-sequence attention, with masks
     // to date by it, and never by the per-sequence path.
     for (int s = 0; s < kSessions; ++s) {
       for (int l = 0; l < m.hp.n_layer; ++l) {
-        CHECK(rows.kv[s]->device_k_table(l)[0] == rows.kv[s]->layer(l).k_blocks[0]);
-        CHECK(rows.kv[s]->device_v_table(l)[0] == rows.kv[s]->layer(l).v_blocks[0]);
+        CHECK(static_cast<void *>(rows.kv[s]->device_k_table(l)[0]) == rows.kv[s]->layer(l).k_blocks[0]);
+        CHECK(static_cast<void *>(rows.kv[s]->device_v_table(l)[0]) == rows.kv[s]->layer(l).v_blocks[0]);
         CHECK(plain.kv[s]->device_k_table(l)[0] == nullptr);
       }
     }

@@ -56,14 +56,16 @@ inline double NormalizedMaxError(const std::vector<float> &a, const std::vector<
 // With a vram_budget, *vram_slots (when given) receives the plan's VRAM expert slots; cold experts
 // run on the GPU unless cpu_experts says otherwise; q8_activations: both backends' 8-bit modes;
 // hotlist: the context's hotlist file; expert_counts: the run's selections per (layer, expert);
-// ram_budget: the context's RAM budget (1: the smallest, experts streamed through the RAM cache).
+// ram_budget: the context's RAM budget (1: the smallest, experts streamed through the RAM cache);
+// type_k / type_v: the KV cache's types (moe_kv_type).
 inline std::vector<float> TeacherForced(const std::string &model, const std::vector<int32_t> &tokens, size_t prefill,
                                         int32_t backend = MOE_BACKEND_CPU, uint64_t vram_budget = 0,
                                         uint32_t *vram_slots = nullptr, uint32_t *n_routed = nullptr,
                                         moe_stats *stats = nullptr,
                                         int32_t cpu_experts = MOE_CPU_EXPERTS_OFF, bool q8_activations = false,
                                         const char *hotlist = nullptr, std::vector<uint64_t> *expert_counts = nullptr,
-                                        uint64_t ram_budget = 0, const std::function<void()> &after_step = {}) {
+                                        uint64_t ram_budget = 0, const std::function<void()> &after_step = {},
+                                        int32_t type_k = MOE_KV_F32, int32_t type_v = MOE_KV_F32) {
   moe_params p;
   moe_params_init(&p);
   p.model_path = model.c_str();
@@ -75,6 +77,8 @@ inline std::vector<float> TeacherForced(const std::string &model, const std::vec
   p.cpu_q8_activations = q8_activations ? 1 : 0;
   p.gpu_q8_activations = q8_activations ? 1 : 0;
   p.n_threads = 2;
+  p.type_k = type_k;
+  p.type_v = type_v;
   moe_ctx *ctx = nullptr;
   const moe_status opened = moe_ctx_open(&p, &ctx);
   INFO(model << ": " << moe_last_error());
