@@ -42,7 +42,7 @@ extern "C" {
  * Version
  * ------------------------------------------------------------------------------------------- */
 #define MOE_VERSION_MAJOR 0
-#define MOE_VERSION_MINOR 7
+#define MOE_VERSION_MINOR 8
 #define MOE_VERSION_PATCH 0
 #define MOE_VERSION_NUMBER (MOE_VERSION_MAJOR * 10000 + MOE_VERSION_MINOR * 100 + MOE_VERSION_PATCH)
 

@@ -12,7 +12,7 @@ LD_LIBRARY_PATH="$tmp/prefix/lib" "$tmp/cmake-build/consumer" "$model" | grep -q
 # 2. pkg-config, strict C99.
 export PKG_CONFIG_PATH="$tmp/prefix/lib/pkgconfig"
 pkg-config --exists strata
-pkg-config --modversion strata | grep -qx "0.7.0"
+pkg-config --modversion strata | grep -qx "0.8.0"
 "$cc" -std=c99 -pedantic -Wall -Werror -o "$tmp/pc-consumer" "$src/main.c" $(pkg-config --cflags --libs strata)
 LD_LIBRARY_PATH="$tmp/prefix/lib" "$tmp/pc-consumer" "$model" | grep -q "vocab 256"
 # 3. Only the C ABI is exported from the shared library.
@@ -22,7 +22,7 @@ if [ -n "$bad" ]; then echo "non-moe_ symbols exported: $bad" >&2; exit 1; fi
 # 4. The installed CLI runs the installed demo model.
 "$tmp/prefix/bin/strata" run -n 2 >/dev/null 2>&1 || { echo "installed strata run failed" >&2; exit 1; }
 # 5. The C++ wrapper is installed beside moe.h and builds against the installed package.
-printf '#include <strata/moe.hpp>\nint main() { return strata::version() == "0.7.0" ? 0 : 1; }\n' > "$tmp/hpp.cc"
+printf '#include <strata/moe.hpp>\nint main() { return strata::version() == "0.8.0" ? 0 : 1; }\n' > "$tmp/hpp.cc"
 c++ -std=c++17 -pedantic -Wall -Werror -o "$tmp/hpp" "$tmp/hpp.cc" $(pkg-config --cflags --libs strata)
 LD_LIBRARY_PATH="$tmp/prefix/lib" "$tmp/hpp"
 # 6. The static archive: a C host linked against it runs with no library path, and needs none of
