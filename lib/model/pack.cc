@@ -648,15 +648,25 @@ absl::StatusOr<PackReport> Pack(const std::string &in, const std::string &out, c
     writer.SetValue("quantize.imatrix.chunks_count", format::GgufInt32(static_cast<int32_t>(im.chunk_count)));
   }
   // ggml makes IQ2_XXS, IQ2_XS and IQ1_S only under importance weights, and llama-quantize refuses
-  // a file that would need them without: so does pack, before writing anything.
+  // to make a tensor of those or of IQ3_XXS, IQ2_S and IQ1_M without them (but the token embeddings
+  // and the output), nor Q2_K in a Q2_K_S file: so does pack, before writing anything.
+  const bool q2_k_s = o.recipe.has_value() && *o.recipe == Recipe::kQ2_K_S;
   for (const Job &j : jobs) {
-    auto needs_weights = [](const Job &m) {
-      if (m.raw_bytes > 0 || m.n_dims < 2 || static_cast<uint32_t>(m.type) == m.src_type) return false;
+    auto needs_weights = [&](const Job &m, const std::string &name) {
+      if (m.raw_bytes > 0 || m.n_dims < 2 || static_cast<uint32_t>(m.type) == m.src_type || !m.weights.empty()) {
+        return false;
+      }
       const quant::Codec *c = quant::FindCodec(m.type);
-      return c != nullptr && quant::RequiresImportance(*c) && m.weights.empty();
+      if (c != nullptr && quant::RequiresImportance(*c)) return true;
+      if (name.rfind("token_embd.", 0) == 0 || name.rfind("output.", 0) == 0) return false;
+      switch (m.type) {
+        case TypeId::kIQ3_XXS: case TypeId::kIQ2_S: case TypeId::kIQ1_M: return true;
+        case TypeId::kQ2_K: return q2_k_s;
+        default: return false;
+      }
     };
-    bool missing = j.parts.empty() && needs_weights(j);  // a stacked tensor's weights are its parts'
-    for (const Job &p : j.parts) missing = missing || needs_weights(p);
+    bool missing = j.parts.empty() && needs_weights(j, j.name);  // a stacked tensor's weights are its parts'
+    for (const Job &p : j.parts) missing = missing || needs_weights(p, j.name);
     if (!missing) continue;
     return Errorf(MOE_ERR_INVALID_ARGUMENT,
                   "tensor '%s' would be stored as %s, which needs an importance matrix: %s", j.name, Name(j.type),

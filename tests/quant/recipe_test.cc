@@ -108,10 +108,11 @@ TEST_CASE("pack with a llama-quantize file type gives each tensor llama.cpp's ty
   CHECK(std::string(bad.status().message()).find("IQ1_M") != std::string::npos);
 }
 
-// Without an importance matrix, the lattice i-quant file types that store a tensor in IQ2_XXS,
-// IQ2_XS or IQ1_S (which ggml makes only under weights) are refused, naming the tensor and the
-// type, as llama-quantize refuses them; the others pack (llama.cpp's no-imatrix rules) and run.
-TEST_CASE("pack with a lattice i-quant file type needs an imatrix where ggml does", "[quant][recipe]") {
+// Without an importance matrix, a file type that stores a tensor (but the token embeddings and the
+// output) in IQ3_XXS, IQ2_XXS, IQ2_XS, IQ2_S, IQ1_M or IQ1_S, or Q2_K in a Q2_K_S file, is refused,
+// naming the first such tensor and its type, as llama-quantize refuses it (llama-quant.cpp's
+// tensor_requires_imatrix); the others pack (llama.cpp's no-imatrix rules) and run.
+TEST_CASE("pack with a very low-bit file type needs an imatrix where llama-quantize does", "[quant][recipe]") {
   strata::format::testing::TempDir tmp;
   strata::model::SynthOptions so;
   so.shape = "tiny";
@@ -123,9 +124,9 @@ TEST_CASE("pack with a lattice i-quant file type needs an imatrix where ggml doe
     const char *recipe;
     const char *refused_type;  // the type named, or null when it packs
   };
-  const Want wants[] = {{"IQ2_XXS", "IQ2_XXS"}, {"IQ2_XS", "IQ2_XS"}, {"IQ2_S", "IQ2_XS"}, {"IQ2_M", nullptr},
-                        {"IQ3_XXS", nullptr},   {"IQ3_XS", nullptr},  {"IQ3_S", nullptr},  {"IQ3_M", nullptr},
-                        {"IQ1_S", "IQ1_S"},     {"IQ1_M", "IQ2_XXS"}};
+  const Want wants[] = {{"IQ2_XXS", "IQ2_XXS"}, {"IQ2_XS", "IQ2_XS"}, {"IQ2_S", "IQ2_XS"},    {"IQ2_M", "IQ2_S"},
+                        {"IQ3_XXS", "IQ2_S"},   {"IQ3_XS", "IQ3_XXS"}, {"IQ3_S", nullptr},     {"IQ3_M", nullptr},
+                        {"IQ1_S", "IQ1_S"},     {"IQ1_M", "IQ1_M"},    {"Q2_K_S", "Q2_K"},     {"Q2_K", nullptr}};
   for (const Want &w : wants) {
     INFO(w.recipe);
     auto r = strata::model::ParseRecipe(w.recipe);
