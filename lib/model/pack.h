@@ -42,8 +42,9 @@ struct PackOptions {
   // An importance matrix (lib/model/imatrix.h: llama.cpp's GGUF or .dat) whose per-column weights
   // the quantizers take, as llama-quantize --imatrix does; a tensor it has no entry for, or one
   // kept in its type (its bytes go over unchanged), is quantized without them. A tensor to be stored
-  // in IQ2_XXS, IQ2_XS or IQ1_S needs its weights (ggml makes those types only under them): without,
-  // Pack fails with MOE_ERR_INVALID_ARGUMENT naming the tensor and the type, before writing.
+  // in IQ3_XXS, IQ2_XXS, IQ2_XS, IQ2_S, IQ1_M or IQ1_S (but the token embeddings and the output), or
+  // in Q2_K within a Q2_K_S file, needs its weights, as llama-quantize rules: without, Pack fails with
+  // MOE_ERR_INVALID_ARGUMENT naming the tensor and the type, before writing.
   std::string imatrix_path;
   // A llama-quantize file type ("q4_k_m"): every matrix's type by llama.cpp's per-tensor rules for
   // it, instead of experts / attention / boost (which are then ignored).
