@@ -92,7 +92,7 @@ class Model:
     """A model and its expert tiers (a moe_ctx). path: a GGUF file or an HF checkpoint directory."""
 
     def __init__(self, path, *, ram_budget=None, vram_budget=None, backend="auto", n_ctx=0, threads=0,
-                 max_sessions=1):
+                 max_sessions=1, cache_type_k="f32", cache_type_v="f32"):
         if not isinstance(path, str):
             raise TypeError("path must be a str, not %s" % type(path).__name__)
         if backend not in _capi.BACKENDS:
@@ -106,6 +106,11 @@ class Model:
         p.n_ctx = _int(n_ctx, "n_ctx", 0, 1 << 24)
         p.n_threads = _int(threads, "threads", 0, 1024)
         p.max_sessions = _int(max_sessions, "max_sessions", 1, 1 << 20)
+        for name, v in (("cache_type_k", cache_type_k), ("cache_type_v", cache_type_v)):
+            if v not in _capi.KV_TYPES:
+                raise Error("%s must be one of %s, not %r" % (name, ", ".join(_capi.KV_TYPES), v))
+        p.type_k = _capi.KV_TYPES[cache_type_k]
+        p.type_v = _capi.KV_TYPES[cache_type_v]
         ctx = ctypes.c_void_p()
         _check(_capi.lib.moe_ctx_open(ctypes.byref(p), ctypes.byref(ctx)), "cannot open '%s'" % path)
         self._ctx = ctx

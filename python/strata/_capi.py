@@ -9,6 +9,7 @@ import os
 c_size_t = ctypes.c_size_t
 c_int32_p = ctypes.POINTER(ctypes.c_int32)
 LOAD_PROGRESS = ctypes.CFUNCTYPE(None, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_void_p)
+LOAD_CONTINUE = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_void_p)
 
 
 class Params(ctypes.Structure):  # moe_params
@@ -41,6 +42,9 @@ class Params(ctypes.Structure):  # moe_params
         ("cuda_cold_copies", ctypes.c_int32),
         ("huge_pages", ctypes.c_int32),
         ("cuda_streaming", ctypes.c_int32),
+        ("load_continue", LOAD_CONTINUE),  # since 0.7 (called with load_progress_user)
+        ("type_k", ctypes.c_int32),  # since 0.8: moe_kv_type
+        ("type_v", ctypes.c_int32),
     ]
 
 
@@ -169,6 +173,7 @@ STOP_NONE = 0
 TOKENIZE_PARSE_SPECIAL = 1
 TOKENIZE_ADD_BOS = 2
 BACKENDS = {"auto": 0, "cpu": 1, "cuda": 2}
+KV_TYPES = {"f32": 0, "f16": 1, "q8_0": 8}  # moe_kv_type: ggml_type's numbers, llama.cpp's names
 
 
 def params():

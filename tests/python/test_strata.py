@@ -217,3 +217,18 @@ def test_abort_from_another_thread(demo, rng):
     assert s.n_past == 0
     assert np.array_equal(s.eval([]), want)  # the input stayed queued; this step runs it
     s.close()
+
+
+def test_kv_cache_types(demo, rng):
+    """The KV cache types reach the library: q8_0 and f16 keys and values give logits near f32's (the
+    demo model's), different from them (the rows really are stored in the type), and a name the
+    library does not know is refused."""
+    ids = [rng.randrange(demo.vocab_size) for _ in range(24)]
+    ref = demo.session().eval(ids)
+    for k, v, tol in (("q8_0", "q8_0", 0.5), ("f16", "f32", 0.05)):
+        with strata.Model(DEMO, cache_type_k=k, cache_type_v=v) as m:
+            got = m.session().eval(ids)
+        err = float(np.max(np.abs(got - ref)))
+        assert 0 < err <= tol * max(1.0, float(np.max(np.abs(ref)))), (k, v, err)
+    with pytest.raises(strata.Error):
+        strata.Model(DEMO, cache_type_k="q4_k")
