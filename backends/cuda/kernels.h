@@ -223,26 +223,7 @@ absl::Status SwiGlu(const float *g, const float *u, int64_t n, float *h, cudaStr
 
 // ---- Attention ------------------------------------------------------------------------------------
 
-// One layer's KV cache on the device: (n_ctx, n_head_kv * head_dim) keys and values.
-struct DeviceKv {
-  const float *k = nullptr;
-  const float *v = nullptr;
-  int n_ctx = 0;
-};
-
-// Causal attention for n_tok new tokens at positions pos0..pos0+n_tok-1 whose K/V rows are already
-// in kv: q (n_tok, n_head, head_dim) -> out (n_tok, n_head, head_dim). GQA: query head h reads KV
-// head h / (n_head / n_head_kv). window 0 = unlimited, else a token sees the last `window`
-// positions. head_dim must be a multiple of 32, at most 256.
-// AttentionDecode: one block per (token, head), keys split over warps (best for few tokens).
-// AttentionPrefill: query tiles share K/V tiles in shared memory (best for many tokens).
-// Attention picks one by n_tok.
-absl::Status AttentionDecode(const float *q, const DeviceKv &kv, int64_t n_tok, int pos0, int n_head,
-                             int n_head_kv, int head_dim, int window, float *out, cudaStream_t stream);
-absl::Status AttentionPrefill(const float *q, const DeviceKv &kv, int64_t n_tok, int pos0, int n_head,
-                              int n_head_kv, int head_dim, int window, float *out, cudaStream_t stream);
-absl::Status Attention(const float *q, const DeviceKv &kv, int64_t n_tok, int pos0, int n_head, int n_head_kv,
-                       int head_dim, int window, float *out, cudaStream_t stream);
+// Attention over the KV cache's block tables: AttentionExt and FlashAttention below.
 
 // ---- Expert FFN -----------------------------------------------------------------------------------
 

@@ -386,46 +386,6 @@ TEST_CASE("Softmax top-k routing matches the forward pass's Route", "[gpu]") {
   }
 }
 
-TEST_CASE("Decode and prefill attention match the CPU backend", "[gpu]") {
-  if (!HaveGpu()) return;
-  auto rng = test::Rng();
-  cpu::CpuBackend cpu_be(2);
-  struct Case { int n_head, n_head_kv, head_dim, window, pos0; int64_t n_tok; };
-  const Case cases[] = {
-      {8, 2, 64, 0, 0, 1},      {8, 2, 128, 0, 700, 1},  {16, 4, 128, 0, 37, 3},  {4, 4, 256, 0, 100, 2},
-      {8, 2, 64, 0, 0, 77},     {8, 1, 128, 0, 50, 40},  {16, 4, 128, 6, 90, 33}, {4, 2, 256, 0, 5, 20},
-      {6, 3, 96, 0, 11, 17},    {8, 2, 128, 16, 300, 1},
-  };
-  for (const Case &c : cases) {
-    INFO("heads " << c.n_head << "/" << c.n_head_kv << " head_dim " << c.head_dim << " window " << c.window
-                  << " pos0 " << c.pos0 << " n_tok " << c.n_tok);
-    const int n_ctx = c.pos0 + static_cast<int>(c.n_tok) + 5;
-    const int kv_dim = c.n_head_kv * c.head_dim;
-    std::vector<float> k = RandomFloats(rng, static_cast<size_t>(n_ctx) * kv_dim, -2.f, 2.f);
-    std::vector<float> v = RandomFloats(rng, static_cast<size_t>(n_ctx) * kv_dim);
-    std::vector<float> q = RandomFloats(rng, c.n_tok * c.n_head * c.head_dim, -2.f, 2.f);
-    std::vector<float> ref(q.size());
-    const model::ContiguousKv hv(k.data(), v.data(), n_ctx, kv_dim, kv_dim);
-    cpu_be.Attention(q.data(), hv.view(), c.n_tok, c.pos0, c.n_head, c.n_head_kv, c.head_dim, c.window, ref.data());
-    DeviceBuffer dk = Upload(k), dv = Upload(v), dq = Upload(q);
-    const DeviceKv kv{dk.as<float>(), dv.as<float>(), n_ctx};
-    DeviceBuffer d1 = Poisoned(q.size()), d2 = Poisoned(q.size());
-    REQUIRE(AttentionDecode(dq.as<float>(), kv, c.n_tok, c.pos0, c.n_head, c.n_head_kv, c.head_dim, c.window,
-                            d1.as<float>(), nullptr)
-                .ok());
-    REQUIRE(AttentionPrefill(dq.as<float>(), kv, c.n_tok, c.pos0, c.n_head, c.n_head_kv, c.head_dim, c.window,
-                             d2.as<float>(), nullptr)
-                .ok());
-    CHECK(RelL2(Download<float>(d1, q.size()), ref) <= 1e-5);
-    CHECK(RelL2(Download<float>(d2, q.size()), ref) <= 1e-5);
-  }
-  // Positions past the context are refused.
-  DeviceBuffer dq = Poisoned(64);
-  const DeviceKv small{dq.as<float>(), dq.as<float>(), 4};
-  CHECK(StatusToMoe(AttentionDecode(dq.as<float>(), small, 1, 4, 1, 1, 64, 0, dq.as<float>(), nullptr)) ==
-        MOE_ERR_INVALID_ARGUMENT);
-}
-
 TEST_CASE("Expert FFN matches the CPU backend on the GEMV and GEMM paths", "[gpu]") {
   if (!HaveGpu()) return;
   auto rng = test::Rng();
