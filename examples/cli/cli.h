@@ -1,6 +1,7 @@
 // The `strata` command line's shared pieces: the parsed flags (Args), the one-line errors (Die:
 // `strata: error: <what>`, exit status 1, thrown to main), RAII for the C handles, and the helpers
-// and commands the CLI's files share (strata.cc: parsing, run, chat, logits, tokenize; bench_cmds.cc:
+// and commands the CLI's files share (options.cc: the table of which command takes which option,
+// and the help printed from it; strata.cc: parsing, run, chat, logits, tokenize; bench_cmds.cc:
 // bench, sweep, profile; model_cmds.cc: inspect, plan, pack, synth; serve_cmd.cc: serve;
 // quality_cmds.cc: perplexity, imatrix).
 #pragma once
@@ -42,7 +43,7 @@ inline moe_status StepAll(moe_ctx *ctx) {
   return st;
 }
 
-// Flags common to the commands; each command says which it accepts.
+// The parsed flags of every command; which command takes which is options.cc's table.
 struct Args {
   std::string command;
   std::string model;

@@ -22,6 +22,7 @@
 
 #include "examples/cli/cli.h"
 #include "examples/cli/cli_util.h"
+#include "examples/cli/options.h"
 #include "include/strata/moe.h"
 #include "lib/format/file.h"
 #include "lib/model/backend.h"
@@ -36,116 +37,6 @@
 #include "nlohmann/json.hpp"
 
 namespace strata::cli {
-
-const char kUsage[] =
-    "usage: strata <command> [options]\n"
-    "\n"
-    "commands:\n"
-    "  run      [--model PATH] [--prompt TEXT | --tokens 1,2,3] [-n N] [--temp T] [--top-k K] [--top-p P] [--seed S]\n"
-    "           [--min-p P] [--repeat-penalty R] [--presence-penalty P] [--frequency-penalty F]\n"
-    "           [--repeat-last-n N] [--stop STR]...\n"
-    "           generate from a prompt (the bundled demo model when --model is not given); text stops at\n"
-    "           EOS or at any --stop string; --save-session FILE saves the session at the end (the last\n"
-    "           token queued), --load-session FILE continues a saved one (then --prompt/--tokens are\n"
-    "           fed after its history, and may be left out)\n"
-    "  chat     [--model PATH] [--system TEXT] [--template NAME] [-n N] [-v] [sampling options of run]\n"
-    "           interactive chat on stdin/stdout, one line per user turn, until end of input; the\n"
-    "           model's chat template (on the Jinja engine, or a built-in renderer that agrees) unless\n"
-    "           --template chatml|qwen2|qwen2.5|qwen3|mistral-v1|mistral-v3|llama3|deepseek-v2|\n"
-    "           deepseek-v3|gpt-oss (or jinja: the model's own on the engine); -n caps each reply\n"
-    "           (default 512); -v reports each turn's tokens on stderr\n"
-    "  serve    [--model PATH] [--host 127.0.0.1] [--port 8080] [--parallel N] [--queue N] [--api-key KEY]\n"
-    "           [--max-body SIZE] [--template NAME] [-n N] [sampling options of run]\n"
-    "           an OpenAI-compatible HTTP server: GET /v1/models, POST /v1/completions and\n"
-    "           /v1/chat/completions (stream: true as server-sent events), GET /health, GET /metrics\n"
-    "           (Prometheus text); --parallel N requests decode together (default 4), --queue N more\n"
-    "           wait (default 64; beyond: 503); --api-key: every route but /health needs\n"
-    "           'Authorization: Bearer KEY'; --port 0 picks a free port; the sampling options and -n\n"
-    "           are the defaults of requests that do not set them; --max-body (default 1M) caps a body\n"
-    "  logits   --model PATH --tokens 1,2,3 [--prefill N] --out FILE\n"
-    "           teacher-forced logits of every position, float32 [n_tokens][n_vocab]; the first N\n"
-    "           tokens go in as one batch, the rest one at a time\n"
-    "  tokenize --model PATH [--special] --text TEXT   the token ids of TEXT, separated by spaces\n"
-    "  inspect  PATH         architecture, hyper-parameters, tensors, per-expert bytes by codec\n"
-    "  plan     --model PATH the cache plan ledger: what goes where, and why\n"
-    "  bench    [--model PATH] [--prompt TEXT | --prompt-tokens N] [-n N] [--json] [--sweep]   prefill and decode tokens/s, expert\n"
-    "           hits and misses, bytes read per token, time waiting on I/O\n"
-    "           [--tokens 1,2,3] [--decode-tokens 4,5,6]: given prompt ids; decode fed these ids one\n"
-    "           per step instead of sampled tokens\n"
-    "           --warmup N: first a round of other prompts and N decode steps (a warm context, as in a\n"
-    "           later conversation), then the timed round in fresh sessions\n"
-    "           --sessions N: N sessions decode together (continuous batching): aggregate tok/s;\n"
-    "           --max-batch-tokens N, --prefill-token-max N, --prefill-layer-min N set the scheduler\n"
-    "           --sweep: every policy x prefetch distance x I/O threads, fastest first\n"
-    "  profile  --model PATH --prompts FILE --out HOTLIST [-n N]   count (layer, expert) selections over\n"
-    "           a prompt set (one prompt a line: text, or token ids 1,2,3) into a hotlist\n"
-    "  pack     IN OUT [TYPE] [--experts q4_k] [--attention q8_0] [--boost-layers 0,1] [--boost q6_k]\n"
-    "           [--imatrix FILE] [--expert-contiguous [--hotlist FILE]]   rewrite IN as a mixed-precision GGUF: routed\n"
-    "           experts in --experts (--boost for the listed layers), attention/embeddings/output in\n"
-    "           --attention, norms and routers F32, as llama.cpp's stacked expert tensors (the file\n"
-    "           loads in llama.cpp); --expert-contiguous: each expert's gate|up|down contiguous and\n"
-    "           4 KiB-aligned instead (a layout only Strata reads), and with --hotlist (lines 'layer\n"
-    "           expert count', hottest first) the hottest experts first; tensors already in the type\n"
-    "           asked for keep their bytes; --imatrix: the quantizers weigh each column by an importance\n"
-    "           matrix (`strata imatrix`, or llama.cpp's), as llama-quantize --imatrix does; TYPE: a\n"
-    "           llama-quantize file type (Q4_K_M, Q3_K_S, IQ4_XS, IQ2_M, MXFP4_MOE, ...): every matrix's type\n"
-    "           by llama.cpp's rules for it, instead of --experts and --attention (IQ2_XXS, IQ2_XS, IQ1_S\n"
-    "           tensors need --imatrix, as in llama-quantize); --tensor-type RE=TYPE\n"
-    "           (repeatable): tensors whose name RE finds in TYPE; --target-size SIZE --sensitivity FILE:\n"
-    "           every tensor keeps its type but the groups whose step down costs the least KL divergence\n"
-    "           per byte (strata sensitivity), lowered until the file fits SIZE\n"
-    "  perplexity --model PATH --file TEXT [-c N] [--chunks N] [-b N] [--json]\n"
-    "           [--kl-divergence-base FILE [--kl-divergence]]\n"
-    "           perplexity over TEXT as llama-perplexity computes it: windows of -c tokens (default 512),\n"
-    "           each scored on its second half, with its +/- estimate; --kl-divergence-base FILE saves\n"
-    "           the model's distributions, and with --kl-divergence compares against them (mean KL\n"
-    "           divergence, its percentiles, top-token agreement); --json: one object (ppl, tokens, ...)\n"
-    "  imatrix  --model PATH --file TEXT --out FILE [-c N] [--chunks N]\n"
-    "           the importance matrix of a GGUF model's weights over TEXT (the squares of every column\n"
-    "           entering each blk.* tensor, per routed expert), on the CPU, in llama.cpp's GGUF imatrix\n"
-    "           format\n"
-    "  sensitivity --model PATH --file TEXT [-c N] [--chunks N] [--out FILE] [--json]\n"
-    "           per layer, the KL divergence from the model when its attention, or its routed experts,\n"
-    "           are stored one step lower (float to Q8_0, Q8_0 to Q6_K, ... Q3_K to Q2_K), and the bytes\n"
-    "           saved; --out FILE keeps the table for pack --target-size\n"
-    "  synth    --shape NAME --out FILE [--codec q4_k] [--attention q8_0] [--layers N] [--seed S] [--sparse]\n"
-    "           [--routing concentrated|spread|skewed]   shapes: qwen3-30b-a3b, qwen3-235b-a22b, deepseek-v3,\n"
-    "           gpt-oss-120b, olmoe-1b-7b, mixtral-8x7b, tiny\n"
-    "           a GGUF with the shape's real tensors, metadata and a byte-level BPE tokenizer, and random\n"
-    "           weights (experts in --codec, default q4_k, mxfp4 for gpt-oss-120b: a codec Strata quantizes,\n"
-    "           mxfp4, or a lattice i-quant iq2_xxs, iq2_xs, iq2_s, iq3_xxs, iq3_s, iq1_s, iq1_m, drawn as\n"
-    "           random codes; every other matrix in --attention); --layers N: the shape's first N layers\n"
-    "           at full width (deepseek-v3: the first min(3, N-1) dense); --sparse: header only, data a\n"
-    "           hole (for plan/inspect at real size); spread routing: tokens pick\n"
-    "           varied experts, as trained models do;\n"
-    "           skewed: varied, with some experts favoured, about as a published count of Qwen3-30B-A3B's is\n"
-    "\n"
-    "common options: --backend cpu|cuda|auto  --ram-budget SIZE  --vram-budget SIZE  --threads N\n"
-    "                --n-ctx N  --max-sessions N  --kv-budget SIZE (KV of all sessions; default\n"
-    "                max-sessions x n-ctx)  --kv-spill-dir DIR (idle sessions' KV evicted there)\n"
-    "                --cache-type-k, -ctk f32|f16|q8_0  --cache-type-v, -ctv f32|f16|q8_0  how the KV\n"
-    "                cache stores keys and values, llama.cpp's names (default f32; q8_0 is 17/64 of the\n"
-    "                bytes; the CUDA backend takes f32 only)\n"
-    "                (SIZE: 512M, 8G, or bytes)\n"
-    "expert cache:   --policy lru|lfu|hot  --prefetch N (layers ahead)  --io-threads N\n"
-    "                --hotlist FILE [--hotlist-max N] (preload; with --vram-budget its experts\n"
-    "                take the VRAM slots first)  --stats (JSON line on stderr)\n"
-    "kernels:        --q8-activations  8-bit activations on both backends, integer dot products where\n"
-    "                the codec has them (faster; on the GPU: Q8_0 and Q4_K)\n"
-    "GPU tier:       --cpu-experts auto|off|always  who runs experts the VRAM tier misses in decode:\n"
-    "                auto (default) splits them between the link and the CPU by measured rates;\n"
-    "                off reads them all over the link (bit-identical at any --vram-budget)\n"
-    "                --cuda-graphs on|off  decode steps recorded and replayed as CUDA graphs (default on)\n"
-    "                --cold-copies N  slots a set for cold experts the copy engines move into VRAM\n"
-    "                (0 = off; default sized from --vram-budget)\n"
-    "                --cuda-streaming on|off  --backend cuda over experts streamed through the RAM cache\n"
-    "                (default on)\n"
-    "memory:         --huge-pages on|off  the weights in transparent huge pages where the host has them\n"
-    "                (default on)\n"
-    "testing aid:    --lock-memory SIZE  pins SIZE of RAM first, so the run sees a smaller machine\n"
-    "tunables:       strata --list-tunables  every STRATA_* environment knob: type, default, value, doc;\n"
-    "                the flags above win over their knobs\n"
-    "PATH is a GGUF file or a Hugging Face checkpoint directory.\n";
 
 float ParseFloat(const std::string &flag, const std::string &v) {
   char *end = nullptr;
@@ -170,12 +61,57 @@ int OnOff(const std::string &flag, const std::string &v) {
   Die(flag + " must be on or off, got '" + v + "'");
 }
 
+// Help, the version, or the command named by argv[1]: each option checked against the table of
+// options.cc (unknown: the nearest spelling suggested; known but not the command's: refused).
 Args ParseArgs(int argc, char **argv) {
   Args a;
   if (argc < 2) Die("no command given (strata --help lists them)");
   a.command = argv[1];
+  if (a.command == "--help" || a.command == "-h" || a.command == "help") {
+    if (argc > 3) Die("help takes at most one command");
+    if (argc == 3) {
+      const CommandInfo *c = FindCommand(argv[2]);
+      if (c == nullptr) Die("unknown command '" + std::string(argv[2]) + "' (strata --help lists them)");
+      std::fputs(CommandHelp(*c).c_str(), stdout);
+    } else {
+      std::fputs(GlobalHelp().c_str(), stdout);
+    }
+    std::exit(0);
+  }
+  if (a.command == "--version" || a.command == "version") {
+    if (argc > 2) Die(a.command + " takes no arguments");
+    std::fputs(VersionText().c_str(), stdout);
+    std::exit(0);
+  }
+  const CommandInfo *cmd = FindCommand(a.command);
+  if (cmd == nullptr) {
+    const std::string near = SuggestCommand(a.command);
+    Die("unknown command '" + a.command + "' (" + (near.empty() ? "try strata --help" : "did you mean " + near + "?") +
+        ")");
+  }
+  // --help anywhere it is not an option's value: the command's own help, whatever else is given.
+  for (int i = 2; i < argc; ++i) {
+    const OptionInfo *o = FindOption(argv[i]);
+    if (o != nullptr && o == FindOption("--help")) {
+      std::fputs(CommandHelp(*cmd).c_str(), stdout);
+      std::exit(0);
+    }
+    if (o != nullptr && o->value != nullptr) ++i;
+  }
   for (int i = 2; i < argc; ++i) {
     std::string f = argv[i];
+    if (!f.empty() && f[0] == '-') {
+      const OptionInfo *o = FindOption(f);
+      if (o == nullptr) {
+        const std::string near = SuggestOption(f, cmd);
+        Die("unknown option '" + f + "'" + (near.empty() ? "" : " (did you mean " + near + "?)"));
+      }
+      if (!Takes(*cmd, *o)) {
+        Die(a.command + " does not take " + f + " (strata " + a.command + " --help lists what it takes)");
+      }
+    } else if (cmd->max_positional == 0) {
+      Die(a.command + " takes no argument '" + f + "' (strata " + a.command + " --help lists what it takes)");
+    }
     auto value = [&]() -> std::string {
       if (i + 1 >= argc) Die(f + " needs a value");
       return argv[++i];
@@ -298,9 +234,6 @@ Args ParseArgs(int argc, char **argv) {
       else if (v == "cuda") a.backend = MOE_BACKEND_CUDA;
       else if (v == "auto") a.backend = MOE_BACKEND_AUTO;
       else Die("--backend must be cpu, cuda or auto, got '" + v + "'");
-    } else if (f == "-h" || f == "--help") {
-      std::fputs(kUsage, stdout);
-      std::exit(0);
     } else if (!f.empty() && f[0] == '-') {
       Die("unknown option '" + f + "'");
     } else {
@@ -863,10 +796,6 @@ int main(int argc, char **argv) {
     if (a.command == "perplexity") return CmdPerplexity(a);
     if (a.command == "imatrix") return CmdImatrix(a);
     if (a.command == "sensitivity") return CmdSensitivity(a);
-    if (a.command == "help" || a.command == "--help" || a.command == "-h") {
-      std::fputs(kUsage, stdout);
-      return 0;
-    }
     Die("unknown command '" + a.command + "' (try strata --help)");
   } catch (const CliError &e) {
     // One line, whatever the message quotes (a flag's value, a file's bytes): escaped.
