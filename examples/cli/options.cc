@@ -68,8 +68,8 @@ const std::vector<CommandInfo> &Commands() {
        "layers), attention/embeddings/output in --attention, norms and routers F32, as llama.cpp's\n"
        "stacked expert tensors (the file loads in llama.cpp); tensors already in the type asked for keep\n"
        "their bytes. TYPE: a llama-quantize file type (Q4_K_M, Q3_K_S, IQ4_XS, IQ2_M, MXFP4_MOE, ...):\n"
-       "every matrix's type by llama.cpp's rules for it, instead of --experts and --attention (IQ2_XXS,\n"
-       "IQ2_XS, IQ1_S need --imatrix, as in llama-quantize). --target-size SIZE --sensitivity FILE:\n"
+       "every matrix's type by llama.cpp's rules for it, instead of --experts and --attention (the\n"
+       "very low-bit types need --imatrix where llama-quantize does). --target-size SIZE --sensitivity FILE:\n"
        "every tensor keeps its type but the groups whose step down costs the least KL divergence per\n"
        "byte (strata sensitivity), lowered until the file fits SIZE."},
       {"synth", kSynth, 0, "--shape NAME --out FILE [--codec q4_k] [--layers N] [options]",
