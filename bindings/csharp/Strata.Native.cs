@@ -1,4 +1,4 @@
-// P/Invoke declarations of Strata's C ABI (include/strata/moe.h, version 0.7) for C# hosts (Unity,
+// P/Invoke declarations of Strata's C ABI (include/strata/moe.h, version 0.8) for C# hosts (Unity,
 // Godot .NET, any .NET runtime). Names, structs, delegates and constants mirror moe.h one for one;
 // tests/capi/pinvoke_test.cc parses this file and moe.h and fails when they disagree, so update
 // both together. Conventions:
@@ -18,7 +18,7 @@ namespace Strata
 
         // ---- constants (#define MOE_* in moe.h) ----
         public const int MOE_VERSION_MAJOR = 0;
-        public const int MOE_VERSION_MINOR = 7;
+        public const int MOE_VERSION_MINOR = 8;
         public const int MOE_VERSION_PATCH = 0;
         public const int MOE_VERSION_NUMBER = (MOE_VERSION_MAJOR * 10000 + MOE_VERSION_MINOR * 100 + MOE_VERSION_PATCH);
         public const int MOE_OK = 0;

@@ -9,6 +9,7 @@
 // it picks the same entry ggml picks. Not installed; only lib/quant includes it.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -33,6 +34,17 @@ struct Lattice {
   // The neighbour list of a key that names no entry: list[0] entries follow it.
   const uint16_t *NeighboursOf(int key) const { return neighbours.data() + (-1 - slot[key]); }
 };
+
+// The lattice searches index their tables by levels that a NaN or an infinity would put out of range:
+// a block holding one is searched as a copy in `buf` (n floats) with every non-finite value made 0.
+// A finite block is returned as it is.
+inline const float *FiniteBlock(const float *x, int n, float *buf) {
+  bool finite = true;
+  for (int i = 0; i < n && finite; ++i) finite = std::isfinite(x[i]);
+  if (finite) return x;
+  for (int i = 0; i < n; ++i) buf[i] = std::isfinite(x[i]) ? x[i] : 0.0f;
+  return buf;
+}
 
 // The lattices, one per grid (IQ1_S and IQ1_M share theirs). Thread-safe; built on first call.
 const Lattice &LatticeIQ2XXS();

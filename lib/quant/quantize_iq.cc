@@ -221,9 +221,12 @@ void FitBlock(const Spec &s, const float *x, const float *qw, float sigma2, bool
       for (int k = 0; k < n / 8; ++k) signs[k] = static_cast<uint8_t>(s.parity_signs ? ~signs[k] & 127 : ~signs[k]);
     }
     for (int k = 0; k < groups; ++k) {
-      // Every path above leaves the levels on the grid (only non-finite input could not; it
-      // takes entry 0).
-      const int g = lat.slot[lat.Key(L + k * lat.dims)];
+      // Every path above leaves the levels on the grid; levels off it (a scale overflowed by
+      // extreme input) take entry 0 rather than index outside the tables.
+      const int8_t *lv = L + k * lat.dims;
+      bool in_range = true;
+      for (int i = 0; i < lat.dims; ++i) in_range = in_range && lv[i] >= 0 && lv[i] < (1 << lat.bits);
+      const int g = in_range ? lat.slot[lat.Key(lv)] : 0;
       f->grid[ib * groups + k] = static_cast<uint16_t>(g >= 0 ? g : 0);
     }
     f->scales[ib] = scale;
@@ -354,7 +357,11 @@ void BlockIQ3S(const float *x, uint8_t *b, const float *qw) {
 template <void (*Block)(const float *, uint8_t *, const float *), int64_t kBytes>
 void Rows(const float *src, void *dst, int64_t n, const float *weights) {
   auto *b = static_cast<uint8_t *>(dst);
-  for (int64_t i = 0; i < n; i += kQK) Block(src + i, b + i / kQK * kBytes, weights != nullptr ? weights + i : nullptr);
+  float xs[kQK], ws[kQK];
+  for (int64_t i = 0; i < n; i += kQK) {
+    const float *w = weights != nullptr ? FiniteBlock(weights + i, kQK, ws) : nullptr;
+    Block(FiniteBlock(src + i, kQK, xs), b + i / kQK * kBytes, w);
+  }
 }
 
 }  // namespace

@@ -337,7 +337,11 @@ void BlockIQ1M(const float *xbl, uint8_t *b, const float *qwl) {
 template <void (*Block)(const float *, uint8_t *, const float *), int64_t kBytes>
 void Rows(const float *src, void *dst, int64_t n, const float *weights) {
   auto *b = static_cast<uint8_t *>(dst);
-  for (int64_t i = 0; i < n; i += kQK) Block(src + i, b + i / kQK * kBytes, weights != nullptr ? weights + i : nullptr);
+  float xs[kQK], ws[kQK];
+  for (int64_t i = 0; i < n; i += kQK) {
+    const float *w = weights != nullptr ? FiniteBlock(weights + i, kQK, ws) : nullptr;
+    Block(FiniteBlock(src + i, kQK, xs), b + i / kQK * kBytes, w);
+  }
 }
 
 }  // namespace
