@@ -253,6 +253,15 @@ Args ParseArgs(int argc, char **argv) {
 
 std::string DemoModelPath() {
   if (const std::string &env = strata::tunables::Get().demo_model; !env.empty()) return env;
+  // An installed binary finds the model its install put beside it (prefix/share/strata), wherever
+  // the prefix is now; a binary of the build tree, the source tree's.
+  char exe[4096];
+  if (const ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1); n > 0) {
+    std::string dir(exe, static_cast<size_t>(n));
+    dir.resize(dir.find_last_of('/') + 1);
+    const std::string beside = dir + STRATA_DEMO_MODEL_FROM_BIN;
+    if (access(beside.c_str(), R_OK) == 0) return beside;
+  }
   if (access(STRATA_DEMO_MODEL_SOURCE, R_OK) == 0) return STRATA_DEMO_MODEL_SOURCE;
   return STRATA_DEMO_MODEL_INSTALLED;
 }

@@ -19,8 +19,17 @@ LD_LIBRARY_PATH="$tmp/prefix/lib" "$tmp/pc-consumer" "$model" | grep -q "vocab 2
 lib=$(ls "$tmp"/prefix/lib/libstrata.so.*.*.* | head -1)
 bad=$(nm -D --defined-only "$lib" | awk '{print $3}' | grep -v '^moe_' | grep -v '^STRATA_0$' || true)
 if [ -n "$bad" ]; then echo "non-moe_ symbols exported: $bad" >&2; exit 1; fi
-# 4. The installed CLI runs the installed demo model.
+# 4. The installed CLI runs the installed demo model, found beside it wherever the prefix is: in a
+#    copy of the prefix whose demo model is replaced by MODEL, `strata run` without --model gives
+#    MODEL's tokens, not the source tree's demo model's.
 "$tmp/prefix/bin/strata" run -n 2 >/dev/null 2>&1 || { echo "installed strata run failed" >&2; exit 1; }
+cp -r "$tmp/prefix" "$tmp/moved"
+demo=$(ls "$tmp"/moved/share/strata/*.gguf | head -1)
+cp "$model" "$demo"
+want=$("$tmp/moved/bin/strata" run --model "$model" --tokens 1,2 -n 3 --temp 0 2>/dev/null)
+got=$("$tmp/moved/bin/strata" run --tokens 1,2 -n 3 --temp 0 2>/dev/null) ||
+  { echo "a moved prefix's strata run failed" >&2; exit 1; }
+[ -n "$want" ] && [ "$got" = "$want" ] || { echo "a moved prefix's strata found another demo model" >&2; exit 1; }
 # 5. The C++ wrapper is installed beside moe.h and builds against the installed package.
 printf '#include <strata/moe.hpp>\nint main() { return strata::version() == "0.8.0" ? 0 : 1; }\n' > "$tmp/hpp.cc"
 c++ -std=c++17 -pedantic -Wall -Werror -o "$tmp/hpp" "$tmp/hpp.cc" $(pkg-config --cflags --libs strata)
