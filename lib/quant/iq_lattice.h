@@ -46,6 +46,19 @@ inline const float *FiniteBlock(const float *x, int n, float *buf) {
   return buf;
 }
 
+// Quantizes n values (a multiple of 256) a 256-value super-block at a time with Block, which writes
+// kBytes per block; blocks holding a non-finite value (or weight) go in as FiniteBlock copies.
+template <void (*Block)(const float *, uint8_t *, const float *), int64_t kBytes>
+void LatticeRows(const float *src, void *dst, int64_t n, const float *weights) {
+  constexpr int kQK = 256;
+  auto *b = static_cast<uint8_t *>(dst);
+  float xs[kQK], ws[kQK];
+  for (int64_t i = 0; i < n; i += kQK) {
+    const float *w = weights != nullptr ? FiniteBlock(weights + i, kQK, ws) : nullptr;
+    Block(FiniteBlock(src + i, kQK, xs), b + i / kQK * kBytes, w);
+  }
+}
+
 // The lattices, one per grid (IQ1_S and IQ1_M share theirs). Thread-safe; built on first call.
 const Lattice &LatticeIQ2XXS();
 const Lattice &LatticeIQ2XS();

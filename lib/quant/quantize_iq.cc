@@ -354,35 +354,25 @@ void BlockIQ3S(const float *x, uint8_t *b, const float *qw) {
   }
 }
 
-template <void (*Block)(const float *, uint8_t *, const float *), int64_t kBytes>
-void Rows(const float *src, void *dst, int64_t n, const float *weights) {
-  auto *b = static_cast<uint8_t *>(dst);
-  float xs[kQK], ws[kQK];
-  for (int64_t i = 0; i < n; i += kQK) {
-    const float *w = weights != nullptr ? FiniteBlock(weights + i, kQK, ws) : nullptr;
-    Block(FiniteBlock(src + i, kQK, xs), b + i / kQK * kBytes, w);
-  }
-}
-
 }  // namespace
 
 void QuantizeIQ2_XXSWeighted(const float *src, void *dst, int64_t n, const float *weights) {
-  Rows<&BlockIQ2XXS, 66>(src, dst, n, weights);
+  LatticeRows<&BlockIQ2XXS, 66>(src, dst, n, weights);
 }
 void QuantizeIQ2_XSWeighted(const float *src, void *dst, int64_t n, const float *weights) {
-  Rows<&BlockIQ2XS, 74>(src, dst, n, weights);
+  LatticeRows<&BlockIQ2XS, 74>(src, dst, n, weights);
 }
-void QuantizeIQ2_S(const float *src, void *dst, int64_t n) { Rows<&BlockIQ2S, 82>(src, dst, n, nullptr); }
+void QuantizeIQ2_S(const float *src, void *dst, int64_t n) { LatticeRows<&BlockIQ2S, 82>(src, dst, n, nullptr); }
 void QuantizeIQ2_SWeighted(const float *src, void *dst, int64_t n, const float *weights) {
-  Rows<&BlockIQ2S, 82>(src, dst, n, weights);
+  LatticeRows<&BlockIQ2S, 82>(src, dst, n, weights);
 }
-void QuantizeIQ3_XXS(const float *src, void *dst, int64_t n) { Rows<&BlockIQ3XXS, 98>(src, dst, n, nullptr); }
+void QuantizeIQ3_XXS(const float *src, void *dst, int64_t n) { LatticeRows<&BlockIQ3XXS, 98>(src, dst, n, nullptr); }
 void QuantizeIQ3_XXSWeighted(const float *src, void *dst, int64_t n, const float *weights) {
-  Rows<&BlockIQ3XXS, 98>(src, dst, n, weights);
+  LatticeRows<&BlockIQ3XXS, 98>(src, dst, n, weights);
 }
-void QuantizeIQ3_S(const float *src, void *dst, int64_t n) { Rows<&BlockIQ3S, 110>(src, dst, n, nullptr); }
+void QuantizeIQ3_S(const float *src, void *dst, int64_t n) { LatticeRows<&BlockIQ3S, 110>(src, dst, n, nullptr); }
 void QuantizeIQ3_SWeighted(const float *src, void *dst, int64_t n, const float *weights) {
-  Rows<&BlockIQ3S, 110>(src, dst, n, weights);
+  LatticeRows<&BlockIQ3S, 110>(src, dst, n, weights);
 }
 
 }  // namespace strata::quant::internal

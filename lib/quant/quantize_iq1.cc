@@ -334,24 +334,14 @@ void BlockIQ1M(const float *xbl, uint8_t *b, const float *qwl) {
   for (int k = 0; k < 4; ++k) StoreU16(b + 48 + 2 * k, sc[k]);
 }
 
-template <void (*Block)(const float *, uint8_t *, const float *), int64_t kBytes>
-void Rows(const float *src, void *dst, int64_t n, const float *weights) {
-  auto *b = static_cast<uint8_t *>(dst);
-  float xs[kQK], ws[kQK];
-  for (int64_t i = 0; i < n; i += kQK) {
-    const float *w = weights != nullptr ? FiniteBlock(weights + i, kQK, ws) : nullptr;
-    Block(FiniteBlock(src + i, kQK, xs), b + i / kQK * kBytes, w);
-  }
-}
-
 }  // namespace
 
 void QuantizeIQ1_SWeighted(const float *src, void *dst, int64_t n, const float *weights) {
-  Rows<&BlockIQ1S, 50>(src, dst, n, weights);
+  LatticeRows<&BlockIQ1S, 50>(src, dst, n, weights);
 }
-void QuantizeIQ1_M(const float *src, void *dst, int64_t n) { Rows<&BlockIQ1M, 56>(src, dst, n, nullptr); }
+void QuantizeIQ1_M(const float *src, void *dst, int64_t n) { LatticeRows<&BlockIQ1M, 56>(src, dst, n, nullptr); }
 void QuantizeIQ1_MWeighted(const float *src, void *dst, int64_t n, const float *weights) {
-  Rows<&BlockIQ1M, 56>(src, dst, n, weights);
+  LatticeRows<&BlockIQ1M, 56>(src, dst, n, weights);
 }
 
 }  // namespace strata::quant::internal
