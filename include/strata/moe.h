@@ -204,7 +204,8 @@ typedef struct moe_params {
                                  most for batches of sessions), the rounded activations for every other
                                  block codec; 0 (default): float activations */
   /* Since 0.5 (appended): progress of moe_ctx_open while it reads the weights it keeps in memory
-   * (everything but the routed experts the RAM budget leaves to stream). */
+   * (everything but the routed experts the RAM budget leaves to stream; where the VRAM and RAM
+   * budgets hold every routed expert between them, those too: they are read at open). */
   moe_load_progress_fn load_progress; /* NULL (default) = none. Called on the thread in moe_ctx_open,
                                  at most every 0.1 s while reading and once with done == total at
                                  the end; it must not call into Strata */

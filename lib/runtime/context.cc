@@ -192,6 +192,17 @@ absl::StatusOr<std::unique_ptr<Context>> Context::Open(const ContextOptions &o) 
     in.vram_budget_bytes = vram_budget;
     STRATA_ASSIGN_OR_RETURN(ctx->plan_, store::MakePlan(ctx->hp_, ctx->weights_, in));
   }
+  // Tiers that hold every expert between them are filled whole at open (below), so the load's
+  // progress counts the routed experts' bytes after the resident weights'.
+  const bool fill_whole = streaming && device_tier && ctx->plan_.vram_expert_slots > 0 &&
+                          uint64_t{ctx->plan_.vram_expert_slots} + ctx->plan_.ram_expert_slots >
+                              ctx->plan_.n_routed_experts;
+  uint64_t expert_bytes = 0, resident_bytes = 0;
+  if (fill_whole) {
+    for (const model::LayerWeights &L : ctx->weights_.layers) {
+      for (const model::ExpertWeights &e : L.experts) expert_bytes += e.gate.nbytes() + e.up.nbytes() + e.down.nbytes();
+    }
+  }
   {
     numa::ScopedNodeBinding bind(backend_node);
     model::LoadOptions lo;
@@ -199,6 +210,20 @@ absl::StatusOr<std::unique_ptr<Context>> Context::Open(const ContextOptions &o) 
     lo.numa_node = bind.bound() ? backend_node : -1;
     lo.progress = o.load_progress;
     lo.keep_going = o.load_continue;
+    if (fill_whole) {
+      if (o.load_progress) {
+        lo.progress = [&](uint64_t d, uint64_t t) {
+          resident_bytes = t;
+          o.load_progress(d, t + expert_bytes);
+        };
+      }
+      if (o.load_continue) {
+        lo.keep_going = [&](uint64_t d, uint64_t t) {
+          resident_bytes = t;
+          return o.load_continue(d, t + expert_bytes);
+        };
+      }
+    }
     lo.huge_pages = o.huge_pages;
     STRATA_RETURN_IF_ERROR(ctx->store_.Load(*ctx->file_, ctx->weights_, /*routed_experts=*/!streaming, lo));
     if (bind.bound()) ctx->numa_node_ = backend_node;
@@ -297,9 +322,33 @@ absl::StatusOr<std::unique_ptr<Context>> Context::Open(const ContextOptions &o) 
   for (const auto &h : hot) hot_keys.push_back(ctx->table_->Key(h.layer, h.expert));
   if (ctx->vram_ != nullptr && ctx->vram_->complete()) {
     // The tiers hold every expert: VRAM takes the hotlist's and an equal share of each layer's,
-    // RAM the rest (read by its I/O threads while the host carries on); the first steps run on the
-    // host path until every expert is in place (VramTier::Settle).
-    STRATA_RETURN_IF_ERROR(ctx->vram_->Seed(ctx->vram_->OpeningKeys(hot_keys), SIZE_MAX).status());
+    // RAM the rest. Both are read now by the load's threads through the page cache (VRAM's share
+    // into free RAM slots first, then moved up, the RAM tier giving its copies up), so the first
+    // step finds every expert in place and routes on the device (VramTier::Settle).
+    store::ExpertCache::FillOptions fo;
+    fo.n_threads = o.n_threads;
+    fo.bytes_before = resident_bytes;
+    fo.bytes_total = resident_bytes + expert_bytes;
+    fo.progress = o.load_progress;
+    fo.keep_going = o.load_continue;
+    const std::vector<uint32_t> opening = ctx->vram_->OpeningKeys(hot_keys);
+    const auto bytes_of = [&](const std::vector<uint32_t> &keys) {
+      uint64_t b = 0;
+      for (uint32_t key : keys) {
+        const model::ExpertWeights *e = ctx->table_->entry(ctx->table_->LayerOf(key), ctx->table_->ExpertOf(key)).weights;
+        if (e != nullptr) b += e->gate.nbytes() + e->up.nbytes() + e->down.nbytes();
+      }
+      return b;
+    };
+    for (size_t i = 0; i < opening.size();) {
+      // As many as the RAM tier's slots take at once (all of them, unless VRAM outnumbers RAM).
+      const size_t n = std::min<size_t>(opening.size() - i, ctx->cache_->n_slots());
+      const std::vector<uint32_t> batch(opening.begin() + i, opening.begin() + i + n);
+      STRATA_RETURN_IF_ERROR(ctx->cache_->Fill(batch, fo));
+      STRATA_RETURN_IF_ERROR(ctx->vram_->Seed(batch, SIZE_MAX).status());
+      fo.bytes_before += bytes_of(batch);
+      i += n;
+    }
     std::vector<uint32_t> rest;
     for (int l = 0; l < ctx->table_->n_layers(); ++l) {
       for (int x = 0; x < ctx->table_->n_experts(); ++x) {
@@ -307,7 +356,8 @@ absl::StatusOr<std::unique_ptr<Context>> Context::Open(const ContextOptions &o) 
         if (ctx->table_->entry(l, x).weights != nullptr && !ctx->vram_->Holds(key)) rest.push_back(key);
       }
     }
-    ctx->cache_->Preload(rest, rest.size());
+    STRATA_RETURN_IF_ERROR(ctx->cache_->Fill(rest, fo));
+    STRATA_RETURN_IF_ERROR(ctx->vram_->Settle());
     // The opening's reads and moves are the load's; the counters are the run's.
     ctx->vram_->ResetStats();
     ctx->cache_->ResetStats();
@@ -317,6 +367,9 @@ absl::StatusOr<std::unique_ptr<Context>> Context::Open(const ContextOptions &o) 
     // ones RAM: the RAM tier's preload skips what the VRAM tier holds.
     if (ctx->vram_ != nullptr) STRATA_RETURN_IF_ERROR(ctx->vram_->Seed(hot_keys, cap).status());
     ctx->cache_->Preload(hot_keys, cap);  // loads run on the I/O threads while the host carries on
+  }
+  if (fill_whole && (ctx->vram_ == nullptr || !ctx->vram_->complete()) && o.load_progress) {
+    o.load_progress(resident_bytes + expert_bytes, resident_bytes + expert_bytes);  // the total the load promised
   }
   return ctx;
 }

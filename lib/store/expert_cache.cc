@@ -288,11 +288,11 @@ absl::Status ExpertCache::ReadDirect(const format::File &f, int fd, uint64_t off
   return absl::OkStatus();
 }
 
-absl::Status ExpertCache::ReadExpert(uint32_t key, uint8_t *dst, void *ring, bool *direct) {
+absl::Status ExpertCache::ReadExpert(uint32_t key, uint8_t *dst, void *ring, bool *direct, bool buffered) {
   const ExpertEntry &en = table_.entry(table_.LayerOf(key), table_.ExpertOf(key));
   *direct = false;
   const format::File &f0 = file_.file(en.part[0].file_index);
-  const int dfd = en.single_read ? direct_fds_[en.part[0].file_index] : -1;
+  const int dfd = en.single_read && !buffered ? direct_fds_[en.part[0].file_index] : -1;
   const uint64_t aligned_len = (en.slot_bytes + kDirectBlock - 1) / kDirectBlock * kDirectBlock;
   if (dfd >= 0 && en.read_offset % kDirectBlock == 0 && aligned_len <= table_.slot_bytes()) {
     absl::Status st = ReadDirect(f0, dfd, en.read_offset, dst, aligned_len, en.slot_bytes, ring);
@@ -314,7 +314,7 @@ absl::Status ExpertCache::ReadExpert(uint32_t key, uint8_t *dst, void *ring, boo
   // Part by part (each expert's slice of the stacked gate, up and down tensors): past the page cache
   // when every part's file allows it, reading the 4 KiB blocks around the part into its region.
   const model::Matrix *m[3] = {&en.weights->gate, &en.weights->up, &en.weights->down};
-  bool all_direct = true;
+  bool all_direct = !buffered;
   for (const ExpertPart &part : en.part) all_direct = all_direct && direct_fds_[part.file_index] >= 0;
   for (int p = 0; p < 3; ++p) {
     const ExpertPart &part = en.part[p];
@@ -622,6 +622,123 @@ size_t ExpertCache::Preload(const std::vector<uint32_t> &keys, size_t max) {
     ++queued;
   }
   return queued;
+}
+
+absl::Status ExpertCache::Fill(const std::vector<uint32_t> &keys, const FillOptions &options) {
+  struct Item {
+    uint32_t key;
+    int slot;
+  };
+  std::vector<Item> items;
+  // Progress counts the experts' own bytes (their parts), as the caller's total does.
+  const auto expert_bytes = [this](uint32_t key) {
+    uint64_t b = 0;
+    for (const ExpertPart &part : table_.entry(table_.LayerOf(key), table_.ExpertOf(key)).part) b += part.bytes;
+    return b;
+  };
+  uint64_t to_read = 0;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    // Empty slots in order, so a fill never evicts what an earlier one read.
+    size_t next_empty = 0;
+    for (uint32_t key : keys) {
+      if (key >= key_slot_.size() || key_slot_[key] >= 0 || HeldAbove(key)) continue;
+      const ExpertEntry &en = table_.entry(table_.LayerOf(key), table_.ExpertOf(key));
+      if (en.weights == nullptr) continue;  // a dense layer
+      while (next_empty < slots_.size() &&
+             (slots_[next_empty].state != SlotState::kEmpty || slots_[next_empty].pins != 0)) {
+        ++next_empty;
+      }
+      if (next_empty == slots_.size()) break;
+      Slot &sl = slots_[next_empty];
+      sl.state = SlotState::kLoading;
+      sl.key = key;
+      sl.prefetched = false;
+      key_slot_[key] = static_cast<int32_t>(next_empty);
+      key_error_[key] = absl::OkStatus();
+      ++loading_;
+      items.push_back({key, static_cast<int>(next_empty)});
+      to_read += expert_bytes(key);
+    }
+  }
+  const uint64_t total = options.bytes_total > 0 ? options.bytes_total : options.bytes_before + to_read;
+  std::atomic<size_t> next{0};
+  std::atomic<uint64_t> done{0};
+  std::atomic<bool> stop{false};
+  std::vector<absl::Status> status(items.size());
+  std::vector<char> ready(items.size(), 0);
+  std::mutex fail_mu;
+  absl::Status cancelled;
+  using Clock = std::chrono::steady_clock;
+  Clock::time_point last = Clock::now();
+  const auto report = [&](uint64_t d) {
+    d = std::min(options.bytes_before + d, total) - options.bytes_before;
+    if (options.progress) options.progress(options.bytes_before + d, total);
+    if (options.keep_going && !options.keep_going(options.bytes_before + d, total)) {
+      std::lock_guard<std::mutex> lk(fail_mu);
+      cancelled = Errorf(MOE_ERR_CANCELLED, "the load was cancelled by the host's callback at %u of %u bytes",
+                         options.bytes_before + d, total);
+      stop.store(true, std::memory_order_relaxed);
+    }
+  };
+  const auto read = [&](bool reporter) {
+    numa::ScopedNodeBinding bind(bound_node_);
+    for (;;) {
+      const size_t i = next.fetch_add(1, std::memory_order_relaxed);
+      if (i >= items.size() || stop.load(std::memory_order_relaxed)) return;
+      bool direct = false;
+      status[i] = ReadExpert(items[i].key, slots_[items[i].slot].data, nullptr, &direct, /*buffered=*/true);
+      ready[i] = status[i].ok();
+      const uint64_t d = done.fetch_add(expert_bytes(items[i].key), std::memory_order_relaxed);
+      if (!status[i].ok()) stop.store(true, std::memory_order_relaxed);
+      if (reporter && (options.progress || options.keep_going) &&
+          std::chrono::duration<double>(Clock::now() - last).count() >= model::kLoadProgressSeconds) {
+        last = Clock::now();
+        report(d);
+      }
+    }
+  };
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int n_threads = static_cast<int>(std::min<size_t>(
+      static_cast<size_t>(std::min(options.n_threads > 0 ? options.n_threads : cores, model::kMaxLoadThreads)),
+      std::max<size_t>(items.size(), 1)));
+  std::vector<std::thread> readers;
+  for (int r = 1; r < n_threads; ++r) {
+    try {
+      readers.emplace_back([&] { read(false); });
+    } catch (const std::system_error &) {
+      break;  // the host gives no more threads: fewer readers
+    }
+  }
+  read(true);
+  for (std::thread &t : readers) t.join();
+  // Each slot is ready with its bytes, or empty again: what was read stays, what was not is free.
+  absl::Status first = absl::OkStatus();
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    for (size_t i = 0; i < items.size(); ++i) {
+      Slot &sl = slots_[items[i].slot];
+      --loading_;
+      if (ready[i]) {
+        sl.views = SlotViews(items[i].key, sl.data);
+        sl.state = SlotState::kReady;
+        stats_.bytes_read += table_.entry(table_.LayerOf(items[i].key), table_.ExpertOf(items[i].key)).slot_bytes;
+      } else {
+        sl.state = SlotState::kEmpty;
+        key_slot_[items[i].key] = -1;
+        if (!status[i].ok()) {
+          key_error_[items[i].key] = status[i];
+          ++stats_.load_errors;
+          if (first.ok()) first = status[i];
+        }
+      }
+    }
+  }
+  cv_done_.notify_all();
+  STRATA_RETURN_IF_ERROR(first);
+  if (!cancelled.ok()) return cancelled;
+  report(done.load());
+  return cancelled;  // keep_going's answer to the last report
 }
 
 size_t ExpertCache::PrefetchLayer(int layer) {

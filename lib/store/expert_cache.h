@@ -13,6 +13,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <queue>
@@ -117,6 +118,20 @@ class ExpertCache final : public ExpertTier {
   // Starts background loads of `keys` (layer * n_experts + expert, hottest first) into free slots,
   // at most `max` of them; returns how many were queued. Used to seed the cache from a hotlist.
   size_t Preload(const std::vector<uint32_t> &keys, size_t max);
+  // Reads `keys` (those neither here nor above, routed) into empty slots now, on n_threads threads
+  // through the page cache (a file read again is then a copy, not a disk read), and returns when
+  // they are ready: an opening that fills the tier whole, where the I/O threads' one read at a time
+  // past the page cache would leave the first steps waiting. Stops at the first key with no empty
+  // slot. `progress` / `keep_going` as model::LoadOptions takes them, over this call's bytes plus
+  // `bytes_before` (what the caller loaded first) out of `bytes_total` (0: this call's alone);
+  // keep_going's false fails with MOE_ERR_CANCELLED, the keys read so far staying.
+  struct FillOptions {
+    int n_threads = 0;  // 0: one per core, at most model::kMaxLoadThreads
+    uint64_t bytes_before = 0, bytes_total = 0;
+    std::function<void(uint64_t done, uint64_t total)> progress;
+    std::function<bool(uint64_t done, uint64_t total)> keep_going;
+  };
+  absl::Status Fill(const std::vector<uint32_t> &keys, const FillOptions &options);
   // Layer-major prefill: starts loads of every expert of `layer` not yet in RAM, as predictions, into
   // slots that are neither pinned nor needed by the layer being computed; returns how many started.
   // Not bounded by max_inflight_bytes: a long prefill uses nearly every expert of a layer.
@@ -171,7 +186,8 @@ class ExpertCache final : public ExpertTier {
   void IoLoop();
   void IoLoopWith(void *ring);
   // Reads one expert into its slot; `ring` is the calling I/O thread's io_uring (or nullptr).
-  absl::Status ReadExpert(uint32_t key, uint8_t *dst, void *ring, bool *direct);
+  // `buffered`: through the page cache even where the file allows direct reads.
+  absl::Status ReadExpert(uint32_t key, uint8_t *dst, void *ring, bool *direct, bool buffered = false);
   // Acquire's body; with wait false, experts still loading are left null in out.
   absl::Status AcquireLocked(std::unique_lock<std::mutex> &lk, int layer, const std::vector<int32_t> &experts,
                              std::vector<const model::ExpertWeights *> *out, bool wait);

@@ -622,3 +622,68 @@ TEST_CASE("complete tiers keep the device tables pointing at every expert's byte
     CHECK(st.expert_misses == 0);  // nothing read on demand: every expert was in place before its use
   }
 }
+
+namespace {
+struct Progress {
+  std::vector<std::pair<uint64_t, uint64_t>> calls;
+  int64_t cancel_after = -1;  // keep_going answers false from this call on (-1: never)
+  int asked = 0;
+};
+void OnProgress(uint64_t done, uint64_t total, void *user) {
+  static_cast<Progress *>(user)->calls.emplace_back(done, total);
+}
+int32_t KeepGoing(uint64_t done, uint64_t total, void *user) {
+  auto *p = static_cast<Progress *>(user);
+  return p->cancel_after < 0 || p->asked++ < p->cancel_after ? 1 : 0;
+}
+}  // namespace
+
+TEST_CASE("complete tiers are filled at open, the load's progress counting their bytes", "[store][vram]") {
+  TestDevice device;
+  const std::string model = kGolden + "qwen3moe_f32/model-q8_0.gguf";
+  const moe_cache_plan plan = PlanAtMinimum(model);
+  const uint32_t routed = plan.n_routed_experts;
+  std::mt19937 rng(std::random_device{}());
+  const uint32_t kv = routed / 4 + rng() % 4, kr = routed - kv + 1 + rng() % 2;
+  INFO("RAM " << kr << " VRAM " << kv << " of " << routed);
+  moe_params p;
+  moe_params_init(&p);
+  p.model_path = model.c_str();
+  p.ram_budget_bytes = plan.ram_fixed_bytes + uint64_t{kr} * plan.expert_slot_bytes;
+  p.vram_budget_bytes = plan.ram_fixed_bytes + uint64_t{kv} * plan.expert_slot_bytes;
+  p.n_threads = 2;
+  Progress pr;
+  p.load_progress = OnProgress;
+  p.load_progress_user = &pr;
+  moe_ctx *ctx = nullptr;
+  REQUIRE(moe_ctx_open(&p, &ctx) == MOE_OK);
+  moe_stats st;
+  moe_stats_init(&st);
+  REQUIRE(moe_ctx_stats(ctx, &st) == MOE_OK);
+  moe_ctx_close(ctx);
+  // Progress never goes back, keeps one total, and ends at it; the total holds the experts' bytes.
+  REQUIRE(!pr.calls.empty());
+  const uint64_t total = pr.calls.back().second;
+  CHECK(pr.calls.back().first == total);
+  for (size_t i = 1; i < pr.calls.size(); ++i) {
+    CHECK(pr.calls[i].second == total);
+    CHECK(pr.calls[i].first >= pr.calls[i - 1].first);
+  }
+  CHECK(total > uint64_t{routed} * (plan.expert_slot_bytes / 2));
+  // Every expert is in place at open: VRAM's share and RAM's, no read left for the first step.
+  CHECK(st.vram_expert_slots == kv);
+
+  // A host that cancels while the experts are read gets MOE_ERR_CANCELLED and no context.
+  for (int64_t after : {int64_t{1}, int64_t{2}}) {
+    Progress c;
+    c.cancel_after = after;
+    p.load_progress = nullptr;
+    p.load_continue = KeepGoing;
+    p.load_progress_user = &c;
+    moe_ctx *none = nullptr;
+    const moe_status s = moe_ctx_open(&p, &none);
+    INFO(moe_last_error());
+    CHECK(s == MOE_ERR_CANCELLED);
+    CHECK(none == nullptr);
+  }
+}
