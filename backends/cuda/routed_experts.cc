@@ -371,9 +371,13 @@ absl::Status CudaBackend::PromptExperts(const std::vector<const model::ExpertWei
   // so a chunk's copies go while the chunk before computes from the other half.
   const size_t chunk = slots_.empty() ? ew.size() : slots_.size();
   const size_t stage_chunk = std::max<size_t>(prompt_stage_.size() / 2, 1);
+  // The experts in VRAM make a chunk of their own: its products wait for no copy, and the first
+  // staged chunk's copies run beside them.
   const auto chunk_end = [&](size_t c0) {
     size_t c1 = c0, n_staged = 0;
-    while (c1 < ew.size() && c1 - c0 < chunk && (stages[c1] == 0 || n_staged < stage_chunk)) n_staged += stages[c1++];
+    while (c1 < ew.size() && c1 - c0 < chunk && stages[c1] == stages[c0] && (stages[c1] == 0 || n_staged < stage_chunk)) {
+      n_staged += stages[c1++];
+    }
     return c1;
   };
   const bool trace = PromptTrace();
