@@ -5,8 +5,9 @@
 // bit-identical. The decoders compile for the host too, where each device intrinsic has a twin of the
 // same result, so tests/cuda/codecs_host_test.cc checks them (built for the host by
 // tests/cuda/host_decoders.cu) against lib/quant without a GPU.
-// Q4_0, Q4_1, Q5_0 and Q5_1 live in codecs_legacy.cuh, included below; STRATA_CUDA_DISPATCH_CODEC
-// at the end names every decoder.
+// Q4_0, Q4_1, Q5_0 and Q5_1 live in codecs_legacy.cuh, IQ4_NL and the lattice i-quants in
+// codecs_iq.cuh, TQ1_0 and TQ2_0 in codecs_ternary.cuh, all included below;
+// STRATA_CUDA_DISPATCH_CODEC at the end names every decoder.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -387,8 +388,10 @@ struct MXFP4 {
 
 }  // namespace strata::cuda::dev
 
-// Q4_0, Q4_1, Q5_0, Q5_1: built on the helpers above.
+// Q4_0, Q4_1, Q5_0, Q5_1; IQ4_NL and the lattice i-quants; TQ1_0, TQ2_0: built on the helpers above.
+#include "backends/cuda/codecs_iq.cuh"
 #include "backends/cuda/codecs_legacy.cuh"
+#include "backends/cuda/codecs_ternary.cuh"
 
 // Runs the statements with `C` naming the decoder of `type`; evaluates to false for a type without one.
 #define STRATA_CUDA_DISPATCH_CODEC(type, ...)                                            \
@@ -409,6 +412,16 @@ struct MXFP4 {
       case ::strata::quant::TypeId::kQ6_K: { using C = ::strata::cuda::dev::Q6_K; __VA_ARGS__; return true; }   \
       case ::strata::quant::TypeId::kIQ4_XS: { using C = ::strata::cuda::dev::IQ4_XS; __VA_ARGS__; return true; } \
       case ::strata::quant::TypeId::kMXFP4: { using C = ::strata::cuda::dev::MXFP4; __VA_ARGS__; return true; }  \
+      case ::strata::quant::TypeId::kIQ4_NL: { using C = ::strata::cuda::dev::IQ4_NL; __VA_ARGS__; return true; } \
+      case ::strata::quant::TypeId::kIQ2_XXS: { using C = ::strata::cuda::dev::IQ2_XXS; __VA_ARGS__; return true; } \
+      case ::strata::quant::TypeId::kIQ2_XS: { using C = ::strata::cuda::dev::IQ2_XS; __VA_ARGS__; return true; } \
+      case ::strata::quant::TypeId::kIQ2_S: { using C = ::strata::cuda::dev::IQ2_S; __VA_ARGS__; return true; }   \
+      case ::strata::quant::TypeId::kIQ3_XXS: { using C = ::strata::cuda::dev::IQ3_XXS; __VA_ARGS__; return true; } \
+      case ::strata::quant::TypeId::kIQ3_S: { using C = ::strata::cuda::dev::IQ3_S; __VA_ARGS__; return true; }   \
+      case ::strata::quant::TypeId::kIQ1_S: { using C = ::strata::cuda::dev::IQ1_S; __VA_ARGS__; return true; }   \
+      case ::strata::quant::TypeId::kIQ1_M: { using C = ::strata::cuda::dev::IQ1_M; __VA_ARGS__; return true; }   \
+      case ::strata::quant::TypeId::kTQ1_0: { using C = ::strata::cuda::dev::TQ1_0; __VA_ARGS__; return true; }   \
+      case ::strata::quant::TypeId::kTQ2_0: { using C = ::strata::cuda::dev::TQ2_0; __VA_ARGS__; return true; }   \
       default: return false;                                                             \
     }                                                                                    \
   }()
