@@ -6,10 +6,12 @@ cd "$(dirname "$0")/.."
 cmake/install_deps.sh
 scripts/build.sh
 # CI compiles all CUDA code: where a CUDA compiler exists (cmake/StrataCuda.cmake finds it, building for
-# sm_90 plus PTX) the kernels, their GPU tests and the CUDA benchmark must have been built; the GPU
-# tests then skip themselves here, as on any machine without a GPU.
+# sm_90 plus PTX) the kernels, their GPU tests, the host check of their decoders (run by ctest below)
+# and the CUDA benchmark must have been built; the GPU tests then skip themselves here, as on any
+# machine without a GPU.
 if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
   test -x build/tests/strata_gpu_tests
+  test -x build/tests/strata_cuda_host_tests
   test -x build/bench/cuda_bench
   build/tests/strata_gpu_tests >/dev/null
 fi

@@ -10,22 +10,22 @@
 namespace strata::cuda::dev {
 
 // Eight bytes at a 4-byte-aligned address.
-__device__ __forceinline__ uint2 Load8Words(const uint8_t *p) { return make_uint2(LoadU32(p), LoadU32(p + 4)); }
+STRATA_HD uint2 Load8Words(const uint8_t *p) { return make_uint2(LoadU32(p), LoadU32(p + 4)); }
 
 // ---- Q4_0 (18 bytes / 32): f16 d | u8 qs[16]; x = d * (q - 8) ----------------------------------------
 struct Q4_0 {
   static constexpr int kAlign = 2;
   struct Item { const uint8_t *qs; float d; };
-  __device__ static Item Prepare(const uint8_t *row, int64_t item) {
+  __host__ __device__ static Item Prepare(const uint8_t *row, int64_t item) {
     const uint8_t *b = row + item * 18;
     return {b + 2, HalfBits(LoadU16(b))};
   }
-  __device__ static void Group(const Item &it, int g, float w[8]) {
+  __host__ __device__ static void Group(const Item &it, int g, float w[8]) {
     const uint2 v = Load8Unaligned(it.qs + 8 * (g & 1));
     const int shift = 4 * (g >> 1);
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
-      w[k] = __fmul_rn(it.d, static_cast<float>(static_cast<int>((ByteOf(v, k) >> shift) & 0x0f) - 8));
+      w[k] = MulRn(it.d, static_cast<float>(static_cast<int>((ByteOf(v, k) >> shift) & 0x0f) - 8));
     }
   }
 };
@@ -34,17 +34,17 @@ struct Q4_0 {
 struct Q4_1 {
   static constexpr int kAlign = 4;
   struct Item { const uint8_t *qs; float d, m; };
-  __device__ static Item Prepare(const uint8_t *row, int64_t item) {
+  __host__ __device__ static Item Prepare(const uint8_t *row, int64_t item) {
     const uint8_t *b = row + item * 20;
     const uint32_t dm = LoadU32(b);
     return {b + 4, HalfBits(static_cast<uint16_t>(dm & 0xffffu)), HalfBits(static_cast<uint16_t>(dm >> 16))};
   }
-  __device__ static void Group(const Item &it, int g, float w[8]) {
+  __host__ __device__ static void Group(const Item &it, int g, float w[8]) {
     const uint2 v = Load8Words(it.qs + 8 * (g & 1));
     const int shift = 4 * (g >> 1);
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
-      w[k] = __fadd_rn(__fmul_rn(it.d, static_cast<float>((ByteOf(v, k) >> shift) & 0x0f)), it.m);
+      w[k] = AddRn(MulRn(it.d, static_cast<float>((ByteOf(v, k) >> shift) & 0x0f)), it.m);
     }
   }
 };
@@ -54,19 +54,19 @@ struct Q4_1 {
 struct Q5_0 {
   static constexpr int kAlign = 2;
   struct Item { const uint8_t *qs; uint32_t qh; float d; };
-  __device__ static Item Prepare(const uint8_t *row, int64_t item) {
+  __host__ __device__ static Item Prepare(const uint8_t *row, int64_t item) {
     const uint8_t *b = row + item * 22;
     const uint32_t qh = static_cast<uint32_t>(LoadU16(b + 2)) | static_cast<uint32_t>(LoadU16(b + 4)) << 16;
     return {b + 6, qh, HalfBits(LoadU16(b))};
   }
-  __device__ static void Group(const Item &it, int g, float w[8]) {
+  __host__ __device__ static void Group(const Item &it, int g, float w[8]) {
     const uint2 v = Load8Unaligned(it.qs + 8 * (g & 1));
     const int shift = 4 * (g >> 1);
     const uint32_t hb = it.qh >> (8 * g);  // bit k: the fifth bit of element 8g + k
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
       const int q = static_cast<int>(((ByteOf(v, k) >> shift) & 0x0f) | (((hb >> k) & 1u) << 4));
-      w[k] = __fmul_rn(it.d, static_cast<float>(q - 16));
+      w[k] = MulRn(it.d, static_cast<float>(q - 16));
     }
   }
 };
@@ -75,20 +75,20 @@ struct Q5_0 {
 struct Q5_1 {
   static constexpr int kAlign = 4;
   struct Item { const uint8_t *qs; uint32_t qh; float d, m; };
-  __device__ static Item Prepare(const uint8_t *row, int64_t item) {
+  __host__ __device__ static Item Prepare(const uint8_t *row, int64_t item) {
     const uint8_t *b = row + item * 24;
     const uint32_t dm = LoadU32(b);
     return {b + 8, LoadU32(b + 4), HalfBits(static_cast<uint16_t>(dm & 0xffffu)),
             HalfBits(static_cast<uint16_t>(dm >> 16))};
   }
-  __device__ static void Group(const Item &it, int g, float w[8]) {
+  __host__ __device__ static void Group(const Item &it, int g, float w[8]) {
     const uint2 v = Load8Words(it.qs + 8 * (g & 1));
     const int shift = 4 * (g >> 1);
     const uint32_t hb = it.qh >> (8 * g);
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
       const uint32_t q = ((ByteOf(v, k) >> shift) & 0x0f) | (((hb >> k) & 1u) << 4);
-      w[k] = __fadd_rn(__fmul_rn(it.d, static_cast<float>(q)), it.m);
+      w[k] = AddRn(MulRn(it.d, static_cast<float>(q)), it.m);
     }
   }
 };

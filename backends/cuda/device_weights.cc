@@ -133,9 +133,10 @@ void CudaBackend::UnmapHostMemory(const uint8_t *p) {
   mapped_.erase(it);
 }
 
-// The kernels read a matrix in its codec when they have one and accept its shape (checked at a
-// 256-byte aligned address, as every device copy starts); float32 needs no conversion (cuBLASLt
-// takes any shape). Everything else is converted: exact, as the host dequantizer defines values.
+// The kernels read a matrix in its codec (they have a decoder for every codec lib/quant decodes) when
+// they accept its shape (checked at a 256-byte aligned address, as every device copy starts); float32
+// needs no conversion (cuBLASLt takes any shape). A shape they refuse (columns not a multiple of 32)
+// is converted: exact, as the host dequantizer defines values.
 bool CudaBackend::NeedsConversion(const model::Matrix &m) {
   if (m.codec->id == quant::TypeId::kF32 && m.row_bytes == static_cast<uint64_t>(m.cols) * 4) return false;
   const DeviceMatrix dm{m.codec->id, reinterpret_cast<const void *>(uintptr_t{256}), m.rows, m.cols, m.row_bytes};

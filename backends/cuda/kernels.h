@@ -35,7 +35,8 @@ struct Workspace {
   size_t bytes = 0;
 };
 
-// Codecs with device kernels: F32, F16, BF16, Q8_0, Q4_K, Q6_K, IQ4_XS, MXFP4.
+// Whether the kernels read `type` in its codec: every codec lib/quant decodes (F32, F16, BF16, the
+// legacy, K, IQ4, lattice i-quant and ternary codecs, MXFP4; codecs.cuh's STRATA_CUDA_DISPATCH_CODEC).
 bool HasDeviceCodec(quant::TypeId type);
 
 // Warps that split each row of a GEMV of this codec and matrix shape (1, 2, 4 or 8): enough that a

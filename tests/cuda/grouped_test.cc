@@ -341,6 +341,12 @@ TEST_CASE("Grouped SwiGLU and down GEMV are bit-identical to the per-expert GEMV
       {TypeId::kQ5_K, TypeId::kQ6_K, 1024, 512}, {TypeId::kQ3_K, TypeId::kQ5_K, 768, 256},
       {TypeId::kQ2_K, TypeId::kQ4_K, 512, 256},  {TypeId::kQ4_0, TypeId::kQ5_0, 544, 224},
       {TypeId::kQ4_1, TypeId::kQ5_1, 320, 160},
+      // The mixes of IQ2_XXS, IQ2_XS, IQ3_S, IQ1_S and IQ1_M files, IQ4_NL, and the ternary codecs;
+      // odd block counts (768, 1280 columns) start every other row mid-word.
+      {TypeId::kIQ2_XXS, TypeId::kIQ3_XXS, 1280, 512}, {TypeId::kIQ2_XS, TypeId::kIQ2_S, 768, 256},
+      {TypeId::kIQ3_S, TypeId::kIQ3_S, 512, 768},      {TypeId::kIQ1_S, TypeId::kIQ1_M, 1024, 256},
+      {TypeId::kIQ1_M, TypeId::kIQ2_XXS, 768, 512},    {TypeId::kIQ4_NL, TypeId::kIQ4_NL, 544, 224},
+      {TypeId::kTQ1_0, TypeId::kTQ2_0, 768, 256},      {TypeId::kTQ2_0, TypeId::kTQ1_0, 512, 768},
       // Rows split over warps (GemvTeamWarps): 2 warps for MXFP4 at 1024 and IQ4_XS at 1536 columns
       // above, 4 here, 8 for the down projection of 4096 columns.
       {TypeId::kQ8_0, TypeId::kQ8_0, 2048, 512}, {TypeId::kF32, TypeId::kF16, 256, 4096},
@@ -614,7 +620,8 @@ TEST_CASE("Grouped experts read weights in mapped host memory as they read VRAM"
   auto rng = test::Rng();
   const CodecCase cases[] = {{TypeId::kQ4_K, TypeId::kQ6_K, 2048, 768}, {TypeId::kMXFP4, TypeId::kMXFP4, 1024, 320},
                              {TypeId::kQ5_K, TypeId::kQ6_K, 1024, 512},  {TypeId::kQ3_K, TypeId::kQ2_K, 768, 256},
-                             {TypeId::kQ5_0, TypeId::kQ4_1, 544, 160}};
+                             {TypeId::kQ5_0, TypeId::kQ4_1, 544, 160},   {TypeId::kIQ2_XXS, TypeId::kIQ3_S, 1024, 512},
+                             {TypeId::kIQ1_M, TypeId::kIQ4_NL, 768, 256}, {TypeId::kTQ1_0, TypeId::kIQ2_S, 768, 256}};
   const int n_expert = 16, k = 4;
   const int64_t n_tok = 9;
   for (const CodecCase &c : cases) {
@@ -1099,8 +1106,8 @@ TEST_CASE("Grouped launchers refuse bad arguments with a Status", "[gpu][grouped
   }
   {
     GroupedExperts b = ge;
-    b.gate_shape.type = b.up_shape.type = TypeId::kIQ2_XXS;
-    b.gate_shape.row_bytes = b.up_shape.row_bytes = 528;
+    b.gate_shape.type = b.up_shape.type = TypeId::kQ8_K;  // a GGUF type lib/quant does not decode
+    b.gate_shape.row_bytes = b.up_shape.row_bytes = 2336;
     CHECK(StatusToMoe(CheckGroupedExperts(b)) == MOE_ERR_UNSUPPORTED_TYPE);
   }
   {

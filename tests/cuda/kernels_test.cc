@@ -22,9 +22,11 @@ using test::RandomMatrix;
 using test::RelL2;
 using test::Upload;
 
-const TypeId kCodecs[] = {TypeId::kF32,  TypeId::kF16,  TypeId::kBF16, TypeId::kQ4_0,  TypeId::kQ4_1,
-                          TypeId::kQ5_0, TypeId::kQ5_1, TypeId::kQ8_0, TypeId::kQ2_K,  TypeId::kQ3_K,
-                          TypeId::kQ4_K, TypeId::kQ5_K, TypeId::kQ6_K, TypeId::kIQ4_XS, TypeId::kMXFP4};
+const TypeId kCodecs[] = {TypeId::kF32,    TypeId::kF16,    TypeId::kBF16,  TypeId::kQ4_0,    TypeId::kQ4_1,
+                          TypeId::kQ5_0,   TypeId::kQ5_1,   TypeId::kQ8_0,  TypeId::kQ2_K,    TypeId::kQ3_K,
+                          TypeId::kQ4_K,   TypeId::kQ5_K,   TypeId::kQ6_K,  TypeId::kIQ4_NL,  TypeId::kIQ4_XS,
+                          TypeId::kMXFP4,  TypeId::kIQ2_XXS, TypeId::kIQ2_XS, TypeId::kIQ2_S, TypeId::kIQ3_XXS,
+                          TypeId::kIQ3_S,  TypeId::kIQ1_S,  TypeId::kIQ1_M, TypeId::kTQ1_0,   TypeId::kTQ2_0};
 
 model::Matrix HostMatrix(TypeId type, const std::vector<uint8_t> &bytes, int64_t rows, int64_t cols, uint64_t rb) {
   model::Matrix m;
@@ -176,7 +178,9 @@ TEST_CASE("Rows of 2-byte-aligned blocks starting mid-word decode and GEMV as li
   if (!HaveGpu()) return;
   auto rng = test::Rng();
   const int64_t rows = 37;
-  for (TypeId type : {TypeId::kQ4_0, TypeId::kQ5_0, TypeId::kQ8_0, TypeId::kQ3_K, TypeId::kQ6_K}) {
+  for (TypeId type : {TypeId::kQ4_0, TypeId::kQ5_0, TypeId::kQ8_0, TypeId::kQ3_K, TypeId::kQ6_K, TypeId::kIQ4_NL,
+                      TypeId::kIQ2_XXS, TypeId::kIQ2_XS, TypeId::kIQ2_S, TypeId::kIQ3_XXS, TypeId::kIQ3_S,
+                      TypeId::kIQ1_S, TypeId::kTQ1_0, TypeId::kTQ2_0}) {
     const int64_t cols = quant::FindCodec(type)->block_elems * 33;
     INFO(quant::TypeName(static_cast<uint32_t>(type)) << ", " << cols << " columns");
     uint64_t rb = 0;
@@ -261,7 +265,8 @@ TEST_CASE("cuBLASLt MatMul (GEMM path) matches the reference", "[gpu]") {
   auto blas_tf32 = Blas::Create(Blas::Compute::kTf32);
   REQUIRE((blas.ok() && blas_tf32.ok()));
   for (TypeId type : {TypeId::kF32, TypeId::kBF16, TypeId::kF16, TypeId::kQ4_K, TypeId::kQ6_K, TypeId::kQ5_K,
-                      TypeId::kQ3_K, TypeId::kQ4_1}) {
+                      TypeId::kQ3_K, TypeId::kQ4_1, TypeId::kIQ4_NL, TypeId::kIQ2_XXS, TypeId::kIQ3_S, TypeId::kIQ1_M,
+                      TypeId::kTQ1_0}) {
     INFO(quant::TypeName(static_cast<uint32_t>(type)));
     uint64_t rb = 0;
     std::vector<uint8_t> w = RandomMatrix(rng, type, rows, cols, &rb);
@@ -397,7 +402,11 @@ TEST_CASE("Expert FFN matches the CPU backend on the GEMV and GEMM paths", "[gpu
   for (Types ty : {Types{TypeId::kQ4_K, TypeId::kQ4_K, TypeId::kQ6_K}, Types{TypeId::kMXFP4, TypeId::kMXFP4, TypeId::kMXFP4},
                    Types{TypeId::kQ8_0, TypeId::kIQ4_XS, TypeId::kBF16}, Types{TypeId::kQ5_K, TypeId::kQ5_K, TypeId::kQ6_K},
                    Types{TypeId::kQ2_K, TypeId::kQ3_K, TypeId::kQ4_K}, Types{TypeId::kQ4_0, TypeId::kQ5_0, TypeId::kQ5_1},
-                   Types{TypeId::kQ4_1, TypeId::kQ4_1, TypeId::kQ4_0}}) {
+                   Types{TypeId::kQ4_1, TypeId::kQ4_1, TypeId::kQ4_0},
+                   // The mixes of IQ2_XXS, IQ2_S, IQ1_M and IQ4_NL files, and the ternary codecs.
+                   Types{TypeId::kIQ2_XXS, TypeId::kIQ2_XXS, TypeId::kIQ3_XXS},
+                   Types{TypeId::kIQ2_XS, TypeId::kIQ2_S, TypeId::kIQ3_S}, Types{TypeId::kIQ1_S, TypeId::kIQ1_M, TypeId::kIQ2_S},
+                   Types{TypeId::kIQ4_NL, TypeId::kIQ4_NL, TypeId::kQ5_K}, Types{TypeId::kTQ1_0, TypeId::kTQ1_0, TypeId::kTQ2_0}}) {
     INFO(quant::TypeName(static_cast<uint32_t>(ty.gate)) << "/" << quant::TypeName(static_cast<uint32_t>(ty.up)) << "/"
                                                          << quant::TypeName(static_cast<uint32_t>(ty.down)));
     uint64_t rbg, rbu, rbd;
@@ -428,9 +437,11 @@ TEST_CASE("Launchers refuse bad arguments with a Status", "[gpu]") {
   DeviceBuffer buf = Poisoned(4096);
   DeviceMatrix m{TypeId::kQ4_K, buf.data(), 4, 200, 144};  // 200 columns: not a whole Q4_K block
   CHECK(StatusToMoe(Gemv(m, buf.as<float>(), 1, buf.as<float>(), nullptr)) == MOE_ERR_INVALID_ARGUMENT);
-  m = {TypeId::kIQ2_XXS, buf.data(), 4, 256, 66};
+  m = {TypeId::kQ8_K, buf.data(), 4, 256, 292};  // a GGUF type lib/quant does not decode
   CHECK(StatusToMoe(Gemv(m, buf.as<float>(), 1, buf.as<float>(), nullptr)) == MOE_ERR_UNSUPPORTED_TYPE);
   m = {TypeId::kQ5_1, static_cast<uint8_t *>(buf.data()) + 2, 4, 256, 192};  // Q5_1 blocks need 4-byte alignment
+  CHECK(StatusToMoe(Gemv(m, buf.as<float>(), 1, buf.as<float>(), nullptr)) == MOE_ERR_INVALID_ARGUMENT);
+  m = {TypeId::kIQ1_M, static_cast<uint8_t *>(buf.data()) + 2, 4, 256, 56};  // so do IQ1_M's
   CHECK(StatusToMoe(Gemv(m, buf.as<float>(), 1, buf.as<float>(), nullptr)) == MOE_ERR_INVALID_ARGUMENT);
   m = {TypeId::kQ4_K, static_cast<uint8_t *>(buf.data()) + 4, 4, 256, 144};  // misaligned
   CHECK(StatusToMoe(Gemv(m, buf.as<float>(), 1, buf.as<float>(), nullptr)) == MOE_ERR_INVALID_ARGUMENT);

@@ -1,8 +1,9 @@
 // GPU acceptance for the codecs the CUDA kernels read in place beyond the goldens' own (Q5_K, Q3_K,
-// Q2_K and the 32-element legacy codecs): a synthetic model with every matrix but the norms and
-// routers in the codec runs on the GPU within the golden tolerance of the CPU backend, and with
-// a RAM budget too small for its experts they stream and the GPU reads them where they lie (the
-// RAM tier's page-locked slots), bit-identical to the all-resident run. Skips without a GPU.
+// Q2_K, the 32-element legacy codecs, IQ4_NL, the lattice i-quants and the ternary codecs): a
+// synthetic model with every matrix but the norms and routers in the codec runs on the GPU within the
+// golden tolerance of the CPU backend, and with a RAM budget too small for its experts they stream
+// and the GPU reads them where they lie (the RAM tier's page-locked slots), bit-identical to the
+// all-resident run. Skips without a GPU.
 #include <catch2/catch.hpp>
 
 #include <random>
@@ -19,15 +20,17 @@ namespace {
 using strata::testing::NormalizedMaxError;
 using strata::testing::TeacherForced;
 
-TEST_CASE("CUDA backend: models of Q5_K, Q3_K, Q2_K and legacy codecs match the CPU and stream in place",
-          "[gpu][golden]") {
-  if (!strata::cuda::test::HaveGpu()) return;
+// For each codec: the tiny synthetic model in it (experts, attention, embeddings and the output head)
+// on the GPU against the CPU backend, resident and streamed in place.
+void CheckModelsOf(const std::vector<const char *> &codecs) {
   strata::format::testing::TempDir dir;
-  std::mt19937 rng(std::random_device{}());
+  const unsigned seed = std::random_device{}();
+  INFO("seed " << seed);
+  std::mt19937 rng(seed);
   std::uniform_int_distribution<int32_t> id(0, 511);  // the tiny shape's vocabulary
   std::vector<int32_t> tokens(24);
   for (int32_t &t : tokens) t = id(rng);
-  for (const char *codec : {"q5_k", "q3_k", "q2_k", "q4_0", "q4_1", "q5_0", "q5_1"}) {
+  for (const char *codec : codecs) {
     INFO(codec);
     strata::model::SynthOptions o;
     o.shape = "tiny";
@@ -55,6 +58,19 @@ TEST_CASE("CUDA backend: models of Q5_K, Q3_K, Q2_K and legacy codecs match the 
     CHECK(st.vram_hits == 0);
     CHECK(streamed == all);
   }
+}
+
+TEST_CASE("CUDA backend: models of Q5_K, Q3_K, Q2_K and legacy codecs match the CPU and stream in place",
+          "[gpu][golden]") {
+  if (!strata::cuda::test::HaveGpu()) return;
+  CheckModelsOf({"q5_k", "q3_k", "q2_k", "q4_0", "q4_1", "q5_0", "q5_1"});
+}
+
+// The lattice types' blocks are drawn by synth (random codes under a block scale), the others quantized.
+TEST_CASE("CUDA backend: models of the i-quants and ternary codecs match the CPU and stream in place",
+          "[gpu][golden]") {
+  if (!strata::cuda::test::HaveGpu()) return;
+  CheckModelsOf({"iq4_nl", "iq2_xxs", "iq2_xs", "iq2_s", "iq3_xxs", "iq3_s", "iq1_s", "iq1_m", "tq1_0", "tq2_0"});
 }
 
 }  // namespace
