@@ -94,7 +94,9 @@ extern "C" int32_t strata_cuda_plugin_open(uint32_t abi_version, uint32_t librar
     const auto *h = static_cast<const CudaPluginHost *>(host);
     const std::string bad = strata::cuda::Mismatch(abi_version, library_version, h);
     if (!bad.empty() || table == nullptr) {
-      if (why != nullptr && why_size > 0) std::snprintf(why, why_size, "%s", bad.empty() ? "no table pointer" : bad.c_str());
+      if (why != nullptr && why_size > 0) {
+        std::snprintf(why, why_size, "%s", bad.empty() ? "the library passed no table pointer" : bad.c_str());
+      }
       return 1;
     }
     // The process's one log sink and one set of knobs are the library's.
