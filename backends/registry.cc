@@ -1,17 +1,16 @@
-// The backend registry: the CPU, always built in, and CUDA, built in when the toolkit was found
-// (STRATA_HAVE_CUDA, defined for this file alone). Each backend's policy at creation (its NUMA
-// node, its share of the cores, whether it takes streamed experts) lives in its entry.
+// The backend registry: the CPU, always built in, and CUDA, whose code is a plugin
+// (libstrata-cuda.so, backends/cuda_plugin.h) loaded the first time the CUDA backend is asked for
+// or its availability queried (STRATA_CUDA_PLUGIN, defined for this file alone in a build that
+// makes the plugin), or linked into the same image (STRATA_CUDA_LINKED: strata_core_cuda, for the
+// tests that reach the backend's internals). Either way the CUDA entry calls the plugin's table.
+// Each backend's policy at creation (its NUMA node, its share of the cores, whether it takes
+// streamed experts) lives in its entry: the CPU's here, CUDA's in its plugin entry.
 #include "backends/registry.h"
 
-#include <algorithm>
-#include <thread>
-
 #include "backends/cpu/cpu_backend.h"
+#include "backends/cuda_plugin.h"
+#include "backends/plugin_loader.h"
 #include "lib/util/tunables.h"
-#ifdef STRATA_HAVE_CUDA
-#include "backends/cuda/cuda_backend.h"
-#include "backends/cuda/device.h"
-#endif
 
 namespace strata::backends {
 namespace {
@@ -31,62 +30,94 @@ absl::StatusOr<std::unique_ptr<model::Backend>> CreateCpu(const model::BackendRe
 
 // ---- CUDA ----
 
-#ifdef STRATA_HAVE_CUDA
+#if defined(STRATA_CUDA_PLUGIN) || defined(STRATA_CUDA_LINKED)
 constexpr bool kCudaBuiltIn = true;
-
-absl::Status CudaAvailable() {
-  if (cuda::DeviceCount() > 0) return absl::OkStatus();
-  return Errorf(MOE_ERR_UNSUPPORTED_BACKEND,
-                "the CUDA backend is built in but finds no CUDA device (no driver, no device, or the driver failed)");
-}
-
-// On a host of several NUMA nodes, the weights (which the GPU copies and reads in place over PCIe)
-// and the backend's pinned buffers are first touched on the GPU's node.
-int CudaNumaNode() { return cuda::DeviceNumaNode(); }
-
-uint64_t CudaFreeBytes() { return cuda::DeviceFreeBytes(); }
-
-bool CudaReadsInPlace(const model::ModelWeights &w) { return cuda::CudaBackend::ReadsExpertsInPlace(w); }
-
-absl::StatusOr<std::unique_ptr<model::Backend>> CreateCuda(const model::BackendRequest &req) {
-  // With streaming, the backend reads each expert where the RAM cache's slot holds it
-  // (MapHostMemory), and a VRAM tier of its device slots stacks over the RAM tier (the context
-  // makes it). STRATA_CUDA_STREAMING=0 refuses a CUDA backend over a streaming context.
-  const bool cuda_streaming = req.streaming() && req.device_streaming.value_or(tunables::Get().cuda_streaming);
-  if (req.streaming() && !cuda_streaming) {
-    return Errorf(MOE_ERR_UNSUPPORTED_BACKEND,
-                  "the CUDA backend needs every expert resident: %d of %d fit the RAM budget", req.ram_expert_slots,
-                  req.n_routed_experts);
-  }
-  cuda::CpuExpertOptions cpu_experts;
-  cpu_experts.mode = req.cpu_experts == MOE_CPU_EXPERTS_OFF      ? cuda::CpuExpertMode::kOff
-                     : req.cpu_experts == MOE_CPU_EXPERTS_ALWAYS ? cuda::CpuExpertMode::kAlways
-                                                                 : cuda::CpuExpertMode::kAuto;
-  // Two cores stay with the threads that drive the GPU (the step loop, the copier).
-  const int cores = req.n_threads > 0 ? req.n_threads : static_cast<int>(std::thread::hardware_concurrency());
-  cpu_experts.n_threads = std::max(1, cores - 2);
-  cpu_experts.q8_activations = req.cpu_q8_activations;
-  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<cuda::CudaBackend> be,
-                          cuda::CudaBackend::Create(*req.weights, req.arena, req.arena_bytes, req.expert_vram_bytes,
-                                                    req.n_min_slots, cpu_experts, req.gpu_q8_activations, req.hot,
-                                                    req.hot_max, cuda::BackendChoices{req.graphs, req.cold_copies}));
-  return std::unique_ptr<model::Backend>(std::move(be));
-}
 #else
 constexpr bool kCudaBuiltIn = false;
+#endif
 
-absl::Status CudaAvailable() {
-  return Errorf(MOE_ERR_UNSUPPORTED_BACKEND, "the CUDA backend is not available in this build");
+// The CUDA plugin's table once opened, else why it is not there.
+struct CudaPlugin {
+  const CudaPluginTable *table = nullptr;
+  absl::Status why;
+};
+
+constexpr char kCudaWhat[] = "the CUDA backend's plugin";
+
+// Asks the entry for its table, handing it the library's log sink and knobs (unless `linked`: the
+// same image has nothing to forward), and checks what comes back.
+absl::Status OpenTable(strata_cuda_plugin_open_fn entry, const std::string &path, bool linked,
+                       const CudaPluginTable **out) {
+  CudaPluginHost host;
+  if (!linked) {
+    host.log_line = &LogLine;
+    host.log_to_host = &LogToHost;
+    host.tunables = &tunables::Get;
+  }
+  char why[512] = "";
+  const void *table = nullptr;
+  if (entry(kCudaPluginAbi, MOE_VERSION_NUMBER, &host, &table, why, sizeof why) != 0 || table == nullptr) {
+    return Errorf(MOE_ERR_UNSUPPORTED_BACKEND, "%s %s refused to load: %s", kCudaWhat, path,
+                  why[0] != '\0' ? why : "it gave no reason");
+  }
+  // A plugin that did not check the versions itself is held to them here, before any call.
+  const auto *t = static_cast<const CudaPluginTable *>(table);
+  if (t->struct_size != sizeof(CudaPluginTable) || t->abi_version != kCudaPluginAbi ||
+      t->library_version != MOE_VERSION_NUMBER) {
+    return Errorf(MOE_ERR_UNSUPPORTED_BACKEND,
+                  "%s %s is of another build: its table is plugin ABI %u of Strata version number %u (%u bytes), "
+                  "this library needs ABI %u of %u (%u bytes)",
+                  kCudaWhat, path, t->abi_version, t->library_version, t->struct_size, kCudaPluginAbi,
+                  MOE_VERSION_NUMBER, sizeof(CudaPluginTable));
+  }
+  *out = t;
+  return absl::OkStatus();
 }
 
-int CudaNumaNode() { return -1; }
-
-uint64_t CudaFreeBytes() { return 0; }
-
-bool CudaReadsInPlace(const model::ModelWeights &) { return false; }
-
-absl::StatusOr<std::unique_ptr<model::Backend>> CreateCuda(const model::BackendRequest &) { return CudaAvailable(); }
+CudaPlugin OpenCuda() {
+  CudaPlugin p;
+#if defined(STRATA_CUDA_LINKED)
+  p.why = OpenTable(&strata_cuda_plugin_open, "linked in", /*linked=*/true, &p.table);
+#elif defined(STRATA_CUDA_PLUGIN)
+  // An explicit path is the only place looked at: a host that names its plugin gets that one or
+  // the reason it did not load, never another found elsewhere.
+  const std::string &chosen = tunables::Get().cuda_plugin;
+  absl::StatusOr<const CudaPluginTable *> t =
+      chosen.empty() ? OpenCudaPlugin(PluginSearchPath(kCudaPluginFile), "; STRATA_CUDA_PLUGIN may name its path")
+                     : OpenCudaPlugin({chosen}, " (the path STRATA_CUDA_PLUGIN names)");
+  p.why = t.status();
+  if (t.ok()) p.table = *t;
+#else
+  p.why = Errorf(MOE_ERR_UNSUPPORTED_BACKEND, "the CUDA backend is not available in this build");
 #endif
+  if (!p.why.ok()) p.table = nullptr;
+  return p;
+}
+
+// Opened once, on first use; never closed (a backend from it may live until the process ends).
+const CudaPlugin &Cuda() {
+  static const CudaPlugin *p = new CudaPlugin(OpenCuda());
+  return *p;
+}
+
+absl::Status CudaAvailable() {
+  const CudaPlugin &c = Cuda();
+  return c.table != nullptr ? c.table->available() : c.why;
+}
+
+int CudaNumaNode() { return Cuda().table != nullptr ? Cuda().table->numa_node() : -1; }
+
+uint64_t CudaFreeBytes() { return Cuda().table != nullptr ? Cuda().table->free_bytes() : 0; }
+
+bool CudaReadsInPlace(const model::ModelWeights &w) {
+  return Cuda().table != nullptr && Cuda().table->reads_in_place(w);
+}
+
+absl::StatusOr<std::unique_ptr<model::Backend>> CreateCuda(const model::BackendRequest &req) {
+  const CudaPlugin &c = Cuda();
+  if (c.table == nullptr) return c.why;
+  return c.table->create(req);
+}
 
 // AUTO's order of preference: the GPU first, the CPU as the last resort.
 const BackendEntry kEntries[] = {
@@ -97,6 +128,16 @@ const BackendEntry kEntries[] = {
 };
 
 }  // namespace
+
+absl::StatusOr<const CudaPluginTable *> OpenCudaPlugin(const std::vector<std::string> &places,
+                                                       const std::string &hint) {
+  STRATA_ASSIGN_OR_RETURN(OpenedPlugin opened, OpenPlugin(places, kCudaWhat, hint));
+  STRATA_ASSIGN_OR_RETURN(void *entry, PluginSymbol(opened, kCudaPluginEntry, kCudaWhat));
+  const CudaPluginTable *t = nullptr;
+  STRATA_RETURN_IF_ERROR(
+      OpenTable(reinterpret_cast<strata_cuda_plugin_open_fn>(entry), opened.path, /*linked=*/false, &t));
+  return t;
+}
 
 const BackendEntry *Entries(size_t *n) {
   *n = sizeof kEntries / sizeof kEntries[0];

@@ -8,6 +8,13 @@ install(TARGETS strata EXPORT strataTargets
   ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
   RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR}
   INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+if(TARGET strata_cuda_plugin)
+  # The CUDA backend's plugin beside the shared library, where libstrata.so looks for it first.
+  install(TARGETS strata_cuda_plugin LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
+  set(STRATA_PC_CUDA_PLUGIN "cuda_plugin=\${libdir}/libstrata-cuda.so")
+else()
+  set(STRATA_PC_CUDA_PLUGIN "")
+endif()
 if(TARGET strata_cli)
   install(TARGETS strata_cli RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
   if(EXISTS ${PROJECT_SOURCE_DIR}/${STRATA_DEMO_MODEL})
@@ -27,11 +34,10 @@ install(FILES ${PROJECT_BINARY_DIR}/strataConfig.cmake ${PROJECT_BINARY_DIR}/str
 configure_file(${PROJECT_SOURCE_DIR}/cmake/strata.pc.in ${PROJECT_BINARY_DIR}/strata.pc @ONLY)
 install(FILES ${PROJECT_BINARY_DIR}/strata.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
 
-# The static archive (CPU backend) and strata-static.pc, which names the static archives of its
-# dependencies: Abseil's in one linker group (their order then does not matter), liburing, libnuma.
+# The static archive (the CPU backend; CUDA through its plugin) and strata-static.pc, which names
+# the static archives of its dependencies: Abseil's in one linker group (their order then does not
+# matter), liburing, libnuma.
 install(TARGETS strata_static ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})
-get_filename_component(absl_libdir "${absl_DIR}/../.." REALPATH)
-file(GLOB STRATA_ABSL_ARCHIVES "${absl_libdir}/libabsl_*.a")
 find_library(STRATA_URING_ARCHIVE NAMES liburing.a)
 find_library(STRATA_NUMA_ARCHIVE NAMES libnuma.a)
 set(STRATA_STATIC_LIBS "")

@@ -332,8 +332,10 @@ std::string VersionText() {
                   std::to_string(MOE_VERSION_MAJOR) + "." + std::to_string(MOE_VERSION_MINOR) + "." +
                   std::to_string(MOE_VERSION_PATCH) + ")\n";
 #ifdef STRATA_CLI_HAVE_CUDA
-  s += "CUDA backend: built in; ";
-  s += moe_backend_available(MOE_BACKEND_CUDA) == 1 ? "a device is present\n" : "no device found here\n";
+  // The build made the CUDA backend's plugin (libstrata-cuda.so): whether it loads here, and why not.
+  s += "CUDA backend: ";
+  s += moe_backend_available(MOE_BACKEND_CUDA) == 1 ? std::string("its plugin loaded, a device is present\n")
+                                                    : "unavailable: " + std::string(moe_last_error()) + "\n";
 #else
   s += "CUDA backend: not built in (CPU only)\n";
 #endif

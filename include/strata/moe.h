@@ -132,17 +132,22 @@ typedef struct moe_expert_table moe_expert_table; /* read-only view of the route
  * Context parameters
  * ------------------------------------------------------------------------------------------- */
 typedef enum moe_backend_kind {
-  MOE_BACKEND_AUTO = 0, /* CUDA when built in and a device is present, else CPU */
+  MOE_BACKEND_AUTO = 0, /* CUDA when its plugin loads and a device is present, else CPU */
   MOE_BACKEND_CPU = 1,
   MOE_BACKEND_CUDA = 2
 } moe_backend_kind;
 
 /* Whether a context could run on backend `kind` here: built into this library and, for a device
  * backend, a device present. MOE_BACKEND_AUTO is always available (it falls back to the CPU).
+ * The CUDA backend is a plugin, libstrata-cuda.so, which the library opens (dlopen) the first time
+ * CUDA is asked for or queried here, and keeps for the process: the file the tuning variable
+ * STRATA_CUDA_PLUGIN names, else the one beside this library, beside the executable, or on the
+ * dynamic loader's search path. A host without a GPU needs neither the plugin nor CUDA's libraries.
  * @return 1 when available; 0 when not, and then the thread's moe_last_error() says why ("the CUDA
- *   backend is not available in this build", no device found, an unknown kind); moe_last_error()
- *   is left as it was on 1.
- * Thread-safety: safe. Since: 0.6. */
+ *   backend is not available in this build"; its plugin not found, with the places tried; the
+ *   plugin found but not loaded, with dlopen's error or the plugin's refusal of a library of
+ *   another build; no device found; an unknown kind); moe_last_error() is left as it was on 1.
+ * Thread-safety: safe. Since: 0.6 (the plugin since 0.8). */
 MOE_API int32_t moe_backend_available(int32_t kind);
 
 /* Progress of a load: bytes read so far of the total, and the user pointer given with the callback.
@@ -336,7 +341,9 @@ MOE_API moe_status moe_plan(const moe_params *p, moe_cache_plan *out);
  * against hyper-parameters, data extents) and makes the context ready to run.
  * @return MOE_OK and *out set; on failure *out is untouched and nothing is leaked:
  *   MOE_ERR_INVALID_ARGUMENT (NULL, bad struct_size, bad backend), MOE_ERR_IO_* (open/read),
- *   MOE_ERR_FORMAT_* (malformed file), MOE_ERR_UNSUPPORTED_* (architecture, tensor type, backend),
+ *   MOE_ERR_FORMAT_* (malformed file), MOE_ERR_UNSUPPORTED_* (architecture, tensor type, backend:
+ *   a backend asked for by name that cannot run here is MOE_ERR_UNSUPPORTED_BACKEND before the file
+ *   is read, with moe_backend_available's reason; MOE_BACKEND_AUTO falls back to the CPU),
  *   MOE_ERR_NO_MEMORY (also when the host refuses a thread: a process or thread limit).
  * Thread-safety: safe (contexts are independent). Since: 0.1. */
 MOE_API moe_status moe_ctx_open(const moe_params *p, moe_ctx **out);

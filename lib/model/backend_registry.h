@@ -1,7 +1,8 @@
 // The backend registry as the library sees it: which backends may be asked for, which can run here,
 // which one MOE_BACKEND_AUTO picks, and making one from a neutral BackendRequest. Defined in
-// backends/registry.cc, the only source that knows the backends (and the only one built with
-// STRATA_HAVE_CUDA), so nothing under lib/ includes a backend header.
+// backends/registry.cc, the only source that knows the backends (and how this build reaches the
+// CUDA backend: its plugin libstrata-cuda.so, opened on first use, or linked in), so nothing under
+// lib/ includes a backend header.
 #pragma once
 
 #include <memory>
@@ -13,20 +14,22 @@
 
 namespace strata::backends {
 
-// OK when a context may ask for `kind`: MOE_BACKEND_AUTO or a backend built into this library.
+// OK when a context may ask for `kind`: MOE_BACKEND_AUTO or a backend this build has (built into
+// the library, or made as its plugin; whether the plugin loads is Available's question).
 // Errors: MOE_ERR_UNSUPPORTED_BACKEND ("the CUDA backend is not available in this build"),
 // MOE_ERR_INVALID_ARGUMENT for an unknown kind.
 absl::Status CheckBuiltIn(int kind);
 
 // OK when `kind` can run on this machine (MOE_BACKEND_AUTO always can: the CPU is its last resort).
-// Errors: as CheckBuiltIn, and MOE_ERR_UNSUPPORTED_BACKEND saying why a built-in one cannot run
-// (no device).
+// For CUDA the first call opens the plugin. Errors: as CheckBuiltIn, and MOE_ERR_UNSUPPORTED_BACKEND
+// saying why a built-in one cannot run: its plugin not found (the places tried), not loaded
+// (dlopen's error, or the plugin refusing a library of another build), or no device.
 absl::Status Available(int kind);
 
 // The backend a context runs: `requested` itself, or for MOE_BACKEND_AUTO the first backend, in
-// the registry's order of preference, that is built in and can run here: CUDA when built in and a
-// device is present (with experts streaming, its VRAM tier stacks over the RAM tier), else the CPU.
-// `requested` has passed CheckBuiltIn.
+// the registry's order of preference, that is built in and can run here: CUDA when its plugin
+// loads and a device is present (with experts streaming, its VRAM tier stacks over the RAM tier),
+// else the CPU. `requested` has passed CheckBuiltIn.
 moe_backend_kind Resolve(int requested, bool streaming);
 
 // How messages name `kind` ("CPU", "CUDA"); "unknown" for anything else.

@@ -104,7 +104,9 @@ int DefaultPrefillLayerMin(int n_expert, int n_expert_used) {
 
 absl::StatusOr<std::unique_ptr<Context>> Context::Open(const ContextOptions &o) {
   if (o.model_path.empty()) return Errorf(MOE_ERR_INVALID_ARGUMENT, "no model path given");
-  STRATA_RETURN_IF_ERROR(backends::CheckBuiltIn(o.backend));
+  // A backend asked for by name that cannot run here (for CUDA: its plugin not found or not
+  // loaded, no device) is refused now, with why, before the file is read; AUTO falls back to the CPU.
+  STRATA_RETURN_IF_ERROR(backends::Available(o.backend));
   if (o.n_ctx < 0 || o.n_threads < 0 || o.max_sessions < 0) {
     return Errorf(MOE_ERR_INVALID_ARGUMENT, "negative n_ctx, n_threads or max_sessions");
   }

@@ -16,8 +16,16 @@ std::mutex &LogMutex() {
 moe_log_fn g_fn = nullptr;  // under LogMutex()
 void *g_user = nullptr;
 std::atomic<bool> g_to_host{false};
+// A plugin's: the library's sink (SetLogForward); null in the library itself.
+std::atomic<void (*)(LogLevel, const std::string &)> g_forward_line{nullptr};
+std::atomic<bool (*)()> g_forward_to_host{nullptr};
 
 }  // namespace
+
+void SetLogForward(void (*line)(LogLevel level, const std::string &line), bool (*to_host)()) {
+  g_forward_to_host.store(to_host, std::memory_order_release);
+  g_forward_line.store(line, std::memory_order_release);
+}
 
 void SetLogCallback(moe_log_fn fn, void *user) {
   std::lock_guard<std::mutex> lk(LogMutex());
@@ -26,9 +34,16 @@ void SetLogCallback(moe_log_fn fn, void *user) {
   g_to_host.store(fn != nullptr, std::memory_order_release);
 }
 
-bool LogToHost() { return g_to_host.load(std::memory_order_acquire); }
+bool LogToHost() {
+  if (bool (*to_host)() = g_forward_to_host.load(std::memory_order_acquire); to_host != nullptr) return to_host();
+  return g_to_host.load(std::memory_order_acquire);
+}
 
 void LogLine(LogLevel level, const std::string &line) {
+  if (auto *forward = g_forward_line.load(std::memory_order_acquire); forward != nullptr) {
+    forward(level, line);
+    return;
+  }
   size_t n = line.size();
   if (n > 0 && line[n - 1] == '\n') --n;
   std::lock_guard<std::mutex> lk(LogMutex());

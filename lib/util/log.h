@@ -26,6 +26,11 @@ void SetLogCallback(moe_log_fn fn, void *user);
 // Whether a host callback is set (so stderr is the host's: progress bars stay quiet).
 bool LogToHost();
 
+// In a plugin (a backend's shared object, backends/cuda_plugin.h), which holds its own copy of this
+// file: every line goes to the library's LogLine and LogToHost answers the library's, so the one
+// callback moe_log_set chose sees the plugin's lines too. Set once, when the plugin is opened.
+void SetLogForward(void (*line)(LogLevel level, const std::string &line), bool (*to_host)());
+
 // One line (a trailing newline is dropped): to the callback, else to stderr with a newline.
 void LogLine(LogLevel level, const std::string &line);
 

@@ -122,9 +122,13 @@ Values Read(const Lookup &lookup, std::vector<std::string> *complaints) {
 
 namespace {
 std::atomic<const Values *> g_scoped{nullptr};
+std::atomic<const Values &(*)()> g_library_get{nullptr};  // a plugin's: the library's Get
 }  // namespace
 
+void ReadFrom(const Values &(*library_get)()) { g_library_get.store(library_get, std::memory_order_release); }
+
 const Values &Get() {
+  if (auto *library_get = g_library_get.load(std::memory_order_acquire); library_get != nullptr) return library_get();
   if (const Values *s = g_scoped.load(std::memory_order_acquire); s != nullptr) return *s;
   static const Values values = [] {
     std::vector<std::string> complaints;

@@ -22,6 +22,10 @@ namespace strata::tunables {
     "chunks a thread-pool call takes per thread, at most 64; 0 = the built-in count")                               \
   X(std::string, cpu_isa, "STRATA_CPU_ISA", "",                                                                     \
     "caps the CPU kernels' instruction set: scalar or avx2; empty = the best the CPU has")                          \
+  /* CUDA backend: where its plugin is. */                                                                           \
+  X(std::string, cuda_plugin, "STRATA_CUDA_PLUGIN", "",                                                             \
+    "the CUDA backend's plugin (libstrata-cuda.so) as a file path, then the only place looked at; empty = beside "  \
+    "the library, beside the executable, then the dynamic loader's search")                                         \
   /* CUDA backend: choices a user makes (moe_params fields and CLI flags override these). */                        \
   X(bool, cuda_graphs, "STRATA_CUDA_GRAPHS", true,                                                                  \
     "decode steps recorded as CUDA graphs and replayed (moe_params.cuda_graphs)")                                   \
@@ -123,6 +127,11 @@ Values Read(const Lookup &lookup, std::vector<std::string> *complaints);
 // The process's values: the environment, read once on the first call (thread-safe); complaints go
 // to stderr then. While a ScopedValues lives, its values instead.
 const Values &Get();
+
+// In a plugin (a backend's shared object, backends/cuda_plugin.h), which holds its own copy of this
+// file: Get() answers what the library's Get answers, so the plugin sees the knobs as the library
+// read them (and a test's ScopedValues). Set once, when the plugin is opened.
+void ReadFrom(const Values &(*library_get)());
 
 // For tests: Get() answers `v` until this is destroyed (the one before comes back). Set it while
 // nothing else reads the knobs; objects read most knobs once, when they are created.

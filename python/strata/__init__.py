@@ -203,8 +203,9 @@ class Model:
             return Session._adopt(self, s, None)
 
     def abort(self):
-        """Stops the step another thread is running (or the next one) with MOE_ERR_ABORTED; the sessions
-        stay as before that step. Safe from any thread."""
+        """Stops the step another thread is running (or, when none runs, the next one) with
+        MOE_ERR_ABORTED; the sessions stay as before that step. One request stops one step: the steps
+        after it run. Safe from any thread."""
         _check(_capi.lib.moe_ctx_abort(self._handle()), "abort")
 
     def generate(self, prompt, max_tokens=32, temperature=0.8, seed=42, top_k=40, top_p=0.95, min_p=0.0,
@@ -319,7 +320,10 @@ class Session:
             _check(_capi.lib.moe_ctx_step(ctx, ctypes.byref(pending)), "step")
 
     def eval(self, ids):
-        """Feeds ids, steps, and returns the last position's logits (float32, shape (vocab_size,))."""
+        """Feeds ids, steps, and returns the last position's logits (float32, shape (vocab_size,)). A step
+        stopped by Model.abort (also one requested before this call) raises Error MOE_ERR_ABORTED at
+        once and spends the request; the ids stay queued, and the next eval (eval([]) to add nothing)
+        runs them."""
         self._feed_and_step(ids)
         ptr = ctypes.POINTER(ctypes.c_float)()
         n = ctypes.c_int32()

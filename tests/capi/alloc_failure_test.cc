@@ -60,7 +60,9 @@ std::vector<uint64_t> ToFail(uint64_t n, uint64_t all, uint64_t stride, std::mt1
 
 void FailOpenAllocations(const moe_params &p) {
   // Warm up what a process allocates once (static tables, this thread's error text at its
-  // longest), so the bytes in use before and after each failed open can be compared.
+  // longest, the CUDA plugin opened on first use), so the bytes in use before and after each
+  // failed open can be compared.
+  (void)moe_backend_available(MOE_BACKEND_CUDA);
   {
     const std::string missing = "/nonexistent/" + std::string(300, 'x') + ".gguf";
     moe_params q = p;

@@ -112,6 +112,35 @@ TEST_CASE("strata logits errors leave nothing behind", "[cli]") {
   for (const auto &e : std::filesystem::directory_iterator(tmp.path())) FAIL("left behind: " << e.path());
 }
 
+TEST_CASE("strata run --backend cuda without the CUDA plugin says why in one line; auto runs on the CPU",
+          "[cli][plugin]") {
+  TempDir tmp;
+  const std::string nowhere = tmp.File("absent/libstrata-cuda.so");
+  const std::string env = "STRATA_CUDA_PLUGIN=" + nowhere;
+  const std::string model = kGolden + "qwen3moe_f32/model-q8_0.gguf";
+#ifdef STRATA_CUDA_PLUGIN_PATH
+  const std::string why =
+      "the CUDA backend's plugin was not found: tried " + nowhere + " (the path STRATA_CUDA_PLUGIN names)";
+#else
+  const std::string why = "the CUDA backend is not available in this build";
+#endif
+  ExpectError(Cli("run --backend cuda --model " + model + " --tokens 1,2 -n 2", env),
+              why + " (MOE_ERR_UNSUPPORTED_BACKEND)");
+  const Result cpu = Cli("run --model " + model + " --tokens 1,2 -n 2 --temp 0", env);
+  INFO("stderr: " << cpu.err);
+  CHECK(cpu.exit_code == 0);
+  CHECK(cpu.err.find("libstrata-cuda") == std::string::npos);
+  CHECK(cpu.out == Cli("run --backend cpu --model " + model + " --tokens 1,2 -n 2 --temp 0").out);
+  // --version gives the same reason.
+  const Result v = Cli("--version", env);
+  CHECK(v.exit_code == 0);
+#ifdef STRATA_CUDA_PLUGIN_PATH
+  CHECK(v.out.find("CUDA backend: unavailable: " + why + "\n") != std::string::npos);
+#else
+  CHECK(v.out.find("CUDA backend: not built in") != std::string::npos);
+#endif
+}
+
 TEST_CASE("strata argument errors", "[cli]") {
   ExpectError(Cli(""), "no command");
   ExpectError(Cli("frobnicate"), "frobnicate");

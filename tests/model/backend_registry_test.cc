@@ -12,7 +12,8 @@ namespace {
 
 using namespace strata;
 
-#ifdef STRATA_HAVE_CUDA
+// strata_core opens the CUDA backend as its plugin: "built in" is this build having made one.
+#ifdef STRATA_CUDA_PLUGIN_PATH
 constexpr bool kCudaBuiltIn = true;
 #else
 constexpr bool kCudaBuiltIn = false;

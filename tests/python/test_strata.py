@@ -204,19 +204,68 @@ def test_fork_rewind_and_bytes(demo, rng):
         b.fork()  # closed
 
 
+def within(seconds, fn):
+    """fn() on a worker thread: its result (or its exception), or a failure when it has not returned
+    within `seconds`, so a step that never ends fails the test instead of hanging the run."""
+    out = {}
+
+    def run():
+        try:
+            out["value"] = fn()
+        except BaseException as e:  # handed to the test's thread
+            out["error"] = e
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(seconds)
+    assert not t.is_alive(), "did not return within %s s" % seconds
+    if "error" in out:
+        raise out["error"]
+    return out.get("value")
+
+
 def test_abort_from_another_thread(demo, rng):
     ids = demo.tokenize(" ".join(rng.choice(WORDS) for _ in range(40)), add_bos=True)
-    want = demo.session().eval(ids)
+    want = within(120, lambda: demo.session().eval(ids))
     s = demo.session()
     t = threading.Thread(target=demo.abort)  # no step runs: the request stops the next one
     t.start()
     t.join()
     with pytest.raises(strata.Error) as e:
-        s.eval(ids)
+        within(30, lambda: s.eval(ids))
     assert e.value.status_name == "MOE_ERR_ABORTED"
     assert s.n_past == 0
-    assert np.array_equal(s.eval([]), want)  # the input stayed queued; this step runs it
+    assert np.array_equal(within(120, lambda: s.eval([])), want)  # the input stayed queued; this step runs it
     s.close()
+    # The request was spent by the step it stopped: the shared context evaluates as before.
+    assert np.array_equal(within(120, lambda: demo.session().eval(ids)), want)
+
+
+def test_pending_abort_stops_one_eval_then_is_spent(rng):
+    """moe_ctx_abort with no step running stops the next step at once with MOE_ERR_ABORTED, and that
+    spends the request (moe.h: one request stops one step call): every eval after it runs to the
+    end, on a fresh session and on the aborted one, with the logits of a context never aborted."""
+    with strata.Model(DEMO) as m:
+        ids = [rng.randrange(m.vocab_size) for _ in range(rng.randint(2, 48))]
+        more = [rng.randrange(m.vocab_size) for _ in range(rng.randint(1, 8))]
+        ref = strata.Model(DEMO)
+        want = within(120, lambda: ref.session().eval(ids))
+        r = ref.session()
+        within(120, lambda: r.eval(ids))
+        want_more = within(120, lambda: r.eval(more))
+        ref.close()
+        for _ in range(3):
+            s = m.session()
+            m.abort()
+            with pytest.raises(strata.Error) as e:
+                within(30, lambda: s.eval(ids))
+            assert e.value.status_name == "MOE_ERR_ABORTED"
+            assert s.n_past == 0
+            # Spent: a fresh session's eval runs (its step also runs the input s kept queued).
+            assert np.array_equal(within(120, lambda: m.session().eval(ids)), want)
+            assert s.n_past == len(ids)
+            assert np.array_equal(within(120, lambda: s.eval(more)), want_more)
+            s.close()
 
 
 def test_kv_cache_types(rng):
