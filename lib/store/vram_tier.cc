@@ -75,10 +75,12 @@ void VramTier::OnRoute(int layer, const float *h, int64_t n_tok, const int32_t *
 
 absl::Status VramTier::OnDecodeToken() {
   if (heat_.OnDecodeToken()) floor_ >>= 1;
+  // A prompt's re-plan left over goes on at its own pace and z until it is done.
+  if (backlog_) return Rebalance(opts_.backlog_swaps_per_step, opts_.replan_z);
   return Rebalance(opts_.swaps_per_step, opts_.promote_z);
 }
 
-absl::Status VramTier::OnPromptDone() { return Rebalance(static_cast<int>(slots_.size()), opts_.replan_z); }
+absl::Status VramTier::OnPromptDone() { return Rebalance(opts_.prompt_swaps, opts_.replan_z); }
 
 void VramTier::AddCandidate(uint32_t key) {
   if (candidate_[key]) return;
@@ -98,15 +100,23 @@ absl::Status VramTier::Rebalance(int max, double z) {
   });
   absl::Status st = absl::OkStatus();
   int moved = 0;
-  for (uint32_t key : candidates_) {
+  // Stopped by `max` (not by the rule): the candidates not looked at stay for the next pass.
+  size_t cut = candidates_.size();
+  bool settled = false;  // the rule stopped the pass: no later candidate would move
+  for (size_t i = 0; i < candidates_.size(); ++i) {
+    const uint32_t key = candidates_[i];
+    if (st.ok() && !settled && moved >= max) {
+      cut = i;
+      break;
+    }
     candidate_[key] = 0;
-    if (!st.ok() || moved >= max || Holds(key)) continue;
+    if (!st.ok() || settled || Holds(key)) continue;
     const model::ExpertWeights *ram = below_->ReadyViews(key);
     if (ram == nullptr) continue;
     // Candidates come hottest first and the victim is the coldest: once one fails, all later do.
     const int v = SlotFor(key, /*may_swap=*/true, z);
     if (v < 0) {
-      moved = max;
+      settled = true;
       continue;
     }
     const model::ExpertWeights views = *ram;
@@ -116,7 +126,8 @@ absl::Status VramTier::Rebalance(int max, double z) {
       ++moved;
     }
   }
-  candidates_.clear();
+  candidates_.erase(candidates_.begin(), candidates_.begin() + static_cast<std::ptrdiff_t>(cut));
+  backlog_ = !candidates_.empty() && st.ok();
   if (moved > 0) ++stats_.rebalances;
   return st;
 }

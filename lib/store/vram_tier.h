@@ -13,7 +13,8 @@
 // groups decode batches itself, and the forward pass reports each layer's selections after the
 // step. Moves then happen between steps only (Rebalance): the experts served from RAM since the
 // last one, hottest first, take the slots of markedly colder residents, a few a decode step and
-// as many as the heat warrants after a prompt; each victim goes down into the RAM slot to spare.
+// up to prompt_swaps after a prompt, the rest of what the heat warrants over the decode steps after
+// it; each victim goes down into the RAM slot to spare.
 #pragma once
 
 #include <cstdint>
@@ -39,6 +40,11 @@ struct VramTierOptions {
   // sets two deviations apart).
   int swaps_per_step = 2;
   double replan_z = 3.0;
+  // A prompt's re-plan moves at most prompt_swaps experts when the prompt ends (each move copies two
+  // experts over the link while the host waits, which the prompt's time would carry); what is left
+  // goes on at backlog_swaps_per_step a decode step, at replan_z, until done.
+  int prompt_swaps = 64;
+  int backlog_swaps_per_step = 4;
 };
 
 struct VramTierStats {
@@ -157,6 +163,7 @@ class VramTier final : public ExpertTier {
   // Complete tiers (see above): the tables exist, every expert is in place, the tier below's
   // own_evictions when it last was; experts served from RAM since the last Rebalance.
   bool complete_ = false, tables_ = false, routable_ = false;
+  bool backlog_ = false;  // a prompt's re-plan has candidates left (OnPromptDone's cap)
   uint64_t evictions_seen_ = 0;
   std::vector<uint32_t> candidates_;
   std::vector<char> candidate_;

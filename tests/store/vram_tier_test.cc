@@ -457,6 +457,78 @@ TEST_CASE("complete tiers route on the device's tables, swap between steps and k
   CHECK(v.stats().dropped == 0);
 }
 
+TEST_CASE("a prompt's re-plan moves a capped number at its end and the rest over the decode steps",
+          "[store][vram]") {
+  Model m(kGolden + "mixtral_f32/model-f32.gguf");
+  const ExpertTable &t = *m.table;
+  const uint32_t seed = std::random_device{}();
+  INFO("seed " << seed);
+  std::mt19937 rng(seed);
+  RecordingTier below(t, seed);
+  const uint32_t n_keys = static_cast<uint32_t>(t.n_layers() * t.n_experts());
+  HostSlots dev;
+  HostSlots::tables_on = true;
+  struct Off {
+    ~Off() { HostSlots::tables_on = false; }
+  } off;
+  VramTierOptions o;
+  o.n_slots = 4 + rng() % 2;
+  o.prompt_swaps = 1;
+  o.backlog_swaps_per_step = 1 + static_cast<int>(rng() % 2);
+  below.n_slots = n_keys - o.n_slots + 1;
+  auto vr = VramTier::Create(t, &dev, &below, o);
+  REQUIRE(vr.ok());
+  VramTier &v = **vr;
+  REQUIRE(v.complete());
+  REQUIRE(v.Settle().ok());
+  // A prompt makes many experts RAM serves markedly hotter than every resident (which it leaves cold).
+  std::vector<const strata::model::ExpertWeights *> out;
+  std::vector<uint32_t> hot;
+  for (int l = 0; l < t.n_layers(); ++l) {
+    if (t.entry(l, 0).weights == nullptr) continue;
+    std::vector<int32_t> xs;
+    for (int x = 0; x < t.n_experts(); ++x) {
+      if (!v.Holds(t.Key(l, x))) xs.push_back(x);
+    }
+    std::shuffle(xs.begin(), xs.end(), rng);
+    xs.resize(std::min<size_t>(xs.size(), 4));
+    for (int32_t x : xs) {
+      Route(v, l, std::vector<int32_t>(200 + rng() % 50, x));
+      hot.push_back(t.Key(l, x));
+    }
+    REQUIRE(v.Acquire(l, xs, &out).ok());
+    v.Release(l, xs);
+  }
+  const size_t want = std::min<size_t>(hot.size(), v.n_slots());
+  REQUIRE(want > static_cast<size_t>(o.prompt_swaps));
+  const auto held = [&] {
+    size_t n = 0;
+    for (uint32_t key : hot) n += v.Holds(key) ? 1 : 0;
+    return n;
+  };
+  const uint64_t moves0 = v.stats().promotions;
+  REQUIRE(v.OnPromptDone().ok());
+  CHECK(v.stats().promotions - moves0 == static_cast<uint64_t>(o.prompt_swaps));
+  CHECK(held() == static_cast<size_t>(o.prompt_swaps));
+  // Each decode step after it moves the backlog's share, until the hot experts hold the slots.
+  size_t steps = 0;
+  while (held() < want && steps < 1000) {
+    const uint64_t before = v.stats().promotions;
+    REQUIRE(v.OnDecodeToken().ok());
+    REQUIRE(v.Settle().ok());
+    CHECK(v.stats().promotions - before <= static_cast<uint64_t>(o.backlog_swaps_per_step));
+    CHECK(v.stats().promotions > before);
+    ++steps;
+  }
+  CHECK(held() == want);
+  CHECK(steps <= (want - o.prompt_swaps + o.backlog_swaps_per_step - 1) / o.backlog_swaps_per_step);
+  // Then the decode rule again: nothing hotter waits, nothing moves.
+  const uint64_t settled = v.stats().promotions;
+  REQUIRE(v.OnDecodeToken().ok());
+  CHECK(v.stats().promotions == settled);
+  CHECK(v.stats().dropped == 0);
+}
+
 namespace {
 
 // The plan of a context opened at these budgets (the tiers as they were made, not as planned).
