@@ -134,6 +134,15 @@ class GraphsOff {
   ~GraphsOff() { UnsetKnob("STRATA_CUDA_GRAPHS"); }
 };
 
+// Keeps the contexts opened in its lifetime on the backend's own VRAM tier (STRATA_DEVICE_TIERS=0),
+// for the tests of what that tier does (its promotions, re-plans, prompt staging and hotlist fill);
+// by default lib/store's tiers serve a VRAM budget short of the experts.
+class OwnTier {
+ public:
+  OwnTier() { SetKnob("STRATA_DEVICE_TIERS", "0"); }
+  ~OwnTier() { UnsetKnob("STRATA_DEVICE_TIERS"); }
+};
+
 }  // namespace
 
 TEST_CASE("CUDA backend: every golden's logits match the CPU backend", "[gpu][golden]") {
@@ -250,6 +259,7 @@ TEST_CASE("CUDA backend: experts streamed through the RAM cache are read in plac
 // steps run, and none of it may change a bit of the logits.
 TEST_CASE("CUDA backend: GPU-side routing, zero-copy reads and promotions keep the logits bit-identical",
           "[gpu][golden]") {
+  OwnTier own;
   if (!strata::cuda::test::HaveGpu()) return;
   // The host path of the other goldens is held bit-identical by the test above.
   for (const char *rel : kGraphModels) {
@@ -367,6 +377,7 @@ TEST_CASE("CUDA backend: GPU-side routing, zero-copy reads and promotions keep t
 // the VRAM tier gives its slots to the experts the prompt used most, filled on the copy stream
 // while decode goes on; the bytes are the same, so the logits stay bit-identical to all-resident.
 TEST_CASE("CUDA backend: a prompt's hotness re-plans the VRAM slots, bit-identical", "[gpu][golden]") {
+  OwnTier own;
   if (!strata::cuda::test::HaveGpu()) return;
   for (const char *rel : kGraphModels) {
     const std::string model = kGolden + rel;
@@ -402,6 +413,7 @@ TEST_CASE("CUDA backend: a prompt's hotness re-plans the VRAM slots, bit-identic
 // bit-identical to all-resident. One decode step after the prompt: its promotions are the
 // re-plan's (a step's own route hotness earns none yet). Fresh random tokens each run.
 TEST_CASE("CUDA backend: a prompt keeps its hottest experts in the slots for the re-plan", "[gpu][golden]") {
+  OwnTier own;
   if (!strata::cuda::test::HaveGpu()) return;
   strata::format::testing::TempDir dir;
   const std::string model = TinySpread(dir);
@@ -441,6 +453,7 @@ TEST_CASE("CUDA backend: a prompt keeps its hottest experts in the slots for the
 // 8-bit activations (a layer's experts one by one, and in chunks of the staging ring's half on the
 // tensor cores); bit-identical to all-resident.
 TEST_CASE("CUDA backend: a prompt stages its cold experts beside the VRAM tier", "[gpu][golden]") {
+  OwnTier own;
   if (!strata::cuda::test::HaveGpu()) return;
   strata::format::testing::TempDir dir;
   const std::string model = TinySpread(dir);
@@ -483,6 +496,7 @@ TEST_CASE("CUDA backend: a prompt stages its cold experts beside the VRAM tier",
 // chunks on the tensor cores): against STRATA_CUDA_PROMPT_PROMOTE=0, fewer fills, bit-identical
 // to all-resident either way. The prompt alone promotes with no fill beyond one per staged expert.
 TEST_CASE("CUDA backend: a prompt promotes its hottest staged experts into the VRAM tier", "[gpu][golden]") {
+  OwnTier own;
   if (!strata::cuda::test::HaveGpu()) return;
   strata::format::testing::TempDir dir;
   const std::string model = TinyConcentrated(dir);
@@ -533,6 +547,7 @@ TEST_CASE("CUDA backend: a prompt promotes its hottest staged experts into the V
 // as the hotlist, decode reads far fewer experts over the link than with the same list ranked the
 // other way round (the least used first); the logits are the same bits either way.
 TEST_CASE("CUDA backend: a hotlist seeds the VRAM tier at open", "[gpu][golden]") {
+  OwnTier own;
   if (!strata::cuda::test::HaveGpu()) return;
   strata::format::testing::TempDir dir;
   const std::string model = TinyConcentrated(dir);
@@ -562,6 +577,7 @@ TEST_CASE("CUDA backend: a hotlist seeds the VRAM tier at open", "[gpu][golden]"
 // as CUDA graphs (the calls to the CPU inside), and the logits match the CPU backend's within
 // the tolerance of the GPU backend.
 TEST_CASE("CUDA backend: cold experts computed by the CPU match the CPU backend", "[gpu][golden]") {
+  OwnTier own;
   if (!strata::cuda::test::HaveGpu()) return;
   for (const char *rel : kGraphModels) {
     const std::string model = kGolden + rel;
