@@ -1,4 +1,4 @@
-// P/Invoke declarations of Strata's C ABI (include/strata/moe.h, version 0.8) for C# hosts (Unity,
+// P/Invoke declarations of Strata's C ABI (include/strata/moe.h, version 0.9) for C# hosts (Unity,
 // Godot .NET, any .NET runtime). Names, structs, delegates and constants mirror moe.h one for one;
 // tests/capi/pinvoke_test.cc parses this file and moe.h and fails when they disagree, so update
 // both together. Conventions:
@@ -18,7 +18,7 @@ namespace Strata
 
         // ---- constants (#define MOE_* in moe.h) ----
         public const int MOE_VERSION_MAJOR = 0;
-        public const int MOE_VERSION_MINOR = 8;
+        public const int MOE_VERSION_MINOR = 9;
         public const int MOE_VERSION_PATCH = 0;
         public const int MOE_VERSION_NUMBER = (MOE_VERSION_MAJOR * 10000 + MOE_VERSION_MINOR * 100 + MOE_VERSION_PATCH);
         public const int MOE_OK = 0;
@@ -224,6 +224,8 @@ namespace Strata
             public IntPtr blocked_tokens;
             public UIntPtr n_blocked_tokens;
             public float frequency_penalty;
+            public uint ctx_shift;
+            public int n_keep;
         }
         [StructLayout(LayoutKind.Sequential)]
         public struct moe_chat_message
@@ -319,6 +321,8 @@ namespace Strata
         public static extern int moe_session_fork(IntPtr s, out IntPtr @out);
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl)]
         public static extern int moe_session_rewind(IntPtr s, int n_tokens);
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl)]
+        public static extern int moe_session_shift(IntPtr s, int n_keep, int n_discard);
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl)]
         public static extern int moe_session_sample_text(IntPtr s, out int token, out IntPtr text, out UIntPtr n_bytes, out int stop);
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl)]

@@ -86,6 +86,10 @@ struct Args {
   uint64_t kv_budget = 0;
   std::string kv_spill_dir, save_session, load_session;
   int cache_type_k = MOE_KV_F32, cache_type_v = MOE_KV_F32;  // moe_kv_type (--cache-type-k / -v)
+  // context shift (run, chat, serve): --context-shift, and --keep N (-1: the whole first input)
+  bool context_shift = false;
+  int64_t keep = 0;
+  bool keep_given = false;
   std::string prompts;
   // pack
   std::string experts_type = "q4_k", attention_type = "q8_0", boost_type = "q6_k";
@@ -133,6 +137,10 @@ void WarnIfClamped(moe_ctx *ctx, const Args &a);
 bool HasTokenizer(moe_ctx *ctx);
 std::vector<int32_t> Tokenize(moe_ctx *ctx, const std::string &text, bool special, bool add_bos);
 moe_session_params SessionParams(const Args &a, std::vector<const char *> *stop_ptrs);
+// The tokens a context shift keeps (moe_session_params.n_keep) for --keep over the session's first
+// input `first`, as llama.cpp's main counts them: -1, or more than the input, keeps all of it; else
+// --keep N keeps N tokens after a BOS the input starts with, and the BOS.
+int32_t KeepFor(const Args &a, moe_ctx *ctx, const std::vector<int32_t> &first);
 void WriteFileAtomically(const std::string &path, const void *data, size_t n);
 const char *EndOfTurn(const std::string &tmpl);
 

@@ -157,6 +157,11 @@ const std::vector<OptionInfo> &Options() {
       {"--frequency-penalty", "F", kSample, "sampling options", "subtracted per occurrence of tokens already seen"},
       {"--repeat-last-n", "N", kSample, "sampling options", "the window of the penalties (default 64)"},
       {"--stop", "STR", kSample, "sampling options", "stop at this string (repeatable)"},
+      // Context shift.
+      {"--context-shift", nullptr, kSample, "context shift options",
+       "a full context drops half the tokens after --keep (default: stop)"},
+      {"--keep", "N", kSample, "context shift options",
+       "tokens kept at the start, and BOS (default 0; -1: the prompt)"},
       // The context: backend, memory, sessions.
       {"--backend", "cpu|cuda|auto", kCtx | kPlan | kPerplexity | kImatrix, "context options", "the backend (default auto)"},
       {"--ram-budget", "SIZE", kCtx | kPlan | kQuality, "context options", "RAM for the model (512M, 8G or bytes)"},

@@ -85,6 +85,9 @@ int CmdServe(const Args &a) {
   d.seed = a.seed;
   d.stop = a.stop;
   m.default_max_tokens = a.n_predict_given ? std::max<int64_t>(a.n_predict, 1) : -1;
+  if (a.keep_given && !a.context_shift) Die("--keep sets what a context shift keeps: give it with --context-shift");
+  m.context_shift = a.context_shift;
+  m.keep = static_cast<int32_t>(a.keep);
 
   server::ServerOptions opts;
   opts.host = a.host;

@@ -148,6 +148,8 @@ Args ParseArgs(int argc, char **argv) {
     else if (f == "--frequency-penalty") a.frequency_penalty = ParseFloat(f, value());
     else if (f == "--repeat-last-n") a.repeat_last_n = integer(0, 1 << 24);
     else if (f == "--stop") a.stop.push_back(value());
+    else if (f == "--context-shift") a.context_shift = true;
+    else if (f == "--keep") a.keep = integer(-1, INT32_MAX), a.keep_given = true;
     else if (f == "--system") a.system = value();
     else if (f == "--template") a.chat_template = value();
     else if (f == "-v" || f == "--verbose") a.verbose = true;
@@ -412,7 +414,16 @@ moe_session_params SessionParams(const Args &a, std::vector<const char *> *stop_
   for (const auto &s : a.stop) stop_ptrs->push_back(s.c_str());
   sp.stop_strings = stop_ptrs->data();
   sp.n_stop_strings = stop_ptrs->size();
+  sp.ctx_shift = a.context_shift ? 1 : 0;
   return sp;
+}
+
+int32_t KeepFor(const Args &a, moe_ctx *ctx, const std::vector<int32_t> &first) {
+  const int64_t n = static_cast<int64_t>(first.size());
+  if (a.keep < 0 || a.keep > n) return static_cast<int32_t>(n);
+  const int32_t bos = moe_ctx_token_bos(ctx);
+  const bool has_bos = !first.empty() && bos >= 0 && first[0] == bos;
+  return static_cast<int32_t>(std::min<int64_t>(n, a.keep + (has_bos ? 1 : 0)));
 }
 
 int CmdRun(const Args &a) {
@@ -449,9 +460,14 @@ int CmdRun(const Args &a) {
   }
   std::vector<const char *> stop_ptrs;
   moe_session_params sp = SessionParams(a, &stop_ptrs);
+  if (a.keep_given && !a.context_shift) Die("--keep sets what a context shift keeps: give it with --context-shift");
+  if (loaded && a.context_shift) {
+    Die("--context-shift applies to a new session; a loaded session shifts as it was saved (moe_session_params)");
+  }
+  sp.n_keep = a.context_shift ? KeepFor(a, ctx.c, prompt) : 0;
   Sess s;
   if (loaded) {
-    // The saved session's own params (sampling, seed state, stop strings) carry on.
+    // The saved session's own params (sampling, seed state, stop strings, context shift) carry on.
     if (moe_status st = moe_session_load(ctx.c, a.load_session.c_str(), nullptr, &s.s); st != MOE_OK) {
       Die("cannot load the session '" + a.load_session + "': " + ApiError(st));
     }
@@ -514,7 +530,7 @@ int CmdRun(const Args &a) {
   std::fflush(stdout);  // the text before the summary on stderr, where both go to one pipe
   if (cut) {
     std::fprintf(stderr, "strata: warning: generation stopped at the context length (%d positions) after %lld of "
-                 "%lld tokens; a larger --n-ctx lets it go on\n", moe_session_n_past(s.s),
+                 "%lld tokens; a larger --n-ctx or --context-shift lets it go on\n", moe_session_n_past(s.s),
                  static_cast<long long>(n_gen), static_cast<long long>(a.n_predict));
   }
   if (!a.save_session.empty()) {
@@ -607,8 +623,13 @@ int CmdChat(const Args &a) {
   }
   sp.stop_tokens = stop_tokens.data();
   sp.n_stop_tokens = stop_tokens.size();
+  if (a.keep_given && !a.context_shift) Die("--keep sets what a context shift keeps: give it with --context-shift");
+  // The session opens with the first turn, whose tokens --keep counts (the prompt of llama.cpp's).
   Sess s;
-  if (moe_status st = moe_session_open(ctx.c, &sp, &s.s); st != MOE_OK) Die("cannot open a session: " + ApiError(st));
+  auto open_session = [&](const std::vector<int32_t> &first) {
+    sp.n_keep = a.context_shift ? KeepFor(a, ctx.c, first) : 0;
+    if (moe_status st = moe_session_open(ctx.c, &sp, &s.s); st != MOE_OK) Die("cannot open a session: " + ApiError(st));
+  };
 
   const int64_t max_reply = a.n_predict_given ? a.n_predict : 512;
   const bool tty = isatty(STDIN_FILENO) != 0;
@@ -627,6 +648,7 @@ int CmdChat(const Args &a) {
     if (turn == 1) {
       msgs.push_back({"user", line.c_str()});
       ids = ChatTokens(ctx.c, tmpl, msgs);
+      open_session(ids);
     } else {
       msgs.push_back({"user", "hello"});
       msgs.push_back({"assistant", ""});
@@ -637,7 +659,7 @@ int CmdChat(const Args &a) {
       moe_status st = moe_session_feed(s.s, t, n);
       if (st == MOE_ERR_LIMIT_CONTEXT) {
         Die("the conversation no longer fits in the context of " + std::to_string(moe_session_n_past(s.s)) +
-            "+ tokens; start again with a larger --n-ctx");
+            "+ tokens; start again with a larger --n-ctx, or --context-shift");
       }
       if (st != MOE_OK || (st = StepAll(ctx.c)) != MOE_OK) Die(ApiError(st));
     };

@@ -165,11 +165,16 @@ void Engine::Start(const std::shared_ptr<Job> &job) {
     Slot slot;
     slot.job = job;
     slot.index = i;
-    moe_status st = moe_session_open(ctx_, &sp, &slot.s);
-    if (st == MOE_OK) {
-      const auto &prompt = job->prompts[static_cast<size_t>(i / job->n)];
-      st = moe_session_feed(slot.s, prompt.data(), prompt.size());
+    const auto &prompt = job->prompts[static_cast<size_t>(i / job->n)];
+    if (job->context_shift) {
+      // As llama.cpp's server: --keep tokens of the prompt, and its BOS.
+      const int32_t n = static_cast<int32_t>(prompt.size()), bos = moe_ctx_token_bos(ctx_);
+      const int32_t with_bos = job->keep + (n > 0 && bos >= 0 && prompt[0] == bos ? 1 : 0);
+      sp.ctx_shift = 1;
+      sp.n_keep = job->keep < 0 ? n : std::min(n, with_bos);
     }
+    moe_status st = moe_session_open(ctx_, &sp, &slot.s);
+    if (st == MOE_OK) st = moe_session_feed(slot.s, prompt.data(), prompt.size());
     if (st != MOE_OK) {
       const std::string why = LastError(st);
       moe_session_close(slot.s);

@@ -61,6 +61,10 @@ struct Job {
   int64_t max_tokens = 16;
   int logprobs = -1;  // -1: none; k >= 0: the sampled token's and the k most likely
   Sampling sampling;
+  // Context shift (serve --context-shift): a full context drops half its tokens after the first
+  // `keep` of the prompt (a BOS it starts with kept beside them; -1: the whole prompt) and goes on.
+  bool context_shift = false;
+  int32_t keep = 0;
 
   int n_choices() const { return static_cast<int>(prompts.size()) * n; }
 

@@ -282,8 +282,11 @@ std::optional<ApiError> ParseRequest(const json &b, bool chat, const ModelInfo &
   int64_t max_tokens = -1;
   const char *max_key = chat && b.contains("max_completion_tokens") && !b["max_completion_tokens"].is_null()
                             ? "max_completion_tokens" : "max_tokens";
-  if (auto e = GetInt(b, max_key, 1, m.n_ctx, &max_tokens)) {
-    if (e->code == "invalid_value") e->message += " (the context holds " + std::to_string(m.n_ctx) + " tokens)";
+  // With a context shift the context makes room as it fills: a reply may be longer than n_ctx.
+  if (auto e = GetInt(b, max_key, 1, m.context_shift ? int64_t{1} << 30 : m.n_ctx, &max_tokens)) {
+    if (e->code == "invalid_value" && !m.context_shift) {
+      e->message += " (the context holds " + std::to_string(m.n_ctx) + " tokens)";
+    }
     return e;
   }
   if (auto it = b.find("stop"); it != b.end() && !it->is_null()) {
@@ -346,6 +349,8 @@ std::optional<ApiError> ParseRequest(const json &b, bool chat, const ModelInfo &
   }
   if (max_tokens < 0) max_tokens = m.default_max_tokens >= 0 ? m.default_max_tokens : chat ? m.n_ctx : 16;
   job->max_tokens = std::max<int64_t>(max_tokens, 1);
+  job->context_shift = m.context_shift;
+  job->keep = m.keep;
   out->job = std::move(job);
   return std::nullopt;
 }

@@ -41,6 +41,8 @@ struct ModelInfo {
   std::vector<int32_t> end_of_turn_tokens;  // the chat template's end of turn, when one token
   std::string end_of_turn_text;             // else as a stop string ("" for none)
   int64_t default_max_tokens = -1;  // -n; -1: 16 for completions, the rest of the context for chat
+  bool context_shift = false;       // --context-shift: max_tokens may pass n_ctx (Job::context_shift)
+  int32_t keep = 0;                 // --keep
 };
 
 struct Request {

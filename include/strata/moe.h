@@ -42,7 +42,7 @@ extern "C" {
  * Version
  * ------------------------------------------------------------------------------------------- */
 #define MOE_VERSION_MAJOR 0
-#define MOE_VERSION_MINOR 8
+#define MOE_VERSION_MINOR 9
 #define MOE_VERSION_PATCH 0
 #define MOE_VERSION_NUMBER (MOE_VERSION_MAJOR * 10000 + MOE_VERSION_MINOR * 100 + MOE_VERSION_PATCH)
 
@@ -500,6 +500,20 @@ typedef struct moe_session_params {
   /* Since 0.7 (appended): OpenAI's frequency penalty, over the same window as the other penalties. */
   float frequency_penalty;         /* subtracted from a windowed token's logit once per occurrence in the
                                       window (after presence_penalty); 0 = off; must be finite */
+  /* Since 0.9 (appended): context shift, llama.cpp's --context-shift and --keep N. Off, input that
+   * would take the session past n_ctx positions is refused (moe_session_feed: MOE_ERR_LIMIT_CONTEXT).
+   * On, any input is taken: when the session holds n_ctx tokens and more input is queued, the step
+   * first drops n_discard = (n_ctx - n_keep) / 2 tokens (at least 1) after the first n_keep, as
+   * llama.cpp's main and server do (n_discard = (n_past - n_keep) / 2), exactly as
+   * moe_session_shift(s, n_keep, n_discard) would, then runs the input that fits; the context fills
+   * and shifts as often as the input needs. Where the shifts fall depends only on the tokens, not on
+   * how they are fed or stepped. The tokens after the dropped ones keep the keys and values computed
+   * when they saw the dropped ones (llama.cpp's approximation), at their new positions. */
+  uint32_t ctx_shift;              /* 1: shift; 0 (default): refuse input past n_ctx */
+  int32_t n_keep;                  /* tokens at the start never dropped (a system prompt, a persona;
+                                      llama.cpp's --keep counts BOS among them); default 0. Negative,
+                                      or with ctx_shift at least the session's n_ctx, fails the open
+                                      with MOE_ERR_INVALID_ARGUMENT */
 } moe_session_params;
 
 MOE_API void moe_session_params_fill_defaults(moe_session_params *p);
@@ -522,7 +536,8 @@ MOE_API void moe_session_close(moe_session *s);
 /* Queues n tokens as input of the session; they are processed by the next steps (moe_ctx_step,
  * moe_ctx_step_for), which may take a long input in several chunks.
  * @return MOE_OK; MOE_ERR_INVALID_ARGUMENT (NULL with n > 0, token id outside the vocabulary:
- *   nothing is queued); MOE_ERR_LIMIT_CONTEXT (the tokens would not fit in n_ctx: nothing queued).
+ *   nothing is queued); MOE_ERR_LIMIT_CONTEXT (the tokens would not fit in n_ctx: nothing queued;
+ *   never with moe_session_params.ctx_shift, where the steps shift the context to make room).
  * Thread-safety: one thread per session at a time; safe while another thread runs moe_ctx_step or
  *   moe_ctx_step_for on the context. Since: 0.1. */
 MOE_API moe_status moe_session_feed(moe_session *s, const int32_t *tokens, size_t n);
@@ -540,11 +555,14 @@ MOE_API moe_status moe_session_feed(moe_session *s, const int32_t *tokens, size_
  * a session that still does not fit sits this step out and goes first in the next one (with a
  * spill directory every session advances in turn). n_pending (nullable) receives the number of sessions still with queued input
  * afterwards.
+ * A session with ctx_shift that holds n_ctx tokens shifts first (see moe_session_params.ctx_shift)
+ * and then takes only the input that fits, the rest in later steps.
  * @return MOE_OK; MOE_ERR_IO_* or MOE_ERR_BACKEND if weights could not be read or computed;
  *   MOE_ERR_LIMIT_KV when a session's queued input needs more than the whole KV budget, or when no
  *   session with input fits beside the KV the others hold (no spill directory: close or evict
  *   some); the message's numbers are those of moe_ctx_kv_usage after the failure. After any
- *   failure every session keeps its queued input and its state before the step.
+ *   failure every session keeps its queued input and its state before the step, but for a context
+ *   shift the step made (the same one the next step would make, so the numbers do not change).
  * Thread-safety: safe; steps on one context are serialised internally, and session calls on other
  *   threads may run meanwhile (see each). Since: 0.1. */
 MOE_API moe_status moe_ctx_step(moe_ctx *ctx, uint32_t *n_pending);
@@ -662,7 +680,8 @@ MOE_API moe_status moe_session_save(moe_session *s, const char *path);
  *   themselves, a sampled digest that tells a fine-tune or another quantization of the same shape
  *   apart), MOE_ERR_FORMAT_METADATA (inconsistent contents), MOE_ERR_UNSUPPORTED (a newer format
  *   version, or version 1, which predates the weights digest: save such a session again),
- *   MOE_ERR_LIMIT_CONTEXT (n_ctx too small), MOE_ERR_LIMIT_KV (the context's KV budget cannot hold
+ *   MOE_ERR_LIMIT_CONTEXT (n_ctx too small for the saved tokens, or without ctx_shift for them and
+ *   the queued input), MOE_ERR_LIMIT_KV (the context's KV budget cannot hold
  *   it), MOE_ERR_NO_MEMORY.
  * Thread-safety: safe against other session calls on the same context. Since: 0.1. */
 MOE_API moe_status moe_session_load(moe_ctx *ctx, const char *path, const moe_session_params *p,
@@ -708,6 +727,26 @@ MOE_API moe_status moe_session_fork(moe_session *s, moe_session **out);
  *   nothing changes); MOE_ERR_STATE (input is queued: step or rewind after it is processed).
  * Thread-safety: one thread per session; serialised with moe_ctx_step internally. Since: 0.7. */
 MOE_API moe_status moe_session_rewind(moe_session *s, int32_t n_tokens);
+
+/* Drops n_discard processed tokens after the first n_keep, as llama.cpp's llama_memory_seq_rm over
+ * [n_keep, n_keep + n_discard) then llama_memory_seq_add of -n_discard over the rest: the tokens
+ * after them move down by n_discard positions, their cached keys rotated by -n_discard positions
+ * with the model's RoPE (its theta, pairing, YaRN frequencies; for multi-head latent attention the
+ * shared RoPE key alone; values and latents as they are; f16 and q8_0 rows decoded, rotated and
+ * encoded again), so each is the key a fresh pass would give it at its new position up to rounding.
+ * The position goes back by n_discard and the token history loses those tokens (moe_session_save
+ * writes the shifted session). The tokens kept after the dropped ones keep what they computed
+ * while they saw them. Queued input stays queued and goes after the new position; the logits stay
+ * those of the last step. Any session may call it, with or without ctx_shift (which calls it by
+ * itself when the context is full). An evicted session's KV is read back first. n_discard 0
+ * changes nothing.
+ * @return MOE_OK; MOE_ERR_INVALID_ARGUMENT (NULL, n_keep or n_discard negative, n_keep + n_discard
+ *   more than moe_session_n_past: nothing changes); MOE_ERR_LIMIT_KV (KV blocks shared with a fork
+ *   must be copied first and the budget cannot hold them), MOE_ERR_IO_READ (an evicted session that
+ *   cannot come back): the session is unchanged; MOE_ERR_BACKEND (the device failed while rows
+ *   moved: close the session).
+ * Thread-safety: one thread per session; serialised with moe_ctx_step internally. Since: 0.9. */
+MOE_API moe_status moe_session_shift(moe_session *s, int32_t n_keep, int32_t n_discard);
 
 /* Why moe_session_sample_text ended the text. */
 #define MOE_STOP_NONE 0   /* not ended: feed the token and continue */

@@ -182,6 +182,8 @@ class Session {
     return Session(ctx_, out);
   }
   void rewind(int32_t n_tokens) { detail::Check(moe_session_rewind(s_, n_tokens)); }
+  // Drops n_discard tokens after the first n_keep, the rest moved down (moe_session_shift).
+  void shift(int32_t n_keep, int32_t n_discard) { detail::Check(moe_session_shift(s_, n_keep, n_discard)); }
   // The snapshot's bytes (moe_session_save_buffer), for a host's save system.
   std::vector<uint8_t> save() const {
     size_t need = 0;

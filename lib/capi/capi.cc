@@ -109,6 +109,7 @@ struct StructSizes<moe_session_params> {
   static constexpr ShippedSize kSizes[] = {STRATA_SIZE_BEFORE(moe_session_params, min_p),
                                         STRATA_SIZE_BEFORE(moe_session_params, attn_window),
                                         STRATA_SIZE_BEFORE(moe_session_params, frequency_penalty),
+                                        STRATA_SIZE_BEFORE(moe_session_params, ctx_shift),
                                         Newest<moe_session_params>()};
 };
 template <>
@@ -313,6 +314,12 @@ moe_status ToSessionOptions(const moe_session_params &sp, strata::runtime::Sessi
   if (sp.attn_window > INT32_MAX) return Fail(MOE_ERR_INVALID_ARGUMENT, "moe_session_params: attn_window is too large");
   o.window = static_cast<int>(sp.attn_window);
   if (sp.n_blocked_tokens > 0) o.blocked_tokens.assign(sp.blocked_tokens, sp.blocked_tokens + sp.n_blocked_tokens);
+  if (sp.ctx_shift > 1) {
+    return Fail(MOE_ERR_INVALID_ARGUMENT,
+                "moe_session_params: ctx_shift is " + std::to_string(sp.ctx_shift) + ", not 0 (off) or 1 (on)");
+  }
+  o.ctx_shift = sp.ctx_shift != 0;
+  o.n_keep = sp.n_keep;  // range-checked against the session's n_ctx when it opens
   return MOE_OK;
 }
 
@@ -451,6 +458,8 @@ void moe_session_params_fill_defaults(moe_session_params *p) {
   d.attn_window = 0;
   d.blocked_tokens = nullptr;
   d.n_blocked_tokens = 0;
+  d.ctx_shift = 0;
+  d.n_keep = 0;
   std::memcpy(reinterpret_cast<char *>(p) + sizeof(uint32_t), reinterpret_cast<const char *>(&d) + sizeof(uint32_t),
               std::min<size_t>(p->struct_size, sizeof d) - sizeof(uint32_t));
 }
@@ -862,6 +871,13 @@ moe_status moe_session_rewind(moe_session *s, int32_t n_tokens) {
   return Guard([&]() -> moe_status {
     if (s == nullptr) return Fail(MOE_ERR_INVALID_ARGUMENT, "session is NULL");
     return FromStatus(s->ctx->impl->RewindSession(s->impl, n_tokens));
+  });
+}
+
+moe_status moe_session_shift(moe_session *s, int32_t n_keep, int32_t n_discard) {
+  return Guard([&]() -> moe_status {
+    if (s == nullptr) return Fail(MOE_ERR_INVALID_ARGUMENT, "session is NULL");
+    return FromStatus(s->ctx->impl->ShiftSession(s->impl, n_keep, n_discard));
   });
 }
 

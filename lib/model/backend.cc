@@ -125,6 +125,16 @@ void Backend::WriteKvBytes(uint8_t *dst, int64_t dst_stride, const float *src, i
   for (int64_t r = 0; r < rows; ++r) EncodeKvRow(t, src + r * src_stride, width, dst + r * dst_stride);
 }
 
+void Backend::ReadKvBytes(float *dst, int64_t dst_stride, const uint8_t *src, int64_t src_stride, int64_t rows,
+                          int width, KvType t) {
+  if (t == KvType::kF32 && src_stride % sizeof(float) == 0) {
+    CopyRows(dst, dst_stride, reinterpret_cast<const float *>(src), src_stride / static_cast<int64_t>(sizeof(float)),
+             rows, width);
+    return;
+  }
+  for (int64_t r = 0; r < rows; ++r) DecodeKvCols(t, src + r * src_stride, 0, width, dst + r * dst_stride);
+}
+
 void Backend::WriteKvRows(const KvRowRef *, const KvRowRef *rows_host, int64_t n, const float *k, const float *v,
                           int k_width, int v_width) {
   for (int64_t t = 0; t < n; ++t) {

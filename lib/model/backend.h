@@ -270,6 +270,12 @@ class Backend {
   // through CopyRows, the other types encoded where dst lies (a host-memory backend).
   virtual void WriteKvBytes(uint8_t *dst, int64_t dst_stride, const float *src, int64_t src_stride, int64_t rows,
                             int width, KvType t);
+  // KV rows back to floats, WriteKvBytes' inverse: rows x width values of the rows at src (backend
+  // memory, rows src_stride bytes apart, stored in type t) into dst (backend memory, rows dst_stride
+  // floats apart), each as DecodeKvCols gives them. Default: f32 through CopyRows, the other types
+  // decoded where src lies (a host-memory backend).
+  virtual void ReadKvBytes(float *dst, int64_t dst_stride, const uint8_t *src, int64_t src_stride, int64_t rows,
+                           int width, KvType t);
   // x (n) += y (n)
   virtual void Add(float *x, const float *y, int64_t n) = 0;
   // x (n_rows, n) += bias (n, a weight pointer), per row

@@ -454,11 +454,6 @@ void KvCache::FromHost(void *dst, const void *src, size_t bytes) const {
   }
 }
 
-namespace {
-
-// RoPE frequencies of a head of `dim` rotated dimensions: theta^(-2i/dim), or with YaRN the blend of
-// interpolated (/ factor) and original frequencies over the correction range, as transformers'
-// yarn initialisation computes them. Empty when plain RoPE applies.
 std::vector<float> RopeFrequencies(const HParams &hp, int dim) {
   if (!hp.yarn) return {};
   const int half = dim / 2;
@@ -485,6 +480,8 @@ std::vector<float> RopeFrequencies(const HParams &hp, int dim) {
   }
   return inv;
 }
+
+namespace {
 
 RopeParams RopeParamsFor(const HParams &hp, const std::vector<float> &inv_freq) {
   RopeParams rp;

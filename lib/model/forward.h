@@ -120,6 +120,18 @@ class KvCache {
   absl::Status ReadRows(int l, bool values, int n, float *out) const;
   void WriteRows(int l, bool values, int n, const float *in);
 
+  // Context shift (kv_shift.cc), llama.cpp's seq_rm of [keep, keep + discard) then seq_add of
+  // -discard over [keep + discard, n): of the n positions held, drops the `discard` after the first
+  // `keep` and moves the rows of the rest down by `discard` (their mask bytes with them), each key
+  // rotated by -discard positions with the model's RoPE (the shared RoPE key of a latent row alone;
+  // values and latents move as they are), through `be` (the cache's own backend when it has one), so
+  // the rows are those the keys would have had at their new positions, up to rounding; rows stored
+  // in f16 or q8_0 are decoded, rotated and encoded again. Blocks shared with a fork are copied
+  // first, and the blocks past n - discard are freed. MOE_ERR_INVALID_ARGUMENT for a range outside
+  // [0, n); MOE_ERR_STATE while spilled; MOE_ERR_LIMIT_KV when copying a shared block is refused
+  // (nothing moved then); a backend's error after rows began to move leaves the cache unusable.
+  absl::Status Shift(Backend &be, const HParams &hp, int n, int keep, int discard);
+
   // Bytes of one position's key and value rows of one layer.
   static uint64_t RowBytesFor(Widths w, KvType k_type, KvType v_type) {
     return KvRowBytes(k_type, w.k) + (w.v > 0 ? KvRowBytes(v_type, w.v) : 0);
@@ -228,6 +240,12 @@ class ExpertSource {
     return Errorf(MOE_ERR_INTERNAL, "expert %d of layer %d is not being loaded", expert, layer);
   }
 };
+
+// RoPE frequencies of a head of `dim` rotated dimensions: theta^(-2i/dim), or with YaRN the blend of
+// interpolated (/ factor) and original frequencies over the correction range, as transformers'
+// yarn initialisation computes them. Empty when plain RoPE applies. The forward pass rotates
+// queries and keys with them, and a context shift rotates cached keys back by the same ones.
+std::vector<float> RopeFrequencies(const HParams &hp, int dim);
 
 // One sequence of a batch: its KV cache and the new tokens at positions pos0..pos0+n_tok-1.
 struct SequenceArgs {

@@ -410,8 +410,15 @@ absl::StatusOr<Session *> Context::OpenSession(const SessionOptions &o) {
       return Errorf(MOE_ERR_INVALID_ARGUMENT, "blocked token %d is outside the vocabulary [0, %d)", t, hp_.n_vocab);
     }
   }
+  const int n_ctx = o.n_ctx > 0 ? o.n_ctx : n_ctx_;
+  if (o.n_keep < 0) return Errorf(MOE_ERR_INVALID_ARGUMENT, "negative n_keep %d (tokens a context shift keeps)", o.n_keep);
+  if (o.ctx_shift && o.n_keep >= n_ctx) {
+    return Errorf(MOE_ERR_INVALID_ARGUMENT,
+                  "n_keep %d leaves a context shift nothing to drop: it must be below the session's n_ctx %d", o.n_keep,
+                  n_ctx);
+  }
   auto s = std::unique_ptr<Session>(new Session(this, o));
-  s->n_ctx_ = o.n_ctx > 0 ? o.n_ctx : n_ctx_;
+  s->n_ctx_ = n_ctx;
   STRATA_RETURN_IF_ERROR(s->kv_.Init(hp_, s->n_ctx_, kv_budget_.get(), backend_.get(), kv_type_k_, kv_type_v_));
   s->kv_.SetMask(o.window, o.blocked_tokens);
   std::lock_guard<std::mutex> lk(mu_);
@@ -471,6 +478,33 @@ absl::Status Context::RewindSession(Session *s, int n) {
   s->rows_open_ = false;
   s->detok_.reset();
   s->stop_filter_.reset();
+  return absl::OkStatus();
+}
+
+absl::Status Context::ShiftSession(Session *s, int n_keep, int n_discard) {
+  std::lock_guard<std::mutex> lk(mu_);  // no step runs the session meanwhile
+  const int n_past = s->n_past();
+  if (n_keep < 0 || n_discard < 0 || n_keep > n_past - n_discard) {
+    return Errorf(MOE_ERR_INVALID_ARGUMENT,
+                  "cannot drop %d tokens after the first %d: the session has processed %d (n_keep and n_discard must "
+                  "be >= 0 and n_keep + n_discard <= n_past)",
+                  n_discard, n_keep, n_past);
+  }
+  if (n_discard == 0) return absl::OkStatus();
+  if (s->kv_.spilled()) {
+    STRATA_RETURN_IF_ERROR(Annotate(WithKvRoom(s, [&]() { return s->kv_.Unspill(); }),
+                                    "reading the evicted session back to shift it"));
+  }
+  // Copying blocks shared with a fork may need budget: other sessions make room as for a fork.
+  STRATA_RETURN_IF_ERROR(WithKvRoom(s, [&]() { return s->kv_.Unshare(n_keep, n_past - n_discard - n_keep); }));
+  return ShiftLocked(s, n_keep, n_discard);
+}
+
+absl::Status Context::ShiftLocked(Session *s, int n_keep, int n_discard) {
+  STRATA_RETURN_IF_ERROR(s->kv_.Shift(*backend_, hp_, s->n_past(), n_keep, n_discard));
+  std::lock_guard<std::mutex> slk(s->mu_);
+  s->n_past_ -= n_discard;
+  s->history_.erase(s->history_.begin() + n_keep, s->history_.begin() + n_keep + n_discard);
   return absl::OkStatus();
 }
 
@@ -602,10 +636,20 @@ absl::Status Context::StepLocked(int cap, bool *ran) {
   };
   const size_t n_sess = sessions_.size();
   std::vector<size_t> want(n_sess, 0);
+  std::vector<int> shift(n_sess, 0);  // tokens a context shift drops before the session's input
   std::vector<size_t> order;
   for (size_t i = 0; i < n_sess; ++i) {
     const size_t idx = (rr_next_ + i) % n_sess;
-    want[idx] = sessions_[idx]->n_pending();
+    const Session &s = *sessions_[idx];
+    want[idx] = s.n_pending();
+    if (want[idx] > 0 && s.opts_.ctx_shift) {
+      // Input past n_ctx: the context fills up, then shifts, as often as the input needs; a step
+      // takes what fits, so where the shifts fall does not depend on how the input is cut into steps.
+      const int n_past = s.n_past();
+      int room = s.n_ctx_ - n_past;
+      if (room <= 0) room = shift[idx] = DiscardFor(n_past, s.opts_.n_keep);
+      want[idx] = std::min(want[idx], static_cast<size_t>(room));
+    }
     if (want[idx] > 0) order.push_back(idx);
   }
   if (order.empty()) return absl::OkStatus();
@@ -630,7 +674,7 @@ absl::Status Context::StepLocked(int cap, bool *ran) {
   // back first), or sits this step out; a budget that cannot hold one session fails the step before
   // anything is computed ---
   size_t first_left_out = n_sess;
-  STRATA_RETURN_IF_ERROR(AdmitKv(order, want, &take, &first_left_out));
+  STRATA_RETURN_IF_ERROR(AdmitKv(order, want, shift, &take, &first_left_out));
   std::vector<Chunk> chunks;
   size_t last_served = order.front();
   for (size_t idx : order) {
@@ -779,7 +823,7 @@ absl::Status Context::WithKvRoom(Session *s, const std::function<absl::Status()>
 }
 
 absl::Status Context::AdmitKv(const std::vector<size_t> &order, const std::vector<size_t> &want,
-                              std::vector<size_t> *take, size_t *first_left_out) {
+                              const std::vector<int> &shift, std::vector<size_t> *take, size_t *first_left_out) {
   const size_t n_sess = sessions_.size();
   const uint64_t limit = kv_budget_->limit();
   auto blocks_for = [](int64_t positions) { return (positions + model::kKvBlockTokens - 1) / model::kKvBlockTokens; };
@@ -789,7 +833,9 @@ absl::Status Context::AdmitKv(const std::vector<size_t> &order, const std::vecto
   for (size_t idx : order) {
     if ((*take)[idx] == 0) continue;
     const Session &s = *sessions_[idx];
-    const int64_t positions = s.n_past() + static_cast<int64_t>(want[idx]);
+    // A session that shifts holds its n_past positions first, then its input after the shift.
+    const int64_t positions =
+        std::max<int64_t>(s.n_past() - shift[idx] + static_cast<int64_t>(want[idx]), shift[idx] > 0 ? s.n_past() : 0);
     const uint64_t bytes = static_cast<uint64_t>(blocks_for(positions)) * s.kv_.block_bytes();
     if (bytes > limit) {
       return Errorf(MOE_ERR_LIMIT_KV,
@@ -822,12 +868,16 @@ absl::Status Context::AdmitKv(const std::vector<size_t> &order, const std::vecto
     const size_t idx = order[oi];
     if ((*take)[idx] == 0) continue;
     Session &s = *sessions_[idx];
-    const int positions = s.n_past() + static_cast<int>(want[idx]);
+    const int n_past = s.n_past(), base = n_past - shift[idx];  // the input goes at base..
+    const int positions = base + static_cast<int>(want[idx]);
     // New blocks, and the blocks shared with a fork that the input writes into (each is copied
-    // first; an eviction below may end the sharing, so it is counted again).
+    // first; an eviction below may end the sharing, so it is counted again). A shift holds the
+    // n_past positions first (an evicted session comes back whole) and writes the rows from n_keep.
+    const int hold = shift[idx] > 0 ? std::max(positions, n_past) : positions;
+    const int write0 = shift[idx] > 0 ? s.opts_.n_keep : n_past;
     auto need_now = [&] {
-      return static_cast<uint64_t>(std::max<int64_t>(0, blocks_for(positions) - s.kv_.n_blocks()) +
-                                   s.kv_.SharedBlocksIn(s.n_past(), static_cast<int64_t>(want[idx]))) *
+      return static_cast<uint64_t>(std::max<int64_t>(0, blocks_for(hold) - s.kv_.n_blocks()) +
+                                   s.kv_.SharedBlocksIn(write0, positions - write0)) *
              s.kv_.block_bytes();
     };
     uint64_t need = need_now();
@@ -866,6 +916,7 @@ absl::Status Context::AdmitKv(const std::vector<size_t> &order, const std::vecto
       continue;
     }
     absl::Status st = s.kv_.Unspill();
+    if (st.ok() && shift[idx] > 0) st = ShiftLocked(&s, s.opts_.n_keep, shift[idx]);
     if (st.ok()) st = s.kv_.Unshare(s.n_past(), static_cast<int64_t>(want[idx]));
     if (st.ok()) st = s.kv_.Reserve(positions);
     if (!st.ok()) {
@@ -960,7 +1011,8 @@ absl::Status Session::Feed(const int32_t *tokens, size_t n) {
     }
   }
   std::lock_guard<std::mutex> lk(mu_);
-  if (static_cast<uint64_t>(n_past_) + pending_.size() + n > static_cast<uint64_t>(n_ctx_)) {
+  // With a context shift any input fits: the steps make room as it comes.
+  if (!opts_.ctx_shift && static_cast<uint64_t>(n_past_) + pending_.size() + n > static_cast<uint64_t>(n_ctx_)) {
     return Errorf(MOE_ERR_LIMIT_CONTEXT, "%u more tokens do not fit: %d in the cache, %u queued, n_ctx %d", n,
                   n_past_, pending_.size(), n_ctx_);
   }

@@ -1,9 +1,11 @@
 // Context and sessions. A Context owns the opened model (file, hyper-parameters, bound and loaded
 // weights), the backend and the cache plan; Sessions hold a KV cache, queued input, logits and a
 // sampler each. Step runs every session with queued input; a failed step leaves each session as it
-// was before the step (input still queued, KV position unchanged).
+// was before the step (input still queued, KV position unchanged), but for a context shift the step
+// made (the same shift the next step would make).
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <functional>
@@ -116,7 +118,17 @@ struct SessionOptions {
   // of blocked_tokens are never keys for another position's query.
   int window = 0;
   std::vector<int32_t> blocked_tokens;
+  // Context shift (llama.cpp's --context-shift / --keep): when the input reaches n_ctx positions
+  // and more is queued, a step first drops DiscardFor(n_ctx, n_keep) tokens after the first n_keep
+  // (Context::ShiftSession) instead of the input being refused. n_keep in [0, n_ctx).
+  bool ctx_shift = false;
+  int n_keep = 0;
 };
+
+// Tokens a context shift drops from a session holding n_past tokens, n_keep of them kept: half of
+// the others, as llama.cpp's main and server (n_discard = (n_past - n_keep) / 2), but at least one,
+// so a shift always makes room.
+inline int DiscardFor(int n_past, int n_keep) { return std::max(1, (n_past - n_keep) / 2); }
 
 // Why Session::NextText ended the text (values of the C ABI's MOE_STOP_*).
 enum class StopReason { kNone = 0, kToken = 1, kString = 2 };
@@ -226,6 +238,13 @@ class Context {
   // Forgets the last n processed tokens of s (its KV blocks past the new position are let go, its
   // logits dropped). MOE_ERR_INVALID_ARGUMENT for n < 0 or n > n_past, MOE_ERR_STATE with queued input.
   absl::Status RewindSession(Session *s, int n);
+  // Drops the n_discard processed tokens of s after its first n_keep (KvCache::Shift): the later
+  // ones move down, their keys rotated to their new positions; the position goes back by n_discard
+  // and the history loses those tokens. Queued input and the logits stay (the logits computed
+  // before the shift). An evicted s is read back first. MOE_ERR_INVALID_ARGUMENT for a negative
+  // count or n_keep + n_discard > n_past (nothing changes); MOE_ERR_LIMIT_KV when blocks shared with
+  // a fork cannot be copied (the session unchanged).
+  absl::Status ShiftSession(Session *s, int n_keep, int n_discard);
   // One forward pass over the pending input of all sessions (continuous batching, at most
   // max_batch_tokens tokens, shared round-robin so every session with input gets a chunk; a very
   // short input runs token by token, which takes a few passes). A failed step leaves every session
@@ -309,14 +328,21 @@ class Context {
   // and a spill directory is set, evicts another session (idle ones first, then the least recently
   // run) and tries again. Holds mu_.
   absl::Status WithKvRoom(Session *s, const std::function<absl::Status()> &fn);
+  // The shift of ShiftSession on a resident s whose arguments are checked: the KV rows, then the
+  // position and history (under s->mu_). Evicts nothing: blocks shared with a fork are copied
+  // within the budget or the shift fails unchanged. Holds mu_.
+  absl::Status ShiftLocked(Session *s, int n_keep, int n_discard);
   // The step's KV admission (StepLocked): in round-robin `order`, each session with take[idx] > 0
   // gets the blocks for all its queued input (want[idx] tokens) or is left out of the step
   // (take[idx] = 0); with a spill directory, idle sessions (least recently run first) and then the
   // sessions later in the order (last first, leaving the step) are evicted to make room. Fails
   // (nothing taken) when a session needs more than the whole budget, or when no session fits.
-  // *first_left_out: the first session in the order left out (n_sess when none). Holds mu_.
+  // *first_left_out: the first session in the order left out (n_sess when none). shift[idx] > 0:
+  // the session is full and shifts (ShiftLocked) by that many tokens once resident, before its input
+  // gets blocks (a shift stays done when the step fails later: the next step would make it anyway).
+  // Holds mu_.
   absl::Status AdmitKv(const std::vector<size_t> &order, const std::vector<size_t> &want,
-                       std::vector<size_t> *take, size_t *first_left_out);
+                       const std::vector<int> &shift, std::vector<size_t> *take, size_t *first_left_out);
   int max_batch_tokens_ = kDefaultMaxBatchTokens;
   int prefill_token_max_ = kDefaultPrefillTokenMax;
   int prefill_layer_min_ = kNoLayerMajor;

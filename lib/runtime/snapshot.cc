@@ -182,6 +182,8 @@ void PutOptions(Buf &b, const SessionOptions &o, int n_ctx) {
   b.Put(static_cast<uint64_t>(o.stop_strings.size()));
   for (const auto &s : o.stop_strings) b.PutVec(std::vector<char>(s.begin(), s.end()));
   b.Put(o.sampler.frequency_penalty);  // since version 3
+  b.Put(static_cast<uint8_t>(o.ctx_shift));  // since version 4
+  b.Put(static_cast<int32_t>(o.n_keep));
 }
 
 // `version`: the snapshot's; fields appended in later versions keep their defaults in older files.
@@ -208,9 +210,18 @@ absl::Status GetOptions(Reader &r, uint32_t version, SessionOptions *o) {
   o->stop_strings.resize(n_strings);
   for (auto &s : o->stop_strings) STRATA_RETURN_IF_ERROR(r.GetString(&s, "stop string"));
   if (version >= 3) STRATA_RETURN_IF_ERROR(r.Get(&o->sampler.frequency_penalty, "frequency_penalty"));
-  if (logits_all > 1 || stop_at_eos > 1) {
-    return Errorf(MOE_ERR_FORMAT_METADATA, "snapshot options: flags %u, %u are not 0 or 1", logits_all, stop_at_eos);
+  uint8_t ctx_shift = 0;
+  int32_t n_keep = 0;
+  if (version >= 4) {
+    STRATA_RETURN_IF_ERROR(r.Get(&ctx_shift, "ctx_shift"));
+    STRATA_RETURN_IF_ERROR(r.Get(&n_keep, "n_keep"));
   }
+  if (logits_all > 1 || stop_at_eos > 1 || ctx_shift > 1) {
+    return Errorf(MOE_ERR_FORMAT_METADATA, "snapshot options: flags %u, %u, %u are not 0 or 1", logits_all,
+                  stop_at_eos, ctx_shift);
+  }
+  o->ctx_shift = ctx_shift != 0;
+  o->n_keep = n_keep;  // checked with the other params when the session opens
   o->n_ctx = n_ctx;
   o->window = window;
   o->logits_all = logits_all != 0;
@@ -620,7 +631,10 @@ absl::StatusOr<Session *> Context::LoadSessionBytes(const uint8_t *data, uint64_
     return err(MOE_ERR_FORMAT_METADATA,
                strata::StrFormat("n_past %d disagrees with a history of %u tokens", n_past, history.size()));
   }
-  if (static_cast<uint64_t>(n_past) + pending.size() > static_cast<uint64_t>(n_ctx)) {
+  // With a context shift the queued input may run past n_ctx (the steps make room); the tokens
+  // processed must fit either way.
+  if (n_past > n_ctx ||
+      (!o.ctx_shift && static_cast<uint64_t>(n_past) + pending.size() > static_cast<uint64_t>(n_ctx))) {
     return MakeError(MOE_ERR_LIMIT_CONTEXT,
                      strata::StrFormat("session snapshot '%s' holds %d tokens and %u pending; the session's n_ctx is %d",
                                      path, n_past, pending.size(), n_ctx));

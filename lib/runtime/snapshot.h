@@ -1,6 +1,7 @@
 // Session snapshots: the on-disk format of moe_session_save / moe_session_load (the code lives
-// with Context::SaveSession / LoadSession in snapshot.cc). Little-endian, version 3 (2 is read too:
-// its options end before frequency_penalty, which loads as 0):
+// with Context::SaveSession / LoadSession in snapshot.cc). Little-endian, version 4 (2 and 3 are
+// read too: their options end before frequency_penalty (2) or before ctx_shift and n_keep (3),
+// which load as 0):
 //
 //   header (kSnapshotHeaderBytes)  magic "STRATASN", u32 version, u32 header bytes, u64 total bytes,
 //                                  u64 model id, u64 weights digest, char arch[24], i32 x 10
@@ -23,7 +24,7 @@
 namespace strata::runtime {
 
 inline constexpr char kSnapshotMagic[8] = {'S', 'T', 'R', 'A', 'T', 'A', 'S', 'N'};
-inline constexpr uint32_t kSnapshotVersion = 3;
+inline constexpr uint32_t kSnapshotVersion = 4;
 inline constexpr uint32_t kSnapshotHeaderBytes = 112;
 
 // A 64-bit hash (FNV-1a) of what fixes a model's numbers: the architecture, the hyper-parameters

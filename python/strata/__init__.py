@@ -176,10 +176,18 @@ class Model:
         return buf.raw[: n.value].decode("utf-8", "replace")
 
     def session(self, *, temperature=0.0, top_k=0, top_p=1.0, min_p=0.0, seed=0x5EED, n_ctx=0,
-                repeat_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0, penalty_last_n=64, stop=None):
-        """A new session (one conversation with its own KV cache) with these sampling settings."""
-        return Session._open(self, _session_params(temperature, top_k, top_p, min_p, seed, n_ctx, repeat_penalty,
-                                                   presence_penalty, frequency_penalty, penalty_last_n, stop))
+                repeat_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0, penalty_last_n=64, stop=None,
+                context_shift=False, n_keep=0):
+        """A new session (one conversation with its own KV cache) with these sampling settings.
+        context_shift=True: input past n_ctx is taken, the context shifting as llama.cpp's
+        --context-shift does (half of the tokens after the first n_keep dropped when it is full)."""
+        sp = _session_params(temperature, top_k, top_p, min_p, seed, n_ctx, repeat_penalty, presence_penalty,
+                             frequency_penalty, penalty_last_n, stop)
+        if not isinstance(context_shift, bool):
+            raise TypeError("context_shift must be a bool, not %s" % type(context_shift).__name__)
+        sp.ctx_shift = 1 if context_shift else 0
+        sp.n_keep = _int(n_keep, "n_keep", 0, (1 << 31) - 1)
+        return Session._open(self, sp)
 
     def load_session(self, path):
         """A session restored from a file written by Session.save for this model."""
@@ -363,6 +371,12 @@ class Session:
     def rewind(self, n_tokens):
         """Forgets the last n_tokens processed tokens (their logits too, until the next eval)."""
         _check(_capi.lib.moe_session_rewind(self._handle(), _int(n_tokens, "n_tokens", 0, (1 << 31) - 1)), "rewind")
+
+    def shift(self, n_keep, n_discard):
+        """Drops n_discard processed tokens after the first n_keep; the later ones move down, their keys
+        rotated to their new positions (moe_session_shift)."""
+        _check(_capi.lib.moe_session_shift(self._handle(), _int(n_keep, "n_keep", 0, (1 << 31) - 1),
+                                           _int(n_discard, "n_discard", 0, (1 << 31) - 1)), "shift")
 
     def _generate(self, ids, max_tokens):
         """Pieces of text after feeding ids: the session samples, turns tokens into text (holding back

@@ -70,6 +70,8 @@ class SessionParams(ctypes.Structure):  # moe_session_params
         ("blocked_tokens", c_int32_p),
         ("n_blocked_tokens", c_size_t),
         ("frequency_penalty", ctypes.c_float),
+        ("ctx_shift", ctypes.c_uint32),  # since 0.9: context shift, llama.cpp's --context-shift / --keep
+        ("n_keep", ctypes.c_int32),
     ]
 
 
@@ -161,6 +163,7 @@ _sig("moe_session_load_buffer", _status, _ctx, ctypes.c_void_p, c_size_t, ctypes
      ctypes.POINTER(_sess))
 _sig("moe_session_fork", _status, _sess, ctypes.POINTER(_sess))
 _sig("moe_session_rewind", _status, _sess, ctypes.c_int32)
+_sig("moe_session_shift", _status, _sess, ctypes.c_int32, ctypes.c_int32)
 _sig("moe_ctx_abort", _status, _ctx)
 _sig("moe_tokenize", _status, _ctx, ctypes.c_char_p, c_size_t, ctypes.c_uint32, c_int32_p, c_size_t,
      ctypes.POINTER(c_size_t))

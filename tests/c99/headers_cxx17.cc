@@ -14,6 +14,7 @@ int strata_cxx17_header_check(const char *path) {
     strata::Span<const float> l = s.logits();
     strata::Session f = s.fork();
     f.rewind(1);
+    f.shift(1, 1);
     const std::vector<uint8_t> bytes = s.save();
     strata::Session g = ctx.load(bytes);
     strata::TextPiece p = g.sample_text();

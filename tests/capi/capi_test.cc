@@ -34,8 +34,8 @@ moe_ctx *OpenCtx(uint32_t n_ctx = 0) {
 
 TEST_CASE("version and status names", "[capi]") {
   CHECK(moe_version_number() == MOE_VERSION_NUMBER);
-  CHECK(MOE_VERSION_NUMBER == 800);
-  CHECK(std::string(moe_version_string()) == "0.8.0");
+  CHECK(MOE_VERSION_NUMBER == 900);
+  CHECK(std::string(moe_version_string()) == "0.9.0");
   CHECK(std::string(moe_status_string(MOE_ERR_CANCELLED)) == "MOE_ERR_CANCELLED");
   CHECK(std::string(moe_status_string(MOE_ERR_ABORTED)) == "MOE_ERR_ABORTED");
   CHECK(MOE_STATUS_CATEGORY(MOE_ERR_ABORTED) == MOE_ERR_CANCELLED);

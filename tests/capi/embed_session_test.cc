@@ -220,7 +220,7 @@ TEST_CASE("load_buffer: cut, corrupt, foreign or other-version bytes are refused
     CHECK(refused(b, MOE_ERR_FORMAT, "") == MOE_ERR_FORMAT_CHECKSUM);
   }
   SECTION("another format version") {
-    for (uint32_t version : {1u, 4u, 0xFFFFFFFFu}) {
+    for (uint32_t version : {1u, 5u, 0xFFFFFFFFu}) {
       std::vector<uint8_t> b = good;
       std::memcpy(b.data() + 8, &version, 4);
       CHECK(refused(b, MOE_ERR_UNSUPPORTED, "version") == MOE_ERR_UNSUPPORTED);

@@ -61,6 +61,13 @@ TEST_CASE("moe.hpp: failures throw strata::Error with the status and the message
   } catch (const strata::Error &e) {
     CHECK(e.status() == MOE_ERR_INVALID_ARGUMENT);
   }
+  try {
+    s.shift(0, 1);
+    FAIL("shifted an empty session");
+  } catch (const strata::Error &e) {
+    CHECK(e.status() == MOE_ERR_INVALID_ARGUMENT);
+    CHECK(std::string(e.what()).find("processed 0") != std::string::npos);
+  }
   const std::vector<uint8_t> junk = {1, 2, 3};
   CHECK_THROWS_AS(ctx.load(junk), strata::Error);
   CHECK(strata::version() == moe_version_string());

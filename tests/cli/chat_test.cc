@@ -156,6 +156,29 @@ TEST_CASE("strata chat on a synthesized model (strata synth --shape tiny)", "[cl
   CHECK(std::count(r.out.begin(), r.out.end(), '\n') >= 2);
 }
 
+TEST_CASE("strata chat --context-shift: a conversation longer than the context goes on", "[cli][chat][ctx_shift]") {
+  TempDir dir;
+  MakeChatModel(dir.path());
+  const std::string model = " --model " + dir.path();
+  const std::string input = "Hi there\nAnd then?\nGo on\nMore\nAgain\nOnce more\n";
+  // Without a shift the second turn no longer fits 80 positions: one error line naming the way on.
+  Result off = Cli("chat" + model + " -n 20 --temp 0 -c 80", input);
+  ExpectError(off, "--context-shift");
+  // With it every turn is answered and the context never holds more than 80 tokens; the first turn
+  // (--keep -1) is kept, so the context never falls below it.
+  Result on = Cli("chat" + model + " -n 20 --temp 0 -c 80 -v --context-shift --keep -1", input);
+  INFO("stderr: " << on.err);
+  REQUIRE(on.exit_code == 0);
+  const auto turns = Turns(on.err);
+  REQUIRE(turns.size() == 6);
+  for (const Turn &t : turns) {
+    CHECK(t.context <= 80);
+    CHECK(t.context >= turns[0].fed);
+  }
+  CHECK(turns.back().context < turns[4].context + turns[5].fed + turns[5].generated);  // it shifted
+  ExpectError(Cli("chat" + model + " --keep 2", input), "--keep sets what a context shift keeps");
+}
+
 TEST_CASE("strata chat errors", "[cli][chat]") {
   ExpectError(Cli("chat --model " + kSrc + "/tests/golden/qwen3moe_f32/hf", "hello\n"), "carries no tokenizer");
   ExpectError(Cli("chat --model " + kSrc + "/tests/golden/mixtral_f32/model-f32.gguf", "hello\n"),

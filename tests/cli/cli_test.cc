@@ -483,3 +483,45 @@ TEST_CASE("strata --cache-type-k/-ctk and --cache-type-v/-ctv: llama.cpp's names
   REQUIRE(ledger.exit_code == 0);
   CHECK(ledger.out.find("K q8_0, V q8_0") != std::string::npos);
 }
+
+TEST_CASE("strata run --context-shift --keep N: generation goes on past n_ctx", "[cli][ctx_shift]") {
+  const std::string model = "--model " + kGolden + "qwen3moe_f32/model-f32.gguf";
+  std::string ten;  // the golden prompt's first ten ids
+  {
+    std::stringstream ss(GoldenTokens("qwen3moe_f32"));
+    std::string item;
+    for (int i = 0; i < 10 && std::getline(ss, item, ','); ++i) ten += (i ? "," : "") + item;
+  }
+  const std::string prompt = " --tokens " + ten;
+  auto generated = [](const std::string &out) {
+    const size_t at = out.find("generated:");
+    REQUIRE(at != std::string::npos);
+    std::stringstream ss(out.substr(at + 10));
+    int n = 0;
+    for (std::string t; ss >> t;) ++n;
+    return n;
+  };
+  // Off (the default): the text stops at the context, with the warning naming the way on.
+  const Result off = Cli("run " + model + prompt + " -c 128 -n 300 --temp 0");
+  INFO(off.err);
+  REQUIRE(off.exit_code == 0);
+  CHECK(off.err.find("stopped at the context length (128 positions)") != std::string::npos);
+  CHECK(off.err.find("--context-shift") != std::string::npos);
+  CHECK(generated(off.out) < 128);
+  // On: all 300 tokens, twice the same (greedy), whatever --keep spells the prompt with.
+  const Result on = Cli("run " + model + prompt + " -c 128 -n 300 --temp 0 --context-shift --keep 4");
+  INFO(on.err);
+  REQUIRE(on.exit_code == 0);
+  CHECK(generated(on.out) == 300);
+  CHECK(on.err.find("warning") == std::string::npos);
+  CHECK(Cli("run " + model + prompt + " -c 128 -n 300 --temp 0 --context-shift --keep 4").out == on.out);
+  // The text before the first shift is the unshifted one's.
+  CHECK(on.out.substr(0, 200) == off.out.substr(0, 200));
+  const Result all = Cli("run " + model + prompt + " -c 128 -n 300 --temp 0 --context-shift --keep -1");
+  REQUIRE(all.exit_code == 0);
+  CHECK(generated(all.out) == 300);
+  ExpectError(Cli("run " + model + prompt + " --keep 3"), "--keep sets what a context shift keeps");
+  ExpectError(Cli("run " + model + " --context-shift --keep -2"), "--keep needs an integer in [-1,");
+  // A prompt longer than the context kept whole leaves nothing to drop: the library says so.
+  ExpectError(Cli("run " + model + prompt + " -c 9 --context-shift --keep -1"), "below the session's n_ctx 9");
+}

@@ -17,7 +17,7 @@ LD_LIBRARY_PATH="$tmp/prefix/lib" "$tmp/cmake-build/consumer" "$model" | grep -q
 # 2. pkg-config, strict C99.
 export PKG_CONFIG_PATH="$tmp/prefix/lib/pkgconfig"
 pkg-config --exists strata
-pkg-config --modversion strata | grep -qx "0.8.0"
+pkg-config --modversion strata | grep -qx "0.9.0"
 "$cc" -std=c99 -pedantic -Wall -Werror -o "$tmp/pc-consumer" "$src/main.c" $(pkg-config --cflags --libs strata)
 LD_LIBRARY_PATH="$tmp/prefix/lib" "$tmp/pc-consumer" "$model" | grep -q "vocab 256"
 # 3. Only the C ABI is exported from the shared library.
@@ -36,7 +36,7 @@ got=$("$tmp/moved/bin/strata" run --tokens 1,2 -n 3 --temp 0 2>/dev/null) ||
   { echo "a moved prefix's strata run failed" >&2; exit 1; }
 [ -n "$want" ] && [ "$got" = "$want" ] || { echo "a moved prefix's strata found another demo model" >&2; exit 1; }
 # 5. The C++ wrapper is installed beside moe.h and builds against the installed package.
-printf '#include <strata/moe.hpp>\nint main() { return strata::version() == "0.8.0" ? 0 : 1; }\n' > "$tmp/hpp.cc"
+printf '#include <strata/moe.hpp>\nint main() { return strata::version() == "0.9.0" ? 0 : 1; }\n' > "$tmp/hpp.cc"
 c++ -std=c++17 -pedantic -Wall -Werror -o "$tmp/hpp" "$tmp/hpp.cc" $(pkg-config --cflags --libs strata)
 LD_LIBRARY_PATH="$tmp/prefix/lib" "$tmp/hpp"
 # 6. The static archive: a C host linked against it runs with no library path, and needs none of

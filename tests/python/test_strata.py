@@ -282,3 +282,28 @@ def test_kv_cache_types(rng):
         assert 0 < err <= tol * max(1.0, float(np.max(np.abs(ref)))), (k, v, err)
     with pytest.raises(strata.Error):
         strata.Model(DEMO, cache_type_k="q4_k")
+
+
+def test_context_shift(rng):
+    """context_shift reaches the library: a session fed past its n_ctx goes on (llama.cpp's rule for its
+    position), a manual shift by the same amount gives the same logits bit for bit, bad values raise."""
+    with strata.Model(DEMO) as m:
+        n_ctx, keep = 64, rng.randrange(1, 20)
+        ids = [rng.randrange(m.vocab_size) for _ in range(n_ctx + 10)]
+        auto = m.session(n_ctx=n_ctx, context_shift=True, n_keep=keep)
+        by_hand = m.session(n_ctx=n_ctx)
+        got = auto.eval(ids)
+        assert auto.n_past == n_ctx - (n_ctx - keep) // 2 + 10
+        by_hand.eval(ids[:n_ctx])
+        with pytest.raises(strata.Error) as e:
+            by_hand.eval(ids[n_ctx:])
+        assert e.value.status_name == "MOE_ERR_LIMIT_CONTEXT"
+        by_hand.shift(keep, (n_ctx - keep) // 2)
+        assert np.array_equal(by_hand.eval(ids[n_ctx:]), got)  # the refused input was not queued
+        with pytest.raises(strata.Error) as e:
+            m.session(n_ctx=n_ctx, context_shift=True, n_keep=n_ctx)
+        assert e.value.status_name == "MOE_ERR_INVALID_ARGUMENT"
+        with pytest.raises(strata.Error):
+            by_hand.shift(0, by_hand.n_past + 1)
+        with pytest.raises(TypeError):
+            m.session(context_shift=1)

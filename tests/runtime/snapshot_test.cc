@@ -237,30 +237,31 @@ TEST_CASE("snapshot: corruption, truncation, foreign models and newer versions a
   }
   SECTION("a newer format version, with a valid checksum") {
     std::vector<char> b = bytes;
-    const uint32_t v4 = 4;
-    std::memcpy(b.data() + 8, &v4, 4);
+    const uint32_t v5 = 5;
+    std::memcpy(b.data() + 8, &v5, 4);
     const uint32_t crc = strata::Crc32c(0, b.data(), b.size() - 4);
     std::memcpy(b.data() + b.size() - 4, &crc, 4);
     WriteAll(bad, b);
     moe_status st = MOE_OK;
     REQUIRE(refused(&st));
     CHECK(st == MOE_ERR_UNSUPPORTED);
-    CHECK(std::string(moe_last_error()).find("version 4") != std::string::npos);
+    CHECK(std::string(moe_last_error()).find("version 5") != std::string::npos);
   }
   SECTION("version 2, whose options end before frequency_penalty, loads with it 0") {
     // The options section comes first, after the 112-byte header: its length at 120, its payload
-    // from 128, frequency_penalty its last 4 bytes. Cut them, and fix the version, total and length.
+    // from 128, ending with frequency_penalty (4 bytes), then ctx_shift (1) and n_keep (4) since
+    // version 4. Cut the three, and fix the version, total and length.
     std::vector<char> b = bytes;
     uint64_t opts_len = 0, total = 0;
     std::memcpy(&opts_len, b.data() + 120, 8);
     std::memcpy(&total, b.data() + 16, 8);
     float saved = 0.f;
-    std::memcpy(&saved, b.data() + 128 + opts_len - 4, 4);
+    std::memcpy(&saved, b.data() + 128 + opts_len - 9, 4);
     REQUIRE(saved == SamplingParams().frequency_penalty);
-    b.erase(b.begin() + static_cast<std::ptrdiff_t>(128 + opts_len - 4), b.begin() + static_cast<std::ptrdiff_t>(128 + opts_len));
+    b.erase(b.begin() + static_cast<std::ptrdiff_t>(128 + opts_len - 9), b.begin() + static_cast<std::ptrdiff_t>(128 + opts_len));
     const uint32_t v2 = 2;
-    opts_len -= 4;
-    total -= 4;
+    opts_len -= 9;
+    total -= 9;
     std::memcpy(b.data() + 8, &v2, 4);
     std::memcpy(b.data() + 16, &total, 8);
     std::memcpy(b.data() + 120, &opts_len, 8);

@@ -285,6 +285,28 @@ def main():
     finally:
         small.stop()
 
+    # --context-shift: a reply longer than the context goes on, as strata run's with the same flags;
+    # without it such a max_tokens is refused.
+    shift_flags = ["-c", "64", "--context-shift", "--keep", "-1"]
+    shifting = Server(args.strata, *shift_flags)
+    try:
+        p = prompts[0]
+        want = run_cli(args.strata, p, 200, *shift_flags)
+        status, reply = shifting.raw("POST", "/v1/completions",
+                                     json.dumps({"prompt": p, "max_tokens": 200, "temperature": 0}))
+        check("context shift: text equals strata run's", status == 200 and reply["choices"][0]["text"] == want,
+              f"{status} {reply}")
+        check("context shift: past n_ctx", status == 200 and reply["usage"]["completion_tokens"] > 64, reply)
+    finally:
+        shifting.stop()
+    bounded = Server(args.strata, "-c", "64")
+    try:
+        status, reply = bounded.raw("POST", "/v1/completions", json.dumps({"prompt": "Emma", "max_tokens": 200}))
+        check("no context shift: max_tokens past n_ctx refused", status == 400 and is_error_object(reply) and
+              "context holds 64" in reply["error"]["message"], f"{status} {reply}")
+    finally:
+        bounded.stop()
+
     print(f"{passed} passed, {len(failures)} failed", flush=True)
     return 1 if failures else 0
 
