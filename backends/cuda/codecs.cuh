@@ -40,28 +40,28 @@ STRATA_HD T Ldg(const T *p) {
 }
 STRATA_HD float MulRn(float a, float b) {
 #ifdef __CUDA_ARCH__
-  return MulRn(a, b);
+  return __fmul_rn(a, b);
 #else
   return a * b;
 #endif
 }
 STRATA_HD float AddRn(float a, float b) {
 #ifdef __CUDA_ARCH__
-  return AddRn(a, b);
+  return __fadd_rn(a, b);
 #else
   return a + b;
 #endif
 }
 STRATA_HD float SubRn(float a, float b) {
 #ifdef __CUDA_ARCH__
-  return SubRn(a, b);
+  return __fsub_rn(a, b);
 #else
   return a - b;
 #endif
 }
 STRATA_HD float BitsAsFloat(uint32_t u) {
 #ifdef __CUDA_ARCH__
-  return BitsAsFloat(u);
+  return __uint_as_float(u);
 #else
   float f;
   std::memcpy(&f, &u, sizeof f);
