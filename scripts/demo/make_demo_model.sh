@@ -22,7 +22,7 @@ case "${1:-}" in
     "$STRATA" pack out/demo/hf out/demo/pack/f32.gguf --experts f32 --attention f32
     $PY scripts/demo/gguf_add_tokenizer.py out/demo/pack/f32.gguf out/demo/hf out/demo/pack/f32tok.gguf \
       --pre qwen2 --name austen-moe
-    "$STRATA" pack out/demo/pack/f32tok.gguf "$MODEL" --experts q4_k --attention q8_0 --expert-contiguous
+    "$STRATA" pack out/demo/pack/f32tok.gguf "$MODEL" --experts q4_k --attention q8_0
     "$STRATA" tokenize --model "$MODEL" --text "It is a truth universally acknowledged"
     ;;
   eval)

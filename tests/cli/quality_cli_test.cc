@@ -441,10 +441,14 @@ TEST_CASE("strata pack --imatrix quantizes under the importance weights", "[cli]
   const int64_t cols = 256, rows = 512, row_bytes = cols / 256 * 84;
   for (int e : {0, 7, 15}) {
     INFO("expert " << e);
-    const auto *src = demo.FindTensor("blk.1.ffn_down." + std::to_string(e) + ".weight");
-    REQUIRE(src != nullptr);
-    std::string raw(src->nbytes, '\0');
-    REQUIRE(demo_f->ReadAt(src->offset, raw.data(), raw.size()).ok());
+    // The demo's expert e: its own tensor (a per-expert layout) or its slice of the stacked one.
+    const auto *own = demo.FindTensor("blk.1.ffn_down." + std::to_string(e) + ".weight");
+    const auto *stacked = demo.FindTensor("blk.1.ffn_down_exps.weight");
+    REQUIRE((own != nullptr || stacked != nullptr));
+    const uint64_t expert_bytes = own != nullptr ? own->nbytes : stacked->nbytes / 16;
+    const uint64_t at = own != nullptr ? own->offset : stacked->offset + static_cast<uint64_t>(e) * expert_bytes;
+    std::string raw(expert_bytes, '\0');
+    REQUIRE(demo_f->ReadAt(at, raw.data(), raw.size()).ok());
     std::vector<float> vals(static_cast<size_t>(rows * cols));
     q4->dequantize(raw.data(), vals.data(), rows * cols);
     const std::vector<float> weights = im->Weights("blk.1.ffn_down_exps.weight", e, cols);
