@@ -34,9 +34,9 @@ namespace strata::tunables {
     "(moe_params.cuda_cold_copies)")                                                                                \
   X(bool, cuda_streaming, "STRATA_CUDA_STREAMING", true,                                                            \
     "the CUDA backend runs over a streaming context (moe_params.cuda_streaming)")                                   \
-  X(bool, device_tiers, "STRATA_DEVICE_TIERS", true,                                                                \
+  X(bool, device_tiers, "STRATA_DEVICE_TIERS", false,                                                               \
     "a VRAM budget short of the experts runs the tiers of lib/store even when RAM holds them all (the RAM tier "     \
-    "then holds those VRAM does not, with one to spare); off = the CUDA backend's own VRAM tier (to be retired)")    \
+    "then holds those VRAM does not, with one to spare); off = the CUDA backend's own VRAM tier")                      \
   /* CUDA backend: the decode step's paths. */                                                                      \
   X(bool, cuda_pdl, "STRATA_CUDA_PDL", true, "programmatic dependent launch on devices of compute capability 9+")   \
   X(bool, cuda_fill_at_open, "STRATA_CUDA_FILL_AT_OPEN", true, "the VRAM tier's slots filled at open")              \

@@ -135,8 +135,8 @@ class GraphsOff {
 };
 
 // Keeps the contexts opened in its lifetime on the backend's own VRAM tier (STRATA_DEVICE_TIERS=0),
-// for the tests of what that tier does (its promotions, re-plans, prompt staging and hotlist fill);
-// by default lib/store's tiers serve a VRAM budget short of the experts.
+// for the tests of what that tier does (its promotions, re-plans, prompt staging and hotlist fill),
+// whichever way the tunable's default goes.
 class OwnTier {
  public:
   OwnTier() { SetKnob("STRATA_DEVICE_TIERS", "0"); }
