@@ -80,6 +80,12 @@ class HostSlots final : public DeviceSlots {
   uint32_t n_ = 0;
 };
 
+// Device tables on for the HostSlots made in its lifetime.
+struct TablesOn {
+  TablesOn() { HostSlots::tables_on = true; }
+  ~TablesOn() { HostSlots::tables_on = false; }
+};
+
 HostSlots *g_last_slots = nullptr;  // the device of the context opened last
 std::unique_ptr<DeviceSlots> MakeHostSlots() {
   auto d = std::make_unique<HostSlots>();
@@ -367,10 +373,7 @@ TEST_CASE("complete tiers route on the device's tables, swap between steps and k
   RecordingTier below(t, seed);
   const uint32_t n_keys = static_cast<uint32_t>(t.n_layers() * t.n_experts());
   HostSlots dev;
-  HostSlots::tables_on = true;
-  struct Off {
-    ~Off() { HostSlots::tables_on = false; }
-  } off;
+  TablesOn tables;
   VramTierOptions o;
   o.n_slots = 2 + rng() % 3;
   o.swaps_per_step = 1;
@@ -467,10 +470,7 @@ TEST_CASE("a prompt's re-plan moves a capped number at its end and the rest over
   RecordingTier below(t, seed);
   const uint32_t n_keys = static_cast<uint32_t>(t.n_layers() * t.n_experts());
   HostSlots dev;
-  HostSlots::tables_on = true;
-  struct Off {
-    ~Off() { HostSlots::tables_on = false; }
-  } off;
+  TablesOn tables;
   VramTierOptions o;
   o.n_slots = 4 + rng() % 2;
   o.prompt_swaps = 1;
@@ -650,10 +650,7 @@ std::vector<uint8_t> FileBytes(const std::string &path, const ExpertTable &t, in
 
 TEST_CASE("complete tiers keep the device tables pointing at every expert's bytes", "[store][vram][golden]") {
   TestDevice device;
-  HostSlots::tables_on = true;
-  struct Off {
-    ~Off() { HostSlots::tables_on = false; }
-  } off;
+  TablesOn tables;
   std::mt19937 rng(std::random_device{}());
   for (const char *m : {"qwen3moe_f32/model-q8_0.gguf", "mixtral_f32/model-f16.gguf"}) {
     const std::string model = kGolden + m;
