@@ -208,6 +208,42 @@ absl::Status ExpertCache::Admit(uint32_t key, const SlotBytes &from) {
   return st;
 }
 
+uint8_t *ExpertCache::Reserve(uint32_t key) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (key >= key_slot_.size() || key_slot_[key] >= 0) return nullptr;
+  for (size_t s = 0; s < slots_.size(); ++s) {
+    Slot &sl = slots_[s];
+    if (sl.state != SlotState::kEmpty || sl.pins != 0) continue;
+    sl.state = SlotState::kLoading;
+    sl.key = key;
+    sl.prefetched = false;
+    key_slot_[key] = static_cast<int32_t>(s);
+    key_error_[key] = absl::OkStatus();
+    ++loading_;  // a waiter on the key sees it loading until Complete
+    return sl.data;
+  }
+  return nullptr;
+}
+
+void ExpertCache::Complete(uint32_t key, bool ok) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (key >= key_slot_.size() || key_slot_[key] < 0) return;
+  Slot &sl = slots_[key_slot_[key]];
+  if (sl.state != SlotState::kLoading || sl.key != key) return;
+  --loading_;
+  if (ok) {
+    sl.views = SlotViews(key, sl.data);
+    sl.state = SlotState::kReady;
+    ++stats_.admitted;
+    stats_.bytes_admitted += table_.slot_bytes();
+    policy_->OnUse(key, ++tick_);
+  } else {
+    sl.state = SlotState::kEmpty;
+    key_slot_[key] = -1;
+  }
+  cv_done_.notify_all();
+}
+
 const model::ExpertWeights *ExpertCache::ReadyViews(uint32_t key) const {
   std::lock_guard<std::mutex> lk(mu_);
   if (key >= key_slot_.size() || key_slot_[key] < 0) return nullptr;

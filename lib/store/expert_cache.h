@@ -105,6 +105,8 @@ class ExpertCache final : public ExpertTier {
   // ExpertTier: what a tier above asks of the RAM tier.
   bool Holds(uint32_t key) const override;
   absl::Status Admit(uint32_t key, const SlotBytes &from) override;
+  uint8_t *Reserve(uint32_t key) override;
+  void Complete(uint32_t key, bool ok) override;
   bool Evict(uint32_t key) override;
   TierStats tier_stats() const override;
   const model::ExpertWeights *ReadyViews(uint32_t key) const override;

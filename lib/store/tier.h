@@ -35,6 +35,15 @@ class DeviceSlots {
   // last written); complete when the call returns. An error leaves the slot's contents undefined.
   virtual absl::Status CopyIn(uint32_t s, const uint8_t *src, uint64_t bytes) = 0;
   virtual absl::Status CopyOut(uint32_t s, uint8_t *dst, uint64_t bytes) = 0;
+  // The same copies queued, returning at once: each starts after every computation queued so far,
+  // on the device's copy engines, so it overlaps the computations queued after it (which must not
+  // read what it writes). Fence returns a ticket for every copy queued before it; Reached(t) tells
+  // whether they are complete, `wait` blocking until they are. By default the copies are made
+  // synchronously and every ticket is reached. An error leaves the copies' destinations undefined.
+  virtual absl::Status QueueCopyIn(uint32_t s, const uint8_t *src, uint64_t bytes) { return CopyIn(s, src, bytes); }
+  virtual absl::Status QueueCopyOut(uint32_t s, uint8_t *dst, uint64_t bytes) { return CopyOut(s, dst, bytes); }
+  virtual absl::StatusOr<uint64_t> Fence() { return uint64_t{0}; }
+  virtual absl::StatusOr<bool> Reached(uint64_t ticket, bool wait) { return true; }
   // Device tables: per layer, every routed expert's address as the device reads it (one of these
   // slots, or host memory the backend maps: the RAM tier's slab), so the backend routes and groups
   // a decode batch by itself (model::Backend::RoutedExperts) while the tiers together hold every
@@ -80,6 +89,12 @@ class ExpertTier : public model::ExpertSource {
   // Takes a slot for `key` (which it does not hold) and copies the expert's bytes in from `from`;
   // the slot's previous expert, if any, is dropped. MOE_ERR_NO_MEMORY when every slot is in use.
   virtual absl::Status Admit(uint32_t key, const SlotBytes &from) = 0;
+  // Admission in two halves, for a copy the tier above makes asynchronously: Reserve takes a free
+  // slot for `key` (which it does not hold; nothing is given up for it) and returns where its bytes
+  // go, null when no slot is free (or the tier cannot); `key` is then held but not ready until
+  // Complete(key, ok) (not ok: the slot is empty again).
+  virtual uint8_t *Reserve(uint32_t key) { return nullptr; }
+  virtual void Complete(uint32_t key, bool ok) {}
   // Gives up `key` when nothing uses it now; false when it is in use or not held.
   virtual bool Evict(uint32_t key) = 0;
   virtual TierStats tier_stats() const = 0;
