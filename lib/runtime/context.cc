@@ -177,7 +177,14 @@ absl::StatusOr<std::unique_ptr<Context>> Context::Open(const ContextOptions &o) 
     // The RAM tier holds one layer's experts at least (ExpertCache's floor).
     const uint32_t routed = ctx->plan_.n_routed_experts;
     const uint32_t least = std::max<uint32_t>(ctx->hp_.n_expert, 2 * static_cast<uint32_t>(ctx->hp_.n_expert_used));
-    ctx->plan_.ram_expert_slots = std::min(routed, std::max(routed - ctx->plan_.vram_expert_slots + 1, least));
+    // Beside the experts VRAM does not hold, spare slots where the budget has them (the landing
+    // places of the VRAM tier's victims while its moves are in flight), one at least.
+    const uint32_t rest = routed - ctx->plan_.vram_expert_slots;
+    const uint64_t spare = std::clamp<uint64_t>(
+        std::min<uint64_t>(ctx->plan_.ram_expert_slots - std::min(ctx->plan_.ram_expert_slots, rest),
+                           static_cast<uint64_t>(std::max<int64_t>(0, tunables::Get().vram_spare_ram_slots))),
+        1, std::max<uint64_t>(1, ctx->plan_.vram_expert_slots - 1));
+    ctx->plan_.ram_expert_slots = std::min(routed, std::max(rest + static_cast<uint32_t>(spare), least));
     streaming = ctx->plan_.ram_expert_slots < routed;
   }
   // A backend with memory of its own (or the tests' host-memory device) plans a VRAM tier; the RAM
@@ -312,6 +319,8 @@ absl::StatusOr<std::unique_ptr<Context>> Context::Open(const ContextOptions &o) 
     if (ctx->device_slots_ != nullptr && ctx->plan_.vram_expert_slots > 0) {
       store::VramTierOptions vo;
       vo.n_slots = ctx->plan_.vram_expert_slots;
+      vo.replan_moves = static_cast<int>(std::clamp<int64_t>(tunables::Get().vram_replan_moves, 0, 1 << 20));
+      vo.max_moves = static_cast<int>(std::clamp<int64_t>(tunables::Get().vram_max_moves, 1, 1 << 20));
       STRATA_ASSIGN_OR_RETURN(ctx->vram_, store::VramTier::Create(*ctx->table_, ctx->device_slots_.get(),
                                                                    ctx->cache_.get(), vo));
       ctx->cache_->SetTierAbove(ctx->vram_.get());

@@ -58,6 +58,7 @@ absl::StatusOr<std::unique_ptr<VramTier>> VramTier::Create(const ExpertTable &ta
   t->stats_.n_slots = n;
   t->stats_.slot_bytes = table.slot_bytes();
   t->candidate_.assign(n_keys, 0);
+  t->moving_up_.assign(n_keys, 0);
   return t;
 }
 
@@ -76,11 +77,13 @@ void VramTier::OnRoute(int layer, const float *h, int64_t n_tok, const int32_t *
 absl::Status VramTier::OnDecodeToken() {
   if (heat_.OnDecodeToken()) floor_ >>= 1;
   // A prompt's re-plan left over goes on at its own pace and z until it is done.
-  if (backlog_) return Rebalance(opts_.backlog_swaps_per_step, opts_.replan_z);
+  if (backlog_) return Rebalance(opts_.replan_moves, opts_.replan_z);
   return Rebalance(opts_.swaps_per_step, opts_.promote_z);
 }
 
-absl::Status VramTier::OnPromptDone() { return Rebalance(opts_.prompt_swaps, opts_.replan_z); }
+absl::Status VramTier::OnPromptDone() { return Rebalance(opts_.replan_moves, opts_.replan_z); }
+
+VramTier::~VramTier() { (void)Drain(); }
 
 void VramTier::AddCandidate(uint32_t key) {
   if (candidate_[key]) return;
@@ -94,47 +97,221 @@ absl::Status VramTier::PointAt(uint32_t key, const model::ExpertWeights &views) 
 }
 
 absl::Status VramTier::Rebalance(int max, double z) {
-  if (!complete_ || candidates_.empty()) return absl::OkStatus();
+  if (!complete_) return absl::OkStatus();
+  STRATA_RETURN_IF_ERROR(Advance(/*wait=*/false));
+  if (candidates_.empty()) return absl::OkStatus();
   std::sort(candidates_.begin(), candidates_.end(), [&](uint32_t a, uint32_t b) {
     return heat_[a] != heat_[b] ? heat_[a] > heat_[b] : a < b;
   });
   absl::Status st = absl::OkStatus();
-  int moved = 0;
-  // Stopped by `max` (not by the rule): the candidates not looked at stay for the next pass.
+  int started = 0;
+  // Stopped by `max`, the moves in flight or a full tier below (not by the rule): the candidates
+  // not looked at stay for the next pass.
   size_t cut = candidates_.size();
   bool settled = false;  // the rule stopped the pass: no later candidate would move
   for (size_t i = 0; i < candidates_.size(); ++i) {
     const uint32_t key = candidates_[i];
-    if (st.ok() && !settled && moved >= max) {
+    if (st.ok() && !settled && (started >= max || moves_.size() >= static_cast<size_t>(opts_.max_moves))) {
       cut = i;
       break;
     }
-    candidate_[key] = 0;
-    if (!st.ok() || settled || Holds(key)) continue;
+    if (!st.ok() || settled || Holds(key) || moving_up_[key]) {
+      candidate_[key] = 0;
+      continue;
+    }
     const model::ExpertWeights *ram = below_->ReadyViews(key);
-    if (ram == nullptr) continue;
+    if (ram == nullptr) {
+      candidate_[key] = 0;
+      continue;
+    }
     // Candidates come hottest first and the victim is the coldest: once one fails, all later do.
     const int v = SlotFor(key, /*may_swap=*/true, z);
     if (v < 0) {
+      candidate_[key] = 0;
       settled = true;
       continue;
     }
     const model::ExpertWeights views = *ram;
-    st = MoveUp(key, views, v);
-    if (st.ok()) {
-      below_->Evict(key);  // its RAM slot is the next victim's spare
-      ++moved;
+    absl::StatusOr<bool> began = StartMove(key, views, v);
+    if (began.ok() && !*began && !moves_.empty()) {
+      // No free RAM slot for the victim: moves whose copies are complete free theirs.
+      const size_t before = moves_.size();
+      st = FenceQueued();
+      if (st.ok()) st = Advance(/*wait=*/false);
+      if (st.ok() && moves_.size() < before && !Holds(key) && !moving_up_[key] && below_->ReadyViews(key) != nullptr) {
+        const int v2 = SlotFor(key, /*may_swap=*/true, z);
+        began = v2 < 0 ? absl::StatusOr<bool>(false) : StartMove(key, *below_->ReadyViews(key), v2);
+      }
     }
+    if (!began.ok()) {
+      st = began.status();
+      candidate_[key] = 0;
+      continue;
+    }
+    if (!*began) {  // no free RAM slot for the victim until moves in flight finish
+      cut = i;
+      break;
+    }
+    candidate_[key] = 0;
+    ++started;
   }
   candidates_.erase(candidates_.begin(), candidates_.begin() + static_cast<std::ptrdiff_t>(cut));
   backlog_ = !candidates_.empty() && st.ok();
-  if (moved > 0) ++stats_.rebalances;
-  return st;
+  if (started > 0) ++stats_.rebalances;
+  STRATA_RETURN_IF_ERROR(FenceQueued());
+  STRATA_RETURN_IF_ERROR(st);
+  // A device that copies synchronously (or fast) has them complete already.
+  return Advance(/*wait=*/false);
 }
+
+absl::StatusOr<bool> VramTier::StartMove(uint32_t key, const model::ExpertWeights &ram, int v) {
+  Slot &sl = slots_[v];
+  Move m;
+  m.up = key;
+  m.slot = v;
+  if (sl.key == kNone) {
+    const ExpertEntry &en = table_.entry(table_.LayerOf(key), table_.ExpertOf(key));
+    STRATA_RETURN_IF_ERROR(device_->QueueCopyIn(static_cast<uint32_t>(v), ram.gate.data - en.part[0].slot_offset,
+                                                SpanBytes(key)));
+    free_.erase(std::find(free_.begin(), free_.end(), v));
+    m.up_half = true;
+  } else {
+    // The victim's bytes go down first, into a RAM slot reserved for it; it is read from this slot
+    // until they are there.
+    uint8_t *dst = below_->Reserve(sl.key);
+    if (dst == nullptr) return false;
+    if (absl::Status st = device_->QueueCopyOut(static_cast<uint32_t>(v), dst, SpanBytes(sl.key)); !st.ok()) {
+      below_->Complete(sl.key, /*ok=*/false);
+      return st;
+    }
+    m.down = sl.key;
+  }
+  sl.moving = true;
+  moving_up_[key] = 1;
+  moves_.push_back(m);
+  stats_.moving = static_cast<uint32_t>(moves_.size());
+  return true;
+}
+
+absl::Status VramTier::FenceQueued() {
+  bool queued = false;
+  for (const Move &m : moves_) queued = queued || !m.fenced;
+  if (!queued) return absl::OkStatus();
+  STRATA_ASSIGN_OR_RETURN(const uint64_t t, device_->Fence());
+  for (Move &m : moves_) {
+    if (m.fenced) continue;
+    m.ticket = t;
+    m.fenced = true;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status VramTier::Advance(bool wait) {
+  while (!moves_.empty()) {
+    // Tickets are reached in order: the newest one reached finishes every half up to it.
+    uint64_t newest = 0;
+    for (const Move &m : moves_) newest = std::max(newest, m.fenced ? m.ticket : 0);
+    if (newest > reached_) {
+      std::vector<uint64_t> tickets;
+      for (const Move &m : moves_) {
+        if (m.fenced && m.ticket > reached_) tickets.push_back(m.ticket);
+      }
+      std::sort(tickets.begin(), tickets.end());
+      tickets.erase(std::unique(tickets.begin(), tickets.end()), tickets.end());
+      if (wait) tickets.erase(tickets.begin(), tickets.end() - 1);  // the newest covers the rest
+      for (uint64_t t : tickets) {
+        STRATA_ASSIGN_OR_RETURN(const bool done, device_->Reached(t, wait));
+        if (!done) break;
+        reached_ = t;
+      }
+    }
+    bool finished = false;
+    absl::Status st = absl::OkStatus();
+    for (size_t i = 0; i < moves_.size() && st.ok();) {
+      Move &m = moves_[i];
+      if (!m.fenced || m.ticket > reached_) {
+        ++i;
+        continue;
+      }
+      finished = true;
+      Slot &sl = slots_[m.slot];
+      if (!m.up_half) {
+        // The victim's bytes are in RAM: it is read there from the next step on, and the slot takes
+        // `up`'s bytes after the steps queued so far, which may still read the victim here.
+        below_->Complete(m.down, /*ok=*/true);
+        ++stats_.demotions;
+        stats_.bytes_down += SpanBytes(m.down);
+        key_slot_[m.down] = -1;
+        sl.key = kNone;
+        const model::ExpertWeights *down_ram = below_->ReadyViews(m.down);
+        if (down_ram != nullptr) {
+          st = PointAt(m.down, *down_ram);
+        } else {
+          routable_ = false;
+        }
+        const model::ExpertWeights *ram = below_->ReadyViews(m.up);
+        absl::Status cp = st;
+        if (cp.ok() && ram != nullptr) {
+          const ExpertEntry &en = table_.entry(table_.LayerOf(m.up), table_.ExpertOf(m.up));
+          cp = device_->QueueCopyIn(static_cast<uint32_t>(m.slot), ram->gate.data - en.part[0].slot_offset,
+                                    SpanBytes(m.up));
+        }
+        if (cp.ok() && ram != nullptr) {
+          m.up_half = true;
+          m.fenced = false;
+          ++i;
+          continue;
+        }
+        st = cp;  // `up` left RAM on its own, or the copy failed: the move ends with a free slot
+      } else {
+        const ExpertEntry &en = table_.entry(table_.LayerOf(m.up), table_.ExpertOf(m.up));
+        uint8_t *dst = device_->slot(static_cast<uint32_t>(m.slot));
+        const model::ExpertWeights *ram = below_->ReadyViews(m.up);
+        if (ram != nullptr) {
+          sl.key = m.up;
+          sl.last_use = ++tick_;
+          sl.views = *ram;
+          sl.views.gate.data = dst + en.part[0].slot_offset;
+          sl.views.up.data = dst + en.part[1].slot_offset;
+          sl.views.down.data = dst + en.part[2].slot_offset;
+          sl.moving = false;
+          key_slot_[m.up] = m.slot;
+          floor_ = std::min(floor_, heat_[m.up]);
+          ++stats_.promotions;
+          stats_.bytes_up += SpanBytes(m.up);
+          moving_up_[m.up] = 0;
+          st = PointAt(m.up, sl.views);
+          below_->Evict(m.up);  // its RAM slot is free for the next victim
+          moves_.erase(moves_.begin() + static_cast<std::ptrdiff_t>(i));
+          continue;
+        }
+      }
+      // The move ends with the slot free.
+      sl.moving = false;
+      sl.key = kNone;
+      free_.push_back(m.slot);
+      moving_up_[m.up] = 0;
+      moves_.erase(moves_.begin() + static_cast<std::ptrdiff_t>(i));
+    }
+    stats_.moving = static_cast<uint32_t>(moves_.size());
+    STRATA_RETURN_IF_ERROR(st);
+    STRATA_RETURN_IF_ERROR(FenceQueued());
+    if (!finished) {
+      if (!wait) break;
+      // Waiting: nothing finished means the newest ticket is not reached, which wait rules out.
+      return Errorf(MOE_ERR_INTERNAL, "the VRAM tier's copies did not complete");
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status VramTier::Drain() { return Advance(/*wait=*/true); }
 
 absl::Status VramTier::Settle() {
   if (!tables_) return absl::OkStatus();
   if (routable_ && below_->own_evictions() == evictions_seen_) return absl::OkStatus();
+  // Every move finishes first: its experts are then in one place each.
+  STRATA_RETURN_IF_ERROR(Drain());
   routable_ = false;
   evictions_seen_ = below_->own_evictions();
   const uint32_t n_keys = static_cast<uint32_t>(key_slot_.size());
@@ -232,7 +409,7 @@ int VramTier::SlotFor(uint32_t key, bool may_swap, double z) {
   uint32_t v_heat = 0, floor = UINT32_MAX;
   for (size_t s = 0; s < slots_.size(); ++s) {
     const Slot &sl = slots_[s];
-    if (sl.key == kNone) continue;
+    if (sl.key == kNone || sl.moving) continue;
     const uint32_t sh = heat_[sl.key];
     floor = std::min(floor, sh);
     if (sl.pins > 0) continue;
@@ -304,7 +481,7 @@ absl::Status VramTier::MoveUp(uint32_t key, const model::ExpertWeights &ram, int
 }
 
 absl::Status VramTier::Promote(uint32_t key, const model::ExpertWeights &ram) {
-  if (Holds(key)) return absl::OkStatus();
+  if (Holds(key) || moving_up_[key]) return absl::OkStatus();
   // Complete tiers swap between steps only (Rebalance): here just into a free slot.
   const int v = SlotFor(key, !complete_ && swaps_ < opts_.max_swaps_per_call, opts_.promote_z);
   if (v < 0) {
@@ -408,7 +585,7 @@ absl::Status VramTier::Admit(uint32_t key, const SlotBytes &from) {
 }
 
 bool VramTier::Evict(uint32_t key) {
-  if (!Holds(key) || slots_[key_slot_[key]].pins > 0) return false;
+  if (!Holds(key) || slots_[key_slot_[key]].pins > 0 || slots_[key_slot_[key]].moving) return false;
   return MoveDown(key_slot_[key]).ok();
 }
 

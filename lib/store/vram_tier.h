@@ -13,8 +13,11 @@
 // groups decode batches itself, and the forward pass reports each layer's selections after the
 // step. Moves then happen between steps only (Rebalance): the experts served from RAM since the
 // last one, hottest first, take the slots of markedly colder residents, a few a decode step and
-// up to prompt_swaps after a prompt, the rest of what the heat warrants over the decode steps after
-// it; each victim goes down into the RAM slot to spare.
+// up to replan_moves after a prompt, the rest of what the heat warrants over the decode steps after
+// it; each victim goes down into a free RAM slot. The moves' copies are queued on the device's copy
+// engines and overlap the steps: a victim stays in its slot until its bytes are in RAM, an expert
+// moving up is read from RAM until its bytes are in the slot, and the tables follow at the step
+// after each half, so every step reads every expert's bytes where they are whole.
 #pragma once
 
 #include <cstdint>
@@ -35,16 +38,16 @@ struct VramTierOptions {
   // Slots a layer's call may take from residents (free slots are filled without limit): each such
   // move copies two experts over the link while the step waits.
   int max_swaps_per_call = 2;
-  // While the tiers are complete: the swaps a decode step may make between steps, and the z of the
+  // While the tiers are complete: the swaps a decode step may start between steps, and the z of the
   // re-plan after a prompt (the pairs are then the extremes of thousands of experts, which chance
   // sets two deviations apart).
   int swaps_per_step = 2;
   double replan_z = 3.0;
-  // A prompt's re-plan moves at most prompt_swaps experts when the prompt ends (each move copies two
-  // experts over the link while the host waits, which the prompt's time would carry); what is left
-  // goes on at backlog_swaps_per_step a decode step, at replan_z, until done.
-  int prompt_swaps = 64;
-  int backlog_swaps_per_step = 4;
+  // A prompt's re-plan starts at most replan_moves when the prompt ends and as many at each decode
+  // step after it, until done; on a device with copy engines the moves overlap the steps (each
+  // takes two steps: the victim's bytes down, then the expert's up), at most max_moves in flight.
+  int replan_moves = 64;
+  int max_moves = 256;
 };
 
 struct VramTierStats {
@@ -53,7 +56,8 @@ struct VramTierStats {
   uint64_t demotions = 0;     // residents moved down into RAM to make room
   uint64_t dropped = 0;       // residents given up without a place in RAM (back to the file)
   uint64_t bytes_up = 0, bytes_down = 0;
-  uint64_t rebalances = 0;    // Rebalance passes that moved an expert (complete tiers)
+  uint64_t rebalances = 0;    // Rebalance passes that started a move (complete tiers)
+  uint32_t moving = 0;        // moves in flight now
   uint32_t n_slots = 0;
   uint64_t slot_bytes = 0;
 };
@@ -104,6 +108,10 @@ class VramTier final : public ExpertTier {
   // as many as the slots hold.
   std::vector<uint32_t> OpeningKeys(const std::vector<uint32_t> &hot) const;
 
+  // Waits for the moves in flight and finishes them.
+  absl::Status Drain();
+  ~VramTier() override;
+
   VramTierStats stats() const;
   void ResetStats();
   uint32_t n_slots() const { return static_cast<uint32_t>(slots_.size()); }
@@ -117,6 +125,17 @@ class VramTier final : public ExpertTier {
     int pins = 0;
     uint64_t last_use = 0;
     model::ExpertWeights views;  // over the device slot
+    bool moving = false;         // a move in flight owns it (its key, if any, is the victim)
+  };
+  // A move between steps (complete tiers): `down` (kNone: the slot was free) goes from slot `slot`
+  // into a RAM slot it reserved, then `up` comes from RAM into the slot. Each half's copies are
+  // queued on the device's copy engines and finished at a later step, once its ticket is reached.
+  struct Move {
+    uint32_t up = kNone, down = kNone;
+    int slot = -1;
+    bool up_half = false;  // the second half (up's bytes) is in flight
+    bool fenced = false;   // its copies have a ticket (else: queued since the last fence)
+    uint64_t ticket = 0;
   };
   VramTier(const ExpertTable &table, DeviceSlots *device, ExpertTier *below, const VramTierOptions &o);
   absl::Status AcquireImpl(int layer, const std::vector<int32_t> &experts,
@@ -128,6 +147,14 @@ class VramTier final : public ExpertTier {
   int SlotFor(uint32_t key, bool may_swap, double z);
   // Moves the hottest candidates up into the slots of markedly colder residents (z), at most `max`.
   absl::Status Rebalance(int max, double z);
+  // Starts moving `key` (RAM's views `ram`) into slot v; false when the tier below has no free slot
+  // for v's resident.
+  absl::StatusOr<bool> StartMove(uint32_t key, const model::ExpertWeights &ram, int v);
+  // Finishes the halves whose copies are complete (`wait`: all of them, waiting), starting the
+  // second halves.
+  absl::Status Advance(bool wait);
+  // Gives the moves queued since the last fence a ticket.
+  absl::Status FenceQueued();
   void AddCandidate(uint32_t key);
   // Points the device table's entry of `key` at `views` (while the tables exist).
   absl::Status PointAt(uint32_t key, const model::ExpertWeights &views);
@@ -167,6 +194,9 @@ class VramTier final : public ExpertTier {
   uint64_t evictions_seen_ = 0;
   std::vector<uint32_t> candidates_;
   std::vector<char> candidate_;
+  std::vector<Move> moves_;       // in flight
+  std::vector<char> moving_up_;   // key -> 1 while it is a move's `up`
+  uint64_t reached_ = 0;          // tickets up to this one are complete
   VramTierStats stats_;
 };
 

@@ -37,6 +37,13 @@ namespace strata::tunables {
   X(bool, device_tiers, "STRATA_DEVICE_TIERS", false,                                                               \
     "a VRAM budget short of the experts runs the tiers of lib/store even when RAM holds them all (the RAM tier "     \
     "then holds those VRAM does not, with one to spare); off = the CUDA backend's own VRAM tier")                      \
+  X(int64_t, vram_replan_moves, "STRATA_VRAM_REPLAN_MOVES", 64,                                                    \
+    "experts the VRAM tier starts moving when a prompt ends and at each decode step until its re-plan is done")     \
+  X(int64_t, vram_max_moves, "STRATA_VRAM_MAX_MOVES", 256,                                                         \
+    "the VRAM tier's moves in flight at once (their copies overlap the steps)")                                     \
+  X(int64_t, vram_spare_ram_slots, "STRATA_VRAM_SPARE_RAM_SLOTS", 256,                                             \
+    "RAM slots beyond the experts VRAM does not hold, where the RAM budget has them: the VRAM tier's victims' "      \
+    "landing places while moves are in flight")                                                                     \
   /* CUDA backend: the decode step's paths. */                                                                      \
   X(bool, cuda_pdl, "STRATA_CUDA_PDL", true, "programmatic dependent launch on devices of compute capability 9+")   \
   X(bool, cuda_fill_at_open, "STRATA_CUDA_FILL_AT_OPEN", true, "the VRAM tier's slots filled at open")              \

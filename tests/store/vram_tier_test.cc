@@ -61,6 +61,43 @@ class HostSlots final : public DeviceSlots {
     std::memcpy(dst, slot(s), bytes);
     return absl::OkStatus();
   }
+  // Deferred mode: queued copies are only recorded, and made (in order) when a Reached lands them:
+  // while `landing` is off a ticket is not reached, so the slots and RAM keep their old bytes and a
+  // table pointed too early reads the wrong ones.
+  absl::Status QueueCopyIn(uint32_t s, const uint8_t *src, uint64_t bytes) override {
+    if (!defer) return CopyIn(s, src, bytes);
+    REQUIRE(s < n_);
+    REQUIRE(bytes <= stride_);
+    ++queued;
+    pending_.push_back({slot(s), src, bytes});
+    return absl::OkStatus();
+  }
+  absl::Status QueueCopyOut(uint32_t s, uint8_t *dst, uint64_t bytes) override {
+    if (!defer) return CopyOut(s, dst, bytes);
+    REQUIRE(s < n_);
+    ++queued;
+    pending_.push_back({dst, slot(s), bytes});
+    return absl::OkStatus();
+  }
+  absl::StatusOr<uint64_t> Fence() override {
+    if (!defer) return uint64_t{0};
+    fences_.push_back(pending_.size());
+    return fences_.size();
+  }
+  absl::StatusOr<bool> Reached(uint64_t ticket, bool wait) override {
+    if (!defer) return true;
+    REQUIRE(ticket >= 1);
+    REQUIRE(ticket <= fences_.size());
+    if (ticket <= landed_) return true;
+    if (!landing && !wait) return false;
+    for (size_t i = made_; i < fences_[ticket - 1]; ++i) std::memcpy(pending_[i].dst, pending_[i].src, pending_[i].bytes);
+    made_ = fences_[ticket - 1];
+    landed_ = ticket;
+    return true;
+  }
+  bool defer = false, landing = true;
+  int queued = 0;
+
   // Device tables: each entry as pointed, checked by the test against the file's bytes.
   bool EnableTables() override { return tables_on; }
   absl::Status Point(int layer, int expert, const strata::model::ExpertWeights &where) override {
@@ -75,9 +112,18 @@ class HostSlots final : public DeviceSlots {
   std::map<std::pair<int, int>, strata::model::ExpertWeights> entries;
 
  private:
+  struct Pending {
+    uint8_t *dst;
+    const uint8_t *src;
+    uint64_t bytes;
+  };
   std::vector<uint8_t> mem_;
   uint64_t stride_ = 0;
   uint32_t n_ = 0;
+  std::vector<Pending> pending_;
+  std::vector<size_t> fences_;  // a ticket's end in pending_
+  size_t made_ = 0;
+  uint64_t landed_ = 0;
 };
 
 // Device tables on for the HostSlots made in its lifetime.
@@ -137,7 +183,22 @@ class RecordingTier final : public ExpertTier {
     for (int32_t x : acquired) --pins[t_.Key(layer, x)];
     acquired.clear();
   }
-  bool Holds(uint32_t key) const override { return held.count(key) != 0; }
+  bool Holds(uint32_t key) const override { return held.count(key) != 0 || reserved.count(key) != 0; }
+  uint8_t *Reserve(uint32_t key) override {
+    if (refuse_admit || Holds(key) || held.size() + reserved.size() >= n_slots) return nullptr;
+    auto &b = reserved[key];
+    b.assign(t_.slot_bytes(), 0x5A);  // poison: read before the copy lands, it is not the expert
+    return b.data();
+  }
+  void Complete(uint32_t key, bool ok) override {
+    auto it = reserved.find(key);
+    REQUIRE(it != reserved.end());
+    if (ok) {
+      held[key] = std::move(it->second);
+      ++admitted;
+    }
+    reserved.erase(it);
+  }
   absl::Status Admit(uint32_t key, const SlotBytes &from) override {
     if (refuse_admit) return strata::Errorf(MOE_ERR_NO_MEMORY, "no room below");
     std::vector<uint8_t> b(t_.slot_bytes(), 0x5A);
@@ -172,7 +233,7 @@ class RecordingTier final : public ExpertTier {
   const ExpertTable &t_;
   uint32_t n_slots = 0;  // what it tells the tier above (the experts it could hold)
   mutable std::map<uint32_t, strata::model::ExpertWeights> ready_views;
-  std::map<uint32_t, std::vector<uint8_t>> original, held;
+  std::map<uint32_t, std::vector<uint8_t>> original, held, reserved;
   std::map<uint32_t, strata::model::ExpertWeights> views;
   std::map<uint32_t, int> pins;
   std::vector<int32_t> acquired;
@@ -473,8 +534,7 @@ TEST_CASE("a prompt's re-plan moves a capped number at its end and the rest over
   TablesOn tables;
   VramTierOptions o;
   o.n_slots = 4 + rng() % 2;
-  o.prompt_swaps = 1;
-  o.backlog_swaps_per_step = 1 + static_cast<int>(rng() % 2);
+  o.replan_moves = 1 + static_cast<int>(rng() % 2);
   below.n_slots = n_keys - o.n_slots + 1;
   auto vr = VramTier::Create(t, &dev, &below, o);
   REQUIRE(vr.ok());
@@ -500,7 +560,7 @@ TEST_CASE("a prompt's re-plan moves a capped number at its end and the rest over
     v.Release(l, xs);
   }
   const size_t want = std::min<size_t>(hot.size(), v.n_slots());
-  REQUIRE(want > static_cast<size_t>(o.prompt_swaps));
+  REQUIRE(want > static_cast<size_t>(o.replan_moves));
   const auto held = [&] {
     size_t n = 0;
     for (uint32_t key : hot) n += v.Holds(key) ? 1 : 0;
@@ -508,25 +568,133 @@ TEST_CASE("a prompt's re-plan moves a capped number at its end and the rest over
   };
   const uint64_t moves0 = v.stats().promotions;
   REQUIRE(v.OnPromptDone().ok());
-  CHECK(v.stats().promotions - moves0 == static_cast<uint64_t>(o.prompt_swaps));
-  CHECK(held() == static_cast<size_t>(o.prompt_swaps));
+  CHECK(v.stats().promotions - moves0 == static_cast<uint64_t>(o.replan_moves));
+  CHECK(held() == static_cast<size_t>(o.replan_moves));
   // Each decode step after it moves the backlog's share, until the hot experts hold the slots.
   size_t steps = 0;
   while (held() < want && steps < 1000) {
     const uint64_t before = v.stats().promotions;
     REQUIRE(v.OnDecodeToken().ok());
     REQUIRE(v.Settle().ok());
-    CHECK(v.stats().promotions - before <= static_cast<uint64_t>(o.backlog_swaps_per_step));
+    CHECK(v.stats().promotions - before <= static_cast<uint64_t>(o.replan_moves));
     CHECK(v.stats().promotions > before);
     ++steps;
   }
   CHECK(held() == want);
-  CHECK(steps <= (want - o.prompt_swaps + o.backlog_swaps_per_step - 1) / o.backlog_swaps_per_step);
+  CHECK(steps <= (want - o.replan_moves + o.replan_moves - 1) / o.replan_moves);
   // Then the decode rule again: nothing hotter waits, nothing moves.
   const uint64_t settled = v.stats().promotions;
   REQUIRE(v.OnDecodeToken().ok());
   CHECK(v.stats().promotions == settled);
   CHECK(v.stats().dropped == 0);
+}
+
+TEST_CASE("moves overlap the steps: each half lands before a table points at it", "[store][vram]") {
+  Model m(kGolden + "mixtral_f32/model-f32.gguf");
+  const ExpertTable &t = *m.table;
+  const uint32_t seed = std::random_device{}();
+  INFO("seed " << seed);
+  std::mt19937 rng(seed);
+  RecordingTier below(t, seed);
+  const uint32_t n_keys = static_cast<uint32_t>(t.n_layers() * t.n_experts());
+  HostSlots dev;
+  TablesOn tables;
+  VramTierOptions o;
+  o.n_slots = 5 + rng() % 2;
+  o.replan_moves = 2 + static_cast<int>(rng() % 2);
+  o.max_moves = o.replan_moves + 1;
+  const uint32_t spare = 1 + rng() % 3;
+  below.n_slots = n_keys - o.n_slots + spare;
+  auto vr = VramTier::Create(t, &dev, &below, o);
+  REQUIRE(vr.ok());
+  VramTier &v = **vr;
+  REQUIRE(v.complete());
+  REQUIRE(v.Settle().ok());
+  v.ResetStats();  // the opening fill's moves
+  dev.defer = true;
+  // Every entry reads its expert's own bytes, from a slot exactly when the tier says it holds it;
+  // an expert moving down is held by both tiers until its bytes land below.
+  auto check = [&] {
+    REQUIRE(dev.entries.size() == below.original.size());
+    for (const auto &[id, views] : dev.entries) {
+      const uint32_t key = t.Key(id.first, id.second);
+      CHECK(ViewHolds(t, below, key, views));
+      CHECK((v.Holds(key) || below.Holds(key)));
+      const bool in_slot = views.gate.data >= dev.slot(0) && views.gate.data < dev.slot(v.n_slots());
+      CHECK(in_slot == v.Holds(key));
+    }
+  };
+  // A prompt heats experts RAM serves far above every resident.
+  std::vector<const strata::model::ExpertWeights *> out;
+  std::vector<uint32_t> hot;
+  for (int l = 0; l < t.n_layers(); ++l) {
+    if (t.entry(l, 0).weights == nullptr) continue;
+    std::vector<int32_t> xs;
+    for (int x = 0; x < t.n_experts(); ++x) {
+      if (!v.Holds(t.Key(l, x))) xs.push_back(x);
+    }
+    std::shuffle(xs.begin(), xs.end(), rng);
+    xs.resize(std::min<size_t>(xs.size(), 3));
+    for (int32_t x : xs) {
+      Route(v, l, std::vector<int32_t>(200 + rng() % 50, x));
+      hot.push_back(t.Key(l, x));
+    }
+    REQUIRE(v.Acquire(l, xs, &out).ok());
+    v.Release(l, xs);
+  }
+  const size_t want = std::min<size_t>(hot.size(), v.n_slots());
+  const auto held = [&] {
+    size_t n = 0;
+    for (uint32_t key : hot) n += v.Holds(key) ? 1 : 0;
+    return n;
+  };
+  // Nothing lands: the prompt's end only queues copies, and no table moves.
+  dev.landing = false;
+  const int points = dev.points;
+  REQUIRE(v.OnPromptDone().ok());
+  CHECK(v.stats().moving > 0);
+  CHECK(v.stats().moving <= static_cast<uint32_t>(o.replan_moves));
+  CHECK(dev.queued > 0);
+  CHECK(v.stats().promotions == 0);
+  CHECK(dev.points == points);
+  CHECK(held() == 0);
+  check();
+  // Steps where copies land or not, at random: the tables stay true after every one.
+  size_t steps = 0;
+  while ((held() < want || v.stats().moving > 0) && steps < 2000) {
+    dev.landing = rng() % 3 != 0;
+    REQUIRE(v.OnDecodeToken().ok());
+    CHECK(v.stats().moving <= static_cast<uint32_t>(o.max_moves));
+    check();
+    ++steps;
+  }
+  CHECK(held() == want);
+  CHECK(v.stats().moving == 0);
+  CHECK(v.stats().promotions == want);
+  CHECK(v.stats().demotions == want);
+  CHECK(v.stats().dropped == 0);
+  CHECK(below.reserved.empty());
+
+  // A move in flight is finished by Drain, and by Settle.
+  int l2 = -1;
+  int32_t x2 = -1;
+  for (int l = 0; l < t.n_layers() && x2 < 0; ++l) {
+    for (int x = 0; x < t.n_experts() && x2 < 0; ++x) {
+      if (t.entry(l, x).weights != nullptr && !v.Holds(t.Key(l, x))) l2 = l, x2 = x;
+    }
+  }
+  REQUIRE(x2 >= 0);
+  dev.landing = false;
+  Route(v, l2, std::vector<int32_t>(100000, x2));
+  REQUIRE(v.Acquire(l2, {x2}, &out).ok());
+  v.Release(l2, {x2});
+  REQUIRE(v.OnDecodeToken().ok());
+  CHECK(v.stats().moving == 1);
+  check();
+  REQUIRE(v.Drain().ok());
+  CHECK(v.stats().moving == 0);
+  CHECK(v.Holds(t.Key(l2, x2)));
+  check();
 }
 
 namespace {
