@@ -17,6 +17,11 @@
 namespace strata::cuda {
 
 CudaDeviceSlots::~CudaDeviceSlots() {
+  // Copies still queued read or write the slots and host memory: they finish first.
+  if (up_.get() != nullptr) {
+    (void)up_.Synchronize();
+    (void)down_.Synchronize();
+  }
   if (buf_.data() != nullptr) be_->ForgetDeviceRegion(buf_.as<uint8_t>());
 }
 
@@ -58,6 +63,78 @@ absl::Status CudaDeviceSlots::CopyIn(uint32_t s, const uint8_t *src, uint64_t by
 absl::Status CudaDeviceSlots::CopyOut(uint32_t s, uint8_t *dst, uint64_t bytes) {
   if (s >= n_ || bytes > stride_) return Errorf(MOE_ERR_INTERNAL, "copy of %u bytes out of slot %u of %u", bytes, s, n_);
   return Copy(dst, slot(s), bytes, cudaMemcpyDeviceToHost);
+}
+
+absl::Status CudaDeviceSlots::Queue(void *dst, const void *src, uint64_t bytes, cudaMemcpyKind kind) {
+  STRATA_RETURN_IF_ERROR(be_->TakeError());
+  if (up_.get() == nullptr) {
+    STRATA_ASSIGN_OR_RETURN(up_, Stream::Create());
+    STRATA_ASSIGN_OR_RETURN(down_, Stream::Create());
+    STRATA_ASSIGN_OR_RETURN(queued_after_, Event::Create());
+  }
+  const Stream &s = kind == cudaMemcpyHostToDevice ? up_ : down_;
+  if (!batch_open_) {
+    // One record of the compute stream covers the batch's copies (queued on the host between steps).
+    STRATA_RETURN_IF_ERROR(queued_after_.Record(be_->compute_stream()));
+    STRATA_RETURN_IF_ERROR(up_.Wait(queued_after_.get()));
+    STRATA_RETURN_IF_ERROR(down_.Wait(queued_after_.get()));
+    batch_open_ = true;
+  }
+  if (cudaError_t e = cudaMemcpyAsync(dst, src, bytes, kind, s.get()); e != cudaSuccess) {
+    (void)cudaGetLastError();
+    return Errorf(MOE_ERR_BACKEND, "queueing a copy of an expert of %u bytes %s VRAM: %s", bytes,
+                  kind == cudaMemcpyHostToDevice ? "into" : "out of", cudaGetErrorString(e));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaDeviceSlots::QueueCopyIn(uint32_t s, const uint8_t *src, uint64_t bytes) {
+  if (s >= n_ || bytes > stride_) return Errorf(MOE_ERR_INTERNAL, "copy of %u bytes into slot %u of %u", bytes, s, n_);
+  return Queue(slot(s), src, bytes, cudaMemcpyHostToDevice);
+}
+
+absl::Status CudaDeviceSlots::QueueCopyOut(uint32_t s, uint8_t *dst, uint64_t bytes) {
+  if (s >= n_ || bytes > stride_) return Errorf(MOE_ERR_INTERNAL, "copy of %u bytes out of slot %u of %u", bytes, s, n_);
+  return Queue(dst, slot(s), bytes, cudaMemcpyDeviceToHost);
+}
+
+absl::StatusOr<uint64_t> CudaDeviceSlots::Fence() {
+  batch_open_ = false;
+  if (up_.get() == nullptr) return next_ticket_;  // nothing was ever queued
+  FenceEvents f;
+  for (Event *e : {&f.up, &f.down}) {
+    if (!spare_events_.empty()) {
+      *e = std::move(spare_events_.back());
+      spare_events_.pop_back();
+    } else {
+      STRATA_ASSIGN_OR_RETURN(*e, Event::Create());
+    }
+  }
+  STRATA_RETURN_IF_ERROR(f.up.Record(up_.get()));
+  STRATA_RETURN_IF_ERROR(f.down.Record(down_.get()));
+  f.ticket = ++next_ticket_;
+  fences_.push_back(std::move(f));
+  return next_ticket_;
+}
+
+absl::StatusOr<bool> CudaDeviceSlots::Reached(uint64_t ticket, bool wait) {
+  // Fences complete in order on each stream: the oldest ones are retired until `ticket`'s.
+  while (reached_ < ticket && !fences_.empty()) {
+    FenceEvents &f = fences_.front();
+    if (wait) {
+      STRATA_RETURN_IF_ERROR(f.up.Synchronize());
+      STRATA_RETURN_IF_ERROR(f.down.Synchronize());
+    } else {
+      STRATA_ASSIGN_OR_RETURN(const bool up, f.up.Done());
+      STRATA_ASSIGN_OR_RETURN(const bool down, f.down.Done());
+      if (!up || !down) return false;
+    }
+    reached_ = f.ticket;
+    spare_events_.push_back(std::move(f.up));
+    spare_events_.push_back(std::move(f.down));
+    fences_.erase(fences_.begin());
+  }
+  return reached_ >= ticket;
 }
 
 bool CudaDeviceSlots::EnableTables() { return be_->EnableExpertTables(); }

@@ -4,6 +4,8 @@
 // device tables are the backend's own (CudaBackend::EnableExpertTables, PointExpert).
 #pragma once
 
+#include <vector>
+
 #include "backends/cuda/memory.h"
 #include "lib/store/tier.h"
 
@@ -20,6 +22,12 @@ class CudaDeviceSlots final : public store::DeviceSlots {
   uint8_t *slot(uint32_t s) const override { return buf_.as<uint8_t>() + static_cast<uint64_t>(s) * stride_; }
   absl::Status CopyIn(uint32_t s, const uint8_t *src, uint64_t bytes) override;
   absl::Status CopyOut(uint32_t s, uint8_t *dst, uint64_t bytes) override;
+  // Queued copies: on two streams of their own (one a direction, so a victim's bytes going down and
+  // another expert's coming up overlap), each after the compute stream's work queued so far.
+  absl::Status QueueCopyIn(uint32_t s, const uint8_t *src, uint64_t bytes) override;
+  absl::Status QueueCopyOut(uint32_t s, uint8_t *dst, uint64_t bytes) override;
+  absl::StatusOr<uint64_t> Fence() override;
+  absl::StatusOr<bool> Reached(uint64_t ticket, bool wait) override;
   bool EnableTables() override;
   uint64_t tables_bytes() const override;
   absl::Status Point(int layer, int expert, const model::ExpertWeights &where) override;
@@ -27,11 +35,25 @@ class CudaDeviceSlots final : public store::DeviceSlots {
  private:
   // The copy on the copy stream after the compute stream's work so far, waited for.
   absl::Status Copy(void *dst, const void *src, uint64_t bytes, cudaMemcpyKind kind);
+  absl::Status Queue(void *dst, const void *src, uint64_t bytes, cudaMemcpyKind kind);
   CudaBackend *be_;
   DeviceBuffer buf_;
   uint64_t stride_ = 0;
   uint32_t n_ = 0;
   Event after_compute_;
+  // The queued copies' streams, made at the first; the compute stream's work they wait for (recorded
+  // once a batch, at its first copy); fences not yet known reached, oldest first (their events on
+  // both streams), and spent events to record again.
+  Stream up_, down_;
+  Event queued_after_;
+  bool batch_open_ = false;
+  struct FenceEvents {
+    uint64_t ticket = 0;
+    Event up, down;
+  };
+  std::vector<FenceEvents> fences_;
+  std::vector<Event> spare_events_;
+  uint64_t next_ticket_ = 0, reached_ = 0;
 };
 
 }  // namespace strata::cuda
