@@ -136,6 +136,19 @@ def run_strata(strata, model, budget, prompt, forced, n, threads, extra):
     return r
 
 
+def last_argmax(llm, lc):
+    """The greedy token after llama.cpp's last evaluation, read from the context's own logits.
+
+    Llama.eval fills Llama.scores only with logits_all; without it the last position's logits are
+    still in the context (llama_get_logits_ith(ctx, -1)).
+    """
+    import numpy as np
+    ptr = lc.llama_get_logits_ith(llm._ctx.ctx, -1)
+    if not ptr:
+        raise RuntimeError("llama.cpp kept no logits for the last position")
+    return int(np.ctypeslib.as_array(ptr, shape=(llm.n_vocab(),)).argmax())
+
+
 def run_llama(model, prompt, forced, n, threads, seed=42, repack=False):
     import llama_cpp.llama_cpp as lc  # built from the llama-cpp-python sdist
     from llama_cpp import Llama
@@ -162,7 +175,7 @@ def run_llama(model, prompt, forced, n, threads, seed=42, repack=False):
     llm.eval(prompt)
     t2 = time.perf_counter()
     for i in range(n):
-        tok = forced[i] if forced else int(llm.scores[llm.n_tokens - 1].argmax())
+        tok = forced[i] if forced else last_argmax(llm, lc)
         llm.eval([tok])
     t3 = time.perf_counter()
     with open("/proc/self/status") as f:
