@@ -287,6 +287,29 @@ void Route(VramTier &v, int layer, const std::vector<int32_t> &experts) {
   v.OnRoute(layer, nullptr, static_cast<int64_t>(experts.size()), experts.data(), 1);
 }
 
+// A prompt's routing: per routed layer, up to `per_layer` experts the tier does not hold, each
+// selected 200-250 times and acquired once (so RAM serves them); returns their keys.
+std::vector<uint32_t> HeatRamExperts(VramTier &v, const ExpertTable &t, size_t per_layer, std::mt19937 &rng) {
+  std::vector<const strata::model::ExpertWeights *> out;
+  std::vector<uint32_t> hot;
+  for (int l = 0; l < t.n_layers(); ++l) {
+    if (t.entry(l, 0).weights == nullptr) continue;
+    std::vector<int32_t> xs;
+    for (int x = 0; x < t.n_experts(); ++x) {
+      if (!v.Holds(t.Key(l, x))) xs.push_back(x);
+    }
+    std::shuffle(xs.begin(), xs.end(), rng);
+    xs.resize(std::min(xs.size(), per_layer));
+    for (int32_t x : xs) {
+      Route(v, l, std::vector<int32_t>(200 + rng() % 50, x));
+      hot.push_back(t.Key(l, x));
+    }
+    REQUIRE(v.Acquire(l, xs, &out).ok());
+    v.Release(l, xs);
+  }
+  return hot;
+}
+
 }  // namespace
 
 TEST_CASE("the VRAM tier moves experts up, swaps only for markedly hotter ones, and moves victims down",
@@ -542,23 +565,7 @@ TEST_CASE("a prompt's re-plan moves a capped number at its end and the rest over
   REQUIRE(v.complete());
   REQUIRE(v.Settle().ok());
   // A prompt makes many experts RAM serves markedly hotter than every resident (which it leaves cold).
-  std::vector<const strata::model::ExpertWeights *> out;
-  std::vector<uint32_t> hot;
-  for (int l = 0; l < t.n_layers(); ++l) {
-    if (t.entry(l, 0).weights == nullptr) continue;
-    std::vector<int32_t> xs;
-    for (int x = 0; x < t.n_experts(); ++x) {
-      if (!v.Holds(t.Key(l, x))) xs.push_back(x);
-    }
-    std::shuffle(xs.begin(), xs.end(), rng);
-    xs.resize(std::min<size_t>(xs.size(), 4));
-    for (int32_t x : xs) {
-      Route(v, l, std::vector<int32_t>(200 + rng() % 50, x));
-      hot.push_back(t.Key(l, x));
-    }
-    REQUIRE(v.Acquire(l, xs, &out).ok());
-    v.Release(l, xs);
-  }
+  const std::vector<uint32_t> hot = HeatRamExperts(v, t, 4, rng);
   const size_t want = std::min<size_t>(hot.size(), v.n_slots());
   REQUIRE(want > static_cast<size_t>(o.replan_moves));
   const auto held = [&] {
@@ -626,22 +633,7 @@ TEST_CASE("moves overlap the steps: each half lands before a table points at it"
   };
   // A prompt heats experts RAM serves far above every resident.
   std::vector<const strata::model::ExpertWeights *> out;
-  std::vector<uint32_t> hot;
-  for (int l = 0; l < t.n_layers(); ++l) {
-    if (t.entry(l, 0).weights == nullptr) continue;
-    std::vector<int32_t> xs;
-    for (int x = 0; x < t.n_experts(); ++x) {
-      if (!v.Holds(t.Key(l, x))) xs.push_back(x);
-    }
-    std::shuffle(xs.begin(), xs.end(), rng);
-    xs.resize(std::min<size_t>(xs.size(), 3));
-    for (int32_t x : xs) {
-      Route(v, l, std::vector<int32_t>(200 + rng() % 50, x));
-      hot.push_back(t.Key(l, x));
-    }
-    REQUIRE(v.Acquire(l, xs, &out).ok());
-    v.Release(l, xs);
-  }
+  const std::vector<uint32_t> hot = HeatRamExperts(v, t, 3, rng);
   const size_t want = std::min<size_t>(hot.size(), v.n_slots());
   const auto held = [&] {
     size_t n = 0;
