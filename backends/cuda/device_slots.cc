@@ -42,26 +42,38 @@ absl::Status CudaDeviceSlots::Allocate(uint32_t n, uint64_t slot_bytes) {
   return absl::OkStatus();
 }
 
+absl::Status CudaDeviceSlots::CheckSlot(uint32_t s, uint64_t bytes, cudaMemcpyKind kind) const {
+  if (s < n_ && bytes <= stride_) return absl::OkStatus();
+  return Errorf(MOE_ERR_INTERNAL, "copy of %u bytes %s slot %u of %u", bytes,
+                kind == cudaMemcpyHostToDevice ? "into" : "out of", s, n_);
+}
+
+absl::Status CudaDeviceSlots::Enqueue(cudaStream_t stream, void *dst, const void *src, uint64_t bytes,
+                                      cudaMemcpyKind kind) {
+  if (cudaError_t e = cudaMemcpyAsync(dst, src, bytes, kind, stream); e != cudaSuccess) {
+    (void)cudaGetLastError();
+    return Errorf(MOE_ERR_BACKEND, "copying an expert of %u bytes %s VRAM: %s", bytes,
+                  kind == cudaMemcpyHostToDevice ? "into" : "out of", cudaGetErrorString(e));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CudaDeviceSlots::Copy(void *dst, const void *src, uint64_t bytes, cudaMemcpyKind kind) {
   STRATA_RETURN_IF_ERROR(be_->TakeError());
   STRATA_RETURN_IF_ERROR(after_compute_.Record(be_->compute_stream()));
   const Stream &copy = be_->copy_stream();
   STRATA_RETURN_IF_ERROR(copy.Wait(after_compute_.get()));
-  if (cudaError_t e = cudaMemcpyAsync(dst, src, bytes, kind, copy.get()); e != cudaSuccess) {
-    (void)cudaGetLastError();
-    return Errorf(MOE_ERR_BACKEND, "copying an expert of %u bytes %s VRAM: %s", bytes,
-                  kind == cudaMemcpyHostToDevice ? "into" : "out of", cudaGetErrorString(e));
-  }
+  STRATA_RETURN_IF_ERROR(Enqueue(copy.get(), dst, src, bytes, kind));
   return copy.Synchronize();
 }
 
 absl::Status CudaDeviceSlots::CopyIn(uint32_t s, const uint8_t *src, uint64_t bytes) {
-  if (s >= n_ || bytes > stride_) return Errorf(MOE_ERR_INTERNAL, "copy of %u bytes into slot %u of %u", bytes, s, n_);
+  STRATA_RETURN_IF_ERROR(CheckSlot(s, bytes, cudaMemcpyHostToDevice));
   return Copy(slot(s), src, bytes, cudaMemcpyHostToDevice);
 }
 
 absl::Status CudaDeviceSlots::CopyOut(uint32_t s, uint8_t *dst, uint64_t bytes) {
-  if (s >= n_ || bytes > stride_) return Errorf(MOE_ERR_INTERNAL, "copy of %u bytes out of slot %u of %u", bytes, s, n_);
+  STRATA_RETURN_IF_ERROR(CheckSlot(s, bytes, cudaMemcpyDeviceToHost));
   return Copy(dst, slot(s), bytes, cudaMemcpyDeviceToHost);
 }
 
@@ -72,7 +84,6 @@ absl::Status CudaDeviceSlots::Queue(void *dst, const void *src, uint64_t bytes, 
     STRATA_ASSIGN_OR_RETURN(down_, Stream::Create());
     STRATA_ASSIGN_OR_RETURN(queued_after_, Event::Create());
   }
-  const Stream &s = kind == cudaMemcpyHostToDevice ? up_ : down_;
   if (!batch_open_) {
     // One record of the compute stream covers the batch's copies (queued on the host between steps).
     STRATA_RETURN_IF_ERROR(queued_after_.Record(be_->compute_stream()));
@@ -80,21 +91,16 @@ absl::Status CudaDeviceSlots::Queue(void *dst, const void *src, uint64_t bytes, 
     STRATA_RETURN_IF_ERROR(down_.Wait(queued_after_.get()));
     batch_open_ = true;
   }
-  if (cudaError_t e = cudaMemcpyAsync(dst, src, bytes, kind, s.get()); e != cudaSuccess) {
-    (void)cudaGetLastError();
-    return Errorf(MOE_ERR_BACKEND, "queueing a copy of an expert of %u bytes %s VRAM: %s", bytes,
-                  kind == cudaMemcpyHostToDevice ? "into" : "out of", cudaGetErrorString(e));
-  }
-  return absl::OkStatus();
+  return Enqueue((kind == cudaMemcpyHostToDevice ? up_ : down_).get(), dst, src, bytes, kind);
 }
 
 absl::Status CudaDeviceSlots::QueueCopyIn(uint32_t s, const uint8_t *src, uint64_t bytes) {
-  if (s >= n_ || bytes > stride_) return Errorf(MOE_ERR_INTERNAL, "copy of %u bytes into slot %u of %u", bytes, s, n_);
+  STRATA_RETURN_IF_ERROR(CheckSlot(s, bytes, cudaMemcpyHostToDevice));
   return Queue(slot(s), src, bytes, cudaMemcpyHostToDevice);
 }
 
 absl::Status CudaDeviceSlots::QueueCopyOut(uint32_t s, uint8_t *dst, uint64_t bytes) {
-  if (s >= n_ || bytes > stride_) return Errorf(MOE_ERR_INTERNAL, "copy of %u bytes out of slot %u of %u", bytes, s, n_);
+  STRATA_RETURN_IF_ERROR(CheckSlot(s, bytes, cudaMemcpyDeviceToHost));
   return Queue(dst, slot(s), bytes, cudaMemcpyDeviceToHost);
 }
 

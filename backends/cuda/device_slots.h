@@ -36,6 +36,10 @@ class CudaDeviceSlots final : public store::DeviceSlots {
   // The copy on the copy stream after the compute stream's work so far, waited for.
   absl::Status Copy(void *dst, const void *src, uint64_t bytes, cudaMemcpyKind kind);
   absl::Status Queue(void *dst, const void *src, uint64_t bytes, cudaMemcpyKind kind);
+  // MOE_ERR_INTERNAL unless slot s exists and holds `bytes`.
+  absl::Status CheckSlot(uint32_t s, uint64_t bytes, cudaMemcpyKind kind) const;
+  // The copy queued on `stream`, or the error naming it.
+  static absl::Status Enqueue(cudaStream_t stream, void *dst, const void *src, uint64_t bytes, cudaMemcpyKind kind);
   CudaBackend *be_;
   DeviceBuffer buf_;
   uint64_t stride_ = 0;
