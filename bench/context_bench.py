@@ -19,7 +19,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from llama_peer import load_llama  # noqa: E402
+from llama_peer import load_llama, run_child  # noqa: E402
 
 # ggml's type ids for the KV cache (ggml.h: GGML_TYPE_F32 0, F16 1, Q8_0 8).
 GGML_TYPES = {"f32": 0, "f16": 1, "q8_0": 8}
@@ -90,13 +90,7 @@ def run_llama(a, n):
 
 
 def run_llama_apart(a, n):
-    """run_llama in a process of its own, so a crash of the peer leaves Strata's figures standing."""
-    p = subprocess.run([sys.executable, os.path.abspath(__file__), "--llama-child", json.dumps([vars(a), n])],
-                       capture_output=True, text=True)
-    if p.returncode != 0:
-        tail = " | ".join(p.stderr.strip().splitlines()[-3:])
-        raise RuntimeError(f"llama.cpp exited with status {p.returncode}: {tail}")
-    return json.loads(p.stdout.strip().splitlines()[-1])
+    return run_child(__file__, [vars(a), n])
 
 
 def main():

@@ -41,7 +41,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from llama_peer import load_llama  # noqa: E402
+from llama_peer import load_llama, run_child  # noqa: E402
 
 
 def size_of(s):
@@ -217,16 +217,9 @@ def run_llama(lib_dir, model, n_cpu_moe, prefill, decode, threads, warmup=0):
 
 
 def run_llama_apart(lib_dir, model, n_cpu_moe, prefill, decode, threads, warmup=0):
-    """run_llama in a process of its own: llama.cpp's CUDA libraries never share a process with
-    torch's (measured on the H200: llama.cpp 0.3.36 loaded after torch's bandwidth probe crashed
-    the whole run), and a crash of the peer leaves the Strata figures standing."""
-    args = json.dumps([lib_dir, model, n_cpu_moe, prefill, decode, threads, warmup])
-    p = subprocess.run([sys.executable, os.path.abspath(__file__), "--llama-child", args], capture_output=True,
-                       text=True)
-    if p.returncode != 0:
-        tail = " | ".join(p.stderr.strip().splitlines()[-3:])
-        raise RuntimeError(f"llama.cpp exited with status {p.returncode}: {tail}")
-    return json.loads(p.stdout.strip().splitlines()[-1])
+    """run_llama in a process of its own (llama_peer.run_child; measured on the H200: llama.cpp 0.3.36
+    loaded after torch's bandwidth probe crashed the whole run)."""
+    return run_child(__file__, [lib_dir, model, n_cpu_moe, prefill, decode, threads, warmup])
 
 
 def main():

@@ -1,6 +1,9 @@
 """llama.cpp as the benchmarks' peer: the `llama_cpp` package's C API (ctypes), loaded once per run."""
 import ctypes
+import json
 import os
+import subprocess
+import sys
 
 
 def load_llama(model, lib_dir="", n_gpu_layers=999, n_cpu_moe=0):
@@ -35,3 +38,15 @@ def load_llama(model, lib_dir="", n_gpu_layers=999, n_cpu_moe=0):
     if not mdl:
         raise RuntimeError("llama.cpp could not load " + model)
     return L, mdl
+
+
+def run_child(script, payload):
+    """Runs `script --llama-child JSON(payload)` in a process of its own and returns the JSON of its
+    last output line: llama.cpp's libraries never share a process with the caller's (torch's CUDA,
+    say), and a crash of the peer leaves the caller's figures standing."""
+    p = subprocess.run([sys.executable, os.path.abspath(script), "--llama-child", json.dumps(payload)],
+                       capture_output=True, text=True)
+    if p.returncode != 0:
+        tail = " | ".join(p.stderr.strip().splitlines()[-3:])
+        raise RuntimeError(f"llama.cpp exited with status {p.returncode}: {tail}")
+    return json.loads(p.stdout.strip().splitlines()[-1])
