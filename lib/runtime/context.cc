@@ -755,6 +755,7 @@ absl::Status Context::StepLocked(int cap, bool *ran) {
       pass_tok += a.seqs.back().n_tok;
     }
     counting.layer_major = cache_ != nullptr && pass_tok >= prefill_layer_min_;
+    if (vram_ != nullptr) vram_->BeginPass(counting.layer_major);
     a.experts = &counting;
     a.workspace = &workspace_;
     a.abort = &abort_;

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <utility>
 
 #include "lib/model/placement.h"
 
@@ -75,13 +76,19 @@ void VramTier::OnRoute(int layer, const float *h, int64_t n_tok, const int32_t *
 }
 
 absl::Status VramTier::OnDecodeToken() {
+  pass_layer_major_ = false;
+  if (!pass_error_.ok()) return std::exchange(pass_error_, absl::OkStatus());
   if (heat_.OnDecodeToken()) floor_ >>= 1;
   // A prompt's re-plan left over goes on at its own pace and z until it is done.
   if (backlog_) return Rebalance(opts_.replan_moves, opts_.replan_z);
   return Rebalance(opts_.swaps_per_step, opts_.promote_z);
 }
 
-absl::Status VramTier::OnPromptDone() { return Rebalance(opts_.replan_moves, opts_.replan_z); }
+absl::Status VramTier::OnPromptDone() {
+  pass_layer_major_ = false;
+  if (!pass_error_.ok()) return std::exchange(pass_error_, absl::OkStatus());
+  return Rebalance(opts_.replan_moves, opts_.replan_z);
+}
 
 VramTier::~VramTier() { (void)Drain(); }
 
@@ -398,7 +405,7 @@ void VramTier::OnNewPrompt() {
   floor_ = 0;
 }
 
-int VramTier::SlotFor(uint32_t key, bool may_swap, double z) {
+int VramTier::SlotFor(uint32_t key, bool may_swap, double z, int max_layer) {
   if (!free_.empty()) return free_.back();
   if (!may_swap) return -1;
   const uint32_t h = heat_[key];
@@ -412,7 +419,7 @@ int VramTier::SlotFor(uint32_t key, bool may_swap, double z) {
     if (sl.key == kNone || sl.moving) continue;
     const uint32_t sh = heat_[sl.key];
     floor = std::min(floor, sh);
-    if (sl.pins > 0) continue;
+    if (sl.pins > 0 || table_.LayerOf(sl.key) > max_layer) continue;
     if (v < 0 || sh < v_heat || (sh == v_heat && sl.last_use < slots_[v].last_use)) {
       v = static_cast<int>(s);
       v_heat = sh;
@@ -500,6 +507,10 @@ void VramTier::Unpin() {
 
 absl::Status VramTier::AcquireImpl(int layer, const std::vector<int32_t> &experts,
                                    std::vector<const model::ExpertWeights *> *out, bool wait) {
+  if (pass_layer_major_ && !moves_.empty()) {
+    // The pass's earlier moves progress; one of this layer's (a previous pass's) lands first.
+    STRATA_RETURN_IF_ERROR(Moving(layer) ? Drain() : Advance(/*wait=*/false));
+  }
   out->assign(experts.size(), nullptr);
   pinned_.clear();
   below_experts_.clear();
@@ -568,6 +579,45 @@ void VramTier::Release(int layer, const std::vector<int32_t> &experts) {
   moved_up_.clear();
   below_experts_.clear();
   layer_ = -1;
+  if (pass_layer_major_ && complete_) {
+    // A failed copy fails the step at its end, where the context checks the moves.
+    if (absl::Status st = PassMoves(layer); !st.ok() && pass_error_.ok()) pass_error_ = st;
+  }
+}
+
+bool VramTier::Moving(int layer) const {
+  for (const Move &m : moves_) {
+    if (table_.LayerOf(m.up) == layer || (m.down != kNone && table_.LayerOf(m.down) == layer)) return true;
+  }
+  return false;
+}
+
+absl::Status VramTier::PassMoves(int layer) {
+  std::vector<uint32_t> mine;
+  for (uint32_t key : candidates_) {
+    if (table_.LayerOf(key) == layer && !Holds(key) && !moving_up_[key]) mine.push_back(key);
+  }
+  if (mine.empty()) return absl::OkStatus();
+  std::sort(mine.begin(), mine.end(), [&](uint32_t a, uint32_t b) {
+    return heat_[a] != heat_[b] ? heat_[a] > heat_[b] : a < b;
+  });
+  int started = 0;
+  // They stay candidates: Rebalance drops those that moved, and takes up the rest after the prompt.
+  for (uint32_t key : mine) {
+    if (started >= opts_.replan_moves || moves_.size() >= static_cast<size_t>(opts_.max_moves)) break;
+    const model::ExpertWeights *ram = below_->ReadyViews(key);
+    if (ram == nullptr) continue;
+    // Hottest first against the coldest resident: once one stays, so do the rest.
+    const int v = SlotFor(key, /*may_swap=*/true, opts_.replan_z, layer);
+    if (v < 0) break;
+    const model::ExpertWeights views = *ram;
+    STRATA_ASSIGN_OR_RETURN(const bool began, StartMove(key, views, v));
+    if (!began) break;  // no free RAM slot for the victim until moves in flight land
+    ++started;
+  }
+  if (started > 0) ++stats_.rebalances;
+  STRATA_RETURN_IF_ERROR(FenceQueued());
+  return Advance(/*wait=*/false);
 }
 
 absl::Status VramTier::Admit(uint32_t key, const SlotBytes &from) {

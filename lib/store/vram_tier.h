@@ -92,6 +92,12 @@ class VramTier final : public ExpertTier {
   bool complete() const { return complete_; }
   bool tables() const { return tables_; }
 
+  // Before each forward pass. A layer-major pass (a prompt's) acquires its layers in order, each
+  // once: while complete, as each layer's products are queued, its experts RAM served start moving
+  // up (hottest first, at most replan_moves) into the slots of markedly colder residents of layers
+  // the pass has computed, whose heat counts the prompt already and whose slots no later layer of
+  // the pass reads; the moves' copies overlap the rest of the pass.
+  void BeginPass(bool layer_major) { pass_layer_major_ = layer_major; }
   // Between decode steps: the heat's decay, and while complete a Rebalance of swaps_per_step.
   absl::Status OnDecodeToken();
   void OnNewPrompt();
@@ -143,8 +149,12 @@ class VramTier final : public ExpertTier {
   // The bytes of an expert's slot that hold its parts.
   uint64_t SpanBytes(uint32_t key) const;
   // The slot `key` (now in RAM, its views `ram`) should take: a free one, or a markedly colder
-  // resident's not in use; -1 when it should stay where it is.
-  int SlotFor(uint32_t key, bool may_swap, double z);
+  // resident's not in use (of a layer up to max_layer); -1 when it should stay where it is.
+  int SlotFor(uint32_t key, bool may_swap, double z, int max_layer = INT32_MAX);
+  // A layer-major pass's moves of `layer`'s candidates (BeginPass), as its products are queued.
+  absl::Status PassMoves(int layer);
+  // Whether a move in flight involves an expert of `layer`.
+  bool Moving(int layer) const;
   // Moves the hottest candidates up into the slots of markedly colder residents (z), at most `max`.
   absl::Status Rebalance(int max, double z);
   // Starts moving `key` (RAM's views `ram`) into slot v; false when the tier below has no free slot
@@ -191,6 +201,8 @@ class VramTier final : public ExpertTier {
   // own_evictions when it last was; experts served from RAM since the last Rebalance.
   bool complete_ = false, tables_ = false, routable_ = false;
   bool backlog_ = false;  // a prompt's re-plan has candidates left (OnPromptDone's cap)
+  bool pass_layer_major_ = false;
+  absl::Status pass_error_;  // a pass move's failure, returned at the pass's end
   uint64_t evictions_seen_ = 0;
   std::vector<uint32_t> candidates_;
   std::vector<char> candidate_;

@@ -689,6 +689,95 @@ TEST_CASE("moves overlap the steps: each half lands before a table points at it"
   check();
 }
 
+TEST_CASE("a layer-major pass moves each layer's hot experts as it goes, over computed layers only",
+          "[store][vram]") {
+  Model m(kGolden + "mixtral_f32/model-f32.gguf");
+  const ExpertTable &t = *m.table;
+  const uint32_t seed = std::random_device{}();
+  INFO("seed " << seed);
+  std::mt19937 rng(seed);
+  RecordingTier below(t, seed);
+  const uint32_t n_keys = static_cast<uint32_t>(t.n_layers() * t.n_experts());
+  HostSlots dev;
+  TablesOn tables;
+  VramTierOptions o;
+  o.n_slots = 6 + rng() % 3;
+  o.replan_moves = 1 + static_cast<int>(rng() % 3);
+  below.n_slots = n_keys;  // room below for every victim of the pass, landed or not
+  auto vr = VramTier::Create(t, &dev, &below, o);
+  REQUIRE(vr.ok());
+  VramTier &v = **vr;
+  REQUIRE(v.complete());
+  // The slots start with an equal share of every layer, as a context opens them.
+  REQUIRE(v.Seed(v.OpeningKeys({}), v.n_slots()).ok());
+  REQUIRE(v.Settle().ok());
+  v.ResetStats();
+  dev.defer = true;
+  auto check = [&] {
+    REQUIRE(dev.entries.size() == below.original.size());
+    for (const auto &[id, views] : dev.entries) {
+      const uint32_t key = t.Key(id.first, id.second);
+      CHECK(ViewHolds(t, below, key, views));
+      const bool in_slot = views.gate.data >= dev.slot(0) && views.gate.data < dev.slot(v.n_slots());
+      CHECK(in_slot == v.Holds(key));
+    }
+  };
+  // The pass: each layer in order routes a few experts RAM serves, far hotter than every resident.
+  v.BeginPass(true);
+  std::vector<const strata::model::ExpertWeights *> out;
+  std::vector<uint32_t> hot;
+  for (int l = 0; l < t.n_layers(); ++l) {
+    if (t.entry(l, 0).weights == nullptr) continue;
+    std::vector<int32_t> xs;
+    for (int x = 0; x < t.n_experts(); ++x) {
+      if (!v.Holds(t.Key(l, x))) xs.push_back(x);
+    }
+    std::shuffle(xs.begin(), xs.end(), rng);
+    xs.resize(std::min<size_t>(xs.size(), 3));
+    for (int32_t x : xs) {
+      Route(v, l, std::vector<int32_t>(200 + rng() % 50, x));
+      hot.push_back(t.Key(l, x));
+    }
+    // The layer's residents are routed too, a little: colder than the hot ones, warmer than the
+    // residents of layers the pass has not reached (which would look coldest).
+    std::vector<int32_t> use = xs;
+    for (int x = 0; x < t.n_experts(); ++x) {
+      if (!v.Holds(t.Key(l, x))) continue;
+      Route(v, l, std::vector<int32_t>(10 + rng() % 10, x));
+      use.push_back(x);
+    }
+    std::vector<uint32_t> later;  // residents of the layers still to come
+    for (uint32_t key : v.ResidentKeys()) {
+      if (t.LayerOf(key) > l) later.push_back(key);
+    }
+    // The first layer's moves land at once (a victim leaves its slot), the others' at random.
+    dev.landing = l == 0 || rng() % 2 == 0;
+    const uint64_t started = v.stats().promotions + v.stats().moving;
+    REQUIRE(v.Acquire(l, use, &out).ok());
+    for (size_t i = 0; i < use.size(); ++i) CHECK(ViewHolds(t, below, t.Key(l, use[i]), *out[i]));
+    v.Release(l, use);
+    // Moves started at once (the residents, heat 0, are all markedly colder), none of them taking
+    // a later layer's slot.
+    if (!xs.empty()) CHECK(v.stats().promotions + v.stats().moving > started);
+    for (uint32_t key : later) CHECK(v.Holds(key));
+    check();
+  }
+  // The pass's end finishes what is left; every hot expert that fits ends in a slot.
+  dev.landing = true;
+  REQUIRE(v.OnPromptDone().ok());
+  const auto held = [&] {
+    size_t n = 0;
+    for (uint32_t key : hot) n += v.Holds(key) ? 1 : 0;
+    return n;
+  };
+  const size_t want = std::min<size_t>(hot.size(), v.n_slots());
+  for (int i = 0; i < 100 && (held() < want || v.stats().moving > 0); ++i) REQUIRE(v.OnDecodeToken().ok());
+  check();
+  CHECK(held() == want);
+  CHECK(v.stats().dropped == 0);
+  CHECK(below.reserved.empty());
+}
+
 namespace {
 
 // The plan of a context opened at these budgets (the tiers as they were made, not as planned).
