@@ -104,6 +104,30 @@ absl::Status CudaDeviceSlots::QueueCopyOut(uint32_t s, uint8_t *dst, uint64_t by
   return Queue(dst, slot(s), bytes, cudaMemcpyDeviceToHost);
 }
 
+absl::Status CudaDeviceSlots::QueueSwap(uint32_t s, uint8_t *down_dst, uint64_t down_bytes, const uint8_t *up_src,
+                                        uint64_t up_bytes) {
+  STRATA_RETURN_IF_ERROR(CheckSlot(s, down_bytes, cudaMemcpyDeviceToHost));
+  STRATA_RETURN_IF_ERROR(CheckSlot(s, up_bytes, cudaMemcpyHostToDevice));
+  STRATA_RETURN_IF_ERROR(Queue(down_dst, slot(s), down_bytes, cudaMemcpyDeviceToHost));
+  if (swapped_out_.get() == nullptr) {
+    STRATA_ASSIGN_OR_RETURN(swapped_out_, Event::Create());
+  }
+  // Recorded again at each swap: the wait takes the copies queued before this record.
+  STRATA_RETURN_IF_ERROR(swapped_out_.Record(down_.get()));
+  STRATA_RETURN_IF_ERROR(up_.Wait(swapped_out_.get()));
+  return Queue(slot(s), up_src, up_bytes, cudaMemcpyHostToDevice);
+}
+
+absl::Status CudaDeviceSlots::ComputeAfterQueued() {
+  if (up_.get() == nullptr) return absl::OkStatus();  // nothing was ever queued
+  if (joined_.get() == nullptr) {
+    STRATA_ASSIGN_OR_RETURN(joined_, Event::Create());
+  }
+  STRATA_RETURN_IF_ERROR(joined_.Record(up_.get()));
+  STRATA_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(be_->compute_stream(), joined_.get(), 0));
+  return absl::OkStatus();
+}
+
 absl::StatusOr<uint64_t> CudaDeviceSlots::Fence() {
   batch_open_ = false;
   if (up_.get() == nullptr) return next_ticket_;  // nothing was ever queued

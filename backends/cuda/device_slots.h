@@ -26,6 +26,11 @@ class CudaDeviceSlots final : public store::DeviceSlots {
   // another expert's coming up overlap), each after the compute stream's work queued so far.
   absl::Status QueueCopyIn(uint32_t s, const uint8_t *src, uint64_t bytes) override;
   absl::Status QueueCopyOut(uint32_t s, uint8_t *dst, uint64_t bytes) override;
+  // The victim's bytes down on the down stream, then the expert's up on the up stream once they left.
+  absl::Status QueueSwap(uint32_t s, uint8_t *down_dst, uint64_t down_bytes, const uint8_t *up_src,
+                         uint64_t up_bytes) override;
+  // The compute stream waits for the up stream's copies so far.
+  absl::Status ComputeAfterQueued() override;
   absl::StatusOr<uint64_t> Fence() override;
   absl::StatusOr<bool> Reached(uint64_t ticket, bool wait) override;
   bool EnableTables() override;
@@ -50,6 +55,7 @@ class CudaDeviceSlots final : public store::DeviceSlots {
   // both streams), and spent events to record again.
   Stream up_, down_;
   Event queued_after_;
+  Event swapped_out_, joined_;  // a swap's victim copied down; the up stream's copies so far
   bool batch_open_ = false;
   struct FenceEvents {
     uint64_t ticket = 0;

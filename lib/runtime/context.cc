@@ -321,6 +321,7 @@ absl::StatusOr<std::unique_ptr<Context>> Context::Open(const ContextOptions &o) 
       vo.n_slots = ctx->plan_.vram_expert_slots;
       vo.replan_moves = static_cast<int>(std::clamp<int64_t>(tunables::Get().vram_replan_moves, 0, 1 << 20));
       vo.max_moves = static_cast<int>(std::clamp<int64_t>(tunables::Get().vram_max_moves, 1, 1 << 20));
+      vo.pass_moves = static_cast<int>(std::clamp<int64_t>(tunables::Get().vram_pass_moves, 0, 1 << 20));
       STRATA_ASSIGN_OR_RETURN(ctx->vram_, store::VramTier::Create(*ctx->table_, ctx->device_slots_.get(),
                                                                    ctx->cache_.get(), vo));
       ctx->cache_->SetTierAbove(ctx->vram_.get());

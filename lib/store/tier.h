@@ -42,6 +42,17 @@ class DeviceSlots {
   // synchronously and every ticket is reached. An error leaves the copies' destinations undefined.
   virtual absl::Status QueueCopyIn(uint32_t s, const uint8_t *src, uint64_t bytes) { return CopyIn(s, src, bytes); }
   virtual absl::Status QueueCopyOut(uint32_t s, uint8_t *dst, uint64_t bytes) { return CopyOut(s, dst, bytes); }
+  // A swap queued as one: slot s's first `down_bytes` go into host memory at down_dst, then
+  // `up_bytes` of host memory at up_src come into slot s, the second copy after the first on the
+  // device, both after every computation queued so far. By default both are made synchronously.
+  virtual absl::Status QueueSwap(uint32_t s, uint8_t *down_dst, uint64_t down_bytes, const uint8_t *up_src,
+                                 uint64_t up_bytes) {
+    STRATA_RETURN_IF_ERROR(CopyOut(s, down_dst, down_bytes));
+    return CopyIn(s, up_src, up_bytes);
+  }
+  // The computations queued from now on start after every copy queued so far (they read slots those
+  // copies fill). Synchronous copies leave nothing to wait for.
+  virtual absl::Status ComputeAfterQueued() { return absl::OkStatus(); }
   virtual absl::StatusOr<uint64_t> Fence() { return uint64_t{0}; }
   virtual absl::StatusOr<bool> Reached(uint64_t ticket, bool wait) { return true; }
   // Device tables: per layer, every routed expert's address as the device reads it (one of these

@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <utility>
 
 #include "lib/model/placement.h"
 
@@ -77,7 +76,7 @@ void VramTier::OnRoute(int layer, const float *h, int64_t n_tok, const int32_t *
 
 absl::Status VramTier::OnDecodeToken() {
   pass_layer_major_ = false;
-  if (!pass_error_.ok()) return std::exchange(pass_error_, absl::OkStatus());
+  STRATA_RETURN_IF_ERROR(LandSwaps());
   if (heat_.OnDecodeToken()) floor_ >>= 1;
   // A prompt's re-plan left over goes on at its own pace and z until it is done.
   if (backlog_) return Rebalance(opts_.replan_moves, opts_.replan_z);
@@ -86,7 +85,7 @@ absl::Status VramTier::OnDecodeToken() {
 
 absl::Status VramTier::OnPromptDone() {
   pass_layer_major_ = false;
-  if (!pass_error_.ok()) return std::exchange(pass_error_, absl::OkStatus());
+  STRATA_RETURN_IF_ERROR(LandSwaps());
   return Rebalance(opts_.replan_moves, opts_.replan_z);
 }
 
@@ -242,6 +241,27 @@ absl::Status VramTier::Advance(bool wait) {
       }
       finished = true;
       Slot &sl = slots_[m.slot];
+      if (m.swap) {
+        // Both halves landed: the victim is read from RAM, the expert from its slot (already).
+        if (m.down != kNone) {
+          below_->Complete(m.down, /*ok=*/true);
+          ++stats_.demotions;
+          stats_.bytes_down += SpanBytes(m.down);
+          const model::ExpertWeights *down_ram = below_->ReadyViews(m.down);
+          if (down_ram != nullptr) {
+            st = PointAt(m.down, *down_ram);
+          } else {
+            routable_ = false;
+          }
+        }
+        sl.moving = false;
+        ++stats_.promotions;
+        stats_.bytes_up += SpanBytes(m.up);
+        if (st.ok()) st = PointAt(m.up, sl.views);
+        below_->Evict(m.up);  // its RAM slot is free for the next victim (a duplicate if in use)
+        moves_.erase(moves_.begin() + static_cast<std::ptrdiff_t>(i));
+        continue;
+      }
       if (!m.up_half) {
         // The victim's bytes are in RAM: it is read there from the next step on, and the slot takes
         // `up`'s bytes after the steps queued so far, which may still read the victim here.
@@ -316,6 +336,7 @@ absl::Status VramTier::Drain() { return Advance(/*wait=*/true); }
 
 absl::Status VramTier::Settle() {
   if (!tables_) return absl::OkStatus();
+  STRATA_RETURN_IF_ERROR(LandSwaps());  // a failed pass's
   if (routable_ && below_->own_evictions() == evictions_seen_) return absl::OkStatus();
   // Every move finishes first: its experts are then in one place each.
   STRATA_RETURN_IF_ERROR(Drain());
@@ -542,6 +563,13 @@ absl::Status VramTier::AcquireImpl(int layer, const std::vector<int32_t> &expert
   }
   layer_ = layer;
   for (size_t j = 0; j < below_at.size(); ++j) (*out)[below_at[j]] = got[j];
+  if (pass_layer_major_ && complete_ && !below_at.empty()) {
+    st = PassSwaps(layer, below_at, got, out);
+    if (!st.ok()) {
+      Release(layer, experts);
+      return st;
+    }
+  }
   for (size_t j = 0; j < below_at.size(); ++j) {
     if (got[j] == nullptr) continue;  // still loading: Await moves it up
     st = Promote(table_.Key(layer, below_experts_[j]), *got[j]);
@@ -579,10 +607,6 @@ void VramTier::Release(int layer, const std::vector<int32_t> &experts) {
   moved_up_.clear();
   below_experts_.clear();
   layer_ = -1;
-  if (pass_layer_major_ && complete_) {
-    // A failed copy fails the step at its end, where the context checks the moves.
-    if (absl::Status st = PassMoves(layer); !st.ok() && pass_error_.ok()) pass_error_ = st;
-  }
 }
 
 bool VramTier::Moving(int layer) const {
@@ -592,32 +616,84 @@ bool VramTier::Moving(int layer) const {
   return false;
 }
 
-absl::Status VramTier::PassMoves(int layer) {
-  std::vector<uint32_t> mine;
-  for (uint32_t key : candidates_) {
-    if (table_.LayerOf(key) == layer && !Holds(key) && !moving_up_[key]) mine.push_back(key);
+absl::Status VramTier::PassSwaps(int layer, const std::vector<size_t> &below_at,
+                                 const std::vector<const model::ExpertWeights *> &got,
+                                 std::vector<const model::ExpertWeights *> *out) {
+  std::vector<size_t> order;  // into below_at, hottest first
+  for (size_t j = 0; j < below_at.size(); ++j) {
+    if (got[j] != nullptr) order.push_back(j);
   }
-  if (mine.empty()) return absl::OkStatus();
-  std::sort(mine.begin(), mine.end(), [&](uint32_t a, uint32_t b) {
-    return heat_[a] != heat_[b] ? heat_[a] > heat_[b] : a < b;
+  auto key_of = [&](size_t j) { return table_.Key(layer, below_experts_[j]); };
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    const uint32_t ka = key_of(a), kb = key_of(b);
+    return heat_[ka] != heat_[kb] ? heat_[ka] > heat_[kb] : ka < kb;
   });
   int started = 0;
-  // They stay candidates: Rebalance drops those that moved, and takes up the rest after the prompt.
-  for (uint32_t key : mine) {
-    if (started >= opts_.replan_moves || moves_.size() >= static_cast<size_t>(opts_.max_moves)) break;
-    const model::ExpertWeights *ram = below_->ReadyViews(key);
-    if (ram == nullptr) continue;
+  absl::Status st = absl::OkStatus();
+  for (size_t j : order) {
+    if (started >= opts_.pass_moves || moves_.size() >= static_cast<size_t>(opts_.max_moves)) break;
+    const uint32_t key = key_of(j);
+    if (Holds(key) || moving_up_[key]) continue;
     // Hottest first against the coldest resident: once one stays, so do the rest.
     const int v = SlotFor(key, /*may_swap=*/true, opts_.replan_z, layer);
     if (v < 0) break;
-    const model::ExpertWeights views = *ram;
-    STRATA_ASSIGN_OR_RETURN(const bool began, StartMove(key, views, v));
-    if (!began) break;  // no free RAM slot for the victim until moves in flight land
+    Slot &sl = slots_[v];
+    const ExpertEntry &en = table_.entry(layer, below_experts_[j]);
+    const uint8_t *src = got[j]->gate.data - en.part[0].slot_offset;  // its RAM slot's first byte
+    Move m;
+    m.up = key;
+    m.slot = v;
+    m.up_half = true;
+    m.swap = true;
+    if (sl.key == kNone) {
+      st = device_->QueueCopyIn(static_cast<uint32_t>(v), src, SpanBytes(key));
+      if (!st.ok()) break;
+      free_.erase(std::find(free_.begin(), free_.end(), v));
+    } else {
+      uint8_t *dst = below_->Reserve(sl.key);
+      if (dst == nullptr) break;  // no free RAM slot for the victim until moves in flight land
+      m.down = sl.key;
+      key_slot_[m.down] = -1;
+      st = device_->QueueSwap(static_cast<uint32_t>(v), dst, SpanBytes(m.down), src, SpanBytes(key));
+      if (!st.ok()) {
+        // Neither copy can be trusted: the victim is in neither tier (Settle reads it again).
+        below_->Complete(m.down, /*ok=*/false);
+        sl.key = kNone;
+        free_.push_back(v);
+        routable_ = false;
+        break;
+      }
+    }
+    // The slot is the expert's from these copies on: this call computes it there.
+    uint8_t *d = device_->slot(static_cast<uint32_t>(v));
+    sl.key = key;
+    sl.moving = true;
+    sl.last_use = ++tick_;
+    sl.views = *got[j];
+    sl.views.gate.data = d + en.part[0].slot_offset;
+    sl.views.up.data = d + en.part[1].slot_offset;
+    sl.views.down.data = d + en.part[2].slot_offset;
+    ++sl.pins;
+    pinned_.push_back(v);
+    key_slot_[key] = v;
+    floor_ = std::min(floor_, heat_[key]);
+    (*out)[below_at[j]] = &sl.views;
+    moves_.push_back(m);
     ++started;
   }
-  if (started > 0) ++stats_.rebalances;
+  stats_.moving = static_cast<uint32_t>(moves_.size());
+  if (started == 0) return st;
+  ++stats_.rebalances;
   STRATA_RETURN_IF_ERROR(FenceQueued());
-  return Advance(/*wait=*/false);
+  STRATA_RETURN_IF_ERROR(device_->ComputeAfterQueued());
+  return st;
+}
+
+absl::Status VramTier::LandSwaps() {
+  for (const Move &m : moves_) {
+    if (m.swap) return Drain();
+  }
+  return absl::OkStatus();
 }
 
 absl::Status VramTier::Admit(uint32_t key, const SlotBytes &from) {

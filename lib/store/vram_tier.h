@@ -48,6 +48,8 @@ struct VramTierOptions {
   // takes two steps: the victim's bytes down, then the expert's up), at most max_moves in flight.
   int replan_moves = 64;
   int max_moves = 256;
+  // A layer-major pass's swaps a layer (BeginPass).
+  int pass_moves = 32;
 };
 
 struct VramTierStats {
@@ -93,10 +95,12 @@ class VramTier final : public ExpertTier {
   bool tables() const { return tables_; }
 
   // Before each forward pass. A layer-major pass (a prompt's) acquires its layers in order, each
-  // once: while complete, as each layer's products are queued, its experts RAM served start moving
-  // up (hottest first, at most replan_moves) into the slots of markedly colder residents of layers
-  // the pass has computed, whose heat counts the prompt already and whose slots no later layer of
-  // the pass reads; the moves' copies overlap the rest of the pass.
+  // once. While complete, each layer's hottest experts RAM serves (at most pass_moves) then swap
+  // with markedly colder residents of the layers the pass has reached (whose heat counts the prompt
+  // already, and whose slots no later layer of the pass reads): the victim's bytes go down and the
+  // expert's come up into its slot, where the layer computes it. That copy replaces the one the
+  // device would make to compute it from RAM, so the link carries nothing more. The tables follow
+  // once the copies land, before any step reads them.
   void BeginPass(bool layer_major) { pass_layer_major_ = layer_major; }
   // Between decode steps: the heat's decay, and while complete a Rebalance of swaps_per_step.
   absl::Status OnDecodeToken();
@@ -140,6 +144,7 @@ class VramTier final : public ExpertTier {
     uint32_t up = kNone, down = kNone;
     int slot = -1;
     bool up_half = false;  // the second half (up's bytes) is in flight
+    bool swap = false;     // both halves in flight at once (a pass's swap): the slot holds `up`
     bool fenced = false;   // its copies have a ticket (else: queued since the last fence)
     uint64_t ticket = 0;
   };
@@ -151,8 +156,12 @@ class VramTier final : public ExpertTier {
   // The slot `key` (now in RAM, its views `ram`) should take: a free one, or a markedly colder
   // resident's not in use (of a layer up to max_layer); -1 when it should stay where it is.
   int SlotFor(uint32_t key, bool may_swap, double z, int max_layer = INT32_MAX);
-  // A layer-major pass's moves of `layer`'s candidates (BeginPass), as its products are queued.
-  absl::Status PassMoves(int layer);
+  // A layer-major pass's swaps into the call's slots (BeginPass): entries of `out` at below_at
+  // (RAM's views, `got`) become slot views.
+  absl::Status PassSwaps(int layer, const std::vector<size_t> &below_at, const std::vector<const model::ExpertWeights *> &got,
+                         std::vector<const model::ExpertWeights *> *out);
+  // Lands every swap in flight (the tables point at their victims' old slots until then).
+  absl::Status LandSwaps();
   // Whether a move in flight involves an expert of `layer`.
   bool Moving(int layer) const;
   // Moves the hottest candidates up into the slots of markedly colder residents (z), at most `max`.
@@ -202,7 +211,6 @@ class VramTier final : public ExpertTier {
   bool complete_ = false, tables_ = false, routable_ = false;
   bool backlog_ = false;  // a prompt's re-plan has candidates left (OnPromptDone's cap)
   bool pass_layer_major_ = false;
-  absl::Status pass_error_;  // a pass move's failure, returned at the pass's end
   uint64_t evictions_seen_ = 0;
   std::vector<uint32_t> candidates_;
   std::vector<char> candidate_;

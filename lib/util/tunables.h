@@ -39,6 +39,8 @@ namespace strata::tunables {
     "then holds those VRAM does not, with one to spare); off = the CUDA backend's own VRAM tier")                      \
   X(int64_t, vram_replan_moves, "STRATA_VRAM_REPLAN_MOVES", 64,                                                    \
     "experts the VRAM tier starts moving when a prompt ends and at each decode step until its re-plan is done")     \
+  X(int64_t, vram_pass_moves, "STRATA_VRAM_PASS_MOVES", 32,                                                        \
+    "experts a prompt's layer-major pass moves into VRAM per layer, in place of staging them")                     \
   X(int64_t, vram_max_moves, "STRATA_VRAM_MAX_MOVES", 256,                                                         \
     "the VRAM tier's moves in flight at once (their copies overlap the steps)")                                     \
   X(int64_t, vram_spare_ram_slots, "STRATA_VRAM_SPARE_RAM_SLOTS", 256,                                             \

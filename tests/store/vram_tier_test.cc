@@ -79,6 +79,25 @@ class HostSlots final : public DeviceSlots {
     pending_.push_back({dst, slot(s), bytes});
     return absl::OkStatus();
   }
+  absl::Status QueueSwap(uint32_t s, uint8_t *down_dst, uint64_t down_bytes, const uint8_t *up_src,
+                         uint64_t up_bytes) override {
+    ++swaps;
+    if (!defer) return DeviceSlots::QueueSwap(s, down_dst, down_bytes, up_src, up_bytes);
+    REQUIRE(s < n_);
+    REQUIRE(up_bytes <= stride_);
+    queued += 2;
+    pending_.push_back({down_dst, slot(s), down_bytes});
+    pending_.push_back({slot(s), up_src, up_bytes});
+    return absl::OkStatus();
+  }
+  // A computation after this reads what every queued copy wrote: they are made now (their tickets
+  // are still reached only when `landing` says).
+  absl::Status ComputeAfterQueued() override {
+    ++joins;
+    for (size_t i = made_; i < pending_.size(); ++i) std::memcpy(pending_[i].dst, pending_[i].src, pending_[i].bytes);
+    made_ = pending_.size();
+    return absl::OkStatus();
+  }
   absl::StatusOr<uint64_t> Fence() override {
     if (!defer) return uint64_t{0};
     fences_.push_back(pending_.size());
@@ -91,12 +110,12 @@ class HostSlots final : public DeviceSlots {
     if (ticket <= landed_) return true;
     if (!landing && !wait) return false;
     for (size_t i = made_; i < fences_[ticket - 1]; ++i) std::memcpy(pending_[i].dst, pending_[i].src, pending_[i].bytes);
-    made_ = fences_[ticket - 1];
+    made_ = std::max(made_, fences_[ticket - 1]);
     landed_ = ticket;
     return true;
   }
   bool defer = false, landing = true;
-  int queued = 0;
+  int queued = 0, swaps = 0, joins = 0;
 
   // Device tables: each entry as pointed, checked by the test against the file's bytes.
   bool EnableTables() override { return tables_on; }
@@ -689,7 +708,7 @@ TEST_CASE("moves overlap the steps: each half lands before a table points at it"
   check();
 }
 
-TEST_CASE("a layer-major pass moves each layer's hot experts as it goes, over computed layers only",
+TEST_CASE("a layer-major pass swaps each layer's hot experts into the slots it computes them in",
           "[store][vram]") {
   Model m(kGolden + "mixtral_f32/model-f32.gguf");
   const ExpertTable &t = *m.table;
@@ -703,6 +722,7 @@ TEST_CASE("a layer-major pass moves each layer's hot experts as it goes, over co
   VramTierOptions o;
   o.n_slots = 6 + rng() % 3;
   o.replan_moves = 1 + static_cast<int>(rng() % 3);
+  o.pass_moves = 1 + static_cast<int>(rng() % 3);
   below.n_slots = n_keys;  // room below for every victim of the pass, landed or not
   auto vr = VramTier::Create(t, &dev, &below, o);
   REQUIRE(vr.ok());
@@ -750,21 +770,33 @@ TEST_CASE("a layer-major pass moves each layer's hot experts as it goes, over co
     for (uint32_t key : v.ResidentKeys()) {
       if (t.LayerOf(key) > l) later.push_back(key);
     }
-    // The first layer's moves land at once (a victim leaves its slot), the others' at random.
-    dev.landing = l == 0 || rng() % 2 == 0;
-    const uint64_t started = v.stats().promotions + v.stats().moving;
+    dev.landing = rng() % 2 == 0;
+    const int swaps = dev.swaps, joins = dev.joins;
     REQUIRE(v.Acquire(l, use, &out).ok());
-    for (size_t i = 0; i < use.size(); ++i) CHECK(ViewHolds(t, below, t.Key(l, use[i]), *out[i]));
+    // Every expert reads its own bytes, the swapped ones from their new slots (the computation
+    // waits for the copies).
+    size_t in_slots = 0;
+    for (size_t i = 0; i < use.size(); ++i) {
+      CHECK(ViewHolds(t, below, t.Key(l, use[i]), *out[i]));
+      const bool in_slot = out[i]->gate.data >= dev.slot(0) && out[i]->gate.data < dev.slot(v.n_slots());
+      CHECK(in_slot == v.Holds(t.Key(l, use[i])));
+      in_slots += i < xs.size() && in_slot ? 1 : 0;
+    }
     v.Release(l, use);
-    // Moves started at once (the residents, heat 0, are all markedly colder), none of them taking
-    // a later layer's slot.
-    if (!xs.empty()) CHECK(v.stats().promotions + v.stats().moving > started);
+    // The hottest swapped in at once (the residents are all markedly colder), at most pass_moves,
+    // none of them into a later layer's slot; the first layer's residents are all in use.
+    if (!xs.empty() && l > 0) {
+      CHECK(in_slots >= 1);
+      CHECK(in_slots <= static_cast<size_t>(o.pass_moves));
+      CHECK(dev.swaps > swaps);
+      CHECK(dev.joins == joins + 1);
+    }
     for (uint32_t key : later) CHECK(v.Holds(key));
-    check();
   }
   // The pass's end finishes what is left; every hot expert that fits ends in a slot.
   dev.landing = true;
   REQUIRE(v.OnPromptDone().ok());
+  check();  // the tables are true once the pass ends (nothing reads them during it)
   const auto held = [&] {
     size_t n = 0;
     for (uint32_t key : hot) n += v.Holds(key) ? 1 : 0;
