@@ -306,6 +306,23 @@ void Route(VramTier &v, int layer, const std::vector<int32_t> &experts) {
   v.OnRoute(layer, nullptr, static_cast<int64_t>(experts.size()), experts.data(), 1);
 }
 
+// Up to n experts of layer l the tier does not hold, at random, each selected 200-250 times; their
+// keys are added to *hot.
+std::vector<int32_t> HeatLayer(VramTier &v, const ExpertTable &t, int l, size_t n, std::mt19937 &rng,
+                               std::vector<uint32_t> *hot) {
+  std::vector<int32_t> xs;
+  for (int x = 0; x < t.n_experts(); ++x) {
+    if (!v.Holds(t.Key(l, x))) xs.push_back(x);
+  }
+  std::shuffle(xs.begin(), xs.end(), rng);
+  xs.resize(std::min(xs.size(), n));
+  for (int32_t x : xs) {
+    Route(v, l, std::vector<int32_t>(200 + rng() % 50, x));
+    hot->push_back(t.Key(l, x));
+  }
+  return xs;
+}
+
 // A prompt's routing: per routed layer, up to `per_layer` experts the tier does not hold, each
 // selected 200-250 times and acquired once (so RAM serves them); returns their keys.
 std::vector<uint32_t> HeatRamExperts(VramTier &v, const ExpertTable &t, size_t per_layer, std::mt19937 &rng) {
@@ -313,21 +330,47 @@ std::vector<uint32_t> HeatRamExperts(VramTier &v, const ExpertTable &t, size_t p
   std::vector<uint32_t> hot;
   for (int l = 0; l < t.n_layers(); ++l) {
     if (t.entry(l, 0).weights == nullptr) continue;
-    std::vector<int32_t> xs;
-    for (int x = 0; x < t.n_experts(); ++x) {
-      if (!v.Holds(t.Key(l, x))) xs.push_back(x);
-    }
-    std::shuffle(xs.begin(), xs.end(), rng);
-    xs.resize(std::min(xs.size(), per_layer));
-    for (int32_t x : xs) {
-      Route(v, l, std::vector<int32_t>(200 + rng() % 50, x));
-      hot.push_back(t.Key(l, x));
-    }
+    const std::vector<int32_t> xs = HeatLayer(v, t, l, per_layer, rng, &hot);
     REQUIRE(v.Acquire(l, xs, &out).ok());
     v.Release(l, xs);
   }
   return hot;
 }
+
+// Complete tiers over the Mixtral golden's table: a RecordingTier below, the host device with its
+// tables on, fresh random numbers (the caller logs the seed).
+struct CompleteTiers {
+  Model m{kGolden + "mixtral_f32/model-f32.gguf"};
+  const ExpertTable &t = *m.table;
+  const uint32_t seed = std::random_device{}();
+  std::mt19937 rng{seed};
+  RecordingTier below{t, seed};
+  const uint32_t n_keys = static_cast<uint32_t>(t.n_layers() * t.n_experts());
+  TablesOn tables;
+  HostSlots dev;
+  std::unique_ptr<VramTier> tier;
+  // The tier of o.n_slots over a tier below that holds ram_slots; complete, not yet settled.
+  VramTier &Make(const VramTierOptions &o, uint32_t ram_slots) {
+    below.n_slots = ram_slots;
+    auto vr = VramTier::Create(t, &dev, &below, o);
+    REQUIRE(vr.ok());
+    tier = std::move(*vr);
+    REQUIRE(tier->complete());
+    return *tier;
+  }
+  // Every table entry reads its expert's own bytes, from a slot exactly when the tier holds it; an
+  // expert moving down is held by both tiers until its bytes land below.
+  void CheckTables() {
+    REQUIRE(dev.entries.size() == below.original.size());
+    for (const auto &[id, views] : dev.entries) {
+      const uint32_t key = t.Key(id.first, id.second);
+      CHECK(ViewHolds(t, below, key, views));
+      CHECK((tier->Holds(key) || below.Holds(key)));
+      const bool in_slot = views.gate.data >= dev.slot(0) && views.gate.data < dev.slot(tier->n_slots());
+      CHECK(in_slot == tier->Holds(key));
+    }
+  }
+};
 
 }  // namespace
 
@@ -565,23 +608,14 @@ TEST_CASE("complete tiers route on the device's tables, swap between steps and k
 
 TEST_CASE("a prompt's re-plan moves a capped number at its end and the rest over the decode steps",
           "[store][vram]") {
-  Model m(kGolden + "mixtral_f32/model-f32.gguf");
-  const ExpertTable &t = *m.table;
-  const uint32_t seed = std::random_device{}();
-  INFO("seed " << seed);
-  std::mt19937 rng(seed);
-  RecordingTier below(t, seed);
-  const uint32_t n_keys = static_cast<uint32_t>(t.n_layers() * t.n_experts());
-  HostSlots dev;
-  TablesOn tables;
+  CompleteTiers f;
+  INFO("seed " << f.seed);
+  const ExpertTable &t = f.t;
+  std::mt19937 &rng = f.rng;
   VramTierOptions o;
   o.n_slots = 4 + rng() % 2;
   o.replan_moves = 1 + static_cast<int>(rng() % 2);
-  below.n_slots = n_keys - o.n_slots + 1;
-  auto vr = VramTier::Create(t, &dev, &below, o);
-  REQUIRE(vr.ok());
-  VramTier &v = **vr;
-  REQUIRE(v.complete());
+  VramTier &v = f.Make(o, f.n_keys - o.n_slots + 1);
   REQUIRE(v.Settle().ok());
   // A prompt makes many experts RAM serves markedly hotter than every resident (which it leaves cold).
   const std::vector<uint32_t> hot = HeatRamExperts(v, t, 4, rng);
@@ -616,40 +650,22 @@ TEST_CASE("a prompt's re-plan moves a capped number at its end and the rest over
 }
 
 TEST_CASE("moves overlap the steps: each half lands before a table points at it", "[store][vram]") {
-  Model m(kGolden + "mixtral_f32/model-f32.gguf");
-  const ExpertTable &t = *m.table;
-  const uint32_t seed = std::random_device{}();
-  INFO("seed " << seed);
-  std::mt19937 rng(seed);
-  RecordingTier below(t, seed);
-  const uint32_t n_keys = static_cast<uint32_t>(t.n_layers() * t.n_experts());
-  HostSlots dev;
-  TablesOn tables;
+  CompleteTiers f;
+  INFO("seed " << f.seed);
+  const ExpertTable &t = f.t;
+  std::mt19937 &rng = f.rng;
+  RecordingTier &below = f.below;
+  HostSlots &dev = f.dev;
   VramTierOptions o;
   o.n_slots = 5 + rng() % 2;
   o.replan_moves = 2 + static_cast<int>(rng() % 2);
   o.max_moves = o.replan_moves + 1;
   const uint32_t spare = 1 + rng() % 3;
-  below.n_slots = n_keys - o.n_slots + spare;
-  auto vr = VramTier::Create(t, &dev, &below, o);
-  REQUIRE(vr.ok());
-  VramTier &v = **vr;
-  REQUIRE(v.complete());
+  VramTier &v = f.Make(o, f.n_keys - o.n_slots + spare);
   REQUIRE(v.Settle().ok());
   v.ResetStats();  // the opening fill's moves
   dev.defer = true;
-  // Every entry reads its expert's own bytes, from a slot exactly when the tier says it holds it;
-  // an expert moving down is held by both tiers until its bytes land below.
-  auto check = [&] {
-    REQUIRE(dev.entries.size() == below.original.size());
-    for (const auto &[id, views] : dev.entries) {
-      const uint32_t key = t.Key(id.first, id.second);
-      CHECK(ViewHolds(t, below, key, views));
-      CHECK((v.Holds(key) || below.Holds(key)));
-      const bool in_slot = views.gate.data >= dev.slot(0) && views.gate.data < dev.slot(v.n_slots());
-      CHECK(in_slot == v.Holds(key));
-    }
-  };
+  auto check = [&] { f.CheckTables(); };
   // A prompt heats experts RAM serves far above every resident.
   std::vector<const strata::model::ExpertWeights *> out;
   const std::vector<uint32_t> hot = HeatRamExperts(v, t, 3, rng);
@@ -710,54 +726,30 @@ TEST_CASE("moves overlap the steps: each half lands before a table points at it"
 
 TEST_CASE("a layer-major pass swaps each layer's hot experts into the slots it computes them in",
           "[store][vram]") {
-  Model m(kGolden + "mixtral_f32/model-f32.gguf");
-  const ExpertTable &t = *m.table;
-  const uint32_t seed = std::random_device{}();
-  INFO("seed " << seed);
-  std::mt19937 rng(seed);
-  RecordingTier below(t, seed);
-  const uint32_t n_keys = static_cast<uint32_t>(t.n_layers() * t.n_experts());
-  HostSlots dev;
-  TablesOn tables;
+  CompleteTiers f;
+  INFO("seed " << f.seed);
+  const ExpertTable &t = f.t;
+  std::mt19937 &rng = f.rng;
+  RecordingTier &below = f.below;
+  HostSlots &dev = f.dev;
   VramTierOptions o;
   o.n_slots = 6 + rng() % 3;
   o.replan_moves = 1 + static_cast<int>(rng() % 3);
   o.pass_moves = 1 + static_cast<int>(rng() % 3);
-  below.n_slots = n_keys;  // room below for every victim of the pass, landed or not
-  auto vr = VramTier::Create(t, &dev, &below, o);
-  REQUIRE(vr.ok());
-  VramTier &v = **vr;
-  REQUIRE(v.complete());
+  VramTier &v = f.Make(o, f.n_keys);  // room below for every victim of the pass, landed or not
   // The slots start with an equal share of every layer, as a context opens them.
   REQUIRE(v.Seed(v.OpeningKeys({}), v.n_slots()).ok());
   REQUIRE(v.Settle().ok());
   v.ResetStats();
   dev.defer = true;
-  auto check = [&] {
-    REQUIRE(dev.entries.size() == below.original.size());
-    for (const auto &[id, views] : dev.entries) {
-      const uint32_t key = t.Key(id.first, id.second);
-      CHECK(ViewHolds(t, below, key, views));
-      const bool in_slot = views.gate.data >= dev.slot(0) && views.gate.data < dev.slot(v.n_slots());
-      CHECK(in_slot == v.Holds(key));
-    }
-  };
+  auto check = [&] { f.CheckTables(); };
   // The pass: each layer in order routes a few experts RAM serves, far hotter than every resident.
   v.BeginPass(true);
   std::vector<const strata::model::ExpertWeights *> out;
   std::vector<uint32_t> hot;
   for (int l = 0; l < t.n_layers(); ++l) {
     if (t.entry(l, 0).weights == nullptr) continue;
-    std::vector<int32_t> xs;
-    for (int x = 0; x < t.n_experts(); ++x) {
-      if (!v.Holds(t.Key(l, x))) xs.push_back(x);
-    }
-    std::shuffle(xs.begin(), xs.end(), rng);
-    xs.resize(std::min<size_t>(xs.size(), 3));
-    for (int32_t x : xs) {
-      Route(v, l, std::vector<int32_t>(200 + rng() % 50, x));
-      hot.push_back(t.Key(l, x));
-    }
+    const std::vector<int32_t> xs = HeatLayer(v, t, l, 3, rng, &hot);
     // The layer's residents are routed too, a little: colder than the hot ones, warmer than the
     // residents of layers the pass has not reached (which would look coldest).
     std::vector<int32_t> use = xs;
