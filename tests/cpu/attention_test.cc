@@ -1,8 +1,8 @@
 // The CPU backend's tiled attention against a plain per-query reference (two-pass softmax in
 // double over the same stored rows, decoded), on fresh random inputs with long prompts starting
 // past position 0, for every KV type and every family's variant (GQA, windows, masks, sinks, MLA's
-// latent values); and its numbers bit-identical across thread counts and however a prompt is split
-// into calls.
+// latent values); its numbers bit-identical across thread counts and however a prompt is split
+// into calls; and the AVX2 + F16C kernels' numbers bit-identical to the baseline kernels'.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -12,12 +12,17 @@
 #include <random>
 #include <vector>
 
+#include "backends/cpu/attention.h"
 #include "backends/cpu/cpu_backend.h"
+#include "backends/cpu/kernels/kernels.h"
 #include "lib/model/backend.h"
+#include "lib/util/thread_pool.h"
 
 namespace {
 
+using strata::ThreadPool;
 using strata::cpu::CpuBackend;
+using strata::cpu::kernels::Isa;
 using strata::model::AttentionParams;
 using strata::model::ContiguousKv;
 using strata::model::KvRowBytes;
@@ -39,6 +44,22 @@ std::vector<uint8_t> RandomRows(std::mt19937 &rng, int n, int width, KvType t) {
   std::vector<float> row(width);
   for (int p = 0; p < n; ++p) {
     for (float &x : row) x = nd(rng);
+    strata::model::EncodeKvRow(t, row.data(), width, out.data() + p * KvRowBytes(t, width));
+  }
+  return out;
+}
+
+// Random rows whose magnitudes spread over many binades (each row scaled by 10^u, u in [-6, 1)): f16
+// subnormals, q8_0 blocks with tiny scales, and scores far enough apart that a tile's new maximum
+// rescales what came before.
+std::vector<uint8_t> SpreadRows(std::mt19937 &rng, int n, int width, KvType t) {
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::uniform_real_distribution<float> u(-6.f, 1.f);
+  std::vector<uint8_t> out(static_cast<size_t>(n) * KvRowBytes(t, width));
+  std::vector<float> row(width);
+  for (int p = 0; p < n; ++p) {
+    const float scale = std::pow(10.f, u(rng));
+    for (float &x : row) x = nd(rng) * scale;
     strata::model::EncodeKvRow(t, row.data(), width, out.data() + p * KvRowBytes(t, width));
   }
   return out;
@@ -147,6 +168,92 @@ TEST_CASE("tiled CPU attention matches the per-query reference and is bit-identi
         t += n;
       }
       CHECK(std::memcmp(all.data(), split.data(), out_n * sizeof(float)) == 0);
+    }
+  }
+}
+
+TEST_CASE("AVX2 attention kernels give the baseline kernels' bits", "[cpu][attention][avx2]") {
+  if (strata::cpu::kernels::BestIsa() == Isa::kScalar) {
+    WARN("this CPU lacks AVX2 + F16C: only the baseline kernels run here");
+    return;
+  }
+  const Shape shapes[] = {
+      {"MHA, head_dim 128 (OLMoE)", 4, 4, 128, 0, false, false, false, 0},
+      {"GQA 4, head_dim 64, masked, window 100, sinks", 8, 2, 64, 100, true, false, true, 0},
+      {"GQA 8, head_dim 80, masked", 8, 1, 80, 0, false, false, true, 0},
+      {"GQA 2, head_dim 96, window 300", 4, 2, 96, 300, false, false, false, 0},
+      // Heads 20 columns apart: q8_0 blocks straddled, widths that are not a multiple of 8.
+      {"GQA 3, head_dim 20, masked, sinks", 9, 3, 20, 0, true, false, true, 0},
+      {"latent (MLA), 72-wide rows, v_dim 64, masked", 8, 1, 72, 0, false, true, true, 64},
+      {"latent, 44-wide rows, v_dim 36, window 50, sinks", 4, 1, 44, 50, true, true, false, 36},
+  };
+  const KvType kv_types[] = {KvType::kF32, KvType::kF16, KvType::kQ8_0};
+  const uint32_t seed = std::random_device{}();
+  INFO("seed " << seed);
+  std::mt19937 rng(seed);
+  ThreadPool one(1), three(3);
+  for (const Shape &s : shapes) {
+    for (KvType kt : kv_types) {
+      for (KvType vt : kv_types) {
+        if (s.latent && vt != KvType::kF32) continue;  // latent values are the k rows
+        INFO(s.name << ", K " << strata::model::KvTypeName(kt) << ", V " << strata::model::KvTypeName(vt));
+        const int pos0 = static_cast<int>(rng() % 150), n_tok = 150 + static_cast<int>(rng() % 200);
+        const int n_ctx = pos0 + n_tok;
+        const int k_width = s.n_head_kv * s.head_dim, v_width = s.latent ? 0 : k_width;
+        std::vector<uint8_t> k = SpreadRows(rng, n_ctx, k_width, kt);
+        std::vector<uint8_t> v = s.latent ? std::vector<uint8_t>{} : SpreadRows(rng, n_ctx, v_width, vt);
+        ContiguousKv ckv(k.data(), s.latent ? nullptr : v.data(), n_ctx, k_width, v_width, kt, vt);
+        KvView kv = ckv.view();
+        std::vector<uint8_t> mask(n_ctx, 0);
+        if (s.masked) {
+          for (auto &m : mask) m = rng() % 5 == 0 ? 1 : 0;
+          kv.masked = mask.data();
+        }
+        std::normal_distribution<float> nd(0.f, 1.f);
+        std::vector<float> q(static_cast<size_t>(n_tok) * s.n_head * s.head_dim), sinks(s.n_head);
+        for (float &x : q) x = nd(rng) * 3.f;
+        for (float &x : sinks) x = nd(rng);
+        AttentionParams p;  // scale 0: 1 / sqrt(head_dim), half the cases a given scale
+        if (rng() % 2 == 0) p.scale = 0.7f / std::sqrt(static_cast<float>(s.head_dim));
+        if (s.sinks) p.sinks = sinks.data();
+        p.latent = s.latent;
+        p.v_dim = s.v_dim;
+        const int v_dim = s.latent ? s.v_dim : s.head_dim;
+        const size_t out_row = static_cast<size_t>(s.n_head) * v_dim, out_n = static_cast<size_t>(n_tok) * out_row;
+        const size_t q_row = static_cast<size_t>(s.n_head) * s.head_dim;
+        // The prompt in one call or in calls of uneven sizes (single rows among them), into a poisoned
+        // output.
+        auto run = [&](ThreadPool &pool, Isa isa, bool split) {
+          std::vector<float> out(out_n, std::nanf(""));
+          std::mt19937 cuts(seed ^ n_tok);
+          for (int t = 0; t < n_tok;) {
+            const int n = split ? std::min(n_tok - t, static_cast<int>(cuts() % 3 == 0 ? 1 : 1 + cuts() % 40)) : n_tok;
+            strata::cpu::TiledAttention(pool, q.data() + t * q_row, kv, n, pos0 + t, s.n_head, s.n_head_kv,
+                                        s.head_dim, s.window, out.data() + t * out_row, p, isa);
+            t += n;
+          }
+          return out;
+        };
+        const std::vector<float> base = run(one, Isa::kScalar, false);
+        REQUIRE(std::all_of(base.begin(), base.end(), [](float x) { return std::isfinite(x); }));
+        for (ThreadPool *pool : {&one, &three}) {
+          for (bool split : {false, true}) {
+            INFO((pool == &one ? "1 thread" : "3 threads") << (split ? ", split into calls" : ", one call"));
+            CHECK(std::memcmp(run(*pool, Isa::kAvx2, split).data(), base.data(), out_n * sizeof(float)) == 0);
+          }
+        }
+        // Decode steps: one row alone, past the prompt's start.
+        for (int i = 0; i < 4; ++i) {
+          const int t = static_cast<int>(rng() % n_tok);
+          std::vector<float> a(out_row, std::nanf("")), b(out_row, std::nanf(""));
+          strata::cpu::TiledAttention(three, q.data() + t * q_row, kv, 1, pos0 + t, s.n_head, s.n_head_kv,
+                                      s.head_dim, s.window, a.data(), p, Isa::kScalar);
+          strata::cpu::TiledAttention(three, q.data() + t * q_row, kv, 1, pos0 + t, s.n_head, s.n_head_kv,
+                                      s.head_dim, s.window, b.data(), p, Isa::kAvx2);
+          CHECK(std::memcmp(a.data(), b.data(), out_row * sizeof(float)) == 0);
+          CHECK(std::memcmp(a.data(), base.data() + t * out_row, out_row * sizeof(float)) == 0);
+        }
+      }
     }
   }
 }
