@@ -165,11 +165,11 @@ absl::StatusOr<std::unique_ptr<Context>> Context::Open(const ContextOptions &o) 
     in.device_activations = device_activations;
     STRATA_ASSIGN_OR_RETURN(ctx->plan_, store::MakePlan(ctx->hp_, ctx->weights_, in));
   }
-  // Experts stream when the plan's RAM tier cannot hold them all; with the device_tiers tunable,
-  // also when a device's VRAM budget holds part of them and RAM the rest: the tiers of lib/store
-  // then serve them (VRAM over a RAM tier of the experts VRAM does not hold, with one to spare).
-  // Off (the default until its prompts measure level), that case goes to the CUDA backend's own
-  // VRAM tier, as does a budget that gives VRAM no slot.
+  // Experts stream when the plan's RAM tier cannot hold them all, and (the device_tiers tunable,
+  // on by default) when a device's VRAM budget holds part of them and RAM the rest: the tiers of
+  // lib/store then serve them (VRAM over a RAM tier of the experts VRAM does not hold, with one to
+  // spare). The CUDA backend's own VRAM tier is left for experts the device cannot read where they
+  // lie, a budget that gives VRAM no slot, and the tunable turned off.
   bool streaming = ctx->plan_.ram_expert_slots < ctx->plan_.n_routed_experts;
   if (!streaming && tunables::Get().device_tiers && o.vram_budget_bytes > 0 && backends::HasDeviceMemory(kind) &&
       ctx->plan_.vram_expert_slots > 0 && ctx->plan_.vram_expert_slots < ctx->plan_.n_routed_experts &&

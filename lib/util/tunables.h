@@ -34,7 +34,7 @@ namespace strata::tunables {
     "(moe_params.cuda_cold_copies)")                                                                                \
   X(bool, cuda_streaming, "STRATA_CUDA_STREAMING", true,                                                            \
     "the CUDA backend runs over a streaming context (moe_params.cuda_streaming)")                                   \
-  X(bool, device_tiers, "STRATA_DEVICE_TIERS", false,                                                               \
+  X(bool, device_tiers, "STRATA_DEVICE_TIERS", true,                                                                \
     "a VRAM budget short of the experts runs the tiers of lib/store even when RAM holds them all (the RAM tier "     \
     "then holds those VRAM does not, with one to spare); off = the CUDA backend's own VRAM tier")                      \
   X(int64_t, vram_replan_moves, "STRATA_VRAM_REPLAN_MOVES", 64,                                                    \
