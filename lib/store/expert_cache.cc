@@ -328,9 +328,10 @@ absl::Status ExpertCache::ReadExpert(uint32_t key, uint8_t *dst, void *ring, boo
   const ExpertEntry &en = table_.entry(table_.LayerOf(key), table_.ExpertOf(key));
   *direct = false;
   const format::File &f0 = file_.file(en.part[0].file_index);
-  const int dfd = en.single_read && !buffered ? direct_fds_[en.part[0].file_index] : -1;
+  // One read past the page cache where the table allows it (the three parts' direct_ok agree).
+  const int dfd = en.single_read && en.part[0].direct_ok && !buffered ? direct_fds_[en.part[0].file_index] : -1;
   const uint64_t aligned_len = (en.slot_bytes + kDirectBlock - 1) / kDirectBlock * kDirectBlock;
-  if (dfd >= 0 && en.read_offset % kDirectBlock == 0 && aligned_len <= table_.slot_bytes()) {
+  if (dfd >= 0 && aligned_len <= table_.slot_bytes()) {
     absl::Status st = ReadDirect(f0, dfd, en.read_offset, dst, aligned_len, en.slot_bytes, ring);
     if (!st.ok()) {
       return Annotate(st, absl::StrCat("reading expert tensors '", en.weights->gate.name, "', '", en.weights->up.name,
@@ -347,16 +348,18 @@ absl::Status ExpertCache::ReadExpert(uint32_t key, uint8_t *dst, void *ring, boo
     }
     return absl::OkStatus();
   }
-  // Part by part (each expert's slice of the stacked gate, up and down tensors): past the page cache
-  // when every part's file allows it, reading the 4 KiB blocks around the part into its region.
+  // Part by part (each expert's slice of the stacked gate, up and down tensors): a part the table
+  // allows past the page cache, in a file that allows it, by a read of the 4 KiB blocks around it
+  // into its region; the others through the page cache.
   const model::Matrix *m[3] = {&en.weights->gate, &en.weights->up, &en.weights->down};
-  bool all_direct = !buffered;
-  for (const ExpertPart &part : en.part) all_direct = all_direct && direct_fds_[part.file_index] >= 0;
+  bool all_direct = true;
   for (int p = 0; p < 3; ++p) {
     const ExpertPart &part = en.part[p];
     const format::File &f = file_.file(part.file_index);
+    const bool part_direct = part.direct_ok && !buffered && direct_fds_[part.file_index] >= 0;
+    all_direct = all_direct && part_direct;
     absl::Status st;
-    if (all_direct) {
+    if (part_direct) {
       const uint64_t head = part.file_offset % kDirectBlock, need = head + part.bytes;
       st = ReadDirect(f, direct_fds_[part.file_index], part.file_offset - head, dst + part.slot_offset - head,
                       (need + kDirectBlock - 1) / kDirectBlock * kDirectBlock, need, ring);

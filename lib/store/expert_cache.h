@@ -50,8 +50,8 @@ struct CacheOptions {
   // Tests of a partial lock: mlock's stand-in and a smaller piece (nullptr, 0: mlock, kLockPieceBytes).
   LockFn lock_for_testing = nullptr;
   uint64_t lock_piece_bytes = 0;
-  // Read experts whose bytes start on a 4 KiB boundary (packed files) with O_DIRECT, past the page
-  // cache, through io_uring where available; other layouts use buffered pread.
+  // Read experts with O_DIRECT, past the page cache, through io_uring where available, wherever the
+  // table allows it (ExpertPart::direct_ok); other parts use buffered pread.
   bool direct_io = true;
 };
 

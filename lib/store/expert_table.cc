@@ -28,13 +28,15 @@ ExpertTable::ExpertTable(const model::ModelWeights &w) {
         en.part[p].file_index = m[p]->tensor->file_index;
         en.part[p].file_offset = m[p]->file_offset();
         en.part[p].bytes = m[p]->nbytes();
+        en.part[p].direct_ok = true;
         const uint64_t head = en.part[p].file_offset % kDirectBlock;
         en.part[p].slot_offset = packed + head;
         packed += (head + m[p]->nbytes() + kDirectBlock - 1) / kDirectBlock * kDirectBlock;
       }
       en.bytes = ew.nbytes();
       // One read when the parts are in one file, in order, and the gaps between them are small
-      // (alignment padding): the read then lands each part at its offset from the gate's start.
+      // (alignment padding): the read then lands each part at its offset from the gate's start. It
+      // goes past the page cache when it starts on a 4 KiB boundary.
       const ExpertPart &g = en.part[0], &u = en.part[1], &d = en.part[2];
       const bool same_file = g.file_index == u.file_index && u.file_index == d.file_index;
       const bool ordered = g.file_offset + g.bytes <= u.file_offset && u.file_offset + u.bytes <= d.file_offset;
@@ -42,7 +44,11 @@ ExpertTable::ExpertTable(const model::ModelWeights &w) {
       if (same_file && ordered && span <= en.bytes + 3 * 4096) {
         en.single_read = true;
         en.read_offset = g.file_offset;
-        for (auto &p : en.part) p.slot_offset = p.file_offset - g.file_offset;
+        const bool direct_ok = g.file_offset % kDirectBlock == 0;
+        for (auto &p : en.part) {
+          p.slot_offset = p.file_offset - g.file_offset;
+          p.direct_ok = direct_ok;
+        }
         en.slot_bytes = span;
       } else {
         en.slot_bytes = packed;

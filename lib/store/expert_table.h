@@ -20,6 +20,10 @@ struct ExpertPart {
   uint64_t bytes = 0;
   uint64_t slot_offset = 0;  // where the part lands in a slot (its file offset's place in a 4 KiB block,
                              // unless the three are read as one)
+  // slot_offset keeps the file offset's place in a 4 KiB block, so an O_DIRECT read of the aligned
+  // blocks around the part (or, read as one, around the three) fills it in place. Otherwise it is
+  // read through the page cache. The three parts of a single read agree.
+  bool direct_ok = false;
 };
 
 struct ExpertEntry {
