@@ -350,7 +350,7 @@ absl::Status ExpertCache::ReadExpert(uint32_t key, uint8_t *dst, void *ring, boo
   }
   // Part by part (each expert's slice of the stacked gate, up and down tensors): a part the table
   // allows past the page cache, in a file that allows it, by a read of the 4 KiB blocks around it
-  // into its region; the others through the page cache.
+  // into its region; the others (moved to meet the view alignment) through the page cache.
   const model::Matrix *m[3] = {&en.weights->gate, &en.weights->up, &en.weights->down};
   bool all_direct = true;
   for (int p = 0; p < 3; ++p) {
