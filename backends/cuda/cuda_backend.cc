@@ -39,11 +39,9 @@ class VramBuffer final : public model::Buffer {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const model::ModelWeights &w, const uint8_t *arena,
-                                                                 size_t arena_bytes, uint64_t expert_vram_bytes,
-                                                                 int n_min_slots, const CpuExpertOptions &cpu,
+                                                                 size_t arena_bytes, const CpuExpertOptions &cpu,
                                                                  bool q8_activations,
-                                                                 const std::vector<model::HotExpert> &hot,
-                                                                 size_t hot_max, const BackendChoices &choices) {
+                                                                 const BackendChoices &choices) {
   if (DeviceCount() <= 0) return Errorf(MOE_ERR_UNSUPPORTED_BACKEND, "no CUDA device");
   auto be = std::unique_ptr<CudaBackend>(new CudaBackend());
   const tunables::Values &knobs = tunables::Get();
@@ -59,10 +57,6 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const model::Mo
   be->profiler_step_ = knobs.cuda_profiler_step;
   be->q8_ = q8_activations;
   be->cpu_opts_ = cpu;
-  be->promotion_margin_ = knobs.cuda_promotion_margin != 0;
-  if (knobs.cuda_promotion_margin > 0) be->decode_margin_z_ = knobs.cuda_promotion_margin;
-  be->prompt_promote_ = knobs.cuda_prompt_promote;
-  be->batch_copies_ = knobs.cold_copies_batch;
   STRATA_ASSIGN_OR_RETURN(be->stream_, Stream::Create());
   STRATA_ASSIGN_OR_RETURN(be->copy_stream_, Stream::Create());
   STRATA_ASSIGN_OR_RETURN(be->up_done_, Event::Create());
@@ -71,34 +65,9 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const model::Mo
   for (Event &e : be->ring_done_) {
     STRATA_ASSIGN_OR_RETURN(e, Event::Create());
   }
-  STRATA_RETURN_IF_ERROR(be->Adopt(w, arena, arena_bytes, expert_vram_bytes, n_min_slots));
+  STRATA_RETURN_IF_ERROR(be->Adopt(w, arena, arena_bytes));
   STRATA_RETURN_IF_ERROR(be->BuildTables(w));
   STRATA_RETURN_IF_ERROR(be->WarmUpBlas());
-  const bool any_table =
-      std::any_of(be->tables_.begin(), be->tables_.end(), [](const LayerTable &t) { return t.ok; });
-  if (cpu.mode != CpuExpertMode::kOff && !be->slots_.empty() && be->arena_dev_ != nullptr && any_table) {
-    int n_expert_max = 0;
-    for (const LayerTable &t : be->tables_) n_expert_max = std::max(n_expert_max, t.ge.n_expert);
-    absl::Status st =
-        be->arena_registered_
-            ? be->StartCpuExperts(w, cpu, n_expert_max, be->host_arena_, be->arena_dev_, be->arena_bytes_)
-            : Errorf(MOE_ERR_UNSUPPORTED_BACKEND, "the weights' arena is not mapped for the device");
-    // The path is an optimisation under auto: without it the GPU runs every miss, as with off.
-    if (!st.ok() && cpu.mode == CpuExpertMode::kAlways) return Annotate(st, "setting up CPU experts");
-    if (!st.ok()) {
-      LogWarn("strata: CPU experts off: %s\n", std::string(st.message()).c_str());
-      be->cpu_experts_.reset();
-    }
-    // With the copy engines on offer as well, auto times the two ways (model::RegimeProbe).
-    // STRATA_CUDA_REGIME_PROBE=0: the per-layer cost model alone, as without the copier (a
-    // measuring knob).
-    if (be->cpu_experts_ != nullptr && be->copier_ != nullptr && cpu.mode == CpuExpertMode::kAuto &&
-        knobs.cuda_regime_probe) {
-      be->regime_ = std::make_unique<model::RegimeProbe>();
-    }
-  }
-  // After the link's measurements, which copy into the slots.
-  STRATA_RETURN_IF_ERROR(be->FillAtOpen(hot, hot_max));
   return be;
 }
 
@@ -154,12 +123,11 @@ CudaBackend::~CudaBackend() {
   }
   // Work still queued may use the buffers about to be freed. The compute stream first: its layers
   // may still post requests to the copier, whose thread serves them until it is stopped; then no
-  // copy may read the arena once it is unregistered.
+  // copy may read the mapped slab once it is unregistered.
   if (stream_.get() != nullptr) (void)stream_.Synchronize();
   copier_.reset();
   if (cold_copies_) g_copier_claimed.store(false);
   if (copy_stream_.get() != nullptr) (void)copy_stream_.Synchronize();
-  if (arena_registered_) (void)cudaHostUnregister(const_cast<uint8_t *>(host_arena_));
   for (const uint8_t *p : mapped_) (void)cudaHostUnregister(const_cast<uint8_t *>(p));
 }
 

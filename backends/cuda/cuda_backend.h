@@ -4,43 +4,19 @@
 // device buffers; all work is queued on one compute stream, and only Route (the selections) and
 // Download (logits) wait for it. Errors are kept (the first one) and returned by TakeError.
 //
-// VRAM expert tier: when the routed experts do not all fit the budget, they stay in host RAM and
-// run from a fixed set of VRAM slots (allocated once, and filled at creation: a hotlist's experts
-// first, then those of the device-table layers in turn, so no step starts from an empty tier). The host arena is page-locked
-// and mapped for the device when the driver allows, and then:
-//  - decode batches route on the device (RoutedExperts): each layer has a device table of every
-//    expert's address — its slot when it holds one, else its host bytes, read by the kernels over
-//    PCIe (zero-copy) — so no step waits for the host between layers. The selections come back
-//    after the layer (written into mapped memory by the layer's last kernel); experts used often
-//    (route hotness, halved every 16 uses of the layer) take the slot of a markedly colder
-//    resident, filled on a copy stream within a byte credit of 1/8 of the bytes read over the
-//    link, and the table switches to the slot once the copy is done;
-//    with STRATA_CUDA_STAGE_EXPERTS=N (opt-in) a layer's first N cold experts are copied into
-//    staging slots (StageColdExperts) before the products instead of read in place; by default,
-//    in recorded steps and in layers with a cold expert a call or more, the copy engines move them
-//    (ColdCopier; STRATA_CUDA_COLD_COPIES=N sets the slots, 0 turns it off), and while layer l
+// Routed experts the VRAM budget does not hold are lib/store's to place (store::VramTier over
+// store::ExpertCache): the backend keeps no slots, heat or plan of its own. It implements the
+// device side of those tiers (CudaDeviceSlots, device_slots.h): slots in VRAM, copies between them
+// and the RAM tier's page-locked slab, and the layers' device tables of expert addresses
+// (EnableExpertTables, PointExpert: a VRAM slot, or a RAM slot mapped for the device), over which
+// decode batches route and group on the device (RoutedExperts) with no host wait between layers:
+//  - the copy engines (ColdCopier; STRATA_CUDA_COLD_COPIES=N sets the slots, 0 turns it off) move
+//    a layer's experts from RAM into staging slots before its products, and while layer l
 //    computes they already move layer l + 1's experts as its router predicts them from layer l's
-//    input (the prediction's slots are layer l + 1's first choice; what it missed follows). A
-//    layer's copies are planned in its routing's launch; the prediction runs on a stream of its
-//    own beside the layer's wait and products (STRATA_CUDA_PREDICT_BESIDE=0: in line);
-//  - other batches (prefill, families the grouped kernels do not cover) copy each expert outside
-//    the tier in before its products, the compute stream waiting for the copy: for a layer with a
-//    device table into a ring of staging slots beside the tier (the decode staging sets' memory,
-//    PromptStage), so a prompt leaves the slots to the experts decode wants, and a staged expert
-//    among its layer's hottest takes a markedly colder resident's slot by a device copy from the
-//    staging slot (PromptPromotions); else (no staging memory, no table) into the slot of the
-//    coldest expert by route hotness outside the layer (PromptVictim). Their tokens count into
-//    the route hotness, and the next step re-plans the slots (Replan): the hottest experts of
-//    every layer replace residents markedly colder than they are (model::MarkedlyHotter), filled
-//    on the copy stream while decode goes on.
-// Events order a slot's refill after the last computation that read it. The bytes are the same
-// everywhere, so results are bit-identical at any budget.
-//
-// The tiers' tables (store::DeviceSlots::EnableTables): in a streaming context whose VRAM and RAM
-// tiers hold every expert, the VRAM tier of lib/store keeps the layers' tables itself
-// (EnableExpertTables, PointExpert: a VRAM slot of its own, or a RAM slot mapped for the device),
-// and decode batches route, group, stage by the copy engines and run as graphs over them as above;
-// the backend then has no slots, heat or promotions of its own.
+//    input (the prediction's slots are layer l + 1's first choice; what it missed follows);
+//  - a prompt's experts from RAM are copied into a ring of staging slots (the copy engines' sets'
+//    memory, PromptStage) before their products, the compute stream waiting for each copy.
+// The bytes are the same everywhere, so results are bit-identical at any budget.
 //
 // Hybrid placement (cpu_experts.h): in a decode layer whose experts are mostly read over the link,
 // the CPU computes a share of the cold experts from host RAM while the device reads the rest; the
@@ -68,7 +44,6 @@
 #include "lib/model/backend.h"
 #include "lib/model/pack.h"
 #include "lib/model/placement.h"
-#include "lib/store/heat.h"
 
 namespace strata::cuda {
 
@@ -85,18 +60,13 @@ class CudaBackend final : public model::Backend {
   // WeightStore keeps them) and every norm / bias vector of `w` to the device. MOE_ERR_NO_MEMORY when
   // VRAM cannot hold them; MOE_ERR_UNSUPPORTED_BACKEND without a device. `w` must outlive the backend
   // (its host addresses are the keys by which the forward pass names weights).
-  // expert_vram_bytes: VRAM for routed experts; when it holds fewer than all of them they run from
-  // max(bytes / slot size, n_min_slots) slots (see above). UINT64_MAX: every expert resident.
-  // cpu: whether and how the CPU computes cold experts (only with a VRAM tier and a mapped arena).
-  // hot: experts (a hotlist, hottest first) that take the tier's slots first when it is filled at
-  // open, at most hot_max of them (0: as many as the slots hold). choices: graphs and the copy
-  // engines' slots, where the host chose them.
+  // Routed experts in the arena are resident; those a VRAM budget does not hold are the runtime's
+  // tiers' (not in the arena). cpu: whether and how the CPU computes a share of the experts the tiers serve from RAM.
+  // choices: graphs and the copy engines' slots, where the host chose them.
   static absl::StatusOr<std::unique_ptr<CudaBackend>> Create(const model::ModelWeights &w, const uint8_t *arena,
-                                                             size_t arena_bytes, uint64_t expert_vram_bytes = UINT64_MAX,
-                                                             int n_min_slots = 1, const CpuExpertOptions &cpu = {},
+                                                             size_t arena_bytes, const CpuExpertOptions &cpu = {},
                                                              bool q8_activations = false,
-                                                             const std::vector<model::HotExpert> &hot = {},
-                                                             size_t hot_max = 0, const BackendChoices &choices = {});
+                                                             const BackendChoices &choices = {});
   ~CudaBackend() override;
   std::string_view name() const override { return "cuda"; }
 
@@ -152,11 +122,10 @@ class CudaBackend final : public model::Backend {
   // host path: with 8-bit activations its experts and dense products run on the tensor cores a
   // layer's experts in a few launches (ExpertsFfn, PromptGemvQ8), else cuBLASLt GEMMs per product.
   static constexpr int64_t kDeviceRouteMaxRows = 512;
+  int64_t routed_rows_max() const override { return kDeviceRouteMaxRows; }
 
-  // Bytes of VRAM the weights took at creation (expert slots included).
+  // Bytes of VRAM the weights took at creation.
   size_t weight_bytes() const { return weight_bytes_; }
-  // Expert slots of the VRAM tier; 0 when every expert is resident.
-  int expert_slots() const { return static_cast<int>(slots_.size()); }
   // Page-locks and maps p (a streamed expert cache's slab): its experts are read in place over the
   // link, and each expert call waits for its reads before it returns. Refused (nothing mapped)
   // where a routed expert's codec or shape cannot be read in place.
@@ -173,7 +142,7 @@ class CudaBackend final : public model::Backend {
   // Device tables kept by a tier outside the backend (store::DeviceSlots::EnableTables): every layer
   // whose experts the grouped kernels take gets a table, each entry unset until PointExpert sets it;
   // RoutedExperts then reads them as it reads its own. False where there are none (resident experts
-  // or the backend's own tier have theirs, or no layer qualifies).
+  // have theirs, or no layer qualifies).
   bool EnableExpertTables();
   // Sets expert x of layer l's entry to where `e`'s views lie (a device slot, or mapped host memory),
   // uploaded before the next step or routed layer reads it.
@@ -196,23 +165,19 @@ class CudaBackend final : public model::Backend {
     bool converted = false;
     uint8_t *dev = nullptr;
   };
+  // A staging slot of a prompt's expert from RAM (PromptStage).
   struct Slot {
     const uint8_t *key = nullptr;   // the host gate bytes of the expert it holds
     int layer = -1, expert = -1;
     std::vector<const uint8_t *> parts;
-    uint64_t last_use = 0;
     Event used;                     // recorded after each computation that reads the slot
     Event fill;                     // the last fill's copies are done
-    bool in_table = false;          // the layer's device table points at the slot
   };
   // A layer's routed experts as device tables (gate, up and down addresses of every expert).
   struct LayerTable {
     bool ok = false;
     GroupedExperts ge;
     size_t tab_off = 0;             // index of its first entry in tab_dev_
-    // Route hotness per expert, halved every store::RouteHeat::kDecayTokens RoutedExperts calls
-    // (UpdateTier); empty for a layer without a table.
-    store::RouteHeat heat{0};
     int64_t hist_rows = 0;          // selections of the last call in hist_ (0: none pending)
     Event hist_done;                // when they are there (an eager call's; a step's is step_hist_done_)
     bool hist_step = false;         // they came from a step bracket: step_hist_done_ says when
@@ -226,28 +191,14 @@ class CudaBackend final : public model::Backend {
     int64_t n = 0;
     const float *dev = nullptr;
   };
-  absl::Status Adopt(const model::ModelWeights &w, const uint8_t *arena, size_t arena_bytes, uint64_t expert_vram_bytes,
-                     int n_min_slots);
+  absl::Status Adopt(const model::ModelWeights &w, const uint8_t *arena, size_t arena_bytes);
   // Device bytes of m as held (its codec, or float32 when converted).
   static bool NeedsConversion(const model::Matrix &m);
   static uint64_t DeviceBytes(const model::Matrix &m);
-  // The slot holding e, filled from host memory first when it holds another expert.
-  absl::StatusOr<Slot *> SlotFor(const model::ExpertWeights &e);
-  // Empties slot v: its expert's table entries go back to the host bytes (ordered on the compute
-  // stream) and the slot's `used` event is recorded after them.
-  absl::Status Evict(int v);
-  // Queues the copy of e (layer l, expert x) into slot v on the copy stream, after the slot's last
-  // use; records slot.fill. `direct`: from the page-locked arena, else through staging.
-  absl::Status Fill(int v, const model::ExpertWeights &e, int l, int x);
-  // e's matrices (gate | up | down, each aligned) by DMA from the page-locked arena into `dev` on
-  // the copy stream (or into fill_sink_), entered in in_slots_ and sl->parts; returns the bytes taken.
+  // e's matrices (gate | up | down, each aligned) by DMA from the mapped slab into `dev` on the copy
+  // stream, entered in in_slots_ and sl->parts; returns the bytes taken.
   absl::StatusOr<uint64_t> CopyParts(const model::ExpertWeights &e, uint8_t *dev, Slot *sl);
-  // Points layer l's table entries for expert x at `parts` (gate, up, down device addresses), on
-  // the compute stream.
-  void SetTable(int l, int x, const void *gate, const void *up, const void *down);
-  // The mapped host addresses of expert x of layer l (zero-copy).
-  void HostTable(int l, int x);
-  // Builds the per-layer device tables after adoption.
+  // Builds the per-layer device tables of resident experts after adoption.
   absl::Status BuildTables(const model::ModelWeights &w);
   // Measures the link and creates the CPU experts (hybrid placement) with their device flags, over
   // the mapped host range [host, host + bytes) at `dev` (the arena, or the RAM tier's slab); `calib`
@@ -296,100 +247,39 @@ class CudaBackend final : public model::Backend {
   bool host_step_ = false;  // a replayed step is waiting for its download
   double host_s_[6] = {}, host_part_s_[2] = {};
   uint64_t host_n_ = 0;
-  // After host-path batches (a prompt) added to the route hotness: the hottest experts of every
-  // device-table layer take the slots (filled on the copy stream, entering the tables as they land).
-  absl::Status Replan();
-  // The slot an expert fetched in a prompt takes; slots flagged in `taken` (optional) are passed over.
-  int PromptVictim(int layer, const std::vector<char> *taken = nullptr) const;
-  // SlotFor over the tier experts of a prompt's chunk (at most the slots' count), the fills queued
-  // back to back: every victim is evicted before any fill, so the host's wait for the victims' last
-  // use does not wait for the chunk's own copies. (*slots)[i] is null for an expert outside the tier.
-  absl::Status SlotsFor(const std::vector<const model::ExpertWeights *> &ew, size_t c0, size_t c1,
-                        std::vector<Slot *> *slots);
-  struct PendingCopy {
-    void *dst;
-    const void *src;
-    size_t bytes;
-  };
-  std::vector<PendingCopy> *fill_sink_ = nullptr;  // Fill's direct copies go here instead (SlotsFor)
-  // BeginStep's pass: the slots Fill took (their wait for the victims' last reads left to
-  // IssuePassFills), and their copies.
-  std::vector<int> *pass_fills_ = nullptr;
-  std::vector<int> pass_slots_;
-  std::vector<PendingCopy> pass_copies_;
-  absl::Status IssuePassFills();
-  // The copies Fill and PromptStage left in `copies`, in one batched call on the copy stream.
-  absl::Status IssueCopies(const std::vector<PendingCopy> &copies);
-  // At creation, after the link is measured: every slot filled, first with the hotlist's experts
-  // (at most hot_max, 0: no cap), then the table layers' experts in turn (expert 0 of each layer,
-  // then expert 1, ...), so neither the first prompt nor the first decode steps find the tier empty.
-  // STRATA_CUDA_FILL_AT_OPEN=0 leaves it empty (a measuring knob).
-  absl::Status FillAtOpen(const std::vector<model::HotExpert> &hot, size_t hot_max);
-  // A prompt's expert outside the tier, of a layer with a device table, is copied into a staging
-  // slot beside the tier (the decode staging sets' memory, idle between decode steps) instead of
-  // taking a tier slot: the tier keeps the experts decode wants; PromptPromotions moves a layer's
-  // markedly hotter ones into the tier, and the re-plan after the prompt the rest. The ring of slots is reused in order, each
-  // refill after the last computation that read it.
+  // A prompt's expert from the RAM tier's slab is copied into a staging slot (the copy engines'
+  // sets' memory) for its products, instead of read over the link once per tile. The ring of slots
+  // is reused in order, each refill after the last computation that read it.
   absl::StatusOr<Slot *> PromptStage(const model::ExpertWeights &e);
-  // Whether e takes PromptStage: not when it is in VRAM (resident or in a tier slot), nor with no
-  // staging memory, no device table for its layer, a matrix that needs conversion, or
-  // STRATA_CUDA_PROMPT_STAGE=0.
+  // Whether e takes PromptStage: it lies in the RAM tier's slab, there is staging memory, and no
+  // matrix of it needs conversion.
   bool PromptStages(const model::ExpertWeights &e) const;
-  // The re-plan inside a prompt, a layer at a time: for each of a call's experts (ew, rows
-  // [row0, row1), `stages` flagging those PromptStage takes), the tier slot it takes once its
-  // products ran and the key that slot must still hold then, else (-1, null). With the call's
-  // tokens counted, a staged expert among the layer's hottest (as many as the layer holds slots)
-  // takes the slot of a resident of the layer outside them and markedly colder (z = 3, as Replan),
-  // the hottest with the coldest first. Such a resident's products come first in the call (the
-  // experts in VRAM go first), so the copy waits for nothing. Off with STRATA_CUDA_PROMPT_PROMOTE=0
-  // (a measuring knob), and without staging memory.
-  std::vector<std::pair<int, const uint8_t *>> PromptPromotions(const std::vector<const model::ExpertWeights *> &ew,
-                                                               const std::vector<int64_t> &row0,
-                                                               const std::vector<int64_t> &row1,
-                                                               const std::vector<char> &stages) const;
-  // After the products of the expert in staging slot `ring`: when the call's plan gives it tier
-  // slot v and v still holds the victim, whose products are queued already, one copy on the
-  // compute stream from the staging slot (before the ring comes round), so the link carries the
-  // expert once. Its table entries point at the slot, deferred (true: the caller flushes them).
-  absl::StatusOr<bool> PromoteStaged(const Slot &ring);
-  // A host-path call's plan (ExpertsFfn): staged expert -> (tier slot, the key it holds), and the
-  // call's experts whose products are not queued yet.
-  std::unordered_map<const uint8_t *, std::pair<int, const uint8_t *>> prompt_plan_;
-  std::unordered_set<const uint8_t *> prompt_pending_;
   // Drops a staging slot's matrices from in_slots_ (its bytes stay until the slot is refilled).
   void Unstage(Slot &sl);
-  bool Staging(const Slot *sl) const {
-    return !prompt_stage_.empty() && sl >= prompt_stage_.data() && sl < prompt_stage_.data() + prompt_stage_.size();
-  }
   std::vector<Slot> prompt_stage_;
   size_t prompt_stage_next_ = 0;
-  bool batch_copies_ = true;  // SlotsFor's fills in one call (STRATA_COLD_COPIES_BATCH=0: one by one)
   absl::Status WarmUpBlas();  // cuBLASLt's first product, at open
-  // Before layer l's RoutedExperts: finished promotions enter the tables; the last call's selections
-  // update hotness and may start promotions.
-  absl::Status UpdateTier(int l);
   absl::StatusOr<DeviceMatrix> Resolve(const model::Matrix &w) const;
   absl::StatusOr<RouteArgs> ToRouteArgs(const model::RouteParams &p) const;
   absl::StatusOr<const float *> Resolve(const float *host_vec) const;
   // host_type: the codec of the matrix in the file (w is float32 when converted), for 8-bit activations.
   absl::Status MatMulDevice(const DeviceMatrix &w, const float *x, int64_t n_tok, float *y, quant::TypeId host_type);
   absl::Status ExpertFfnImpl(const model::ExpertWeights &e, const float *x, int64_t n_tok, float *y);
-  // ExpertFfn's work for one expert: its slot in the tier when it has one, the products, the slot's
-  // use and hotness.
+  // ExpertFfn's work for one expert: staged from RAM in a prompt, the products, the staging slot's use.
   void ExpertFfnOne(const model::ExpertWeights &e, const float *x, int64_t n_tok, float *y);
   // ExpertsFfn's launches (without the wait for streamed experts' reads).
   void ExpertsFfnCall(const model::ExpertWeights *const *ew, int n, const int64_t *first, const float *xg, float *yg,
                       int64_t width);
-  // After a host-path computation read `slot` for n_tok tokens: the slot's last use, its hotness;
-  // a staging slot's matrices leave in_slots_ (Unstage).
-  absl::Status SlotUsed(Slot *slot, int64_t n_tok);
+  // After a host-path computation read staging slot `slot`: its last use; its matrices leave
+  // in_slots_ (Unstage).
+  absl::Status SlotUsed(Slot *slot);
   // Whether a routed expert of a prompt-sized batch goes through PromptExperts: 8-bit activations,
   // gate and up of one codec with integer dots, no biases, clamp or input-major layout. By codec and
   // layout alone, so every budget and tier sends an expert the same way.
   bool PromptEligible(const model::ExpertWeights &e) const;
   // Experts ew[u] (all eligible and non-null) over grouped rows [first[u], first[u + 1]) of xg (d
-  // wide) into yg: in the tier, each brought into its slot first, in chunks of at most the slots'
-  // count; then gate and up with SwiGLU in one launch, the rows quantized, and the down products in
+  // wide) into yg: those from RAM staged first, in chunks of half the staging ring; then gate and up
+  // with SwiGLU in one launch, the rows quantized, and the down products in
   // one launch where its codec has integer dots (else each by MatMulDevice).
   absl::Status PromptExperts(const std::vector<const model::ExpertWeights *> &ew, const std::vector<int64_t> &row0,
                              const std::vector<int64_t> &row1, const float *xg, float *yg);
@@ -421,8 +311,8 @@ class CudaBackend final : public model::Backend {
   // host (an upload, a download, a wait; a buffer may grow), its key is marked clean; the next step
   // of that key is recorded (kCapture) and run from the graph, and later ones replay it. A scratch
   // buffer that grows moves, so every graph is dropped when one that a recording took grows (a
-  // prompt's own buffers grow without it: graph_bufs_). With the VRAM tier, promotions enter
-  // the tables between steps (BeginStep) and each layer's selections reach the tier after the step.
+  // prompt's own buffers grow without it: graph_bufs_). With the tiers' tables, their moves enter
+  // the tables between steps and each layer's selections come back after the step.
   enum class Bracket { kNone, kWatch, kCapture };
   // An operation that needs the host mid-step: a watched step is not clean; inside a recording
   // it is an error, which the caller returns or notes (the recording then fails and the step runs
@@ -436,8 +326,6 @@ class CudaBackend final : public model::Backend {
   Event step_hist_done_;
   bool step_hist_landed_ = false;
   absl::StatusOr<bool> HistLanded(LayerTable &t);
-  // Promotions whose copies are done enter their tables (once before a step, or a layer's call).
-  absl::Status EnterLandedFills();
   struct StepGraph {
     Graph exec;
     std::vector<std::pair<int, int64_t>> hist;  // (layer, rows) of the selections it copies back
@@ -506,25 +394,17 @@ class CudaBackend final : public model::Backend {
   Blas blas_;
   const uint8_t *host_arena_ = nullptr;
   size_t arena_bytes_ = 0;
-  DeviceBuffer weight_buf_, vec_buf_, slot_buf_;
+  DeviceBuffer weight_buf_, vec_buf_;
   std::map<const uint8_t *, Region> regions_;        // resident matrices, keyed by host start
-  std::unordered_map<const uint8_t *, Region> in_slots_;  // matrices of experts now in slots
-  std::unordered_map<const uint8_t *, int> slot_of_;  // host gate bytes -> slot
+  std::unordered_map<const uint8_t *, Region> in_slots_;  // matrices of experts now in staging slots
   std::unordered_map<const uint8_t *, std::pair<int, int>> expert_id_;  // host gate bytes -> (layer, expert)
-  std::vector<Slot> slots_;
-  uint64_t slot_bytes_ = 0, use_clock_ = 0, fills_ = 0, fill_bytes_ = 0;
+  uint64_t slot_bytes_ = 0, fills_ = 0, fill_bytes_ = 0;  // a staging slot's bytes; the prompt's copies
   // Pinned bounce buffers for the forward pass's small transfers (inputs, expert groups, routing
   // selections, logits): pageable copies would be staged by the driver on every call. `up_done_`
   // marks when the last upload has left up_io_.
   PinnedBuffer up_io_, down_io_;
   Event up_done_;
   Stream copy_stream_;
-  PinnedBuffer staging_[2];
-  Event staged_[2];                                  // copy from staging_[i] done
-  int next_staging_ = 0;
-  // With the VRAM tier, the host arena is registered with the driver (page-locked) when it allows:
-  // a slot fill of unconverted bytes is then DMA straight from the arena, no staging copy.
-  bool arena_registered_ = false;
   std::vector<const uint8_t *> mapped_;  // MapHostMemory's ranges (regions_ holds their mappings)
   bool InMappedHost(const uint8_t *p) const;  // p lies in one of them
   // Device copies of the vectors by the tensor rows they hold (sub_offset), for the copies of a
@@ -533,7 +413,6 @@ class CudaBackend final : public model::Backend {
   absl::StatusOr<const float *> Resolve(const model::Vec &v) const;
   // x (n_rows, n) += the bias vector, wherever its host copy lies.
   absl::Status AddBiasOf(float *x, int64_t n_rows, int64_t n, const model::Vec &bias);
-  bool prompt_lru_ = false;  // PromptVictim takes the least recently used slot (a measuring knob)
   std::map<const float *, DeviceVec> vecs_;         // keyed by host values.data()
   // Device tables for RoutedExperts: per layer [gate x n_expert | up x n_expert | down x n_expert].
   const model::ModelWeights *w_ = nullptr;
@@ -541,7 +420,6 @@ class CudaBackend final : public model::Backend {
   int first_table_layer_ = -1;                       // the first layer with a device table
   DeviceBuffer tab_dev_, plan_buf_, grouped_ws_, attn_ws_;
   std::vector<const void *> tab_host_;  // what tab_dev_ holds (or will, once a deferred flush ran)
-  bool defer_tables_ = false;           // SetTable marks the layer instead of uploading (SlotsFor)
   std::vector<char> table_dirty_;       // per layer: its entries changed since the last FlushTables
   void FlushTables();                   // one upload of each marked layer's table
   int PlaceTables();                    // each table's arrays within tab_dev_; the most experts a layer
@@ -564,31 +442,17 @@ class CudaBackend final : public model::Backend {
   const uint8_t *tier_copies_ = nullptr;
   uint64_t tables_bytes_ = 0;
   absl::Status SetUpColdCopies(int n_expert_max, const uint8_t *host, const uint8_t *dev, size_t bytes);
-  const uint8_t *arena_dev_ = nullptr;               // the arena's device address when mapped
   PinnedBuffer hist_;                                // (n_layer, kDeviceRouteMaxRows) last selections
   int32_t *hist_dev_ = nullptr;                      // hist_ mapped for the device
-  std::vector<int> pending_fills_;                   // slots filled but not yet in their table
-  double fill_credit_ = 0;                           // bytes promotions may still copy
-  uint64_t zero_copy_uses_ = 0, promotions_ = 0, replans_ = 0;
-  bool replan_ = false;                              // hotness grew on the host path since the last plan
-  // Promotions (UpdateTier, Replan) take a held expert's slot only for a markedly hotter one
-  // (model::MarkedlyHotter). STRATA_CUDA_PROMOTION_MARGIN=0: on any difference, as plain heat
-  // order; =Z: decode promotions at z = Z instead of 2 (measuring knobs).
-  bool promotion_margin_ = true;
-  bool prompt_promote_ = true;  // PromptPromotions (STRATA_CUDA_PROMPT_PROMOTE=0: off)
-  double decode_margin_z_ = 2.0;  // the decode promotions' z
-  // BeginStep's pass of UpdateTier over the layers, and the victims' heat floor it keeps (UpdateTier).
-  bool tier_pass_ = false, victim_floor_ok_ = false;
-  uint32_t victim_floor_ = 0;
-  static constexpr double kReplanZ = 3.0;  // the re-plan's z, after a prompt and inside it (Replan)
+  uint64_t zero_copy_uses_ = 0;                      // uses of experts the tables point at in RAM
   std::unique_ptr<CpuExperts> cpu_experts_;          // hybrid placement (null: off)
   std::unique_ptr<model::RegimeProbe> regime_;       // auto beside the copier: CPU share or copies, timed
   DeviceBuffer skip_dev_;                            // the experts of a layer the CPU computes
-  // Staging slots for a decode layer's cold experts (StageColdExperts): copied in before the
-  // grouped kernels instead of read in place. stage_.n_slots 0: off (no mapped arena).
+  // Staging slots for a decode layer's experts from RAM (StageColdExperts): copied in before the
+  // grouped kernels instead of read in place. stage_.n_slots 0: off (no copy engines).
   DeviceBuffer stage_buf_, stage_tab_;
   ExpertStage stage_;
-  // Cold experts by the copy engines (null: off, or no mapped arena): stage_ holds a layer's
+  // Cold experts by the copy engines (null: off, or no tiers' tables): stage_ holds a layer's
   // urgent copies, pf_stage_[pf_set_] the predicted ones of layer pf_layer_ (the sets alternate,
   // so a prediction never lands in the set the current layer reads), N slots each.
   std::unique_ptr<ColdCopier> copier_;

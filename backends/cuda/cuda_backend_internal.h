@@ -1,4 +1,4 @@
-// What the files of CudaBackend (cuda_backend.cc, device_weights.cc, device_tier.cc,
+// What the files of CudaBackend (cuda_backend.cc, device_weights.cc, device_tables.cc,
 // routed_experts.cc, step_graph.cc) share beside the class: small helpers and the process's one
 // copier claim. Private to backends/cuda.
 #pragma once

@@ -176,7 +176,7 @@ absl::Status CudaDeviceSlots::Point(int layer, int expert, const model::ExpertWe
 }
 
 bool CudaBackend::EnableExpertTables() {
-  if (w_ == nullptr || !slots_.empty() || external_tables_) return external_tables_;
+  if (w_ == nullptr || external_tables_) return external_tables_;
   for (const LayerTable &t : tables_) {
     if (t.ok) return false;  // resident experts: the backend's own tables
   }
@@ -300,6 +300,7 @@ absl::Status CudaBackend::UpdateTierLayer(int l) {
     const auto a = reinterpret_cast<uintptr_t>(gate[x]);
     if (a >= stage_.host_lo && a < stage_.host_hi) ++cold;  // served from RAM's slab
   }
+  zero_copy_uses_ += static_cast<uint64_t>(cold);  // read over the link, or computed by the CPU
   NoteColdExperts(t, cold, w_->layers[l].experts[0].nbytes());
   return absl::OkStatus();
 }

@@ -72,13 +72,13 @@ absl::Status CudaBackend::CheckReadsInPlace(const model::ModelWeights &w) {
     for (const model::ExpertWeights &e : L.experts) {
       // (A streamed expert's bias vectors are resolved by the tensor rows they copy: Resolve(Vec).)
       for (const model::Matrix *m : {&e.gate, &e.up, &e.down}) {
-        if (m->tensor != nullptr && (e.input_major || NeedsConversion(*m))) {
+        if (m->tensor != nullptr && NeedsConversion(*m)) {
           return Errorf(MOE_ERR_UNSUPPORTED_BACKEND,
-                        "the CUDA backend reads streamed experts where they lie, which %s (%s, %lld x %lld%s) does "
-                        "not allow",
+                        "the CUDA backend reads the experts its VRAM budget does not hold where they lie, which %s "
+                        "(%s, %lld x %lld) does not allow: its kernels need rows of a multiple of 32 columns; "
+                        "give VRAM room for every expert, or use the CPU backend",
                         m->name, std::string(quant::TypeName(static_cast<uint32_t>(m->codec->id))),
-                        static_cast<long long>(m->rows), static_cast<long long>(m->cols),
-                        e.input_major ? ", input-major" : "");
+                        static_cast<long long>(m->rows), static_cast<long long>(m->cols));
         }
       }
     }
@@ -147,30 +147,11 @@ uint64_t CudaBackend::DeviceBytes(const model::Matrix &m) {
   return NeedsConversion(m) ? static_cast<uint64_t>(m.rows * m.cols) * sizeof(float) : m.nbytes();
 }
 
-absl::Status CudaBackend::Adopt(const model::ModelWeights &w, const uint8_t *arena, size_t arena_bytes,
-                                uint64_t expert_vram_bytes, int n_min_slots) {
+absl::Status CudaBackend::Adopt(const model::ModelWeights &w, const uint8_t *arena, size_t arena_bytes) {
   host_arena_ = arena;
   arena_bytes_ = arena_bytes;
-  // Routed experts: all resident when they fit expert_vram_bytes, else they get slots.
-  uint64_t all_experts = 0, expert_max = 0, n_routed = 0;
-  for (const auto &L : w.layers) {
-    for (const auto &e : L.experts) {
-      uint64_t b = 0;
-      for (const model::Matrix *m : {&e.gate, &e.up, &e.down}) {
-        if (m->tensor != nullptr && m->data != nullptr) b += Align(DeviceBytes(*m));
-      }
-      all_experts += b;
-      expert_max = std::max(expert_max, b);
-      ++n_routed;
-    }
-  }
-  const bool tiered = expert_vram_bytes < all_experts && n_routed > 0;
-  std::unordered_map<const uint8_t *, bool> routed;
-  if (tiered) {
-    for (const auto &L : w.layers)
-      for (const auto &e : L.experts)
-        for (const model::Matrix *m : {&e.gate, &e.up, &e.down}) routed[m->data] = true;
-  }
+  // Routed experts in the arena are all resident: the runtime's tiers serve those a VRAM budget
+  // does not hold (they are not in the arena then).
   absl::Status st;
   std::vector<const model::Matrix *> resident;
   size_t total = 0;
@@ -180,7 +161,7 @@ absl::Status CudaBackend::Adopt(const model::ModelWeights &w, const uint8_t *are
       st.Update(Errorf(MOE_ERR_UNSUPPORTED_BACKEND, "%s is not in the resident weights", m.name));
       return;
     }
-    if (routed.count(m.data) != 0 || regions_.count(m.data) != 0) return;  // a slot's, or seen (tied)
+    if (regions_.count(m.data) != 0) return;  // seen (tied)
     regions_[m.data] = Region{m.nbytes(), m.row_bytes, m.cols, NeedsConversion(m), nullptr};
     resident.push_back(&m);
     total += Align(DeviceBytes(m));
@@ -224,90 +205,6 @@ absl::Status CudaBackend::Adopt(const model::ModelWeights &w, const uint8_t *are
         cudaMemcpy(vec_buf_.data(), packed.data(), packed.size() * sizeof(float), cudaMemcpyHostToDevice));
   }
   weight_bytes_ = total + vec_floats * sizeof(float);
-  if (tiered) {
-    // Fixed slots of the largest expert's device size, allocated once: no allocation in steady state.
-    slot_bytes_ = expert_max;
-    // STRATA_CUDA_PROMPT_VICTIM=lru: an expert a prompt fetches takes the least recently used slot
-    // rather than the coldest (PromptVictim; a measuring knob).
-    const tunables::Values &knobs = tunables::Get();
-    prompt_lru_ = knobs.cuda_prompt_victim == "lru";
-    // STRATA_CUDA_STAGE_EXPERTS=N: a decode layer's cold experts are copied into N slots of their
-    // own before the grouped products (StageColdExperts), taken from the budget's slots. Off by
-    // default: it measured about the same as reading them in place (bench/README.md).
-    const bool stage_set = knobs.cuda_stage_experts >= 0;
-    // The same staging by the copy engines (ColdCopier), with two more sets of slots for the next
-    // layer's predicted experts: by default 8 slots a set (a batch-1 layer's cold experts:
-    // Qwen3-30B-A3B routes 8), fewer where the three sets would take more than a sixteenth of the
-    // budget, and none under 2 (Mixtral's 99 MB experts at 8 GiB, whose copier is not measured yet
-    // while its CPU share is: the slots would take experts from the cache) or with
-    // STRATA_CUDA_STAGE_EXPERTS set.
-    // moe_params.cuda_cold_copies (BackendChoices::cold_copies) or STRATA_CUDA_COLD_COPIES=N sets
-    // N; 0 turns the copier off.
-    const int64_t copies_fit = static_cast<int64_t>(std::min<uint64_t>(8, expert_vram_bytes / 16 / (3 * slot_bytes_)));
-    const int64_t copies_set = cold_copies_choice_.value_or(knobs.cuda_cold_copies);
-    const int64_t copies_want = copies_set >= 0           ? copies_set
-                                : stage_set || copies_fit < 2 ? 0
-                                                              : copies_fit;
-    bool unclaimed = false;
-    cold_copies_ = copies_want > 0 && g_copier_claimed.compare_exchange_strong(unclaimed, true);
-    const int64_t stage_want = cold_copies_ ? copies_want : stage_set ? knobs.cuda_stage_experts : 0;
-    const uint64_t n_stage = static_cast<uint64_t>(std::clamp<int64_t>(stage_want, 0, kRouteMaxExperts));
-    const uint64_t n_staging = n_stage * (cold_copies_ ? 3 : 1);
-    const uint64_t fit = expert_vram_bytes / slot_bytes_;
-    const uint64_t n = std::clamp<uint64_t>(fit > n_staging ? fit - n_staging : 0, std::max(n_min_slots, 1), n_routed);
-    STRATA_ASSIGN_OR_RETURN(slot_buf_, DeviceBuffer::Allocate(n * slot_bytes_));
-    slots_.resize(n);
-    for (Slot &sl : slots_) {
-      STRATA_ASSIGN_OR_RETURN(sl.used, Event::Create());
-      STRATA_ASSIGN_OR_RETURN(sl.fill, Event::Create());
-    }
-    for (int i = 0; i < 2; ++i) {
-      STRATA_ASSIGN_OR_RETURN(staging_[i], PinnedBuffer::Allocate(slot_bytes_));
-      STRATA_ASSIGN_OR_RETURN(staged_[i], Event::Create());
-    }
-    // Page-lock the arena so misses are copied by DMA from where they lie, and map it so kernels
-    // can read experts in place (zero-copy). Best effort: a host that refuses (memory limits) keeps
-    // the staged path and per-layer routing on the host, with the same bytes either way.
-    if (arena_bytes > 0 &&
-        cudaHostRegister(const_cast<uint8_t *>(arena), arena_bytes, cudaHostRegisterMapped) == cudaSuccess) {
-      arena_registered_ = true;
-      void *dev = nullptr;
-      if (cudaHostGetDevicePointer(&dev, const_cast<uint8_t *>(arena), 0) == cudaSuccess) {
-        arena_dev_ = static_cast<const uint8_t *>(dev);
-      } else {
-        (void)cudaGetLastError();
-      }
-    } else {
-      (void)cudaGetLastError();  // clear the refusal
-    }
-    weight_bytes_ += n * slot_bytes_;
-    if (arena_dev_ != nullptr && n_stage > 0) {
-      STRATA_ASSIGN_OR_RETURN(stage_buf_, DeviceBuffer::Allocate(n_staging * slot_bytes_));
-      stage_.slots = stage_buf_.as<uint8_t>();
-      stage_.n_slots = static_cast<int>(n_stage);
-      stage_.slot_bytes = slot_bytes_;
-      stage_.host_lo = reinterpret_cast<uintptr_t>(arena_dev_);
-      stage_.host_hi = stage_.host_lo + arena_bytes;
-      for (int p = 0; p < 2 && cold_copies_; ++p) {
-        pf_stage_[p] = stage_;
-        pf_stage_[p].slots = stage_.slots + (1 + p) * n_stage * slot_bytes_;
-      }
-      weight_bytes_ += n_staging * slot_bytes_;
-      // The same memory stages a prompt's cold experts beside the tier (PromptStage): by DMA from
-      // the page-locked arena only. STRATA_CUDA_PROMPT_STAGE=0 gives them tier slots instead (a
-      // measuring knob).
-      if (arena_registered_ && knobs.cuda_prompt_stage) {
-        prompt_stage_.resize(n_staging);
-        for (Slot &sl : prompt_stage_) {
-          STRATA_ASSIGN_OR_RETURN(sl.used, Event::Create());
-          STRATA_ASSIGN_OR_RETURN(sl.fill, Event::Create());
-        }
-      }
-    } else {
-      if (cold_copies_) g_copier_claimed.store(false);
-      cold_copies_ = false;
-    }
-  }
   return absl::OkStatus();
 }
 

@@ -47,9 +47,8 @@ absl::StatusOr<std::unique_ptr<model::Backend>> Create(const model::BackendReque
   cpu_experts.n_threads = std::max(1, cores - 2);
   cpu_experts.q8_activations = req.cpu_q8_activations;
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<CudaBackend> be,
-                          CudaBackend::Create(*req.weights, req.arena, req.arena_bytes, req.expert_vram_bytes,
-                                              req.n_min_slots, cpu_experts, req.gpu_q8_activations, req.hot,
-                                              req.hot_max, BackendChoices{req.graphs, req.cold_copies}));
+                          CudaBackend::Create(*req.weights, req.arena, req.arena_bytes, cpu_experts,
+                                              req.gpu_q8_activations, BackendChoices{req.graphs, req.cold_copies}));
   return std::unique_ptr<model::Backend>(std::move(be));
 }
 

@@ -24,11 +24,10 @@ namespace strata::cuda {
 absl::Status CudaBackend::StartCpuExperts(const model::ModelWeights &w, const CpuExpertOptions &cpu,
                                           int n_expert_max, const uint8_t *host, const uint8_t *dev, size_t bytes,
                                           std::vector<model::ExpertWeights> calib) {
-  // The copies into the backend's own slots, or (the tiers' tables) into the staging slots.
-  const bool own = slot_buf_.data() != nullptr;
-  uint8_t *to = own ? slot_buf_.as<uint8_t>() : stage_buf_.as<uint8_t>();
-  const size_t to_bytes = own ? slot_buf_.size() : stage_buf_.size();
-  const size_t one = own ? slot_bytes_ : static_cast<size_t>(stage_.slot_bytes);
+  // The link is timed by copies into the copy engines' staging slots.
+  uint8_t *to = stage_buf_.as<uint8_t>();
+  const size_t to_bytes = stage_buf_.size();
+  const size_t one = static_cast<size_t>(stage_.slot_bytes);
   STRATA_ASSIGN_OR_RETURN(double link, MeasureLink(to, host, std::min<size_t>({to_bytes, bytes, size_t{256} << 20})));
   STRATA_ASSIGN_OR_RETURN(double copy_s, MeasureCopyLatency(link, to, host, std::min<size_t>({to_bytes, bytes, one})));
   STRATA_ASSIGN_OR_RETURN(skip_dev_, DeviceBuffer::Allocate(n_expert_max));
@@ -268,24 +267,9 @@ void CudaBackend::ExpertsFfnCall(const model::ExpertWeights *const *ew, int n, c
     return;
   }
   host_batch_since_ = true;  // a prompt: the next step's time is not a step's (TimeStep)
-  // The re-plan inside the prompt over the layer's whole call (PromptPromotions).
-  std::vector<const model::ExpertWeights *> call;
-  std::vector<int64_t> c0, c1;
-  std::vector<char> staged(n, 0), call_staged;
-  prompt_plan_.clear();
-  prompt_pending_.clear();
+  std::vector<char> staged(n, 0);
   for (int u = 0; u < n; ++u) {
-    if (ew[u] == nullptr || first[u + 1] <= first[u]) continue;
-    staged[u] = PromptStages(*ew[u]) ? 1 : 0;
-    call.push_back(ew[u]);
-    c0.push_back(first[u]);
-    c1.push_back(first[u + 1]);
-    call_staged.push_back(staged[u]);
-    prompt_pending_.insert(ew[u]->gate.data);
-  }
-  const auto to = PromptPromotions(call, c0, c1, call_staged);
-  for (size_t i = 0; i < call.size(); ++i) {
-    if (to[i].first >= 0) prompt_plan_[call[i]->gate.data] = to[i];
+    if (ew[u] != nullptr && first[u + 1] > first[u]) staged[u] = PromptStages(*ew[u]) ? 1 : 0;
   }
   // Experts of one codec pair go together (a packed file may mix codecs within a layer); the
   // others one at a time, those in VRAM first (each writes its own rows: the order changes no bits).
@@ -312,8 +296,6 @@ void CudaBackend::ExpertsFfnCall(const model::ExpertWeights *const *ew, int n, c
     st = PromptExperts(es, r0, r1, xg, yg);
     if (!st.ok()) break;
   }
-  prompt_plan_.clear();
-  prompt_pending_.clear();
   Note(st);
 }
 
@@ -366,10 +348,9 @@ absl::Status CudaBackend::PromptExperts(const std::vector<const model::ExpertWei
   }
   float *h = static_cast<float *>(hv);
   STRATA_RETURN_IF_ERROR(QuantizeActivationsQ8(fg, xg + lo * d, rows, d, xq, s));
-  // In the tier a chunk holds at most as many experts as there are slots, so no expert of a chunk
-  // takes the slot of another before their products ran; and at most half the staging ring staged,
-  // so a chunk's copies go while the chunk before computes from the other half.
-  const size_t chunk = slots_.empty() ? ew.size() : slots_.size();
+  // A chunk stages at most half the staging ring, so its copies go while the chunk before computes
+  // from the other half.
+  const size_t chunk = ew.size();
   const size_t stage_chunk = std::max<size_t>(prompt_stage_.size() / 2, 1);
   // The experts in VRAM make a chunk of their own: its products wait for no copy, and the first
   // staged chunk's copies run beside them.
@@ -395,25 +376,11 @@ absl::Status CudaBackend::PromptExperts(const std::vector<const model::ExpertWei
   for (size_t c0 = 0, c1 = 0; c0 < ew.size(); c0 = c1) {
     c1 = chunk_end(c0);
     const int m = static_cast<int>(c1 - c0);
-    std::vector<Slot *> slot;
-    if (!slots_.empty()) {
-      const auto h0 = Clock::now();
-      STRATA_RETURN_IF_ERROR(SlotsFor(ew, c0, c1, &slot));
-      if (trace) {
-        const auto h1 = Clock::now();
-        mark(&t1);
-        LogDebug("prompt experts: %zu experts, slots: host %.1f us, copies done %.1f us later\n",
-                 c1 - c0, std::chrono::duration<double, std::micro>(h1 - h0).count(),
-                 std::chrono::duration<double, std::micro>(t1 - h1).count());
-      }
-    } else {
-      // The tiers' tables: the chunk's experts from RAM go to the staging ring, the products
-      // waiting for their copies.
-      slot.assign(m, nullptr);
-      for (int i = 0; i < m; ++i) {
-        if (!stages[c0 + i]) continue;
-        STRATA_ASSIGN_OR_RETURN(slot[i], PromptStage(*ew[c0 + i]));
-      }
+    // The chunk's experts from RAM go to the staging ring, the products waiting for their copies.
+    std::vector<Slot *> slot(m, nullptr);
+    for (int i = 0; i < m; ++i) {
+      if (!stages[c0 + i]) continue;
+      STRATA_ASSIGN_OR_RETURN(slot[i], PromptStage(*ew[c0 + i]));
     }
     // span (2 m int64) | gate (m) | up (m) | down (m) pointers
     std::vector<uint64_t> tab(5 * static_cast<size_t>(m));
@@ -479,42 +446,23 @@ absl::Status CudaBackend::PromptExperts(const std::vector<const model::ExpertWei
                static_cast<long long>(rows), std::chrono::duration<double, std::micro>(t2 - t1).count(),
                std::chrono::duration<double, std::micro>(t3 - t2).count());
     }
-    for (int i = 0; i < m; ++i) prompt_pending_.erase(ew[c0 + i]->gate.data);
-    bool promoted = false;
     for (int i = 0; i < m; ++i) {
-      if (slot[i] == nullptr) continue;
-      STRATA_ASSIGN_OR_RETURN(const bool p, PromoteStaged(*slot[i]));
-      promoted = promoted || p;
-    }
-    if (promoted) FlushTables();
-    // After the promotions' copies: a staging slot is refilled only once they have read it.
-    for (int i = 0; i < m; ++i) {
-      if (slot[i] != nullptr) STRATA_RETURN_IF_ERROR(SlotUsed(slot[i], row1[c0 + i] - row0[c0 + i]));
+      if (slot[i] != nullptr) STRATA_RETURN_IF_ERROR(SlotUsed(slot[i]));
     }
   }
   return absl::OkStatus();
 }
 
 void CudaBackend::ExpertFfnOne(const model::ExpertWeights &e, const float *x, int64_t n_tok, float *y) {
-  // A routed expert of the VRAM tier: bring it into a slot, compute, mark the slot read.
+  // A prompt's expert from RAM is staged, as PromptExperts stages its chunks.
   Slot *slot = nullptr;
-  if (!slots_.empty() && e.gate.data != nullptr && regions_.count(e.gate.data) == 0) {
-    auto s = SlotFor(e);
-    if (!Note(s.status())) return;
-    slot = *s;
-  } else if (slots_.empty() && host_batch_rows_ > kDeviceRouteMaxRows && PromptStages(e)) {
-    // The tiers' tables: a prompt's expert from RAM is staged, as PromptExperts stages its chunks.
+  if (host_batch_rows_ > kDeviceRouteMaxRows && PromptStages(e)) {
     auto s = PromptStage(e);
     if (!Note(s.status())) return;
     slot = *s;
   }
   Note(ExpertFfnImpl(e, x, n_tok, y));
-  prompt_pending_.erase(e.gate.data);
-  if (slot == nullptr) return;
-  auto promoted = PromoteStaged(*slot);
-  if (!Note(promoted.status())) return;
-  if (*promoted) FlushTables();
-  Note(SlotUsed(slot, n_tok));
+  if (slot != nullptr) Note(SlotUsed(slot));
 }
 
 bool CudaBackend::RoutedExperts(const model::RoutedExpertsArgs &a) {
@@ -524,14 +472,7 @@ bool CudaBackend::RoutedExperts(const model::RoutedExpertsArgs &a) {
   const int k = a.route.k;
   const int64_t rows = a.n_tok * k;
   if (!t.ok || rows <= 0 || rows > kDeviceRouteMaxRows || a.route.n_expert != t.ge.n_expert) return false;
-  const bool tiered = !slots_.empty();
   if (tables_dirty_ && bracket_ == Bracket::kNone) FlushTables();  // a tier's moves since the last layer
-  // Inside a step bracket the tier was updated by BeginStep, for every layer.
-  if (tiered && bracket_ == Bracket::kNone) {
-    if (replan_ && !Note(Replan())) return true;
-    if (!Note(EnterLandedFills()) || !Note(UpdateTier(a.layer))) return true;
-    if (a.layer == first_table_layer_) UpdatePaths(a.n_tok);  // once a step, before its first MoE layer
-  }
   // The tiers' tables with the CPU's share: the layer's counts, and the paths once a step.
   const bool tier_share = external_tables_ && hist_dev_ != nullptr;
   if (tier_share && bracket_ == Bracket::kNone) {
@@ -551,7 +492,7 @@ bool CudaBackend::RoutedExperts(const model::RoutedExpertsArgs &a) {
   float *h = static_cast<float *>(*hg);
   Stamp("layer to experts");
   // On the hybrid path the CPU takes some cold experts: the device skips their groups.
-  const bool hybrid = (tiered || tier_share) && t.hybrid && cpu_experts_ != nullptr;
+  const bool hybrid = tier_share && t.hybrid && cpu_experts_ != nullptr;
   const uint8_t *skip = hybrid ? skip_dev_.as<uint8_t>() : nullptr;
   // 8-bit gate/up products read the tokens' quantized rows through idx: no gathered copy of them.
   const bool gate_q8 = q8_ && Q8ActFor(t.ge.gate_shape.type) != Q8Act::kNone;
@@ -563,7 +504,7 @@ bool CudaBackend::RoutedExperts(const model::RoutedExpertsArgs &a) {
   // first (eager) run or at the copier's creation, so none is loaded lazily while a WaitColdCopies
   // spins (loading a kernel waits for the device's work to drain, and the copies the wait waits for
   // would wait for the drain). An eager step reads the experts in place: the same bytes, the same bits.
-  const bool copies = (tiered || external_tables_) && t.stage && copier_ != nullptr && t.copies &&
+  const bool copies = external_tables_ && t.stage && copier_ != nullptr && t.copies &&
                       bracket_ == Bracket::kCapture;
   // Experts a prediction copied ahead for this layer are the copier's: the CPU sees them resident.
   const bool predicted = copies && pf_layer_ == a.layer;
@@ -605,10 +546,8 @@ bool CudaBackend::RoutedExperts(const model::RoutedExpertsArgs &a) {
     return true;
   }
   Stamp("route");
-  // Cold experts copied into VRAM staging slots first, so the products read VRAM: by the copy
-  // engines (the copier, by default) in a layer with cold experts to copy, else by a kernel
-  // (STRATA_CUDA_STAGE_EXPERTS). A layer the copier leaves alone reads them in place.
-  const bool stage = copies || (tiered && t.stage && copier_ == nullptr);
+  // Experts from RAM copied into VRAM staging slots first, so the products read VRAM: by the copy
+  // engines in a layer with cold experts to copy. A layer the copier leaves alone reads them in place.
   if (copies) {
     if (!planned && !Note(PlanColdCopies(from, urgent, pl, n_max, skip, copier_->mailbox(), a.layer, true, s))) {
       return true;
@@ -644,19 +583,17 @@ bool CudaBackend::RoutedExperts(const model::RoutedExpertsArgs &a) {
     Stamp("predict next");
     if (!Note(WaitColdCopies(copier_->mailbox(), s))) return true;
     Stamp("wait copies");
-  } else if (stage && !Note(StageColdExperts(t.ge, stage_, pl, n_max, skip, s))) {
-    return true;
   }
-  const GroupedExperts ge = stage ? StagedExperts(from, stage_) : t.ge;
+  const GroupedExperts ge = copies ? StagedExperts(from, stage_) : t.ge;
   if ((!gate_q8 && !Note(cuda::GatherRows(a.h, n_embd, a.idx, rows, a.xg, s))) ||
       !Note(GroupedProducts(ge, pl, n_max, gate_q8 ? a.h : a.xg, gate_q8 ? a.idx : nullptr, h, a.yg, rows, a.n_tok,
                             skip, xq))) {
     return true;
   }
   Stamp("products");
-  // With the tier the selections come back for its hotness, written by the sum's kernel into mapped
+  // With the CPU's share the selections come back for the layer's counts, written by the sum's kernel into mapped
   // memory: a copy of them would be a copy node in a recorded step, costing each layer.
-  const bool back = tiered || tier_share;
+  const bool back = tier_share;
   int32_t *sel_back = back ? hist_dev_ + static_cast<size_t>(a.layer) * kDeviceRouteMaxRows : nullptr;
   if ((hybrid && !Note(cpu_experts_->Finish(pl, n_max, skip, a.yg, s))) ||
       !Note(cuda::WeightedRowSum(a.yg, a.idx + rows, a.wts, a.n_tok, k, n_embd, a.out, s, a.sel, sel_back)) ||
@@ -725,7 +662,7 @@ absl::Status CudaBackend::GroupedProducts(const GroupedExperts &ge, const int32_
   // Chunks sized by the expected group (GroupChunkTokens) take a group of more tokens in several
   // passes over its weights: cheap from VRAM, not where an expert is read in place over the link,
   // so with a VRAM tier (the backend's or a tier's tables) a group goes in one pass as before.
-  const bool in_place = !slots_.empty() || external_tables_;  // experts may be read over the link
+  const bool in_place = external_tables_;  // experts may be read over the link
   const int64_t q8_chunk = k > 0 && !in_place ? GroupChunkTokens(n_tok, k, ge.n_expert) : n_tok;
   // Each stage on its own: a Q4_K gate/up with a Q6_K down (as Q4_K_M files mix them) dots codes in
   // the first and rounds h for the second.

@@ -124,35 +124,12 @@ void CudaBackend::TimeStep(const model::StepKey &key) {
   host_batch_since_ = false;
 }
 
-absl::Status CudaBackend::IssuePassFills() {
-  if (pass_slots_.empty() && pass_copies_.empty()) return absl::OkStatus();
-  // The victims' last reads were queued before the step (their `used` events, recorded at Evict):
-  // the wait is for the work before the step, not for it.
-  absl::Status st = absl::OkStatus();
-  for (int v : pass_slots_) {
-    if (st.ok()) st = AfterLastUse(slots_[v]);
-  }
-  if (st.ok()) st = IssueCopies(pass_copies_);
-  for (int v : pass_slots_) {
-    if (st.ok()) st = slots_[v].fill.Record(copy_stream_.get());
-  }
-  if (!st.ok()) {
-    // The slots hold no copy of their experts: they go empty again, out of every table.
-    for (int v : pass_slots_) (void)Evict(v);
-  }
-  pass_slots_.clear();
-  pass_copies_.clear();
-  return st;
-}
-
 model::Backend::StepMode CudaBackend::BeginStep(const model::StepKey &key) {
   const auto t0 = std::chrono::steady_clock::now();
   TimeStep(key);
   if (tables_dirty_ && bracket_ == Bracket::kNone) FlushTables();  // a tier's moves since the last step
   last_mode_ = BeginStepImpl(key);
   const auto t1 = std::chrono::steady_clock::now();
-  // After a replay's launch, or a way out of BeginStepImpl that left some (a recording has none).
-  if (last_mode_ != StepMode::kCapture) Note(IssuePassFills());
   if (host_trace_ && last_mode_ == StepMode::kReplay && down_end_ != std::chrono::steady_clock::time_point{}) {
     host_s_[0] += std::chrono::duration<double>(t0 - down_end_).count();
     host_s_[1] += std::chrono::duration<double>(launch_t0_ - t0).count();
@@ -176,43 +153,18 @@ model::Backend::StepMode CudaBackend::BeginStepImpl(const model::StepKey &key) {
   if (stamped_ != nullptr) ReadStamps();
   if (copier_ != nullptr && err_.ok()) Note(copier_->status());
   if (!err_.ok() || !use_graphs_ || profile_ || bracket_ != Bracket::kNone) return StepMode::kEager;
-  // Promotions and the last step's selections reach the tables before the step, for every layer;
-  // after a prompt the slots are first given to the experts it used most.
-  if (!slots_.empty()) {
-    if (replan_ && !Note(Replan())) return StepMode::kEager;
-    // The pass's table changes reach the device in one upload a layer (a tiny upload a table entry
-    // cost the stream, and the host a call, each time); its promotions' copies wait for their
-    // victims' last reads and go in one batch after the step's launch (IssuePassFills), while the
-    // device runs the step.
+  if (external_tables_ && hist_dev_ != nullptr) {
+    // The tiers' tables with the CPU's share: the last step's counts, then the step's paths.
     const auto t0 = host_trace_ ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
-    defer_tables_ = true;
-    fill_sink_ = &pass_copies_;
-    pass_fills_ = &pass_slots_;
-    tier_pass_ = true;
-    victim_floor_ok_ = false;
-    if (Note(EnterLandedFills())) {
-      for (size_t l = 0; l < tables_.size(); ++l) {
-        if (tables_[l].ok && !Note(UpdateTier(static_cast<int>(l)))) break;
-      }
+    for (size_t l = 0; l < tables_.size(); ++l) {
+      if (tables_[l].ok && !Note(UpdateTierLayer(static_cast<int>(l)))) return StepMode::kEager;
     }
-    tier_pass_ = victim_floor_ok_ = false;
-    fill_sink_ = nullptr;
-    pass_fills_ = nullptr;
-    defer_tables_ = false;
-    FlushTables();
-    if (!err_.ok()) return StepMode::kEager;
     const auto t1 = host_trace_ ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
     UpdatePaths(key.n_tok);
     if (host_trace_) {
       host_part_s_[0] = std::chrono::duration<double>(t1 - t0).count();
       host_part_s_[1] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
     }
-  } else if (external_tables_ && hist_dev_ != nullptr) {
-    // The tiers' tables with the CPU's share: the last step's counts, then the step's paths.
-    for (size_t l = 0; l < tables_.size(); ++l) {
-      if (tables_[l].ok && !Note(UpdateTierLayer(static_cast<int>(l)))) return StepMode::kEager;
-    }
-    UpdatePaths(key.n_tok);
   }
   step_key_ = GraphKey{key, paths_};
   step_hist_.clear();
@@ -224,9 +176,8 @@ model::Backend::StepMode CudaBackend::BeginStepImpl(const model::StepKey &key) {
       g->second.used = steps_;
       FinishHist(g->second.hist);
     }
-    return StepMode::kReplay;  // BeginStep issues the pass's fills, the step running
+    return StepMode::kReplay;
   }
-  if (!Note(IssuePassFills())) return StepMode::kEager;  // not inside a recording
   if (clean_.count(step_key_) != 0 && refused_.count(step_key_) == 0 && Graph::BeginCapture(stream_.get()).ok()) {
     if (graph_trace_) LogDebug("cuda graphs: step %lld recorded (paths %u)\n", static_cast<long long>(steps_ - 1), paths_);
     capture_t0_ = std::chrono::steady_clock::now();

@@ -600,7 +600,8 @@ moe_status moe_ctx_stats(const moe_ctx *ctx, moe_stats *out) {
       st.vram_demotions = cs.vram.demotions;
     }
     st.locked_bytes = cs.cache.locked_bytes;
-    if (!cs.streaming && cs.device.prefetched > 0) {  // the GPU's prefetch: the RAM tier's fields are idle
+    // The GPU's prefetch, where the RAM tier's is idle (every expert resident, or all in RAM).
+    if (cs.device.prefetched > 0 && st.prefetch_issued == 0) {
       st.prefetch_issued = cs.device.prefetched;
       st.prefetch_useful = cs.device.prefetch_used;
       st.prefetch_precision = static_cast<double>(cs.device.prefetch_used) / static_cast<double>(cs.device.prefetched);

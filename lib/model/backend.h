@@ -370,6 +370,8 @@ class Backend {
   // (Route, grouping by expert, ExpertFfn per group, WeightedRowSum); a.sel keeps the selections.
   // Returns false, having queued nothing, when the backend cannot run this layer or batch that way.
   virtual bool RoutedExperts(const RoutedExpertsArgs &a) { return false; }
+  // The most rows (tokens x experts per token) a RoutedExperts call takes; 0 where it takes none.
+  virtual int64_t routed_rows_max() const { return 0; }
 
   // Optional: host memory the caller hands the backend views into from now on (a streamed expert
   // cache's slots), to read where it lies; it stays until UnmapHostMemory. What a view names may

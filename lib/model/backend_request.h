@@ -18,10 +18,6 @@ struct BackendRequest {
   // The loaded host arena the weights point into (routed experts left out when they stream).
   const uint8_t *arena = nullptr;
   size_t arena_bytes = 0;
-  // Device memory for routed experts (what the VRAM budget leaves after the fixed parts);
-  // UINT64_MAX: no budget, every expert resident.
-  uint64_t expert_vram_bytes = UINT64_MAX;
-  int n_min_slots = 1;  // expert slots a device tier needs at least (the experts one token uses)
   int n_threads = 0;    // CPU threads; 0 = one per core
   bool cpu_q8_activations = false;
   bool gpu_q8_activations = false;
@@ -29,9 +25,6 @@ struct BackendRequest {
   // Routed experts the RAM tier holds, of all of them: fewer means the experts stream from the file.
   uint32_t ram_expert_slots = 0;
   uint32_t n_routed_experts = 0;
-  // A hotlist's experts, hottest first, and how many of them to place (0 = as many as fit).
-  std::vector<HotExpert> hot;
-  size_t hot_max = 0;
   // A user's choices for a device backend (unset: the tuning knob's value).
   std::optional<bool> graphs;           // decode steps recorded and replayed
   std::optional<int64_t> cold_copies;   // the copy engines' slots a set; 0 = off

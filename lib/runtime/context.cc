@@ -165,26 +165,30 @@ absl::StatusOr<std::unique_ptr<Context>> Context::Open(const ContextOptions &o) 
     in.device_activations = device_activations;
     STRATA_ASSIGN_OR_RETURN(ctx->plan_, store::MakePlan(ctx->hp_, ctx->weights_, in));
   }
-  // Experts stream when the plan's RAM tier cannot hold them all, and (the device_tiers tunable,
-  // on by default) when a device's VRAM budget holds part of them and RAM the rest: the tiers of
-  // lib/store then serve them (VRAM over a RAM tier of the experts VRAM does not hold, with one to
-  // spare). The CUDA backend's own VRAM tier is left for experts the device cannot read where they
-  // lie, a budget that gives VRAM no slot, and the tunable turned off.
+  // Experts stream when the plan's RAM tier cannot hold them all. lib/store's tiers serve them then,
+  // and also when a device's VRAM budget is short of them while RAM holds them all: VRAM over a RAM
+  // tier of the experts VRAM does not hold (with one to spare), or, where the budget gives VRAM no
+  // expert slot, a RAM tier of every expert that the device reads in place.
   bool streaming = ctx->plan_.ram_expert_slots < ctx->plan_.n_routed_experts;
-  if (!streaming && tunables::Get().device_tiers && o.vram_budget_bytes > 0 && backends::HasDeviceMemory(kind) &&
-      ctx->plan_.vram_expert_slots > 0 && ctx->plan_.vram_expert_slots < ctx->plan_.n_routed_experts &&
-      backends::ReadsExpertsInPlace(kind, ctx->weights_)) {
-    // The RAM tier holds one layer's experts at least (ExpertCache's floor).
-    const uint32_t routed = ctx->plan_.n_routed_experts;
-    const uint32_t least = std::max<uint32_t>(ctx->hp_.n_expert, 2 * static_cast<uint32_t>(ctx->hp_.n_expert_used));
-    // Beside the experts VRAM does not hold, spare slots where the budget has them (the landing
-    // places of the VRAM tier's victims while its moves are in flight), one at least.
-    const uint32_t rest = routed - ctx->plan_.vram_expert_slots;
-    const uint64_t spare = std::clamp<uint64_t>(
-        std::min<uint64_t>(ctx->plan_.ram_expert_slots - std::min(ctx->plan_.ram_expert_slots, rest),
-                           static_cast<uint64_t>(std::max<int64_t>(0, tunables::Get().vram_spare_ram_slots))),
-        1, std::max<uint64_t>(1, ctx->plan_.vram_expert_slots - 1));
-    ctx->plan_.ram_expert_slots = std::min(routed, std::max(rest + static_cast<uint32_t>(spare), least));
+  bool tiered = streaming;
+  if (!streaming && o.vram_budget_bytes > 0 && backends::HasDeviceMemory(kind) &&
+      ctx->plan_.vram_expert_slots < ctx->plan_.n_routed_experts) {
+    tiered = true;
+    const uint32_t routed = ctx->plan_.n_routed_experts, vram_slots = ctx->plan_.vram_expert_slots;
+    if (vram_slots > 0) {
+      // The RAM tier holds one layer's experts at least (ExpertCache's floor).
+      const uint32_t least = std::max<uint32_t>(ctx->hp_.n_expert, 2 * static_cast<uint32_t>(ctx->hp_.n_expert_used));
+      // Beside the experts VRAM does not hold, spare slots where the budget has them (the landing
+      // places of the VRAM tier's victims while its moves are in flight), one at least.
+      const uint32_t rest = routed - vram_slots;
+      const uint64_t spare = std::clamp<uint64_t>(
+          std::min<uint64_t>(ctx->plan_.ram_expert_slots - std::min(ctx->plan_.ram_expert_slots, rest),
+                             static_cast<uint64_t>(std::max<int64_t>(0, tunables::Get().vram_spare_ram_slots))),
+          1, std::max<uint32_t>(1, vram_slots - 1));
+      ctx->plan_.ram_expert_slots = std::min(routed, std::max(rest + static_cast<uint32_t>(spare), least));
+    } else {
+      ctx->plan_.ram_expert_slots = routed;
+    }
     streaming = ctx->plan_.ram_expert_slots < routed;
   }
   // A backend with memory of its own (or the tests' host-memory device) plans a VRAM tier; the RAM
@@ -204,9 +208,11 @@ absl::StatusOr<std::unique_ptr<Context>> Context::Open(const ContextOptions &o) 
   }
   // Tiers that hold every expert between them are filled whole at open (below), so the load's
   // progress counts the routed experts' bytes after the resident weights'.
-  const bool fill_whole = streaming && device_tier && ctx->plan_.vram_expert_slots > 0 &&
-                          uint64_t{ctx->plan_.vram_expert_slots} + ctx->plan_.ram_expert_slots >
-                              ctx->plan_.n_routed_experts;
+  const bool fill_whole = tiered && device_tier &&
+                          (ctx->plan_.ram_expert_slots >= ctx->plan_.n_routed_experts ||
+                           (ctx->plan_.vram_expert_slots > 0 &&
+                            uint64_t{ctx->plan_.vram_expert_slots} + ctx->plan_.ram_expert_slots >
+                                ctx->plan_.n_routed_experts));
   uint64_t expert_bytes = 0, resident_bytes = 0;
   if (fill_whole) {
     for (const model::LayerWeights &L : ctx->weights_.layers) {
@@ -235,7 +241,7 @@ absl::StatusOr<std::unique_ptr<Context>> Context::Open(const ContextOptions &o) 
       }
     }
     lo.huge_pages = o.huge_pages;
-    STRATA_RETURN_IF_ERROR(ctx->store_.Load(*ctx->file_, ctx->weights_, /*routed_experts=*/!streaming, lo));
+    STRATA_RETURN_IF_ERROR(ctx->store_.Load(*ctx->file_, ctx->weights_, /*routed_experts=*/!tiered, lo));
     if (bind.bound()) ctx->numa_node_ = backend_node;
   }
   // A hotlist seeds the RAM expert cache of a streaming context, and the VRAM tier's slots.
@@ -249,21 +255,12 @@ absl::StatusOr<std::unique_ptr<Context>> Context::Open(const ContextOptions &o) 
     req.weights = &ctx->weights_;
     req.arena = ctx->store_.arena();
     req.arena_bytes = ctx->store_.resident_bytes();
-    // The VRAM budget: non-routed weights, KV and workspace first, then the routed experts; what is
-    // left for them decides whether they are all resident or run from VRAM slots (0 = auto: all).
-    if (o.vram_budget_bytes > 0) {
-      const uint64_t fixed = ctx->plan_.non_routed_bytes + ctx->plan_.kv_bytes + ctx->plan_.workspace_bytes;
-      req.expert_vram_bytes = o.vram_budget_bytes > fixed ? o.vram_budget_bytes - fixed : 0;
-    }
-    req.n_min_slots = ctx->hp_.n_expert_used;
     req.n_threads = o.n_threads;
     req.cpu_q8_activations = o.cpu_q8_activations;
     req.gpu_q8_activations = o.gpu_q8_activations;
     req.cpu_experts = o.cpu_experts;
     req.ram_expert_slots = ctx->plan_.ram_expert_slots;
     req.n_routed_experts = ctx->plan_.n_routed_experts;
-    req.hot = hot;
-    req.hot_max = static_cast<size_t>(std::max(o.hotlist_max, 0));
     req.graphs = o.cuda_graphs;
     if (o.cuda_cold_copies.has_value()) req.cold_copies = *o.cuda_cold_copies;
     req.device_streaming = o.cuda_streaming;
@@ -271,17 +268,16 @@ absl::StatusOr<std::unique_ptr<Context>> Context::Open(const ContextOptions &o) 
     STRATA_ASSIGN_OR_RETURN(ctx->backend_, backends::Create(kind, req));
   }
   if (backends::HasDeviceMemory(kind)) {
-    const uint32_t slots = ctx->backend_->tier_stats().slots;
     if (!streaming) ctx->plan_.vram_budget_bytes = o.vram_budget_bytes;
-    // With experts streaming, the VRAM tier over the RAM tier keeps the plan's slots (set below).
-    ctx->plan_.vram_expert_slots = slots > 0    ? slots
-                                   : streaming ? ctx->plan_.vram_expert_slots
-                                               : ctx->plan_.n_routed_experts;
+    // Without the tiers every expert is in VRAM; over them, the VRAM tier keeps the plan's slots.
+    if (!tiered) ctx->plan_.vram_expert_slots = ctx->plan_.n_routed_experts;
   }
-  ctx->table_ = std::make_unique<store::ExpertTable>(ctx->weights_);
+  // A slot lays each expert part out at the alignment the backend's kernels read host views at
+  // (a checkpoint's tensors land aligned even where the file does not place them so).
+  ctx->table_ = std::make_unique<store::ExpertTable>(ctx->weights_, ctx->backend_->host_view_alignment());
   ctx->resident_layer_hits_.assign(ctx->hp_.n_layer, 0);
   ctx->expert_counts_.assign(static_cast<size_t>(ctx->hp_.n_layer) * ctx->hp_.n_expert, 0);
-  if (streaming) {
+  if (tiered) {
     store::CacheOptions co;
     co.n_slots = ctx->plan_.ram_expert_slots;
     co.policy = static_cast<store::PolicyKind>(o.cache_policy);
@@ -293,21 +289,10 @@ absl::StatusOr<std::unique_ptr<Context>> Context::Open(const ContextOptions &o) 
                                                                     ctx->backend_.get(), co));
     if (std::string w = store::LockWarning(ctx->cache_->stats()); !w.empty()) ctx->plan_.warnings.push_back(w);
     // The backend reads each expert where its slot holds it (a no-op for one that reads host memory
-    // anyway). A GGUF's tensors are 32-byte aligned and a slot keeps a part's file offset within its
-    // 4 KiB block, so a device's alignment holds for them.
-    if (const size_t align = ctx->backend_->host_view_alignment(); align > 1) {
-      for (int l = 0; l < ctx->table_->n_layers(); ++l) {
-        for (int x = 0; x < ctx->table_->n_experts(); ++x) {
-          for (const store::ExpertPart &part : ctx->table_->entry(l, x).part) {
-            if (part.bytes > 0 && part.slot_offset % align != 0) {
-              return Errorf(MOE_ERR_UNSUPPORTED_BACKEND,
-                            "the %s backend reads streamed experts where they lie, %u-byte aligned; layer %d expert "
-                            "%d is not (a GGUF file's tensors are)",
-                            backends::Name(kind), align, l, x);
-            }
-          }
-        }
-      }
+    // anyway), aligned as the table laid the slots out.
+    if (const size_t align = ctx->backend_->host_view_alignment(); align > ctx->table_->view_alignment()) {
+      return Errorf(MOE_ERR_INTERNAL, "the %s backend reads host views %u-byte aligned, the expert table lays them out %u",
+                    backends::Name(kind), align, ctx->table_->view_alignment());
     }
     STRATA_RETURN_IF_ERROR(ctx->backend_->MapHostMemory(ctx->cache_->slab(), ctx->cache_->slab_bytes()));
     // The VRAM tier stacks over the RAM tier where the backend has memory of its own and the plan
@@ -326,14 +311,17 @@ absl::StatusOr<std::unique_ptr<Context>> Context::Open(const ContextOptions &o) 
                                                                    ctx->cache_.get(), vo));
       ctx->cache_->SetTierAbove(ctx->vram_.get());
     } else {
-      ctx->device_slots_.reset();
+      // No VRAM slot: a RAM tier of every expert keeps the device (its tables, below), else nothing.
+      if (ctx->cache_->n_slots() < ctx->plan_.n_routed_experts) ctx->device_slots_.reset();
       ctx->plan_.vram_expert_slots = 0;
     }
     ctx->plan_.streamed_experts = store::StreamedExperts(ctx->plan_);
   }
   std::vector<uint32_t> hot_keys;
   for (const auto &h : hot) hot_keys.push_back(ctx->table_->Key(h.layer, h.expert));
+  bool filled_whole = false;
   if (ctx->vram_ != nullptr && ctx->vram_->complete()) {
+    filled_whole = true;
     // The tiers hold every expert: VRAM takes the hotlist's and an equal share of each layer's,
     // RAM the rest. Both are read now by the load's threads through the page cache (VRAM's share
     // into free RAM slots first, then moved up, the RAM tier giving its copies up), so the first
@@ -374,6 +362,38 @@ absl::StatusOr<std::unique_ptr<Context>> Context::Open(const ContextOptions &o) 
     // The opening's reads and moves are the load's; the counters are the run's.
     ctx->vram_->ResetStats();
     ctx->cache_->ResetStats();
+  } else if (ctx->cache_ != nullptr && ctx->cache_->n_slots() >= ctx->plan_.n_routed_experts) {
+    // A RAM tier of every expert under a device that holds none of them (its budget gives VRAM no
+    // expert slot): read whole now, as the resident weights would have been, hotlist or not.
+    store::ExpertCache::FillOptions fo;
+    fo.n_threads = o.n_threads;
+    fo.bytes_before = resident_bytes;
+    fo.bytes_total = resident_bytes + expert_bytes;
+    fo.progress = o.load_progress;
+    fo.keep_going = o.load_continue;
+    std::vector<uint32_t> all;
+    for (int l = 0; l < ctx->table_->n_layers(); ++l) {
+      for (int x = 0; x < ctx->table_->n_experts(); ++x) {
+        if (ctx->table_->entry(l, x).weights != nullptr) all.push_back(ctx->table_->Key(l, x));
+      }
+    }
+    STRATA_RETURN_IF_ERROR(ctx->cache_->Fill(all, fo));
+    ctx->cache_->ResetStats();
+    filled_whole = true;
+    // Nothing moves in a RAM tier of every expert: the device's tables point at their slots, and
+    // decode batches route on the device with no host wait between layers.
+    if (ctx->device_slots_ != nullptr && ctx->device_slots_->EnableTables()) {
+      bool pointed = true;
+      for (uint32_t key : all) {
+        const model::ExpertWeights *ram = ctx->cache_->ReadyViews(key);
+        if (ram == nullptr) {
+          pointed = false;
+          break;
+        }
+        STRATA_RETURN_IF_ERROR(ctx->device_slots_->Point(ctx->table_->LayerOf(key), ctx->table_->ExpertOf(key), *ram));
+      }
+      ctx->ram_tables_ = pointed;
+    }
   } else if (!hot_keys.empty() && ctx->cache_ != nullptr) {
     const size_t cap = o.hotlist_max > 0 ? static_cast<size_t>(o.hotlist_max) : hot_keys.size();
     // The hottest fill VRAM first (read through the RAM tier, which then gives them up), the next
@@ -381,7 +401,7 @@ absl::StatusOr<std::unique_ptr<Context>> Context::Open(const ContextOptions &o) 
     if (ctx->vram_ != nullptr) STRATA_RETURN_IF_ERROR(ctx->vram_->Seed(hot_keys, cap).status());
     ctx->cache_->Preload(hot_keys, cap);  // loads run on the I/O threads while the host carries on
   }
-  if (fill_whole && (ctx->vram_ == nullptr || !ctx->vram_->complete()) && o.load_progress) {
+  if (fill_whole && !filled_whole && o.load_progress) {
     o.load_progress(resident_bytes + expert_bytes, resident_bytes + expert_bytes);  // the total the load promised
   }
   return ctx;
@@ -529,6 +549,7 @@ class CountingExperts final : public model::ExpertSource {
                   store::ExpertCache *cache, int n_layer)
       : inner_(inner), counts_(counts), n_expert_(n_expert), cache_(cache), n_layer_(n_layer) {}
   bool layer_major = false;
+  bool ram_tables = false;  // the device's tables point at a RAM tier of every expert
   void OnRoute(int layer, const float *h, int64_t n_tok, const int32_t *selected, int k) override {
     for (int64_t i = 0; i < n_tok * k; ++i) ++(*counts_)[static_cast<size_t>(layer) * n_expert_ + selected[i]];
     inner_->OnRoute(layer, h, n_tok, selected, k);
@@ -550,7 +571,7 @@ class CountingExperts final : public model::ExpertSource {
     return inner_->Await(layer, expert);
   }
   bool resident() const override { return !layer_major && inner_->resident(); }
-  bool routes_on_device() const override { return !layer_major && inner_->routes_on_device(); }
+  bool routes_on_device() const override { return !layer_major && (ram_tables || inner_->routes_on_device()); }
 
  private:
   model::ExpertSource *inner_;
@@ -718,8 +739,8 @@ absl::Status Context::StepLocked(int cap, bool *ran) {
   model::ExpertSource *tiers = vram_ != nullptr    ? static_cast<model::ExpertSource *>(vram_.get())
                                : cache_ != nullptr ? static_cast<model::ExpertSource *>(cache_.get())
                                                    : &resident;
-  CountingExperts counting(tiers,
-                           &expert_counts_, hp_.n_expert, cache_.get(), hp_.n_layer);
+  CountingExperts counting(tiers, &expert_counts_, hp_.n_expert, cache_.get(), hp_.n_layer);
+  counting.ram_tables = ram_tables_;
   size_t n_pass = 1;
   bool prompt = false;
   for (const Chunk &c : chunks) {
@@ -755,7 +776,11 @@ absl::Status Context::StepLocked(int cap, bool *ran) {
       in_pass.push_back(&c);
       pass_tok += a.seqs.back().n_tok;
     }
-    counting.layer_major = cache_ != nullptr && pass_tok >= prefill_layer_min_;
+    // A pass whose experts the device routes over the tiers' tables by itself stays token-major: it
+    // is computed as with every expert resident (the same kernels, the same bits), no host wait a layer.
+    const bool on_tables = ram_tables_ || (vram_ != nullptr && vram_->routes_on_device());
+    const bool device_routes = on_tables && pass_tok * hp_.n_expert_used <= backend_->routed_rows_max();
+    counting.layer_major = cache_ != nullptr && pass_tok >= prefill_layer_min_ && !device_routes;
     if (vram_ != nullptr) vram_->BeginPass(counting.layer_major);
     a.experts = &counting;
     a.workspace = &workspace_;

@@ -314,6 +314,7 @@ class Context {
   // The VRAM tier over cache_ and its device slots (the backend's): destroyed before both.
   std::unique_ptr<store::DeviceSlots> device_slots_;
   std::unique_ptr<store::VramTier> vram_;
+  bool ram_tables_ = false;  // no VRAM tier: the device's tables point at a RAM tier of every expert
   uint64_t resident_hits_ = 0;                  // expert uses when nothing streams
   std::vector<uint64_t> expert_counts_;         // selections per (layer, expert)
   std::vector<uint64_t> resident_layer_hits_;

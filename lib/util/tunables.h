@@ -34,9 +34,6 @@ namespace strata::tunables {
     "(moe_params.cuda_cold_copies)")                                                                                \
   X(bool, cuda_streaming, "STRATA_CUDA_STREAMING", true,                                                            \
     "the CUDA backend runs over a streaming context (moe_params.cuda_streaming)")                                   \
-  X(bool, device_tiers, "STRATA_DEVICE_TIERS", true,                                                                \
-    "a VRAM budget short of the experts runs the tiers of lib/store even when RAM holds them all (the RAM tier "     \
-    "then holds those VRAM does not, with one to spare); off = the CUDA backend's own VRAM tier")                      \
   X(int64_t, vram_replan_moves, "STRATA_VRAM_REPLAN_MOVES", 64,                                                    \
     "experts the VRAM tier starts moving when a prompt ends and at each decode step until its re-plan is done")     \
   X(int64_t, vram_pass_moves, "STRATA_VRAM_PASS_MOVES", 32,                                                        \
@@ -48,18 +45,8 @@ namespace strata::tunables {
     "landing places while moves are in flight")                                                                     \
   /* CUDA backend: the decode step's paths. */                                                                      \
   X(bool, cuda_pdl, "STRATA_CUDA_PDL", true, "programmatic dependent launch on devices of compute capability 9+")   \
-  X(bool, cuda_fill_at_open, "STRATA_CUDA_FILL_AT_OPEN", true, "the VRAM tier's slots filled at open")              \
-  X(bool, cuda_prompt_promote, "STRATA_CUDA_PROMPT_PROMOTE", true, "experts a prompt fetches are promoted to slots") \
   X(bool, cuda_prompt_stage, "STRATA_CUDA_PROMPT_STAGE", true,                                                      \
-    "a prompt's cold experts staged beside the tier rather than given tier slots")                                  \
-  X(std::string, cuda_prompt_victim, "STRATA_CUDA_PROMPT_VICTIM", "coldest",                                        \
-    "the slot a prompt's fetched expert takes: coldest or lru")                                                     \
-  X(double, cuda_promotion_margin, "STRATA_CUDA_PROMOTION_MARGIN", -1.0,                                            \
-    "decode promotions' margin as a z; 0 = no margin, < 0 = the built-in z")                                        \
-  X(bool, cuda_replan, "STRATA_CUDA_REPLAN", true, "the VRAM tier re-planned after a prompt")                       \
-  X(int64_t, cuda_stage_experts, "STRATA_CUDA_STAGE_EXPERTS", -1,                                                   \
-    "slots a decode layer's cold experts are copied into by the compute stream; -1 = none (the copy engines may "   \
-    "take them), >= 0 also turns the copy engines' default off")                                                    \
+    "a prompt's experts from RAM copied into VRAM staging slots rather than read over the link")                    \
   X(bool, cold_copies_batch, "STRATA_COLD_COPIES_BATCH", true, "a request's copies issued as one batch")            \
   X(bool, cold_copies_coalesce, "STRATA_COLD_COPIES_COALESCE", true, "adjacent experts' copies merged into one")    \
   X(std::string, cold_copies_number, "STRATA_COLD_COPIES_NUMBER", "write",                                          \
