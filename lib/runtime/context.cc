@@ -165,13 +165,27 @@ absl::StatusOr<std::unique_ptr<Context>> Context::Open(const ContextOptions &o) 
     in.device_activations = device_activations;
     STRATA_ASSIGN_OR_RETURN(ctx->plan_, store::MakePlan(ctx->hp_, ctx->weights_, in));
   }
+  // A backend with memory of its own (or the tests' host-memory device) has a VRAM tier to plan;
+  // the RAM tier's arithmetic is the same either way. With experts streaming and no VRAM budget, a
+  // device's tier takes 90% of its free memory (the rest is for what the backend allocates beside
+  // the plan): stacked over the RAM tier, it serves uses the RAM tier alone would read from the file.
+  const bool device_tier = backends::HasDeviceMemory(kind) || store::DeviceSlotsForTesting() != nullptr;
+  bool streaming = ctx->plan_.ram_expert_slots < ctx->plan_.n_routed_experts;
+  uint64_t vram_budget = in.vram_budget_bytes;
+  if (streaming && vram_budget == 0 && backends::HasDeviceMemory(kind)) {
+    vram_budget = backends::DeviceFreeBytes(kind) / 10 * 9;
+  }
+  if (device_tier != in.have_gpu || vram_budget != in.vram_budget_bytes) {
+    in.have_gpu = device_tier;
+    in.vram_budget_bytes = vram_budget;
+    STRATA_ASSIGN_OR_RETURN(ctx->plan_, store::MakePlan(ctx->hp_, ctx->weights_, in));
+  }
   // Experts stream when the plan's RAM tier cannot hold them all. lib/store's tiers serve them then,
   // and also when a device's VRAM budget is short of them while RAM holds them all: VRAM over a RAM
   // tier of the experts VRAM does not hold (with one to spare), or, where the budget gives VRAM no
   // expert slot, a RAM tier of every expert that the device reads in place.
-  bool streaming = ctx->plan_.ram_expert_slots < ctx->plan_.n_routed_experts;
   bool tiered = streaming;
-  if (!streaming && o.vram_budget_bytes > 0 && backends::HasDeviceMemory(kind) &&
+  if (!streaming && o.vram_budget_bytes > 0 && device_tier &&
       ctx->plan_.vram_expert_slots < ctx->plan_.n_routed_experts) {
     tiered = true;
     const uint32_t routed = ctx->plan_.n_routed_experts, vram_slots = ctx->plan_.vram_expert_slots;
@@ -190,21 +204,6 @@ absl::StatusOr<std::unique_ptr<Context>> Context::Open(const ContextOptions &o) 
       ctx->plan_.ram_expert_slots = routed;
     }
     streaming = ctx->plan_.ram_expert_slots < routed;
-  }
-  // A backend with memory of its own (or the tests' host-memory device) plans a VRAM tier; the RAM
-  // tier's arithmetic is the same either way.
-  // With experts streaming and no VRAM budget, a device's tier takes 90% of its free memory (the
-  // rest is for what the backend allocates beside the plan): stacked over the RAM tier, it serves
-  // uses the RAM tier alone would read from the file.
-  const bool device_tier = backends::HasDeviceMemory(kind) || store::DeviceSlotsForTesting() != nullptr;
-  uint64_t vram_budget = in.vram_budget_bytes;
-  if (streaming && vram_budget == 0 && backends::HasDeviceMemory(kind)) {
-    vram_budget = backends::DeviceFreeBytes(kind) / 10 * 9;
-  }
-  if (device_tier != in.have_gpu || vram_budget != in.vram_budget_bytes) {
-    in.have_gpu = device_tier;
-    in.vram_budget_bytes = vram_budget;
-    STRATA_ASSIGN_OR_RETURN(ctx->plan_, store::MakePlan(ctx->hp_, ctx->weights_, in));
   }
   // Tiers that hold every expert between them are filled whole at open (below), so the load's
   // progress counts the routed experts' bytes after the resident weights'.
@@ -319,6 +318,13 @@ absl::StatusOr<std::unique_ptr<Context>> Context::Open(const ContextOptions &o) 
   }
   std::vector<uint32_t> hot_keys;
   for (const auto &h : hot) hot_keys.push_back(ctx->table_->Key(h.layer, h.expert));
+  // Tiers that hold every expert are read whole now, the load's progress going on over their bytes.
+  store::ExpertCache::FillOptions whole_fill;
+  whole_fill.n_threads = o.n_threads;
+  whole_fill.bytes_before = resident_bytes;
+  whole_fill.bytes_total = resident_bytes + expert_bytes;
+  whole_fill.progress = o.load_progress;
+  whole_fill.keep_going = o.load_continue;
   bool filled_whole = false;
   if (ctx->vram_ != nullptr && ctx->vram_->complete()) {
     filled_whole = true;
@@ -326,12 +332,7 @@ absl::StatusOr<std::unique_ptr<Context>> Context::Open(const ContextOptions &o) 
     // RAM the rest. Both are read now by the load's threads through the page cache (VRAM's share
     // into free RAM slots first, then moved up, the RAM tier giving its copies up), so the first
     // step finds every expert in place and routes on the device (VramTier::Settle).
-    store::ExpertCache::FillOptions fo;
-    fo.n_threads = o.n_threads;
-    fo.bytes_before = resident_bytes;
-    fo.bytes_total = resident_bytes + expert_bytes;
-    fo.progress = o.load_progress;
-    fo.keep_going = o.load_continue;
+    store::ExpertCache::FillOptions fo = whole_fill;
     const std::vector<uint32_t> opening = ctx->vram_->OpeningKeys(hot_keys);
     const auto bytes_of = [&](const std::vector<uint32_t> &keys) {
       uint64_t b = 0;
@@ -365,19 +366,13 @@ absl::StatusOr<std::unique_ptr<Context>> Context::Open(const ContextOptions &o) 
   } else if (ctx->cache_ != nullptr && ctx->cache_->n_slots() >= ctx->plan_.n_routed_experts) {
     // A RAM tier of every expert under a device that holds none of them (its budget gives VRAM no
     // expert slot): read whole now, as the resident weights would have been, hotlist or not.
-    store::ExpertCache::FillOptions fo;
-    fo.n_threads = o.n_threads;
-    fo.bytes_before = resident_bytes;
-    fo.bytes_total = resident_bytes + expert_bytes;
-    fo.progress = o.load_progress;
-    fo.keep_going = o.load_continue;
     std::vector<uint32_t> all;
     for (int l = 0; l < ctx->table_->n_layers(); ++l) {
       for (int x = 0; x < ctx->table_->n_experts(); ++x) {
         if (ctx->table_->entry(l, x).weights != nullptr) all.push_back(ctx->table_->Key(l, x));
       }
     }
-    STRATA_RETURN_IF_ERROR(ctx->cache_->Fill(all, fo));
+    STRATA_RETURN_IF_ERROR(ctx->cache_->Fill(all, whole_fill));
     ctx->cache_->ResetStats();
     filled_whole = true;
     // Nothing moves in a RAM tier of every expert: the device's tables point at their slots, and

@@ -1029,3 +1029,76 @@ TEST_CASE("complete tiers are filled at open, the load's progress counting their
     CHECK(none == nullptr);
   }
 }
+
+// A VRAM budget that leaves the device no expert slot, over a RAM budget that holds every expert:
+// one RAM tier of all of them, read whole at open (the load's progress counting its bytes), whose
+// slots the device's tables point at, so decode routes on the device with nothing moving under it.
+// The logits are the all-resident run's bits and every use is a RAM hit.
+TEST_CASE("a VRAM budget with no expert slot leaves one RAM tier of every expert, the tables on it",
+          "[store][vram][golden]") {
+  TestDevice device;
+  TablesOn tables;
+  std::mt19937 rng(std::random_device{}());
+  for (const char *m : {"qwen3moe_f32/model-q8_0.gguf", "mixtral_f32/model-f16.gguf"}) {
+    const std::string model = kGolden + m;
+    const std::string family = std::string(m).substr(0, std::string(m).find('/'));
+    const auto tokens = ReadBinary<int32_t>(kGolden + family + "/tokens.bin");
+    moe_stats ref_st;
+    const auto ref = strata::testing::TeacherForced(model, tokens, 12, MOE_BACKEND_CPU, 0, nullptr, nullptr, &ref_st);
+    Model md(model);
+    const ExpertTable &t = *md.table;
+    const moe_cache_plan plan = PlanAtMinimum(model);
+    const uint32_t routed = plan.n_routed_experts;
+    // The fixed bytes and less than one slot more: no expert slot in VRAM.
+    const uint64_t vram = plan.ram_fixed_bytes + rng() % plan.expert_slot_bytes;
+    INFO(m << ": VRAM budget " << vram << ", " << routed << " experts");
+    const moe_cache_plan got = OpenedPlan(model, 0, vram);
+    CHECK(got.vram_expert_slots == 0);
+    CHECK(got.ram_expert_slots == routed);
+    CHECK(got.streamed_experts == 0);
+    // Progress goes on over the experts' bytes, never back, and ends at its total.
+    {
+      moe_params p;
+      moe_params_init(&p);
+      p.model_path = model.c_str();
+      p.vram_budget_bytes = vram;
+      p.n_threads = 2;
+      Progress pr;
+      p.load_progress = OnProgress;
+      p.load_progress_user = &pr;
+      moe_ctx *ctx = nullptr;
+      REQUIRE(moe_ctx_open(&p, &ctx) == MOE_OK);
+      moe_ctx_close(ctx);
+      REQUIRE(!pr.calls.empty());
+      const uint64_t total = pr.calls.back().second;
+      CHECK(pr.calls.back().first == total);
+      for (size_t i = 1; i < pr.calls.size(); ++i) CHECK(pr.calls[i].first >= pr.calls[i - 1].first);
+      CHECK(total > uint64_t{routed} * (plan.expert_slot_bytes / 2));
+    }
+    g_last_slots = nullptr;
+    size_t entries = 0;
+    const auto check_entries = [&] {
+      const HostSlots *dev = g_last_slots;
+      REQUIRE(dev != nullptr);
+      CHECK(dev->copies_in == 0);  // no slot, no copy up
+      for (const auto &[id, views] : dev->entries) {
+        const uint8_t *parts[3] = {views.gate.data, views.up.data, views.down.data};
+        for (int q = 0; q < 3; ++q) {
+          const std::vector<uint8_t> want = FileBytes(model, t, id.first, id.second, q);
+          INFO("layer " << id.first << " expert " << id.second << " part " << q);
+          REQUIRE(std::memcmp(parts[q], want.data(), want.size()) == 0);
+        }
+      }
+      entries = dev->entries.size();
+    };
+    moe_stats st;
+    const auto out = strata::testing::TeacherForced(model, tokens, 12, MOE_BACKEND_CPU, vram, nullptr, nullptr, &st,
+                                                    MOE_CPU_EXPERTS_OFF, false, nullptr, nullptr, 0, check_entries);
+    CHECK(entries == routed);
+    CHECK(std::memcmp(out.data(), ref.data(), out.size() * sizeof(float)) == 0);
+    CHECK(st.streaming == 1);
+    CHECK(st.expert_misses == 0);
+    CHECK(st.vram_hits == 0);
+    CHECK(st.expert_hits == ref_st.expert_hits);
+  }
+}
