@@ -378,7 +378,7 @@ void CpuBackend::Rope(float *x, int64_t n_tok, int n_heads, int head_dim, const 
 
 void CpuBackend::Attention(const float *q, const model::KvView &kv, int64_t n_tok, int pos0, int n_head,
                            int n_head_kv, int head_dim, int window, float *out, const model::AttentionParams &p) {
-  TiledAttention(pool_, q, kv, n_tok, pos0, n_head, n_head_kv, head_dim, window, out, p);
+  TiledAttention(pool_, q, kv, n_tok, pos0, n_head, n_head_kv, head_dim, window, out, p, isa_);
 }
 
 void CpuBackend::ExpertFfn(const model::ExpertWeights &e, const float *x, int64_t n_tok, float *y) {

@@ -96,8 +96,8 @@ absl::StatusOr<CachePlan> MakePlan(const model::HParams &hp, const model::ModelW
     p.vram_fixed_bytes = device_fixed;
     const bool streaming = p.ram_expert_slots < p.n_routed_experts;
     if (p.vram_budget_bytes == 0) {
-      // Auto: with every expert in RAM the device holds them all too (the backend's tier over the
-      // resident experts); while experts stream, a VRAM tier needs a budget to size it.
+      // Auto: with every expert in RAM the device holds them all too (every expert resident in
+      // VRAM); while experts stream, a VRAM tier needs a budget to size it.
       if (!streaming) {
         p.vram_expert_slots = p.n_routed_experts;
       } else {
