@@ -425,8 +425,8 @@ class CudaBackend final : public model::Backend {
   int PlaceTables();                    // each table's arrays within tab_dev_; the most experts a layer
   bool external_tables_ = false;        // the tables are a tier's outside the backend (EnableExpertTables)
   bool tables_dirty_ = false;           // PointExpert changed an entry since the last FlushTables
-  // With the tiers' tables the copy engines stage RAM's experts as for the backend's own tier,
-  // copying from the mapped range at tier_copies_ (the RAM tier's slab; null: no copies).
+  // With the tiers' tables the copy engines stage RAM's experts into VRAM staging slots, copying
+  // from the mapped range at tier_copies_ (the RAM tier's slab; null: no copies).
   absl::Status EnableTierCopies(int n_expert_max);
   // With the tiers' tables: the CPU's share of the experts RAM serves (CpuExperts over the slab),
   // the selections coming back for each layer's count of them (UpdateTierLayer). Best effort.
