@@ -511,10 +511,6 @@ absl::StatusOr<AttentionExtArgs> CudaBackend::AttentionArgs(int n_head, int n_he
 absl::Status CudaBackend::AttentionImpl(const float *q, const model::KvView &kv, int64_t n_tok, int pos0, int n_head,
                                         int n_head_kv, int head_dim, int window, float *out,
                                         const model::AttentionParams &p) {
-  if (kv.k_type != model::KvType::kF32 || (kv.v_width > 0 && kv.v_type != model::KvType::kF32)) {
-    return Errorf(MOE_ERR_UNSUPPORTED, "the CUDA backend holds the KV cache in f32 only (keys %s, values %s)",
-                  model::KvTypeName(kv.k_type), model::KvTypeName(kv.v_type));
-  }
   // The cache's block tables and mask live on the host (the KvCache owns them); one upload per
   // call brings [k table | v table | mask] to the device. The block contents are device memory.
   const int n_blocks = (kv.n_ctx + model::kKvBlockTokens - 1) / model::kKvBlockTokens;
@@ -532,6 +528,8 @@ absl::Status CudaBackend::AttentionImpl(const float *q, const model::KvView &kv,
   a.k_blocks = reinterpret_cast<const float *const *>(d);
   a.v_blocks = reinterpret_cast<const float *const *>(d + tab);
   a.masked = mask > 0 ? d + 2 * tab : nullptr;
+  a.k_type = kv.k_type;
+  a.v_type = kv.v_width > 0 ? kv.v_type : model::KvType::kF32;
   a.pos0 = pos0;
   a.window = window;
   // Scratch for the split path, sized for the cache's last position so a growing context does not
@@ -559,7 +557,27 @@ void CudaBackend::WriteKvRows(const model::KvRowRef *rows, const model::KvRowRef
   if (err_.ok()) Note(cuda::WriteKvRows(rows, n, k, v, k_width, v_width, model::kKvBlockTokens, stream_.get()));
 }
 
-void CudaBackend::AttentionRows(const float *q, const model::KvRowRef *rows, const model::KvRowRef *, int64_t n,
+void CudaBackend::WriteKvBytes(uint8_t *dst, int64_t dst_stride, const float *src, int64_t src_stride, int64_t rows,
+                               int width, model::KvType t) {
+  if (t == model::KvType::kF32) {  // device copies, as ever
+    model::Backend::WriteKvBytes(dst, dst_stride, src, src_stride, rows, width, t);
+    return;
+  }
+  Profile prof(this, "WriteKvBytes");
+  if (err_.ok()) Note(cuda::EncodeKvRows(dst, dst_stride, src, src_stride, rows, width, t, stream_.get()));
+}
+
+void CudaBackend::ReadKvBytes(float *dst, int64_t dst_stride, const uint8_t *src, int64_t src_stride, int64_t rows,
+                              int width, model::KvType t) {
+  if (t == model::KvType::kF32) {
+    model::Backend::ReadKvBytes(dst, dst_stride, src, src_stride, rows, width, t);
+    return;
+  }
+  Profile prof(this, "ReadKvBytes");
+  if (err_.ok()) Note(cuda::DecodeKvRows(dst, dst_stride, src, src_stride, rows, width, t, stream_.get()));
+}
+
+void CudaBackend::AttentionRows(const float *q, const model::KvRowRef *rows, const model::KvRowRef *rows_host, int64_t n,
                                 int max_keys, int n_head, int n_head_kv, int head_dim, int k_width, int v_width,
                                 float *out, const model::AttentionParams &p) {
   Profile prof(this, "AttentionRows");
@@ -569,6 +587,15 @@ void CudaBackend::AttentionRows(const float *q, const model::KvRowRef *rows, con
   AttentionExtArgs a = *args;
   a.rows = rows;
   a.max_keys = max_keys;
+  // One launch reads every row's cache in one pair of types: the first row's (the host copies say).
+  a.k_type = rows_host[0].k_type;
+  a.v_type = v_width > 0 ? rows_host[0].v_type : model::KvType::kF32;
+  for (int64_t t = 1; t < n; ++t) {
+    if (rows_host[t].k_type != a.k_type || (v_width > 0 && rows_host[t].v_type != a.v_type)) {
+      Note(Errorf(MOE_ERR_INVALID_ARGUMENT, "attention rows over KV caches of different types"));
+      return;
+    }
+  }
   auto ws = Grow(attn_ws_, std::max<size_t>(AttentionExtWorkspaceBytes(a, n), 1));
   if (Note(ws.status())) Note(AttentionExt(q, a, n, out, stream_.get(), Workspace{*ws, attn_ws_.size()}));
 }

@@ -109,6 +109,11 @@ class CudaBackend final : public model::Backend {
   void ExpertsFfn(const model::ExpertWeights *const *ew, int n, const int64_t *first, const float *xg, float *yg,
                   int64_t width) override;
   bool RoutedExperts(const model::RoutedExpertsArgs &a) override;
+  // KV rows in f16 and q8_0 encoded and decoded on the device (f32: device copies).
+  void WriteKvBytes(uint8_t *dst, int64_t dst_stride, const float *src, int64_t src_stride, int64_t rows, int width,
+                    model::KvType t) override;
+  void ReadKvBytes(float *dst, int64_t dst_stride, const uint8_t *src, int64_t src_stride, int64_t rows, int width,
+                   model::KvType t) override;
   void WriteKvRows(const model::KvRowRef *rows, const model::KvRowRef *rows_host, int64_t n, const float *k,
                    const float *v, int k_width, int v_width) override;
   void AttentionRows(const float *q, const model::KvRowRef *rows, const model::KvRowRef *rows_host, int64_t n,

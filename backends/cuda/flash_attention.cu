@@ -371,7 +371,9 @@ size_t FlashAttentionWorkspaceBytes(const AttentionExtArgs &a, int64_t n_tok) {
 }
 
 bool FlashAttentionApplies(const AttentionExtArgs &a, int64_t n_tok) {
-  if (a.rows != nullptr || n_tok < 2 || !tunables::Get().cuda_flash_attention) return false;
+  // Typed (f16, q8_0) rows are not copied into tiles by cp.async: the split and one-pass kernels
+  // decode them as they load.
+  if (a.rows != nullptr || n_tok < 2 || KvRowsTyped(a) || !tunables::Get().cuda_flash_attention) return false;
   if (a.head_dim != 64 && a.head_dim != 128) return false;
   if (a.n_head <= 0 || a.n_head_kv <= 0 || a.n_head % a.n_head_kv != 0 || a.n_head / a.n_head_kv > kRows) {
     return false;

@@ -12,6 +12,7 @@
 
 #include "backends/cuda/cuda_status.h"
 #include "backends/cuda/kernels.h"
+#include "backends/cuda/kv_rows.cuh"
 #include "backends/cuda/launch.cuh"
 #include "backends/cuda/route.cuh"
 #include "backends/cuda/rows.cuh"
@@ -199,10 +200,31 @@ __device__ AttnRowView RowOf(const AttentionExtArgs &a, int64_t t) {
   return AttnRowView{a.k_blocks, a.v_blocks, a.masked, a.pos0 + static_cast<int>(t), a.window};
 }
 
+// Typed rows (AttentionExtArgs::k_type / v_type not all f32): a key or value row as its start and
+// the first column the head reads, each value decoded by dev::KvLoad as it is loaded. The f32
+// kernels (kTyped false) keep their float pointers and their bits.
+struct TypedRow {
+  const uint8_t *row;
+  int col0;
+};
+__device__ __forceinline__ TypedRow KeyRowOf(const AttentionExtArgs &a, const AttnRowView &rv, int row, int kvh) {
+  const uint8_t *blk = reinterpret_cast<const uint8_t *>(rv.kb[row / a.block_tokens]);
+  return TypedRow{blk + (row % a.block_tokens) * dev::KvRowBytesDev(a.k_type, static_cast<int>(a.k_stride)),
+                  kvh * a.head_dim};
+}
+__device__ __forceinline__ TypedRow ValueRowOf(const AttentionExtArgs &a, const AttnRowView &rv, int row, int kvh) {
+  if (a.latent) return TypedRow{KeyRowOf(a, rv, row, 0).row, 0};
+  const uint8_t *blk = reinterpret_cast<const uint8_t *>(rv.vb[row / a.block_tokens]);
+  return TypedRow{blk + (row % a.block_tokens) * dev::KvRowBytesDev(a.v_type, static_cast<int>(a.v_stride)),
+                  kvh * a.head_dim};
+}
+__device__ __forceinline__ model::KvType ValueType(const AttentionExtArgs &a) { return a.latent ? a.k_type : a.v_type; }
+
 // One block per (token, head): the query in shared memory; scores with a warp per key (lanes split
 // the head dimension, coalesced, combined by shuffles); softmax with the optional sink logit; then
 // each warp sums its share of the keys (every kAttnWarps-th), lanes owning output elements, and the
 // warps' partial outputs are added in warp order.
+template <bool kTyped>
 __global__ void __launch_bounds__(kThreads) AttentionExtKernel(const float *q, AttentionExtArgs a, float *out) {
   dev::AwaitPrior();
   extern __shared__ float sm[];
@@ -226,17 +248,28 @@ __global__ void __launch_bounds__(kThreads) AttentionExtKernel(const float *q, A
   for (int j0 = warp * kAttnUnroll; j0 < n; j0 += kAttnWarps * kAttnUnroll) {
     float dot[kAttnUnroll];
     const float *kj[kAttnUnroll];
+    TypedRow kt[kAttnUnroll];
 #pragma unroll
     for (int u = 0; u < kAttnUnroll; ++u) {
       const int row = first + min(j0 + u, n - 1);
-      kj[u] = rv.kb[row / a.block_tokens] + static_cast<int64_t>(row % a.block_tokens) * a.k_stride +
-              static_cast<int64_t>(kvh) * a.head_dim;
+      if constexpr (kTyped) {
+        kt[u] = KeyRowOf(a, rv, row, kvh);
+      } else {
+        kj[u] = rv.kb[row / a.block_tokens] + static_cast<int64_t>(row % a.block_tokens) * a.k_stride +
+                static_cast<int64_t>(kvh) * a.head_dim;
+      }
       dot[u] = 0.f;
     }
     for (int d = lane; d < a.head_dim; d += 32) {
       const float qd = qs[d];
 #pragma unroll
-      for (int u = 0; u < kAttnUnroll; ++u) dot[u] = fmaf(qd, kj[u][d], dot[u]);
+      for (int u = 0; u < kAttnUnroll; ++u) {
+        if constexpr (kTyped) {
+          dot[u] = fmaf(qd, dev::KvLoad(a.k_type, kt[u].row, kt[u].col0 + d), dot[u]);
+        } else {
+          dot[u] = fmaf(qd, kj[u][d], dot[u]);
+        }
+      }
     }
 #pragma unroll
     for (int u = 0; u < kAttnUnroll; ++u) {
@@ -274,15 +307,25 @@ __global__ void __launch_bounds__(kThreads) AttentionExtKernel(const float *q, A
       const int j = j0 + u;
       if (j >= n) break;
       const int row = first + j;
-      const int64_t in_block = row % a.block_tokens;
-      const float *vj = a.latent ? rv.kb[row / a.block_tokens] + in_block * a.k_stride
-                                 : rv.vb[row / a.block_tokens] + in_block * a.v_stride +
-                                       static_cast<int64_t>(kvh) * a.head_dim;
       const float p = __fmul_rn(sc[j], inv);
+      if constexpr (kTyped) {
+        const TypedRow vt = ValueRowOf(a, rv, row, kvh);
+        const model::KvType vtype = ValueType(a);
 #pragma unroll
-      for (int m = 0; m < kAttnMaxVPerLane; ++m) {
-        const int d = lane + 32 * m;
-        if (d < a.v_dim) acc[m] = fmaf(p, vj[d], acc[m]);
+        for (int m = 0; m < kAttnMaxVPerLane; ++m) {
+          const int d = lane + 32 * m;
+          if (d < a.v_dim) acc[m] = fmaf(p, dev::KvLoad(vtype, vt.row, vt.col0 + d), acc[m]);
+        }
+      } else {
+        const int64_t in_block = row % a.block_tokens;
+        const float *vj = a.latent ? rv.kb[row / a.block_tokens] + in_block * a.k_stride
+                                   : rv.vb[row / a.block_tokens] + in_block * a.v_stride +
+                                         static_cast<int64_t>(kvh) * a.head_dim;
+#pragma unroll
+        for (int m = 0; m < kAttnMaxVPerLane; ++m) {
+          const int d = lane + 32 * m;
+          if (d < a.v_dim) acc[m] = fmaf(p, vj[d], acc[m]);
+        }
       }
     }
   }
@@ -314,7 +357,7 @@ __global__ void __launch_bounds__(kThreads) AttentionExtKernel(const float *q, A
 //
 // Decode attention is a chain of dependent memory round trips, so each stage issues all of its loads
 // before using any: a warp's keys' block tables, mask bytes and key rows together, then its values.
-template <int GB>
+template <int GB, bool kTyped>
 __global__ void __launch_bounds__(kThreads) AttentionSplitKernel(const float *q, AttentionExtArgs a, int n_split,
                                                                  float *part, float *out, bool direct) {
   dev::AwaitPrior();
@@ -346,14 +389,20 @@ __global__ void __launch_bounds__(kThreads) AttentionSplitKernel(const float *q,
   // again, unused).
   constexpr int kKeysPerWarp = kAttnChunk / kAttnWarps;
   const float *kj[kKeysPerWarp], *vj[kKeysPerWarp];
+  TypedRow kt[kKeysPerWarp], vt[kKeysPerWarp];
   bool masked[kKeysPerWarp];
 #pragma unroll
   for (int u = 0; u < kKeysPerWarp; ++u) {
     const int row = first + min(j0 + warp + kAttnWarps * u, j1 - 1);
-    const int64_t blk = row / a.block_tokens, in_block = row % a.block_tokens;
-    kj[u] = rv.kb[blk] + in_block * a.k_stride + static_cast<int64_t>(kvh) * a.head_dim;
-    vj[u] = a.latent ? rv.kb[blk] + in_block * a.k_stride
-                     : rv.vb[blk] + in_block * a.v_stride + static_cast<int64_t>(kvh) * a.head_dim;
+    if constexpr (kTyped) {
+      kt[u] = KeyRowOf(a, rv, row, kvh);
+      vt[u] = ValueRowOf(a, rv, row, kvh);
+    } else {
+      const int64_t blk = row / a.block_tokens, in_block = row % a.block_tokens;
+      kj[u] = rv.kb[blk] + in_block * a.k_stride + static_cast<int64_t>(kvh) * a.head_dim;
+      vj[u] = a.latent ? rv.kb[blk] + in_block * a.k_stride
+                       : rv.vb[blk] + in_block * a.v_stride + static_cast<int64_t>(kvh) * a.head_dim;
+    }
     masked[u] = row != pos && rv.masked != nullptr && rv.masked[row] != 0;
   }
   // The run's queries (a head past the group repeats the last one, unused).
@@ -372,7 +421,13 @@ __global__ void __launch_bounds__(kThreads) AttentionSplitKernel(const float *q,
   for (int d = lane; d < a.head_dim; d += 32) {
     float kd[kKeysPerWarp];
 #pragma unroll
-    for (int u = 0; u < kKeysPerWarp; ++u) kd[u] = kj[u][d];
+    for (int u = 0; u < kKeysPerWarp; ++u) {
+      if constexpr (kTyped) {
+        kd[u] = dev::KvLoad(a.k_type, kt[u].row, kt[u].col0 + d);
+      } else {
+        kd[u] = kj[u][d];
+      }
+    }
 #pragma unroll
     for (int h = 0; h < GB; ++h) {
       const float qd = qs[h * a.head_dim + d];
@@ -437,7 +492,13 @@ __global__ void __launch_bounds__(kThreads) AttentionSplitKernel(const float *q,
     for (int i = 0; i < kVChunk; ++i) {
       const int d = lane + 32 * (m0 + i);
 #pragma unroll
-      for (int u = 0; u < kKeysPerWarp; ++u) v[i][u] = d < a.v_dim ? vj[u][d] : 0.f;
+      for (int u = 0; u < kKeysPerWarp; ++u) {
+        if constexpr (kTyped) {
+          v[i][u] = d < a.v_dim ? dev::KvLoad(ValueType(a), vt[u].row, vt[u].col0 + d) : 0.f;
+        } else {
+          v[i][u] = d < a.v_dim ? vj[u][d] : 0.f;
+        }
+      }
     }
 #pragma unroll
     for (int h = 0; h < GB; ++h) {
@@ -514,20 +575,6 @@ __global__ void AttentionCombineKernel(const float *part, AttentionExtArgs a, in
     }
     o[d] = r * inv;
   }
-}
-
-// Block (row t, k or v): the row's key (blockIdx.y 0) or value at its position through its tables.
-__global__ void WriteKvRowsKernel(const model::KvRowRef *rows, const float *k, const float *v, int k_width,
-                                  int v_width, int block_tokens) {
-  dev::AwaitPrior();
-  const int64_t t = blockIdx.x;
-  const model::KvRowRef r = rows[t];
-  const bool values = blockIdx.y == 1;
-  const int width = values ? v_width : k_width;
-  float *const *tab = values ? r.v_blocks : r.k_blocks;
-  float *dst = tab[r.pos / block_tokens] + static_cast<int64_t>(r.pos % block_tokens) * width;
-  const float *src = (values ? v : k) + t * width;
-  for (int d = threadIdx.x; d < width; d += blockDim.x) dst[d] = src[d];
 }
 
 // ---- routing ----
@@ -682,6 +729,24 @@ int SplitHeads(const AttentionExtArgs &a) {
   return 1;
 }
 
+template <bool kTyped>
+void LaunchSplit(int gb, dim3 grid, size_t smem, cudaStream_t stream, const float *q, const AttentionExtArgs &a,
+                 int n_split, float *part, float *out, bool direct) {
+  switch (gb) {
+    case 8:
+      Launch(AttentionSplitKernel<8, kTyped>, grid, kThreads, smem, stream, q, a, n_split, part, out, direct);
+      break;
+    case 4:
+      Launch(AttentionSplitKernel<4, kTyped>, grid, kThreads, smem, stream, q, a, n_split, part, out, direct);
+      break;
+    case 2:
+      Launch(AttentionSplitKernel<2, kTyped>, grid, kThreads, smem, stream, q, a, n_split, part, out, direct);
+      break;
+    default:
+      Launch(AttentionSplitKernel<1, kTyped>, grid, kThreads, smem, stream, q, a, n_split, part, out, direct);
+  }
+}
+
 }  // namespace
 
 size_t AttentionExtWorkspaceBytes(const AttentionExtArgs &a, int64_t n_tok) {
@@ -699,6 +764,7 @@ absl::Status AttentionExt(const float *q, const AttentionExtArgs &a, int64_t n_t
   }
   if (n_tok <= 0) return absl::OkStatus();
   if (FlashAttentionApplies(a, n_tok)) return FlashAttention(q, a, n_tok, out, stream, ws);
+  const bool typed = KvRowsTyped(a);
   const int n_split = AttentionSplits(a, n_tok);
   if (n_split > kAttnMaxSplits) {  // the combine keeps two floats a chunk in 48 KiB of shared memory
     return Errorf(MOE_ERR_UNSUPPORTED, "attention over %d keys (at most %d)", n_split * kAttnChunk,
@@ -717,18 +783,10 @@ absl::Status AttentionExt(const float *q, const AttentionExtArgs &a, int64_t n_t
     const dim3 grid(static_cast<unsigned>(n_tok * a.n_head_kv * runs), static_cast<unsigned>(n_split));
     const bool direct = n_split == 1 && a.sinks == nullptr;
     const size_t smem = SplitSmemBytes(a, gb);
-    switch (gb) {
-      case 8:
-        Launch(AttentionSplitKernel<8>, grid, kThreads, smem, stream, q, a, n_split, part, out, direct);
-        break;
-      case 4:
-        Launch(AttentionSplitKernel<4>, grid, kThreads, smem, stream, q, a, n_split, part, out, direct);
-        break;
-      case 2:
-        Launch(AttentionSplitKernel<2>, grid, kThreads, smem, stream, q, a, n_split, part, out, direct);
-        break;
-      default:
-        Launch(AttentionSplitKernel<1>, grid, kThreads, smem, stream, q, a, n_split, part, out, direct);
+    if (typed) {
+      LaunchSplit<true>(gb, grid, smem, stream, q, a, n_split, part, out, direct);
+    } else {
+      LaunchSplit<false>(gb, grid, smem, stream, q, a, n_split, part, out, direct);
     }
     if (!direct) {
       Launch(AttentionCombineKernel, static_cast<unsigned>(n_tok * a.n_head), 128, 2 * n_split * sizeof(float), stream,
@@ -758,11 +816,12 @@ absl::Status AttentionExt(const float *q, const AttentionExtArgs &a, int64_t n_t
     return Errorf(MOE_ERR_UNSUPPORTED, "attention over %d keys exceeds the %d bytes of shared memory", n_keys,
                   max_smem);
   }
+  auto *kernel = typed ? AttentionExtKernel<true> : AttentionExtKernel<false>;
   if (smem > 48 * 1024) {
-    STRATA_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(AttentionExtKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                     static_cast<int>(smem)));
+    STRATA_CUDA_RETURN_IF_ERROR(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   }
-  Launch(AttentionExtKernel, static_cast<unsigned>(n_tok * a.n_head), kThreads, smem, stream, q, a, out);
+  Launch(kernel, static_cast<unsigned>(n_tok * a.n_head), kThreads, smem, stream, q, a, out);
   STRATA_CUDA_RETURN_IF_LAUNCH_FAILED();
   return absl::OkStatus();
 }
@@ -775,18 +834,6 @@ absl::Status AttentionCombine(const float *part, const AttentionExtArgs &a, int6
   if (n_tok == 0) return absl::OkStatus();
   Launch(AttentionCombineKernel, static_cast<unsigned>(n_tok * a.n_head), 128, 2 * n_split * sizeof(float), stream,
          part, a, n_split, out);
-  STRATA_CUDA_RETURN_IF_LAUNCH_FAILED();
-  return absl::OkStatus();
-}
-
-absl::Status WriteKvRows(const model::KvRowRef *rows, int64_t n, const float *k, const float *v, int k_width,
-                         int v_width, int block_tokens, cudaStream_t stream) {
-  if (n < 0 || k_width <= 0 || v_width < 0 || block_tokens <= 0 || n > INT32_MAX) {
-    return Errorf(MOE_ERR_INVALID_ARGUMENT, "KV rows: %d rows of widths %d and %d", n, k_width, v_width);
-  }
-  if (n == 0) return absl::OkStatus();
-  const dim3 grid(static_cast<unsigned>(n), v_width > 0 ? 2u : 1u);
-  Launch(WriteKvRowsKernel, grid, 128, 0, stream, rows, k, v, k_width, v_width, block_tokens);
   STRATA_CUDA_RETURN_IF_LAUNCH_FAILED();
   return absl::OkStatus();
 }

@@ -554,7 +554,17 @@ struct AttentionExtArgs {
   // chunks (rounded up): max_keys must bound every row's visible positions, and ws is required.
   const model::KvRowRef *rows = nullptr;
   int max_keys = 0;
+  // How the rows are stored (KvView's types; rows mode: every row's, which must agree). f32 rows are
+  // read as floats, as ever; f16 and q8_0 rows are decoded value by value as they are loaded (as
+  // DecodeKvCols gives them), k_stride and v_stride still counting values. Latent values are read
+  // from the key rows, in k_type. Typed rows take the per-(token, head) and split kernels, not the
+  // flash kernel.
+  model::KvType k_type = model::KvType::kF32, v_type = model::KvType::kF32;
 };
+// Whether a's keys or values are stored in a type other than f32.
+inline bool KvRowsTyped(const AttentionExtArgs &a) {
+  return a.k_type != model::KvType::kF32 || (!a.latent && a.v_type != model::KvType::kF32);
+}
 // With few (token, head) blocks and many keys (decode over a long context), the keys are split into
 // chunks of kAttnChunk, each chunk's softmax numerator and denominator computed by its own block
 // into `ws`, and a second launch combines the chunks in order (flash-decoding); the split needs
@@ -586,8 +596,16 @@ absl::Status AttentionCombine(const float *part, const AttentionExtArgs &a, int6
 
 // Writes row t of k (n, k_width) and v (n, v_width) at rows[t].pos through rows[t]'s block tables
 // (blocks of block_tokens rows; v_width 0: keys only). One launch for every session of a step.
+// Each row is stored in its KvRowRef's k_type / v_type, with the bytes EncodeKvRow makes on the host.
 absl::Status WriteKvRows(const model::KvRowRef *rows, int64_t n, const float *k, const float *v, int k_width,
                          int v_width, int block_tokens, cudaStream_t stream);
+// Backend::WriteKvBytes and ReadKvBytes on the device (kv_rows.cu): rows x width floats of src (rows
+// src_stride floats apart) encoded in type t at dst (rows dst_stride bytes apart), byte for byte as
+// EncodeKvRow; and back, each value as DecodeKvCols gives it. Device pointers; one block a row.
+absl::Status EncodeKvRows(uint8_t *dst, int64_t dst_stride, const float *src, int64_t src_stride, int64_t rows,
+                          int width, model::KvType t, cudaStream_t stream);
+absl::Status DecodeKvRows(float *dst, int64_t dst_stride, const uint8_t *src, int64_t src_stride, int64_t rows,
+                          int width, model::KvType t, cudaStream_t stream);
 
 // Every routing variant of lib/model/routing.h, one thread per token: logits (n_tok, n_expert) ->
 // sel (n_tok, k) and wts (n_tok, k). gating: 0 softmax, 1 softmax over the selected, 2 sigmoid.

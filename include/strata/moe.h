@@ -239,9 +239,9 @@ typedef struct moe_params {
   /* Since 0.8 (appended): how the KV cache stores keys and values (llama.cpp's --cache-type-k /
    * --cache-type-v and its context params' type_k / type_v; the values are ggml_type's). */
   int32_t type_k;             /* moe_kv_type of the keys; default MOE_KV_F32. Another value fails
-                                 moe_ctx_open and moe_plan with MOE_ERR_INVALID_ARGUMENT; a type
-                                 other than f32 on the CUDA backend fails moe_ctx_open with
-                                 MOE_ERR_UNSUPPORTED (its KV cache is f32 only for now) */
+                                 moe_ctx_open and moe_plan with MOE_ERR_INVALID_ARGUMENT. Every
+                                 backend holds all three types (the CUDA backend since 0.9; before,
+                                 a type other than f32 on it failed with MOE_ERR_UNSUPPORTED) */
   int32_t type_v;             /* moe_kv_type of the values; default MOE_KV_F32 */
 } moe_params;
 

@@ -117,7 +117,7 @@ class ContiguousKv {
 // window. A forward pass over several sessions hands one per row to WriteKvRows and AttentionRows,
 // so every session of a step is served by one call, and a device backend can replay the step's work
 // with new rows. The tables hold block addresses: float pointers, which address floats only for
-// f32 rows (the CUDA backend's kernels read f32 alone).
+// f32 rows (the rows are in k_type / v_type; a device backend reads them by those).
 struct KvRowRef {
   float *const *k_blocks = nullptr;
   float *const *v_blocks = nullptr;  // unused when v_width is 0

@@ -152,12 +152,6 @@ absl::StatusOr<std::unique_ptr<Context>> Context::Open(const ContextOptions &o) 
   // closest to: the weights and the backend's buffers are first touched on that node.
   const moe_backend_kind kind =
       backends::Resolve(o.backend, ctx->plan_.ram_expert_slots < ctx->plan_.n_routed_experts);
-  if (kind == MOE_BACKEND_CUDA && (o.kv_type_k != model::KvType::kF32 || o.kv_type_v != model::KvType::kF32)) {
-    return Errorf(MOE_ERR_UNSUPPORTED,
-                  "the CUDA backend holds the KV cache in f32 only (asked: keys %s, values %s); use the CPU "
-                  "backend for f16 or q8_0 KV",
-                  model::KvTypeName(o.kv_type_k), model::KvTypeName(o.kv_type_v));
-  }
   const int backend_node = backends::PreferredNumaNode(kind);
   // The KV cache and the workspace are the backend's: in its own memory, not the RAM budget's.
   const bool device_activations = backends::HasDeviceMemory(kind);
