@@ -153,6 +153,33 @@ TEST_CASE("CUDA backend: every golden's logits match the CPU backend", "[gpu][go
   }
 }
 
+// The KV cache in f16 and q8_0 (keys and values alike, and mixed): the CUDA backend's rows are the
+// CPU backend's bytes (kv_rows.cu encodes as EncodeKvRow), so its logits stay within the f32 test's
+// tolerance of the CPU backend's with the same types, as one prefill and as one-token decode steps.
+TEST_CASE("CUDA backend: every golden's logits with an f16 or q8_0 KV cache match the CPU backend",
+          "[gpu][golden][kv]") {
+  if (!strata::cuda::test::HaveGpu()) return;
+  const std::pair<int32_t, int32_t> kTypes[] = {
+      {MOE_KV_F16, MOE_KV_F16}, {MOE_KV_Q8_0, MOE_KV_Q8_0}, {MOE_KV_Q8_0, MOE_KV_F16}};
+  for (const char *rel : kModels) {
+    const std::string model = kGolden + rel;
+    const std::string dir = model.substr(0, model.find('/', kGolden.size()) + 1);
+    const auto tokens = ReadBinary<int32_t>(dir + "tokens.bin");
+    for (const auto &[type_k, type_v] : kTypes) {
+      for (size_t prefill : {tokens.size(), size_t{1}}) {
+        const auto cpu = TeacherForced(model, tokens, prefill, MOE_BACKEND_CPU, 0, nullptr, nullptr, nullptr,
+                                       MOE_CPU_EXPERTS_OFF, false, nullptr, nullptr, 0, {}, type_k, type_v);
+        const auto gpu = TeacherForced(model, tokens, prefill, MOE_BACKEND_CUDA, 0, nullptr, nullptr, nullptr,
+                                       MOE_CPU_EXPERTS_OFF, false, nullptr, nullptr, 0, {}, type_k, type_v);
+        const double err = NormalizedMaxError(gpu, cpu);
+        INFO(rel << " types " << type_k << "/" << type_v << " prefill " << prefill << ": normalized max error "
+                 << err);
+        CHECK(err <= kTolerance);
+      }
+    }
+  }
+}
+
 // A VRAM budget too small for the routed experts: the tiers of lib/store serve them (VRAM's few
 // slots over a RAM tier of every other expert, or a RAM tier of all of them where the budget leaves
 // VRAM no slot), the GPU reading RAM's where they lie; the bytes are the same, so the logits must

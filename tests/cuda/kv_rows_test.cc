@@ -1,0 +1,162 @@
+// KV rows in f16 and q8_0 on the device (backends/cuda/kv_rows.cu, the attention kernels' typed
+// loads): fresh random rows encoded on the device are byte-identical to EncodeKvRow's, decode as
+// DecodeKvCols, and attention over typed rows matches the CPU backend's over the same bytes.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "backends/cpu/cpu_backend.h"
+#include "tests/cuda/cuda_test_util.h"
+
+namespace strata::cuda {
+namespace {
+
+using model::KvRowBytes;
+using model::KvType;
+using test::Download;
+using test::HaveGpu;
+using test::RandomFloats;
+using test::RelL2;
+using test::Upload;
+
+// n bytes of device memory set to 0xa5, so a byte the kernel does not write differs from the host's.
+DeviceBuffer PoisonedBytes(size_t n) {
+  auto b = DeviceBuffer::Allocate(std::max<size_t>(n, 1));
+  REQUIRE(b.ok());
+  REQUIRE(cudaMemset(b->data(), 0xa5, std::max<size_t>(n, 1)) == cudaSuccess);
+  return std::move(b).value();
+}
+
+}  // namespace
+
+TEST_CASE("KV rows: device-encoded f16 and q8_0 rows are EncodeKvRow's bytes", "[gpu][kv]") {
+  if (!HaveGpu()) return;
+  std::mt19937 rng = test::Rng();
+  for (int width : {128, 576, 80, 16}) {  // 80 and 16: a zero-padded last q8_0 block
+    const int rows = 37;
+    std::vector<float> src = RandomFloats(rng, static_cast<size_t>(rows) * width, -3.f, 3.f);
+    src[5] = 0.f;
+    std::fill(src.begin() + width, src.begin() + std::min(2 * width, 32 + width), 0.f);  // an all-zero block
+    const DeviceBuffer dsrc = Upload(src);
+    for (KvType t : {KvType::kF32, KvType::kF16, KvType::kQ8_0}) {
+      INFO(model::KvTypeName(t) << " width " << width);
+      const size_t rb = KvRowBytes(t, width);
+      std::vector<uint8_t> want(rows * rb);
+      for (int r = 0; r < rows; ++r) model::EncodeKvRow(t, src.data() + r * width, width, want.data() + r * rb);
+      // Rows of one run (Backend::WriteKvBytes).
+      const DeviceBuffer dst = PoisonedBytes(want.size());
+      REQUIRE(EncodeKvRows(dst.as<uint8_t>(), static_cast<int64_t>(rb), dsrc.as<float>(), width, rows, width, t,
+                           nullptr)
+                  .ok());
+      CHECK(Download<uint8_t>(dst, want.size()) == want);
+      // Back to floats: DecodeKvCols' values exactly.
+      std::vector<float> dec(static_cast<size_t>(rows) * width);
+      for (int r = 0; r < rows; ++r) model::DecodeKvCols(t, want.data() + r * rb, 0, width, dec.data() + r * width);
+      const DeviceBuffer dout = test::Poisoned(dec.size());
+      REQUIRE(DecodeKvRows(dout.as<float>(), width, dst.as<uint8_t>(), static_cast<int64_t>(rb), rows, width, t,
+                           nullptr)
+                  .ok());
+      const std::vector<float> got = Download<float>(dout, dec.size());
+      CHECK(std::memcmp(got.data(), dec.data(), dec.size() * sizeof(float)) == 0);
+      // A decode step's rows (WriteKvRows): row r at position 3 r + 1 of a two-block table.
+      const int block = 64, n_ctx = 2 * block * 2;
+      const DeviceBuffer cache = PoisonedBytes(static_cast<size_t>(n_ctx) * rb);
+      std::vector<float *> tab;
+      for (int b = 0; b < n_ctx / block; ++b) {
+        tab.push_back(reinterpret_cast<float *>(cache.as<uint8_t>() + static_cast<size_t>(b) * block * rb));
+      }
+      const DeviceBuffer dtab = Upload(tab);
+      std::vector<model::KvRowRef> refs(rows);
+      for (int r = 0; r < rows; ++r) {
+        refs[r].k_blocks = dtab.as<float *const>();
+        refs[r].pos = 3 * r + 1;
+        refs[r].k_type = t;
+      }
+      const DeviceBuffer drefs = Upload(refs);
+      REQUIRE(WriteKvRows(drefs.as<model::KvRowRef>(), rows, dsrc.as<float>(), nullptr, width, 0, block, nullptr).ok());
+      const std::vector<uint8_t> all = Download<uint8_t>(cache, static_cast<size_t>(n_ctx) * rb);
+      for (int r = 0; r < rows; ++r) {
+        INFO("row " << r);
+        CHECK(std::memcmp(all.data() + static_cast<size_t>(3 * r + 1) * rb, want.data() + r * rb, rb) == 0);
+      }
+    }
+  }
+}
+
+TEST_CASE("KV rows: attention over f16 and q8_0 rows matches the CPU backend over the same bytes", "[gpu][kv]") {
+  if (!HaveGpu()) return;
+  std::mt19937 rng = test::Rng();
+  cpu::CpuBackend cpu(2);
+  struct Case {
+    int group, n_head_kv, head_dim, pos0, n_tok;
+    bool latent;
+    int v_dim;
+  };
+  // Decode (one token: split path), a short prompt (one pass) and a latent (MLA) cache whose rows'
+  // width is not a multiple of 32.
+  for (const Case c : {Case{4, 2, 64, 300, 1, false, 0}, Case{2, 2, 128, 40, 24, false, 0},
+                       Case{8, 1, 80, 150, 1, true, 48}, Case{4, 1, 80, 20, 5, true, 48}}) {
+    for (KvType kt : {KvType::kF16, KvType::kQ8_0}) {
+      for (KvType vt : {KvType::kF16, KvType::kQ8_0}) {
+        INFO("keys " << model::KvTypeName(kt) << " values " << model::KvTypeName(vt) << " head_dim " << c.head_dim
+                     << " pos0 " << c.pos0 << " tokens " << c.n_tok << " latent " << c.latent);
+        const int n_head = c.group * c.n_head_kv, n_ctx = (c.pos0 + c.n_tok + 127) / 128 * 128;
+        const int k_width = c.n_head_kv * c.head_dim, v_width = c.latent ? 0 : k_width;
+        const int v_dim = c.latent ? c.v_dim : c.head_dim;
+        const size_t kb = KvRowBytes(kt, k_width), vb = KvRowBytes(vt, v_width);
+        std::vector<uint8_t> k(n_ctx * kb), v(std::max<size_t>(1, n_ctx * vb));
+        const std::vector<float> kf = RandomFloats(rng, static_cast<size_t>(n_ctx) * k_width);
+        const std::vector<float> vf = RandomFloats(rng, static_cast<size_t>(n_ctx) * std::max(v_width, 1));
+        for (int p = 0; p < n_ctx; ++p) {
+          model::EncodeKvRow(kt, kf.data() + static_cast<size_t>(p) * k_width, k_width, k.data() + p * kb);
+          if (v_width > 0) model::EncodeKvRow(vt, vf.data() + static_cast<size_t>(p) * v_width, v_width, v.data() + p * vb);
+        }
+        const std::vector<float> q = RandomFloats(rng, static_cast<size_t>(c.n_tok) * n_head * c.head_dim, -2.f, 2.f);
+        model::AttentionParams p;
+        p.latent = c.latent;
+        p.v_dim = v_dim;
+        std::vector<float> ref(static_cast<size_t>(c.n_tok) * n_head * v_dim);
+        {
+          model::ContiguousKv ckv(k.data(), v_width > 0 ? v.data() : nullptr, n_ctx, k_width, v_width, kt, vt);
+          cpu.Attention(q.data(), ckv.view(), c.n_tok, c.pos0, n_head, c.n_head_kv, c.head_dim, 0, ref.data(), p);
+        }
+        const DeviceBuffer dk = Upload(k), dv = Upload(v), dq = Upload(q);
+        std::vector<const float *> ktab, vtab;
+        for (int b = 0; b < n_ctx / 128; ++b) {
+          ktab.push_back(reinterpret_cast<const float *>(dk.as<uint8_t>() + static_cast<size_t>(b) * 128 * kb));
+          vtab.push_back(reinterpret_cast<const float *>(dv.as<uint8_t>() + static_cast<size_t>(b) * 128 * vb));
+        }
+        const DeviceBuffer dkt = Upload(ktab), dvt = Upload(vtab);
+        AttentionExtArgs a;
+        a.k_blocks = dkt.as<const float *>();
+        a.v_blocks = dvt.as<const float *>();
+        a.block_tokens = 128;
+        a.k_stride = k_width;
+        a.v_stride = v_width;
+        a.pos0 = c.pos0;
+        a.n_head = n_head;
+        a.n_head_kv = c.n_head_kv;
+        a.head_dim = c.head_dim;
+        a.v_dim = v_dim;
+        a.latent = c.latent;
+        a.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+        a.k_type = kt;
+        a.v_type = c.latent ? KvType::kF32 : vt;
+        CHECK_FALSE(FlashAttentionApplies(a, c.n_tok));
+        const size_t ws_bytes = AttentionExtWorkspaceBytes(a, c.n_tok);
+        const DeviceBuffer dws = test::Poisoned(std::max<size_t>(ws_bytes / sizeof(float), 1));
+        const DeviceBuffer dout = test::Poisoned(ref.size());
+        const absl::Status st =
+            AttentionExt(dq.as<float>(), a, c.n_tok, dout.as<float>(), nullptr, Workspace{dws.data(), ws_bytes});
+        INFO(st.ToString());
+        REQUIRE(st.ok());
+        const double err = RelL2(Download<float>(dout, ref.size()), ref);
+        INFO("relative L2 " << err);
+        CHECK(err < 2e-5);
+      }
+    }
+  }
+}
+
+}  // namespace strata::cuda
