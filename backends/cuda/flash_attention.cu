@@ -6,6 +6,12 @@
 // big_a small_b + small_a big_b + big_a big_b (the dropped small_a small_b is ~2^-21 relative). A
 // tile's 64 rows are (token, head) pairs of one KV head, so each K/V tile in shared memory serves
 // the whole group; K/V tiles come by cp.async, tile i + 1 in flight while tile i is used.
+//
+// Typed rows (f16, q8_0; the kTyped instantiation): a typed operand's tile i + 1 is loaded into
+// registers while tile i is used and decoded into the same float tile after it (f16 exactly, q8_0
+// as q d, both as DecodeKvCols gives them), so the products see the values the other kernels do.
+// An f32 operand still comes by cp.async; the f32 instantiation is untouched by any of this.
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -14,6 +20,7 @@
 
 #include "backends/cuda/cuda_status.h"
 #include "backends/cuda/kernels.h"
+#include "backends/cuda/kv_rows.cuh"
 #include "backends/cuda/launch.cuh"
 #include "lib/util/tunables.h"
 
@@ -86,6 +93,90 @@ __device__ __forceinline__ void CpAsyncWait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 
+// A thread's share of a typed K or V tile, held in registers from its loads to its decode.
+// f16: four pieces of 8 halves, rows threadIdx.x / (D / 8) + u kFlashThreads / (D / 8), columns
+// (threadIdx.x % (D / 8)) 8 (rows of a piece's warp are contiguous bytes). q8_0: one 32-value block,
+// row threadIdx.x / (D / 32), columns (threadIdx.x % (D / 32)) 32: its scale read once, then its
+// codes two at a time (a block is only 2-byte aligned). Rows past the last position are zeros.
+struct TypedShare {
+  uint32_t raw[16];  // f16: 8 halves a uint4; q8_0: the block's codes, two in the low half-word each
+  float d;           // q8_0: the block's scale
+};
+template <int D, int kKeys>
+__device__ __forceinline__ void LoadTypedShare(model::KvType t, const float *const *blocks, int block_tokens,
+                                               int64_t stride, int kvh, int kt, int p_hi, TypedShare &s) {
+  const int64_t row_bytes = dev::KvRowBytesDev(t, static_cast<int>(stride));
+  if (t == model::KvType::kF16) {
+    constexpr int kChunks = D / 8, kStep = kFlashThreads / kChunks;
+    static_assert(kKeys == 4 * kStep, "four pieces a thread");
+    const int row0 = threadIdx.x / kChunks, col = (threadIdx.x % kChunks) * 8;
+    const uint8_t *src[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int kp = kt + row0 + u * kStep;
+      src[u] = kp <= p_hi ? reinterpret_cast<const uint8_t *>(blocks[kp / block_tokens]) +
+                                (kp % block_tokens) * row_bytes + (static_cast<int64_t>(kvh) * D + col) * 2
+                          : nullptr;
+    }
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const uint4 w = src[u] != nullptr ? *reinterpret_cast<const uint4 *>(src[u]) : make_uint4(0u, 0u, 0u, 0u);
+      s.raw[4 * u] = w.x;
+      s.raw[4 * u + 1] = w.y;
+      s.raw[4 * u + 2] = w.z;
+      s.raw[4 * u + 3] = w.w;
+    }
+  } else {
+    constexpr int kSegs = D / model::kKvQ8Elems;
+    static_assert(kKeys * kSegs == kFlashThreads, "one q8_0 block a thread");
+    const int kp = kt + static_cast<int>(threadIdx.x) / kSegs, seg = threadIdx.x % kSegs;
+    s.d = 0.f;
+#pragma unroll
+    for (int k = 0; k < 16; ++k) s.raw[k] = 0u;
+    if (kp <= p_hi) {
+      const uint8_t *b = reinterpret_cast<const uint8_t *>(blocks[kp / block_tokens]) + (kp % block_tokens) * row_bytes +
+                         static_cast<int64_t>(kvh * kSegs + seg) * model::kKvQ8Bytes;
+      s.d = __half2float(*reinterpret_cast<const __half *>(b));
+      const uint16_t *c = reinterpret_cast<const uint16_t *>(b + 2);
+#pragma unroll
+      for (int k = 0; k < 16; ++k) s.raw[k] = c[k];
+    }
+  }
+}
+// The share decoded into its places of a float tile of row stride `stride` (floats).
+template <int D>
+__device__ __forceinline__ void StoreTypedShare(model::KvType t, const TypedShare &s, float *tile, int stride) {
+  if (t == model::KvType::kF16) {
+    constexpr int kChunks = D / 8, kStep = kFlashThreads / kChunks;
+    const int row0 = threadIdx.x / kChunks, col = (threadIdx.x % kChunks) * 8;
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      float *dst = tile + (row0 + u * kStep) * stride + col;
+      float2 f[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const uint32_t w = s.raw[4 * u + e];
+        f[e] = __half22float2(*reinterpret_cast<const __half2 *>(&w));
+      }
+      *reinterpret_cast<float4 *>(dst) = make_float4(f[0].x, f[0].y, f[1].x, f[1].y);
+      *reinterpret_cast<float4 *>(dst + 4) = make_float4(f[2].x, f[2].y, f[3].x, f[3].y);
+    }
+  } else {
+    constexpr int kSegs = D / model::kKvQ8Elems;
+    float *dst = tile + (threadIdx.x / kSegs) * stride + (threadIdx.x % kSegs) * model::kKvQ8Elems;
+#pragma unroll
+    for (int k = 0; k < 16; k += 2) {
+      float v[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int8_t q = static_cast<int8_t>((s.raw[k + e / 2] >> (8 * (e & 1))) & 0xffu);
+        v[e] = __fmul_rn(static_cast<float>(q), s.d);  // as dev::KvLoad and DecodeKvCols
+      }
+      *reinterpret_cast<float4 *>(dst + 2 * k) = make_float4(v[0], v[1], v[2], v[3]);
+    }
+  }
+}
+
 // Block (query tile x, KV head y): tokens t0 .. t0 + tq - 1 (tq = kRows / group) and the group's
 // heads; row r is token t0 + r / group, head y group + r % group. Keys from the first one the
 // tile's first token sees to the last token's own position, kKeys at a time.
@@ -94,7 +185,7 @@ __device__ __forceinline__ void CpAsyncWait() {
 // key tiles and writes each row's max score, sum of weights and unnormalised output to part in the
 // split path's layout (AttentionCombine adds the runs and the sink); a run with no key of a row
 // writes m = -inf, l = 0.
-template <int D>
+template <int D, bool kTyped>
 __global__ void __launch_bounds__(kFlashThreads, 2) FlashAttentionKernel(const float *q, AttentionExtArgs a,
                                                                       int64_t n_tok, float *out, int n_split,
                                                                       float *part) {
@@ -137,7 +228,8 @@ __global__ void __launch_bounds__(kFlashThreads, 2) FlashAttentionKernel(const f
   constexpr int kLoads = kKeys * kChunks / kFlashThreads, kRowStep = kFlashThreads / kChunks;
   static_assert(kKeys * kChunks % kFlashThreads == 0 && kFlashThreads % kChunks == 0, "whole rows a pass");
   const int my_row = threadIdx.x / kChunks, my_col = (threadIdx.x % kChunks) * 4;
-  auto load_tile = [&](int i) {
+  // f32 rows of tile i by cp.async: keys with copy_k, values with copy_v.
+  auto copy_f32 = [&](int i, bool copy_k, bool copy_v) {
     const int kt = k_begin + i * kKeys;
     float *kd = ks + (i & 1) * S::kKFloats, *vd = vs + (i & 1) * S::kVFloats;
     const float *krow[kLoads], *vrow[kLoads];
@@ -147,24 +239,44 @@ __global__ void __launch_bounds__(kFlashThreads, 2) FlashAttentionKernel(const f
       const bool valid = kp <= p_hi;
       const int blk = valid ? kp / a.block_tokens : 0;
       const int64_t off = static_cast<int64_t>(valid ? kp % a.block_tokens : 0);
-      krow[u] = valid ? a.k_blocks[blk] + off * a.k_stride + static_cast<int64_t>(kvh) * D + my_col : nullptr;
-      vrow[u] = valid && !a.latent ? a.v_blocks[blk] + off * a.v_stride + static_cast<int64_t>(kvh) * D + my_col
-                                   : nullptr;
+      krow[u] = valid && copy_k ? a.k_blocks[blk] + off * a.k_stride + static_cast<int64_t>(kvh) * D + my_col : nullptr;
+      vrow[u] = valid && copy_v ? a.v_blocks[blk] + off * a.v_stride + static_cast<int64_t>(kvh) * D + my_col
+                                : nullptr;
     }
 #pragma unroll
     for (int u = 0; u < kLoads; ++u) {
       const int j = my_row + u * kRowStep;
-      CpAsync16(kd + j * S::kKStride + my_col, krow[u] != nullptr ? krow[u] : q, krow[u] != nullptr);
-      if (!a.latent) CpAsync16(vd + j * S::kVStride + my_col, vrow[u] != nullptr ? vrow[u] : q, vrow[u] != nullptr);
+      if (copy_k) CpAsync16(kd + j * S::kKStride + my_col, krow[u] != nullptr ? krow[u] : q, krow[u] != nullptr);
+      if (copy_v) CpAsync16(vd + j * S::kVStride + my_col, vrow[u] != nullptr ? vrow[u] : q, vrow[u] != nullptr);
+    }
+  };
+  // Typed operands: this thread's share of tile i in registers (load_tile), later decoded into the
+  // tile's buffers (store_typed).
+  [[maybe_unused]] TypedShare kshare, vshare;
+  const bool k_typed = kTyped && a.k_type != model::KvType::kF32;
+  const bool v_typed = kTyped && !a.latent && a.v_type != model::KvType::kF32;
+  auto load_tile = [&](int i) {
+    const int kt = k_begin + i * kKeys;
+    if constexpr (kTyped) {
+      copy_f32(i, !k_typed, !a.latent && !v_typed);
+      if (k_typed) LoadTypedShare<D, kKeys>(a.k_type, a.k_blocks, a.block_tokens, a.k_stride, kvh, kt, p_hi, kshare);
+      if (v_typed) LoadTypedShare<D, kKeys>(a.v_type, a.v_blocks, a.block_tokens, a.v_stride, kvh, kt, p_hi, vshare);
+    } else {
+      copy_f32(i, true, !a.latent);
     }
     for (int j = threadIdx.x; j < kKeys; j += kFlashThreads) {
       const int kp = kt + j;
       flags[(i & 1) * kKeys + j] = kp <= p_hi && a.masked != nullptr && a.masked[kp] != 0 ? 1 : 0;
     }
   };
+  [[maybe_unused]] auto store_typed = [&](int i) {
+    if (k_typed) StoreTypedShare<D>(a.k_type, kshare, ks + (i & 1) * S::kKFloats, S::kKStride);
+    if (v_typed) StoreTypedShare<D>(a.v_type, vshare, vs + (i & 1) * S::kVFloats, S::kVStride);
+  };
   if (i_begin < i_end) {
     load_tile(i_begin);
     CpAsyncCommit();
+    if constexpr (kTyped) store_typed(i_begin);
   }
 
   // This thread's two rows (lane / 4 and lane / 4 + 8 of the warp's 16): position and first key; a
@@ -284,6 +396,11 @@ __global__ void __launch_bounds__(kFlashThreads, 2) FlashAttentionKernel(const f
       }
       __syncwarp();
     }
+    // Tile i + 1's typed rows, loaded at the top of this iteration, into its buffers (free since the
+    // end of tile i - 1; the next iteration's barrier publishes them).
+    if constexpr (kTyped) {
+      if (i + 1 < i_end) store_typed(i + 1);
+    }
     __syncthreads();  // the buffers of tile i are free for tile i + 2
   }
 
@@ -328,18 +445,18 @@ __global__ void __launch_bounds__(kFlashThreads, 2) FlashAttentionKernel(const f
   }
 }
 
-template <int D>
+template <int D, bool kTyped>
 absl::Status LaunchFlash(const float *q, const AttentionExtArgs &a, int64_t n_tok, float *out, int n_split,
                          float *part, cudaStream_t stream) {
   using S = FlashShape<D>;
   // Opt in to the shared memory once per instantiation (the kernels run on one device per process).
   static const cudaError_t opt_in = cudaFuncSetAttribute(
-      FlashAttentionKernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(S::kBytes));
+      FlashAttentionKernel<D, kTyped>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(S::kBytes));
   STRATA_CUDA_RETURN_IF_ERROR(opt_in);
   const int64_t tiles = QueryTiles(a, n_tok);
   if (tiles > INT32_MAX) return Errorf(MOE_ERR_INVALID_ARGUMENT, "flash attention over %d tokens", n_tok);
   const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(a.n_head_kv), static_cast<unsigned>(n_split));
-  Launch(FlashAttentionKernel<D>, grid, kFlashThreads, S::kBytes, stream, q, a, n_tok, out, n_split, part);
+  Launch(FlashAttentionKernel<D, kTyped>, grid, kFlashThreads, S::kBytes, stream, q, a, n_tok, out, n_split, part);
   STRATA_CUDA_RETURN_IF_LAUNCH_FAILED();
   if (n_split > 1) return AttentionCombine(part, a, n_tok, n_split, out, stream);
   return absl::OkStatus();
@@ -371,17 +488,19 @@ size_t FlashAttentionWorkspaceBytes(const AttentionExtArgs &a, int64_t n_tok) {
 }
 
 bool FlashAttentionApplies(const AttentionExtArgs &a, int64_t n_tok) {
-  // Typed (f16, q8_0) rows are not copied into tiles by cp.async: the split and one-pass kernels
-  // decode them as they load.
-  if (a.rows != nullptr || n_tok < 2 || KvRowsTyped(a) || !tunables::Get().cuda_flash_attention) return false;
+  if (a.rows != nullptr || n_tok < 2 || !tunables::Get().cuda_flash_attention) return false;
   if (a.head_dim != 64 && a.head_dim != 128) return false;
   if (a.n_head <= 0 || a.n_head_kv <= 0 || a.n_head % a.n_head_kv != 0 || a.n_head / a.n_head_kv > kRows) {
     return false;
   }
   if (n_tok < kMinTokens && n_tok * (a.n_head / a.n_head_kv) < kMinRows) return false;
-  // K/V rows are copied 16 bytes at a time: strides in whole 4-float pieces (the block starts must
-  // be 16-byte aligned: they are allocations, or whole blocks into one).
-  if (a.k_stride % 4 != 0 || (!a.latent && a.v_stride % 4 != 0)) return false;
+  // f32 and f16 K/V rows are read 16 bytes at a time: strides in whole 4-float or 8-half pieces (the
+  // block starts must be 16-byte aligned: they are allocations, or whole blocks into one). q8_0 rows
+  // are read a 2-byte-aligned block at a time; head_dim 64 or 128 starts each head on a block.
+  auto stride_ok = [](model::KvType t, int64_t stride) {
+    return t == model::KvType::kQ8_0 ? true : stride % (t == model::KvType::kF16 ? 8 : 4) == 0;
+  };
+  if (!stride_ok(a.k_type, a.k_stride) || (!a.latent && !stride_ok(a.v_type, a.v_stride))) return false;
   // Latent values are the key rows' first v_dim floats (one KV head).
   if (a.latent ? (a.v_dim <= 0 || a.v_dim > a.head_dim || a.n_head_kv != 1) : a.v_dim != a.head_dim) return false;
   return a.pos0 >= 0 && static_cast<int64_t>(a.pos0) + n_tok <= INT32_MAX;
@@ -402,8 +521,12 @@ absl::Status FlashAttention(const float *q, const AttentionExtArgs &a, int64_t n
   const bool split = need > 0 && ws.data != nullptr && ws.bytes >= need;
   const int n_split = split ? FlashSplits(a, n_tok) : 1;
   float *part = split ? static_cast<float *>(ws.data) : nullptr;
-  return a.head_dim == 64 ? LaunchFlash<64>(q, a, n_tok, out, n_split, part, stream)
-                          : LaunchFlash<128>(q, a, n_tok, out, n_split, part, stream);
+  if (KvRowsTyped(a)) {
+    return a.head_dim == 64 ? LaunchFlash<64, true>(q, a, n_tok, out, n_split, part, stream)
+                            : LaunchFlash<128, true>(q, a, n_tok, out, n_split, part, stream);
+  }
+  return a.head_dim == 64 ? LaunchFlash<64, false>(q, a, n_tok, out, n_split, part, stream)
+                          : LaunchFlash<128, false>(q, a, n_tok, out, n_split, part, stream);
 }
 
 }  // namespace strata::cuda

@@ -557,8 +557,7 @@ struct AttentionExtArgs {
   // How the rows are stored (KvView's types; rows mode: every row's, which must agree). f32 rows are
   // read as floats, as ever; f16 and q8_0 rows are decoded value by value as they are loaded (as
   // DecodeKvCols gives them), k_stride and v_stride still counting values. Latent values are read
-  // from the key rows, in k_type. Typed rows take the per-(token, head) and split kernels, not the
-  // flash kernel.
+  // from the key rows, in k_type. The flash kernel decodes typed tiles into its float tiles.
   model::KvType k_type = model::KvType::kF32, v_type = model::KvType::kF32;
 };
 // Whether a's keys or values are stored in a type other than f32.
@@ -580,8 +579,8 @@ absl::Status AttentionExt(const float *q, const AttentionExtArgs &a, int64_t n_t
 // (token, head of a GQA group) rows against tiles of keys, online softmax, both products in 3xTF32
 // on tensor cores (about float32's accuracy, not its bits). Applies without rows, with at least 16
 // tokens or 2 whose (token, head) rows fill half a tile, head_dim 64 or 128, v_dim = head_dim (latent: one KV head, v_dim <= head_dim), at most 64
-// heads a KV head and strides in whole 4-float pieces (block starts 16-byte aligned); FlashAttention
-// fails otherwise.
+// heads a KV head and f32 / f16 strides in whole 4-float / 8-half pieces (block starts 16-byte
+// aligned; q8_0 rows any stride); FlashAttention fails otherwise.
 // When its query tiles are too few to fill the device over many keys (a short prompt after a long
 // context), the keys are split into runs combined as the split path's chunks (AttentionCombine);
 // that needs FlashAttentionWorkspaceBytes of ws, and without it the call runs unsplit.
