@@ -357,6 +357,11 @@ __global__ void __launch_bounds__(kThreads) AttentionExtKernel(const float *q, A
 //
 // Decode attention is a chain of dependent memory round trips, so each stage issues all of its loads
 // before using any: a warp's keys' block tables, mask bytes and key rows together, then its values.
+//
+// Typed rows with head_dim and v_dim multiples of 4 (`vec`) are read 4 adjacent values a lane
+// (dev::KvLoad4: f16 8 bytes at once, q8_0 a block's scale once a 4 values rather than a value):
+// lane l takes key columns 4 l + 128 i and value columns 32 m0 + 4 l + i, the same set of columns
+// the f32 kernel's lane + 32 m gives each warp, summed in another order.
 template <int GB, bool kTyped>
 __global__ void __launch_bounds__(kThreads) AttentionSplitKernel(const float *q, AttentionExtArgs a, int n_split,
                                                                  float *part, float *out, bool direct) {
@@ -417,8 +422,27 @@ __global__ void __launch_bounds__(kThreads) AttentionSplitKernel(const float *q,
 #pragma unroll
     for (int u = 0; u < kKeysPerWarp; ++u) dot[h][u] = 0.f;
   }
+  const bool vec = kTyped && a.head_dim % 4 == 0 && a.v_dim % 4 == 0;
+  if (vec) {
+    for (int d = 4 * lane; d < a.head_dim; d += 128) {
+      float4 kd[kKeysPerWarp];
+#pragma unroll
+      for (int u = 0; u < kKeysPerWarp; ++u) kd[u] = dev::KvLoad4(a.k_type, kt[u].row, kt[u].col0 + d);
+#pragma unroll
+      for (int h = 0; h < GB; ++h) {
+        const float4 qd = *reinterpret_cast<const float4 *>(qs + h * a.head_dim + d);
+#pragma unroll
+        for (int u = 0; u < kKeysPerWarp; ++u) {
+          dot[h][u] = fmaf(qd.x, kd[u].x, dot[h][u]);
+          dot[h][u] = fmaf(qd.y, kd[u].y, dot[h][u]);
+          dot[h][u] = fmaf(qd.z, kd[u].z, dot[h][u]);
+          dot[h][u] = fmaf(qd.w, kd[u].w, dot[h][u]);
+        }
+      }
+    }
+  }
 #pragma unroll(GB >= 4 ? 1 : 4)
-  for (int d = lane; d < a.head_dim; d += 32) {
+  for (int d = vec ? a.head_dim : lane; d < a.head_dim; d += 32) {
     float kd[kKeysPerWarp];
 #pragma unroll
     for (int u = 0; u < kKeysPerWarp; ++u) {
@@ -486,17 +510,31 @@ __global__ void __launch_bounds__(kThreads) AttentionSplitKernel(const float *q,
 #pragma unroll
   for (int u = 0; u < kKeysPerWarp; ++u) pidx[u] = min(j0 + warp + kAttnWarps * u, j1 - 1) - j0;
   const int n_mine = j1 - j0 > warp ? (j1 - j0 - warp + kAttnWarps - 1) / kAttnWarps : 0;  // the warp's keys
-  for (int m0 = 0; m0 < kAttnMaxVPerLane && lane + 32 * m0 < a.v_dim; m0 += kVChunk) {
+  // Column of element i of chunk m0 (see vec above).
+  auto col_of = [&](int m0, int i) { return vec ? 32 * m0 + 4 * lane + i : lane + 32 * (m0 + i); };
+  for (int m0 = 0; m0 < kAttnMaxVPerLane && col_of(m0, 0) < a.v_dim; m0 += kVChunk) {
     float v[kVChunk][kKeysPerWarp];
-#pragma unroll
-    for (int i = 0; i < kVChunk; ++i) {
-      const int d = lane + 32 * (m0 + i);
+    if (vec) {
+      static_assert(kVChunk == 4, "a lane's 4 adjacent values");
 #pragma unroll
       for (int u = 0; u < kKeysPerWarp; ++u) {
-        if constexpr (kTyped) {
-          v[i][u] = d < a.v_dim ? dev::KvLoad(ValueType(a), vt[u].row, vt[u].col0 + d) : 0.f;
-        } else {
-          v[i][u] = d < a.v_dim ? vj[u][d] : 0.f;
+        const float4 w = dev::KvLoad4(ValueType(a), vt[u].row, vt[u].col0 + col_of(m0, 0));
+        v[0][u] = w.x;
+        v[1][u] = w.y;
+        v[2][u] = w.z;
+        v[3][u] = w.w;
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < kVChunk; ++i) {
+        const int d = lane + 32 * (m0 + i);
+#pragma unroll
+        for (int u = 0; u < kKeysPerWarp; ++u) {
+          if constexpr (kTyped) {
+            v[i][u] = d < a.v_dim ? dev::KvLoad(ValueType(a), vt[u].row, vt[u].col0 + d) : 0.f;
+          } else {
+            v[i][u] = d < a.v_dim ? vj[u][d] : 0.f;
+          }
         }
       }
     }
@@ -504,7 +542,7 @@ __global__ void __launch_bounds__(kThreads) AttentionSplitKernel(const float *q,
     for (int h = 0; h < GB; ++h) {
 #pragma unroll
       for (int i = 0; i < kVChunk; ++i) {
-        const int d = lane + 32 * (m0 + i);
+        const int d = col_of(m0, i);
         float acc = 0.f;
 #pragma unroll
         for (int u = 0; u < kKeysPerWarp; ++u) {

@@ -31,6 +31,34 @@ __device__ __forceinline__ float KvLoad(model::KvType t, const uint8_t *row, int
   return reinterpret_cast<const float *>(row)[c];
 }
 
+// Values c .. c + 3 of a row stored in type t (c % 4 == 0, c + 3 within the row): KvLoad's values,
+// read as one 16-byte (f32) or 8-byte (f16) load where the address is aligned for it; q8_0 reads the
+// block's scale once and the four codes as two half-words (blocks are only 2-byte aligned).
+__device__ __forceinline__ float4 KvLoad4(model::KvType t, const uint8_t *row, int c) {
+  if (t == model::KvType::kF16) {
+    const __half *p = reinterpret_cast<const __half *>(row) + c;
+    if ((reinterpret_cast<uintptr_t>(p) & 7u) == 0) {
+      const uint2 w = *reinterpret_cast<const uint2 *>(p);
+      const float2 lo = __half22float2(*reinterpret_cast<const __half2 *>(&w.x));
+      const float2 hi = __half22float2(*reinterpret_cast<const __half2 *>(&w.y));
+      return make_float4(lo.x, lo.y, hi.x, hi.y);
+    }
+    return make_float4(__half2float(p[0]), __half2float(p[1]), __half2float(p[2]), __half2float(p[3]));
+  }
+  if (t == model::KvType::kQ8_0) {
+    const uint8_t *b = row + static_cast<int64_t>(c / model::kKvQ8Elems) * model::kKvQ8Bytes;
+    const float d = __half2float(*reinterpret_cast<const __half *>(b));
+    const uint16_t *w = reinterpret_cast<const uint16_t *>(b + 2 + c % model::kKvQ8Elems);
+    const uint32_t lo = w[0], hi = w[1];
+    auto code = [](uint32_t x) { return static_cast<float>(static_cast<int8_t>(static_cast<uint8_t>(x & 0xffu))); };
+    return make_float4(__fmul_rn(code(lo), d), __fmul_rn(code(lo >> 8), d), __fmul_rn(code(hi), d),
+                       __fmul_rn(code(hi >> 8), d));
+  }
+  const float *p = reinterpret_cast<const float *>(row) + c;
+  if ((reinterpret_cast<uintptr_t>(p) & 15u) == 0) return *reinterpret_cast<const float4 *>(p);
+  return make_float4(p[0], p[1], p[2], p[3]);
+}
+
 // dst (KvRowBytes(t, width) bytes) = src (width floats) in type t, by the whole block (blockDim.x a
 // multiple of 32; every thread must call it). q8_0: a warp a block of 32 values.
 __device__ __forceinline__ void EncodeKvRowDev(model::KvType t, const float *src, int width, uint8_t *dst) {
