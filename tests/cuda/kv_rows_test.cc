@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "backends/cpu/cpu_backend.h"
+#include "lib/util/tunables.h"
 #include "tests/cuda/cuda_test_util.h"
 
 namespace strata::cuda {
@@ -92,11 +93,17 @@ TEST_CASE("KV rows: attention over f16 and q8_0 rows matches the CPU backend ove
     int group, n_head_kv, head_dim, pos0, n_tok;
     bool latent;
     int v_dim;
+    bool flash;  // whether the call takes the flash kernel
   };
-  // Decode (one token: split path), a short prompt (one pass) and a latent (MLA) cache whose rows'
-  // width is not a multiple of 32.
-  for (const Case c : {Case{4, 2, 64, 300, 1, false, 0}, Case{2, 2, 128, 40, 24, false, 0},
-                       Case{8, 1, 80, 150, 1, true, 48}, Case{4, 1, 80, 20, 5, true, 48}}) {
+  // Decode (one token: split path), a short prompt (one pass: head_dim 96 has no flash kernel), a
+  // latent (MLA) cache whose rows' width is not a multiple of 32, and prompts the flash kernel
+  // takes: head_dim 128 and 64, a 300-token prompt over three cache blocks, a latent one, and a
+  // short prompt after a long context (its key tiles split into runs).
+  for (const Case c : {Case{4, 2, 64, 300, 1, false, 0, false}, Case{2, 2, 96, 40, 24, false, 0, false},
+                       Case{8, 1, 80, 150, 1, true, 48, false}, Case{4, 1, 80, 20, 5, true, 48, false},
+                       Case{2, 2, 128, 40, 24, false, 0, true}, Case{4, 2, 128, 0, 300, false, 0, true},
+                       Case{8, 1, 64, 70, 100, false, 0, true}, Case{8, 1, 128, 10, 64, true, 96, true},
+                       Case{4, 2, 128, 2000, 16, false, 0, true}}) {
     for (KvType kt : {KvType::kF16, KvType::kQ8_0}) {
       for (KvType vt : {KvType::kF16, KvType::kQ8_0}) {
         INFO("keys " << model::KvTypeName(kt) << " values " << model::KvTypeName(vt) << " head_dim " << c.head_dim
@@ -143,7 +150,7 @@ TEST_CASE("KV rows: attention over f16 and q8_0 rows matches the CPU backend ove
         a.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
         a.k_type = kt;
         a.v_type = c.latent ? KvType::kF32 : vt;
-        CHECK_FALSE(FlashAttentionApplies(a, c.n_tok));
+        REQUIRE(FlashAttentionApplies(a, c.n_tok) == c.flash);
         const size_t ws_bytes = AttentionExtWorkspaceBytes(a, c.n_tok);
         const DeviceBuffer dws = test::Poisoned(std::max<size_t>(ws_bytes / sizeof(float), 1));
         const DeviceBuffer dout = test::Poisoned(ref.size());
@@ -154,6 +161,113 @@ TEST_CASE("KV rows: attention over f16 and q8_0 rows matches the CPU backend ove
         const double err = RelL2(Download<float>(dout, ref.size()), ref);
         INFO("relative L2 " << err);
         CHECK(err < 2e-5);
+      }
+    }
+  }
+}
+
+}  // namespace strata::cuda
+
+namespace strata::cuda {
+
+// The flash kernel over typed rows decodes each tile into the floats the f32 kernel copies: over the
+// same cache decoded to f32 on the host its outputs are the f32 flash kernel's bits, and they agree
+// with the typed per-(token, head) kernels (STRATA_CUDA_FLASH_ATTENTION=0) to float32 rounding.
+TEST_CASE("KV rows: flash attention over f16 and q8_0 rows is the f32 kernel's over their values", "[gpu][kv]") {
+  if (!HaveGpu()) return;
+  std::mt19937 rng = test::Rng();
+  struct Case {
+    int group, n_head_kv, head_dim, pos0, n_tok;
+    bool latent;
+    int v_dim;
+  };
+  // Whole query tiles, a ragged last tile after a context, a latent cache, and a short prompt after
+  // a long context (split into runs of key tiles, combined).
+  for (const Case c : {Case{4, 2, 128, 0, 256, false, 0}, Case{8, 1, 64, 130, 77, false, 0},
+                       Case{16, 1, 128, 5, 40, true, 64}, Case{4, 2, 128, 1500, 16, false, 0}}) {
+    for (KvType kt : {KvType::kF32, KvType::kF16, KvType::kQ8_0}) {
+      for (KvType vt : {KvType::kF32, KvType::kF16, KvType::kQ8_0}) {
+        if (kt == KvType::kF32 && (vt == KvType::kF32 || c.latent)) continue;
+        if (c.latent && vt != KvType::kF32) continue;
+        INFO("keys " << model::KvTypeName(kt) << " values " << model::KvTypeName(vt) << " head_dim " << c.head_dim
+                     << " pos0 " << c.pos0 << " tokens " << c.n_tok << " latent " << c.latent);
+        const int n_head = c.group * c.n_head_kv, n_ctx = (c.pos0 + c.n_tok + 127) / 128 * 128;
+        const int k_width = c.n_head_kv * c.head_dim, v_width = c.latent ? 0 : k_width;
+        const int v_dim = c.latent ? c.v_dim : c.head_dim;
+        const size_t kb = KvRowBytes(kt, k_width), vb = KvRowBytes(vt, v_width);
+        // Typed rows and their values as f32 rows.
+        std::vector<uint8_t> k(n_ctx * kb), v(std::max<size_t>(1, n_ctx * vb));
+        std::vector<float> kd(static_cast<size_t>(n_ctx) * k_width), vd(static_cast<size_t>(n_ctx) * std::max(v_width, 1));
+        const std::vector<float> kf = RandomFloats(rng, kd.size(), -2.f, 2.f);
+        const std::vector<float> vf = RandomFloats(rng, vd.size(), -2.f, 2.f);
+        for (int p = 0; p < n_ctx; ++p) {
+          model::EncodeKvRow(kt, kf.data() + static_cast<size_t>(p) * k_width, k_width, k.data() + p * kb);
+          model::DecodeKvCols(kt, k.data() + p * kb, 0, k_width, kd.data() + static_cast<size_t>(p) * k_width);
+          if (v_width > 0) {
+            model::EncodeKvRow(vt, vf.data() + static_cast<size_t>(p) * v_width, v_width, v.data() + p * vb);
+            model::DecodeKvCols(vt, v.data() + p * vb, 0, v_width, vd.data() + static_cast<size_t>(p) * v_width);
+          }
+        }
+        const std::vector<float> q = RandomFloats(rng, static_cast<size_t>(c.n_tok) * n_head * c.head_dim, -2.f, 2.f);
+        const DeviceBuffer dk = Upload(k), dv = Upload(v), dkd = Upload(kd), dvd = Upload(vd), dq = Upload(q);
+        // Block tables of 128 rows over a buffer of rows of `row_bytes`.
+        auto table = [&](const DeviceBuffer &buf, size_t row_bytes) {
+          std::vector<const float *> tab;
+          for (int b = 0; b < n_ctx / 128; ++b) {
+            tab.push_back(reinterpret_cast<const float *>(buf.as<uint8_t>() + static_cast<size_t>(b) * 128 * row_bytes));
+          }
+          return Upload(tab);
+        };
+        const DeviceBuffer dkt = table(dk, kb), dvt = table(dv, vb);
+        const DeviceBuffer dkdt = table(dkd, KvRowBytes(KvType::kF32, k_width));
+        const DeviceBuffer dvdt = table(dvd, KvRowBytes(KvType::kF32, v_width));
+        AttentionExtArgs a;
+        a.block_tokens = 128;
+        a.k_stride = k_width;
+        a.v_stride = v_width;
+        a.pos0 = c.pos0;
+        a.n_head = n_head;
+        a.n_head_kv = c.n_head_kv;
+        a.head_dim = c.head_dim;
+        a.v_dim = v_dim;
+        a.latent = c.latent;
+        a.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+        AttentionExtArgs typed = a, plain = a;
+        typed.k_blocks = dkt.as<const float *>();
+        typed.v_blocks = dvt.as<const float *>();
+        typed.k_type = kt;
+        typed.v_type = vt;
+        plain.k_blocks = dkdt.as<const float *>();
+        plain.v_blocks = dvdt.as<const float *>();
+        const size_t n_out = static_cast<size_t>(c.n_tok) * n_head * v_dim;
+        auto run = [&](const AttentionExtArgs &args) {
+          const size_t ws_bytes = AttentionExtWorkspaceBytes(args, c.n_tok);
+          const DeviceBuffer dws = test::Poisoned(std::max<size_t>(ws_bytes / sizeof(float), 1));
+          const DeviceBuffer dout = test::Poisoned(n_out);
+          const absl::Status st =
+              AttentionExt(dq.as<float>(), args, c.n_tok, dout.as<float>(), nullptr, Workspace{dws.data(), ws_bytes});
+          INFO(st.ToString());
+          REQUIRE(st.ok());
+          return Download<float>(dout, n_out);
+        };
+        REQUIRE(FlashAttentionApplies(typed, c.n_tok));
+        REQUIRE(FlashAttentionApplies(plain, c.n_tok));
+        REQUIRE(AttentionExtWorkspaceBytes(typed, c.n_tok) == AttentionExtWorkspaceBytes(plain, c.n_tok));
+        const std::vector<float> flash_typed = run(typed), flash_plain = run(plain);
+        CHECK(std::all_of(flash_typed.begin(), flash_typed.end(), [](float x) { return std::isfinite(x); }));
+        CHECK(std::memcmp(flash_typed.data(), flash_plain.data(), n_out * sizeof(float)) == 0);
+        // The per-(token, head) kernels over the same typed rows.
+        tunables::Values knobs = tunables::Get();
+        knobs.cuda_flash_attention = false;
+        std::vector<float> other;
+        {
+          tunables::ScopedValues scoped(knobs);
+          REQUIRE_FALSE(FlashAttentionApplies(typed, c.n_tok));
+          other = run(typed);
+        }
+        const double err = RelL2(flash_typed, other);
+        INFO("relative L2, flash vs per-(token, head) " << err);
+        CHECK(err < 1e-5);
       }
     }
   }
