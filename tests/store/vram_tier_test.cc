@@ -919,6 +919,22 @@ std::vector<uint8_t> FileBytes(const std::string &path, const ExpertTable &t, in
   return b;
 }
 
+// The device tables of the context opened last: every entry holds its expert's bytes from the
+// model file; returns how many entries there are.
+size_t CheckEntries(const std::string &model, const ExpertTable &t) {
+  const HostSlots *dev = g_last_slots;
+  REQUIRE(dev != nullptr);
+  for (const auto &[id, views] : dev->entries) {
+    const uint8_t *parts[3] = {views.gate.data, views.up.data, views.down.data};
+    for (int q = 0; q < 3; ++q) {
+      const std::vector<uint8_t> want = FileBytes(model, t, id.first, id.second, q);
+      INFO("layer " << id.first << " expert " << id.second << " part " << q);
+      REQUIRE(std::memcmp(parts[q], want.data(), want.size()) == 0);
+    }
+  }
+  return dev->entries.size();
+}
+
 }  // namespace
 
 TEST_CASE("complete tiers keep the device tables pointing at every expert's bytes", "[store][vram][golden]") {
@@ -941,21 +957,9 @@ TEST_CASE("complete tiers keep the device tables pointing at every expert's byte
     const uint64_t ram = plan.ram_fixed_bytes + uint64_t{kr} * plan.expert_slot_bytes;
     const uint64_t vram = plan.ram_fixed_bytes + uint64_t{kv} * plan.expert_slot_bytes;
     g_last_slots = nullptr;
-    // After every step, each entry pointed so far holds its expert's bytes, whatever moved since.
-    const auto check_entries = [&] {
-      const HostSlots *dev = g_last_slots;
-      REQUIRE(dev != nullptr);
-      for (const auto &[id, views] : dev->entries) {
-        const uint8_t *parts[3] = {views.gate.data, views.up.data, views.down.data};
-        for (int q = 0; q < 3; ++q) {
-          const std::vector<uint8_t> want = FileBytes(model, t, id.first, id.second, q);
-          INFO("layer " << id.first << " expert " << id.second << " part " << q);
-          REQUIRE(std::memcmp(parts[q], want.data(), want.size()) == 0);
-        }
-      }
-      // Every routed expert has an entry once the tiers settle: the steps after route on them.
-      entries = dev->entries.size();
-    };
+    // After every step, each entry pointed so far holds its expert's bytes, whatever moved since;
+    // every routed expert has an entry once the tiers settle: the steps after route on them.
+    const auto check_entries = [&] { entries = CheckEntries(model, t); };
     moe_stats st;
     const auto out = strata::testing::TeacherForced(model, tokens, 12, MOE_BACKEND_CPU, vram, nullptr, nullptr, &st,
                                                     MOE_CPU_EXPERTS_OFF, false, nullptr, nullptr, ram, check_entries);
@@ -1078,18 +1082,8 @@ TEST_CASE("a VRAM budget with no expert slot leaves one RAM tier of every expert
     g_last_slots = nullptr;
     size_t entries = 0;
     const auto check_entries = [&] {
-      const HostSlots *dev = g_last_slots;
-      REQUIRE(dev != nullptr);
-      CHECK(dev->copies_in == 0);  // no slot, no copy up
-      for (const auto &[id, views] : dev->entries) {
-        const uint8_t *parts[3] = {views.gate.data, views.up.data, views.down.data};
-        for (int q = 0; q < 3; ++q) {
-          const std::vector<uint8_t> want = FileBytes(model, t, id.first, id.second, q);
-          INFO("layer " << id.first << " expert " << id.second << " part " << q);
-          REQUIRE(std::memcmp(parts[q], want.data(), want.size()) == 0);
-        }
-      }
-      entries = dev->entries.size();
+      entries = CheckEntries(model, t);
+      CHECK(g_last_slots->copies_in == 0);  // no slot, no copy up
     };
     moe_stats st;
     const auto out = strata::testing::TeacherForced(model, tokens, 12, MOE_BACKEND_CPU, vram, nullptr, nullptr, &st,
