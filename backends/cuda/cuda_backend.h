@@ -397,8 +397,6 @@ class CudaBackend final : public model::Backend {
 
   Stream stream_;
   Blas blas_;
-  const uint8_t *host_arena_ = nullptr;
-  size_t arena_bytes_ = 0;
   DeviceBuffer weight_buf_, vec_buf_;
   std::map<const uint8_t *, Region> regions_;        // resident matrices, keyed by host start
   std::unordered_map<const uint8_t *, Region> in_slots_;  // matrices of experts now in staging slots

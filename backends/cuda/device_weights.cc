@@ -148,8 +148,6 @@ uint64_t CudaBackend::DeviceBytes(const model::Matrix &m) {
 }
 
 absl::Status CudaBackend::Adopt(const model::ModelWeights &w, const uint8_t *arena, size_t arena_bytes) {
-  host_arena_ = arena;
-  arena_bytes_ = arena_bytes;
   // Routed experts in the arena are all resident: the runtime's tiers serve those a VRAM budget
   // does not hold (they are not in the arena then).
   absl::Status st;
