@@ -150,6 +150,7 @@ TEST_CASE("struct_size: out structs and session params are checked against their
       Upto(offsetof(moe_session_params, min_p), alignof(moe_session_params)),
       Upto(offsetof(moe_session_params, attn_window), alignof(moe_session_params)),
       Upto(offsetof(moe_session_params, frequency_penalty), alignof(moe_session_params)),
+      Upto(offsetof(moe_session_params, ctx_shift), alignof(moe_session_params)),
       static_cast<uint32_t>(sizeof(moe_session_params))};
   for (uint32_t s : BadSizes(sizeof(moe_session_params), sp_good)) {
     moe_session_params sp;
