@@ -141,19 +141,42 @@ void CpuBackend::QuantizeRows(const MatOp &op, int64_t t0, int64_t t1) {
   }
 }
 
-void CpuBackend::RunRow(const MatOp &op, int64_t r) {
+void CpuBackend::RunRow(const MatOp &op, int64_t r, int64_t t_begin, int64_t t_end) {
   const model::Matrix &w = *op.w;
   const int64_t rows = w.rows, cols = w.cols;
   float out[kernels::kMaxTokens];
   const uint8_t *row = w.row(r);
-  for (int64_t t0 = 0; t0 < op.n_tok; t0 += kernels::kMaxTokens) {
-    const int nt = static_cast<int>(std::min<int64_t>(kernels::kMaxTokens, op.n_tok - t0));
+  for (int64_t t0 = t_begin; t0 < t_end; t0 += kernels::kMaxTokens) {
+    const int nt = static_cast<int>(std::min<int64_t>(kernels::kMaxTokens, t_end - t0));
     if (op.q8) {
       op.k.dot_q8(*w.codec, row, op.xq + t0 * op.xq_stride, op.xq_stride, nt, cols, out);
     } else {
       op.k.dot_float(*w.codec, row, op.x + t0 * cols, cols, nt, cols, out);
     }
     for (int t = 0; t < nt; ++t) op.y[(t0 + t) * rows + r] = out[t];
+  }
+}
+
+// Rows [r0, r1) of op for every token. With many tokens a row does not sweep all of their
+// activations (megabytes for a prompt's projections, read again for every row): rows go in blocks
+// whose weights stay in the cache, and each block meets the tokens a tile at a time, a tile's
+// activations staying in the cache across the block's rows. A token's sums are the kernel's
+// whatever the order (its operations do not depend on which tokens share a call).
+void CpuBackend::RunRows(const MatOp &op, int64_t r0, int64_t r1) {
+  constexpr int64_t kRowBlock = 32, kTileBytes = 128 * 1024;
+  const int64_t token_bytes = op.q8 ? op.xq_stride : op.w->cols * static_cast<int64_t>(sizeof(float));
+  const int64_t tile = std::max<int64_t>(kernels::kMaxTokens, kTileBytes / std::max<int64_t>(1, token_bytes)) /
+                       kernels::kMaxTokens * kernels::kMaxTokens;
+  if (op.n_tok <= tile) {
+    for (int64_t r = r0; r < r1; ++r) RunRow(op, r, 0, op.n_tok);
+    return;
+  }
+  for (int64_t rb = r0; rb < r1; rb += kRowBlock) {
+    const int64_t re = std::min(r1, rb + kRowBlock);
+    for (int64_t t0 = 0; t0 < op.n_tok; t0 += tile) {
+      const int64_t t1 = std::min(op.n_tok, t0 + tile);
+      for (int64_t r = rb; r < re; ++r) RunRow(op, r, t0, t1);
+    }
   }
 }
 
@@ -218,10 +241,10 @@ void CpuBackend::RunOps(const std::vector<MatOp *> &ops) {
   // Enough rows per chunk that waking threads pays off.
   const int64_t min_chunk = std::max<int64_t>(1, 16384 / max_cols_tok);
   pool_.ParallelFor(start.back(), min_chunk, [&](int64_t i0, int64_t i1, int) {
-    size_t o = PartOf(start, i0);
-    for (int64_t i = i0; i < i1; ++i) {
-      while (i >= start[o + 1]) ++o;
-      RunRow(*ops[o], i - start[o]);
+    for (size_t o = PartOf(start, i0); i0 < i1; ++o) {
+      const int64_t stop = std::min(i1, start[o + 1]);
+      if (stop > i0) RunRows(*ops[o], i0 - start[o], stop - start[o]);
+      i0 = stop;
     }
   });
 }

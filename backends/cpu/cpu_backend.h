@@ -96,7 +96,8 @@ class CpuBackend final : public model::Backend {
   static void QuantizeRows(const MatOp &op, int64_t t0, int64_t t1);
   static void PlaceActivations(const std::vector<MatOp *> &ops, std::vector<uint8_t> *store);
   void RunOps(const std::vector<MatOp *> &ops);
-  static void RunRow(const MatOp &op, int64_t r);  // output row r for every token
+  static void RunRow(const MatOp &op, int64_t r, int64_t t_begin, int64_t t_end);  // row r for tokens [begin, end)
+  static void RunRows(const MatOp &op, int64_t r0, int64_t r1);                    // rows [r0, r1), every token
   // Units [i0, i1) of the n_tok x n_ff gate (g) and up (u) outputs into g: see the definition.
   static void GateUpActivation(const model::ExpertWeights &e, float *g, const float *u, int64_t n_ff, int64_t i0,
                                int64_t i1, bool biases_added);

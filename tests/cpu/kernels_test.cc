@@ -449,6 +449,38 @@ TEST_CASE("MatMul: a token's row equals its solo result, in a batch of 8 and und
   }
 }
 
+TEST_CASE("MatMul: a prompt-sized batch, met by rows in tiles of tokens, equals each token's solo result",
+          "[cpu][kernels]") {
+  // 300 tokens of 512 columns: past one tile of float activations (64 tokens) and of 8-bit codes
+  // (about 240), rows in blocks of 32 and a short last block.
+  std::mt19937 rng(std::random_device{}());
+  const int64_t rows = 71, cols = 512, n_tok = 300;
+  std::vector<float> x;
+  for (int t = 0; t < n_tok; ++t) {
+    const auto xt = RandomActs(cols, rng);
+    x.insert(x.end(), xt.begin(), xt.end());
+  }
+  for (TypeId id : {TypeId::kQ4_K, TypeId::kQ8_0, TypeId::kQ6_K, TypeId::kF16, TypeId::kIQ4_XS}) {
+    const Codec *c = quant::FindCodec(id);
+    std::vector<uint8_t> storage;
+    const model::Matrix m = MakeMatrix(*c, rows, cols, storage, rng);
+    for (Isa isa : Isas()) {
+      for (MatMulMode mode : {MatMulMode::kExact, MatMulMode::kQ8Activations}) {
+        CpuBackend two(2, mode, isa);
+        std::vector<float> y(rows * n_tok, NAN), ys(rows, NAN);
+        two.MatMul(m, x.data(), n_tok, y.data());
+        INFO(c->name << " isa=" << static_cast<int>(isa) << " mode=" << static_cast<int>(mode));
+        for (int64_t t = 0; t < n_tok; ++t) {
+          std::fill(ys.begin(), ys.end(), NAN);
+          two.MatMul(m, x.data() + t * cols, 1, ys.data());
+          INFO("token " << t);
+          REQUIRE(std::memcmp(ys.data(), y.data() + t * rows, rows * sizeof(float)) == 0);
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 
 TEST_CASE("MatMulMany equals MatMul on each matrix bit for bit", "[cpu][kernels]") {
