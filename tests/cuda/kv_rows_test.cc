@@ -29,6 +29,32 @@ DeviceBuffer PoisonedBytes(size_t n) {
   return std::move(b).value();
 }
 
+// Block tables of 128 rows over a buffer of n_ctx rows of `row_bytes`, in device memory.
+DeviceBuffer BlockTable(const DeviceBuffer &buf, size_t row_bytes, int n_ctx) {
+  std::vector<const float *> tab;
+  for (int b = 0; b < n_ctx / 128; ++b) {
+    tab.push_back(reinterpret_cast<const float *>(buf.as<uint8_t>() + static_cast<size_t>(b) * 128 * row_bytes));
+  }
+  return Upload(tab);
+}
+
+// The attention call's shape over blocks of 128 rows (tables and types left to the caller).
+AttentionExtArgs ShapeArgs(int n_head, int n_head_kv, int head_dim, int v_dim, int k_width, int v_width, int pos0,
+                           bool latent) {
+  AttentionExtArgs a;
+  a.block_tokens = 128;
+  a.k_stride = k_width;
+  a.v_stride = v_width;
+  a.pos0 = pos0;
+  a.n_head = n_head;
+  a.n_head_kv = n_head_kv;
+  a.head_dim = head_dim;
+  a.v_dim = v_dim;
+  a.latent = latent;
+  a.scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+  return a;
+}
+
 }  // namespace
 
 TEST_CASE("KV rows: device-encoded f16 and q8_0 rows are EncodeKvRow's bytes", "[gpu][kv]") {
@@ -129,25 +155,10 @@ TEST_CASE("KV rows: attention over f16 and q8_0 rows matches the CPU backend ove
           cpu.Attention(q.data(), ckv.view(), c.n_tok, c.pos0, n_head, c.n_head_kv, c.head_dim, 0, ref.data(), p);
         }
         const DeviceBuffer dk = Upload(k), dv = Upload(v), dq = Upload(q);
-        std::vector<const float *> ktab, vtab;
-        for (int b = 0; b < n_ctx / 128; ++b) {
-          ktab.push_back(reinterpret_cast<const float *>(dk.as<uint8_t>() + static_cast<size_t>(b) * 128 * kb));
-          vtab.push_back(reinterpret_cast<const float *>(dv.as<uint8_t>() + static_cast<size_t>(b) * 128 * vb));
-        }
-        const DeviceBuffer dkt = Upload(ktab), dvt = Upload(vtab);
-        AttentionExtArgs a;
+        const DeviceBuffer dkt = BlockTable(dk, kb, n_ctx), dvt = BlockTable(dv, vb, n_ctx);
+        AttentionExtArgs a = ShapeArgs(n_head, c.n_head_kv, c.head_dim, v_dim, k_width, v_width, c.pos0, c.latent);
         a.k_blocks = dkt.as<const float *>();
         a.v_blocks = dvt.as<const float *>();
-        a.block_tokens = 128;
-        a.k_stride = k_width;
-        a.v_stride = v_width;
-        a.pos0 = c.pos0;
-        a.n_head = n_head;
-        a.n_head_kv = c.n_head_kv;
-        a.head_dim = c.head_dim;
-        a.v_dim = v_dim;
-        a.latent = c.latent;
-        a.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
         a.k_type = kt;
         a.v_type = c.latent ? KvType::kF32 : vt;
         REQUIRE(FlashAttentionApplies(a, c.n_tok) == c.flash);
@@ -210,28 +221,11 @@ TEST_CASE("KV rows: flash attention over f16 and q8_0 rows is the f32 kernel's o
         }
         const std::vector<float> q = RandomFloats(rng, static_cast<size_t>(c.n_tok) * n_head * c.head_dim, -2.f, 2.f);
         const DeviceBuffer dk = Upload(k), dv = Upload(v), dkd = Upload(kd), dvd = Upload(vd), dq = Upload(q);
-        // Block tables of 128 rows over a buffer of rows of `row_bytes`.
-        auto table = [&](const DeviceBuffer &buf, size_t row_bytes) {
-          std::vector<const float *> tab;
-          for (int b = 0; b < n_ctx / 128; ++b) {
-            tab.push_back(reinterpret_cast<const float *>(buf.as<uint8_t>() + static_cast<size_t>(b) * 128 * row_bytes));
-          }
-          return Upload(tab);
-        };
-        const DeviceBuffer dkt = table(dk, kb), dvt = table(dv, vb);
-        const DeviceBuffer dkdt = table(dkd, KvRowBytes(KvType::kF32, k_width));
-        const DeviceBuffer dvdt = table(dvd, KvRowBytes(KvType::kF32, v_width));
-        AttentionExtArgs a;
-        a.block_tokens = 128;
-        a.k_stride = k_width;
-        a.v_stride = v_width;
-        a.pos0 = c.pos0;
-        a.n_head = n_head;
-        a.n_head_kv = c.n_head_kv;
-        a.head_dim = c.head_dim;
-        a.v_dim = v_dim;
-        a.latent = c.latent;
-        a.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+        const DeviceBuffer dkt = BlockTable(dk, kb, n_ctx), dvt = BlockTable(dv, vb, n_ctx);
+        const DeviceBuffer dkdt = BlockTable(dkd, KvRowBytes(KvType::kF32, k_width), n_ctx);
+        const DeviceBuffer dvdt = BlockTable(dvd, KvRowBytes(KvType::kF32, v_width), n_ctx);
+        const AttentionExtArgs a =
+            ShapeArgs(n_head, c.n_head_kv, c.head_dim, v_dim, k_width, v_width, c.pos0, c.latent);
         AttentionExtArgs typed = a, plain = a;
         typed.k_blocks = dkt.as<const float *>();
         typed.v_blocks = dvt.as<const float *>();
