@@ -1,8 +1,8 @@
 // The CUDA attention kernels over a long KV cache, on their own: a decode step (one token over ctx
-// keys: the split path) against the bytes it must read over the HBM's measured bandwidth, and a
-// prompt chunk (512 tokens ending at ctx: the flash kernel) against its multiply-adds. Qwen3-30B-A3B's
-// attention shape by default (32 heads over 4 KV heads of 128), one layer, KV blocks of 128 tokens,
-// random keys, values and queries in f32, f16 and q8_0 rows.
+// keys: the staged decode kernel, and the split kernel it replaced) against the bytes it must read
+// over the HBM's measured bandwidth, and a prompt chunk (512 tokens ending at ctx: the flash kernel)
+// against its multiply-adds. Qwen3-30B-A3B's attention shape by default (32 heads over 4 KV heads of
+// 128), one layer, KV blocks of 128 tokens, random keys, values and queries in f32, f16 and q8_0 rows.
 // Usage: cuda_attention_bench [ctx ...] (default 4096 8192 32768). Prints a table; exits 0 without a GPU.
 #include <cuda_runtime.h>
 
@@ -19,6 +19,7 @@
 #include "backends/cuda/memory.h"
 #include "bench/cuda_bench_util.h"
 #include "lib/model/backend.h"
+#include "lib/util/tunables.h"
 
 namespace strata::cuda {
 namespace {
@@ -91,6 +92,15 @@ void Run(const Shape &sh, int ctx, model::KvType t, double hbm_gbs, cudaStream_t
   const float dec_ms = TimeMs(s, 50, [&] {
     BENCH_CHECK(AttentionExt(dq.as<float>(), a, 1, out.as<float>(), s, Workspace{ws.data(), ws.size()}));
   });
+  float split_ms = 0.f;  // the split kernel the staged one replaced, for the same call
+  {
+    tunables::Values knobs = tunables::Get();
+    knobs.cuda_flash_decode = false;
+    tunables::ScopedValues off(knobs);
+    split_ms = TimeMs(s, 50, [&] {
+      BENCH_CHECK(AttentionExt(dq.as<float>(), a, 1, out.as<float>(), s, Workspace{ws.data(), ws.size()}));
+    });
+  }
   const double dec_bytes = 2.0 * ctx * rb;
   const double dec_gbs = dec_bytes / (dec_ms * 1e-3) / 1e9;
   // A prompt's last chunk: 512 tokens over the keys before them and their own causal triangle.
@@ -100,8 +110,9 @@ void Run(const Shape &sh, int ctx, model::KvType t, double hbm_gbs, cudaStream_t
   });
   const double pairs = static_cast<double>(chunk) * (ctx - chunk) + chunk * (chunk + 1) / 2.0;
   const double pre_tflops = 4.0 * pairs * sh.head_dim * sh.n_head / (pre_ms * 1e-3) / 1e12;
-  std::printf("| %6d | %-4s | %8.1f | %7.0f | %5.1f%% | %8.2f | %8.0f | %7.1f |\n", ctx, model::KvTypeName(t),
-              dec_ms * 1e3, dec_gbs, 100.0 * dec_gbs / hbm_gbs, dec_ms * 48, pre_ms * 1e3, pre_tflops);
+  std::printf("| %6d | %-4s | %8.1f | %7.0f | %5.1f%% | %8.2f | %8.1f | %8.0f | %7.1f |\n", ctx,
+              model::KvTypeName(t), dec_ms * 1e3, dec_gbs, 100.0 * dec_gbs / hbm_gbs, dec_ms * 48, split_ms * 1e3,
+              pre_ms * 1e3, pre_tflops);
 }
 
 int Main(int argc, char **argv) {
@@ -117,8 +128,8 @@ int Main(int argc, char **argv) {
   if (cudaStreamCreate(&s) != cudaSuccess) return 1;
   const double hbm = CopyGbs(s);
   std::printf("HBM copy: %.0f GB/s (read + write)\n\n", hbm);
-  std::printf("| ctx | KV | decode us | GB/s | of HBM | x48 ms | prompt chunk us | TFLOP/s |\n");
-  std::printf("|---:|---|---:|---:|---:|---:|---:|---:|\n");
+  std::printf("| ctx | KV | decode us | GB/s | of HBM | x48 ms | split kernel us | prompt chunk us | TFLOP/s |\n");
+  std::printf("|---:|---|---:|---:|---:|---:|---:|---:|---:|\n");
   const Shape sh;
   for (int ctx : ctxs) {
     for (model::KvType t : {model::KvType::kF32, model::KvType::kF16, model::KvType::kQ8_0}) Run(sh, ctx, t, hbm, s);

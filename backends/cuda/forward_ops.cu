@@ -785,10 +785,17 @@ void LaunchSplit(int gb, dim3 grid, size_t smem, cudaStream_t stream, const floa
   }
 }
 
+// Whether a call takes the flash decode kernel: where the split path would serve it.
+bool TakesFlashDecode(const AttentionExtArgs &a, int64_t n_tok) {
+  if (FlashAttentionApplies(a, n_tok) || !FlashDecodeApplies(a, n_tok)) return false;
+  return a.rows != nullptr || n_tok * a.n_head < 256;
+}
+
 }  // namespace
 
 size_t AttentionExtWorkspaceBytes(const AttentionExtArgs &a, int64_t n_tok) {
   if (FlashAttentionApplies(a, n_tok)) return FlashAttentionWorkspaceBytes(a, n_tok);
+  if (TakesFlashDecode(a, n_tok)) return FlashDecodeSplits(a, n_tok) > 1 ? FlashDecodeWorkspaceBytes(a, n_tok) : 0;
   const int n = AttentionSplits(a, n_tok);
   return n == 0 ? 0 : static_cast<size_t>(n_tok) * a.n_head * n * (a.v_dim + 2) * sizeof(float);
 }
@@ -802,6 +809,12 @@ absl::Status AttentionExt(const float *q, const AttentionExtArgs &a, int64_t n_t
   }
   if (n_tok <= 0) return absl::OkStatus();
   if (FlashAttentionApplies(a, n_tok)) return FlashAttention(q, a, n_tok, out, stream, ws);
+  // Decode: the staged kernel, given its workspace when it splits (without it, a call of one
+  // sequence runs in one pass below).
+  if (TakesFlashDecode(a, n_tok) &&
+      (a.rows != nullptr || FlashDecodeSplits(a, n_tok) == 1 || ws.bytes >= FlashDecodeWorkspaceBytes(a, n_tok))) {
+    return FlashDecode(q, a, n_tok, out, stream, ws);
+  }
   const bool typed = KvRowsTyped(a);
   const int n_split = AttentionSplits(a, n_tok);
   if (n_split > kAttnMaxSplits) {  // the combine keeps two floats a chunk in 48 KiB of shared memory

@@ -584,6 +584,16 @@ absl::Status AttentionExt(const float *q, const AttentionExtArgs &a, int64_t n_t
 // When its query tiles are too few to fill the device over many keys (a short prompt after a long
 // context), the keys are split into runs combined as the split path's chunks (AttentionCombine);
 // that needs FlashAttentionWorkspaceBytes of ws, and without it the call runs unsplit.
+// Decode attention (flash_decode.cu), the split path's kernel for GQA heads of 128 (groups of 2 to 8,
+// no latent rows, no sink logits): a block per (token, KV head, split) stages its keys' and values'
+// rows by cp.async for the whole group, splits sized from each row's own key count (at most 64).
+// Applies where AttentionExt would split (rows mode, or a decode step); needs
+// FlashDecodeWorkspaceBytes of ws when it splits (never more than the split path's).
+bool FlashDecodeApplies(const AttentionExtArgs &a, int64_t n_tok);
+int FlashDecodeSplits(const AttentionExtArgs &a, int64_t n_tok);
+size_t FlashDecodeWorkspaceBytes(const AttentionExtArgs &a, int64_t n_tok);
+absl::Status FlashDecode(const float *q, const AttentionExtArgs &a, int64_t n_tok, float *out, cudaStream_t stream,
+                         Workspace ws);
 bool FlashAttentionApplies(const AttentionExtArgs &a, int64_t n_tok);
 size_t FlashAttentionWorkspaceBytes(const AttentionExtArgs &a, int64_t n_tok);
 absl::Status FlashAttention(const float *q, const AttentionExtArgs &a, int64_t n_tok, float *out,

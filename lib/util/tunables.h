@@ -81,6 +81,8 @@ namespace strata::tunables {
     "8-bit-activation products: 1 = tensor cores, 0 = GEMVs, -1 = by codec (Q4_K tensor cores, Q8_0 GEMVs)")        \
   X(bool, cuda_flash_attention, "STRATA_CUDA_FLASH_ATTENTION", true,                                                \
     "prompts' attention in the flash kernel (head_dim 64 / 128); off = the per-(token, head) kernels")              \
+  X(bool, cuda_flash_decode, "STRATA_CUDA_FLASH_DECODE", true,                                                      \
+    "decode attention of GQA heads of 128 in the staged kernel; off = the split kernel")                            \
   /* Tracing and profiling. */                                                                                      \
   X(bool, cuda_profile, "STRATA_CUDA_PROFILE", false, "the CUDA backend's per-operation timings on stderr")         \
   X(bool, cuda_stamps, "STRATA_CUDA_STAMPS", false, "device timestamps at the decode step's marks")                 \
