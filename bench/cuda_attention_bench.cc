@@ -1,6 +1,7 @@
 // The CUDA attention kernels over a long KV cache, on their own: a decode step (one token over ctx
 // keys: the staged decode kernel, and the split kernel it replaced) against the bytes it must read
-// over the HBM's measured bandwidth, and a prompt chunk (512 tokens ending at ctx: the flash kernel)
+// over the HBM's measured bandwidth, and a prompt chunk (512 tokens ending at ctx: the flash kernel;
+// f16 rows also in the 3xTF32 kernel the f16 tensor-core one replaced)
 // against its multiply-adds. Qwen3-30B-A3B's attention shape by default (32 heads over 4 KV heads of
 // 128), one layer, KV blocks of 128 tokens, random keys, values and queries in f32, f16 and q8_0 rows.
 // Usage: cuda_attention_bench [ctx ...] (default 4096 8192 32768). Prints a table; exits 0 without a GPU.
@@ -108,11 +109,20 @@ void Run(const Shape &sh, int ctx, model::KvType t, double hbm_gbs, cudaStream_t
   const float pre_ms = TimeMs(s, 5, [&] {
     BENCH_CHECK(AttentionExt(dq.as<float>(), a, chunk, out.as<float>(), s, Workspace{ws.data(), ws.size()}));
   });
+  float tf32_ms = pre_ms;  // f16 rows: the 3xTF32 flash kernel over their values, for the same call
+  if (t == model::KvType::kF16) {
+    tunables::Values knobs = tunables::Get();
+    knobs.cuda_flash_f16 = false;
+    tunables::ScopedValues off(knobs);
+    tf32_ms = TimeMs(s, 5, [&] {
+      BENCH_CHECK(AttentionExt(dq.as<float>(), a, chunk, out.as<float>(), s, Workspace{ws.data(), ws.size()}));
+    });
+  }
   const double pairs = static_cast<double>(chunk) * (ctx - chunk) + chunk * (chunk + 1) / 2.0;
   const double pre_tflops = 4.0 * pairs * sh.head_dim * sh.n_head / (pre_ms * 1e-3) / 1e12;
-  std::printf("| %6d | %-4s | %8.1f | %7.0f | %5.1f%% | %8.2f | %8.1f | %8.0f | %7.1f |\n", ctx,
+  std::printf("| %6d | %-4s | %8.1f | %7.0f | %5.1f%% | %8.2f | %8.1f | %8.0f | %7.1f | %8.0f |\n", ctx,
               model::KvTypeName(t), dec_ms * 1e3, dec_gbs, 100.0 * dec_gbs / hbm_gbs, dec_ms * 48, split_ms * 1e3,
-              pre_ms * 1e3, pre_tflops);
+              pre_ms * 1e3, pre_tflops, tf32_ms * 1e3);
 }
 
 int Main(int argc, char **argv) {
@@ -128,8 +138,9 @@ int Main(int argc, char **argv) {
   if (cudaStreamCreate(&s) != cudaSuccess) return 1;
   const double hbm = CopyGbs(s);
   std::printf("HBM copy: %.0f GB/s (read + write)\n\n", hbm);
-  std::printf("| ctx | KV | decode us | GB/s | of HBM | x48 ms | split kernel us | prompt chunk us | TFLOP/s |\n");
-  std::printf("|---:|---|---:|---:|---:|---:|---:|---:|---:|\n");
+  std::printf(
+      "| ctx | KV | decode us | GB/s | of HBM | x48 ms | split kernel us | prompt chunk us | TFLOP/s | 3xTF32 us |\n");
+  std::printf("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   const Shape sh;
   for (int ctx : ctxs) {
     for (model::KvType t : {model::KvType::kF32, model::KvType::kF16, model::KvType::kQ8_0}) Run(sh, ctx, t, hbm, s);

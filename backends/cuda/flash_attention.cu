@@ -445,6 +445,273 @@ __global__ void __launch_bounds__(kFlashThreads, 2) FlashAttentionKernel(const f
   }
 }
 
+// ---- f16 keys and values: the products on f16 tensor cores ----
+//
+// With both K and V stored in f16 (and not latent), a key or value is exactly an f16, so the
+// products need no split of it: scores are Qh K + Ql K (Q as the f16 Qh plus the f16 rest Ql,
+// about float32's precision of q), and the output adds P V with P rounded to f16 (the row sums
+// add the rounded weights, so each row is normalised by what it multiplied). m16n8k16 products,
+// the scores' accumulators feeding P V as its A fragments without a pass through shared memory.
+// Tiles of 64 keys, K and V rows copied as stored by cp.async, tile i + 1 in flight.
+template <int D>
+struct F16Shape {
+  static constexpr int kKeys = 64;
+  static constexpr int kPitch = D + 8;      // halves a staged row takes: conflict-free fragment loads
+  static constexpr int kQStride = D + 4;    // floats
+  static constexpr int kTileHalves = kKeys * kPitch;
+  static constexpr size_t kBytes = static_cast<size_t>(kRows) * kQStride * sizeof(float) +
+                                   static_cast<size_t>(2 * 2 * kTileHalves) * sizeof(__half) + 2 * kKeys * sizeof(int);
+};
+
+__device__ __forceinline__ uint32_t PackHalf2(float lo, float hi) {
+  const __half2 h = __floats2half2_rn(lo, hi);  // lo in the low 16 bits: the lower index
+  return *reinterpret_cast<const uint32_t *>(&h);
+}
+__device__ __forceinline__ uint32_t PackHalves(__half lo, __half hi) {
+  return static_cast<uint32_t>(__half_as_ushort(lo)) | (static_cast<uint32_t>(__half_as_ushort(hi)) << 16);
+}
+// c += a b over one m16n8k16 tile (f16 inputs, float32 accumulation).
+__device__ __forceinline__ void MmaF16(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// Block (query tile x, KV head y, run z) as FlashAttentionKernel's.
+template <int D>
+__global__ void __launch_bounds__(kFlashThreads, 2) FlashF16Kernel(const float *q, AttentionExtArgs a, int64_t n_tok,
+                                                                  float *out, int n_split, float *part) {
+  using S = F16Shape<D>;
+  constexpr int kKeys = S::kKeys, kP = S::kPitch;
+  dev::AwaitPrior();
+  extern __shared__ __align__(16) float sm[];
+  float *qs = sm;
+  __half *kv = reinterpret_cast<__half *>(qs + kRows * S::kQStride);  // [stage][K | V][kKeys][kP]
+  int *flags = reinterpret_cast<int *>(kv + 2 * 2 * S::kTileHalves);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int group = a.n_head / a.n_head_kv, tq = kRows / group;
+  const int kvh = blockIdx.y;
+  const int64_t t0 = static_cast<int64_t>(blockIdx.x) * tq;
+  const int64_t t_end = min(n_tok, t0 + tq);
+  const int p_lo = a.pos0 + static_cast<int>(t0), p_hi = a.pos0 + static_cast<int>(t_end) - 1;
+  const int k_begin = a.window > 0 ? max(0, p_lo - a.window + 1) / kKeys * kKeys : 0;
+  const int n_all = (p_hi - k_begin) / kKeys + 1;
+  const int per_split = (n_all + n_split - 1) / n_split;
+  const int i_begin = min(n_all, static_cast<int>(blockIdx.z) * per_split);
+  const int i_end = min(n_all, i_begin + per_split);
+
+  for (int c = threadIdx.x; c < kRows * D; c += kFlashThreads) {
+    const int r = c / D, col = c % D;
+    const int64_t t = t0 + r / group;
+    const bool valid = r < tq * group && t < t_end;
+    qs[r * S::kQStride + col] = valid ? q[(t * a.n_head + kvh * group + r % group) * D + col] : 0.f;
+  }
+  const int64_t k_row = static_cast<int64_t>(a.k_stride) * 2, v_row = static_cast<int64_t>(a.v_stride) * 2;
+  constexpr int kChunks = D / 8;  // 16-byte pieces of a head's f16 row
+  auto load_tile = [&](int i) {
+    const int kt = k_begin + i * kKeys;
+    __half *kd = kv + (i & 1) * 2 * S::kTileHalves, *vd = kd + S::kTileHalves;
+    for (int c = threadIdx.x; c < kKeys * kChunks; c += kFlashThreads) {
+      const int j = c / kChunks, col = (c % kChunks) * 8, kp = kt + j;
+      const bool valid = kp <= p_hi;
+      const uint8_t *ks = reinterpret_cast<const uint8_t *>(q), *vs = ks;
+      if (valid) {
+        const int blk = kp / a.block_tokens;
+        const int64_t off = kp % a.block_tokens;
+        ks = reinterpret_cast<const uint8_t *>(a.k_blocks[blk]) + off * k_row + (static_cast<int64_t>(kvh) * D + col) * 2;
+        vs = reinterpret_cast<const uint8_t *>(a.v_blocks[blk]) + off * v_row + (static_cast<int64_t>(kvh) * D + col) * 2;
+      }
+      CpAsync16(reinterpret_cast<float *>(kd + j * kP + col), reinterpret_cast<const float *>(ks), valid);
+      CpAsync16(reinterpret_cast<float *>(vd + j * kP + col), reinterpret_cast<const float *>(vs), valid);
+    }
+    for (int j = threadIdx.x; j < kKeys; j += kFlashThreads) {
+      const int kp = kt + j;
+      flags[(i & 1) * kKeys + j] = kp <= p_hi && a.masked != nullptr && a.masked[kp] != 0 ? 1 : 0;
+    }
+  };
+  if (i_begin < i_end) load_tile(i_begin);
+  CpAsyncCommit();
+  __syncthreads();  // the query rows
+
+  const int g = lane / 4, tg = lane % 4;
+  // The warp's query rows as f16 A fragments, the f16 value and the f16 rest of each float.
+  uint32_t qh[D / 16][4], ql[D / 16][4];
+  {
+    const float *q0 = qs + (warp * 16 + g) * S::kQStride, *q1 = q0 + 8 * S::kQStride;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const int c = kk * 16 + 2 * tg;
+      const float x[4][2] = {{q0[c], q0[c + 1]}, {q1[c], q1[c + 1]}, {q0[c + 8], q0[c + 9]}, {q1[c + 8], q1[c + 9]}};
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const __half h0 = __float2half_rn(x[r][0]), h1 = __float2half_rn(x[r][1]);
+        qh[kk][r] = PackHalves(h0, h1);
+        ql[kk][r] = PackHalf2(x[r][0] - __half2float(h0), x[r][1] - __half2float(h1));
+      }
+    }
+  }
+  int rpos[2], rfirst[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = warp * 16 + g + 8 * h;
+    const int64_t t = t0 + r / group;
+    const bool valid = r < tq * group && t < t_end;
+    rpos[h] = valid ? a.pos0 + static_cast<int>(t) : -1;
+    rfirst[h] = valid && a.window > 0 ? max(0, rpos[h] - a.window + 1) : 0;
+  }
+  float o[D / 8][4];
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+
+  for (int i = i_begin; i < i_end; ++i) {
+    if (i + 1 < i_end) load_tile(i + 1);
+    CpAsyncCommit();
+    CpAsyncWait<1>();
+    __syncthreads();
+    const int kt = k_begin + i * kKeys;
+    const __half *kb = kv + (i & 1) * 2 * S::kTileHalves, *vb = kb + S::kTileHalves;
+    const int *fl = flags + (i & 1) * kKeys;
+    bool any = false;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) any |= rpos[h] >= kt && rpos[h] >= 0 && rfirst[h] <= kt + kKeys - 1;
+    any = __any_sync(0xffffffffu, any);
+    if (any) {
+      float s[kKeys / 8][4];
+#pragma unroll
+      for (int n = 0; n < kKeys / 8; ++n) {
+        s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+        const __half *krow = kb + (n * 8 + g) * kP + 2 * tg;
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+          const uint32_t b[2] = {*reinterpret_cast<const uint32_t *>(krow + kk * 16),
+                                 *reinterpret_cast<const uint32_t *>(krow + kk * 16 + 8)};
+          MmaF16(s[n], ql[kk], b);
+          MmaF16(s[n], qh[kk], b);
+        }
+      }
+      float mt[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+      for (int n = 0; n < kKeys / 8; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int h = e / 2, j = n * 8 + tg * 2 + (e & 1), kp = kt + j;
+          const bool vis = kp <= rpos[h] && kp >= rfirst[h] && (kp == rpos[h] || fl[j] == 0);
+          s[n][e] = vis ? __fmul_rn(s[n][e], a.scale) : -INFINITY;
+          mt[h] = fmaxf(mt[h], s[n][e]);
+        }
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        mt[h] = fmaxf(mt[h], __shfl_xor_sync(0xffffffffu, mt[h], 1));
+        mt[h] = fmaxf(mt[h], __shfl_xor_sync(0xffffffffu, mt[h], 2));
+        const float mn = fmaxf(m[h], mt[h]);
+        const float base = mn == -INFINITY ? 0.f : mn;
+        const float alpha = expf(m[h] - base);
+        m[h] = mn;
+        mt[h] = base;
+        l[h] *= alpha;
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n) {
+          o[n][2 * h] *= alpha;
+          o[n][2 * h + 1] *= alpha;
+        }
+      }
+      // Weights rounded to f16, in place of the scores (their row sums add the rounded values).
+#pragma unroll
+      for (int n = 0; n < kKeys / 8; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int h = e / 2;
+          const float p = __half2float(__float2half_rn(expf(s[n][e] - mt[h])));
+          l[h] += p;
+          s[n][e] = p;
+        }
+      }
+      // o += P V: P's A fragments are the scores' accumulators of key groups 2 kk and 2 kk + 1.
+#pragma unroll
+      for (int kk = 0; kk < kKeys / 16; ++kk) {
+        const uint32_t pa[4] = {PackHalf2(s[2 * kk][0], s[2 * kk][1]), PackHalf2(s[2 * kk][2], s[2 * kk][3]),
+                                PackHalf2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                                PackHalf2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+        const __half *v0 = vb + (kk * 16 + 2 * tg) * kP + g;
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n) {
+          const __half *vc = v0 + n * 8;
+          const uint32_t b[2] = {PackHalves(vc[0], vc[kP]), PackHalves(vc[8 * kP], vc[9 * kP])};
+          MmaF16(o[n], pa, b);
+        }
+      }
+    }
+    __syncthreads();  // the buffers of tile i are free for tile i + 2
+  }
+  CpAsyncWait<0>();
+
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+    const int r = warp * 16 + g + 8 * h;
+    if (rpos[h] < 0) continue;
+    const int head = kvh * group + r % group;
+    const int64_t th = (t0 + r / group) * a.n_head + head;
+    if (n_split > 1) {
+      float *dst = part + (th * n_split + blockIdx.z) * (a.v_dim + 2);
+      if (tg == 0) {
+        dst[0] = m[h];
+        dst[1] = l[h];
+      }
+#pragma unroll
+      for (int n = 0; n < D / 8; ++n) {
+        const int c = n * 8 + tg * 2;
+        dst[2 + c] = o[n][2 * h];
+        dst[2 + c + 1] = o[n][2 * h + 1];
+      }
+      continue;
+    }
+    float scale_o = 1.f;
+    if (a.sinks != nullptr) {
+      const float sink = a.sinks[head];
+      const float mn = fmaxf(m[h], sink);
+      scale_o = expf(m[h] - mn);
+      l[h] = l[h] * scale_o + expf(sink - mn);
+    }
+    const float inv = scale_o / l[h];
+    float *dst = out + th * a.v_dim;
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+      const int c = n * 8 + tg * 2;
+      dst[c] = o[n][2 * h] * inv;
+      dst[c + 1] = o[n][2 * h + 1] * inv;
+    }
+  }
+}
+
+template <int D>
+absl::Status LaunchFlashF16(const float *q, const AttentionExtArgs &a, int64_t n_tok, float *out, int n_split,
+                            float *part, cudaStream_t stream) {
+  using S = F16Shape<D>;
+  static const cudaError_t opt_in = cudaFuncSetAttribute(FlashF16Kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                         static_cast<int>(S::kBytes));
+  STRATA_CUDA_RETURN_IF_ERROR(opt_in);
+  const int64_t tiles = QueryTiles(a, n_tok);
+  if (tiles > INT32_MAX) return Errorf(MOE_ERR_INVALID_ARGUMENT, "flash attention over %d tokens", n_tok);
+  const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(a.n_head_kv), static_cast<unsigned>(n_split));
+  Launch(FlashF16Kernel<D>, grid, kFlashThreads, S::kBytes, stream, q, a, n_tok, out, n_split, part);
+  STRATA_CUDA_RETURN_IF_LAUNCH_FAILED();
+  if (n_split > 1) return AttentionCombine(part, a, n_tok, n_split, out, stream);
+  return absl::OkStatus();
+}
+
+// Whether a call's rows take the f16 kernel: both K and V in f16 (not latent), their strides in
+// whole 16-byte pieces.
+bool TakesF16(const AttentionExtArgs &a) {
+  return tunables::Get().cuda_flash_f16 && !a.latent && a.k_type == model::KvType::kF16 &&
+         a.v_type == model::KvType::kF16 && a.k_stride % 8 == 0 && a.v_stride % 8 == 0;
+}
+
 template <int D, bool kTyped>
 absl::Status LaunchFlash(const float *q, const AttentionExtArgs &a, int64_t n_tok, float *out, int n_split,
                          float *part, cudaStream_t stream) {
@@ -521,6 +788,10 @@ absl::Status FlashAttention(const float *q, const AttentionExtArgs &a, int64_t n
   const bool split = need > 0 && ws.data != nullptr && ws.bytes >= need;
   const int n_split = split ? FlashSplits(a, n_tok) : 1;
   float *part = split ? static_cast<float *>(ws.data) : nullptr;
+  if (TakesF16(a)) {
+    return a.head_dim == 64 ? LaunchFlashF16<64>(q, a, n_tok, out, n_split, part, stream)
+                            : LaunchFlashF16<128>(q, a, n_tok, out, n_split, part, stream);
+  }
   if (KvRowsTyped(a)) {
     return a.head_dim == 64 ? LaunchFlash<64, true>(q, a, n_tok, out, n_split, part, stream)
                             : LaunchFlash<128, true>(q, a, n_tok, out, n_split, part, stream);

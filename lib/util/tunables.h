@@ -83,6 +83,8 @@ namespace strata::tunables {
     "prompts' attention in the flash kernel (head_dim 64 / 128); off = the per-(token, head) kernels")              \
   X(bool, cuda_flash_decode, "STRATA_CUDA_FLASH_DECODE", true,                                                      \
     "decode attention of GQA heads of 128 in the staged kernel; off = the split kernel")                            \
+  X(bool, cuda_flash_f16, "STRATA_CUDA_FLASH_F16", true,                                                            \
+    "prompts over f16 K and V on f16 tensor cores; off = the 3xTF32 flash kernel over their values")                \
   /* Tracing and profiling. */                                                                                      \
   X(bool, cuda_profile, "STRATA_CUDA_PROFILE", false, "the CUDA backend's per-operation timings on stderr")         \
   X(bool, cuda_stamps, "STRATA_CUDA_STAMPS", false, "device timestamps at the decode step's marks")                 \

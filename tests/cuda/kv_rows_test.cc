@@ -171,7 +171,9 @@ TEST_CASE("KV rows: attention over f16 and q8_0 rows matches the CPU backend ove
         REQUIRE(st.ok());
         const double err = RelL2(Download<float>(dout, ref.size()), ref);
         INFO("relative L2 " << err);
-        CHECK(err < 2e-5);
+        // Prompts over f16 keys and values run on f16 tensor cores, the weights rounded to f16.
+        const bool f16_cores = c.flash && !c.latent && kt == KvType::kF16 && vt == KvType::kF16;
+        CHECK(err < (f16_cores ? 5e-4 : 2e-5));
       }
     }
   }
@@ -184,6 +186,7 @@ namespace strata::cuda {
 // The flash kernel over typed rows decodes each tile into the floats the f32 kernel copies: over the
 // same cache decoded to f32 on the host its outputs are the f32 flash kernel's bits, and they agree
 // with the typed per-(token, head) kernels (STRATA_CUDA_FLASH_ATTENTION=0) to float32 rounding.
+// f16 keys with f16 values take the f16 tensor-core kernel instead: within its rounding of both.
 TEST_CASE("KV rows: flash attention over f16 and q8_0 rows is the f32 kernel's over their values", "[gpu][kv]") {
   if (!HaveGpu()) return;
   std::mt19937 rng = test::Rng();
@@ -249,7 +252,13 @@ TEST_CASE("KV rows: flash attention over f16 and q8_0 rows is the f32 kernel's o
         REQUIRE(AttentionExtWorkspaceBytes(typed, c.n_tok) == AttentionExtWorkspaceBytes(plain, c.n_tok));
         const std::vector<float> flash_typed = run(typed), flash_plain = run(plain);
         CHECK(std::all_of(flash_typed.begin(), flash_typed.end(), [](float x) { return std::isfinite(x); }));
-        CHECK(std::memcmp(flash_typed.data(), flash_plain.data(), n_out * sizeof(float)) == 0);
+        // f16 keys and values take the f16 tensor-core kernel (weights rounded to f16): within its
+        // rounding of the f32 kernel's bits; every other pair decodes into the f32 kernel's tiles.
+        if (!c.latent && kt == KvType::kF16 && vt == KvType::kF16) {
+          CHECK(RelL2(flash_typed, flash_plain) < 5e-4);
+        } else {
+          CHECK(std::memcmp(flash_typed.data(), flash_plain.data(), n_out * sizeof(float)) == 0);
+        }
         // The per-(token, head) kernels over the same typed rows.
         tunables::Values knobs = tunables::Get();
         knobs.cuda_flash_attention = false;
@@ -261,7 +270,7 @@ TEST_CASE("KV rows: flash attention over f16 and q8_0 rows is the f32 kernel's o
         }
         const double err = RelL2(flash_typed, other);
         INFO("relative L2, flash vs per-(token, head) " << err);
-        CHECK(err < 1e-5);
+        CHECK(err < (!c.latent && kt == KvType::kF16 && vt == KvType::kF16 ? 5e-4 : 1e-5));
       }
     }
   }
