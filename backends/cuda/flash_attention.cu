@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "backends/cuda/cp_async.cuh"
 #include "backends/cuda/cuda_status.h"
 #include "backends/cuda/kernels.h"
 #include "backends/cuda/kv_rows.cuh"
@@ -82,16 +83,9 @@ __device__ __forceinline__ void Mma3(float (&c)[4], const uint32_t (&ab)[4], con
   Mma(c, ab, bb);
 }
 
-// 16 bytes from global to shared memory, or zeros when !valid (src is then not read).
-__device__ __forceinline__ void CpAsync16(float *dst, const float *src, bool valid) {
-  const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(valid ? 16 : 0) : "memory");
-}
-__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void CpAsyncWait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
+using dev::CpAsync16;
+using dev::CpAsyncCommit;
+using dev::CpAsyncWait;
 
 // A thread's share of a typed K or V tile, held in registers from its loads to its decode.
 // f16: four pieces of 8 halves, rows threadIdx.x / (D / 8) + u kFlashThreads / (D / 8), columns
@@ -177,6 +171,127 @@ __device__ __forceinline__ void StoreTypedShare(model::KvType t, const TypedShar
   }
 }
 
+// Pieces both flash kernels share. A tile's query rows: row r is token t0 + r / group, head
+// kvh group + r % group; rows past the tile's tokens are zeros.
+template <int D, int kStride>
+__device__ __forceinline__ void LoadQueryRows(const float *q, const AttentionExtArgs &a, int64_t t0, int64_t t_end,
+                                              int kvh, float *qs) {
+  const int group = a.n_head / a.n_head_kv, tq = kRows / group;
+  for (int c = threadIdx.x; c < kRows * D; c += kFlashThreads) {
+    const int r = c / D, col = c % D;
+    const int64_t t = t0 + r / group;
+    const bool valid = r < tq * group && t < t_end;
+    qs[r * kStride + col] = valid ? q[(t * a.n_head + kvh * group + r % group) * D + col] : 0.f;
+  }
+}
+
+// A thread's two rows (lane / 4 and lane / 4 + 8 of its warp's 16): position and first key; a
+// padding row gets position -1, which sees no key.
+__device__ __forceinline__ void ThreadRows(const AttentionExtArgs &a, int64_t t0, int64_t t_end, int warp, int qr,
+                                           int (&rpos)[2], int (&rfirst)[2]) {
+  const int group = a.n_head / a.n_head_kv, tq = kRows / group;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = warp * 16 + qr + 8 * h;
+    const int64_t t = t0 + r / group;
+    const bool valid = r < tq * group && t < t_end;
+    rpos[h] = valid ? a.pos0 + static_cast<int>(t) : -1;
+    rfirst[h] = valid && a.window > 0 ? max(0, rpos[h] - a.window + 1) : 0;
+  }
+}
+
+// Whether any of the warp's rows sees a key of the tile starting at kt.
+template <int kKeys>
+__device__ __forceinline__ bool WarpSeesTile(const int (&rpos)[2], const int (&rfirst)[2], int kt) {
+  bool any = false;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) any |= rpos[h] >= kt && rpos[h] >= 0 && rfirst[h] <= kt + kKeys - 1;
+  return __any_sync(0xffffffffu, any);
+}
+
+// The tile's scores scaled and masked (a masked key is no key but for its own position's query),
+// then the online softmax's step: the rows' new maxima into m, l and o rescaled to them, and mt
+// the base each weight's exponent subtracts (0 for a row with no key yet).
+template <int kKeys, int D>
+__device__ __forceinline__ void ScoresToBase(float (&s)[kKeys / 8][4], const int *fl, int kt, int qc,
+                                             const int (&rpos)[2], const int (&rfirst)[2], float scale,
+                                             float (&m)[2], float (&l)[2], float (&o)[D / 8][4], float (&mt)[2]) {
+  mt[0] = mt[1] = -INFINITY;
+#pragma unroll
+  for (int n = 0; n < kKeys / 8; ++n) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int h = e / 2, j = n * 8 + qc * 2 + (e & 1), kp = kt + j;
+      const bool vis = kp <= rpos[h] && kp >= rfirst[h] && (kp == rpos[h] || fl[j] == 0);
+      s[n][e] = vis ? __fmul_rn(s[n][e], scale) : -INFINITY;
+      mt[h] = fmaxf(mt[h], s[n][e]);
+    }
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    mt[h] = fmaxf(mt[h], __shfl_xor_sync(0xffffffffu, mt[h], 1));
+    mt[h] = fmaxf(mt[h], __shfl_xor_sync(0xffffffffu, mt[h], 2));
+    const float mn = fmaxf(m[h], mt[h]);
+    const float base = mn == -INFINITY ? 0.f : mn;  // a row with no key yet stays at zero
+    const float alpha = expf(m[h] - base);
+    m[h] = mn;
+    mt[h] = base;
+    l[h] *= alpha;
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+      o[n][2 * h] *= alpha;
+      o[n][2 * h + 1] *= alpha;
+    }
+  }
+}
+
+// Row sums over the quad, the sink logit, and the normalised rows out; with n_split > 1 each row's
+// max, sum and unnormalised output go to part (the split path's layout) for AttentionCombine.
+template <int D>
+__device__ __forceinline__ void WriteRows(const AttentionExtArgs &a, int64_t t0, int kvh, int warp, int qr, int qc,
+                                          const int (&rpos)[2], float (&m)[2], float (&l)[2], float (&o)[D / 8][4],
+                                          int n_split, float *part, float *out) {
+  const int group = a.n_head / a.n_head_kv;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+    const int r = warp * 16 + qr + 8 * h;
+    if (rpos[h] < 0) continue;
+    const int head = kvh * group + r % group;
+    const int64_t th = (t0 + r / group) * a.n_head + head;
+    if (n_split > 1) {
+      float *dst = part + (th * n_split + blockIdx.z) * (a.v_dim + 2);
+      if (qc == 0) {
+        dst[0] = m[h];
+        dst[1] = l[h];
+      }
+#pragma unroll
+      for (int n = 0; n < D / 8; ++n) {
+        const int c = n * 8 + qc * 2;
+        if (c < a.v_dim) dst[2 + c] = o[n][2 * h];
+        if (c + 1 < a.v_dim) dst[2 + c + 1] = o[n][2 * h + 1];
+      }
+      continue;
+    }
+    float scale_o = 1.f;
+    if (a.sinks != nullptr) {  // one more logit whose value row is zero
+      const float sink = a.sinks[head];
+      const float mn = fmaxf(m[h], sink);
+      scale_o = expf(m[h] - mn);
+      l[h] = l[h] * scale_o + expf(sink - mn);
+    }
+    const float inv = scale_o / l[h];
+    float *dst = out + th * a.v_dim;
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+      const int c = n * 8 + qc * 2;
+      if (c < a.v_dim) dst[c] = o[n][2 * h] * inv;
+      if (c + 1 < a.v_dim) dst[c + 1] = o[n][2 * h + 1] * inv;
+    }
+  }
+}
+
 // Block (query tile x, KV head y): tokens t0 .. t0 + tq - 1 (tq = kRows / group) and the group's
 // heads; row r is token t0 + r / group, head y group + r % group. Keys from the first one the
 // tile's first token sees to the last token's own position, kKeys at a time.
@@ -214,12 +329,7 @@ __global__ void __launch_bounds__(kFlashThreads, 2) FlashAttentionKernel(const f
   const int i_end = min(n_all, i_begin + per_split);
 
   // The query rows, zeros past the tile's tokens (plain loads: q need not be 16-byte aligned).
-  for (int c = threadIdx.x; c < kRows * D; c += kFlashThreads) {
-    const int r = c / D, col = c % D;
-    const int64_t t = t0 + r / group;
-    const bool valid = r < tq * group && t < t_end;
-    qs[r * S::kQStride + col] = valid ? q[(t * a.n_head + kvh * group + r % group) * D + col] : 0.f;
-  }
+  LoadQueryRows<D, S::kQStride>(q, a, t0, t_end, kvh, qs);
   constexpr int kChunks = D / 4;  // 16-byte pieces of a K/V row
   // Tile i's keys and values (the first v_dim floats of the key rows when latent: no V copy), zeros
   // past the last position (those cache rows may hold anything), and each key's mask flag.
@@ -279,17 +389,8 @@ __global__ void __launch_bounds__(kFlashThreads, 2) FlashAttentionKernel(const f
     if constexpr (kTyped) store_typed(i_begin);
   }
 
-  // This thread's two rows (lane / 4 and lane / 4 + 8 of the warp's 16): position and first key; a
-  // padding row gets position -1, which sees no key.
   int rpos[2], rfirst[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int r = warp * 16 + lane / 4 + 8 * h;
-    const int64_t t = t0 + r / group;
-    const bool valid = r < tq * group && t < t_end;
-    rpos[h] = valid ? a.pos0 + static_cast<int>(t) : -1;
-    rfirst[h] = valid && a.window > 0 ? max(0, rpos[h] - a.window + 1) : 0;
-  }
+  ThreadRows(a, t0, t_end, warp, lane / 4, rpos, rfirst);
   float o[D / 8][4];
 #pragma unroll
   for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
@@ -314,11 +415,7 @@ __global__ void __launch_bounds__(kFlashThreads, 2) FlashAttentionKernel(const f
     const int *fl = flags + (i & 1) * kKeys;
     // A warp none of whose 16 rows sees a key of the tile (all before it, or past their window)
     // skips it.
-    bool any = false;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) any |= rpos[h] >= kt && rpos[h] >= 0 && rfirst[h] <= kt + kKeys - 1;
-    any = __any_sync(0xffffffffu, any);
-    if (any) {
+    if (WarpSeesTile<kKeys>(rpos, rfirst, kt)) {
       // Scores s = Q K^T for the warp's 16 rows and the tile's keys.
       float s[kKeys / 8][4];
 #pragma unroll
@@ -339,33 +436,8 @@ __global__ void __launch_bounds__(kFlashThreads, 2) FlashAttentionKernel(const f
         }
       }
       // Scale, mask (a masked key is no key but for its own position's query), online softmax.
-      float mt[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-      for (int n = 0; n < kKeys / 8; ++n) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int h = e / 2, j = n * 8 + qc * 2 + (e & 1), kp = kt + j;
-          const bool vis = kp <= rpos[h] && kp >= rfirst[h] && (kp == rpos[h] || fl[j] == 0);
-          s[n][e] = vis ? __fmul_rn(s[n][e], a.scale) : -INFINITY;
-          mt[h] = fmaxf(mt[h], s[n][e]);
-        }
-      }
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        mt[h] = fmaxf(mt[h], __shfl_xor_sync(0xffffffffu, mt[h], 1));
-        mt[h] = fmaxf(mt[h], __shfl_xor_sync(0xffffffffu, mt[h], 2));
-        const float mn = fmaxf(m[h], mt[h]);
-        const float base = mn == -INFINITY ? 0.f : mn;  // a row with no key yet stays at zero
-        const float alpha = expf(m[h] - base);
-        m[h] = mn;
-        mt[h] = base;
-        l[h] *= alpha;
-#pragma unroll
-        for (int n = 0; n < D / 8; ++n) {
-          o[n][2 * h] *= alpha;
-          o[n][2 * h + 1] *= alpha;
-        }
-      }
+      float mt[2];
+      ScoresToBase<kKeys, D>(s, fl, kt, qc, rpos, rfirst, a.scale, m, l, o, mt);
 #pragma unroll
       for (int n = 0; n < kKeys / 8; ++n) {
 #pragma unroll
@@ -404,45 +476,7 @@ __global__ void __launch_bounds__(kFlashThreads, 2) FlashAttentionKernel(const f
     __syncthreads();  // the buffers of tile i are free for tile i + 2
   }
 
-  // Row sums over the quad, the sink logit, and the normalised rows out.
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
-    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
-    const int r = warp * 16 + qr + 8 * h;
-    if (rpos[h] < 0) continue;
-    const int head = kvh * group + r % group;
-    const int64_t th = (t0 + r / group) * a.n_head + head;
-    if (n_split > 1) {
-      float *dst = part + (th * n_split + blockIdx.z) * (a.v_dim + 2);
-      if (qc == 0) {
-        dst[0] = m[h];
-        dst[1] = l[h];
-      }
-#pragma unroll
-      for (int n = 0; n < D / 8; ++n) {
-        const int c = n * 8 + qc * 2;
-        if (c < a.v_dim) dst[2 + c] = o[n][2 * h];
-        if (c + 1 < a.v_dim) dst[2 + c + 1] = o[n][2 * h + 1];
-      }
-      continue;
-    }
-    float scale_o = 1.f;
-    if (a.sinks != nullptr) {  // one more logit whose value row is zero
-      const float sink = a.sinks[head];
-      const float mn = fmaxf(m[h], sink);
-      scale_o = expf(m[h] - mn);
-      l[h] = l[h] * scale_o + expf(sink - mn);
-    }
-    const float inv = scale_o / l[h];
-    float *dst = out + th * a.v_dim;
-#pragma unroll
-    for (int n = 0; n < D / 8; ++n) {
-      const int c = n * 8 + qc * 2;
-      if (c < a.v_dim) dst[c] = o[n][2 * h] * inv;
-      if (c + 1 < a.v_dim) dst[c + 1] = o[n][2 * h + 1] * inv;
-    }
-  }
+  WriteRows<D>(a, t0, kvh, warp, qr, qc, rpos, m, l, o, n_split, part, out);
 }
 
 // ---- f16 keys and values: the products on f16 tensor cores ----
@@ -502,12 +536,7 @@ __global__ void __launch_bounds__(kFlashThreads, 2) FlashF16Kernel(const float *
   const int i_begin = min(n_all, static_cast<int>(blockIdx.z) * per_split);
   const int i_end = min(n_all, i_begin + per_split);
 
-  for (int c = threadIdx.x; c < kRows * D; c += kFlashThreads) {
-    const int r = c / D, col = c % D;
-    const int64_t t = t0 + r / group;
-    const bool valid = r < tq * group && t < t_end;
-    qs[r * S::kQStride + col] = valid ? q[(t * a.n_head + kvh * group + r % group) * D + col] : 0.f;
-  }
+  LoadQueryRows<D, S::kQStride>(q, a, t0, t_end, kvh, qs);
   const int64_t k_row = static_cast<int64_t>(a.k_stride) * 2, v_row = static_cast<int64_t>(a.v_stride) * 2;
   constexpr int kChunks = D / 8;  // 16-byte pieces of a head's f16 row
   auto load_tile = [&](int i) {
@@ -523,8 +552,8 @@ __global__ void __launch_bounds__(kFlashThreads, 2) FlashF16Kernel(const float *
         ks = reinterpret_cast<const uint8_t *>(a.k_blocks[blk]) + off * k_row + (static_cast<int64_t>(kvh) * D + col) * 2;
         vs = reinterpret_cast<const uint8_t *>(a.v_blocks[blk]) + off * v_row + (static_cast<int64_t>(kvh) * D + col) * 2;
       }
-      CpAsync16(reinterpret_cast<float *>(kd + j * kP + col), reinterpret_cast<const float *>(ks), valid);
-      CpAsync16(reinterpret_cast<float *>(vd + j * kP + col), reinterpret_cast<const float *>(vs), valid);
+      CpAsync16(kd + j * kP + col, ks, valid);
+      CpAsync16(vd + j * kP + col, vs, valid);
     }
     for (int j = threadIdx.x; j < kKeys; j += kFlashThreads) {
       const int kp = kt + j;
@@ -553,14 +582,7 @@ __global__ void __launch_bounds__(kFlashThreads, 2) FlashF16Kernel(const float *
     }
   }
   int rpos[2], rfirst[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int r = warp * 16 + g + 8 * h;
-    const int64_t t = t0 + r / group;
-    const bool valid = r < tq * group && t < t_end;
-    rpos[h] = valid ? a.pos0 + static_cast<int>(t) : -1;
-    rfirst[h] = valid && a.window > 0 ? max(0, rpos[h] - a.window + 1) : 0;
-  }
+  ThreadRows(a, t0, t_end, warp, g, rpos, rfirst);
   float o[D / 8][4];
 #pragma unroll
   for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
@@ -574,11 +596,7 @@ __global__ void __launch_bounds__(kFlashThreads, 2) FlashF16Kernel(const float *
     const int kt = k_begin + i * kKeys;
     const __half *kb = kv + (i & 1) * 2 * S::kTileHalves, *vb = kb + S::kTileHalves;
     const int *fl = flags + (i & 1) * kKeys;
-    bool any = false;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) any |= rpos[h] >= kt && rpos[h] >= 0 && rfirst[h] <= kt + kKeys - 1;
-    any = __any_sync(0xffffffffu, any);
-    if (any) {
+    if (WarpSeesTile<kKeys>(rpos, rfirst, kt)) {
       float s[kKeys / 8][4];
 #pragma unroll
       for (int n = 0; n < kKeys / 8; ++n) {
@@ -592,33 +610,8 @@ __global__ void __launch_bounds__(kFlashThreads, 2) FlashF16Kernel(const float *
           MmaF16(s[n], qh[kk], b);
         }
       }
-      float mt[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-      for (int n = 0; n < kKeys / 8; ++n) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int h = e / 2, j = n * 8 + tg * 2 + (e & 1), kp = kt + j;
-          const bool vis = kp <= rpos[h] && kp >= rfirst[h] && (kp == rpos[h] || fl[j] == 0);
-          s[n][e] = vis ? __fmul_rn(s[n][e], a.scale) : -INFINITY;
-          mt[h] = fmaxf(mt[h], s[n][e]);
-        }
-      }
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        mt[h] = fmaxf(mt[h], __shfl_xor_sync(0xffffffffu, mt[h], 1));
-        mt[h] = fmaxf(mt[h], __shfl_xor_sync(0xffffffffu, mt[h], 2));
-        const float mn = fmaxf(m[h], mt[h]);
-        const float base = mn == -INFINITY ? 0.f : mn;
-        const float alpha = expf(m[h] - base);
-        m[h] = mn;
-        mt[h] = base;
-        l[h] *= alpha;
-#pragma unroll
-        for (int n = 0; n < D / 8; ++n) {
-          o[n][2 * h] *= alpha;
-          o[n][2 * h + 1] *= alpha;
-        }
-      }
+      float mt[2];
+      ScoresToBase<kKeys, D>(s, fl, kt, tg, rpos, rfirst, a.scale, m, l, o, mt);
       // Weights rounded to f16, in place of the scores (their row sums add the rounded values).
 #pragma unroll
       for (int n = 0; n < kKeys / 8; ++n) {
@@ -648,45 +641,7 @@ __global__ void __launch_bounds__(kFlashThreads, 2) FlashF16Kernel(const float *
     __syncthreads();  // the buffers of tile i are free for tile i + 2
   }
   CpAsyncWait<0>();
-
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
-    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
-    const int r = warp * 16 + g + 8 * h;
-    if (rpos[h] < 0) continue;
-    const int head = kvh * group + r % group;
-    const int64_t th = (t0 + r / group) * a.n_head + head;
-    if (n_split > 1) {
-      float *dst = part + (th * n_split + blockIdx.z) * (a.v_dim + 2);
-      if (tg == 0) {
-        dst[0] = m[h];
-        dst[1] = l[h];
-      }
-#pragma unroll
-      for (int n = 0; n < D / 8; ++n) {
-        const int c = n * 8 + tg * 2;
-        dst[2 + c] = o[n][2 * h];
-        dst[2 + c + 1] = o[n][2 * h + 1];
-      }
-      continue;
-    }
-    float scale_o = 1.f;
-    if (a.sinks != nullptr) {
-      const float sink = a.sinks[head];
-      const float mn = fmaxf(m[h], sink);
-      scale_o = expf(m[h] - mn);
-      l[h] = l[h] * scale_o + expf(sink - mn);
-    }
-    const float inv = scale_o / l[h];
-    float *dst = out + th * a.v_dim;
-#pragma unroll
-    for (int n = 0; n < D / 8; ++n) {
-      const int c = n * 8 + tg * 2;
-      dst[c] = o[n][2 * h] * inv;
-      dst[c + 1] = o[n][2 * h + 1] * inv;
-    }
-  }
+  WriteRows<D>(a, t0, kvh, warp, g, tg, rpos, m, l, o, n_split, part, out);
 }
 
 template <int D>

@@ -22,6 +22,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "backends/cuda/cp_async.cuh"
 #include "backends/cuda/cuda_status.h"
 #include "backends/cuda/kernels.h"
 #include "backends/cuda/kv_rows.cuh"
@@ -60,19 +61,10 @@ __device__ __forceinline__ int HeadBytes(model::KvType t) {
   return t == model::KvType::kF32 ? kD * 4 : t == model::KvType::kF16 ? kD * 2 : (kD / model::kKvQ8Elems) * model::kKvQ8Bytes;
 }
 
-__device__ __forceinline__ void CpAsync16(void *dst, const void *src, bool valid) {
-  const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(valid ? 16 : 0) : "memory");
-}
-__device__ __forceinline__ void CpAsync4(void *dst, const void *src, bool valid) {
-  const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(d), "l"(src), "r"(valid ? 4 : 0) : "memory");
-}
-__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void CpAsyncWait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
+using dev::CpAsync16;
+using dev::CpAsync4;
+using dev::CpAsyncCommit;
+using dev::CpAsyncWait;
 
 struct RowTables {
   const float *const *kb;
