@@ -85,7 +85,13 @@ void Run(const Shape &sh, int ctx, model::KvType t, double hbm_gbs, cudaStream_t
 
   // Decode: the last position over every key.
   a.pos0 = ctx - 1;
-  const size_t ws_dec = AttentionExtWorkspaceBytes(a, 1);
+  size_t ws_dec = AttentionExtWorkspaceBytes(a, 1);
+  {
+    tunables::Values knobs = tunables::Get();
+    knobs.cuda_flash_decode = false;
+    tunables::ScopedValues off(knobs);
+    ws_dec = std::max(ws_dec, AttentionExtWorkspaceBytes(a, 1));  // the split kernel's splits
+  }
   a.pos0 = ctx - chunk;
   const size_t ws_pre = AttentionExtWorkspaceBytes(a, chunk);
   DeviceBuffer ws = Must(DeviceBuffer::Allocate(std::max<size_t>({ws_dec, ws_pre, 1})), "allocate");

@@ -3,8 +3,9 @@
 // read once for all of them, and reaches the HBM's bandwidth by staging key and value tiles in shared
 // memory with cp.async, the next tile in flight while the warp uses the current one.
 //
-// Layout of the work. A row (token) sees n keys; its keys go in DecodeSplits(n) splits of
-// DecodeChunk(n) keys, functions of n alone, so a row's numbers do not depend on the other rows of
+// Layout of the work. A row (token) sees n keys; its keys go in DecodeSplits(n, fill) splits of
+// DecodeChunk(n, fill) keys, functions of n and of the device and model alone (`fill`: the splits per
+// KV head that make one full wave of blocks), so a row's numbers do not depend on the other rows of
 // the call (rows mode: each row its own n, the grid sized for the largest). A split's keys go to
 // the block's warps a tile of kTileKeys at a time, round robin; each warp keeps its own online
 // softmax (max, sum, unnormalised output) per head, and the warps' states are merged in warp order.
@@ -19,11 +20,13 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 
 #include "backends/cuda/cp_async.cuh"
 #include "backends/cuda/cuda_status.h"
+#include "backends/cuda/device.h"
 #include "backends/cuda/kernels.h"
 #include "backends/cuda/kv_rows.cuh"
 #include "backends/cuda/launch.cuh"
@@ -37,28 +40,40 @@ constexpr int kTileKeys = 16;     // keys a warp stages at a time
 constexpr int kDecWarps = 2;      // warps of a block
 constexpr int kDecThreads = 32 * kDecWarps;
 constexpr int kMaxGroup = 8;      // heads a KV head serves (GQA group), at most
-constexpr int kMaxDecSplits = 64;
-constexpr int kSplitKeys = 128;   // keys a split takes at least
-constexpr int kPitch = kD * 4 + 16;  // bytes of a staged row (an f32 row and 16 bytes of padding)
-constexpr int kStageBytes = 2 * kTileKeys * kPitch;  // a tile's key rows then its value rows
-// Shared memory: the group's queries, each warp's two stages and its tile's weights.
-constexpr size_t kDecSmem = static_cast<size_t>(kMaxGroup) * kD * 4 +
-                            static_cast<size_t>(kDecWarps) * (2 * kStageBytes + kTileKeys * kMaxGroup * 4);
+constexpr int kMaxDecSplits = 512;
+constexpr int kSplitKeys = 64;    // keys a split takes at least: two tiles of each warp
 
-__host__ __device__ inline int DecodeSplits(int n) {
-  const int s = (n + kSplitKeys - 1) / kSplitKeys;
+// Splits of a row that sees n keys: `fill` of them (enough blocks for one full wave of the device),
+// at least kSplitKeys keys each. A function of n and the call's constants alone, so a row's numbers do
+// not depend on the other rows of the call.
+__host__ __device__ inline int DecodeSplits(int n, int fill) {
+  int s = (n + kSplitKeys - 1) / kSplitKeys;
+  if (s > fill) s = fill;
   return s < 1 ? 1 : (s > kMaxDecSplits ? kMaxDecSplits : s);
 }
 // Keys of a split: n over the splits, rounded up to whole tiles of every warp.
-__host__ __device__ inline int DecodeChunk(int n) {
-  const int s = DecodeSplits(n), per = (n + s - 1) / s, q = kTileKeys * kDecWarps;
+__host__ __device__ inline int DecodeChunk(int n, int fill) {
+  const int s = DecodeSplits(n, fill), per = (n + s - 1) / s, q = kTileKeys * kDecWarps;
   return (per + q - 1) / q * q;
 }
 
 // Bytes of one head's slice of a stored row, and the copy unit for it: f32 and f16 rows 16 bytes,
 // q8_0 rows 4 (a 34-byte block is only 2-byte aligned; 4 heads of 128 keep 4).
-__device__ __forceinline__ int HeadBytes(model::KvType t) {
+__host__ __device__ __forceinline__ int HeadBytes(model::KvType t) {
   return t == model::KvType::kF32 ? kD * 4 : t == model::KvType::kF16 ? kD * 2 : (kD / model::kKvQ8Elems) * model::kKvQ8Bytes;
+}
+// Bytes of a staged row: the wider of the key and value slices, 16-byte aligned plus an odd number of
+// 16-byte units, so the 16 rows a quarter warp reads at one column fall in distinct banks.
+inline int StagePitch(model::KvType k, model::KvType v) {
+  int p = (std::max(HeadBytes(k), HeadBytes(v)) + 15) / 16 * 16 + 16;
+  if ((p / 16) % 2 == 0) p += 16;
+  return p;
+}
+constexpr int StageBytes(int pitch) { return 2 * kTileKeys * pitch; }  // a tile's key rows then its value rows
+// Shared memory: the group's queries, then each warp's two stages and its tile's weights.
+constexpr size_t DecodeSmem(int pitch) {
+  return static_cast<size_t>(kMaxGroup) * kD * 4 +
+         static_cast<size_t>(kDecWarps) * (2 * StageBytes(pitch) + kTileKeys * kMaxGroup * 4);
 }
 
 using dev::CpAsync16;
@@ -83,14 +98,15 @@ __device__ __forceinline__ RowTables TablesOf(const AttentionExtArgs &a, int64_t
 // Block (token t x KV head, split y). G: the group rounded up to a power of two (heads past the group
 // repeat the last one's query and are not written).
 template <int G>
-__global__ void __launch_bounds__(kDecThreads) FlashDecodeKernel(const float *q, AttentionExtArgs a, int n_split,
-                                                                 float *part, float *out, bool direct) {
+__global__ void __launch_bounds__(kDecThreads) FlashDecodeKernel(const float *q, AttentionExtArgs a, int n_split, int fill,
+                                                                 int pitch, float *part, float *out, bool direct) {
   dev::AwaitPrior();
   extern __shared__ __align__(16) uint8_t dsm[];
   float *qs = reinterpret_cast<float *>(dsm);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  uint8_t *stage = dsm + kMaxGroup * kD * 4 + warp * (2 * kStageBytes + kTileKeys * kMaxGroup * 4);
-  float *pw = reinterpret_cast<float *>(stage + 2 * kStageBytes);  // (kTileKeys, kMaxGroup) weights
+  const int stage_bytes = StageBytes(pitch);
+  uint8_t *stage = dsm + kMaxGroup * kD * 4 + warp * (2 * stage_bytes + kTileKeys * kMaxGroup * 4);
+  float *pw = reinterpret_cast<float *>(stage + 2 * stage_bytes);  // (kTileKeys, kMaxGroup) weights
   const int group = a.n_head / a.n_head_kv;
   const int64_t t = blockIdx.x / a.n_head_kv;
   const int kvh = static_cast<int>(blockIdx.x % a.n_head_kv);
@@ -98,7 +114,7 @@ __global__ void __launch_bounds__(kDecThreads) FlashDecodeKernel(const float *q,
   const RowTables rv = TablesOf(a, t);
   const int first = rv.window > 0 ? max(0, rv.pos - rv.window + 1) : 0;
   const int n = rv.pos + 1 - first;
-  const int chunk = DecodeChunk(n);
+  const int chunk = DecodeChunk(n, fill);
   const int c0 = static_cast<int>(blockIdx.y) * chunk, c1 = min(n, c0 + chunk);
   auto dst_of = [&](int h) { return part + ((t * a.n_head + h0 + h) * n_split + blockIdx.y) * (kD + 2); };
   if (c0 >= c1) {  // a split past this row's keys: no term of the combine
@@ -124,7 +140,7 @@ __global__ void __launch_bounds__(kDecThreads) FlashDecodeKernel(const float *q,
   // Tile i's key and value rows into stage i % 2: the 16-byte (4-byte) pieces of the 16 rows, a
   // lane's pieces kept in flight together; rows past the split's keys are zeros.
   auto load_tile = [&](int i) {
-    uint8_t *ks = stage + (i & 1) * kStageBytes, *vs = ks + kTileKeys * kPitch;
+    uint8_t *ks = stage + (i & 1) * stage_bytes, *vs = ks + kTileKeys * pitch;
     const int j0 = tile_key0(i);
     for (int part_v = 0; part_v < 2; ++part_v) {
       const model::KvType ty = part_v ? a.v_type : a.k_type;
@@ -143,9 +159,9 @@ __global__ void __launch_bounds__(kDecThreads) FlashDecodeKernel(const float *q,
                 static_cast<int64_t>(kvh) * hb + o;
         }
         if (unit == 16) {
-          CpAsync16(base + r * kPitch + o, src, valid);
+          CpAsync16(base + r * pitch + o, src, valid);
         } else {
-          CpAsync4(base + r * kPitch + o, src, valid);
+          CpAsync4(base + r * pitch + o, src, valid);
         }
       }
     }
@@ -168,13 +184,13 @@ __global__ void __launch_bounds__(kDecThreads) FlashDecodeKernel(const float *q,
     CpAsyncCommit();
     CpAsyncWait<1>();
     __syncwarp();
-    const uint8_t *ks = stage + (i & 1) * kStageBytes, *vs = ks + kTileKeys * kPitch;
+    const uint8_t *ks = stage + (i & 1) * stage_bytes, *vs = ks + kTileKeys * pitch;
     const int j0 = tile_key0(i), cnt = min(kTileKeys, c1 - j0);
     // Scores: key kk, this lane's half of the columns, then the other half's sum.
     float s[G];
 #pragma unroll
     for (int h = 0; h < G; ++h) s[h] = 0.f;
-    const uint8_t *krow_s = ks + kk * kPitch;
+    const uint8_t *krow_s = ks + kk * pitch;
 #pragma unroll 4
     for (int d = half * (kD / 2); d < (half + 1) * (kD / 2); d += 4) {
       const float4 k4 = dev::KvLoad4(a.k_type, krow_s, d);
@@ -219,7 +235,7 @@ __global__ void __launch_bounds__(kDecThreads) FlashDecodeKernel(const float *q,
     __syncwarp();
     // Values: this lane's 4 columns of each key, in key order.
     for (int jj = 0; jj < cnt; ++jj) {
-      const float4 v4 = dev::KvLoad4(a.v_type, vs + jj * kPitch, 4 * lane);
+      const float4 v4 = dev::KvLoad4(a.v_type, vs + jj * pitch, 4 * lane);
 #pragma unroll
       for (int h = 0; h < G; ++h) {
         const float e = pw[jj * kMaxGroup + h];
@@ -277,14 +293,58 @@ __global__ void __launch_bounds__(kDecThreads) FlashDecodeKernel(const float *q,
   }
 }
 
+// The kernel for group G, opted in to the shared memory of f32 rows (the widest).
+template <int G>
+absl::Status OptIn() {
+  static const cudaError_t opt_in =
+      cudaFuncSetAttribute(FlashDecodeKernel<G>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(DecodeSmem(StagePitch(model::KvType::kF32, model::KvType::kF32))));
+  STRATA_CUDA_RETURN_IF_ERROR(opt_in);
+  return absl::OkStatus();
+}
+
+template <int G>
+int BlocksPerSm(size_t smem) {
+  if (!OptIn<G>().ok()) return 1;
+  int n = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, FlashDecodeKernel<G>, kDecThreads, smem) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 1;
+  }
+  return std::max(n, 1);
+}
+
+int GroupRounded(const AttentionExtArgs &a) {
+  const int group = a.n_head / a.n_head_kv;
+  return group > 4 ? 8 : group > 2 ? 4 : 2;
+}
+
+// Splits per KV head that fill the device once: its multiprocessors times the blocks each holds at
+// this call's shared memory, over the KV heads. Asked of the driver once per (group, row types).
+int DecodeFill(const AttentionExtArgs &a) {
+  const int g = GroupRounded(a);
+  const int gi = g == 8 ? 2 : g == 4 ? 1 : 0;
+  const int ki = static_cast<int>(a.k_type), vi = static_cast<int>(a.v_type);
+  static std::atomic<int> per_sm_cache[3][4][4] = {};
+  if (ki < 0 || ki > 3 || vi < 0 || vi > 3) return 1;
+  int per_sm = per_sm_cache[gi][ki][vi].load(std::memory_order_relaxed);
+  if (per_sm == 0) {
+    const size_t smem = DecodeSmem(StagePitch(a.k_type, a.v_type));
+    per_sm = g == 8 ? BlocksPerSm<8>(smem) : g == 4 ? BlocksPerSm<4>(smem) : BlocksPerSm<2>(smem);
+    per_sm_cache[gi][ki][vi].store(per_sm, std::memory_order_relaxed);
+  }
+  const int blocks = std::max(1, SmCount()) * per_sm;
+  return std::max(1, (blocks + a.n_head_kv - 1) / a.n_head_kv);
+}
+
 template <int G>
 absl::Status LaunchDecode(const float *q, const AttentionExtArgs &a, int64_t n_tok, int n_split, float *part,
                           float *out, bool direct, cudaStream_t stream) {
-  static const cudaError_t opt_in = cudaFuncSetAttribute(
-      FlashDecodeKernel<G>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kDecSmem));
-  STRATA_CUDA_RETURN_IF_ERROR(opt_in);
+  STRATA_RETURN_IF_ERROR(OptIn<G>());
+  const int pitch = StagePitch(a.k_type, a.v_type);
   const dim3 grid(static_cast<unsigned>(n_tok * a.n_head_kv), static_cast<unsigned>(n_split));
-  Launch(FlashDecodeKernel<G>, grid, kDecThreads, kDecSmem, stream, q, a, n_split, part, out, direct);
+  Launch(FlashDecodeKernel<G>, grid, kDecThreads, DecodeSmem(pitch), stream, q, a, n_split, DecodeFill(a), pitch,
+         part, out, direct);
   STRATA_CUDA_RETURN_IF_LAUNCH_FAILED();
   return absl::OkStatus();
 }
@@ -292,9 +352,10 @@ absl::Status LaunchDecode(const float *q, const AttentionExtArgs &a, int64_t n_t
 }  // namespace
 
 int FlashDecodeSplits(const AttentionExtArgs &a, int64_t n_tok) {
-  if (a.rows != nullptr) return DecodeSplits(a.max_keys);
+  const int fill = DecodeFill(a);
+  if (a.rows != nullptr) return DecodeSplits(a.max_keys, fill);
   const int last = a.pos0 + static_cast<int>(n_tok) - 1;
-  return DecodeSplits(a.window > 0 ? std::min(a.window, last + 1) : last + 1);
+  return DecodeSplits(a.window > 0 ? std::min(a.window, last + 1) : last + 1, fill);
 }
 
 bool FlashDecodeApplies(const AttentionExtArgs &a, int64_t n_tok) {

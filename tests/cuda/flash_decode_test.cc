@@ -121,15 +121,18 @@ TEST_CASE("flash decode: one token over f32, f16 and q8_0 rows matches the CPU b
       }
       const std::vector<float> got = Run(a, 1, dq, ref.size());
       CHECK(std::all_of(got.begin(), got.end(), [](float x) { return std::isfinite(x); }));
+      // Float32 sums over the keys in another order: rounding grows with the square root of their count.
+      const int keys = c.window > 0 ? std::min(c.window, c.pos + 1) : c.pos + 1;
+      const double tol = std::max(2e-6, 1e-6 * std::sqrt(keys / 128.0));
       const double err = RelL2(got, ref);
-      INFO("relative L2 " << err);
-      CHECK(err < 2e-6);
+      INFO("relative L2 " << err << ", tolerance " << tol);
+      CHECK(err < tol);
       // The split kernel it replaces agrees to float32 rounding.
       tunables::Values knobs = tunables::Get();
       knobs.cuda_flash_decode = false;
       tunables::ScopedValues off(knobs);
       REQUIRE_FALSE(FlashDecodeApplies(a, 1));
-      CHECK(RelL2(Run(a, 1, dq, ref.size()), got) < 2e-6);
+      CHECK(RelL2(Run(a, 1, dq, ref.size()), got) < tol);
     }
   }
 }
