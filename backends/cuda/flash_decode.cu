@@ -137,31 +137,54 @@ __global__ void __launch_bounds__(kDecThreads) FlashDecodeKernel(const float *q,
   const int n_tiles = (c1 - c0 + kTileKeys - 1) / kTileKeys;
   auto tile_key0 = [&](int i) { return c0 + (i * kDecWarps + warp) * kTileKeys; };
   const int my_tiles = n_tiles > warp ? (n_tiles - warp + kDecWarps - 1) / kDecWarps : 0;
-  // Tile i's key and value rows into stage i % 2: the 16-byte (4-byte) pieces of the 16 rows, a
-  // lane's pieces kept in flight together; rows past the split's keys are zeros.
+  // Tile i's key and value rows into stage i % 2. Lane r < 16 finds key r's row in the block tables
+  // and lane 16 + r its value row (null past the split's keys), each with one table read; then the
+  // warp copies the rows' 16-byte (q8_0: 4-byte) pieces, piece c = lane + 32 k of a part at row
+  // c unit / hb, the row's address passed by shuffle. Every part's bytes are a multiple of 32 pieces,
+  // so every lane takes the same number of pieces; rows past the split's keys are zeros.
+  struct Part {
+    int hb, unit, r0, o0;
+  };
+  Part parts[2];
+#pragma unroll
+  for (int part_v = 0; part_v < 2; ++part_v) {
+    const int hb = part_v ? vbytes : kbytes;
+    const int unit = (part_v ? a.v_type : a.k_type) == model::KvType::kQ8_0 ? 4 : 16;
+    parts[part_v] = Part{hb, unit, lane * unit / hb, lane * unit % hb};
+  }
   auto load_tile = [&](int i) {
     uint8_t *ks = stage + (i & 1) * stage_bytes, *vs = ks + kTileKeys * pitch;
-    const int j0 = tile_key0(i);
+    const uint8_t *mine = nullptr;
+    {
+      const int j = tile_key0(i) + (lane & 15);
+      const bool v = lane >= 16;
+      if (j < c1) {
+        const int p = first + j;
+        const float *blk = (v ? rv.vb : rv.kb)[p / a.block_tokens];
+        mine = reinterpret_cast<const uint8_t *>(blk) + (p % a.block_tokens) * (v ? vrow : krow) +
+               static_cast<int64_t>(kvh) * (v ? vbytes : kbytes);
+      }
+    }
+#pragma unroll
     for (int part_v = 0; part_v < 2; ++part_v) {
-      const model::KvType ty = part_v ? a.v_type : a.k_type;
-      const int hb = part_v ? vbytes : kbytes;
-      const int unit = ty == model::KvType::kQ8_0 ? 4 : 16;
-      const int pieces = hb / unit;
+      const Part pt = parts[part_v];
       uint8_t *base = part_v ? vs : ks;
-      for (int c = lane; c < kTileKeys * pieces; c += 32) {
-        const int r = c / pieces, o = (c % pieces) * unit, j = j0 + r;
-        const bool valid = j < c1;
-        const uint8_t *src = reinterpret_cast<const uint8_t *>(q);  // any valid address when !valid
-        if (valid) {
-          const int p = first + j;
-          const float *blk = (part_v ? rv.vb : rv.kb)[p / a.block_tokens];
-          src = reinterpret_cast<const uint8_t *>(blk) + (p % a.block_tokens) * (part_v ? vrow : krow) +
-                static_cast<int64_t>(kvh) * hb + o;
-        }
-        if (unit == 16) {
+      const int step = 32 * pt.unit, total = kTileKeys * pt.hb;
+      int r = pt.r0, o = pt.o0;
+      for (int b = lane * pt.unit; b < total; b += step) {
+        const uint8_t *row = reinterpret_cast<const uint8_t *>(
+            __shfl_sync(0xffffffffu, reinterpret_cast<unsigned long long>(mine), r + 16 * part_v));
+        const bool valid = row != nullptr;
+        const uint8_t *src = valid ? row + o : reinterpret_cast<const uint8_t *>(q);  // any valid address
+        if (pt.unit == 16) {
           CpAsync16(base + r * pitch + o, src, valid);
         } else {
           CpAsync4(base + r * pitch + o, src, valid);
+        }
+        o += step;
+        while (o >= pt.hb) {
+          o -= pt.hb;
+          ++r;
         }
       }
     }
